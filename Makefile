@@ -1,0 +1,45 @@
+# Front door: `make demo` runs the main job, `make test` runs the tests. Both install the
+# Debian packages first (tools/install-deps.sh does nothing when they are present).
+BUILD    ?= build
+SANITIZE ?= OFF
+JOBS     ?= $(shell nproc)
+CMAKE_FLAGS ?=
+
+.PHONY: all deps configure build test demo asan format format-check fuzz clean
+
+all: build
+
+deps:
+	@bash tools/install-deps.sh
+
+configure: deps
+	@cmake -S . -B $(BUILD) -DKVFS_SANITIZE=$(SANITIZE) $(CMAKE_FLAGS) >/dev/null
+
+build: configure
+	@cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+demo: build
+	@bash tools/demo.sh $(BUILD)
+
+asan:
+	$(MAKE) test BUILD=build-asan SANITIZE=ON
+
+FORMAT_FILES = $(shell git ls-files '*.c' '*.h' '*.cu')
+format:
+	clang-format -i $(FORMAT_FILES)
+
+format-check:
+	@clang-format --dry-run --Werror $(FORMAT_FILES) && echo "clang-format: clean"
+
+# libFuzzer targets, each run for FUZZ_SECONDS (bounded, for CI).
+FUZZ_SECONDS ?= 20
+fuzz: deps
+	@cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DKVFS_FUZZ=ON -DKVFS_CUDA=OFF >/dev/null
+	@cmake --build build-fuzz -j $(JOBS)
+	@bash tools/run-fuzz.sh build-fuzz $(FUZZ_SECONDS)
+
+clean:
+	rm -rf build build-asan build-fuzz
