@@ -1,0 +1,142 @@
+/* kvc — libkvfs, the client library: namespace calls to kvfs-meta, chunk I/O to kvfs-node,
+ * erasure coding on write and (only when needed) on read. Used by kvfs-mount and the tools.
+ *
+ * Write path: kvc_create buffers a new file in memory; kvc_commit splits it into stripes
+ * (per-file chunk size, see below), encodes parity, CRC32Cs every chunk, asks meta for a
+ * placement (ALLOC), sends all chunks to their nodes in parallel and, only after every one is
+ * acknowledged, commits the file (COMMIT, one RocksDB batch): a file is visible whole or not at
+ * all. Read path: LAYOUT once per open, then the k data chunks of the needed stripes in
+ * parallel; a node down, a timeout or a CRC mismatch fetches parity and decodes. A healthy
+ * cluster's reads never decode.
+ *
+ * Chunking: a file of `size` bytes uses chunk_size = clamp(roundup(ceil(size / k), 4096), 4096,
+ * max_chunk) so that even a small file spreads over all k data nodes. Data chunk j of stripe s
+ * holds file bytes [(s*k + j) * chunk_size, +chunk_size) ∩ [0, size) and is stored at exactly
+ * that length (possibly 0); the stripe's parity chunks have the length of its data chunk 0;
+ * shorter chunks are zero-padded in memory for coding.
+ *
+ * Threading: a struct kvc is thread-safe and meant to be shared (one per process). A writer
+ * or a kvc_file is used by one thread at a time. Every call returns 0 / a count or a negative
+ * errno: -ENOENT, -EEXIST, -ENOTDIR, -EISDIR, -ENOTEMPTY, -ENOSPC, -EFBIG, -EIO (data cannot
+ * be read: more than m chunks of a stripe lost), -EHOSTDOWN (too few nodes up to write),
+ * -ECONNREFUSED / -ETIMEDOUT (metadata unreachable), -EACCES (wrong cluster secret).
+ */
+#ifndef KVFS_KVC_H
+#define KVFS_KVC_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "kvp.h"
+
+struct kvc;
+struct kvc_writer;
+struct kvc_file;
+
+struct kvc_opts {
+	const char *meta_addr;		 /* "127.0.0.1:port" */
+	const struct kvp_secret *secret; /* cluster secret */
+	int timeout_ms;			 /* per request to meta or a node; 0 = 5000 */
+	int k, m;			 /* 0 = the cluster's default (from meta STATFS) */
+	uint32_t max_chunk;		 /* 0 = the cluster's chunk size */
+	uint64_t max_file;		 /* bytes one writer may buffer; 0 = 1 GiB */
+	uint64_t max_buffered;		 /* bytes all writers together may buffer; 0 = 4 GiB */
+};
+
+/* Connects to meta (and checks the secret). *out is freed with kvc_close. */
+int kvc_open(const struct kvc_opts *o, struct kvc **out);
+void kvc_close(struct kvc *c);
+
+/* ---- namespace, by inode (root is KVP_ROOT_INO) ---- */
+int kvc_lookup(struct kvc *c, uint64_t parent, const char *name, struct kvp_attr *out);
+int kvc_getattr(struct kvc *c, uint64_t ino, struct kvp_attr *out);
+int kvc_setattr(struct kvc *c, uint64_t ino, uint32_t valid, uint32_t mode, int64_t mtime_ns,
+		int64_t atime_ns, struct kvp_attr *out);
+int kvc_mkdir(struct kvc *c, uint64_t parent, const char *name, uint32_t mode,
+	      struct kvp_attr *out);
+int kvc_rmdir(struct kvc *c, uint64_t parent, const char *name);
+int kvc_unlink(struct kvc *c, uint64_t parent, const char *name);
+int kvc_rename(struct kvc *c, uint64_t parent, const char *name, uint64_t newparent,
+	       const char *newname, uint32_t flags);
+
+struct kvc_dirent {
+	char name[KVP_NAME_MAX + 1];
+	struct kvp_attr attr;
+};
+/* The whole directory, in name order: *out is a malloc'd array (caller frees) of *n entries. */
+int kvc_readdir(struct kvc *c, uint64_t ino, struct kvc_dirent **out, size_t *n);
+
+struct kvc_statfs {
+	uint64_t raw_capacity, raw_used; /* bytes on all nodes */
+	uint64_t files, dirs;
+	int k, m;
+	uint32_t chunk_size;
+	uint32_t nodes_up, nodes;
+};
+int kvc_statfs(struct kvc *c, struct kvc_statfs *out);
+
+struct kvc_node {
+	uint32_t id;
+	uint64_t uuid;
+	char addr[KVP_ADDR_MAX];
+	int state; /* enum kvp_node_state */
+	uint64_t capacity, used, chunks;
+	int64_t heartbeat_ns;
+};
+/* *out malloc'd (caller frees). */
+int kvc_nodes(struct kvc *c, struct kvc_node **out, size_t *n);
+
+/* ---- paths ("/a/b", absolute in the kvfs namespace) for tools and tests ---- */
+int kvc_resolve(struct kvc *c, const char *path, struct kvp_attr *out);
+/* Resolves the parent directory of path; *name points into path at the last component. */
+int kvc_resolve_parent(struct kvc *c, const char *path, uint64_t *parent, const char **name);
+int kvc_mkdir_p(struct kvc *c, const char *path, uint32_t mode);
+/* Whole-file helpers: create+write+commit (replace=1 overwrites), and read all. *buf is
+ * malloc'd (caller frees). */
+int kvc_put(struct kvc *c, const char *path, const void *buf, size_t len, int replace);
+int kvc_get(struct kvc *c, const char *path, void **buf, size_t *len);
+
+/* ---- writing: a new file is built in memory and published whole at commit ---- */
+/* replace = 1: commit atomically replaces an existing regular file of that name (O_TRUNC);
+ * else commit fails with -EEXIST if the name exists by then. */
+int kvc_create(struct kvc *c, uint64_t parent, const char *name, uint32_t mode, int replace,
+	       struct kvc_writer **out);
+/* Copies len bytes at offset off (holes read as zeros). -EFBIG past max_file, -ENOMEM when the
+ * process-wide buffer budget is exhausted. */
+ssize_t kvc_write(struct kvc_writer *w, const void *buf, size_t len, uint64_t off);
+/* Sets the file's size (grow with zeros or shrink); for truncate while the file is new. */
+int kvc_writer_truncate(struct kvc_writer *w, uint64_t size);
+uint64_t kvc_writer_size(const struct kvc_writer *w);
+/* Encodes, stores and publishes; frees w whatever the result. *out may be NULL. */
+int kvc_commit(struct kvc_writer *w, struct kvp_attr *out);
+/* Drops an unfinished file; frees w. NULL is a no-op. */
+void kvc_abort(struct kvc_writer *w);
+
+/* ---- reading ---- */
+/* Fetches the layout. Files are immutable, so it stays valid while the file exists. */
+int kvc_file_open(struct kvc *c, uint64_t ino, struct kvc_file **out);
+uint64_t kvc_file_size(const struct kvc_file *f);
+/* Reads up to len bytes at off; returns the count (short only at end of file). Keeps the last
+ * stripes in a small cache and prefetches the next stripe on sequential access. */
+ssize_t kvc_pread(struct kvc_file *f, void *buf, size_t len, uint64_t off);
+void kvc_file_close(struct kvc_file *f);
+
+/* Layout of an open file, for xattrs and tools: k, m, chunk size, and the node id of every
+ * slot (stripe-major, k+m per stripe). *slots malloc'd (caller frees). */
+struct kvc_layout_info {
+	int k, m;
+	uint32_t chunk_size;
+	uint32_t nstripes;
+};
+int kvc_file_layout(const struct kvc_file *f, struct kvc_layout_info *info, uint32_t **slots);
+
+/* Counters since kvc_open, for metrics and benchmarks. */
+struct kvc_stats {
+	uint64_t bytes_written, bytes_read, files_committed;
+	uint64_t degraded_reads; /* stripes that needed decoding */
+	uint64_t crc_errors;	 /* chunks that failed their CRC */
+};
+void kvc_get_stats(struct kvc *c, struct kvc_stats *out);
+
+#endif

@@ -1,0 +1,371 @@
+/* Pipelined RPC client: requests are written under a send lock, a reader thread matches
+ * responses to waiting calls by id. A connection that fails fails every call in flight; the
+ * pool then opens a new one on the next use. */
+#define KVFS_LOG_TAG "rpc"
+#include "kvp.h"
+#include "log.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define NBUCKET 64
+
+struct kvp_call {
+	uint64_t id;
+	struct kvp_client *c;
+	struct kvp_call *next; /* bucket chain; protected by c->mu */
+	int done;	       /* protected by c->mu */
+	int32_t status;
+	uint8_t *body;
+	uint32_t len;
+};
+
+struct kvp_client {
+	int fd;
+	char addr[KVP_ADDR_MAX];
+	pthread_mutex_t send_mu; /* serialises frames on fd */
+	pthread_mutex_t mu;	 /* protects bucket, next_id */
+	pthread_cond_t cv;	 /* signalled when any call completes or the connection fails */
+	struct kvp_call *bucket[NBUCKET];
+	uint64_t next_id;
+	atomic_int alive;
+	pthread_t reader;
+	/* pool bookkeeping, protected by the pool's lock */
+	int refs, detached;
+};
+
+static void fail_all(struct kvp_client *c, int err)
+{
+	pthread_mutex_lock(&c->mu);
+	for (int b = 0; b < NBUCKET; b++) {
+		for (struct kvp_call *k = c->bucket[b]; k; k = k->next) {
+			k->done = 1;
+			k->status = err;
+		}
+		c->bucket[b] = NULL;
+	}
+	pthread_cond_broadcast(&c->cv);
+	pthread_mutex_unlock(&c->mu);
+}
+
+static void *reader_main(void *arg)
+{
+	struct kvp_client *c = arg;
+	for (;;) {
+		struct kvp_hdr h;
+		uint8_t *body;
+		int rc = kvp_recv(c->fd, &h, &body, KVP_MAX_BODY);
+		if (rc == 0 && !(h.flags & KVP_F_RESP))
+			rc = -EPROTO;
+		if (rc) {
+			if (atomic_load(&c->alive) && rc != -ECONNRESET)
+				klog_warn("connection to %s failed: %s", c->addr, kvp_strerror(rc));
+			atomic_store(&c->alive, 0);
+			fail_all(c, -ECONNRESET);
+			return NULL;
+		}
+		pthread_mutex_lock(&c->mu);
+		struct kvp_call **pp = &c->bucket[h.id % NBUCKET];
+		while (*pp && (*pp)->id != h.id)
+			pp = &(*pp)->next;
+		struct kvp_call *k = *pp;
+		if (k) {
+			*pp = k->next;
+			k->done = 1;
+			k->status = h.status;
+			k->body = body;
+			k->len = h.len;
+			body = NULL;
+			pthread_cond_broadcast(&c->cv);
+		}
+		pthread_mutex_unlock(&c->mu);
+		free(body); /* a response nobody waits for any more (timed out) */
+	}
+}
+
+int kvp_client_open(const char *addr, const struct kvp_secret *s, int timeout_ms,
+		    struct kvp_client **out)
+{
+	if (strlen(addr) >= KVP_ADDR_MAX)
+		return -EINVAL;
+	int fd = kvp_connect(addr, timeout_ms);
+	if (fd < 0)
+		return fd;
+	int rc = kvp_auth_client(fd, s, timeout_ms);
+	if (rc) {
+		klog_warn("handshake with %s failed: %s", addr, kvp_strerror(rc));
+		close(fd);
+		return rc;
+	}
+	struct kvp_client *c = calloc(1, sizeof(*c));
+	if (!c) {
+		close(fd);
+		return -ENOMEM;
+	}
+	c->fd = fd;
+	strcpy(c->addr, addr);
+	pthread_mutex_init(&c->send_mu, NULL);
+	pthread_mutex_init(&c->mu, NULL);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&c->cv, &ca);
+	pthread_condattr_destroy(&ca);
+	c->next_id = 1;
+	atomic_store(&c->alive, 1);
+	rc = pthread_create(&c->reader, NULL, reader_main, c);
+	if (rc) {
+		close(fd);
+		free(c);
+		return -rc;
+	}
+	*out = c;
+	return 0;
+}
+
+void kvp_client_close(struct kvp_client *c)
+{
+	if (!c)
+		return;
+	atomic_store(&c->alive, 0);
+	shutdown(c->fd, SHUT_RDWR);
+	pthread_join(c->reader, NULL);
+	fail_all(c, -ECONNABORTED);
+	close(c->fd);
+	pthread_mutex_destroy(&c->send_mu);
+	pthread_mutex_destroy(&c->mu);
+	pthread_cond_destroy(&c->cv);
+	free(c);
+}
+
+int kvp_client_alive(const struct kvp_client *c)
+{
+	return atomic_load(&((struct kvp_client *)c)->alive);
+}
+
+const char *kvp_client_addr(const struct kvp_client *c)
+{
+	return c->addr;
+}
+
+static void unlink_call(struct kvp_client *c, struct kvp_call *k)
+{
+	struct kvp_call **pp = &c->bucket[k->id % NBUCKET];
+	while (*pp && *pp != k)
+		pp = &(*pp)->next;
+	if (*pp)
+		*pp = k->next;
+}
+
+int kvp_call_start(struct kvp_client *c, uint16_t op, const void *body, size_t body_len,
+		   const void *bulk, size_t bulk_len, struct kvp_call **out)
+{
+	if (!atomic_load(&c->alive))
+		return -ECONNRESET;
+	struct kvp_call *k = calloc(1, sizeof(*k));
+	if (!k)
+		return -ENOMEM;
+	k->c = c;
+	pthread_mutex_lock(&c->mu);
+	k->id = c->next_id++;
+	k->next = c->bucket[k->id % NBUCKET];
+	c->bucket[k->id % NBUCKET] = k;
+	pthread_mutex_unlock(&c->mu);
+
+	struct kvp_hdr h = {.op = op, .id = k->id};
+	pthread_mutex_lock(&c->send_mu);
+	int rc = kvp_send(c->fd, &h, body, body_len, bulk, bulk_len);
+	pthread_mutex_unlock(&c->send_mu);
+	if (rc) {
+		atomic_store(&c->alive, 0);
+		shutdown(c->fd, SHUT_RDWR);
+		pthread_mutex_lock(&c->mu);
+		unlink_call(c, k);
+		pthread_mutex_unlock(&c->mu);
+		free(k);
+		return rc == -EMSGSIZE ? rc : -ECONNRESET;
+	}
+	*out = k;
+	return 0;
+}
+
+int kvp_call_wait(struct kvp_call *k, int timeout_ms, uint8_t **body, uint32_t *len)
+{
+	struct kvp_client *c = k->c;
+	struct timespec dl;
+	clock_gettime(CLOCK_MONOTONIC, &dl);
+	dl.tv_sec += timeout_ms / 1000;
+	dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+	if (dl.tv_nsec >= 1000000000L) {
+		dl.tv_sec++;
+		dl.tv_nsec -= 1000000000L;
+	}
+	int rc = 0;
+	pthread_mutex_lock(&c->mu);
+	while (!k->done) {
+		if (pthread_cond_timedwait(&c->cv, &c->mu, &dl) == ETIMEDOUT && !k->done) {
+			unlink_call(c, k);
+			rc = -ETIMEDOUT;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&c->mu);
+	if (!rc)
+		rc = k->status;
+	if (rc == 0 && body) {
+		*body = k->body;
+		k->body = NULL;
+	}
+	if (rc == 0 && len)
+		*len = k->len;
+	free(k->body);
+	free(k);
+	return rc;
+}
+
+int kvp_call(struct kvp_client *c, uint16_t op, const void *body, size_t body_len,
+	     const void *bulk, size_t bulk_len, int timeout_ms, uint8_t **rbody, uint32_t *rlen)
+{
+	struct kvp_call *k;
+	int rc = kvp_call_start(c, op, body, body_len, bulk, bulk_len, &k);
+	if (rc)
+		return rc;
+	return kvp_call_wait(k, timeout_ms, rbody, rlen);
+}
+
+/* ---- pool ---- */
+
+struct pool_ent {
+	char addr[KVP_ADDR_MAX];
+	struct kvp_client *c;
+};
+
+struct kvp_pool {
+	pthread_mutex_t mu; /* protects ents, n, and every client's refs/detached */
+	struct pool_ent *ents;
+	size_t n, cap;
+	struct kvp_secret secret;
+	int timeout_ms;
+};
+
+int kvp_pool_create(const struct kvp_secret *s, int connect_timeout_ms, struct kvp_pool **out)
+{
+	struct kvp_pool *p = calloc(1, sizeof(*p));
+	if (!p)
+		return -ENOMEM;
+	pthread_mutex_init(&p->mu, NULL);
+	p->secret = *s;
+	p->timeout_ms = connect_timeout_ms;
+	*out = p;
+	return 0;
+}
+
+void kvp_pool_destroy(struct kvp_pool *p)
+{
+	if (!p)
+		return;
+	for (size_t i = 0; i < p->n; i++)
+		kvp_client_close(p->ents[i].c);
+	free(p->ents);
+	pthread_mutex_destroy(&p->mu);
+	free(p);
+}
+
+static struct pool_ent *pool_find(struct kvp_pool *p, const char *addr)
+{
+	for (size_t i = 0; i < p->n; i++)
+		if (strcmp(p->ents[i].addr, addr) == 0)
+			return &p->ents[i];
+	return NULL;
+}
+
+/* Drops the pool's hold on a failed client; closed now if unused, else by the last put. */
+static void retire(struct pool_ent *e)
+{
+	struct kvp_client *old = e->c;
+	e->c = NULL;
+	if (!old)
+		return;
+	if (old->refs == 0)
+		kvp_client_close(old);
+	else
+		old->detached = 1;
+}
+
+int kvp_pool_get(struct kvp_pool *p, const char *addr, struct kvp_client **out)
+{
+	if (strlen(addr) >= KVP_ADDR_MAX)
+		return -EINVAL;
+	pthread_mutex_lock(&p->mu);
+	struct pool_ent *e = pool_find(p, addr);
+	if (e && e->c && kvp_client_alive(e->c)) {
+		e->c->refs++;
+		*out = e->c;
+		pthread_mutex_unlock(&p->mu);
+		return 0;
+	}
+	pthread_mutex_unlock(&p->mu);
+
+	/* Connect outside the lock: a hung peer must not stall calls to every other node. */
+	struct kvp_client *c;
+	int rc = kvp_client_open(addr, &p->secret, p->timeout_ms, &c);
+	if (rc)
+		return rc;
+
+	pthread_mutex_lock(&p->mu);
+	e = pool_find(p, addr);
+	if (e && e->c && kvp_client_alive(e->c)) {
+		/* Someone else connected meanwhile: use theirs. */
+		e->c->refs++;
+		*out = e->c;
+		pthread_mutex_unlock(&p->mu);
+		kvp_client_close(c);
+		return 0;
+	}
+	if (!e) {
+		if (p->n == p->cap) {
+			size_t cap = p->cap ? p->cap * 2 : 16;
+			struct pool_ent *ne = realloc(p->ents, cap * sizeof(*ne));
+			if (!ne) {
+				pthread_mutex_unlock(&p->mu);
+				kvp_client_close(c);
+				return -ENOMEM;
+			}
+			p->ents = ne;
+			p->cap = cap;
+		}
+		e = &p->ents[p->n++];
+		strcpy(e->addr, addr);
+		e->c = NULL;
+	}
+	retire(e);
+	e->c = c;
+	c->refs = 1;
+	*out = c;
+	pthread_mutex_unlock(&p->mu);
+	return 0;
+}
+
+void kvp_pool_put(struct kvp_pool *p, struct kvp_client *c)
+{
+	if (!c)
+		return;
+	pthread_mutex_lock(&p->mu);
+	int close_it = --c->refs == 0 && c->detached;
+	if (!close_it && !kvp_client_alive(c) && c->refs == 0) {
+		struct pool_ent *e = pool_find(p, c->addr);
+		if (e && e->c == c) {
+			e->c = NULL;
+			close_it = 1;
+		}
+	}
+	pthread_mutex_unlock(&p->mu);
+	if (close_it)
+		kvp_client_close(c);
+}

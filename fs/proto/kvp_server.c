@@ -1,0 +1,240 @@
+/* Connection server: an accept thread, one thread per connection. Each connection first runs
+ * the authentication handshake; then every frame is checked and handed to the handler. A bad
+ * frame or a failed handshake closes that connection and is logged; the daemon goes on. */
+#define KVFS_LOG_TAG "server"
+#include "kvp.h"
+#include "log.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define AUTH_TIMEOUT_MS 5000
+
+struct kvp_conn {
+	int fd;
+	atomic_int refs;
+	atomic_int closed;
+	atomic_int finished; /* its thread has ended and may be joined */
+	pthread_mutex_t send_mu;
+	pthread_t th;
+	char peer[32];
+	struct kvp_server *srv;
+	struct kvp_conn *next; /* server list; protected by srv->mu */
+};
+
+struct kvp_server {
+	struct kvp_server_opts o;
+	char name[32];
+	int lfd;
+	uint16_t port;
+	atomic_int stopping;
+	pthread_t acceptor;
+	pthread_mutex_t mu; /* protects conns */
+	struct kvp_conn *conns;
+};
+
+void kvp_conn_ref(struct kvp_conn *c)
+{
+	atomic_fetch_add(&c->refs, 1);
+}
+
+void kvp_conn_unref(struct kvp_conn *c)
+{
+	if (atomic_fetch_sub(&c->refs, 1) == 1) {
+		close(c->fd);
+		pthread_mutex_destroy(&c->send_mu);
+		free(c);
+	}
+}
+
+const char *kvp_conn_peer(const struct kvp_conn *c)
+{
+	return c->peer;
+}
+
+int kvp_reply(struct kvp_conn *c, const struct kvp_hdr *req, int32_t status, const void *body,
+	      size_t body_len, const void *bulk, size_t bulk_len)
+{
+	struct kvp_hdr h = {.op = req->op, .id = req->id, .status = status, .flags = KVP_F_RESP};
+	if (status) {
+		body_len = 0;
+		bulk_len = 0;
+	}
+	pthread_mutex_lock(&c->send_mu);
+	int rc = atomic_load(&c->closed) ? -EPIPE
+					 : kvp_send(c->fd, &h, body, body_len, bulk, bulk_len);
+	pthread_mutex_unlock(&c->send_mu);
+	if (rc && rc != -EPIPE) {
+		atomic_store(&c->closed, 1);
+		shutdown(c->fd, SHUT_RDWR);
+	}
+	return rc;
+}
+
+static void *conn_main(void *arg)
+{
+	struct kvp_conn *c = arg;
+	struct kvp_server *s = c->srv;
+	uint32_t max = s->o.max_body ? s->o.max_body : KVP_MAX_BODY;
+	int rc = kvp_auth_server(c->fd, s->o.secret, AUTH_TIMEOUT_MS);
+	if (rc) {
+		if (!atomic_load(&s->stopping))
+			klog_warn("%s: refused peer %s: %s", s->name, c->peer, kvp_strerror(rc));
+		goto out;
+	}
+	while (!atomic_load(&s->stopping)) {
+		struct kvp_hdr h;
+		uint8_t *body;
+		rc = kvp_recv(c->fd, &h, &body, max);
+		if (rc == -ECONNRESET)
+			break;
+		if (rc) {
+			if (!atomic_load(&s->stopping) && !atomic_load(&c->closed))
+				klog_warn("%s: bad frame from %s (%s): closing connection", s->name,
+					  c->peer, kvp_strerror(rc));
+			break;
+		}
+		if (h.flags & KVP_F_RESP || h.status != 0) {
+			klog_warn("%s: unexpected response frame from %s: closing connection",
+				  s->name, c->peer);
+			free(body);
+			break;
+		}
+		rc = s->o.handler(s->o.ctx, c, &h, body);
+		if (rc) {
+			klog_warn("%s: malformed request op 0x%x from %s (%s): closing connection",
+				  s->name, h.op, c->peer, kvp_strerror(rc));
+			break;
+		}
+	}
+out:
+	pthread_mutex_lock(&c->send_mu);
+	atomic_store(&c->closed, 1);
+	shutdown(c->fd, SHUT_RDWR);
+	pthread_mutex_unlock(&c->send_mu);
+	atomic_store(&c->finished, 1);
+	return NULL;
+}
+
+/* Joins and frees connections whose threads have ended. Called with s->mu held. */
+static void reap(struct kvp_server *s, int all)
+{
+	struct kvp_conn **pp = &s->conns;
+	while (*pp) {
+		struct kvp_conn *c = *pp;
+		if (all || atomic_load(&c->finished)) {
+			*pp = c->next;
+			if (all) {
+				atomic_store(&c->closed, 1);
+				shutdown(c->fd, SHUT_RDWR);
+			}
+			pthread_join(c->th, NULL);
+			kvp_conn_unref(c);
+		} else {
+			pp = &c->next;
+		}
+	}
+}
+
+static void *accept_main(void *arg)
+{
+	struct kvp_server *s = arg;
+	while (!atomic_load(&s->stopping)) {
+		struct sockaddr_in sa;
+		socklen_t sl = sizeof(sa);
+		int fd = accept4(s->lfd, (struct sockaddr *)&sa, &sl, SOCK_CLOEXEC);
+		if (fd < 0) {
+			if (errno == EINTR || errno == ECONNABORTED)
+				continue;
+			if (!atomic_load(&s->stopping)) {
+				klog_error("%s: accept: %s", s->name, strerror(errno));
+				usleep(100000);
+				continue;
+			}
+			break;
+		}
+		int one = 1, buf = 4 << 20;
+		setsockopt(fd, IPPROTO_TCP, 1 /* TCP_NODELAY */, &one, sizeof(one));
+		setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+		setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+		struct kvp_conn *c = calloc(1, sizeof(*c));
+		if (!c) {
+			close(fd);
+			continue;
+		}
+		c->fd = fd;
+		c->srv = s;
+		atomic_store(&c->refs, 1); /* the server list's reference */
+		pthread_mutex_init(&c->send_mu, NULL);
+		char ip[INET_ADDRSTRLEN] = "?";
+		inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof(ip));
+		snprintf(c->peer, sizeof(c->peer), "%s:%u", ip, ntohs(sa.sin_port));
+		pthread_mutex_lock(&s->mu);
+		reap(s, 0);
+		if (pthread_create(&c->th, NULL, conn_main, c) != 0) {
+			pthread_mutex_unlock(&s->mu);
+			klog_error("%s: cannot start a connection thread", s->name);
+			kvp_conn_unref(c);
+			continue;
+		}
+		c->next = s->conns;
+		s->conns = c;
+		pthread_mutex_unlock(&s->mu);
+	}
+	return NULL;
+}
+
+int kvp_server_start(const struct kvp_server_opts *o, struct kvp_server **out)
+{
+	if (!o->handler || !o->secret)
+		return -EINVAL;
+	struct kvp_server *s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	s->o = *o;
+	snprintf(s->name, sizeof(s->name), "%s", o->name ? o->name : "server");
+	s->lfd = kvp_listen(o->host ? o->host : "127.0.0.1", o->port, &s->port);
+	if (s->lfd < 0) {
+		int rc = s->lfd;
+		klog_error("%s: cannot listen on %s:%u: %s", s->name, o->host ? o->host : "127.0.0.1",
+			   o->port, kvp_strerror(rc));
+		free(s);
+		return rc;
+	}
+	pthread_mutex_init(&s->mu, NULL);
+	if (pthread_create(&s->acceptor, NULL, accept_main, s) != 0) {
+		close(s->lfd);
+		free(s);
+		return -EAGAIN;
+	}
+	*out = s;
+	return 0;
+}
+
+uint16_t kvp_server_port(const struct kvp_server *s)
+{
+	return s->port;
+}
+
+void kvp_server_stop(struct kvp_server *s)
+{
+	if (!s)
+		return;
+	atomic_store(&s->stopping, 1);
+	shutdown(s->lfd, SHUT_RDWR);
+	pthread_join(s->acceptor, NULL);
+	close(s->lfd);
+	pthread_mutex_lock(&s->mu);
+	reap(s, 1);
+	pthread_mutex_unlock(&s->mu);
+	pthread_mutex_destroy(&s->mu);
+	free(s);
+}

@@ -1,0 +1,281 @@
+/* Tests for fs/proto: codec bounds, header checks, the handshake with right and wrong
+ * secrets, pipelined calls answered out of order, and bad frames closing only their
+ * connection. */
+#include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "kvp.h"
+
+static void test_codec_roundtrip(void **state)
+{
+	(void)state;
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	struct kvp_attr a = {.ino = 7, .mode = 0100644, .nlink = 1, .size = 1234567, .mtime_ns = -5,
+			     .atime_ns = 9, .ctime_ns = 11, .stored = 99, .chunk_size = 65536,
+			     .k = 10, .m = 1},
+			b;
+	kvp_w_u8(&w, 0xAB);
+	kvp_w_u16(&w, 0xBEEF);
+	kvp_w_u32(&w, 0xDEADBEEF);
+	kvp_w_u64(&w, 0x0123456789ABCDEFull);
+	kvp_w_cstr(&w, "hello");
+	kvp_w_attr(&w, &a);
+	assert_int_equal(w.err, 0);
+	assert_int_equal(w.len, 1 + 2 + 4 + 8 + 2 + 5 + KVP_ATTR_SIZE);
+	/* Explicit little-endian on the wire. */
+	assert_int_equal(w.p[1], 0xEF);
+	assert_int_equal(w.p[2], 0xBE);
+
+	struct kvp_rbuf r;
+	char s[16];
+	kvp_r_init(&r, w.p, w.len);
+	assert_int_equal(kvp_r_u8(&r), 0xAB);
+	assert_int_equal(kvp_r_u16(&r), 0xBEEF);
+	assert_int_equal(kvp_r_u32(&r), 0xDEADBEEF);
+	assert_true(kvp_r_u64(&r) == 0x0123456789ABCDEFull);
+	assert_int_equal(kvp_r_str(&r, s, sizeof(s)), 5);
+	assert_string_equal(s, "hello");
+	kvp_r_attr(&r, &b);
+	assert_int_equal(kvp_r_end(&r), 0);
+	assert_memory_equal(&a, &b, sizeof(a));
+
+	/* Every truncation is caught and never reads past the end. */
+	for (size_t cut = 0; cut < w.len; cut++) {
+		kvp_r_init(&r, w.p, cut);
+		kvp_r_u8(&r), kvp_r_u16(&r), kvp_r_u32(&r), kvp_r_u64(&r);
+		kvp_r_str(&r, s, sizeof(s));
+		kvp_r_attr(&r, &b);
+		assert_int_equal(kvp_r_end(&r), -EBADMSG);
+	}
+	/* Trailing bytes are an error too. */
+	kvp_r_init(&r, w.p, w.len);
+	kvp_r_u8(&r);
+	assert_int_equal(kvp_r_end(&r), -EBADMSG);
+	/* A string longer than the destination. */
+	kvp_r_init(&r, w.p + 15, w.len - 15);
+	kvp_r_str(&r, s, 4);
+	assert_int_equal(r.err, -ENAMETOOLONG);
+	kvp_w_free(&w);
+}
+
+static void test_header_checks(void **state)
+{
+	(void)state;
+	struct kvp_hdr h = {.magic = KVP_MAGIC, .version = KVP_VERSION, .op = KVP_OP_GET, .id = 42,
+			    .len = 100},
+		       d;
+	uint8_t b[KVP_HDR_SIZE];
+	kvp_hdr_encode(&h, b);
+	assert_int_equal(kvp_hdr_decode(b, &d, 1000), 0);
+	assert_int_equal(d.id, 42);
+	assert_int_equal(kvp_hdr_decode(b, &d, 99), -EMSGSIZE);
+	b[0] ^= 1;
+	assert_int_equal(kvp_hdr_decode(b, &d, 1000), -EPROTO);
+	b[0] ^= 1;
+	b[4] = 9; /* version */
+	assert_int_equal(kvp_hdr_decode(b, &d, 1000), -EPROTO);
+	h.status = 5; /* positive status is garbage */
+	kvp_hdr_encode(&h, b);
+	assert_int_equal(kvp_hdr_decode(b, &d, 1000), -EPROTO);
+}
+
+static struct kvp_secret secret(const char *s)
+{
+	struct kvp_secret k;
+	assert_int_equal(kvp_secret_from_string(s, &k), 0);
+	return k;
+}
+
+/* Echo server: replies with the request body reversed; op 0x7F replies later from another
+ * thread after a delay, so responses arrive out of order. */
+struct later {
+	struct kvp_conn *c;
+	struct kvp_hdr h;
+	uint8_t *body;
+};
+
+static void *late_reply(void *arg)
+{
+	struct later *l = arg;
+	usleep(50000);
+	kvp_reply(l->c, &l->h, 0, l->body, l->h.len, NULL, 0);
+	kvp_conn_unref(l->c);
+	free(l->body);
+	free(l);
+	return NULL;
+}
+
+static int echo_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, uint8_t *body)
+{
+	(void)ctx;
+	if (h->op == 0x66) { /* a "malformed request": the handler asks to close */
+		free(body);
+		return -EBADMSG;
+	}
+	if (h->op == 0x7F) {
+		struct later *l = malloc(sizeof(*l));
+		l->c = c;
+		l->h = *h;
+		l->body = body;
+		kvp_conn_ref(c);
+		pthread_t t;
+		pthread_create(&t, NULL, late_reply, l);
+		pthread_detach(t);
+		return 0;
+	}
+	if (h->op == 0x7E) {
+		kvp_reply(c, h, -ENOENT, NULL, 0, NULL, 0);
+		free(body);
+		return 0;
+	}
+	for (uint32_t i = 0; i < h->len / 2; i++) {
+		uint8_t t = body[i];
+		body[i] = body[h->len - 1 - i];
+		body[h->len - 1 - i] = t;
+	}
+	kvp_reply(c, h, 0, body, h->len, NULL, 0);
+	free(body);
+	return 0;
+}
+
+static struct kvp_server *start_echo(const struct kvp_secret *k, char *addr)
+{
+	struct kvp_server_opts o = {.name = "echo", .host = "127.0.0.1", .secret = k,
+				    .handler = echo_handler, .max_body = 1 << 20};
+	struct kvp_server *s;
+	assert_int_equal(kvp_server_start(&o, &s), 0);
+	sprintf(addr, "127.0.0.1:%u", kvp_server_port(s));
+	return s;
+}
+
+static void test_auth_and_calls(void **state)
+{
+	(void)state;
+	struct kvp_secret good = secret("0123456789abcdef-cluster"), bad = secret("not-the-secret!!!");
+	char addr[64];
+	struct kvp_server *s = start_echo(&good, addr);
+
+	struct kvp_client *c;
+	assert_int_equal(kvp_client_open(addr, &bad, 2000, &c), -EACCES);
+	assert_int_equal(kvp_client_open(addr, &good, 2000, &c), 0);
+
+	/* A slow call and many fast ones in flight together; the fast ones finish first. */
+	struct kvp_call *slow, *fast[20];
+	assert_int_equal(kvp_call_start(c, 0x7F, "slow", 4, NULL, 0, &slow), 0);
+	for (int i = 0; i < 20; i++) {
+		char msg[16];
+		int n = sprintf(msg, "ab%d", i);
+		assert_int_equal(kvp_call_start(c, 0x10, msg, (size_t)n - 1, msg + n - 1, 1, &fast[i]),
+				 0);
+	}
+	for (int i = 0; i < 20; i++) {
+		uint8_t *b;
+		uint32_t len;
+		assert_int_equal(kvp_call_wait(fast[i], 2000, &b, &len), 0);
+		char want[16];
+		int n = sprintf(want, "ab%d", i);
+		for (int j = 0; j < n; j++)
+			assert_int_equal(b[j], want[n - 1 - j]);
+		free(b);
+	}
+	uint8_t *b;
+	uint32_t len;
+	assert_int_equal(kvp_call_wait(slow, 2000, &b, &len), 0);
+	assert_memory_equal(b, "slow", 4); /* the late path echoes as is */
+	free(b);
+	assert_int_equal(kvp_call(c, 0x7E, NULL, 0, NULL, 0, 2000, NULL, NULL), -ENOENT);
+	/* A call that times out, then the connection still works. */
+	assert_int_equal(kvp_call(c, 0x7F, "x", 1, NULL, 0, 5, NULL, NULL), -ETIMEDOUT);
+	assert_int_equal(kvp_call(c, 0x10, "xy", 2, NULL, 0, 2000, &b, &len), 0);
+	assert_memory_equal(b, "yx", 2);
+	free(b);
+	usleep(100000);
+
+	/* The handler rejects a request: only this connection closes. */
+	assert_int_equal(kvp_call(c, 0x66, "z", 1, NULL, 0, 2000, NULL, NULL), -ECONNRESET);
+	assert_false(kvp_client_alive(c));
+	kvp_client_close(c);
+
+	/* Raw garbage and an oversized frame from an authenticated peer: closed, server lives. */
+	int fd = kvp_connect(addr, 1000);
+	assert_true(fd >= 0);
+	assert_int_equal(kvp_auth_client(fd, &good, 1000), 0);
+	struct kvp_hdr h = {.op = 0x10, .id = 1};
+	uint8_t big[16];
+	memset(big, 0, sizeof(big));
+	h.magic = KVP_MAGIC;
+	h.version = KVP_VERSION;
+	h.len = (2u << 20); /* over this server's 1 MiB max */
+	uint8_t hb[KVP_HDR_SIZE];
+	kvp_hdr_encode(&h, hb);
+	assert_int_equal(write(fd, hb, sizeof(hb)), (ssize_t)sizeof(hb));
+	char tmp;
+	assert_int_equal(read(fd, &tmp, 1), 0); /* server closed it */
+	close(fd);
+
+	fd = kvp_connect(addr, 1000);
+	assert_int_equal(write(fd, "GET / HTTP/1.0\r\n\r\n", 18), 18); /* no handshake at all */
+	uint8_t junk[256];
+	ssize_t n;
+	while ((n = read(fd, junk, sizeof(junk))) > 0)
+		;
+	close(fd);
+
+	/* Pool: reuses a live connection, reopens a dead one. */
+	struct kvp_pool *p;
+	assert_int_equal(kvp_pool_create(&good, 1000, &p), 0);
+	struct kvp_client *c1, *c2;
+	assert_int_equal(kvp_pool_get(p, addr, &c1), 0);
+	assert_int_equal(kvp_pool_get(p, addr, &c2), 0);
+	assert_ptr_equal(c1, c2);
+	assert_int_equal(kvp_call(c1, 0x66, NULL, 0, NULL, 0, 2000, NULL, NULL), -ECONNRESET);
+	kvp_pool_put(p, c1);
+	kvp_pool_put(p, c2);
+	assert_int_equal(kvp_pool_get(p, addr, &c1), 0);
+	assert_true(kvp_client_alive(c1));
+	assert_int_equal(kvp_call(c1, 0x10, "ok", 2, NULL, 0, 2000, &b, &len), 0);
+	free(b);
+	kvp_pool_put(p, c1);
+	kvp_pool_destroy(p);
+
+	kvp_server_stop(s);
+	assert_int_equal(kvp_client_open(addr, &good, 500, &c), -ECONNREFUSED);
+}
+
+static void test_addr_parse(void **state)
+{
+	(void)state;
+	char host[64];
+	uint16_t port;
+	assert_int_equal(kvp_addr_parse("127.0.0.1:80", host, sizeof(host), &port), 0);
+	assert_int_equal(port, 80);
+	assert_int_equal(kvp_addr_parse("localhost:7", host, sizeof(host), &port), 0);
+	assert_string_equal(host, "127.0.0.1");
+	assert_int_equal(kvp_addr_parse("127.0.0.1", host, sizeof(host), &port), -EINVAL);
+	assert_int_equal(kvp_addr_parse("127.0.0.1:99999", host, sizeof(host), &port), -EINVAL);
+	assert_int_equal(kvp_addr_parse("example.com:80", host, sizeof(host), &port), -EINVAL);
+	assert_int_equal(kvp_addr_parse(":80", host, sizeof(host), &port), -EINVAL);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_codec_roundtrip),
+		cmocka_unit_test(test_header_checks),
+		cmocka_unit_test(test_addr_parse),
+		cmocka_unit_test(test_auth_and_calls),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
