@@ -1,0 +1,485 @@
+/* kvinfer-synth — writes a valid GGUF model with the shapes of a real architecture,
+ * deterministic pseudo-random weights and a byte-level BPE vocabulary.
+ *
+ * Timing depends on shapes, not values, so benchmarks run on these files. Weights are uniform
+ * with standard deviation 1/sqrt(fan-in) (output projections further scaled by
+ * 1/sqrt(2 n_layer)), norms near 1, so activations stay finite through every layer. Each row is
+ * generated from its own seed (seed, tensor, row): the file is identical whatever the chunking,
+ * and multi-GB files are streamed row by row, never held in memory.
+ *
+ *   kvinfer-synth --preset tiny --type f16 -o tiny.gguf [--seed 1]
+ *   kvinfer-synth --list
+ */
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cfg.h"
+#include "gguf_write.h"
+#include "model.h"
+
+struct preset {
+	const char *name, *arch, *desc;
+	int n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
+	float rope_base, rms_eps;
+	int tied, qkv_bias;
+};
+
+static const struct preset PRESETS[] = {
+    {"tiny", "llama", "test model, untied output", 64, 2, 4, 2, 192, 512, 2048, 10000.0f, 1e-5f, 0,
+     0},
+    {"tiny-qwen2", "qwen2", "test model, qkv bias, tied", 64, 2, 4, 2, 192, 512, 2048, 1e6f, 1e-6f,
+     1, 1},
+    {"small", "llama", "quick benchmarks", 256, 4, 8, 4, 768, 4096, 4096, 10000.0f, 1e-5f, 0, 0},
+    {"qwen2-0.5b", "qwen2", "Qwen2/2.5 0.5B shapes", 896, 24, 14, 2, 4864, 151936, 32768, 1e6f,
+     1e-6f, 1, 1},
+    {"llama-1b", "llama", "Llama 3.2 1B shapes", 2048, 16, 32, 8, 8192, 128256, 131072, 500000.0f,
+     1e-5f, 1, 0},
+    {"llama-8b", "llama", "Llama 3.1 8B shapes", 4096, 32, 32, 8, 14336, 128256, 131072, 500000.0f,
+     1e-5f, 0, 0},
+};
+#define N_PRESETS (sizeof(PRESETS) / sizeof(PRESETS[0]))
+
+/* ---- numbers ---- */
+
+static uint64_t splitmix(uint64_t *s)
+{
+	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static uint16_t f32_to_f16(float f)
+{
+	uint32_t x;
+	memcpy(&x, &f, 4);
+	uint32_t sign = (x >> 16) & 0x8000, e = (x >> 23) & 0xff, m = x & 0x7fffff;
+	if (e == 0xff)
+		return (uint16_t)(sign | 0x7c00 | (m ? 0x200 : 0));
+	int ne = (int)e - 127 + 15;
+	if (ne >= 31)
+		return (uint16_t)(sign | 0x7c00);
+	if (ne <= 0) { /* subnormal or zero, round to nearest even */
+		if (ne < -10)
+			return (uint16_t)sign;
+		m |= 0x800000;
+		int sh = 14 - ne;
+		uint32_t h = m >> sh, rem = m & ((1u << sh) - 1), half = 1u << (sh - 1);
+		if (rem > half || (rem == half && (h & 1)))
+			h++;
+		return (uint16_t)(sign | h);
+	}
+	uint32_t h = ((uint32_t)ne << 10) | (m >> 13), rem = m & 0x1fff;
+	if (rem > 0x1000 || (rem == 0x1000 && (h & 1)))
+		h++; /* may carry into the exponent, which is the right result */
+	return (uint16_t)(sign | h);
+}
+
+static uint16_t f32_to_bf16(float f)
+{
+	uint32_t x;
+	memcpy(&x, &f, 4);
+	x += 0x7fff + ((x >> 16) & 1);
+	return (uint16_t)(x >> 16);
+}
+
+enum kind { T_EMBD, T_NORM, T_BIAS, T_MAT, T_MAT_OUT };
+
+struct tdesc {
+	enum kind kind;
+	enum kvi_dtype type;
+	int64_t ne0;
+	uint64_t seed;
+	float scale; /* uniform half-width */
+};
+
+struct gen {
+	struct tdesc *t;
+	size_t n, cap;
+	float *row;
+};
+
+static uint64_t hash_name(const char *s)
+{
+	uint64_t h = 1469598103934665603ull;
+	for (; *s; s++)
+		h = (h ^ (uint8_t)*s) * 1099511628211ull;
+	return h;
+}
+
+static int fill(void *ctx, int ti, int64_t row0, int64_t nrows, void *buf)
+{
+	struct gen *g = ctx;
+	const struct tdesc *t = &g->t[ti];
+	size_t rb = kvi_dtype_row_bytes(t->type, t->ne0);
+	for (int64_t r = 0; r < nrows; r++) {
+		uint64_t s = t->seed ^ ((uint64_t)(row0 + r) * 0xd1b54a32d192ed03ull);
+		float *x = g->row;
+		for (int64_t i = 0; i < t->ne0; i++) {
+			/* 24 random bits -> uniform in [-1, 1) */
+			float u = (float)(splitmix(&s) >> 40) * (2.0f / 16777216.0f) - 1.0f;
+			x[i] = t->kind == T_NORM ? 1.0f + t->scale * u : t->scale * u;
+		}
+		uint8_t *o = (uint8_t *)buf + (size_t)r * rb;
+		switch (t->type) {
+		case KVI_F32:
+			memcpy(o, x, (size_t)t->ne0 * 4);
+			break;
+		case KVI_F16:
+			for (int64_t i = 0; i < t->ne0; i++) {
+				uint16_t h = f32_to_f16(x[i]);
+				memcpy(o + 2 * i, &h, 2);
+			}
+			break;
+		case KVI_BF16:
+			for (int64_t i = 0; i < t->ne0; i++) {
+				uint16_t h = f32_to_bf16(x[i]);
+				memcpy(o + 2 * i, &h, 2);
+			}
+			break;
+		case KVI_Q8_0:
+			for (int64_t b = 0; b < t->ne0 / KVI_Q8_0_BLOCK; b++) {
+				const float *v = x + b * KVI_Q8_0_BLOCK;
+				uint8_t *blk = o + b * KVI_Q8_0_BYTES;
+				float amax = 0;
+				for (int i = 0; i < KVI_Q8_0_BLOCK; i++)
+					amax = fmaxf(amax, fabsf(v[i]));
+				float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+				uint16_t dh = f32_to_f16(d);
+				memcpy(blk, &dh, 2);
+				for (int i = 0; i < KVI_Q8_0_BLOCK; i++)
+					blk[2 + i] = (uint8_t)(int8_t)lrintf(v[i] * id);
+			}
+			break;
+		}
+	}
+	return 0;
+}
+
+/* ---- vocabulary ---- */
+
+/* GPT-2's byte -> printable code point map: printable Latin-1 bytes map to themselves, the
+ * rest to 256, 257, ... in byte order. */
+static int byte_cp(int b)
+{
+	if ((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255))
+		return b;
+	int n = 0;
+	for (int c = 0; c < b; c++)
+		if (!((c >= 33 && c <= 126) || (c >= 161 && c <= 172) || (c >= 174 && c <= 255)))
+			n++;
+	return 256 + n;
+}
+
+static int utf8_put(char *o, int cp)
+{
+	if (cp < 0x80) {
+		o[0] = (char)cp;
+		return 1;
+	}
+	o[0] = (char)(0xc0 | (cp >> 6));
+	o[1] = (char)(0x80 | (cp & 0x3f));
+	return 2;
+}
+
+/* Words whose spellings become merges: enough to exercise BPE on English text. */
+static const char *WORDS[] = {
+    "the",     "and",	"that",	 "have",  "for",   "not",   "with",  "you",    "this",	"but",
+    "his",     "from",	"they",	 "say",	  "her",   "she",   "will",  "one",    "all",	"would",
+    "there",   "their", "what",	 "out",	  "about", "who",   "get",   "which",  "when",	"make",
+    "can",     "like",	"time",	 "just",  "him",   "know",  "take",  "people", "into",	"year",
+    "your",    "good",	"some",	 "could", "them",  "see",   "other", "than",   "then",	"now",
+    "look",    "only",	"come",	 "its",	  "over",  "think", "also",  "back",   "after", "use",
+    "two",     "how",	"our",	 "work",  "first", "well",  "way",   "even",   "new",	"want",
+    "because", "any",	"these", "give",  "day",   "most",  "is",    "are",    "was",	"of",
+    "to",      "in",	"it",	 "on",	  "be",	   "as",    "at",    "by",     "we",	"or",
+    "an",      "ing",	"ed",	 "er",	  "ly",	   "tion",  "model", "cache",  "token", "hello",
+    "world",   "Hello", "The",	 "kvfs",  "block", "file",  "store", "data",   "fast",	"GPU",
+};
+
+struct vocab {
+	char **tok;
+	int32_t *type;
+	char **merges;
+	size_t n, n_merges;
+	int bos, eos;
+};
+
+static int vocab_has(const struct vocab *v, const char *s)
+{
+	for (size_t i = 0; i < v->n; i++)
+		if (!strcmp(v->tok[i], s))
+			return 1;
+	return 0;
+}
+
+static int vocab_build(struct vocab *v, int n_vocab)
+{
+	v->tok = calloc((size_t)n_vocab, sizeof(char *));
+	v->type = calloc((size_t)n_vocab, sizeof(int32_t));
+	v->merges = calloc(4096, sizeof(char *));
+	if (!v->tok || !v->type || !v->merges)
+		return -ENOMEM;
+	char sym[256][3];
+	for (int b = 0; b < 256; b++) {
+		int n = utf8_put(sym[b], byte_cp(b));
+		sym[b][n] = 0;
+		v->tok[v->n] = strdup(sym[b]);
+		v->type[v->n++] = 1;
+	}
+	int room = n_vocab - 256 - 3;
+	for (size_t w = 0; w < sizeof(WORDS) / sizeof(WORDS[0]); w++) {
+		for (int sp = 0; sp < 2; sp++) {
+			char cur[64] = "", next[64];
+			const char *word = WORDS[w];
+			if (sp)
+				strcpy(cur, sym[' ']);
+			else
+				strcpy(cur, sym[(uint8_t)word[0]]), word++;
+			for (; *word; word++) {
+				const char *c = sym[(uint8_t)*word];
+				snprintf(next, sizeof(next), "%s%s", cur, c);
+				if (!vocab_has(v, next)) {
+					if (room <= 0 || v->n_merges >= 4096)
+						goto done;
+					char m[140];
+					snprintf(m, sizeof(m), "%s %s", cur, c);
+					v->merges[v->n_merges++] = strdup(m);
+					v->tok[v->n] = strdup(next);
+					v->type[v->n++] = 1;
+					room--;
+				}
+				strcpy(cur, next);
+			}
+		}
+	}
+done:
+	v->bos = (int)v->n;
+	v->tok[v->n] = strdup("<|begin_of_text|>");
+	v->type[v->n++] = 3;
+	v->eos = (int)v->n;
+	v->tok[v->n] = strdup("<|end_of_text|>");
+	v->type[v->n++] = 3;
+	v->tok[v->n] = strdup("<|eot_id|>");
+	v->type[v->n++] = 3;
+	char f[32];
+	while ((int)v->n < n_vocab) {
+		snprintf(f, sizeof(f), "<|filler_%zu|>", v->n);
+		v->tok[v->n] = strdup(f);
+		v->type[v->n++] = 5; /* unused: never produced by encode */
+	}
+	for (size_t i = 0; i < v->n; i++)
+		if (!v->tok[i])
+			return -ENOMEM;
+	for (size_t i = 0; i < v->n_merges; i++)
+		if (!v->merges[i])
+			return -ENOMEM;
+	return 0;
+}
+
+static void vocab_free(struct vocab *v)
+{
+	for (size_t i = 0; i < v->n; i++)
+		free(v->tok[i]);
+	for (size_t i = 0; i < v->n_merges; i++)
+		free(v->merges[i]);
+	free(v->tok);
+	free(v->type);
+	free(v->merges);
+}
+
+/* ---- file ---- */
+
+static int add_tensor(struct kvi_gguf_writer *w, struct gen *g, uint64_t seed, const char *name,
+		      enum kind kind, enum kvi_dtype type, int64_t ne0, int64_t ne1, float scale)
+{
+	if (kind == T_NORM || kind == T_BIAS)
+		type = KVI_F32;
+	if (g->n == g->cap) {
+		g->cap = g->cap ? g->cap * 2 : 64;
+		struct tdesc *p = realloc(g->t, g->cap * sizeof(*p));
+		if (!p)
+			return -ENOMEM;
+		g->t = p;
+	}
+	int64_t ne[2] = {ne0, ne1};
+	int idx = kvi_gguf_w_tensor(w, name, (uint32_t)type, ne1 > 1 ? 2 : 1, ne, NULL);
+	if (idx < 0)
+		return idx;
+	g->t[g->n++] = (struct tdesc){kind, type, ne0, seed ^ hash_name(name), scale};
+	return 0;
+}
+
+static int write_model(const struct preset *p, enum kvi_dtype type, const char *path, uint64_t seed)
+{
+	struct kvi_gguf_writer *w = NULL;
+	struct gen g = {0};
+	struct vocab v = {0};
+	int ret = kvi_gguf_writer_create(&w);
+	if (!ret)
+		ret = vocab_build(&v, p->n_vocab);
+	if (ret)
+		goto out;
+	char k[128], name[64];
+	const char *a = p->arch;
+	int hd = p->n_embd / p->n_head;
+#define KEY(s) (snprintf(k, sizeof(k), "%s.%s", a, s), k)
+	kvi_gguf_w_str(w, "general.architecture", a);
+	snprintf(name, sizeof(name), "kvfs synthetic %s", p->name);
+	kvi_gguf_w_str(w, "general.name", name);
+	kvi_gguf_w_alignment(w, 32);
+	kvi_gguf_w_bool(w, "kvfs.synthetic", 1);
+	kvi_gguf_w_u64(w, "kvfs.synthetic.seed", seed);
+	kvi_gguf_w_u32(w, KEY("block_count"), (uint32_t)p->n_layer);
+	kvi_gguf_w_u32(w, KEY("context_length"), (uint32_t)p->n_ctx);
+	kvi_gguf_w_u32(w, KEY("embedding_length"), (uint32_t)p->n_embd);
+	kvi_gguf_w_u32(w, KEY("feed_forward_length"), (uint32_t)p->n_ff);
+	kvi_gguf_w_u32(w, KEY("attention.head_count"), (uint32_t)p->n_head);
+	kvi_gguf_w_u32(w, KEY("attention.head_count_kv"), (uint32_t)p->n_head_kv);
+	kvi_gguf_w_u32(w, KEY("rope.dimension_count"), (uint32_t)hd);
+	kvi_gguf_w_f32(w, KEY("rope.freq_base"), p->rope_base);
+	kvi_gguf_w_f32(w, KEY("attention.layer_norm_rms_epsilon"), p->rms_eps);
+	kvi_gguf_w_str(w, "tokenizer.ggml.model", "gpt2");
+	kvi_gguf_w_str(w, "tokenizer.ggml.pre", strcmp(a, "qwen2") ? "llama-bpe" : "qwen2");
+	kvi_gguf_w_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v.tok, v.n);
+	kvi_gguf_w_arr_i32(w, "tokenizer.ggml.token_type", v.type, v.n);
+	kvi_gguf_w_arr_str(w, "tokenizer.ggml.merges", (const char *const *)v.merges, v.n_merges);
+	kvi_gguf_w_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)v.bos);
+	kvi_gguf_w_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)v.eos);
+	kvi_gguf_w_u32(w, "tokenizer.ggml.eot_token_id", (uint32_t)v.eos + 1);
+	ret = kvi_gguf_w_bool(w, "tokenizer.ggml.add_bos_token", strcmp(a, "qwen2") != 0);
+	if (ret)
+		goto out;
+#undef KEY
+	float emb = sqrtf(3.0f / (float)p->n_embd), in_e = emb,
+	      in_ff = sqrtf(3.0f / (float)p->n_ff);
+	float res = 1.0f / sqrtf(2.0f * (float)p->n_layer);
+	int64_t q = (int64_t)p->n_head * hd, kv = (int64_t)p->n_head_kv * hd;
+	ret =
+	    add_tensor(w, &g, seed, "token_embd.weight", T_EMBD, type, p->n_embd, p->n_vocab, emb);
+	if (!ret)
+		ret = add_tensor(w, &g, seed, "output_norm.weight", T_NORM, type, p->n_embd, 1,
+				 0.05f);
+	if (!ret && !p->tied)
+		ret = add_tensor(w, &g, seed, "output.weight", T_MAT, type, p->n_embd, p->n_vocab,
+				 in_e);
+	for (int l = 0; l < p->n_layer && !ret; l++) {
+		struct {
+			const char *n;
+			enum kind k;
+			int64_t ne0, ne1;
+			float s;
+		} L[] = {
+		    {"attn_norm.weight", T_NORM, p->n_embd, 1, 0.05f},
+		    {"attn_q.weight", T_MAT, p->n_embd, q, in_e},
+		    {"attn_k.weight", T_MAT, p->n_embd, kv, in_e},
+		    {"attn_v.weight", T_MAT, p->n_embd, kv, in_e},
+		    {"attn_output.weight", T_MAT_OUT, q, p->n_embd, sqrtf(3.0f / (float)q) * res},
+		    {"attn_q.bias", T_BIAS, q, 1, 0.1f},
+		    {"attn_k.bias", T_BIAS, kv, 1, 0.1f},
+		    {"attn_v.bias", T_BIAS, kv, 1, 0.1f},
+		    {"ffn_norm.weight", T_NORM, p->n_embd, 1, 0.05f},
+		    {"ffn_gate.weight", T_MAT, p->n_embd, p->n_ff, in_e},
+		    {"ffn_up.weight", T_MAT, p->n_embd, p->n_ff, in_e},
+		    {"ffn_down.weight", T_MAT_OUT, p->n_ff, p->n_embd, in_ff * res},
+		};
+		for (size_t i = 0; i < sizeof(L) / sizeof(L[0]) && !ret; i++) {
+			if (L[i].k == T_BIAS && !p->qkv_bias)
+				continue;
+			snprintf(name, sizeof(name), "blk.%d.%s", l, L[i].n);
+			ret =
+			    add_tensor(w, &g, seed, name, L[i].k, type, L[i].ne0, L[i].ne1, L[i].s);
+		}
+	}
+	if (ret)
+		goto out;
+	int64_t maxrow = p->n_ff > p->n_embd ? p->n_ff : p->n_embd;
+	g.row = malloc((size_t)maxrow * sizeof(float));
+	if (!g.row) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	ret = kvi_gguf_w_write_file(w, path, fill, &g);
+out:
+	free(g.row);
+	free(g.t);
+	vocab_free(&v);
+	kvi_gguf_writer_free(w);
+	return ret;
+}
+
+struct opts {
+	char preset[CFG_STR_MAX];
+	char type[CFG_STR_MAX];
+	char out[CFG_STR_MAX];
+	int64_t seed;
+	int list;
+};
+
+static const struct cfg_opt OPTS[] = {
+    {"preset", CFG_STR, offsetof(struct opts, preset), 0, 0, "tiny", "model shape (--list)"},
+    {"type", CFG_STR, offsetof(struct opts, type), 0, 0, "f16", "f32, f16, bf16 or q8_0"},
+    {"out", CFG_STR, offsetof(struct opts, out), 0, 0, NULL, "output file (also -o FILE)"},
+    {"seed", CFG_INT, offsetof(struct opts, seed), 0, 9007199254740991.0, "1", "weight seed"},
+    {"list", CFG_BOOL, offsetof(struct opts, list), 0, 0, "false", "list presets and exit"},
+    CFG_END,
+};
+
+int main(int argc, char **argv)
+{
+	for (int i = 1; i < argc; i++)
+		if (!strcmp(argv[i], "-o"))
+			argv[i] = "--out";
+	struct opts o;
+	int npos = 0;
+	int ret = cfg_parse(OPTS, &o, argc, argv, "", &npos);
+	if (ret)
+		return ret > 0 ? 0 : 2;
+	if (o.list) {
+		for (size_t i = 0; i < N_PRESETS; i++) {
+			const struct preset *p = &PRESETS[i];
+			printf(
+			    "%-12s %-6s embd %5d layers %3d heads %3d/%-2d ff %5d vocab %6d  %s\n",
+			    p->name, p->arch, p->n_embd, p->n_layer, p->n_head, p->n_head_kv,
+			    p->n_ff, p->n_vocab, p->desc);
+		}
+		return 0;
+	}
+	const struct preset *p = NULL;
+	for (size_t i = 0; i < N_PRESETS; i++)
+		if (!strcmp(PRESETS[i].name, o.preset))
+			p = &PRESETS[i];
+	if (!p) {
+		fprintf(stderr, "kvinfer-synth: unknown preset '%s' (try --list)\n", o.preset);
+		return 2;
+	}
+	static const struct {
+		const char *n;
+		enum kvi_dtype t;
+	} T[] = {{"f32", KVI_F32}, {"f16", KVI_F16}, {"bf16", KVI_BF16}, {"q8_0", KVI_Q8_0}};
+	int ti = -1;
+	for (int i = 0; i < 4; i++)
+		if (!strcmp(T[i].n, o.type))
+			ti = i;
+	if (ti < 0 || !o.out[0]) {
+		fprintf(stderr, "kvinfer-synth: %s\n",
+			ti < 0 ? "--type must be f32, f16, bf16 or q8_0" : "-o FILE is required");
+		return 2;
+	}
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	ret = write_model(p, T[ti].t, o.out, (uint64_t)o.seed);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	if (ret) {
+		fprintf(stderr, "kvinfer-synth: writing %s: %s\n", o.out, strerror(-ret));
+		return 1;
+	}
+	printf("kvinfer-synth: wrote %s (%s, %s) in %.2f s\n", o.out, p->name, o.type,
+	       (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
+	return 0;
+}
