@@ -1,0 +1,317 @@
+#include "harness.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static long now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1000L + ts.tv_nsec / 1000000L;
+}
+
+int kvh_bin(const char *name, char *out, size_t cap)
+{
+	const char *b = getenv("KVFS_BUILD_DIR");
+	int n = snprintf(out, cap, "%s/bin/%s", b ? b : ".", name);
+	if (n < 0 || (size_t)n >= cap)
+		return -ENAMETOOLONG;
+	return access(out, X_OK) == 0 ? 0 : -ENOENT;
+}
+
+pid_t kvh_spawn(const char *bin, char *const argv[], const char *logfile)
+{
+	pid_t pid = fork();
+	if (pid < 0)
+		return -errno;
+	if (pid == 0) {
+		int fd = open(logfile ? logfile : "/dev/null", O_WRONLY | O_CREAT | O_APPEND, 0644);
+		if (fd >= 0) {
+			dup2(fd, 1);
+			dup2(fd, 2);
+			close(fd);
+		}
+		int nul = open("/dev/null", O_RDONLY);
+		if (nul >= 0) {
+			dup2(nul, 0);
+			close(nul);
+		}
+		execv(bin, argv);
+		fprintf(stderr, "exec %s: %s\n", bin, strerror(errno));
+		_exit(127);
+	}
+	return pid;
+}
+
+int kvh_stop_pid(pid_t pid, int sig, int timeout_ms)
+{
+	if (pid <= 0)
+		return 0;
+	kill(pid, sig);
+	long end = now_ms() + timeout_ms;
+	int st;
+	while (now_ms() < end) {
+		pid_t r = waitpid(pid, &st, WNOHANG);
+		if (r == pid || (r < 0 && errno == ECHILD))
+			return 0;
+		usleep(10000);
+	}
+	kill(pid, SIGKILL);
+	waitpid(pid, &st, 0);
+	return -ETIMEDOUT;
+}
+
+int kvh_wait_file(const char *path, int timeout_ms, char *buf, size_t cap)
+{
+	long end = now_ms() + timeout_ms;
+	do {
+		FILE *f = fopen(path, "r");
+		if (f) {
+			char *ok = fgets(buf, (int)cap, f);
+			fclose(f);
+			if (ok && *buf) {
+				buf[strcspn(buf, "\r\n")] = 0;
+				return 0;
+			}
+		}
+		usleep(10000);
+	} while (now_ms() < end);
+	return -ETIMEDOUT;
+}
+
+/* Splits extra args on spaces into argv[*n...]; keeps a copy in store. */
+static void add_args(char **argv, int *n, int max, char *store, size_t cap, const char *extra)
+{
+	if (!extra || !*extra)
+		return;
+	snprintf(store, cap, "%s", extra);
+	for (char *save, *t = strtok_r(store, " ", &save); t && *n < max - 1;
+	     t = strtok_r(NULL, " ", &save))
+		argv[(*n)++] = t;
+}
+
+static int start_meta(struct kvh_cluster *cl, const char *listen)
+{
+	char bin[600], log[600], addrfile[600], scratch[512];
+	if (kvh_bin("kvfs-meta", bin, sizeof(bin)))
+		return -ENOENT;
+	snprintf(log, sizeof(log), "%s/meta.log", cl->dir);
+	snprintf(addrfile, sizeof(addrfile), "%s/meta.addr", cl->dir);
+	unlink(addrfile);
+	char *argv[48] = {
+	    "kvfs-meta", "--db",	 cl->meta_db,	"--secret-file", cl->secret_file,
+	    "--listen",	 (char *)listen, "--addr-file", addrfile,	 "--log-level",
+	    "2"};
+	int n = 11;
+	add_args(argv, &n, 48, scratch, sizeof(scratch), cl->meta_args);
+	argv[n] = NULL;
+	pid_t pid = kvh_spawn(bin, argv, log);
+	if (pid < 0)
+		return pid;
+	cl->meta_pid = pid;
+	return kvh_wait_file(addrfile, 10000, cl->meta_addr, sizeof(cl->meta_addr));
+}
+
+static int start_node(struct kvh_cluster *cl, int i, const char *listen)
+{
+	struct kvh_node *nd = &cl->nodes[i];
+	char bin[600], log[600], addrfile[600], scratch[512];
+	if (kvh_bin("kvfs-node", bin, sizeof(bin)))
+		return -ENOENT;
+	snprintf(log, sizeof(log), "%s/node%d.log", cl->dir, i);
+	snprintf(addrfile, sizeof(addrfile), "%s/node%d.addr", cl->dir, i);
+	unlink(addrfile);
+	char *argv[48] = {"kvfs-node", "--dir",	      nd->dir,	  "--secret-file", cl->secret_file,
+			  "--meta",    cl->meta_addr, "--listen", (char *)listen,  "--addr-file",
+			  addrfile,    "--heartbeat", "0.2s",	  "--log-level",   "2"};
+	int n = 15;
+	add_args(argv, &n, 48, scratch, sizeof(scratch), nd->args);
+	argv[n] = NULL;
+	pid_t pid = kvh_spawn(bin, argv, log);
+	if (pid < 0)
+		return pid;
+	nd->pid = pid;
+	return kvh_wait_file(addrfile, 10000, nd->addr, sizeof(nd->addr));
+}
+
+/* NODES reply: u32 n, n x (u32 id, u64 uuid, str addr, u8 state, u64 cap, u64 used,
+ * u64 chunks, i64 heartbeat_ns). Returns the number of nodes up. */
+static int count_up(struct kvh_cluster *cl)
+{
+	struct kvp_client *c;
+	if (kvp_client_open(cl->meta_addr, &cl->secret, 1000, &c))
+		return -1;
+	uint8_t *b = NULL;
+	uint32_t len = 0;
+	int up = -1;
+	if (kvp_call(c, KVP_OP_NODES, NULL, 0, NULL, 0, 2000, &b, &len) == 0) {
+		struct kvp_rbuf r;
+		kvp_r_init(&r, b, len);
+		uint32_t n = kvp_r_u32(&r);
+		up = 0;
+		for (uint32_t i = 0; i < n && !r.err; i++) {
+			char addr[KVP_ADDR_MAX];
+			kvp_r_u32(&r), kvp_r_u64(&r);
+			kvp_r_str(&r, addr, sizeof(addr));
+			if (kvp_r_u8(&r) == KVP_NODE_UP)
+				up++;
+			kvp_r_u64(&r), kvp_r_u64(&r), kvp_r_u64(&r), kvp_r_i64(&r);
+		}
+		if (kvp_r_end(&r))
+			up = -1;
+	}
+	free(b);
+	kvp_client_close(c);
+	return up;
+}
+
+int kvh_wait_nodes_up(struct kvh_cluster *cl, int up, int timeout_ms)
+{
+	long end = now_ms() + timeout_ms;
+	do {
+		if (count_up(cl) == up)
+			return 0;
+		usleep(50000);
+	} while (now_ms() < end);
+	return -ETIMEDOUT;
+}
+
+int kvh_cluster_start(struct kvh_cluster *cl, int nnodes, const char *meta_args,
+		      const char *node_args)
+{
+	memset(cl, 0, sizeof(*cl));
+	if (nnodes > KVH_MAX_NODES)
+		return -EINVAL;
+	snprintf(cl->dir, sizeof(cl->dir), "/tmp/kvfs-test-XXXXXX");
+	if (!mkdtemp(cl->dir))
+		return -errno;
+	snprintf(cl->secret_file, sizeof(cl->secret_file), "%s/secret", cl->dir);
+	FILE *f = fopen(cl->secret_file, "w");
+	if (!f)
+		return -errno;
+	fprintf(f, "test-secret-%ld-%d\n", (long)time(NULL), getpid());
+	fclose(f);
+	chmod(cl->secret_file, 0600);
+	int rc = kvp_secret_load(cl->secret_file, &cl->secret);
+	if (rc)
+		return rc;
+	snprintf(cl->meta_db, sizeof(cl->meta_db), "%s/meta", cl->dir);
+	snprintf(cl->meta_args, sizeof(cl->meta_args), "%s", meta_args ? meta_args : "");
+	if ((rc = start_meta(cl, "127.0.0.1:0")))
+		return rc;
+	for (int i = 0; i < nnodes; i++) {
+		snprintf(cl->nodes[i].dir, sizeof(cl->nodes[i].dir), "%s/node%d", cl->dir, i);
+		snprintf(cl->nodes[i].args, sizeof(cl->nodes[i].args), "%s",
+			 node_args ? node_args : "");
+		cl->nnodes = i + 1;
+		if ((rc = start_node(cl, i, "127.0.0.1:0")))
+			return rc;
+	}
+	return kvh_wait_nodes_up(cl, nnodes, 15000);
+}
+
+void kvh_cluster_stop(struct kvh_cluster *cl)
+{
+	for (int i = 0; i < cl->nnodes; i++)
+		if (cl->nodes[i].pid > 0)
+			kill(cl->nodes[i].pid, SIGTERM);
+	for (int i = 0; i < cl->nnodes; i++) {
+		kvh_stop_pid(cl->nodes[i].pid, SIGTERM, 5000);
+		cl->nodes[i].pid = 0;
+	}
+	kvh_stop_pid(cl->meta_pid, SIGTERM, 5000);
+	cl->meta_pid = 0;
+	if (cl->dir[0] && !getenv("KVFS_KEEP_TEST_DIR"))
+		kvh_sh("rm -rf '%s'", cl->dir);
+}
+
+int kvh_meta_kill(struct kvh_cluster *cl, int sig)
+{
+	int rc = kvh_stop_pid(cl->meta_pid, sig, 5000);
+	cl->meta_pid = 0;
+	return rc;
+}
+
+int kvh_meta_restart(struct kvh_cluster *cl)
+{
+	char listen[KVP_ADDR_MAX];
+	snprintf(listen, sizeof(listen), "%s", cl->meta_addr);
+	/* The old port may linger briefly after a kill; retry for a while. */
+	int rc = -EADDRINUSE;
+	for (int i = 0; i < 50 && rc; i++) {
+		rc = start_meta(cl, listen);
+		if (rc) {
+			kvh_stop_pid(cl->meta_pid, SIGKILL, 1000);
+			cl->meta_pid = 0;
+			snprintf(cl->meta_addr, sizeof(cl->meta_addr), "%s", listen);
+			usleep(100000);
+		}
+	}
+	return rc;
+}
+
+int kvh_node_kill(struct kvh_cluster *cl, int i, int sig)
+{
+	int rc = kvh_stop_pid(cl->nodes[i].pid, sig, 5000);
+	cl->nodes[i].pid = 0;
+	return rc;
+}
+
+int kvh_node_restart(struct kvh_cluster *cl, int i)
+{
+	char listen[KVP_ADDR_MAX];
+	snprintf(listen, sizeof(listen), "%s", cl->nodes[i].addr);
+	int rc = -EADDRINUSE;
+	for (int t = 0; t < 50 && rc; t++) {
+		rc = start_node(cl, i, listen);
+		if (rc) {
+			kvh_stop_pid(cl->nodes[i].pid, SIGKILL, 1000);
+			cl->nodes[i].pid = 0;
+			snprintf(cl->nodes[i].addr, sizeof(cl->nodes[i].addr), "%s", listen);
+			usleep(100000);
+		}
+	}
+	return rc;
+}
+
+int kvh_node_add(struct kvh_cluster *cl, const char *node_args)
+{
+	if (cl->nnodes >= KVH_MAX_NODES)
+		return -ENOSPC;
+	int i = cl->nnodes++;
+	snprintf(cl->nodes[i].dir, sizeof(cl->nodes[i].dir), "%s/node%d", cl->dir, i);
+	snprintf(cl->nodes[i].args, sizeof(cl->nodes[i].args), "%s", node_args ? node_args : "");
+	int rc = start_node(cl, i, "127.0.0.1:0");
+	return rc ? rc : i;
+}
+
+int kvh_have_fuse(void)
+{
+	int fd = open("/dev/fuse", O_RDWR);
+	if (fd < 0)
+		return 0;
+	close(fd);
+	return kvh_sh("command -v fusermount3 >/dev/null 2>&1") == 0;
+}
+
+int kvh_sh(const char *fmt, ...)
+{
+	char cmd[4096];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(cmd, sizeof(cmd), fmt, ap);
+	va_end(ap);
+	int st = system(cmd);
+	if (st == -1 || !WIFEXITED(st))
+		return -1;
+	return WEXITSTATUS(st);
+}
