@@ -209,7 +209,9 @@ int kvh_cluster_start(struct kvh_cluster *cl, int nnodes, const char *meta_args,
 	if ((rc = start_meta(cl, "127.0.0.1:0")))
 		return rc;
 	for (int i = 0; i < nnodes; i++) {
-		snprintf(cl->nodes[i].dir, sizeof(cl->nodes[i].dir), "%s/node%d", cl->dir, i);
+		char dir[sizeof(cl->nodes[i].dir)];
+		snprintf(dir, sizeof(dir), "%.256s/node%d", cl->dir, i);
+		memcpy(cl->nodes[i].dir, dir, sizeof(dir));
 		snprintf(cl->nodes[i].args, sizeof(cl->nodes[i].args), "%s",
 			 node_args ? node_args : "");
 		cl->nnodes = i + 1;
@@ -288,7 +290,9 @@ int kvh_node_add(struct kvh_cluster *cl, const char *node_args)
 	if (cl->nnodes >= KVH_MAX_NODES)
 		return -ENOSPC;
 	int i = cl->nnodes++;
-	snprintf(cl->nodes[i].dir, sizeof(cl->nodes[i].dir), "%s/node%d", cl->dir, i);
+	char dir[sizeof(cl->nodes[i].dir)];
+	snprintf(dir, sizeof(dir), "%.256s/node%d", cl->dir, i);
+	memcpy(cl->nodes[i].dir, dir, sizeof(dir));
 	snprintf(cl->nodes[i].args, sizeof(cl->nodes[i].args), "%s", node_args ? node_args : "");
 	int rc = start_node(cl, i, "127.0.0.1:0");
 	return rc ? rc : i;
