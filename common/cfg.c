@@ -28,10 +28,26 @@ int cfg_parse_size(const char *s, uint64_t *out)
 	switch (*end) {
 	case 0:
 		break;
-	case 'k': case 'K': shift = 10; end++; break;
-	case 'm': case 'M': shift = 20; end++; break;
-	case 'g': case 'G': shift = 30; end++; break;
-	case 't': case 'T': shift = 40; end++; break;
+	case 'k':
+	case 'K':
+		shift = 10;
+		end++;
+		break;
+	case 'm':
+	case 'M':
+		shift = 20;
+		end++;
+		break;
+	case 'g':
+	case 'G':
+		shift = 30;
+		end++;
+		break;
+	case 't':
+	case 'T':
+		shift = 40;
+		end++;
+		break;
 	default:
 		return -EINVAL;
 	}
@@ -208,8 +224,8 @@ static int load_file(const struct cfg_opt *opts, void *obj, const char *path)
 			v++;
 		const struct cfg_opt *o = find(opts, p, (size_t)(ke - p));
 		if (!o) {
-			fprintf(stderr, "%s:%d: unknown option '%.*s'\n", path, lineno, (int)(ke - p),
-				p);
+			fprintf(stderr, "%s:%d: unknown option '%.*s'\n", path, lineno,
+				(int)(ke - p), p);
 			rc = -EINVAL;
 			break;
 		}

@@ -33,7 +33,10 @@ struct cfg_opt {
 	const char *help;
 };
 
-#define CFG_END {NULL, 0, 0, 0, 0, NULL, NULL}
+#define CFG_END                                                                                    \
+	{                                                                                          \
+		NULL, 0, 0, 0, 0, NULL, NULL                                                       \
+	}
 
 /* Parses argv into obj. Positional arguments are moved to the front of argv[1..] and their count
  * is returned through *npos (argv[1..*npos]). On --help prints usage to stdout and returns 1; on

@@ -23,7 +23,7 @@ void kvfs_log_set_level(int level);
 int kvfs_log_level(void);
 
 void kvfs_log_at(int level, const char *tag, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+    __attribute__((format(printf, 3, 4)));
 
 #define klog(level, ...)                                                                           \
 	do {                                                                                       \

@@ -22,12 +22,12 @@ struct conf {
 };
 
 static const struct cfg_opt opts[] = {
-	{"name", CFG_STR, offsetof(struct conf, name), 0, 0, "node0", "node name"},
-	{"port", CFG_INT, offsetof(struct conf, port), 0, 65535, "7000", "TCP port"},
-	{"verbose", CFG_BOOL, offsetof(struct conf, verbose), 0, 0, "false", "chatty"},
-	{"capacity", CFG_SIZE, offsetof(struct conf, cap), 0, 0, "1G", "bytes"},
-	{"ttl", CFG_SECS, offsetof(struct conf, ttl), 0, 0, "72h", "retention"},
-	CFG_END,
+    {"name", CFG_STR, offsetof(struct conf, name), 0, 0, "node0", "node name"},
+    {"port", CFG_INT, offsetof(struct conf, port), 0, 65535, "7000", "TCP port"},
+    {"verbose", CFG_BOOL, offsetof(struct conf, verbose), 0, 0, "false", "chatty"},
+    {"capacity", CFG_SIZE, offsetof(struct conf, cap), 0, 0, "1G", "bytes"},
+    {"ttl", CFG_SECS, offsetof(struct conf, ttl), 0, 0, "72h", "retention"},
+    CFG_END,
 };
 
 static void test_defaults(void **state)
@@ -47,8 +47,8 @@ static void test_flags_and_positionals(void **state)
 {
 	(void)state;
 	struct conf c;
-	char *argv[] = {"prog", "pos1", "--port", "80", "--verbose", "--capacity=64K", "pos2",
-			"--ttl", "1500ms", NULL};
+	char *argv[] = {"prog",		  "pos1", "--port", "80",     "--verbose",
+			"--capacity=64K", "pos2", "--ttl",  "1500ms", NULL};
 	int npos = -1;
 	assert_int_equal(cfg_parse(opts, &c, 9, argv, "ARGS", &npos), 0);
 	assert_int_equal(npos, 2);
@@ -107,10 +107,10 @@ static void test_config_file(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_defaults),
-		cmocka_unit_test(test_flags_and_positionals),
-		cmocka_unit_test(test_bad_values),
-		cmocka_unit_test(test_config_file),
+	    cmocka_unit_test(test_defaults),
+	    cmocka_unit_test(test_flags_and_positionals),
+	    cmocka_unit_test(test_bad_values),
+	    cmocka_unit_test(test_config_file),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
