@@ -22,9 +22,17 @@ static void test_codec_roundtrip(void **state)
 	(void)state;
 	struct kvp_wbuf w;
 	kvp_w_init(&w);
-	struct kvp_attr a = {.ino = 7, .mode = 0100644, .nlink = 1, .size = 1234567, .mtime_ns = -5,
-			     .atime_ns = 9, .ctime_ns = 11, .stored = 99, .chunk_size = 65536,
-			     .k = 10, .m = 1},
+	struct kvp_attr a = {.ino = 7,
+			     .mode = 0100644,
+			     .nlink = 1,
+			     .size = 1234567,
+			     .mtime_ns = -5,
+			     .atime_ns = 9,
+			     .ctime_ns = 11,
+			     .stored = 99,
+			     .chunk_size = 65536,
+			     .k = 10,
+			     .m = 1},
 			b;
 	kvp_w_u8(&w, 0xAB);
 	kvp_w_u16(&w, 0xBEEF);
@@ -73,7 +81,10 @@ static void test_codec_roundtrip(void **state)
 static void test_header_checks(void **state)
 {
 	(void)state;
-	struct kvp_hdr h = {.magic = KVP_MAGIC, .version = KVP_VERSION, .op = KVP_OP_GET, .id = 42,
+	struct kvp_hdr h = {.magic = KVP_MAGIC,
+			    .version = KVP_VERSION,
+			    .op = KVP_OP_GET,
+			    .id = 42,
 			    .len = 100},
 		       d;
 	uint8_t b[KVP_HDR_SIZE];
@@ -152,8 +163,11 @@ static int echo_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, 
 
 static struct kvp_server *start_echo(const struct kvp_secret *k, char *addr)
 {
-	struct kvp_server_opts o = {.name = "echo", .host = "127.0.0.1", .secret = k,
-				    .handler = echo_handler, .max_body = 1 << 20};
+	struct kvp_server_opts o = {.name = "echo",
+				    .host = "127.0.0.1",
+				    .secret = k,
+				    .handler = echo_handler,
+				    .max_body = 1 << 20};
 	struct kvp_server *s;
 	assert_int_equal(kvp_server_start(&o, &s), 0);
 	sprintf(addr, "127.0.0.1:%u", kvp_server_port(s));
@@ -163,7 +177,8 @@ static struct kvp_server *start_echo(const struct kvp_secret *k, char *addr)
 static void test_auth_and_calls(void **state)
 {
 	(void)state;
-	struct kvp_secret good = secret("0123456789abcdef-cluster"), bad = secret("not-the-secret!!!");
+	struct kvp_secret good = secret("0123456789abcdef-cluster"),
+			  bad = secret("not-the-secret!!!");
 	char addr[64];
 	struct kvp_server *s = start_echo(&good, addr);
 
@@ -177,8 +192,8 @@ static void test_auth_and_calls(void **state)
 	for (int i = 0; i < 20; i++) {
 		char msg[16];
 		int n = sprintf(msg, "ab%d", i);
-		assert_int_equal(kvp_call_start(c, 0x10, msg, (size_t)n - 1, msg + n - 1, 1, &fast[i]),
-				 0);
+		assert_int_equal(
+		    kvp_call_start(c, 0x10, msg, (size_t)n - 1, msg + n - 1, 1, &fast[i]), 0);
 	}
 	for (int i = 0; i < 20; i++) {
 		uint8_t *b;
@@ -272,10 +287,10 @@ static void test_addr_parse(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_codec_roundtrip),
-		cmocka_unit_test(test_header_checks),
-		cmocka_unit_test(test_addr_parse),
-		cmocka_unit_test(test_auth_and_calls),
+	    cmocka_unit_test(test_codec_roundtrip),
+	    cmocka_unit_test(test_header_checks),
+	    cmocka_unit_test(test_addr_parse),
+	    cmocka_unit_test(test_auth_and_calls),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

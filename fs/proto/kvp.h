@@ -34,13 +34,14 @@
  * (u32 node_id, u64 chunk_id, u32 crc32c). Enum values only ever grow. */
 enum kvp_op {
 	/* handshake (docs/protocol.md, "Authentication") */
-	KVP_OP_HELLO = 0x01,   /* server -> client: 32-byte nonce_s */
-	KVP_OP_AUTH = 0x02,    /* -> 32-byte nonce_c, 32-byte mac_c  <- 32-byte mac_s */
+	KVP_OP_HELLO = 0x01, /* server -> client: 32-byte nonce_s */
+	KVP_OP_AUTH = 0x02,  /* -> 32-byte nonce_c, 32-byte mac_c  <- 32-byte mac_s */
 
 	/* storage node */
-	KVP_OP_PUT = 0x10,  /* -> u64 chunk_id, u32 crc32c, u32 len, len bytes   <- (empty)
-			     *    errors: -ENOSPC over capacity, -EEXIST, -EBADMSG crc mismatch */
-	KVP_OP_GET = 0x11,  /* -> u64 chunk_id, u32 offset, u32 len (0xFFFFFFFF: to the end)
+	KVP_OP_PUT = 0x10, /* -> u64 chunk_id, u32 crc32c, u32 len, len bytes   <- (empty)
+			    *    errors: -ENOSPC over capacity, -EEXIST, -EBADMSG crc mismatch */
+	KVP_OP_GET =
+	    0x11,	    /* -> u64 chunk_id, u32 offset, u32 len (0xFFFFFFFF: to the end)
 			     * <- u32 crc32c of the returned bytes, u32 len, len bytes
 			     *    errors: -ENOENT, -EILSEQ stored chunk fails its CRC, -EINVAL range */
 	KVP_OP_DEL = 0x12,  /* -> u32 n (<= KVP_MAX_IDS), n x u64 chunk_id  <- u32 deleted */
@@ -81,7 +82,8 @@ enum kvp_op {
 				*    nstripes x (k+m) x slot */
 	KVP_OP_STATFS = 0x3B,  /* -> (empty)  <- u64 raw_capacity, u64 raw_used, u64 files,
 				*    u64 dirs, u8 k, u8 m, u32 chunk_size, u32 nodes_up, u32 nodes */
-	KVP_OP_NODES = 0x3C,   /* -> (empty)  <- u32 n, n x (u32 node_id, u64 uuid, str addr,
+	KVP_OP_NODES =
+	    0x3C,	       /* -> (empty)  <- u32 n, n x (u32 node_id, u64 uuid, str addr,
 				*    u8 state, u64 capacity, u64 used, u64 chunks, i64 heartbeat_ns) */
 	KVP_OP_SETATTR = 0x3D, /* -> u64 ino, u32 valid (KVP_SET_*), u32 mode, i64 mtime_ns,
 				*    i64 atime_ns  <- attr */
@@ -220,8 +222,8 @@ int kvp_call_start(struct kvp_client *c, uint16_t op, const void *body, size_t b
  * len is 0) and *len receive the response body; pass NULL to discard it. */
 int kvp_call_wait(struct kvp_call *call, int timeout_ms, uint8_t **body, uint32_t *len);
 /* start + wait. */
-int kvp_call(struct kvp_client *c, uint16_t op, const void *body, size_t body_len,
-	     const void *bulk, size_t bulk_len, int timeout_ms, uint8_t **rbody, uint32_t *rlen);
+int kvp_call(struct kvp_client *c, uint16_t op, const void *body, size_t body_len, const void *bulk,
+	     size_t bulk_len, int timeout_ms, uint8_t **rbody, uint32_t *rlen);
 
 /* ---- connection pool: one live client per address, reopened when it has failed ---- */
 struct kvp_pool;

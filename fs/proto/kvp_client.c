@@ -229,8 +229,8 @@ int kvp_call_wait(struct kvp_call *k, int timeout_ms, uint8_t **body, uint32_t *
 	return rc;
 }
 
-int kvp_call(struct kvp_client *c, uint16_t op, const void *body, size_t body_len,
-	     const void *bulk, size_t bulk_len, int timeout_ms, uint8_t **rbody, uint32_t *rlen)
+int kvp_call(struct kvp_client *c, uint16_t op, const void *body, size_t body_len, const void *bulk,
+	     size_t bulk_len, int timeout_ms, uint8_t **rbody, uint32_t *rlen)
 {
 	struct kvp_call *k;
 	int rc = kvp_call_start(c, op, body, body_len, bulk, bulk_len, &k);

@@ -126,7 +126,8 @@ int kvp_send(int fd, struct kvp_hdr *h, const void *body, size_t body_len, const
 	h->reserved = 0;
 	h->len = (uint32_t)(body_len + bulk_len);
 	kvp_hdr_encode(h, hb);
-	struct iovec iov[3] = {{hb, sizeof(hb)}, {(void *)body, body_len}, {(void *)bulk, bulk_len}};
+	struct iovec iov[3] = {
+	    {hb, sizeof(hb)}, {(void *)body, body_len}, {(void *)bulk, bulk_len}};
 	struct iovec *v = iov;
 	int n = 3;
 	while (n > 0) {

@@ -69,8 +69,8 @@ int kvp_reply(struct kvp_conn *c, const struct kvp_hdr *req, int32_t status, con
 		bulk_len = 0;
 	}
 	pthread_mutex_lock(&c->send_mu);
-	int rc = atomic_load(&c->closed) ? -EPIPE
-					 : kvp_send(c->fd, &h, body, body_len, bulk, bulk_len);
+	int rc =
+	    atomic_load(&c->closed) ? -EPIPE : kvp_send(c->fd, &h, body, body_len, bulk, bulk_len);
 	pthread_mutex_unlock(&c->send_mu);
 	if (rc && rc != -EPIPE) {
 		atomic_store(&c->closed, 1);
@@ -204,8 +204,8 @@ int kvp_server_start(const struct kvp_server_opts *o, struct kvp_server **out)
 	s->lfd = kvp_listen(o->host ? o->host : "127.0.0.1", o->port, &s->port);
 	if (s->lfd < 0) {
 		int rc = s->lfd;
-		klog_error("%s: cannot listen on %s:%u: %s", s->name, o->host ? o->host : "127.0.0.1",
-			   o->port, kvp_strerror(rc));
+		klog_error("%s: cannot listen on %s:%u: %s", s->name,
+			   o->host ? o->host : "127.0.0.1", o->port, kvp_strerror(rc));
 		free(s);
 		return rc;
 	}
