@@ -41,21 +41,21 @@ enum kvi_rope_style {
 };
 
 struct kvi_config {
-	char arch[32];	   /* "llama" or "qwen2" */
-	int n_layer;	   /* {arch}.block_count */
-	int n_embd;	   /* {arch}.embedding_length */
-	int n_ff;	   /* {arch}.feed_forward_length */
-	int n_head;	   /* {arch}.attention.head_count */
-	int n_head_kv;	   /* {arch}.attention.head_count_kv (GQA), divides n_head */
-	int head_dim;	   /* n_embd / n_head, or {arch}.attention.key_length */
-	int rope_dim;	   /* {arch}.rope.dimension_count, default head_dim; even */
-	float rope_base;   /* {arch}.rope.freq_base, default 10000 */
-	float rms_eps;	   /* {arch}.attention.layer_norm_rms_epsilon */
-	int n_ctx_train;   /* {arch}.context_length */
-	int n_vocab;	   /* rows of token_embd */
+	char arch[32];	 /* "llama" or "qwen2" */
+	int n_layer;	 /* {arch}.block_count */
+	int n_embd;	 /* {arch}.embedding_length */
+	int n_ff;	 /* {arch}.feed_forward_length */
+	int n_head;	 /* {arch}.attention.head_count */
+	int n_head_kv;	 /* {arch}.attention.head_count_kv (GQA), divides n_head */
+	int head_dim;	 /* n_embd / n_head, or {arch}.attention.key_length */
+	int rope_dim;	 /* {arch}.rope.dimension_count, default head_dim; even */
+	float rope_base; /* {arch}.rope.freq_base, default 10000 */
+	float rms_eps;	 /* {arch}.attention.layer_norm_rms_epsilon */
+	int n_ctx_train; /* {arch}.context_length */
+	int n_vocab;	 /* rows of token_embd */
 	enum kvi_rope_style rope_style;
-	int has_qkv_bias;  /* qwen2: bq, bk, bv present */
-	int tied_output;   /* no output.weight: the output projection reuses token_embd */
+	int has_qkv_bias; /* qwen2: bq, bk, bv present */
+	int tied_output;  /* no output.weight: the output projection reuses token_embd */
 };
 
 /* Per-layer weights. Shapes as (ne[0], ne[1]) = (in, out) for matrices:
