@@ -414,10 +414,14 @@ static int parse(struct kvi_gguf *g, char *err, size_t errlen)
 	if ((ret = rd_u64(&r, &nt, "tensor count")) || (ret = rd_u64(&r, &nkv, "kv count")))
 		return ret;
 	if (nkv > (r.len - r.pos) / MIN_KV_BYTES)
-		return fail(&r, "kv count %llu exceeds what the remaining %zu bytes can hold",
+		return fail(&r,
+			    "kv count %llu exceeds what the remaining %zu bytes can hold "
+			    "(truncated or corrupt file)",
 			    (unsigned long long)nkv, r.len - r.pos);
 	if (nt > (r.len - r.pos) / MIN_TENSOR_BYTES)
-		return fail(&r, "tensor count %llu exceeds what the remaining %zu bytes can hold",
+		return fail(&r,
+			    "tensor count %llu exceeds what the remaining %zu bytes can hold "
+			    "(truncated or corrupt file)",
 			    (unsigned long long)nt, r.len - r.pos);
 	if (nkv >= UINT32_MAX || nt >= UINT32_MAX)
 		return fail(&r, "too many keys or tensors");

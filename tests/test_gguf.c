@@ -1,0 +1,919 @@
+/* Tests for engine/gguf.c, gguf_write.c and model.c: valid tiny models (llama, qwen2, every
+ * weight type) load with the right config; every validation path rejects a broken file with a
+ * message naming the problem; truncation anywhere fails cleanly; the fingerprint follows the
+ * bytes. Run under ASan in CI, so "never a crash or out-of-bounds read" is checked too. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "gguf.h"
+#include "gguf_write.h"
+#include "model.h"
+
+/* ---- valid models, built with the writer ---- */
+
+struct spec {
+	const char *arch;
+	int n_layer, n_embd, n_head, n_kv, n_ff, n_vocab;
+	enum kvi_dtype type;
+	int tied, bias;
+	const char *omit_key;	 /* metadata key left out */
+	const char *omit_tensor; /* tensor left out */
+	const char *bad_shape;	 /* tensor written with ne[1] + 1 (or ne[0] + 32 for vectors) */
+	const char *bad_type;	 /* tensor written as F16 (norms) or Q4_0-like unsupported type */
+	int head_count_array;	 /* per-layer head counts */
+	float eps;
+};
+
+static struct spec llama_spec(void)
+{
+	return (struct spec){"llama", 2, 64,   4,    2,	   96,	 40, KVI_F32,
+			     0,	      0, NULL, NULL, NULL, NULL, 0,  1e-5f};
+}
+
+/* Builds a small model file in memory. Returns 0 and the buffer (caller frees). */
+static void build(const struct spec *s, void **buf, size_t *len)
+{
+	struct kvi_gguf_writer *w;
+	assert_int_equal(kvi_gguf_writer_create(&w), 0);
+	char k[128];
+#define KEY(x)	(snprintf(k, sizeof(k), "%s.%s", s->arch, x), k)
+#define OMIT(x) (s->omit_key && !strcmp(s->omit_key, x))
+	if (!OMIT("general.architecture"))
+		kvi_gguf_w_str(w, "general.architecture", s->arch);
+	if (!OMIT("block_count"))
+		kvi_gguf_w_u32(w, KEY("block_count"), (uint32_t)s->n_layer);
+	if (!OMIT("context_length"))
+		kvi_gguf_w_u32(w, KEY("context_length"), 256);
+	if (!OMIT("embedding_length"))
+		kvi_gguf_w_u32(w, KEY("embedding_length"), (uint32_t)s->n_embd);
+	if (!OMIT("feed_forward_length"))
+		kvi_gguf_w_u32(w, KEY("feed_forward_length"), (uint32_t)s->n_ff);
+	if (s->head_count_array) {
+		int32_t hc[8] = {4, 4, 4, 4, 4, 4, 4, 4};
+		kvi_gguf_w_arr_i32(w, KEY("attention.head_count"), hc, (size_t)s->n_layer);
+	} else if (!OMIT("attention.head_count")) {
+		kvi_gguf_w_u32(w, KEY("attention.head_count"), (uint32_t)s->n_head);
+	}
+	kvi_gguf_w_u32(w, KEY("attention.head_count_kv"), (uint32_t)s->n_kv);
+	kvi_gguf_w_f32(w, KEY("rope.freq_base"), 10000.0f);
+	if (!OMIT("attention.layer_norm_rms_epsilon"))
+		kvi_gguf_w_f32(w, KEY("attention.layer_norm_rms_epsilon"), s->eps);
+	int hd = s->n_embd / s->n_head;
+	int64_t q = (int64_t)s->n_head * hd, kv = (int64_t)s->n_kv * hd;
+	struct {
+		char name[64];
+		int64_t ne0, ne1;
+		int vec;
+	} T[64];
+	int n = 0;
+#define ADD(nm, a, b, v)                                                                           \
+	do {                                                                                       \
+		snprintf(T[n].name, sizeof(T[n].name), "%s", nm);                                  \
+		T[n].ne0 = a;                                                                      \
+		T[n].ne1 = b;                                                                      \
+		T[n].vec = v;                                                                      \
+		n++;                                                                               \
+	} while (0)
+	ADD("token_embd.weight", s->n_embd, s->n_vocab, 0);
+	ADD("output_norm.weight", s->n_embd, 1, 1);
+	if (!s->tied)
+		ADD("output.weight", s->n_embd, s->n_vocab, 0);
+	char nm[64];
+	for (int l = 0; l < s->n_layer; l++) {
+#define LADD(x, a, b, v)                                                                           \
+	do {                                                                                       \
+		snprintf(nm, sizeof(nm), "blk.%d." x, l);                                          \
+		ADD(nm, a, b, v);                                                                  \
+	} while (0)
+		LADD("attn_norm.weight", s->n_embd, 1, 1);
+		LADD("attn_q.weight", s->n_embd, q, 0);
+		LADD("attn_k.weight", s->n_embd, kv, 0);
+		LADD("attn_v.weight", s->n_embd, kv, 0);
+		LADD("attn_output.weight", q, s->n_embd, 0);
+		if (s->bias) {
+			LADD("attn_q.bias", q, 1, 1);
+			LADD("attn_k.bias", kv, 1, 1);
+			LADD("attn_v.bias", kv, 1, 1);
+		}
+		LADD("ffn_norm.weight", s->n_embd, 1, 1);
+		LADD("ffn_gate.weight", s->n_embd, s->n_ff, 0);
+		LADD("ffn_up.weight", s->n_embd, s->n_ff, 0);
+		LADD("ffn_down.weight", s->n_ff, s->n_embd, 0);
+	}
+	for (int i = 0; i < n; i++) {
+		if (s->omit_tensor && !strcmp(s->omit_tensor, T[i].name))
+			continue;
+		int64_t ne[2] = {T[i].ne0, T[i].ne1};
+		uint32_t type = T[i].vec ? KVI_F32 : (uint32_t)s->type;
+		if (s->bad_shape && !strcmp(s->bad_shape, T[i].name)) {
+			if (T[i].vec)
+				ne[1] = 2;
+			else
+				ne[1] += 1;
+		}
+		if (s->bad_type && !strcmp(s->bad_type, T[i].name))
+			type = T[i].vec ? KVI_F16 : 2 /* Q4_0 */;
+		int nd = T[i].vec && ne[1] == 1 ? 1 : 2;
+		if (type == 2) {
+			/* the writer only writes engine types: write F16 and patch the type below
+			 */
+			assert_true(kvi_gguf_w_tensor(w, T[i].name, KVI_F16, nd, ne, NULL) >= 0);
+		} else {
+			assert_true(kvi_gguf_w_tensor(w, T[i].name, type, nd, ne, NULL) >= 0);
+		}
+	}
+	assert_int_equal(kvi_gguf_w_write_mem(w, NULL, NULL, buf, len), 0);
+	kvi_gguf_writer_free(w);
+	if (s->bad_type) {
+		/* patch: find the name in the header and rewrite the type after its dims */
+		size_t nl = strlen(s->bad_type);
+		uint8_t *p = *buf;
+		for (size_t i = 0; i + nl + 8 < *len; i++) {
+			uint64_t l;
+			memcpy(&l, p + i, 8);
+			if (l == nl && !memcmp(p + i + 8, s->bad_type, nl)) {
+				uint32_t nd;
+				memcpy(&nd, p + i + 8 + nl, 4);
+				size_t to = i + 8 + nl + 4 + 8 * nd;
+				uint32_t ty;
+				memcpy(&ty, p + to, 4);
+				if (ty == KVI_F16 && nd == 2)
+					ty = 2, memcpy(p + to, &ty, 4);
+				break;
+			}
+		}
+	}
+#undef KEY
+#undef OMIT
+}
+
+/* Opens buf as a model; returns the result and leaves the message in err. */
+static int try_load(const void *buf, size_t len, char *err, size_t errlen, struct kvi_model **out)
+{
+	struct kvi_gguf *g = NULL;
+	err[0] = 0;
+	int ret = kvi_gguf_open_mem(buf, len, &g, err, errlen);
+	if (ret)
+		return ret;
+	struct kvi_model *m = NULL;
+	ret = kvi_model_from_gguf(g, &m, err, errlen);
+	if (ret)
+		return ret;
+	if (out)
+		*out = m;
+	else
+		kvi_model_free(m);
+	return 0;
+}
+
+static void expect_fail(const void *buf, size_t len, const char *substr)
+{
+	char err[512];
+	int ret = try_load(buf, len, err, sizeof(err), NULL);
+	if (ret >= 0 || !strstr(err, substr))
+		fail_msg("expected failure containing '%s', got %d '%s'", substr, ret, err);
+}
+
+static void expect_spec_fail(const struct spec *s, const char *substr)
+{
+	void *buf;
+	size_t len;
+	build(s, &buf, &len);
+	expect_fail(buf, len, substr);
+	free(buf);
+}
+
+static void test_valid_llama(void **state)
+{
+	(void)state;
+	static const enum kvi_dtype types[] = {KVI_F32, KVI_F16, KVI_BF16, KVI_Q8_0};
+	for (int ti = 0; ti < 4; ti++) {
+		struct spec s = llama_spec();
+		s.type = types[ti];
+		void *buf;
+		size_t len;
+		build(&s, &buf, &len);
+		char err[256];
+		struct kvi_model *m = NULL;
+		int ret = try_load(buf, len, err, sizeof(err), &m);
+		if (ret)
+			fail_msg("load: %s", err);
+		const struct kvi_config *c = &m->cfg;
+		assert_string_equal(c->arch, "llama");
+		assert_int_equal(c->n_layer, 2);
+		assert_int_equal(c->n_embd, 64);
+		assert_int_equal(c->n_head, 4);
+		assert_int_equal(c->n_head_kv, 2);
+		assert_int_equal(c->head_dim, 16);
+		assert_int_equal(c->rope_dim, 16);
+		assert_int_equal(c->n_ff, 96);
+		assert_int_equal(c->n_vocab, 40);
+		assert_int_equal(c->n_ctx_train, 256);
+		assert_int_equal(c->rope_style, KVI_ROPE_ADJACENT);
+		assert_false(c->has_qkv_bias);
+		assert_false(c->tied_output);
+		assert_true(c->rms_eps > 0.9e-5f && c->rms_eps < 1.1e-5f);
+		assert_true(c->rope_base == 10000.0f);
+		assert_int_equal(m->layers[1].wk.ne[0], 64);
+		assert_int_equal(m->layers[1].wk.ne[1], 32);
+		assert_int_equal(m->layers[1].wk.type, types[ti]);
+		assert_int_equal(m->layers[1].wk.nbytes, 32 * kvi_dtype_row_bytes(types[ti], 64));
+		assert_int_equal(m->layers[0].w_down.ne[0], 96);
+		assert_int_equal(m->layers[0].attn_norm.type, KVI_F32);
+		assert_null(m->layers[0].bq.data);
+		assert_ptr_not_equal(m->output.data, m->tok_embd.data);
+		/* pointers are into the buffer */
+		assert_true((const uint8_t *)m->tok_embd.data > (const uint8_t *)buf &&
+			    (const uint8_t *)m->tok_embd.data + m->tok_embd.nbytes <=
+				(const uint8_t *)buf + len);
+		assert_non_null(kvi_model_gguf(m));
+		kvi_model_free(m);
+		free(buf);
+	}
+}
+
+static void test_valid_qwen2_tied(void **state)
+{
+	(void)state;
+	struct spec s = llama_spec();
+	s.arch = "qwen2";
+	s.tied = 1;
+	s.bias = 1;
+	s.type = KVI_Q8_0;
+	void *buf;
+	size_t len;
+	build(&s, &buf, &len);
+	char err[256];
+	struct kvi_model *m = NULL;
+	if (try_load(buf, len, err, sizeof(err), &m))
+		fail_msg("load: %s", err);
+	assert_int_equal(m->cfg.rope_style, KVI_ROPE_HALVES);
+	assert_true(m->cfg.has_qkv_bias);
+	assert_true(m->cfg.tied_output);
+	assert_ptr_equal(m->output.data, m->tok_embd.data);
+	assert_int_equal(m->layers[1].bk.ne[0], 32);
+	assert_non_null(m->layers[1].bv.data);
+	kvi_model_free(m);
+	free(buf);
+}
+
+static void test_fingerprint(void **state)
+{
+	(void)state;
+	struct spec s = llama_spec();
+	void *buf, *buf2;
+	size_t len, len2;
+	build(&s, &buf, &len);
+	build(&s, &buf2, &len2);
+	assert_int_equal(len, len2);
+	char err[256];
+	struct kvi_model *a, *b;
+	assert_int_equal(try_load(buf, len, err, sizeof(err), &a), 0);
+	assert_int_equal(try_load(buf2, len2, err, sizeof(err), &b), 0);
+	assert_memory_equal(a->fingerprint, b->fingerprint, 32);
+	/* flip one byte of the last layer's ffn_down: the fingerprint must change */
+	size_t off = (size_t)((const uint8_t *)b->layers[1].w_down.data - (uint8_t *)buf2) + 17;
+	kvi_model_free(b);
+	((uint8_t *)buf2)[off] ^= 1;
+	assert_int_equal(try_load(buf2, len2, err, sizeof(err), &b), 0);
+	assert_memory_not_equal(a->fingerprint, b->fingerprint, 32);
+	uint8_t save[32];
+	memcpy(save, b->fingerprint, 32);
+	assert_int_equal(kvi_model_compute_fingerprint(b), 0);
+	assert_memory_equal(save, b->fingerprint, 32);
+	/* a hyper-parameter change alone changes it too */
+	b->cfg.rope_base = 20000.0f;
+	assert_int_equal(kvi_model_compute_fingerprint(b), 0);
+	assert_memory_not_equal(save, b->fingerprint, 32);
+	kvi_model_free(a);
+	kvi_model_free(b);
+	free(buf);
+	free(buf2);
+}
+
+static void test_file_load(void **state)
+{
+	(void)state;
+	struct spec s = llama_spec();
+	void *buf;
+	size_t len;
+	build(&s, &buf, &len);
+	char path[] = "/tmp/test_gguf_XXXXXX";
+	int fd = mkstemp(path);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, buf, len), (ssize_t)len);
+	close(fd);
+	struct kvi_model *m;
+	char err[256];
+	assert_int_equal(kvi_model_load(path, &m, err, sizeof(err)), 0);
+	struct kvi_model *mm;
+	assert_int_equal(try_load(buf, len, err, sizeof(err), &mm), 0);
+	assert_memory_equal(m->fingerprint, mm->fingerprint, 32);
+	kvi_model_free(m);
+	kvi_model_free(mm);
+	assert_int_equal(truncate(path, 0), 0);
+	assert_true(kvi_model_load(path, &m, err, sizeof(err)) < 0);
+	assert_non_null(strstr(err, "empty"));
+	unlink(path);
+	assert_int_equal(kvi_model_load(path, &m, err, sizeof(err)), -ENOENT);
+	assert_non_null(strstr(err, path));
+	free(buf);
+}
+
+static void test_writer_to_file(void **state)
+{
+	(void)state;
+	struct kvi_gguf_writer *w;
+	assert_int_equal(kvi_gguf_writer_create(&w), 0);
+	assert_int_equal(kvi_gguf_w_alignment(w, 64), 0);
+	assert_int_equal(kvi_gguf_w_alignment(w, 48), -EINVAL);
+	float data[64];
+	for (int i = 0; i < 64; i++)
+		data[i] = (float)i;
+	int64_t ne[2] = {32, 2};
+	assert_int_equal(kvi_gguf_w_tensor(w, "a", KVI_F32, 2, ne, data), 0);
+	ne[0] = 33;
+	assert_int_equal(kvi_gguf_w_tensor(w, "q", KVI_Q8_0, 1, ne, NULL), -EINVAL);
+	ne[0] = 64;
+	assert_int_equal(kvi_gguf_w_tensor(w, "b", KVI_Q8_0, 1, ne, NULL), 1);
+	char path[] = "/tmp/test_gguf_w_XXXXXX";
+	int fd = mkstemp(path);
+	close(fd);
+	assert_int_equal(kvi_gguf_w_write_file(w, path, NULL, NULL), 0);
+	kvi_gguf_writer_free(w);
+	struct kvi_gguf *g;
+	char err[256];
+	assert_int_equal(kvi_gguf_open(path, &g, err, sizeof(err)), 0);
+	assert_int_equal(kvi_gguf_alignment(g), 64);
+	assert_int_equal(kvi_gguf_version(g), 3);
+	assert_int_equal(kvi_gguf_n_tensors(g), 2);
+	const struct kvi_gguf_tensor *a = kvi_gguf_find_tensor(g, "a");
+	assert_non_null(a);
+	assert_int_equal((uintptr_t)a->data % 64, 0);
+	assert_memory_equal(a->data, data, sizeof(data));
+	const struct kvi_gguf_tensor *b = kvi_gguf_find_tensor(g, "b");
+	assert_int_equal(b->nbytes, 68);
+	assert_int_equal(b->offset % 64, 0);
+	assert_null(kvi_gguf_find_tensor(g, "c"));
+	assert_string_equal(kvi_gguf_type_name(b->type), "Q8_0");
+	kvi_gguf_close(g);
+	unlink(path);
+}
+
+static void test_getters(void **state)
+{
+	(void)state;
+	struct kvi_gguf_writer *w;
+	assert_int_equal(kvi_gguf_writer_create(&w), 0);
+	kvi_gguf_w_u32(w, "u", 7);
+	kvi_gguf_w_i32(w, "i", -3);
+	kvi_gguf_w_u64(w, "big", 1ull << 40);
+	kvi_gguf_w_f32(w, "f", 1.5f);
+	kvi_gguf_w_bool(w, "b", 1);
+	kvi_gguf_w_str(w, "s", "hello");
+	const char *strs[] = {"a", "", "ccc"};
+	kvi_gguf_w_arr_str(w, "as", strs, 3);
+	float fs[] = {0.5f, -2.0f};
+	kvi_gguf_w_arr_f32(w, "af", fs, 2);
+	int32_t is[] = {1, -1, 3};
+	kvi_gguf_w_arr_i32(w, "ai", is, 3);
+	void *buf;
+	size_t len;
+	assert_int_equal(kvi_gguf_w_write_mem(w, NULL, NULL, &buf, &len), 0);
+	kvi_gguf_writer_free(w);
+	struct kvi_gguf *g;
+	char err[256];
+	assert_int_equal(kvi_gguf_open_mem(buf, len, &g, err, sizeof(err)), 0);
+	assert_int_equal(kvi_gguf_n_kv(g), 9);
+	assert_string_equal(kvi_gguf_kv_key(g, 0), "u");
+	assert_int_equal(kvi_gguf_kv_type(g, 6), KVI_GGUF_ARRAY);
+	uint32_t u;
+	int32_t i;
+	uint64_t u64;
+	float f;
+	int b;
+	assert_int_equal(kvi_gguf_get_u32(g, "u", &u), 0);
+	assert_int_equal(u, 7);
+	assert_int_equal(kvi_gguf_get_i32(g, "u", &i), 0);
+	assert_int_equal(i, 7);
+	assert_int_equal(kvi_gguf_get_i32(g, "i", &i), 0);
+	assert_int_equal(i, -3);
+	assert_int_equal(kvi_gguf_get_u32(g, "i", &u), -ERANGE);
+	assert_int_equal(kvi_gguf_get_u32(g, "big", &u), -ERANGE);
+	assert_int_equal(kvi_gguf_get_u64(g, "big", &u64), 0);
+	assert_true(u64 == 1ull << 40);
+	assert_int_equal(kvi_gguf_get_u32(g, "missing", &u), -ENOENT);
+	assert_int_equal(kvi_gguf_get_u32(g, "f", &u), -EINVAL);
+	assert_int_equal(kvi_gguf_get_f32(g, "f", &f), 0);
+	assert_true(f == 1.5f);
+	assert_int_equal(kvi_gguf_get_f32(g, "u", &f), -EINVAL);
+	assert_int_equal(kvi_gguf_get_bool(g, "b", &b), 0);
+	assert_int_equal(b, 1);
+	assert_int_equal(kvi_gguf_get_bool(g, "u", &b), -EINVAL);
+	const char *s;
+	size_t sl;
+	assert_int_equal(kvi_gguf_get_str(g, "s", &s, &sl), 0);
+	assert_int_equal(sl, 5);
+	assert_memory_equal(s, "hello", 5);
+	char sb[8];
+	assert_int_equal(kvi_gguf_get_strcpy(g, "s", sb, sizeof(sb)), 0);
+	assert_string_equal(sb, "hello");
+	assert_int_equal(kvi_gguf_get_strcpy(g, "s", sb, 5), -ERANGE);
+	assert_int_equal(kvi_gguf_get_str(g, "as", &s, &sl), -EINVAL);
+	enum kvi_gguf_type et;
+	uint64_t cnt;
+	assert_int_equal(kvi_gguf_get_arr(g, "as", &et, &cnt), 0);
+	assert_int_equal(et, KVI_GGUF_STRING);
+	assert_int_equal(cnt, 3);
+	assert_int_equal(kvi_gguf_get_arr(g, "s", &et, &cnt), -EINVAL);
+	int64_t k = kvi_gguf_find_kv(g, "as");
+	assert_true(k >= 0);
+	assert_int_equal(kvi_gguf_arr_str(g, k, 2, &s, &sl), 0);
+	assert_int_equal(sl, 3);
+	assert_memory_equal(s, "ccc", 3);
+	assert_int_equal(kvi_gguf_arr_str(g, k, 1, &s, &sl), 0);
+	assert_int_equal(sl, 0);
+	assert_int_equal(kvi_gguf_arr_str(g, k, 3, &s, &sl), -ERANGE);
+	assert_int_equal(kvi_gguf_arr_f32(g, k, 0, &f), -EINVAL);
+	k = kvi_gguf_find_kv(g, "af");
+	assert_int_equal(kvi_gguf_arr_f32(g, k, 1, &f), 0);
+	assert_true(f == -2.0f);
+	k = kvi_gguf_find_kv(g, "ai");
+	assert_int_equal(kvi_gguf_arr_i32(g, k, 1, &i), 0);
+	assert_int_equal(i, -1);
+	assert_int_equal(kvi_gguf_arr_str(g, k, 0, &s, &sl), -EINVAL);
+	assert_int_equal(kvi_gguf_find_kv(g, "nope"), -ENOENT);
+	assert_int_equal(kvi_gguf_arr_i32(g, -5, 0, &i), -EINVAL);
+	kvi_gguf_close(g);
+	free(buf);
+}
+
+/* ---- hostile headers, built byte by byte ---- */
+
+struct raw {
+	uint8_t *p;
+	size_t len, cap;
+};
+
+static void r_put(struct raw *r, const void *d, size_t n)
+{
+	if (r->len + n > r->cap) {
+		r->cap = (r->len + n) * 2 + 64;
+		r->p = realloc(r->p, r->cap);
+		assert_non_null(r->p);
+	}
+	memcpy(r->p + r->len, d, n);
+	r->len += n;
+}
+
+static void r_u32(struct raw *r, uint32_t v)
+{
+	r_put(r, &v, 4);
+}
+
+static void r_u64(struct raw *r, uint64_t v)
+{
+	r_put(r, &v, 8);
+}
+
+static void r_str(struct raw *r, const char *s)
+{
+	r_u64(r, strlen(s));
+	r_put(r, s, strlen(s));
+}
+
+static void r_hdr(struct raw *r, uint32_t ver, uint64_t nt, uint64_t nkv)
+{
+	r->len = 0;
+	r_put(r, "GGUF", 4);
+	r_u32(r, ver);
+	r_u64(r, nt);
+	r_u64(r, nkv);
+}
+
+static void r_kv_u32(struct raw *r, const char *k, uint32_t v)
+{
+	r_str(r, k);
+	r_u32(r, KVI_GGUF_U32);
+	r_u32(r, v);
+}
+
+static void r_tensor(struct raw *r, const char *name, uint32_t nd, const uint64_t *ne,
+		     uint32_t type, uint64_t off)
+{
+	r_str(r, name);
+	r_u32(r, nd);
+	for (uint32_t i = 0; i < nd; i++)
+		r_u64(r, ne[i]);
+	r_u32(r, type);
+	r_u64(r, off);
+}
+
+/* Pads to 32 and appends n zero bytes of tensor data. */
+static void r_data(struct raw *r, size_t n)
+{
+	static const uint8_t z[4096];
+	size_t pad = (32 - r->len % 32) % 32;
+	r_put(r, z, pad);
+	while (n) {
+		size_t k = n > sizeof(z) ? sizeof(z) : n;
+		r_put(r, z, k);
+		n -= k;
+	}
+}
+
+/* gguf-level failure (the model layer is not reached). */
+static void expect_gguf_fail(struct raw *r, const char *substr)
+{
+	char err[512] = "";
+	struct kvi_gguf *g = NULL;
+	int ret = kvi_gguf_open_mem(r->p, r->len, &g, err, sizeof(err));
+	if (ret >= 0) {
+		kvi_gguf_close(g);
+		fail_msg("expected failure containing '%s', but the file opened", substr);
+	}
+	if (!strstr(err, substr))
+		fail_msg("expected '%s' in '%s'", substr, err);
+	assert_null(g);
+}
+
+static void expect_gguf_ok(struct raw *r)
+{
+	char err[512] = "";
+	struct kvi_gguf *g = NULL;
+	if (kvi_gguf_open_mem(r->p, r->len, &g, err, sizeof(err)))
+		fail_msg("expected success, got '%s'", err);
+	kvi_gguf_close(g);
+}
+
+static void test_bad_header(void **state)
+{
+	(void)state;
+	struct raw r = {0};
+	r_put(&r, "GGU", 3);
+	expect_gguf_fail(&r, "bad magic");
+	r_hdr(&r, 3, 0, 0);
+	r.p[3] = 'X';
+	expect_gguf_fail(&r, "bad magic");
+	r_hdr(&r, 1, 0, 0);
+	expect_gguf_fail(&r, "unsupported GGUF version 1");
+	r_hdr(&r, 0x03000000, 0, 0);
+	expect_gguf_fail(&r, "big-endian");
+	r_hdr(&r, 2, 0, 0);
+	expect_gguf_ok(&r);
+	r_hdr(&r, 3, 0, 0);
+	expect_gguf_ok(&r);
+	r.len -= 1;
+	expect_gguf_fail(&r, "truncated file: kv count");
+	r_hdr(&r, 3, 0, 1ull << 60);
+	expect_gguf_fail(&r, "kv count");
+	r_hdr(&r, 3, 1ull << 60, 0);
+	expect_gguf_fail(&r, "tensor count");
+	r_hdr(&r, 3, 0, UINT64_MAX);
+	r_kv_u32(&r, "a", 1);
+	expect_gguf_fail(&r, "kv count");
+	/* model layer on an empty but valid file */
+	r_hdr(&r, 3, 0, 0);
+	expect_fail(r.p, r.len, "general.architecture");
+	free(r.p);
+}
+
+static void test_bad_kv(void **state)
+{
+	(void)state;
+	struct raw r = {0};
+	r_hdr(&r, 3, 0, 1);
+	r_u64(&r, 1000);
+	r_put(&r, "abcdefghijklmnop", 16);
+	expect_gguf_fail(&r, "runs past the end");
+	r_hdr(&r, 3, 0, 1);
+	r_u64(&r, UINT64_MAX);
+	r_put(&r, "abcdefgh", 8);
+	expect_gguf_fail(&r, "runs past the end");
+	r_hdr(&r, 3, 0, 1);
+	r_kv_u32(&r, "", 1);
+	expect_gguf_fail(&r, "name length 0");
+	r_hdr(&r, 3, 0, 1);
+	r_u64(&r, 3);
+	r_put(&r, "a\0b", 3);
+	r_u32(&r, KVI_GGUF_U32);
+	r_u32(&r, 1);
+	expect_gguf_fail(&r, "NUL");
+	r_hdr(&r, 3, 0, 1);
+	r_str(&r, "k");
+	r_u32(&r, 13);
+	r_u32(&r, 0);
+	r_u32(&r, 0);
+	expect_gguf_fail(&r, "key 'k': unknown value type 13");
+	r_hdr(&r, 3, 0, 1);
+	r_str(&r, "k");
+	r_u32(&r, KVI_GGUF_U64);
+	r_u32(&r, 0);
+	expect_gguf_fail(&r, "truncated file: k needs 8 bytes");
+	r_hdr(&r, 3, 0, 1);
+	r_str(&r, "k");
+	r_u32(&r, KVI_GGUF_BOOL);
+	uint8_t two = 2;
+	r_put(&r, &two, 1);
+	r_put(&r, "pad pad pad pad ", 16);
+	expect_gguf_fail(&r, "neither 0 nor 1");
+	/* arrays */
+	r_hdr(&r, 3, 0, 1);
+	r_str(&r, "arr");
+	r_u32(&r, KVI_GGUF_ARRAY);
+	r_u32(&r, 77);
+	r_u64(&r, 1);
+	r_u32(&r, 0);
+	expect_gguf_fail(&r, "unknown array element type 77");
+	r_hdr(&r, 3, 0, 1);
+	r_str(&r, "arr");
+	r_u32(&r, KVI_GGUF_ARRAY);
+	r_u32(&r, KVI_GGUF_U32);
+	r_u64(&r, 1ull << 40);
+	r_u32(&r, 0);
+	expect_gguf_fail(&r, "array count");
+	r_hdr(&r, 3, 0, 1);
+	r_str(&r, "arr");
+	r_u32(&r, KVI_GGUF_ARRAY);
+	r_u32(&r, KVI_GGUF_STRING);
+	r_u64(&r, 1ull << 62);
+	r_str(&r, "x");
+	expect_gguf_fail(&r, "array count");
+	r_hdr(&r, 3, 0, 1);
+	r_str(&r, "arr");
+	r_u32(&r, KVI_GGUF_ARRAY);
+	r_u32(&r, KVI_GGUF_STRING);
+	r_u64(&r, 2);
+	r_str(&r, "x");
+	r_u64(&r, 50);
+	expect_gguf_fail(&r, "runs past the end");
+	r_hdr(&r, 3, 0, 1);
+	r_str(&r, "arr");
+	r_u32(&r, KVI_GGUF_ARRAY);
+	r_u32(&r, KVI_GGUF_BOOL);
+	r_u64(&r, 3);
+	uint8_t bools[3] = {0, 1, 5};
+	r_put(&r, bools, 3);
+	r_put(&r, "padding padding ", 16);
+	expect_gguf_fail(&r, "neither 0 nor 1");
+	/* nested arrays: two levels are fine, deeper than the limit is not */
+	r_hdr(&r, 3, 0, 1);
+	r_str(&r, "nest");
+	r_u32(&r, KVI_GGUF_ARRAY);
+	r_u32(&r, KVI_GGUF_ARRAY);
+	r_u64(&r, 2);
+	for (int i = 0; i < 2; i++) {
+		r_u32(&r, KVI_GGUF_STRING);
+		r_u64(&r, 1);
+		r_str(&r, "in");
+	}
+	expect_gguf_ok(&r);
+	r_hdr(&r, 3, 0, 1);
+	r_str(&r, "deep");
+	r_u32(&r, KVI_GGUF_ARRAY);
+	for (int i = 0; i < 20; i++) {
+		r_u32(&r, KVI_GGUF_ARRAY);
+		r_u64(&r, 1);
+	}
+	r_u32(&r, KVI_GGUF_U8);
+	r_u64(&r, 0);
+	expect_gguf_fail(&r, "nested deeper");
+	/* duplicates and alignment */
+	r_hdr(&r, 3, 0, 2);
+	r_kv_u32(&r, "dup", 1);
+	r_kv_u32(&r, "dup", 2);
+	expect_gguf_fail(&r, "duplicate metadata key 'dup'");
+	r_hdr(&r, 3, 0, 1);
+	r_kv_u32(&r, "general.alignment", 48);
+	expect_gguf_fail(&r, "power of two");
+	r_hdr(&r, 3, 0, 1);
+	r_kv_u32(&r, "general.alignment", 0);
+	expect_gguf_fail(&r, "power of two");
+	r_hdr(&r, 3, 0, 1);
+	r_str(&r, "general.alignment");
+	r_u32(&r, KVI_GGUF_STRING);
+	r_str(&r, "32");
+	expect_gguf_fail(&r, "general.alignment");
+	free(r.p);
+}
+
+static void test_bad_tensor_info(void **state)
+{
+	(void)state;
+	struct raw r = {0};
+	uint64_t ne[5] = {32, 2, 1, 1, 1};
+	r_hdr(&r, 3, 1, 0);
+	r_tensor(&r, "t", 2, ne, KVI_F32, 0);
+	r_data(&r, 256);
+	expect_gguf_ok(&r);
+	r_hdr(&r, 3, 1, 0);
+	r_tensor(&r, "t", 5, ne, KVI_F32, 0);
+	r_data(&r, 256);
+	expect_gguf_fail(&r, "n_dims 5");
+	r_hdr(&r, 3, 1, 0);
+	r_tensor(&r, "t", 0, ne, KVI_F32, 0);
+	r_data(&r, 256);
+	expect_gguf_fail(&r, "n_dims 0");
+	uint64_t huge[3] = {1ull << 63, 1, 1};
+	r_hdr(&r, 3, 1, 0);
+	r_tensor(&r, "t", 1, huge, KVI_F32, 0);
+	r_data(&r, 64);
+	expect_gguf_fail(&r, "too large");
+	uint64_t ovf[3] = {1ull << 32, 1ull << 32, 1ull << 32};
+	r_hdr(&r, 3, 1, 0);
+	r_tensor(&r, "t", 3, ovf, KVI_F32, 0);
+	r_data(&r, 64);
+	expect_gguf_fail(&r, "overflows");
+	uint64_t bytes_ovf[1] = {1ull << 62};
+	r_hdr(&r, 3, 1, 0);
+	r_tensor(&r, "t", 1, bytes_ovf, KVI_F32, 0);
+	r_data(&r, 64);
+	expect_gguf_fail(&r, "overflows");
+	r_hdr(&r, 3, 1, 0);
+	r_tensor(&r, "t", 2, ne, 99, 0);
+	r_data(&r, 256);
+	expect_gguf_fail(&r, "tensor 't': unknown ggml type 99");
+	uint64_t odd[2] = {33, 1};
+	r_hdr(&r, 3, 1, 0);
+	r_tensor(&r, "t", 2, odd, KVI_Q8_0, 0);
+	r_data(&r, 256);
+	expect_gguf_fail(&r, "not a multiple of the Q8_0 block");
+	r_hdr(&r, 3, 1, 0);
+	r_tensor(&r, "t", 2, ne, KVI_F32, 4);
+	r_data(&r, 512);
+	expect_gguf_fail(&r, "not aligned");
+	r_hdr(&r, 3, 1, 0);
+	r_tensor(&r, "t", 2, ne, KVI_F32, 32);
+	r_data(&r, 256);
+	expect_gguf_fail(&r, "outside the file");
+	r_hdr(&r, 3, 1, 0);
+	r_tensor(&r, "t", 2, ne, KVI_F32, UINT64_MAX - 31);
+	r_data(&r, 256);
+	expect_gguf_fail(&r, "outside the file");
+	r_hdr(&r, 3, 1, 0);
+	r_tensor(&r, "t", 2, ne, KVI_F32, 0);
+	expect_gguf_fail(&r, "outside the file"); /* no data section at all */
+	r_hdr(&r, 3, 2, 0);
+	r_tensor(&r, "t", 2, ne, KVI_F32, 0);
+	r_tensor(&r, "t", 2, ne, KVI_F32, 256);
+	r_data(&r, 512);
+	expect_gguf_fail(&r, "duplicate tensor name 't'");
+	char longname[80];
+	memset(longname, 'n', 65);
+	longname[65] = 0;
+	r_hdr(&r, 3, 1, 0);
+	r_tensor(&r, longname, 2, ne, KVI_F32, 0);
+	r_data(&r, 256);
+	expect_gguf_fail(&r, "name length 65");
+	free(r.p);
+}
+
+static void test_bad_model(void **state)
+{
+	(void)state;
+	struct spec s;
+	static const char *req[] = {"block_count",	   "embedding_length",
+				    "feed_forward_length", "attention.head_count",
+				    "context_length",	   "attention.layer_norm_rms_epsilon"};
+	for (size_t i = 0; i < sizeof(req) / sizeof(req[0]); i++) {
+		char want[128];
+		s = llama_spec();
+		s.omit_key = req[i];
+		snprintf(want, sizeof(want), "missing required key 'llama.%s'", req[i]);
+		expect_spec_fail(&s, want);
+	}
+	s = llama_spec();
+	s.omit_key = "general.architecture";
+	expect_spec_fail(&s, "missing required key 'general.architecture'");
+	s = llama_spec();
+	s.arch = "gpt2";
+	expect_spec_fail(&s, "unsupported architecture 'gpt2'");
+	s = llama_spec();
+	s.n_kv = 3;
+	expect_spec_fail(&s, "does not divide");
+	s = llama_spec();
+	s.head_count_array = 1;
+	expect_spec_fail(&s, "llama.attention.head_count' is not an integer");
+	s = llama_spec();
+	s.eps = 0.0f;
+	expect_spec_fail(&s, "layer_norm_rms_epsilon' = 0 out of range");
+	s = llama_spec();
+	s.n_head = 5;
+	s.n_kv = 5;
+	expect_spec_fail(&s, "not a multiple of head_count");
+	s = llama_spec();
+	s.omit_tensor = "blk.1.ffn_down.weight";
+	expect_spec_fail(&s, "missing tensor 'blk.1.ffn_down.weight'");
+	s = llama_spec();
+	s.omit_tensor = "token_embd.weight";
+	expect_spec_fail(&s, "missing tensor 'token_embd.weight'");
+	s = llama_spec();
+	s.arch = "qwen2";
+	expect_spec_fail(&s, "missing tensor 'blk.0.attn_q.bias'");
+	s = llama_spec();
+	s.bad_shape = "blk.0.attn_k.weight";
+	expect_spec_fail(&s, "tensor 'blk.0.attn_k.weight': shape (64, 33), expected (64, 32)");
+	s = llama_spec();
+	s.bad_shape = "output.weight";
+	expect_spec_fail(&s, "tensor 'output.weight': shape (64, 41), expected (64, 40)");
+	s = llama_spec();
+	s.bad_shape = "blk.1.ffn_norm.weight";
+	expect_spec_fail(&s, "tensor 'blk.1.ffn_norm.weight': has 2 dimensions, expected 1");
+	s = llama_spec();
+	s.bad_type = "blk.0.attn_norm.weight";
+	expect_spec_fail(&s, "norms and biases must be F32");
+	s = llama_spec();
+	s.type = KVI_F16;
+	s.bad_type = "blk.1.attn_v.weight";
+	expect_spec_fail(&s, "tensor 'blk.1.attn_v.weight': type Q4_0 not supported");
+}
+
+/* Every prefix of the header and sampled prefixes of the data fail cleanly. */
+static void test_truncation(void **state)
+{
+	(void)state;
+	struct spec s = llama_spec();
+	void *buf;
+	size_t len;
+	build(&s, &buf, &len);
+	struct kvi_gguf *g;
+	char err[512];
+	assert_int_equal(kvi_gguf_open_mem(buf, len, &g, err, sizeof(err)), 0);
+	const struct kvi_gguf_tensor *t0 = kvi_gguf_tensor(g, 0);
+	size_t data_off = (size_t)((const uint8_t *)t0->data - (const uint8_t *)buf);
+	kvi_gguf_close(g);
+	for (size_t l = 0; l < len; l += l < data_off + 64 ? 1 : 997) {
+		/* a copy of exactly l bytes, so ASan sees any read past the end */
+		uint8_t *cut = malloc(l ? l : 1);
+		memcpy(cut, buf, l);
+		int ret = try_load(cut, l, err, sizeof(err), NULL);
+		if (ret >= 0)
+			fail_msg("prefix of %zu / %zu bytes loaded", l, len);
+		if (!strstr(err, "truncated") && !strstr(err, "bad magic") &&
+		    !strstr(err, "past the end") && !strstr(err, "outside the file"))
+			fail_msg("prefix %zu: unexpected message '%s'", l, err);
+		free(cut);
+	}
+	expect_fail(buf, len - 1, "outside the file");
+	free(buf);
+}
+
+/* Random byte flips in the header: any outcome but a crash (ASan checks the reads). */
+static void test_random_corruption(void **state)
+{
+	(void)state;
+	struct spec s = llama_spec();
+	s.bias = 1;
+	s.arch = "qwen2";
+	void *buf;
+	size_t len;
+	build(&s, &buf, &len);
+	uint64_t rng = 12345;
+	char err[512];
+	int failed = 0;
+	for (int it = 0; it < 3000; it++) {
+		uint8_t *c = malloc(len);
+		memcpy(c, buf, len);
+		int flips = 1 + it % 4;
+		for (int f = 0; f < flips; f++) {
+			rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+			size_t pos = (size_t)(rng >> 33) % 2048;
+			c[pos] ^= (uint8_t)(1u << ((rng >> 20) & 7));
+		}
+		if (try_load(c, len, err, sizeof(err), NULL) < 0) {
+			assert_true(err[0] != 0);
+			failed++;
+		}
+		free(c);
+	}
+	assert_true(failed > 0);
+	free(buf);
+}
+
+#define BAD_TESTS                                                                                  \
+	cmocka_unit_test(test_bad_header), cmocka_unit_test(test_bad_kv),                          \
+	    cmocka_unit_test(test_bad_tensor_info), cmocka_unit_test(test_bad_model),              \
+	    cmocka_unit_test(test_truncation), cmocka_unit_test(test_random_corruption)
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_valid_llama),
+	    cmocka_unit_test(test_valid_qwen2_tied),
+	    cmocka_unit_test(test_fingerprint),
+	    cmocka_unit_test(test_file_load),
+	    cmocka_unit_test(test_writer_to_file),
+	    cmocka_unit_test(test_getters),
+	    BAD_TESTS,
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
