@@ -1,0 +1,847 @@
+/* Tests for kvfs-node: the real binary runs as a child process on a temp directory and is
+ * driven over loopback with kvp_client. Covers put/get of edge sizes and ranges, pipelining,
+ * delete and list paging, stat numbers, on-disk corruption, capacity, kill -9 and restart,
+ * authentication, bad frames, heartbeats to a (stand-in) metadata server that restarts. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "kvec.h"
+#include "kvp.h"
+
+#define SECRET	     "test-cluster-secret-0123456789"
+#define CALL_MS	     20000
+#define LEN_TO_END   0xFFFFFFFFu
+#define CHUNK_MAX    (16u << 20)
+#define NODE_HDR_LEN 64
+
+struct nodeproc {
+	pid_t pid;
+	char dir[512], data[600], addrf[600], addr[KVP_ADDR_MAX];
+};
+
+static char g_tmp[256];
+static struct kvp_secret g_sec;
+static struct nodeproc g_node; /* shared by the tests that need no special flags */
+static struct kvp_client *g_cl;
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void fill(uint8_t *p, size_t n, uint64_t seed)
+{
+	uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+	for (size_t i = 0; i < n; i++) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		p[i] = (uint8_t)x;
+	}
+}
+
+/* Starts kvfs-node on np->data with extra flags (NULL-terminated) and waits for its address. */
+static int node_start(struct nodeproc *np, const char *name, ...)
+{
+	const char *bd = getenv("KVFS_BUILD_DIR");
+	char bin[512];
+	snprintf(bin, sizeof(bin), "%s/bin/kvfs-node", bd ? bd : ".");
+	if (!np->dir[0]) {
+		snprintf(np->dir, sizeof(np->dir), "%s/%s", g_tmp, name);
+		mkdir(np->dir, 0755);
+		snprintf(np->data, sizeof(np->data), "%s/data", np->dir);
+		snprintf(np->addrf, sizeof(np->addrf), "%s/addr", np->dir);
+	}
+	unlink(np->addrf);
+	char secf[512], logf[600];
+	snprintf(secf, sizeof(secf), "%s/secret", g_tmp);
+	snprintf(logf, sizeof(logf), "%s/node.log", np->dir);
+	const char *argv[40] = {bin,  "--dir",	     np->data,	"--secret-file",
+				secf, "--addr-file", np->addrf, "--log-level",
+				"1"};
+	int argc = 9;
+	va_list ap;
+	va_start(ap, name);
+	const char *a;
+	while ((a = va_arg(ap, const char *)) && argc < 38)
+		argv[argc++] = a;
+	va_end(ap);
+	argv[argc] = NULL;
+	pid_t pid = fork();
+	if (pid < 0)
+		return -errno;
+	if (pid == 0) {
+		int fd = open(logf, O_WRONLY | O_CREAT | O_APPEND, 0644);
+		if (fd >= 0)
+			dup2(fd, 2);
+		execv(bin, (char **)argv);
+		_exit(127);
+	}
+	np->pid = pid;
+	for (double t0 = now_s(); now_s() - t0 < 10;) {
+		FILE *f = fopen(np->addrf, "r");
+		if (f) {
+			int ok = fgets(np->addr, sizeof(np->addr), f) != NULL;
+			fclose(f);
+			if (ok) {
+				np->addr[strcspn(np->addr, "\n")] = 0;
+				return 0;
+			}
+		}
+		int st;
+		if (waitpid(pid, &st, WNOHANG) == pid) {
+			np->pid = 0;
+			return -ECHILD;
+		}
+		usleep(10000);
+	}
+	return -ETIMEDOUT;
+}
+
+/* SIGTERM (or sig), then SIGKILL after 10 s; returns the exit status, or 128+signal. */
+static int node_stop(struct nodeproc *np, int sig)
+{
+	if (np->pid <= 0)
+		return -1;
+	kill(np->pid, sig);
+	int st = 0;
+	double t0 = now_s();
+	while (waitpid(np->pid, &st, WNOHANG) != np->pid) {
+		if (now_s() - t0 > 10) {
+			kill(np->pid, SIGKILL);
+			waitpid(np->pid, &st, 0);
+			break;
+		}
+		usleep(5000);
+	}
+	np->pid = 0;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static struct kvp_client *connect_node(const struct nodeproc *np)
+{
+	struct kvp_client *c = NULL;
+	assert_int_equal(kvp_client_open(np->addr, &g_sec, 5000, &c), 0);
+	return c;
+}
+
+/* ---- request helpers ---- */
+
+static int put_start(struct kvp_client *c, uint64_t id, const void *d, uint32_t len, uint32_t crc,
+		     struct kvp_call **call)
+{
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	kvp_w_u64(&w, id);
+	kvp_w_u32(&w, crc);
+	kvp_w_u32(&w, len);
+	int rc = kvp_call_start(c, KVP_OP_PUT, w.p, w.len, d, len, call);
+	kvp_w_free(&w);
+	return rc;
+}
+
+static int put(struct kvp_client *c, uint64_t id, const void *d, uint32_t len)
+{
+	struct kvp_call *call;
+	int rc = put_start(c, id, d, len, kvec_crc32c(0, d, len), &call);
+	return rc ? rc : kvp_call_wait(call, CALL_MS, NULL, NULL);
+}
+
+static int get_start(struct kvp_client *c, uint64_t id, uint32_t off, uint32_t len,
+		     struct kvp_call **call)
+{
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	kvp_w_u64(&w, id);
+	kvp_w_u32(&w, off);
+	kvp_w_u32(&w, len);
+	int rc = kvp_call_start(c, KVP_OP_GET, w.p, w.len, NULL, 0, call);
+	kvp_w_free(&w);
+	return rc;
+}
+
+/* Waits for a GET; on success checks the body's framing and crc and returns the data. */
+static int get_wait(struct kvp_call *call, uint8_t **data, uint32_t *len)
+{
+	uint8_t *b = NULL;
+	uint32_t bl = 0;
+	int rc = kvp_call_wait(call, CALL_MS, &b, &bl);
+	if (rc)
+		return rc;
+	assert_true(bl >= 8);
+	struct kvp_rbuf r;
+	kvp_r_init(&r, b, bl);
+	uint32_t crc = kvp_r_u32(&r), n = kvp_r_u32(&r);
+	assert_int_equal(n, bl - 8);
+	assert_int_equal(crc, kvec_crc32c(0, b + 8, n));
+	*data = malloc(n ? n : 1);
+	memcpy(*data, b + 8, n);
+	*len = n;
+	free(b);
+	return 0;
+}
+
+static int get(struct kvp_client *c, uint64_t id, uint32_t off, uint32_t len, uint8_t **data,
+	       uint32_t *dlen)
+{
+	struct kvp_call *call;
+	int rc = get_start(c, id, off, len, &call);
+	return rc ? rc : get_wait(call, data, dlen);
+}
+
+static long del(struct kvp_client *c, const uint64_t *ids, uint32_t n)
+{
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	kvp_w_u32(&w, n);
+	for (uint32_t i = 0; i < n; i++)
+		kvp_w_u64(&w, ids[i]);
+	uint8_t *b = NULL;
+	uint32_t bl = 0;
+	int rc = kvp_call(c, KVP_OP_DEL, w.p, w.len, NULL, 0, CALL_MS, &b, &bl);
+	kvp_w_free(&w);
+	if (rc)
+		return rc;
+	assert_int_equal(bl, 4);
+	struct kvp_rbuf r;
+	kvp_r_init(&r, b, bl);
+	long v = kvp_r_u32(&r);
+	free(b);
+	return v;
+}
+
+struct nstat {
+	uint64_t uuid, capacity, used, chunks, crc_errors;
+};
+
+static void stat_node(struct kvp_client *c, struct nstat *s)
+{
+	uint8_t *b = NULL;
+	uint32_t bl = 0;
+	assert_int_equal(kvp_call(c, KVP_OP_STAT, NULL, 0, NULL, 0, CALL_MS, &b, &bl), 0);
+	struct kvp_rbuf r;
+	kvp_r_init(&r, b, bl);
+	s->uuid = kvp_r_u64(&r);
+	s->capacity = kvp_r_u64(&r);
+	s->used = kvp_r_u64(&r);
+	s->chunks = kvp_r_u64(&r);
+	s->crc_errors = kvp_r_u64(&r);
+	assert_int_equal(kvp_r_end(&r), 0);
+	free(b);
+}
+
+/* One LIST page: ids into out (room for max), returns n; *more set. */
+static uint32_t list_page(struct kvp_client *c, uint64_t after, uint32_t max, uint64_t *out,
+			  int64_t *mt, int *more)
+{
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	kvp_w_u64(&w, after);
+	kvp_w_u32(&w, max);
+	uint8_t *b = NULL;
+	uint32_t bl = 0;
+	assert_int_equal(kvp_call(c, KVP_OP_LIST, w.p, w.len, NULL, 0, CALL_MS, &b, &bl), 0);
+	kvp_w_free(&w);
+	struct kvp_rbuf r;
+	kvp_r_init(&r, b, bl);
+	uint32_t n = kvp_r_u32(&r);
+	assert_true(n <= max);
+	for (uint32_t i = 0; i < n; i++) {
+		out[i] = kvp_r_u64(&r);
+		int64_t m = kvp_r_i64(&r);
+		if (mt)
+			mt[i] = m;
+	}
+	*more = kvp_r_u8(&r);
+	assert_int_equal(kvp_r_end(&r), 0);
+	free(b);
+	return n;
+}
+
+static void chunk_path(const struct nodeproc *np, uint64_t id, char *out, size_t cap)
+{
+	snprintf(out, cap, "%s/chunks/%02x/%016" PRIx64, np->data, (unsigned)(id & 0xff), id);
+}
+
+/* ---- tests ---- */
+
+static void test_sizes_and_ranges(void **state)
+{
+	(void)state;
+	static const uint32_t sizes[] = {0, 1, 4095, 4096, (1u << 20) + 3, CHUNK_MAX};
+	uint8_t *d = malloc(CHUNK_MAX);
+	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+		uint32_t n = sizes[i];
+		uint64_t id = 0x1000 + i;
+		fill(d, n, id);
+		assert_int_equal(put(g_cl, id, d, n), 0);
+		uint8_t *g;
+		uint32_t gl;
+		assert_int_equal(get(g_cl, id, 0, LEN_TO_END, &g, &gl), 0);
+		assert_int_equal(gl, n);
+		assert_memory_equal(g, d, n);
+		free(g);
+		/* Ranges: first byte, interior, the tail, empty at the end. */
+		uint32_t rs[][2] = {{0, n ? 1 : 0}, {n / 3, n / 2}, {n / 2, LEN_TO_END}, {n, 0}};
+		for (int k = 0; k < 4; k++) {
+			assert_int_equal(get(g_cl, id, rs[k][0], rs[k][1], &g, &gl), 0);
+			uint32_t want = rs[k][1] == LEN_TO_END ? n - rs[k][0] : rs[k][1];
+			assert_int_equal(gl, want);
+			assert_memory_equal(g, d + rs[k][0], want);
+			free(g);
+		}
+		assert_int_equal(get(g_cl, id, n + 1, 0, &g, &gl), -EINVAL);
+		assert_int_equal(get(g_cl, id, n / 2, n - n / 2 + 1, &g, &gl), -EINVAL);
+		/* A second PUT of the same id is refused and the first one kept. */
+		assert_int_equal(put(g_cl, id, "x", 1), -EEXIST);
+	}
+	uint8_t *g;
+	uint32_t gl;
+	assert_int_equal(get(g_cl, 0xDEAD0000, 0, LEN_TO_END, &g, &gl), -ENOENT);
+	/* A chunk whose data does not match the client's CRC is refused. */
+	struct kvp_call *call;
+	fill(d, 4096, 1);
+	assert_int_equal(put_start(g_cl, 0x2000, d, 4096, kvec_crc32c(0, d, 4096) ^ 1, &call), 0);
+	assert_int_equal(kvp_call_wait(call, CALL_MS, NULL, NULL), -EBADMSG);
+	assert_int_equal(get(g_cl, 0x2000, 0, LEN_TO_END, &g, &gl), -ENOENT);
+	/* Above the 16 MiB chunk maximum (the frame itself is still legal). */
+	assert_int_equal(put(g_cl, 0x2001, d, 0), 0);
+	free(d);
+	d = calloc(1, CHUNK_MAX + 1);
+	assert_int_equal(put(g_cl, 0x2002, d, CHUNK_MAX + 1), -EINVAL);
+	assert_int_equal(kvp_client_alive(g_cl), 1);
+	free(d);
+}
+
+static void test_pipelined(void **state)
+{
+	(void)state;
+	enum { N = 200, SZ = 65536 + 17 };
+	uint8_t *d = malloc((size_t)N * SZ);
+	struct kvp_call *calls[N];
+	for (int i = 0; i < N; i++) {
+		fill(d + (size_t)i * SZ, SZ, 5000 + i);
+		assert_int_equal(put_start(g_cl, 0x5000 + i, d + (size_t)i * SZ, SZ,
+					   kvec_crc32c(0, d + (size_t)i * SZ, SZ), &calls[i]),
+				 0);
+	}
+	for (int i = 0; i < N; i++)
+		assert_int_equal(kvp_call_wait(calls[i], CALL_MS, NULL, NULL), 0);
+	for (int i = 0; i < N; i++)
+		assert_int_equal(get_start(g_cl, 0x5000 + i, 0, LEN_TO_END, &calls[i]), 0);
+	for (int i = N - 1; i >= 0; i--) {
+		uint8_t *g;
+		uint32_t gl;
+		assert_int_equal(get_wait(calls[i], &g, &gl), 0);
+		assert_int_equal(gl, SZ);
+		assert_memory_equal(g, d + (size_t)i * SZ, SZ);
+		free(g);
+	}
+	uint64_t ids[N];
+	for (int i = 0; i < N; i++)
+		ids[i] = 0x5000 + i;
+	assert_int_equal(del(g_cl, ids, N), N);
+	free(d);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static void test_del_list_stat(void **state)
+{
+	(void)state;
+	/* A fresh node so the numbers are exact. */
+	struct nodeproc np = {0};
+	assert_int_equal(node_start(&np, "list", "--capacity", "64M", NULL), 0);
+	struct kvp_client *c = connect_node(&np);
+	enum { N = 300 };
+	uint64_t ids[N];
+	uint64_t used = 0;
+	uint8_t d[1000];
+	for (int i = 0; i < N; i++) {
+		/* Scattered ids, including ones at the ends of the u64 range. */
+		ids[i] = i == 0 ? 1 : i == 1 ? UINT64_MAX : (uint64_t)i * 0x9E3779B97F4A7C15ull;
+		uint32_t n = (uint32_t)(i * 3 % 1000);
+		fill(d, n, ids[i]);
+		assert_int_equal(put(c, ids[i], d, n), 0);
+		used += n;
+	}
+	struct nstat st;
+	stat_node(c, &st);
+	assert_int_equal(st.chunks, N);
+	assert_int_equal(st.used, used);
+	assert_int_equal(st.capacity, 64u << 20);
+	assert_int_equal(st.crc_errors, 0);
+	assert_true(st.uuid != 0);
+
+	/* Paging: ascending, every id exactly once, mtimes recent. */
+	uint64_t page[128], seen[N + 1];
+	int64_t mt[128];
+	size_t ns = 0;
+	uint64_t after = 0;
+	int more = 1, pages = 0;
+	int64_t now = (int64_t)time(NULL) * 1000000000;
+	while (more) {
+		uint32_t n = list_page(c, after, 128, page, mt, &more);
+		pages++;
+		for (uint32_t i = 0; i < n; i++) {
+			assert_true(page[i] > after);
+			after = page[i];
+			assert_true(mt[i] > now - 120 * 1000000000ll &&
+				    mt[i] < now + 120000000000ll);
+			assert_true(ns < N);
+			seen[ns++] = page[i];
+		}
+		if (!n)
+			break;
+	}
+	assert_int_equal(ns, N);
+	assert_int_equal(pages, 3);
+	uint64_t sorted[N];
+	memcpy(sorted, ids, sizeof(sorted));
+	qsort(sorted, N, sizeof(sorted[0]), cmp_u64);
+	assert_memory_equal(seen, sorted, sizeof(sorted));
+	assert_int_equal(list_page(c, UINT64_MAX, 10, page, NULL, &more), 0);
+	assert_int_equal(more, 0);
+	assert_int_equal(list_page(c, 0, 0, page, NULL, &more), 0);
+	assert_int_equal(more, 1);
+
+	/* Delete half, plus unknown and repeated ids: only the real ones count. */
+	uint64_t dl[N / 2 + 3];
+	uint64_t freed = 0;
+	for (int i = 0; i < N / 2; i++) {
+		dl[i] = ids[2 * i];
+		freed += (uint32_t)(2 * i * 3 % 1000);
+	}
+	dl[N / 2] = 0x77;
+	dl[N / 2 + 1] = ids[0];
+	dl[N / 2 + 2] = 0x78;
+	assert_int_equal(del(c, dl, N / 2 + 3), N / 2);
+	assert_int_equal(del(c, dl, N / 2 + 3), 0);
+	assert_int_equal(del(c, dl, 0), 0);
+	stat_node(c, &st);
+	assert_int_equal(st.chunks, N - N / 2);
+	assert_int_equal(st.used, used - freed);
+	uint8_t *g;
+	uint32_t gl;
+	assert_int_equal(get(c, ids[0], 0, LEN_TO_END, &g, &gl), -ENOENT);
+	assert_int_equal(get(c, ids[1], 0, LEN_TO_END, &g, &gl), 0);
+	free(g);
+	char p[700];
+	chunk_path(&np, ids[2], p, sizeof(p));
+	assert_int_equal(access(p, F_OK), -1);
+	chunk_path(&np, ids[3], p, sizeof(p));
+	assert_int_equal(access(p, F_OK), 0);
+	/* Deleted ids can be written again. */
+	assert_int_equal(put(c, ids[0], "abc", 3), 0);
+	kvp_client_close(c);
+	assert_int_equal(node_stop(&np, SIGTERM), 0);
+}
+
+static void flip_byte(const char *path, off_t off)
+{
+	int fd = open(path, O_RDWR);
+	assert_true(fd >= 0);
+	uint8_t b;
+	assert_int_equal(pread(fd, &b, 1, off), 1);
+	b ^= 0x40;
+	assert_int_equal(pwrite(fd, &b, 1, off), 1);
+	close(fd);
+}
+
+static void test_corruption(void **state)
+{
+	(void)state;
+	struct nstat st0, st;
+	stat_node(g_cl, &st0);
+	uint8_t d[8192];
+	fill(d, sizeof(d), 77);
+	char p[700];
+	uint8_t *g;
+	uint32_t gl;
+	/* A data byte, a header byte, a truncated file: each is refused, never served. */
+	for (int k = 0; k < 3; k++) {
+		uint64_t id = 0x7700 + k;
+		assert_int_equal(put(g_cl, id, d, sizeof(d)), 0);
+		assert_int_equal(get(g_cl, id, 100, 10, &g, &gl), 0);
+		free(g);
+		chunk_path(&g_node, id, p, sizeof(p));
+		if (k == 0)
+			flip_byte(p, NODE_HDR_LEN + 5000);
+		else if (k == 1)
+			flip_byte(p, 9);
+		else
+			assert_int_equal(truncate(p, NODE_HDR_LEN + 4096), 0);
+		assert_int_equal(get(g_cl, id, 0, LEN_TO_END, &g, &gl), -EILSEQ);
+		/* A range that avoids the bad byte is refused too: the whole chunk is checked. */
+		assert_int_equal(get(g_cl, id, 0, 10, &g, &gl), -EILSEQ);
+		stat_node(g_cl, &st);
+		assert_int_equal(st.crc_errors, st0.crc_errors + 2 * (k + 1));
+	}
+	assert_int_equal(kvp_client_alive(g_cl), 1);
+}
+
+static void test_capacity(void **state)
+{
+	(void)state;
+	struct nodeproc np = {0};
+	assert_int_equal(node_start(&np, "cap", "--capacity", "1M", NULL), 0);
+	struct kvp_client *c = connect_node(&np);
+	uint8_t *d = malloc(1 << 20);
+	fill(d, 1 << 20, 3);
+	assert_int_equal(put(c, 1, d, 512 << 10), 0);
+	assert_int_equal(put(c, 2, d, (512 << 10) + 1), -ENOSPC);
+	assert_int_equal(put(c, 3, d, 256 << 10), 0);
+	/* Many concurrent puts cannot overshoot: exactly the room left (256K) is granted. */
+	struct kvp_call *calls[16];
+	for (int i = 0; i < 16; i++)
+		assert_int_equal(
+		    put_start(c, 100 + i, d, 64 << 10, kvec_crc32c(0, d, 64 << 10), &calls[i]), 0);
+	int ok = 0, full = 0;
+	for (int i = 0; i < 16; i++) {
+		int rc = kvp_call_wait(calls[i], CALL_MS, NULL, NULL);
+		ok += rc == 0;
+		full += rc == -ENOSPC;
+	}
+	assert_int_equal(ok, 4);
+	assert_int_equal(full, 12);
+	struct nstat st;
+	stat_node(c, &st);
+	assert_int_equal(st.used, 1 << 20);
+	/* What is stored is intact. */
+	uint8_t *g;
+	uint32_t gl;
+	assert_int_equal(get(c, 1, 0, LEN_TO_END, &g, &gl), 0);
+	assert_int_equal(gl, 512 << 10);
+	assert_memory_equal(g, d, 512 << 10);
+	free(g);
+	/* Deleting makes room again. */
+	uint64_t one = 1;
+	assert_int_equal(del(c, &one, 1), 1);
+	assert_int_equal(put(c, 2, d, (512 << 10)), 0);
+	assert_int_equal(put(c, 4, d, 1), -ENOSPC);
+	free(d);
+	kvp_client_close(c);
+	assert_int_equal(node_stop(&np, SIGTERM), 0);
+}
+
+static void test_crash_restart(void **state)
+{
+	(void)state;
+	struct nodeproc np = {0};
+	assert_int_equal(node_start(&np, "crash", NULL), 0);
+	struct kvp_client *c = connect_node(&np);
+	enum { N = 64 };
+	uint8_t *d = malloc(N * 5000);
+	uint64_t used = 0;
+	for (int i = 0; i < N; i++) {
+		fill(d + i * 5000, 5000, 900 + i);
+		assert_int_equal(put(c, 0xC000 + i, d + i * 5000, 100 + i * 70), 0);
+		used += 100 + i * 70;
+	}
+	struct nstat st0, st;
+	stat_node(c, &st0);
+	kvp_client_close(c);
+	assert_int_equal(node_stop(&np, SIGKILL), 128 + SIGKILL);
+
+	/* What a crash mid-PUT leaves: a temp file (never renamed) and, on a filesystem that
+	 * lost the data of a renamed file, an empty chunk file. */
+	char p[700];
+	snprintf(p, sizeof(p), "%s/tmp/000000000000c0ff.7", np.data);
+	int fd = open(p, O_WRONLY | O_CREAT, 0644);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, d, 3000), 3000);
+	close(fd);
+	char empty[700];
+	chunk_path(&np, 0xC0FE, empty, sizeof(empty));
+	fd = open(empty, O_WRONLY | O_CREAT, 0644);
+	assert_true(fd >= 0);
+	close(fd);
+
+	assert_int_equal(node_start(&np, "crash", NULL), 0);
+	c = connect_node(&np);
+	stat_node(c, &st);
+	assert_int_equal(st.uuid, st0.uuid);
+	assert_int_equal(st.chunks, N);
+	assert_int_equal(st.used, used);
+	for (int i = 0; i < N; i++) {
+		uint8_t *g;
+		uint32_t gl;
+		assert_int_equal(get(c, 0xC000 + i, 0, LEN_TO_END, &g, &gl), 0);
+		assert_int_equal(gl, 100 + i * 70);
+		assert_memory_equal(g, d + i * 5000, gl);
+		free(g);
+	}
+	uint8_t *g;
+	uint32_t gl;
+	assert_int_equal(get(c, 0xC0FF, 0, LEN_TO_END, &g, &gl), -ENOENT);
+	assert_int_equal(get(c, 0xC0FE, 0, LEN_TO_END, &g, &gl), -ENOENT);
+	assert_int_equal(access(p, F_OK), -1);
+	assert_int_equal(access(empty, F_OK), -1);
+	/* The lost ids can be written again. */
+	assert_int_equal(put(c, 0xC0FF, d, 10), 0);
+	free(d);
+	kvp_client_close(c);
+	assert_int_equal(node_stop(&np, SIGTERM), 0);
+}
+
+/* Raw authenticated socket for sending hand-made frames. */
+static int raw_conn(void)
+{
+	int fd = kvp_connect(g_node.addr, 5000);
+	assert_true(fd >= 0);
+	assert_int_equal(kvp_auth_client(fd, &g_sec, 5000), 0);
+	struct timeval tv = {.tv_sec = 5};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	return fd;
+}
+
+/* 1 if the peer closed the connection (EOF or reset) within the receive timeout. */
+static int closed_by_peer(int fd)
+{
+	uint8_t b[256];
+	for (;;) {
+		ssize_t n = recv(fd, b, sizeof(b), 0);
+		if (n == 0 || (n < 0 && errno == ECONNRESET))
+			return 1;
+		if (n < 0)
+			return 0;
+	}
+}
+
+static void test_auth_and_bad_frames(void **state)
+{
+	(void)state;
+	struct kvp_secret bad;
+	assert_int_equal(kvp_secret_from_string("a-wrong-secret-of-some-length", &bad), 0);
+	struct kvp_client *c = NULL;
+	assert_int_equal(kvp_client_open(g_node.addr, &bad, 5000, &c), -EACCES);
+
+	uint8_t hb[KVP_HDR_SIZE];
+	/* Garbage instead of a header. */
+	int fd = raw_conn();
+	memset(hb, 0xA5, sizeof(hb));
+	assert_int_equal(send(fd, hb, sizeof(hb), MSG_NOSIGNAL), (ssize_t)sizeof(hb));
+	assert_true(closed_by_peer(fd));
+	close(fd);
+	/* A header announcing more than any peer accepts. */
+	fd = raw_conn();
+	struct kvp_hdr h = {.magic = KVP_MAGIC,
+			    .version = KVP_VERSION,
+			    .op = KVP_OP_PUT,
+			    .id = 1,
+			    .len = KVP_MAX_BODY + 1};
+	kvp_hdr_encode(&h, hb);
+	assert_int_equal(send(fd, hb, sizeof(hb), MSG_NOSIGNAL), (ssize_t)sizeof(hb));
+	assert_true(closed_by_peer(fd));
+	close(fd);
+	/* A truncated frame: header promises 100 bytes, 10 arrive, then the writer hangs up. */
+	fd = raw_conn();
+	h.len = 100;
+	kvp_hdr_encode(&h, hb);
+	assert_int_equal(send(fd, hb, sizeof(hb), MSG_NOSIGNAL), (ssize_t)sizeof(hb));
+	assert_int_equal(send(fd, hb, 10, MSG_NOSIGNAL), 10);
+	shutdown(fd, SHUT_WR);
+	assert_true(closed_by_peer(fd));
+	close(fd);
+	/* Well-framed bodies that do not parse: PUT whose len disagrees with its data, GET one
+	 * byte short, DEL whose count disagrees with its ids. */
+	uint8_t body[64] = {0};
+	struct {
+		uint16_t op;
+		uint32_t len;
+		uint32_t put_len;
+	} cases[] = {{KVP_OP_PUT, 16 + 8, 9}, {KVP_OP_GET, 15, 0}, {KVP_OP_DEL, 4 + 16, 3}};
+	for (size_t i = 0; i < 3; i++) {
+		fd = raw_conn();
+		memset(body, 0, sizeof(body));
+		if (cases[i].op == KVP_OP_PUT)
+			body[12] = (uint8_t)cases[i].put_len;
+		if (cases[i].op == KVP_OP_DEL)
+			body[0] = (uint8_t)cases[i].put_len;
+		struct kvp_hdr q = {.op = cases[i].op, .id = 9};
+		assert_int_equal(kvp_send(fd, &q, body, cases[i].len, NULL, 0), 0);
+		assert_true(closed_by_peer(fd));
+		close(fd);
+	}
+	/* An op a node does not serve is answered with an error; the connection stays. */
+	fd = raw_conn();
+	struct kvp_hdr q = {.op = KVP_OP_LOOKUP, .id = 11};
+	assert_int_equal(kvp_send(fd, &q, NULL, 0, NULL, 0), 0);
+	struct kvp_hdr rh;
+	uint8_t *rb = NULL;
+	assert_int_equal(kvp_recv(fd, &rh, &rb, KVP_MAX_BODY), 0);
+	assert_int_equal(rh.id, 11);
+	assert_int_equal(rh.status, -EOPNOTSUPP);
+	q.op = KVP_OP_STAT;
+	q.id = 12;
+	assert_int_equal(kvp_send(fd, &q, NULL, 0, NULL, 0), 0);
+	assert_int_equal(kvp_recv(fd, &rh, &rb, KVP_MAX_BODY), 0);
+	assert_int_equal(rh.status, 0);
+	assert_int_equal(rh.len, 40);
+	free(rb);
+	close(fd);
+	/* The shared client was never disturbed. */
+	struct nstat st;
+	stat_node(g_cl, &st);
+	assert_int_equal(kvp_client_alive(g_cl), 1);
+}
+
+/* A stand-in metadata server that records heartbeats. */
+struct fake_meta {
+	pthread_mutex_t mu;
+	int beats;
+	uint64_t uuid, capacity;
+	char addr[KVP_ADDR_MAX];
+};
+
+static int meta_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, uint8_t *body)
+{
+	struct fake_meta *m = ctx;
+	if (h->op != KVP_OP_HEARTBEAT) {
+		free(body);
+		return -EPROTO;
+	}
+	struct kvp_rbuf r;
+	kvp_r_init(&r, body, h->len);
+	pthread_mutex_lock(&m->mu);
+	m->uuid = kvp_r_u64(&r);
+	kvp_r_str(&r, m->addr, sizeof(m->addr));
+	m->capacity = kvp_r_u64(&r);
+	kvp_r_u64(&r);
+	kvp_r_u64(&r);
+	int rc = kvp_r_end(&r);
+	if (!rc)
+		m->beats++;
+	pthread_mutex_unlock(&m->mu);
+	free(body);
+	if (rc)
+		return rc;
+	uint8_t id[4] = {7, 0, 0, 0};
+	kvp_reply(c, h, 0, id, 4, NULL, 0);
+	return 0;
+}
+
+static int wait_beats(struct fake_meta *m, int n)
+{
+	for (double t0 = now_s(); now_s() - t0 < 10; usleep(10000)) {
+		pthread_mutex_lock(&m->mu);
+		int b = m->beats;
+		pthread_mutex_unlock(&m->mu);
+		if (b >= n)
+			return 0;
+	}
+	return -ETIMEDOUT;
+}
+
+static void test_heartbeat(void **state)
+{
+	(void)state;
+	struct fake_meta m = {.mu = PTHREAD_MUTEX_INITIALIZER};
+	struct kvp_server_opts o = {.name = "fake-meta",
+				    .host = "127.0.0.1",
+				    .secret = &g_sec,
+				    .handler = meta_handler,
+				    .ctx = &m};
+	struct kvp_server *srv = NULL;
+	assert_int_equal(kvp_server_start(&o, &srv), 0);
+	uint16_t port = kvp_server_port(srv);
+	char maddr[32];
+	snprintf(maddr, sizeof(maddr), "127.0.0.1:%u", port);
+	struct nodeproc np = {0};
+	assert_int_equal(
+	    node_start(&np, "hb", "--meta", maddr, "--heartbeat", "50ms", "--capacity", "3G", NULL),
+	    0);
+	assert_int_equal(wait_beats(&m, 3), 0);
+	pthread_mutex_lock(&m.mu);
+	assert_string_equal(m.addr, np.addr);
+	assert_int_equal(m.capacity, 3ull << 30);
+	assert_true(m.uuid != 0);
+	pthread_mutex_unlock(&m.mu);
+	/* The metadata server goes away and comes back on the same port: beats resume. */
+	kvp_server_stop(srv);
+	usleep(300000);
+	m.beats = 0;
+	o.port = port;
+	assert_int_equal(kvp_server_start(&o, &srv), 0);
+	assert_int_equal(wait_beats(&m, 2), 0);
+	kvp_server_stop(srv);
+	assert_int_equal(node_stop(&np, SIGTERM), 0);
+}
+
+static int group_setup(void **state)
+{
+	(void)state;
+	signal(SIGPIPE, SIG_IGN);
+	snprintf(g_tmp, sizeof(g_tmp), "/tmp/kvfs-test-node-XXXXXX");
+	if (!mkdtemp(g_tmp))
+		return -1;
+	char p[300];
+	snprintf(p, sizeof(p), "%s/secret", g_tmp);
+	FILE *f = fopen(p, "w");
+	if (!f)
+		return -1;
+	fprintf(f, "%s\n", SECRET);
+	fclose(f);
+	if (kvp_secret_from_string(SECRET, &g_sec))
+		return -1;
+	if (node_start(&g_node, "main", NULL)) {
+		fprintf(stderr, "cannot start kvfs-node (KVFS_BUILD_DIR=%s)\n",
+			getenv("KVFS_BUILD_DIR"));
+		return -1;
+	}
+	if (kvp_client_open(g_node.addr, &g_sec, 5000, &g_cl))
+		return -1;
+	return 0;
+}
+
+static int group_teardown(void **state)
+{
+	(void)state;
+	kvp_client_close(g_cl);
+	int rc = node_stop(&g_node, SIGTERM);
+	if (rc != 0)
+		fprintf(stderr, "kvfs-node exited with %d on SIGTERM\n", rc);
+	char cmd[400];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_tmp);
+	if (system(cmd) != 0)
+		fprintf(stderr, "could not remove %s\n", g_tmp);
+	return rc == 0 ? 0 : -1;
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_sizes_and_ranges),
+	    cmocka_unit_test(test_pipelined),
+	    cmocka_unit_test(test_del_list_stat),
+	    cmocka_unit_test(test_corruption),
+	    cmocka_unit_test(test_capacity),
+	    cmocka_unit_test(test_crash_restart),
+	    cmocka_unit_test(test_auth_and_bad_frames),
+	    cmocka_unit_test(test_heartbeat),
+	};
+	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
