@@ -1,0 +1,90 @@
+/* oai — the OpenAI-compatible API's JSON: parsing and validating request bodies of
+ * POST /v1/completions and /v1/chat/completions, and writing responses, streaming chunks
+ * (server-sent events), model lists and errors in OpenAI's error format.
+ *
+ * Everything here is pure (cJSON inside, no I/O) and thread-safe. Request bodies are untrusted:
+ * every field is type-checked and bounded; an unknown field is ignored, as OpenAI's clients
+ * send many; a wrong type or out-of-range value is an error naming the field.
+ */
+#ifndef KVFS_OAI_H
+#define KVFS_OAI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define OAI_MAX_STOP 4
+
+struct oai_message {
+	char *role; /* "system", "user", "assistant" */
+	char *content;
+};
+
+struct oai_request {
+	int chat;    /* 1: chat completions (messages), 0: completions (prompt) */
+	char *model; /* may be NULL */
+	char *prompt;
+	struct oai_message *messages;
+	int n_messages;
+	int max_tokens;	    /* default: the limit's default_max_tokens */
+	double temperature; /* default 1.0; 0 = greedy */
+	double top_p;	    /* default 1.0 */
+	int top_k;	    /* extension; 0 = off */
+	int has_seed;
+	uint64_t seed;
+	char *stop[OAI_MAX_STOP];
+	int n_stop;
+	int stream;
+	int include_usage; /* stream_options.include_usage */
+	/* Cache salt (tenant): "cache_salt" if given, else "user", else NULL. Requests with
+	 * different salts never share cached KV blocks. */
+	char *salt;
+};
+
+struct oai_limits {
+	size_t max_prompt_bytes; /* prompt text, or all message contents together */
+	int max_tokens;		 /* upper bound for max_tokens */
+	int default_max_tokens;
+	int max_messages;
+};
+
+/* Parses body (len bytes, need not be NUL-terminated). On success fills *out (free with
+ * oai_request_free) and returns 0. On failure returns -EINVAL (bad JSON, type or value),
+ * or -E2BIG (prompt past the limit), writes a message into err naming the problem, and sets
+ * *param (may be NULL) to the offending field's name (static string) for the error JSON. */
+int oai_parse_request(const char *body, size_t len, int chat, const struct oai_limits *lim,
+		      struct oai_request *out, char *err, size_t errlen, const char **param);
+void oai_request_free(struct oai_request *r);
+
+/* Renders a chat request's messages into one prompt. template: "chatml" (<|im_start|>role\n
+ * content<|im_end|>\n … <|im_start|>assistant\n), "llama3" (<|start_header_id|>role
+ * <|end_header_id|>\n\ncontent<|eot_id|> …) or NULL/"plain" ("Role: content\n" lines, then
+ * "Assistant:"). Returns 0 and a malloc'd *out, or -ENOMEM / -EINVAL (unknown template). */
+int oai_render_chat(const struct oai_request *r, const char *tmpl, char **out);
+
+/* ---- responses: every function returns a malloc'd NUL-terminated JSON string (caller frees)
+ * or NULL on allocation failure ---- */
+
+struct oai_usage {
+	int prompt_tokens;
+	int completion_tokens;
+	int cached_tokens; /* usage.prompt_tokens_details.cached_tokens, always present */
+};
+
+/* {"error": {"message", "type", "param", "code"}} */
+char *oai_error_json(const char *message, const char *type, const char *param, const char *code);
+
+/* A whole (non-streaming) response: text_completion or chat.completion. finish_reason is
+ * "stop" or "length". */
+char *oai_response_json(int chat, const char *id, const char *model, int64_t created,
+			const char *text, const char *finish_reason, const struct oai_usage *u);
+
+/* One streaming chunk (the JSON after "data: "): a text delta (may be "" ) and, in the last
+ * chunk, finish_reason; usage != NULL adds the usage object (the final usage chunk has an
+ * empty choices array when text == NULL). */
+char *oai_chunk_json(int chat, const char *id, const char *model, int64_t created, const char *text,
+		     const char *finish_reason, const struct oai_usage *u);
+
+/* GET /v1/models: {"object":"list","data":[{"id","object":"model","created","owned_by"}]} */
+char *oai_models_json(const char *const *ids, int n, int64_t created);
+
+#endif

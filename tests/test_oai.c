@@ -1,0 +1,208 @@
+/* Tests for engine/serve/oai: request validation (types, ranges, limits, malformed JSON), chat
+ * rendering, and that every response we write parses back with the fields clients read. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "oai.h"
+
+static const struct oai_limits LIM = {
+    .max_prompt_bytes = 1000, .max_tokens = 512, .default_max_tokens = 16, .max_messages = 8};
+
+static int parse(const char *body, int chat, struct oai_request *r, const char **param)
+{
+	char err[256];
+	return oai_parse_request(body, strlen(body), chat, &LIM, r, err, sizeof(err), param);
+}
+
+static void test_completion_ok(void **state)
+{
+	(void)state;
+	struct oai_request r;
+	const char *param;
+	assert_int_equal(
+	    parse("{\"model\":\"m\",\"prompt\":\"hello\",\"max_tokens\":5,"
+		  "\"temperature\":0,\"top_p\":0.5,\"seed\":42,\"stop\":[\"\\n\",\"x\"],"
+		  "\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+		  "\"user\":\"tenant\",\"unknown_field\":[1,2]}",
+		  0, &r, &param),
+	    0);
+	assert_string_equal(r.prompt, "hello");
+	assert_string_equal(r.model, "m");
+	assert_int_equal(r.max_tokens, 5);
+	assert_true(r.temperature == 0 && r.top_p == 0.5);
+	assert_true(r.has_seed && r.seed == 42);
+	assert_int_equal(r.n_stop, 2);
+	assert_string_equal(r.stop[0], "\n");
+	assert_true(r.stream && r.include_usage);
+	assert_string_equal(r.salt, "tenant");
+	oai_request_free(&r);
+
+	/* Defaults, prompt as a one-element array, cache_salt wins over user. */
+	assert_int_equal(
+	    parse("{\"prompt\":[\"hi\"],\"cache_salt\":\"s\",\"user\":\"u\"}", 0, &r, &param), 0);
+	assert_int_equal(r.max_tokens, 16);
+	assert_true(r.temperature == 1.0);
+	assert_string_equal(r.salt, "s");
+	assert_null(r.model);
+	oai_request_free(&r);
+}
+
+static void test_bad_requests(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *body;
+		int chat, rc;
+		const char *param;
+	} cases[] = {
+	    {"", 0, -EINVAL, NULL},
+	    {"{", 0, -EINVAL, NULL},
+	    {"[1,2]", 0, -EINVAL, NULL},
+	    {"{\"prompt\":5}", 0, -EINVAL, "prompt"},
+	    {"{\"prompt\":[\"a\",\"b\"]}", 0, -EINVAL, "prompt"},
+	    {"{}", 0, -EINVAL, "prompt"},
+	    {"{\"prompt\":\"a\",\"max_tokens\":0}", 0, -EINVAL, "max_tokens"},
+	    {"{\"prompt\":\"a\",\"max_tokens\":513}", 0, -EINVAL, "max_tokens"},
+	    {"{\"prompt\":\"a\",\"max_tokens\":2.5}", 0, -EINVAL, "max_tokens"},
+	    {"{\"prompt\":\"a\",\"max_tokens\":\"5\"}", 0, -EINVAL, "max_tokens"},
+	    {"{\"prompt\":\"a\",\"temperature\":3}", 0, -EINVAL, "temperature"},
+	    {"{\"prompt\":\"a\",\"top_p\":-1}", 0, -EINVAL, "top_p"},
+	    {"{\"prompt\":\"a\",\"stream\":\"yes\"}", 0, -EINVAL, "stream"},
+	    {"{\"prompt\":\"a\",\"stop\":5}", 0, -EINVAL, "stop"},
+	    {"{\"prompt\":\"a\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", 0, -EINVAL, "stop"},
+	    {"{\"prompt\":\"a\",\"n\":2}", 0, -EINVAL, "n"},
+	    {"{\"prompt\":\"a\",\"user\":7}", 0, -EINVAL, "user"},
+	    {"{\"prompt\":\"a\",\"model\":[]}", 0, -EINVAL, "model"},
+	    {"{\"messages\":[]}", 1, -EINVAL, "messages"},
+	    {"{\"messages\":\"hi\"}", 1, -EINVAL, "messages"},
+	    {"{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", 1, -EINVAL, "messages"},
+	    {"{\"messages\":[{\"role\":\"user\"}]}", 1, -EINVAL, "messages"},
+	    {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", 1,
+	     -EINVAL, "messages"},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct oai_request r;
+		const char *param = "unset";
+		int rc = parse(cases[i].body, cases[i].chat, &r, &param);
+		if (rc != cases[i].rc)
+			fail_msg("case %zu (%s): rc %d", i, cases[i].body, rc);
+		if (cases[i].param)
+			assert_string_equal(param, cases[i].param);
+	}
+	/* Limits: prompt size and message count. */
+	char big[1200];
+	strcpy(big, "{\"prompt\":\"");
+	memset(big + 11, 'a', 1180);
+	strcpy(big + 1191, "\"}");
+	struct oai_request r;
+	assert_int_equal(parse(big, 0, &r, NULL), -E2BIG);
+	char many[1024] = "{\"messages\":[";
+	for (int i = 0; i < 9; i++)
+		strcat(many, i ? ",{\"role\":\"user\",\"content\":\"x\"}"
+			       : "{\"role\":\"user\",\"content\":\"x\"}");
+	strcat(many, "]}");
+	assert_int_equal(parse(many, 1, &r, NULL), -E2BIG);
+	/* Not NUL-terminated input and embedded NUL. */
+	assert_int_equal(
+	    oai_parse_request("{\"prompt\":\"a\"}garbage", 14, 0, &LIM, &r, NULL, 0, NULL), 0);
+	oai_request_free(&r);
+	assert_int_equal(oai_parse_request("{\"prompt\":\"a\"}\0", 15, 0, &LIM, &r, NULL, 0, NULL),
+			 -EINVAL);
+}
+
+static void test_chat(void **state)
+{
+	(void)state;
+	struct oai_request r;
+	assert_int_equal(
+	    parse("{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+		  "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Hi \"},"
+		  "{\"type\":\"text\",\"text\":\"there\"}]}]}",
+		  1, &r, NULL),
+	    0);
+	assert_int_equal(r.n_messages, 2);
+	assert_string_equal(r.messages[1].content, "Hi there");
+	char *s;
+	assert_int_equal(oai_render_chat(&r, "chatml", &s), 0);
+	assert_string_equal(s, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi "
+			       "there<|im_end|>\n<|im_start|>assistant\n");
+	free(s);
+	assert_int_equal(oai_render_chat(&r, NULL, &s), 0);
+	assert_string_equal(s, "System: Be brief.\nUser: Hi there\nAssistant:");
+	free(s);
+	assert_int_equal(oai_render_chat(&r, "nope", &s), -EINVAL);
+	oai_request_free(&r);
+}
+
+static void test_responses_parse(void **state)
+{
+	(void)state;
+	struct oai_usage u = {.prompt_tokens = 10, .completion_tokens = 3, .cached_tokens = 8};
+	char *s = oai_response_json(1, "id1", "m", 123, "he said \"hi\"\n", "length", &u);
+	cJSON *o = cJSON_Parse(s);
+	assert_non_null(o);
+	assert_string_equal(cJSON_GetObjectItem(o, "object")->valuestring, "chat.completion");
+	cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+	assert_string_equal(
+	    cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "message"), "content")->valuestring,
+	    "he said \"hi\"\n");
+	assert_string_equal(cJSON_GetObjectItem(c0, "finish_reason")->valuestring, "length");
+	cJSON *us = cJSON_GetObjectItem(o, "usage");
+	assert_int_equal(cJSON_GetObjectItem(us, "total_tokens")->valueint, 13);
+	assert_int_equal(
+	    cJSON_GetObjectItem(cJSON_GetObjectItem(us, "prompt_tokens_details"), "cached_tokens")
+		->valueint,
+	    8);
+	cJSON_Delete(o);
+	free(s);
+
+	s = oai_chunk_json(0, "id2", "m", 1, "tok", NULL, NULL);
+	o = cJSON_Parse(s);
+	c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+	assert_string_equal(cJSON_GetObjectItem(c0, "text")->valuestring, "tok");
+	assert_true(cJSON_IsNull(cJSON_GetObjectItem(c0, "finish_reason")));
+	cJSON_Delete(o);
+	free(s);
+
+	s = oai_chunk_json(1, "id3", "m", 1, NULL, NULL, &u); /* final usage chunk */
+	o = cJSON_Parse(s);
+	assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(o, "choices")), 0);
+	assert_non_null(cJSON_GetObjectItem(o, "usage"));
+	cJSON_Delete(o);
+	free(s);
+
+	s = oai_error_json("bad \"thing\"", NULL, "max_tokens", NULL);
+	o = cJSON_Parse(s);
+	cJSON *e = cJSON_GetObjectItem(o, "error");
+	assert_string_equal(cJSON_GetObjectItem(e, "message")->valuestring, "bad \"thing\"");
+	assert_string_equal(cJSON_GetObjectItem(e, "type")->valuestring, "invalid_request_error");
+	assert_string_equal(cJSON_GetObjectItem(e, "param")->valuestring, "max_tokens");
+	cJSON_Delete(o);
+	free(s);
+
+	const char *ids[] = {"a", "b"};
+	s = oai_models_json(ids, 2, 5);
+	o = cJSON_Parse(s);
+	assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(o, "data")), 2);
+	cJSON_Delete(o);
+	free(s);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_completion_ok),
+	    cmocka_unit_test(test_bad_requests),
+	    cmocka_unit_test(test_chat),
+	    cmocka_unit_test(test_responses_parse),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
