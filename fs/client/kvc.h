@@ -139,4 +139,9 @@ struct kvc_stats {
 };
 void kvc_get_stats(struct kvc *c, struct kvc_stats *out);
 
+/* Per-node timeout for chunk reads (default min(timeout_ms, 2000)): past it the chunk counts
+ * as missing and the read decodes from parity, and the node is skipped for a few seconds, so a
+ * stopped node delays reads only briefly. Call before sharing c between threads. */
+void kvc_set_read_timeout(struct kvc *c, int ms);
+
 #endif

@@ -1,0 +1,70 @@
+/* kvc internals shared by the client library's .c files (not installed, not a contract). */
+#ifndef KVFS_KVC_INT_H
+#define KVFS_KVC_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "kvc.h"
+#include "kvec.h"
+
+#define KVC_MAX_CODECS	  8
+#define KVC_BAD_NODE_MS	  3000 /* a node that timed out or refused is skipped this long */
+#define KVC_META_ATTEMPTS 10   /* connection failures to meta: retries with backoff */
+
+struct kvc_badnode {
+	uint32_t id;
+	int64_t until_ms;
+};
+
+struct kvc {
+	char meta_addr[KVP_ADDR_MAX];
+	struct kvp_secret secret;
+	int timeout_ms;	     /* meta requests, node PUTs */
+	int read_timeout_ms; /* node GETs: short, so a stopped node only delays a read briefly */
+	int k, m;	     /* defaults for new files */
+	uint32_t chunk_size; /* largest chunk a new file uses */
+	uint64_t max_file, max_buffered;
+	struct kvp_pool *pool; /* meta and node connections; thread-safe */
+
+	pthread_mutex_t mu; /* protects codecs, ncodecs, bad, nbad */
+	struct {
+		int k, m;
+		struct kvec_codec *codec;
+	} codecs[KVC_MAX_CODECS];
+	int ncodecs;
+	struct kvc_badnode bad[64];
+	int nbad;
+
+	atomic_uint_fast64_t buffered; /* bytes held by all writers */
+	atomic_uint_fast64_t st_written, st_read, st_files, st_degraded, st_crc;
+};
+
+/* One request in flight to a node: holds the pool reference until it is waited for. */
+struct kvc_rpc {
+	struct kvp_client *cl;
+	struct kvp_call *call;
+};
+
+int64_t kvc__now_ms(void);
+/* 1 for errors that mean "the peer or the connection failed", not "the peer said no". */
+int kvc__is_transport(int rc);
+
+/* A request to meta on a pooled connection. attempts > 1 retries transport failures with
+ * backoff (reconnecting); *retried (may be NULL) is set when a retry happened, so callers of
+ * non-idempotent ops can interpret -EEXIST / -ENOENT. */
+int kvc__meta_call(struct kvc *c, uint16_t op, const struct kvp_wbuf *req, int attempts,
+		   uint8_t **rb, uint32_t *rl, int *retried);
+
+int kvc__rpc_start(struct kvc *c, const char *addr, uint16_t op, const void *body, size_t blen,
+		   const void *bulk, size_t bulklen, struct kvc_rpc *r);
+/* Waits (timeout_ms) and releases; r is reset. A pending rpc with no call is a no-op (-EAGAIN) */
+int kvc__rpc_wait(struct kvc *c, struct kvc_rpc *r, int timeout_ms, uint8_t **rb, uint32_t *rl);
+
+/* Codec for (k, m), created on first use and kept until kvc_close. */
+int kvc__codec(struct kvc *c, int k, int m, struct kvec_codec **out);
+
+void kvc__node_mark_bad(struct kvc *c, uint32_t id);
+int kvc__node_is_bad(struct kvc *c, uint32_t id);
+
+#endif

@@ -1,0 +1,558 @@
+/* kvc: connection handling, metadata calls with failover, the namespace and path helpers. */
+#define KVFS_LOG_TAG "kvc"
+#include "kvc_int.h"
+#include "log.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+int64_t kvc__now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int kvc__is_transport(int rc)
+{
+	return rc == -ECONNRESET || rc == -ECONNABORTED || rc == -ECONNREFUSED ||
+	       rc == -ETIMEDOUT || rc == -EPIPE || rc == -EHOSTUNREACH || rc == -ENETUNREACH;
+}
+
+int kvc__rpc_start(struct kvc *c, const char *addr, uint16_t op, const void *body, size_t blen,
+		   const void *bulk, size_t bulklen, struct kvc_rpc *r)
+{
+	r->cl = NULL;
+	r->call = NULL;
+	int rc = kvp_pool_get(c->pool, addr, &r->cl);
+	if (rc)
+		return rc;
+	rc = kvp_call_start(r->cl, op, body, blen, bulk, bulklen, &r->call);
+	if (rc) {
+		kvp_pool_put(c->pool, r->cl);
+		r->cl = NULL;
+		r->call = NULL;
+	}
+	return rc;
+}
+
+int kvc__rpc_wait(struct kvc *c, struct kvc_rpc *r, int timeout_ms, uint8_t **rb, uint32_t *rl)
+{
+	if (!r->call)
+		return -EAGAIN;
+	int rc = kvp_call_wait(r->call, timeout_ms, rb, rl);
+	kvp_pool_put(c->pool, r->cl);
+	r->cl = NULL;
+	r->call = NULL;
+	return rc;
+}
+
+int kvc__meta_call(struct kvc *c, uint16_t op, const struct kvp_wbuf *req, int attempts,
+		   uint8_t **rb, uint32_t *rl, int *retried)
+{
+	if (req && req->err)
+		return req->err;
+	if (retried)
+		*retried = 0;
+	int delay = 50, rc = -ECONNREFUSED, timeouts = 0;
+	for (int a = 0; a < attempts; a++) {
+		if (a) {
+			usleep((useconds_t)delay * 1000);
+			delay = delay * 2 > 1000 ? 1000 : delay * 2;
+			if (retried)
+				*retried = 1;
+		}
+		struct kvp_client *cl;
+		rc = kvp_pool_get(c->pool, c->meta_addr, &cl);
+		if (rc == 0) {
+			rc = kvp_call(cl, op, req ? req->p : NULL, req ? req->len : 0, NULL, 0,
+				      c->timeout_ms, rb, rl);
+			kvp_pool_put(c->pool, cl);
+		}
+		if (!kvc__is_transport(rc))
+			return rc;
+		/* A meta that answers nothing (stopped, overloaded) costs a whole timeout per try:
+		 * give up sooner than on a refused connection (restarting meta). */
+		if (rc == -ETIMEDOUT && ++timeouts >= 2)
+			break;
+		klog_debug("meta %s: %s (attempt %d)", c->meta_addr, kvp_strerror(rc), a + 1);
+	}
+	return rc;
+}
+
+int kvc__codec(struct kvc *c, int k, int m, struct kvec_codec **out)
+{
+	pthread_mutex_lock(&c->mu);
+	for (int i = 0; i < c->ncodecs; i++) {
+		if (c->codecs[i].k == k && c->codecs[i].m == m) {
+			*out = c->codecs[i].codec;
+			pthread_mutex_unlock(&c->mu);
+			return 0;
+		}
+	}
+	int rc = -ENOMEM;
+	if (c->ncodecs < KVC_MAX_CODECS) {
+		rc = kvec_codec_create(k, m, out);
+		if (rc == 0) {
+			c->codecs[c->ncodecs].k = k;
+			c->codecs[c->ncodecs].m = m;
+			c->codecs[c->ncodecs++].codec = *out;
+		}
+	}
+	pthread_mutex_unlock(&c->mu);
+	return rc;
+}
+
+void kvc__node_mark_bad(struct kvc *c, uint32_t id)
+{
+	int64_t until = kvc__now_ms() + KVC_BAD_NODE_MS;
+	pthread_mutex_lock(&c->mu);
+	int i;
+	for (i = 0; i < c->nbad && c->bad[i].id != id; i++)
+		;
+	if (i == c->nbad && c->nbad < (int)(sizeof(c->bad) / sizeof(c->bad[0])))
+		c->nbad++;
+	if (i < c->nbad) {
+		c->bad[i].id = id;
+		c->bad[i].until_ms = until;
+	}
+	pthread_mutex_unlock(&c->mu);
+}
+
+int kvc__node_is_bad(struct kvc *c, uint32_t id)
+{
+	int64_t now = kvc__now_ms();
+	int bad = 0;
+	pthread_mutex_lock(&c->mu);
+	for (int i = 0; i < c->nbad; i++)
+		if (c->bad[i].id == id && c->bad[i].until_ms > now)
+			bad = 1;
+	pthread_mutex_unlock(&c->mu);
+	return bad;
+}
+
+static int parse_statfs(const uint8_t *b, uint32_t len, struct kvc_statfs *o)
+{
+	struct kvp_rbuf r;
+	kvp_r_init(&r, b, len);
+	o->raw_capacity = kvp_r_u64(&r);
+	o->raw_used = kvp_r_u64(&r);
+	o->files = kvp_r_u64(&r);
+	o->dirs = kvp_r_u64(&r);
+	o->k = kvp_r_u8(&r);
+	o->m = kvp_r_u8(&r);
+	o->chunk_size = kvp_r_u32(&r);
+	o->nodes_up = kvp_r_u32(&r);
+	o->nodes = kvp_r_u32(&r);
+	return kvp_r_end(&r);
+}
+
+int kvc_statfs(struct kvc *c, struct kvc_statfs *out)
+{
+	uint8_t *b = NULL;
+	uint32_t len = 0;
+	int rc = kvc__meta_call(c, KVP_OP_STATFS, NULL, KVC_META_ATTEMPTS, &b, &len, NULL);
+	if (rc == 0)
+		rc = parse_statfs(b, len, out);
+	free(b);
+	return rc;
+}
+
+int kvc_open(const struct kvc_opts *o, struct kvc **out)
+{
+	if (!o || !o->meta_addr || !o->secret || strlen(o->meta_addr) >= KVP_ADDR_MAX)
+		return -EINVAL;
+	struct kvc *c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	strcpy(c->meta_addr, o->meta_addr);
+	c->secret = *o->secret;
+	c->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 5000;
+	c->read_timeout_ms = c->timeout_ms < 2000 ? c->timeout_ms : 2000;
+	c->max_file = o->max_file ? o->max_file : (1ull << 30);
+	c->max_buffered = o->max_buffered ? o->max_buffered : (4ull << 30);
+	pthread_mutex_init(&c->mu, NULL);
+	int rc = kvp_pool_create(&c->secret, c->read_timeout_ms, &c->pool);
+	if (rc) {
+		pthread_mutex_destroy(&c->mu);
+		free(c);
+		return rc;
+	}
+	/* One STATFS proves the address and the secret and gives the cluster's defaults. */
+	struct kvc_statfs st;
+	uint8_t *b = NULL;
+	uint32_t len = 0;
+	rc = kvc__meta_call(c, KVP_OP_STATFS, NULL, 2, &b, &len, NULL);
+	if (rc == 0)
+		rc = parse_statfs(b, len, &st);
+	free(b);
+	if (rc == 0) {
+		c->k = o->k > 0 ? o->k : st.k;
+		c->m = o->m > 0 ? o->m : st.m;
+		uint32_t cs = st.chunk_size ? st.chunk_size : (1u << 20);
+		c->chunk_size = o->max_chunk && o->max_chunk < cs ? o->max_chunk : cs;
+		if (c->k < 1 || c->k > KVEC_MAX_K || c->m < 0 || c->m > KVEC_MAX_M ||
+		    c->chunk_size < KVEC_CHUNK_MIN)
+			rc = -EPROTO;
+	}
+	if (rc) {
+		kvc_close(c);
+		return rc;
+	}
+	*out = c;
+	return 0;
+}
+
+void kvc_close(struct kvc *c)
+{
+	if (!c)
+		return;
+	kvp_pool_destroy(c->pool);
+	for (int i = 0; i < c->ncodecs; i++)
+		kvec_codec_destroy(c->codecs[i].codec);
+	pthread_mutex_destroy(&c->mu);
+	free(c);
+}
+
+void kvc_set_read_timeout(struct kvc *c, int ms)
+{
+	c->read_timeout_ms = ms > 0 ? ms : 2000;
+}
+
+void kvc_get_stats(struct kvc *c, struct kvc_stats *out)
+{
+	out->bytes_written = atomic_load(&c->st_written);
+	out->bytes_read = atomic_load(&c->st_read);
+	out->files_committed = atomic_load(&c->st_files);
+	out->degraded_reads = atomic_load(&c->st_degraded);
+	out->crc_errors = atomic_load(&c->st_crc);
+}
+
+/* ---- namespace ---- */
+
+static int attr_call(struct kvc *c, uint16_t op, struct kvp_wbuf *w, int attempts,
+		     struct kvp_attr *out, int *retried)
+{
+	uint8_t *b = NULL;
+	uint32_t len = 0;
+	int rc = kvc__meta_call(c, op, w, attempts, &b, &len, retried);
+	kvp_w_free(w);
+	if (rc == 0) {
+		struct kvp_attr a;
+		struct kvp_rbuf r;
+		kvp_r_init(&r, b, len);
+		kvp_r_attr(&r, &a);
+		rc = kvp_r_end(&r);
+		if (rc == 0 && out)
+			*out = a;
+	}
+	free(b);
+	return rc;
+}
+
+static int name_ok(const char *name)
+{
+	size_t n = name ? strlen(name) : 0;
+	if (n == 0 || strchr(name, '/') || !strcmp(name, ".") || !strcmp(name, ".."))
+		return -EINVAL;
+	return n > KVP_NAME_MAX ? -ENAMETOOLONG : 0;
+}
+
+int kvc_lookup(struct kvc *c, uint64_t parent, const char *name, struct kvp_attr *out)
+{
+	int rc = name_ok(name);
+	if (rc)
+		return rc == -EINVAL ? -ENOENT : rc;
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	kvp_w_u64(&w, parent);
+	kvp_w_cstr(&w, name);
+	return attr_call(c, KVP_OP_LOOKUP, &w, KVC_META_ATTEMPTS, out, NULL);
+}
+
+int kvc_getattr(struct kvc *c, uint64_t ino, struct kvp_attr *out)
+{
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	kvp_w_u64(&w, ino);
+	return attr_call(c, KVP_OP_GETATTR, &w, KVC_META_ATTEMPTS, out, NULL);
+}
+
+int kvc_setattr(struct kvc *c, uint64_t ino, uint32_t valid, uint32_t mode, int64_t mtime_ns,
+		int64_t atime_ns, struct kvp_attr *out)
+{
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	kvp_w_u64(&w, ino);
+	kvp_w_u32(&w, valid);
+	kvp_w_u32(&w, mode);
+	kvp_w_i64(&w, mtime_ns);
+	kvp_w_i64(&w, atime_ns);
+	/* Setting absolute values twice gives the same result: safe to retry. */
+	return attr_call(c, KVP_OP_SETATTR, &w, KVC_META_ATTEMPTS, out, NULL);
+}
+
+/* Non-idempotent calls are retried across a meta restart too. If the first try was applied
+ * but its answer lost, the retry sees its effect: MKDIR -> -EEXIST (a directory is there: taken
+ * as success), RMDIR/UNLINK -> -ENOENT (taken as success), RENAME -> -ENOENT (success when the
+ * new name now exists). A concurrent client doing the same thing in that window is
+ * indistinguishable; for a cache filesystem that is acceptable. */
+int kvc_mkdir(struct kvc *c, uint64_t parent, const char *name, uint32_t mode, struct kvp_attr *out)
+{
+	int rc = name_ok(name);
+	if (rc)
+		return rc;
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	kvp_w_u64(&w, parent);
+	kvp_w_cstr(&w, name);
+	kvp_w_u32(&w, mode);
+	int retried;
+	rc = attr_call(c, KVP_OP_MKDIR, &w, KVC_META_ATTEMPTS, out, &retried);
+	if (rc == -EEXIST && retried) {
+		struct kvp_attr a;
+		if (kvc_lookup(c, parent, name, &a) == 0 && S_ISDIR(a.mode)) {
+			if (out)
+				*out = a;
+			rc = 0;
+		}
+	}
+	return rc;
+}
+
+static int name_call(struct kvc *c, uint16_t op, uint64_t parent, const char *name)
+{
+	int rc = name_ok(name);
+	if (rc)
+		return rc == -EINVAL ? -ENOENT : rc;
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	kvp_w_u64(&w, parent);
+	kvp_w_cstr(&w, name);
+	int retried;
+	rc = kvc__meta_call(c, op, &w, KVC_META_ATTEMPTS, NULL, NULL, &retried);
+	kvp_w_free(&w);
+	return rc == -ENOENT && retried ? 0 : rc;
+}
+
+int kvc_rmdir(struct kvc *c, uint64_t parent, const char *name)
+{
+	return name_call(c, KVP_OP_RMDIR, parent, name);
+}
+
+int kvc_unlink(struct kvc *c, uint64_t parent, const char *name)
+{
+	return name_call(c, KVP_OP_UNLINK, parent, name);
+}
+
+int kvc_rename(struct kvc *c, uint64_t parent, const char *name, uint64_t newparent,
+	       const char *newname, uint32_t flags)
+{
+	int rc = name_ok(name);
+	if (rc || (rc = name_ok(newname)))
+		return rc;
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	kvp_w_u64(&w, parent);
+	kvp_w_cstr(&w, name);
+	kvp_w_u64(&w, newparent);
+	kvp_w_cstr(&w, newname);
+	kvp_w_u32(&w, flags);
+	int retried;
+	rc = kvc__meta_call(c, KVP_OP_RENAME, &w, KVC_META_ATTEMPTS, NULL, NULL, &retried);
+	kvp_w_free(&w);
+	if (retried && (rc == -ENOENT || rc == -EEXIST)) {
+		struct kvp_attr a;
+		if (kvc_lookup(c, parent, name, &a) == -ENOENT &&
+		    kvc_lookup(c, newparent, newname, &a) == 0)
+			rc = 0;
+	}
+	return rc;
+}
+
+int kvc_readdir(struct kvc *c, uint64_t ino, struct kvc_dirent **out, size_t *n)
+{
+	struct kvc_dirent *v = NULL;
+	size_t cnt = 0, cap = 0;
+	char after[KVP_NAME_MAX + 1] = "";
+	int rc;
+	for (;;) {
+		struct kvp_wbuf w;
+		kvp_w_init(&w);
+		kvp_w_u64(&w, ino);
+		kvp_w_cstr(&w, after);
+		kvp_w_u32(&w, 1024);
+		uint8_t *b = NULL;
+		uint32_t len = 0;
+		rc = kvc__meta_call(c, KVP_OP_READDIR, &w, KVC_META_ATTEMPTS, &b, &len, NULL);
+		kvp_w_free(&w);
+		if (rc)
+			break;
+		struct kvp_rbuf r;
+		kvp_r_init(&r, b, len);
+		uint32_t nr = kvp_r_u32(&r);
+		if (nr > len / 2) /* each entry needs more than 2 bytes: refuse absurd counts */
+			r.err = -EBADMSG;
+		if (!r.err && cnt + nr > cap) {
+			size_t ncap = (cnt + nr) * 2 + 16;
+			struct kvc_dirent *nv = realloc(v, ncap * sizeof(*nv));
+			if (!nv) {
+				free(b);
+				rc = -ENOMEM;
+				break;
+			}
+			v = nv;
+			cap = ncap;
+		}
+		for (uint32_t i = 0; i < nr && !r.err; i++) {
+			kvp_r_str(&r, v[cnt].name, sizeof(v[cnt].name));
+			kvp_r_attr(&r, &v[cnt].attr);
+			if (!r.err)
+				cnt++;
+		}
+		uint8_t eof = kvp_r_u8(&r);
+		rc = kvp_r_end(&r);
+		free(b);
+		if (rc)
+			break;
+		if (eof || nr == 0)
+			break;
+		snprintf(after, sizeof(after), "%s", v[cnt - 1].name);
+	}
+	if (rc) {
+		free(v);
+		return rc;
+	}
+	*out = v;
+	*n = cnt;
+	return 0;
+}
+
+int kvc_nodes(struct kvc *c, struct kvc_node **out, size_t *n)
+{
+	uint8_t *b = NULL;
+	uint32_t len = 0;
+	int rc = kvc__meta_call(c, KVP_OP_NODES, NULL, KVC_META_ATTEMPTS, &b, &len, NULL);
+	if (rc)
+		return rc;
+	struct kvp_rbuf r;
+	kvp_r_init(&r, b, len);
+	uint32_t nr = kvp_r_u32(&r);
+	struct kvc_node *v = NULL;
+	if (nr > len / 16)
+		r.err = -EBADMSG;
+	else if (!(v = calloc(nr ? nr : 1, sizeof(*v))))
+		r.err = -ENOMEM;
+	for (uint32_t i = 0; i < nr && !r.err; i++) {
+		v[i].id = kvp_r_u32(&r);
+		v[i].uuid = kvp_r_u64(&r);
+		kvp_r_str(&r, v[i].addr, sizeof(v[i].addr));
+		v[i].state = kvp_r_u8(&r);
+		v[i].capacity = kvp_r_u64(&r);
+		v[i].used = kvp_r_u64(&r);
+		v[i].chunks = kvp_r_u64(&r);
+		v[i].heartbeat_ns = kvp_r_i64(&r);
+	}
+	rc = r.err ? r.err : kvp_r_end(&r);
+	free(b);
+	if (rc) {
+		free(v);
+		return rc;
+	}
+	*out = v;
+	*n = nr;
+	return 0;
+}
+
+/* ---- paths ---- */
+
+/* Next component of *p (skipping slashes) into name; 0 at the end, 1 found, <0 error. */
+static int next_comp(const char **p, char *name)
+{
+	const char *s = *p;
+	while (*s == '/')
+		s++;
+	if (!*s)
+		return 0;
+	size_t n = strcspn(s, "/");
+	if (n > KVP_NAME_MAX)
+		return -ENAMETOOLONG;
+	memcpy(name, s, n);
+	name[n] = 0;
+	*p = s + n;
+	return 1;
+}
+
+int kvc_resolve(struct kvc *c, const char *path, struct kvp_attr *out)
+{
+	if (!path || path[0] != '/')
+		return -EINVAL;
+	struct kvp_attr a;
+	int rc = kvc_getattr(c, KVP_ROOT_INO, &a);
+	char name[KVP_NAME_MAX + 1];
+	const char *p = path;
+	while (rc == 0 && (rc = next_comp(&p, name)) == 1) {
+		if (!S_ISDIR(a.mode))
+			return -ENOTDIR;
+		rc = kvc_lookup(c, a.ino, name, &a);
+	}
+	if (rc == 0 && out)
+		*out = a;
+	return rc;
+}
+
+int kvc_resolve_parent(struct kvc *c, const char *path, uint64_t *parent, const char **name)
+{
+	if (!path || path[0] != '/')
+		return -EINVAL;
+	size_t n = strlen(path);
+	while (n > 1 && path[n - 1] == '/')
+		n--;
+	const char *last = path + n;
+	while (last > path && last[-1] != '/')
+		last--;
+	if (last == path + n || path[n] == '/')
+		return -EINVAL; /* "/" has no parent; a trailing slash names a directory */
+	char *dir = strndup(path, (size_t)(last - path));
+	if (!dir)
+		return -ENOMEM;
+	struct kvp_attr a;
+	int rc = kvc_resolve(c, dir, &a);
+	free(dir);
+	if (rc)
+		return rc;
+	if (!S_ISDIR(a.mode))
+		return -ENOTDIR;
+	*parent = a.ino;
+	*name = last;
+	return 0;
+}
+
+int kvc_mkdir_p(struct kvc *c, const char *path, uint32_t mode)
+{
+	if (!path || path[0] != '/')
+		return -EINVAL;
+	struct kvp_attr a;
+	int rc = kvc_getattr(c, KVP_ROOT_INO, &a);
+	char name[KVP_NAME_MAX + 1];
+	const char *p = path;
+	while (rc == 0 && (rc = next_comp(&p, name)) == 1) {
+		if (!S_ISDIR(a.mode))
+			return -ENOTDIR;
+		uint64_t parent = a.ino;
+		rc = kvc_lookup(c, parent, name, &a);
+		if (rc == -ENOENT) {
+			rc = kvc_mkdir(c, parent, name, mode, &a);
+			if (rc == -EEXIST) /* made by someone else meanwhile */
+				rc = kvc_lookup(c, parent, name, &a);
+		}
+	}
+	if (rc == 0 && !S_ISDIR(a.mode))
+		rc = -ENOTDIR;
+	return rc;
+}

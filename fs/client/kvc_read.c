@@ -1,0 +1,494 @@
+/* kvc: the read path. LAYOUT once per open; reads fetch the data chunks a request needs in
+ * parallel, verify each against its CRC32C, and only when a chunk is missing, late or corrupt
+ * fetch parity and decode. Whole stripes go straight into the caller's buffer when it covers
+ * them; partial reads go through a two-stripe cache with one stripe of sequential prefetch. */
+#define KVFS_LOG_TAG "kvc"
+#include "kvc_int.h"
+#include "log.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <limits.h>
+#include <string.h>
+#include <sys/stat.h>
+
+struct fnode {
+	uint32_t id;
+	int state;
+	char addr[KVP_ADDR_MAX];
+};
+
+struct fslot {
+	uint32_t node; /* index into kvc_file.nodes */
+	uint64_t chunk_id;
+	uint32_t crc;
+};
+
+/* The GETs of one stripe in flight. */
+struct sfetch {
+	int64_t s; /* -1: idle */
+	uint64_t started;
+	struct kvc_rpc rpc[KVEC_MAX_N];
+};
+
+struct kvc_file {
+	struct kvc *c;
+	uint64_t ino;
+	struct kvec_layout l;
+	int n;
+	struct kvec_codec *codec;
+	struct fnode *nodes;
+	uint32_t nn;
+	struct fslot *slots; /* nstripes * n */
+	struct {
+		int64_t s;    /* -1: empty */
+		uint8_t *buf; /* n * chunk_size: k data chunks, then m parity */
+		uint64_t tick;
+	} cache[2];
+	uint64_t tick;
+	uint64_t next_off; /* where a sequential reader reads next */
+	struct sfetch pf;  /* prefetch of the next stripe */
+};
+
+/* LAYOUT reply -> f's geometry, node table and slots. */
+static int parse_layout(struct kvc_file *f, const uint8_t *b, uint32_t len)
+{
+	struct kvp_rbuf r;
+	kvp_r_init(&r, b, len);
+	uint64_t size = kvp_r_u64(&r);
+	uint32_t cs = kvp_r_u32(&r);
+	int k = kvp_r_u8(&r), m = kvp_r_u8(&r);
+	uint32_t ns = kvp_r_u32(&r);
+	uint32_t nn = kvp_r_u32(&r);
+	if (r.err || kvec_layout_init(&f->l, size, cs, k, m) || f->l.nstripes != ns || nn > len / 7)
+		return -EBADMSG;
+	f->n = k + m;
+	f->nn = nn;
+	f->nodes = calloc(nn ? nn : 1, sizeof(*f->nodes));
+	if (!f->nodes)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < nn; i++) {
+		f->nodes[i].id = kvp_r_u32(&r);
+		kvp_r_str(&r, f->nodes[i].addr, KVP_ADDR_MAX);
+		f->nodes[i].state = kvp_r_u8(&r);
+	}
+	size_t nslots = (size_t)ns * f->n;
+	if (r.err || (len - r.off) / 16 < nslots)
+		return -EBADMSG;
+	f->slots = calloc(nslots + 1, sizeof(*f->slots));
+	if (!f->slots)
+		return -ENOMEM;
+	for (size_t i = 0; i < nslots && !r.err; i++) {
+		uint32_t id = kvp_r_u32(&r);
+		f->slots[i].chunk_id = kvp_r_u64(&r);
+		f->slots[i].crc = kvp_r_u32(&r);
+		uint32_t j = 0;
+		while (j < nn && f->nodes[j].id != id)
+			j++;
+		if (j == nn)
+			return -EBADMSG;
+		f->slots[i].node = j;
+	}
+	return kvp_r_end(&r);
+}
+
+static int layout_fetch(struct kvc *c, uint64_t ino, struct kvc_file *f)
+{
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	kvp_w_u64(&w, ino);
+	uint8_t *b = NULL;
+	uint32_t len = 0;
+	int rc = kvc__meta_call(c, KVP_OP_LAYOUT, &w, KVC_META_ATTEMPTS, &b, &len, NULL);
+	kvp_w_free(&w);
+	if (rc == 0)
+		rc = parse_layout(f, b, len);
+	free(b);
+	return rc;
+}
+
+void kvc_file_close(struct kvc_file *f)
+{
+	if (!f)
+		return;
+	for (int i = 0; i < KVEC_MAX_N; i++)
+		if (f->pf.rpc[i].call)
+			kvc__rpc_wait(f->c, &f->pf.rpc[i], 0, NULL, NULL);
+	free(f->cache[0].buf);
+	free(f->cache[1].buf);
+	free(f->slots);
+	free(f->nodes);
+	free(f);
+}
+
+int kvc_file_open(struct kvc *c, uint64_t ino, struct kvc_file **out)
+{
+	struct kvc_file *f = calloc(1, sizeof(*f));
+	if (!f)
+		return -ENOMEM;
+	f->c = c;
+	f->ino = ino;
+	f->cache[0].s = f->cache[1].s = -1;
+	f->pf.s = -1;
+	int rc = layout_fetch(c, ino, f);
+	if (rc == 0)
+		rc = kvc__codec(c, f->l.k, f->l.m, &f->codec);
+	if (rc) {
+		kvc_file_close(f);
+		return rc;
+	}
+	*out = f;
+	return 0;
+}
+
+int kvc__file_first_chunk(struct kvc *c, uint64_t ino, uint64_t *chunk_id)
+{
+	struct kvc_file f = {0};
+	int rc = layout_fetch(c, ino, &f);
+	if (rc == 0)
+		*chunk_id = f.l.nstripes ? f.slots[0].chunk_id : 0;
+	free(f.slots);
+	free(f.nodes);
+	return rc;
+}
+
+uint64_t kvc_file_size(const struct kvc_file *f)
+{
+	return f->l.length;
+}
+
+int kvc_file_layout(const struct kvc_file *f, struct kvc_layout_info *info, uint32_t **slots)
+{
+	info->k = f->l.k;
+	info->m = f->l.m;
+	info->chunk_size = f->l.chunk_size;
+	info->nstripes = (uint32_t)f->l.nstripes;
+	if (slots) {
+		size_t n = (size_t)f->l.nstripes * f->n;
+		uint32_t *v = malloc((n ? n : 1) * sizeof(*v));
+		if (!v)
+			return -ENOMEM;
+		for (size_t i = 0; i < n; i++)
+			v[i] = f->nodes[f->slots[i].node].id;
+		*slots = v;
+	}
+	return 0;
+}
+
+/* Stored length of chunk i (data or parity) of stripe s. */
+static uint32_t chunk_len(const struct kvc_file *f, uint64_t s, int i)
+{
+	uint64_t off;
+	uint32_t len = 0;
+	kvec_layout_chunk_range(&f->l, s, i < f->l.k ? i : 0, &off, &len);
+	return len;
+}
+
+static int usable(const struct kvc_file *f, const struct fslot *sl)
+{
+	const struct fnode *nd = &f->nodes[sl->node];
+	return nd->state != KVP_NODE_DOWN && !kvc__node_is_bad(f->c, nd->id);
+}
+
+static void put_le(uint8_t *p, uint64_t v, int n)
+{
+	for (int i = 0; i < n; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static int get_start(struct kvc_file *f, const struct fslot *sl, uint32_t off, uint32_t len,
+		     struct kvc_rpc *r)
+{
+	uint8_t h[16];
+	put_le(h, sl->chunk_id, 8);
+	put_le(h + 8, off, 4);
+	put_le(h + 12, len, 4);
+	const struct fnode *nd = &f->nodes[sl->node];
+	int rc = kvc__rpc_start(f->c, nd->addr, KVP_OP_GET, h, 16, NULL, 0, r);
+	if (rc && kvc__is_transport(rc))
+		kvc__node_mark_bad(f->c, nd->id);
+	return rc;
+}
+
+/* Waits for a GET and checks it: len bytes whose CRC matches the one the node sent and, for a
+ * whole chunk, the one metadata recorded. Copies them to dst. */
+static int get_collect(struct kvc_file *f, const struct fslot *sl, struct kvc_rpc *r, uint32_t len,
+		       int whole, uint8_t *dst)
+{
+	uint8_t *b = NULL;
+	uint32_t bl = 0;
+	int rc = kvc__rpc_wait(f->c, r, f->c->read_timeout_ms, &b, &bl);
+	if (rc == 0) {
+		struct kvp_rbuf rb;
+		kvp_r_init(&rb, b, bl);
+		uint32_t crc = kvp_r_u32(&rb);
+		uint32_t n = kvp_r_u32(&rb);
+		const uint8_t *p = n == len ? kvp_r_bytes(&rb, n) : NULL;
+		if (!p || kvp_r_end(&rb)) {
+			rc = -EBADMSG;
+		} else if (kvec_crc32c(0, p, n) != crc || (whole && crc != sl->crc)) {
+			rc = -EILSEQ;
+		} else {
+			memcpy(dst, p, n);
+		}
+	}
+	free(b);
+	if (rc == -EILSEQ)
+		atomic_fetch_add(&f->c->st_crc, 1);
+	if (kvc__is_transport(rc))
+		kvc__node_mark_bad(f->c, f->nodes[sl->node].id);
+	if (rc)
+		klog_debug("get chunk %llu from %s: %s", (unsigned long long)sl->chunk_id,
+			   f->nodes[sl->node].addr, kvp_strerror(rc));
+	return rc;
+}
+
+static void sf_cancel(struct kvc_file *f, struct sfetch *sf)
+{
+	for (int i = 0; i < KVEC_MAX_N; i++)
+		if (sf->rpc[i].call)
+			kvc__rpc_wait(f->c, &sf->rpc[i], 0, NULL, NULL);
+	sf->s = -1;
+	sf->started = 0;
+}
+
+/* Starts the GETs of the data chunks of stripe s that are not empty, on usable nodes. */
+static void sf_start_data(struct kvc_file *f, struct sfetch *sf, uint64_t s)
+{
+	sf->s = (int64_t)s;
+	sf->started = 0;
+	const struct fslot *ss = f->slots + s * f->n;
+	for (int j = 0; j < f->l.k; j++) {
+		uint32_t len = chunk_len(f, s, j);
+		if (len && usable(f, &ss[j]) && get_start(f, &ss[j], 0, len, &sf->rpc[j]) == 0)
+			sf->started |= 1ull << j;
+	}
+}
+
+static int popcount(uint64_t v)
+{
+	return __builtin_popcountll(v);
+}
+
+/* Reads stripe s whose GETs sf has (maybe) started: data chunk j to data + j*cs, parity i to
+ * par + i*cs. direct: the caller's buffer has only the file's bytes, so on any failure return
+ * -EAGAIN with *failed set instead of decoding; else decode as needed (par must then hold m
+ * chunks and data k full chunks). avoid: chunks known bad from an earlier try. */
+static int fetch_stripe(struct kvc_file *f, struct sfetch *sf, uint64_t s, uint8_t *data,
+			uint8_t *par, int direct, uint64_t avoid, uint64_t *failed)
+{
+	int k = f->l.k, n = f->n;
+	uint32_t cs = f->l.chunk_size;
+	const struct fslot *ss = f->slots + s * n;
+	uint32_t lens[KVEC_MAX_N];
+	uint64_t want = 0, present = 0, tried = sf->started | avoid;
+	for (int i = 0; i < n; i++) {
+		lens[i] = chunk_len(f, s, i);
+		if (i < k && lens[i])
+			want |= 1ull << i;
+		else if (i < k)
+			present |= 1ull << i; /* empty: known zeros */
+	}
+	for (int j = 0; j < k; j++)
+		if ((sf->started >> j) & 1 &&
+		    get_collect(f, &ss[j], &sf->rpc[j], lens[j], 1, data + (size_t)j * cs) == 0)
+			present |= 1ull << j;
+	sf->s = -1;
+	sf->started = 0;
+	uint64_t missing = want & ~present;
+	if (!missing)
+		return 0;
+	if (direct) {
+		*failed = missing;
+		return -EAGAIN;
+	}
+	/* Degraded: gather k chunks, parity first, then anything not yet tried. */
+	uint8_t *ptr[KVEC_MAX_N];
+	for (int i = 0; i < n; i++)
+		ptr[i] = i < k ? data + (size_t)i * cs : par + (size_t)(i - k) * cs;
+	while (popcount(present) < k) {
+		uint64_t batch = 0;
+		int need = k - popcount(present);
+		for (int pass = 0; pass < 2 && need > 0; pass++) {
+			for (int i = k; i < n + k && need > 0; i++) {
+				int c = i < n ? i : i - n; /* parity, then data */
+				if ((tried >> c) & 1 || (pass == 0 && !usable(f, &ss[c])))
+					continue;
+				tried |= 1ull << c;
+				if (lens[c] == 0) {
+					present |= 1ull << c;
+				} else if (get_start(f, &ss[c], 0, lens[c], &sf->rpc[c]) == 0) {
+					batch |= 1ull << c;
+				}
+				need--;
+			}
+		}
+		if (!batch && popcount(present) < k)
+			break;
+		for (int i = 0; i < n; i++)
+			if ((batch >> i) & 1 &&
+			    get_collect(f, &ss[i], &sf->rpc[i], lens[i], 1, ptr[i]) == 0)
+				present |= 1ull << i;
+	}
+	if (popcount(present) < k) {
+		klog_warn("file %llu stripe %llu: only %d of %d chunks readable",
+			  (unsigned long long)f->ino, (unsigned long long)s, popcount(present), k);
+		return -EIO;
+	}
+	uint32_t plen = lens[0];
+	for (int i = 0; i < k; i++)
+		if ((present >> i) & 1 && lens[i] < plen)
+			memset(ptr[i] + lens[i], 0, plen - lens[i]);
+	int rc = kvec_reconstruct(f->codec, ptr, present, missing, plen);
+	if (rc == 0)
+		atomic_fetch_add(&f->c->st_degraded, 1);
+	return rc;
+}
+
+/* Reads stripe s into a cache entry (evicting the older one) and returns it. */
+static int cache_fill(struct kvc_file *f, uint64_t s, uint64_t avoid, uint8_t **out)
+{
+	int e = f->cache[0].tick <= f->cache[1].tick ? 0 : 1;
+	size_t need = (size_t)f->n * f->l.chunk_size;
+	if (!f->cache[e].buf && !(f->cache[e].buf = malloc(need)))
+		return -ENOMEM;
+	f->cache[e].s = -1;
+	struct sfetch local = {.s = -1};
+	struct sfetch *sf = &local;
+	if (f->pf.s == (int64_t)s)
+		sf = &f->pf;
+	else if (!avoid)
+		sf_start_data(f, sf, s);
+	uint8_t *b = f->cache[e].buf;
+	int rc = fetch_stripe(f, sf, s, b, b + (size_t)f->l.k * f->l.chunk_size, 0, avoid, NULL);
+	if (rc)
+		return rc;
+	f->cache[e].s = (int64_t)s;
+	f->cache[e].tick = ++f->tick;
+	*out = b;
+	return 0;
+}
+
+static uint8_t *cache_find(struct kvc_file *f, uint64_t s)
+{
+	for (int e = 0; e < 2; e++) {
+		if (f->cache[e].s == (int64_t)s) {
+			f->cache[e].tick = ++f->tick;
+			return f->cache[e].buf;
+		}
+	}
+	return NULL;
+}
+
+/* A small read: only the chunk ranges it overlaps, in parallel. Any failure: -EAGAIN. */
+static int range_read(struct kvc_file *f, uint64_t s, uint64_t soff, size_t len, uint8_t *out)
+{
+	uint32_t cs = f->l.chunk_size;
+	const struct fslot *ss = f->slots + s * f->n;
+	struct kvc_rpc rpc[KVEC_MAX_K] = {0};
+	int j0 = (int)(soff / cs), j1 = (int)((soff + len - 1) / cs), rc = 0;
+	for (int j = j0; j <= j1 && !rc; j++) {
+		uint64_t a = j == j0 ? soff % cs : 0;
+		uint64_t b = j == j1 ? (soff + len - 1) % cs + 1 : cs;
+		if (!usable(f, &ss[j]))
+			rc = -EAGAIN;
+		else
+			rc = get_start(f, &ss[j], (uint32_t)a, (uint32_t)(b - a), &rpc[j]);
+	}
+	uint8_t *dst = out;
+	for (int j = j0; j <= j1; j++) {
+		uint64_t a = j == j0 ? soff % cs : 0;
+		uint64_t b = j == j1 ? (soff + len - 1) % cs + 1 : cs;
+		if (rpc[j].call && get_collect(f, &ss[j], &rpc[j], (uint32_t)(b - a), 0, dst) &&
+		    !rc)
+			rc = -EAGAIN;
+		dst += b - a;
+	}
+	return rc ? -EAGAIN : 0;
+}
+
+ssize_t kvc_pread(struct kvc_file *f, void *buf, size_t len, uint64_t off)
+{
+	uint64_t size = f->l.length;
+	if (off >= size || len == 0)
+		return 0;
+	if (len > size - off)
+		len = (size_t)(size - off);
+	if (len > SSIZE_MAX)
+		len = SSIZE_MAX;
+	uint64_t sb = kvec_layout_stripe_bytes(&f->l);
+	int seq = off == f->next_off;
+	uint8_t *out = buf;
+	size_t done = 0;
+	int rc = 0, used_cache = 0;
+	struct sfetch next = {.s = -1};
+	while (done < len && rc == 0) {
+		uint64_t pos = off + done, s = pos / sb, soff = pos % sb;
+		uint64_t sl = size - s * sb < sb ? size - s * sb : sb; /* file bytes in stripe */
+		size_t take = len - done < sl - soff ? len - done : (size_t)(sl - soff);
+		uint8_t *cb = cache_find(f, s);
+		if (f->pf.s >= 0 && f->pf.s != (int64_t)s && !cb)
+			sf_cancel(f, &f->pf);
+		if (!cb && f->pf.s < 0 && soff == 0 && take == sl) {
+			/* The caller wants the whole stripe: straight into its buffer, with the
+			 * next whole stripe's GETs already on the wire. */
+			if (next.s != (int64_t)s)
+				sf_start_data(f, &next, s);
+			struct sfetch cur = next;
+			next.s = -1;
+			next.started = 0;
+			memset(next.rpc, 0, sizeof(next.rpc));
+			uint64_t nx = s + 1, nxl = size - nx * sb < sb ? size - nx * sb : sb;
+			if (nx < f->l.nstripes && done + take + nxl <= len)
+				sf_start_data(f, &next, nx);
+			uint64_t failed = 0;
+			rc = fetch_stripe(f, &cur, s, out + done, NULL, 1, 0, &failed);
+			if (rc == -EAGAIN && (rc = cache_fill(f, s, failed, &cb)) == 0)
+				memcpy(out + done, cb, take);
+		} else if (cb || f->pf.s == (int64_t)s || seq || take * 4 >= sl) {
+			if (!cb)
+				rc = cache_fill(f, s, 0, &cb);
+			if (rc == 0)
+				memcpy(out + done, cb + soff, take);
+			used_cache = 1;
+		} else if (range_read(f, s, soff, take, out + done)) {
+			if ((rc = cache_fill(f, s, 0, &cb)) == 0)
+				memcpy(out + done, cb + soff, take);
+		}
+		done += take;
+	}
+	sf_cancel(f, &next);
+	if (rc)
+		return rc;
+	f->next_off = off + len;
+	/* Sequential reader inside a cached stripe: have the next one on its way. */
+	uint64_t ns = (off + len) / sb;
+	if (seq && used_cache && ns < f->l.nstripes && f->pf.s < 0 && !cache_find(f, ns))
+		sf_start_data(f, &f->pf, ns);
+	atomic_fetch_add(&f->c->st_read, len);
+	return (ssize_t)len;
+}
+
+int kvc_get(struct kvc *c, const char *path, void **buf, size_t *len)
+{
+	struct kvp_attr a;
+	int rc = kvc_resolve(c, path, &a);
+	if (rc)
+		return rc;
+	if (!S_ISREG(a.mode))
+		return -EISDIR;
+	struct kvc_file *f;
+	if ((rc = kvc_file_open(c, a.ino, &f)))
+		return rc;
+	uint64_t size = kvc_file_size(f);
+	uint8_t *b = malloc(size ? size : 1);
+	ssize_t n = b ? kvc_pread(f, b, size, 0) : -ENOMEM;
+	kvc_file_close(f);
+	if (n < 0 || (uint64_t)n != size) {
+		free(b);
+		return n < 0 ? (int)n : -EIO;
+	}
+	*buf = b;
+	*len = size;
+	return 0;
+}

@@ -1,0 +1,455 @@
+/* kvc: the write path. A new file lives in a growable buffer until commit; commit encodes it
+ * stripe by stripe straight from that buffer, sends every chunk to its node with a bounded
+ * window of stripes in flight, and publishes the file with one COMMIT only after every chunk
+ * is acknowledged. */
+#define KVFS_LOG_TAG "kvc"
+#include "kvc_int.h"
+#include "log.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+struct kvc_writer {
+	struct kvc *c;
+	uint64_t parent;
+	char name[KVP_NAME_MAX + 1];
+	uint32_t mode;
+	int replace;
+	uint8_t *buf;
+	uint64_t size;
+	uint64_t cap; /* bytes allocated, all charged to c->buffered */
+};
+
+struct wslot {
+	const char *addr; /* into the ALLOC reply's node table */
+	uint32_t node_id;
+	uint64_t chunk_id;
+	uint32_t crc;
+};
+
+int kvc_create(struct kvc *c, uint64_t parent, const char *name, uint32_t mode, int replace,
+	       struct kvc_writer **out)
+{
+	size_t n = name ? strlen(name) : 0;
+	if (n == 0 || strchr(name, '/') || !strcmp(name, ".") || !strcmp(name, ".."))
+		return -EINVAL;
+	if (n > KVP_NAME_MAX)
+		return -ENAMETOOLONG;
+	struct kvc_writer *w = calloc(1, sizeof(*w));
+	if (!w)
+		return -ENOMEM;
+	w->c = c;
+	w->parent = parent;
+	memcpy(w->name, name, n + 1);
+	w->mode = (mode & 07777) | S_IFREG;
+	w->replace = replace;
+	*out = w;
+	return 0;
+}
+
+static int grow(struct kvc_writer *w, uint64_t need)
+{
+	struct kvc *c = w->c;
+	if (need <= w->cap)
+		return 0;
+	if (need > c->max_file)
+		return -EFBIG;
+	uint64_t ncap = w->cap * 2 > need ? w->cap * 2 : need;
+	if (ncap < 65536)
+		ncap = 65536;
+	if (ncap > c->max_file)
+		ncap = c->max_file;
+	uint64_t add = ncap - w->cap;
+	if (atomic_fetch_add(&c->buffered, add) + add > c->max_buffered) {
+		atomic_fetch_sub(&c->buffered, add);
+		return -ENOMEM;
+	}
+	uint8_t *nb = realloc(w->buf, ncap);
+	if (!nb) {
+		atomic_fetch_sub(&c->buffered, add);
+		return -ENOMEM;
+	}
+	w->buf = nb;
+	w->cap = ncap;
+	return 0;
+}
+
+ssize_t kvc_write(struct kvc_writer *w, const void *buf, size_t len, uint64_t off)
+{
+	if (len == 0)
+		return 0;
+	if (off > UINT64_MAX - len)
+		return -EFBIG;
+	uint64_t end = off + len;
+	int rc = grow(w, end);
+	if (rc)
+		return rc;
+	if (off > w->size)
+		memset(w->buf + w->size, 0, off - w->size);
+	memcpy(w->buf + off, buf, len);
+	if (end > w->size)
+		w->size = end;
+	return (ssize_t)len;
+}
+
+int kvc_writer_truncate(struct kvc_writer *w, uint64_t size)
+{
+	int rc = grow(w, size);
+	if (rc)
+		return rc;
+	if (size > w->size)
+		memset(w->buf + w->size, 0, size - w->size);
+	w->size = size;
+	return 0;
+}
+
+uint64_t kvc_writer_size(const struct kvc_writer *w)
+{
+	return w->size;
+}
+
+static void writer_free(struct kvc_writer *w)
+{
+	atomic_fetch_sub(&w->c->buffered, w->cap);
+	free(w->buf);
+	free(w);
+}
+
+void kvc_abort(struct kvc_writer *w)
+{
+	if (w)
+		writer_free(w);
+}
+
+/* ALLOC reply -> write_id, node table (kept in *tbl, freed by caller), slots. */
+static int parse_alloc(const uint8_t *b, uint32_t len, int n, uint32_t nstripes, uint64_t *write_id,
+		       char (**tbl)[KVP_ADDR_MAX], struct wslot *slots)
+{
+	struct kvp_rbuf r;
+	kvp_r_init(&r, b, len);
+	*write_id = kvp_r_u64(&r);
+	uint32_t nn = kvp_r_u32(&r);
+	if (nn > len / 6 || (nn == 0 && nstripes))
+		return -EBADMSG;
+	uint32_t *ids = malloc((nn + 1) * sizeof(*ids));
+	char(*addrs)[KVP_ADDR_MAX] = malloc((nn + 1) * sizeof(*addrs));
+	if (!ids || !addrs) {
+		free(ids);
+		free(addrs);
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < nn; i++) {
+		ids[i] = kvp_r_u32(&r);
+		kvp_r_str(&r, addrs[i], KVP_ADDR_MAX);
+	}
+	for (size_t i = 0; i < (size_t)nstripes * n && !r.err; i++) {
+		slots[i].node_id = kvp_r_u32(&r);
+		slots[i].chunk_id = kvp_r_u64(&r);
+		slots[i].crc = 0;
+		slots[i].addr = NULL;
+		for (uint32_t j = 0; j < nn; j++)
+			if (ids[j] == slots[i].node_id)
+				slots[i].addr = addrs[j];
+		if (!slots[i].addr)
+			r.err = -EBADMSG;
+	}
+	int rc = r.err ? r.err : kvp_r_end(&r);
+	free(ids);
+	if (rc) {
+		free(addrs);
+		return rc;
+	}
+	*tbl = addrs;
+	return 0;
+}
+
+static void put_le(uint8_t *p, uint64_t v, int n)
+{
+	for (int i = 0; i < n; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* Waits for the PUTs of one stripe; keeps the most telling error in *err (ENOSPC first). */
+static void wait_stripe(struct kvc *c, struct kvc_rpc *rpc, const struct wslot *slots, int n,
+			int *err)
+{
+	for (int i = 0; i < n; i++) {
+		if (!rpc[i].call)
+			continue;
+		int rc = kvc__rpc_wait(c, &rpc[i], c->timeout_ms, NULL, NULL);
+		if (rc) {
+			klog_debug("put chunk %llu to %s: %s",
+				   (unsigned long long)slots[i].chunk_id, slots[i].addr,
+				   kvp_strerror(rc));
+			if (kvc__is_transport(rc))
+				kvc__node_mark_bad(c, slots[i].node_id);
+			if (*err == 0 || rc == -ENOSPC)
+				*err = rc;
+		}
+	}
+}
+
+/* Encodes and sends every stripe; returns 0 when every chunk is acknowledged. */
+static int put_all(struct kvc *c, const struct kvc_writer *w, const struct kvec_layout *l,
+		   struct kvec_codec *codec, struct wslot *slots)
+{
+	int k = l->k, m = l->m, n = k + m;
+	uint32_t cs = l->chunk_size;
+	uint64_t ns = l->nstripes;
+	/* Window: about 64 MiB of chunks in flight, at least 2 stripes. */
+	uint64_t win = (64ull << 20) / ((uint64_t)n * cs);
+	win = win < 2 ? 2 : win > 16 ? 16 : win;
+	if (win > ns)
+		win = ns;
+	size_t scratch_len = kvec_layout_scratch_size(l);
+	uint8_t *par = m ? malloc(win * m * (size_t)cs) : NULL;
+	uint8_t *scratch = malloc(scratch_len);
+	struct kvc_rpc *rpc = calloc(win * n, sizeof(*rpc));
+	const struct wslot *inflight[16] = {0}; /* slots of the stripe in each window place */
+	int err = 0;
+	if ((m && !par) || !scratch || !rpc)
+		err = -ENOMEM;
+	for (uint64_t s = 0; s < ns && !err; s++) {
+		uint64_t wi = s % win;
+		struct kvc_rpc *r = rpc + wi * n;
+		if (inflight[wi])
+			wait_stripe(c, r, inflight[wi], n, &err);
+		inflight[wi] = NULL;
+		if (err)
+			break;
+		const uint8_t *data[KVEC_MAX_K];
+		uint8_t *parity[KVEC_MAX_M];
+		int rc = kvec_layout_stripe_data(l, s, w->buf, scratch, scratch_len, data);
+		uint64_t off;
+		uint32_t lens[KVEC_MAX_K];
+		for (int j = 0; j < k && rc >= 0; j++)
+			rc = kvec_layout_chunk_range(l, s, j, &off, &lens[j]);
+		for (int i = 0; i < m; i++)
+			parity[i] = par + (wi * m + i) * (size_t)cs;
+		if (rc >= 0)
+			rc = kvec_encode(codec, data, parity, lens[0]);
+		if (rc < 0) {
+			err = rc;
+			break;
+		}
+		struct wslot *ss = slots + s * n;
+		inflight[wi] = ss;
+		for (int i = 0; i < n && !err; i++) {
+			const uint8_t *p = i < k ? data[i] : parity[i - k];
+			uint32_t len = i < k ? lens[i] : lens[0];
+			ss[i].crc = kvec_crc32c(0, p, len);
+			if (len == 0)
+				continue; /* an empty chunk is known to be empty: nothing to store
+					   */
+			uint8_t h[16];
+			put_le(h, ss[i].chunk_id, 8);
+			put_le(h + 8, ss[i].crc, 4);
+			put_le(h + 12, len, 4);
+			rc = kvc__rpc_start(c, ss[i].addr, KVP_OP_PUT, h, 16, p, len, &r[i]);
+			if (rc) {
+				if (kvc__is_transport(rc))
+					kvc__node_mark_bad(c, ss[i].node_id);
+				err = rc;
+			}
+		}
+	}
+	/* Drain everything still in flight, also after an error. */
+	for (uint64_t i = 0; rpc && i < win; i++) {
+		if (!inflight[i])
+			continue;
+		int e2 = 0;
+		wait_stripe(c, rpc + i * n, inflight[i], n, &e2);
+		if (!err || e2 == -ENOSPC)
+			err = e2 ? e2 : err;
+	}
+	free(rpc);
+	free(scratch);
+	free(par);
+	return err;
+}
+
+int kvc__file_first_chunk(struct kvc *c, uint64_t ino, uint64_t *chunk_id);
+
+/* After a lost COMMIT answer: is the file at (parent, name) the one we sent? */
+static int committed_check(struct kvc *c, const struct kvc_writer *w, const struct wslot *slots,
+			   uint64_t nstripes, struct kvp_attr *a)
+{
+	int rc = kvc_lookup(c, w->parent, w->name, a);
+	if (rc)
+		return rc;
+	if (!S_ISREG(a->mode) || a->size != w->size)
+		return -EEXIST;
+	if (nstripes == 0)
+		return 0; /* an empty file has nothing to tell it apart */
+	uint64_t first;
+	rc = kvc__file_first_chunk(c, a->ino, &first);
+	if (rc)
+		return rc;
+	return first == slots[0].chunk_id ? 0 : -EEXIST;
+}
+
+static int send_commit(struct kvc *c, const struct kvc_writer *w, const struct kvec_layout *l,
+		       uint64_t write_id, const struct wslot *slots, struct kvp_attr *out,
+		       int *redo)
+{
+	int n = l->k + l->m;
+	struct kvp_wbuf b;
+	kvp_w_init(&b);
+	kvp_w_u64(&b, w->parent);
+	kvp_w_cstr(&b, w->name);
+	kvp_w_u32(&b, w->mode);
+	kvp_w_u64(&b, write_id);
+	kvp_w_u64(&b, w->size);
+	kvp_w_u32(&b, l->chunk_size);
+	kvp_w_u8(&b, (uint8_t)l->k);
+	kvp_w_u8(&b, (uint8_t)l->m);
+	kvp_w_u8(&b, w->replace ? 1 : 0);
+	kvp_w_u32(&b, (uint32_t)l->nstripes);
+	for (uint64_t i = 0; i < l->nstripes * n; i++) {
+		kvp_w_u32(&b, slots[i].node_id);
+		kvp_w_u64(&b, slots[i].chunk_id);
+		kvp_w_u32(&b, slots[i].crc);
+	}
+	/* No blind retry: a replace COMMIT applied twice would replace our own file and free
+	 * the chunks both versions share. After a lost answer, look before resending. */
+	int rc = -ECONNRESET, failover = 0;
+	for (int a = 0; a < 4; a++) {
+		uint8_t *rb = NULL;
+		uint32_t rl = 0;
+		rc = kvc__meta_call(c, KVP_OP_COMMIT, &b, 1, &rb, &rl, NULL);
+		if (rc == 0) {
+			struct kvp_rbuf r;
+			struct kvp_attr at;
+			kvp_r_init(&r, rb, rl);
+			kvp_r_attr(&r, &at);
+			rc = kvp_r_end(&r);
+			if (rc == 0 && out)
+				*out = at;
+		}
+		free(rb);
+		if (!kvc__is_transport(rc))
+			break;
+		failover = 1;
+		struct kvp_attr at;
+		int crc = committed_check(c, w, slots, l->nstripes, &at);
+		if (crc == 0) {
+			if (out)
+				*out = at;
+			rc = 0;
+			break;
+		}
+		if (crc == -EEXIST && !w->replace) {
+			rc = -EEXIST;
+			break;
+		}
+		if (crc != -ENOENT && crc != -EEXIST) {
+			rc = crc; /* meta still unreachable */
+			break;
+		}
+	}
+	kvp_w_free(&b);
+	/* A restarted meta may have forgotten the write_id: store the file again. */
+	if (failover && rc && rc != -EEXIST && rc != -EISDIR && rc != -ENOTDIR)
+		*redo = 1;
+	return rc;
+}
+
+static int write_once(struct kvc_writer *w, struct kvp_attr *out, int *redo)
+{
+	struct kvc *c = w->c;
+	int k = c->k, m = c->m, n = k + m;
+	*redo = 0;
+	int64_t cs = kvec_chunk_size_fit(w->size, k, c->chunk_size);
+	if (cs < 0)
+		return (int)cs;
+	struct kvec_layout l;
+	int rc = kvec_layout_init(&l, w->size, (uint32_t)cs, k, m);
+	if (rc)
+		return rc;
+	if (l.nstripes > KVP_MAX_STRIPES)
+		return -EFBIG;
+	struct kvec_codec *codec;
+	if ((rc = kvc__codec(c, k, m, &codec)))
+		return rc;
+
+	struct kvp_wbuf b;
+	kvp_w_init(&b);
+	kvp_w_u8(&b, (uint8_t)k);
+	kvp_w_u8(&b, (uint8_t)m);
+	kvp_w_u32(&b, (uint32_t)cs);
+	kvp_w_u32(&b, (uint32_t)l.nstripes);
+	uint8_t *rb = NULL;
+	uint32_t rl = 0;
+	/* A lost ALLOC answer only leaves an unused write_id, which meta expires: retry. */
+	rc = kvc__meta_call(c, KVP_OP_ALLOC, &b, KVC_META_ATTEMPTS, &rb, &rl, NULL);
+	kvp_w_free(&b);
+	if (rc) {
+		free(rb);
+		return rc;
+	}
+	struct wslot *slots = calloc(l.nstripes * n + 1, sizeof(*slots));
+	char(*tbl)[KVP_ADDR_MAX] = NULL;
+	uint64_t write_id = 0;
+	rc = slots ? parse_alloc(rb, rl, n, (uint32_t)l.nstripes, &write_id, &tbl, slots) : -ENOMEM;
+	free(rb);
+	if (rc == 0) {
+		rc = put_all(c, w, &l, codec, slots);
+		if (rc) {
+			struct kvp_wbuf a;
+			kvp_w_init(&a);
+			kvp_w_u64(&a, write_id);
+			kvc__meta_call(c, KVP_OP_ABORT, &a, 3, NULL, NULL, NULL);
+			kvp_w_free(&a);
+			/* A node that died since meta last heard from it: try a fresh placement. */
+			if (kvc__is_transport(rc))
+				*redo = 1;
+		} else {
+			rc = send_commit(c, w, &l, write_id, slots, out, redo);
+		}
+	}
+	free(tbl);
+	free(slots);
+	return rc;
+}
+
+int kvc_commit(struct kvc_writer *w, struct kvp_attr *out)
+{
+	struct kvc *c = w->c;
+	int rc = -EIO, redo = 0;
+	for (int attempt = 0; attempt < 4; attempt++) {
+		if (attempt) {
+			klog_info("commit of %s: %s, storing it again", w->name, kvp_strerror(rc));
+			usleep(250000u << attempt);
+		}
+		rc = write_once(w, out, &redo);
+		if (!redo)
+			break;
+	}
+	if (rc == 0) {
+		atomic_fetch_add(&c->st_written, w->size);
+		atomic_fetch_add(&c->st_files, 1);
+	}
+	writer_free(w);
+	return rc;
+}
+
+int kvc_put(struct kvc *c, const char *path, const void *buf, size_t len, int replace)
+{
+	uint64_t parent;
+	const char *name;
+	int rc = kvc_resolve_parent(c, path, &parent, &name);
+	if (rc)
+		return rc;
+	struct kvc_writer *w;
+	if ((rc = kvc_create(c, parent, name, 0644, replace, &w)))
+		return rc;
+	ssize_t n = kvc_write(w, buf, len, 0);
+	if (n < 0) {
+		kvc_abort(w);
+		return (int)n;
+	}
+	return kvc_commit(w, NULL);
+}
