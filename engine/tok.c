@@ -21,6 +21,18 @@ struct pair {
 	int32_t rank, merged;
 };
 
+struct special {
+	uint32_t len;
+	int32_t id;
+};
+
+/* Longest first, so a special that is a prefix of another never shadows it. */
+static int cmp_special(const void *a, const void *b)
+{
+	const struct special *x = a, *y = b;
+	return x->len != y->len ? (x->len < y->len ? 1 : -1) : (x->id > y->id) - (x->id < y->id);
+}
+
 struct kvi_tok {
 	enum kvi_tok_kind kind;
 	int32_t n;
@@ -40,7 +52,7 @@ struct kvi_tok {
 	int16_t cp_byte[512];  /* gpt2: code point -> byte, -1 if none */
 	struct pair *pairs;
 	size_t pmask;
-	int32_t *specials; /* control / user-defined ids, longest first */
+	struct special *specials; /* control / user-defined tokens, longest first */
 	size_t n_specials;
 };
 
@@ -139,13 +151,6 @@ static int utf8_next(const uint8_t *s, size_t n, int *cp)
 	}
 	*cp = v;
 	return len;
-}
-
-static int cmp_special(const void *a, const void *b, void *ctx)
-{
-	const struct kvi_tok *t = ctx;
-	int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-	return t->len[x] != t->len[y] ? (t->len[x] < t->len[y] ? 1 : -1) : (x > y) - (x < y);
 }
 
 static int build_gpt2(struct kvi_tok *t, const struct kvi_gguf *g, char *err, size_t errlen)
@@ -346,13 +351,13 @@ static int build(struct kvi_tok *t, const struct kvi_gguf *g, char *err, size_t 
 		if (id >= 0 && (t->type[id] == TT_CONTROL || t->type[id] == TT_USER))
 			t->eog[t->n_eog++] = id;
 	}
-	t->specials = malloc((size_t)t->n * sizeof(int32_t));
+	t->specials = malloc((size_t)t->n * sizeof(*t->specials));
 	if (!t->specials)
 		return -ENOMEM;
 	for (int32_t i = 0; i < t->n; i++)
 		if ((t->type[i] == TT_CONTROL || t->type[i] == TT_USER) && t->len[i])
-			t->specials[t->n_specials++] = i;
-	qsort_r(t->specials, t->n_specials, sizeof(int32_t), cmp_special, t);
+			t->specials[t->n_specials++] = (struct special){t->len[i], i};
+	qsort(t->specials, t->n_specials, sizeof(*t->specials), cmp_special);
 	return t->kind == KVI_TOK_GPT2 ? build_gpt2(t, g, err, errlen) : build_spm(t, err, errlen);
 }
 
@@ -712,8 +717,8 @@ static void spm_fragment(const struct kvi_tok *t, struct work *w, const uint8_t 
 static int32_t special_at(const struct kvi_tok *t, const uint8_t *s, size_t n)
 {
 	for (size_t i = 0; i < t->n_specials; i++) {
-		int32_t id = t->specials[i];
-		uint32_t l = t->len[id];
+		int32_t id = t->specials[i].id;
+		uint32_t l = t->specials[i].len;
 		if (l <= n && (uint8_t)t->arena[t->off[id]] == s[0] &&
 		    !memcmp(t->arena + t->off[id], s, l))
 			return id;
