@@ -826,7 +826,9 @@ static int group_teardown(void **state)
 		fprintf(stderr, "kvfs-node exited with %d on SIGTERM\n", rc);
 	char cmd[400];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_tmp);
-	if (system(cmd) != 0)
+	if (getenv("KVFS_TEST_KEEP")) /* keep the node directories and logs for a look */
+		fprintf(stderr, "kept %s\n", g_tmp);
+	else if (system(cmd) != 0)
 		fprintf(stderr, "could not remove %s\n", g_tmp);
 	return rc == 0 ? 0 : -1;
 }
