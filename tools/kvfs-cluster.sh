@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# kvfs-cluster.sh — a local kvfs cluster on loopback: one kvfs-meta and N kvfs-node, each with
+# its own directory under DIR and an ephemeral 127.0.0.1 port, stopped by the PIDs it recorded.
+#
+#   tools/kvfs-cluster.sh start DIR [N=11] [extra kvfs-node args...]
+#   tools/kvfs-cluster.sh stop DIR
+#   tools/kvfs-cluster.sh status DIR
+#
+# DIR gets: secret (random, 0600), meta.addr, meta/ (RocksDB), nodeI/ + nodeI.addr, *.log, pids
+# ("name pid" lines). Binaries: $KVFS_BIN, else <repo>/build/bin. Extra meta args: $KVFS_META_ARGS.
+# `kvfs --cluster DIR ...` talks to the cluster.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+bin=${KVFS_BIN:-$here/../build/bin}
+
+die() { echo "kvfs-cluster: $*" >&2; exit 1; }
+
+wait_file() { # path timeout_s
+	local i
+	for ((i = 0; i < $2 * 20; i++)); do
+		[ -s "$1" ] && return 0
+		sleep 0.05
+	done
+	return 1
+}
+
+alive() { # pid: running and one of ours (a kvfs daemon), not a reused pid
+	[ -r "/proc/$1/cmdline" ] && tr '\0' ' ' <"/proc/$1/cmdline" | grep -q 'kvfs-'
+}
+
+stop_cluster() {
+	local dir=$1 name pid n
+	[ -f "$dir/pids" ] || die "$dir/pids not found: no cluster started there"
+	local pids=()
+	while read -r name pid; do
+		if alive "$pid"; then
+			kill -TERM "$pid" 2>/dev/null || true
+			pids+=("$pid")
+		fi
+	done <"$dir/pids"
+	for ((n = 0; n < 100; n++)); do # 10 s, then KILL
+		local left=0
+		for pid in "${pids[@]}"; do alive "$pid" && left=1; done
+		[ $left = 0 ] && break
+		sleep 0.1
+	done
+	for pid in "${pids[@]}"; do
+		if alive "$pid"; then
+			echo "kvfs-cluster: pid $pid ignored SIGTERM: SIGKILL" >&2
+			kill -KILL "$pid" 2>/dev/null || true
+		fi
+	done
+	rm -f "$dir/pids"
+	echo "kvfs-cluster: stopped ${#pids[@]} processes of $dir"
+}
+
+start_cluster() {
+	local dir=$1 n=${2:-11}
+	shift $(($# < 2 ? $# : 2))
+	[[ $n =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] || die "N must be a positive number, got '$n'"
+	for b in kvfs-meta kvfs-node kvfs; do
+		[ -x "$bin/$b" ] || die "$bin/$b not found: build first (make build) or set KVFS_BIN"
+	done
+	if [ -f "$dir/pids" ]; then
+		while read -r _ pid; do
+			alive "$pid" && die "$dir already runs a cluster (pid $pid): stop it first"
+		done <"$dir/pids"
+	fi
+	mkdir -p "$dir"
+	dir=$(cd "$dir" && pwd)
+	if [ ! -s "$dir/secret" ]; then
+		(umask 077 && head -c 24 /dev/urandom | base64 >"$dir/secret")
+	fi
+	chmod 600 "$dir/secret"
+	: >"$dir/pids"
+	rm -f "$dir/meta.addr"
+	# shellcheck disable=SC2086
+	"$bin/kvfs-meta" --db "$dir/meta" --secret-file "$dir/secret" --listen 127.0.0.1:0 \
+		--addr-file "$dir/meta.addr" ${KVFS_META_ARGS:-} </dev/null >>"$dir/meta.log" 2>&1 &
+	echo "meta $!" >>"$dir/pids"
+	wait_file "$dir/meta.addr" 15 || { stop_cluster "$dir"; die "meta did not start: see $dir/meta.log"; }
+	local meta
+	meta=$(head -n1 "$dir/meta.addr")
+	for ((i = 0; i < n; i++)); do
+		rm -f "$dir/node$i.addr"
+		"$bin/kvfs-node" --dir "$dir/node$i" --secret-file "$dir/secret" --meta "$meta" \
+			--listen 127.0.0.1:0 --addr-file "$dir/node$i.addr" "$@" \
+			</dev/null >>"$dir/node$i.log" 2>&1 &
+		echo "node$i $!" >>"$dir/pids"
+	done
+	for ((i = 0; i < n; i++)); do
+		wait_file "$dir/node$i.addr" 15 ||
+			{ stop_cluster "$dir"; die "node$i did not start: see $dir/node$i.log"; }
+	done
+	local up=""
+	for ((t = 0; t < 150; t++)); do
+		up=$("$bin/kvfs" --cluster "$dir" status 2>/dev/null | sed -n 's/^nodes: \([0-9]*\) up.*/\1/p')
+		[ "$up" = "$n" ] && break
+		sleep 0.1
+	done
+	[ "$up" = "$n" ] || { stop_cluster "$dir"; die "only ${up:-0} of $n nodes came up: see $dir/*.log"; }
+	echo "kvfs-cluster: meta $meta + $n nodes up in $dir"
+	echo "  use:  $bin/kvfs --cluster $dir status"
+	echo "  stop: $0 stop $dir"
+}
+
+status_cluster() {
+	local dir=$1 name pid
+	[ -f "$dir/pids" ] || die "$dir/pids not found: no cluster started there"
+	while read -r name pid; do
+		if alive "$pid"; then echo "$name pid $pid running"; else echo "$name pid $pid NOT running"; fi
+	done <"$dir/pids"
+	"$bin/kvfs" --cluster "$dir" status
+}
+
+[ $# -ge 2 ] || die "usage: $0 start DIR [N=11] [node args...] | stop DIR | status DIR"
+cmd=$1
+shift
+case $cmd in
+start) start_cluster "$@" ;;
+stop) stop_cluster "$1" ;;
+status) status_cluster "$1" ;;
+*) die "unknown command '$cmd' (start, stop, status)" ;;
+esac
