@@ -581,6 +581,10 @@ static void test_crash_restart(void **state)
 	close(fd);
 
 	assert_int_equal(node_start(&np, "crash", NULL), 0);
+	/* A second node on the same directory is refused (it exits without serving). */
+	struct nodeproc twin = np;
+	snprintf(twin.addrf, sizeof(twin.addrf), "%s/addr2", np.dir);
+	assert_int_equal(node_start(&twin, "crash", NULL), -ECHILD);
 	c = connect_node(&np);
 	stat_node(c, &st);
 	assert_int_equal(st.uuid, st0.uuid);

@@ -203,6 +203,15 @@ int main(int argc, char **argv)
 {
 	struct node n;
 	memset(&n, 0, sizeof(n));
+	/* Signals go to the main thread only (sigwait below); every thread inherits this mask,
+	 * and a SIGTERM during startup waits for the node to be up, then stops it cleanly. */
+	signal(SIGPIPE, SIG_IGN);
+	sigset_t sigs;
+	sigemptyset(&sigs);
+	sigaddset(&sigs, SIGTERM);
+	sigaddset(&sigs, SIGINT);
+	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+
 	int npos = 0;
 	int rc = cfg_parse(node_opts, &n.cf, argc, argv, "", &npos);
 	if (rc)
@@ -220,14 +229,6 @@ int main(int argc, char **argv)
 	}
 	if (kvp_secret_load(n.cf.secret_file, &n.secret))
 		return 2;
-
-	/* Signals go to the main thread only (sigwait below); every thread inherits this mask. */
-	signal(SIGPIPE, SIG_IGN);
-	sigset_t sigs;
-	sigemptyset(&sigs);
-	sigaddset(&sigs, SIGTERM);
-	sigaddset(&sigs, SIGINT);
-	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 
 	/* A busy node holds a file per request in flight plus one per shard directory. */
 	struct rlimit rl;

@@ -576,7 +576,18 @@ static void finish_get(struct node_op *op)
 		klog_error("chunk %s in %s/chunks/%02x fails its CRC32C: not served", op->name,
 			   s->dir, op->shard);
 	} else if (err == -ENOENT) {
-		/* Deleted after the lookup; the file is gone. */
+		/* Either a DEL won the race (the entry is no longer LIVE) or someone removed the
+		 * file behind the node's back: then forget it, so LIST and STAT stay true. */
+		pthread_mutex_lock(&s->mu);
+		struct node_chunk *e = node_index_find(s->idx, op->req.id);
+		if (e && e->state == NODE_CHUNK_LIVE) {
+			klog_warn("chunk %s vanished from %s/chunks/%02x", op->name, s->dir,
+				  op->shard);
+			s->live_bytes -= e->len;
+			s->live_count--;
+			node_index_remove(s->idx, op->req.id);
+		}
+		pthread_mutex_unlock(&s->mu);
 	} else if (err) {
 		klog_error("get %s: %s", op->name, strerror(-err));
 		err = -EIO;
