@@ -1,0 +1,154 @@
+/* kvfs-meta: the metadata server daemon. Flags and config file come from one option table
+ * (--help lists them); SIGTERM/SIGINT close the database cleanly and exit 0. */
+#define KVFS_LOG_TAG "meta"
+#include "cfg.h"
+#include "kvp.h"
+#include "log.h"
+#include "meta.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct meta_cfg {
+	char listen[CFG_STR_MAX];
+	char db[CFG_STR_MAX];
+	char secret_file[CFG_STR_MAX];
+	char addr_file[CFG_STR_MAX];
+	int64_t k, m;
+	uint64_t chunk_size;
+	double node_timeout, write_timeout, gc_interval;
+	int sync;
+	int64_t log_level;
+};
+
+#define F(x) offsetof(struct meta_cfg, x)
+static const struct cfg_opt opts[] = {
+    {"listen", CFG_STR, F(listen), 0, 0, "127.0.0.1:7070", "HOST:PORT to serve (port 0: any)"},
+    {"db", CFG_STR, F(db), 0, 0, NULL, "RocksDB directory (required)"},
+    {"secret-file", CFG_STR, F(secret_file), 0, 0, NULL, "cluster secret file (required)"},
+    {"addr-file", CFG_STR, F(addr_file), 0, 0, NULL,
+     "once listening, write HOST:PORT here (atomically)"},
+    {"k", CFG_INT, F(k), 1, 64, "10", "data chunks per stripe (cluster default)"},
+    {"m", CFG_INT, F(m), 0, 16, "1", "parity chunks per stripe (cluster default)"},
+    {"chunk-size", CFG_SIZE, F(chunk_size), 4096, 16 << 20, "1M",
+     "largest chunk (cluster default; multiple of 4K)"},
+    {"node-timeout", CFG_SECS, F(node_timeout), 0.05, 86400, "10s",
+     "a node without heartbeat this long is down"},
+    {"write-timeout", CFG_SECS, F(write_timeout), 1, 30 * 86400, "1h",
+     "an ALLOC not committed this long is aborted, its chunks deleted"},
+    {"gc-interval", CFG_SECS, F(gc_interval), 0.05, 3600, "1s",
+     "background pass period (deletions, node timeouts)"},
+    {"sync", CFG_BOOL, F(sync), 0, 0, "false", "fsync the WAL on every commit"},
+    {"log-level", CFG_INT, F(log_level), 0, 3, "2", "0 error, 1 warn, 2 info, 3 debug"},
+    CFG_END,
+};
+
+/* Writes "addr\n" to path via a temporary file and rename, so a reader never sees half. */
+static int write_addr_file(const char *path, const char *addr)
+{
+	char tmp[CFG_STR_MAX + 16];
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	FILE *f = fopen(tmp, "w");
+	if (!f)
+		return -errno;
+	int ok = fprintf(f, "%s\n", addr) > 0;
+	ok &= fflush(f) == 0 && fsync(fileno(f)) == 0;
+	ok &= fclose(f) == 0;
+	if (!ok || rename(tmp, path)) {
+		int e = errno ? -errno : -EIO;
+		unlink(tmp);
+		return e;
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct meta_cfg c;
+	int npos = 0;
+	int rc = cfg_parse(opts, &c, argc, argv, "", &npos);
+	if (rc > 0)
+		return 0;
+	if (rc < 0)
+		return 2;
+	if (npos) {
+		fprintf(stderr, "kvfs-meta: unexpected argument %s (see --help)\n", argv[1]);
+		return 2;
+	}
+	if (!c.db[0] || !c.secret_file[0]) {
+		fprintf(stderr, "kvfs-meta: --db and --secret-file are required (see --help)\n");
+		return 2;
+	}
+	if (c.chunk_size % 4096) {
+		fprintf(stderr, "kvfs-meta: --chunk-size must be a multiple of 4096\n");
+		return 2;
+	}
+	kvfs_log_set_level((int)c.log_level);
+	char host[KVP_ADDR_MAX];
+	uint16_t port;
+	if (kvp_addr_parse(c.listen, host, sizeof(host), &port)) {
+		fprintf(stderr, "kvfs-meta: bad --listen %s\n", c.listen);
+		return 2;
+	}
+	struct kvp_secret secret;
+	if (kvp_secret_load(c.secret_file, &secret))
+		return 2;
+
+	/* Signals are taken synchronously by main (sigwait); every thread inherits the mask. */
+	sigset_t set;
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	struct meta_opts mo = {.db_path = c.db,
+			       .secret = &secret,
+			       .sync = c.sync,
+			       .k = (int)c.k,
+			       .m = (int)c.m,
+			       .chunk_size = (uint32_t)c.chunk_size,
+			       .node_timeout_s = c.node_timeout,
+			       .write_timeout_s = c.write_timeout,
+			       .gc_interval_s = c.gc_interval};
+	struct meta *m;
+	rc = meta_open(&mo, &m);
+	if (rc) {
+		klog_error("cannot open metadata: %s", kvp_strerror(rc));
+		return 1;
+	}
+	struct kvp_server_opts so = {.name = "meta",
+				     .host = host,
+				     .port = port,
+				     .secret = &secret,
+				     .handler = meta_handle,
+				     .ctx = m};
+	struct kvp_server *srv;
+	rc = kvp_server_start(&so, &srv);
+	if (rc) {
+		klog_error("cannot listen on %s: %s", c.listen, kvp_strerror(rc));
+		meta_close(m);
+		return 1;
+	}
+	char addr[KVP_ADDR_MAX + 8];
+	snprintf(addr, sizeof(addr), "%s:%u", strcmp(host, "0.0.0.0") ? host : "127.0.0.1",
+		 kvp_server_port(srv));
+	klog_info("serving on %s (k=%d m=%d chunk %llu, sync %s)", addr, mo.k, mo.m,
+		  (unsigned long long)c.chunk_size, c.sync ? "on" : "off");
+	if (c.addr_file[0] && (rc = write_addr_file(c.addr_file, addr))) {
+		klog_error("cannot write %s: %s", c.addr_file, kvp_strerror(rc));
+		kvp_server_stop(srv);
+		meta_close(m);
+		return 1;
+	}
+	int sig = 0;
+	sigwait(&set, &sig);
+	klog_info("signal %d: shutting down", sig);
+	kvp_server_stop(srv);
+	meta_close(m);
+	return 0;
+}

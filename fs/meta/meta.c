@@ -1,0 +1,123 @@
+/* kvfs-meta service object: open/close and the request dispatcher. */
+#define KVFS_LOG_TAG "meta"
+#include "log.h"
+#include "meta_int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int meta_open(const struct meta_opts *o, struct meta **out)
+{
+	struct meta *m = calloc(1, sizeof(*m));
+	if (!m)
+		return -ENOMEM;
+	m->o = *o;
+	pthread_mutex_init(&m->mu, NULL);
+	pthread_mutex_init(&m->nodes_mu, NULL);
+	pthread_mutex_init(&m->bg_mu, NULL);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&m->bg_cv, &ca);
+	pthread_condattr_destroy(&ca);
+	srandom((unsigned)meta_now_ns());
+
+	int rc = mdb_open(m);
+	if (!rc)
+		rc = mnodes_load(m);
+	if (!rc)
+		rc = kvp_pool_create(o->secret, 2000, &m->pool);
+	if (!rc)
+		rc = mbg_start(m);
+	if (rc) {
+		meta_close(m);
+		return rc;
+	}
+	klog_info("database %s: %llu files, %llu dirs, %zu nodes", o->db_path,
+		  (unsigned long long)m->files, (unsigned long long)m->dirs, m->nnodes);
+	*out = m;
+	return 0;
+}
+
+void meta_close(struct meta *m)
+{
+	if (!m)
+		return;
+	mbg_stop(m);
+	if (m->pool)
+		kvp_pool_destroy(m->pool);
+	mdb_close(m);
+	free(m->nodes);
+	pthread_cond_destroy(&m->bg_cv);
+	pthread_mutex_destroy(&m->bg_mu);
+	pthread_mutex_destroy(&m->nodes_mu);
+	pthread_mutex_destroy(&m->mu);
+	free(m);
+}
+
+typedef int (*op_fn)(struct meta *m, const struct mreq *q, struct kvp_wbuf *out);
+
+static op_fn op_table(uint16_t op)
+{
+	switch (op) {
+	case KVP_OP_HEARTBEAT:
+		return mnodes_heartbeat;
+	case KVP_OP_LOOKUP:
+		return mns_lookup;
+	case KVP_OP_GETATTR:
+		return mns_getattr;
+	case KVP_OP_READDIR:
+		return mns_readdir;
+	case KVP_OP_MKDIR:
+		return mns_mkdir;
+	case KVP_OP_RMDIR:
+		return mns_rmdir;
+	case KVP_OP_UNLINK:
+		return mns_unlink;
+	case KVP_OP_RENAME:
+		return mns_rename;
+	case KVP_OP_ALLOC:
+		return mfile_alloc;
+	case KVP_OP_COMMIT:
+		return mfile_commit;
+	case KVP_OP_ABORT:
+		return mfile_abort;
+	case KVP_OP_LAYOUT:
+		return mfile_layout;
+	case KVP_OP_STATFS:
+		return mnodes_statfs;
+	case KVP_OP_NODES:
+		return mnodes_list;
+	case KVP_OP_SETATTR:
+		return mns_setattr;
+	case KVP_OP_TOUCH:
+		return mns_touch;
+	default:
+		return NULL;
+	}
+}
+
+int meta_handle(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, uint8_t *body)
+{
+	struct meta *m = ctx;
+	struct mreq q;
+	int rc = mreq_parse(h->op, body, h->len, &q);
+	if (rc == -EBADMSG) {
+		free(body);
+		return rc; /* closes the connection */
+	}
+	struct kvp_wbuf out;
+	kvp_w_init(&out);
+	if (rc == 0)
+		rc = op_table(h->op)(m, &q, &out);
+	if (rc == 0 && out.err)
+		rc = out.err;
+	if (rc && rc != -ENOENT && rc != -EEXIST)
+		klog_debug("op 0x%x from %s: %s", h->op, kvp_conn_peer(c), kvp_strerror(rc));
+	kvp_reply(c, h, rc, rc ? NULL : out.p, rc ? 0 : out.len, NULL, 0);
+	kvp_w_free(&out);
+	free(body);
+	return 0;
+}

@@ -1,0 +1,40 @@
+/* meta — the kvfs metadata service: namespace, per-file stripe maps, node registry, chunk id
+ * allocation and the deletion queue, in one RocksDB database (docs/meta.md).
+ *
+ * meta_open() opens (or creates, with the root directory) the database and starts a background
+ * thread that marks silent nodes down, sends queued chunk deletions to nodes and expires
+ * abandoned writes. meta_handle() is the kvp_handler_fn to give kvp_server_start(): it serves
+ * HEARTBEAT from nodes and the client ops of enum kvp_op. meta_close() stops the thread and
+ * closes the database (call it after kvp_server_stop()).
+ *
+ * Durability: every change is one RocksDB WriteBatch, written to the WAL before the reply is
+ * sent; with opts.sync the WAL is also fsync'd. Threading: meta_handle is called from many
+ * connection threads at once; mutations are serialised by one mutex, reads are lock-free.
+ * Returns 0 or a negative errno (-EIO for RocksDB errors, logged).
+ */
+#ifndef KVFS_META_H
+#define KVFS_META_H
+
+#include <stdint.h>
+
+#include "kvp.h"
+
+struct meta;
+
+struct meta_opts {
+	const char *db_path;
+	const struct kvp_secret *secret; /* to talk to nodes */
+	int sync;			 /* fsync the WAL on every commit */
+	int k, m;			 /* cluster defaults, reported by STATFS */
+	uint32_t chunk_size;
+	double node_timeout_s;	/* no heartbeat for this long: node down */
+	double write_timeout_s; /* an ALLOC not committed for this long is aborted */
+	double gc_interval_s;	/* background pass period (deletion queue, timeouts) */
+};
+
+int meta_open(const struct meta_opts *o, struct meta **out);
+void meta_close(struct meta *m);
+/* kvp_handler_fn: ctx is the struct meta. */
+int meta_handle(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, uint8_t *body);
+
+#endif

@@ -1,0 +1,449 @@
+/* RocksDB access for kvfs-meta: open/create, key builders, inode records, counters.
+ * RocksDB's errptr strings are converted to -EIO here, once, with a log line. */
+#define KVFS_LOG_TAG "meta"
+#include "log.h"
+#include "meta_int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#define DB_VERSION    "kvfs-meta 1"
+#define INO_RESERVE   4096u
+#define CHUNK_RESERVE (1u << 20)
+
+int64_t meta_now_ns(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_REALTIME, &t);
+	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+int64_t meta_mono_ns(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+void mk_be64(uint8_t *p, uint64_t v)
+{
+	for (int i = 7; i >= 0; i--, v >>= 8)
+		p[i] = (uint8_t)v;
+}
+
+static void be32(uint8_t *p, uint32_t v)
+{
+	for (int i = 3; i >= 0; i--, v >>= 8)
+		p[i] = (uint8_t)v;
+}
+
+uint64_t mk_rd_be64(const uint8_t *p)
+{
+	uint64_t v = 0;
+	for (int i = 0; i < 8; i++)
+		v = v << 8 | p[i];
+	return v;
+}
+
+uint32_t mk_rd_be32(const uint8_t *p)
+{
+	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+size_t mk_counter(uint8_t *k, uint8_t id)
+{
+	k[0] = MK_COUNTER;
+	k[1] = id;
+	return 2;
+}
+
+size_t mk_inode(uint8_t *k, uint64_t ino)
+{
+	k[0] = MK_INODE;
+	mk_be64(k + 1, ino);
+	return 9;
+}
+
+size_t mk_dirent(uint8_t *k, uint64_t parent, const char *name, size_t len)
+{
+	k[0] = MK_DIRENT;
+	mk_be64(k + 1, parent);
+	memcpy(k + 9, name, len);
+	return 9 + len;
+}
+
+size_t mk_stripe(uint8_t *k, uint64_t ino, uint32_t stripe)
+{
+	k[0] = MK_STRIPE;
+	mk_be64(k + 1, ino);
+	be32(k + 9, stripe);
+	return 13;
+}
+
+size_t mk_node(uint8_t *k, uint32_t id)
+{
+	k[0] = MK_NODE;
+	be32(k + 1, id);
+	return 5;
+}
+
+size_t mk_uuid(uint8_t *k, uint64_t uuid)
+{
+	k[0] = MK_UUID;
+	mk_be64(k + 1, uuid);
+	return 9;
+}
+
+size_t mk_pending(uint8_t *k, uint64_t write_id)
+{
+	k[0] = MK_PENDING;
+	mk_be64(k + 1, write_id);
+	return 9;
+}
+
+size_t mk_delq(uint8_t *k, uint32_t node, uint64_t chunk)
+{
+	k[0] = MK_DELQ;
+	be32(k + 1, node);
+	mk_be64(k + 5, chunk);
+	return 13;
+}
+
+size_t mk_atime(uint8_t *k, int64_t atime_ns, uint64_t ino)
+{
+	k[0] = MK_ATIME;
+	/* Flipping the sign bit orders negative times before positive ones. */
+	mk_be64(k + 1, (uint64_t)atime_ns ^ (1ull << 63));
+	mk_be64(k + 9, ino);
+	return 17;
+}
+
+int mdb_get(struct meta *m, const rocksdb_readoptions_t *ro, const uint8_t *key, size_t klen,
+	    char **val, size_t *vlen)
+{
+	char *err = NULL;
+	*val = rocksdb_get(m->db, ro ? ro : m->ro, (const char *)key, klen, vlen, &err);
+	if (err) {
+		klog_error("rocksdb get: %s", err);
+		rocksdb_free(err);
+		return -EIO;
+	}
+	return *val ? 0 : -ENOENT;
+}
+
+int mdb_write(struct meta *m, rocksdb_writebatch_t *b)
+{
+	char *err = NULL;
+	rocksdb_write(m->db, m->wo, b, &err);
+	if (err) {
+		klog_error("rocksdb write: %s", err);
+		rocksdb_free(err);
+		return -EIO;
+	}
+	return 0;
+}
+
+void mdb_inode_put(rocksdb_writebatch_t *b, const struct mino *in)
+{
+	uint8_t k[MK_MAX];
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	kvp_w_u8(&w, 1); /* record version */
+	kvp_w_u32(&w, in->mode);
+	kvp_w_u32(&w, in->nlink);
+	kvp_w_u64(&w, in->size);
+	kvp_w_i64(&w, in->mtime_ns);
+	kvp_w_i64(&w, in->atime_ns);
+	kvp_w_i64(&w, in->ctime_ns);
+	kvp_w_u32(&w, in->chunk_size);
+	kvp_w_u8(&w, in->k);
+	kvp_w_u8(&w, in->m);
+	kvp_w_u32(&w, in->nstripes);
+	kvp_w_u64(&w, in->parent);
+	/* A failed allocation leaves w.p NULL; the put is then skipped and the write below it
+	 * would miss a key, so abort loudly rather than commit a partial batch. */
+	if (w.err)
+		abort();
+	rocksdb_writebatch_put(b, (const char *)k, mk_inode(k, in->ino), (const char *)w.p, w.len);
+	kvp_w_free(&w);
+}
+
+int mdb_inode_get(struct meta *m, const rocksdb_readoptions_t *ro, uint64_t ino, struct mino *out)
+{
+	uint8_t k[MK_MAX];
+	char *v;
+	size_t vl;
+	int rc = mdb_get(m, ro, k, mk_inode(k, ino), &v, &vl);
+	if (rc)
+		return rc;
+	struct kvp_rbuf r;
+	kvp_r_init(&r, v, vl);
+	uint8_t ver = kvp_r_u8(&r);
+	out->ino = ino;
+	out->mode = kvp_r_u32(&r);
+	out->nlink = kvp_r_u32(&r);
+	out->size = kvp_r_u64(&r);
+	out->mtime_ns = kvp_r_i64(&r);
+	out->atime_ns = kvp_r_i64(&r);
+	out->ctime_ns = kvp_r_i64(&r);
+	out->chunk_size = kvp_r_u32(&r);
+	out->k = kvp_r_u8(&r);
+	out->m = kvp_r_u8(&r);
+	out->nstripes = kvp_r_u32(&r);
+	out->parent = kvp_r_u64(&r);
+	rc = kvp_r_end(&r);
+	rocksdb_free(v);
+	if (rc || ver != 1) {
+		klog_error("inode %llu: corrupt record", (unsigned long long)ino);
+		return -EIO;
+	}
+	return 0;
+}
+
+void mdb_counter_put(rocksdb_writebatch_t *b, uint8_t id, uint64_t v)
+{
+	uint8_t k[2], val[8];
+	for (int i = 0; i < 8; i++)
+		val[i] = (uint8_t)(v >> (8 * i));
+	rocksdb_writebatch_put(b, (const char *)k, mk_counter(k, id), (const char *)val, 8);
+}
+
+static int counter_get(struct meta *m, uint8_t id, uint64_t *v)
+{
+	uint8_t k[2];
+	char *val;
+	size_t vl;
+	int rc = mdb_get(m, NULL, k, mk_counter(k, id), &val, &vl);
+	if (rc)
+		return rc;
+	if (vl != 8) {
+		rocksdb_free(val);
+		return -EIO;
+	}
+	*v = 0;
+	for (int i = 7; i >= 0; i--)
+		*v = *v << 8 | (uint8_t)val[i];
+	rocksdb_free(val);
+	return 0;
+}
+
+/* A reservation is written on its own, before any id under it is used: an id can then never
+ * be durable in a record while the reservation that covers it is not. */
+static int reserve(struct meta *m, uint8_t id, uint64_t limit)
+{
+	rocksdb_writebatch_t *b = rocksdb_writebatch_create();
+	mdb_counter_put(b, id, limit);
+	int rc = mdb_write(m, b);
+	rocksdb_writebatch_destroy(b);
+	return rc;
+}
+
+int mdb_alloc_ino(struct meta *m, uint64_t *ino)
+{
+	if (m->next_ino >= m->ino_limit) {
+		int rc = reserve(m, MC_INO_LIMIT, m->next_ino + INO_RESERVE);
+		if (rc)
+			return rc;
+		m->ino_limit = m->next_ino + INO_RESERVE;
+	}
+	*ino = m->next_ino++;
+	return 0;
+}
+
+int mdb_alloc_chunks(struct meta *m, uint64_t n, uint64_t *first)
+{
+	if (m->next_chunk + n > m->chunk_limit) {
+		uint64_t lim = m->next_chunk + n + CHUNK_RESERVE;
+		int rc = reserve(m, MC_CHUNK_LIMIT, lim);
+		if (rc)
+			return rc;
+		m->chunk_limit = lim;
+	}
+	*first = m->next_chunk;
+	m->next_chunk += n;
+	return 0;
+}
+
+void mdb_atime_move(rocksdb_writebatch_t *b, uint64_t ino, int64_t old_ns, int64_t new_ns)
+{
+	uint8_t k[MK_MAX];
+	if (old_ns == new_ns)
+		return;
+	rocksdb_writebatch_delete(b, (const char *)k, mk_atime(k, old_ns, ino));
+	rocksdb_writebatch_put(b, (const char *)k, mk_atime(k, new_ns, ino), "", 0);
+}
+
+int mdb_file_drop(struct meta *m, rocksdb_writebatch_t *b, const struct mino *f)
+{
+	uint8_t k[MK_MAX], lo[MK_MAX];
+	size_t plen = mk_stripe(lo, f->ino, 0) - 4; /* prefix: family + ino */
+	int64_t now = meta_now_ns();
+	uint8_t tv[8];
+	for (int i = 0; i < 8; i++)
+		tv[i] = (uint8_t)((uint64_t)now >> (8 * i));
+	size_t width = (size_t)(f->k + f->m);
+	rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, m->ro);
+	int rc = 0;
+	for (rocksdb_iter_seek(it, (const char *)lo, plen + 4); rocksdb_iter_valid(it);
+	     rocksdb_iter_next(it)) {
+		size_t kl, vl;
+		const char *key = rocksdb_iter_key(it, &kl);
+		if (kl != plen + 4 || memcmp(key, lo, plen))
+			break;
+		const uint8_t *v = (const uint8_t *)rocksdb_iter_value(it, &vl);
+		if (vl != width * MREQ_SLOT_SIZE) {
+			klog_error("inode %llu: corrupt stripe record", (unsigned long long)f->ino);
+			rc = -EIO;
+			break;
+		}
+		for (size_t s = 0; s < width; s++) {
+			struct mreq q = {.slots = v};
+			struct mreq_slot sl;
+			mreq_slot_get(&q, s, &sl);
+			rocksdb_writebatch_put(b, (const char *)k,
+					       mk_delq(k, sl.node_id, sl.chunk_id),
+					       (const char *)tv, 8);
+		}
+		rocksdb_writebatch_delete(b, key, kl);
+	}
+	char *err = NULL;
+	rocksdb_iter_get_error(it, &err);
+	if (err) {
+		klog_error("rocksdb iterator: %s", err);
+		rocksdb_free(err);
+		rc = -EIO;
+	}
+	rocksdb_iter_destroy(it);
+	if (rc)
+		return rc;
+	rocksdb_writebatch_delete(b, (const char *)k, mk_inode(k, f->ino));
+	rocksdb_writebatch_delete(b, (const char *)k, mk_atime(k, f->atime_ns, f->ino));
+	return 0;
+}
+
+void mino_to_attr(const struct mino *in, struct kvp_attr *a)
+{
+	memset(a, 0, sizeof(*a));
+	a->ino = in->ino;
+	a->mode = in->mode;
+	a->nlink = in->nlink;
+	a->size = in->size;
+	a->mtime_ns = in->mtime_ns;
+	a->atime_ns = in->atime_ns;
+	a->ctime_ns = in->ctime_ns;
+	a->chunk_size = in->chunk_size;
+	a->k = in->k;
+	a->m = in->m;
+	if (S_ISREG(in->mode) && in->nstripes) {
+		/* Data chunks are stored at their exact length, parity at the length of the
+		 * stripe's data chunk 0 (fs/client/kvc.h). */
+		uint64_t stripe = (uint64_t)in->k * in->chunk_size;
+		uint64_t last = in->size - (uint64_t)(in->nstripes - 1) * stripe;
+		uint64_t c0 = last < in->chunk_size ? last : in->chunk_size;
+		a->stored = in->size +
+			    (uint64_t)in->m * ((uint64_t)(in->nstripes - 1) * in->chunk_size + c0);
+	}
+}
+
+static int db_init(struct meta *m)
+{
+	rocksdb_writebatch_t *b = rocksdb_writebatch_create();
+	uint8_t k[2];
+	int64_t now = meta_now_ns();
+	struct mino root = {.ino = KVP_ROOT_INO,
+			    .mode = S_IFDIR | 0755,
+			    .nlink = 2,
+			    .mtime_ns = now,
+			    .atime_ns = now,
+			    .ctime_ns = now,
+			    .parent = KVP_ROOT_INO};
+	mdb_inode_put(b, &root);
+	mdb_counter_put(b, MC_INO_LIMIT, KVP_ROOT_INO + 1);
+	mdb_counter_put(b, MC_CHUNK_LIMIT, 1);
+	mdb_counter_put(b, MC_NEXT_NODE, 1);
+	mdb_counter_put(b, MC_FILES, 0);
+	mdb_counter_put(b, MC_DIRS, 1);
+	k[0] = MK_VERSION;
+	rocksdb_writebatch_put(b, (const char *)k, 1, DB_VERSION, strlen(DB_VERSION));
+	int rc = mdb_write(m, b);
+	rocksdb_writebatch_destroy(b);
+	if (!rc)
+		klog_info("created a new metadata database in %s", m->o.db_path);
+	return rc;
+}
+
+int mdb_open(struct meta *m)
+{
+	char *err = NULL;
+	m->dbo = rocksdb_options_create();
+	rocksdb_options_set_create_if_missing(m->dbo, 1);
+	rocksdb_options_set_max_open_files(m->dbo, 256);
+	m->db = rocksdb_open(m->dbo, m->o.db_path, &err);
+	if (err) {
+		klog_error("cannot open database %s: %s", m->o.db_path, err);
+		rocksdb_free(err);
+		rocksdb_options_destroy(m->dbo);
+		m->dbo = NULL;
+		return -EIO;
+	}
+	m->wo = rocksdb_writeoptions_create();
+	rocksdb_writeoptions_set_sync(m->wo, m->o.sync ? 1 : 0);
+	m->ro = rocksdb_readoptions_create();
+
+	uint8_t k = MK_VERSION;
+	char *v;
+	size_t vl;
+	int rc = mdb_get(m, NULL, &k, 1, &v, &vl);
+	if (rc == -ENOENT)
+		rc = db_init(m);
+	else if (!rc) {
+		if (vl != strlen(DB_VERSION) || memcmp(v, DB_VERSION, vl)) {
+			klog_error("%s: not a kvfs-meta version 1 database", m->o.db_path);
+			rc = -EINVAL;
+		}
+		rocksdb_free(v);
+	}
+	uint64_t next_node = 1;
+	if (!rc)
+		rc = counter_get(m, MC_INO_LIMIT, &m->ino_limit);
+	if (!rc)
+		rc = counter_get(m, MC_CHUNK_LIMIT, &m->chunk_limit);
+	if (!rc)
+		rc = counter_get(m, MC_NEXT_NODE, &next_node);
+	if (!rc)
+		rc = counter_get(m, MC_FILES, &m->files);
+	if (!rc)
+		rc = counter_get(m, MC_DIRS, &m->dirs);
+	if (rc) {
+		if (rc == -ENOENT) {
+			klog_error("%s: counters missing", m->o.db_path);
+			rc = -EIO;
+		}
+		mdb_close(m);
+		return rc;
+	}
+	/* Everything under a reservation may have been handed out before a crash. */
+	m->next_ino = m->ino_limit;
+	m->next_chunk = m->chunk_limit;
+	m->next_node = (uint32_t)next_node;
+	return 0;
+}
+
+void mdb_close(struct meta *m)
+{
+	if (m->db)
+		rocksdb_close(m->db);
+	if (m->ro)
+		rocksdb_readoptions_destroy(m->ro);
+	if (m->wo)
+		rocksdb_writeoptions_destroy(m->wo);
+	if (m->dbo)
+		rocksdb_options_destroy(m->dbo);
+	m->db = NULL;
+	m->ro = NULL;
+	m->wo = NULL;
+	m->dbo = NULL;
+}

@@ -1,0 +1,548 @@
+/* The write path of kvfs-meta: ALLOC (placement + a pending-write record), COMMIT (one batch:
+ * inode, dirent, stripe map, pending removal, deletions for a replaced file), ABORT, LAYOUT,
+ * and expiry of writes that were never committed. */
+#define KVFS_LOG_TAG "meta"
+#include "log.h"
+#include "meta_int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define CHUNK_MIN (4096u)
+#define CHUNK_MAX (16u << 20)
+/* Headroom for the fixed fields and the node list of an ALLOC reply / COMMIT request. */
+#define BODY_SLACK (64u << 10)
+
+/* A pending write: what ALLOC handed out, so COMMIT can be checked against it and ABORT or
+ * expiry can queue its chunks for deletion. Chunk id of slot i = first + i; write_id = first. */
+struct mpend {
+	int64_t created_ns;
+	uint32_t chunk_size, nstripes;
+	uint8_t k, m;
+	uint64_t first;
+	uint32_t *node; /* nstripes * (k+m) node ids, malloc'd */
+};
+
+static size_t pend_slots(const struct mpend *p)
+{
+	return (size_t)p->nstripes * (size_t)(p->k + p->m);
+}
+
+static int check_geometry(uint8_t k, uint8_t m, uint32_t chunk_size, uint32_t nstripes)
+{
+	if (k < 1 || chunk_size < CHUNK_MIN || chunk_size > CHUNK_MAX || chunk_size % 4096)
+		return -EINVAL;
+	if (nstripes > KVP_MAX_STRIPES)
+		return -EFBIG;
+	/* The ALLOC reply (12 bytes a slot) and COMMIT request (16) must fit in one frame. */
+	if ((uint64_t)nstripes * (uint64_t)(k + m) * MREQ_SLOT_SIZE > KVP_MAX_BODY - BODY_SLACK)
+		return -EFBIG;
+	return 0;
+}
+
+static void pend_put(rocksdb_writebatch_t *b, uint64_t write_id, const struct mpend *p)
+{
+	uint8_t k[MK_MAX];
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	kvp_w_u8(&w, 1);
+	kvp_w_i64(&w, p->created_ns);
+	kvp_w_u32(&w, p->chunk_size);
+	kvp_w_u32(&w, p->nstripes);
+	kvp_w_u8(&w, p->k);
+	kvp_w_u8(&w, p->m);
+	kvp_w_u64(&w, p->first);
+	for (size_t i = 0; i < pend_slots(p); i++)
+		kvp_w_u32(&w, p->node[i]);
+	if (w.err)
+		abort(); /* out of memory: a batch missing a key must never be written */
+	rocksdb_writebatch_put(b, (const char *)k, mk_pending(k, write_id), (const char *)w.p,
+			       w.len);
+	kvp_w_free(&w);
+}
+
+static int pend_decode(const char *v, size_t vl, struct mpend *p)
+{
+	struct kvp_rbuf r;
+	kvp_r_init(&r, v, vl);
+	uint8_t ver = kvp_r_u8(&r);
+	p->created_ns = kvp_r_i64(&r);
+	p->chunk_size = kvp_r_u32(&r);
+	p->nstripes = kvp_r_u32(&r);
+	p->k = kvp_r_u8(&r);
+	p->m = kvp_r_u8(&r);
+	p->first = kvp_r_u64(&r);
+	size_t n = pend_slots(p);
+	if (ver != 1 || r.err || (vl - r.off) != n * 4)
+		return -EIO;
+	p->node = malloc(n ? n * sizeof(uint32_t) : 1);
+	if (!p->node)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++)
+		p->node[i] = kvp_r_u32(&r);
+	return kvp_r_end(&r) ? -EIO : 0;
+}
+
+/* -ESTALE for an unknown (aborted, expired or committed) write id. */
+static int pend_get(struct meta *m, uint64_t write_id, struct mpend *p)
+{
+	uint8_t k[MK_MAX];
+	char *v;
+	size_t vl;
+	int rc = mdb_get(m, NULL, k, mk_pending(k, write_id), &v, &vl);
+	if (rc)
+		return rc == -ENOENT ? -ESTALE : rc;
+	rc = pend_decode(v, vl, p);
+	rocksdb_free(v);
+	if (rc == -EIO)
+		klog_error("pending write %llu: corrupt record", (unsigned long long)write_id);
+	if (rc) {
+		free(p->node);
+		p->node = NULL;
+	}
+	return rc;
+}
+
+static void delq_put(rocksdb_writebatch_t *b, uint32_t node, uint64_t chunk, int64_t now)
+{
+	uint8_t k[MK_MAX], v[8];
+	for (int i = 0; i < 8; i++)
+		v[i] = (uint8_t)((uint64_t)now >> (8 * i));
+	rocksdb_writebatch_put(b, (const char *)k, mk_delq(k, node, chunk), (const char *)v, 8);
+}
+
+/* ---- placement ---- */
+
+struct cand {
+	uint32_t id;
+	int64_t free; /* bytes, after what this request already placed on it */
+	uint32_t tie; /* random: equal nodes are taken in a random order */
+	char addr[KVP_ADDR_MAX];
+	uint32_t used_here;
+};
+
+static int cand_before(const struct cand *a, const struct cand *b)
+{
+	return a->free > b->free || (a->free == b->free && a->tie < b->tie);
+}
+
+static void cand_sort(struct cand *c, size_t n)
+{
+	for (size_t i = 1; i < n; i++) { /* insertion sort: nearly sorted after each stripe */
+		struct cand t = c[i];
+		size_t j = i;
+		for (; j > 0 && cand_before(&t, &c[j - 1]); j--)
+			c[j] = c[j - 1];
+		c[j] = t;
+	}
+}
+
+/* Up nodes into *out (malloc'd). Returns the count or a negative errno. */
+static int up_nodes(struct meta *m, struct cand **out)
+{
+	mnodes_check(m);
+	pthread_mutex_lock(&m->nodes_mu);
+	struct cand *c = calloc(m->nnodes ? m->nnodes : 1, sizeof(*c));
+	size_t n = 0;
+	if (c) {
+		for (size_t i = 0; i < m->nnodes; i++) {
+			const struct mnode *nd = &m->nodes[i];
+			if (nd->state != KVP_NODE_UP)
+				continue;
+			uint64_t taken = nd->used + nd->pending;
+			c[n].id = nd->id;
+			c[n].free = nd->capacity > taken ? (int64_t)(nd->capacity - taken) : 0;
+			c[n].tie = (uint32_t)random();
+			memcpy(c[n].addr, nd->addr, KVP_ADDR_MAX);
+			n++;
+		}
+	}
+	pthread_mutex_unlock(&m->nodes_mu);
+	*out = c;
+	return c ? (int)n : -ENOMEM;
+}
+
+/* Each stripe goes to the k+m nodes with the most free space left, counting what earlier
+ * stripes of this request put there: the emptiest nodes fill first and equal ones rotate. */
+static int place(struct cand *c, size_t n, const struct mpend *p)
+{
+	size_t w = (size_t)(p->k + p->m);
+	cand_sort(c, n);
+	for (uint32_t s = 0; s < p->nstripes; s++) {
+		if (c[w - 1].free < (int64_t)p->chunk_size)
+			return -ENOSPC;
+		for (size_t j = 0; j < w; j++) {
+			p->node[(size_t)s * w + j] = c[j].id;
+			c[j].free -= p->chunk_size;
+			c[j].used_here = 1;
+		}
+		cand_sort(c, n);
+	}
+	return 0;
+}
+
+int mfile_alloc(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
+{
+	int rc = check_geometry(q->k, q->m, q->chunk_size, q->nstripes);
+	if (rc)
+		return rc;
+	struct cand *c;
+	int n = up_nodes(m, &c);
+	if (n < 0)
+		return n;
+	struct mpend p = {.created_ns = meta_now_ns(),
+			  .chunk_size = q->chunk_size,
+			  .nstripes = q->nstripes,
+			  .k = q->k,
+			  .m = q->m};
+	size_t w = (size_t)(q->k + q->m), slots = pend_slots(&p);
+	rocksdb_writebatch_t *b = NULL;
+	if ((size_t)n < w) {
+		rc = -EHOSTDOWN;
+		goto out;
+	}
+	p.node = malloc(slots ? slots * sizeof(uint32_t) : 1);
+	if (!p.node) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	rc = place(c, (size_t)n, &p);
+	if (rc)
+		goto out;
+	b = rocksdb_writebatch_create();
+	pthread_mutex_lock(&m->mu);
+	rc = mdb_alloc_chunks(m, slots ? slots : 1, &p.first);
+	if (!rc) {
+		pend_put(b, p.first, &p);
+		rc = mdb_write(m, b);
+	}
+	pthread_mutex_unlock(&m->mu);
+	if (rc)
+		goto out;
+
+	/* Count the placed bytes against each node until its next heartbeat reports them. */
+	pthread_mutex_lock(&m->nodes_mu);
+	for (size_t i = 0; i < slots; i++)
+		for (size_t j = 0; j < m->nnodes; j++)
+			if (m->nodes[j].id == p.node[i]) {
+				m->nodes[j].pending += p.chunk_size;
+				break;
+			}
+	pthread_mutex_unlock(&m->nodes_mu);
+
+	kvp_w_u64(out, p.first);
+	uint32_t nn = 0;
+	for (int j = 0; j < n; j++)
+		nn += c[j].used_here;
+	kvp_w_u32(out, nn);
+	for (int j = 0; j < n; j++)
+		if (c[j].used_here) {
+			kvp_w_u32(out, c[j].id);
+			kvp_w_cstr(out, c[j].addr);
+		}
+	for (size_t i = 0; i < slots; i++) {
+		kvp_w_u32(out, p.node[i]);
+		kvp_w_u64(out, p.first + i);
+	}
+	klog_debug("alloc write %llu: %u stripes of %zu on %u nodes", (unsigned long long)p.first,
+		   p.nstripes, w, nn);
+out:
+	if (b)
+		rocksdb_writebatch_destroy(b);
+	free(p.node);
+	free(c);
+	return rc;
+}
+
+/* Every slot must be a chunk this write was given, on the node it was placed on, each used
+ * once; unused ones are marked in *seen as 0 for the caller to queue for deletion. */
+static int commit_match(const struct mreq *q, const struct mpend *p, uint8_t *seen)
+{
+	size_t slots = (size_t)q->nstripes * (size_t)(q->k + q->m), n = pend_slots(p);
+	if (p->k != q->k || p->m != q->m || p->chunk_size != q->chunk_size ||
+	    q->nstripes > p->nstripes)
+		return -EINVAL;
+	for (size_t i = 0; i < slots; i++) {
+		struct mreq_slot s;
+		mreq_slot_get(q, i, &s);
+		if (s.chunk_id < p->first || s.chunk_id - p->first >= n)
+			return -EINVAL;
+		size_t idx = (size_t)(s.chunk_id - p->first);
+		if (seen[idx] || p->node[idx] != s.node_id)
+			return -EINVAL;
+		seen[idx] = 1;
+	}
+	return 0;
+}
+
+/* size must need exactly nstripes stripes; a stripe's slots must be on distinct nodes. */
+static int commit_shape(const struct mreq *q)
+{
+	uint64_t stripe = (uint64_t)q->k * q->chunk_size;
+	if (q->nstripes == 0 ? q->size != 0
+			     : q->size <= (uint64_t)(q->nstripes - 1) * stripe ||
+				   q->size > (uint64_t)q->nstripes * stripe)
+		return -EINVAL;
+	size_t w = (size_t)(q->k + q->m);
+	for (uint32_t s = 0; s < q->nstripes; s++)
+		for (size_t a = 1; a < w; a++)
+			for (size_t b = 0; b < a; b++) {
+				struct mreq_slot x, y;
+				mreq_slot_get(q, (size_t)s * w + a, &x);
+				mreq_slot_get(q, (size_t)s * w + b, &y);
+				if (x.node_id == y.node_id)
+					return -EINVAL;
+			}
+	return 0;
+}
+
+int mfile_commit(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
+{
+	int rc = mreq_name_check(&q->name);
+	if (!rc && (q->flags & ~1u))
+		rc = -EINVAL;
+	if (!rc)
+		rc = check_geometry(q->k, q->m, q->chunk_size, q->nstripes);
+	if (!rc)
+		rc = commit_shape(q);
+	if (rc)
+		return rc;
+	size_t w = (size_t)(q->k + q->m);
+	struct mpend p = {0};
+	uint8_t *seen = NULL;
+	struct mino par, old, f = {0};
+	uint64_t oino, ino;
+	uint32_t omode;
+	int replaced = 0, leftovers = 0;
+	int64_t now = meta_now_ns();
+	uint8_t k[MK_MAX];
+	rocksdb_writebatch_t *b = rocksdb_writebatch_create();
+	pthread_mutex_lock(&m->mu);
+	if (q->write_id == 0) {
+		if (q->nstripes) /* only an empty file needs no ALLOC */
+			rc = -EINVAL;
+	} else {
+		rc = pend_get(m, q->write_id, &p);
+		if (!rc) {
+			seen = calloc(pend_slots(&p) + 1, 1);
+			rc = seen ? commit_match(q, &p, seen) : -ENOMEM;
+		}
+	}
+	if (!rc)
+		rc = mdir_get(m, NULL, q->parent, &par);
+	if (rc)
+		goto out;
+	rc = mdir_entry_get(m, NULL, q->parent, &q->name, &oino, &omode);
+	if (rc == 0) {
+		if (!(q->flags & 1u))
+			rc = -EEXIST;
+		else if (S_ISDIR(omode))
+			rc = -EISDIR;
+		else
+			rc = mdb_inode_get(m, NULL, oino, &old);
+		if (!rc)
+			rc = mdb_file_drop(m, b, &old);
+		if (rc)
+			goto out;
+		replaced = 1;
+	} else if (rc != -ENOENT) {
+		goto out;
+	}
+	rc = mdb_alloc_ino(m, &ino);
+	if (rc)
+		goto out;
+	f = (struct mino){.ino = ino,
+			  .mode = S_IFREG | (q->mode & 07777),
+			  .nlink = 1,
+			  .size = q->size,
+			  .mtime_ns = now,
+			  .atime_ns = now,
+			  .ctime_ns = now,
+			  .chunk_size = q->chunk_size,
+			  .k = q->k,
+			  .m = q->m,
+			  .nstripes = q->nstripes,
+			  .parent = q->parent};
+	mdb_inode_put(b, &f);
+	mdir_entry_put(b, q->parent, &q->name, ino, f.mode);
+	for (uint32_t s = 0; s < q->nstripes; s++)
+		rocksdb_writebatch_put(b, (const char *)k, mk_stripe(k, ino, s),
+				       (const char *)q->slots + (size_t)s * w * MREQ_SLOT_SIZE,
+				       w * MREQ_SLOT_SIZE);
+	rocksdb_writebatch_put(b, (const char *)k, mk_atime(k, now, ino), "", 0);
+	if (q->write_id) {
+		for (size_t i = 0; i < pend_slots(&p); i++)
+			if (!seen[i]) {
+				delq_put(b, p.node[i], p.first + i, now);
+				leftovers = 1;
+			}
+		rocksdb_writebatch_delete(b, (const char *)k, mk_pending(k, q->write_id));
+	}
+	par.mtime_ns = par.ctime_ns = now;
+	mdb_inode_put(b, &par);
+	rc = mns_write(m, b, replaced ? 0 : 1, 0);
+	if (!rc)
+		klog_debug("commit %llu/%.*s -> ino %llu, %u stripes%s",
+			   (unsigned long long)q->parent, q->name.len, q->name.p,
+			   (unsigned long long)ino, q->nstripes, replaced ? " (replaced)" : "");
+out:
+	pthread_mutex_unlock(&m->mu);
+	rocksdb_writebatch_destroy(b);
+	free(seen);
+	free(p.node);
+	if (!rc) {
+		struct kvp_attr a;
+		mino_to_attr(&f, &a);
+		kvp_w_attr(out, &a);
+		if (replaced || leftovers)
+			mbg_kick(m);
+	}
+	return rc;
+}
+
+/* Queues every chunk of a pending write for deletion and drops the record. Caller holds mu. */
+static void pend_drop(rocksdb_writebatch_t *b, uint64_t write_id, const struct mpend *p)
+{
+	uint8_t k[MK_MAX];
+	int64_t now = meta_now_ns();
+	for (size_t i = 0; i < pend_slots(p); i++)
+		delq_put(b, p->node[i], p->first + i, now);
+	rocksdb_writebatch_delete(b, (const char *)k, mk_pending(k, write_id));
+}
+
+int mfile_abort(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
+{
+	(void)out;
+	struct mpend p = {0};
+	rocksdb_writebatch_t *b = rocksdb_writebatch_create();
+	pthread_mutex_lock(&m->mu);
+	int rc = pend_get(m, q->write_id, &p);
+	if (rc == -ESTALE)
+		rc = -ENOENT;
+	if (!rc) {
+		pend_drop(b, q->write_id, &p);
+		rc = mdb_write(m, b);
+	}
+	pthread_mutex_unlock(&m->mu);
+	rocksdb_writebatch_destroy(b);
+	free(p.node);
+	if (!rc)
+		mbg_kick(m);
+	return rc;
+}
+
+void mfile_expire(struct meta *m)
+{
+	uint8_t k[MK_MAX];
+	int64_t cutoff = meta_now_ns() - (int64_t)(m->o.write_timeout_s * 1e9);
+	int n = 0;
+	rocksdb_writebatch_t *b = rocksdb_writebatch_create();
+	pthread_mutex_lock(&m->mu);
+	rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, m->ro);
+	k[0] = MK_PENDING;
+	for (rocksdb_iter_seek(it, (const char *)k, 1); rocksdb_iter_valid(it) && n < 1024;
+	     rocksdb_iter_next(it)) {
+		size_t kl, vl;
+		const char *key = rocksdb_iter_key(it, &kl);
+		if (kl != 9 || key[0] != MK_PENDING)
+			break;
+		const char *v = rocksdb_iter_value(it, &vl);
+		struct mpend p = {0};
+		uint64_t id = mk_rd_be64((const uint8_t *)key + 1);
+		if (pend_decode(v, vl, &p) == 0 && p.created_ns < cutoff) {
+			klog_info("write %llu not committed in time: aborting it",
+				  (unsigned long long)id);
+			pend_drop(b, id, &p);
+			n++;
+		}
+		free(p.node);
+	}
+	rocksdb_iter_destroy(it);
+	if (n && mdb_write(m, b) == 0)
+		mbg_kick(m);
+	pthread_mutex_unlock(&m->mu);
+	rocksdb_writebatch_destroy(b);
+}
+
+int mfile_layout(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
+{
+	const rocksdb_snapshot_t *snap = rocksdb_create_snapshot(m->db);
+	rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
+	rocksdb_readoptions_set_snapshot(ro, snap);
+	struct mino f;
+	uint8_t *map = NULL;
+	uint32_t *ids = NULL;
+	int rc = mdb_inode_get(m, ro, q->ino, &f);
+	if (!rc && S_ISDIR(f.mode))
+		rc = -EISDIR;
+	if (rc)
+		goto out;
+	size_t w = (size_t)(f.k + f.m), rec = w * MREQ_SLOT_SIZE, slots = (size_t)f.nstripes * w;
+	map = malloc(f.nstripes * rec + 1);
+	ids = malloc((slots + 1) * sizeof(*ids));
+	if (!map || !ids) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	uint8_t k[MK_MAX];
+	size_t plen = mk_stripe(k, f.ino, 0) - 4;
+	uint32_t got = 0;
+	rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, ro);
+	for (rocksdb_iter_seek(it, (const char *)k, plen + 4); rocksdb_iter_valid(it);
+	     rocksdb_iter_next(it)) {
+		size_t kl, vl;
+		const char *key = rocksdb_iter_key(it, &kl);
+		if (kl != plen + 4 || memcmp(key, k, plen))
+			break;
+		const char *v = rocksdb_iter_value(it, &vl);
+		if (got >= f.nstripes || vl != rec ||
+		    mk_rd_be32((const uint8_t *)key + plen) != got) {
+			rc = -EIO;
+			break;
+		}
+		memcpy(map + (size_t)got * rec, v, rec);
+		got++;
+	}
+	rocksdb_iter_destroy(it);
+	if (!rc && got != f.nstripes)
+		rc = -EIO;
+	if (rc) {
+		klog_error("inode %llu: stripe map inconsistent", (unsigned long long)f.ino);
+		goto out;
+	}
+	/* The distinct nodes, so the client learns each address once. */
+	size_t nn = 0;
+	struct mreq view = {.slots = map};
+	for (size_t i = 0; i < slots; i++) {
+		struct mreq_slot s;
+		mreq_slot_get(&view, i, &s);
+		size_t j = 0;
+		while (j < nn && ids[j] != s.node_id)
+			j++;
+		if (j == nn)
+			ids[nn++] = s.node_id;
+	}
+	kvp_w_u64(out, f.size);
+	kvp_w_u32(out, f.chunk_size);
+	kvp_w_u8(out, f.k);
+	kvp_w_u8(out, f.m);
+	kvp_w_u32(out, f.nstripes);
+	kvp_w_u32(out, (uint32_t)nn);
+	for (size_t j = 0; j < nn; j++) {
+		char addr[KVP_ADDR_MAX] = "";
+		uint8_t state = KVP_NODE_DOWN;
+		mnodes_addr(m, ids[j], addr, &state);
+		kvp_w_u32(out, ids[j]);
+		kvp_w_cstr(out, addr);
+		kvp_w_u8(out, state);
+	}
+	kvp_w_bytes(out, map, slots * MREQ_SLOT_SIZE);
+out:
+	free(map);
+	free(ids);
+	rocksdb_readoptions_destroy(ro);
+	rocksdb_release_snapshot(m->db, snap);
+	return rc;
+}

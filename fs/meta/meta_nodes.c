@@ -1,0 +1,389 @@
+/* Node registry (HEARTBEAT, NODES, STATFS) and the background thread of kvfs-meta: marks
+ * silent nodes down, sends queued chunk deletions to nodes, expires abandoned writes. */
+#define KVFS_LOG_TAG "meta"
+#include "log.h"
+#include "meta_int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define DEL_BATCH      4096u
+#define DEL_ROUNDS     64
+#define DEL_TIMEOUT_MS 5000
+
+static int node_decode(uint32_t id, const char *v, size_t vl, struct mnode *n)
+{
+	struct kvp_rbuf r;
+	memset(n, 0, sizeof(*n));
+	kvp_r_init(&r, v, vl);
+	uint8_t ver = kvp_r_u8(&r);
+	n->id = id;
+	n->uuid = kvp_r_u64(&r);
+	kvp_r_str(&r, n->addr, sizeof(n->addr));
+	n->capacity = kvp_r_u64(&r);
+	n->used = kvp_r_u64(&r);
+	n->chunks = kvp_r_u64(&r);
+	n->hb_ns = kvp_r_i64(&r);
+	n->state = kvp_r_u8(&r);
+	return ver == 1 && kvp_r_end(&r) == 0 ? 0 : -EIO;
+}
+
+static void node_put(rocksdb_writebatch_t *b, const struct mnode *n)
+{
+	uint8_t k[MK_MAX];
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	kvp_w_u8(&w, 1);
+	kvp_w_u64(&w, n->uuid);
+	kvp_w_cstr(&w, n->addr);
+	kvp_w_u64(&w, n->capacity);
+	kvp_w_u64(&w, n->used);
+	kvp_w_u64(&w, n->chunks);
+	kvp_w_i64(&w, n->hb_ns);
+	kvp_w_u8(&w, n->state);
+	if (w.err)
+		abort();
+	rocksdb_writebatch_put(b, (const char *)k, mk_node(k, n->id), (const char *)w.p, w.len);
+	kvp_w_free(&w);
+}
+
+static int node_write(struct meta *m, const struct mnode *n)
+{
+	rocksdb_writebatch_t *b = rocksdb_writebatch_create();
+	node_put(b, n);
+	int rc = mdb_write(m, b);
+	rocksdb_writebatch_destroy(b);
+	return rc;
+}
+
+/* Appends to the registry. Caller holds nodes_mu (or is single-threaded at load). */
+static int node_add(struct meta *m, const struct mnode *n)
+{
+	if (m->nnodes == m->nodes_cap) {
+		size_t cap = m->nodes_cap ? 2 * m->nodes_cap : 16;
+		struct mnode *p = realloc(m->nodes, cap * sizeof(*p));
+		if (!p)
+			return -ENOMEM;
+		m->nodes = p;
+		m->nodes_cap = cap;
+	}
+	m->nodes[m->nnodes++] = *n;
+	return 0;
+}
+
+int mnodes_load(struct meta *m)
+{
+	uint8_t k = MK_NODE;
+	int rc = 0;
+	int64_t now = meta_mono_ns();
+	rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, m->ro);
+	for (rocksdb_iter_seek(it, (const char *)&k, 1); rocksdb_iter_valid(it);
+	     rocksdb_iter_next(it)) {
+		size_t kl, vl;
+		const char *key = rocksdb_iter_key(it, &kl);
+		if (kl != 5 || key[0] != MK_NODE)
+			break;
+		const char *v = rocksdb_iter_value(it, &vl);
+		struct mnode n;
+		if (node_decode(mk_rd_be32((const uint8_t *)key + 1), v, vl, &n)) {
+			klog_error("corrupt node record");
+			rc = -EIO;
+			break;
+		}
+		/* A restarted meta gives every node one timeout to heartbeat again before it is
+		 * marked down, so reads right after a restart still see it as it was. */
+		n.hb_mono = now;
+		rc = node_add(m, &n);
+		if (rc)
+			break;
+	}
+	rocksdb_iter_destroy(it);
+	if (!rc && m->nnodes)
+		klog_info("%zu nodes in the registry", m->nnodes);
+	return rc;
+}
+
+int mnodes_heartbeat(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
+{
+	char addr[KVP_ADDR_MAX], host[KVP_ADDR_MAX];
+	uint16_t port;
+	if (q->uuid == 0 || q->addr.len == 0 || q->addr.len >= KVP_ADDR_MAX ||
+	    memchr(q->addr.p, 0, q->addr.len))
+		return -EINVAL;
+	memcpy(addr, q->addr.p, q->addr.len);
+	addr[q->addr.len] = 0;
+	if (kvp_addr_parse(addr, host, sizeof(host), &port) || port == 0)
+		return -EINVAL;
+	int rc = 0;
+	pthread_mutex_lock(&m->nodes_mu);
+	struct mnode *n = NULL;
+	for (size_t i = 0; i < m->nnodes; i++)
+		if (m->nodes[i].uuid == q->uuid)
+			n = &m->nodes[i];
+	struct mnode nn = {0};
+	if (n)
+		nn = *n;
+	else {
+		nn.id = m->next_node;
+		nn.uuid = q->uuid;
+	}
+	memcpy(nn.addr, addr, sizeof(addr));
+	nn.capacity = q->capacity;
+	nn.used = q->used;
+	nn.chunks = q->chunks;
+	nn.hb_ns = meta_now_ns();
+	nn.hb_mono = meta_mono_ns();
+	nn.pending = 0; /* its `used` now includes what was placed on it */
+	uint8_t was = nn.state;
+	nn.state = KVP_NODE_UP;
+	rocksdb_writebatch_t *b = rocksdb_writebatch_create();
+	node_put(b, &nn);
+	if (!n) {
+		uint8_t k[MK_MAX], v[4];
+		for (int i = 0; i < 4; i++)
+			v[i] = (uint8_t)(nn.id >> (8 * i));
+		rocksdb_writebatch_put(b, (const char *)k, mk_uuid(k, nn.uuid), (const char *)v, 4);
+		mdb_counter_put(b, MC_NEXT_NODE, (uint64_t)nn.id + 1);
+	}
+	rc = mdb_write(m, b);
+	rocksdb_writebatch_destroy(b);
+	if (!rc && !n) {
+		rc = node_add(m, &nn);
+		if (!rc) {
+			m->next_node++;
+			klog_info("node %u registered: %s uuid %016llx capacity %llu", nn.id,
+				  nn.addr, (unsigned long long)nn.uuid,
+				  (unsigned long long)nn.capacity);
+		}
+	} else if (!rc) {
+		if (was != KVP_NODE_UP)
+			klog_info("node %u (%s) is up", nn.id, nn.addr);
+		*n = nn;
+	}
+	pthread_mutex_unlock(&m->nodes_mu);
+	if (!rc)
+		kvp_w_u32(out, nn.id);
+	return rc;
+}
+
+void mnodes_check(struct meta *m)
+{
+	int64_t now = meta_mono_ns(), limit = (int64_t)(m->o.node_timeout_s * 1e9);
+	pthread_mutex_lock(&m->nodes_mu);
+	for (size_t i = 0; i < m->nnodes; i++) {
+		struct mnode *n = &m->nodes[i];
+		if (n->state == KVP_NODE_UP && now - n->hb_mono > limit) {
+			n->state = KVP_NODE_DOWN;
+			klog_warn("node %u (%s): no heartbeat for %.1f s: down", n->id, n->addr,
+				  (double)(now - n->hb_mono) / 1e9);
+			node_write(m, n);
+		}
+	}
+	pthread_mutex_unlock(&m->nodes_mu);
+}
+
+int mnodes_addr(struct meta *m, uint32_t id, char *addr, uint8_t *state)
+{
+	int rc = -ENOENT;
+	pthread_mutex_lock(&m->nodes_mu);
+	for (size_t i = 0; i < m->nnodes; i++)
+		if (m->nodes[i].id == id) {
+			memcpy(addr, m->nodes[i].addr, KVP_ADDR_MAX);
+			*state = m->nodes[i].state;
+			rc = 0;
+			break;
+		}
+	pthread_mutex_unlock(&m->nodes_mu);
+	return rc;
+}
+
+int mnodes_list(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
+{
+	(void)q;
+	mnodes_check(m);
+	pthread_mutex_lock(&m->nodes_mu);
+	kvp_w_u32(out, (uint32_t)m->nnodes);
+	for (size_t i = 0; i < m->nnodes; i++) {
+		const struct mnode *n = &m->nodes[i];
+		kvp_w_u32(out, n->id);
+		kvp_w_u64(out, n->uuid);
+		kvp_w_cstr(out, n->addr);
+		kvp_w_u8(out, n->state);
+		kvp_w_u64(out, n->capacity);
+		kvp_w_u64(out, n->used);
+		kvp_w_u64(out, n->chunks);
+		kvp_w_i64(out, n->hb_ns);
+	}
+	pthread_mutex_unlock(&m->nodes_mu);
+	return 0;
+}
+
+int mnodes_statfs(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
+{
+	(void)q;
+	mnodes_check(m);
+	pthread_mutex_lock(&m->mu);
+	uint64_t files = m->files, dirs = m->dirs;
+	pthread_mutex_unlock(&m->mu);
+	/* Capacity and use of every registered node, up or down: a node briefly down still
+	 * holds its chunks, and df should not jump when it restarts. */
+	uint64_t cap = 0, used = 0;
+	uint32_t up = 0;
+	pthread_mutex_lock(&m->nodes_mu);
+	for (size_t i = 0; i < m->nnodes; i++) {
+		cap += m->nodes[i].capacity;
+		used += m->nodes[i].used;
+		up += m->nodes[i].state == KVP_NODE_UP;
+	}
+	uint32_t total = (uint32_t)m->nnodes;
+	pthread_mutex_unlock(&m->nodes_mu);
+	kvp_w_u64(out, cap);
+	kvp_w_u64(out, used);
+	kvp_w_u64(out, files);
+	kvp_w_u64(out, dirs);
+	kvp_w_u8(out, (uint8_t)m->o.k);
+	kvp_w_u8(out, (uint8_t)m->o.m);
+	kvp_w_u32(out, m->o.chunk_size);
+	kvp_w_u32(out, up);
+	kvp_w_u32(out, total);
+	return 0;
+}
+
+/* ---- deletion queue ---- */
+
+/* One round: the first queued node at or after *from, up to DEL_BATCH of its chunks, sent as
+ * one DEL. Removed from the queue once the node acknowledges. Returns 1 to go on, 0 when the
+ * queue has nothing more at or after *from. */
+static int delq_round(struct meta *m, uint32_t *from)
+{
+	uint8_t k[MK_MAX];
+	uint64_t *ids = malloc(DEL_BATCH * sizeof(*ids));
+	if (!ids)
+		return 0;
+	uint32_t node = 0, n = 0;
+	rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, m->ro);
+	for (rocksdb_iter_seek(it, (const char *)k, mk_delq(k, *from, 0));
+	     rocksdb_iter_valid(it) && n < DEL_BATCH; rocksdb_iter_next(it)) {
+		size_t kl;
+		const uint8_t *key = (const uint8_t *)rocksdb_iter_key(it, &kl);
+		if (kl != 13 || key[0] != MK_DELQ)
+			break;
+		uint32_t nd = mk_rd_be32(key + 1);
+		if (n && nd != node)
+			break;
+		node = nd;
+		ids[n++] = mk_rd_be64(key + 5);
+	}
+	rocksdb_iter_destroy(it);
+	if (n == 0) {
+		free(ids);
+		return 0;
+	}
+	char addr[KVP_ADDR_MAX];
+	uint8_t state;
+	int rc = mnodes_addr(m, node, addr, &state);
+	int drop = 0;
+	if (rc == -ENOENT) {
+		klog_warn("deletion queue: unknown node %u: dropping %u entries", node, n);
+		drop = 1;
+	} else if (state == KVP_NODE_UP) {
+		struct kvp_client *c;
+		rc = kvp_pool_get(m->pool, addr, &c);
+		if (!rc) {
+			struct kvp_wbuf w;
+			kvp_w_init(&w);
+			kvp_w_u32(&w, n);
+			for (uint32_t i = 0; i < n; i++)
+				kvp_w_u64(&w, ids[i]);
+			rc = w.err ? w.err
+				   : kvp_call(c, KVP_OP_DEL, w.p, w.len, NULL, 0, DEL_TIMEOUT_MS,
+					      NULL, NULL);
+			kvp_w_free(&w);
+			kvp_pool_put(m->pool, c);
+		}
+		if (rc)
+			klog_warn("deletion queue: node %u (%s): %s; will retry", node, addr,
+				  kvp_strerror(rc));
+		else
+			klog_debug("deleted %u chunks on node %u", n, node);
+		drop = rc == 0;
+	}
+	if (drop) {
+		rocksdb_writebatch_t *b = rocksdb_writebatch_create();
+		for (uint32_t i = 0; i < n; i++)
+			rocksdb_writebatch_delete(b, (const char *)k, mk_delq(k, node, ids[i]));
+		mdb_write(m, b);
+		rocksdb_writebatch_destroy(b);
+	} else {
+		if (node == UINT32_MAX) {
+			free(ids);
+			return 0;
+		}
+		*from = node + 1; /* skip this node until the next pass */
+	}
+	free(ids);
+	return 1;
+}
+
+static int stopping(struct meta *m)
+{
+	pthread_mutex_lock(&m->bg_mu);
+	int s = m->stopping;
+	pthread_mutex_unlock(&m->bg_mu);
+	return s;
+}
+
+static void *bg_main(void *arg)
+{
+	struct meta *m = arg;
+	while (!stopping(m)) {
+		mnodes_check(m);
+		uint32_t from = 0;
+		for (int i = 0; i < DEL_ROUNDS && !stopping(m) && delq_round(m, &from); i++)
+			;
+		mfile_expire(m);
+
+		struct timespec t;
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		int64_t ns = t.tv_nsec + (int64_t)(m->o.gc_interval_s * 1e9);
+		t.tv_sec += ns / 1000000000;
+		t.tv_nsec = ns % 1000000000;
+		pthread_mutex_lock(&m->bg_mu);
+		if (!m->stopping && !m->kicked)
+			pthread_cond_timedwait(&m->bg_cv, &m->bg_mu, &t);
+		m->kicked = 0;
+		pthread_mutex_unlock(&m->bg_mu);
+	}
+	return NULL;
+}
+
+void mbg_kick(struct meta *m)
+{
+	pthread_mutex_lock(&m->bg_mu);
+	m->kicked = 1;
+	pthread_cond_signal(&m->bg_cv);
+	pthread_mutex_unlock(&m->bg_mu);
+}
+
+int mbg_start(struct meta *m)
+{
+	int rc = pthread_create(&m->bg, NULL, bg_main, m);
+	if (rc)
+		return -rc;
+	m->bg_started = 1;
+	return 0;
+}
+
+void mbg_stop(struct meta *m)
+{
+	if (!m->bg_started)
+		return;
+	pthread_mutex_lock(&m->bg_mu);
+	m->stopping = 1;
+	pthread_cond_signal(&m->bg_cv);
+	pthread_mutex_unlock(&m->bg_mu);
+	pthread_join(m->bg, NULL);
+	m->bg_started = 0;
+}
