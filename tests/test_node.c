@@ -374,20 +374,26 @@ static void test_del_list_stat(void **state)
 	(void)state;
 	/* A fresh node so the numbers are exact. */
 	struct nodeproc np = {0};
-	assert_int_equal(node_start(&np, "list", "--capacity", "64M", NULL), 0);
+	/* A tiny ring (7 SQEs in flight) and one thread each: requests queue behind a full ring. */
+	assert_int_equal(node_start(&np, "list", "--capacity", "64M", "--io-threads", "1",
+				    "--ring-depth", "8", "--workers", "1", NULL),
+			 0);
 	struct kvp_client *c = connect_node(&np);
 	enum { N = 300 };
 	uint64_t ids[N];
 	uint64_t used = 0;
 	uint8_t d[1000];
+	struct kvp_call *calls[N];
 	for (int i = 0; i < N; i++) {
 		/* Scattered ids, including ones at the ends of the u64 range. */
 		ids[i] = i == 0 ? 1 : i == 1 ? UINT64_MAX : (uint64_t)i * 0x9E3779B97F4A7C15ull;
 		uint32_t n = (uint32_t)(i * 3 % 1000);
 		fill(d, n, ids[i]);
-		assert_int_equal(put(c, ids[i], d, n), 0);
+		assert_int_equal(put_start(c, ids[i], d, n, kvec_crc32c(0, d, n), &calls[i]), 0);
 		used += n;
 	}
+	for (int i = 0; i < N; i++)
+		assert_int_equal(kvp_call_wait(calls[i], CALL_MS, NULL, NULL), 0);
 	struct nstat st;
 	stat_node(c, &st);
 	assert_int_equal(st.chunks, N);
@@ -551,7 +557,7 @@ static void test_crash_restart(void **state)
 {
 	(void)state;
 	struct nodeproc np = {0};
-	assert_int_equal(node_start(&np, "crash", NULL), 0);
+	assert_int_equal(node_start(&np, "crash", "--sync", NULL), 0);
 	struct kvp_client *c = connect_node(&np);
 	enum { N = 64 };
 	uint8_t *d = malloc(N * 5000);
