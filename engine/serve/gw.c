@@ -1,0 +1,712 @@
+#define KVFS_LOG_TAG "gateway"
+#include "gw.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log.h"
+
+#define NB_TTFT 13
+#define NB_ITL	12
+static const double ttft_b[NB_TTFT] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+				       1,     2.5,  5,	   10,	 30,  60};
+static const double itl_b[NB_ITL] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+				     0.1,   0.25,   0.5,   1,	 2.5,	5};
+
+struct hist {
+	uint64_t b[16], count;
+	double sum;
+};
+
+struct gw {
+	struct gw_opts o;
+	struct oai_limits lim;
+	struct gw_backend be;
+	struct MHD_Daemon *d;
+	uint16_t port;
+	atomic_ullong next_id;
+	pthread_mutex_t mu; /* protects everything below */
+	uint64_t req_ok, req_client_err, req_server_err, req_cancelled;
+	uint64_t prompt_tokens, cached_tokens, gen_tokens, cache_queries, cache_hits;
+	struct hist ttft, itl;
+	int running; /* jobs in flight */
+};
+
+struct gw_job {
+	pthread_mutex_t mu; /* protects every field below */
+	pthread_cond_t cv;
+	int refs;
+	struct gw *g;
+	uint64_t id;
+	char idstr[48];
+	int64_t created;
+	struct oai_request req;
+	char *prompt;
+	char *raw; /* all generated text */
+	size_t rawlen, rawcap;
+	size_t visible; /* bytes of raw that are final (not a possible stop-string prefix) */
+	size_t emitted; /* bytes streamed so far */
+	int ntokens, prompt_tokens, cached_tokens;
+	int done, stopped, cancelled, final_sent;
+	int err;
+	char errmsg[256];
+	char finish[16];
+	int64_t t0, t_first, t_last;
+	void *bdata;
+};
+
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static void hist_add(struct hist *h, const double *bounds, int nb, double v)
+{
+	for (int i = 0; i < nb; i++)
+		if (v <= bounds[i])
+			h->b[i]++;
+	h->count++;
+	h->sum += v;
+}
+
+static void job_unref(struct gw_job *j)
+{
+	pthread_mutex_lock(&j->mu);
+	int last = --j->refs == 0;
+	pthread_mutex_unlock(&j->mu);
+	if (!last)
+		return;
+	if (j->g->be.release)
+		j->g->be.release(j->g->be.ctx, j);
+	oai_request_free(&j->req);
+	free(j->prompt);
+	free(j->raw);
+	pthread_mutex_destroy(&j->mu);
+	pthread_cond_destroy(&j->cv);
+	free(j);
+}
+
+void gw_job_set_backend_data(struct gw_job *j, void *data)
+{
+	j->bdata = data;
+}
+void *gw_job_backend_data(const struct gw_job *j)
+{
+	return j->bdata;
+}
+uint64_t gw_job_id(const struct gw_job *j)
+{
+	return j->id;
+}
+
+void gw_job_prompt(struct gw_job *j, int prompt_tokens, int cached_tokens)
+{
+	pthread_mutex_lock(&j->mu);
+	j->prompt_tokens = prompt_tokens;
+	j->cached_tokens = cached_tokens;
+	pthread_mutex_unlock(&j->mu);
+}
+
+/* Longest suffix of raw that is a proper prefix of some stop string: text that must be held
+ * back because the next token could complete a stop string. Called with j->mu held. */
+static size_t holdback(const struct gw_job *j)
+{
+	size_t best = 0;
+	for (int i = 0; i < j->req.n_stop; i++) {
+		const char *s = j->req.stop[i];
+		size_t sl = strlen(s);
+		for (size_t k = sl - 1; k > best; k--)
+			if (k <= j->rawlen && memcmp(j->raw + j->rawlen - k, s, k) == 0) {
+				best = k;
+				break;
+			}
+	}
+	return best;
+}
+
+void gw_job_token(struct gw_job *j, const char *piece, size_t len)
+{
+	int cancel = 0;
+	int64_t t = now_ns();
+	pthread_mutex_lock(&j->mu);
+	if (j->stopped || j->done) {
+		pthread_mutex_unlock(&j->mu);
+		return;
+	}
+	if (j->rawlen + len + 1 > j->rawcap) {
+		size_t cap = j->rawcap ? j->rawcap * 2 : 256;
+		while (cap < j->rawlen + len + 1)
+			cap *= 2;
+		char *r = realloc(j->raw, cap);
+		if (!r) {
+			pthread_mutex_unlock(&j->mu);
+			return;
+		}
+		j->raw = r;
+		j->rawcap = cap;
+	}
+	size_t scan_from = j->visible;
+	memcpy(j->raw + j->rawlen, piece, len);
+	j->rawlen += len;
+	j->raw[j->rawlen] = 0;
+	j->ntokens++;
+	struct gw *g = j->g;
+	if (!j->t_first) {
+		j->t_first = t;
+		pthread_mutex_lock(&g->mu);
+		hist_add(&g->ttft, ttft_b, NB_TTFT, (double)(t - j->t0) / 1e9);
+		pthread_mutex_unlock(&g->mu);
+	} else {
+		pthread_mutex_lock(&g->mu);
+		hist_add(&g->itl, itl_b, NB_ITL, (double)(t - j->t_last) / 1e9);
+		pthread_mutex_unlock(&g->mu);
+	}
+	j->t_last = t;
+	/* A stop string can only start in the not-yet-final tail. */
+	size_t cut = (size_t)-1;
+	for (int i = 0; i < j->req.n_stop; i++) {
+		const char *hit = strstr(j->raw + scan_from, j->req.stop[i]);
+		if (hit && (size_t)(hit - j->raw) < cut)
+			cut = (size_t)(hit - j->raw);
+	}
+	if (cut != (size_t)-1) {
+		j->rawlen = cut;
+		j->raw[cut] = 0;
+		j->visible = cut;
+		j->stopped = 1;
+		snprintf(j->finish, sizeof(j->finish), "stop");
+		cancel = 1;
+	} else {
+		j->visible = j->rawlen - holdback(j);
+	}
+	pthread_cond_broadcast(&j->cv);
+	pthread_mutex_unlock(&j->mu);
+	if (cancel && g->be.cancel)
+		g->be.cancel(g->be.ctx, j);
+}
+
+void gw_job_finish(struct gw_job *j, const char *finish_reason, int err, const char *msg)
+{
+	pthread_mutex_lock(&j->mu);
+	if (!j->done) {
+		j->done = 1;
+		if (!j->stopped) {
+			j->err = err;
+			if (err)
+				snprintf(j->errmsg, sizeof(j->errmsg), "%s",
+					 msg ? msg : strerror(-err));
+			snprintf(j->finish, sizeof(j->finish), "%s",
+				 finish_reason ? finish_reason : "stop");
+			j->visible = j->rawlen;
+		}
+	}
+	pthread_cond_broadcast(&j->cv);
+	pthread_mutex_unlock(&j->mu);
+	job_unref(j);
+}
+
+/* ---- HTTP plumbing ---- */
+
+struct conn {
+	char *body;
+	size_t len, cap;
+	int too_big;
+};
+
+static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, const char *ctype,
+				 char *text)
+{
+	if (!text)
+		return MHD_NO;
+	struct MHD_Response *r =
+	    MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+	if (!r) {
+		free(text);
+		return MHD_NO;
+	}
+	MHD_add_response_header(r, "Content-Type", ctype);
+	enum MHD_Result ret = MHD_queue_response(c, status, r);
+	MHD_destroy_response(r);
+	return ret;
+}
+
+static enum MHD_Result send_error(struct gw *g, struct MHD_Connection *c, unsigned status,
+				  const char *msg, const char *type, const char *param,
+				  const char *code)
+{
+	pthread_mutex_lock(&g->mu);
+	if (status >= 500)
+		g->req_server_err++;
+	else
+		g->req_client_err++;
+	pthread_mutex_unlock(&g->mu);
+	return send_text(c, status, "application/json", oai_error_json(msg, type, param, code));
+}
+
+/* 1 when the client has hung up (checked while we wait for tokens). */
+static int client_gone(struct MHD_Connection *c)
+{
+	const union MHD_ConnectionInfo *ci =
+	    MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+	if (!ci)
+		return 0;
+	struct pollfd p = {.fd = ci->connect_fd, .events = POLLRDHUP};
+	return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+static void cancel_job(struct gw_job *j)
+{
+	pthread_mutex_lock(&j->mu);
+	int already = j->cancelled || j->done;
+	j->cancelled = 1;
+	pthread_mutex_unlock(&j->mu);
+	if (!already) {
+		pthread_mutex_lock(&j->g->mu);
+		j->g->req_cancelled++;
+		pthread_mutex_unlock(&j->g->mu);
+		if (j->g->be.cancel)
+			j->g->be.cancel(j->g->be.ctx, j);
+	}
+}
+
+/* Waits up to 100 ms for news on j. Called with j->mu held. */
+static void wait_news(struct gw_job *j)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_nsec += 100000000L;
+	if (ts.tv_nsec >= 1000000000L) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000L;
+	}
+	pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+}
+
+static void account(struct gw_job *j)
+{
+	struct gw *g = j->g;
+	pthread_mutex_lock(&g->mu);
+	if (j->err && !j->stopped)
+		g->req_server_err++;
+	else
+		g->req_ok++;
+	g->prompt_tokens += (uint64_t)j->prompt_tokens;
+	g->cached_tokens += (uint64_t)j->cached_tokens;
+	g->gen_tokens += (uint64_t)j->ntokens;
+	g->cache_queries += (uint64_t)j->prompt_tokens;
+	g->cache_hits += (uint64_t)j->cached_tokens;
+	g->running--;
+	pthread_mutex_unlock(&g->mu);
+}
+
+/* Streaming: the SSE bytes not yet handed to MHD. */
+struct stream {
+	struct gw_job *j;
+	struct MHD_Connection *c;
+	char *out;
+	size_t len, off;
+	int finished; /* [DONE] queued */
+};
+
+/* Appends one event and frees json. */
+static void stream_put(struct stream *s, char *json)
+{
+	if (!json)
+		return;
+	size_t n = strlen(json), need = s->len + n + 8;
+	char *o = realloc(s->out, need);
+	if (!o) {
+		free(json);
+		return;
+	}
+	s->out = o;
+	memcpy(s->out + s->len, "data: ", 6);
+	memcpy(s->out + s->len + 6, json, n);
+	memcpy(s->out + s->len + 6 + n, "\n\n", 2);
+	s->len += n + 8;
+	free(json);
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+	(void)pos;
+	struct stream *s = cls;
+	struct gw_job *j = s->j;
+	for (;;) {
+		if (s->off < s->len) {
+			size_t n = s->len - s->off < max ? s->len - s->off : max;
+			memcpy(buf, s->out + s->off, n);
+			s->off += n;
+			return (ssize_t)n;
+		}
+		if (s->finished)
+			return MHD_CONTENT_READER_END_OF_STREAM;
+		s->off = s->len = 0;
+		pthread_mutex_lock(&j->mu);
+		while (j->emitted == j->visible && !j->done && !j->stopped) {
+			wait_news(j);
+			if (j->emitted == j->visible && !j->done && !j->stopped) {
+				pthread_mutex_unlock(&j->mu);
+				if (client_gone(s->c)) {
+					cancel_job(j);
+					return MHD_CONTENT_READER_END_WITH_ERROR;
+				}
+				pthread_mutex_lock(&j->mu);
+			}
+		}
+		struct gw *g = j->g;
+		if (j->emitted < j->visible) {
+			char *piece = strndup(j->raw + j->emitted, j->visible - j->emitted);
+			j->emitted = j->visible;
+			pthread_mutex_unlock(&j->mu);
+			if (piece)
+				stream_put(s, oai_chunk_json(j->req.chat, j->idstr, g->o.model_id,
+							     j->created, piece, NULL, NULL));
+			free(piece);
+			continue;
+		}
+		/* Done (or stopped) and everything emitted: final events. */
+		struct oai_usage u = {j->prompt_tokens, j->ntokens, j->cached_tokens};
+		int err = j->stopped ? 0 : j->err;
+		char msg[256], fin[16];
+		snprintf(msg, sizeof(msg), "%s", j->errmsg);
+		snprintf(fin, sizeof(fin), "%s", j->finish);
+		pthread_mutex_unlock(&j->mu);
+		if (err) {
+			stream_put(s,
+				   oai_error_json(msg, "server_error", NULL, "generation_failed"));
+		} else {
+			stream_put(s,
+				   oai_chunk_json(j->req.chat, j->idstr, g->o.model_id, j->created,
+						  j->req.chat ? NULL : "", fin, NULL));
+			if (j->req.include_usage)
+				stream_put(s, oai_chunk_json(j->req.chat, j->idstr, g->o.model_id,
+							     j->created, NULL, NULL, &u));
+		}
+		size_t need = s->len + 16;
+		char *o = realloc(s->out, need);
+		if (o) {
+			s->out = o;
+			memcpy(s->out + s->len, "data: [DONE]\n\n", 14);
+			s->len += 14;
+		}
+		s->finished = 1;
+	}
+}
+
+static void stream_free(void *cls)
+{
+	struct stream *s = cls;
+	pthread_mutex_lock(&s->j->mu);
+	int done = s->j->done || s->j->stopped;
+	pthread_mutex_unlock(&s->j->mu);
+	if (!done)
+		cancel_job(s->j);
+	account(s->j);
+	job_unref(s->j);
+	free(s->out);
+	free(s);
+}
+
+static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat, struct conn *cc)
+{
+	char err[256];
+	const char *param = NULL;
+	struct gw_job *j = calloc(1, sizeof(*j));
+	if (!j)
+		return send_error(g, c, 500, "out of memory", "server_error", NULL, NULL);
+	int rc =
+	    oai_parse_request(cc->body, cc->len, chat, &g->lim, &j->req, err, sizeof(err), &param);
+	if (rc) {
+		free(j);
+		return send_error(g, c, 400, err, "invalid_request_error", param,
+				  rc == -E2BIG ? "context_length_exceeded" : NULL);
+	}
+	pthread_mutex_init(&j->mu, NULL);
+	pthread_cond_init(&j->cv, NULL);
+	j->refs = 2; /* the connection's and the backend's */
+	j->g = g;
+	j->id = atomic_fetch_add(&g->next_id, 1);
+	snprintf(j->idstr, sizeof(j->idstr), "%s-%llu", chat ? "chatcmpl" : "cmpl",
+		 (unsigned long long)j->id);
+	j->created = (int64_t)time(NULL);
+	j->t0 = now_ns();
+	if (chat) {
+		rc = oai_render_chat(&j->req, g->o.chat_template, &j->prompt);
+	} else {
+		j->prompt = strdup(j->req.prompt);
+		rc = j->prompt ? 0 : -ENOMEM;
+	}
+	if (rc) {
+		j->refs = 1;
+		job_unref(j);
+		return send_error(g, c, 500, "cannot render the prompt", "server_error", NULL,
+				  NULL);
+	}
+	struct gw_req req = {.id = j->id, .oai = &j->req, .prompt = j->prompt};
+	pthread_mutex_lock(&g->mu);
+	g->running++;
+	pthread_mutex_unlock(&g->mu);
+	rc = g->be.submit(g->be.ctx, j, &req);
+	if (rc) {
+		pthread_mutex_lock(&g->mu);
+		g->running--;
+		pthread_mutex_unlock(&g->mu);
+		j->refs = 1;
+		job_unref(j);
+		if (rc == -EAGAIN)
+			return send_error(g, c, 503, "no replica can take the request now",
+					  "server_error", NULL, "overloaded");
+		return send_error(g, c, 400,
+				  rc == -E2BIG ? "prompt is longer than the model's context"
+					       : "the request cannot be served",
+				  "invalid_request_error", "prompt",
+				  rc == -E2BIG ? "context_length_exceeded" : NULL);
+	}
+
+	if (j->req.stream) {
+		struct stream *s = calloc(1, sizeof(*s));
+		if (!s) {
+			cancel_job(j);
+			account(j);
+			job_unref(j);
+			return MHD_NO;
+		}
+		s->j = j;
+		s->c = c;
+		struct MHD_Response *r = MHD_create_response_from_callback(
+		    MHD_SIZE_UNKNOWN, 16384, stream_read, s, stream_free);
+		if (!r) {
+			stream_free(s);
+			return MHD_NO;
+		}
+		MHD_add_response_header(r, "Content-Type", "text/event-stream");
+		MHD_add_response_header(r, "Cache-Control", "no-cache");
+		enum MHD_Result ret = MHD_queue_response(c, 200, r);
+		MHD_destroy_response(r);
+		return ret;
+	}
+
+	/* Not streaming: wait for the end, watching for a client that hangs up. */
+	pthread_mutex_lock(&j->mu);
+	while (!j->done && !j->stopped) {
+		wait_news(j);
+		if (!j->done && !j->stopped) {
+			pthread_mutex_unlock(&j->mu);
+			if (client_gone(c)) {
+				cancel_job(j);
+				account(j);
+				job_unref(j);
+				return MHD_NO;
+			}
+			pthread_mutex_lock(&j->mu);
+		}
+	}
+	struct oai_usage u = {j->prompt_tokens, j->ntokens, j->cached_tokens};
+	int jerr = j->stopped ? 0 : j->err;
+	char msg[256];
+	snprintf(msg, sizeof(msg), "%s", j->errmsg);
+	char *body = jerr ? NULL
+			  : oai_response_json(chat, j->idstr, g->o.model_id, j->created, j->raw,
+					      j->finish, &u);
+	pthread_mutex_unlock(&j->mu);
+	account(j);
+	job_unref(j);
+	if (jerr)
+		return send_text(c, 500, "application/json",
+				 oai_error_json(msg, "server_error", NULL, "generation_failed"));
+	return send_text(c, 200, "application/json", body);
+}
+
+static char *metrics_text(struct gw *g)
+{
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	if (!f)
+		return NULL;
+	pthread_mutex_lock(&g->mu);
+	fprintf(f, "# TYPE kvfs_requests_total counter\n");
+	fprintf(f, "kvfs_requests_total{outcome=\"ok\"} %llu\n", (unsigned long long)g->req_ok);
+	fprintf(f, "kvfs_requests_total{outcome=\"client_error\"} %llu\n",
+		(unsigned long long)g->req_client_err);
+	fprintf(f, "kvfs_requests_total{outcome=\"server_error\"} %llu\n",
+		(unsigned long long)g->req_server_err);
+	fprintf(f, "kvfs_requests_total{outcome=\"cancelled\"} %llu\n",
+		(unsigned long long)g->req_cancelled);
+	fprintf(f, "# TYPE kvfs_requests_running gauge\nkvfs_requests_running %d\n", g->running);
+	fprintf(f, "# TYPE prompt_tokens_total counter\nprompt_tokens_total %llu\n",
+		(unsigned long long)g->prompt_tokens);
+	fprintf(f, "# TYPE generation_tokens_total counter\ngeneration_tokens_total %llu\n",
+		(unsigned long long)g->gen_tokens);
+	fprintf(f, "# TYPE cached_tokens_total counter\ncached_tokens_total %llu\n",
+		(unsigned long long)g->cached_tokens);
+	fprintf(f, "# TYPE prefix_cache_queries counter\nprefix_cache_queries %llu\n",
+		(unsigned long long)g->cache_queries);
+	fprintf(f, "# TYPE prefix_cache_hits counter\nprefix_cache_hits %llu\n",
+		(unsigned long long)g->cache_hits);
+	const struct {
+		const char *name;
+		struct hist *h;
+		const double *b;
+		int nb;
+	} hs[] = {{"time_to_first_token_seconds", &g->ttft, ttft_b, NB_TTFT},
+		  {"inter_token_latency_seconds", &g->itl, itl_b, NB_ITL}};
+	for (int k = 0; k < 2; k++) {
+		fprintf(f, "# TYPE %s histogram\n", hs[k].name);
+		for (int i = 0; i < hs[k].nb; i++)
+			fprintf(f, "%s_bucket{le=\"%g\"} %llu\n", hs[k].name, hs[k].b[i],
+				(unsigned long long)hs[k].h->b[i]);
+		fprintf(f, "%s_bucket{le=\"+Inf\"} %llu\n", hs[k].name,
+			(unsigned long long)hs[k].h->count);
+		fprintf(f, "%s_sum %.9f\n%s_count %llu\n", hs[k].name, hs[k].h->sum, hs[k].name,
+			(unsigned long long)hs[k].h->count);
+	}
+	pthread_mutex_unlock(&g->mu);
+	if (g->be.metrics)
+		g->be.metrics(g->be.ctx, f);
+	fclose(f);
+	return buf;
+}
+
+static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url,
+			       const char *method, const char *version, const char *upload,
+			       size_t *upload_size, void **con_cls)
+{
+	(void)version;
+	struct gw *g = cls;
+	struct conn *cc = *con_cls;
+	if (!cc) {
+		cc = calloc(1, sizeof(*cc));
+		if (!cc)
+			return MHD_NO;
+		*con_cls = cc;
+		return MHD_YES;
+	}
+	if (*upload_size) {
+		if (!cc->too_big && cc->len + *upload_size > g->o.max_body) {
+			cc->too_big = 1;
+		} else if (!cc->too_big) {
+			if (cc->len + *upload_size + 1 > cc->cap) {
+				size_t cap = cc->cap ? cc->cap : 4096;
+				while (cap < cc->len + *upload_size + 1)
+					cap *= 2;
+				char *b = realloc(cc->body, cap);
+				if (!b)
+					return MHD_NO;
+				cc->body = b;
+				cc->cap = cap;
+			}
+			memcpy(cc->body + cc->len, upload, *upload_size);
+			cc->len += *upload_size;
+		}
+		*upload_size = 0;
+		return MHD_YES;
+	}
+	int get = strcmp(method, "GET") == 0, post = strcmp(method, "POST") == 0;
+	if (cc->too_big)
+		return send_error(g, c, 400, "request body is larger than this server accepts",
+				  "invalid_request_error", NULL, "request_too_large");
+	if (strcmp(url, "/v1/completions") == 0 || strcmp(url, "/v1/chat/completions") == 0) {
+		if (!post)
+			return send_error(g, c, 405, "use POST", "invalid_request_error", NULL,
+					  NULL);
+		return generate(g, c, url[4] == 'c' && url[5] == 'h', cc);
+	}
+	if (strcmp(url, "/v1/models") == 0 && get) {
+		const char *ids[1] = {g->o.model_id};
+		return send_text(c, 200, "application/json",
+				 oai_models_json(ids, 1, (int64_t)time(NULL)));
+	}
+	if (strcmp(url, "/health") == 0 && get) {
+		int ok = !g->be.healthy || g->be.healthy(g->be.ctx);
+		return send_text(
+		    c, ok ? 200 : 503, "application/json",
+		    strdup(ok ? "{\"status\":\"ok\"}" : "{\"status\":\"unavailable\"}"));
+	}
+	if (strcmp(url, "/metrics") == 0 && get)
+		return send_text(c, 200, "text/plain; version=0.0.4", metrics_text(g));
+	return send_error(g, c, 404, "no such endpoint", "invalid_request_error", NULL, NULL);
+}
+
+static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
+		      enum MHD_RequestTerminationCode toe)
+{
+	(void)cls, (void)c, (void)toe;
+	struct conn *cc = *con_cls;
+	if (cc) {
+		free(cc->body);
+		free(cc);
+		*con_cls = NULL;
+	}
+}
+
+int gw_start(const struct gw_opts *o, const struct gw_backend *be, struct gw **out)
+{
+	if (!be || !be->submit)
+		return -EINVAL;
+	struct gw *g = calloc(1, sizeof(*g));
+	if (!g)
+		return -ENOMEM;
+	g->o = *o;
+	if (!g->o.max_body)
+		g->o.max_body = 1 << 20;
+	if (!g->o.model_id)
+		g->o.model_id = "kvfs";
+	g->lim = o->limits;
+	if (!g->lim.max_prompt_bytes)
+		g->lim.max_prompt_bytes = 64 << 10;
+	if (!g->lim.max_tokens)
+		g->lim.max_tokens = 4096;
+	if (!g->lim.default_max_tokens)
+		g->lim.default_max_tokens = 16;
+	if (!g->lim.max_messages)
+		g->lim.max_messages = 64;
+	g->be = *be;
+	atomic_init(&g->next_id, 1);
+	pthread_mutex_init(&g->mu, NULL);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(o->port)};
+	if (inet_pton(AF_INET, o->host ? o->host : "127.0.0.1", &sa.sin_addr) != 1) {
+		free(g);
+		return -EINVAL;
+	}
+	g->d = MHD_start_daemon(
+	    MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG, 0,
+	    NULL, NULL, handler, g, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_NOTIFY_COMPLETED,
+	    completed, g, MHD_OPTION_CONNECTION_LIMIT, 512u, MHD_OPTION_CONNECTION_TIMEOUT, 600u,
+	    MHD_OPTION_END);
+	if (!g->d) {
+		klog_error("cannot listen on %s:%u", o->host ? o->host : "127.0.0.1", o->port);
+		pthread_mutex_destroy(&g->mu);
+		free(g);
+		return -EADDRINUSE;
+	}
+	const union MHD_DaemonInfo *di = MHD_get_daemon_info(g->d, MHD_DAEMON_INFO_BIND_PORT);
+	g->port = di ? di->port : o->port;
+	*out = g;
+	return 0;
+}
+
+uint16_t gw_port(const struct gw *g)
+{
+	return g->port;
+}
+
+void gw_stop(struct gw *g)
+{
+	if (!g)
+		return;
+	MHD_stop_daemon(g->d);
+	pthread_mutex_destroy(&g->mu);
+	free(g);
+}

@@ -1,0 +1,85 @@
+/* gw — the HTTP gateway: OpenAI-compatible endpoints over libmicrohttpd, in front of a
+ * backend that generates tokens (the embedded engine, or the prefill/decode load balancers
+ * talking to worker processes).
+ *
+ * Endpoints: POST /v1/completions, POST /v1/chat/completions (stream: true as server-sent
+ * events ending in `data: [DONE]`), GET /v1/models, GET /health, GET /metrics (Prometheus).
+ * Every error is an OpenAI error JSON with its HTTP status; bodies past max_body, malformed
+ * JSON and wrong types are 400s and the gateway keeps serving. A client that disconnects has
+ * its request cancelled in the backend (which frees its KV).
+ *
+ * Stop strings are applied here, on text: generation stops at the first stop string, which is
+ * not returned; streamed text is held back while it could still be the start of one.
+ *
+ * Threading: one thread per HTTP connection (libmicrohttpd). Backends deliver tokens from any
+ * thread through gw_job_*; a job is reference-counted between the connection and the backend.
+ */
+#ifndef KVFS_GW_H
+#define KVFS_GW_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "oai.h"
+
+struct gw;
+struct gw_job;
+
+/* What the gateway hands a backend for one request. Valid until gw_job_finish. */
+struct gw_req {
+	uint64_t id;
+	const struct oai_request *oai; /* sampling parameters, salt, max_tokens */
+	const char *prompt;	       /* completions: the prompt; chat: the rendered template */
+};
+
+struct gw_backend {
+	void *ctx;
+	/* Starts generating for job; returns 0, or -EAGAIN (no replica can take it: 503),
+	 * -E2BIG / -EINVAL (prompt too long or bad: 400) with nothing started. After 0 the backend
+	 * owns a reference: it reports tokens with gw_job_token and ends with exactly one
+	 * gw_job_finish, from any thread. */
+	int (*submit)(void *ctx, struct gw_job *job, const struct gw_req *req);
+	/* The client is gone or a stop string matched: stop soon and gw_job_finish. May be
+	 * called after the backend finished (then a no-op). */
+	void (*cancel)(void *ctx, struct gw_job *job);
+	/* The job is being freed (after gw_job_finish and the client's end): free what
+	 * gw_job_set_backend_data pointed to. cancel is never called after this. Called for every
+	 * job passed to submit, also when submit failed (data then NULL). May be NULL. */
+	void (*release)(void *ctx, struct gw_job *job);
+	/* Writes backend metrics (per-replica load, ...) in Prometheus text format. May be NULL. */
+	void (*metrics)(void *ctx, FILE *out);
+	/* 1 when at least one replica can serve. May be NULL (always healthy). */
+	int (*healthy)(void *ctx);
+};
+
+struct gw_opts {
+	const char *host;	   /* listen address; default 127.0.0.1 */
+	uint16_t port;		   /* 0 = ephemeral */
+	const char *model_id;	   /* what /v1/models lists and responses name */
+	const char *chat_template; /* "chatml", "llama3", "plain" (default) */
+	size_t max_body;	   /* default 1 MiB */
+	struct oai_limits limits;  /* zeros = defaults (64 KiB prompt, 4096 tokens, 16, 64) */
+};
+
+/* Starts listening. Returns 0, -EADDRINUSE, -EINVAL, -ENOMEM. The backend must outlive it. */
+int gw_start(const struct gw_opts *o, const struct gw_backend *be, struct gw **out);
+uint16_t gw_port(const struct gw *g);
+/* Stops accepting, cancels what is running, waits for connections to end, frees. */
+void gw_stop(struct gw *g);
+
+/* ---- for backends ---- */
+/* Opaque per-request token the backend may store (e.g. its own request record). */
+void gw_job_set_backend_data(struct gw_job *j, void *data);
+void *gw_job_backend_data(const struct gw_job *j);
+uint64_t gw_job_id(const struct gw_job *j);
+/* Prompt accounting, once known (after tokenization / prefill). */
+void gw_job_prompt(struct gw_job *j, int prompt_tokens, int cached_tokens);
+/* One generated token's text (may be empty for a partial UTF-8 sequence). */
+void gw_job_token(struct gw_job *j, const char *piece, size_t len);
+/* Ends the job: finish_reason "stop" or "length" when err == 0; otherwise err (negative
+ * errno) and msg describe the failure (sent as an error event / error JSON). Drops the
+ * backend's reference: do not touch j afterwards. */
+void gw_job_finish(struct gw_job *j, const char *finish_reason, int err, const char *msg);
+
+#endif

@@ -1,0 +1,409 @@
+/* Tests for engine/serve/gw, the HTTP gateway, over real sockets: endpoints, streaming (SSE
+ * ending in [DONE]), stop strings, usage, errors as OpenAI error JSON with the right status,
+ * oversize bodies, client disconnects cancelling the backend, 20 concurrent clients, metrics.
+ * The backend here is a small token generator thread (the real engine backends are tested
+ * in their own suites); the HTTP side is the real libmicrohttpd server. */
+#include <arpa/inet.h>
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "gw.h"
+
+static atomic_int cancels, submits;
+
+struct gen {
+	struct gw_job *job;
+	int max, slow, fail;
+	atomic_int cancelled;
+	char prompt[64];
+};
+
+static void *gen_main(void *arg)
+{
+	struct gen *g = arg;
+	gw_job_prompt(g->job, (int)strlen(g->prompt), 3);
+	/* Produces "w0 w1 w2 ..." or, for prompt "stop", "hello world END more text". */
+	static const char *stop_words[] = {"hel", "lo wor", "ld E", "ND ", "more", " text"};
+	int i;
+	for (i = 0; i < g->max; i++) {
+		if (atomic_load(&g->cancelled))
+			break;
+		char piece[32];
+		if (strcmp(g->prompt, "stop") == 0)
+			snprintf(piece, sizeof(piece), "%s", stop_words[i % 6]);
+		else
+			snprintf(piece, sizeof(piece), "w%d ", i);
+		gw_job_token(g->job, piece, strlen(piece));
+		if (g->fail && i == 1)
+			break;
+		usleep(g->slow ? 50000 : 1000);
+	}
+	if (g->fail)
+		gw_job_finish(g->job, NULL, -EIO, "replica died");
+	else if (atomic_load(&g->cancelled))
+		gw_job_finish(g->job, NULL, -ECANCELED, "cancelled");
+	else
+		gw_job_finish(g->job, i == g->max ? "length" : "stop", 0, NULL);
+	return NULL;
+}
+
+static int be_submit(void *ctx, struct gw_job *job, const struct gw_req *req)
+{
+	(void)ctx;
+	if (strcmp(req->prompt, "busy") == 0)
+		return -EAGAIN;
+	struct gen *g = calloc(1, sizeof(*g));
+	g->job = job;
+	g->max = req->oai->max_tokens;
+	g->slow = strcmp(req->prompt, "slow") == 0;
+	g->fail = strcmp(req->prompt, "fail") == 0;
+	snprintf(g->prompt, sizeof(g->prompt), "%s", req->prompt);
+	gw_job_set_backend_data(job, g);
+	atomic_fetch_add(&submits, 1);
+	pthread_t t;
+	pthread_create(&t, NULL, gen_main, g);
+	pthread_detach(t);
+	return 0;
+}
+
+static void be_cancel(void *ctx, struct gw_job *job)
+{
+	(void)ctx;
+	struct gen *g = gw_job_backend_data(job);
+	atomic_store(&g->cancelled, 1);
+	atomic_fetch_add(&cancels, 1);
+}
+
+static void be_release(void *ctx, struct gw_job *job)
+{
+	(void)ctx;
+	free(gw_job_backend_data(job));
+}
+
+static void be_metrics(void *ctx, FILE *out)
+{
+	(void)ctx;
+	fprintf(out, "kvfs_replica_load{replica=\"test\"} 0\n");
+}
+
+static struct gw *gw;
+static uint16_t port;
+
+/* One HTTP request; returns the status and the body (malloc'd). */
+static int http(const char *method, const char *path, const char *body, char **out)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+	inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)))
+		return -1;
+	size_t bl = body ? strlen(body) : 0;
+	char *req = malloc(bl + 512);
+	int n = sprintf(req,
+			"%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: "
+			"application/json\r\nContent-Length: %zu\r\n\r\n",
+			method, path, bl);
+	if (body)
+		memcpy(req + n, body, bl);
+	size_t off = 0, total = (size_t)n + bl;
+	while (off < total) {
+		ssize_t w = write(fd, req + off, total - off);
+		if (w <= 0)
+			break;
+		off += (size_t)w;
+	}
+	free(req);
+	size_t cap = 1 << 16, len = 0;
+	char *buf = malloc(cap);
+	ssize_t r;
+	while ((r = read(fd, buf + len, cap - len - 1)) > 0) {
+		len += (size_t)r;
+		if (len + 1 == cap)
+			buf = realloc(buf, cap *= 2);
+	}
+	buf[len] = 0;
+	close(fd);
+	int status = -1;
+	sscanf(buf, "HTTP/1.1 %d", &status);
+	char *b = strstr(buf, "\r\n\r\n");
+	*out = strdup(b ? b + 4 : "");
+	free(buf);
+	return status;
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	struct gw_opts o = {.model_id = "test-model", .max_body = 4096};
+	struct gw_backend be = {
+	    .submit = be_submit, .cancel = be_cancel, .release = be_release, .metrics = be_metrics};
+	assert_int_equal(gw_start(&o, &be, &gw), 0);
+	port = gw_port(gw);
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	gw_stop(gw);
+	return 0;
+}
+
+static cJSON *json(const char *s)
+{
+	cJSON *o = cJSON_Parse(s);
+	if (!o)
+		fail_msg("not JSON: %s", s);
+	return o;
+}
+
+static void test_basic_endpoints(void **state)
+{
+	(void)state;
+	char *b;
+	assert_int_equal(http("GET", "/health", NULL, &b), 200);
+	free(b);
+	assert_int_equal(http("GET", "/v1/models", NULL, &b), 200);
+	cJSON *o = json(b);
+	assert_string_equal(
+	    cJSON_GetArrayItem(cJSON_GetObjectItem(o, "data"), 0)->child->valuestring,
+	    "test-model");
+	cJSON_Delete(o);
+	free(b);
+	assert_int_equal(http("GET", "/nope", NULL, &b), 404);
+	o = json(b);
+	assert_non_null(cJSON_GetObjectItem(o, "error"));
+	cJSON_Delete(o);
+	free(b);
+	assert_int_equal(http("GET", "/v1/completions", NULL, &b), 405);
+	free(b);
+}
+
+static void test_completion(void **state)
+{
+	(void)state;
+	char *b;
+	assert_int_equal(http("POST", "/v1/completions",
+			      "{\"prompt\":\"abc\",\"max_tokens\":4,\"user\":\"t\"}", &b),
+			 200);
+	cJSON *o = json(b);
+	cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+	assert_string_equal(cJSON_GetObjectItem(c0, "text")->valuestring, "w0 w1 w2 w3 ");
+	assert_string_equal(cJSON_GetObjectItem(c0, "finish_reason")->valuestring, "length");
+	cJSON *u = cJSON_GetObjectItem(o, "usage");
+	assert_int_equal(cJSON_GetObjectItem(u, "completion_tokens")->valueint, 4);
+	assert_int_equal(cJSON_GetObjectItem(u, "prompt_tokens")->valueint, 3);
+	assert_int_equal(
+	    cJSON_GetObjectItem(cJSON_GetObjectItem(u, "prompt_tokens_details"), "cached_tokens")
+		->valueint,
+	    3);
+	cJSON_Delete(o);
+	free(b);
+
+	/* Chat, with a stop string spanning tokens: cut before it, finish_reason stop. */
+	assert_int_equal(http("POST", "/v1/chat/completions",
+			      "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+			      "\"max_tokens\":10,\"stop\":\"END\"}",
+			      &b),
+			 200);
+	o = json(b);
+	c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+	/* The chat prompt is rendered, so the generator makes w-words: no stop hit. */
+	assert_string_equal(
+	    cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "message"), "content")->valuestring,
+	    "w0 w1 w2 w3 w4 w5 w6 w7 w8 w9 ");
+	cJSON_Delete(o);
+	free(b);
+	assert_int_equal(http("POST", "/v1/completions",
+			      "{\"prompt\":\"stop\",\"max_tokens\":10,\"stop\":[\"END\"]}", &b),
+			 200);
+	o = json(b);
+	c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+	assert_string_equal(cJSON_GetObjectItem(c0, "text")->valuestring, "hello world ");
+	assert_string_equal(cJSON_GetObjectItem(c0, "finish_reason")->valuestring, "stop");
+	cJSON_Delete(o);
+	free(b);
+}
+
+static void test_stream(void **state)
+{
+	(void)state;
+	char *b;
+	assert_int_equal(http("POST", "/v1/completions",
+			      "{\"prompt\":\"stop\",\"max_tokens\":10,\"stop\":\"END\","
+			      "\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+			      &b),
+			 200);
+	/* Reassemble the text from the events; check the order of the final events. */
+	char text[256] = "";
+	int events = 0, saw_finish = 0, saw_usage = 0;
+	char *p = b;
+	while ((p = strstr(p, "data: "))) {
+		p += 6;
+		char *end = strstr(p, "\n\n");
+		assert_non_null(end);
+		*end = 0;
+		events++;
+		if (strcmp(p, "[DONE]") == 0) {
+			assert_null(strstr(end + 2, "data: "));
+			break;
+		}
+		cJSON *o = json(p);
+		cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+		if (c0) {
+			strcat(text, cJSON_GetObjectItem(c0, "text")->valuestring);
+			cJSON *fr = cJSON_GetObjectItem(c0, "finish_reason");
+			if (cJSON_IsString(fr)) {
+				assert_string_equal(fr->valuestring, "stop");
+				saw_finish = 1;
+			}
+		}
+		if (cJSON_GetObjectItem(o, "usage")) {
+			assert_true(saw_finish);
+			saw_usage = 1;
+		}
+		cJSON_Delete(o);
+		p = end + 2;
+	}
+	assert_string_equal(text, "hello world ");
+	assert_true(saw_finish && saw_usage && events >= 4);
+	free(b);
+
+	/* A backend failure mid-stream ends with an error event, then [DONE]. */
+	assert_int_equal(http("POST", "/v1/completions",
+			      "{\"prompt\":\"fail\",\"max_tokens\":10,\"stream\":true}", &b),
+			 200);
+	assert_non_null(strstr(b, "\"error\""));
+	assert_non_null(strstr(b, "replica died"));
+	assert_non_null(strstr(b, "data: [DONE]"));
+	free(b);
+}
+
+static void test_errors(void **state)
+{
+	(void)state;
+	const char *bad[] = {"{", "{\"prompt\":1}", "[]", "{\"prompt\":\"a\",\"max_tokens\":-1}",
+			     "{\"prompt\":\"a\",\"temperature\":\"hot\"}"};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char *b;
+		assert_int_equal(http("POST", "/v1/completions", bad[i], &b), 400);
+		cJSON *o = json(b);
+		cJSON *e = cJSON_GetObjectItem(o, "error");
+		assert_non_null(e);
+		assert_string_equal(cJSON_GetObjectItem(e, "type")->valuestring,
+				    "invalid_request_error");
+		cJSON_Delete(o);
+		free(b);
+	}
+	/* Oversize body (the test gateway allows 4096 bytes). */
+	char *big = malloc(10000);
+	memset(big, ' ', 9999);
+	big[9999] = 0;
+	memcpy(big, "{\"prompt\":\"", 11);
+	char *b;
+	assert_int_equal(http("POST", "/v1/completions", big, &b), 400);
+	assert_non_null(strstr(b, "request_too_large"));
+	free(b);
+	free(big);
+	assert_int_equal(http("POST", "/v1/completions", "{\"prompt\":\"busy\"}", &b), 503);
+	free(b);
+	/* Still alive. */
+	assert_int_equal(http("GET", "/health", NULL, &b), 200);
+	free(b);
+}
+
+static void test_disconnect_cancels(void **state)
+{
+	(void)state;
+	int before = atomic_load(&cancels);
+	for (int stream = 0; stream < 2; stream++) {
+		int fd = socket(AF_INET, SOCK_STREAM, 0);
+		struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+		inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+		assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+		char req[512];
+		const char *body = stream
+				       ? "{\"prompt\":\"slow\",\"max_tokens\":100,\"stream\":true}"
+				       : "{\"prompt\":\"slow\",\"max_tokens\":100}";
+		int n = snprintf(req, sizeof(req),
+				 "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
+				 "%zu\r\n\r\n%s",
+				 strlen(body), body);
+		assert_int_equal(write(fd, req, (size_t)n), n);
+		usleep(200000);
+		close(fd);
+	}
+	for (int i = 0; i < 100 && atomic_load(&cancels) < before + 2; i++)
+		usleep(20000);
+	assert_int_equal(atomic_load(&cancels), before + 2);
+}
+
+static void *client(void *arg)
+{
+	char *b;
+	int st = http("POST", "/v1/completions", "{\"prompt\":\"p\",\"max_tokens\":8}", &b);
+	*(int *)arg = st == 200 && strstr(b, "w7 ") != NULL;
+	free(b);
+	return NULL;
+}
+
+static void test_concurrent_and_metrics(void **state)
+{
+	(void)state;
+	pthread_t t[20];
+	int ok[20];
+	for (int i = 0; i < 20; i++)
+		pthread_create(&t[i], NULL, client, &ok[i]);
+	for (int i = 0; i < 20; i++) {
+		pthread_join(t[i], NULL);
+		assert_true(ok[i]);
+	}
+	char *b;
+	assert_int_equal(http("GET", "/metrics", NULL, &b), 200);
+	/* Every non-comment line is "name{labels} value" with a number. */
+	char *save, *line;
+	int samples = 0;
+	for (line = strtok_r(b, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+		if (line[0] == '#')
+			continue;
+		char *sp = strrchr(line, ' ');
+		assert_non_null(sp);
+		char *end;
+		strtod(sp + 1, &end);
+		assert_true(*end == 0);
+		samples++;
+		if (strncmp(line, "kvfs_requests_total{outcome=\"ok\"}", 33) == 0)
+			assert_true(atol(sp + 1) >= 20);
+		if (strncmp(line, "time_to_first_token_seconds_count", 33) == 0)
+			assert_true(atol(sp + 1) >= 20);
+	}
+	assert_true(samples > 20);
+	free(b);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_basic_endpoints),
+	    cmocka_unit_test(test_completion),
+	    cmocka_unit_test(test_stream),
+	    cmocka_unit_test(test_errors),
+	    cmocka_unit_test(test_disconnect_cancels),
+	    cmocka_unit_test(test_concurrent_and_metrics),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
