@@ -2,6 +2,7 @@
  * length first; allocations grow with what has actually been parsed, so a hostile count can
  * never make us allocate more than a small multiple of the file size. */
 #include "gguf.h"
+#include "gguf_impl.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -22,32 +23,6 @@
 #define MAX_ARRAY_DEPTH	 8
 #define MIN_KV_BYTES	 (8 + 1 + 4 + 1)	 /* key len, 1-byte key, type, u8 value */
 #define MIN_TENSOR_BYTES (8 + 1 + 4 + 8 + 4 + 8) /* name len, name, n_dims, 1 dim, type, off */
-
-struct kv {
-	char *key;
-	uint32_t type;
-	size_t off;	    /* value bytes (for arrays: first element) */
-	uint32_t arr_type;  /* arrays only */
-	uint64_t arr_count; /* arrays only */
-	size_t *str_offs;   /* string arrays: offset of each element's length field */
-};
-
-struct kvi_gguf {
-	const uint8_t *base;
-	size_t len;
-	int mapped;
-	uint32_t version;
-	uint32_t alignment;
-	size_t data_off;
-	struct kv *kvs;
-	size_t n_kv;
-	struct kvi_gguf_tensor *tensors;
-	size_t n_tensors;
-	uint32_t *kv_hash; /* open addressing, index+1, 0 = empty; size kv_hmask+1 */
-	size_t kv_hmask;
-	uint32_t *t_hash;
-	size_t t_hmask;
-};
 
 struct rd {
 	const uint8_t *p;
@@ -112,7 +87,7 @@ static int rd_str(struct rd *r, size_t *off, size_t *slen, const char *what)
 	return 0;
 }
 
-static size_t scalar_size(uint32_t t)
+size_t kvi_gguf_scalar_size(uint32_t t)
 {
 	switch (t) {
 	case KVI_GGUF_U8:
@@ -138,7 +113,7 @@ static size_t scalar_size(uint32_t t)
 /* Validates one value of type t at r->pos and skips it. Arrays recurse (bounded depth). */
 static int skip_value(struct rd *r, uint32_t t, int depth, const char *key)
 {
-	size_t sz = scalar_size(t);
+	size_t sz = kvi_gguf_scalar_size(t);
 	if (sz) {
 		int ret = rd_need(r, sz, key);
 		if (ret)
@@ -164,7 +139,7 @@ static int skip_value(struct rd *r, uint32_t t, int depth, const char *key)
 		ret = rd_u64(r, &cnt, key);
 	if (ret)
 		return ret;
-	size_t esz = scalar_size(et);
+	size_t esz = kvi_gguf_scalar_size(et);
 	size_t min = esz ? esz : et == KVI_GGUF_STRING ? 8 : et == KVI_GGUF_ARRAY ? 12 : 0;
 	if (!min)
 		return fail(r, "key '%s': unknown array element type %u", key, et);
@@ -183,7 +158,7 @@ static int skip_value(struct rd *r, uint32_t t, int depth, const char *key)
 	return 0;
 }
 
-static uint64_t fnv1a(const char *s)
+uint64_t kvi_gguf_hash(const char *s)
 {
 	uint64_t h = 1469598103934665603ull;
 	for (; *s; s++)
@@ -205,7 +180,7 @@ static int build_hash(struct rd *r, uint32_t **tab, size_t *mask, size_t n,
 	*mask = cap - 1;
 	for (size_t i = 0; i < n; i++) {
 		const char *nm = name_of(arr, i);
-		size_t h = fnv1a(nm) & *mask;
+		size_t h = kvi_gguf_hash(nm) & *mask;
 		while ((*tab)[h]) {
 			if (!strcmp(name_of(arr, (*tab)[h] - 1), nm))
 				return fail(r, "duplicate %s '%s'", what, nm);
@@ -278,7 +253,7 @@ static int parse_kv(struct rd *r, struct kvi_gguf *g, size_t i)
 		return ret;
 	kv->off = r->pos;
 	uint32_t et = kv->arr_type;
-	size_t esz = scalar_size(et);
+	size_t esz = kvi_gguf_scalar_size(et);
 	if (et == KVI_GGUF_STRING) {
 		if (kv->arr_count > (r->len - r->pos) / 8)
 			return fail(r, "key '%s': array count %llu exceeds the remaining %zu bytes",
@@ -398,6 +373,34 @@ static void gguf_free(struct kvi_gguf *g)
 	free(g);
 }
 
+static int cmp_offset(const void *a, const void *b)
+{
+	const struct kvi_gguf_tensor *x = *(const struct kvi_gguf_tensor *const *)a;
+	const struct kvi_gguf_tensor *y = *(const struct kvi_gguf_tensor *const *)b;
+	return (x->offset > y->offset) - (x->offset < y->offset);
+}
+
+/* Two tensors sharing bytes would let one weight silently alias another. */
+static int check_overlap(struct rd *r, struct kvi_gguf *g)
+{
+	if (g->n_tensors < 2)
+		return 0;
+	const struct kvi_gguf_tensor **v = malloc(g->n_tensors * sizeof(*v));
+	if (!v)
+		return -ENOMEM;
+	for (size_t i = 0; i < g->n_tensors; i++)
+		v[i] = &g->tensors[i];
+	qsort(v, g->n_tensors, sizeof(*v), cmp_offset);
+	int ret = 0;
+	for (size_t i = 0; i + 1 < g->n_tensors && !ret; i++)
+		if (v[i]->nbytes && v[i + 1]->nbytes &&
+		    v[i]->offset + v[i]->nbytes > v[i + 1]->offset)
+			ret = fail(r, "tensors '%s' and '%s' overlap in the data section",
+				   v[i]->name, v[i + 1]->name);
+	free(v);
+	return ret;
+}
+
 static int parse(struct kvi_gguf *g, char *err, size_t errlen)
 {
 	struct rd r = {.p = g->base, .len = g->len, .err = err, .errlen = errlen};
@@ -476,7 +479,7 @@ static int parse(struct kvi_gguf *g, char *err, size_t errlen)
 				    g->len);
 		t->data = g->base + g->data_off + t->offset;
 	}
-	return 0;
+	return check_overlap(&r, g);
 }
 
 static int open_common(struct kvi_gguf *g, struct kvi_gguf **out, char *err, size_t errlen)
@@ -562,310 +565,4 @@ const void *kvi_gguf_base(const struct kvi_gguf *g, size_t *len)
 	if (len)
 		*len = g->len;
 	return g->base;
-}
-
-size_t kvi_gguf_n_kv(const struct kvi_gguf *g)
-{
-	return g->n_kv;
-}
-
-const char *kvi_gguf_kv_key(const struct kvi_gguf *g, size_t i)
-{
-	return i < g->n_kv ? g->kvs[i].key : NULL;
-}
-
-enum kvi_gguf_type kvi_gguf_kv_type(const struct kvi_gguf *g, size_t i)
-{
-	return i < g->n_kv ? (enum kvi_gguf_type)g->kvs[i].type : (enum kvi_gguf_type) - 1;
-}
-
-int64_t kvi_gguf_find_kv(const struct kvi_gguf *g, const char *key)
-{
-	if (!g->kv_hash)
-		return -ENOENT;
-	size_t h = fnv1a(key) & g->kv_hmask;
-	while (g->kv_hash[h]) {
-		size_t i = g->kv_hash[h] - 1;
-		if (!strcmp(g->kvs[i].key, key))
-			return (int64_t)i;
-		h = (h + 1) & g->kv_hmask;
-	}
-	return -ENOENT;
-}
-
-/* Integer value of a scalar of type t at p, as sign + magnitude. -EINVAL if not an integer. */
-static int int_at(const uint8_t *p, uint32_t t, int *neg, uint64_t *mag)
-{
-	int64_t s = 0;
-	uint64_t u = 0;
-	int is_signed = 1;
-	switch (t) {
-	case KVI_GGUF_U8: {
-		is_signed = 0;
-		u = p[0];
-		break;
-	}
-	case KVI_GGUF_I8: {
-		int8_t v;
-		memcpy(&v, p, 1);
-		s = v;
-		break;
-	}
-	case KVI_GGUF_U16: {
-		uint16_t v;
-		memcpy(&v, p, 2);
-		is_signed = 0;
-		u = v;
-		break;
-	}
-	case KVI_GGUF_I16: {
-		int16_t v;
-		memcpy(&v, p, 2);
-		s = v;
-		break;
-	}
-	case KVI_GGUF_U32: {
-		uint32_t v;
-		memcpy(&v, p, 4);
-		is_signed = 0;
-		u = v;
-		break;
-	}
-	case KVI_GGUF_I32: {
-		int32_t v;
-		memcpy(&v, p, 4);
-		s = v;
-		break;
-	}
-	case KVI_GGUF_U64: {
-		is_signed = 0;
-		memcpy(&u, p, 8);
-		break;
-	}
-	case KVI_GGUF_I64: {
-		memcpy(&s, p, 8);
-		break;
-	}
-	default:
-		return -EINVAL;
-	}
-	if (is_signed) {
-		*neg = s < 0;
-		*mag = s < 0 ? (uint64_t)0 - (uint64_t)s : (uint64_t)s;
-	} else {
-		*neg = 0;
-		*mag = u;
-	}
-	return 0;
-}
-
-static const struct kv *find(const struct kvi_gguf *g, const char *key)
-{
-	int64_t i = kvi_gguf_find_kv(g, key);
-	return i < 0 ? NULL : &g->kvs[i];
-}
-
-static int get_int(const struct kvi_gguf *g, const char *key, int *neg, uint64_t *mag)
-{
-	const struct kv *kv = find(g, key);
-	if (!kv)
-		return -ENOENT;
-	return int_at(g->base + kv->off, kv->type, neg, mag);
-}
-
-int kvi_gguf_get_u32(const struct kvi_gguf *g, const char *key, uint32_t *out)
-{
-	int neg;
-	uint64_t m;
-	int ret = get_int(g, key, &neg, &m);
-	if (ret)
-		return ret;
-	if (neg || m > UINT32_MAX)
-		return -ERANGE;
-	*out = (uint32_t)m;
-	return 0;
-}
-
-int kvi_gguf_get_u64(const struct kvi_gguf *g, const char *key, uint64_t *out)
-{
-	int neg;
-	uint64_t m;
-	int ret = get_int(g, key, &neg, &m);
-	if (ret)
-		return ret;
-	if (neg)
-		return -ERANGE;
-	*out = m;
-	return 0;
-}
-
-static int to_i32(int neg, uint64_t m, int32_t *out)
-{
-	if ((!neg && m > INT32_MAX) || (neg && m > (uint64_t)INT32_MAX + 1))
-		return -ERANGE;
-	*out = neg ? (int32_t)(-(int64_t)m) : (int32_t)m;
-	return 0;
-}
-
-int kvi_gguf_get_i32(const struct kvi_gguf *g, const char *key, int32_t *out)
-{
-	int neg;
-	uint64_t m;
-	int ret = get_int(g, key, &neg, &m);
-	return ret ? ret : to_i32(neg, m, out);
-}
-
-int kvi_gguf_get_f32(const struct kvi_gguf *g, const char *key, float *out)
-{
-	const struct kv *kv = find(g, key);
-	if (!kv)
-		return -ENOENT;
-	if (kv->type == KVI_GGUF_F32) {
-		memcpy(out, g->base + kv->off, 4);
-	} else if (kv->type == KVI_GGUF_F64) {
-		double d;
-		memcpy(&d, g->base + kv->off, 8);
-		*out = (float)d;
-	} else {
-		return -EINVAL;
-	}
-	return 0;
-}
-
-int kvi_gguf_get_bool(const struct kvi_gguf *g, const char *key, int *out)
-{
-	const struct kv *kv = find(g, key);
-	if (!kv)
-		return -ENOENT;
-	if (kv->type != KVI_GGUF_BOOL)
-		return -EINVAL;
-	*out = g->base[kv->off] != 0;
-	return 0;
-}
-
-int kvi_gguf_get_str(const struct kvi_gguf *g, const char *key, const char **s, size_t *len)
-{
-	const struct kv *kv = find(g, key);
-	if (!kv)
-		return -ENOENT;
-	if (kv->type != KVI_GGUF_STRING)
-		return -EINVAL;
-	uint64_t n;
-	memcpy(&n, g->base + kv->off, 8);
-	*s = (const char *)g->base + kv->off + 8;
-	*len = (size_t)n;
-	return 0;
-}
-
-int kvi_gguf_get_strcpy(const struct kvi_gguf *g, const char *key, char *buf, size_t cap)
-{
-	const char *s;
-	size_t n;
-	int ret = kvi_gguf_get_str(g, key, &s, &n);
-	if (ret)
-		return ret;
-	if (n >= cap)
-		return -ERANGE;
-	memcpy(buf, s, n);
-	buf[n] = 0;
-	return 0;
-}
-
-int kvi_gguf_get_arr(const struct kvi_gguf *g, const char *key, enum kvi_gguf_type *elem,
-		     uint64_t *count)
-{
-	const struct kv *kv = find(g, key);
-	if (!kv)
-		return -ENOENT;
-	if (kv->type != KVI_GGUF_ARRAY)
-		return -EINVAL;
-	if (elem)
-		*elem = (enum kvi_gguf_type)kv->arr_type;
-	if (count)
-		*count = kv->arr_count;
-	return 0;
-}
-
-static const struct kv *arr_kv(const struct kvi_gguf *g, int64_t kvi, uint64_t i, int *ret)
-{
-	if (kvi < 0 || (size_t)kvi >= g->n_kv || g->kvs[kvi].type != KVI_GGUF_ARRAY) {
-		*ret = -EINVAL;
-		return NULL;
-	}
-	if (i >= g->kvs[kvi].arr_count) {
-		*ret = -ERANGE;
-		return NULL;
-	}
-	return &g->kvs[kvi];
-}
-
-int kvi_gguf_arr_str(const struct kvi_gguf *g, int64_t kvi, uint64_t i, const char **s, size_t *len)
-{
-	int ret = 0;
-	const struct kv *kv = arr_kv(g, kvi, i, &ret);
-	if (!kv)
-		return ret;
-	if (kv->arr_type != KVI_GGUF_STRING)
-		return -EINVAL;
-	uint64_t n;
-	memcpy(&n, g->base + kv->str_offs[i], 8);
-	*s = (const char *)g->base + kv->str_offs[i] + 8;
-	*len = (size_t)n;
-	return 0;
-}
-
-int kvi_gguf_arr_f32(const struct kvi_gguf *g, int64_t kvi, uint64_t i, float *out)
-{
-	int ret = 0;
-	const struct kv *kv = arr_kv(g, kvi, i, &ret);
-	if (!kv)
-		return ret;
-	if (kv->arr_type == KVI_GGUF_F32) {
-		memcpy(out, g->base + kv->off + i * 4, 4);
-	} else if (kv->arr_type == KVI_GGUF_F64) {
-		double d;
-		memcpy(&d, g->base + kv->off + i * 8, 8);
-		*out = (float)d;
-	} else {
-		return -EINVAL;
-	}
-	return 0;
-}
-
-int kvi_gguf_arr_i32(const struct kvi_gguf *g, int64_t kvi, uint64_t i, int32_t *out)
-{
-	int ret = 0;
-	const struct kv *kv = arr_kv(g, kvi, i, &ret);
-	if (!kv)
-		return ret;
-	size_t esz = scalar_size(kv->arr_type);
-	int neg;
-	uint64_t m;
-	if (!esz || int_at(g->base + kv->off + i * esz, kv->arr_type, &neg, &m))
-		return -EINVAL;
-	return to_i32(neg, m, out);
-}
-
-size_t kvi_gguf_n_tensors(const struct kvi_gguf *g)
-{
-	return g->n_tensors;
-}
-
-const struct kvi_gguf_tensor *kvi_gguf_tensor(const struct kvi_gguf *g, size_t i)
-{
-	return i < g->n_tensors ? &g->tensors[i] : NULL;
-}
-
-const struct kvi_gguf_tensor *kvi_gguf_find_tensor(const struct kvi_gguf *g, const char *name)
-{
-	if (!g->t_hash)
-		return NULL;
-	size_t h = fnv1a(name) & g->t_hmask;
-	while (g->t_hash[h]) {
-		size_t i = g->t_hash[h] - 1;
-		if (!strcmp(g->tensors[i].name, name))
-			return &g->tensors[i];
-		h = (h + 1) & g->t_hmask;
-	}
-	return NULL;
 }

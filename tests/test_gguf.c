@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <math.h>
+#include <sys/stat.h>
 
 #include <cmocka.h>
 
@@ -457,6 +459,141 @@ static void test_getters(void **state)
 	free(buf);
 }
 
+/* ---- kvinfer-synth output ---- */
+
+static float f16_to_f32(uint16_t h)
+{
+	uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+	float v;
+	if (e == 0)
+		v = (float)m / 16777216.0f; /* 2^-24 */
+	else if (e == 31)
+		v = m ? NAN : INFINITY;
+	else
+		v = ldexpf((float)(m | 0x400), (int)e - 25);
+	uint32_t x;
+	memcpy(&x, &v, 4);
+	x |= sign;
+	memcpy(&v, &x, 4);
+	return v;
+}
+
+static float elem(const struct kvi_tensor *t, size_t i)
+{
+	const uint8_t *p = t->data;
+	uint16_t h;
+	uint32_t x;
+	float f;
+	switch (t->type) {
+	case KVI_F32:
+		memcpy(&f, p + 4 * i, 4);
+		return f;
+	case KVI_F16:
+		memcpy(&h, p + 2 * i, 2);
+		return f16_to_f32(h);
+	case KVI_BF16:
+		memcpy(&h, p + 2 * i, 2);
+		x = (uint32_t)h << 16;
+		memcpy(&f, &x, 4);
+		return f;
+	case KVI_Q8_0: {
+		const uint8_t *b = p + (i / 32) * KVI_Q8_0_BYTES;
+		memcpy(&h, b, 2);
+		return f16_to_f32(h) * (float)(int8_t)b[2 + i % 32];
+	}
+	}
+	return NAN;
+}
+
+/* max |x| over a tensor, failing on NaN / Inf */
+static float absmax(const struct kvi_tensor *t)
+{
+	size_t n = (size_t)(t->ne[0] * t->ne[1]);
+	float m = 0;
+	for (size_t i = 0; i < n; i++) {
+		float v = elem(t, i);
+		if (!isfinite(v))
+			fail_msg("non-finite weight at %zu", i);
+		m = fmaxf(m, fabsf(v));
+	}
+	return m;
+}
+
+static int run_synth(const char *preset, const char *type, int seed, char *path)
+{
+	const char *bd = getenv("KVFS_BUILD_DIR");
+	char cmd[1024];
+	strcpy(path, "/tmp/test_gguf_synth_XXXXXX");
+	int fd = mkstemp(path);
+	assert_true(fd >= 0);
+	close(fd);
+	snprintf(cmd, sizeof(cmd),
+		 "%s/tools/kvinfer-synth --preset %s --type %s --seed %d -o %s >/dev/null", bd,
+		 preset, type, seed, path);
+	return system(cmd);
+}
+
+static void test_synth_presets(void **state)
+{
+	(void)state;
+	if (!getenv("KVFS_BUILD_DIR")) {
+		print_message("KVFS_BUILD_DIR not set (run through ctest): skipped\n");
+		skip();
+	}
+	static const char *types[] = {"f32", "f16", "bf16", "q8_0"};
+	static const enum kvi_dtype dt[] = {KVI_F32, KVI_F16, KVI_BF16, KVI_Q8_0};
+	char path[64], err[256];
+	uint8_t fp[2][32];
+	for (int p = 0; p < 2; p++) {
+		for (int ti = 0; ti < 4; ti++) {
+			const char *preset = p ? "tiny-qwen2" : "tiny";
+			assert_int_equal(run_synth(preset, types[ti], 7, path), 0);
+			struct kvi_model *m;
+			if (kvi_model_load(path, &m, err, sizeof(err)))
+				fail_msg("%s %s: %s", preset, types[ti], err);
+			struct stat st;
+			assert_int_equal(stat(path, &st), 0);
+			assert_true(st.st_size < 5 * 1000 * 1000);
+			unlink(path);
+			const struct kvi_config *c = &m->cfg;
+			assert_int_equal(c->n_embd, 64);
+			assert_int_equal(c->n_layer, 2);
+			assert_int_equal(c->n_head, 4);
+			assert_int_equal(c->n_head_kv, 2);
+			assert_int_equal(c->n_ff, 192);
+			assert_int_equal(c->n_vocab, 512);
+			assert_int_equal(c->rope_style, p ? KVI_ROPE_HALVES : KVI_ROPE_ADJACENT);
+			assert_int_equal(c->has_qkv_bias, p);
+			assert_int_equal(c->tied_output, p);
+			assert_int_equal(m->layers[0].wq.type, dt[ti]);
+			/* weights bounded by the generator's scale, norms near 1 */
+			assert_true(absmax(&m->layers[1].wq) <= 0.25f);
+			assert_true(absmax(&m->layers[1].w_down) <= 0.25f);
+			assert_true(absmax(&m->tok_embd) <= 0.25f);
+			float nm = absmax(&m->layers[1].ffn_norm);
+			assert_true(nm > 0.9f && nm < 1.1f);
+			if (ti == 1)
+				memcpy(fp[p], m->fingerprint, 32);
+			kvi_model_free(m);
+		}
+	}
+	assert_memory_not_equal(fp[0], fp[1], 32);
+	/* same seed -> same file; another seed -> another fingerprint */
+	struct kvi_model *a, *b;
+	assert_int_equal(run_synth("tiny", "f16", 7, path), 0);
+	assert_int_equal(kvi_model_load(path, &a, err, sizeof(err)), 0);
+	unlink(path);
+	assert_memory_equal(a->fingerprint, fp[0], 32);
+	assert_int_equal(run_synth("tiny", "f16", 8, path), 0);
+	assert_int_equal(kvi_model_load(path, &b, err, sizeof(err)), 0);
+	unlink(path);
+	assert_memory_not_equal(a->fingerprint, b->fingerprint, 32);
+	kvi_model_free(a);
+	kvi_model_free(b);
+	assert_true(run_synth("nope", "f16", 1, path) != 0);
+	unlink(path);
+}
+
 /* ---- hostile headers, built byte by byte ---- */
 
 struct raw {
@@ -767,6 +904,16 @@ static void test_bad_tensor_info(void **state)
 	r_tensor(&r, "t", 2, ne, KVI_F32, 256);
 	r_data(&r, 512);
 	expect_gguf_fail(&r, "duplicate tensor name 't'");
+	r_hdr(&r, 3, 2, 0);
+	r_tensor(&r, "t", 2, ne, KVI_F32, 0);
+	r_tensor(&r, "u", 2, ne, KVI_F32, 224);
+	r_data(&r, 512);
+	expect_gguf_fail(&r, "tensors 't' and 'u' overlap");
+	r_hdr(&r, 3, 2, 0);
+	r_tensor(&r, "t", 2, ne, KVI_F32, 0);
+	r_tensor(&r, "u", 2, ne, KVI_F32, 256);
+	r_data(&r, 512);
+	expect_gguf_ok(&r);
 	char longname[80];
 	memset(longname, 'n', 65);
 	longname[65] = 0;
@@ -900,9 +1047,10 @@ static void test_random_corruption(void **state)
 }
 
 #define BAD_TESTS                                                                                  \
-	cmocka_unit_test(test_bad_header), cmocka_unit_test(test_bad_kv),                          \
-	    cmocka_unit_test(test_bad_tensor_info), cmocka_unit_test(test_bad_model),              \
-	    cmocka_unit_test(test_truncation), cmocka_unit_test(test_random_corruption)
+	cmocka_unit_test(test_synth_presets), cmocka_unit_test(test_bad_header),                   \
+	    cmocka_unit_test(test_bad_kv), cmocka_unit_test(test_bad_tensor_info),                 \
+	    cmocka_unit_test(test_bad_model), cmocka_unit_test(test_truncation),                   \
+	    cmocka_unit_test(test_random_corruption)
 
 int main(void)
 {

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -64,11 +65,13 @@ static void open_tok(struct kvi_gguf_writer *w, struct fixture *f)
 }
 
 /* ids: 0..255 bytes, 256.. merges, then specials */
-static const char *GPT2_MERGES[] = {"h e", "l l",	   "he ll", "hell o",	     "\xc4\xa0 w",
-				    "o r", "\xc4\xa0w or", "l d",   "\xc4\xa0wor ld"};
-enum { G_HE = 256, G_LL, G_HELL, G_HELLO, G_SW, G_OR, G_SWOR, G_LD, G_SWORLD, G_BOS, G_EOS };
+static const char *GPT2_MERGES[] = {
+    "h e", "l l",	   "he ll", "hell o",	      "\xc4\xa0 w",
+    "o r", "\xc4\xa0w or", "l d",   "\xc4\xa0wor ld", "1 2",
+};
+enum { G_HE = 256, G_LL, G_HELL, G_HELLO, G_SW, G_OR, G_SWOR, G_LD, G_SWORLD, G_12, G_BOS, G_EOS };
 
-static int setup_gpt2(void **state)
+static int setup_gpt2_pre(void **state, const char *pre)
 {
 	static char bytes[256][3];
 	const char *toks[G_EOS + 1];
@@ -78,9 +81,11 @@ static int setup_gpt2(void **state)
 		toks[b] = bytes[b];
 		types[b] = 1;
 	}
-	const char *merged[] = {"he", "ll",	     "hell", "hello",	     "\xc4\xa0w",
-				"or", "\xc4\xa0wor", "ld",   "\xc4\xa0world"};
-	for (int i = 0; i < 9; i++) {
+	const char *merged[] = {
+	    "he", "ll",		 "hell", "hello",	  "\xc4\xa0w",
+	    "or", "\xc4\xa0wor", "ld",	 "\xc4\xa0world", "12",
+	};
+	for (int i = 0; i < 10; i++) {
 		toks[256 + i] = merged[i];
 		types[256 + i] = 1;
 	}
@@ -92,13 +97,25 @@ static int setup_gpt2(void **state)
 	kvi_gguf_w_str(w, "tokenizer.ggml.model", "gpt2");
 	kvi_gguf_w_arr_str(w, "tokenizer.ggml.tokens", toks, G_EOS + 1);
 	kvi_gguf_w_arr_i32(w, "tokenizer.ggml.token_type", types, G_EOS + 1);
-	kvi_gguf_w_arr_str(w, "tokenizer.ggml.merges", GPT2_MERGES, 9);
+	kvi_gguf_w_arr_str(w, "tokenizer.ggml.merges", GPT2_MERGES, 10);
+	if (pre)
+		kvi_gguf_w_str(w, "tokenizer.ggml.pre", pre);
 	kvi_gguf_w_u32(w, "tokenizer.ggml.bos_token_id", G_BOS);
 	kvi_gguf_w_u32(w, "tokenizer.ggml.eos_token_id", G_EOS);
 	struct fixture *f = calloc(1, sizeof(*f));
 	open_tok(w, f);
 	*state = f;
 	return 0;
+}
+
+static int setup_gpt2(void **state)
+{
+	return setup_gpt2_pre(state, "llama-bpe");
+}
+
+static int setup_qwen2(void **state)
+{
+	return setup_gpt2_pre(state, "qwen2");
 }
 
 enum {
@@ -266,8 +283,8 @@ static void test_gpt2_known(void **state)
 	expect_ids(t, "hello", KVI_TOK_ADD_BOS, (int32_t[]){G_BOS, G_HELLO}, 2);
 	/* ' ' is byte 32 -> U+0120; 'x' alone */
 	expect_ids(t, " x", 0, (int32_t[]){' ', 'x'}, 2);
-	/* digits split in groups of three */
-	expect_ids(t, "12345", 0, (int32_t[]){'1', '2', '3', '4', '5'}, 5);
+	/* digits split in groups of three, then merged */
+	expect_ids(t, "123412", 0, (int32_t[]){G_12, '3', '4', G_12}, 4);
 	expect_ids(t, "<|eos|>hello<|bos|>", KVI_TOK_PARSE_SPECIAL,
 		   (int32_t[]){G_EOS, G_HELLO, G_BOS}, 3);
 	size_t n;
@@ -286,6 +303,51 @@ static void test_gpt2_known(void **state)
 	assert_int_equal(kvi_tok_decode_piece(t, G_EOS + 1, 0, buf, sizeof(buf)), -EINVAL);
 	assert_int_equal(kvi_tok_find(t, "hello", 5), G_HELLO);
 	assert_int_equal(kvi_tok_find(t, "nope", 4), -ENOENT);
+}
+
+/* Qwen2's pre-tokenizer splits digits one by one: "12" never merges. */
+static void test_qwen2_digits(void **state)
+{
+	struct fixture *f = *state;
+	expect_ids(f->t, "a 123", 0, (int32_t[]){'a', ' ', '1', '2', '3'}, 5);
+	expect_ids(f->t, "hello world", 0, (int32_t[]){G_HELLO, G_SWORLD}, 2);
+}
+
+/* The vocabulary kvinfer-synth writes (built next to this test) loads and round-trips. */
+static void test_synth_vocab(void **state)
+{
+	(void)state;
+	const char *bd = getenv("KVFS_BUILD_DIR");
+	char cmd[1024], path[] = "/tmp/test_tok_synth_XXXXXX";
+	if (!bd) {
+		print_message("KVFS_BUILD_DIR not set (run through ctest): skipped\n");
+		skip();
+	}
+	int fd = mkstemp(path);
+	assert_true(fd >= 0);
+	close(fd);
+	snprintf(cmd, sizeof(cmd),
+		 "%s/tools/kvinfer-synth --preset tiny-qwen2 --type f32 -o %s >/dev/null", bd,
+		 path);
+	assert_int_equal(system(cmd), 0);
+	struct kvi_gguf *g;
+	struct kvi_tok *t;
+	char err[256];
+	assert_int_equal(kvi_gguf_open(path, &g, err, sizeof(err)), 0);
+	if (kvi_tok_create(g, &t, err, sizeof(err)))
+		fail_msg("%s", err);
+	kvi_gguf_close(g);
+	unlink(path);
+	assert_int_equal(kvi_tok_n_vocab(t), 512);
+	assert_true(kvi_tok_is_eog(t, kvi_tok_eos(t)));
+	/* " the" was merged by the generator: one token */
+	int32_t ids[8];
+	size_t n;
+	assert_int_equal(kvi_tok_encode(t, " the", 4, 0, ids, 8, &n), 0);
+	assert_int_equal(n, 1);
+	for (size_t i = 0; i < sizeof(SAMPLES) / sizeof(SAMPLES[0]); i++)
+		roundtrip(t, SAMPLES[i], strlen(SAMPLES[i]), KVI_TOK_ADD_BOS);
+	kvi_tok_free(t);
 }
 
 static void test_roundtrip(void **state)
@@ -401,6 +463,9 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_roundtrip, setup_gpt2, teardown),
 	    cmocka_unit_test_setup_teardown(test_spm_known, setup_spm, teardown),
 	    cmocka_unit_test_setup_teardown(test_roundtrip, setup_spm, teardown),
+	    cmocka_unit_test_setup_teardown(test_qwen2_digits, setup_qwen2, teardown),
+	    cmocka_unit_test_setup_teardown(test_roundtrip, setup_qwen2, teardown),
+	    cmocka_unit_test(test_synth_vocab),
 	    cmocka_unit_test(test_bad_metadata),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
