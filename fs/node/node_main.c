@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
@@ -229,6 +230,11 @@ int main(int argc, char **argv)
 	}
 	if (kvp_secret_load(n.cf.secret_file, &n.secret))
 		return 2;
+
+	/* Request bodies and read buffers are up to 16 MiB and short-lived: keep them on the
+	 * heap instead of fresh mmaps, which would page-fault in every byte of every request. */
+	mallopt(M_MMAP_THRESHOLD, 64 << 20);
+	mallopt(M_TRIM_THRESHOLD, 256 << 20);
 
 	/* A busy node holds a file per request in flight plus one per shard directory. */
 	struct rlimit rl;
