@@ -659,6 +659,8 @@ static void test_namespace(void **state)
 	assert_int_equal(name_op(g_c, KVP_OP_RMDIR, sub.ino, "d00", 3, 0, &b), 0);
 	assert_int_equal(name_op(g_c, KVP_OP_RMDIR, sub.ino, "d00", 3, 0, &b), -ENOENT);
 	assert_int_equal(lookup(g_c, sub.ino, "d00", &b), -ENOENT);
+	assert_int_equal(getattr(g_c, sub.ino, &b), 0);
+	assert_int_equal(b.nlink, 2 + 22); /* 2 + subdirectories */
 	assert_int_equal(name_op(g_c, KVP_OP_UNLINK, sub.ino, "d01", 3, 0, &b), -EISDIR);
 	statfs_(g_c, &s1);
 	assert_true(s1.dirs == s0.dirs + 1 + 1 + 1 + 23 - 1);
@@ -822,6 +824,7 @@ static void test_commit_layout(void **state)
 	assert_int_equal(call(g_c, KVP_OP_LAYOUT, &w, NULL, NULL), -EISDIR);
 	kvp_w_free(&w);
 	assert_true(all_deleted(a.chunk, 33));
+	alloc_free(&a);
 	alloc_free(&a2);
 
 	/* An empty file needs no ALLOC (write_id 0) or an ALLOC of 0 stripes. */
