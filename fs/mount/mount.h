@@ -1,0 +1,174 @@
+/* mount — kvfs-mount internals shared by its files (not a library: one program).
+ *
+ *   mount_main.c    options (cfg table, -o, config file), lifecycle, daemonizing
+ *   mount_ops.c     the fuse_lowlevel_ops table and the namespace handlers (mnt_*)
+ *   mount_io.c      open/create/read/write/flush/release: readers and write-once writers
+ *   mount_inode.c   the inode table: FUSE node ids, lookup counts, names, new-file writers
+ *   mount_status.c  the .kvfs/ status directory and the user.kvfs.* extended attributes
+ *
+ * FUSE node ids: a committed file or directory uses its metadata inode number. A new file,
+ * until its writer commits, gets a temporary id (MNT_TEMP_BASE | n); after the commit the id
+ * maps to the real inode (so open handles and the creator's dentry keep working). The .kvfs/
+ * entries use ids at MNT_VIRT_BASE. Metadata inodes are assumed below 2^62 and never reused.
+ *
+ * Threading: handlers run on fuse_session_loop_mt worker threads. struct mnt is shared; each
+ * field says what protects it. Every request is answered exactly once.
+ */
+#ifndef KVFS_MOUNT_H
+#define KVFS_MOUNT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/stat.h>
+
+#include <fuse_lowlevel.h>
+
+#include "cfg.h"
+#include "kvc.h"
+
+#define MNT_TEMP_BASE	(1ull << 63)
+#define MNT_VIRT_BASE	(1ull << 62)
+#define MNT_VIRT_DIR	(MNT_VIRT_BASE + 1) /* <mnt>/.kvfs */
+#define MNT_STATUS_NAME ".kvfs"
+
+struct mnt_cfg {
+	char secret_file[CFG_STR_MAX];
+	char config[CFG_STR_MAX];
+	char log_file[CFG_STR_MAX];
+	double entry_timeout, attr_timeout; /* kernel cache of names / attributes */
+	double timeout;			    /* per request to meta or a node */
+	double meta_retry;		    /* keep retrying meta this long while it is away */
+	uint64_t max_file, max_buffered;    /* writer buffers: one file / all files */
+	uint64_t readahead;		    /* kernel read-ahead window (bdi read_ahead_kb) */
+	int64_t k, m;			    /* 0 = the cluster's default */
+	uint64_t chunk;			    /* 0 = the cluster's chunk size */
+	int64_t threads;		    /* FUSE worker threads (at most) */
+	int64_t log_level;
+	int foreground, debug, allow_other, readdirplus, keep_cache;
+};
+
+struct mnt_itab;
+
+/* Counters (relaxed atomics) shown in .kvfs/stats. */
+struct mnt_counters {
+	atomic_ullong lookups, opens, reads, read_bytes, writes, write_bytes;
+	atomic_ullong commits, commit_errors, aborted, erofs, retries;
+};
+
+struct mnt {
+	struct kvc *c;		 /* thread-safe */
+	struct fuse_session *se; /* set once before the loop starts */
+	struct mnt_cfg cfg;	 /* read-only after start */
+	struct mnt_itab *itab;	 /* its own lock */
+	char meta_addr[KVP_ADDR_MAX];
+	char mountpoint[CFG_STR_MAX];
+	uid_t uid;
+	gid_t gid;
+	int64_t start_ns;
+	atomic_ullong next_temp;
+	struct mnt_counters n;
+	/* Commits running from release (empty or shared files): a negative lookup or a readdir
+	 * waits for them briefly, so `touch f; ls` shows f. */
+	pthread_mutex_t rel_lock;
+	pthread_cond_t rel_cond;
+	int rel_commits; /* rel_lock */
+};
+
+/* The writer of a file being written: a new file (temporary node id) or the replacement of a
+ * committed one (opened with O_TRUNC). Shared by the handles of one new file; refcounted. */
+struct mnt_wfile {
+	pthread_mutex_t lock;
+	atomic_int refs;      /* handles + the inode-table entry of a new file */
+	struct kvc_writer *w; /* lock; NULL once committed or aborted */
+	int handles;	      /* lock; open handles */
+	int dirty;	      /* lock; written since the last flush */
+	int killed;	      /* lock; a flush came from a process killed by a signal */
+	int err;	      /* lock; the commit's result once w is NULL */
+	uint64_t nodeid;      /* the FUSE node id the handles were opened on */
+	uint64_t parent;      /* meta inode of the directory */
+	char name[KVP_NAME_MAX + 1];
+	uint32_t mode;		    /* lock; S_IFREG | permission bits */
+	int set_mode;		    /* lock; chmod while writing: apply after commit */
+	int64_t mtime_ns, atime_ns; /* lock; 0 = not set while writing */
+	int64_t ctime_ns;	    /* creation */
+	struct kvp_attr attr;	    /* lock; after a successful commit */
+};
+
+/* ---- inode table (mount_inode.c); thread-safe ---- */
+struct mnt_inode_info {
+	uint64_t ino; /* meta inode (0: a new file not yet committed) */
+	uint64_t parent;
+	char name[KVP_NAME_MAX + 1];
+	int redirected;	      /* ino differs from the node id (committed new file or replaced) */
+	struct mnt_wfile *wf; /* new file's writer with a reference taken, or NULL */
+};
+int mnt_itab_create(struct mnt_itab **out);
+void mnt_itab_destroy(struct mnt_itab *t); /* drops the writer references it holds */
+/* One more kernel reference (a lookup, create, mkdir or readdirplus entry) for nodeid, whose
+ * metadata inode is ino, found as name in parent. wf (may be NULL) is a new file's writer: the
+ * table takes its own reference. -ENOMEM. */
+int mnt_itab_ref(struct mnt_itab *t, uint64_t nodeid, uint64_t ino, uint64_t parent,
+		 const char *name, struct mnt_wfile *wf);
+/* The kernel dropped n references; the entry goes when none remain. */
+void mnt_itab_forget(struct mnt_itab *t, uint64_t nodeid, uint64_t n);
+/* Fills *out for nodeid. -ENOENT when the table has no entry (then a committed node id is its
+ * own inode and nothing is known of its name). The caller puts out->wf (mnt_wfile_put). */
+int mnt_itab_get(struct mnt_itab *t, uint64_t nodeid, struct mnt_inode_info *out);
+/* From now on nodeid stands for metadata inode ino (a commit). */
+void mnt_itab_set_ino(struct mnt_itab *t, uint64_t nodeid, uint64_t ino);
+/* Records a rename of the entry for ino. */
+void mnt_itab_rename(struct mnt_itab *t, uint64_t ino, uint64_t newparent, const char *newname);
+size_t mnt_itab_count(struct mnt_itab *t);
+
+/* ---- writers and file handles (mount_io.c) ---- */
+void mnt_wfile_put(struct mnt_wfile *wf);
+/* Attributes of a file being written (size = bytes buffered so far). */
+void mnt_wfile_stat(struct mnt *m, struct mnt_wfile *wf, struct stat *st);
+/* setattr on a file being written: size (truncate the buffer), mode and times are kept and
+ * applied at commit. Returns 0 or -errno; fills *st. */
+int mnt_wfile_setattr(struct mnt *m, struct mnt_wfile *wf, const struct stat *attr, int to_set,
+		      struct stat *st);
+/* The handle's writer (referenced) when fi is a write handle still being written, else NULL. */
+struct mnt_wfile *mnt_fh_writer(struct fuse_file_info *fi);
+
+void mnt_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
+		struct fuse_file_info *fi);
+void mnt_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+void mnt_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi);
+void mnt_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
+	       struct fuse_file_info *fi);
+void mnt_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+void mnt_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+void mnt_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi);
+
+/* ---- namespace (mount_ops.c) ---- */
+extern const struct fuse_lowlevel_ops mnt_ops;
+/* Metadata attributes -> struct stat as the mount reports them (st_blocks from stored bytes,
+ * directories with size 0, owner = the mounting user). */
+void mnt_attr_to_stat(const struct mnt *m, const struct kvp_attr *a, struct stat *st);
+/* Meta calls that may be retried while the metadata server is away: returns 1 (after a
+ * backoff sleep) when rc is transient and the retry budget lasts, else 0. */
+int mnt_retry(struct mnt *m, int rc, int *attempt);
+/* Blocks up to ~2 s while commits started from release are running. */
+void mnt_wait_release_commits(struct mnt *m);
+int64_t mnt_now_ns(void);
+
+/* ---- .kvfs/ and xattrs (mount_status.c) ---- */
+int mnt_virt_is(uint64_t nodeid);
+/* Entry for name in the root (".kvfs") or in .kvfs/; -ENOENT otherwise. */
+int mnt_virt_lookup(struct mnt *m, uint64_t parent, const char *name, struct stat *st);
+int mnt_virt_getattr(struct mnt *m, uint64_t nodeid, struct stat *st);
+/* Snapshot of a status file's text (malloc'd, caller frees). */
+int mnt_virt_read_all(struct mnt *m, uint64_t nodeid, char **buf, size_t *len);
+/* readdir of .kvfs/: fills buf from entry index off. */
+size_t mnt_virt_readdir(struct mnt *m, fuse_req_t req, char *buf, size_t size, off_t off, int plus);
+void mnt_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size);
+void mnt_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size);
+
+static inline struct mnt *mnt_of(fuse_req_t req)
+{
+	return (struct mnt *)fuse_req_userdata(req);
+}
+
+#endif

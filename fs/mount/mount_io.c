@@ -1,0 +1,611 @@
+/* File handles: readers of committed files and write-once writers.
+ *
+ * A reader handle owns a kvc_file (layout fetched once; files are immutable) and asks the
+ * kernel to keep its page cache. A writer handle shares a struct mnt_wfile: the kvc_writer
+ * buffering the new file. Writer handles are direct_io so the bytes of a file being written
+ * never enter the page cache that readers of the old version (O_TRUNC) use.
+ *
+ * When the commit happens: at the flush of a file's last handle that has written since the
+ * previous flush — i.e. on the close() after the last write, so close() returns the commit's
+ * error. A flush with nothing written since (the dup2 + close a shell does before the command
+ * writes, or touch) does not commit; release of the last handle commits whatever is left
+ * (an empty file, or a file shared by several handles). A flush from a process that is being
+ * killed by a signal aborts the file instead: a killed writer never publishes a partial file.
+ */
+#define KVFS_LOG_TAG "mount"
+#include "log.h"
+#include "mount.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum fh_kind { FH_READ = 1, FH_WRITE = 2, FH_VIRT = 3 };
+
+struct fh {
+	int kind;
+	pthread_mutex_t lock; /* serializes kvc_pread on rf (one thread at a time) */
+	uint64_t ino;	      /* meta inode read */
+	struct kvc_file *rf;  /* lock */
+	char *buf;	      /* lock; read buffer */
+	size_t cap;	      /* lock */
+	struct mnt_wfile *wf; /* writer (one reference) */
+	char *text;	      /* status file snapshot */
+	size_t len;
+};
+
+static struct fh *fh_new(int kind)
+{
+	struct fh *h = calloc(1, sizeof(*h));
+	if (!h)
+		return NULL;
+	h->kind = kind;
+	pthread_mutex_init(&h->lock, NULL);
+	return h;
+}
+
+static void fh_free(struct fh *h)
+{
+	if (!h)
+		return;
+	if (h->rf)
+		kvc_file_close(h->rf);
+	if (h->wf)
+		mnt_wfile_put(h->wf);
+	free(h->buf);
+	free(h->text);
+	pthread_mutex_destroy(&h->lock);
+	free(h);
+}
+
+static struct fh *fh_of(const struct fuse_file_info *fi)
+{
+	return (struct fh *)(uintptr_t)fi->fh;
+}
+
+/* ---- writers ---- */
+
+static struct mnt_wfile *wfile_new(struct kvc_writer *w, uint64_t nodeid, uint64_t parent,
+				   const char *name, uint32_t mode)
+{
+	struct mnt_wfile *wf = calloc(1, sizeof(*wf));
+	if (!wf)
+		return NULL;
+	pthread_mutex_init(&wf->lock, NULL);
+	atomic_init(&wf->refs, 1);
+	wf->w = w;
+	wf->nodeid = nodeid;
+	wf->parent = parent;
+	snprintf(wf->name, sizeof(wf->name), "%s", name);
+	wf->mode = S_IFREG | (mode & 07777);
+	wf->ctime_ns = mnt_now_ns();
+	return wf;
+}
+
+void mnt_wfile_put(struct mnt_wfile *wf)
+{
+	if (!wf || atomic_fetch_sub(&wf->refs, 1) != 1)
+		return;
+	if (wf->w)
+		kvc_abort(wf->w);
+	pthread_mutex_destroy(&wf->lock);
+	free(wf);
+}
+
+struct mnt_wfile *mnt_fh_writer(struct fuse_file_info *fi)
+{
+	struct fh *h = fi ? fh_of(fi) : NULL;
+	if (!h || h->kind != FH_WRITE)
+		return NULL;
+	atomic_fetch_add(&h->wf->refs, 1);
+	return h->wf;
+}
+
+/* Caller holds wf->lock. */
+static void wfile_stat_locked(struct mnt *m, struct mnt_wfile *wf, struct stat *st)
+{
+	if (!wf->w && wf->err == 0 && wf->attr.ino) {
+		mnt_attr_to_stat(m, &wf->attr, st);
+		return;
+	}
+	memset(st, 0, sizeof(*st));
+	st->st_ino = wf->nodeid;
+	st->st_mode = wf->mode;
+	st->st_nlink = 1;
+	st->st_uid = m->uid;
+	st->st_gid = m->gid;
+	st->st_size = wf->w ? (off_t)kvc_writer_size(wf->w) : 0;
+	st->st_blksize = 1 << 20;
+	int64_t mt = wf->mtime_ns ? wf->mtime_ns : wf->ctime_ns;
+	int64_t at = wf->atime_ns ? wf->atime_ns : wf->ctime_ns;
+	st->st_mtim.tv_sec = mt / 1000000000;
+	st->st_mtim.tv_nsec = mt % 1000000000;
+	st->st_atim.tv_sec = at / 1000000000;
+	st->st_atim.tv_nsec = at % 1000000000;
+	st->st_ctim.tv_sec = wf->ctime_ns / 1000000000;
+	st->st_ctim.tv_nsec = wf->ctime_ns % 1000000000;
+}
+
+void mnt_wfile_stat(struct mnt *m, struct mnt_wfile *wf, struct stat *st)
+{
+	pthread_mutex_lock(&wf->lock);
+	wfile_stat_locked(m, wf, st);
+	pthread_mutex_unlock(&wf->lock);
+}
+
+static int64_t ts_ns(const struct timespec *t)
+{
+	return (int64_t)t->tv_sec * 1000000000 + t->tv_nsec;
+}
+
+int mnt_wfile_setattr(struct mnt *m, struct mnt_wfile *wf, const struct stat *attr, int to_set,
+		      struct stat *st)
+{
+	int rc = 0;
+	pthread_mutex_lock(&wf->lock);
+	if (!wf->w) {
+		pthread_mutex_unlock(&wf->lock);
+		return -EAGAIN; /* committed meanwhile: the caller applies it to metadata */
+	}
+	if (to_set & FUSE_SET_ATTR_SIZE) {
+		rc = kvc_writer_truncate(wf->w, (uint64_t)attr->st_size);
+		if (rc == -ENOMEM)
+			rc = -ENOSPC;
+	}
+	if (!rc && (to_set & FUSE_SET_ATTR_MODE)) {
+		wf->mode = S_IFREG | (attr->st_mode & 07777);
+		wf->set_mode = 1;
+	}
+	if (!rc && (to_set & FUSE_SET_ATTR_MTIME))
+		wf->mtime_ns =
+		    (to_set & FUSE_SET_ATTR_MTIME_NOW) ? mnt_now_ns() : ts_ns(&attr->st_mtim);
+	if (!rc && (to_set & FUSE_SET_ATTR_ATIME))
+		wf->atime_ns =
+		    (to_set & FUSE_SET_ATTR_ATIME_NOW) ? mnt_now_ns() : ts_ns(&attr->st_atim);
+	wfile_stat_locked(m, wf, st);
+	pthread_mutex_unlock(&wf->lock);
+	return rc;
+}
+
+/* Commits (or, for a killed writer, aborts) the file. Caller holds wf->lock and wf->w != NULL.
+ * Returns 0 or -errno; the result is also kept in wf->err. */
+static int wfile_finish(struct mnt *m, struct mnt_wfile *wf)
+{
+	struct kvc_writer *w = wf->w;
+	wf->w = NULL;
+	if (wf->killed) {
+		kvc_abort(w);
+		atomic_fetch_add_explicit(&m->n.aborted, 1, memory_order_relaxed);
+		klog_warn("%s: writer was killed before closing it; file dropped, not published",
+			  wf->name);
+		wf->err = -EINTR;
+		return wf->err;
+	}
+	uint64_t size = kvc_writer_size(w);
+	struct kvp_attr a;
+	int rc = kvc_commit(w, &a);
+	if (rc) {
+		atomic_fetch_add_explicit(&m->n.commit_errors, 1, memory_order_relaxed);
+		klog_error("commit of %s (%llu bytes, dir inode %llu) failed: %s", wf->name,
+			   (unsigned long long)size, (unsigned long long)wf->parent,
+			   kvp_strerror(rc));
+		/* Connection errors mean "not stored"; the application sees EIO. */
+		if (rc == -ECONNREFUSED || rc == -ECONNRESET || rc == -ECONNABORTED ||
+		    rc == -ETIMEDOUT || rc == -EHOSTDOWN || rc == -ENOTCONN)
+			rc = -EIO;
+		wf->err = rc;
+		return rc;
+	}
+	atomic_fetch_add_explicit(&m->n.commits, 1, memory_order_relaxed);
+	uint32_t valid = 0;
+	if (wf->set_mode)
+		valid |= KVP_SET_MODE;
+	if (wf->mtime_ns)
+		valid |= KVP_SET_MTIME;
+	if (wf->atime_ns)
+		valid |= KVP_SET_ATIME;
+	if (valid) {
+		struct kvp_attr b;
+		int r2 = kvc_setattr(m->c, a.ino, valid, wf->mode & 07777, wf->mtime_ns,
+				     wf->atime_ns, &b);
+		if (r2 == 0)
+			a = b;
+		else
+			klog_warn("%s: committed, but setting its mode/times failed: %s", wf->name,
+				  kvp_strerror(r2));
+	}
+	wf->attr = a;
+	wf->err = 0;
+	/* The node id the handles were opened on (a new file's temporary id, or the replaced
+	 * file's old inode) now stands for the committed inode. */
+	mnt_itab_set_ino(m->itab, wf->nodeid, a.ino);
+	return 0;
+}
+
+/* The end of a handle: the last handle of a writer commits what is left (release). */
+static void fh_drop(struct mnt *m, struct fh *h)
+{
+	if (h->kind == FH_WRITE) {
+		struct mnt_wfile *wf = h->wf;
+		pthread_mutex_lock(&wf->lock);
+		if (--wf->handles == 0 && wf->w) {
+			pthread_mutex_lock(&m->rel_lock);
+			m->rel_commits++;
+			pthread_mutex_unlock(&m->rel_lock);
+			wfile_finish(m, wf); /* logged; no application is left to tell */
+			pthread_mutex_lock(&m->rel_lock);
+			m->rel_commits--;
+			pthread_cond_broadcast(&m->rel_cond);
+			pthread_mutex_unlock(&m->rel_lock);
+		}
+		pthread_mutex_unlock(&wf->lock);
+	}
+	fh_free(h);
+}
+
+void mnt_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
+		struct fuse_file_info *fi)
+{
+	struct mnt *m = mnt_of(req);
+	if (mnt_virt_is(parent)) {
+		fuse_reply_err(req, EROFS);
+		return;
+	}
+	if (parent == FUSE_ROOT_ID && strcmp(name, MNT_STATUS_NAME) == 0) {
+		fuse_reply_err(req, EEXIST);
+		return;
+	}
+	struct mnt_inode_info pi;
+	uint64_t pino = parent;
+	if (mnt_itab_get(m->itab, parent, &pi) == 0) {
+		pino = pi.ino;
+		mnt_wfile_put(pi.wf);
+	}
+	/* Without O_EXCL the last writer to close wins (as if it had truncated the other). */
+	int replace = !(fi->flags & O_EXCL);
+	struct kvc_writer *w;
+	int rc = kvc_create(m->c, pino, name, mode, replace, &w);
+	if (rc) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	uint64_t nodeid = MNT_TEMP_BASE | atomic_fetch_add(&m->next_temp, 1);
+	struct mnt_wfile *wf = wfile_new(w, nodeid, pino, name, mode);
+	struct fh *h = fh_new(FH_WRITE);
+	if (!wf || !h || mnt_itab_ref(m->itab, nodeid, 0, pino, name, wf)) {
+		if (wf)
+			mnt_wfile_put(wf); /* aborts w */
+		else
+			kvc_abort(w);
+		free(h);
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	wf->handles = 1;
+	h->wf = wf; /* the creation reference */
+	struct fuse_entry_param e;
+	memset(&e, 0, sizeof(e));
+	e.ino = nodeid;
+	mnt_wfile_stat(m, wf, &e.attr);
+	/* Never cached: every later path walk asks us again, and we answer ENOENT until the
+	 * commit, so no other process can open a file that is still being written. */
+	e.entry_timeout = 0;
+	e.attr_timeout = 0;
+	fi->fh = (uint64_t)(uintptr_t)h;
+	fi->direct_io = 1;
+	fi->keep_cache = 0;
+	atomic_fetch_add_explicit(&m->n.opens, 1, memory_order_relaxed);
+	if (fuse_reply_create(req, &e, fi) != 0) {
+		/* The kernel did not take the file: no release and no forget will come. */
+		mnt_itab_forget(m->itab, nodeid, 1);
+		fh_free(h);
+	}
+}
+
+/* open for writing of a committed file: only O_TRUNC (replace it whole) is allowed. */
+static int open_replace(struct mnt *m, uint64_t nodeid, const struct mnt_inode_info *ii,
+			struct fuse_file_info *fi, struct fh **out)
+{
+	if (!(fi->flags & O_TRUNC)) {
+		atomic_fetch_add_explicit(&m->n.erofs, 1, memory_order_relaxed);
+		klog_warn("open for writing of committed file '%s' (inode %llu) refused (EROFS): "
+			  "kvfs files are written once; open with O_TRUNC to replace it",
+			  ii->name[0] ? ii->name : "?", (unsigned long long)nodeid);
+		return -EROFS;
+	}
+	if (!ii->name[0]) {
+		klog_warn("open(O_TRUNC) of inode %llu: its name is unknown here",
+			  (unsigned long long)nodeid);
+		return -ESTALE;
+	}
+	struct kvp_attr a;
+	int rc = kvc_getattr(m->c, ii->ino, &a);
+	if (rc)
+		return rc;
+	if (!S_ISREG(a.mode))
+		return -EISDIR;
+	struct kvc_writer *w;
+	if ((rc = kvc_create(m->c, ii->parent, ii->name, a.mode, 1, &w)))
+		return rc;
+	struct mnt_wfile *wf = wfile_new(w, nodeid, ii->parent, ii->name, a.mode);
+	struct fh *h = fh_new(FH_WRITE);
+	if (!wf || !h) {
+		if (wf)
+			mnt_wfile_put(wf);
+		else
+			kvc_abort(w);
+		free(h);
+		return -ENOMEM;
+	}
+	wf->handles = 1;
+	h->wf = wf;
+	*out = h;
+	return 0;
+}
+
+void mnt_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct mnt *m = mnt_of(req);
+	int acc = fi->flags & O_ACCMODE;
+	struct fh *h = NULL;
+	int rc = 0;
+	atomic_fetch_add_explicit(&m->n.opens, 1, memory_order_relaxed);
+	if (mnt_virt_is(ino)) {
+		if (acc != O_RDONLY) {
+			fuse_reply_err(req, EROFS);
+			return;
+		}
+		if (!(h = fh_new(FH_VIRT))) {
+			fuse_reply_err(req, ENOMEM);
+			return;
+		}
+		if ((rc = mnt_virt_read_all(m, ino, &h->text, &h->len))) {
+			fh_free(h);
+			fuse_reply_err(req, -rc);
+			return;
+		}
+		fi->fh = (uint64_t)(uintptr_t)h;
+		fi->direct_io = 1;
+		fuse_reply_open(req, fi);
+		return;
+	}
+	struct mnt_inode_info ii;
+	if (mnt_itab_get(m->itab, ino, &ii) != 0) {
+		if (ino & MNT_TEMP_BASE) {
+			fuse_reply_err(req, ESTALE);
+			return;
+		}
+		ii.ino = ino;
+	}
+	if (ii.wf) {
+		struct mnt_wfile *wf = ii.wf; /* one reference, kept by a new handle */
+		int shared = 0;
+		pthread_mutex_lock(&wf->lock);
+		if (wf->w) {
+			/* Another handle on a file still being written: share its writer. */
+			shared = 1;
+			if (acc == O_RDONLY)
+				rc = -EBUSY; /* its bytes are not readable before the commit */
+			else if (fi->flags & O_TRUNC)
+				rc = kvc_writer_truncate(wf->w, 0);
+			if (!rc && !(h = fh_new(FH_WRITE)))
+				rc = -ENOMEM;
+			if (!rc) {
+				wf->handles++;
+				h->wf = wf;
+			}
+		}
+		pthread_mutex_unlock(&wf->lock);
+		if (!h)
+			mnt_wfile_put(wf);
+		if (shared) {
+			if (rc) {
+				fuse_reply_err(req, -rc);
+				return;
+			}
+			fi->fh = (uint64_t)(uintptr_t)h;
+			fi->direct_io = 1;
+			if (fuse_reply_open(req, fi) != 0)
+				fh_drop(m, h);
+			return;
+		}
+	}
+	if (ii.ino == 0) { /* a new file whose commit failed */
+		fuse_reply_err(req, ENOENT);
+		return;
+	}
+	if (acc != O_RDONLY) {
+		rc = open_replace(m, ino, &ii, fi, &h);
+		if (rc) {
+			fuse_reply_err(req, -rc);
+			return;
+		}
+		fi->fh = (uint64_t)(uintptr_t)h;
+		fi->direct_io = 1;
+		if (fuse_reply_open(req, fi) != 0)
+			fh_drop(m, h);
+		return;
+	}
+	if (!(h = fh_new(FH_READ))) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	h->ino = ii.ino;
+	int attempt = 0;
+	do
+		rc = kvc_file_open(m->c, ii.ino, &h->rf);
+	while (rc && mnt_retry(m, rc, &attempt));
+	if (rc) {
+		fh_free(h);
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	fi->fh = (uint64_t)(uintptr_t)h;
+	/* Files never change, so the page cache stays valid across opens — except on a node id
+	 * that now stands for a different inode (a committed new file, a replaced file). */
+	fi->keep_cache = m->cfg.keep_cache && !ii.redirected;
+	if (fuse_reply_open(req, fi) != 0)
+		fh_free(h);
+}
+
+void mnt_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
+{
+	(void)ino;
+	struct mnt *m = mnt_of(req);
+	struct fh *h = fh_of(fi);
+	if (off < 0) {
+		fuse_reply_err(req, EINVAL);
+		return;
+	}
+	if (h->kind == FH_VIRT) {
+		size_t o = (size_t)off < h->len ? (size_t)off : h->len;
+		size_t n = h->len - o < size ? h->len - o : size;
+		fuse_reply_buf(req, h->text + o, n);
+		return;
+	}
+	if (h->kind != FH_READ) {
+		fuse_reply_err(req, EBUSY); /* a file being written is not readable yet */
+		return;
+	}
+	pthread_mutex_lock(&h->lock);
+	if (h->cap < size) {
+		char *nb = realloc(h->buf, size);
+		if (!nb) {
+			pthread_mutex_unlock(&h->lock);
+			fuse_reply_err(req, ENOMEM);
+			return;
+		}
+		h->buf = nb;
+		h->cap = size;
+	}
+	ssize_t n = kvc_pread(h->rf, h->buf, size, (uint64_t)off);
+	if (n < 0) {
+		pthread_mutex_unlock(&h->lock);
+		klog_error("read of inode %llu at %lld (+%zu) failed: %s",
+			   (unsigned long long)h->ino, (long long)off, size, kvp_strerror((int)n));
+		fuse_reply_err(req, (int)-n);
+		return;
+	}
+	atomic_fetch_add_explicit(&m->n.reads, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&m->n.read_bytes, (unsigned long long)n, memory_order_relaxed);
+	fuse_reply_buf(req, h->buf, (size_t)n);
+	pthread_mutex_unlock(&h->lock);
+}
+
+void mnt_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
+	       struct fuse_file_info *fi)
+{
+	struct mnt *m = mnt_of(req);
+	struct fh *h = fh_of(fi);
+	if (h->kind != FH_WRITE || off < 0) {
+		fuse_reply_err(req, h->kind != FH_WRITE ? EBADF : EINVAL);
+		return;
+	}
+	struct mnt_wfile *wf = h->wf;
+	pthread_mutex_lock(&wf->lock);
+	if (!wf->w) {
+		pthread_mutex_unlock(&wf->lock);
+		atomic_fetch_add_explicit(&m->n.erofs, 1, memory_order_relaxed);
+		klog_warn("write to '%s' (node %llu) after it was committed refused (EROFS): kvfs "
+			  "files are written once and published at close",
+			  wf->name, (unsigned long long)ino);
+		fuse_reply_err(req, EROFS);
+		return;
+	}
+	ssize_t n = kvc_write(wf->w, buf, size, (uint64_t)off);
+	/* The process-wide buffer budget is shared: wait a little for other files' commits to
+	 * free some before failing. */
+	for (int i = 0; n == -ENOMEM && i < 200; i++) {
+		pthread_mutex_unlock(&wf->lock);
+		usleep(50000);
+		pthread_mutex_lock(&wf->lock);
+		n = wf->w ? kvc_write(wf->w, buf, size, (uint64_t)off) : -EROFS;
+	}
+	if (n > 0)
+		wf->dirty = 1;
+	pthread_mutex_unlock(&wf->lock);
+	if (n < 0) {
+		if (n == -EFBIG)
+			klog_warn("write to '%s' at %lld: file larger than max-file (%llu bytes): "
+				  "EFBIG",
+				  wf->name, (long long)off, (unsigned long long)m->cfg.max_file);
+		else if (n == -ENOMEM)
+			klog_warn("write to '%s': writer buffers full (max-buffered %llu bytes)",
+				  wf->name, (unsigned long long)m->cfg.max_buffered);
+		fuse_reply_err(req, n == -ENOMEM ? ENOSPC : (int)-n);
+		return;
+	}
+	atomic_fetch_add_explicit(&m->n.writes, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&m->n.write_bytes, (unsigned long long)n, memory_order_relaxed);
+	fuse_reply_write(req, (size_t)n);
+}
+
+/* PF_EXITING and a signal in exit_code (/proc/PID/stat fields 9 and 52): the process closing
+ * the file is dying from a signal, so what it wrote is not a finished file. */
+static int caller_killed(pid_t pid)
+{
+	if (pid <= 0)
+		return 0;
+	char path[64], buf[2048];
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return 0;
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	char *p = strrchr(buf, ')');
+	if (!p)
+		return 0;
+	/* p+2 is field 3 (state); count fields from there. */
+	unsigned long long flags = 0, exit_code = 0;
+	int field = 3;
+	for (char *save = NULL, *t = strtok_r(p + 2, " ", &save); t;
+	     t = strtok_r(NULL, " ", &save), field++) {
+		if (field == 9)
+			flags = strtoull(t, NULL, 10);
+		else if (field == 52)
+			exit_code = strtoull(t, NULL, 10);
+	}
+	return (flags & 0x4) && (exit_code & 0x7f) != 0;
+}
+
+void mnt_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	(void)ino;
+	struct mnt *m = mnt_of(req);
+	struct fh *h = fh_of(fi);
+	if (h->kind != FH_WRITE) {
+		fuse_reply_err(req, 0);
+		return;
+	}
+	struct mnt_wfile *wf = h->wf;
+	int rc = 0;
+	int killed = caller_killed(fuse_req_ctx(req)->pid);
+	pthread_mutex_lock(&wf->lock);
+	if (killed)
+		wf->killed = 1;
+	if (wf->w && ((wf->dirty && wf->handles == 1) || killed))
+		rc = wfile_finish(m, wf);
+	wf->dirty = 0;
+	pthread_mutex_unlock(&wf->lock);
+	fuse_reply_err(req, killed ? 0 : -rc);
+}
+
+void mnt_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	(void)ino;
+	fh_drop(mnt_of(req), fh_of(fi));
+	fuse_reply_err(req, 0);
+}
+
+void mnt_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
+{
+	(void)ino, (void)datasync, (void)fi;
+	/* A new file becomes durable at its commit (close); before that there is nothing
+	 * partial to make durable, and committed files are durable already. */
+	fuse_reply_err(req, 0);
+}

@@ -1,0 +1,361 @@
+/* kvfs-mount [options] META_ADDR MOUNTPOINT — the cluster as a FUSE filesystem.
+ *
+ * Options come from one table (common/cfg.h): defaults, then --config FILE, then --flags,
+ * then -o name=value,... (mount(8) style; '_' and '-' are the same). -f stays in the
+ * foreground, -d adds FUSE request tracing.
+ *
+ * Lifecycle: in the background mode the process forks first; the child connects to meta,
+ * mounts, and only then tells the parent, which exits 0 — or prints the child's error and
+ * exits 1 — so the caller learns whether the mount worked. Unmount with `fusermount3 -u
+ * MOUNTPOINT` (or SIGINT/SIGTERM to the daemon): the loop ends, open writers are dropped,
+ * the daemon exits 0. */
+#define KVFS_LOG_TAG "mount"
+#include "log.h"
+#include "mount.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define O(name, type, field, lo, hi, def, help)                                                    \
+	{                                                                                          \
+		name, type, offsetof(struct mnt_cfg, field), lo, hi, def, help                     \
+	}
+
+const struct cfg_opt mnt_cfg_opts[] = {
+    O("secret-file", CFG_STR, secret_file, 0, 0, NULL, "file holding the cluster secret"),
+    O("entry-timeout", CFG_SECS, entry_timeout, 0, 86400, "1s",
+      "how long the kernel caches a name"),
+    O("attr-timeout", CFG_SECS, attr_timeout, 0, 86400, "10s",
+      "how long the kernel caches attributes"),
+    O("timeout", CFG_SECS, timeout, 0.1, 600, "5s", "per request to meta or a node"),
+    O("meta-retry", CFG_SECS, meta_retry, 0, 3600, "30s",
+      "keep retrying reads of metadata this long while meta is away"),
+    O("max-file", CFG_SIZE, max_file, 4096, 1e15, "1G",
+      "largest file one writer may buffer (larger: EFBIG)"),
+    O("max-buffered", CFG_SIZE, max_buffered, 1 << 20, 1e15, "2G",
+      "memory all files being written may buffer together"),
+    O("readahead", CFG_SIZE, readahead, 0, 1 << 30, "4M",
+      "kernel read-ahead window for sequential reads"),
+    O("k", CFG_INT, k, 0, 64, "0", "data chunks per stripe of new files (0: cluster default)"),
+    O("m", CFG_INT, m, 0, 16, "0", "parity chunks per stripe (0: cluster default)"),
+    O("chunk", CFG_SIZE, chunk, 0, 16 << 20, "0", "largest chunk of new files (0: cluster's)"),
+    O("threads", CFG_INT, threads, 1, 1024, "16", "FUSE worker threads at most"),
+    O("log-level", CFG_INT, log_level, 0, 3, "2", "0 error, 1 warn, 2 info, 3 debug"),
+    O("log-file", CFG_STR, log_file, 0, 0, NULL, "log here in the background (default: none)"),
+    O("foreground", CFG_BOOL, foreground, 0, 0, "false", "stay in the foreground (-f)"),
+    O("debug", CFG_BOOL, debug, 0, 0, "false", "trace FUSE requests; implies foreground (-d)"),
+    O("allow-other", CFG_BOOL, allow_other, 0, 0, "false", "let other users use the mount"),
+    O("readdirplus", CFG_BOOL, readdirplus, 0, 0, "true", "directory listings carry attributes"),
+    O("keep-cache", CFG_BOOL, keep_cache, 0, 0, "true",
+      "keep the page cache of (immutable) files across opens"),
+    CFG_END,
+};
+
+static const char *const ignored_o[] = {
+    "rw",   "defaults", "nodev", "nosuid", "noatime", "relatime", "_netdev", "auto", "noauto",
+    "user", "nouser",	"exec",	 "noexec", "dev",     "suid",	  "async",   NULL};
+
+/* Applies one -o list: "a=b,c,d=e". A bare name is a boolean set to true. */
+static int apply_o(struct mnt_cfg *cfg, char *list)
+{
+	for (char *save = NULL, *t = strtok_r(list, ",", &save); t;
+	     t = strtok_r(NULL, ",", &save)) {
+		int skip = 0;
+		for (int i = 0; ignored_o[i]; i++)
+			skip |= strcmp(t, ignored_o[i]) == 0;
+		if (skip || !*t)
+			continue;
+		char *eq = strchr(t, '=');
+		if (eq)
+			*eq = 0;
+		for (char *p = t; *p; p++)
+			if (*p == '_')
+				*p = '-';
+		int rc = cfg_set(mnt_cfg_opts, cfg, t, eq ? eq + 1 : "true");
+		if (rc == -ENOENT) {
+			fprintf(stderr, "kvfs-mount: unknown option -o %s (see --help)\n", t);
+			return -EINVAL;
+		}
+		if (rc) {
+			fprintf(stderr, "kvfs-mount: bad value for -o %s\n", t);
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
+/* Splits -o / -f / -d out of argv (cfg_parse takes the rest), parses, applies them.
+ * Returns 0, 1 (help printed) or -EINVAL. */
+static int parse_args(int argc, char **argv, struct mnt_cfg *cfg, int *npos)
+{
+	char **rest = calloc((size_t)argc + 1, sizeof(char *));
+	char **olist = calloc((size_t)argc + 1, sizeof(char *));
+	if (!rest || !olist) {
+		free(rest);
+		free(olist);
+		return -ENOMEM;
+	}
+	int nr = 0, no = 0, fg = 0, dbg = 0, rc = 0;
+	rest[nr++] = argv[0];
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "-o") == 0) {
+			if (i + 1 >= argc) {
+				fprintf(stderr, "kvfs-mount: -o needs a value\n");
+				rc = -EINVAL;
+				goto out;
+			}
+			olist[no++] = argv[++i];
+		} else if (strncmp(argv[i], "-o", 2) == 0) {
+			olist[no++] = argv[i] + 2;
+		} else if (strcmp(argv[i], "-f") == 0) {
+			fg = 1;
+		} else if (strcmp(argv[i], "-d") == 0) {
+			dbg = 1;
+		} else if (strcmp(argv[i], "-h") == 0) {
+			rest[nr++] = "--help";
+		} else {
+			rest[nr++] = argv[i];
+		}
+	}
+	rc = cfg_parse(mnt_cfg_opts, cfg, nr, rest, "META_ADDR MOUNTPOINT", npos);
+	if (rc == 1)
+		printf("\n  -o name=value,...      any option above, mount(8) style\n"
+		       "  -f                     foreground;  -d  debug (FUSE trace)\n");
+	for (int i = 0; rc == 0 && i < no; i++)
+		rc = apply_o(cfg, olist[i]);
+	if (fg)
+		cfg->foreground = 1;
+	if (dbg)
+		cfg->debug = cfg->foreground = 1;
+	/* positional arguments back into argv[1..] */
+	for (int i = 0; rc == 0 && i < *npos; i++)
+		argv[1 + i] = rest[1 + i];
+out:
+	free(rest);
+	free(olist);
+	return rc;
+}
+
+/* The bdi of our mount: /proc/self/mountinfo "id parent MAJ:MIN root mountpoint ...". Read
+ * without touching the mount itself (the session loop is not running yet). */
+static void set_readahead(const char *mnt, uint64_t bytes)
+{
+	FILE *f = fopen("/proc/self/mountinfo", "r");
+	if (!f)
+		return;
+	char line[4096], dev[64] = "";
+	while (fgets(line, sizeof(line), f)) {
+		char d[64], root[1024], mp[2048];
+		if (sscanf(line, "%*s %*s %63s %1023s %2047s", d, root, mp) != 3)
+			continue;
+		if (strcmp(mp, mnt) == 0)
+			snprintf(dev, sizeof(dev), "%s", d); /* the last (topmost) mount wins */
+	}
+	fclose(f);
+	if (!dev[0])
+		return;
+	char path[128];
+	snprintf(path, sizeof(path), "/sys/class/bdi/%s/read_ahead_kb", dev);
+	FILE *ra = fopen(path, "w");
+	if (!ra) {
+		klog_info("read-ahead left at the kernel default (%s: %s)", path, strerror(errno));
+		return;
+	}
+	fprintf(ra, "%llu\n", (unsigned long long)(bytes / 1024));
+	if (fclose(ra) != 0)
+		klog_info("read-ahead not set (%s)", strerror(errno));
+}
+
+/* Background: the child reports "0" or an error text through the pipe. */
+static void report(int fd, const char *msg)
+{
+	if (fd < 0)
+		return;
+	ssize_t n = write(fd, msg, strlen(msg));
+	(void)n;
+	close(fd);
+}
+
+static int wait_child(int rfd, pid_t pid)
+{
+	char buf[1024];
+	size_t len = 0;
+	ssize_t n;
+	while (len < sizeof(buf) - 1 && (n = read(rfd, buf + len, sizeof(buf) - 1 - len)) != 0) {
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			break;
+		}
+		len += (size_t)n;
+	}
+	buf[len] = 0;
+	close(rfd);
+	if (len == 1 && buf[0] == '0')
+		return 0;
+	int st;
+	waitpid(pid, &st, 0);
+	fprintf(stderr, "kvfs-mount: %s\n", len ? buf : "the mount process died during startup");
+	return 1;
+}
+
+static void redirect_stdio(const char *logfile)
+{
+	int nul = open("/dev/null", O_RDWR);
+	int log = logfile[0] ? open(logfile, O_WRONLY | O_CREAT | O_APPEND, 0644) : -1;
+	if (nul >= 0) {
+		dup2(nul, 0);
+		dup2(nul, 1);
+		dup2(log >= 0 ? log : nul, 2);
+	}
+	if (nul > 2)
+		close(nul);
+	if (log > 2)
+		close(log);
+}
+
+int main(int argc, char **argv)
+{
+	struct mnt *m = calloc(1, sizeof(*m));
+	if (!m)
+		return 1;
+	int npos = 0, rc = parse_args(argc, argv, &m->cfg, &npos);
+	if (rc)
+		return rc == 1 ? 0 : 2;
+	if (npos != 2) {
+		fprintf(stderr, "usage: kvfs-mount [options] META_ADDR MOUNTPOINT (see --help)\n");
+		return 2;
+	}
+	kvfs_log_set_level((int)m->cfg.log_level);
+	snprintf(m->meta_addr, sizeof(m->meta_addr), "%s", argv[1]);
+	char mp[PATH_MAX];
+	if (!realpath(argv[2], mp)) {
+		fprintf(stderr, "kvfs-mount: mountpoint %s: %s\n", argv[2], strerror(errno));
+		return 1;
+	}
+	if (strlen(mp) >= sizeof(m->mountpoint)) {
+		fprintf(stderr, "kvfs-mount: mountpoint path too long: %s\n", mp);
+		return 1;
+	}
+	memcpy(m->mountpoint, mp, strlen(mp) + 1);
+	struct kvp_secret secret;
+	if (!m->cfg.secret_file[0]) {
+		fprintf(stderr, "kvfs-mount: --secret-file is required (the cluster secret)\n");
+		return 2;
+	}
+	if (kvp_secret_load(m->cfg.secret_file, &secret)) {
+		fprintf(stderr, "kvfs-mount: cannot load the secret from %s\n", m->cfg.secret_file);
+		return 1;
+	}
+	signal(SIGPIPE, SIG_IGN);
+
+	int wfd = -1;
+	if (!m->cfg.foreground) {
+		int p[2];
+		if (pipe(p)) {
+			perror("kvfs-mount: pipe");
+			return 1;
+		}
+		pid_t pid = fork();
+		if (pid < 0) {
+			perror("kvfs-mount: fork");
+			return 1;
+		}
+		if (pid > 0) {
+			close(p[1]);
+			return wait_child(p[0], pid);
+		}
+		close(p[0]);
+		wfd = p[1];
+		setsid();
+	}
+
+	char err[1024];
+	struct kvc_opts ko = {
+	    .meta_addr = m->meta_addr,
+	    .secret = &secret,
+	    .timeout_ms = (int)(m->cfg.timeout * 1000),
+	    .k = (int)m->cfg.k,
+	    .m = (int)m->cfg.m,
+	    .max_chunk = (uint32_t)m->cfg.chunk,
+	    .max_file = m->cfg.max_file,
+	    .max_buffered = m->cfg.max_buffered,
+	};
+	if ((rc = kvc_open(&ko, &m->c))) {
+		snprintf(err, sizeof(err), "cannot reach the metadata server at %s: %s%s",
+			 m->meta_addr, kvp_strerror(rc),
+			 rc == -EACCES ? " (wrong cluster secret?)" : "");
+		if (wfd < 0)
+			fprintf(stderr, "kvfs-mount: %s\n", err);
+		report(wfd, err);
+		return 1;
+	}
+	m->uid = getuid();
+	m->gid = getgid();
+	m->start_ns = mnt_now_ns();
+	atomic_init(&m->next_temp, 1);
+	pthread_mutex_init(&m->rel_lock, NULL);
+	pthread_cond_init(&m->rel_cond, NULL);
+	if (mnt_itab_create(&m->itab)) {
+		report(wfd, "out of memory");
+		return 1;
+	}
+
+	char fsopts[512];
+	snprintf(fsopts, sizeof(fsopts), "fsname=kvfs:%s,subtype=kvfs,max_read=%u%s", m->meta_addr,
+		 1u << 20, m->cfg.allow_other ? ",allow_other" : "");
+	char *fargv[] = {argv[0], "-o", fsopts, m->cfg.debug ? "-d" : NULL, NULL};
+	struct fuse_args fa = FUSE_ARGS_INIT(m->cfg.debug ? 4 : 3, fargv);
+	m->se = fuse_session_new(&fa, &mnt_ops, sizeof(mnt_ops), m);
+	if (!m->se || fuse_set_signal_handlers(m->se) != 0) {
+		report(wfd, "cannot create the FUSE session");
+		return 1;
+	}
+	if (fuse_session_mount(m->se, m->mountpoint) != 0) {
+		snprintf(err, sizeof(err),
+			 "cannot mount on %s (is /dev/fuse usable and the directory not already "
+			 "a mount? a stale one: fusermount3 -u %s)",
+			 m->mountpoint, m->mountpoint);
+		if (wfd < 0)
+			fprintf(stderr, "kvfs-mount: %s\n", err);
+		report(wfd, err);
+		fuse_remove_signal_handlers(m->se);
+		fuse_session_destroy(m->se);
+		kvc_close(m->c);
+		return 1;
+	}
+	set_readahead(m->mountpoint, m->cfg.readahead);
+	klog_info("mounted %s on %s (pid %d)", m->meta_addr, m->mountpoint, (int)getpid());
+	if (wfd >= 0) {
+		report(wfd, "0");
+		if (chdir("/") != 0)
+			klog_warn("chdir /: %s", strerror(errno));
+		redirect_stdio(m->cfg.log_file);
+	}
+
+	struct fuse_loop_config *lc = fuse_loop_cfg_create();
+	fuse_loop_cfg_set_max_threads(lc, (unsigned)m->cfg.threads);
+	fuse_loop_cfg_set_idle_threads(lc, (unsigned)(m->cfg.threads / 2 + 1));
+	fuse_loop_cfg_set_clone_fd(lc, 0);
+	rc = fuse_session_loop_mt(m->se, lc);
+	fuse_loop_cfg_destroy(lc);
+	klog_info("unmounting %s", m->mountpoint);
+	fuse_session_unmount(m->se);
+	fuse_remove_signal_handlers(m->se);
+	fuse_session_destroy(m->se);
+	mnt_itab_destroy(m->itab);
+	kvc_close(m->c);
+	pthread_cond_destroy(&m->rel_cond);
+	pthread_mutex_destroy(&m->rel_lock);
+	free(m);
+	return rc == 0 ? 0 : 1;
+}
