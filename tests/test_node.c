@@ -24,6 +24,7 @@
 
 #include "kvec.h"
 #include "kvp.h"
+#include "node_index.h"
 
 #define SECRET	     "test-cluster-secret-0123456789"
 #define CALL_MS	     20000
@@ -801,6 +802,79 @@ static void test_heartbeat(void **state)
 	assert_int_equal(node_stop(&np, SIGTERM), 0);
 }
 
+/* The index on its own: random inserts and removals against a plain array, list pages
+ * against a sorted copy (hash collisions, backward-shift deletion, growth, selection). */
+static void test_index(void **state)
+{
+	(void)state;
+	enum { M = 20000 };
+	struct node_index *x;
+	assert_int_equal(node_index_create(&x), 0);
+	uint64_t *ref = malloc(M * sizeof(*ref));
+	uint8_t *in = calloc(M, 1);
+	uint64_t seed = 12345;
+	for (int i = 0; i < M; i++) {
+		seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+		/* Small ids collide in the low bits; big ones spread. */
+		ref[i] = i % 3 ? seed >> 7 : (uint64_t)i;
+	}
+	size_t live = 0;
+	for (int round = 0; round < 4; round++) {
+		for (int i = 0; i < M; i++) {
+			seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+			int want = (seed >> 33) % 4 != 0;
+			if (want && !in[i]) {
+				struct node_chunk *e = node_index_insert(x, ref[i]);
+				assert_non_null(e);
+				e->state = NODE_CHUNK_LIVE;
+				e->len = (uint32_t)i;
+				in[i] = 1;
+				live++;
+			} else if (!want && in[i]) {
+				assert_int_equal(node_index_remove(x, ref[i]), 0);
+				in[i] = 0;
+				live--;
+			}
+		}
+		assert_int_equal(node_index_count(x), live);
+		for (int i = 0; i < M; i++) {
+			struct node_chunk *e = node_index_find(x, ref[i]);
+			assert_int_equal(e != NULL, in[i]);
+			if (e)
+				assert_int_equal(e->len, (uint32_t)i);
+		}
+	}
+	assert_int_equal(node_index_remove(x, 0xFFFFFFFFFFFFull), -ENOENT);
+	uint64_t *sorted = malloc(live * sizeof(*sorted));
+	size_t k = 0;
+	for (int i = 0; i < M; i++)
+		if (in[i])
+			sorted[k++] = ref[i];
+	qsort(sorted, k, sizeof(*sorted), cmp_u64);
+	struct node_chunk page[777];
+	uint64_t after = 0;
+	size_t got = 0;
+	int more = 1;
+	if (k && sorted[0] == 0) /* id 0 is never above start_after = 0 */
+		got = 1;
+	while (more) {
+		long n = node_index_list(x, after, 777, page, &more);
+		assert_true(n >= 0);
+		for (long i = 0; i < n; i++) {
+			assert_true(got < k);
+			assert_int_equal(page[i].id, sorted[got]);
+			got++;
+		}
+		if (n)
+			after = page[n - 1].id;
+	}
+	assert_int_equal(got, k);
+	free(sorted);
+	free(ref);
+	free(in);
+	node_index_destroy(x);
+}
+
 static int group_setup(void **state)
 {
 	(void)state;
@@ -846,13 +920,10 @@ static int group_teardown(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_sizes_and_ranges),
-	    cmocka_unit_test(test_pipelined),
-	    cmocka_unit_test(test_del_list_stat),
-	    cmocka_unit_test(test_corruption),
-	    cmocka_unit_test(test_capacity),
-	    cmocka_unit_test(test_crash_restart),
-	    cmocka_unit_test(test_auth_and_bad_frames),
+	    cmocka_unit_test(test_index),	  cmocka_unit_test(test_sizes_and_ranges),
+	    cmocka_unit_test(test_pipelined),	  cmocka_unit_test(test_del_list_stat),
+	    cmocka_unit_test(test_corruption),	  cmocka_unit_test(test_capacity),
+	    cmocka_unit_test(test_crash_restart), cmocka_unit_test(test_auth_and_bad_frames),
 	    cmocka_unit_test(test_heartbeat),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);

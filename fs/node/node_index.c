@@ -122,6 +122,35 @@ static int cmp_chunk(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
+/* Moves the n smallest ids of v[0..k) into v[0..n) (any order): quickselect, O(k) expected,
+ * so a LIST page costs a pass over the ids above `after` plus sorting one page. */
+static void select_smallest(struct node_chunk *v, size_t k, size_t n)
+{
+	size_t lo = 0, hi = k; /* the boundary n lies in [lo, hi) */
+	while (hi - lo > 1) {
+		uint64_t pivot = v[lo + (hi - 1 - lo) / 2].id; /* never the last: j < hi - 1 */
+		size_t i = lo, j = hi - 1;
+		/* Hoare partition: v[lo..i) <= pivot, v(j..hi) >= pivot. */
+		for (;;) {
+			while (v[i].id < pivot)
+				i++;
+			while (v[j].id > pivot)
+				j--;
+			if (i >= j)
+				break;
+			struct node_chunk t = v[i];
+			v[i] = v[j];
+			v[j] = t;
+			i++;
+			j--;
+		}
+		if (n <= j)
+			hi = j + 1;
+		else
+			lo = j + 1;
+	}
+}
+
 long node_index_list(struct node_index *x, uint64_t after, uint32_t max, struct node_chunk *out,
 		     int *more)
 {
@@ -139,8 +168,10 @@ long node_index_list(struct node_index *x, uint64_t after, uint32_t max, struct 
 	for (size_t i = 0; i < x->cap; i++)
 		if (x->slot[i].state == NODE_CHUNK_LIVE && x->slot[i].id > after)
 			tmp[j++] = x->slot[i];
-	qsort(tmp, k, sizeof(*tmp), cmp_chunk);
 	size_t n = k < max ? k : max;
+	if (n < k)
+		select_smallest(tmp, k, n);
+	qsort(tmp, n, sizeof(*tmp), cmp_chunk);
 	if (n)
 		memcpy(out, tmp, n * sizeof(*out));
 	*more = k > n;

@@ -38,7 +38,7 @@ size_t node_index_count(const struct node_index *x);
 
 /* Copies up to max LIVE entries with id > after, in ascending id order, into out (room for
  * max). Returns how many were copied; *more is 1 when further LIVE ids exist past the last one.
- * Costs O(entries) plus sorting the ids above `after`; -ENOMEM if scratch space fails. */
+ * Costs O(entries) plus sorting one page; -ENOMEM if scratch space fails. */
 long node_index_list(struct node_index *x, uint64_t after, uint32_t max, struct node_chunk *out,
 		     int *more);
 
