@@ -4,7 +4,8 @@
  * and the same CRC32C work. The ratio says what the node (TCP, protocol, io_uring, CRCs,
  * threads) delivers relative to the filesystem itself. Reads come from the page cache in both.
  *
- *   kvfs-node-bench [--chunk 1M] [--count 256] [--depth 32] [--node PATH] [--dir DIR]
+ *   kvfs-node-bench [--chunk 1M] [--count 256] [--depth 32] [--rounds 3] [--node PATH]
+ *                   [--dir DIR] [--io-threads 2]
  */
 #define KVFS_LOG_TAG "node-bench"
 #include <errno.h>
@@ -27,7 +28,7 @@
 
 struct conf {
 	uint64_t chunk;
-	int64_t count, depth, io_threads;
+	int64_t count, depth, io_threads, rounds;
 	char node[CFG_STR_MAX], dir[CFG_STR_MAX];
 };
 
@@ -35,6 +36,8 @@ static const struct cfg_opt opts[] = {
     {"chunk", CFG_SIZE, offsetof(struct conf, chunk), 1, 16 << 20, "1M", "chunk size"},
     {"count", CFG_INT, offsetof(struct conf, count), 1, 1 << 20, "256", "chunks per phase"},
     {"depth", CFG_INT, offsetof(struct conf, depth), 1, 4096, "32", "requests in flight"},
+    {"rounds", CFG_INT, offsetof(struct conf, rounds), 1, 100, "3",
+     "interleaved rounds (baseline, node, baseline, ...); times are summed"},
     {"io-threads", CFG_INT, offsetof(struct conf, io_threads), 1, 64, "2",
      "the node's --io-threads"},
     {"node", CFG_STR, offsetof(struct conf, node), 0, 0, NULL,
@@ -165,19 +168,9 @@ int main(int argc, char **argv)
 	for (size_t i = 0; i < n; i++)
 		d[i] = (uint8_t)(i * 131 + 7);
 	uint32_t crc = kvec_crc32c(0, d, n);
-	double mb = (double)n * (double)cf.count / 1e6;
+	double mb = (double)n * (double)cf.count * (double)cf.rounds / 1e6;
 
-	double t0 = now();
-	for (int64_t i = 0; i < cf.count && !rc; i++)
-		rc = base_put(bdir, (uint64_t)i, d, n);
-	double base_w = now() - t0;
-	t0 = now();
-	for (int64_t i = 0; i < cf.count && !rc; i++)
-		rc = base_get(bdir, (uint64_t)i, buf, n);
-	double base_r = now() - t0;
-	if (rc)
-		return die("baseline file I/O failed");
-
+	double t0;
 	char depth_s[32];
 	snprintf(depth_s, sizeof(depth_s), "%" PRId64, cf.io_threads);
 	pid_t pid = fork();
@@ -204,13 +197,29 @@ int main(int argc, char **argv)
 		waitpid(pid, NULL, 0);
 		return die("cannot start or reach kvfs-node (see --node)");
 	}
-	t0 = now();
-	rc = node_phase(c, 1, 1, &cf, d, crc);
-	double node_w = now() - t0;
-	t0 = now();
-	if (!rc)
-		rc = node_phase(c, 0, 1, &cf, d, crc);
-	double node_r = now() - t0;
+	double base_w = 0, base_r = 0, node_w = 0, node_r = 0;
+	for (int64_t r = 0; r < cf.rounds && !rc; r++) {
+		uint64_t first = (uint64_t)(r * cf.count);
+		t0 = now();
+		for (int64_t i = 0; i < cf.count && !rc; i++)
+			rc = base_put(bdir, first + (uint64_t)i, d, n);
+		base_w += now() - t0;
+		t0 = now();
+		for (int64_t i = 0; i < cf.count && !rc; i++)
+			rc = base_get(bdir, first + (uint64_t)i, buf, n);
+		base_r += now() - t0;
+		if (rc) {
+			fprintf(stderr, "kvfs-node-bench: baseline file I/O failed\n");
+			break;
+		}
+		t0 = now();
+		rc = node_phase(c, 1, first + 1, &cf, d, crc);
+		node_w += now() - t0;
+		t0 = now();
+		if (!rc)
+			rc = node_phase(c, 0, first + 1, &cf, d, crc);
+		node_r += now() - t0;
+	}
 	struct conf one = cf;
 	one.depth = 1;
 	one.count = cf.count < 64 ? cf.count : 64;
@@ -218,6 +227,7 @@ int main(int argc, char **argv)
 	if (!rc)
 		rc = node_phase(c, 0, 1, &one, d, crc);
 	double lat = (now() - t0) / (double)one.count;
+	double blat = base_r / (double)(cf.count * cf.rounds);
 	kvp_client_close(c);
 	kill(pid, SIGTERM);
 	int st = 0;
@@ -229,13 +239,13 @@ int main(int argc, char **argv)
 	if (rc)
 		return die(kvp_strerror(rc));
 
-	printf("chunk %" PRIu64 " B x %" PRId64 ", depth %" PRId64 ", node io-threads %" PRId64
-	       "\n",
-	       cf.chunk, cf.count, cf.depth, cf.io_threads);
+	printf("chunk %" PRIu64 " B x %" PRId64 " x %" PRId64 " rounds, depth %" PRId64
+	       ", node io-threads %" PRId64 "\n",
+	       cf.chunk, cf.count, cf.rounds, cf.depth, cf.io_threads);
 	printf("%-6s %14s %14s %8s\n", "op", "baseline MB/s", "node MB/s", "ratio");
 	printf("%-6s %14.0f %14.0f %8.2f\n", "put", mb / base_w, mb / node_w, base_w / node_w);
 	printf("%-6s %14.0f %14.0f %8.2f\n", "get", mb / base_r, mb / node_r, base_r / node_r);
 	printf("get latency at depth 1: %.0f us (baseline %.0f us per chunk)\n", lat * 1e6,
-	       base_r / (double)cf.count * 1e6);
+	       blat * 1e6);
 	return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : die("kvfs-node did not exit cleanly");
 }
