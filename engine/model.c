@@ -12,6 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <pthread.h>
+#include <stdatomic.h>
+#include <unistd.h>
+
 #include <openssl/evp.h>
 
 #define KVFS_LOG_TAG "model"
@@ -66,11 +70,33 @@ const struct kvi_gguf *kvi_model_gguf(const struct kvi_model *m)
 	return m ? m->priv : NULL;
 }
 
-/* ---- fingerprint ---- */
+/* ---- fingerprint ----
+ * A two-level SHA-256 so the weights hash in parallel: every tensor's bytes are cut into 64 MiB
+ * chunks, each chunk is hashed on its own (worker threads), and the fingerprint is the SHA-256
+ * of the header, then per tensor of name, type, shape, size and its chunk digests. docs/gguf.md
+ * gives the exact layout. */
+
+#define FP_CHUNK   ((size_t)64 << 20)
+#define FP_THREADS 8
 
 struct fp {
 	EVP_MD_CTX *c;
 	int bad;
+};
+
+struct fp_item {
+	const uint8_t *p;
+	size_t n;
+	uint8_t md[32];
+};
+
+struct fp_job {
+	struct fp_item *items;
+	size_t n, fill;
+	atomic_size_t next;
+	atomic_int bad;
+	struct fp *top; /* pass 3: the top-level digest */
+	int pass;	/* 1 count, 2 collect, 3 hash */
 };
 
 static void fp_put(struct fp *f, const void *p, size_t n)
@@ -84,16 +110,51 @@ static void fp_i32(struct fp *f, int32_t v)
 	fp_put(f, &v, 4);
 }
 
-static void fp_tensor(struct fp *f, const char *name, const struct kvi_tensor *t)
+static size_t n_chunks(const struct kvi_tensor *t)
 {
-	uint32_t type = (uint32_t)t->type;
-	uint64_t nb = t->data ? t->nbytes : 0;
-	fp_put(f, name, strlen(name) + 1);
-	fp_put(f, &type, 4);
-	fp_put(f, t->ne, sizeof(t->ne));
-	fp_put(f, &nb, 8);
-	if (t->data)
-		fp_put(f, t->data, t->nbytes);
+	return t->data && t->nbytes ? (t->nbytes + FP_CHUNK - 1) / FP_CHUNK : 0;
+}
+
+static int fp_cb(void *ctx, const char *name, struct kvi_tensor *t, int kind)
+{
+	struct fp_job *j = ctx;
+	size_t nc = n_chunks(t);
+	(void)kind;
+	if (j->pass == 1) {
+		j->n += nc;
+	} else if (j->pass == 2) {
+		for (size_t c = 0; c < nc; c++) {
+			size_t off = c * FP_CHUNK, len = t->nbytes - off;
+			j->items[j->fill++] = (struct fp_item){
+			    (const uint8_t *)t->data + off, len < FP_CHUNK ? len : FP_CHUNK, {0}};
+		}
+	} else {
+		uint32_t type = (uint32_t)t->type;
+		uint64_t nb = t->data ? t->nbytes : 0;
+		fp_put(j->top, name, strlen(name) + 1);
+		fp_put(j->top, &type, 4);
+		fp_put(j->top, t->ne, sizeof(t->ne));
+		fp_put(j->top, &nb, 8);
+		for (size_t c = 0; c < nc; c++)
+			fp_put(j->top, j->items[j->fill++].md, 32);
+	}
+	return 0;
+}
+
+static void *fp_worker(void *arg)
+{
+	struct fp_job *j = arg;
+	for (;;) {
+		size_t i = atomic_fetch_add(&j->next, 1);
+		if (i >= j->n)
+			break;
+		unsigned int len = 0;
+		if (EVP_Digest(j->items[i].p, j->items[i].n, j->items[i].md, &len, EVP_sha256(),
+			       NULL) != 1 ||
+		    len != 32)
+			atomic_store(&j->bad, 1);
+	}
+	return NULL;
 }
 
 /* Calls fn for every tensor the forward pass uses, in the canonical (fingerprint) order. */
@@ -103,18 +164,37 @@ static int each_tensor(struct kvi_model *m,
 
 enum { K_MAT = 0, K_NORM = 1, K_BIAS = 2, K_EMBD = 3, K_OUT = 4 };
 
-static int fp_cb(void *ctx, const char *name, struct kvi_tensor *t, int kind)
-{
-	(void)kind;
-	fp_tensor(ctx, name, t);
-	return 0;
-}
-
 int kvi_model_compute_fingerprint(struct kvi_model *m)
 {
-	struct fp f = {.c = EVP_MD_CTX_new()};
-	if (!f.c)
+	struct fp_job j = {.pass = 1};
+	atomic_init(&j.next, 0);
+	atomic_init(&j.bad, 0);
+	each_tensor(m, fp_cb, &j);
+	j.items = calloc(j.n ? j.n : 1, sizeof(*j.items));
+	if (!j.items)
 		return -ENOMEM;
+	j.pass = 2;
+	each_tensor(m, fp_cb, &j);
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	size_t nt = cpus > 1 ? (size_t)cpus : 1;
+	if (nt > FP_THREADS)
+		nt = FP_THREADS;
+	if (nt > j.n)
+		nt = j.n ? j.n : 1;
+	pthread_t th[FP_THREADS];
+	size_t started = 0;
+	for (size_t i = 1; i < nt; i++)
+		if (pthread_create(&th[started], NULL, fp_worker, &j) == 0)
+			started++;
+	fp_worker(&j);
+	for (size_t i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
+
+	struct fp f = {.c = EVP_MD_CTX_new(), .bad = atomic_load(&j.bad)};
+	if (!f.c) {
+		free(j.items);
+		return -ENOMEM;
+	}
 	const struct kvi_config *c = &m->cfg;
 	char arch[32] = {0};
 	memcpy(arch, c->arch, sizeof(arch) - 1);
@@ -130,11 +210,15 @@ int kvi_model_compute_fingerprint(struct kvi_model *m)
 		fp_i32(&f, ints[i]);
 	fp_put(&f, &c->rope_base, 4);
 	fp_put(&f, &c->rms_eps, 4);
-	each_tensor(m, fp_cb, &f);
+	j.pass = 3;
+	j.fill = 0;
+	j.top = &f;
+	each_tensor(m, fp_cb, &j);
 	unsigned int n = 0;
 	if (!f.bad && EVP_DigestFinal_ex(f.c, m->fingerprint, &n) != 1)
 		f.bad = 1;
 	EVP_MD_CTX_free(f.c);
+	free(j.items);
 	return f.bad || n != 32 ? -EIO : 0;
 }
 

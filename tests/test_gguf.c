@@ -302,6 +302,37 @@ static void test_fingerprint(void **state)
 	free(buf2);
 }
 
+/* Hand-built model with a tensor of several 64 MiB fingerprint chunks: every chunk counts and
+ * the parallel hashing is deterministic. */
+static void test_fingerprint_chunks(void **state)
+{
+	(void)state;
+	struct kvi_config cfg = {.arch = "llama", .n_layer = 1, .n_embd = 4096, .n_vocab = 8200};
+	struct kvi_model *m;
+	assert_int_equal(kvi_model_init_empty(&cfg, &m), 0);
+	size_t nb = 4096 * 8200 * sizeof(float); /* ~134 MB: 3 chunks */
+	uint8_t *w = calloc(1, nb);
+	assert_non_null(w);
+	m->tok_embd = (struct kvi_tensor){KVI_F32, {4096, 8200}, w, nb};
+	m->cfg.tied_output = 1;
+	uint8_t a[32], b[32];
+	assert_int_equal(kvi_model_compute_fingerprint(m), 0);
+	memcpy(a, m->fingerprint, 32);
+	assert_int_equal(kvi_model_compute_fingerprint(m), 0);
+	assert_memory_equal(a, m->fingerprint, 32);
+	w[nb - 1] = 1; /* last chunk */
+	assert_int_equal(kvi_model_compute_fingerprint(m), 0);
+	memcpy(b, m->fingerprint, 32);
+	assert_memory_not_equal(a, b, 32);
+	w[nb - 1] = 0;
+	w[(size_t)70 << 20] = 1; /* second chunk */
+	assert_int_equal(kvi_model_compute_fingerprint(m), 0);
+	assert_memory_not_equal(a, m->fingerprint, 32);
+	assert_memory_not_equal(b, m->fingerprint, 32);
+	kvi_model_free(m);
+	free(w);
+}
+
 static void test_file_load(void **state)
 {
 	(void)state;
@@ -1055,13 +1086,10 @@ static void test_random_corruption(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_valid_llama),
-	    cmocka_unit_test(test_valid_qwen2_tied),
-	    cmocka_unit_test(test_fingerprint),
-	    cmocka_unit_test(test_file_load),
-	    cmocka_unit_test(test_writer_to_file),
-	    cmocka_unit_test(test_getters),
-	    BAD_TESTS,
+	    cmocka_unit_test(test_valid_llama), cmocka_unit_test(test_valid_qwen2_tied),
+	    cmocka_unit_test(test_fingerprint), cmocka_unit_test(test_fingerprint_chunks),
+	    cmocka_unit_test(test_file_load),	cmocka_unit_test(test_writer_to_file),
+	    cmocka_unit_test(test_getters),	BAD_TESTS,
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
