@@ -1,0 +1,333 @@
+/* kvx-bench — the KV connector end to end on one model and one cache directory:
+ *
+ *   1. cold:   empty cache, lookup (miss) + prefill of the whole prompt -> TTFT, then the
+ *              blocks are saved in the background (time to flush reported apart)
+ *   2. cached: a fresh connector, page cache of the block files dropped, lookup + io_uring load
+ *              + prefill of the uncached tail -> TTFT; logits compared bit for bit with 1.
+ *   3. load rate vs raw read of the same files, alternating, page cache dropped before each:
+ *              kvx_load_prefix (bytes / load time) against plain read() of the same .kvb files,
+ *              one thread (like cat) and --raw-threads threads in parallel; the ratio is taken
+ *              against the faster raw figure.
+ *
+ *   kvx-bench --model M.gguf --kv-dir DIR [--tokens 2048] [--threads 2] [--block 64]
+ *
+ * DIR may be a kvfs mount or a local directory; the bench works in DIR/kvx-bench-<pid>/ and
+ * removes it at the end. Page cache is dropped per file with posix_fadvise(DONTNEED); caches
+ * inside a FUSE daemon cannot be dropped from here, which is why the passes alternate.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cfg.h"
+#include "fwd.h"
+#include "kvb.h"
+#include "kvx.h"
+#include "model.h"
+
+struct bcfg {
+	char model[CFG_STR_MAX], kv_dir[CFG_STR_MAX];
+	int64_t tokens, threads, block, chunk, qd, reps, raw_threads, keep;
+};
+
+#define O(name, type, field, lo, hi, def, help)                                                    \
+	{                                                                                          \
+		name, type, offsetof(struct bcfg, field), lo, hi, def, help                        \
+	}
+static const struct cfg_opt opts[] = {
+    O("model", CFG_STR, model, 0, 0, NULL, "GGUF model"),
+    O("kv-dir", CFG_STR, kv_dir, 0, 0, NULL, "cache directory (a kvfs mount or local)"),
+    O("tokens", CFG_INT, tokens, 2, 65536, "2048", "prompt length"),
+    O("threads", CFG_INT, threads, 1, 256, "2", "engine threads"),
+    O("block", CFG_INT, block, 1, 896, "64", "KV block tokens"),
+    O("chunk", CFG_INT, chunk, 1, 8192, "64", "prefill chunk (max batch tokens)"),
+    O("queue-depth", CFG_INT, qd, 1, 4096, "64", "io_uring reads in flight"),
+    O("reps", CFG_INT, reps, 1, 100, "3", "load / raw-read passes"),
+    O("raw-threads", CFG_INT, raw_threads, 1, 256, "8", "threads of the parallel raw read"),
+    O("keep", CFG_BOOL, keep, 0, 0, "false", "keep the bench directory"),
+    CFG_END,
+};
+
+static double now_s(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+struct files {
+	char (*path)[1024];
+	int n;
+	uint64_t bytes;
+};
+
+static void drop_cache(const struct files *f)
+{
+	for (int i = 0; i < f->n; i++) {
+		int fd = open(f->path[i], O_RDONLY);
+		if (fd >= 0) {
+			posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+			close(fd);
+		}
+	}
+}
+
+struct rawctx {
+	const struct files *f;
+	int next;
+	pthread_mutex_t mu;
+	uint64_t bytes;
+	int err;
+};
+
+static void *raw_worker(void *arg)
+{
+	struct rawctx *c = arg;
+	size_t cap = 1 << 20;
+	char *buf = malloc(cap);
+	uint64_t got = 0;
+	for (;;) {
+		pthread_mutex_lock(&c->mu);
+		int i = c->next++;
+		pthread_mutex_unlock(&c->mu);
+		if (i >= c->f->n || !buf)
+			break;
+		int fd = open(c->f->path[i], O_RDONLY);
+		if (fd < 0) {
+			c->err = errno;
+			continue;
+		}
+		ssize_t r;
+		while ((r = read(fd, buf, cap)) > 0)
+			got += (uint64_t)r;
+		if (r < 0)
+			c->err = errno;
+		close(fd);
+	}
+	free(buf);
+	pthread_mutex_lock(&c->mu);
+	c->bytes += got;
+	pthread_mutex_unlock(&c->mu);
+	return NULL;
+}
+
+/* Reads every file whole with nthreads threads; returns bytes/s (0 on error). */
+static double raw_read(const struct files *f, int nthreads)
+{
+	struct rawctx c = {.f = f};
+	pthread_mutex_init(&c.mu, NULL);
+	pthread_t t[256];
+	double t0 = now_s();
+	for (int i = 0; i < nthreads; i++)
+		pthread_create(&t[i], NULL, raw_worker, &c);
+	for (int i = 0; i < nthreads; i++)
+		pthread_join(t[i], NULL);
+	double dt = now_s() - t0;
+	pthread_mutex_destroy(&c.mu);
+	if (c.err || c.bytes != f->bytes) {
+		fprintf(stderr, "raw read: %s, %llu of %llu bytes\n", strerror(c.err),
+			(unsigned long long)c.bytes, (unsigned long long)f->bytes);
+		return 0;
+	}
+	return (double)c.bytes / dt;
+}
+
+struct ttft {
+	double ttft_s, load_s;
+	int cached;
+	uint64_t loaded;
+};
+
+/* One request: lookup + load + prefill of the tail; logits after the prompt into l. */
+static int request(struct kvi_engine *e, struct kvx *x, const int32_t *p, int n, float *l,
+		   struct ttft *out, struct kvi_seq **seq_out)
+{
+	struct kvx_stats a, b;
+	kvx_stats_get(x, &a);
+	struct kvi_seq *s;
+	int r = kvi_seq_create(kvi_engine_kv(e), &s);
+	if (r)
+		return r;
+	double t0 = now_s();
+	if ((r = kvx_load_prefix(x, s, p, n, NULL, &out->cached)) == 0)
+		r = kvi_engine_prefill(e, s, p + out->cached, n - out->cached, l);
+	out->ttft_s = now_s() - t0;
+	kvx_stats_get(x, &b);
+	out->load_s = (double)(b.load_ns - a.load_ns) * 1e-9;
+	out->loaded = b.loaded_bytes - a.loaded_bytes;
+	if (r || !seq_out)
+		kvi_seq_destroy(s);
+	else
+		*seq_out = s;
+	return r;
+}
+
+int main(int argc, char **argv)
+{
+	struct bcfg c;
+	int npos;
+	int r = cfg_parse(opts, &c, argc, argv, "", &npos);
+	if (r)
+		return r == 1 ? 0 : 2;
+	if (!c.model[0] || !c.kv_dir[0]) {
+		fprintf(stderr, "kvx-bench: --model and --kv-dir are required\n");
+		return 2;
+	}
+	char err[256];
+	struct kvi_model *m;
+	double t0 = now_s();
+	if ((r = kvi_model_load(c.model, &m, err, sizeof(err)))) {
+		fprintf(stderr, "kvx-bench: %s: %s\n", c.model, err);
+		return 1;
+	}
+	printf("model %s (%s, %d layers, %d kv heads x %d) loaded in %.2f s\n", c.model,
+	       m->cfg.arch, m->cfg.n_layer, m->cfg.n_head_kv, m->cfg.head_dim, now_s() - t0);
+	int n = (int)c.tokens, B = (int)c.block;
+	struct kvi_engine_opts eo;
+	kvi_engine_opts_default(&eo);
+	eo.threads = (int)c.threads;
+	eo.block_tokens = B;
+	eo.max_batch_tokens = (int)c.chunk;
+	eo.max_ctx = n + B;
+	eo.kv_blocks = 3 * ((n + B - 1) / B) + 4;
+	struct kvi_engine *e;
+	if ((r = kvi_engine_create(m, &eo, &e))) {
+		fprintf(stderr, "kvx-bench: engine: %s\n", strerror(-r));
+		return 1;
+	}
+	char dir[CFG_STR_MAX + 64];
+	snprintf(dir, sizeof(dir), "%s/kvx-bench-%d", c.kv_dir, (int)getpid());
+	if (mkdir(dir, 0755)) {
+		fprintf(stderr, "kvx-bench: mkdir %s: %s\n", dir, strerror(errno));
+		return 1;
+	}
+	struct statfs sfs;
+	int fuse = statfs(dir, &sfs) == 0 && (unsigned)sfs.f_type == 0x65735546;
+	printf("cache dir %s (%s), isa %s, %d threads, B=%d, chunk %d, prompt %d tokens\n", dir,
+	       fuse ? "FUSE" : "local", kvi_engine_isa(e), eo.threads, B, eo.max_batch_tokens, n);
+
+	int32_t *p = malloc((size_t)n * sizeof(int32_t));
+	int V = m->cfg.n_vocab;
+	float *l0 = malloc((size_t)V * 4), *l1 = malloc((size_t)V * 4);
+	unsigned seed = 42;
+	for (int i = 0; i < n; i++) {
+		seed = seed * 1103515245u + 12345u;
+		p[i] = (int32_t)((seed >> 8) % (unsigned)V);
+	}
+	struct kvx_opts xo;
+	kvx_opts_default(&xo);
+	xo.dir = dir;
+	xo.queue_depth = (int)c.qd;
+	struct kvx *x;
+	if ((r = kvx_create(e, m, &xo, &x))) {
+		fprintf(stderr, "kvx-bench: kvx: %s\n", strerror(-r));
+		return 1;
+	}
+
+	/* 1. cold */
+	struct ttft cold, hot;
+	struct kvi_seq *s;
+	printf("cold prefill of %d tokens...\n", n);
+	fflush(stdout);
+	if ((r = request(e, x, p, n, l0, &cold, &s))) {
+		fprintf(stderr, "kvx-bench: cold run: %s\n", strerror(-r));
+		return 1;
+	}
+	double ts = now_s();
+	int queued = kvx_save(x, s, p, n, NULL);
+	double t_queue = now_s() - ts;
+	kvx_flush(x);
+	double t_flush = now_s() - ts;
+	kvi_seq_destroy(s);
+	struct kvx_stats st;
+	kvx_stats_get(x, &st);
+	kvx_destroy(x);
+	printf("cold:   TTFT %.3f s (%d tokens computed, %.1f tok/s); save: %d blocks queued in "
+	       "%.3f ms, written in %.3f s (%llu saved, %llu errors)\n",
+	       cold.ttft_s, n, n / cold.ttft_s, queued, t_queue * 1e3, t_flush,
+	       (unsigned long long)st.saved_blocks, (unsigned long long)st.save_errors);
+
+	/* the block files of the prompt, for cache drops and raw reads */
+	struct kvb_geom g = {(uint32_t)m->cfg.n_layer, (uint32_t)m->cfg.n_head_kv,
+			     (uint32_t)m->cfg.head_dim, KVB_DTYPE_F16, (uint32_t)B};
+	uint8_t fp[KVB_HASH], sd[KVB_HASH];
+	kvb_fingerprint(m->fingerprint, &g, fp);
+	kvb_salt_digest(NULL, sd);
+	int nb = (n - 1) / B;
+	uint8_t(*h)[KVB_HASH] = malloc((size_t)(nb + 1) * KVB_HASH);
+	kvb_chain(fp, sd, p, nb * B, B, h, nb);
+	struct files f = {.path = malloc((size_t)(nb + 1) * 1024), .n = nb};
+	for (int i = 0; i < nb; i++) {
+		char rel[200];
+		kvb_path(fp, h[i], rel, sizeof(rel));
+		snprintf(f.path[i], 1024, "%s/%s", dir, rel);
+		f.bytes += KVB_HEADER_SIZE + kvb_payload_bytes(&g);
+	}
+
+	/* 2. cached */
+	if ((r = kvx_create(e, m, &xo, &x)))
+		return 1;
+	drop_cache(&f);
+	if ((r = request(e, x, p, n, l1, &hot, NULL))) {
+		fprintf(stderr, "kvx-bench: cached run: %s\n", strerror(-r));
+		return 1;
+	}
+	int same = memcmp(l0, l1, (size_t)V * 4) == 0;
+	printf("cached: TTFT %.3f s (%d tokens cached, %d computed); load %.3f s, %.1f MiB, "
+	       "%.0f MiB/s\n",
+	       hot.ttft_s, hot.cached, n - hot.cached, hot.load_s, hot.loaded / 1048576.0,
+	       hot.loaded / 1048576.0 / hot.load_s);
+	printf("TTFT cold / cached = %.1fx (bar >= 10x); logits bit-identical: %s\n",
+	       cold.ttft_s / hot.ttft_s, same ? "yes" : "NO");
+
+	/* 3. load rate vs raw read, alternating */
+	double best_load = 0, best_raw1 = 0, best_rawp = 0;
+	for (int rep = 0; rep < c.reps; rep++) {
+		drop_cache(&f);
+		double raw1 = raw_read(&f, 1);
+		drop_cache(&f);
+		double rawp = raw_read(&f, (int)c.raw_threads);
+		drop_cache(&f);
+		struct ttft t;
+		struct kvi_seq *ls;
+		kvi_seq_create(kvi_engine_kv(e), &ls);
+		struct kvx_stats a, b;
+		kvx_stats_get(x, &a);
+		int cached = 0;
+		kvx_load_prefix(x, ls, p, n, NULL, &cached);
+		kvx_stats_get(x, &b);
+		kvi_seq_destroy(ls);
+		t.load_s = (double)(b.load_ns - a.load_ns) * 1e-9;
+		double rate = (double)(b.loaded_bytes - a.loaded_bytes) / t.load_s;
+		printf("pass %d: kvx load %.0f MiB/s (%d blocks), raw read 1 thread %.0f MiB/s, "
+		       "%d threads %.0f MiB/s\n",
+		       rep, rate / 1048576, cached / B, raw1 / 1048576, (int)c.raw_threads,
+		       rawp / 1048576);
+		best_load = fmax(best_load, rate);
+		best_raw1 = fmax(best_raw1, raw1);
+		best_rawp = fmax(best_rawp, rawp);
+	}
+	double raw = fmax(best_raw1, best_rawp);
+	printf("best: kvx load %.0f MiB/s, raw %.0f MiB/s -> ratio %.2f (bar >= 0.6)\n",
+	       best_load / 1048576, raw / 1048576, raw > 0 ? best_load / raw : 0);
+	kvx_destroy(x);
+	kvi_engine_destroy(e);
+	if (!c.keep) {
+		char cmd[CFG_STR_MAX + 128];
+		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+		if (system(cmd) != 0)
+			fprintf(stderr, "kvx-bench: could not remove %s\n", dir);
+	}
+	kvi_model_free(m);
+	free(p), free(l0), free(l1), free(h), free(f.path);
+	return same ? 0 : 1;
+}
