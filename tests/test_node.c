@@ -513,8 +513,15 @@ static void test_corruption(void **state)
 static void test_capacity(void **state)
 {
 	(void)state;
+	/* Options from a config file (same table as the flags). */
+	char conf[300];
+	snprintf(conf, sizeof(conf), "%s/cap.conf", g_tmp);
+	FILE *f = fopen(conf, "w");
+	assert_non_null(f);
+	fprintf(f, "# a small node\ncapacity = 1M\nio-threads = 1\n");
+	fclose(f);
 	struct nodeproc np = {0};
-	assert_int_equal(node_start(&np, "cap", "--capacity", "1M", NULL), 0);
+	assert_int_equal(node_start(&np, "cap", "--config", conf, NULL), 0);
 	struct kvp_client *c = connect_node(&np);
 	uint8_t *d = malloc(1 << 20);
 	fill(d, 1 << 20, 3);

@@ -121,7 +121,7 @@ static void *heartbeat_main(void *arg)
 {
 	struct node *n = arg;
 	struct kvp_pool *pool = NULL;
-	int rc = kvp_pool_create(&n->secret, 2000, &pool);
+	int rc = kvp_pool_create(&n->secret, 1000, &pool);
 	if (rc) {
 		klog_error("heartbeat: cannot create a connection pool: %s", kvp_strerror(rc));
 		return NULL;
@@ -143,7 +143,9 @@ static void *heartbeat_main(void *arg)
 		uint8_t *rb = NULL;
 		uint32_t rl = 0;
 		if (!rc) {
-			int ms = (int)(n->cf.heartbeat * 1000) + 2000;
+			/* Bounded so that a hung meta delays shutdown by at most ~4 s. */
+			int ms = (int)(n->cf.heartbeat * 1000) + 1000;
+			ms = ms > 3000 ? 3000 : ms;
 			rc = kvp_call(cl, KVP_OP_HEARTBEAT, w.p, w.len, NULL, 0, ms, &rb, &rl);
 			kvp_pool_put(pool, cl);
 		}
