@@ -795,6 +795,22 @@ static void test_commit_layout(void **state)
 	a.node[4] = a.node[5]; /* two slots of one stripe on one node */
 	assert_int_equal(commit_(g_c, d.ino, "f", &a, 10, cs, size, 0, &f), -EINVAL);
 	a.node[4] = savedn;
+	/* Slots of this write swapped across stripes so that stripe 0 has a node twice. */
+	int swapped = 0;
+	for (uint32_t i = 0; i < 11 && !swapped; i++)
+		for (uint32_t j = 1; j < 11 && !swapped; j++)
+			if (a.node[11 + i] == a.node[j] && a.node[11 + i] != a.node[0]) {
+				uint32_t tn = a.node[0];
+				uint64_t tc = a.chunk[0];
+				a.node[0] = a.node[11 + i], a.chunk[0] = a.chunk[11 + i];
+				a.node[11 + i] = tn, a.chunk[11 + i] = tc;
+				assert_int_equal(commit_(g_c, d.ino, "f", &a, 10, cs, size, 0, &f),
+						 -EINVAL);
+				a.node[11 + i] = a.node[0], a.chunk[11 + i] = a.chunk[0];
+				a.node[0] = tn, a.chunk[0] = tc;
+				swapped = 1;
+			}
+	assert_true(swapped);
 	assert_int_equal(commit_(g_c, 999999, "f", &a, 10, cs, size, 0, &f), -ENOENT);
 	assert_int_equal(commit_(g_c, d.ino, "a/b", &a, 10, cs, size, 0, &f), -EINVAL);
 
@@ -1241,6 +1257,49 @@ static void test_kill9(void **state)
 	free(allocs);
 }
 
+/* The option table: --help, required flags, --config. */
+static void test_flags(void **state)
+{
+	(void)state;
+	char cmd[2048], bin[512], out[400];
+	const char *b = getenv("KVFS_BUILD_DIR");
+	snprintf(bin, sizeof(bin), "%s/bin/kvfs-meta", b ? b : ".");
+	snprintf(out, sizeof(out), "%s/help.txt", g_dir);
+	snprintf(cmd, sizeof(cmd), "'%s' --help > '%s' 2>&1", bin, out);
+	assert_int_equal(system(cmd), 0);
+	FILE *f = fopen(out, "r");
+	char text[4096];
+	size_t n = fread(text, 1, sizeof(text) - 1, f);
+	fclose(f);
+	text[n] = 0;
+	const char *flags[] = {"--listen", "--db",	  "--secret-file", "--addr-file",
+			       "--k",	   "--m",	  "--chunk-size",  "--node-timeout",
+			       "--sync",   "--log-level", "--config"};
+	for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++)
+		assert_non_null(strstr(text, flags[i]));
+	snprintf(cmd, sizeof(cmd), "'%s' --listen 127.0.0.1:0 > /dev/null 2>&1", bin);
+	assert_int_equal(WEXITSTATUS(system(cmd)), 2); /* --db and --secret-file missing */
+	snprintf(cmd, sizeof(cmd), "'%s' --no-such-flag 1 > /dev/null 2>&1", bin);
+	assert_int_equal(WEXITSTATUS(system(cmd)), 2);
+	/* A config file sets what flags would; a flag after it still wins. */
+	char conf[400];
+	snprintf(conf, sizeof(conf), "%s/meta.conf", g_dir);
+	f = fopen(conf, "w");
+	fprintf(f, "# test\ndb = %s/db-conf\nsecret-file = %s/secret\nk = 4\nm = 2\n", g_dir,
+		g_dir);
+	fclose(f);
+	snprintf(cmd, sizeof(cmd), "'%s' --config '%s' --m 3 --dump-config > '%s' 2>&1", bin, conf,
+		 out);
+	assert_int_equal(system(cmd), 0);
+	f = fopen(out, "r");
+	n = fread(text, 1, sizeof(text) - 1, f);
+	fclose(f);
+	text[n] = 0;
+	assert_non_null(strstr(text, "k = 4"));
+	assert_non_null(strstr(text, "m = 3"));
+	assert_non_null(strstr(text, "db-conf"));
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -1248,7 +1307,8 @@ int main(void)
 	    cmocka_unit_test(test_namespace),	  cmocka_unit_test(test_alloc_placement),
 	    cmocka_unit_test(test_commit_layout), cmocka_unit_test(test_rename_unlink),
 	    cmocka_unit_test(test_node_timeout),  cmocka_unit_test(test_delete_retry),
-	    cmocka_unit_test(test_bad_frames),	  cmocka_unit_test(test_kill9),
+	    cmocka_unit_test(test_bad_frames),	  cmocka_unit_test(test_flags),
+	    cmocka_unit_test(test_kill9),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -257,7 +257,9 @@ out:
 }
 
 /* Every slot must be a chunk this write was given, on the node it was placed on, each used
- * once; unused ones are marked in *seen as 0 for the caller to queue for deletion. */
+ * once, and a stripe's slots on distinct nodes; unused ones are left 0 in *seen for the caller
+ * to queue for deletion. The distinctness check is quadratic in k+m, which ALLOC bounded by
+ * the number of nodes up, so it runs only after the slots matched an allocation. */
 static int commit_match(const struct mreq *q, const struct mpend *p, uint8_t *seen)
 {
 	size_t slots = (size_t)q->nstripes * (size_t)(q->k + q->m), n = pend_slots(p);
@@ -274,10 +276,20 @@ static int commit_match(const struct mreq *q, const struct mpend *p, uint8_t *se
 			return -EINVAL;
 		seen[idx] = 1;
 	}
+	size_t w = (size_t)(q->k + q->m);
+	for (uint32_t st = 0; st < q->nstripes; st++)
+		for (size_t a = 1; a < w; a++)
+			for (size_t b = 0; b < a; b++) {
+				struct mreq_slot x, y;
+				mreq_slot_get(q, (size_t)st * w + a, &x);
+				mreq_slot_get(q, (size_t)st * w + b, &y);
+				if (x.node_id == y.node_id)
+					return -EINVAL;
+			}
 	return 0;
 }
 
-/* size must need exactly nstripes stripes; a stripe's slots must be on distinct nodes. */
+/* size must need exactly nstripes stripes. */
 static int commit_shape(const struct mreq *q)
 {
 	uint64_t stripe = (uint64_t)q->k * q->chunk_size;
@@ -285,16 +297,6 @@ static int commit_shape(const struct mreq *q)
 			     : q->size <= (uint64_t)(q->nstripes - 1) * stripe ||
 				   q->size > (uint64_t)q->nstripes * stripe)
 		return -EINVAL;
-	size_t w = (size_t)(q->k + q->m);
-	for (uint32_t s = 0; s < q->nstripes; s++)
-		for (size_t a = 1; a < w; a++)
-			for (size_t b = 0; b < a; b++) {
-				struct mreq_slot x, y;
-				mreq_slot_get(q, (size_t)s * w + a, &x);
-				mreq_slot_get(q, (size_t)s * w + b, &y);
-				if (x.node_id == y.node_id)
-					return -EINVAL;
-			}
 	return 0;
 }
 

@@ -11,7 +11,7 @@
 
 #define DEL_BATCH      4096u
 #define DEL_ROUNDS     64
-#define DEL_TIMEOUT_MS 5000
+#define DEL_TIMEOUT_MS 3000
 
 static int node_decode(uint32_t id, const char *v, size_t vl, struct mnode *n)
 {
