@@ -1101,6 +1101,66 @@ static void test_bad_frames(void **state)
 	assert_int_equal(s.up, NNODES);
 }
 
+/* ---- many connections mutating at once: each name is created exactly once ---- */
+
+struct racer {
+	uint64_t dir;
+	int created, exists, committed;
+};
+
+static void *racer_main(void *arg)
+{
+	struct racer *r = arg;
+	struct kvp_client *c = connect_to(&g_d);
+	for (int i = 0; i < 40; i++) {
+		char name[16];
+		struct kvp_attr b;
+		snprintf(name, sizeof(name), "d%d", i);
+		int rc = mkdir_(c, r->dir, name, &b);
+		r->created += rc == 0;
+		r->exists += rc == -EEXIST;
+		struct alloc a;
+		if (alloc_(c, 2, 1, 4096, 1, &a) == 0) {
+			snprintf(name, sizeof(name), "f%d", i);
+			rc = commit_(c, r->dir, name, &a, 2, 4096, 100, 0, &b);
+			r->committed += rc == 0;
+			r->exists += rc == -EEXIST;
+			alloc_free(&a);
+		}
+	}
+	kvp_client_close(c);
+	return NULL;
+}
+
+static void test_concurrency(void **state)
+{
+	(void)state;
+	struct kvp_attr d;
+	struct statfs s0, s1;
+	assert_int_equal(mkdir_(g_c, KVP_ROOT_INO, "race", &d), 0);
+	statfs_(g_c, &s0);
+	struct racer r[4];
+	pthread_t t[4];
+	for (int i = 0; i < 4; i++) {
+		r[i] = (struct racer){.dir = d.ino};
+		assert_int_equal(pthread_create(&t[i], NULL, racer_main, &r[i]), 0);
+	}
+	int created = 0, exists = 0, committed = 0;
+	for (int i = 0; i < 4; i++) {
+		pthread_join(t[i], NULL);
+		created += r[i].created;
+		exists += r[i].exists;
+		committed += r[i].committed;
+	}
+	assert_int_equal(created, 40);
+	assert_int_equal(committed, 40);
+	assert_int_equal(exists, 3 * 80);
+	statfs_(g_c, &s1);
+	assert_true(s1.dirs == s0.dirs + 40 && s1.files == s0.files + 40);
+	assert_int_equal(getattr(g_c, d.ino, &d), 0);
+	assert_int_equal(d.nlink, 2 + 40);
+}
+
 /* ---- kill -9 while committing: acknowledged files survive whole, nothing else appears ---- */
 
 struct writer {
@@ -1298,6 +1358,11 @@ static void test_flags(void **state)
 	assert_non_null(strstr(text, "k = 4"));
 	assert_non_null(strstr(text, "m = 3"));
 	assert_non_null(strstr(text, "db-conf"));
+	/* A second daemon on a database in use fails to start instead of sharing it. */
+	snprintf(cmd, sizeof(cmd),
+		 "'%s' --db '%s' --secret-file '%s/secret' --listen 127.0.0.1:0 > /dev/null 2>&1",
+		 bin, g_d.db, g_dir);
+	assert_int_equal(WEXITSTATUS(system(cmd)), 1);
 }
 
 int main(void)
@@ -1308,7 +1373,7 @@ int main(void)
 	    cmocka_unit_test(test_commit_layout), cmocka_unit_test(test_rename_unlink),
 	    cmocka_unit_test(test_node_timeout),  cmocka_unit_test(test_delete_retry),
 	    cmocka_unit_test(test_bad_frames),	  cmocka_unit_test(test_flags),
-	    cmocka_unit_test(test_kill9),
+	    cmocka_unit_test(test_concurrency),	  cmocka_unit_test(test_kill9),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
