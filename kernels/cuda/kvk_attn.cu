@@ -1,0 +1,248 @@
+// Attention over paged f16 KV: one kernel for prefill (one sequence, many queries, causal) and
+// decode (many sequences, one query each).
+//
+// A thread block owns ROWS query rows that share one sequence and one kv head: row r of the
+// block is (query r / group, head r % group of the GQA group), so a decode block covers the
+// group's heads and a prefill block a few queries times the group. Keys go through shared
+// memory in tiles of 32 (K and V as f16, rows padded by one word so that lane j reading key j
+// hits bank j); each warp owns rows warp, warp + 4, ...; per row a lane scores one key of the
+// tile, the warp keeps the running max m, the running sum l and the output accumulator
+// (lane owns head-dim pairs lane, lane + 32, ...): online softmax, no score matrix in memory.
+#include "kvk_cuda_int.h"
+
+#define ROWS	 16 // query rows per block
+#define WARPS	 4
+#define TILE	 32 // keys per tile (one per lane)
+#define MAX_HD	 256
+#define MAX_PAIR (MAX_HD / 2 / 32) // head-dim pairs per lane
+
+struct attn_args {
+	float *out;
+	const float *q;
+	const uint16_t *k, *v;
+	size_t block_stride; // halves
+	const int32_t *tables;
+	const int32_t *seq_lens; // decode only (NULL: prefill)
+	int max_blocks;
+	int num_blocks, B, nkv, hd, n_heads, group;
+	int n_q, q_start;
+	float scale;
+};
+
+static __device__ float warp_max(float v)
+{
+	for (int off = 16; off > 0; off >>= 1)
+		v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+	return v;
+}
+
+static __device__ float warp_sum(float v)
+{
+	for (int off = 16; off > 0; off >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, off);
+	return v;
+}
+
+static __global__ void __launch_bounds__(WARPS * 32) attn_kernel(struct attn_args a)
+{
+	extern __shared__ float smem[];
+	const int hd = a.hd, hp = hd / 2, kstride = hp + 1; // row stride of ks/vs in words
+	float *qs = smem;				    // [ROWS][hd], pre-scaled
+	uint32_t *ks = (uint32_t *)(qs + ROWS * hd);	    // [TILE][kstride] half2
+	uint32_t *vs = ks + TILE * kstride;
+	const int s = blockIdx.z, kvh = blockIdx.y, row0 = blockIdx.x * ROWS;
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	const int total_rows = a.n_q * a.group;
+	const int32_t *table = a.tables + (size_t)s * a.max_blocks;
+
+	// Query position of the block's first query; keys 0 .. pos are visible to that query.
+	int len = a.seq_lens ? a.seq_lens[s] : a.q_start + a.n_q;
+	int pos0 = a.seq_lens ? len - 1 : a.q_start;
+	int last_row = min(row0 + ROWS, total_rows) - 1;
+	int block_keys = pos0 + last_row / a.group + 1; // keys of the block's last query
+
+	for (int e = threadIdx.x; e < ROWS * hd; e += blockDim.x) {
+		int r = row0 + e / hd, d = e % hd;
+		float v = 0.f;
+		if (r < total_rows && len > 0) {
+			int qi = r / a.group, h = kvh * a.group + r % a.group;
+			v = a.q[(((size_t)s * a.n_q + qi) * a.n_heads + h) * hd + d] * a.scale;
+		}
+		qs[e] = v;
+	}
+
+	float m[ROWS / WARPS], l[ROWS / WARPS];
+	float2 acc[ROWS / WARPS][MAX_PAIR];
+#pragma unroll
+	for (int j = 0; j < ROWS / WARPS; j++) {
+		m[j] = -INFINITY;
+		l[j] = 0.f;
+#pragma unroll
+		for (int i = 0; i < MAX_PAIR; i++)
+			acc[j][i] = make_float2(0.f, 0.f);
+	}
+
+	for (int kt = 0; len > 0 && kt < block_keys; kt += TILE) {
+		__syncthreads(); // the previous tile (or the q load) is done
+		for (int e = threadIdx.x; e < TILE * hp; e += blockDim.x) {
+			int j = e / hp, p = e % hp, key = kt + j;
+			uint32_t kw = 0, vw = 0;
+			// A decode length past its table row reads zeros, never another row.
+			if (key < block_keys && (!a.seq_lens || key / a.B < a.max_blocks)) {
+				int32_t b = table[key / a.B];
+				if (b >= 0 && b < a.num_blocks) {
+					size_t off = (size_t)b * a.block_stride +
+						     ((size_t)(key % a.B) * a.nkv + kvh) * hd +
+						     2 * p;
+					kw = *(const uint32_t *)(a.k + off);
+					vw = *(const uint32_t *)(a.v + off);
+				}
+			}
+			ks[j * kstride + p] = kw;
+			vs[j * kstride + p] = vw;
+		}
+		__syncthreads();
+#pragma unroll
+		for (int j = 0; j < ROWS / WARPS; j++) {
+			int r = row0 + warp + WARPS * j;
+			if (r >= total_rows)
+				continue;
+			int row_keys = pos0 + r / a.group + 1;
+			if (kt >= row_keys)
+				continue; // warp-uniform
+			const float2 *q2 = (const float2 *)(qs + (r - row0) * hd);
+			const uint32_t *kr = ks + lane * kstride;
+			float sc = 0.f;
+			for (int p = 0; p < hp; p++) {
+				float2 kf = __half22float2(*(const __half2 *)&kr[p]);
+				float2 qf = q2[p];
+				sc = fmaf(qf.x, kf.x, sc);
+				sc = fmaf(qf.y, kf.y, sc);
+			}
+			if (kt + lane >= row_keys)
+				sc = -INFINITY;
+			float m_new = fmaxf(m[j], warp_max(sc));
+			float corr = expf(m[j] - m_new);
+			float pr = expf(sc - m_new);
+			l[j] = l[j] * corr + warp_sum(pr);
+			m[j] = m_new;
+#pragma unroll
+			for (int i = 0; i < MAX_PAIR; i++) {
+				acc[j][i].x *= corr;
+				acc[j][i].y *= corr;
+			}
+			int nk = min(TILE, row_keys - kt);
+			for (int t = 0; t < nk; t++) {
+				float pt = __shfl_sync(0xffffffffu, pr, t);
+				const uint32_t *vr = vs + t * kstride;
+#pragma unroll
+				for (int i = 0; i < MAX_PAIR; i++) {
+					int p = lane + 32 * i;
+					if (p < hp) {
+						float2 vf =
+						    __half22float2(*(const __half2 *)&vr[p]);
+						acc[j][i].x = fmaf(pt, vf.x, acc[j][i].x);
+						acc[j][i].y = fmaf(pt, vf.y, acc[j][i].y);
+					}
+				}
+			}
+		}
+	}
+
+#pragma unroll
+	for (int j = 0; j < ROWS / WARPS; j++) {
+		int r = row0 + warp + WARPS * j;
+		if (r >= total_rows)
+			continue;
+		int qi = r / a.group, h = kvh * a.group + r % a.group;
+		float *o = a.out + (((size_t)s * a.n_q + qi) * a.n_heads + h) * hd;
+		float inv = len > 0 && l[j] > 0.f ? 1.f / l[j] : 0.f;
+#pragma unroll
+		for (int i = 0; i < MAX_PAIR; i++) {
+			int p = lane + 32 * i;
+			if (p < hp)
+				*(float2 *)(o + 2 * p) =
+				    make_float2(acc[j][i].x * inv, acc[j][i].y * inv);
+		}
+	}
+}
+
+static int pages_ok(const struct kvk_kv_pages *kv, int n_heads)
+{
+	return kv && kv->k && kv->v && kv->num_blocks >= 1 && kv->block_tokens >= 1 &&
+	       kv->n_kv_heads >= 1 && kv->n_kv_heads <= 65535 && kv->head_dim >= 2 &&
+	       kv->head_dim <= MAX_HD && kv->head_dim % 2 == 0 && kv->block_stride % 2 == 0 &&
+	       kv->block_stride >= (size_t)kv->block_tokens * kv->n_kv_heads * kv->head_dim &&
+	       ((uintptr_t)kv->k | (uintptr_t)kv->v) % 4 == 0 && n_heads >= 1 &&
+	       n_heads % kv->n_kv_heads == 0;
+}
+
+static int launch(struct kvk_cuda_ctx *ctx, struct attn_args *a, int n_seqs)
+{
+	size_t rows = (size_t)a->n_q * a->group;
+	size_t smem = ROWS * a->hd * sizeof(float) + 2 * TILE * (a->hd / 2 + 1) * sizeof(uint32_t);
+	if (smem > 48 * 1024)
+		KVK_CK(cudaFuncSetAttribute(
+		    attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+	dim3 grid(kvk_blocks(rows, ROWS), (unsigned)a->nkv, (unsigned)n_seqs);
+	attn_kernel<<<grid, WARPS * 32, smem, ctx->s_comp>>>(*a);
+	KVK_LAUNCHED();
+	return 0;
+}
+
+static void fill(struct attn_args *a, float *out, const float *q, const struct kvk_kv_pages *kv,
+		 int n_heads, float scale)
+{
+	a->out = out;
+	a->q = q;
+	a->k = kv->k;
+	a->v = kv->v;
+	a->block_stride = kv->block_stride;
+	a->num_blocks = kv->num_blocks;
+	a->B = kv->block_tokens;
+	a->nkv = kv->n_kv_heads;
+	a->hd = kv->head_dim;
+	a->n_heads = n_heads;
+	a->group = n_heads / kv->n_kv_heads;
+	a->scale = scale;
+}
+
+extern "C" int kvk_cu_attn_prefill(struct kvk_cuda_ctx *ctx, float *out, const float *q,
+				   const struct kvk_kv_pages *kv, const int32_t *table, int n_q,
+				   int q_start, int n_heads, float scale)
+{
+	if (!pages_ok(kv, n_heads) || n_q < 0 || q_start < 0 || q_start > INT32_MAX - n_q ||
+	    (size_t)n_q * n_heads > INT32_MAX)
+		return -EINVAL;
+	KVK_ENTER(ctx);
+	if (!n_q)
+		return 0;
+	struct attn_args a = {};
+	fill(&a, out, q, kv, n_heads, scale);
+	a.tables = table;
+	a.seq_lens = NULL;
+	a.max_blocks = 0; // one table: row stride unused
+	a.n_q = n_q;
+	a.q_start = q_start;
+	return launch(ctx, &a, 1);
+}
+
+extern "C" int kvk_cu_attn_decode(struct kvk_cuda_ctx *ctx, float *out, const float *q,
+				  const struct kvk_kv_pages *kv, const int32_t *tables,
+				  int max_blocks, const int32_t *seq_lens, int n_seqs, int n_heads,
+				  float scale)
+{
+	if (!pages_ok(kv, n_heads) || max_blocks < 1 || n_seqs < 0 || n_seqs > 65535)
+		return -EINVAL;
+	KVK_ENTER(ctx);
+	if (!n_seqs)
+		return 0;
+	struct attn_args a = {};
+	fill(&a, out, q, kv, n_heads, scale);
+	a.tables = tables;
+	a.seq_lens = seq_lens;
+	a.max_blocks = max_blocks;
+	a.n_q = 1;
+	a.q_start = 0;
+	return launch(ctx, &a, n_seqs);
+}

@@ -1,0 +1,69 @@
+// Private to kernels/cuda: the context layout and error conversion shared by the .cu files.
+#ifndef KVFS_KVK_CUDA_INT_H
+#define KVFS_KVK_CUDA_INT_H
+
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <errno.h>
+
+extern "C" {
+#include "kvk_cuda.h"
+#ifndef KVFS_LOG_TAG
+#define KVFS_LOG_TAG "kvk"
+#endif
+#include "log.h"
+}
+
+struct kvk_cuda_ctx {
+	int device;
+	cudaStream_t s_comp; // kernels (and cuBLAS)
+	cudaStream_t s_copy; // host <-> device copies of pack/unpack
+	cublasHandle_t blas;
+	void *blas_ws;
+	size_t blas_ws_bytes;
+	void *stage[2]; // pack/unpack staging (device), stage_bytes each
+	size_t stage_bytes;
+	cudaEvent_t ev_ready[2]; // staging buffer i filled (gather done / upload done)
+	cudaEvent_t ev_free[2];	 // staging buffer i consumed (download done / scatter done)
+	uint16_t **d_layers;	 // device copy of the pack/unpack layer table: [2 * l + kv]
+	int d_layers_cap;	 // entries
+};
+
+// Converts a CUDA error once, at the boundary: logged with the call, returned as -errno.
+static inline int kvk_cuda_err(cudaError_t e, const char *what)
+{
+	if (e == cudaSuccess)
+		return 0;
+	klog_error("%s: %s", what, cudaGetErrorString(e));
+	return e == cudaErrorMemoryAllocation ? -ENOMEM : -EIO;
+}
+
+#define KVK_CK(call)                                                                               \
+	do {                                                                                       \
+		int rc_ = kvk_cuda_err((call), #call);                                             \
+		if (rc_)                                                                           \
+			return rc_;                                                                \
+	} while (0)
+
+// Every entry point starts with this: the context's device must be current in this thread.
+#define KVK_ENTER(ctx)                                                                             \
+	do {                                                                                       \
+		if (!(ctx))                                                                        \
+			return -EINVAL;                                                            \
+		KVK_CK(cudaSetDevice((ctx)->device));                                              \
+	} while (0)
+
+// After a launch: configuration errors surface here; errors while running at the next sync.
+#define KVK_LAUNCHED() KVK_CK(cudaGetLastError())
+
+static inline unsigned kvk_blocks(size_t n, unsigned per)
+{
+	size_t b = (n + per - 1) / per;
+	return (unsigned)(b > 0x7fffffffu ? 0x7fffffffu : (b ? b : 1));
+}
+
+// Grows the two staging buffers to at least bytes each (pack/unpack, NCCL).
+int kvk_cuda_stage(struct kvk_cuda_ctx *ctx, size_t bytes);
+
+#endif

@@ -1,0 +1,711 @@
+/* GPU tests for kernels/kvk_cuda.h: every CUDA kernel against its CPU reference (kvk_ops.h)
+ * at several shapes, odd ones included, within the tolerances stated at each comparison.
+ *
+ *   test_kernels_cuda          all kernels; exits 77 ("skipped: no GPU") without a GPU
+ *   test_kernels_cuda --nccl   NCCL KV transfer between GPUs 0 and 1; 77 with fewer than 2 GPUs
+ *
+ * Exit 77 is CTest's "skipped": a machine without a GPU never counts these as passed. */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kvk.h"
+#include "kvk_cuda.h"
+#include "kvk_nccl.h"
+#include "kvk_ops.h"
+
+static uint32_t rng(uint64_t *s)
+{
+	*s = *s * 6364136223846793005ull + 1442695040888963407ull;
+	return (uint32_t)(*s >> 33);
+}
+
+static float frand(uint64_t *s)
+{
+	return (float)rng(s) / 2147483648.0f - 1.0f;
+}
+
+static void *xmalloc(size_t n)
+{
+	void *p = malloc(n ? n : 1);
+	assert_non_null(p);
+	return p;
+}
+
+static void *up(struct kvk_cuda_ctx *c, const void *h, size_t bytes)
+{
+	void *d;
+	assert_int_equal(kvk_cuda_malloc(c, &d, bytes), 0);
+	if (h && bytes)
+		assert_int_equal(kvk_cuda_h2d(c, d, h, bytes), 0);
+	return d;
+}
+
+static void down(struct kvk_cuda_ctx *c, void *h, const void *d, size_t bytes)
+{
+	assert_int_equal(kvk_cuda_sync(c), 0);
+	assert_int_equal(kvk_cuda_d2h(c, h, d, bytes), 0);
+}
+
+/* |got - ref| <= atol + rtol * |ref| everywhere, reporting the worst element. */
+static void close_enough(const char *what, const float *got, const float *ref, size_t n,
+			 double atol, double rtol)
+{
+	double worst = 0;
+	size_t wi = 0;
+	int bad = 0;
+	for (size_t i = 0; i < n; i++) {
+		double err = fabs((double)got[i] - ref[i]), lim = atol + rtol * fabs(ref[i]);
+		if (!(err <= lim) && !(isnan(got[i]) && isnan(ref[i]))) {
+			if (!bad || err > worst) {
+				worst = err;
+				wi = i;
+			}
+			bad = 1;
+		}
+	}
+	if (bad)
+		fail_msg("%s: element %zu got %.9g want %.9g (|err| %.3g)", what, wi, got[wi],
+			 ref[wi], worst);
+}
+
+static int setup(void **state)
+{
+	struct kvk_cuda_ctx *c;
+	if (kvk_cuda_ctx_create(0, &c))
+		return -1;
+	*state = c;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	kvk_cuda_ctx_destroy(*state);
+	return 0;
+}
+
+/* ---- elementwise ------------------------------------------------------------------------- */
+
+static void test_embed(void **state)
+{
+	struct kvk_cuda_ctx *c = *state;
+	static const size_t dims[] = {32, 96, 2048};
+	enum kvk_dtype dts[] = {KVK_DT_F32, KVK_DT_F16, KVK_DT_BF16, KVK_DT_Q8_0};
+	uint64_t s = 1;
+	for (size_t di = 0; di < 3; di++)
+		for (int k = 0; k < 4; k++) {
+			size_t rows = 301, dim = dims[di], T = 37;
+			size_t rb = k == 0 ? dim * 4 : k < 3 ? dim * 2 : dim / 32 * 34;
+			uint8_t *tab = xmalloc(rows * rb);
+			/* Finite values only: a NaN's payload may differ between conversions. */
+			for (size_t i = 0; i < rows * dim; i++) {
+				float f = frand(&s);
+				if (k == 0)
+					((float *)tab)[i] = f;
+				else if (k == 1)
+					((uint16_t *)tab)[i] = kvk_ops_f32_to_f16(f);
+				else if (k == 2)
+					((uint16_t *)tab)[i] = kvk_ops_f32_to_bf16(f);
+			}
+			if (k == 3)
+				for (size_t b = 0; b < rows * dim / 32; b++) {
+					uint16_t d = kvk_ops_f32_to_f16(frand(&s) / 64);
+					memcpy(tab + b * 34, &d, 2);
+					for (int j = 0; j < 32; j++)
+						tab[b * 34 + 2 + j] = (uint8_t)rng(&s);
+				}
+			int32_t ids[37];
+			for (size_t t = 0; t < T; t++)
+				ids[t] =
+				    (int32_t)(rng(&s) % (rows + 4)) - 2; /* some out of range */
+			float *ref = xmalloc(T * dim * 4), *got = xmalloc(T * dim * 4);
+			assert_int_equal(kvk_ref_embed(ref, tab, dts[k], rows, dim, ids, T), 0);
+			void *dt = up(c, tab, rows * rb), *di_ = up(c, ids, sizeof(ids));
+			float *dout = up(c, NULL, T * dim * 4);
+			assert_int_equal(kvk_cu_embed(c, dout, dt, dts[k], rows, dim, di_, T), 0);
+			down(c, got, dout, T * dim * 4);
+			/* Tolerance: exact (the same conversions and one product). */
+			assert_memory_equal(got, ref, T * dim * 4);
+			kvk_cuda_free(c, dt), kvk_cuda_free(c, di_), kvk_cuda_free(c, dout);
+			free(tab), free(ref), free(got);
+		}
+}
+
+static void test_rmsnorm(void **state)
+{
+	struct kvk_cuda_ctx *c = *state;
+	static const size_t shapes[][2] = {{1, 1}, {67, 3}, {2048, 9}, {5000, 2}};
+	uint64_t s = 2;
+	for (size_t i = 0; i < 4; i++) {
+		size_t n = shapes[i][0], r = shapes[i][1];
+		float *x = xmalloc(n * r * 4), *w = xmalloc(n * 4), *ref = xmalloc(n * r * 4);
+		float *got = xmalloc(n * r * 4);
+		for (size_t j = 0; j < n * r; j++)
+			x[j] = frand(&s) * 4;
+		for (size_t j = 0; j < n; j++)
+			w[j] = frand(&s);
+		kvk_rmsnorm_f32(ref, x, w, n, r, 1e-5f);
+		float *dx = up(c, x, n * r * 4), *dw = up(c, w, n * 4),
+		      *dy = up(c, NULL, n * r * 4);
+		assert_int_equal(kvk_cu_rmsnorm(c, dy, dx, dw, n, r, 1e-5f), 0);
+		down(c, got, dy, n * r * 4);
+		/* f32 sum of squares in another order: relative 1e-5. */
+		close_enough("rmsnorm", got, ref, n * r, 1e-6, 1e-5);
+		kvk_cuda_free(c, dx), kvk_cuda_free(c, dw), kvk_cuda_free(c, dy);
+		free(x), free(w), free(ref), free(got);
+	}
+}
+
+static void test_rope(void **state)
+{
+	struct kvk_cuda_ctx *c = *state;
+	/* (n_tok, n_heads, head_dim, rope_dim) */
+	static const size_t shapes[][4] = {
+	    {1, 1, 2, 2}, {7, 3, 10, 8}, {130, 32, 64, 64}, {33, 8, 128, 96}};
+	uint64_t s = 3;
+	for (size_t i = 0; i < 4; i++)
+		for (int style = 0; style < 2; style++) {
+			size_t T = shapes[i][0], H = shapes[i][1], HD = shapes[i][2];
+			size_t RD = shapes[i][3], n = T * H * HD;
+			float *x = xmalloc(n * 4), *got = xmalloc(n * 4);
+			int32_t *pos = xmalloc(T * 4);
+			for (size_t j = 0; j < n; j++)
+				x[j] = frand(&s);
+			for (size_t t = 0; t < T; t++)
+				pos[t] = (int32_t)(rng(&s) % 32768);
+			float *dx = up(c, x, n * 4);
+			int32_t *dp = up(c, pos, T * 4);
+			assert_int_equal(kvk_cu_rope(c, dx, T, H, HD, RD, dp, 500000.f, style), 0);
+			assert_int_equal(kvk_ref_rope(x, T, H, HD, RD, pos, 500000.f, style), 0);
+			down(c, got, dx, n * 4);
+			/* Same float angle; sinf/cosf differ by a few ulp: absolute 1e-5. */
+			close_enough("rope", got, x, n, 1e-5, 0);
+			kvk_cuda_free(c, dx), kvk_cuda_free(c, dp);
+			free(x), free(got), free(pos);
+		}
+}
+
+static void test_swiglu_convert(void **state)
+{
+	struct kvk_cuda_ctx *c = *state;
+	static const size_t ns[] = {1, 1000, 1000003};
+	uint64_t s = 4;
+	for (size_t i = 0; i < 3; i++) {
+		size_t n = ns[i];
+		float *g = xmalloc(n * 4), *u = xmalloc(n * 4), *ref = xmalloc(n * 4);
+		float *got = xmalloc(n * 4);
+		for (size_t j = 0; j < n; j++) {
+			g[j] = frand(&s) * 30;
+			u[j] = frand(&s);
+		}
+		kvk_ref_swiglu(ref, g, u, n);
+		float *dg = up(c, g, n * 4), *du = up(c, u, n * 4), *dy = up(c, NULL, n * 4);
+		assert_int_equal(kvk_cu_swiglu(c, dy, dg, du, n), 0);
+		down(c, got, dy, n * 4);
+		/* expf differs by an ulp or two: relative 1e-5. */
+		close_enough("swiglu", got, ref, n, 1e-7, 1e-5);
+		/* Conversion to f16 / bf16: bit-exact (round to nearest even on both). */
+		uint16_t *hr = xmalloc(n * 2), *hg = xmalloc(n * 2);
+		void *dh = up(c, NULL, n * 2);
+		for (int bf = 0; bf < 2; bf++) {
+			for (size_t j = 0; j < n; j++)
+				hr[j] = bf ? kvk_ops_f32_to_bf16(g[j]) : kvk_ops_f32_to_f16(g[j]);
+			assert_int_equal(
+			    kvk_cu_convert(c, dh, bf ? KVK_DT_BF16 : KVK_DT_F16, dg, n), 0);
+			down(c, hg, dh, n * 2);
+			assert_memory_equal(hg, hr, n * 2);
+		}
+		kvk_cuda_free(c, dg), kvk_cuda_free(c, du), kvk_cuda_free(c, dy);
+		kvk_cuda_free(c, dh);
+		free(g), free(u), free(ref), free(got), free(hr), free(hg);
+	}
+}
+
+/* ---- attention ------------------------------------------------------------------------------
+ * A random pool (every block filled) and random block tables; the CPU reference reads the
+ * host copy, the kernel the device copy. */
+
+struct dpool {
+	uint16_t *hk, *hv; /* host */
+	void *dk, *dv;	   /* device */
+	struct kvk_kv_pages host, dev;
+};
+
+static void dpool_make(struct kvk_cuda_ctx *c, struct dpool *p, int nb, int B, int nkv, int hd,
+		       size_t pad, uint64_t *s)
+{
+	size_t stride = (size_t)B * nkv * hd + pad, n = stride * nb;
+	p->hk = xmalloc(n * 2);
+	p->hv = xmalloc(n * 2);
+	for (size_t i = 0; i < n; i++) {
+		p->hk[i] = kvk_ops_f32_to_f16(frand(s));
+		p->hv[i] = kvk_ops_f32_to_f16(frand(s));
+	}
+	p->dk = up(c, p->hk, n * 2);
+	p->dv = up(c, p->hv, n * 2);
+	p->host = (struct kvk_kv_pages){p->hk, p->hv, stride, nb, B, nkv, hd};
+	p->dev = (struct kvk_kv_pages){p->dk, p->dv, stride, nb, B, nkv, hd};
+}
+
+static void dpool_free(struct kvk_cuda_ctx *c, struct dpool *p)
+{
+	kvk_cuda_free(c, p->dk), kvk_cuda_free(c, p->dv);
+	free(p->hk), free(p->hv);
+}
+
+/* (n_heads, n_kv_heads, head_dim, block_tokens, n_q, q_start, pad) */
+static const int prefill_shapes[][7] = {
+    {1, 1, 2, 1, 1, 0, 0},	{4, 4, 8, 4, 9, 0, 0},	     {8, 2, 16, 5, 37, 0, 2},
+    {32, 8, 64, 64, 300, 0, 0}, {32, 8, 64, 64, 77, 200, 0}, {8, 8, 128, 16, 65, 3, 0},
+    {4, 2, 256, 16, 40, 10, 0}, {10, 2, 80, 7, 33, 5, 4},    {64, 4, 128, 32, 17, 1000, 0},
+};
+
+static void test_attn_prefill(void **state)
+{
+	struct kvk_cuda_ctx *c = *state;
+	uint64_t s = 5;
+	for (size_t i = 0; i < sizeof(prefill_shapes) / sizeof(prefill_shapes[0]); i++) {
+		const int *sh = prefill_shapes[i];
+		int H = sh[0], NKV = sh[1], HD = sh[2], B = sh[3], NQ = sh[4], Q0 = sh[5];
+		int nkeys = Q0 + NQ, nbt = (nkeys + B - 1) / B, nb = nbt + 5;
+		struct dpool p;
+		dpool_make(c, &p, nb, B, NKV, HD, (size_t)sh[6], &s);
+		int32_t *table = xmalloc((size_t)nbt * 4);
+		for (int b = 0; b < nbt; b++)
+			table[b] = (int32_t)(rng(&s) % (uint32_t)nb); /* repeats are fine */
+		size_t n = (size_t)NQ * H * HD;
+		float *q = xmalloc(n * 4), *ref = xmalloc(n * 4), *got = xmalloc(n * 4);
+		for (size_t j = 0; j < n; j++)
+			q[j] = frand(&s) * 3;
+		float scale = 1.0f / sqrtf((float)HD);
+		assert_int_equal(kvk_ref_attn_prefill(ref, q, &p.host, table, NQ, Q0, H, scale), 0);
+		float *dq = up(c, q, n * 4), *dout = up(c, NULL, n * 4);
+		int32_t *dt = up(c, table, (size_t)nbt * 4);
+		assert_int_equal(kvk_cu_attn_prefill(c, dout, dq, &p.dev, dt, NQ, Q0, H, scale), 0);
+		down(c, got, dout, n * 4);
+		/* Online vs two-pass softmax in f32, outputs are means of values in [-1, 1]:
+		 * absolute 1e-4. */
+		close_enough("attn_prefill", got, ref, n, 1e-4, 1e-4);
+		kvk_cuda_free(c, dq), kvk_cuda_free(c, dout), kvk_cuda_free(c, dt);
+		free(q), free(ref), free(got), free(table);
+		dpool_free(c, &p);
+	}
+}
+
+/* (n_seqs, n_heads, n_kv_heads, head_dim, block_tokens, max_len) */
+static const int decode_shapes[][6] = {
+    {1, 1, 1, 2, 1, 1},	     {3, 4, 2, 8, 5, 40},     {33, 32, 8, 64, 64, 700},
+    {7, 8, 1, 128, 16, 300}, {5, 12, 4, 256, 32, 90}, {64, 32, 8, 64, 16, 2100},
+};
+
+static void test_attn_decode(void **state)
+{
+	struct kvk_cuda_ctx *c = *state;
+	uint64_t s = 6;
+	for (size_t i = 0; i < sizeof(decode_shapes) / sizeof(decode_shapes[0]); i++) {
+		const int *sh = decode_shapes[i];
+		int NS = sh[0], H = sh[1], NKV = sh[2], HD = sh[3], B = sh[4], ML = sh[5];
+		int maxb = (ML + B - 1) / B, nb = maxb * 2 + 1;
+		struct dpool p;
+		dpool_make(c, &p, nb, B, NKV, HD, 0, &s);
+		int32_t *tables = xmalloc((size_t)NS * maxb * 4), *lens = xmalloc((size_t)NS * 4);
+		for (int j = 0; j < NS * maxb; j++)
+			tables[j] = (int32_t)(rng(&s) % (uint32_t)nb);
+		for (int j = 0; j < NS; j++)
+			lens[j] = 1 + (int32_t)(rng(&s) % (uint32_t)ML);
+		if (NS > 2)
+			lens[1] = 0; /* an empty slot in the batch: zeros */
+		size_t n = (size_t)NS * H * HD;
+		float *q = xmalloc(n * 4), *ref = xmalloc(n * 4), *got = xmalloc(n * 4);
+		for (size_t j = 0; j < n; j++)
+			q[j] = frand(&s) * 3;
+		float scale = 1.0f / sqrtf((float)HD);
+		assert_int_equal(
+		    kvk_ref_attn_decode(ref, q, &p.host, tables, maxb, lens, NS, H, scale), 0);
+		float *dq = up(c, q, n * 4), *dout = up(c, NULL, n * 4);
+		int32_t *dt = up(c, tables, (size_t)NS * maxb * 4), *dl = up(c, lens, NS * 4);
+		assert_int_equal(
+		    kvk_cu_attn_decode(c, dout, dq, &p.dev, dt, maxb, dl, NS, H, scale), 0);
+		down(c, got, dout, n * 4);
+		close_enough("attn_decode", got, ref, n, 1e-4, 1e-4); /* as prefill */
+		kvk_cuda_free(c, dq), kvk_cuda_free(c, dout), kvk_cuda_free(c, dt);
+		kvk_cuda_free(c, dl);
+		free(q), free(ref), free(got), free(tables), free(lens);
+		dpool_free(c, &p);
+	}
+	/* Bad geometry is refused before anything is enqueued. */
+	struct kvk_kv_pages bad = {(void *)16, (void *)16, 64, 1, 4, 2, 7};
+	assert_int_equal(kvk_cu_attn_decode(c, NULL, NULL, &bad, NULL, 1, NULL, 1, 2, 1.f),
+			 -EINVAL);
+}
+
+/* ---- GEMM, Q8_0 ------------------------------------------------------------------------------ */
+
+static void test_gemm(void **state)
+{
+	struct kvk_cuda_ctx *c = *state;
+	static const int shapes[][3] = {{1, 1, 1}, {17, 33, 65}, {128, 256, 512}, {300, 257, 1000}};
+	uint64_t s = 7;
+	for (size_t i = 0; i < 4; i++)
+		for (int bf = 0; bf < 2; bf++) {
+			int M = shapes[i][0], N = shapes[i][1], K = shapes[i][2];
+			uint16_t *a = xmalloc((size_t)M * K * 2), *b = xmalloc((size_t)N * K * 2);
+			for (size_t j = 0; j < (size_t)M * K; j++)
+				a[j] = bf ? kvk_ops_f32_to_bf16(frand(&s))
+					  : kvk_ops_f32_to_f16(frand(&s));
+			for (size_t j = 0; j < (size_t)N * K; j++)
+				b[j] = bf ? kvk_ops_f32_to_bf16(frand(&s))
+					  : kvk_ops_f32_to_f16(frand(&s));
+			enum kvk_dtype dt = bf ? KVK_DT_BF16 : KVK_DT_F16;
+			float *ref = xmalloc((size_t)M * N * 4), *got = xmalloc((size_t)M * N * 4);
+			assert_int_equal(kvk_ref_gemm(ref, a, b, dt, M, N, K), 0);
+			void *da = up(c, a, (size_t)M * K * 2), *db = up(c, b, (size_t)N * K * 2);
+			float *dc = up(c, NULL, (size_t)M * N * 4);
+			assert_int_equal(kvk_cu_gemm(c, dc, da, db, dt, M, N, K), 0);
+			down(c, got, dc, (size_t)M * N * 4);
+			/* Tensor-core f32 accumulation in another order: inputs in [-1, 1], so
+			 * |err| <= 1e-3 * sqrt(K) covers it with a wide margin. */
+			close_enough(bf ? "gemm bf16" : "gemm f16", got, ref, (size_t)M * N,
+				     1e-3 * sqrt((double)K), 0);
+			kvk_cuda_free(c, da), kvk_cuda_free(c, db), kvk_cuda_free(c, dc);
+			free(a), free(b), free(ref), free(got);
+		}
+}
+
+static void test_q8_0_gemv(void **state)
+{
+	struct kvk_cuda_ctx *c = *state;
+	static const int shapes[][3] = {{1, 32, 1}, {37, 96, 3}, {4096, 2048, 8}, {513, 4096, 11}};
+	uint64_t s = 8;
+	for (size_t i = 0; i < 4; i++) {
+		int R = shapes[i][0], N = shapes[i][1], T = shapes[i][2], NB = N / 32;
+		size_t wb = (size_t)R * NB * KVK_Q8_0_BYTES;
+		uint8_t *w = xmalloc(wb);
+		for (size_t b = 0; b < (size_t)R * NB; b++) {
+			uint16_t d = kvk_ops_f32_to_f16(0.02f * (float)(rng(&s) % 100 + 1) / 100);
+			memcpy(w + b * KVK_Q8_0_BYTES, &d, 2);
+			for (int j = 0; j < 32; j++)
+				w[b * KVK_Q8_0_BYTES + 2 + j] = (uint8_t)rng(&s);
+		}
+		float *x = xmalloc((size_t)T * N * 4), *ref = xmalloc((size_t)T * R * 4);
+		float *got = xmalloc((size_t)T * R * 4);
+		for (size_t j = 0; j < (size_t)T * N; j++)
+			x[j] = frand(&s);
+		assert_int_equal(kvk_ref_q8_0_gemv(ref, w, x, R, N, T), 0);
+		void *dw = up(c, w, wb);
+		float *dx = up(c, x, (size_t)T * N * 4), *dy = up(c, NULL, (size_t)T * R * 4);
+		assert_int_equal(kvk_cu_q8_0_gemv(c, dy, dw, dx, R, N, T), 0);
+		down(c, got, dy, (size_t)T * R * 4);
+		/* f32 sums in another block order; |w| <= 0.02 * 127, |x| <= 1: absolute
+		 * 1e-5 * N. */
+		close_enough("q8_0_gemv", got, ref, (size_t)T * R, 1e-5 * N, 0);
+		kvk_cuda_free(c, dw), kvk_cuda_free(c, dx), kvk_cuda_free(c, dy);
+		free(w), free(x), free(ref), free(got);
+	}
+}
+
+/* ---- sampling ------------------------------------------------------------------------------ */
+
+static void test_sampling(void **state)
+{
+	struct kvk_cuda_ctx *c = *state;
+	static const int shapes[][2] = {{1, 1}, {3, 7}, {5, 1000}, {9, 128256}};
+	static const int ks[] = {1, 5, 40, 64};
+	uint64_t s = 9;
+	for (size_t i = 0; i < 4; i++) {
+		int R = shapes[i][0], V = shapes[i][1];
+		size_t n = (size_t)R * V;
+		float *l = xmalloc(n * 4), *u = xmalloc((size_t)R * 4);
+		for (size_t j = 0; j < n; j++) /* coarse values: many ties */
+			l[j] = (float)(int)(frand(&s) * 50) / 10;
+		if (n > 3) {
+			l[1] = NAN;
+			l[2] = INFINITY;
+		}
+		for (int r = 0; r < R; r++)
+			u[r] = (float)rng(&s) / 4294967296.0f;
+		int32_t *ref = xmalloc((size_t)R * 4), *got = xmalloc((size_t)R * 4);
+		float *dl = up(c, l, n * 4), *du = up(c, u, (size_t)R * 4);
+		int32_t *dout = up(c, NULL, (size_t)R * 4);
+		assert_int_equal(kvk_ref_argmax(ref, l, R, V), 0);
+		assert_int_equal(kvk_cu_argmax(c, dout, dl, R, V), 0);
+		down(c, got, dout, (size_t)R * 4);
+		assert_memory_equal(got, ref, (size_t)R * 4); /* exact */
+		for (int ki = 0; ki < 4; ki++) {
+			if (ks[ki] > V)
+				continue;
+			assert_int_equal(kvk_ref_sample_topk(ref, l, R, V, ks[ki], 0.7f, u), 0);
+			assert_int_equal(kvk_cu_sample_topk(c, dout, dl, R, V, ks[ki], 0.7f, du),
+					 0);
+			down(c, got, dout, (size_t)R * 4);
+			/* Same selection order and arithmetic; only expf may differ by an ulp,
+			 * which can move a pick by one place when u sits on a boundary. Such a
+			 * pick must then still have a logit within the top k. */
+			for (int r = 0; r < R; r++) {
+				if (got[r] == ref[r])
+					continue;
+				assert_true(got[r] >= 0 && got[r] < V);
+				int better = 0;
+				for (int j = 0; j < V; j++) {
+					float a = l[(size_t)r * V + j],
+					      b = l[(size_t)r * V + got[r]];
+					a = isnan(a) ? -INFINITY : a;
+					b = isnan(b) ? -INFINITY : b;
+					better += a > b || (a == b && j < got[r]);
+				}
+				assert_true(better < ks[ki]);
+			}
+		}
+		kvk_cuda_free(c, dl), kvk_cuda_free(c, du), kvk_cuda_free(c, dout);
+		free(l), free(u), free(ref), free(got);
+	}
+}
+
+/* ---- pack / unpack ------------------------------------------------------------------------- */
+
+struct pool_set {
+	int L;
+	uint16_t **hk, **hv; /* host pools per layer */
+	uint16_t **dk, **dv; /* device pools per layer */
+	struct kvk_kv_layers host, dev;
+};
+
+static void pset_make(struct kvk_cuda_ctx *c, struct pool_set *p, int L, int nb, int B, int nkv,
+		      int hd, size_t pad, uint64_t *s, int zero)
+{
+	size_t stride = (size_t)B * nkv * hd + pad, n = stride * nb;
+	p->L = L;
+	p->hk = xmalloc(L * sizeof(void *)), p->hv = xmalloc(L * sizeof(void *));
+	p->dk = xmalloc(L * sizeof(void *)), p->dv = xmalloc(L * sizeof(void *));
+	for (int l = 0; l < L; l++) {
+		p->hk[l] = xmalloc(n * 2);
+		p->hv[l] = xmalloc(n * 2);
+		for (size_t i = 0; i < n; i++) {
+			p->hk[l][i] = zero ? 0 : (uint16_t)rng(s);
+			p->hv[l][i] = zero ? 0 : (uint16_t)rng(s);
+		}
+		p->dk[l] = up(c, p->hk[l], n * 2);
+		p->dv[l] = up(c, p->hv[l], n * 2);
+	}
+	p->host = (struct kvk_kv_layers){L, nb, B, nkv, hd, stride, p->hk, p->hv};
+	p->dev = (struct kvk_kv_layers){L, nb, B, nkv, hd, stride, p->dk, p->dv};
+}
+
+static void pset_download(struct kvk_cuda_ctx *c, struct pool_set *p, uint16_t *k_or_v_out, int l,
+			  int v)
+{
+	size_t n = p->host.block_stride * p->host.num_blocks;
+	down(c, k_or_v_out, v ? (void *)p->dv[l] : (void *)p->dk[l], n * 2);
+}
+
+static void pset_free(struct kvk_cuda_ctx *c, struct pool_set *p)
+{
+	for (int l = 0; l < p->L; l++) {
+		free(p->hk[l]), free(p->hv[l]);
+		kvk_cuda_free(c, p->dk[l]), kvk_cuda_free(c, p->dv[l]);
+	}
+	free(p->hk), free(p->hv), free(p->dk), free(p->dv);
+}
+
+struct cb_state {
+	const uint8_t *want; /* the reference payload */
+	uint8_t *buf;	     /* the host buffer of the transfer */
+	size_t payload;
+	int calls, next;
+};
+
+/* Pack: at the call, the chunk must already be complete on the host, in order. */
+static int pack_cb(void *arg, int first, int n)
+{
+	struct cb_state *st = arg;
+	st->calls++;
+	if (first != st->next)
+		return -EPROTO;
+	st->next = first + n;
+	size_t off = (size_t)first * st->payload, len = (size_t)n * st->payload;
+	return memcmp(st->buf + off, st->want + off, len) ? -EBADMSG : 0;
+}
+
+/* Unpack: the host buffer starts empty and the callback fills each chunk just in time. */
+static int unpack_cb(void *arg, int first, int n)
+{
+	struct cb_state *st = arg;
+	st->calls++;
+	if (first != st->next)
+		return -EPROTO;
+	st->next = first + n;
+	size_t off = (size_t)first * st->payload;
+	memcpy(st->buf + off, st->want + off, (size_t)n * st->payload);
+	return 0;
+}
+
+/* (n_layer, block_tokens, n_kv_heads, head_dim, pad, n_blocks): 16-byte and 2-byte paths,
+ * one to several 4 MiB chunks. */
+static const int pack_shapes[][6] = {
+    {1, 1, 1, 2, 0, 1}, {3, 5, 2, 6, 1, 13}, {16, 64, 8, 64, 0, 37}, {4, 16, 8, 128, 8, 70}};
+
+static void test_pack_unpack(void **state)
+{
+	struct kvk_cuda_ctx *c = *state;
+	uint64_t s = 10;
+	for (size_t i = 0; i < sizeof(pack_shapes) / sizeof(pack_shapes[0]); i++) {
+		const int *sh = pack_shapes[i];
+		int L = sh[0], B = sh[1], NKV = sh[2], HD = sh[3], N = sh[5], NB = 2 * N + 3;
+		struct pool_set src, dst;
+		pset_make(c, &src, L, NB, B, NKV, HD, (size_t)sh[4], &s, 0);
+		pset_make(c, &dst, L, NB, B, NKV, HD, (size_t)sh[4], &s, 1);
+		int32_t *from = xmalloc((size_t)N * 4), *to = xmalloc((size_t)N * 4);
+		for (int j = 0; j < N; j++) {
+			from[j] = (int32_t)(rng(&s) % (uint32_t)NB);
+			to[j] = 2 * j + 1; /* distinct destinations */
+		}
+		size_t pb = kvk_kv_payload_bytes(&src.host), total = pb * N;
+		uint8_t *want = xmalloc(total), *hb;
+		assert_int_equal(kvk_ref_kv_pack(want, &src.host, from, N), 0);
+		assert_int_equal(kvk_cuda_host_alloc(c, (void **)&hb, total), 0);
+		memset(hb, 0, total);
+		struct cb_state st = {want, hb, pb, 0, 0};
+		assert_int_equal(kvk_cu_kv_pack(c, hb, &src.dev, from, N, pack_cb, &st), 0);
+		assert_memory_equal(hb, want, total); /* exact: a byte copy */
+		assert_int_equal(st.next, N);
+		/* Unpack into other blocks; compare with the reference unpack on the host. */
+		memset(hb, 0, total);
+		st = (struct cb_state){want, hb, pb, 0, 0};
+		assert_int_equal(kvk_cu_kv_unpack(c, &dst.dev, hb, to, N, unpack_cb, &st), 0);
+		assert_int_equal(st.next, N);
+		assert_int_equal(kvk_ref_kv_unpack(&dst.host, want, to, N), 0);
+		size_t pn = dst.host.block_stride * NB;
+		uint16_t *tmp = xmalloc(pn * 2);
+		for (int l = 0; l < L; l++)
+			for (int v = 0; v < 2; v++) {
+				pset_download(c, &dst, tmp, l, v);
+				assert_memory_equal(tmp, v ? dst.hv[l] : dst.hk[l], pn * 2);
+			}
+		/* Without callbacks, and device-to-device gather == host pack. */
+		memset(hb, 0, total);
+		assert_int_equal(kvk_cu_kv_pack(c, hb, &src.dev, from, N, NULL, NULL), 0);
+		assert_memory_equal(hb, want, total);
+		void *dbuf = up(c, NULL, total);
+		assert_int_equal(kvk_cu_kv_gather(c, dbuf, &src.dev, from, N), 0);
+		down(c, hb, dbuf, total);
+		assert_memory_equal(hb, want, total);
+		/* A callback's error stops the transfer and comes back. */
+		st = (struct cb_state){want, hb, pb, 0, 1000};
+		assert_int_equal(kvk_cu_kv_pack(c, hb, &src.dev, from, N, pack_cb, &st), -EPROTO);
+		int32_t bad = NB;
+		assert_int_equal(kvk_cu_kv_pack(c, hb, &src.dev, &bad, 1, NULL, NULL), -EINVAL);
+		kvk_cuda_free(c, dbuf);
+		kvk_cuda_host_free(c, hb);
+		free(tmp), free(want), free(from), free(to);
+		pset_free(c, &src);
+		pset_free(c, &dst);
+	}
+}
+
+/* ---- NCCL (2 GPUs) ----------------------------------------------------------------------- */
+
+struct rank_arg {
+	int rank;
+	const uint8_t *id;
+	struct pool_set *ps;
+	const int32_t *blocks;
+	int n;
+	struct kvk_cuda_ctx *ctx;
+	int rc;
+};
+
+static void *rank_main(void *p)
+{
+	struct rank_arg *a = p;
+	struct kvk_nccl *comm = NULL;
+	a->rc = kvk_nccl_comm_create(&comm, a->ctx, a->id, 2, a->rank);
+	if (a->rc)
+		return NULL;
+	/* Rank 0 is the decode side (receives), rank 1 the prefill side (sends). */
+	if (a->rank == 1)
+		a->rc = kvk_nccl_send_kv(comm, &a->ps->dev, a->blocks, a->n, 0);
+	else
+		a->rc = kvk_nccl_recv_kv(comm, &a->ps->dev, a->blocks, a->n, 1);
+	kvk_nccl_comm_destroy(comm);
+	return NULL;
+}
+
+static void test_nccl(void **state)
+{
+	(void)state;
+	enum { L = 4, B = 16, NKV = 8, HD = 64, N = 300, NB = 2 * N };
+	struct kvk_cuda_ctx *c0, *c1;
+	assert_int_equal(kvk_cuda_ctx_create(0, &c0), 0);
+	assert_int_equal(kvk_cuda_ctx_create(1, &c1), 0);
+	uint64_t s = 11;
+	struct pool_set dec, pre;
+	pset_make(c0, &dec, L, NB, B, NKV, HD, 0, &s, 1);
+	pset_make(c1, &pre, L, NB, B, NKV, HD, 0, &s, 0);
+	int32_t from[N], to[N];
+	for (int j = 0; j < N; j++) {
+		from[j] = (int32_t)(rng(&s) % NB);
+		to[j] = NB - 1 - j;
+	}
+	uint8_t id[KVK_NCCL_ID_BYTES];
+	assert_int_equal(kvk_nccl_id_create(id), 0);
+	struct rank_arg a0 = {0, id, &dec, to, N, c0, -1}, a1 = {1, id, &pre, from, N, c1, -1};
+	pthread_t t0, t1;
+	assert_int_equal(pthread_create(&t0, NULL, rank_main, &a0), 0);
+	assert_int_equal(pthread_create(&t1, NULL, rank_main, &a1), 0);
+	pthread_join(t0, NULL);
+	pthread_join(t1, NULL);
+	assert_int_equal(a0.rc, 0);
+	assert_int_equal(a1.rc, 0);
+	/* The decode side's blocks `to` now hold the prefill side's blocks `from`. */
+	size_t pb = kvk_kv_payload_bytes(&pre.host);
+	uint8_t *want = xmalloc(pb * N), *got = xmalloc(pb * N);
+	assert_int_equal(kvk_ref_kv_pack(want, &pre.host, from, N), 0);
+	void *d = up(c0, NULL, pb * N);
+	assert_int_equal(kvk_cu_kv_gather(c0, d, &dec.dev, to, N), 0);
+	down(c0, got, d, pb * N);
+	assert_memory_equal(got, want, pb * N);
+	kvk_cuda_free(c0, d);
+	free(want), free(got);
+	pset_free(c0, &dec);
+	pset_free(c1, &pre);
+	kvk_cuda_ctx_destroy(c0);
+	kvk_cuda_ctx_destroy(c1);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc > 1 && strcmp(argv[1], "--nccl") == 0) {
+		if (!kvk_nccl_available()) {
+			printf("skipped: this build has no NCCL\n");
+			return 77;
+		}
+		if (kvk_cuda_device_count() < 2) {
+			printf("skipped: the NCCL test needs 2 GPUs, found %d\n",
+			       kvk_cuda_device_count());
+			return 77;
+		}
+		const struct CMUnitTest nccl[] = {cmocka_unit_test(test_nccl)};
+		return cmocka_run_group_tests_name("kernels_nccl", nccl, NULL, NULL);
+	}
+	if (!kvk_cuda_available()) {
+		printf("skipped: no GPU (or no CUDA in this build)\n");
+		return 77;
+	}
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_embed),	 cmocka_unit_test(test_rmsnorm),
+	    cmocka_unit_test(test_rope),	 cmocka_unit_test(test_swiglu_convert),
+	    cmocka_unit_test(test_attn_prefill), cmocka_unit_test(test_attn_decode),
+	    cmocka_unit_test(test_gemm),	 cmocka_unit_test(test_q8_0_gemv),
+	    cmocka_unit_test(test_sampling),	 cmocka_unit_test(test_pack_unpack),
+	};
+	return cmocka_run_group_tests_name("kernels_cuda", tests, setup, teardown);
+}
