@@ -84,6 +84,7 @@ struct mnt_wfile {
 	int handles;	      /* lock; open handles */
 	int dirty;	      /* lock; written since the last flush */
 	int killed;	      /* lock; a flush came from a process killed by a signal */
+	int failed;	      /* lock; a write failed (-errno): the file is dropped at close */
 	int err;	      /* lock; the commit's result once w is NULL */
 	uint64_t nodeid;      /* the FUSE node id the handles were opened on */
 	uint64_t parent;      /* meta inode of the directory */

@@ -176,6 +176,14 @@ static int wfile_finish(struct mnt *m, struct mnt_wfile *wf)
 {
 	struct kvc_writer *w = wf->w;
 	wf->w = NULL;
+	if (wf->failed) {
+		kvc_abort(w);
+		atomic_fetch_add_explicit(&m->n.aborted, 1, memory_order_relaxed);
+		klog_warn("%s: a write failed (%s); file dropped, not published", wf->name,
+			  kvp_strerror(wf->failed));
+		wf->err = wf->failed;
+		return wf->err;
+	}
 	if (wf->killed) {
 		kvc_abort(w);
 		atomic_fetch_add_explicit(&m->n.aborted, 1, memory_order_relaxed);
@@ -526,6 +534,8 @@ void mnt_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off
 	}
 	if (n > 0)
 		wf->dirty = 1;
+	else if (n < 0 && n != -EROFS)
+		wf->failed = n == -ENOMEM ? -ENOSPC : (int)n;
 	pthread_mutex_unlock(&wf->lock);
 	if (n < 0) {
 		if (n == -EFBIG)
@@ -588,7 +598,7 @@ void mnt_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	pthread_mutex_lock(&wf->lock);
 	if (killed)
 		wf->killed = 1;
-	if (wf->w && ((wf->dirty && wf->handles == 1) || killed))
+	if (wf->w && ((wf->dirty && wf->handles == 1) || killed || wf->failed))
 		rc = wfile_finish(m, wf);
 	wf->dirty = 0;
 	pthread_mutex_unlock(&wf->lock);

@@ -1,0 +1,808 @@
+/* kvfs-mount through the real kernel mount: a cluster of real kvfs-meta + 11 kvfs-node
+ * processes (tests/harness.h) and the real kvfs-mount binary on /dev/fuse. No mocks.
+ *
+ * Covers: a 300-file tree copied in and out with checksums, ls -lR / du -sb (= sum of sizes)
+ * / du / df / mv / rm -r; 4 processes writing and reading at once; no reader ever sees a new
+ * or replaced file partially; 500 block files written and read through io_uring; a node
+ * killed during a read loop (no EIO); meta restarted while mounted (operations resume, one
+ * even waits across the outage); every refused call with its error code; EFBIG; a writer
+ * killed mid-file publishes nothing; .kvfs/ status files and user.kvfs.* xattrs; startup
+ * errors (meta unreachable, bad option) and the background mode.
+ *
+ * Without /dev/fuse (or fusermount3) it prints "skipped: no /dev/fuse" and exits 77, which
+ * CTest reports as Skipped. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/vfs.h>
+#include <sys/wait.h>
+#include <sys/xattr.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <liburing.h>
+
+#include "harness.h"
+
+#define NNODES	      11
+#define FUSE_MAGIC    0x65735546
+#define MAX_FILE_TEST (16u << 20)
+
+static struct kvh_cluster g_cl;
+static char g_mnt[600], g_bin[600], g_log[700];
+static pid_t g_mount_pid;
+
+static int64_t now_ms(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+static void fill(uint8_t *p, size_t n, uint64_t seed)
+{
+	uint64_t x = seed * 0x9E3779B97F4A7C15ull + 0x1234567;
+	for (size_t i = 0; i < n; i++) {
+		if ((i & 7) == 0) {
+			x ^= x << 13;
+			x ^= x >> 7;
+			x ^= x << 17;
+		}
+		p[i] = (uint8_t)(x >> (8 * (i & 7)));
+	}
+}
+
+static int is_fuse(const char *path)
+{
+	struct statfs s;
+	return statfs(path, &s) == 0 && (unsigned)s.f_type == FUSE_MAGIC;
+}
+
+static int write_file(const char *path, const void *buf, size_t len)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	if (fd < 0)
+		return -errno;
+	size_t off = 0;
+	while (off < len) {
+		ssize_t n = write(fd, (const char *)buf + off, len - off);
+		if (n < 0) {
+			int e = -errno;
+			close(fd);
+			return e;
+		}
+		off += (size_t)n;
+	}
+	return close(fd) == 0 ? 0 : -errno;
+}
+
+/* Reads the whole file; returns its length or -errno. */
+static ssize_t read_file(const char *path, void *buf, size_t cap)
+{
+	int fd = open(path, O_RDONLY);
+	if (fd < 0)
+		return -errno;
+	size_t off = 0;
+	for (;;) {
+		ssize_t n = read(fd, (char *)buf + off, cap - off);
+		if (n < 0) {
+			int e = -errno;
+			close(fd);
+			return e;
+		}
+		if (n == 0 || off + (size_t)n == cap) {
+			off += (size_t)n;
+			break;
+		}
+		off += (size_t)n;
+	}
+	close(fd);
+	return (ssize_t)off;
+}
+
+static int start_mount(void)
+{
+	char *argv[] = {"kvfs-mount",
+			"-f",
+			"--secret-file",
+			g_cl.secret_file,
+			"-o",
+			"max_file=16M,entry_timeout=0.5,attr_timeout=1",
+			"--meta-retry",
+			"30s",
+			g_cl.meta_addr,
+			g_mnt,
+			NULL};
+	g_mount_pid = kvh_spawn(g_bin, argv, g_log);
+	if (g_mount_pid <= 0)
+		return -1;
+	for (int i = 0; i < 200 && !is_fuse(g_mnt); i++)
+		usleep(50000);
+	return is_fuse(g_mnt) ? 0 : -1;
+}
+
+static void stop_mount(void)
+{
+	if (g_mount_pid > 0) {
+		if (is_fuse(g_mnt) && kvh_sh("fusermount3 -u '%s'", g_mnt) != 0)
+			kvh_sh("fusermount3 -uz '%s'", g_mnt);
+		kvh_stop_pid(g_mount_pid, SIGTERM, 5000);
+		g_mount_pid = 0;
+	}
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	if (kvh_bin("kvfs-mount", g_bin, sizeof(g_bin)) != 0)
+		return -1;
+	int rc = kvh_cluster_start(&g_cl, NNODES, NULL, NULL);
+	if (rc) {
+		fprintf(stderr, "cluster start: %s\n", strerror(-rc));
+		return -1;
+	}
+	snprintf(g_mnt, sizeof(g_mnt), "%s/mnt", g_cl.dir);
+	snprintf(g_log, sizeof(g_log), "%s/mount.log", g_cl.dir);
+	if (mkdir(g_mnt, 0755) != 0 || start_mount() != 0) {
+		fprintf(stderr, "kvfs-mount did not mount %s (see %s)\n", g_mnt, g_log);
+		kvh_sh("cat '%s' >&2", g_log);
+		return -1;
+	}
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	stop_mount();
+	if (getenv("KVFS_TEST_VERBOSE"))
+		kvh_sh("cat '%s' >&2", g_log);
+	kvh_cluster_stop(&g_cl);
+	return 0;
+}
+
+/* ---- 300-file tree in and out ---- */
+
+static void test_tree(void **state)
+{
+	(void)state;
+	char src[700], out[700];
+	snprintf(src, sizeof(src), "%s/src", g_cl.dir);
+	snprintf(out, sizeof(out), "%s/out", g_cl.dir);
+	assert_int_equal(mkdir(src, 0755), 0);
+	uint8_t *buf = malloc(200000);
+	uint64_t total = 0, seed = 42;
+	for (int d = 0; d < 10; d++) {
+		char p[800];
+		snprintf(p, sizeof(p), "%s/d%d", src, d);
+		assert_int_equal(mkdir(p, 0755), 0);
+		for (int f = 0; f < 30; f++) {
+			seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+			size_t len = (f == 0) ? 0 : (size_t)((seed >> 33) % 200000);
+			fill(buf, len, seed);
+			snprintf(p, sizeof(p), "%s/d%d/f%03d.kvb", src, d, f);
+			assert_int_equal(write_file(p, buf, len), 0);
+			total += len;
+		}
+	}
+	free(buf);
+	assert_int_equal(kvh_sh("cp -r '%s' '%s/tree'", src, g_mnt), 0);
+	assert_int_equal(kvh_sh("cd '%s' && find . -type f | sort | xargs sha256sum > '%s/sum.src'",
+				src, g_cl.dir),
+			 0);
+	assert_int_equal(kvh_sh("cd '%s/tree' && find . -type f | sort | xargs sha256sum > "
+				"'%s/sum.mnt' && cmp '%s/sum.src' '%s/sum.mnt'",
+				g_mnt, g_cl.dir, g_cl.dir, g_cl.dir),
+			 0);
+	assert_int_equal(kvh_sh("test $(find '%s/tree' -type f | wc -l) -eq 300", g_mnt), 0);
+	/* and out again, from a cold page cache */
+	kvh_sh("sync; echo 1 > /proc/sys/vm/drop_caches 2>/dev/null");
+	assert_int_equal(kvh_sh("cp -r '%s/tree' '%s' && cd '%s' && find . -type f | sort | "
+				"xargs sha256sum | cmp - '%s/sum.src'",
+				g_mnt, out, out, g_cl.dir),
+			 0);
+	/* ls -lR lists every file; du -sb equals the sum of the sizes (directories are 0) */
+	assert_int_equal(kvh_sh("test $(ls -lR '%s/tree' | grep -c '\\.kvb$') -eq 300", g_mnt), 0);
+	assert_int_equal(
+	    kvh_sh("test $(du -sb '%s/tree' | cut -f1) -eq %llu", g_mnt, (unsigned long long)total),
+	    0);
+	/* du (allocated) counts parity: more than the apparent size, at most ~k+m/k of it plus
+	 * rounding per file */
+	assert_int_equal(kvh_sh("a=$(du -sk --apparent-size '%s/tree' | cut -f1); "
+				"b=$(du -sk '%s/tree' | cut -f1); test $b -gt $a",
+				g_mnt, g_mnt),
+			 0);
+	assert_int_equal(kvh_sh("df -h '%s' | grep -q kvfs && df -i '%s' >/dev/null", g_mnt, g_mnt),
+			 0);
+	assert_int_equal(kvh_sh("find '%s/tree' -mmin -10 -type f | grep -q f001", g_mnt), 0);
+
+	/* mv a directory and a file; contents unchanged */
+	assert_int_equal(kvh_sh("mv '%s/tree/d3' '%s/moved' && mv '%s/moved/f002.kvb' "
+				"'%s/moved/renamed.kvb'",
+				g_mnt, g_mnt, g_mnt, g_mnt),
+			 0);
+	assert_int_equal(kvh_sh("cmp '%s/moved/renamed.kvb' '%s/d3/f002.kvb' && test ! -e "
+				"'%s/tree/d3'",
+				g_mnt, src, g_mnt),
+			 0);
+	/* rm -r removes everything */
+	assert_int_equal(kvh_sh("rm -r '%s/tree' '%s/moved'", g_mnt, g_mnt), 0);
+	assert_int_equal(kvh_sh("test -z \"$(ls -A '%s')\"", g_mnt), 0);
+	kvh_sh("rm -rf '%s' '%s'", src, out);
+}
+
+/* ---- 4 processes writing and reading at once ---- */
+
+#define CP_PROCS 4
+#define CP_FILES 25
+#define CP_SIZE	 (300u << 10)
+
+static int cp_worker(int id)
+{
+	uint8_t *w = malloc(CP_SIZE), *r = malloc(CP_SIZE + 1);
+	char p[800];
+	int bad = 0;
+	for (int f = 0; f < CP_FILES && !bad; f++) {
+		size_t len = CP_SIZE - (size_t)f * 1000;
+		fill(w, len, (uint64_t)id * 1000 + (uint64_t)f);
+		snprintf(p, sizeof(p), "%s/conc/p%d-%d", g_mnt, id, f);
+		if (write_file(p, w, len) != 0)
+			bad = 1;
+		/* read what another process wrote, if it is there already: whole or absent */
+		snprintf(p, sizeof(p), "%s/conc/p%d-%d", g_mnt, (id + 1) % CP_PROCS, f);
+		ssize_t n = read_file(p, r, CP_SIZE + 1);
+		if (n >= 0) {
+			fill(w, CP_SIZE - (size_t)f * 1000,
+			     (uint64_t)((id + 1) % CP_PROCS) * 1000 + (uint64_t)f);
+			if ((size_t)n != CP_SIZE - (size_t)f * 1000 || memcmp(w, r, (size_t)n))
+				bad = 2;
+		} else if (n != -ENOENT) {
+			bad = 3;
+		}
+	}
+	free(w);
+	free(r);
+	return bad;
+}
+
+static void test_concurrent(void **state)
+{
+	(void)state;
+	char p[700];
+	snprintf(p, sizeof(p), "%s/conc", g_mnt);
+	assert_int_equal(mkdir(p, 0755), 0);
+	pid_t pids[CP_PROCS];
+	for (int i = 0; i < CP_PROCS; i++) {
+		pids[i] = fork();
+		assert_true(pids[i] >= 0);
+		if (pids[i] == 0)
+			_exit(cp_worker(i));
+	}
+	for (int i = 0; i < CP_PROCS; i++) {
+		int st;
+		assert_int_equal(waitpid(pids[i], &st, 0), pids[i]);
+		assert_true(WIFEXITED(st));
+		assert_int_equal(WEXITSTATUS(st), 0);
+	}
+	/* everything is there, byte-exact */
+	uint8_t *w = malloc(CP_SIZE), *r = malloc(CP_SIZE + 1);
+	for (int i = 0; i < CP_PROCS; i++)
+		for (int f = 0; f < CP_FILES; f++) {
+			size_t len = CP_SIZE - (size_t)f * 1000;
+			char q[800];
+			snprintf(q, sizeof(q), "%s/conc/p%d-%d", g_mnt, i, f);
+			fill(w, len, (uint64_t)i * 1000 + (uint64_t)f);
+			assert_int_equal(read_file(q, r, CP_SIZE + 1), (ssize_t)len);
+			assert_memory_equal(w, r, len);
+		}
+	free(w);
+	free(r);
+	assert_int_equal(kvh_sh("rm -r '%s'", p), 0);
+}
+
+/* ---- no partial file is ever visible ---- */
+
+struct watch {
+	char path[800];
+	size_t full, old;     /* acceptable sizes: full (new) or old (replaced file), 0 = none */
+	uint64_t seed, oseed; /* their contents */
+	volatile int stop;
+	int seen_full, partial, errors;
+};
+
+static void *watcher(void *arg)
+{
+	struct watch *w = arg;
+	uint8_t *r = malloc(w->full + w->old + 1), *e = malloc(w->full + w->old + 1);
+	while (!w->stop) {
+		ssize_t n = read_file(w->path, r, w->full + w->old + 1);
+		if (n == -ENOENT && !w->old)
+			continue;
+		if (n < 0) {
+			w->errors++;
+			continue;
+		}
+		if ((size_t)n == w->full) {
+			fill(e, w->full, w->seed);
+			if (memcmp(e, r, w->full))
+				w->partial++;
+			else
+				w->seen_full++;
+		} else if (w->old && (size_t)n == w->old) {
+			fill(e, w->old, w->oseed);
+			if (memcmp(e, r, w->old))
+				w->partial++;
+		} else {
+			w->partial++;
+		}
+	}
+	free(r);
+	free(e);
+	return NULL;
+}
+
+static void slow_write(const char *path, size_t len, uint64_t seed)
+{
+	uint8_t *b = malloc(len);
+	fill(b, len, seed);
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	assert_true(fd >= 0);
+	for (size_t off = 0; off < len; off += 65536) {
+		size_t n = len - off < 65536 ? len - off : 65536;
+		assert_int_equal(pwrite(fd, b + off, n, (off_t)off), (ssize_t)n);
+		usleep(5000);
+	}
+	assert_int_equal(close(fd), 0);
+	free(b);
+}
+
+static void test_no_partial(void **state)
+{
+	(void)state;
+	struct watch w;
+	memset(&w, 0, sizeof(w));
+	snprintf(w.path, sizeof(w.path), "%s/growing.kvb", g_mnt);
+	w.full = 4u << 20;
+	w.seed = 7;
+	pthread_t t;
+	assert_int_equal(pthread_create(&t, NULL, watcher, &w), 0);
+	slow_write(w.path, w.full, w.seed); /* ~0.4 s mid-file */
+	usleep(200000);
+	w.stop = 1;
+	pthread_join(t, NULL);
+	assert_int_equal(w.partial, 0);
+	assert_int_equal(w.errors, 0);
+	assert_true(w.seen_full > 0); /* visible right after close */
+
+	/* replacing it with O_TRUNC: readers see the old file whole, then the new one whole */
+	struct watch v;
+	memset(&v, 0, sizeof(v));
+	snprintf(v.path, sizeof(v.path), "%s", w.path);
+	v.old = w.full;
+	v.oseed = w.seed;
+	v.full = 3u << 20;
+	v.seed = 8;
+	assert_int_equal(pthread_create(&t, NULL, watcher, &v), 0);
+	slow_write(v.path, v.full, v.seed);
+	usleep(1500000); /* past the entry and attribute timeouts */
+	v.stop = 1;
+	pthread_join(t, NULL);
+	assert_int_equal(v.partial, 0);
+	assert_int_equal(v.errors, 0);
+	assert_true(v.seen_full > 0);
+	assert_int_equal(unlink(w.path), 0);
+}
+
+/* ---- 500 block files through io_uring ---- */
+
+#define UR_FILES 500
+#define UR_BATCH 25
+#define UR_SIZE	 (64u << 10)
+
+static void test_io_uring(void **state)
+{
+	(void)state;
+	struct io_uring ring;
+	assert_int_equal(io_uring_queue_init(64, &ring, 0), 0);
+	char dir[700];
+	snprintf(dir, sizeof(dir), "%s/uring", g_mnt);
+	assert_int_equal(mkdir(dir, 0755), 0);
+	uint8_t *bufs = malloc((size_t)UR_BATCH * UR_SIZE), *exp = malloc(UR_SIZE);
+	int fds[UR_BATCH];
+	for (int pass = 0; pass < 2; pass++) {
+		for (int b = 0; b < UR_FILES; b += UR_BATCH) {
+			for (int i = 0; i < UR_BATCH; i++) {
+				char p[800];
+				snprintf(p, sizeof(p), "%s/%04d.kvb", dir, b + i);
+				fds[i] = pass == 0 ? open(p, O_WRONLY | O_CREAT | O_EXCL, 0644)
+						   : open(p, O_RDONLY);
+				assert_true(fds[i] >= 0);
+				uint8_t *bp = bufs + (size_t)i * UR_SIZE;
+				struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
+				if (pass == 0) {
+					fill(bp, UR_SIZE, (uint64_t)(b + i));
+					io_uring_prep_write(sqe, fds[i], bp, UR_SIZE, 0);
+				} else {
+					memset(bp, 0, UR_SIZE);
+					io_uring_prep_read(sqe, fds[i], bp, UR_SIZE, 0);
+				}
+				sqe->user_data = (uint64_t)i;
+			}
+			assert_int_equal(io_uring_submit(&ring), UR_BATCH);
+			for (int i = 0; i < UR_BATCH; i++) {
+				struct io_uring_cqe *cqe;
+				assert_int_equal(io_uring_wait_cqe(&ring, &cqe), 0);
+				assert_int_equal(cqe->res, (int)UR_SIZE);
+				io_uring_cqe_seen(&ring, cqe);
+			}
+			/* close through the ring too: the commit happens in that close */
+			for (int i = 0; i < UR_BATCH; i++) {
+				struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
+				io_uring_prep_close(sqe, fds[i]);
+			}
+			assert_int_equal(io_uring_submit(&ring), UR_BATCH);
+			for (int i = 0; i < UR_BATCH; i++) {
+				struct io_uring_cqe *cqe;
+				assert_int_equal(io_uring_wait_cqe(&ring, &cqe), 0);
+				assert_int_equal(cqe->res, 0);
+				io_uring_cqe_seen(&ring, cqe);
+			}
+			if (pass == 1)
+				for (int i = 0; i < UR_BATCH; i++) {
+					fill(exp, UR_SIZE, (uint64_t)(b + i));
+					assert_memory_equal(exp, bufs + (size_t)i * UR_SIZE,
+							    UR_SIZE);
+				}
+		}
+	}
+	io_uring_queue_exit(&ring);
+	free(bufs);
+	free(exp);
+	assert_int_equal(kvh_sh("test $(ls '%s' | wc -l) -eq %d && rm -r '%s'", dir, UR_FILES, dir),
+			 0);
+}
+
+/* ---- a node killed during a read loop: no failed read ---- */
+
+struct rloop {
+	int nfiles;
+	size_t size;
+	volatile int stop;
+	int reads, errors, mismatches;
+};
+
+static void *read_loop(void *arg)
+{
+	struct rloop *l = arg;
+	uint8_t *b = NULL, *e = malloc(l->size);
+	if (posix_memalign((void **)&b, 4096, l->size))
+		return NULL;
+	while (!l->stop)
+		for (int f = 0; f < l->nfiles && !l->stop; f++) {
+			char p[800];
+			snprintf(p, sizeof(p), "%s/nk/%d.kvb", g_mnt, f);
+			/* O_DIRECT: every read goes to the cluster, not the page cache */
+			int fd = open(p, O_RDONLY | O_DIRECT);
+			ssize_t n = fd >= 0 ? pread(fd, b, l->size, 0) : -1;
+			if (n != (ssize_t)l->size) {
+				l->errors++;
+				fprintf(stderr, "read %s: %zd (%s)\n", p, n, strerror(errno));
+			} else {
+				fill(e, l->size, (uint64_t)f + 500);
+				l->mismatches += memcmp(e, b, l->size) != 0;
+			}
+			if (fd >= 0)
+				close(fd);
+			l->reads++;
+		}
+	free(b);
+	free(e);
+	return NULL;
+}
+
+static void test_node_kill(void **state)
+{
+	(void)state;
+	struct rloop l = {.nfiles = 12, .size = 2u << 20};
+	char p[800];
+	snprintf(p, sizeof(p), "%s/nk", g_mnt);
+	assert_int_equal(mkdir(p, 0755), 0);
+	uint8_t *b = malloc(l.size);
+	for (int f = 0; f < l.nfiles; f++) {
+		fill(b, l.size, (uint64_t)f + 500);
+		snprintf(p, sizeof(p), "%s/nk/%d.kvb", g_mnt, f);
+		assert_int_equal(write_file(p, b, l.size), 0);
+	}
+	free(b);
+	pthread_t t;
+	assert_int_equal(pthread_create(&t, NULL, read_loop, &l), 0);
+	usleep(500000);
+	int before = l.reads;
+	assert_int_equal(kvh_node_kill(&g_cl, 3, SIGKILL), 0);
+	int64_t end = now_ms() + 3000;
+	while (now_ms() < end)
+		usleep(50000);
+	l.stop = 1;
+	pthread_join(t, NULL);
+	assert_int_equal(l.errors, 0);
+	assert_int_equal(l.mismatches, 0);
+	assert_true(l.reads > before + l.nfiles); /* a full loop at least ran with the node down */
+	assert_int_equal(kvh_node_restart(&g_cl, 3), 0);
+	assert_int_equal(kvh_wait_nodes_up(&g_cl, NNODES, 15000), 0);
+	snprintf(p, sizeof(p), "%s/nk", g_mnt);
+	assert_int_equal(kvh_sh("rm -r '%s'", p), 0);
+}
+
+/* ---- meta restarted while mounted ---- */
+
+static void test_meta_restart(void **state)
+{
+	(void)state;
+	char p[800], q[800];
+	uint8_t b[5000], r[5001];
+	fill(b, sizeof(b), 99);
+	snprintf(p, sizeof(p), "%s/before.kvb", g_mnt);
+	assert_int_equal(write_file(p, b, sizeof(b)), 0);
+	assert_int_equal(kvh_meta_kill(&g_cl, SIGKILL), 0);
+	/* a stat issued while meta is down waits for it (the mount retries) and succeeds */
+	snprintf(q, sizeof(q), "%s/stat.out", g_cl.dir);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		struct stat st;
+		usleep(100000);
+		_exit(stat(p, &st) == 0 && st.st_size == (off_t)sizeof(b) ? 0 : 1);
+	}
+	usleep(1500000);
+	assert_int_equal(kvh_meta_restart(&g_cl), 0);
+	int st;
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+	assert_int_equal(kvh_wait_nodes_up(&g_cl, NNODES, 15000), 0);
+	/* everything works again, without a remount */
+	assert_int_equal(read_file(p, r, sizeof(r)), (ssize_t)sizeof(b));
+	assert_memory_equal(b, r, sizeof(b));
+	snprintf(q, sizeof(q), "%s/after.kvb", g_mnt);
+	assert_int_equal(write_file(q, b, sizeof(b)), 0);
+	assert_int_equal(read_file(q, r, sizeof(r)), (ssize_t)sizeof(b));
+	assert_int_equal(kvh_sh("ls -l '%s' >/dev/null && rm '%s' '%s'", g_mnt, p, q), 0);
+}
+
+/* ---- refused operations and their error codes ---- */
+
+static void test_refused(void **state)
+{
+	(void)state;
+	char f[800], g[800], d[800];
+	snprintf(f, sizeof(f), "%s/ref.kvb", g_mnt);
+	snprintf(g, sizeof(g), "%s/other", g_mnt);
+	snprintf(d, sizeof(d), "%s/refdir", g_mnt);
+	assert_int_equal(write_file(f, "0123456789", 10), 0);
+	assert_int_equal(mkdir(d, 0755), 0);
+
+	errno = 0;
+	assert_int_equal(link(f, g), -1);
+	assert_int_equal(errno, EPERM);
+	assert_int_equal(symlink("ref.kvb", g), -1);
+	assert_int_equal(errno, EPERM);
+	assert_int_equal(mknod(g, S_IFIFO | 0644, 0), -1);
+	assert_int_equal(errno, EPERM);
+	assert_int_equal(mknod(g, S_IFREG | 0644, 0), -1);
+	assert_int_equal(errno, EPERM);
+	/* committed files are immutable: write without O_TRUNC, truncate -> EROFS */
+	assert_int_equal(open(f, O_WRONLY), -1);
+	assert_int_equal(errno, EROFS);
+	assert_int_equal(open(f, O_RDWR | O_APPEND), -1);
+	assert_int_equal(errno, EROFS);
+	assert_int_equal(truncate(f, 3), -1);
+	assert_int_equal(errno, EROFS);
+	assert_int_equal(truncate(f, 10), 0); /* to its own size: nothing to change */
+	assert_int_equal(setxattr(f, "user.x", "1", 1, 0), -1);
+	assert_int_equal(errno, ENOTSUP);
+	assert_int_equal(removexattr(f, "user.kvfs.layout"), -1);
+	assert_int_equal(errno, ENOTSUP);
+	assert_int_equal(renameat2(AT_FDCWD, f, AT_FDCWD, d, RENAME_EXCHANGE), -1);
+	assert_int_equal(errno, EINVAL);
+	assert_int_equal(rename(f, d), -1); /* a file over a directory */
+	assert_true(errno == EISDIR || errno == ENOTEMPTY || errno == EEXIST);
+	assert_int_equal(rmdir(g_mnt), -1); /* the mount root */
+	/* a write after the commit through a still-open duplicate descriptor */
+	int fd = open(g, O_WRONLY | O_CREAT | O_EXCL, 0644);
+	assert_true(fd >= 0);
+	int fd2 = dup(fd);
+	assert_int_equal(write(fd, "abc", 3), 3);
+	assert_int_equal(close(fd), 0); /* commits */
+	assert_int_equal(write(fd2, "def", 3), -1);
+	assert_int_equal(errno, EROFS);
+	close(fd2);
+	/* the status directory is read-only */
+	char s[800];
+	snprintf(s, sizeof(s), "%s/.kvfs/nodes", g_mnt);
+	assert_int_equal(open(s, O_WRONLY), -1);
+	assert_int_equal(errno, EROFS);
+	snprintf(s, sizeof(s), "%s/.kvfs/new", g_mnt);
+	assert_int_equal(open(s, O_WRONLY | O_CREAT, 0644), -1);
+	assert_int_equal(errno, EROFS);
+	snprintf(s, sizeof(s), "%s/.kvfs", g_mnt);
+	assert_int_equal(mkdir(s, 0755), -1);
+	assert_int_equal(errno, EEXIST);
+	/* a file larger than max-file (16M here): EFBIG, and nothing is published */
+	snprintf(s, sizeof(s), "%s/huge", g_mnt);
+	fd = open(s, O_WRONLY | O_CREAT, 0644);
+	assert_true(fd >= 0);
+	static uint8_t chunk[1 << 20];
+	ssize_t n = 0;
+	for (int i = 0; i < 17 && n >= 0; i++)
+		n = write(fd, chunk, sizeof(chunk));
+	assert_int_equal(n, -1);
+	assert_int_equal(errno, EFBIG);
+	assert_int_equal(close(fd), -1); /* the failed file is dropped, and close says so */
+	assert_int_equal(errno, EFBIG);
+	assert_int_equal(access(s, F_OK), -1);
+	/* unsupported but harmless: O_TRUNC replace of a file still works after all that */
+	assert_int_equal(write_file(f, "xyz", 3), 0);
+	char r[16];
+	assert_int_equal(read_file(f, r, sizeof(r)), 3);
+	assert_memory_equal(r, "xyz", 3);
+	kvh_sh("rm -rf '%s' '%s' '%s' '%s/huge'", f, g, d, g_mnt);
+}
+
+/* ---- a writer killed mid-file publishes nothing ---- */
+
+static void test_killed_writer(void **state)
+{
+	(void)state;
+	char p[800];
+	snprintf(p, sizeof(p), "%s/killed.kvb", g_mnt);
+	int pfd[2];
+	assert_int_equal(pipe(pfd), 0);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		int fd = open(p, O_WRONLY | O_CREAT, 0644);
+		char b[65536] = {1};
+		ssize_t n = write(fd, b, sizeof(b));
+		(void)!write(pfd[1], n == (ssize_t)sizeof(b) ? "w" : "e", 1);
+		pause();
+		_exit(0);
+	}
+	char c = 0;
+	assert_int_equal(read(pfd[0], &c, 1), 1);
+	assert_int_equal(c, 'w');
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	usleep(300000);
+	struct stat st;
+	assert_int_equal(stat(p, &st), -1);
+	assert_int_equal(errno, ENOENT);
+	close(pfd[0]);
+	close(pfd[1]);
+}
+
+/* ---- operator's view: .kvfs/, xattrs, st_blocks, statfs ---- */
+
+static void test_status(void **state)
+{
+	(void)state;
+	assert_int_equal(kvh_sh("test $(grep -c ' up ' '%s/.kvfs/nodes') -eq %d", g_mnt, NNODES),
+			 0);
+	assert_int_equal(kvh_sh("grep -q '^k = 10' '%s/.kvfs/cluster' && grep -q '^commits = ' "
+				"'%s/.kvfs/stats' && grep -q '^max-file = ' '%s/.kvfs/config'",
+				g_mnt, g_mnt, g_mnt),
+			 0);
+	assert_int_equal(
+	    kvh_sh("ls '%s/.kvfs' | grep -q nodes && ! ls '%s' | grep -q kvfs", g_mnt, g_mnt), 0);
+	char p[800], v[4096];
+	snprintf(p, sizeof(p), "%s/x.kvb", g_mnt);
+	size_t len = 2u << 20;
+	uint8_t *b = malloc(len);
+	fill(b, len, 5);
+	assert_int_equal(write_file(p, b, len), 0);
+	free(b);
+	ssize_t n = getxattr(p, "user.kvfs.layout", v, sizeof(v) - 1);
+	assert_true(n > 0);
+	v[n] = 0;
+	assert_non_null(strstr(v, "k=10 m=1"));
+	n = getxattr(p, "user.kvfs.nodes", v, sizeof(v) - 1);
+	assert_true(n > 0);
+	v[n] = 0;
+	assert_non_null(strstr(v, "stripe 0: data "));
+	assert_non_null(strstr(v, " parity "));
+	assert_non_null(strstr(v, "node "));
+	n = getxattr(p, "user.kvfs.atime", v, sizeof(v) - 1);
+	assert_true(n > 0);
+	n = getxattr(p, "user.kvfs.stored", v, sizeof(v) - 1);
+	assert_true(n > 0);
+	v[n] = 0;
+	unsigned long long stored = strtoull(v, NULL, 10);
+	assert_true(stored >= len + len / 10);
+	n = listxattr(p, v, sizeof(v));
+	assert_true(n > 0);
+	assert_int_equal(getxattr(p, "user.nope", v, sizeof(v)), -1);
+	assert_int_equal(errno, ENODATA);
+	struct stat st;
+	assert_int_equal(stat(p, &st), 0);
+	assert_int_equal(st.st_size, (off_t)len);
+	assert_int_equal((unsigned long long)st.st_blocks, (stored + 511) / 512);
+	struct statvfs sv;
+	assert_int_equal(statvfs(g_mnt, &sv), 0);
+	assert_true(sv.f_blocks > 0 && sv.f_bfree <= sv.f_blocks);
+	assert_true(sv.f_files > sv.f_ffree);
+	assert_int_equal(sv.f_namemax, 255);
+	/* touch of an existing file sets times; of a new one creates it empty */
+	assert_int_equal(kvh_sh("touch -d '2020-01-02 03:04:05' '%s' && test $(stat -c %%Y '%s') "
+				"-eq $(date -d '2020-01-02 03:04:05' +%%s)",
+				p, p),
+			 0);
+	assert_int_equal(
+	    kvh_sh("touch '%s/empty' && test -f '%s/empty' && test ! -s '%s/empty' "
+		   "&& : > '%s/empty2' && test -f '%s/empty2' && echo hi > '%s/echo' && "
+		   "test \"$(cat '%s/echo')\" = hi",
+		   g_mnt, g_mnt, g_mnt, g_mnt, g_mnt, g_mnt, g_mnt),
+	    0);
+	assert_int_equal(kvh_sh("rm '%s' '%s/empty' '%s/empty2' '%s/echo'", p, g_mnt, g_mnt, g_mnt),
+			 0);
+}
+
+/* ---- startup: errors reach the caller; background mode ---- */
+
+static void test_lifecycle(void **state)
+{
+	(void)state;
+	char out[800], m2[800];
+	snprintf(out, sizeof(out), "%s/start.err", g_cl.dir);
+	snprintf(m2, sizeof(m2), "%s/mnt2", g_cl.dir);
+	assert_int_equal(mkdir(m2, 0755), 0);
+	/* nothing listens on port 1: a clear error and exit 1, nothing mounted */
+	assert_int_equal(kvh_sh("'%s' --secret-file '%s' --timeout 1s 127.0.0.1:1 '%s' 2>'%s'",
+				g_bin, g_cl.secret_file, m2, out),
+			 1);
+	assert_int_equal(kvh_sh("grep -q 'cannot reach the metadata server' '%s'", out), 0);
+	assert_false(is_fuse(m2));
+	assert_int_equal(kvh_sh("'%s' -o no_such_option=1 --secret-file '%s' '%s' '%s' 2>/dev/null",
+				g_bin, g_cl.secret_file, g_cl.meta_addr, m2),
+			 2);
+	/* background mode returns once mounted; fusermount3 -u ends the daemon */
+	assert_int_equal(kvh_sh("'%s' --secret-file '%s' '%s' '%s'", g_bin, g_cl.secret_file,
+				g_cl.meta_addr, m2),
+			 0);
+	assert_true(is_fuse(m2));
+	assert_int_equal(kvh_sh("cat '%s/.kvfs/cluster' >/dev/null", m2), 0);
+	assert_int_equal(kvh_sh("fusermount3 -u '%s'", m2), 0);
+	assert_false(is_fuse(m2));
+	rmdir(m2);
+}
+
+int main(void)
+{
+	if (!kvh_have_fuse()) {
+		printf("skipped: no /dev/fuse\n");
+		return 77;
+	}
+	char bin[600];
+	if (kvh_bin("kvfs-mount", bin, sizeof(bin)) != 0) {
+		printf("skipped: kvfs-mount not built\n");
+		return 77;
+	}
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_lifecycle),  cmocka_unit_test(test_refused),
+	    cmocka_unit_test(test_status),     cmocka_unit_test(test_killed_writer),
+	    cmocka_unit_test(test_no_partial), cmocka_unit_test(test_tree),
+	    cmocka_unit_test(test_concurrent), cmocka_unit_test(test_io_uring),
+	    cmocka_unit_test(test_node_kill),  cmocka_unit_test(test_meta_restart),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
