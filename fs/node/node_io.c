@@ -191,138 +191,119 @@ static void op_fail(struct node_ring *r, struct node_op *op, int err)
 	op_done(r, op);
 }
 
-static void op_start(struct node_ring *r, struct node_op *op)
+/* The steps below issue the op's next SQE, or finish it with op_done; they return 0, or a
+ * negative errno that the caller turns into op_fail. */
+static int op_start(struct node_ring *r, struct node_op *op)
 {
 	struct node_store *s = r->s;
 	struct io_uring_sqe *q;
 	switch (op->type) {
 	case NODE_OP_PUT:
-		q = sqe_get(r, op);
-		if (!q)
-			return op_fail(r, op, -EAGAIN);
+		if (!(q = sqe_get(r, op)))
+			return -EAGAIN;
 		op->stage = ST_OPEN;
 		io_uring_prep_openat(q, s->tmp_fd, op->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
 				     0644);
-		break;
+		return 0;
 	case NODE_OP_GET:
-		q = sqe_get(r, op);
-		if (!q)
-			return op_fail(r, op, -EAGAIN);
+		if (!(q = sqe_get(r, op)))
+			return -EAGAIN;
 		op->stage = ST_OPEN;
 		io_uring_prep_openat(q, s->shard_fd[op->shard], op->name, O_RDONLY | O_CLOEXEC, 0);
-		break;
+		return 0;
 	case NODE_OP_DEL:
 		op->stage = ST_UNLINK;
 		del_pump(r, op);
-		break;
+		return 0;
 	}
+	return -EINVAL;
 }
 
-static void put_step(struct node_ring *r, struct node_op *op, int res)
+static int put_step(struct node_ring *r, struct node_op *op, int res)
 {
 	struct node_store *s = r->s;
 	struct io_uring_sqe *q;
 	if (res < 0 && op->stage != ST_DIRSYNC)
-		return op_fail(r, op, res);
+		return res;
 	switch (op->stage) {
 	case ST_OPEN:
 		op->fd = res;
 		op->stage = ST_WRITE;
-		if (put_write(r, op))
-			return op_fail(r, op, -EAGAIN);
-		return;
+		return put_write(r, op);
 	case ST_WRITE:
 		if (res == 0)
-			return op_fail(r, op, -EIO);
+			return -EIO;
 		op->done += (size_t)res;
-		if (op->done < op->total) {
-			if (put_write(r, op))
-				return op_fail(r, op, -EAGAIN);
-			return;
-		}
-		if (s->o.sync) {
-			q = sqe_get(r, op);
-			if (!q)
-				return op_fail(r, op, -EAGAIN);
-			op->stage = ST_FSYNC;
-			io_uring_prep_fsync(q, op->fd, IORING_FSYNC_DATASYNC);
-			return;
-		}
-		if (issue_close(r, op))
-			return op_fail(r, op, -EAGAIN);
-		return;
+		if (op->done < op->total)
+			return put_write(r, op); /* a short write: resume where it stopped */
+		if (!s->o.sync)
+			return issue_close(r, op);
+		if (!(q = sqe_get(r, op)))
+			return -EAGAIN;
+		op->stage = ST_FSYNC;
+		io_uring_prep_fsync(q, op->fd, IORING_FSYNC_DATASYNC);
+		return 0;
 	case ST_FSYNC:
-		if (issue_close(r, op))
-			return op_fail(r, op, -EAGAIN);
-		return;
+		return issue_close(r, op);
 	case ST_CLOSE:
-		q = sqe_get(r, op);
-		if (!q)
-			return op_fail(r, op, -EAGAIN);
+		if (!(q = sqe_get(r, op)))
+			return -EAGAIN;
 		op->stage = ST_RENAME;
 		io_uring_prep_renameat(q, s->tmp_fd, op->tmp, s->shard_fd[op->shard], op->name, 0);
-		return;
+		return 0;
 	case ST_RENAME:
-		if (s->o.sync) {
-			q = sqe_get(r, op);
-			if (q) {
-				op->stage = ST_DIRSYNC;
-				io_uring_prep_fsync(q, s->shard_fd[op->shard], 0);
-				return;
-			}
+		if (s->o.sync && (q = sqe_get(r, op))) {
+			op->stage = ST_DIRSYNC;
+			io_uring_prep_fsync(q, s->shard_fd[op->shard], 0);
+			return 0;
 		}
-		return op_done(r, op);
+		op_done(r, op);
+		return 0;
 	case ST_DIRSYNC:
 		/* The chunk is in place; a failed directory sync only weakens durability. */
 		if (res < 0)
 			klog_warn("fsync of shard %02x: %s", op->shard, strerror(-res));
-		return op_done(r, op);
+		op_done(r, op);
+		return 0;
 	}
+	return -EINVAL;
 }
 
-static void get_step(struct node_ring *r, struct node_op *op, int res)
+static int get_step(struct node_ring *r, struct node_op *op, int res)
 {
 	if (res < 0)
-		return op_fail(r, op, res);
+		return res;
 	switch (op->stage) {
 	case ST_OPEN:
 		op->fd = res;
 		op->stage = ST_READ;
-		if (get_read(r, op))
-			return op_fail(r, op, -EAGAIN);
-		return;
+		return get_read(r, op);
 	case ST_READ:
 		if (res == 0) {
 			/* Shorter than the index says: treated as a corrupt chunk. */
 			op->err = -EILSEQ;
-			if (issue_close(r, op))
-				return op_fail(r, op, -EAGAIN);
-			return;
+			return issue_close(r, op);
 		}
 		op->done += (size_t)res;
-		if (op->done < op->total) {
-			if (get_read(r, op))
-				return op_fail(r, op, -EAGAIN);
-			return;
-		}
-		if (issue_close(r, op))
-			return op_fail(r, op, -EAGAIN);
-		return;
+		return op->done < op->total ? get_read(r, op) : issue_close(r, op);
 	case ST_CLOSE:
-		return op_done(r, op);
+		op_done(r, op);
+		return 0;
 	}
+	return -EINVAL;
 }
 
 static void on_cqe(struct node_ring *r, struct node_op *op, int res)
 {
+	int err = 0;
 	op->inflight--;
 	r->inflight--;
 	switch (op->type) {
 	case NODE_OP_PUT:
-		put_step(r, op, res);
+		err = put_step(r, op, res);
 		break;
 	case NODE_OP_GET:
-		get_step(r, op, res);
+		err = get_step(r, op, res);
 		break;
 	case NODE_OP_DEL:
 		/* The index already dropped these ids; a failed unlink leaves a stray file that
@@ -333,6 +314,8 @@ static void on_cqe(struct node_ring *r, struct node_op *op, int res)
 		del_pump(r, op);
 		break;
 	}
+	if (err)
+		op_fail(r, op, err);
 }
 
 static void *ring_main(void *arg)
@@ -373,7 +356,9 @@ static void *ring_main(void *arg)
 			if (!r->ready)
 				r->ready_tail = NULL;
 			op->next = NULL;
-			op_start(r, op);
+			int err = op_start(r, op);
+			if (err)
+				op_fail(r, op, err);
 		}
 		if (stop && r->active == 0)
 			break;

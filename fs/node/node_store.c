@@ -401,8 +401,10 @@ void node_store_put(struct node_store *s, struct kvp_conn *c, const struct kvp_h
 		    uint8_t *body, const struct node_req *r)
 {
 	/* Verify what the client sent before anything touches the disk. */
-	if (kvec_crc32c(0, r->data, r->len) != r->crc)
-		return answer_now(c, h, body, -EBADMSG);
+	if (kvec_crc32c(0, r->data, r->len) != r->crc) {
+		answer_now(c, h, body, -EBADMSG);
+		return;
+	}
 	admit(s, r->len);
 	int err = 0;
 	pthread_mutex_lock(&s->mu);
@@ -432,7 +434,8 @@ void node_store_put(struct node_store *s, struct kvp_conn *c, const struct kvp_h
 			klog_debug("put %016" PRIx64 " (%u bytes) refused: store full", r->id,
 				   r->len);
 		release(s, r->len);
-		return answer_now(c, h, body, err);
+		answer_now(c, h, body, err);
+		return;
 	}
 	op->charge = r->len;
 	op->shard = shard_of(r->id);
@@ -452,15 +455,15 @@ void node_store_get(struct node_store *s, struct kvp_conn *c, const struct kvp_h
 	int live = e && e->state == NODE_CHUNK_LIVE;
 	uint32_t len = live ? e->len : 0;
 	pthread_mutex_unlock(&s->mu);
-	if (!live)
-		return answer_now(c, h, body, -ENOENT);
-	uint32_t rlen = r->len;
-	if (r->off > len)
-		return answer_now(c, h, body, -EINVAL);
-	if (rlen == NODE_LEN_TO_END)
-		rlen = len - r->off;
-	else if (rlen > len - r->off)
-		return answer_now(c, h, body, -EINVAL);
+	if (!live) {
+		answer_now(c, h, body, -ENOENT);
+		return;
+	}
+	uint32_t rlen = r->len == NODE_LEN_TO_END && r->off <= len ? len - r->off : r->len;
+	if (r->off > len || rlen > len - r->off) {
+		answer_now(c, h, body, -EINVAL);
+		return;
+	}
 	uint64_t charge = NODE_HDR_SIZE + (uint64_t)len;
 	admit(s, charge);
 	struct node_op *op = op_new(s, NODE_OP_GET, c, h, body, r);
@@ -470,7 +473,8 @@ void node_store_get(struct node_store *s, struct kvp_conn *c, const struct kvp_h
 			kvp_conn_unref(c);
 		free(op);
 		release(s, charge);
-		return answer_now(c, h, body, -ENOMEM);
+		answer_now(c, h, body, -ENOMEM);
+		return;
 	}
 	op->buf = buf;
 	op->charge = charge;
@@ -500,7 +504,8 @@ void node_store_del(struct node_store *s, struct kvp_conn *c, const struct kvp_h
 			kvp_conn_unref(c);
 			free(op);
 		}
-		return answer_now(c, h, body, -ENOMEM);
+		answer_now(c, h, body, -ENOMEM);
+		return;
 	}
 	/* Ids leave the index now (they are no longer served or listed) but keep counting
 	 * against capacity until their files are gone. Ids that are unknown, being written, or
