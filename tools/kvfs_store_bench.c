@@ -1,0 +1,358 @@
+/* kvfs-store-bench — the distributed store through libkvfs against plain files in one local
+ * directory on the same disk, in one run.
+ *
+ * Starts a local cluster with tools/kvfs-cluster.sh (meta + N nodes, 10+1 by default) under
+ * --work DIR (or attaches to one with --cluster), then:
+ *   store write  N files of --size through kvc_create/kvc_write/kvc_commit, --threads at a time
+ *   store read   the same files through kvc_file_open/kvc_pread, checked byte for byte
+ *   raw write    the same bytes as files in WORK/raw (open/write/close)
+ *   raw read     read back with read(2), checked the same way
+ * Writes go to the page cache on both sides (the nodes' default: no fsync per chunk); every
+ * phase starts after a sync(), so none pays for the previous one's writeback. Reads
+ * are cold on both sides: before each read phase every file involved (raw files, the nodes'
+ * chunk files) is fsynced and dropped from the page cache with posix_fadvise(DONTNEED).
+ * Prints files/s and MiB/s (2^20) per phase and store/raw ratios. */
+#define KVFS_LOG_TAG "store-bench"
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cfg.h"
+#include "kvc.h"
+#include "log.h"
+
+struct conf {
+	int64_t files, threads, nodes;
+	uint64_t size;
+	char work[CFG_STR_MAX];
+	char cluster[CFG_STR_MAX];
+	char script[CFG_STR_MAX];
+	char node_args[CFG_STR_MAX];
+	int cold, keep;
+};
+
+#define F(x) offsetof(struct conf, x)
+static const struct cfg_opt opts[] = {
+    {"files", CFG_INT, F(files), 1, 1000000, "2000", "number of files"},
+    {"size", CFG_SIZE, F(size), 0, 1ull << 30, "2M", "bytes per file"},
+    {"threads", CFG_INT, F(threads), 1, 64, "4", "files in flight (one thread each)"},
+    {"nodes", CFG_INT, F(nodes), 1, 64, "11", "storage nodes to start"},
+    {"work", CFG_STR, F(work), 0, 0, "/var/tmp/kvfs-store-bench",
+     "work dir: cluster state and the raw files (one disk)"},
+    {"cluster", CFG_STR, F(cluster), 0, 0, NULL, "attach to this running cluster dir instead"},
+    {"script", CFG_STR, F(script), 0, 0, NULL, "path of kvfs-cluster.sh (default: found)"},
+    {"node-args", CFG_STR, F(node_args), 0, 0, NULL, "extra kvfs-node flags"},
+    {"cold", CFG_BOOL, F(cold), 0, 0, "true", "drop the files from the page cache before reads"},
+    {"keep", CFG_BOOL, F(keep), 0, 0, "false", "leave the cluster running and files in place"},
+    CFG_END};
+
+#define NPAT 8
+
+struct bench {
+	const struct conf *cf;
+	struct kvc *c;
+	uint64_t dir_ino;
+	char raw[PATH_MAX];
+	uint8_t *pat[NPAT]; /* file i holds pat[i % NPAT] with i stamped in its first 8 bytes */
+	atomic_long next;
+	atomic_int errors;
+	int phase; /* 0 store write, 1 store read, 2 raw write, 3 raw read */
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void expected(const struct bench *b, long i, uint8_t *out)
+{
+	memcpy(out, b->pat[i % NPAT], b->cf->size);
+	if (b->cf->size >= 8)
+		memcpy(out, &i, 8);
+}
+
+static int one(struct bench *b, long i, uint8_t *buf, uint8_t *want)
+{
+	size_t sz = b->cf->size;
+	char name[32], path[PATH_MAX + 64];
+	snprintf(name, sizeof(name), "f%06ld", i);
+	snprintf(path, sizeof(path), "%s/%s", b->raw, name);
+	int rc = 0;
+	switch (b->phase) {
+	case 0: {
+		expected(b, i, buf);
+		struct kvc_writer *w;
+		if ((rc = kvc_create(b->c, b->dir_ino, name, 0644, 1, &w)))
+			break;
+		ssize_t n = kvc_write(w, buf, sz, 0);
+		if (n < 0) {
+			kvc_abort(w);
+			rc = (int)n;
+			break;
+		}
+		rc = kvc_commit(w, NULL);
+		break;
+	}
+	case 1: {
+		struct kvp_attr a;
+		struct kvc_file *f;
+		if ((rc = kvc_lookup(b->c, b->dir_ino, name, &a)) ||
+		    (rc = kvc_file_open(b->c, a.ino, &f)))
+			break;
+		ssize_t n = kvc_pread(f, buf, sz, 0);
+		kvc_file_close(f);
+		expected(b, i, want);
+		if (n != (ssize_t)sz || memcmp(buf, want, sz))
+			rc = n < 0 ? (int)n : -EILSEQ;
+		break;
+	}
+	case 2: {
+		expected(b, i, buf);
+		int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		if (fd < 0 || write(fd, buf, sz) != (ssize_t)sz)
+			rc = -errno;
+		if (fd >= 0 && close(fd) && !rc)
+			rc = -errno;
+		break;
+	}
+	case 3: {
+		int fd = open(path, O_RDONLY);
+		ssize_t n = fd < 0 ? -1 : read(fd, buf, sz);
+		if (fd < 0 || n < 0)
+			rc = -errno;
+		if (fd >= 0)
+			close(fd);
+		expected(b, i, want);
+		if (!rc && (n != (ssize_t)sz || memcmp(buf, want, sz)))
+			rc = -EILSEQ;
+		break;
+	}
+	}
+	if (rc && atomic_fetch_add(&b->errors, 1) < 5)
+		fprintf(stderr, "store-bench: phase %d file %ld: %s\n", b->phase, i,
+			kvp_strerror(rc));
+	return rc;
+}
+
+static void *worker(void *arg)
+{
+	struct bench *b = arg;
+	uint8_t *buf = malloc(b->cf->size + 1), *want = malloc(b->cf->size + 1);
+	for (long i; buf && want && (i = atomic_fetch_add(&b->next, 1)) < b->cf->files;)
+		one(b, i, buf, want);
+	free(buf);
+	free(want);
+	return NULL;
+}
+
+static double run_phase(struct bench *b, int phase)
+{
+	pthread_t th[64];
+	sync(); /* no phase pays for the previous one's writeback */
+	b->phase = phase;
+	atomic_store(&b->next, 0);
+	double t0 = now_s();
+	for (int t = 0; t < b->cf->threads; t++)
+		pthread_create(&th[t], NULL, worker, b);
+	for (int t = 0; t < b->cf->threads; t++)
+		pthread_join(th[t], NULL);
+	return now_s() - t0;
+}
+
+/* fsync + POSIX_FADV_DONTNEED every regular file under dir, so the next read comes from disk. */
+static void drop_tree(const char *dir)
+{
+	DIR *d = opendir(dir);
+	if (!d)
+		return;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+			continue;
+		char p[PATH_MAX];
+		snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
+		struct stat st;
+		if (lstat(p, &st))
+			continue;
+		if (S_ISDIR(st.st_mode)) {
+			drop_tree(p);
+		} else if (S_ISREG(st.st_mode)) {
+			int fd = open(p, O_RDONLY);
+			if (fd >= 0) {
+				fdatasync(fd);
+				posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+				close(fd);
+			}
+		}
+	}
+	closedir(d);
+}
+
+static int find_script(const struct conf *cf, char *out, size_t cap)
+{
+	if (cf->script[0]) {
+		snprintf(out, cap, "%s", cf->script);
+		return access(out, X_OK) ? -ENOENT : 0;
+	}
+	char exe[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	if (n <= 0)
+		return -ENOENT;
+	exe[n] = 0;
+	*strrchr(exe, '/') = 0; /* <build>/tools */
+	const char *src = getenv("KVFS_SOURCE_DIR");
+	int w = src ? snprintf(out, cap, "%s/tools/kvfs-cluster.sh", src)
+		    : snprintf(out, cap, "%s/../../tools/kvfs-cluster.sh", exe);
+	if (w < 0 || (size_t)w >= cap)
+		return -ENAMETOOLONG;
+	return access(out, X_OK) ? -ENOENT : 0;
+}
+
+static int read_line(const char *path, char *out, size_t cap)
+{
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -errno;
+	int ok = fgets(out, (int)cap, f) != NULL;
+	fclose(f);
+	out[strcspn(out, "\r\n")] = 0;
+	return ok ? 0 : -EINVAL;
+}
+
+static void report(const char *name, double secs, const struct conf *cf, double *mibs)
+{
+	double mib = (double)cf->files * (double)cf->size / 1048576.0;
+	*mibs = mib / secs;
+	printf("%-12s %8.2f s %10.1f files/s %10.1f MiB/s\n", name, secs, (double)cf->files / secs,
+	       *mibs);
+}
+
+int main(int argc, char **argv)
+{
+	struct conf cf;
+	int npos;
+	int rc = cfg_parse(opts, &cf, argc, argv, "", &npos);
+	if (rc)
+		return rc > 0 ? 0 : 2;
+	char cdir[PATH_MAX], script[PATH_MAX], cmd[3 * PATH_MAX];
+	int started = 0;
+	if (mkdir(cf.work, 0755) && errno != EEXIST) {
+		fprintf(stderr, "store-bench: cannot create %s: %s\n", cf.work, strerror(errno));
+		return 1;
+	}
+	if (cf.cluster[0]) {
+		snprintf(cdir, sizeof(cdir), "%s", cf.cluster);
+	} else {
+		snprintf(cdir, sizeof(cdir), "%s/cluster", cf.work);
+		if (find_script(&cf, script, sizeof(script))) {
+			fprintf(stderr, "store-bench: kvfs-cluster.sh not found (use --script)\n");
+			return 1;
+		}
+		char exe[PATH_MAX];
+		ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+		exe[n > 0 ? n : 0] = 0;
+		*strrchr(exe, '/') = 0;
+		int w = snprintf(cmd, sizeof(cmd),
+				 "rm -rf '%s' && KVFS_BIN='%s/../bin' '%s' start '%s' %d %s", cdir,
+				 exe, script, cdir, (int)cf.nodes, cf.node_args);
+		if (w < 0 || (size_t)w >= sizeof(cmd) || system(cmd) != 0) {
+			fprintf(stderr, "store-bench: cluster start failed\n");
+			return 1;
+		}
+		started = 1;
+	}
+	struct bench b = {.cf = &cf};
+	char meta[256], sp[PATH_MAX + 16];
+	struct kvp_secret sec;
+	snprintf(sp, sizeof(sp), "%s/meta.addr", cdir);
+	rc = read_line(sp, meta, sizeof(meta));
+	snprintf(sp, sizeof(sp), "%s/secret", cdir);
+	if (!rc)
+		rc = kvp_secret_load(sp, &sec);
+	struct kvc_opts o = {.meta_addr = meta, .secret = &sec, .timeout_ms = 30000};
+	if (!rc)
+		rc = kvc_open(&o, &b.c);
+	struct kvp_attr a;
+	if (!rc) {
+		rc = kvc_mkdir(b.c, KVP_ROOT_INO, "store-bench", 0755, &a);
+		if (rc == -EEXIST)
+			rc = kvc_lookup(b.c, KVP_ROOT_INO, "store-bench", &a);
+		b.dir_ino = a.ino;
+	}
+	snprintf(b.raw, sizeof(b.raw), "%s/raw", cf.work);
+	if (!rc && mkdir(b.raw, 0755) && errno != EEXIST)
+		rc = -errno;
+	for (int i = 0; i < NPAT && !rc; i++) {
+		if (!(b.pat[i] = malloc(cf.size + 1)))
+			rc = -ENOMEM;
+		uint64_t x = 0x9E3779B97F4A7C15ull * (i + 1);
+		for (size_t j = 0; b.pat[i] && j < cf.size; j++) {
+			x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+			b.pat[i][j] = (uint8_t)x;
+		}
+	}
+	if (rc) {
+		fprintf(stderr, "store-bench: setup: %s\n", kvp_strerror(rc));
+	} else {
+		struct kvc_statfs st;
+		kvc_statfs(b.c, &st);
+		printf("store-bench: %lld files x %llu bytes, %lld threads, %u nodes, %d+%d, cold "
+		       "reads %s, work %s\n",
+		       (long long)cf.files, (unsigned long long)cf.size, (long long)cf.threads,
+		       st.nodes, st.k, st.m, cf.cold ? "yes" : "no", cf.work);
+		double t[4], mibs[4];
+		/* Interleaved: store write, raw write, then both reads, each after a cache drop. */
+		t[0] = run_phase(&b, 0);
+		t[2] = run_phase(&b, 2);
+		if (cf.cold) {
+			drop_tree(cdir);
+			drop_tree(b.raw);
+		}
+		t[1] = run_phase(&b, 1);
+		if (cf.cold)
+			drop_tree(b.raw);
+		t[3] = run_phase(&b, 3);
+		report("store write", t[0], &cf, &mibs[0]);
+		report("raw write", t[2], &cf, &mibs[2]);
+		report("store read", t[1], &cf, &mibs[1]);
+		report("raw read", t[3], &cf, &mibs[3]);
+		printf("ratio store/raw: write %.2f, read %.2f\n", mibs[0] / mibs[2],
+		       mibs[1] / mibs[3]);
+		struct kvc_stats ks;
+		kvc_get_stats(b.c, &ks);
+		printf("client: %llu files committed, %llu degraded stripes, %llu crc errors\n",
+		       (unsigned long long)ks.files_committed,
+		       (unsigned long long)ks.degraded_reads, (unsigned long long)ks.crc_errors);
+		if (atomic_load(&b.errors)) {
+			fprintf(stderr, "store-bench: %d errors\n", atomic_load(&b.errors));
+			rc = -EIO;
+		}
+	}
+	kvc_close(b.c);
+	for (int i = 0; i < NPAT; i++)
+		free(b.pat[i]);
+	if (!cf.keep) {
+		if (started) {
+			int w =
+			    snprintf(cmd, sizeof(cmd), "'%s' stop '%s' >/dev/null && rm -rf '%s'",
+				     script, cdir, cdir);
+			if (w < 0 || (size_t)w >= sizeof(cmd) || system(cmd) != 0)
+				fprintf(stderr, "store-bench: stopping the cluster failed\n");
+		}
+		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", b.raw);
+		if (system(cmd) != 0)
+			fprintf(stderr, "store-bench: cannot remove %s\n", b.raw);
+	}
+	return rc ? 1 : 0;
+}
