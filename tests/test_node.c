@@ -898,7 +898,9 @@ static int group_setup(void **state)
 	fclose(f);
 	if (kvp_secret_from_string(SECRET, &g_sec))
 		return -1;
-	if (node_start(&g_node, "main", NULL)) {
+	/* A small in-flight budget: pipelined tests run into back-pressure, and a 16 MiB chunk
+	 * must still pass alone. */
+	if (node_start(&g_node, "main", "--max-inflight", "1M", NULL)) {
 		fprintf(stderr, "cannot start kvfs-node (KVFS_BUILD_DIR=%s)\n",
 			getenv("KVFS_BUILD_DIR"));
 		return -1;
