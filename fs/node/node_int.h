@@ -60,7 +60,8 @@ struct node_store {
 	uint64_t uuid;
 	atomic_uint_fast64_t tmp_seq;
 	atomic_uint_fast64_t crc_errors;
-	atomic_uint rr; /* round-robin ring choice */
+	atomic_uint rr;		/* round-robin ring choice */
+	atomic_int full_logged; /* "store full" logged since the last accepted PUT */
 
 	pthread_mutex_t mu; /* protects idx, live_bytes, live_count, pending_bytes */
 	struct node_index *idx;

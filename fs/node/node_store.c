@@ -430,13 +430,15 @@ void node_store_put(struct node_store *s, struct kvp_conn *c, const struct kvp_h
 			s->pending_bytes -= r->len;
 			pthread_mutex_unlock(&s->mu);
 		}
-		if (err == -ENOSPC)
-			klog_debug("put %016" PRIx64 " (%u bytes) refused: store full", r->id,
-				   r->len);
+		/* Logged once per episode of being full, not once per refused chunk. */
+		if (err == -ENOSPC && !atomic_exchange(&s->full_logged, 1))
+			klog_warn("store %s is full (%" PRIu64 " bytes of capacity): refusing PUTs",
+				  s->dir, s->o.capacity);
 		release(s, r->len);
 		answer_now(c, h, body, err);
 		return;
 	}
+	atomic_store(&s->full_logged, 0);
 	op->charge = r->len;
 	op->shard = shard_of(r->id);
 	snprintf(op->name, sizeof(op->name), "%016" PRIx64, r->id);
