@@ -11,6 +11,10 @@
  * writes a message naming the offending key / tensor / field into err (errlen bytes, may be
  * NULL). Getters return 0, -ENOENT when the key is absent, -EINVAL when it has another type.
  *
+ * The mapping is MAP_PRIVATE and read-only: a file truncated by someone else while it is mapped
+ * makes later reads of the lost pages fault (SIGBUS), as with any mmap'd model; replace model
+ * files by rename, never in place.
+ *
  * Thread-safety: an opened kvi_gguf is immutable; concurrent readers need no locking.
  */
 #ifndef KVFS_KVI_GGUF_H

@@ -291,6 +291,8 @@ static int build(struct kvi_tok *t, const struct kvi_gguf *g, char *err, size_t 
 	char pre[32] = "";
 	kvi_gguf_get_strcpy(g, "tokenizer.ggml.pre", pre, sizeof(pre));
 	t->digit_run = !strcmp(pre, "qwen2") ? 1 : 3;
+	t->ignore_merges =
+	    !strcmp(pre, "llama-bpe") || !strcmp(pre, "llama3") || !strcmp(pre, "smaug-bpe");
 	t->add_space_prefix = t->kind == KVI_TOK_SPM;
 	kvi_gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix);
 	int32_t cand[] = {t->eos, eot, eom};

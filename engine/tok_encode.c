@@ -132,7 +132,7 @@ static void gpt2_try(const struct kvi_tok *t, struct work *w, int l, int r)
 static void gpt2_piece(const struct kvi_tok *t, struct work *w, const uint8_t *s, size_t n,
 		       struct ivec *o)
 {
-	/* Llama-3 style: a piece that is a token as a whole is emitted directly. */
+	/* Llama 3 ("ignore_merges"): a piece that is a token as a whole is emitted directly. */
 	if (reserve((void **)&w->buf, &w->cap_buf, n * 2, 1) ||
 	    reserve((void **)&w->sym, &w->cap_sym, n, sizeof(*w->sym))) {
 		w->oom = 1;
@@ -141,8 +141,8 @@ static void gpt2_piece(const struct kvi_tok *t, struct work *w, const uint8_t *s
 	size_t bl = 0;
 	for (size_t i = 0; i < n; i++)
 		bl += (size_t)kvi_tok_utf8_put(w->buf + bl, t->byte_cp[s[i]]);
-	int32_t whole = kvi_tok_find(t, w->buf, bl);
-	if (whole >= 0) {
+	int32_t whole = t->ignore_merges ? kvi_tok_find(t, w->buf, bl) : -1;
+	if (whole >= 0 && t->type[whole] == TT_NORMAL) {
 		push(o, whole);
 		return;
 	}

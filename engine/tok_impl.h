@@ -37,6 +37,7 @@ struct kvi_tok {
 	int n_eog;
 	int add_bos, add_space_prefix;
 	int digit_run; /* pre-tokenizer: longest run of digits in one piece (llama3 3, qwen2 1) */
+	int ignore_merges; /* gpt2, Llama-3 pre-tokenizers: whole-piece tokens skip the merges */
 	int32_t byte_tok[256];
 	uint16_t byte_cp[256]; /* gpt2: byte -> code point */
 	int16_t cp_byte[512];  /* gpt2: code point -> byte, -1 if none */

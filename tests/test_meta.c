@@ -46,7 +46,8 @@ static void sleep_ms(int ms)
 	nanosleep(&t, NULL);
 }
 
-static void daemon_start(struct daemon *d, const char *db, const char *node_timeout)
+static void daemon_start2(struct daemon *d, const char *db, const char *node_timeout,
+			  const char *extra)
 {
 	char bin[512], addrf[400];
 	const char *b = getenv("KVFS_BUILD_DIR");
@@ -61,7 +62,7 @@ static void daemon_start(struct daemon *d, const char *db, const char *node_time
 	if (d->pid == 0) {
 		execl(bin, bin, "--listen", "127.0.0.1:0", "--db", d->db, "--secret-file", secretf,
 		      "--addr-file", addrf, "--node-timeout", node_timeout, "--gc-interval", "0.1s",
-		      "--log-level", getenv("KVFS_META_LOG") ? "3" : "1", (char *)NULL);
+		      "--log-level", getenv("KVFS_META_LOG") ? "3" : "1", extra, (char *)NULL);
 		perror("exec kvfs-meta");
 		_exit(127);
 	}
@@ -83,6 +84,11 @@ static void daemon_start(struct daemon *d, const char *db, const char *node_time
 	kill(d->pid, SIGKILL);
 	waitpid(d->pid, NULL, 0);
 	fail_msg("kvfs-meta did not write its address file");
+}
+
+static void daemon_start(struct daemon *d, const char *db, const char *node_timeout)
+{
+	daemon_start2(d, db, node_timeout, NULL);
 }
 
 /* Stops with sig (SIGTERM: expects exit 0); SIGKILL after 10 s. Always reaps. */
@@ -1365,6 +1371,41 @@ static void test_flags(void **state)
 	assert_int_equal(WEXITSTATUS(system(cmd)), 1);
 }
 
+/* --sync: acknowledged only once the WAL is fsync'd; the same files survive kill -9. */
+static void test_sync(void **state)
+{
+	(void)state;
+	struct daemon d;
+	daemon_start2(&d, "db-sync", "10s", "--sync");
+	struct kvp_client *c = connect_to(&d);
+	for (int i = 0; i < 3; i++) {
+		uint32_t id;
+		assert_int_equal(heartbeat(c, 700 + (uint64_t)i, g_nodes.addr, GIB, 0, &id), 0);
+	}
+	struct alloc a[5];
+	struct kvp_attr b;
+	for (int i = 0; i < 5; i++) {
+		char name[16];
+		snprintf(name, sizeof(name), "s%d", i);
+		assert_int_equal(alloc_(c, 2, 1, 4096, 2, &a[i]), 0);
+		assert_int_equal(commit_(c, KVP_ROOT_INO, name, &a[i], 2, 4096, 3 * 4096, 0, &b),
+				 0);
+	}
+	kvp_client_close(c);
+	daemon_stop(&d, SIGKILL);
+	daemon_start2(&d, "db-sync", "10s", "--sync");
+	c = connect_to(&d);
+	for (int i = 0; i < 5; i++) {
+		char name[16];
+		snprintf(name, sizeof(name), "s%d", i);
+		assert_int_equal(lookup(c, KVP_ROOT_INO, name, &b), 0);
+		assert_int_equal(layout_check(c, b.ino, &a[i], 3 * 4096), 0);
+		alloc_free(&a[i]);
+	}
+	kvp_client_close(c);
+	daemon_stop(&d, SIGTERM);
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -1374,6 +1415,7 @@ int main(void)
 	    cmocka_unit_test(test_node_timeout),  cmocka_unit_test(test_delete_retry),
 	    cmocka_unit_test(test_bad_frames),	  cmocka_unit_test(test_flags),
 	    cmocka_unit_test(test_concurrency),	  cmocka_unit_test(test_kill9),
+	    cmocka_unit_test(test_sync),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

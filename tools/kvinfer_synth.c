@@ -234,28 +234,28 @@ static int vocab_build(struct vocab *v, int n_vocab)
 	}
 	int room = n_vocab - 256 - 3;
 	for (size_t w = 0; w < sizeof(WORDS) / sizeof(WORDS[0]); w++) {
-		for (int sp = 0; sp < 2; sp++) {
-			char cur[64] = "", next[64];
-			const char *word = WORDS[w];
-			if (sp)
-				strcpy(cur, sym[' ']);
-			else
-				strcpy(cur, sym[(uint8_t)word[0]]), word++;
-			for (; *word; word++) {
-				const char *c = sym[(uint8_t)*word];
-				snprintf(next, sizeof(next), "%s%s", cur, c);
-				if (!vocab_has(v, next)) {
-					if (room <= 0 || v->n_merges >= 4096)
-						goto done;
-					char m[140];
-					snprintf(m, sizeof(m), "%s %s", cur, c);
-					v->merges[v->n_merges++] = strdup(m);
-					v->tok[v->n] = strdup(next);
-					v->type[v->n++] = 1;
-					room--;
-				}
-				strcpy(cur, next);
+		/* left-to-right prefix merges spell the word, then one merge puts the space in
+		 * front of the whole word, the order a trained BPE would learn them in */
+		char cur[136], next[280];
+		const char *word = WORDS[w];
+		strcpy(cur, sym[(uint8_t)*word++]);
+		for (int last = 0; !last; word++) {
+			const char *c = *word ? sym[(uint8_t)*word] : cur;
+			const char *left = *word ? cur : sym[' '];
+			last = !*word;
+			snprintf(next, sizeof(next), "%s%s", left, c);
+			if (!vocab_has(v, next)) {
+				if (room <= 0 || v->n_merges >= 4096)
+					goto done;
+				char m[420];
+				snprintf(m, sizeof(m), "%s %s", left, c);
+				v->merges[v->n_merges++] = strdup(m);
+				v->tok[v->n] = strdup(next);
+				v->type[v->n++] = 1;
+				room--;
 			}
+			if (!last)
+				strcpy(cur, next);
 		}
 	}
 done:

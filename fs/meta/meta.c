@@ -99,6 +99,21 @@ static op_fn op_table(uint16_t op)
 	}
 }
 
+static int mutates(uint16_t op)
+{
+	switch (op) {
+	case KVP_OP_LOOKUP:
+	case KVP_OP_GETATTR:
+	case KVP_OP_READDIR:
+	case KVP_OP_LAYOUT:
+	case KVP_OP_STATFS:
+	case KVP_OP_NODES:
+		return 0;
+	default:
+		return 1;
+	}
+}
+
 int meta_handle(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, uint8_t *body)
 {
 	struct meta *m = ctx;
@@ -112,6 +127,9 @@ int meta_handle(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, uint8_t 
 	kvp_w_init(&out);
 	if (rc == 0)
 		rc = op_table(h->op)(m, &q, &out);
+	/* --sync: the change is made durable before it is acknowledged (reads need nothing). */
+	if (rc == 0 && m->o.sync && mutates(h->op))
+		rc = mdb_sync(m);
 	if (rc == 0 && out.err)
 		rc = out.err;
 	if (rc && rc != -ENOENT && rc != -EEXIST)

@@ -146,6 +146,18 @@ int mdb_write(struct meta *m, rocksdb_writebatch_t *b)
 	return 0;
 }
 
+int mdb_sync(struct meta *m)
+{
+	char *err = NULL;
+	rocksdb_flush_wal(m->db, 1, &err);
+	if (err) {
+		klog_error("rocksdb WAL sync: %s", err);
+		rocksdb_free(err);
+		return -EIO;
+	}
+	return 0;
+}
+
 void mdb_inode_put(rocksdb_writebatch_t *b, const struct mino *in)
 {
 	uint8_t k[MK_MAX];
@@ -389,8 +401,9 @@ int mdb_open(struct meta *m)
 		m->dbo = NULL;
 		return -EIO;
 	}
+	/* Batches are written without sync even with --sync: meta_handle syncs the WAL once
+	 * the mutex is released, so concurrent commits share one fsync (mdb_sync). */
 	m->wo = rocksdb_writeoptions_create();
-	rocksdb_writeoptions_set_sync(m->wo, m->o.sync ? 1 : 0);
 	m->ro = rocksdb_readoptions_create();
 
 	uint8_t k = MK_VERSION;

@@ -110,7 +110,11 @@ void mdb_close(struct meta *m);
 /* 0, -ENOENT or -EIO. *val malloc'd (rocksdb_free / free). ro NULL = m->ro. */
 int mdb_get(struct meta *m, const rocksdb_readoptions_t *ro, const uint8_t *key, size_t klen,
 	    char **val, size_t *vlen);
+/* Writes b (WAL + memtable, no fsync). 0 or -EIO. */
 int mdb_write(struct meta *m, rocksdb_writebatch_t *b);
+/* fsyncs the WAL: every batch written before the call is durable when it returns. Called
+ * without locks, so concurrent callers share device flushes. 0 or -EIO. */
+int mdb_sync(struct meta *m);
 int mdb_inode_get(struct meta *m, const rocksdb_readoptions_t *ro, uint64_t ino, struct mino *out);
 void mdb_inode_put(rocksdb_writebatch_t *b, const struct mino *in);
 void mdb_counter_put(rocksdb_writebatch_t *b, uint8_t id, uint64_t v);
