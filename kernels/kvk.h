@@ -10,11 +10,11 @@
 #define KVFS_KVK_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* out[r][i] = x[r][i] / sqrt(mean(x[r]^2) + eps) * w[i], for rows r < nrows, i < n.
  * out may alias x. n > 0. */
-void kvk_rmsnorm_f32(float *out, const float *x, const float *w, size_t n, size_t nrows,
-		     float eps);
+void kvk_rmsnorm_f32(float *out, const float *x, const float *w, size_t n, size_t nrows, float eps);
 
 /* 1 if this build has CUDA kernels and a GPU answers, else 0. */
 int kvk_cuda_available(void);
@@ -22,5 +22,78 @@ int kvk_cuda_available(void);
 /* CUDA version of kvk_rmsnorm_f32 (host pointers). */
 int kvk_cuda_rmsnorm_f32(float *out, const float *x, const float *w, size_t n, size_t nrows,
 			 float eps);
+
+/* ---- Matrix-vector / matrix-matrix products for the forward pass (kvk_matmul*.c) ----------
+ *
+ * y[t][r] = dot(W row r, x[t]) for tokens t < ntok and rows r0 <= r < r1. W is row-major with
+ * rows of n elements of one weight type (GGML layouts; the enum values are GGML's type ids).
+ *
+ * Batch invariance (a contract, tested): every output element is reduced in one fixed order
+ * that depends only on n and the ISA, never on ntok, r0/r1, the tiling or the thread count, so
+ * a token's result is bit-identical whether it is computed alone or in a batch of any size.
+ * Threads split rows (or tokens), never the reduction dimension.
+ *
+ * Activations: F32/F16/BF16 weights take f32 activations as they are (rows of n floats). Q8_0
+ * weights take activations quantized per token in blocks of 32 (kvk_act_prepare); the layout
+ * is private to the kernels: size it with kvk_act_bytes. */
+enum kvk_wtype {
+	KVK_W_F32 = 0,
+	KVK_W_F16 = 1,
+	KVK_W_Q8_0 = 8, /* blocks of 32: f16 scale, 32 x int8 */
+	KVK_W_BF16 = 30,
+};
+
+enum kvk_isa {
+	KVK_ISA_AUTO = 0,   /* the best this CPU supports */
+	KVK_ISA_SCALAR = 1, /* portable C */
+	KVK_ISA_AVX2 = 2,   /* AVX2 + FMA + F16C */
+};
+
+/* The ISA KVK_ISA_AUTO resolves to on this CPU (cpuid, read once per call). */
+enum kvk_isa kvk_isa_best(void);
+/* "scalar", "avx2"; "?" for an unknown value. */
+const char *kvk_isa_name(enum kvk_isa isa);
+/* 1 if wt is a weight type the kernels know, else 0. */
+int kvk_wtype_valid(int wt);
+/* Bytes of one weight row of n elements; 0 when invalid (Q8_0 needs n % 32 == 0). */
+size_t kvk_row_bytes(enum kvk_wtype wt, size_t n);
+
+/* Bytes of prepared activations for ntok tokens of n elements against wt weights. */
+size_t kvk_act_bytes(enum kvk_wtype wt, size_t n, size_t ntok);
+
+/* Prepares tokens t0 <= t < t1 of x (rows of n floats, row stride ldx) into act, which holds
+ * ntok tokens in all. For float weight types act is a plain copy (rows of n floats; skip the
+ * call and pass x when ldx == n). Deterministic per token: a token's prepared bytes do not
+ * depend on ntok or t0/t1. Thread-safe on disjoint token ranges. */
+void kvk_act_prepare(enum kvk_wtype wt, void *act, size_t ntok, const float *x, size_t ldx,
+		     size_t n, size_t t0, size_t t1);
+
+/* Floats of per-thread scratch kvk_matmul needs for rows of n elements. */
+size_t kvk_matmul_scratch_floats(enum kvk_wtype wt, size_t n);
+
+/* y[t * ldy + r] = dot(W row r, act token t) for r0 <= r < r1, t < ntok. w points at row 0.
+ * scratch: kvk_matmul_scratch_floats(wt, n) floats, 32-byte aligned, private to the caller's
+ * thread. Pure; thread-safe on disjoint (rows, y) ranges. n % 32 == 0 for Q8_0. */
+void kvk_matmul(enum kvk_isa isa, enum kvk_wtype wt, float *y, size_t ldy, const void *w, size_t n,
+		size_t r0, size_t r1, const void *act, size_t ntok, float *scratch);
+
+/* Row r of W converted to n floats (embedding lookup). */
+void kvk_row_to_f32(enum kvk_wtype wt, const void *w, size_t n, size_t r, float *out);
+
+/* IEEE half <-> float, exact for every half (float -> half rounds to nearest even). */
+float kvk_f16_to_f32(uint16_t h);
+uint16_t kvk_f32_to_f16(float f);
+float kvk_bf16_to_f32(uint16_t h);
+uint16_t kvk_f32_to_bf16(float f);
+
+/* Dot products and axpy on f16 vectors for attention over an f16 KV cache, in one fixed
+ * order (by n only). kvk_dot_f16: sum_i a[i] * b[i]. kvk_axpy_f16: y[i] += s * b[i]. */
+float kvk_dot_f16(enum kvk_isa isa, const float *a, const uint16_t *b, size_t n);
+void kvk_axpy_f16(enum kvk_isa isa, float *y, float s, const uint16_t *b, size_t n);
+/* The same two as function pointers for isa, resolved once (for inner loops). */
+typedef float (*kvk_dot_f16_fn)(const float *a, const uint16_t *b, size_t n);
+typedef void (*kvk_axpy_f16_fn)(float *y, float s, const uint16_t *b, size_t n);
+kvk_dot_f16_fn kvk_dot_f16_get(enum kvk_isa isa);
+kvk_axpy_f16_fn kvk_axpy_f16_get(enum kvk_isa isa);
 
 #endif

@@ -1,0 +1,567 @@
+/* The forward pass: one batch of tokens (a prefill chunk of one sequence, or one token of each
+ * of several sequences) through every layer, with K/V written into paged blocks first and
+ * attention reading every position (this batch's too) back from them, so a position's keys
+ * are the same f16 values however the prompt was chunked. */
+#define KVFS_LOG_TAG "fwd"
+#include "fwd.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvk.h"
+#include "log.h"
+#include "pool.h"
+
+struct kvi_engine {
+	const struct kvi_model *m;
+	struct kvi_config c;
+	struct kvi_engine_opts o;
+	enum kvk_isa isa;
+	kvk_dot_f16_fn dot;
+	kvk_axpy_f16_fn axpy;
+	struct kvi_pool *pool;
+	struct kvi_kv *kv;
+	int q_dim, kv_dim;
+	double *inv_freq; /* rope_dim / 2 */
+	/* norm weights and biases converted to f32 once: per layer attn, ffn; then out */
+	float *norm_attn, *norm_ffn, *norm_out;
+	float *bq, *bk, *bv; /* per layer, or NULL */
+	/* activations, T = max_batch_tokens rows each */
+	float *x;	       /* (T, n_embd) residual stream */
+	float *xn;	       /* (T, max(n_embd, q_dim)) normed input / matmul output */
+	float *q;	       /* (T, q_dim) */
+	float *k, *v;	       /* (T, kv_dim) */
+	float *att;	       /* (T, q_dim) attention output */
+	float *gate;	       /* (T, n_ff) */
+	float *up;	       /* (T, n_ff) */
+	void *actq;	       /* Q8_0 activations for the widest input */
+	float *rope_cs;	       /* (T, rope_dim / 2, 2) cos, sin */
+	int32_t *pos;	       /* (T) */
+	int *rows;	       /* (T) 0, 1, 2, ...: "every batch row" for logits */
+	struct kvi_seq **bseq; /* (T) */
+	float **scratch;       /* per thread: matmul panel */
+	float **scores;	       /* per thread: (max_ctx) */
+};
+
+void kvi_engine_opts_default(struct kvi_engine_opts *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->threads = 1;
+	o->block_tokens = 64;
+	o->max_batch_tokens = 64;
+}
+
+/* ---- validation ---------------------------------------------------------------------- */
+
+static int check_tensor(const struct kvi_tensor *t, const char *name, int l, int64_t ne0,
+			int64_t ne1, int optional)
+{
+	if (optional && !t->data)
+		return 0;
+	if (!t->data || !kvk_wtype_valid(t->type) || t->ne[0] != ne0 || t->ne[1] != ne1) {
+		klog_error("tensor %s (layer %d): want %lld x %lld, have %lld x %lld type %d%s",
+			   name, l, (long long)ne0, (long long)ne1, (long long)t->ne[0],
+			   (long long)t->ne[1], (int)t->type, t->data ? "" : " (missing)");
+		return -EINVAL;
+	}
+	size_t rb = kvk_row_bytes((enum kvk_wtype)t->type, (size_t)ne0);
+	if (rb == 0 || t->nbytes < rb * (size_t)ne1) {
+		klog_error("tensor %s (layer %d): %zu bytes, type %d needs %zu", name, l, t->nbytes,
+			   (int)t->type, rb * (size_t)ne1);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int check_model(const struct kvi_model *m)
+{
+	const struct kvi_config *c = &m->cfg;
+	if (c->n_layer < 1 || c->n_embd < 1 || c->n_ff < 1 || c->n_head < 1 || c->n_head_kv < 1 ||
+	    c->n_head % c->n_head_kv || c->head_dim < 1 || c->rope_dim < 2 || c->rope_dim % 2 ||
+	    c->rope_dim > c->head_dim || c->n_vocab < 1 || !(c->rope_base > 0) ||
+	    !(c->rms_eps > 0) || c->head_dim > 1024 ||
+	    (c->rope_style != KVI_ROPE_ADJACENT && c->rope_style != KVI_ROPE_HALVES) ||
+	    !m->layers) {
+		klog_error("unsupported configuration (layers %d embd %d ff %d heads %d/%d "
+			   "head_dim %d rope_dim %d vocab %d)",
+			   c->n_layer, c->n_embd, c->n_ff, c->n_head, c->n_head_kv, c->head_dim,
+			   c->rope_dim, c->n_vocab);
+		return -EINVAL;
+	}
+	int64_t E = c->n_embd, Q = (int64_t)c->n_head * c->head_dim;
+	int64_t K = (int64_t)c->n_head_kv * c->head_dim, F = c->n_ff;
+	int rc = 0;
+	rc |= check_tensor(&m->tok_embd, "token_embd", -1, E, c->n_vocab, 0);
+	rc |= check_tensor(&m->out_norm, "output_norm", -1, E, 1, 0);
+	rc |= check_tensor(&m->output, "output", -1, E, c->n_vocab, 0);
+	for (int l = 0; l < c->n_layer && !rc; l++) {
+		const struct kvi_layer *L = &m->layers[l];
+		rc |= check_tensor(&L->attn_norm, "attn_norm", l, E, 1, 0);
+		rc |= check_tensor(&L->wq, "attn_q", l, E, Q, 0);
+		rc |= check_tensor(&L->wk, "attn_k", l, E, K, 0);
+		rc |= check_tensor(&L->wv, "attn_v", l, E, K, 0);
+		rc |= check_tensor(&L->wo, "attn_output", l, Q, E, 0);
+		rc |= check_tensor(&L->bq, "attn_q.bias", l, Q, 1, 1);
+		rc |= check_tensor(&L->bk, "attn_k.bias", l, K, 1, 1);
+		rc |= check_tensor(&L->bv, "attn_v.bias", l, K, 1, 1);
+		rc |= check_tensor(&L->ffn_norm, "ffn_norm", l, E, 1, 0);
+		rc |= check_tensor(&L->w_gate, "ffn_gate", l, E, F, 0);
+		rc |= check_tensor(&L->w_up, "ffn_up", l, E, F, 0);
+		rc |= check_tensor(&L->w_down, "ffn_down", l, F, E, 0);
+	}
+	return rc ? -EINVAL : 0;
+}
+
+/* ---- creation ------------------------------------------------------------------------ */
+
+static void *zalloc(size_t bytes)
+{
+	void *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+	if (p)
+		memset(p, 0, (bytes + 63) & ~(size_t)63);
+	return p;
+}
+
+static void vec_to_f32(const struct kvi_tensor *t, float *out)
+{
+	kvk_row_to_f32((enum kvk_wtype)t->type, t->data, (size_t)t->ne[0], 0, out);
+}
+
+static size_t max3(size_t a, size_t b, size_t c)
+{
+	size_t m = a > b ? a : b;
+	return m > c ? m : c;
+}
+
+int kvi_engine_create(const struct kvi_model *m, const struct kvi_engine_opts *o,
+		      struct kvi_engine **out)
+{
+	int rc = check_model(m);
+	if (rc)
+		return rc;
+	struct kvi_engine_opts opt;
+	kvi_engine_opts_default(&opt);
+	if (o)
+		opt = *o;
+	const struct kvi_config *c = &m->cfg;
+	if (opt.max_ctx <= 0)
+		opt.max_ctx = c->n_ctx_train > 0 && c->n_ctx_train < 4096 ? c->n_ctx_train : 4096;
+	if (opt.block_tokens <= 0)
+		opt.block_tokens = 64;
+	if (opt.max_batch_tokens <= 0)
+		opt.max_batch_tokens = 64;
+	if (opt.threads <= 0)
+		opt.threads = 1;
+	if (opt.kv_blocks <= 0)
+		opt.kv_blocks = 2 * ((opt.max_ctx + opt.block_tokens - 1) / opt.block_tokens);
+	if (opt.max_ctx > (1 << 24) || opt.max_batch_tokens > 65536 || opt.threads > 256)
+		return -EINVAL;
+
+	struct kvi_engine *e = calloc(1, sizeof(*e));
+	if (!e)
+		return -ENOMEM;
+	e->m = m;
+	e->c = *c;
+	e->o = opt;
+	e->isa = opt.isa ? (enum kvk_isa)opt.isa : kvk_isa_best();
+	if (e->isa != KVK_ISA_SCALAR && e->isa != kvk_isa_best())
+		e->isa = kvk_isa_best();
+	e->o.isa = e->isa;
+	e->dot = kvk_dot_f16_get(e->isa);
+	e->axpy = kvk_axpy_f16_get(e->isa);
+	e->q_dim = c->n_head * c->head_dim;
+	e->kv_dim = c->n_head_kv * c->head_dim;
+
+	struct kvi_kv_geom g = {c->n_layer, c->n_head_kv, c->head_dim, opt.block_tokens};
+	rc = kvi_kv_create(&g, opt.kv_blocks, &e->kv);
+	if (rc)
+		goto fail;
+	rc = kvi_pool_create(opt.threads, &e->pool);
+	if (rc)
+		goto fail;
+	rc = -ENOMEM;
+
+	size_t T = (size_t)opt.max_batch_tokens, E = (size_t)c->n_embd, L = (size_t)c->n_layer;
+	size_t QD = (size_t)e->q_dim, KD = (size_t)e->kv_dim, F = (size_t)c->n_ff;
+	size_t R2 = (size_t)c->rope_dim / 2;
+	e->inv_freq = zalloc(R2 * sizeof(double));
+	e->norm_attn = zalloc(L * E * 4);
+	e->norm_ffn = zalloc(L * E * 4);
+	e->norm_out = zalloc(E * 4);
+	e->x = zalloc(T * E * 4);
+	e->xn = zalloc(T * (E > QD ? E : QD) * 4);
+	e->q = zalloc(T * QD * 4);
+	e->k = zalloc(T * KD * 4);
+	e->v = zalloc(T * KD * 4);
+	e->att = zalloc(T * QD * 4);
+	e->gate = zalloc(T * F * 4);
+	e->up = zalloc(T * F * 4);
+	e->actq = zalloc(kvk_act_bytes(KVK_W_Q8_0, max3(E, QD, F) / 32 * 32 + 32, T));
+	e->rope_cs = zalloc(T * R2 * 2 * 4);
+	e->pos = zalloc(T * sizeof(int32_t));
+	e->rows = zalloc(T * sizeof(int));
+	e->bseq = zalloc(T * sizeof(*e->bseq));
+	e->scratch = calloc((size_t)opt.threads, sizeof(float *));
+	e->scores = calloc((size_t)opt.threads, sizeof(float *));
+	if (!e->inv_freq || !e->norm_attn || !e->norm_ffn || !e->norm_out || !e->x || !e->xn ||
+	    !e->q || !e->k || !e->v || !e->att || !e->gate || !e->up || !e->actq || !e->rope_cs ||
+	    !e->pos || !e->rows || !e->bseq || !e->scratch || !e->scores)
+		goto fail;
+	size_t sc =
+	    max3(kvk_matmul_scratch_floats(KVK_W_F16, E), kvk_matmul_scratch_floats(KVK_W_F16, QD),
+		 kvk_matmul_scratch_floats(KVK_W_F16, F));
+	for (int i = 0; i < opt.threads; i++) {
+		e->scratch[i] = zalloc(sc * 4);
+		e->scores[i] = zalloc((size_t)opt.max_ctx * 4);
+		if (!e->scratch[i] || !e->scores[i])
+			goto fail;
+	}
+	int has_bias = 0;
+	for (size_t l = 0; l < L; l++)
+		has_bias |= m->layers[l].bq.data || m->layers[l].bk.data || m->layers[l].bv.data;
+	if (has_bias) {
+		e->bq = zalloc(L * QD * 4);
+		e->bk = zalloc(L * KD * 4);
+		e->bv = zalloc(L * KD * 4);
+		if (!e->bq || !e->bk || !e->bv)
+			goto fail;
+	}
+	for (size_t l = 0; l < L; l++) {
+		const struct kvi_layer *ly = &m->layers[l];
+		vec_to_f32(&ly->attn_norm, e->norm_attn + l * E);
+		vec_to_f32(&ly->ffn_norm, e->norm_ffn + l * E);
+		if (ly->bq.data)
+			vec_to_f32(&ly->bq, e->bq + l * QD);
+		if (ly->bk.data)
+			vec_to_f32(&ly->bk, e->bk + l * KD);
+		if (ly->bv.data)
+			vec_to_f32(&ly->bv, e->bv + l * KD);
+	}
+	vec_to_f32(&m->out_norm, e->norm_out);
+	for (size_t t = 0; t < T; t++)
+		e->rows[t] = (int)t;
+	for (size_t i = 0; i < R2; i++)
+		e->inv_freq[i] = pow((double)c->rope_base, -2.0 * (double)i / c->rope_dim);
+	*out = e;
+	return 0;
+fail:
+	kvi_engine_destroy(e);
+	return rc;
+}
+
+void kvi_engine_destroy(struct kvi_engine *e)
+{
+	if (!e)
+		return;
+	kvi_pool_destroy(e->pool);
+	kvi_kv_destroy(e->kv);
+	for (int i = 0; i < e->o.threads; i++) {
+		if (e->scratch)
+			free(e->scratch[i]);
+		if (e->scores)
+			free(e->scores[i]);
+	}
+	free(e->scratch);
+	free(e->scores);
+	void *bufs[] = {e->inv_freq, e->norm_attn, e->norm_ffn, e->norm_out, e->bq,
+			e->bk,	     e->bv,	   e->x,	e->xn,	     e->q,
+			e->k,	     e->v,	   e->att,	e->gate,     e->up,
+			e->actq,     e->rope_cs,   e->pos,	e->rows,     e->bseq};
+	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+		free(bufs[i]);
+	free(e);
+}
+
+struct kvi_kv *kvi_engine_kv(struct kvi_engine *e)
+{
+	return e->kv;
+}
+
+const struct kvi_config *kvi_engine_config(const struct kvi_engine *e)
+{
+	return &e->c;
+}
+
+const struct kvi_engine_opts *kvi_engine_opts(const struct kvi_engine *e)
+{
+	return &e->o;
+}
+
+const char *kvi_engine_isa(const struct kvi_engine *e)
+{
+	return kvk_isa_name(e->isa);
+}
+
+/* ---- parallel jobs --------------------------------------------------------------------- */
+
+/* Up to three matrices sharing one input (Q/K/V, gate/up). Each thread takes its share of
+ * every matrix's rows; each row is computed whole by one thread. */
+struct mm_job {
+	struct kvi_engine *e;
+	int n_mm;
+	const struct kvi_tensor *w[3];
+	float *y[3];
+	const void *act[3];
+	size_t n, ntok;
+};
+
+static void mm_run(void *arg, int tid, int nth)
+{
+	struct mm_job *j = arg;
+	for (int i = 0; i < j->n_mm; i++) {
+		const struct kvi_tensor *w = j->w[i];
+		long lo, hi;
+		kvi_pool_split((long)w->ne[1], tid, nth, 16 /* whole panels */, &lo, &hi);
+		kvk_matmul(j->e->isa, (enum kvk_wtype)w->type, j->y[i], (size_t)w->ne[1], w->data,
+			   j->n, (size_t)lo, (size_t)hi, j->act[i], j->ntok, j->e->scratch[tid]);
+	}
+}
+
+/* y_i = W_i x for the n_mm matrices, x: (ntok, n) contiguous. */
+static void matmuls(struct kvi_engine *e, const float *x, size_t n, size_t ntok, int n_mm,
+		    const struct kvi_tensor *const *w, float *const *y)
+{
+	struct mm_job j = {.e = e, .n_mm = n_mm, .n = n, .ntok = ntok};
+	int prepared = 0;
+	for (int i = 0; i < n_mm; i++) {
+		j.w[i] = w[i];
+		j.y[i] = y[i];
+		if (w[i]->type == KVI_Q8_0) {
+			if (!prepared)
+				kvk_act_prepare(KVK_W_Q8_0, e->actq, ntok, x, n, n, 0, ntok);
+			prepared = 1;
+			j.act[i] = e->actq;
+		} else {
+			j.act[i] = x;
+		}
+	}
+	kvi_pool_run(e->pool, mm_run, &j);
+}
+
+struct attn_job {
+	struct kvi_engine *e;
+	int layer, ntok;
+};
+
+/* One (token, head) per task: softmax(q . k_j / sqrt(d)) over j = 0..pos in order, then the
+ * weighted sum of v_j in the same order. */
+static void attn_run(void *arg, int tid, int nth)
+{
+	struct attn_job *j = arg;
+	struct kvi_engine *e = j->e;
+	const struct kvi_config *c = &e->c;
+	int hd = c->head_dim, B = e->o.block_tokens, grp = c->n_head / c->n_head_kv;
+	float scale = 1.0f / sqrtf((float)hd);
+	float *sc = e->scores[tid];
+	long lo, hi;
+	kvi_pool_split((long)j->ntok * c->n_head, tid, nth, 1, &lo, &hi);
+	for (long task = lo; task < hi; task++) {
+		int t = (int)(task / c->n_head), h = (int)(task % c->n_head);
+		int kvh = h / grp, pos = e->pos[t];
+		const int32_t *bt = kvi_seq_blocks(e->bseq[t]);
+		const float *q = e->q + (size_t)t * e->q_dim + (size_t)h * hd;
+		float mx = -INFINITY;
+		for (int p = 0; p <= pos; p++) {
+			const uint16_t *kr =
+			    kvi_kv_row(e->kv, bt[p / B], j->layer, 0, p % B) + kvh * hd;
+			sc[p] = e->dot(q, kr, (size_t)hd) * scale;
+			mx = sc[p] > mx ? sc[p] : mx;
+		}
+		float sum = 0;
+		for (int p = 0; p <= pos; p++) {
+			sc[p] = expf(sc[p] - mx);
+			sum += sc[p];
+		}
+		float *o = e->att + (size_t)t * e->q_dim + (size_t)h * hd;
+		memset(o, 0, (size_t)hd * 4);
+		for (int p = 0; p <= pos; p++) {
+			const uint16_t *vr =
+			    kvi_kv_row(e->kv, bt[p / B], j->layer, 1, p % B) + kvh * hd;
+			e->axpy(o, sc[p], vr, (size_t)hd);
+		}
+		float inv = 1.0f / sum;
+		for (int i = 0; i < hd; i++)
+			o[i] *= inv;
+	}
+}
+
+struct swiglu_job {
+	struct kvi_engine *e;
+	int ntok;
+};
+
+static void swiglu_run(void *arg, int tid, int nth)
+{
+	struct swiglu_job *j = arg;
+	size_t F = (size_t)j->e->c.n_ff;
+	long lo, hi;
+	kvi_pool_split(j->ntok, tid, nth, 1, &lo, &hi);
+	for (size_t i = (size_t)lo * F; i < (size_t)hi * F; i++) {
+		float g = j->e->gate[i];
+		j->e->gate[i] = g / (1.0f + expf(-g)) * j->e->up[i];
+	}
+}
+
+/* ---- one forward pass ------------------------------------------------------------------ */
+
+static void rope_apply(const struct kvi_engine *e, float *v, const float *cs)
+{
+	int half = e->c.rope_dim / 2;
+	for (int i = 0; i < half; i++) {
+		int a = e->c.rope_style == KVI_ROPE_ADJACENT ? 2 * i : i;
+		int b = e->c.rope_style == KVI_ROPE_ADJACENT ? 2 * i + 1 : i + half;
+		float c = cs[2 * i], s = cs[2 * i + 1], x0 = v[a], x1 = v[b];
+		v[a] = x0 * c - x1 * s;
+		v[b] = x0 * s + x1 * c;
+	}
+}
+
+/* Runs e->pos/e->bseq tokens toks[0..ntok) (blocks reserved), then writes logits for the nsel
+ * batch rows sel[] to out (nsel rows of n_vocab). */
+static void forward(struct kvi_engine *e, const int32_t *toks, int ntok, const int *sel, int nsel,
+		    float *out)
+{
+	const struct kvi_config *c = &e->c;
+	const struct kvi_model *m = e->m;
+	size_t E = (size_t)c->n_embd, QD = (size_t)e->q_dim, KD = (size_t)e->kv_dim;
+	size_t F = (size_t)c->n_ff, T = (size_t)ntok;
+	int hd = c->head_dim, B = e->o.block_tokens, half = c->rope_dim / 2;
+
+	for (size_t t = 0; t < T; t++) {
+		kvk_row_to_f32((enum kvk_wtype)m->tok_embd.type, m->tok_embd.data, E,
+			       (size_t)toks[t], e->x + t * E);
+		float *cs = e->rope_cs + t * (size_t)half * 2;
+		for (int i = 0; i < half; i++) {
+			double a = (double)e->pos[t] * e->inv_freq[i];
+			cs[2 * i] = (float)cos(a);
+			cs[2 * i + 1] = (float)sin(a);
+		}
+	}
+	for (int l = 0; l < c->n_layer; l++) {
+		const struct kvi_layer *L = &m->layers[l];
+		kvk_rmsnorm_f32(e->xn, e->x, e->norm_attn + (size_t)l * E, E, T, c->rms_eps);
+		const struct kvi_tensor *wqkv[3] = {&L->wq, &L->wk, &L->wv};
+		float *yqkv[3] = {e->q, e->k, e->v};
+		matmuls(e, e->xn, E, T, 3, wqkv, yqkv);
+		for (size_t t = 0; t < T; t++) {
+			float *q = e->q + t * QD, *k = e->k + t * KD, *v = e->v + t * KD;
+			if (e->bq) {
+				const float *bq = e->bq + (size_t)l * QD,
+					    *bk = e->bk + (size_t)l * KD;
+				const float *bv = e->bv + (size_t)l * KD;
+				for (size_t i = 0; i < QD; i++)
+					q[i] += bq[i];
+				for (size_t i = 0; i < KD; i++) {
+					k[i] += bk[i];
+					v[i] += bv[i];
+				}
+			}
+			const float *cs = e->rope_cs + t * (size_t)half * 2;
+			for (int h = 0; h < c->n_head; h++)
+				rope_apply(e, q + h * hd, cs);
+			for (int h = 0; h < c->n_head_kv; h++)
+				rope_apply(e, k + h * hd, cs);
+			int p = e->pos[t], blk = kvi_seq_blocks(e->bseq[t])[p / B];
+			uint16_t *kr = kvi_kv_row(e->kv, blk, l, 0, p % B);
+			uint16_t *vr = kvi_kv_row(e->kv, blk, l, 1, p % B);
+			for (size_t i = 0; i < KD; i++) {
+				kr[i] = kvk_f32_to_f16(k[i]);
+				vr[i] = kvk_f32_to_f16(v[i]);
+			}
+		}
+		struct attn_job aj = {e, l, ntok};
+		kvi_pool_run(e->pool, attn_run, &aj);
+		const struct kvi_tensor *wo[1] = {&L->wo};
+		float *yo[1] = {e->xn};
+		matmuls(e, e->att, QD, T, 1, wo, yo);
+		for (size_t i = 0; i < T * E; i++)
+			e->x[i] += e->xn[i];
+
+		kvk_rmsnorm_f32(e->xn, e->x, e->norm_ffn + (size_t)l * E, E, T, c->rms_eps);
+		const struct kvi_tensor *wgu[2] = {&L->w_gate, &L->w_up};
+		float *ygu[2] = {e->gate, e->up};
+		matmuls(e, e->xn, E, T, 2, wgu, ygu);
+		struct swiglu_job sj = {e, ntok};
+		kvi_pool_run(e->pool, swiglu_run, &sj);
+		const struct kvi_tensor *wd[1] = {&L->w_down};
+		float *yd[1] = {e->xn};
+		matmuls(e, e->gate, F, T, 1, wd, yd);
+		for (size_t i = 0; i < T * E; i++)
+			e->x[i] += e->xn[i];
+	}
+	if (nsel == 0)
+		return;
+	for (int i = 0; i < nsel; i++)
+		kvk_rmsnorm_f32(e->xn + (size_t)i * E, e->x + (size_t)sel[i] * E, e->norm_out, E, 1,
+				c->rms_eps);
+	const struct kvi_tensor *wout[1] = {&m->output};
+	float *yout[1] = {out};
+	matmuls(e, e->xn, E, (size_t)nsel, 1, wout, yout);
+}
+
+/* ---- public entry points --------------------------------------------------------------- */
+
+static int check_tokens(const struct kvi_engine *e, const int32_t *t, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (t[i] < 0 || t[i] >= e->c.n_vocab)
+			return -EINVAL;
+	return 0;
+}
+
+int kvi_engine_prefill(struct kvi_engine *e, struct kvi_seq *seq, const int32_t *tokens, int n,
+		       float *logits_last)
+{
+	if (n < 1 || !tokens || !seq || kvi_seq_kv(seq) != e->kv || check_tokens(e, tokens, n))
+		return -EINVAL;
+	if ((long)kvi_seq_len(seq) + n > e->o.max_ctx)
+		return -E2BIG;
+	for (int off = 0; off < n; off += e->o.max_batch_tokens) {
+		int cnt = n - off < e->o.max_batch_tokens ? n - off : e->o.max_batch_tokens;
+		int rc = kvi_seq_reserve(seq, cnt);
+		if (rc)
+			return rc;
+		int len = kvi_seq_len(seq);
+		for (int i = 0; i < cnt; i++) {
+			e->pos[i] = len + i;
+			e->bseq[i] = seq;
+		}
+		int want = off + cnt == n && logits_last;
+		forward(e, tokens + off, cnt, e->rows + cnt - 1, want, logits_last);
+		kvi_seq_advance(seq, cnt);
+	}
+	return 0;
+}
+
+int kvi_engine_decode(struct kvi_engine *e, struct kvi_seq *const *seqs, const int32_t *tokens,
+		      int nseq, float *logits)
+{
+	if (nseq < 1 || !tokens || !seqs || check_tokens(e, tokens, nseq))
+		return -EINVAL;
+	for (int i = 0; i < nseq; i++) {
+		if (!seqs[i] || kvi_seq_kv(seqs[i]) != e->kv)
+			return -EINVAL;
+		if (kvi_seq_len(seqs[i]) + 1 > e->o.max_ctx)
+			return -E2BIG;
+		for (int k = 0; k < i; k++)
+			if (seqs[k] == seqs[i])
+				return -EINVAL;
+	}
+	for (int off = 0; off < nseq; off += e->o.max_batch_tokens) {
+		int cnt = nseq - off < e->o.max_batch_tokens ? nseq - off : e->o.max_batch_tokens;
+		for (int i = 0; i < cnt; i++) {
+			int rc = kvi_seq_reserve(seqs[off + i], 1);
+			if (rc)
+				return rc;
+			e->pos[i] = kvi_seq_len(seqs[off + i]);
+			e->bseq[i] = seqs[off + i];
+		}
+		forward(e, tokens + off, cnt, e->rows, logits ? cnt : 0,
+			logits ? logits + (size_t)off * e->c.n_vocab : NULL);
+		for (int i = 0; i < cnt; i++)
+			kvi_seq_advance(seqs[off + i], 1);
+	}
+	return 0;
+}

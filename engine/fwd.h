@@ -1,0 +1,71 @@
+/* fwd — the CPU forward pass: an engine object over a loaded model, with paged KV memory.
+ *
+ * Model: Llama-family (llama, qwen2): RMSNorm, RoPE (adjacent pairs or halves, per
+ * model.h), grouped-query attention, SwiGLU, optional QKV bias, tied output. Weights F32,
+ * F16, BF16 or Q8_0 (per tensor); norms are read as any of these and converted once.
+ *
+ * Batch invariance (a contract, tested bit for bit): the logits of a token depend only on the
+ * model, the token ids of its sequence up to it and the engine's ISA — not on how the prompt
+ * was split into prefill chunks, whether it came through prefill or decode, which other
+ * sequences share a decode batch, the thread count, or whether its prefix was computed now or
+ * imported from exported KV blocks. Every reduction (matmul rows, attention over positions
+ * 0..p, norms) runs in one fixed order; threads split rows, tokens or heads, never a sum.
+ *
+ * Memory: every activation buffer is allocated at kvi_engine_create, sized by
+ * max_batch_tokens and max_ctx; prefill/decode never allocate (KV blocks come from the pool).
+ *
+ * Thread-safety: an engine is used by one caller thread at a time; it runs its own worker
+ * threads (opts.threads - 1 of them) inside each call. Several engines may share a model.
+ */
+#ifndef KVFS_KVI_FWD_H
+#define KVFS_KVI_FWD_H
+
+#include <stdint.h>
+
+#include "kv.h"
+#include "model.h"
+
+struct kvi_engine_opts {
+	int threads;	      /* >= 1; default 1 */
+	int block_tokens;     /* KV block size B; default 64 */
+	int kv_blocks;	      /* blocks in the KV pool; 0 = 2 * ceil(max_ctx / B) */
+	int max_batch_tokens; /* tokens per forward pass (prefill chunk); default 64 */
+	int max_ctx;	      /* longest sequence; 0 = min(n_ctx_train, 4096) */
+	int isa;	      /* enum kvk_isa: 0 = best available (tests force scalar) */
+};
+
+void kvi_engine_opts_default(struct kvi_engine_opts *o);
+
+struct kvi_engine;
+
+/* Validates the model (shapes, types, divisibility) against what the forward pass needs and
+ * allocates everything. m must outlive the engine. Returns 0, -EINVAL (with a log line naming
+ * the problem), -ENOMEM, or a pthread error. */
+int kvi_engine_create(const struct kvi_model *m, const struct kvi_engine_opts *o,
+		      struct kvi_engine **out);
+/* All sequences on the engine's kv must be destroyed first. NULL is a no-op. */
+void kvi_engine_destroy(struct kvi_engine *e);
+
+/* The engine's KV pool: create sequences on it (kvi_seq_create), export/import blocks. */
+struct kvi_kv *kvi_engine_kv(struct kvi_engine *e);
+const struct kvi_config *kvi_engine_config(const struct kvi_engine *e);
+/* The effective options (defaults filled in). */
+const struct kvi_engine_opts *kvi_engine_opts(const struct kvi_engine *e);
+/* Name of the matmul ISA in use ("avx2", "scalar"). */
+const char *kvi_engine_isa(const struct kvi_engine *e);
+
+/* Appends n tokens to seq (positions len .. len+n-1), in passes of up to max_batch_tokens.
+ * If logits_last != NULL it receives the n_vocab logits after the last token. n >= 1.
+ * Returns 0; -EINVAL (bad token id, n < 1, seq on another kv); -E2BIG (past max_ctx);
+ * -ENOSPC (KV pool full). On error the sequence keeps the tokens of the passes that finished
+ * (its length says how many). */
+int kvi_engine_prefill(struct kvi_engine *e, struct kvi_seq *seq, const int32_t *tokens, int n,
+		       float *logits_last);
+
+/* One token for each of nseq distinct sequences, in batches of up to max_batch_tokens;
+ * logits (may be NULL) receives nseq rows of n_vocab. Same errors as prefill; on error no
+ * sequence has advanced in the failing batch. */
+int kvi_engine_decode(struct kvi_engine *e, struct kvi_seq *const *seqs, const int32_t *tokens,
+		      int nseq, float *logits);
+
+#endif

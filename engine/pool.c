@@ -1,0 +1,166 @@
+/* Thread pool: a generation counter announces a job; workers spin on it, then sleep. */
+#include "pool.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+/* ~0.5 ms of pause loops before sleeping: decode issues jobs every few tens of microseconds,
+ * but on an oversubscribed machine spinning steals the cores the work needs */
+#define SPIN_ITERS 10000
+
+struct kvi_pool {
+	int n;
+	pthread_t *th;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	/* job fields are written by the caller before gen is bumped (release) and read by
+	 * workers after they see the new gen (acquire) */
+	kvi_pool_fn fn;
+	void *arg;
+	atomic_uint gen;
+	atomic_int pending; /* workers still running the current job */
+	atomic_int sleepers;
+	atomic_int stop;
+};
+
+struct worker_arg {
+	struct kvi_pool *p;
+	int tid;
+};
+
+static void *worker(void *a)
+{
+	struct worker_arg wa = *(struct worker_arg *)a;
+	free(a);
+	struct kvi_pool *p = wa.p;
+	unsigned seen =
+	    0; /* gen at creation: a job announced before this thread ran is not missed */
+	for (;;) {
+		unsigned g;
+		int spins = 0;
+		while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen) {
+			if (++spins < SPIN_ITERS) {
+#if defined(__x86_64__) || defined(__i386__)
+				__builtin_ia32_pause();
+#endif
+				continue;
+			}
+			pthread_mutex_lock(&p->mu);
+			atomic_fetch_add(&p->sleepers, 1);
+			while (atomic_load(&p->gen) == seen)
+				pthread_cond_wait(&p->cv, &p->mu);
+			atomic_fetch_sub(&p->sleepers, 1);
+			pthread_mutex_unlock(&p->mu);
+			spins = 0;
+		}
+		seen = g;
+		if (atomic_load(&p->stop))
+			return NULL;
+		p->fn(p->arg, wa.tid, p->n);
+		atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
+	}
+}
+
+static void announce(struct kvi_pool *p)
+{
+	atomic_fetch_add(&p->gen, 1); /* seq_cst: ordered before the sleepers load */
+	/* a worker about to sleep re-checks gen under the mutex, so broadcasting under it
+	 * cannot be missed; cheap when nobody waits */
+	if (atomic_load(&p->sleepers) > 0 || atomic_load(&p->stop)) {
+		pthread_mutex_lock(&p->mu);
+		pthread_cond_broadcast(&p->cv);
+		pthread_mutex_unlock(&p->mu);
+	}
+}
+
+int kvi_pool_create(int nthreads, struct kvi_pool **out)
+{
+	if (nthreads < 1 || nthreads > 1024)
+		return -EINVAL;
+	struct kvi_pool *p = calloc(1, sizeof(*p));
+	if (!p)
+		return -ENOMEM;
+	p->n = nthreads;
+	pthread_mutex_init(&p->mu, NULL);
+	pthread_cond_init(&p->cv, NULL);
+	atomic_init(&p->gen, 0);
+	p->th = calloc((size_t)nthreads, sizeof(pthread_t));
+	if (!p->th) {
+		free(p);
+		return -ENOMEM;
+	}
+	for (int i = 1; i < nthreads; i++) {
+		struct worker_arg *wa = malloc(sizeof(*wa));
+		int rc = wa ? 0 : ENOMEM;
+		if (wa) {
+			wa->p = p;
+			wa->tid = i;
+			rc = pthread_create(&p->th[i], NULL, worker, wa);
+			if (rc)
+				free(wa);
+		}
+		if (rc) {
+			p->n = i; /* join the ones started */
+			kvi_pool_destroy(p);
+			return -rc;
+		}
+	}
+	*out = p;
+	return 0;
+}
+
+void kvi_pool_destroy(struct kvi_pool *p)
+{
+	if (!p)
+		return;
+	atomic_store(&p->stop, 1);
+	announce(p);
+	for (int i = 1; i < p->n; i++)
+		pthread_join(p->th[i], NULL);
+	pthread_mutex_destroy(&p->mu);
+	pthread_cond_destroy(&p->cv);
+	free(p->th);
+	free(p);
+}
+
+int kvi_pool_size(const struct kvi_pool *p)
+{
+	return p->n;
+}
+
+void kvi_pool_run(struct kvi_pool *p, kvi_pool_fn fn, void *arg)
+{
+	if (p->n == 1) {
+		fn(arg, 0, 1);
+		return;
+	}
+	p->fn = fn;
+	p->arg = arg;
+	atomic_store_explicit(&p->pending, p->n - 1, memory_order_relaxed);
+	announce(p);
+	fn(arg, 0, p->n);
+	int spins = 0;
+	while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) {
+		if (++spins > SPIN_ITERS / 8)
+			sched_yield();
+#if defined(__x86_64__) || defined(__i386__)
+		else
+			__builtin_ia32_pause();
+#endif
+	}
+}
+
+void kvi_pool_split(long n, int tid, int nthreads, long align, long *lo, long *hi)
+{
+	if (align < 1)
+		align = 1;
+	long units = (n + align - 1) / align;
+	long per = units / nthreads, extra = units % nthreads;
+	long u0 = tid * per + (tid < extra ? tid : extra);
+	long u1 = u0 + per + (tid < extra ? 1 : 0);
+	*lo = u0 * align < n ? u0 * align : n;
+	*hi = u1 * align < n ? u1 * align : n;
+}

@@ -1,0 +1,294 @@
+/* Matmul front end: ISA dispatch, activation preparation, number conversions and the portable
+ * scalar kernels. Every output element is reduced in index order, the same for any batch. */
+#include "kvk_matmul_impl.h"
+
+#include <math.h>
+#include <string.h>
+
+enum kvk_isa kvk_isa_best(void)
+{
+#ifdef KVK_HAVE_X86
+	__builtin_cpu_init();
+	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+	    __builtin_cpu_supports("f16c"))
+		return KVK_ISA_AVX2;
+#endif
+	return KVK_ISA_SCALAR;
+}
+
+const char *kvk_isa_name(enum kvk_isa isa)
+{
+	switch (isa) {
+	case KVK_ISA_AUTO:
+		return "auto";
+	case KVK_ISA_SCALAR:
+		return "scalar";
+	case KVK_ISA_AVX2:
+		return "avx2";
+	}
+	return "?";
+}
+
+/* Resolves AUTO and refuses an ISA this CPU lacks (falls back to scalar). */
+static enum kvk_isa resolve(enum kvk_isa isa)
+{
+	if (isa == KVK_ISA_SCALAR)
+		return isa;
+	enum kvk_isa best = kvk_isa_best();
+	if (isa == KVK_ISA_AUTO || isa > best)
+		return best;
+	return isa;
+}
+
+int kvk_wtype_valid(int wt)
+{
+	return wt == KVK_W_F32 || wt == KVK_W_F16 || wt == KVK_W_Q8_0 || wt == KVK_W_BF16;
+}
+
+size_t kvk_row_bytes(enum kvk_wtype wt, size_t n)
+{
+	switch (wt) {
+	case KVK_W_F32:
+		return n * 4;
+	case KVK_W_F16:
+	case KVK_W_BF16:
+		return n * 2;
+	case KVK_W_Q8_0:
+		return n % 32 ? 0 : n / 32 * 34;
+	}
+	return 0;
+}
+
+float kvk_f16_to_f32(uint16_t h)
+{
+	uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+	uint32_t e = (h >> 10) & 0x1f, m = h & 0x3ff, x;
+	if (e == 0) {
+		/* zero or subnormal: m * 2^-24, exact in float */
+		float v = ldexpf((float)m, -24);
+		memcpy(&x, &v, 4);
+		x |= sign;
+	} else if (e == 31) {
+		x = sign | 0x7f800000u | (m << 13);
+	} else {
+		x = sign | ((e + 112) << 23) | (m << 13);
+	}
+	float f;
+	memcpy(&f, &x, 4);
+	return f;
+}
+
+uint16_t kvk_f32_to_f16(float f)
+{
+	uint32_t x;
+	memcpy(&x, &f, 4);
+	uint32_t sign = (x >> 16) & 0x8000, ax = x & 0x7fffffffu;
+	if (ax >= 0x7f800000u) /* inf, nan (keep it a nan) */
+		return (uint16_t)(sign | 0x7c00 |
+				  (ax > 0x7f800000u ? 0x200 | ((ax >> 13) & 0x3ff) : 0));
+	if (ax >= 0x47800000u) /* >= 65536: overflows */
+		return (uint16_t)(sign | 0x7c00);
+	if (ax < 0x38800000u) { /* below 2^-14: a half subnormal, m = round(v * 2^24) */
+		float v;
+		memcpy(&v, &ax, 4);
+		return (uint16_t)(sign | (uint32_t)nearbyintf(v * 16777216.0f));
+	}
+	uint32_t h = ((((ax >> 23) - 127 + 15) << 10) | ((ax & 0x7fffff) >> 13));
+	uint32_t rem = ax & 0x1fff;
+	if (rem > 0x1000 || (rem == 0x1000 && (h & 1)))
+		h++; /* a carry into the exponent is right, up to inf */
+	return (uint16_t)(sign | h);
+}
+
+float kvk_bf16_to_f32(uint16_t h)
+{
+	uint32_t x = (uint32_t)h << 16;
+	float f;
+	memcpy(&f, &x, 4);
+	return f;
+}
+
+uint16_t kvk_f32_to_bf16(float f)
+{
+	uint32_t x;
+	memcpy(&x, &f, 4);
+	if ((x & 0x7fffffffu) > 0x7f800000u)
+		return (uint16_t)((x >> 16) | 0x40);
+	return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
+}
+
+static float wval(enum kvk_wtype wt, const void *row, size_t k)
+{
+	switch (wt) {
+	case KVK_W_F32:
+		return ((const float *)row)[k];
+	case KVK_W_F16: {
+		uint16_t h;
+		memcpy(&h, (const uint8_t *)row + 2 * k, 2);
+		return kvk_f16_to_f32(h);
+	}
+	case KVK_W_BF16: {
+		uint16_t h;
+		memcpy(&h, (const uint8_t *)row + 2 * k, 2);
+		return kvk_bf16_to_f32(h);
+	}
+	case KVK_W_Q8_0: {
+		const uint8_t *blk = (const uint8_t *)row + k / 32 * 34;
+		uint16_t h;
+		memcpy(&h, blk, 2);
+		return kvk_f16_to_f32(h) * (float)(int8_t)blk[2 + k % 32];
+	}
+	}
+	return 0;
+}
+
+void kvk_row_to_f32(enum kvk_wtype wt, const void *w, size_t n, size_t r, float *out)
+{
+	const uint8_t *row = (const uint8_t *)w + r * kvk_row_bytes(wt, n);
+	for (size_t k = 0; k < n; k++)
+		out[k] = wval(wt, row, k);
+}
+
+size_t kvk_act_bytes(enum kvk_wtype wt, size_t n, size_t ntok)
+{
+	if (wt == KVK_W_Q8_0)
+		return kvk_q8act_qbytes(n, ntok) + ntok * (n / 32) * sizeof(float);
+	return n * ntok * sizeof(float);
+}
+
+void kvk_act_prepare(enum kvk_wtype wt, void *act, size_t ntok, const float *x, size_t ldx,
+		     size_t n, size_t t0, size_t t1)
+{
+	if (wt != KVK_W_Q8_0) {
+		for (size_t t = t0; t < t1; t++)
+			if ((const void *)(x + t * ldx) != (void *)((float *)act + t * n))
+				memcpy((float *)act + t * n, x + t * ldx, n * sizeof(float));
+		return;
+	}
+	size_t nb = n / 32;
+	int8_t *q = act;
+	float *d = (float *)((uint8_t *)act + kvk_q8act_qbytes(n, ntok));
+	for (size_t t = t0; t < t1; t++) {
+		const float *xt = x + t * ldx;
+		for (size_t b = 0; b < nb; b++) {
+			const float *xb = xt + b * 32;
+			float amax = 0;
+			for (int i = 0; i < 32; i++)
+				amax = fmaxf(amax, fabsf(xb[i]));
+			float db = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
+			d[t * nb + b] = db;
+			for (int i = 0; i < 32; i++) {
+				/* |x * id| <= 127 up to rounding; clamp keeps -128 out (maddubs) */
+				float v = nearbyintf(xb[i] * id);
+				v = fminf(127.0f, fmaxf(-127.0f, v));
+				q[t * n + b * 32 + i] = (int8_t)v;
+			}
+		}
+	}
+}
+
+size_t kvk_matmul_scratch_floats(enum kvk_wtype wt, size_t n)
+{
+	if (wt == KVK_W_F16 || wt == KVK_W_BF16)
+		return KVK_PANEL_ROWS * ((n + 7) & ~(size_t)7);
+	return 0;
+}
+
+static void matmul_scalar(enum kvk_wtype wt, float *y, size_t ldy, const void *w, size_t n,
+			  size_t r0, size_t r1, const void *act, size_t ntok)
+{
+	size_t rb = kvk_row_bytes(wt, n);
+	if (wt == KVK_W_Q8_0) {
+		size_t nb = n / 32;
+		const int8_t *q = act;
+		const float *d = (const float *)((const uint8_t *)act + kvk_q8act_qbytes(n, ntok));
+		for (size_t r = r0; r < r1; r++) {
+			const uint8_t *row = (const uint8_t *)w + r * rb;
+			for (size_t t = 0; t < ntok; t++) {
+				float acc = 0;
+				for (size_t b = 0; b < nb; b++) {
+					const uint8_t *blk = row + b * 34;
+					const int8_t *xq = q + t * n + b * 32;
+					int32_t s = 0;
+					for (int i = 0; i < 32; i++)
+						s += (int32_t)(int8_t)blk[2 + i] * xq[i];
+					uint16_t h;
+					memcpy(&h, blk, 2);
+					acc += (float)s * (kvk_f16_to_f32(h) * d[t * nb + b]);
+				}
+				y[t * ldy + r] = acc;
+			}
+		}
+		return;
+	}
+	const float *x = act;
+	for (size_t r = r0; r < r1; r++) {
+		const uint8_t *row = (const uint8_t *)w + r * rb;
+		for (size_t t = 0; t < ntok; t++) {
+			float acc = 0;
+			for (size_t k = 0; k < n; k++)
+				acc += wval(wt, row, k) * x[t * n + k];
+			y[t * ldy + r] = acc;
+		}
+	}
+}
+
+void kvk_matmul(enum kvk_isa isa, enum kvk_wtype wt, float *y, size_t ldy, const void *w, size_t n,
+		size_t r0, size_t r1, const void *act, size_t ntok, float *scratch)
+{
+	if (r0 >= r1 || ntok == 0)
+		return;
+#ifdef KVK_HAVE_X86
+	if (resolve(isa) == KVK_ISA_AVX2) {
+		kvk_matmul_avx2(wt, y, ldy, w, n, r0, r1, act, ntok, scratch);
+		return;
+	}
+#endif
+	(void)scratch;
+	(void)isa;
+	matmul_scalar(wt, y, ldy, w, n, r0, r1, act, ntok);
+}
+
+static float dot_f16_scalar(const float *a, const uint16_t *b, size_t n)
+{
+	float s = 0;
+	for (size_t i = 0; i < n; i++)
+		s += a[i] * kvk_f16_to_f32(b[i]);
+	return s;
+}
+
+static void axpy_f16_scalar(float *y, float s, const uint16_t *b, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		y[i] += s * kvk_f16_to_f32(b[i]);
+}
+
+kvk_dot_f16_fn kvk_dot_f16_get(enum kvk_isa isa)
+{
+#ifdef KVK_HAVE_X86
+	if (resolve(isa) == KVK_ISA_AVX2)
+		return kvk_dot_f16_avx2;
+#endif
+	(void)isa;
+	return dot_f16_scalar;
+}
+
+kvk_axpy_f16_fn kvk_axpy_f16_get(enum kvk_isa isa)
+{
+#ifdef KVK_HAVE_X86
+	if (resolve(isa) == KVK_ISA_AVX2)
+		return kvk_axpy_f16_avx2;
+#endif
+	(void)isa;
+	return axpy_f16_scalar;
+}
+
+float kvk_dot_f16(enum kvk_isa isa, const float *a, const uint16_t *b, size_t n)
+{
+	return kvk_dot_f16_get(isa)(a, b, n);
+}
+
+void kvk_axpy_f16(enum kvk_isa isa, float *y, float s, const uint16_t *b, size_t n)
+{
+	kvk_axpy_f16_get(isa)(y, s, b, n);
+}

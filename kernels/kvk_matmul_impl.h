@@ -1,0 +1,26 @@
+/* Private interface between the ISA-independent matmul front end (kvk_matmul.c) and the
+ * per-ISA kernels (kvk_matmul_avx2.c). Not installed; kernels/ only. */
+#ifndef KVFS_KVK_MATMUL_IMPL_H
+#define KVFS_KVK_MATMUL_IMPL_H
+
+#include "kvk.h"
+
+/* Q8_0 activations for ntok tokens of n elements: int8 q[ntok][n], then (32-byte aligned)
+ * float d[ntok][n / 32]. Token t block b is d[t][b] * q[t][b*32 .. b*32+31]. */
+static inline size_t kvk_q8act_qbytes(size_t n, size_t ntok)
+{
+	return (n * ntok + 31) & ~(size_t)31;
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#define KVK_HAVE_X86 1
+void kvk_matmul_avx2(enum kvk_wtype wt, float *y, size_t ldy, const void *w, size_t n, size_t r0,
+		     size_t r1, const void *act, size_t ntok, float *scratch);
+float kvk_dot_f16_avx2(const float *a, const uint16_t *b, size_t n);
+void kvk_axpy_f16_avx2(float *y, float s, const uint16_t *b, size_t n);
+#endif
+
+/* Panel height for the F16/BF16 weight-to-f32 conversion in the batched path. */
+#define KVK_PANEL_ROWS 16
+
+#endif

@@ -1,0 +1,23 @@
+/* ref_fwd — a plain scalar Llama/Qwen2 forward pass, written to be obviously correct and to
+ * share no code with the engine or the kernels: one token at a time, weights dequantized by
+ * its own decoders, sums in double, f32 KV cache. Also builds random hand-made models. */
+#ifndef KVFS_TEST_REF_FWD_H
+#define KVFS_TEST_REF_FWD_H
+
+#include <stdint.h>
+
+#include "model.h"
+
+struct ref_fwd;
+
+int ref_fwd_create(const struct kvi_model *m, int max_ctx, struct ref_fwd **out);
+void ref_fwd_destroy(struct ref_fwd *r);
+/* Appends token tok at the next position; logits (n_vocab) may be NULL. */
+void ref_fwd_step(struct ref_fwd *r, int32_t tok, float *logits);
+
+/* A model with random weights of type wt for every matrix (norms/biases F32), built with
+ * kvi_model_init_empty; weights are malloc'd and freed by ref_model_free. */
+struct kvi_model *ref_model_random(const struct kvi_config *cfg, enum kvi_dtype wt, uint64_t seed);
+void ref_model_free(struct kvi_model *m);
+
+#endif

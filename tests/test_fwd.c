@@ -1,0 +1,471 @@
+/* Tests for engine/fwd: the optimized forward pass against the scalar reference (ref_fwd.c)
+ * for every weight type and both ISAs, and bit-identical logits (memcmp) across prefill chunk
+ * sizes, prefill vs decode, thread counts, decode batches, KV export/import and forks.
+ *
+ * Tolerance against the reference (stated in docs/engine.md): max |engine - ref| over a
+ * logits row <= TOL * max(1, max |ref|), TOL = 2e-3 for F32/F16/BF16 weights (the engine
+ * keeps K/V in f16 and sums in f32) and 6e-2 for Q8_0 (the engine also quantizes activations
+ * to 8 bits per block of 32, as llama.cpp does; the reference does not). */
+#include <errno.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "fwd.h"
+#include "kvk.h"
+#include "ref_fwd.h"
+
+static struct kvi_config cfg_llama(void)
+{
+	struct kvi_config c = {.arch = "llama",
+			       .n_layer = 2,
+			       .n_embd = 64,
+			       .n_ff = 96,
+			       .n_head = 4,
+			       .n_head_kv = 2,
+			       .head_dim = 16,
+			       .rope_dim = 16,
+			       .rope_base = 10000,
+			       .rms_eps = 1e-5f,
+			       .n_ctx_train = 512,
+			       .n_vocab = 203,
+			       .rope_style = KVI_ROPE_ADJACENT};
+	return c;
+}
+
+static struct kvi_config cfg_qwen(void)
+{
+	struct kvi_config c = cfg_llama();
+	strcpy(c.arch, "qwen2");
+	c.n_head_kv = 1;
+	c.rope_style = KVI_ROPE_HALVES;
+	c.rope_base = 1000000;
+	c.rms_eps = 1e-6f;
+	c.has_qkv_bias = 1;
+	c.tied_output = 1;
+	return c;
+}
+
+/* Odd sizes (float weight types only): SIMD tails, partial RoPE, head_dim 15. */
+static struct kvi_config cfg_odd(void)
+{
+	struct kvi_config c = cfg_llama();
+	c.n_embd = 60;
+	c.n_head = 4;
+	c.head_dim = 15;
+	c.rope_dim = 14;
+	c.n_ff = 100;
+	c.n_vocab = 37;
+	return c;
+}
+
+static const enum kvi_dtype dtypes[] = {KVI_F32, KVI_F16, KVI_BF16, KVI_Q8_0};
+
+static void tokens(int32_t *t, int n, int vocab, unsigned seed)
+{
+	for (int i = 0; i < n; i++) {
+		seed = seed * 1103515245u + 12345u;
+		t[i] = (int32_t)((seed >> 8) % (unsigned)vocab);
+	}
+}
+
+static struct kvi_engine *engine(const struct kvi_model *m, int threads, int chunk, int B, int isa)
+{
+	struct kvi_engine_opts o;
+	kvi_engine_opts_default(&o);
+	o.threads = threads;
+	o.max_batch_tokens = chunk;
+	o.block_tokens = B;
+	o.max_ctx = 256;
+	o.kv_blocks = 64;
+	o.isa = isa;
+	struct kvi_engine *e = NULL;
+	assert_int_equal(kvi_engine_create(m, &o, &e), 0);
+	return e;
+}
+
+static double rel_err(const float *a, const float *ref, int n)
+{
+	double mx = 1, d = 0;
+	for (int i = 0; i < n; i++) {
+		mx = fmax(mx, fabs(ref[i]));
+		d = fmax(d, fabs((double)a[i] - ref[i]));
+	}
+	return d / mx;
+}
+
+/* Prefill P0 tokens (chunk 8), decode the rest one by one; every logits row against the
+ * reference's. Returns the worst relative error. */
+static double vs_reference(const struct kvi_config *c, enum kvi_dtype wt, int isa)
+{
+	enum { P = 40, P0 = 29 };
+	struct kvi_model *m = ref_model_random(c, wt, 11 + (uint64_t)wt);
+	assert_non_null(m);
+	int V = c->n_vocab;
+	int32_t tok[P];
+	tokens(tok, P, V, 5);
+	float *ref = malloc(sizeof(float) * V * P), *got = malloc(sizeof(float) * V);
+	struct ref_fwd *r;
+	assert_int_equal(ref_fwd_create(m, P, &r), 0);
+	for (int i = 0; i < P; i++)
+		ref_fwd_step(r, tok[i], ref + (size_t)i * V);
+	ref_fwd_destroy(r);
+
+	struct kvi_engine *e = engine(m, 2, 8, 16, isa);
+	struct kvi_seq *s;
+	assert_int_equal(kvi_seq_create(kvi_engine_kv(e), &s), 0);
+	assert_int_equal(kvi_engine_prefill(e, s, tok, P0, got), 0);
+	double worst = rel_err(got, ref + (size_t)(P0 - 1) * V, V);
+	for (int i = P0; i < P; i++) {
+		assert_int_equal(kvi_engine_decode(e, &s, &tok[i], 1, got), 0);
+		worst = fmax(worst, rel_err(got, ref + (size_t)i * V, V));
+	}
+	assert_int_equal(kvi_seq_len(s), P);
+	kvi_seq_destroy(s);
+	kvi_engine_destroy(e);
+	free(ref);
+	free(got);
+	ref_model_free(m);
+	return worst;
+}
+
+static void check_vs_reference(enum kvi_dtype wt)
+{
+	double tol = wt == KVI_Q8_0 ? 6e-2 : 2e-3;
+	struct kvi_config cfgs[3] = {cfg_llama(), cfg_qwen(), cfg_odd()};
+	int ncfg = wt == KVI_Q8_0 ? 2 : 3;
+	int isas[2] = {KVK_ISA_SCALAR, kvk_isa_best()};
+	for (int ci = 0; ci < ncfg; ci++)
+		for (int ii = 0; ii < 2; ii++) {
+			double err = vs_reference(&cfgs[ci], wt, isas[ii]);
+			printf("  type %2d %-5s %-6s rel err %.2e (tol %.0e)\n", wt, cfgs[ci].arch,
+			       kvk_isa_name(isas[ii]), err, tol);
+			assert_true(err <= tol);
+		}
+}
+
+static void test_ref_f32(void **st)
+{
+	(void)st;
+	check_vs_reference(KVI_F32);
+}
+
+static void test_ref_f16(void **st)
+{
+	(void)st;
+	check_vs_reference(KVI_F16);
+}
+
+static void test_ref_bf16(void **st)
+{
+	(void)st;
+	check_vs_reference(KVI_BF16);
+}
+
+static void test_ref_q8_0(void **st)
+{
+	(void)st;
+	check_vs_reference(KVI_Q8_0);
+}
+
+/* Prefill n tokens with the given chunk/threads; last logits and every KV block's bytes. */
+static void run_prefill(const struct kvi_model *m, const int32_t *tok, int n, int chunk,
+			int threads, float *logits, uint8_t *kvbytes)
+{
+	struct kvi_engine *e = engine(m, threads, chunk, 16, 0);
+	struct kvi_kv *kv = kvi_engine_kv(e);
+	struct kvi_seq *s;
+	assert_int_equal(kvi_seq_create(kv, &s), 0);
+	assert_int_equal(kvi_engine_prefill(e, s, tok, n, logits), 0);
+	size_t bb = kvi_kv_block_bytes(kv);
+	int full = n / 16;
+	for (int b = 0; b < full; b++)
+		assert_int_equal(
+		    kvi_kv_block_export(kv, kvi_seq_blocks(s)[b], kvbytes + b * bb, bb), (long)bb);
+	kvi_seq_destroy(s);
+	kvi_engine_destroy(e);
+}
+
+static void test_chunk_invariance(void **st)
+{
+	(void)st;
+	enum { N = 100 };
+	struct kvi_config cfgs[3] = {cfg_llama(), cfg_qwen(), cfg_odd()};
+	for (int ci = 0; ci < 3; ci++)
+		for (size_t di = 0; di < 4; di++) {
+			if (ci == 2 && dtypes[di] == KVI_Q8_0)
+				continue;
+			struct kvi_model *m = ref_model_random(&cfgs[ci], dtypes[di], 3 + di);
+			int V = cfgs[ci].n_vocab;
+			int32_t tok[N];
+			tokens(tok, N, V, 9);
+			size_t bb = (size_t)cfgs[ci].n_layer * 2 * 16 * cfgs[ci].n_head_kv *
+				    cfgs[ci].head_dim * 2;
+			float *l0 = malloc(V * 4), *l1 = malloc(V * 4);
+			uint8_t *k0 = malloc(bb * (N / 16)), *k1 = malloc(bb * (N / 16));
+			run_prefill(m, tok, N, 64, 1, l0, k0);
+			const int chunks[] = {1, 7, 64, 5};
+			const int threads[] = {1, 2, 2, 2};
+			for (int i = 0; i < 4; i++) {
+				run_prefill(m, tok, N, chunks[i], threads[i], l1, k1);
+				assert_memory_equal(l0, l1, (size_t)V * 4);
+				assert_memory_equal(k0, k1, bb * (N / 16));
+			}
+			/* prefill N-1, then the last token through decode */
+			struct kvi_engine *e = engine(m, 2, 64, 16, 0);
+			struct kvi_seq *s;
+			assert_int_equal(kvi_seq_create(kvi_engine_kv(e), &s), 0);
+			assert_int_equal(kvi_engine_prefill(e, s, tok, N - 1, NULL), 0);
+			assert_int_equal(kvi_engine_decode(e, &s, &tok[N - 1], 1, l1), 0);
+			assert_memory_equal(l0, l1, (size_t)V * 4);
+			kvi_seq_destroy(s);
+			kvi_engine_destroy(e);
+			free(l0), free(l1), free(k0), free(k1);
+			ref_model_free(m);
+		}
+}
+
+/* Three sequences decoded in one batch give the logits each gets alone. */
+static void test_decode_batch(void **st)
+{
+	(void)st;
+	struct kvi_config c = cfg_qwen();
+	for (size_t di = 0; di < 4; di++) {
+		struct kvi_model *m = ref_model_random(&c, dtypes[di], 21);
+		int V = c.n_vocab;
+		struct kvi_engine *e = engine(m, 2, 64, 16, 0);
+		struct kvi_seq *s[3];
+		int32_t tok[3][40], next[3] = {1, 2, 3};
+		float *alone = malloc(3 * V * 4), *batch = malloc(3 * V * 4);
+		for (int i = 0; i < 3; i++) {
+			tokens(tok[i], 40, V, 100 + i);
+			assert_int_equal(kvi_seq_create(kvi_engine_kv(e), &s[i]), 0);
+			assert_int_equal(kvi_engine_prefill(e, s[i], tok[i], 10 + 13 * i, NULL), 0);
+		}
+		struct kvi_seq *f[3];
+		for (int i = 0; i < 3; i++) {
+			assert_int_equal(kvi_seq_fork(s[i], &f[i]), 0);
+			assert_int_equal(kvi_engine_decode(e, &f[i], &next[i], 1, alone + i * V),
+					 0);
+		}
+		assert_int_equal(kvi_engine_decode(e, s, next, 3, batch), 0);
+		assert_memory_equal(alone, batch, (size_t)3 * V * 4);
+		/* the same sequence twice in one batch is refused */
+		struct kvi_seq *dup[2] = {s[0], s[0]};
+		assert_int_equal(kvi_engine_decode(e, dup, next, 2, batch), -EINVAL);
+		for (int i = 0; i < 3; i++) {
+			kvi_seq_destroy(s[i]);
+			kvi_seq_destroy(f[i]);
+		}
+		kvi_engine_destroy(e);
+		free(alone), free(batch);
+		ref_model_free(m);
+	}
+}
+
+static int argmax(const float *l, int n)
+{
+	int b = 0;
+	for (int i = 1; i < n; i++)
+		if (l[i] > l[b])
+			b = i;
+	return b;
+}
+
+/* Greedy: prompt, then gen tokens; writes the tokens and the last logits. */
+static void greedy(struct kvi_engine *e, struct kvi_seq *s, const int32_t *prompt, int n, int gen,
+		   int32_t *out, float *logits)
+{
+	int V = kvi_engine_config(e)->n_vocab;
+	assert_int_equal(kvi_engine_prefill(e, s, prompt, n, logits), 0);
+	for (int i = 0; i < gen; i++) {
+		out[i] = argmax(logits, V);
+		assert_int_equal(kvi_engine_decode(e, &s, &out[i], 1, logits), 0);
+	}
+}
+
+/* Export the full blocks of a prefix, import them into a fresh engine, attach, prefill the
+ * tail and decode: the same tokens and bit-identical logits as a cold run. */
+static void test_kv_export_import(void **st)
+{
+	(void)st;
+	enum { N = 75, GEN = 12, B = 16 };
+	struct kvi_config cfgs[2] = {cfg_llama(), cfg_qwen()};
+	for (int ci = 0; ci < 2; ci++)
+		for (size_t di = 0; di < 4; di++) {
+			struct kvi_model *m = ref_model_random(&cfgs[ci], dtypes[di], 31);
+			int V = cfgs[ci].n_vocab;
+			int32_t tok[N], cold[GEN], warm[GEN];
+			tokens(tok, N, V, 77);
+			float *lc = malloc(V * 4), *lw = malloc(V * 4);
+
+			struct kvi_engine *e = engine(m, 2, 64, B, 0);
+			struct kvi_kv *kv = kvi_engine_kv(e);
+			struct kvi_seq *s;
+			assert_int_equal(kvi_seq_create(kv, &s), 0);
+			greedy(e, s, tok, N, GEN, cold, lc);
+			int nfull = N / B;
+			size_t bb = kvi_kv_block_bytes(kv);
+			uint8_t *buf = malloc(bb * nfull);
+			for (int b = 0; b < nfull; b++)
+				assert_int_equal(
+				    kvi_kv_block_export(kv, kvi_seq_blocks(s)[b], buf + b * bb, bb),
+				    (long)bb);
+			kvi_seq_destroy(s);
+			kvi_engine_destroy(e);
+
+			/* a different engine (other threads/chunk), blocks in other slots */
+			e = engine(m, 1, 7, B, 0);
+			kv = kvi_engine_kv(e);
+			int junk = kvi_kv_block_alloc(kv);
+			assert_true(junk >= 0);
+			int32_t ids[8];
+			for (int b = 0; b < nfull; b++) {
+				ids[b] = kvi_kv_block_alloc(kv);
+				assert_true(ids[b] >= 0);
+				assert_int_equal(kvi_kv_block_import(kv, ids[b], buf + b * bb, bb),
+						 0);
+			}
+			assert_int_equal(kvi_seq_create(kv, &s), 0);
+			assert_int_equal(kvi_seq_attach(s, ids, nfull, nfull * B), 0);
+			for (int b = 0; b < nfull; b++) /* the sequence holds them now */
+				assert_int_equal(kvi_kv_block_unref(kv, ids[b]), 0);
+			greedy(e, s, tok + nfull * B, N - nfull * B, GEN, warm, lw);
+			assert_memory_equal(cold, warm, sizeof(cold));
+			assert_memory_equal(lc, lw, (size_t)V * 4);
+			kvi_seq_destroy(s);
+			assert_int_equal(kvi_kv_block_unref(kv, junk), 0);
+			assert_int_equal(kvi_kv_n_free(kv), kvi_kv_n_blocks(kv));
+			kvi_engine_destroy(e);
+			free(buf), free(lc), free(lw);
+			ref_model_free(m);
+		}
+}
+
+/* A forked sequence shares the prefix; both continue differently (copy on write of the
+ * partly filled block) and each matches a cold run of its own tokens. */
+static void test_fork_cow(void **st)
+{
+	(void)st;
+	struct kvi_config c = cfg_llama();
+	struct kvi_model *m = ref_model_random(&c, KVI_F16, 41);
+	int V = c.n_vocab;
+	int32_t a[30], b[30];
+	tokens(a, 30, V, 1);
+	memcpy(b, a, sizeof(a));
+	for (int i = 20; i < 30; i++)
+		b[i] = (a[i] + 1) % V;
+	float *la = malloc(V * 4), *lb = malloc(V * 4), *ref = malloc(V * 4);
+	struct kvi_engine *e = engine(m, 2, 64, 16, 0);
+	struct kvi_seq *s, *f, *cold;
+	assert_int_equal(kvi_seq_create(kvi_engine_kv(e), &s), 0);
+	assert_int_equal(kvi_engine_prefill(e, s, a, 20, NULL), 0);
+	assert_int_equal(kvi_seq_fork(s, &f), 0);
+	assert_int_equal(kvi_kv_block_refcount(kvi_engine_kv(e), kvi_seq_blocks(s)[1]), 2);
+	assert_int_equal(kvi_engine_prefill(e, s, a + 20, 10, la), 0);
+	assert_int_equal(kvi_engine_prefill(e, f, b + 20, 10, lb), 0);
+	assert_int_not_equal(kvi_seq_blocks(s)[1], kvi_seq_blocks(f)[1]);
+	assert_int_equal(kvi_seq_blocks(s)[0], kvi_seq_blocks(f)[0]);
+	assert_int_equal(kvi_seq_create(kvi_engine_kv(e), &cold), 0);
+	assert_int_equal(kvi_engine_prefill(e, cold, b, 30, ref), 0);
+	assert_memory_equal(lb, ref, (size_t)V * 4);
+	kvi_seq_destroy(cold);
+	assert_int_equal(kvi_seq_create(kvi_engine_kv(e), &cold), 0);
+	assert_int_equal(kvi_engine_prefill(e, cold, a, 30, ref), 0);
+	assert_memory_equal(la, ref, (size_t)V * 4);
+	kvi_seq_destroy(cold);
+	kvi_seq_destroy(s);
+	kvi_seq_destroy(f);
+	kvi_engine_destroy(e);
+	free(la), free(lb), free(ref);
+	ref_model_free(m);
+}
+
+static void test_greedy_deterministic(void **st)
+{
+	(void)st;
+	struct kvi_config c = cfg_qwen();
+	struct kvi_model *m = ref_model_random(&c, KVI_Q8_0, 51);
+	int V = c.n_vocab;
+	int32_t p[20], g1[30], g2[30];
+	tokens(p, 20, V, 3);
+	float *l = malloc(V * 4), *l1 = malloc(V * 4);
+	for (int run = 0; run < 2; run++) {
+		struct kvi_engine *e = engine(m, 1 + run, 64, 16, 0);
+		struct kvi_seq *s;
+		assert_int_equal(kvi_seq_create(kvi_engine_kv(e), &s), 0);
+		greedy(e, s, p, 20, 30, run ? g2 : g1, run ? l : l1);
+		kvi_seq_destroy(s);
+		kvi_engine_destroy(e);
+	}
+	assert_memory_equal(g1, g2, sizeof(g1));
+	assert_memory_equal(l, l1, (size_t)V * 4);
+	free(l1);
+	free(l);
+	ref_model_free(m);
+}
+
+static void test_errors(void **st)
+{
+	(void)st;
+	struct kvi_config c = cfg_llama();
+	struct kvi_model *m = ref_model_random(&c, KVI_F32, 61);
+	struct kvi_engine_opts o;
+	kvi_engine_opts_default(&o);
+	o.max_ctx = 40;
+	o.block_tokens = 16;
+	o.kv_blocks = 3;
+	struct kvi_engine *e;
+	assert_int_equal(kvi_engine_create(m, &o, &e), 0);
+	struct kvi_seq *s, *s2;
+	assert_int_equal(kvi_seq_create(kvi_engine_kv(e), &s), 0);
+	int32_t t[50] = {0};
+	t[3] = c.n_vocab; /* out of range */
+	assert_int_equal(kvi_engine_prefill(e, s, t, 5, NULL), -EINVAL);
+	t[3] = -1;
+	assert_int_equal(kvi_engine_prefill(e, s, t, 5, NULL), -EINVAL);
+	t[3] = 0;
+	assert_int_equal(kvi_engine_prefill(e, s, t, 0, NULL), -EINVAL);
+	assert_int_equal(kvi_engine_prefill(e, s, t, 41, NULL), -E2BIG);
+	assert_int_equal(kvi_engine_prefill(e, s, t, 40, NULL), 0);
+	assert_int_equal(kvi_engine_decode(e, &s, t, 1, NULL), -E2BIG);
+	assert_int_equal(kvi_seq_create(kvi_engine_kv(e), &s2), 0);
+	assert_int_equal(kvi_engine_prefill(e, s2, t, 20, NULL), -ENOSPC); /* 3 blocks in use */
+	assert_int_equal(kvi_seq_len(s2), 0);
+	kvi_seq_destroy(s2);
+	kvi_seq_destroy(s);
+	kvi_engine_destroy(e);
+
+	/* a wrong shape is refused at create, not crashed on later */
+	struct kvi_tensor saved = m->layers[1].wk;
+	m->layers[1].wk.ne[1] = 7;
+	assert_int_equal(kvi_engine_create(m, &o, &e), -EINVAL);
+	m->layers[1].wk = saved;
+	m->layers[0].w_up.nbytes /= 2;
+	assert_int_equal(kvi_engine_create(m, &o, &e), -EINVAL);
+	m->layers[0].w_up.nbytes *= 2;
+	ref_model_free(m);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_ref_f32),
+	    cmocka_unit_test(test_ref_f16),
+	    cmocka_unit_test(test_ref_bf16),
+	    cmocka_unit_test(test_ref_q8_0),
+	    cmocka_unit_test(test_chunk_invariance),
+	    cmocka_unit_test(test_decode_batch),
+	    cmocka_unit_test(test_kv_export_import),
+	    cmocka_unit_test(test_fork_cow),
+	    cmocka_unit_test(test_greedy_deterministic),
+	    cmocka_unit_test(test_errors),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
