@@ -179,8 +179,8 @@ extern "C" int kvk_cu_swiglu(struct kvk_cuda_ctx *ctx, float *out, const float *
 	KVK_ENTER(ctx);
 	if (!n)
 		return 0;
-	unsigned nb = kvk_blocks(n, 256);
-	swiglu_kernel < < <nb> 65535 ? 65535 : nb, 256, 0, ctx->s_comp >>> (out, gate, up, n);
+	unsigned nb = kvk_blocks(n, 256), grid = nb > 65535 ? 65535 : nb;
+	swiglu_kernel<<<grid, 256, 0, ctx->s_comp>>>(out, gate, up, n);
 	KVK_LAUNCHED();
 	return 0;
 }
@@ -200,9 +200,8 @@ extern "C" int kvk_cu_convert(struct kvk_cuda_ctx *ctx, void *dst, enum kvk_dtyp
 	KVK_ENTER(ctx);
 	if (!n)
 		return 0;
-	unsigned nb = kvk_blocks(n, 256);
-	convert_kernel < < <nb> 65535 ? 65535 : nb, 256, 0,
-	    ctx->s_comp >>> ((uint16_t *)dst, dt == KVK_DT_BF16, src, n);
+	unsigned nb = kvk_blocks(n, 256), grid = nb > 65535 ? 65535 : nb;
+	convert_kernel<<<grid, 256, 0, ctx->s_comp>>>((uint16_t *)dst, dt == KVK_DT_BF16, src, n);
 	KVK_LAUNCHED();
 	return 0;
 }
