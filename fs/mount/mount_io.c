@@ -30,8 +30,9 @@ struct fh {
 	pthread_mutex_t lock; /* serializes kvc_pread on rf (one thread at a time) */
 	uint64_t ino;	      /* meta inode read */
 	struct kvc_file *rf;  /* lock */
-	char *buf;	      /* lock; read buffer */
-	size_t cap;	      /* lock */
+	char *buf;	      /* lock; read window: file bytes [woff, woff + wlen) */
+	size_t cap, wlen;     /* lock */
+	uint64_t woff, next;  /* lock; next = where a sequential read continues */
 	struct mnt_wfile *wf; /* writer (one reference) */
 	char *text;	      /* status file snapshot */
 	size_t len;
@@ -251,6 +252,10 @@ static void fh_drop(struct mnt *m, struct fh *h)
 		}
 		pthread_mutex_unlock(&wf->lock);
 	}
+	/* The kernel sends RELEASE once every reply on the handle has reached it, but the thread
+	 * that sent the last one may not have left mnt_read yet: wait for it. */
+	pthread_mutex_lock(&h->lock);
+	pthread_mutex_unlock(&h->lock);
 	fh_free(h);
 }
 
@@ -471,7 +476,9 @@ void mnt_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fus
 	if (h->kind == FH_VIRT) {
 		size_t o = (size_t)off < h->len ? (size_t)off : h->len;
 		size_t n = h->len - o < size ? h->len - o : size;
+		pthread_mutex_lock(&h->lock);
 		fuse_reply_buf(req, h->text + o, n);
+		pthread_mutex_unlock(&h->lock);
 		return;
 	}
 	if (h->kind != FH_READ) {
@@ -479,27 +486,51 @@ void mnt_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fus
 		return;
 	}
 	pthread_mutex_lock(&h->lock);
-	if (h->cap < size) {
-		char *nb = realloc(h->buf, size);
-		if (!nb) {
+	uint64_t o = (uint64_t)off, fsize = kvc_file_size(h->rf), wend = h->woff + h->wlen;
+	int hit = o >= h->woff && o < wend && (o + size <= wend || wend >= fsize);
+	if (!hit) {
+		/* Miss. A sequential reader (from the start, or where the last read ended) gets a
+		 * whole read-ahead window in one kvc_pread, so the chunks of the stripes ahead are
+		 * fetched in parallel instead of one kernel request at a time; a random read
+		 * fetches just what it asks. */
+		size_t want = size;
+		if ((o == 0 || o == h->next) && m->cfg.readahead > want)
+			want = (size_t)m->cfg.readahead;
+		if (o < fsize && want > fsize - o)
+			want = (size_t)(fsize - o) > size ? (size_t)(fsize - o) : size;
+		if (h->cap < want) {
+			char *nb = realloc(h->buf, want);
+			if (!nb) {
+				pthread_mutex_unlock(&h->lock);
+				fuse_reply_err(req, ENOMEM);
+				return;
+			}
+			h->buf = nb;
+			h->cap = want;
+		}
+		h->wlen = 0;
+		ssize_t n = o >= fsize ? 0 : kvc_pread(h->rf, h->buf, want, o);
+		if (n < 0) {
 			pthread_mutex_unlock(&h->lock);
-			fuse_reply_err(req, ENOMEM);
+			klog_error("read of inode %llu at %lld (+%zu) failed: %s",
+				   (unsigned long long)h->ino, (long long)off, want,
+				   kvp_strerror((int)n));
+			fuse_reply_err(req, (int)-n);
 			return;
 		}
-		h->buf = nb;
-		h->cap = size;
+		h->woff = o;
+		h->wlen = (size_t)n;
 	}
-	ssize_t n = kvc_pread(h->rf, h->buf, size, (uint64_t)off);
-	if (n < 0) {
-		pthread_mutex_unlock(&h->lock);
-		klog_error("read of inode %llu at %lld (+%zu) failed: %s",
-			   (unsigned long long)h->ino, (long long)off, size, kvp_strerror((int)n));
-		fuse_reply_err(req, (int)-n);
-		return;
+	size_t n = 0;
+	if (o >= h->woff && o < h->woff + h->wlen) {
+		n = (size_t)(h->woff + h->wlen - o);
+		if (n > size)
+			n = size;
 	}
+	h->next = o + n;
 	atomic_fetch_add_explicit(&m->n.reads, 1, memory_order_relaxed);
 	atomic_fetch_add_explicit(&m->n.read_bytes, (unsigned long long)n, memory_order_relaxed);
-	fuse_reply_buf(req, h->buf, (size_t)n);
+	fuse_reply_buf(req, h->buf + (o - h->woff) * (n > 0), n);
 	pthread_mutex_unlock(&h->lock);
 }
 
