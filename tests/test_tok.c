@@ -305,6 +305,153 @@ static void test_gpt2_known(void **state)
 	assert_int_equal(kvi_tok_find(t, "nope", 4), -ENOENT);
 }
 
+/* Reference BPE: rescan for the lowest-rank pair (leftmost on ties) after every merge. */
+static size_t naive_bpe(const struct kvi_tok *t, const char *s, size_t n, int32_t *ids)
+{
+	int32_t a[10], b[10], m[10];
+	for (int i = 0; i < 10; i++) {
+		const char *sp = strchr(GPT2_MERGES[i], ' ');
+		char cat[32];
+		size_t la = (size_t)(sp - GPT2_MERGES[i]);
+		a[i] = kvi_tok_find(t, GPT2_MERGES[i], la);
+		b[i] = kvi_tok_find(t, sp + 1, strlen(sp + 1));
+		snprintf(cat, sizeof(cat), "%.*s%s", (int)la, GPT2_MERGES[i], sp + 1);
+		m[i] = kvi_tok_find(t, cat, strlen(cat));
+	}
+	size_t k = 0;
+	for (size_t i = 0; i < n; i++)
+		ids[k++] = (uint8_t)s[i]; /* the fixture's byte tokens are ids 0..255 */
+	for (;;) {
+		int best = -1;
+		size_t at = 0;
+		for (size_t i = 0; i + 1 < k; i++)
+			for (int r = 0; r < 10; r++)
+				if (ids[i] == a[r] && ids[i + 1] == b[r] &&
+				    (best < 0 || r < best)) {
+					best = r;
+					at = i;
+				}
+		if (best < 0)
+			return k;
+		ids[at] = m[best];
+		memmove(ids + at + 1, ids + at + 2, (k - at - 2) * sizeof(int32_t));
+		k--;
+	}
+}
+
+/* The heap-based BPE gives the same ids as the reference on random single-piece words. */
+static void test_bpe_matches_naive(void **state)
+{
+	struct fixture *f = *state;
+	static const char alpha[] = "helowrd";
+	uint64_t rng = 2024;
+	char s[256];
+	int32_t got[256], want[256];
+	for (int it = 0; it < 2000; it++) {
+		rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+		size_t n = 8 + (size_t)(rng >> 33) % 200;
+		for (size_t i = 0; i < n; i++) {
+			rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+			s[i] = alpha[(rng >> 33) % 7];
+		}
+		size_t k = 0;
+		assert_int_equal(kvi_tok_encode(f->t, s, n, 0, got, 256, &k), 0);
+		size_t kw = naive_bpe(f->t, s, n, want);
+		if (k != kw || memcmp(got, want, k * sizeof(int32_t)))
+			fail_msg("'%.*s': %zu ids, reference %zu", (int)n, s, k, kw);
+	}
+}
+
+/* Reference SentencePiece: rescan for the best-scoring mergeable pair after every merge. */
+static size_t naive_spm(const struct kvi_tok *t, const char *text, size_t n, int32_t *ids)
+{
+	char buf[1024];
+	size_t bl = 0;
+	uint32_t st[512], ln[512];
+	size_t k = 0;
+	memcpy(buf, "\xe2\x96\x81", 3);
+	bl = 3;
+	for (size_t i = 0; i < n; i++) {
+		if (text[i] == ' ') {
+			memcpy(buf + bl, "\xe2\x96\x81", 3);
+			bl += 3;
+		} else {
+			buf[bl++] = text[i];
+		}
+	}
+	for (size_t i = 0; i < bl;) { /* ASCII or U+2581 only */
+		size_t cl = (uint8_t)buf[i] == 0xe2 ? 3 : 1;
+		st[k] = (uint32_t)i;
+		ln[k++] = (uint32_t)cl;
+		i += cl;
+	}
+	for (;;) {
+		int best = -1;
+		float bs = 0;
+		for (size_t i = 0; i + 1 < k; i++) {
+			int32_t id = kvi_tok_find(t, buf + st[i], ln[i] + ln[i + 1]);
+			if (id < 0)
+				continue;
+			float sc = -1e9f;
+			/* the fixture's scores: recover them through the known ids */
+			static const struct {
+				int id;
+				float s;
+			} SC[] = {{S_SP, -1},	{S_H, -2},	 {S_E, -2},	 {S_L, -2},
+				  {S_O, -2},	{S_W, -2},	 {S_R, -2},	 {S_D, -2},
+				  {S_SH, -7},	{S_HE, -6},	 {S_LL, -5},	 {S_SHE, -8},
+				  {S_LLO, -9},	{S_SHELLO, -12}, {S_SW, -7},	 {S_OR, -6},
+				  {S_SWOR, -8}, {S_LD, -5},	 {S_SWORLD, -12}};
+			for (size_t j = 0; j < sizeof(SC) / sizeof(SC[0]); j++)
+				if (SC[j].id == id)
+					sc = SC[j].s;
+			if (best < 0 || sc > bs) {
+				best = (int)i;
+				bs = sc;
+			}
+		}
+		if (best < 0)
+			break;
+		ln[best] += ln[best + 1];
+		memmove(st + best + 1, st + best + 2, (k - (size_t)best - 2) * sizeof(uint32_t));
+		memmove(ln + best + 1, ln + best + 2, (k - (size_t)best - 2) * sizeof(uint32_t));
+		k--;
+	}
+	size_t o = 0;
+	for (size_t i = 0; i < k; i++) {
+		int32_t id = kvi_tok_find(t, buf + st[i], ln[i]);
+		if (id >= 0) {
+			ids[o++] = id;
+			continue;
+		}
+		for (uint32_t j = 0; j < ln[i]; j++)
+			ids[o++] = S_BYTE0 + (uint8_t)buf[st[i] + j];
+	}
+	return o;
+}
+
+static void test_spm_matches_naive(void **state)
+{
+	struct fixture *f = *state;
+	static const char alpha[] = "helowrd  ";
+	uint64_t rng = 77;
+	char s[200];
+	int32_t got[1024], want[1024];
+	for (int it = 0; it < 2000; it++) {
+		rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+		size_t n = 1 + (size_t)(rng >> 33) % 150;
+		for (size_t i = 0; i < n; i++) {
+			rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+			s[i] = alpha[(rng >> 33) % 9];
+		}
+		size_t k = 0;
+		assert_int_equal(kvi_tok_encode(f->t, s, n, 0, got, 1024, &k), 0);
+		size_t kw = naive_spm(f->t, s, n, want);
+		if (k != kw || memcmp(got, want, k * sizeof(int32_t)))
+			fail_msg("'%.*s': %zu ids, reference %zu", (int)n, s, k, kw);
+	}
+}
+
 /* Qwen2's pre-tokenizer splits digits one by one: "12" never merges. */
 static void test_qwen2_digits(void **state)
 {
@@ -463,6 +610,8 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_roundtrip, setup_gpt2, teardown),
 	    cmocka_unit_test_setup_teardown(test_spm_known, setup_spm, teardown),
 	    cmocka_unit_test_setup_teardown(test_roundtrip, setup_spm, teardown),
+	    cmocka_unit_test_setup_teardown(test_bpe_matches_naive, setup_gpt2, teardown),
+	    cmocka_unit_test_setup_teardown(test_spm_matches_naive, setup_spm, teardown),
 	    cmocka_unit_test_setup_teardown(test_qwen2_digits, setup_qwen2, teardown),
 	    cmocka_unit_test_setup_teardown(test_roundtrip, setup_qwen2, teardown),
 	    cmocka_unit_test(test_synth_vocab),
