@@ -8,9 +8,10 @@
  * closes the database (call it after kvp_server_stop()).
  *
  * Durability: every change is one RocksDB WriteBatch, written to the WAL before the reply is
- * sent; with opts.sync the WAL is also fsync'd. Threading: meta_handle is called from many
- * connection threads at once; mutations are serialised by one mutex, reads are lock-free.
- * Returns 0 or a negative errno (-EIO for RocksDB errors, logged).
+ * sent (survives kill -9); with opts.sync the WAL is also fsync'd before the reply (survives a
+ * machine crash), outside the mutex so concurrent changes share a flush. Threading: meta_handle is
+ * called from many connection threads at once; mutations are serialised by one mutex, reads are
+ * lock-free. Returns 0 or a negative errno (-EIO for RocksDB errors, logged).
  */
 #ifndef KVFS_META_H
 #define KVFS_META_H
