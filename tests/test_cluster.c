@@ -490,6 +490,72 @@ static void test_enospc(void **state)
 	fprintf(stderr, "  enospc: stop %.1f s\n", (double)(now_ms() - ts) / 1000);
 }
 
+/* ---- a node with rotten chunks, then a stopped node ---- */
+
+/* Flips the last byte of every chunk file a node holds (DIR/chunks/XX/<id>). */
+static int rot_node(const char *dir)
+{
+	return kvh_sh("for f in '%s'/chunks/*/*; do [ -f \"$f\" ] && [ -s \"$f\" ] || continue; "
+		      "printf '\\xA5' | dd of=\"$f\" bs=1 seek=$(( $(stat -c %%s \"$f\") - 1 )) "
+		      "conv=notrunc status=none; done",
+		      dir);
+}
+
+static void test_corrupt_and_stopped_node(void **state)
+{
+	(void)state;
+	NEED_CLUSTER();
+	struct kvc *c;
+	assert_int_equal(open_client(&g_cl, &c), 0);
+	kvc_set_read_timeout(c, 500);
+	assert_int_equal(kvc_mkdir(c, KVP_ROOT_INO, "rot", 0755, NULL), 0);
+	const int nf = 20;
+	for (int i = 0; i < nf; i++) {
+		char path[64];
+		snprintf(path, sizeof(path), "/rot/f%02d", i);
+		assert_int_equal(put_seeded(c, path, 200000 + (size_t)i * 40000, 300 + i, 0), 0);
+	}
+	/* Every chunk on node 6 now fails its CRC: reads decode around it, byte-exact. */
+	assert_int_equal(rot_node(g_cl.nodes[6].dir), 0);
+	struct kvc_stats s0, s1;
+	kvc_get_stats(c, &s0);
+	for (int i = 0; i < nf; i++) {
+		char path[64];
+		snprintf(path, sizeof(path), "/rot/f%02d", i);
+		assert_int_equal(check_file(c, path, 200000 + (size_t)i * 40000, 300 + i), 0);
+	}
+	kvc_get_stats(c, &s1);
+	assert_true(s1.crc_errors > s0.crc_errors);
+	assert_true(s1.degraded_reads - s0.degraded_reads >= s1.crc_errors - s0.crc_errors);
+
+	/* A stopped (not dead) node: its connection stays open and it never answers. Reads pay
+	 * one short timeout, then skip it. (Fresh files: the rotten ones have lost their one
+	 * chunk of slack already.) */
+	for (int i = 0; i < nf; i++) {
+		char path[64];
+		snprintf(path, sizeof(path), "/rot/g%02d", i);
+		assert_int_equal(put_seeded(c, path, 200000 + (size_t)i * 40000, 300 + i, 0), 0);
+	}
+	pid_t pid = g_cl.nodes[8].pid;
+	assert_int_equal(kill(pid, SIGSTOP), 0);
+	int64_t t0 = now_ms();
+	for (int i = 0; i < nf; i++) {
+		char path[64];
+		snprintf(path, sizeof(path), "/rot/g%02d", i);
+		int rc = check_file(c, path, 200000 + (size_t)i * 40000, 300 + i);
+		if (rc) {
+			kill(pid, SIGCONT);
+			fail_msg("read with node 8 stopped: %s", kvp_strerror(rc));
+		}
+	}
+	int64_t took = now_ms() - t0;
+	kill(pid, SIGCONT);
+	fprintf(stderr, "  rot: %llu crc errors; %d files with a node stopped in %lld ms\n",
+		(unsigned long long)(s1.crc_errors - s0.crc_errors), nf, (long long)took);
+	assert_true(took < 4000);
+	kvc_close(c);
+}
+
 /* ---- hostile frames ---- */
 
 static int raw_connect(const char *addr)
@@ -627,6 +693,7 @@ int main(void)
 	    cmocka_unit_test(test_namespace),
 	    cmocka_unit_test(test_many_files_and_degraded),
 	    cmocka_unit_test(test_meta_kill_during_writes),
+	    cmocka_unit_test(test_corrupt_and_stopped_node),
 	    cmocka_unit_test(test_enospc),
 	    cmocka_unit_test(test_hostile_frames),
 	};
