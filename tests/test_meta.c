@@ -910,6 +910,34 @@ static void test_sync(void **state)
 	daemon_stop(&d, SIGTERM);
 }
 
+/* An ALLOC never committed is aborted after --write-timeout and its chunks are deleted. */
+static void test_write_expiry(void **state)
+{
+	(void)state;
+	struct daemon d;
+	daemon_start2(&d, "db-expiry", "10s", "--write-timeout=2s");
+	struct kvp_client *c = connect_to(&d);
+	for (int i = 0; i < 3; i++) {
+		uint32_t id;
+		assert_int_equal(heartbeat(c, 800 + (uint64_t)i, g_nodes.addr, GIB, 0, &id), 0);
+	}
+	struct alloc a, live;
+	struct kvp_attr b;
+	assert_int_equal(alloc_(c, 2, 1, 4096, 2, &a), 0);
+	sleep_ms(1000);
+	assert_int_equal(alloc_(c, 2, 1, 4096, 1, &live), 0);
+	assert_true(all_deleted(a.chunk, 6)); /* expires 2 s after its ALLOC, deleted next pass */
+	assert_int_equal(commit_(c, KVP_ROOT_INO, "late", &a, 2, 4096, 3 * 4096, 0, &b), -ESTALE);
+	/* The younger write is still valid. */
+	assert_int_equal(commit_(c, KVP_ROOT_INO, "young", &live, 2, 4096, 100, 0, &b), 0);
+	for (int i = 0; i < 3; i++)
+		assert_false(deleted(live.chunk[i]));
+	alloc_free(&a);
+	alloc_free(&live);
+	kvp_client_close(c);
+	daemon_stop(&d, SIGTERM);
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -919,7 +947,7 @@ int main(void)
 	    cmocka_unit_test(test_node_timeout),  cmocka_unit_test(test_delete_retry),
 	    cmocka_unit_test(test_bad_frames),	  cmocka_unit_test(test_flags),
 	    cmocka_unit_test(test_concurrency),	  cmocka_unit_test(test_kill9),
-	    cmocka_unit_test(test_sync),
+	    cmocka_unit_test(test_sync),	  cmocka_unit_test(test_write_expiry),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
