@@ -162,7 +162,7 @@ static int each_tensor(struct kvi_model *m,
 		       int (*fn)(void *ctx, const char *name, struct kvi_tensor *t, int kind),
 		       void *ctx);
 
-enum { K_MAT = 0, K_NORM = 1, K_BIAS = 2, K_EMBD = 3, K_OUT = 4 };
+enum { K_MAT = 0, K_NORM = 1, K_BIAS = 2, K_EMBD = 3, K_OUT = 4, K_FREQ = 5 };
 
 int kvi_model_compute_fingerprint(struct kvi_model *m)
 {
@@ -251,6 +251,9 @@ static int each_tensor(struct kvi_model *m,
 	    {"ffn_up.weight", offsetof(struct kvi_layer, w_up), K_MAT},
 	    {"ffn_down.weight", offsetof(struct kvi_layer, w_down), K_MAT},
 	};
+	/* optional: the loader marks its presence with ne[0] != 0 before calling us */
+	if (m->rope_freqs.ne[0] && (ret = fn(ctx, "rope_freqs.weight", &m->rope_freqs, K_FREQ)))
+		return ret;
 	for (int l = 0; l < m->cfg.n_layer; l++) {
 		for (size_t i = 0; i < sizeof(L) / sizeof(L[0]); i++) {
 			if (L[i].kind == K_BIAS && !m->cfg.has_qkv_bias)
@@ -398,7 +401,7 @@ static int take(struct ld *l, const char *name, struct kvi_tensor *dst, int kind
 			return 1;
 		return lfail(l, "missing tensor '%s'", name);
 	}
-	int is_vec = kind == K_NORM || kind == K_BIAS;
+	int is_vec = kind == K_NORM || kind == K_BIAS || kind == K_FREQ;
 	if (is_vec ? t->type != KVI_F32
 		   : (t->type != KVI_F32 && t->type != KVI_F16 && t->type != KVI_BF16 &&
 		      t->type != KVI_Q8_0))
@@ -445,6 +448,8 @@ static int load_cb(void *ctx, const char *name, struct kvi_tensor *t, int kind)
 	int64_t e0 = c->n_embd, e1 = 1;
 	if (kind == K_EMBD || kind == K_OUT) {
 		e1 = c->n_vocab;
+	} else if (kind == K_FREQ) {
+		e0 = c->rope_dim / 2;
 	} else if (!strcmp(base, "attn_q.weight")) {
 		e1 = q;
 	} else if (!strcmp(base, "attn_k.weight") || !strcmp(base, "attn_v.weight")) {
@@ -498,6 +503,8 @@ int kvi_model_from_gguf(struct kvi_gguf *g, struct kvi_model **out, char *err, s
 		ret = -ENOMEM;
 		goto fail;
 	}
+	if (kvi_gguf_find_tensor(g, "rope_freqs.weight"))
+		m->rope_freqs.ne[0] = 1; /* present: each_tensor visits it, load_cb fills it */
 	if ((ret = each_tensor(m, load_cb, &l)))
 		goto fail;
 	if (m->cfg.tied_output)

@@ -77,6 +77,10 @@ struct kvi_model {
 	 * every tensor's name, type, shape and bytes. Filled by the loader. */
 	uint8_t fingerprint[32];
 	void *priv; /* loader-owned (the GGUF mapping); NULL for hand-built models */
+	/* Optional (rope_dim / 2) F32 "rope_freqs.weight" of Llama 3.1+ files ("llama3" RoPE
+	 * scaling): pair i rotates by pos * rope_base^(-2i / rope_dim) / rope_freqs[i]. data ==
+	 * NULL (and ne[0] == 0) when the file has none: then no scaling. */
+	struct kvi_tensor rope_freqs;
 };
 
 /* Loads a GGUF file (memory-mapped, validated). On error returns a negative errno and writes

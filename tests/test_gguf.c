@@ -33,12 +33,20 @@ struct spec {
 	const char *bad_type;	 /* tensor written as F16 (norms) or Q4_0-like unsupported type */
 	int head_count_array;	 /* per-layer head counts */
 	float eps;
+	int rope_freqs; /* 1: rope_freqs.weight of the right shape, 2: a wrong one */
 };
 
 static struct spec llama_spec(void)
 {
-	return (struct spec){"llama", 2, 64,   4,    2,	   96,	 40, KVI_F32,
-			     0,	      0, NULL, NULL, NULL, NULL, 0,  1e-5f};
+	return (struct spec){.arch = "llama",
+			     .n_layer = 2,
+			     .n_embd = 64,
+			     .n_head = 4,
+			     .n_kv = 2,
+			     .n_ff = 96,
+			     .n_vocab = 40,
+			     .type = KVI_F32,
+			     .eps = 1e-5f};
 }
 
 /* Builds a small model file in memory. Returns 0 and the buffer (caller frees). */
@@ -87,6 +95,8 @@ static void build(const struct spec *s, void **buf, size_t *len)
 	} while (0)
 	ADD("token_embd.weight", s->n_embd, s->n_vocab, 0);
 	ADD("output_norm.weight", s->n_embd, 1, 1);
+	if (s->rope_freqs)
+		ADD("rope_freqs.weight", hd / 2 + (s->rope_freqs == 2), 1, 1);
 	if (!s->tied)
 		ADD("output.weight", s->n_embd, s->n_vocab, 0);
 	char nm[64];
@@ -266,6 +276,35 @@ static void test_valid_qwen2_tied(void **state)
 	assert_non_null(m->layers[1].bv.data);
 	kvi_model_free(m);
 	free(buf);
+}
+
+static void test_rope_freqs(void **state)
+{
+	(void)state;
+	struct spec s = llama_spec();
+	s.rope_freqs = 1;
+	void *buf;
+	size_t len;
+	build(&s, &buf, &len);
+	char err[256];
+	struct kvi_model *m, *plain;
+	if (try_load(buf, len, err, sizeof(err), &m))
+		fail_msg("%s", err);
+	assert_non_null(m->rope_freqs.data);
+	assert_int_equal(m->rope_freqs.ne[0], 8);
+	assert_int_equal(m->rope_freqs.type, KVI_F32);
+	free(buf);
+	s.rope_freqs = 0;
+	build(&s, &buf, &len);
+	assert_int_equal(try_load(buf, len, err, sizeof(err), &plain), 0);
+	assert_null(plain->rope_freqs.data);
+	assert_int_equal(plain->rope_freqs.ne[0], 0);
+	assert_memory_not_equal(m->fingerprint, plain->fingerprint, 32);
+	kvi_model_free(m);
+	kvi_model_free(plain);
+	free(buf);
+	s.rope_freqs = 2;
+	expect_spec_fail(&s, "tensor 'rope_freqs.weight': shape (9, 1), expected (8, 1)");
 }
 
 static void test_fingerprint(void **state)
@@ -1086,10 +1125,15 @@ static void test_random_corruption(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_valid_llama), cmocka_unit_test(test_valid_qwen2_tied),
-	    cmocka_unit_test(test_fingerprint), cmocka_unit_test(test_fingerprint_chunks),
-	    cmocka_unit_test(test_file_load),	cmocka_unit_test(test_writer_to_file),
-	    cmocka_unit_test(test_getters),	BAD_TESTS,
+	    cmocka_unit_test(test_valid_llama),
+	    cmocka_unit_test(test_valid_qwen2_tied),
+	    cmocka_unit_test(test_rope_freqs),
+	    cmocka_unit_test(test_fingerprint),
+	    cmocka_unit_test(test_fingerprint_chunks),
+	    cmocka_unit_test(test_file_load),
+	    cmocka_unit_test(test_writer_to_file),
+	    cmocka_unit_test(test_getters),
+	    BAD_TESTS,
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
