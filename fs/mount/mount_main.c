@@ -223,11 +223,102 @@ static void redirect_stdio(const char *logfile)
 		close(log);
 }
 
+/* Connects, mounts, serves until unmounted. wfd >= 0: the background parent waits there for
+ * "0" or an error text. Returns the exit status. */
+static int serve(struct mnt *m, const struct kvp_secret *secret, int wfd)
+{
+	char err[1024];
+	int rc, status = 1;
+	struct kvc_opts ko = {
+	    .meta_addr = m->meta_addr,
+	    .secret = secret,
+	    .timeout_ms = (int)(m->cfg.timeout * 1000),
+	    .k = (int)m->cfg.k,
+	    .m = (int)m->cfg.m,
+	    .max_chunk = (uint32_t)m->cfg.chunk,
+	    .max_file = m->cfg.max_file,
+	    .max_buffered = m->cfg.max_buffered,
+	};
+	if ((rc = kvc_open(&ko, &m->c))) {
+		snprintf(err, sizeof(err), "cannot reach the metadata server at %s: %s%s",
+			 m->meta_addr, kvp_strerror(rc),
+			 rc == -EACCES ? " (wrong cluster secret?)" : "");
+		goto fail;
+	}
+	m->uid = getuid();
+	m->gid = getgid();
+	m->start_ns = mnt_now_ns();
+	atomic_init(&m->next_temp, 1);
+	pthread_mutex_init(&m->rel_lock, NULL);
+	pthread_cond_init(&m->rel_cond, NULL);
+	if (mnt_itab_create(&m->itab)) {
+		snprintf(err, sizeof(err), "out of memory");
+		goto fail_kvc;
+	}
+	char fsopts[512];
+	snprintf(fsopts, sizeof(fsopts), "fsname=kvfs:%s,subtype=kvfs,max_read=%u%s", m->meta_addr,
+		 1u << 20, m->cfg.allow_other ? ",allow_other" : "");
+	char *fargv[] = {"kvfs-mount", "-o", fsopts, m->cfg.debug ? "-d" : NULL, NULL};
+	struct fuse_args fa = FUSE_ARGS_INIT(m->cfg.debug ? 4 : 3, fargv);
+	m->se = fuse_session_new(&fa, &mnt_ops, sizeof(mnt_ops), m);
+	fuse_opt_free_args(&fa);
+	if (!m->se) {
+		snprintf(err, sizeof(err), "cannot create the FUSE session");
+		goto fail_itab;
+	}
+	if (fuse_set_signal_handlers(m->se) != 0) {
+		snprintf(err, sizeof(err), "cannot install signal handlers");
+		goto fail_se;
+	}
+	if (fuse_session_mount(m->se, m->mountpoint) != 0) {
+		snprintf(err, sizeof(err),
+			 "cannot mount on %s (is /dev/fuse usable and the directory not already "
+			 "a mount? a stale one: fusermount3 -u %s)",
+			 m->mountpoint, m->mountpoint);
+		goto fail_sig;
+	}
+	set_readahead(m->mountpoint, m->cfg.readahead);
+	klog_info("mounted %s on %s (pid %d)", m->meta_addr, m->mountpoint, (int)getpid());
+	if (wfd >= 0) {
+		report(wfd, "0");
+		wfd = -1;
+		if (chdir("/") != 0)
+			klog_warn("chdir /: %s", strerror(errno));
+		redirect_stdio(m->cfg.log_file);
+	}
+	struct fuse_loop_config *lc = fuse_loop_cfg_create();
+	fuse_loop_cfg_set_max_threads(lc, (unsigned)m->cfg.threads);
+	fuse_loop_cfg_set_idle_threads(lc, (unsigned)(m->cfg.threads / 2 + 1));
+	fuse_loop_cfg_set_clone_fd(lc, 0);
+	rc = fuse_session_loop_mt(m->se, lc);
+	fuse_loop_cfg_destroy(lc);
+	klog_info("unmounting %s", m->mountpoint);
+	fuse_session_unmount(m->se);
+	status = rc == 0 ? 0 : 1;
+	err[0] = 0;
+fail_sig:
+	fuse_remove_signal_handlers(m->se);
+fail_se:
+	fuse_session_destroy(m->se);
+fail_itab:
+	mnt_itab_destroy(m->itab);
+	pthread_cond_destroy(&m->rel_cond);
+	pthread_mutex_destroy(&m->rel_lock);
+fail_kvc:
+	kvc_close(m->c);
+fail:
+	if (status) {
+		if (wfd < 0)
+			fprintf(stderr, "kvfs-mount: %s\n", err);
+		report(wfd, err);
+	}
+	return status;
+}
+
 int main(int argc, char **argv)
 {
-	struct mnt *m = calloc(1, sizeof(*m));
-	if (!m)
-		return 1;
+	struct mnt mstore, *m = &mstore; /* lives as long as the process serves */
+	memset(m, 0, sizeof(*m));
 	int npos = 0, rc = parse_args(argc, argv, &m->cfg, &npos);
 	if (rc)
 		return rc == 1 ? 0 : 2;
@@ -257,9 +348,9 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	signal(SIGPIPE, SIG_IGN);
-
 	int wfd = -1;
 	if (!m->cfg.foreground) {
+		/* Fork before any thread exists; the child reports how the mount went. */
 		int p[2];
 		if (pipe(p)) {
 			perror("kvfs-mount: pipe");
@@ -278,84 +369,5 @@ int main(int argc, char **argv)
 		wfd = p[1];
 		setsid();
 	}
-
-	char err[1024];
-	struct kvc_opts ko = {
-	    .meta_addr = m->meta_addr,
-	    .secret = &secret,
-	    .timeout_ms = (int)(m->cfg.timeout * 1000),
-	    .k = (int)m->cfg.k,
-	    .m = (int)m->cfg.m,
-	    .max_chunk = (uint32_t)m->cfg.chunk,
-	    .max_file = m->cfg.max_file,
-	    .max_buffered = m->cfg.max_buffered,
-	};
-	if ((rc = kvc_open(&ko, &m->c))) {
-		snprintf(err, sizeof(err), "cannot reach the metadata server at %s: %s%s",
-			 m->meta_addr, kvp_strerror(rc),
-			 rc == -EACCES ? " (wrong cluster secret?)" : "");
-		if (wfd < 0)
-			fprintf(stderr, "kvfs-mount: %s\n", err);
-		report(wfd, err);
-		return 1;
-	}
-	m->uid = getuid();
-	m->gid = getgid();
-	m->start_ns = mnt_now_ns();
-	atomic_init(&m->next_temp, 1);
-	pthread_mutex_init(&m->rel_lock, NULL);
-	pthread_cond_init(&m->rel_cond, NULL);
-	if (mnt_itab_create(&m->itab)) {
-		report(wfd, "out of memory");
-		return 1;
-	}
-
-	char fsopts[512];
-	snprintf(fsopts, sizeof(fsopts), "fsname=kvfs:%s,subtype=kvfs,max_read=%u%s", m->meta_addr,
-		 1u << 20, m->cfg.allow_other ? ",allow_other" : "");
-	char *fargv[] = {argv[0], "-o", fsopts, m->cfg.debug ? "-d" : NULL, NULL};
-	struct fuse_args fa = FUSE_ARGS_INIT(m->cfg.debug ? 4 : 3, fargv);
-	m->se = fuse_session_new(&fa, &mnt_ops, sizeof(mnt_ops), m);
-	if (!m->se || fuse_set_signal_handlers(m->se) != 0) {
-		report(wfd, "cannot create the FUSE session");
-		return 1;
-	}
-	if (fuse_session_mount(m->se, m->mountpoint) != 0) {
-		snprintf(err, sizeof(err),
-			 "cannot mount on %s (is /dev/fuse usable and the directory not already "
-			 "a mount? a stale one: fusermount3 -u %s)",
-			 m->mountpoint, m->mountpoint);
-		if (wfd < 0)
-			fprintf(stderr, "kvfs-mount: %s\n", err);
-		report(wfd, err);
-		fuse_remove_signal_handlers(m->se);
-		fuse_session_destroy(m->se);
-		kvc_close(m->c);
-		return 1;
-	}
-	set_readahead(m->mountpoint, m->cfg.readahead);
-	klog_info("mounted %s on %s (pid %d)", m->meta_addr, m->mountpoint, (int)getpid());
-	if (wfd >= 0) {
-		report(wfd, "0");
-		if (chdir("/") != 0)
-			klog_warn("chdir /: %s", strerror(errno));
-		redirect_stdio(m->cfg.log_file);
-	}
-
-	struct fuse_loop_config *lc = fuse_loop_cfg_create();
-	fuse_loop_cfg_set_max_threads(lc, (unsigned)m->cfg.threads);
-	fuse_loop_cfg_set_idle_threads(lc, (unsigned)(m->cfg.threads / 2 + 1));
-	fuse_loop_cfg_set_clone_fd(lc, 0);
-	rc = fuse_session_loop_mt(m->se, lc);
-	fuse_loop_cfg_destroy(lc);
-	klog_info("unmounting %s", m->mountpoint);
-	fuse_session_unmount(m->se);
-	fuse_remove_signal_handlers(m->se);
-	fuse_session_destroy(m->se);
-	mnt_itab_destroy(m->itab);
-	kvc_close(m->c);
-	pthread_cond_destroy(&m->rel_cond);
-	pthread_mutex_destroy(&m->rel_lock);
-	free(m);
-	return rc == 0 ? 0 : 1;
+	return serve(m, &secret, wfd);
 }
