@@ -305,9 +305,11 @@ static int get_int(struct ld *l, const char *suffix, int def, int lo, int hi, in
 	if (ret == -EINVAL)
 		return lfail(l, "key '%s' is not an integer (per-layer arrays are not supported)",
 			     key);
-	if (ret || v < (uint32_t)lo || v > (uint32_t)hi)
-		return lfail(l, "key '%s' = %lld out of range [%d, %d]", key,
-			     ret ? -1LL : (long long)v, lo, hi);
+	if (ret)
+		return lfail(l, "key '%s' is negative or larger than 2^32 (allowed: [%d, %d])", key,
+			     lo, hi);
+	if (v < (uint32_t)lo || v > (uint32_t)hi)
+		return lfail(l, "key '%s' = %u out of range [%d, %d]", key, v, lo, hi);
 	*out = (int)v;
 	return 0;
 }

@@ -1021,6 +1021,9 @@ static void test_bad_model(void **state)
 	s.head_count_array = 1;
 	expect_spec_fail(&s, "llama.attention.head_count' is not an integer");
 	s = llama_spec();
+	s.n_layer = 0;
+	expect_spec_fail(&s, "key 'llama.block_count' = 0 out of range [1, 4096]");
+	s = llama_spec();
 	s.eps = 0.0f;
 	expect_spec_fail(&s, "layer_norm_rms_epsilon' = 0 out of range");
 	s = llama_spec();
