@@ -24,6 +24,10 @@ test: build
 demo: build
 	@bash tools/demo.sh $(BUILD)
 
+.PHONY: demo-stop
+demo-stop:
+	@bash tools/demo.sh stop $(BUILD)
+
 asan:
 	$(MAKE) test BUILD=build-asan SANITIZE=ON
 
