@@ -227,9 +227,19 @@ static void test_alloc_placement(void **state)
 	/* Equal nodes share evenly: 240 * 11 / 12 = 220 each. */
 	for (int i = 1; i <= NNODES; i++)
 		assert_true(count[i] >= 215 && count[i] <= 225);
+
 	/* Chunk ids are fresh and distinct. */
 	for (size_t i = 1; i < (size_t)ns * a.width; i++)
 		assert_true(a.chunk[i] > a.chunk[i - 1]);
+	alloc_free(&a);
+	/* Stripes over every node (11+1 on 12): parity is spread too, or healthy reads would
+	 * never touch the node that always holds it. 240 / 12 = 20 each on average. */
+	assert_int_equal(alloc_(g_c, 11, 1, 1u << 20, ns, &a), 0);
+	uint32_t parity[NNODES + 2] = {0};
+	for (uint32_t st = 0; st < ns; st++)
+		parity[a.node[st * a.width + 11]]++;
+	for (int i = 1; i <= NNODES; i++)
+		assert_true(parity[i] >= 5 && parity[i] <= 45);
 	alloc_free(&a);
 
 	/* Geometry errors. */

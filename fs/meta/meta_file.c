@@ -165,18 +165,31 @@ static int up_nodes(struct meta *m, struct cand **out)
 }
 
 /* Each stripe goes to the k+m nodes with the most free space left, counting what earlier
- * stripes of this request put there: the emptiest nodes fill first and equal ones rotate. */
+ * stripes of this request put there: the emptiest nodes fill first and equal ones rotate.
+ * Which of the chosen nodes gets which slot is shuffled per stripe: healthy reads touch only
+ * data slots, so a fixed order would leave the same nodes holding parity, never read. */
 static int place(struct cand *c, size_t n, const struct mpend *p)
 {
 	size_t w = (size_t)(p->k + p->m);
+	uint64_t rng = ((uint64_t)random() << 32 | (uint64_t)random()) | 1;
 	cand_sort(c, n);
 	for (uint32_t s = 0; s < p->nstripes; s++) {
 		if (c[w - 1].free < (int64_t)p->chunk_size)
 			return -ENOSPC;
+		uint32_t *slot = p->node + (size_t)s * w;
 		for (size_t j = 0; j < w; j++) {
-			p->node[(size_t)s * w + j] = c[j].id;
+			slot[j] = c[j].id;
 			c[j].free -= p->chunk_size;
 			c[j].used_here = 1;
+		}
+		for (size_t j = w - 1; j > 0; j--) { /* Fisher-Yates, xorshift64 */
+			rng ^= rng << 13;
+			rng ^= rng >> 7;
+			rng ^= rng << 17;
+			size_t r = (size_t)(rng % (j + 1));
+			uint32_t t = slot[j];
+			slot[j] = slot[r];
+			slot[r] = t;
 		}
 		cand_sort(c, n);
 	}
