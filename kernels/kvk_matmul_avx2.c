@@ -53,21 +53,28 @@ static AVX2 AI void tile_f(enum kvk_wtype wt, int RB, int TB, float *y, size_t l
 			   const uint8_t *w, size_t wstride, size_t n, const float *x)
 {
 	__m256 acc[4][4];
+#pragma GCC unroll 4
 	for (int i = 0; i < RB; i++)
+#pragma GCC unroll 4
 		for (int j = 0; j < TB; j++)
 			acc[i][j] = _mm256_setzero_ps();
 	size_t n8 = n & ~(size_t)7;
 	for (size_t k = 0; k < n8; k += 8) {
 		__m256 xv[4];
+#pragma GCC unroll 4
 		for (int j = 0; j < TB; j++)
 			xv[j] = _mm256_loadu_ps(x + j * n + k);
+#pragma GCC unroll 4
 		for (int i = 0; i < RB; i++) {
 			__m256 wv = ld8(wt, w + i * wstride, k);
+#pragma GCC unroll 4
 			for (int j = 0; j < TB; j++)
 				acc[i][j] = _mm256_fmadd_ps(wv, xv[j], acc[i][j]);
 		}
 	}
+#pragma GCC unroll 4
 	for (int i = 0; i < RB; i++)
+#pragma GCC unroll 4
 		for (int j = 0; j < TB; j++) {
 			float s = hsum8(acc[i][j]);
 			for (size_t k = n8; k < n; k++)
@@ -116,7 +123,10 @@ static AVX2 AI void rows_f(enum kvk_wtype wt, float *y, size_t ldy, const uint8_
 static AVX2 void rows_f32(float *y, size_t ldy, const uint8_t *w, size_t ws, size_t n, size_t r0,
 			  size_t r1, const float *x, size_t ntok)
 {
-	rows_f(KVK_W_F32, y, ldy, w, ws, n, r0, r1, x, ntok);
+	/* panels of rows against all tokens: each weight leaves memory once */
+	for (size_t p = r0; p < r1; p += KVK_PANEL_ROWS)
+		rows_f(KVK_W_F32, y, ldy, w, ws, n, p,
+		       p + KVK_PANEL_ROWS < r1 ? p + KVK_PANEL_ROWS : r1, x, ntok);
 }
 
 static AVX2 void rows_f16(float *y, size_t ldy, const uint8_t *w, size_t ws, size_t n, size_t r0,
@@ -159,17 +169,21 @@ static AVX2 AI void tile_q8(int RB, int TB, float *y, size_t ldy, const uint8_t 
 			    size_t nb, const int8_t *xq, size_t n, const float *xd)
 {
 	__m256 acc[4][4];
+#pragma GCC unroll 4
 	for (int i = 0; i < RB; i++)
+#pragma GCC unroll 4
 		for (int j = 0; j < TB; j++)
 			acc[i][j] = _mm256_setzero_ps();
 	const __m256i ones = _mm256_set1_epi16(1);
 	for (size_t b = 0; b < nb; b++) {
 		__m256i xv[4];
 		float dx[4];
+#pragma GCC unroll 4
 		for (int j = 0; j < TB; j++) {
 			xv[j] = _mm256_loadu_si256((const __m256i *)(xq + j * n + b * 32));
 			dx[j] = xd[j * nb + b];
 		}
+#pragma GCC unroll 4
 		for (int i = 0; i < RB; i++) {
 			const uint8_t *blk = w + i * ws + b * 34;
 			uint16_t h;
@@ -177,6 +191,7 @@ static AVX2 AI void tile_q8(int RB, int TB, float *y, size_t ldy, const uint8_t 
 			float dw = _cvtsh_ss(h);
 			__m256i wq = _mm256_loadu_si256((const __m256i *)(blk + 2));
 			__m256i aw = _mm256_sign_epi8(wq, wq);
+#pragma GCC unroll 4
 			for (int j = 0; j < TB; j++) {
 				__m256i sx = _mm256_sign_epi8(xv[j], wq);
 				__m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
@@ -185,35 +200,42 @@ static AVX2 AI void tile_q8(int RB, int TB, float *y, size_t ldy, const uint8_t 
 			}
 		}
 	}
+#pragma GCC unroll 4
 	for (int i = 0; i < RB; i++)
+#pragma GCC unroll 4
 		for (int j = 0; j < TB; j++)
 			y[j * ldy + i] = hsum8(acc[i][j]);
 }
 
+/* Rows in panels of KVK_PANEL_ROWS (about 15 KB of Q8_0 at n = 896: stays in L1) against
+ * every token pair, so a weight is read from memory once per call, not once per token pair. */
 static AVX2 void rows_q8(float *y, size_t ldy, const uint8_t *w, size_t ws, size_t n, size_t r0,
 			 size_t r1, const void *act, size_t ntok)
 {
 	size_t nb = n / 32;
 	const int8_t *q = act;
 	const float *d = (const float *)((const uint8_t *)act + kvk_q8act_qbytes(n, ntok));
-	size_t t = 0;
-	for (; t + 2 <= ntok; t += 2) {
-		size_t r = r0;
-		for (; r + 4 <= r1; r += 4)
-			tile_q8(4, 2, y + t * ldy + r, ldy, w + r * ws, ws, nb, q + t * n, n,
-				d + t * nb);
-		for (; r < r1; r++)
-			tile_q8(1, 2, y + t * ldy + r, ldy, w + r * ws, ws, nb, q + t * n, n,
-				d + t * nb);
-	}
-	if (t < ntok) {
-		size_t r = r0;
-		for (; r + 4 <= r1; r += 4)
-			tile_q8(4, 1, y + t * ldy + r, ldy, w + r * ws, ws, nb, q + t * n, n,
-				d + t * nb);
-		for (; r < r1; r++)
-			tile_q8(1, 1, y + t * ldy + r, ldy, w + r * ws, ws, nb, q + t * n, n,
-				d + t * nb);
+	for (size_t p0 = r0; p0 < r1; p0 += KVK_PANEL_ROWS) {
+		size_t p1 = p0 + KVK_PANEL_ROWS < r1 ? p0 + KVK_PANEL_ROWS : r1;
+		size_t t = 0;
+		for (; t + 2 <= ntok; t += 2) {
+			size_t r = p0;
+			for (; r + 4 <= p1; r += 4)
+				tile_q8(4, 2, y + t * ldy + r, ldy, w + r * ws, ws, nb, q + t * n,
+					n, d + t * nb);
+			for (; r < p1; r++)
+				tile_q8(1, 2, y + t * ldy + r, ldy, w + r * ws, ws, nb, q + t * n,
+					n, d + t * nb);
+		}
+		if (t < ntok) {
+			size_t r = p0;
+			for (; r + 4 <= p1; r += 4)
+				tile_q8(4, 1, y + t * ldy + r, ldy, w + r * ws, ws, nb, q + t * n,
+					n, d + t * nb);
+			for (; r < p1; r++)
+				tile_q8(1, 1, y + t * ldy + r, ldy, w + r * ws, ws, nb, q + t * n,
+					n, d + t * nb);
+		}
 	}
 }
 

@@ -1,0 +1,362 @@
+/* kvinfer — the engine's command line: one binary, subcommands in the table below.
+ *
+ *   kvinfer generate -m MODEL.gguf -p "prompt" -n N [--threads T] [--temp X] ...
+ *   kvinfer bench (-m MODEL.gguf | --shape qwen2-0.5b|llama-1b --type f16|q8_0) ...
+ *
+ * To add a subcommand: write `int kvinfer_cmd_<name>(int argc, char **argv)` (argv[0] is the
+ * subcommand name) and add a row to `cmds`. */
+#define KVFS_LOG_TAG "kvinfer"
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cfg.h"
+#include "fwd.h"
+#include "gguf.h"
+#include "kvinfer_cli.h"
+#include "kvk.h"
+#include "kvx.h"
+#include "log.h"
+#include "model.h"
+#include "sample.h"
+#include "tok.h"
+
+double kvinfer_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int kvinfer_default_threads(void)
+{
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+	return n > 0 ? (int)n : 1;
+}
+
+void kvinfer_short_flags(int argc, char **argv, const char *const *map)
+{
+	for (int i = 1; i < argc; i++)
+		for (int k = 0; map[k]; k += 2)
+			if (!strcmp(argv[i], map[k]))
+				argv[i] = (char *)map[k + 1];
+}
+
+char *kvinfer_take_flag(int *argc, char **argv, const char *name)
+{
+	for (int i = 1; i + 1 < *argc; i++)
+		if (!strcmp(argv[i], name)) {
+			char *v = argv[i + 1];
+			memmove(&argv[i], &argv[i + 2], (size_t)(*argc - i - 2) * sizeof(char *));
+			*argc -= 2;
+			argv[*argc] = NULL;
+			return v;
+		}
+	return NULL;
+}
+
+int kvinfer_parse_float(const char *s, float *out)
+{
+	char *end;
+	errno = 0;
+	double v = strtod(s, &end);
+	if (errno || end == s || *end)
+		return -EINVAL;
+	*out = (float)v;
+	return 0;
+}
+
+int kvinfer_parse_isa(const char *s)
+{
+	if (!*s || !strcmp(s, "auto"))
+		return KVK_ISA_AUTO;
+	if (!strcmp(s, "scalar"))
+		return KVK_ISA_SCALAR;
+	if (!strcmp(s, "avx2"))
+		return KVK_ISA_AVX2;
+	return -EINVAL;
+}
+
+/* ---- generate ------------------------------------------------------------------------ */
+
+struct gen_cfg {
+	char model[CFG_STR_MAX];
+	int64_t n_predict, threads, top_k, seed, batch, block_tokens, ctx;
+	char temp[CFG_STR_MAX], top_p[CFG_STR_MAX], isa[CFG_STR_MAX];
+	int no_bos, ignore_eos, special;
+	char kv_dir[CFG_STR_MAX], salt[CFG_STR_MAX]; /* KV connector (engine/kvx.h) */
+};
+
+#define GOFF(f) offsetof(struct gen_cfg, f)
+static const struct cfg_opt gen_opts[] = {
+    {"model", CFG_STR, GOFF(model), 0, 0, NULL, "GGUF model file (-m)"},
+    {"n-predict", CFG_INT, GOFF(n_predict), 0, 1 << 20, "64", "tokens to generate (-n)"},
+    {"threads", CFG_INT, GOFF(threads), 0, 256, "0", "threads, 0 = all cores (-t)"},
+    {"temp", CFG_STR, GOFF(temp), 0, 0, "0", "temperature, 0 = greedy"},
+    {"top-k", CFG_INT, GOFF(top_k), 0, 1 << 30, "40", "top-k, 0 = off"},
+    {"top-p", CFG_STR, GOFF(top_p), 0, 0, "0.95", "top-p, 1 = off"},
+    {"seed", CFG_INT, GOFF(seed), 0, 1e18, "0", "sampling seed"},
+    {"batch", CFG_INT, GOFF(batch), 1, 4096, "64", "prefill chunk (tokens per pass)"},
+    {"block-tokens", CFG_INT, GOFF(block_tokens), 1, 4096, "64", "KV block size B"},
+    {"ctx", CFG_INT, GOFF(ctx), 0, 1 << 24, "0", "max context, 0 = prompt + n-predict"},
+    {"isa", CFG_STR, GOFF(isa), 0, 0, "auto", "matmul kernels: auto, avx2, scalar"},
+    {"no-bos", CFG_BOOL, GOFF(no_bos), 0, 0, "false", "do not add BOS"},
+    {"ignore-eos", CFG_BOOL, GOFF(ignore_eos), 0, 0, "false", "do not stop at end tokens"},
+    {"special", CFG_BOOL, GOFF(special), 0, 0, "false", "parse/render control tokens"},
+    {"kv-dir", CFG_STR, GOFF(kv_dir), 0, 0, NULL,
+     "KV block cache directory (a kvfs mount or local): load the cached prompt prefix, save "
+     "new blocks"},
+    {"salt", CFG_STR, GOFF(salt), 0, 0, NULL, "cache salt (tenant): salts share no blocks"},
+    CFG_END,
+};
+
+static int parse_token_list(const char *s, int32_t **out, int *n)
+{
+	int cap = 16, cnt = 0;
+	int32_t *v = malloc((size_t)cap * sizeof(int32_t));
+	while (v && *s) {
+		char *end;
+		errno = 0;
+		long x = strtol(s, &end, 10);
+		if (errno || end == s || x < 0 || x > INT32_MAX || (*end && *end != ',')) {
+			free(v);
+			return -EINVAL;
+		}
+		if (cnt == cap) {
+			int32_t *nv = realloc(v, (size_t)(cap *= 2) * sizeof(int32_t));
+			if (!nv) {
+				free(v);
+				return -ENOMEM;
+			}
+			v = nv;
+		}
+		v[cnt++] = (int32_t)x;
+		s = *end ? end + 1 : end;
+	}
+	if (!v)
+		return -ENOMEM;
+	*out = v;
+	*n = cnt;
+	return 0;
+}
+
+static int cmd_generate(int argc, char **argv)
+{
+	static const char *const shorts[] = {"-m", "--model",	"-n", "--n-predict",
+					     "-t", "--threads", NULL};
+	kvinfer_short_flags(argc, argv, shorts);
+	/* the prompt may be longer than a cfg string: taken out before cfg_parse */
+	char *prompt = kvinfer_take_flag(&argc, argv, "-p");
+	if (!prompt)
+		prompt = kvinfer_take_flag(&argc, argv, "--prompt");
+	char *toklist = kvinfer_take_flag(&argc, argv, "--tokens");
+	struct gen_cfg gc;
+	int npos = 0;
+	int rc = cfg_parse(gen_opts, &gc, argc, argv,
+			   "-m MODEL.gguf (-p PROMPT | --tokens 1,2,3) [options]", &npos);
+	if (rc)
+		return rc > 0 ? 0 : 2;
+	float temp, top_p;
+	int isa = kvinfer_parse_isa(gc.isa);
+	if (!gc.model[0] || (!prompt && !toklist) || kvinfer_parse_float(gc.temp, &temp) ||
+	    kvinfer_parse_float(gc.top_p, &top_p) || isa < 0 || npos) {
+		fprintf(stderr, "kvinfer generate: need -m MODEL and -p PROMPT or --tokens "
+				"(valid --temp/--top-p/--isa); see --help\n");
+		return 2;
+	}
+	char err[256] = "";
+	struct kvi_model *m = NULL;
+	struct kvi_tok *tok = NULL;
+	struct kvi_engine *e = NULL;
+	struct kvi_seq *seq = NULL;
+	struct kvi_sampler *smp = NULL;
+	struct kvx *kx = NULL;
+	int32_t *ptoks = NULL;
+	float *logits = NULL;
+	int nprompt = 0, ret = 1;
+	rc = kvi_model_load(gc.model, &m, err, sizeof(err));
+	if (rc) {
+		fprintf(stderr, "kvinfer: %s: %s\n", gc.model, err[0] ? err : strerror(-rc));
+		return 1;
+	}
+	rc = kvi_tok_create(kvi_model_gguf(m), &tok, err, sizeof(err));
+	if (rc && !toklist) {
+		fprintf(stderr, "kvinfer: tokenizer: %s\n", err[0] ? err : strerror(-rc));
+		goto out;
+	}
+	if (toklist) {
+		if (parse_token_list(toklist, &ptoks, &nprompt) || nprompt == 0) {
+			fprintf(stderr, "kvinfer: --tokens: want a list like 1,2,3\n");
+			goto out;
+		}
+	} else {
+		size_t len = strlen(prompt), n = 0, cap = len + 8;
+		int flags = (!gc.no_bos && kvi_tok_wants_bos(tok) ? KVI_TOK_ADD_BOS : 0) |
+			    (gc.special ? KVI_TOK_PARSE_SPECIAL : 0);
+		ptoks = malloc(cap * sizeof(int32_t));
+		if (!ptoks || kvi_tok_encode(tok, prompt, len, flags, ptoks, cap, &n) || n == 0) {
+			fprintf(stderr, "kvinfer: cannot tokenize the prompt\n");
+			goto out;
+		}
+		nprompt = (int)n;
+	}
+	struct kvi_engine_opts eo;
+	kvi_engine_opts_default(&eo);
+	eo.threads = gc.threads > 0 ? (int)gc.threads : kvinfer_default_threads();
+	eo.max_batch_tokens = (int)gc.batch;
+	eo.block_tokens = (int)gc.block_tokens;
+	eo.max_ctx = gc.ctx > 0 ? (int)gc.ctx : nprompt + (int)gc.n_predict + 1;
+	eo.isa = isa;
+	rc = kvi_engine_create(m, &eo, &e);
+	if (rc) {
+		fprintf(stderr, "kvinfer: engine: %s\n", strerror(-rc));
+		goto out;
+	}
+	if (gc.kv_dir[0]) {
+		struct kvx_opts xo;
+		kvx_opts_default(&xo);
+		xo.dir = gc.kv_dir;
+		if ((rc = kvx_create(e, m, &xo, &kx))) {
+			fprintf(stderr, "kvinfer: --kv-dir %s: %s\n", gc.kv_dir, strerror(-rc));
+			goto out;
+		}
+	}
+	struct kvi_sample_params sp;
+	kvi_sample_params_default(&sp);
+	sp.temp = temp;
+	sp.top_k = (int)gc.top_k;
+	sp.top_p = top_p;
+	sp.seed = (uint64_t)gc.seed;
+	sp.max_tokens = (int)gc.n_predict;
+	int V = m->cfg.n_vocab;
+	logits = malloc((size_t)V * sizeof(float));
+	if (!logits || kvi_sampler_create(&sp, V, &smp) || kvi_seq_create(kvi_engine_kv(e), &seq)) {
+		fprintf(stderr, "kvinfer: out of memory\n");
+		goto out;
+	}
+	klog_info("model %s: %s, %d layers, embd %d, vocab %d; %d threads, kernels %s", gc.model,
+		  m->cfg.arch, m->cfg.n_layer, m->cfg.n_embd, V, eo.threads, kvi_engine_isa(e));
+	if (tok && !toklist) {
+		/* echo the prompt as the tokenizer sees it */
+		char buf[512];
+		for (int i = 0; i < nprompt; i++)
+			if (kvi_tok_decode_piece(tok, ptoks[i],
+						 gc.special ? KVI_TOK_RENDER_SPECIAL : 0, buf,
+						 sizeof(buf)) > 0)
+				fputs(buf, stdout);
+		fflush(stdout);
+	}
+	double t0 = kvinfer_now();
+	int cached = 0;
+	if (kx && (rc = kvx_load_prefix(kx, seq, ptoks, nprompt, gc.salt, &cached))) {
+		fprintf(stderr, "\nkvinfer: cache lookup: %s\n", strerror(-rc));
+		goto out;
+	}
+	double tl = kvinfer_now();
+	rc = kvi_engine_prefill(e, seq, ptoks + cached, nprompt - cached, logits);
+	double t1 = kvinfer_now(), t_first = t1;
+	int saved = 0;
+	if (rc) {
+		fprintf(stderr, "\nkvinfer: prefill: %s\n", strerror(-rc));
+		goto out;
+	}
+	int ngen = 0;
+	double td = 0;
+	while (gc.n_predict > 0) {
+		int32_t t = kvi_sampler_sample(smp, logits);
+		if (ngen == 0)
+			t_first =
+			    kvinfer_now(); /* TTFT: request start to the first sampled token */
+		int stop = kvi_sampler_accept(smp, t);
+		int eog = tok && !gc.ignore_eos && kvi_tok_is_eog(tok, t);
+		ngen++;
+		if (eog)
+			break;
+		char buf[512];
+		if (tok && kvi_tok_decode_piece(tok, t, gc.special ? KVI_TOK_RENDER_SPECIAL : 0,
+						buf, sizeof(buf)) > 0)
+			fputs(buf, stdout);
+		else if (!tok)
+			printf(" %d", t);
+		fflush(stdout);
+		if (kx && !saved) { /* after the first token: queue the prompt's new blocks */
+			kvx_save(kx, seq, ptoks, nprompt, gc.salt);
+			saved = 1;
+		}
+		if (stop)
+			break;
+		double a = kvinfer_now();
+		rc = kvi_engine_decode(e, &seq, &t, 1, logits);
+		td += kvinfer_now() - a;
+		if (rc) {
+			fprintf(stderr, "\nkvinfer: decode: %s\n", strerror(-rc));
+			goto out;
+		}
+	}
+	if (kx && !saved)
+		kvx_save(kx, seq, ptoks, nprompt, gc.salt);
+	int ndec = ngen > 0 ? ngen - 1 : 0; /* the first token came from prefill's logits */
+	fprintf(stderr, "\n\nprefill: %d tokens in %.3f s = %.2f tok/s\n", nprompt - cached,
+		t1 - tl, (nprompt - cached) / (t1 - tl));
+	if (kx) {
+		struct kvx_stats ks;
+		kvx_flush(kx); /* the saves, after the output: counted below */
+		kvx_stats_get(kx, &ks);
+		fprintf(
+		    stderr,
+		    "kv cache: %d cached tokens, %d computed; loaded %.1f MiB in %.3f ms; "
+		    "TTFT %.1f ms; saved %llu blocks (%llu existed, %llu errors, %llu dropped); "
+		    "misses: %llu absent, %llu corrupt, %llu wrong model, %llu mismatch, %llu "
+		    "truncated, %llu i/o\n",
+		    cached, nprompt - cached, ks.loaded_bytes / 1048576.0, ks.load_ns * 1e-6,
+		    (t_first - t0) * 1e3, (unsigned long long)ks.saved_blocks,
+		    (unsigned long long)ks.skipped_existing, (unsigned long long)ks.save_errors,
+		    (unsigned long long)ks.dropped_saves, (unsigned long long)ks.miss_absent,
+		    (unsigned long long)ks.miss_corrupt, (unsigned long long)ks.miss_wrong_model,
+		    (unsigned long long)ks.miss_mismatch, (unsigned long long)ks.miss_truncated,
+		    (unsigned long long)ks.miss_io);
+	} else {
+		fprintf(stderr, "TTFT %.1f ms\n", (t_first - t0) * 1e3);
+	}
+	fprintf(stderr, "decode:  %d tokens in %.3f s = %.2f tok/s (%d threads, %s)\n", ndec, td,
+		td > 0 ? ndec / td : 0.0, eo.threads, kvi_engine_isa(e));
+	ret = 0;
+out:
+	kvi_seq_destroy(seq);
+	kvx_destroy(kx); /* before the engine: it holds KV block references */
+	kvi_sampler_destroy(smp);
+	kvi_engine_destroy(e);
+	kvi_tok_free(tok);
+	kvi_model_free(m);
+	free(ptoks);
+	free(logits);
+	return ret;
+}
+
+/* ---- dispatch ------------------------------------------------------------------------ */
+
+static const struct {
+	const char *name;
+	int (*fn)(int argc, char **argv);
+	const char *help;
+} cmds[] = {
+    {"generate", cmd_generate, "generate text from a prompt, printing tokens as they come"},
+    {"bench", kvinfer_cmd_bench, "prefill/decode tok/s and matmul GFLOP/s vs machine peak"},
+};
+
+int main(int argc, char **argv)
+{
+	size_t n = sizeof(cmds) / sizeof(cmds[0]);
+	if (argc >= 2)
+		for (size_t i = 0; i < n; i++)
+			if (!strcmp(argv[1], cmds[i].name))
+				return cmds[i].fn(argc - 1, argv + 1);
+	fprintf(argc >= 2 && strcmp(argv[1], "--help") ? stderr : stdout,
+		"usage: kvinfer COMMAND [options]   (kvinfer COMMAND --help)\n");
+	for (size_t i = 0; i < n; i++)
+		printf("  %-10s %s\n", cmds[i].name, cmds[i].help);
+	return argc >= 2 && !strcmp(argv[1], "--help") ? 0 : 2;
+}
