@@ -75,8 +75,9 @@ fail:
 void kvx_mount_stop(void)
 {
 	if (M.mount_pid > 0) {
-		if (is_fuse(M.mnt) && kvh_sh("fusermount3 -u '%s'", M.mnt) != 0)
-			kvh_sh("fusermount3 -uz '%s'", M.mnt);
+		/* also when the daemon died: a dead mount fails statfs but is still mounted */
+		if (kvh_sh("fusermount3 -u '%s' 2>/dev/null", M.mnt) != 0)
+			kvh_sh("fusermount3 -uz '%s' 2>/dev/null", M.mnt);
 		kvh_stop_pid(M.mount_pid, SIGTERM, 5000);
 		M.mount_pid = 0;
 	}

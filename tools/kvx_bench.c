@@ -9,11 +9,13 @@
  *              one thread (like cat) and --raw-threads threads in parallel; the ratio is taken
  *              against the faster raw figure.
  *
- *   kvx-bench --model M.gguf --kv-dir DIR [--tokens 2048] [--threads 2] [--block 64]
+ *   kvx-bench --model M.gguf --kv-dir DIR [--also-dir DIR2] [--tokens 2048] [--threads 2]
  *
  * DIR may be a kvfs mount or a local directory; the bench works in DIR/kvx-bench-<pid>/ and
- * removes it at the end. Page cache is dropped per file with posix_fadvise(DONTNEED); caches
- * inside a FUSE daemon cannot be dropped from here, which is why the passes alternate.
+ * removes it at the end. With --also-dir the cold run's blocks are saved there too (no second
+ * cold prefill) and steps 2 and 3 run on both directories. Page cache is dropped per file with
+ * posix_fadvise(DONTNEED); caches inside a FUSE daemon cannot be dropped from here, which is why
+ * the passes alternate.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -35,7 +37,7 @@
 #include "model.h"
 
 struct bcfg {
-	char model[CFG_STR_MAX], kv_dir[CFG_STR_MAX];
+	char model[CFG_STR_MAX], kv_dir[CFG_STR_MAX], also_dir[CFG_STR_MAX];
 	int64_t tokens, threads, block, chunk, qd, reps, raw_threads, keep;
 };
 
@@ -46,6 +48,7 @@ struct bcfg {
 static const struct cfg_opt opts[] = {
     O("model", CFG_STR, model, 0, 0, NULL, "GGUF model"),
     O("kv-dir", CFG_STR, kv_dir, 0, 0, NULL, "cache directory (a kvfs mount or local)"),
+    O("also-dir", CFG_STR, also_dir, 0, 0, NULL, "a second cache directory to compare"),
     O("tokens", CFG_INT, tokens, 2, 65536, "2048", "prompt length"),
     O("threads", CFG_INT, threads, 1, 256, "2", "engine threads"),
     O("block", CFG_INT, block, 1, 896, "64", "KV block tokens"),
@@ -171,163 +174,219 @@ static int request(struct kvi_engine *e, struct kvx *x, const int32_t *p, int n,
 	return r;
 }
 
-int main(int argc, char **argv)
-{
+struct bench {
 	struct bcfg c;
-	int npos;
-	int r = cfg_parse(opts, &c, argc, argv, "", &npos);
-	if (r)
-		return r == 1 ? 0 : 2;
-	if (!c.model[0] || !c.kv_dir[0]) {
-		fprintf(stderr, "kvx-bench: --model and --kv-dir are required\n");
-		return 2;
-	}
-	char err[256];
 	struct kvi_model *m;
-	double t0 = now_s();
-	if ((r = kvi_model_load(c.model, &m, err, sizeof(err)))) {
-		fprintf(stderr, "kvx-bench: %s: %s\n", c.model, err);
-		return 1;
-	}
-	printf("model %s (%s, %d layers, %d kv heads x %d) loaded in %.2f s\n", c.model,
-	       m->cfg.arch, m->cfg.n_layer, m->cfg.n_head_kv, m->cfg.head_dim, now_s() - t0);
-	int n = (int)c.tokens, B = (int)c.block;
-	struct kvi_engine_opts eo;
-	kvi_engine_opts_default(&eo);
-	eo.threads = (int)c.threads;
-	eo.block_tokens = B;
-	eo.max_batch_tokens = (int)c.chunk;
-	eo.max_ctx = n + B;
-	eo.kv_blocks = 3 * ((n + B - 1) / B) + 4;
 	struct kvi_engine *e;
-	if ((r = kvi_engine_create(m, &eo, &e))) {
-		fprintf(stderr, "kvx-bench: engine: %s\n", strerror(-r));
-		return 1;
-	}
-	char dir[CFG_STR_MAX + 64];
-	snprintf(dir, sizeof(dir), "%s/kvx-bench-%d", c.kv_dir, (int)getpid());
+	int32_t *p;
+	int n, B, V;
+	float *l0; /* cold logits */
+	double cold_ttft;
+};
+
+/* Makes <root>/kvx-bench-<pid>; 0 or -1. */
+static int bench_dir(const char *root, char *dir, size_t cap)
+{
+	snprintf(dir, cap, "%s/kvx-bench-%d", root, (int)getpid());
 	if (mkdir(dir, 0755)) {
 		fprintf(stderr, "kvx-bench: mkdir %s: %s\n", dir, strerror(errno));
-		return 1;
+		return -1;
 	}
-	struct statfs sfs;
-	int fuse = statfs(dir, &sfs) == 0 && (unsigned)sfs.f_type == 0x65735546;
-	printf("cache dir %s (%s), isa %s, %d threads, B=%d, chunk %d, prompt %d tokens\n", dir,
-	       fuse ? "FUSE" : "local", kvi_engine_isa(e), eo.threads, B, eo.max_batch_tokens, n);
+	return 0;
+}
 
-	int32_t *p = malloc((size_t)n * sizeof(int32_t));
-	int V = m->cfg.n_vocab;
-	float *l0 = malloc((size_t)V * 4), *l1 = malloc((size_t)V * 4);
-	unsigned seed = 42;
-	for (int i = 0; i < n; i++) {
-		seed = seed * 1103515245u + 12345u;
-		p[i] = (int32_t)((seed >> 8) % (unsigned)V);
-	}
+static struct kvx *connector(struct bench *b, const char *dir)
+{
 	struct kvx_opts xo;
 	kvx_opts_default(&xo);
 	xo.dir = dir;
-	xo.queue_depth = (int)c.qd;
-	struct kvx *x;
-	if ((r = kvx_create(e, m, &xo, &x))) {
-		fprintf(stderr, "kvx-bench: kvx: %s\n", strerror(-r));
-		return 1;
-	}
+	xo.queue_depth = (int)b->c.qd;
+	struct kvx *x = NULL;
+	int r = kvx_create(b->e, b->m, &xo, &x);
+	if (r)
+		fprintf(stderr, "kvx-bench: kvx on %s: %s\n", dir, strerror(-r));
+	return x;
+}
 
-	/* 1. cold */
-	struct ttft cold, hot;
-	struct kvi_seq *s;
-	printf("cold prefill of %d tokens...\n", n);
-	fflush(stdout);
-	if ((r = request(e, x, p, n, l0, &cold, &s))) {
-		fprintf(stderr, "kvx-bench: cold run: %s\n", strerror(-r));
-		return 1;
-	}
+/* Saves seq's blocks into dir and waits for them. */
+static int save_all(struct bench *b, struct kvx *x, struct kvi_seq *s, const char *what)
+{
 	double ts = now_s();
-	int queued = kvx_save(x, s, p, n, NULL);
+	int queued = kvx_save(x, s, b->p, b->n, NULL);
 	double t_queue = now_s() - ts;
 	kvx_flush(x);
 	double t_flush = now_s() - ts;
-	kvi_seq_destroy(s);
 	struct kvx_stats st;
 	kvx_stats_get(x, &st);
-	kvx_destroy(x);
-	printf("cold:   TTFT %.3f s (%d tokens computed, %.1f tok/s); save: %d blocks queued in "
-	       "%.3f ms, written in %.3f s (%llu saved, %llu errors)\n",
-	       cold.ttft_s, n, n / cold.ttft_s, queued, t_queue * 1e3, t_flush,
-	       (unsigned long long)st.saved_blocks, (unsigned long long)st.save_errors);
+	printf("save (%s): %d blocks queued in %.3f ms (caller), written in %.3f s (%llu saved, "
+	       "%llu errors)\n",
+	       what, queued, t_queue * 1e3, t_flush, (unsigned long long)st.saved_blocks,
+	       (unsigned long long)st.save_errors);
+	return st.save_errors ? -1 : 0;
+}
 
-	/* the block files of the prompt, for cache drops and raw reads */
-	struct kvb_geom g = {(uint32_t)m->cfg.n_layer, (uint32_t)m->cfg.n_head_kv,
-			     (uint32_t)m->cfg.head_dim, KVB_DTYPE_F16, (uint32_t)B};
+/* Steps 2 and 3 on one directory. Returns 0 when the logits matched. */
+static int measure(struct bench *b, const char *dir)
+{
+	struct statfs sfs;
+	int fuse = statfs(dir, &sfs) == 0 && (unsigned)sfs.f_type == 0x65735546;
+	int n = b->n, B = b->B;
+	printf("--- %s (%s)\n", dir, fuse ? "kvfs mount" : "local directory");
+	struct kvb_geom g = {(uint32_t)b->m->cfg.n_layer, (uint32_t)b->m->cfg.n_head_kv,
+			     (uint32_t)b->m->cfg.head_dim, KVB_DTYPE_F16, (uint32_t)B};
 	uint8_t fp[KVB_HASH], sd[KVB_HASH];
-	kvb_fingerprint(m->fingerprint, &g, fp);
+	kvb_fingerprint(b->m->fingerprint, &g, fp);
 	kvb_salt_digest(NULL, sd);
 	int nb = (n - 1) / B;
 	uint8_t(*h)[KVB_HASH] = malloc((size_t)(nb + 1) * KVB_HASH);
-	kvb_chain(fp, sd, p, nb * B, B, h, nb);
 	struct files f = {.path = malloc((size_t)(nb + 1) * 1024), .n = nb};
+	float *l1 = malloc((size_t)b->V * 4);
+	kvb_chain(fp, sd, b->p, nb * B, B, h, nb);
 	for (int i = 0; i < nb; i++) {
 		char rel[200];
 		kvb_path(fp, h[i], rel, sizeof(rel));
 		snprintf(f.path[i], 1024, "%s/%s", dir, rel);
 		f.bytes += KVB_HEADER_SIZE + kvb_payload_bytes(&g);
 	}
-
-	/* 2. cached */
-	if ((r = kvx_create(e, m, &xo, &x)))
-		return 1;
+	struct kvx *x = connector(b, dir);
+	if (!x)
+		return -1;
+	struct ttft hot;
 	drop_cache(&f);
-	if ((r = request(e, x, p, n, l1, &hot, NULL))) {
+	int r = request(b->e, x, b->p, n, l1, &hot, NULL);
+	if (r) {
 		fprintf(stderr, "kvx-bench: cached run: %s\n", strerror(-r));
-		return 1;
+		return -1;
 	}
-	int same = memcmp(l0, l1, (size_t)V * 4) == 0;
+	int same = memcmp(b->l0, l1, (size_t)b->V * 4) == 0;
 	printf("cached: TTFT %.3f s (%d tokens cached, %d computed); load %.3f s, %.1f MiB, "
 	       "%.0f MiB/s\n",
 	       hot.ttft_s, hot.cached, n - hot.cached, hot.load_s, hot.loaded / 1048576.0,
 	       hot.loaded / 1048576.0 / hot.load_s);
-	printf("TTFT cold / cached = %.1fx (bar >= 10x); logits bit-identical: %s\n",
-	       cold.ttft_s / hot.ttft_s, same ? "yes" : "NO");
+	printf("TTFT cold / cached = %.1fx (bar >= 10x); logits bit-identical to cold: %s\n",
+	       b->cold_ttft / hot.ttft_s, same ? "yes" : "NO");
 
-	/* 3. load rate vs raw read, alternating */
 	double best_load = 0, best_raw1 = 0, best_rawp = 0;
-	for (int rep = 0; rep < c.reps; rep++) {
+	for (int rep = 0; rep < b->c.reps; rep++) {
 		drop_cache(&f);
 		double raw1 = raw_read(&f, 1);
 		drop_cache(&f);
-		double rawp = raw_read(&f, (int)c.raw_threads);
+		double rawp = raw_read(&f, (int)b->c.raw_threads);
 		drop_cache(&f);
-		struct ttft t;
 		struct kvi_seq *ls;
-		kvi_seq_create(kvi_engine_kv(e), &ls);
-		struct kvx_stats a, b;
+		kvi_seq_create(kvi_engine_kv(b->e), &ls);
+		struct kvx_stats a, z;
 		kvx_stats_get(x, &a);
 		int cached = 0;
-		kvx_load_prefix(x, ls, p, n, NULL, &cached);
-		kvx_stats_get(x, &b);
+		kvx_load_prefix(x, ls, b->p, n, NULL, &cached);
+		kvx_stats_get(x, &z);
 		kvi_seq_destroy(ls);
-		t.load_s = (double)(b.load_ns - a.load_ns) * 1e-9;
-		double rate = (double)(b.loaded_bytes - a.loaded_bytes) / t.load_s;
+		double rate = (double)(z.loaded_bytes - a.loaded_bytes) /
+			      ((double)(z.load_ns - a.load_ns) * 1e-9);
 		printf("pass %d: kvx load %.0f MiB/s (%d blocks), raw read 1 thread %.0f MiB/s, "
 		       "%d threads %.0f MiB/s\n",
-		       rep, rate / 1048576, cached / B, raw1 / 1048576, (int)c.raw_threads,
+		       rep, rate / 1048576, cached / B, raw1 / 1048576, (int)b->c.raw_threads,
 		       rawp / 1048576);
 		best_load = fmax(best_load, rate);
 		best_raw1 = fmax(best_raw1, raw1);
 		best_rawp = fmax(best_rawp, rawp);
 	}
 	double raw = fmax(best_raw1, best_rawp);
-	printf("best: kvx load %.0f MiB/s, raw %.0f MiB/s -> ratio %.2f (bar >= 0.6)\n",
-	       best_load / 1048576, raw / 1048576, raw > 0 ? best_load / raw : 0);
+	printf("best: kvx load %.0f MiB/s, raw %.0f MiB/s (1 thread %.0f) -> ratio %.2f "
+	       "(bar >= 0.6)\n",
+	       best_load / 1048576, raw / 1048576, best_raw1 / 1048576,
+	       raw > 0 ? best_load / raw : 0);
 	kvx_destroy(x);
-	kvi_engine_destroy(e);
-	if (!c.keep) {
-		char cmd[CFG_STR_MAX + 128];
-		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-		if (system(cmd) != 0)
-			fprintf(stderr, "kvx-bench: could not remove %s\n", dir);
+	free(h), free(f.path), free(l1);
+	return same ? 0 : -1;
+}
+
+int main(int argc, char **argv)
+{
+	struct bench b;
+	memset(&b, 0, sizeof(b));
+	int npos;
+	int r = cfg_parse(opts, &b.c, argc, argv, "", &npos);
+	if (r)
+		return r == 1 ? 0 : 2;
+	if (!b.c.model[0] || !b.c.kv_dir[0]) {
+		fprintf(stderr, "kvx-bench: --model and --kv-dir are required\n");
+		return 2;
 	}
-	kvi_model_free(m);
-	free(p), free(l0), free(l1), free(h), free(f.path);
-	return same ? 0 : 1;
+	char err[256];
+	double t0 = now_s();
+	if ((r = kvi_model_load(b.c.model, &b.m, err, sizeof(err)))) {
+		fprintf(stderr, "kvx-bench: %s: %s\n", b.c.model, err);
+		return 1;
+	}
+	printf("model %s (%s, %d layers, %d kv heads x %d) loaded in %.2f s\n", b.c.model,
+	       b.m->cfg.arch, b.m->cfg.n_layer, b.m->cfg.n_head_kv, b.m->cfg.head_dim,
+	       now_s() - t0);
+	b.n = (int)b.c.tokens;
+	b.B = (int)b.c.block;
+	b.V = b.m->cfg.n_vocab;
+	struct kvi_engine_opts eo;
+	kvi_engine_opts_default(&eo);
+	eo.threads = (int)b.c.threads;
+	eo.block_tokens = b.B;
+	eo.max_batch_tokens = (int)b.c.chunk;
+	eo.max_ctx = b.n + b.B;
+	eo.kv_blocks = 3 * ((b.n + b.B - 1) / b.B) + 4;
+	if ((r = kvi_engine_create(b.m, &eo, &b.e))) {
+		fprintf(stderr, "kvx-bench: engine: %s\n", strerror(-r));
+		return 1;
+	}
+	char dir[2][CFG_STR_MAX + 64];
+	int ndir = b.c.also_dir[0] ? 2 : 1;
+	if (bench_dir(b.c.kv_dir, dir[0], sizeof(dir[0])) ||
+	    (ndir > 1 && bench_dir(b.c.also_dir, dir[1], sizeof(dir[1]))))
+		return 1;
+	printf("isa %s, %d threads, B=%d, chunk %d, prompt %d tokens, queue depth %d\n",
+	       kvi_engine_isa(b.e), eo.threads, b.B, eo.max_batch_tokens, b.n, (int)b.c.qd);
+	b.p = malloc((size_t)b.n * sizeof(int32_t));
+	b.l0 = malloc((size_t)b.V * 4);
+	unsigned seed = 42;
+	for (int i = 0; i < b.n; i++) {
+		seed = seed * 1103515245u + 12345u;
+		b.p[i] = (int32_t)((seed >> 8) % (unsigned)b.V);
+	}
+
+	/* 1. cold, on the first directory (its lookup misses) */
+	struct kvx *x = connector(&b, dir[0]);
+	if (!x)
+		return 1;
+	struct ttft cold;
+	struct kvi_seq *s;
+	printf("cold prefill of %d tokens...\n", b.n);
+	fflush(stdout);
+	if ((r = request(b.e, x, b.p, b.n, b.l0, &cold, &s))) {
+		fprintf(stderr, "kvx-bench: cold run: %s\n", strerror(-r));
+		return 1;
+	}
+	b.cold_ttft = cold.ttft_s;
+	printf("cold:   TTFT %.3f s (%d tokens computed, %.1f tok/s)\n", cold.ttft_s, b.n,
+	       b.n / cold.ttft_s);
+	int bad = save_all(&b, x, s, dir[0]);
+	kvx_destroy(x);
+	if (ndir > 1) {
+		if (!(x = connector(&b, dir[1])))
+			return 1;
+		bad |= save_all(&b, x, s, dir[1]);
+		kvx_destroy(x);
+	}
+	kvi_seq_destroy(s);
+	fflush(stdout);
+
+	for (int d = 0; d < ndir; d++)
+		bad |= measure(&b, dir[d]);
+	kvi_engine_destroy(b.e);
+	for (int d = 0; d < ndir && !b.c.keep; d++) {
+		char cmd[1024];
+		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir[d]);
+		if (system(cmd) != 0)
+			fprintf(stderr, "kvx-bench: could not remove %s\n", dir[d]);
+	}
+	kvi_model_free(b.m);
+	free(b.p), free(b.l0);
+	return bad ? 1 : 0;
 }
