@@ -242,6 +242,17 @@ int main(int argc, char **argv)
 	printf("chunk %" PRIu64 " B x %" PRId64 " x %" PRId64 " rounds, depth %" PRId64
 	       ", node io-threads %" PRId64 "\n",
 	       cf.chunk, cf.count, cf.rounds, cf.depth, cf.io_threads);
+	/* Other work on the machine skews both sides alike (interleaved rounds) but not the
+	 * latency line; say how busy it was. */
+	char load[64] = "?";
+	f = fopen("/proc/loadavg", "r");
+	if (f) {
+		if (!fgets(load, sizeof(load), f))
+			snprintf(load, sizeof(load), "?");
+		fclose(f);
+		load[strcspn(load, "\n")] = 0;
+	}
+	printf("load average at the end: %s\n", load);
 	printf("%-6s %14s %14s %8s\n", "op", "baseline MB/s", "node MB/s", "ratio");
 	printf("%-6s %14.0f %14.0f %8.2f\n", "put", mb / base_w, mb / node_w, base_w / node_w);
 	printf("%-6s %14.0f %14.0f %8.2f\n", "get", mb / base_r, mb / node_r, base_r / node_r);
