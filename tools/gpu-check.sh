@@ -1,0 +1,312 @@
+#!/usr/bin/env bash
+# gpu-check.sh — the one prepared run for a GPU machine (issue 9, docs/cuda.md): builds the
+# CUDA kernels, runs the GPU tests (each kernel against its CPU reference), a short benchmark
+# with same-run baselines, and writes a report. Well under 5 minutes on an H200.
+#
+#   tools/gpu-check.sh [build-dir]        (default build-gpucheck, created fresh)
+#
+# Report: $OUT/gpu-report.txt when OUT is set, else ./gpu-report.txt; the full build and test
+# output goes to gpu-log.txt beside it. Exit status: 0 when nothing failed (skips, e.g. the
+# NCCL test on one GPU, are counted and reported, never as passes), 1 when a build step, a test
+# or the benchmark failed. FORCE_DIRECT=1 skips the CMake attempt, FORCE_SHIM=1 uses the cmocka
+# shim even where cmocka exists (both for trying the fallback on a CPU machine).
+#
+# Build: the project's CMake (-DKVFS_CUDA=ON) when it configures; a GPU machine often lacks
+# the project's other dependencies (RocksDB, FUSE, ISA-L, cmocka) and cannot install them, so
+# the script then builds the kernel library, the tests and the benchmark directly with nvcc
+# and cc (cmocka replaced by tests/cmocka_shim when absent).
+set -uo pipefail
+
+cd "$(dirname "$0")/.." || exit 1
+ROOT=$PWD
+BUILD=${1:-build-gpucheck}
+case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
+DEST=${OUT:-$ROOT}
+mkdir -p "$DEST"
+REPORT=$DEST/gpu-report.txt
+LOG=$DEST/gpu-log.txt
+JOBS=${JOBS:-16}
+BUDGET=${BUDGET:-285} # seconds for the whole run; later steps are skipped past it
+START=$(date +%s)
+FAILED=0
+SKIPPED=0
+: >"$REPORT"
+: >"$LOG"
+
+export PATH="/usr/local/cuda/bin:$PATH"
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+
+say() { printf '%s\n' "$*" | tee -a "$REPORT"; }
+elapsed() { echo $(($(date +%s) - START)); }
+left() { echo $((BUDGET - $(elapsed))); }
+section() {
+	say ""
+	say "== $* ($(elapsed)s)"
+	printf '\n===== %s (%ss)\n' "$*" "$(elapsed)" >>"$LOG"
+}
+
+# run_step NAME TIMEOUT CMD...: runs CMD with its output in the log; returns its exit status.
+run_step() {
+	local name=$1 t=$2 rc
+	shift 2
+	printf '$ %s\n' "$*" >>"$LOG"
+	timeout "$t" "$@" >>"$LOG" 2>&1
+	rc=$?
+	[ "$rc" -eq 124 ] && say "$name: TIMEOUT after ${t}s"
+	return "$rc"
+}
+
+section "machine"
+say "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+say "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+	"($(git status --porcelain 2>/dev/null | wc -l | tr -d ' ') files changed in the tree)"
+if command -v nvidia-smi >/dev/null 2>&1; then
+	say "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap \
+		--format=csv,noheader 2>/dev/null | paste -sd ';' -)"
+else
+	say "gpu: nvidia-smi not found"
+fi
+if ! command -v nvcc >/dev/null 2>&1; then
+	say "nvcc: NOT FOUND — cannot build the CUDA kernels"
+	say "RESULT: FAIL"
+	exit 1
+fi
+say "nvcc: $(nvcc --version | tail -n 1)"
+
+# Architectures: the machine's own when nvidia-smi tells it (faster to build), else 90 and 100.
+ARCHS="90;100"
+cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')
+if [[ $cap =~ ^[0-9]+$ ]]; then
+	ARCHS=$cap
+fi
+say "cuda architectures: $ARCHS"
+
+# ---- build ------------------------------------------------------------------------------
+
+# Where a CUDA library lives: the toolkit, or the pip wheels (nvidia-*) of the image's Python.
+find_lib() { # find_lib NAME -> directory holding libNAME.so*
+	local d py
+	for d in "$CUDA_HOME/lib64" "$CUDA_HOME/lib" "$CUDA_HOME/targets/x86_64-linux/lib" \
+		/usr/lib/x86_64-linux-gnu /usr/local/lib; do
+		if compgen -G "$d/lib$1.so*" >/dev/null; then
+			echo "$d"
+			return 0
+		fi
+	done
+	py=$(python3 -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0] + "/x"))' \
+		2>/dev/null) || return 1
+	for d in "$py"/*/lib; do
+		if compgen -G "$d/lib$1.so*" >/dev/null; then
+			echo "$d"
+			return 0
+		fi
+	done
+	return 1
+}
+
+# A library directory may hold only libX.so.N (wheels): give the linker a libX.so beside it.
+link_dir_for() { # link_dir_for NAME DIR -> a directory with libNAME.so
+	if [ -e "$2/lib$1.so" ]; then
+		echo "$2"
+		return
+	fi
+	local shim=$BUILD/direct/libshim
+	mkdir -p "$shim"
+	ln -sf "$(compgen -G "$2/lib$1.so.*" | head -n 1)" "$shim/lib$1.so"
+	echo "$shim"
+}
+
+direct_build() {
+	local D=$BUILD/direct O gen="" a f cudart blas nccl_inc nccl_lib cm_inc cm_lib
+	O=$D/obj
+	mkdir -p "$O" "$BUILD/tests" "$BUILD/tools"
+	IFS=';' read -r -a arr <<<"$ARCHS"
+	for a in "${arr[@]}"; do gen="$gen -gencode arch=compute_$a,code=sm_$a"; done
+
+	cudart=$(find_lib cudart) || { say "direct build: libcudart not found"; return 1; }
+	blas=$(find_lib cublas) || { say "direct build: libcublas not found"; return 1; }
+	nccl_inc=""
+	for f in "$CUDA_HOME/include" /usr/include \
+		"$(dirname "$(find_lib nccl 2>/dev/null || echo /nonexistent/lib)")/include"; do
+		[ -f "$f/nccl.h" ] && nccl_inc=$f && break
+	done
+	nccl_lib=$(find_lib nccl) || nccl_lib=""
+	# cmocka: the real one if it compiles and links, else the shim.
+	cm_inc="-I$ROOT/tests/cmocka_shim"
+	cm_lib=""
+	if [ -z "${FORCE_SHIM:-}" ] && printf '#include <stdarg.h>\n#include <stddef.h>\n#include <setjmp.h>\n#include <stdint.h>\n#include <cmocka.h>\nint main(void){return 0;}\n' |
+		cc -x c - -o "$D/cmocka-probe" -lcmocka >/dev/null 2>&1; then
+		cm_inc=""
+		cm_lib="-lcmocka"
+	fi
+	say "direct build: cudart $cudart, cublas $blas, nccl ${nccl_lib:-none}," \
+		"cmocka ${cm_lib:-shim}"
+
+	local cflags="-O2 -g -std=c11 -D_GNU_SOURCE -DKVFS_HAVE_CUDA=1 -Wall -Wextra \
+		-I$ROOT/common -I$ROOT/kernels -I$CUDA_HOME/include"
+	local nvflags="-O3 -std=c++17 $gen -I$ROOT/common -I$ROOT/kernels -DKVFS_HAVE_CUDA=1"
+	[ -n "$nccl_inc" ] && nvflags="$nvflags -I$nccl_inc"
+	local srcs=() cus=()
+	srcs+=("$ROOT/common/log.c")
+	for f in "$ROOT"/kernels/*.c; do
+		case $(basename "$f") in
+		kvk_nocuda.c) ;;
+		kvk_nccl_none.c) [ -z "$nccl_lib" ] || [ -z "$nccl_inc" ] && srcs+=("$f") ;;
+		*) srcs+=("$f") ;;
+		esac
+	done
+	for f in "$ROOT"/kernels/cuda/*.cu; do
+		if [ "$(basename "$f")" = kvk_nccl.cu ] && { [ -z "$nccl_lib" ] || [ -z "$nccl_inc" ]; }; then
+			continue
+		fi
+		cus+=("$f")
+	done
+	# Compile in parallel; a failure of any file fails the build.
+	{
+		for f in "${srcs[@]}"; do echo "cc $cflags -c $f -o $O/$(basename "$f").o"; done
+		for f in "${cus[@]}"; do echo "nvcc $nvflags -c $f -o $O/$(basename "$f").o"; done
+	} >"$D/compile.txt"
+	xargs -P "$JOBS" -I{} -d '\n' sh -c '{} || exit 255' <"$D/compile.txt" >>"$LOG" 2>&1 ||
+		return 1
+	rm -f "$D/libkvk.a"
+	ar rcs "$D/libkvk.a" "$O"/*.o || return 1
+
+	local ldl
+	ldl="-L$(link_dir_for cudart "$cudart") -L$(link_dir_for cublas "$blas")"
+	local rp="-Wl,-rpath,$cudart -Wl,-rpath,$blas" libs="-lcublas -lcudart"
+	if [ -n "$nccl_lib" ] && [ -n "$nccl_inc" ]; then
+		ldl="$ldl -L$(link_dir_for nccl "$nccl_lib")"
+		rp="$rp -Wl,-rpath,$nccl_lib"
+		libs="$libs -lnccl"
+	fi
+	local t out
+	for t in test_kernels test_kernels_cuda test_kernels_ref kvk_gpu_bench; do
+		case $t in
+		kvk_gpu_bench) f=$ROOT/tools/kvk_gpu_bench.c out=$BUILD/tools/kvk-gpu-bench ;;
+		*) f=$ROOT/tests/$t.c out=$BUILD/tests/$t ;;
+		esac
+		# shellcheck disable=SC2086 # word splitting of flag lists is intended
+		cc $cflags $cm_inc "$f" -o "$out" "$D/libkvk.a" $ldl $rp $libs $cm_lib -lstdc++ \
+			-lpthread -lm >>"$LOG" 2>&1 || return 1
+	done
+}
+
+section "build"
+rm -rf "$BUILD"
+MODE=cmake
+bstart=$(date +%s)
+if [ -z "${FORCE_DIRECT:-}" ] && run_step "cmake configure" 120 cmake -S "$ROOT" -B "$BUILD" -DKVFS_CUDA=ON \
+	-DCMAKE_BUILD_TYPE=Release "-DCMAKE_CUDA_ARCHITECTURES=$ARCHS"; then
+	if ! run_step "cmake build" 240 cmake --build "$BUILD" -j "$JOBS" --target test_kernels \
+		test_kernels_cuda test_kernels_ref kvk-gpu-bench; then
+		say "build: FAILED (cmake); see gpu-log.txt"
+		tail -n 30 "$LOG" >>"$REPORT"
+		FAILED=1
+	fi
+else
+	MODE=direct
+	say "no CMake build (configure failed: missing project dependencies?, or FORCE_DIRECT);" \
+		"building the kernels directly"
+	rm -rf "$BUILD"
+	if ! direct_build; then
+		say "build: FAILED (direct); see gpu-log.txt"
+		tail -n 30 "$LOG" >>"$REPORT"
+		FAILED=1
+	fi
+fi
+say "build: mode $MODE, $(($(date +%s) - bstart))s"
+
+# ---- tests ------------------------------------------------------------------------------
+
+# test NAME TIMEOUT CMD...: PASS (0), SKIP (77) or FAIL (anything else) into the report.
+test_one() {
+	local name=$1 t=$2 rc
+	shift 2
+	if [ "$(left)" -lt "$t" ] && [ "$(left)" -lt 30 ]; then
+		say "$name: NOT RUN (time budget spent)"
+		FAILED=1
+		return
+	fi
+	if [ ! -x "$1" ]; then
+		say "$name: FAIL (not built)"
+		FAILED=1
+		return
+	fi
+	local s
+	s=$(date +%s)
+	run_step "$name" "$t" "$@"
+	rc=$?
+	case $rc in
+	0) say "$name: PASS ($(($(date +%s) - s))s)" ;;
+	77)
+		say "$name: SKIP ($(tail -n 1 "$LOG"))"
+		SKIPPED=$((SKIPPED + 1))
+		;;
+	*)
+		say "$name: FAIL (exit $rc)"
+		grep -E '^\[  (ERROR|FAILED) |^\[   LINE   \]|error' "$LOG" | tail -n 20 >>"$REPORT"
+		FAILED=1
+		;;
+	esac
+}
+
+section "tests"
+if [ "$FAILED" -eq 0 ]; then
+	test_one "test_kernels_ref (CPU references)" 60 "$BUILD/tests/test_kernels_ref"
+	test_one "test_kernels --gpu" 120 "$BUILD/tests/test_kernels" --gpu
+	test_one "test_kernels_cuda" 180 "$BUILD/tests/test_kernels_cuda"
+	test_one "test_kernels_cuda --nccl" 60 "$BUILD/tests/test_kernels_cuda" --nccl
+else
+	say "tests: NOT RUN (build failed)"
+fi
+
+# ---- benchmark ----------------------------------------------------------------------------
+
+section "benchmark"
+BENCH=$BUILD/tools/kvk-gpu-bench
+if [ ! -x "$BENCH" ]; then
+	say "benchmark: NOT RUN (not built)"
+	FAILED=1
+elif [ "$(left)" -lt 40 ]; then
+	say "benchmark: NOT RUN (time budget spent)"
+else
+	quick=()
+	[ "$(left)" -lt 120 ] && quick=(--quick) && say "(quick mode: little time left)"
+	printf '$ %s %s\n' "$BENCH" "${quick[*]}" >>"$LOG"
+	timeout $(($(left) - 10)) "$BENCH" "${quick[@]}" >"$BUILD/bench.txt" 2>>"$LOG"
+	rc=$?
+	tee -a "$REPORT" "$LOG" <"$BUILD/bench.txt"
+	if [ "$rc" -eq 77 ]; then
+		SKIPPED=$((SKIPPED + 1))
+		say "benchmark: SKIP (no GPU)"
+	elif [ "$rc" -ne 0 ]; then
+		say "benchmark: FAIL (exit $rc)"
+		FAILED=1
+	fi
+	# The issue's bars, read from the figures above.
+	bar() { # bar LABEL KEY FIELD MIN
+		local v
+		v=$(awk -v k="$2:" -v f="$3" '$1 == k { for (i = 1; i < NF; i++) if ($i == f) print $(i + 1) }' \
+			"$BUILD/bench.txt" | head -n 1)
+		if [ -z "$v" ]; then
+			say "bar $1: no figure"
+		elif awk -v v="$v" -v m="$4" 'BEGIN { exit !(v >= m) }'; then
+			say "bar $1: MET ($v >= $4)"
+		else
+			say "bar $1: NOT MET ($v < $4)"
+		fi
+	}
+	bar "pack >= 0.7 x D2H copy" kv_pack_GBps "ratio_to_d2h:" 0.7
+	bar "unpack >= 0.7 x H2D copy" kv_unpack_GBps "ratio_to_h2d:" 0.7
+	bar "F16 GEMM >= 0.6 x dense peak" gemm_f16_8192_TFLOPs "ratio_to_peak:" 0.6
+fi
+say "engine on GPU: not built yet (prefill/decode tokens/s need kvinfer --device cuda)"
+
+section "result"
+if [ "$FAILED" -eq 0 ]; then
+	say "RESULT: PASS, $SKIPPED skipped (total $(elapsed)s)"
+else
+	say "RESULT: FAIL (total $(elapsed)s)"
+fi
+say "report: $REPORT, full log: $LOG"
+exit "$FAILED"
