@@ -12,8 +12,9 @@
  * Both run in O(n log n) per piece (heap of candidate merges, hashed pair/text lookups).
  *
  * decode(encode(s)) == s for any byte string s (valid UTF-8 or not, for gpt2; for llama, any
- * s whose bytes all have byte tokens) when control tokens (BOS/EOS...) are skipped: they decode
- * to "" unless KVI_TOK_RENDER_SPECIAL is given.
+ * s whose bytes all have byte tokens and that holds no U+2581, which SentencePiece reads as a
+ * space) when control tokens (BOS/EOS...) are skipped: they decode to "" unless
+ * KVI_TOK_RENDER_SPECIAL is given. Encoding with KVI_TOK_PARSE_SPECIAL does not promise it.
  *
  * Thread-safety: a created tokenizer is immutable; encode/decode may run concurrently (each
  * call allocates its own scratch).
