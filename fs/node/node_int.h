@@ -11,10 +11,11 @@
 #include "node_index.h"
 #include "node_store.h"
 
-#define NODE_SHARDS	 256
-#define NODE_HDR_SIZE	 64
-#define NODE_HDR_MAGIC	 0x4B43564Bu /* "KVCK" little-endian */
-#define NODE_HDR_VERSION 1
+#define NODE_SHARDS	  256
+#define NODE_HDR_SIZE	  64
+#define NODE_HDR_MAGIC	  0x4B43564Bu /* "KVCK" little-endian */
+#define NODE_HDR_VERSION  1
+#define NODE_DIRECT_ALIGN 4096
 
 enum node_op_type { NODE_OP_PUT = 1, NODE_OP_GET = 2, NODE_OP_DEL = 3 };
 
@@ -34,6 +35,8 @@ struct node_op {
 	int shard;
 	int inflight;	    /* SQEs in flight */
 	size_t done, total; /* PUT: bytes written; GET: bytes read */
+	size_t room;	    /* GET: buffer size (total rounded up to 4 KiB for O_DIRECT) */
+	int direct;	    /* GET: opened with O_DIRECT */
 	char name[20];	    /* 16 hex digits: the file name in its shard */
 	char tmp[48];	    /* PUT: temp name in DIR/tmp */
 	uint8_t hbuf[NODE_HDR_SIZE];

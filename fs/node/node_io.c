@@ -143,7 +143,9 @@ static int get_read(struct node_ring *r, struct node_op *op)
 	struct io_uring_sqe *q = sqe_get(r, op);
 	if (!q)
 		return -EAGAIN;
-	io_uring_prep_read(q, op->fd, op->buf + op->done, (unsigned)(op->total - op->done),
+	/* Ask for the whole buffer: with O_DIRECT the length must stay aligned and the read
+	 * simply ends short at the end of the file. */
+	io_uring_prep_read(q, op->fd, op->buf + op->done, (unsigned)(op->room - op->done),
 			   op->done);
 	return 0;
 }
@@ -209,7 +211,8 @@ static int op_start(struct node_ring *r, struct node_op *op)
 		if (!(q = sqe_get(r, op)))
 			return -EAGAIN;
 		op->stage = ST_OPEN;
-		io_uring_prep_openat(q, s->shard_fd[op->shard], op->name, O_RDONLY | O_CLOEXEC, 0);
+		io_uring_prep_openat(q, s->shard_fd[op->shard], op->name,
+				     O_RDONLY | O_CLOEXEC | (op->direct ? O_DIRECT : 0), 0);
 		return 0;
 	case NODE_OP_DEL:
 		op->stage = ST_UNLINK;
@@ -271,6 +274,11 @@ static int put_step(struct node_ring *r, struct node_op *op, int res)
 
 static int get_step(struct node_ring *r, struct node_op *op, int res)
 {
+	if (res == -EINVAL && op->stage == ST_OPEN && op->direct) {
+		/* This filesystem has no O_DIRECT: read through the page cache instead. */
+		op->direct = 0;
+		return op_start(r, op);
+	}
 	if (res < 0)
 		return res;
 	switch (op->stage) {
@@ -285,7 +293,14 @@ static int get_step(struct node_ring *r, struct node_op *op, int res)
 			return issue_close(r, op);
 		}
 		op->done += (size_t)res;
-		return op->done < op->total ? get_read(r, op) : issue_close(r, op);
+		if (op->done >= op->total)
+			return issue_close(r, op);
+		if (op->direct && op->done % NODE_DIRECT_ALIGN) {
+			/* An O_DIRECT read ends off a block only at the end of the file. */
+			op->err = -EILSEQ;
+			return issue_close(r, op);
+		}
+		return get_read(r, op);
 	case ST_CLOSE:
 		op_done(r, op);
 		return 0;

@@ -29,7 +29,7 @@ struct node_conf {
 	char addr_file[CFG_STR_MAX];
 	uint64_t capacity;
 	double heartbeat;
-	int sync;
+	int sync, direct_read;
 	int64_t io_threads, workers, ring_depth;
 	uint64_t max_inflight;
 	int64_t log_level;
@@ -50,6 +50,8 @@ static const struct cfg_opt node_opts[] = {
      "once listening, write HOST:PORT here (atomically)"},
     {"sync", CFG_BOOL, F(sync), 0, 0, "false",
      "fdatasync each chunk and fsync its directory before acknowledging a PUT"},
+    {"direct-read", CFG_BOOL, F(direct_read), 0, 0, "false",
+     "read chunks with O_DIRECT (bypass the page cache; for data sets far above RAM)"},
     {"io-threads", CFG_INT, F(io_threads), 1, 64, "2", "I/O threads (one io_uring each)"},
     {"workers", CFG_INT, F(workers), 1, 256, "4", "completion threads (CRC checks, replies)"},
     {"ring-depth", CFG_INT, F(ring_depth), 8, 4096, "256", "submission queue entries per ring"},
@@ -253,6 +255,7 @@ int main(int argc, char **argv)
 	    .workers = (int)n.cf.workers,
 	    .ring_depth = (unsigned)n.cf.ring_depth,
 	    .max_inflight = n.cf.max_inflight,
+	    .direct_read = n.cf.direct_read,
 	};
 	rc = node_store_open(&so, &n.store);
 	if (rc)

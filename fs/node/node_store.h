@@ -24,6 +24,7 @@ struct node_store_opts {
 	int workers;	       /* >= 1 */
 	unsigned ring_depth;   /* SQ entries per ring, >= 8 */
 	uint64_t max_inflight; /* back-pressure threshold in bytes */
+	int direct_read;       /* GET reads with O_DIRECT (bypass the page cache) */
 };
 
 struct node_stats {
