@@ -948,6 +948,32 @@ static void test_write_expiry(void **state)
 	daemon_stop(&d, SIGTERM);
 }
 
+/* Space placed by ALLOCs counts against a node until its next heartbeat reports it. */
+static void test_pending_space(void **state)
+{
+	(void)state;
+	struct daemon d;
+	daemon_start(&d, "db-space", "10s");
+	struct kvp_client *c = connect_to(&d);
+	uint32_t id;
+	for (int i = 0; i < 3; i++) /* room for 10 chunks of 4 KiB each */
+		assert_int_equal(heartbeat(c, 900 + (uint64_t)i, g_nodes.addr, 40960, 0, &id), 0);
+	struct alloc a;
+	assert_int_equal(alloc_(c, 2, 1, 4096, 6, &a), 0);
+	alloc_free(&a);
+	assert_int_equal(alloc_(c, 2, 1, 4096, 5, &a), -ENOSPC); /* 6 + 5 > 10 */
+	assert_int_equal(alloc_(c, 2, 1, 4096, 4, &a), 0);
+	alloc_free(&a);
+	assert_int_equal(alloc_(c, 2, 1, 4096, 1, &a), -ENOSPC);
+	/* The nodes report what they really hold (nothing was written): room again. */
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(heartbeat(c, 900 + (uint64_t)i, g_nodes.addr, 40960, 0, &id), 0);
+	assert_int_equal(alloc_(c, 2, 1, 4096, 10, &a), 0);
+	alloc_free(&a);
+	kvp_client_close(c);
+	daemon_stop(&d, SIGTERM);
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -958,6 +984,7 @@ int main(void)
 	    cmocka_unit_test(test_bad_frames),	  cmocka_unit_test(test_flags),
 	    cmocka_unit_test(test_concurrency),	  cmocka_unit_test(test_kill9),
 	    cmocka_unit_test(test_sync),	  cmocka_unit_test(test_write_expiry),
+	    cmocka_unit_test(test_pending_space),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

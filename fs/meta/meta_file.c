@@ -121,6 +121,7 @@ struct cand {
 	uint32_t tie; /* random: equal nodes are taken in a random order */
 	char addr[KVP_ADDR_MAX];
 	uint32_t used_here;
+	uint64_t placed; /* bytes this request put on it */
 };
 
 static int cand_before(const struct cand *a, const struct cand *b)
@@ -180,6 +181,7 @@ static int place(struct cand *c, size_t n, const struct mpend *p)
 		for (size_t j = 0; j < w; j++) {
 			slot[j] = c[j].id;
 			c[j].free -= p->chunk_size;
+			c[j].placed += p->chunk_size;
 			c[j].used_here = 1;
 		}
 		for (size_t j = w - 1; j > 0; j--) { /* Fisher-Yates, xorshift64 */
@@ -237,10 +239,10 @@ int mfile_alloc(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 
 	/* Count the placed bytes against each node until its next heartbeat reports them. */
 	pthread_mutex_lock(&m->nodes_mu);
-	for (size_t i = 0; i < slots; i++)
-		for (size_t j = 0; j < m->nnodes; j++)
-			if (m->nodes[j].id == p.node[i]) {
-				m->nodes[j].pending += p.chunk_size;
+	for (int j = 0; j < n; j++)
+		for (size_t i = 0; c[j].placed && i < m->nnodes; i++)
+			if (m->nodes[i].id == c[j].id) {
+				m->nodes[i].pending += c[j].placed;
 				break;
 			}
 	pthread_mutex_unlock(&m->nodes_mu);
