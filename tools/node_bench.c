@@ -29,6 +29,7 @@
 struct conf {
 	uint64_t chunk;
 	int64_t count, depth, io_threads, rounds;
+	int direct_read;
 	char node[CFG_STR_MAX], dir[CFG_STR_MAX];
 };
 
@@ -40,6 +41,8 @@ static const struct cfg_opt opts[] = {
      "interleaved rounds (baseline, node, baseline, ...); times are summed"},
     {"io-threads", CFG_INT, offsetof(struct conf, io_threads), 1, 64, "2",
      "the node's --io-threads"},
+    {"direct-read", CFG_BOOL, offsetof(struct conf, direct_read), 0, 0, "false",
+     "run the node with --direct-read (its GETs then come from the disk, not the cache)"},
     {"node", CFG_STR, offsetof(struct conf, node), 0, 0, NULL,
      "kvfs-node binary (default: ../bin/kvfs-node beside this program)"},
     {"dir", CFG_STR, offsetof(struct conf, dir), 0, 0, "/tmp",
@@ -177,7 +180,7 @@ int main(int argc, char **argv)
 	if (pid == 0) {
 		execl(bin, bin, "--dir", ndir, "--secret-file", sec, "--addr-file", addrf,
 		      "--capacity", "1T", "--io-threads", depth_s, "--log-level", "1",
-		      (char *)NULL);
+		      cf.direct_read ? "--direct-read=true" : "--direct-read=false", (char *)NULL);
 		_exit(127);
 	}
 	char addr[KVP_ADDR_MAX] = "";
