@@ -2,10 +2,11 @@
  * baseline measured in the same run on the same filesystem: the same chunks written and read
  * back as files by one thread with plain syscalls (open/write/close/rename, open/read/close)
  * and the same CRC32C work. The ratio says what the node (TCP, protocol, io_uring, CRCs,
- * threads) delivers relative to the filesystem itself. Reads come from the page cache in both.
+ * threads) delivers relative to the filesystem itself. Reads come from the page cache in both
+ * unless --direct-read runs the node with O_DIRECT reads.
  *
  *   kvfs-node-bench [--chunk 1M] [--count 256] [--depth 32] [--rounds 3] [--node PATH]
- *                   [--dir DIR] [--io-threads 2]
+ *                   [--dir DIR] [--io-threads 2] [--direct-read]
  */
 #define KVFS_LOG_TAG "node-bench"
 #include <errno.h>
