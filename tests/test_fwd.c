@@ -453,9 +453,88 @@ static void test_errors(void **st)
 	ref_model_free(m);
 }
 
+/* Kernel level: a token's outputs are bit-identical whatever the batch size and row split,
+ * for every weight type; AVX2 agrees with scalar to f32 rounding. */
+static void test_matmul_invariance(void **st)
+{
+	(void)st;
+	enum { ROWS = 37, T = 13 };
+	const size_t ns[2] = {96, 99};
+	for (size_t di = 0; di < 4; di++)
+		for (int ni = 0; ni < 2; ni++) {
+			enum kvk_wtype wt = (enum kvk_wtype)dtypes[di];
+			size_t n = ns[ni];
+			if (wt == KVK_W_Q8_0 && n % 32)
+				continue;
+			struct kvi_config c = cfg_llama();
+			c.n_embd = (int)n;
+			c.n_vocab = ROWS;
+			c.n_layer = 0;
+			struct kvi_model *m = ref_model_random(&c, (enum kvi_dtype)wt, 5 + di);
+			const void *w = m->tok_embd.data;
+			float *x = malloc(n * T * 4), *yb = malloc(ROWS * T * 4);
+			float *y1 = malloc(ROWS * 4), *ys = malloc(ROWS * T * 4);
+			float *scr =
+			    aligned_alloc(64, (kvk_matmul_scratch_floats(wt, n) * 4 + 64) & ~63ul);
+			void *act = malloc(kvk_act_bytes(wt, n, T)),
+			     *act1 = malloc(kvk_act_bytes(wt, n, 1));
+			unsigned sd = 3;
+			for (size_t i = 0; i < n * T; i++) {
+				sd = sd * 1103515245u + 12345u;
+				x[i] = (float)((int)(sd >> 16) % 2001 - 1000) / 500.0f;
+			}
+			int best = kvk_isa_best();
+			kvk_act_prepare(wt, act, T, x, n, n, 0, T);
+			/* whole batch, rows split unevenly in two calls */
+			kvk_matmul(best, wt, yb, ROWS, w, n, 0, 5, act, T, scr);
+			kvk_matmul(best, wt, yb, ROWS, w, n, 5, ROWS, act, T, scr);
+			kvk_matmul(KVK_ISA_SCALAR, wt, ys, ROWS, w, n, 0, ROWS, act, T, scr);
+			for (int t = 0; t < T; t++) {
+				kvk_act_prepare(wt, act1, 1, x + t * n, n, n, 0, 1);
+				kvk_matmul(best, wt, y1, ROWS, w, n, 0, ROWS, act1, 1, scr);
+				assert_memory_equal(y1, yb + t * ROWS, ROWS * 4);
+				for (int r = 0; r < ROWS; r++)
+					assert_float_equal(yb[t * ROWS + r], ys[t * ROWS + r],
+							   1e-4 * (1 + fabsf(ys[t * ROWS + r])));
+			}
+			/* batches of 2..5 tokens from the middle agree too */
+			for (int b = 2; b <= 5; b++) {
+				kvk_act_prepare(wt, act, b, x + 4 * n, n, n, 0, b);
+				kvk_matmul(best, wt, ys, ROWS, w, n, 0, ROWS, act, b, scr);
+				assert_memory_equal(ys, yb + 4 * ROWS, (size_t)b * ROWS * 4);
+			}
+			free(x), free(yb), free(y1), free(ys), free(scr), free(act), free(act1);
+			ref_model_free(m);
+		}
+}
+
+/* Every half converts to the float it denotes and back to itself; float -> half rounds to
+ * nearest even. */
+static void test_f16_conversion(void **st)
+{
+	(void)st;
+	for (uint32_t h = 0; h < 65536; h++) {
+		float f = kvk_f16_to_f32((uint16_t)h);
+		if (isnan(f))
+			continue;
+		assert_int_equal(kvk_f32_to_f16(f), h);
+		int e = (h >> 10) & 31, mm = h & 1023;
+		double v = e == 0 ? ldexp(mm, -24) : e == 31 ? INFINITY : ldexp(1024 + mm, e - 25);
+		assert_true((double)fabsf(f) == v);
+	}
+	assert_int_equal(kvk_f32_to_f16(1.0f + 1.0f / 2048), 0x3c00); /* tie: even */
+	assert_int_equal(kvk_f32_to_f16(1.0f + 3.0f / 2048), 0x3c02); /* tie: even */
+	assert_int_equal(kvk_f32_to_f16(65520.0f), 0x7c00);	      /* to inf */
+	assert_int_equal(kvk_f32_to_f16(65519.0f), 0x7bff);
+	assert_true(isnan(kvk_f16_to_f32(kvk_f32_to_f16(NAN))));
+	assert_int_equal(kvk_f32_to_bf16(1.0f + 1.0f / 256), 0x3f80); /* tie: even */
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_f16_conversion),
+	    cmocka_unit_test(test_matmul_invariance),
 	    cmocka_unit_test(test_ref_f32),
 	    cmocka_unit_test(test_ref_f16),
 	    cmocka_unit_test(test_ref_bf16),
