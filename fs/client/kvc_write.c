@@ -351,8 +351,18 @@ static int send_commit(struct kvc *c, const struct kvc_writer *w, const struct k
 		}
 	}
 	kvp_w_free(&b);
-	/* A restarted meta may have forgotten the write_id: store the file again. */
-	if (failover && rc && rc != -EEXIST && rc != -EISDIR && rc != -ENOTDIR)
+	if (failover && rc && !kvc__is_transport(rc)) {
+		/* The first COMMIT may have been applied before its answer was lost; then a
+		 * resend is refused (-EEXIST, or -ESTALE: meta knows each write id once). */
+		struct kvp_attr at;
+		if (committed_check(c, w, slots, l->nstripes, &at) == 0) {
+			if (out)
+				*out = at;
+			return 0;
+		}
+	}
+	/* A write id meta no longer knows (expired, or aborted): store the file again. */
+	if (rc == -ESTALE)
 		*redo = 1;
 	return rc;
 }
