@@ -815,7 +815,41 @@ static void test_heartbeat(void **state)
 	assert_int_equal(kvp_server_start(&o, &srv), 0);
 	assert_int_equal(wait_beats(&m, 2), 0);
 	kvp_server_stop(srv);
-	assert_int_equal(node_stop(&np, SIGTERM), 0);
+	assert_int_equal(node_stop(&np, SIGINT), 0);
+}
+
+/* Runs kvfs-node with args (a shell fragment) and returns its exit status; out gets stdout. */
+static int run_node(const char *args, char *out, size_t cap)
+{
+	const char *bd = getenv("KVFS_BUILD_DIR");
+	char cmd[1024];
+	snprintf(cmd, sizeof(cmd), "'%s/bin/kvfs-node' %s 2>/dev/null", bd ? bd : ".", args);
+	FILE *p = popen(cmd, "r");
+	assert_non_null(p);
+	size_t n = fread(out, 1, cap - 1, p);
+	out[n] = 0;
+	int st = pclose(p);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void test_flags(void **state)
+{
+	(void)state;
+	char *out = malloc(16384);
+	assert_int_equal(run_node("--help", out, 16384), 0);
+	static const char *const flags[] = {"--listen",	     "--dir",	     "--meta",
+					    "--secret-file", "--capacity",   "--heartbeat",
+					    "--addr-file",   "--log-level",  "--config",
+					    "--sync",	     "--direct-read"};
+	for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++)
+		assert_non_null(strstr(out, flags[i]));
+	assert_int_equal(run_node("--no-such-flag 1", out, 16384), 2);
+	assert_int_equal(run_node("--capacity banana --dir /nonexistent", out, 16384), 2);
+	/* Required flags. */
+	char args[700];
+	snprintf(args, sizeof(args), "--dir '%s/flags'", g_tmp);
+	assert_int_equal(run_node(args, out, 16384), 2);
+	free(out);
 }
 
 /* The index on its own: random inserts and removals against a plain array, list pages
@@ -942,7 +976,7 @@ int main(void)
 	    cmocka_unit_test(test_pipelined),	  cmocka_unit_test(test_del_list_stat),
 	    cmocka_unit_test(test_corruption),	  cmocka_unit_test(test_capacity),
 	    cmocka_unit_test(test_crash_restart), cmocka_unit_test(test_auth_and_bad_frames),
-	    cmocka_unit_test(test_heartbeat),
+	    cmocka_unit_test(test_heartbeat),	  cmocka_unit_test(test_flags),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
