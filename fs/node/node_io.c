@@ -16,7 +16,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#define DEL_WINDOW 32
+#define DEL_WINDOW	 32
+#define IOWQ_UNBOUND_MAX 32
 
 enum {
 	ST_OPEN = 1,
@@ -441,6 +442,14 @@ int node_io_start(struct node_store *s)
 			klog_error("io_uring_queue_init(%u): %s", s->o.ring_depth, strerror(-rc));
 			return rc;
 		}
+		/* Opens, renames and unlinks that cannot finish at once run on io-wq's unbound
+		 * workers, whose default limit is the process limit: with a full ring that could
+		 * be hundreds of kernel threads per ring. Cap them (bounded file I/O keeps the
+		 * kernel's default of a few per CPU). Older kernels lack this; not fatal. */
+		unsigned int lim[2] = {0, IOWQ_UNBOUND_MAX};
+		rc = io_uring_register_iowq_max_workers(&r->ring, lim);
+		if (rc < 0)
+			klog_debug("io-wq worker limit not set: %s", strerror(-rc));
 		/* One slot stays for the eventfd read; the rest bounds SQEs in flight so the CQ
 		 * (twice the SQ) can never overflow. */
 		r->max_inflight = p.sq_entries - 1;
