@@ -305,6 +305,7 @@ static void test_attn_prefill(void **state)
 static const int decode_shapes[][6] = {
     {1, 1, 1, 2, 1, 1},	     {3, 4, 2, 8, 5, 40},     {33, 32, 8, 64, 64, 700},
     {7, 8, 1, 128, 16, 300}, {5, 12, 4, 256, 32, 90}, {64, 32, 8, 64, 16, 2100},
+    {3, 32, 1, 64, 8, 100}, /* MQA: a group of 32 rows spans two thread blocks */
 };
 
 static void test_attn_decode(void **state)

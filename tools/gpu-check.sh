@@ -26,7 +26,7 @@ mkdir -p "$DEST"
 REPORT=$DEST/gpu-report.txt
 LOG=$DEST/gpu-log.txt
 JOBS=${JOBS:-16}
-BUDGET=${BUDGET:-285} # seconds for the whole run; later steps are skipped past it
+BUDGET=${BUDGET:-270} # seconds for the whole run; later steps are skipped past it
 START=$(date +%s)
 FAILED=0
 SKIPPED=0
@@ -301,6 +301,44 @@ else
 	bar "F16 GEMM >= 0.6 x dense peak" gemm_f16_8192_TFLOPs "ratio_to_peak:" 0.6
 fi
 say "engine on GPU: not built yet (prefill/decode tokens/s need kvinfer --device cuda)"
+
+# ---- sanitizer (last: only with time to spare) ----------------------------------------------
+# The GPU tests again under compute-sanitizer: memcheck (out-of-bounds / misaligned accesses)
+# and racecheck (shared-memory races). Errors it finds fail the run; a sanitizer that cannot
+# run on this machine, or runs out of time, is reported and not counted.
+section "sanitizer"
+SAN=$(command -v compute-sanitizer || echo "$CUDA_HOME/bin/compute-sanitizer")
+if [ ! -x "$SAN" ] || [ ! -x "$BUILD/tests/test_kernels_cuda" ]; then
+	say "sanitizer: not available (compute-sanitizer or test_kernels_cuda missing)"
+else
+	for tool in memcheck racecheck; do
+		t=$(($(left) - 10))
+		if [ "$t" -lt 30 ]; then
+			say "sanitizer $tool: NOT RUN (time budget spent)"
+			continue
+		fi
+		[ "$t" -gt 150 ] && t=150
+		printf '$ %s --tool %s test_kernels_cuda\n' "$SAN" "$tool" >>"$LOG"
+		timeout "$t" "$SAN" --tool "$tool" --error-exitcode 99 \
+			"$BUILD/tests/test_kernels_cuda" >"$BUILD/san-$tool.txt" 2>&1
+		rc=$?
+		cat "$BUILD/san-$tool.txt" >>"$LOG"
+		case $rc in
+		0) say "sanitizer $tool: clean" ;;
+		77) say "sanitizer $tool: SKIP (no GPU)" ;;
+		99)
+			say "sanitizer $tool: ERRORS FOUND"
+			grep -E '^=========' "$BUILD/san-$tool.txt" | head -n 25 >>"$REPORT"
+			FAILED=1
+			;;
+		124) say "sanitizer $tool: not finished in ${t}s (not counted)" ;;
+		*)
+			say "sanitizer $tool: could not run or tests failed under it (exit $rc, not" \
+				"counted): $(grep -m 1 -E 'Error|error' "$BUILD/san-$tool.txt")"
+			;;
+		esac
+	done
+fi
 
 section "result"
 if [ "$FAILED" -eq 0 ]; then
