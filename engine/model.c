@@ -404,12 +404,12 @@ static int take(struct ld *l, const char *name, struct kvi_tensor *dst, int kind
 		return lfail(l, "missing tensor '%s'", name);
 	}
 	int is_vec = kind == K_NORM || kind == K_BIAS || kind == K_FREQ;
-	if (is_vec ? t->type != KVI_F32
-		   : (t->type != KVI_F32 && t->type != KVI_F16 && t->type != KVI_BF16 &&
-		      t->type != KVI_Q8_0))
+	/* llama.cpp writes vectors as F32; the forward pass converts F16/BF16 ones once */
+	int float_type = t->type == KVI_F32 || t->type == KVI_F16 || t->type == KVI_BF16;
+	if (!float_type && (is_vec || t->type != KVI_Q8_0))
 		return lfail(l, "tensor '%s': type %s not supported here (%s)", name,
 			     tname(t->type),
-			     is_vec ? "norms and biases must be F32"
+			     is_vec ? "norms and biases must be F32, F16 or BF16"
 				    : "weights must be F32, F16, BF16 or Q8_0");
 	if (t->ne[2] != 1 || t->ne[3] != 1 || (is_vec && t->ne[1] != 1))
 		return lfail(l, "tensor '%s': has %u dimensions, expected %d", name, t->n_dims,

@@ -30,10 +30,11 @@ struct spec {
 	const char *omit_key;	 /* metadata key left out */
 	const char *omit_tensor; /* tensor left out */
 	const char *bad_shape;	 /* tensor written with ne[1] + 1 (or ne[0] + 32 for vectors) */
-	const char *bad_type;	 /* tensor written as F16 (norms) or Q4_0-like unsupported type */
+	const char *bad_type;	 /* tensor written as Q8_0 (vectors) or Q4_0 (matrices) */
 	int head_count_array;	 /* per-layer head counts */
 	float eps;
 	int rope_freqs; /* 1: rope_freqs.weight of the right shape, 2: a wrong one */
+	int vec_f16;	/* norms and biases as F16 */
 };
 
 static struct spec llama_spec(void)
@@ -125,7 +126,7 @@ static void build(const struct spec *s, void **buf, size_t *len)
 		if (s->omit_tensor && !strcmp(s->omit_tensor, T[i].name))
 			continue;
 		int64_t ne[2] = {T[i].ne0, T[i].ne1};
-		uint32_t type = T[i].vec ? KVI_F32 : (uint32_t)s->type;
+		uint32_t type = T[i].vec ? (s->vec_f16 ? KVI_F16 : KVI_F32) : (uint32_t)s->type;
 		if (s->bad_shape && !strcmp(s->bad_shape, T[i].name)) {
 			if (T[i].vec)
 				ne[1] = 2;
@@ -133,7 +134,7 @@ static void build(const struct spec *s, void **buf, size_t *len)
 				ne[1] += 1;
 		}
 		if (s->bad_type && !strcmp(s->bad_type, T[i].name))
-			type = T[i].vec ? KVI_F16 : 2 /* Q4_0 */;
+			type = T[i].vec ? KVI_Q8_0 : 2 /* Q4_0 */;
 		int nd = T[i].vec && ne[1] == 1 ? 1 : 2;
 		if (type == 2) {
 			/* the writer only writes engine types: write F16 and patch the type below
@@ -273,7 +274,30 @@ static void test_valid_qwen2_tied(void **state)
 	assert_true(m->cfg.tied_output);
 	assert_ptr_equal(m->output.data, m->tok_embd.data);
 	assert_int_equal(m->layers[1].bk.ne[0], 32);
+	assert_int_equal(m->layers[1].bk.type, KVI_F32);
 	assert_non_null(m->layers[1].bv.data);
+	kvi_model_free(m);
+	free(buf);
+}
+
+/* F16 norms and biases are accepted (the forward pass converts them). */
+static void test_f16_vectors(void **state)
+{
+	(void)state;
+	struct spec s = llama_spec();
+	s.arch = "qwen2";
+	s.bias = 1;
+	s.vec_f16 = 1;
+	void *buf;
+	size_t len;
+	build(&s, &buf, &len);
+	char err[256];
+	struct kvi_model *m;
+	if (try_load(buf, len, err, sizeof(err), &m))
+		fail_msg("%s", err);
+	assert_int_equal(m->layers[0].attn_norm.type, KVI_F16);
+	assert_int_equal(m->layers[0].bq.type, KVI_F16);
+	assert_int_equal(m->out_norm.nbytes, 128);
 	kvi_model_free(m);
 	free(buf);
 }
@@ -592,7 +616,8 @@ static void test_bad_model(void **state)
 	expect_spec_fail(&s, "tensor 'blk.1.ffn_norm.weight': has 2 dimensions, expected 1");
 	s = llama_spec();
 	s.bad_type = "blk.0.attn_norm.weight";
-	expect_spec_fail(&s, "norms and biases must be F32");
+	expect_spec_fail(&s, "tensor 'blk.0.attn_norm.weight': type Q8_0 not supported here "
+			     "(norms and biases must be F32, F16 or BF16)");
 	s = llama_spec();
 	s.type = KVI_F16;
 	s.bad_type = "blk.1.attn_v.weight";
@@ -664,11 +689,12 @@ static void test_random_corruption(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_valid_llama),	       cmocka_unit_test(test_valid_qwen2_tied),
-	    cmocka_unit_test(test_rope_freqs),	       cmocka_unit_test(test_fingerprint),
-	    cmocka_unit_test(test_fingerprint_chunks), cmocka_unit_test(test_file_load),
-	    cmocka_unit_test(test_synth_presets),      cmocka_unit_test(test_bad_model),
-	    cmocka_unit_test(test_truncation),	       cmocka_unit_test(test_random_corruption),
+	    cmocka_unit_test(test_valid_llama),	      cmocka_unit_test(test_valid_qwen2_tied),
+	    cmocka_unit_test(test_f16_vectors),	      cmocka_unit_test(test_rope_freqs),
+	    cmocka_unit_test(test_fingerprint),	      cmocka_unit_test(test_fingerprint_chunks),
+	    cmocka_unit_test(test_file_load),	      cmocka_unit_test(test_synth_presets),
+	    cmocka_unit_test(test_bad_model),	      cmocka_unit_test(test_truncation),
+	    cmocka_unit_test(test_random_corruption),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
