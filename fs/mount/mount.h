@@ -98,7 +98,8 @@ struct mnt_wfile {
 
 /* ---- inode table (mount_inode.c); thread-safe ---- */
 struct mnt_inode_info {
-	uint64_t ino; /* meta inode (0: a new file not yet committed) */
+	uint64_t ino;  /* meta inode (0: a new file not yet committed) */
+	uint32_t mode; /* S_IFREG / S_IFDIR | bits, as last seen (0: unknown) */
 	uint64_t parent;
 	char name[KVP_NAME_MAX + 1];
 	int redirected;	      /* ino differs from the node id (committed new file or replaced) */
@@ -107,9 +108,9 @@ struct mnt_inode_info {
 int mnt_itab_create(struct mnt_itab **out);
 void mnt_itab_destroy(struct mnt_itab *t); /* drops the writer references it holds */
 /* One more kernel reference (a lookup, create, mkdir or readdirplus entry) for nodeid, whose
- * metadata inode is ino, found as name in parent. wf (may be NULL) is a new file's writer: the
- * table takes its own reference. -ENOMEM. */
-int mnt_itab_ref(struct mnt_itab *t, uint64_t nodeid, uint64_t ino, uint64_t parent,
+ * metadata inode is ino (of type mode), found as name in parent. wf (may be NULL) is a new file's
+ * writer: the table takes its own reference. -ENOMEM. */
+int mnt_itab_ref(struct mnt_itab *t, uint64_t nodeid, uint64_t ino, uint32_t mode, uint64_t parent,
 		 const char *name, struct mnt_wfile *wf);
 /* The kernel dropped n references; the entry goes when none remain. */
 void mnt_itab_forget(struct mnt_itab *t, uint64_t nodeid, uint64_t n);

@@ -12,6 +12,7 @@
 struct ient {
 	struct ient *next;
 	uint64_t nodeid, ino, nlookup, parent;
+	uint32_t mode;
 	struct mnt_wfile *wf; /* a new file's writer (referenced), or NULL */
 	char name[KVP_NAME_MAX + 1];
 };
@@ -90,7 +91,7 @@ static void grow(struct mnt_itab *t)
 	free(old);
 }
 
-int mnt_itab_ref(struct mnt_itab *t, uint64_t nodeid, uint64_t ino, uint64_t parent,
+int mnt_itab_ref(struct mnt_itab *t, uint64_t nodeid, uint64_t ino, uint32_t mode, uint64_t parent,
 		 const char *name, struct mnt_wfile *wf)
 {
 	pthread_mutex_lock(&t->lock);
@@ -114,6 +115,8 @@ int mnt_itab_ref(struct mnt_itab *t, uint64_t nodeid, uint64_t ino, uint64_t par
 			grow(t);
 	}
 	e->nlookup++;
+	if (mode)
+		e->mode = mode;
 	/* A lookup of a replaced file's old id cannot happen (meta answers with the new inode),
 	 * so a known entry keeps its mapping; only the name is refreshed. */
 	if (name) {
@@ -153,6 +156,7 @@ int mnt_itab_get(struct mnt_itab *t, uint64_t nodeid, struct mnt_inode_info *out
 	struct ient *e = find(t, nodeid);
 	if (e) {
 		out->ino = e->ino;
+		out->mode = e->mode;
 		out->parent = e->parent;
 		memcpy(out->name, e->name, sizeof(out->name));
 		out->redirected = e->ino != nodeid;

@@ -288,7 +288,8 @@ void mnt_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode
 	uint64_t nodeid = MNT_TEMP_BASE | atomic_fetch_add(&m->next_temp, 1);
 	struct mnt_wfile *wf = wfile_new(w, nodeid, pino, name, mode);
 	struct fh *h = fh_new(FH_WRITE);
-	if (!wf || !h || mnt_itab_ref(m->itab, nodeid, 0, pino, name, wf)) {
+	if (!wf || !h ||
+	    mnt_itab_ref(m->itab, nodeid, 0, S_IFREG | (mode & 07777), pino, name, wf)) {
 		if (wf)
 			mnt_wfile_put(wf); /* aborts w */
 		else
@@ -382,7 +383,9 @@ void mnt_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		}
 		fi->fh = (uint64_t)(uintptr_t)h;
 		fi->direct_io = 1;
-		fuse_reply_open(req, fi);
+		fi->noflush = 1;
+		if (fuse_reply_open(req, fi) != 0)
+			fh_free(h);
 		return;
 	}
 	struct mnt_inode_info ii;
@@ -460,6 +463,7 @@ void mnt_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	/* Files never change, so the page cache stays valid across opens — except on a node id
 	 * that now stands for a different inode (a committed new file, a replaced file). */
 	fi->keep_cache = m->cfg.keep_cache && !ii.redirected;
+	fi->noflush = 1; /* nothing to do at close(): spare the round trip */
 	if (fuse_reply_open(req, fi) != 0)
 		fh_free(h);
 }

@@ -178,7 +178,7 @@ static void mnt_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 		fuse_reply_err(req, -rc);
 		return;
 	}
-	if (mnt_itab_ref(m->itab, a.ino, a.ino, pino, name, NULL)) {
+	if (mnt_itab_ref(m->itab, a.ino, a.ino, a.mode, pino, name, NULL)) {
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
@@ -273,13 +273,15 @@ static void mnt_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int t
 		rc = mnt_wfile_setattr(m, wf, attr, to_set, &st);
 		mnt_wfile_put(wf);
 		if (rc != -EAGAIN) {
-			if (rc)
+			if (rc) {
 				fuse_reply_err(req, -rc);
-			else if (replacing && getattr_of(m, ino, &st, &to) == 0)
-				/* The kernel inode is still the old file's until the commit. */
-				fuse_reply_attr(req, &st, 0);
-			else
-				fuse_reply_attr(req, &st, 0);
+				return;
+			}
+			/* A replacement shares the kernel inode of the file it replaces: until
+			 * the commit that inode keeps the old file's attributes. */
+			if (replacing)
+				getattr_of(m, ino, &st, &to);
+			fuse_reply_attr(req, &st, 0);
 			return;
 		}
 	}
@@ -419,7 +421,8 @@ static void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t of
 		if (sz > rem)
 			break;
 		if (plus && i >= 2)
-			mnt_itab_ref(m->itab, e.ino, e.ino, ino, name, NULL);
+			mnt_itab_ref(m->itab, e.ino, e.ino, d->ents[i - 2].attr.mode, ino, name,
+				     NULL);
 		pos += sz;
 	}
 	fuse_reply_buf(req, buf, pos);
@@ -471,7 +474,7 @@ static void mnt_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 		return;
 	}
 	struct fuse_entry_param e;
-	if (mnt_itab_ref(m->itab, a.ino, a.ino, parent, name, NULL)) {
+	if (mnt_itab_ref(m->itab, a.ino, a.ino, a.mode, parent, name, NULL)) {
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}

@@ -381,16 +381,34 @@ void mnt_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
 void mnt_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 {
 	struct mnt *m = mnt_of(req);
-	uint64_t mino = xattr_ino(m, ino);
+	/* `ls -l` asks this of every file: answer from the inode table, without a request to
+	 * meta, whenever the type is known. */
+	int reg = 0;
+	struct mnt_inode_info ii;
+	if (!mnt_virt_is(ino) && mnt_itab_get(m->itab, ino, &ii) == 0) {
+		int writing = 0;
+		if (ii.wf) {
+			pthread_mutex_lock(&ii.wf->lock);
+			writing = ii.wf->w != NULL && (ino & MNT_TEMP_BASE);
+			pthread_mutex_unlock(&ii.wf->lock);
+			mnt_wfile_put(ii.wf);
+		}
+		reg = !writing && ii.ino && S_ISREG(ii.mode);
+		if (!ii.mode && ii.ino) {
+			struct kvp_attr a;
+			reg = kvc_getattr(m->c, ii.ino, &a) == 0 && S_ISREG(a.mode);
+		}
+	} else if (!mnt_virt_is(ino) && !(ino & MNT_TEMP_BASE)) {
+		struct kvp_attr a;
+		reg = kvc_getattr(m->c, ino, &a) == 0 && S_ISREG(a.mode);
+	}
 	char list[256];
 	size_t len = 0;
-	struct kvp_attr a;
-	if (mino && kvc_getattr(m->c, mino, &a) == 0 && S_ISREG(a.mode))
-		for (size_t i = 0; i < NX; i++) {
-			size_t n = strlen(xnames[i]) + 1;
-			memcpy(list + len, xnames[i], n);
-			len += n;
-		}
+	for (size_t i = 0; reg && i < NX; i++) {
+		size_t n = strlen(xnames[i]) + 1;
+		memcpy(list + len, xnames[i], n);
+		len += n;
+	}
 	if (size == 0)
 		fuse_reply_xattr(req, len);
 	else if (len > size)
