@@ -255,6 +255,8 @@ static void sf_cancel(struct kvc_file *f, struct sfetch *sf)
 /* Starts the GETs of the data chunks of stripe s that are not empty, on usable nodes. */
 static void sf_start_data(struct kvc_file *f, struct sfetch *sf, uint64_t s)
 {
+	if (sf->s >= 0)
+		sf_cancel(f, sf); /* never drop calls in flight: they hold pool references */
 	sf->s = (int64_t)s;
 	sf->started = 0;
 	const struct fslot *ss = f->slots + s * f->n;
