@@ -89,13 +89,53 @@ enum kvp_op {
 				*    i64 atime_ns  <- attr */
 	KVP_OP_TOUCH = 0x3E,   /* -> u32 n (<= KVP_MAX_IDS), n x (u64 ino, i64 atime_ns)  <- (empty)
 				*    batched access times; unknown inodes are ignored */
+	KVP_OP_MAINT = 0x3F,   /* -> u8 action (enum kvp_maint), u32 node_id (0: every down node
+				*    for REPAIR; the node for DRAIN / NODE_REMOVE; else 0)  <- (empty)
+				*    REPAIR, DRAIN and SCRUB start a job on meta's repair worker and
+				*    return at once (progress: MSTATUS); GC and RETENTION run one pass
+				*    before answering. errors: -EBUSY a job is running, -ENOENT
+				* unknown   node, -EBUSY NODE_REMOVE of a node that still holds chunks
+				* or is up   and not drained, -EINVAL unknown action */
+	KVP_OP_MSTATUS = 0x40, /* -> (empty)  <- u8 job kind (enum kvp_maint, 0 none yet), u8
+				* running, u32 node_id, u64 total, u64 done, u64 failed, u64 bytes,
+				*    i64 elapsed_ns, then u32 n, n x u64 counters (enum kvp_mstat
+				* order; a newer meta may send more, an older one fewer) */
+};
+
+/* KVP_OP_MAINT actions. */
+enum kvp_maint {
+	KVP_MAINT_REPAIR = 1,	 /* rebuild every chunk on down node(s) onto other nodes */
+	KVP_MAINT_DRAIN = 2,	 /* no new placements on the node; move all its chunks off it */
+	KVP_MAINT_SCRUB = 3,	 /* read every chunk, check its CRC, rebuild bad or missing ones */
+	KVP_MAINT_GC = 4,	 /* one orphan-chunk pass (nodes' LIST against metadata) now */
+	KVP_MAINT_RETENTION = 5, /* one TTL expiry + watermark eviction pass now */
+	KVP_MAINT_NODE_REMOVE = 6, /* forget a node that holds nothing (down or drained) */
+};
+
+/* KVP_OP_MSTATUS counters, in this order. */
+enum kvp_mstat {
+	KVP_MST_EXPIRED,	/* files removed by TTL */
+	KVP_MST_EVICTED,	/* files removed by the capacity watermark */
+	KVP_MST_EVICTED_BYTES,	/* their raw stored bytes */
+	KVP_MST_ENOSPC,		/* ALLOCs refused for space after an eviction retry */
+	KVP_MST_GC_SCANNED,	/* chunks listed by orphan passes */
+	KVP_MST_GC_ORPHANS,	/* orphan chunks queued for deletion */
+	KVP_MST_REPAIRED,	/* chunks rebuilt or moved (repair, drain, scrub) */
+	KVP_MST_REPAIR_BYTES,	/* their bytes */
+	KVP_MST_REPAIR_FAILED,	/* chunks that could not be rebuilt */
+	KVP_MST_SCRUB_CHECKED,	/* chunks read by scrub */
+	KVP_MST_SCRUB_CORRUPT,	/* failed their CRC */
+	KVP_MST_SCRUB_MISSING,	/* absent on their node */
+	KVP_MST_SCRUB_REPAIRED, /* corrupt or missing chunks rebuilt */
+	KVP_MST_COUNT
 };
 
 #define KVP_MAX_IDS	65536u
 #define KVP_MAX_STRIPES 65536u
 #define KVP_ROOT_INO	1u
 
-enum kvp_node_state { KVP_NODE_UP = 1, KVP_NODE_DOWN = 2 };
+/* DRAINING: up and readable, takes no new chunks, its chunks are being moved off. */
+enum kvp_node_state { KVP_NODE_UP = 1, KVP_NODE_DOWN = 2, KVP_NODE_DRAINING = 3 };
 enum kvp_setattr_valid { KVP_SET_MODE = 1, KVP_SET_MTIME = 2, KVP_SET_ATIME = 4 };
 
 struct kvp_hdr {
