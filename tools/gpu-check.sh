@@ -72,6 +72,10 @@ if ! command -v nvcc >/dev/null 2>&1; then
 	exit 1
 fi
 say "nvcc: $(nvcc --version | tail -n 1)"
+if [ ! -f "$CUDA_HOME/include/cuda_runtime.h" ]; then
+	CUDA_HOME=$(dirname "$(dirname "$(command -v nvcc)")")
+fi
+say "cuda home: $CUDA_HOME"
 
 # Architectures: the machine's own when nvidia-smi tells it (faster to build), else 90 and 100.
 ARCHS="90;100"
