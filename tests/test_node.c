@@ -507,6 +507,15 @@ static void test_corruption(void **state)
 		stat_node(g_cl, &st);
 		assert_int_equal(st.crc_errors, st0.crc_errors + 2 * (k + 1));
 	}
+	/* Repair in place: the corrupt chunk blocks a PUT of its id until it is deleted. */
+	assert_int_equal(put(g_cl, 0x7700, d, sizeof(d)), -EEXIST);
+	uint64_t bad = 0x7700;
+	assert_int_equal(del(g_cl, &bad, 1), 1);
+	assert_int_equal(put(g_cl, 0x7700, d, sizeof(d)), 0);
+	assert_int_equal(get(g_cl, 0x7700, 0, LEN_TO_END, &g, &gl), 0);
+	assert_int_equal(gl, sizeof(d));
+	assert_memory_equal(g, d, sizeof(d));
+	free(g);
 	assert_int_equal(kvp_client_alive(g_cl), 1);
 }
 
