@@ -18,8 +18,6 @@
 
 #include <openssl/evp.h>
 
-#define KVFS_LOG_TAG "model"
-#include "log.h"
 
 size_t kvi_dtype_row_bytes(enum kvi_dtype t, int64_t n)
 {
