@@ -319,6 +319,20 @@ static void mm_run(void *arg, int tid, int nth)
 	}
 }
 
+struct prep_job {
+	void *act;
+	const float *x;
+	size_t n, ntok;
+};
+
+static void prep_run(void *arg, int tid, int nth)
+{
+	struct prep_job *j = arg;
+	long lo, hi;
+	kvi_pool_split((long)j->ntok, tid, nth, 1, &lo, &hi);
+	kvk_act_prepare(KVK_W_Q8_0, j->act, j->ntok, j->x, j->n, j->n, (size_t)lo, (size_t)hi);
+}
+
 /* y_i = W_i x for the n_mm matrices, x: (ntok, n) contiguous. */
 static void matmuls(struct kvi_engine *e, const float *x, size_t n, size_t ntok, int n_mm,
 		    const struct kvi_tensor *const *w, float *const *y)
@@ -329,7 +343,10 @@ static void matmuls(struct kvi_engine *e, const float *x, size_t n, size_t ntok,
 		j.w[i] = w[i];
 		j.y[i] = y[i];
 		if (w[i]->type == KVI_Q8_0) {
-			if (!prepared)
+			struct prep_job pj = {e->actq, x, n, ntok};
+			if (!prepared && ntok >= 8) /* per token: any split gives the same bytes */
+				kvi_pool_run(e->pool, prep_run, &pj);
+			else if (!prepared)
 				kvk_act_prepare(KVK_W_Q8_0, e->actq, ntok, x, n, n, 0, ntok);
 			prepared = 1;
 			j.act[i] = e->actq;

@@ -173,15 +173,19 @@ void kvk_act_prepare(enum kvk_wtype wt, void *act, size_t ntok, const float *x, 
 		for (size_t b = 0; b < nb; b++) {
 			const float *xb = xt + b * 32;
 			float amax = 0;
-			for (int i = 0; i < 32; i++)
-				amax = fmaxf(amax, fabsf(xb[i]));
+			for (int i = 0; i < 32; i++) {
+				float a = xb[i] < 0 ? -xb[i] : xb[i];
+				amax = a > amax ? a : amax;
+			}
 			float db = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
 			d[t * nb + b] = db;
 			for (int i = 0; i < 32; i++) {
-				/* |x * id| <= 127 up to rounding; clamp keeps -128 out (maddubs) */
-				float v = nearbyintf(xb[i] * id);
-				v = fminf(127.0f, fmaxf(-127.0f, v));
-				q[t * n + b * 32 + i] = (int8_t)v;
+				/* round half away from zero; |x * id| <= 127 up to rounding, and
+				 * the clamp keeps -128 out (maddubs needs |x| <= 127) */
+				float v = xb[i] * id;
+				int qi = (int)(v + (v < 0 ? -0.5f : 0.5f));
+				qi = qi > 127 ? 127 : qi < -127 ? -127 : qi;
+				q[t * n + b * 32 + i] = (int8_t)qi;
 			}
 		}
 	}
