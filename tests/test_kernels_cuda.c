@@ -78,6 +78,16 @@ static void close_enough(const char *what, const float *got, const float *ref, s
 			 ref[wi], worst);
 }
 
+/* Byte equality, reporting the first difference. */
+static void same_bytes(const char *what, const void *got, const void *want, size_t n)
+{
+	const uint8_t *g = got, *w = want;
+	for (size_t i = 0; i < n; i++)
+		if (g[i] != w[i])
+			fail_msg("%s: byte %zu of %zu got 0x%02x want 0x%02x", what, i, n, g[i],
+				 w[i]);
+}
+
 static int setup(void **state)
 {
 	struct kvk_cuda_ctx *c;
@@ -134,7 +144,9 @@ static void test_embed(void **state)
 			assert_int_equal(kvk_cu_embed(c, dout, dt, dts[k], rows, dim, di_, T), 0);
 			down(c, got, dout, T * dim * 4);
 			/* Tolerance: exact (the same conversions and one product). */
-			assert_memory_equal(got, ref, T * dim * 4);
+			char lbl[96];
+			snprintf(lbl, sizeof(lbl), "embed type %d dim %zu", (int)dts[k], dim);
+			same_bytes(lbl, got, ref, T * dim * 4);
 			kvk_cuda_free(c, dt), kvk_cuda_free(c, di_), kvk_cuda_free(c, dout);
 			free(tab), free(ref), free(got);
 		}
@@ -159,7 +171,9 @@ static void test_rmsnorm(void **state)
 		assert_int_equal(kvk_cu_rmsnorm(c, dy, dx, dw, n, r, 1e-5f), 0);
 		down(c, got, dy, n * r * 4);
 		/* f32 sum of squares in another order: relative 1e-5. */
-		close_enough("rmsnorm", got, ref, n * r, 1e-6, 1e-5);
+		char lbl[96];
+		snprintf(lbl, sizeof(lbl), "rmsnorm n %zu rows %zu", n, r);
+		close_enough(lbl, got, ref, n * r, 1e-6, 1e-5);
 		kvk_cuda_free(c, dx), kvk_cuda_free(c, dw), kvk_cuda_free(c, dy);
 		free(x), free(w), free(ref), free(got);
 	}
@@ -188,7 +202,10 @@ static void test_rope(void **state)
 			assert_int_equal(kvk_ref_rope(x, T, H, HD, RD, pos, 500000.f, style), 0);
 			down(c, got, dx, n * 4);
 			/* Same float angle; sinf/cosf differ by a few ulp: absolute 1e-5. */
-			close_enough("rope", got, x, n, 1e-5, 0);
+			char lbl[96];
+			snprintf(lbl, sizeof(lbl), "rope T %zu H %zu HD %zu RD %zu style %d", T, H,
+				 HD, RD, style);
+			close_enough(lbl, got, x, n, 1e-5, 0);
 			kvk_cuda_free(c, dx), kvk_cuda_free(c, dp);
 			free(x), free(got), free(pos);
 		}
@@ -212,7 +229,9 @@ static void test_swiglu_convert(void **state)
 		assert_int_equal(kvk_cu_swiglu(c, dy, dg, du, n), 0);
 		down(c, got, dy, n * 4);
 		/* expf differs by an ulp or two: relative 1e-5. */
-		close_enough("swiglu", got, ref, n, 1e-7, 1e-5);
+		char lbl[96];
+		snprintf(lbl, sizeof(lbl), "swiglu n %zu", n);
+		close_enough(lbl, got, ref, n, 1e-7, 1e-5);
 		/* Conversion to f16 / bf16: bit-exact (round to nearest even on both). */
 		uint16_t *hr = xmalloc(n * 2), *hg = xmalloc(n * 2);
 		void *dh = up(c, NULL, n * 2);
@@ -222,7 +241,8 @@ static void test_swiglu_convert(void **state)
 			assert_int_equal(
 			    kvk_cu_convert(c, dh, bf ? KVK_DT_BF16 : KVK_DT_F16, dg, n), 0);
 			down(c, hg, dh, n * 2);
-			assert_memory_equal(hg, hr, n * 2);
+			snprintf(lbl, sizeof(lbl), "convert %s n %zu", bf ? "bf16" : "f16", n);
+			same_bytes(lbl, hg, hr, n * 2);
 		}
 		kvk_cuda_free(c, dg), kvk_cuda_free(c, du), kvk_cuda_free(c, dy);
 		kvk_cuda_free(c, dh);
@@ -294,7 +314,10 @@ static void test_attn_prefill(void **state)
 		down(c, got, dout, n * 4);
 		/* Online vs two-pass softmax in f32, outputs are means of values in [-1, 1]:
 		 * absolute 1e-4. */
-		close_enough("attn_prefill", got, ref, n, 1e-4, 1e-4);
+		char lbl[128];
+		snprintf(lbl, sizeof(lbl), "attn_prefill H %d NKV %d HD %d B %d NQ %d Q0 %d pad %d",
+			 H, NKV, HD, B, NQ, Q0, sh[6]);
+		close_enough(lbl, got, ref, n, 1e-4, 1e-4);
 		kvk_cuda_free(c, dq), kvk_cuda_free(c, dout), kvk_cuda_free(c, dt);
 		free(q), free(ref), free(got), free(table);
 		dpool_free(c, &p);
@@ -337,7 +360,10 @@ static void test_attn_decode(void **state)
 		assert_int_equal(
 		    kvk_cu_attn_decode(c, dout, dq, &p.dev, dt, maxb, dl, NS, H, scale), 0);
 		down(c, got, dout, n * 4);
-		close_enough("attn_decode", got, ref, n, 1e-4, 1e-4); /* as prefill */
+		char lbl[128];
+		snprintf(lbl, sizeof(lbl), "attn_decode S %d H %d NKV %d HD %d B %d maxlen %d", NS,
+			 H, NKV, HD, B, ML);
+		close_enough(lbl, got, ref, n, 1e-4, 1e-4); /* as prefill */
 		kvk_cuda_free(c, dq), kvk_cuda_free(c, dout), kvk_cuda_free(c, dt);
 		kvk_cuda_free(c, dl);
 		free(q), free(ref), free(got), free(tables), free(lens);
@@ -375,8 +401,10 @@ static void test_gemm(void **state)
 			down(c, got, dc, (size_t)M * N * 4);
 			/* Tensor-core f32 accumulation in another order: inputs in [-1, 1], so
 			 * |err| <= 1e-3 * sqrt(K) covers it with a wide margin. */
-			close_enough(bf ? "gemm bf16" : "gemm f16", got, ref, (size_t)M * N,
-				     1e-3 * sqrt((double)K), 0);
+			char lbl[96];
+			snprintf(lbl, sizeof(lbl), "gemm %s %d x %d x %d", bf ? "bf16" : "f16", M,
+				 N, K);
+			close_enough(lbl, got, ref, (size_t)M * N, 1e-3 * sqrt((double)K), 0);
 			kvk_cuda_free(c, da), kvk_cuda_free(c, db), kvk_cuda_free(c, dc);
 			free(a), free(b), free(ref), free(got);
 		}
@@ -408,7 +436,9 @@ static void test_q8_0_gemv(void **state)
 		down(c, got, dy, (size_t)T * R * 4);
 		/* f32 sums in another block order; |w| <= 0.02 * 127, |x| <= 1: absolute
 		 * 1e-5 * N. */
-		close_enough("q8_0_gemv", got, ref, (size_t)T * R, 1e-5 * N, 0);
+		char lbl[96];
+		snprintf(lbl, sizeof(lbl), "q8_0_gemv rows %d n %d tokens %d", R, N, T);
+		close_enough(lbl, got, ref, (size_t)T * R, 1e-5 * N, 0);
 		kvk_cuda_free(c, dw), kvk_cuda_free(c, dx), kvk_cuda_free(c, dy);
 		free(w), free(x), free(ref), free(got);
 	}
@@ -440,7 +470,9 @@ static void test_sampling(void **state)
 		assert_int_equal(kvk_ref_argmax(ref, l, R, V), 0);
 		assert_int_equal(kvk_cu_argmax(c, dout, dl, R, V), 0);
 		down(c, got, dout, (size_t)R * 4);
-		assert_memory_equal(got, ref, (size_t)R * 4); /* exact */
+		char lbl[96];
+		snprintf(lbl, sizeof(lbl), "argmax rows %d vocab %d", R, V);
+		same_bytes(lbl, got, ref, (size_t)R * 4); /* exact */
 		for (int ki = 0; ki < 4; ki++) {
 			if (ks[ki] > V)
 				continue;
@@ -576,7 +608,10 @@ static void test_pack_unpack(void **state)
 		memset(hb, 0, total);
 		struct cb_state st = {want, hb, pb, 0, 0};
 		assert_int_equal(kvk_cu_kv_pack(c, hb, &src.dev, from, N, pack_cb, &st), 0);
-		assert_memory_equal(hb, want, total); /* exact: a byte copy */
+		char lbl[128];
+		snprintf(lbl, sizeof(lbl), "pack L %d B %d NKV %d HD %d pad %d blocks %d", L, B,
+			 NKV, HD, sh[4], N);
+		same_bytes(lbl, hb, want, total); /* exact: a byte copy */
 		assert_int_equal(st.next, N);
 		/* Unpack into other blocks; compare with the reference unpack on the host. */
 		memset(hb, 0, total);
@@ -589,16 +624,17 @@ static void test_pack_unpack(void **state)
 		for (int l = 0; l < L; l++)
 			for (int v = 0; v < 2; v++) {
 				pset_download(c, &dst, tmp, l, v);
-				assert_memory_equal(tmp, v ? dst.hv[l] : dst.hk[l], pn * 2);
+				same_bytes("unpack (pools after)", tmp, v ? dst.hv[l] : dst.hk[l],
+					   pn * 2);
 			}
 		/* Without callbacks, and device-to-device gather == host pack. */
 		memset(hb, 0, total);
 		assert_int_equal(kvk_cu_kv_pack(c, hb, &src.dev, from, N, NULL, NULL), 0);
-		assert_memory_equal(hb, want, total);
+		same_bytes(lbl, hb, want, total);
 		void *dbuf = up(c, NULL, total);
 		assert_int_equal(kvk_cu_kv_gather(c, dbuf, &src.dev, from, N), 0);
 		down(c, hb, dbuf, total);
-		assert_memory_equal(hb, want, total);
+		same_bytes(lbl, hb, want, total);
 		/* A callback's error stops the transfer and comes back. */
 		st = (struct cb_state){want, hb, pb, 0, 1000};
 		assert_int_equal(kvk_cu_kv_pack(c, hb, &src.dev, from, N, pack_cb, &st), -EPROTO);
@@ -673,7 +709,7 @@ static void test_nccl(void **state)
 	void *d = up(c0, NULL, pb * N);
 	assert_int_equal(kvk_cu_kv_gather(c0, d, &dec.dev, to, N), 0);
 	down(c0, got, d, pb * N);
-	assert_memory_equal(got, want, pb * N);
+	same_bytes("nccl: decode side's blocks", got, want, pb * N);
 	kvk_cuda_free(c0, d);
 	free(want), free(got);
 	pset_free(c0, &dec);
