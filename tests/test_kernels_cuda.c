@@ -78,6 +78,14 @@ static void close_enough(const char *what, const float *got, const float *ref, s
 			 ref[wi], worst);
 }
 
+/* Shapes to run from a list of n: all, or the first 3 with KVK_TEST_QUICK set (for the
+ * compute-sanitizer runs of gpu-check.sh; each list starts with small but varied shapes). */
+static size_t ncases(size_t n)
+{
+	const char *q = getenv("KVK_TEST_QUICK");
+	return q && *q && n > 3 ? 3 : n;
+}
+
 /* Byte equality, reporting the first difference. */
 static void same_bytes(const char *what, const void *got, const void *want, size_t n)
 {
@@ -111,7 +119,7 @@ static void test_embed(void **state)
 	static const size_t dims[] = {32, 96, 2048};
 	enum kvk_dtype dts[] = {KVK_DT_F32, KVK_DT_F16, KVK_DT_BF16, KVK_DT_Q8_0};
 	uint64_t s = 1;
-	for (size_t di = 0; di < 3; di++)
+	for (size_t di = 0; di < ncases(3); di++)
 		for (int k = 0; k < 4; k++) {
 			size_t rows = 301, dim = dims[di], T = 37;
 			size_t rb = k == 0 ? dim * 4 : k < 3 ? dim * 2 : dim / 32 * 34;
@@ -157,7 +165,7 @@ static void test_rmsnorm(void **state)
 	struct kvk_cuda_ctx *c = *state;
 	static const size_t shapes[][2] = {{1, 1}, {67, 3}, {2048, 9}, {5000, 2}};
 	uint64_t s = 2;
-	for (size_t i = 0; i < 4; i++) {
+	for (size_t i = 0; i < ncases(4); i++) {
 		size_t n = shapes[i][0], r = shapes[i][1];
 		float *x = xmalloc(n * r * 4), *w = xmalloc(n * 4), *ref = xmalloc(n * r * 4);
 		float *got = xmalloc(n * r * 4);
@@ -186,7 +194,7 @@ static void test_rope(void **state)
 	static const size_t shapes[][4] = {
 	    {1, 1, 2, 2}, {7, 3, 10, 8}, {130, 32, 64, 64}, {33, 8, 128, 96}};
 	uint64_t s = 3;
-	for (size_t i = 0; i < 4; i++)
+	for (size_t i = 0; i < ncases(4); i++)
 		for (int style = 0; style < 2; style++) {
 			size_t T = shapes[i][0], H = shapes[i][1], HD = shapes[i][2];
 			size_t RD = shapes[i][3], n = T * H * HD;
@@ -216,7 +224,7 @@ static void test_swiglu_convert(void **state)
 	struct kvk_cuda_ctx *c = *state;
 	static const size_t ns[] = {1, 1000, 1000003};
 	uint64_t s = 4;
-	for (size_t i = 0; i < 3; i++) {
+	for (size_t i = 0; i < ncases(3); i++) {
 		size_t n = ns[i];
 		float *g = xmalloc(n * 4), *u = xmalloc(n * 4), *ref = xmalloc(n * 4);
 		float *got = xmalloc(n * 4);
@@ -284,16 +292,16 @@ static void dpool_free(struct kvk_cuda_ctx *c, struct dpool *p)
 
 /* (n_heads, n_kv_heads, head_dim, block_tokens, n_q, q_start, pad) */
 static const int prefill_shapes[][7] = {
-    {1, 1, 2, 1, 1, 0, 0},	{4, 4, 8, 4, 9, 0, 0},	     {8, 2, 16, 5, 37, 0, 2},
+    {1, 1, 2, 1, 1, 0, 0},	{8, 2, 16, 5, 37, 0, 2},     {4, 2, 256, 16, 40, 10, 0},
     {32, 8, 64, 64, 300, 0, 0}, {32, 8, 64, 64, 77, 200, 0}, {8, 8, 128, 16, 65, 3, 0},
-    {4, 2, 256, 16, 40, 10, 0}, {10, 2, 80, 7, 33, 5, 4},    {64, 4, 128, 32, 17, 1000, 0},
+    {4, 4, 8, 4, 9, 0, 0},	{10, 2, 80, 7, 33, 5, 4},    {64, 4, 128, 32, 17, 1000, 0},
 };
 
 static void test_attn_prefill(void **state)
 {
 	struct kvk_cuda_ctx *c = *state;
 	uint64_t s = 5;
-	for (size_t i = 0; i < sizeof(prefill_shapes) / sizeof(prefill_shapes[0]); i++) {
+	for (size_t i = 0; i < ncases(sizeof(prefill_shapes) / sizeof(prefill_shapes[0])); i++) {
 		const int *sh = prefill_shapes[i];
 		int H = sh[0], NKV = sh[1], HD = sh[2], B = sh[3], NQ = sh[4], Q0 = sh[5];
 		int nkeys = Q0 + NQ, nbt = (nkeys + B - 1) / B, nb = nbt + 5;
@@ -326,16 +334,17 @@ static void test_attn_prefill(void **state)
 
 /* (n_seqs, n_heads, n_kv_heads, head_dim, block_tokens, max_len) */
 static const int decode_shapes[][6] = {
-    {1, 1, 1, 2, 1, 1},	     {3, 4, 2, 8, 5, 40},     {33, 32, 8, 64, 64, 700},
-    {7, 8, 1, 128, 16, 300}, {5, 12, 4, 256, 32, 90}, {64, 32, 8, 64, 16, 2100},
-    {3, 32, 1, 64, 8, 100}, /* MQA: a group of 32 rows spans two thread blocks */
+    {3, 4, 2, 8, 5, 40},      {5, 12, 4, 256, 32, 90}, {3, 32, 1, 64, 8, 100},
+    {7, 8, 1, 128, 16, 300},  {1, 1, 1, 2, 1, 1},      {64, 32, 8, 64, 16, 2100},
+    {33, 32, 8, 64, 64, 700},
 };
+/* {3, 32, 1, ...} is MQA: the group of 32 rows spans two thread blocks. */
 
 static void test_attn_decode(void **state)
 {
 	struct kvk_cuda_ctx *c = *state;
 	uint64_t s = 6;
-	for (size_t i = 0; i < sizeof(decode_shapes) / sizeof(decode_shapes[0]); i++) {
+	for (size_t i = 0; i < ncases(sizeof(decode_shapes) / sizeof(decode_shapes[0])); i++) {
 		const int *sh = decode_shapes[i];
 		int NS = sh[0], H = sh[1], NKV = sh[2], HD = sh[3], B = sh[4], ML = sh[5];
 		int maxb = (ML + B - 1) / B, nb = maxb * 2 + 1;
@@ -382,7 +391,7 @@ static void test_gemm(void **state)
 	struct kvk_cuda_ctx *c = *state;
 	static const int shapes[][3] = {{1, 1, 1}, {17, 33, 65}, {128, 256, 512}, {300, 257, 1000}};
 	uint64_t s = 7;
-	for (size_t i = 0; i < 4; i++)
+	for (size_t i = 0; i < ncases(4); i++)
 		for (int bf = 0; bf < 2; bf++) {
 			int M = shapes[i][0], N = shapes[i][1], K = shapes[i][2];
 			uint16_t *a = xmalloc((size_t)M * K * 2), *b = xmalloc((size_t)N * K * 2);
@@ -415,7 +424,7 @@ static void test_q8_0_gemv(void **state)
 	struct kvk_cuda_ctx *c = *state;
 	static const int shapes[][3] = {{1, 32, 1}, {37, 96, 3}, {4096, 2048, 8}, {513, 4096, 11}};
 	uint64_t s = 8;
-	for (size_t i = 0; i < 4; i++) {
+	for (size_t i = 0; i < ncases(4); i++) {
 		int R = shapes[i][0], N = shapes[i][1], T = shapes[i][2], NB = N / 32;
 		size_t wb = (size_t)R * NB * KVK_Q8_0_BYTES;
 		uint8_t *w = xmalloc(wb);
@@ -452,7 +461,7 @@ static void test_sampling(void **state)
 	static const int shapes[][2] = {{1, 1}, {3, 7}, {5, 1000}, {9, 128256}};
 	static const int ks[] = {1, 5, 40, 64};
 	uint64_t s = 9;
-	for (size_t i = 0; i < 4; i++) {
+	for (size_t i = 0; i < ncases(4); i++) {
 		int R = shapes[i][0], V = shapes[i][1];
 		size_t n = (size_t)R * V;
 		float *l = xmalloc(n * 4), *u = xmalloc((size_t)R * 4);
@@ -590,7 +599,7 @@ static void test_pack_unpack(void **state)
 {
 	struct kvk_cuda_ctx *c = *state;
 	uint64_t s = 10;
-	for (size_t i = 0; i < sizeof(pack_shapes) / sizeof(pack_shapes[0]); i++) {
+	for (size_t i = 0; i < ncases(sizeof(pack_shapes) / sizeof(pack_shapes[0])); i++) {
 		const int *sh = pack_shapes[i];
 		int L = sh[0], B = sh[1], NKV = sh[2], HD = sh[3], N = sh[5], NB = 2 * N + 3;
 		struct pool_set src, dst;
