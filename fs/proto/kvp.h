@@ -147,6 +147,9 @@ struct kvp_hdr {
 	uint32_t flags;
 	uint32_t len;
 	uint32_t reserved;
+	/* Not on the wire: CLOCK_MONOTONIC ns at which kvp_server received this request (0 for
+	 * frames from elsewhere). Copies of the header carry it to a later kvp_reply. */
+	uint64_t recv_ns;
 };
 
 /* A file's or directory's attributes as metadata keeps them. stored = raw bytes the file
@@ -293,6 +296,12 @@ struct kvp_server_opts {
 	uint32_t max_body; /* 0 = KVP_MAX_BODY */
 	kvp_handler_fn handler;
 	void *ctx;
+	/* Optional, for metrics: called by every kvp_reply to this server's requests, on the
+	 * replying thread, with the request's op, the reply status and the ns since the request
+	 * was received. Must be thread-safe and cheap; stats_ctx must outlive every connection
+	 * (replies may come after kvp_server_stop from threads the daemon still runs). */
+	void (*on_reply)(void *stats_ctx, uint16_t op, int32_t status, uint64_t ns);
+	void *stats_ctx;
 };
 int kvp_server_start(const struct kvp_server_opts *o, struct kvp_server **out);
 uint16_t kvp_server_port(const struct kvp_server *s);

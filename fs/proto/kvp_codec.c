@@ -56,6 +56,7 @@ int kvp_hdr_decode(const uint8_t in[KVP_HDR_SIZE], struct kvp_hdr *h, uint32_t m
 	h->flags = get32(in + 20);
 	h->len = get32(in + 24);
 	h->reserved = get32(in + 28);
+	h->recv_ns = 0;
 	if (h->magic != KVP_MAGIC || h->version != KVP_VERSION || h->reserved != 0 ||
 	    (h->flags & ~KVP_F_RESP))
 		return -EPROTO;

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #define AUTH_TIMEOUT_MS 5000
@@ -26,6 +27,9 @@ struct kvp_conn {
 	pthread_mutex_t send_mu;
 	pthread_t th;
 	char peer[32];
+	/* copied from the server's options: replies may come after the server is freed */
+	void (*on_reply)(void *stats_ctx, uint16_t op, int32_t status, uint64_t ns);
+	void *stats_ctx;
 	struct kvp_server *srv;
 	struct kvp_conn *next; /* server list; protected by srv->mu */
 };
@@ -60,6 +64,13 @@ const char *kvp_conn_peer(const struct kvp_conn *c)
 	return c->peer;
 }
 
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 int kvp_reply(struct kvp_conn *c, const struct kvp_hdr *req, int32_t status, const void *body,
 	      size_t body_len, const void *bulk, size_t bulk_len)
 {
@@ -75,6 +86,11 @@ int kvp_reply(struct kvp_conn *c, const struct kvp_hdr *req, int32_t status, con
 	if (rc && rc != -EPIPE) {
 		atomic_store(&c->closed, 1);
 		shutdown(c->fd, SHUT_RDWR);
+	}
+	if (c->on_reply && req->recv_ns) {
+		uint64_t now = mono_ns();
+		c->on_reply(c->stats_ctx, req->op, status,
+			    now > req->recv_ns ? now - req->recv_ns : 0);
 	}
 	return rc;
 }
@@ -108,6 +124,7 @@ static void *conn_main(void *arg)
 			free(body);
 			break;
 		}
+		h.recv_ns = mono_ns();
 		rc = s->o.handler(s->o.ctx, c, &h, body);
 		if (rc) {
 			klog_warn("%s: malformed request op 0x%x from %s (%s): closing connection",
@@ -172,6 +189,8 @@ static void *accept_main(void *arg)
 		}
 		c->fd = fd;
 		c->srv = s;
+		c->on_reply = s->o.on_reply;
+		c->stats_ctx = s->o.stats_ctx;
 		atomic_store(&c->refs, 1); /* the server list's reference */
 		pthread_mutex_init(&c->send_mu, NULL);
 		char ip[INET_ADDRSTRLEN] = "?";
