@@ -184,6 +184,7 @@ static void test_namespace(void **state)
 	assert_int_equal(st.k + st.m, NNODES);
 	size_t big = (size_t)st.k * st.chunk_size * 2 + 12345;
 	assert_int_equal(put_seeded(c, "/ns/big", big, 9, 0), 0);
+	assert_int_equal(check_file(c, "/ns/big", big, 9), 0);
 	assert_int_equal(kvc_resolve(c, "/ns/big", &a), 0);
 	uint8_t *want = malloc(big), *got = malloc(big);
 	fill(want, big, 9);
@@ -309,6 +310,10 @@ static void test_many_files_and_degraded(void **state)
 	for (int i = 0; i < NFILES; i++)
 		total += fs.size[i] = pick_size(&rs, i);
 	assert_int_equal(kvc_mkdir(g_c, KVP_ROOT_INO, "many", 0755, NULL), 0);
+	/* Besides the 500: one file of several stripes (whole-stripe reads pipelined). */
+	const size_t multi = (25u << 20) + 4321;
+	assert_int_equal(put_seeded(g_c, "/many/multi", multi, 99, 0), 0);
+	assert_int_equal(check_file(g_c, "/many/multi", multi, 99), 0);
 	fileset_run(&fs, 1);
 	struct kvc_stats st0, st1;
 	kvc_get_stats(g_c, &st0);
@@ -321,6 +326,7 @@ static void test_many_files_and_degraded(void **state)
 	/* One node gone without warning: every file still reads byte-exact. */
 	assert_int_equal(kvh_node_kill(&g_cl, 3, SIGKILL), 0);
 	fileset_run(&fs, 0);
+	assert_int_equal(check_file(g_c, "/many/multi", multi, 99), 0);
 	kvc_get_stats(g_c, &st0);
 	assert_true(st0.degraded_reads > st1.degraded_reads);
 	fprintf(stderr, "  %d files, %.1f MiB; degraded stripes decoded: %llu\n", NFILES,
