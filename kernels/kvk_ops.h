@@ -3,8 +3,9 @@
  *
  * These are the references, not the engine's fast CPU path: plain C, f32 math, one thread,
  * no allocation except scratch for attention scores, no global state; thread-safe on disjoint
- * outputs. Every function returns 0 or -EINVAL for bad sizes; it never reads past the sizes it
- * is given. Tensors are row-major; a shape comment names the dimensions outermost first.
+ * outputs. Every function returns 0 or -EINVAL for bad sizes (attention also -ENOMEM for its
+ * scratch); it never reads past the sizes it is given. Tensors are row-major; a shape comment
+ * names the dimensions outermost first.
  *
  * Number formats: f16 is IEEE binary16, bf16 the top half of a binary32, both stored as
  * uint16_t little-endian. Activations are f32 everywhere.
