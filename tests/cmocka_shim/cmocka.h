@@ -69,6 +69,22 @@ static void cmshim_fail(const char *file, int line, const char *what)
 		cmshim_fail(__FILE__, __LINE__, m_);                                               \
 	} while (0)
 #define fail() fail_msg("fail()")
+#define assert_in_range(v, lo, hi)                                                                 \
+	do {                                                                                       \
+		intmax_t v_ = (intmax_t)(v), l_ = (intmax_t)(lo), h_ = (intmax_t)(hi);             \
+		cmshim_check(v_ >= l_ && v_ <= h_, "%jd is not within [%jd, %jd]", v_, l_, h_);    \
+	} while (0)
+#define assert_ptr_equal(a, b)                                                                     \
+	cmshim_check((const void *)(a) == (const void *)(b), "%p != %p", (const void *)(a),        \
+		     (const void *)(b))
+#define assert_ptr_not_equal(a, b)                                                                 \
+	cmshim_check((const void *)(a) != (const void *)(b), "%p == %p", (const void *)(a),        \
+		     (const void *)(b))
+#define assert_string_equal(a, b)   cmshim_check(strcmp((a), (b)) == 0, "\"%s\" != \"%s\"", (a), (b))
+#define assert_return_code(rc, err) cmshim_check((rc) >= 0, "%s < 0 (errno %d)", #rc, (int)(err))
+#define assert_memory_not_equal(a, b, n)                                                           \
+	cmshim_check(memcmp((a), (b), (n)) != 0, "%s and %s are equal", #a, #b)
+#define print_message(...) printf(__VA_ARGS__)
 
 static int cmshim_run(const char *group, const struct CMUnitTest *t, size_t n,
 		      CMFixtureFunction setup, CMFixtureFunction teardown)
