@@ -21,6 +21,11 @@ struct meta_cfg {
 	int64_t k, m;
 	uint64_t chunk_size;
 	double node_timeout, write_timeout, gc_interval;
+	double ttl, atime_granularity, retention_interval, gc_grace, orphan_interval;
+	double repair_delay, scrub_interval;
+	char ttl_rules[CFG_STR_MAX];
+	int64_t high_wm, low_wm;
+	uint64_t repair_rate, scrub_rate;
 	int sync;
 	int64_t log_level;
 };
@@ -42,10 +47,59 @@ static const struct cfg_opt opts[] = {
      "an ALLOC not committed this long is aborted, its chunks deleted"},
     {"gc-interval", CFG_SECS, F(gc_interval), 0.05, 3600, "1s",
      "background pass period (deletions, node timeouts)"},
+    {"ttl", CFG_SECS, F(ttl), 0, 1e9, "72h",
+     "a file expires this long after its last access (0: never)"},
+    {"ttl-rules", CFG_STR, F(ttl_rules), 0, 0, NULL,
+     "per-directory TTLs: /dir=TIME,/other=TIME (0: never; the deepest rule wins)"},
+    {"atime-granularity", CFG_SECS, F(atime_granularity), 0, 86400, "1m",
+     "access times move only by at least this (fewer writes)"},
+    {"retention-interval", CFG_SECS, F(retention_interval), 0.05, 86400, "10s",
+     "period of the TTL expiry pass"},
+    {"high-watermark", CFG_INT, F(high_wm), 0, 100, "90",
+     "percent of raw capacity of up nodes that starts LRU eviction (0: never)"},
+    {"low-watermark", CFG_INT, F(low_wm), 0, 100, "80", "eviction stops under this percent"},
+    {"gc-grace", CFG_SECS, F(gc_grace), 0, 1e9, "1h",
+     "a chunk no metadata references is deleted once older than this"},
+    {"orphan-interval", CFG_SECS, F(orphan_interval), 0, 1e9, "1h",
+     "period of the orphan-chunk pass over every node (0: only on request)"},
+    {"repair-delay", CFG_SECS, F(repair_delay), 0, 1e9, "15m",
+     "a node down this long is repaired automatically (0: never)"},
+    {"repair-rate", CFG_SIZE, F(repair_rate), 0, 1e15, "100M",
+     "bytes/s background repair rebuilds (0: unlimited; kvfs repair is unlimited)"},
+    {"scrub-interval", CFG_SECS, F(scrub_interval), 0, 1e9, "7d",
+     "a background scrub starts this long after the last (0: never)"},
+    {"scrub-rate", CFG_SIZE, F(scrub_rate), 0, 1e15, "20M",
+     "bytes/s background scrub reads (0: unlimited)"},
     {"sync", CFG_BOOL, F(sync), 0, 0, "false", "fsync the WAL on every commit"},
     {"log-level", CFG_INT, F(log_level), 0, 3, "2", "0 error, 1 warn, 2 info, 3 debug"},
     CFG_END,
 };
+
+/* "/a=1h,/b/c=30m" -> rules. Times take s/m/h/d suffixes. -EINVAL on anything else. */
+static int parse_rules(const char *text, struct meta_opts *o)
+{
+	char buf[CFG_STR_MAX], *save = NULL;
+	snprintf(buf, sizeof(buf), "%s", text);
+	for (char *r = strtok_r(buf, ",", &save); r; r = strtok_r(NULL, ",", &save)) {
+		char *eq = strrchr(r, '=');
+		if (!eq || r[0] != '/' || eq - r >= (long)sizeof(o->rules[0].path) ||
+		    o->nrules == (int)(sizeof(o->rules) / sizeof(o->rules[0])))
+			return -EINVAL;
+		char *end;
+		double v = strtod(eq + 1, &end);
+		double mul = *end == 0 || !strcmp(end, "s") ? 1
+			     : !strcmp(end, "m")	    ? 60
+			     : !strcmp(end, "h")	    ? 3600
+			     : !strcmp(end, "d")	    ? 86400
+							    : -1;
+		if (end == eq + 1 || mul < 0 || v < 0)
+			return -EINVAL;
+		*eq = 0;
+		snprintf(o->rules[o->nrules].path, sizeof(o->rules[0].path), "%s", r);
+		o->rules[o->nrules++].ttl_s = v * mul;
+	}
+	return 0;
+}
 
 /* Writes "addr\n" to path via a temporary file and rename, so a reader never sees half. */
 static int write_addr_file(const char *path, const char *addr)
@@ -114,7 +168,27 @@ int main(int argc, char **argv)
 			       .chunk_size = (uint32_t)c.chunk_size,
 			       .node_timeout_s = c.node_timeout,
 			       .write_timeout_s = c.write_timeout,
-			       .gc_interval_s = c.gc_interval};
+			       .gc_interval_s = c.gc_interval,
+			       .ttl_s = c.ttl,
+			       .atime_granularity_s = c.atime_granularity,
+			       .retention_interval_s = c.retention_interval,
+			       .high_wm = (int)c.high_wm,
+			       .low_wm = (int)c.low_wm,
+			       .gc_grace_s = c.gc_grace,
+			       .orphan_interval_s = c.orphan_interval,
+			       .repair_delay_s = c.repair_delay,
+			       .repair_rate = c.repair_rate,
+			       .scrub_interval_s = c.scrub_interval,
+			       .scrub_rate = c.scrub_rate};
+	if (parse_rules(c.ttl_rules, &mo)) {
+		fprintf(stderr, "kvfs-meta: bad --ttl-rules %s (want /dir=TIME,...)\n",
+			c.ttl_rules);
+		return 2;
+	}
+	if (c.low_wm > c.high_wm) {
+		fprintf(stderr, "kvfs-meta: --low-watermark is above --high-watermark\n");
+		return 2;
+	}
 	struct meta *m;
 	rc = meta_open(&mo, &m);
 	if (rc) {

@@ -17,10 +17,12 @@ int meta_open(const struct meta_opts *o, struct meta **out)
 	pthread_mutex_init(&m->mu, NULL);
 	pthread_mutex_init(&m->nodes_mu, NULL);
 	pthread_mutex_init(&m->bg_mu, NULL);
+	pthread_mutex_init(&m->job_mu, NULL);
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&m->bg_cv, &ca);
+	pthread_cond_init(&m->job_cv, &ca);
 	pthread_condattr_destroy(&ca);
 	srandom((unsigned)meta_now_ns());
 
@@ -28,9 +30,13 @@ int meta_open(const struct meta_opts *o, struct meta **out)
 	if (!rc)
 		rc = mnodes_load(m);
 	if (!rc)
+		rc = mdb_rev_build(m);
+	if (!rc)
 		rc = kvp_pool_create(o->secret, 2000, &m->pool);
 	if (!rc)
 		rc = mbg_start(m);
+	if (!rc)
+		rc = mrep_start(m);
 	if (rc) {
 		meta_close(m);
 		return rc;
@@ -45,12 +51,15 @@ void meta_close(struct meta *m)
 {
 	if (!m)
 		return;
+	mrep_stop(m);
 	mbg_stop(m);
 	if (m->pool)
 		kvp_pool_destroy(m->pool);
 	mdb_close(m);
 	free(m->nodes);
 	pthread_cond_destroy(&m->bg_cv);
+	pthread_cond_destroy(&m->job_cv);
+	pthread_mutex_destroy(&m->job_mu);
 	pthread_mutex_destroy(&m->bg_mu);
 	pthread_mutex_destroy(&m->nodes_mu);
 	pthread_mutex_destroy(&m->mu);
@@ -94,6 +103,10 @@ static op_fn op_table(uint16_t op)
 		return mns_setattr;
 	case KVP_OP_TOUCH:
 		return mns_touch;
+	case KVP_OP_MAINT:
+		return mlife_maint;
+	case KVP_OP_MSTATUS:
+		return mlife_status;
 	default:
 		return NULL;
 	}
@@ -108,6 +121,7 @@ static int mutates(uint16_t op)
 	case KVP_OP_LAYOUT:
 	case KVP_OP_STATFS:
 	case KVP_OP_NODES:
+	case KVP_OP_MSTATUS:
 		return 0;
 	default:
 		return 1;

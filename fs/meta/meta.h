@@ -31,6 +31,25 @@ struct meta_opts {
 	double node_timeout_s;	/* no heartbeat for this long: node down */
 	double write_timeout_s; /* an ALLOC not committed for this long is aborted */
 	double gc_interval_s;	/* background pass period (deletion queue, timeouts) */
+
+	/* retention (docs/operations.md, "Retention, eviction, repair") */
+	double ttl_s;		/* a file expires this long after its last access; 0 = never */
+	struct meta_ttl_rule {	/* a directory (and everything under it) with its own TTL */
+		char path[256]; /* absolute kvfs path of a directory */
+		double ttl_s;	/* 0 = never expires */
+	} rules[16];
+	int nrules;
+	double atime_granularity_s;  /* TOUCH moves an access time only by at least this */
+	double retention_interval_s; /* period of the TTL / watermark pass */
+	int high_wm, low_wm;	     /* percent of raw capacity of up nodes; high 0 = no eviction */
+	/* orphan chunk GC */
+	double gc_grace_s;	  /* a chunk younger than this (node mtime) is never an orphan */
+	double orphan_interval_s; /* period of the orphan pass; 0 = only on request */
+	/* repair */
+	double repair_delay_s;	 /* a node down this long is repaired automatically; 0 = never */
+	uint64_t repair_rate;	 /* bytes/s rebuilt by background repair; 0 = unlimited */
+	double scrub_interval_s; /* a background scrub starts this long after the last; 0 = off */
+	uint64_t scrub_rate;	 /* bytes/s read by background scrub; 0 = unlimited */
 };
 
 int meta_open(const struct meta_opts *o, struct meta **out);

@@ -121,6 +121,33 @@ size_t mk_atime(uint8_t *k, int64_t atime_ns, uint64_t ino)
 	return 17;
 }
 
+size_t mk_rev(uint8_t *k, uint32_t node, uint64_t chunk)
+{
+	k[0] = MK_REV;
+	be32(k + 1, node);
+	mk_be64(k + 5, chunk);
+	return 13;
+}
+
+void mdb_delq_put(rocksdb_writebatch_t *b, uint32_t node, uint64_t chunk, int64_t now)
+{
+	uint8_t k[MK_MAX], v[8];
+	for (int i = 0; i < 8; i++)
+		v[i] = (uint8_t)((uint64_t)now >> (8 * i));
+	rocksdb_writebatch_put(b, (const char *)k, mk_delq(k, node, chunk), (const char *)v, 8);
+}
+
+void mdb_rev_put(rocksdb_writebatch_t *b, uint32_t node, uint64_t chunk, uint64_t ino,
+		 uint32_t stripe)
+{
+	uint8_t k[MK_MAX], v[12];
+	for (int i = 0; i < 8; i++)
+		v[i] = (uint8_t)(ino >> (8 * i));
+	for (int i = 0; i < 4; i++)
+		v[8 + i] = (uint8_t)(stripe >> (8 * i));
+	rocksdb_writebatch_put(b, (const char *)k, mk_rev(k, node, chunk), (const char *)v, 12);
+}
+
 int mdb_get(struct meta *m, const rocksdb_readoptions_t *ro, const uint8_t *key, size_t klen,
 	    char **val, size_t *vlen)
 {
@@ -290,6 +317,12 @@ void mdb_atime_move(rocksdb_writebatch_t *b, uint64_t ino, int64_t old_ns, int64
 
 int mdb_file_drop(struct meta *m, rocksdb_writebatch_t *b, const struct mino *f)
 {
+	return mdb_file_drop_acct(m, b, f, NULL, 0);
+}
+
+int mdb_file_drop_acct(struct meta *m, rocksdb_writebatch_t *b, const struct mino *f,
+		       uint64_t *bytes, uint32_t nbytes)
+{
 	uint8_t k[MK_MAX], lo[MK_MAX];
 	size_t plen = mk_stripe(lo, f->ino, 0) - 4; /* prefix: family + ino */
 	int64_t now = meta_now_ns();
@@ -318,6 +351,10 @@ int mdb_file_drop(struct meta *m, rocksdb_writebatch_t *b, const struct mino *f)
 			rocksdb_writebatch_put(b, (const char *)k,
 					       mk_delq(k, sl.node_id, sl.chunk_id),
 					       (const char *)tv, 8);
+			rocksdb_writebatch_delete(b, (const char *)k,
+						  mk_rev(k, sl.node_id, sl.chunk_id));
+			if (sl.node_id < nbytes)
+				bytes[sl.node_id] += f->chunk_size;
 		}
 		rocksdb_writebatch_delete(b, key, kl);
 	}
@@ -334,6 +371,53 @@ int mdb_file_drop(struct meta *m, rocksdb_writebatch_t *b, const struct mino *f)
 	rocksdb_writebatch_delete(b, (const char *)k, mk_inode(k, f->ino));
 	rocksdb_writebatch_delete(b, (const char *)k, mk_atime(k, f->atime_ns, f->ino));
 	return 0;
+}
+
+int mdb_rev_build(struct meta *m)
+{
+	uint8_t k[MK_MAX];
+	char *v;
+	size_t vl;
+	if (mdb_get(m, NULL, k, mk_counter(k, MC_REV_BUILT), &v, &vl) == 0) {
+		rocksdb_free(v);
+		return 0;
+	}
+	rocksdb_writebatch_t *b = rocksdb_writebatch_create();
+	rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, m->ro);
+	uint64_t n = 0;
+	int rc = 0;
+	k[0] = MK_STRIPE;
+	for (rocksdb_iter_seek(it, (const char *)k, 1); rocksdb_iter_valid(it);
+	     rocksdb_iter_next(it)) {
+		size_t kl;
+		const uint8_t *key = (const uint8_t *)rocksdb_iter_key(it, &kl);
+		if (kl != 13 || key[0] != MK_STRIPE)
+			break;
+		const uint8_t *val = (const uint8_t *)rocksdb_iter_value(it, &vl);
+		struct mreq q = {.slots = val};
+		for (size_t i = 0; i < vl / MREQ_SLOT_SIZE; i++) {
+			struct mreq_slot sl;
+			mreq_slot_get(&q, i, &sl);
+			mdb_rev_put(b, sl.node_id, sl.chunk_id, mk_rd_be64(key + 1),
+				    mk_rd_be32(key + 9));
+			n++;
+		}
+		if (rocksdb_writebatch_count(b) >= 65536) {
+			rc = mdb_write(m, b);
+			rocksdb_writebatch_clear(b);
+			if (rc)
+				break;
+		}
+	}
+	rocksdb_iter_destroy(it);
+	if (!rc) {
+		mdb_counter_put(b, MC_REV_BUILT, 1);
+		rc = mdb_write(m, b);
+	}
+	rocksdb_writebatch_destroy(b);
+	if (!rc && n)
+		klog_info("built the chunk owner index: %llu chunks", (unsigned long long)n);
+	return rc;
 }
 
 void mino_to_attr(const struct mino *in, struct kvp_attr *a)
@@ -378,6 +462,7 @@ static int db_init(struct meta *m)
 	mdb_counter_put(b, MC_NEXT_NODE, 1);
 	mdb_counter_put(b, MC_FILES, 0);
 	mdb_counter_put(b, MC_DIRS, 1);
+	mdb_counter_put(b, MC_REV_BUILT, 1);
 	k[0] = MK_VERSION;
 	rocksdb_writebatch_put(b, (const char *)k, 1, DB_VERSION, strlen(DB_VERSION));
 	int rc = mdb_write(m, b);

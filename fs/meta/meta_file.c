@@ -105,14 +105,6 @@ static int pend_get(struct meta *m, uint64_t write_id, struct mpend *p)
 	return rc;
 }
 
-static void delq_put(rocksdb_writebatch_t *b, uint32_t node, uint64_t chunk, int64_t now)
-{
-	uint8_t k[MK_MAX], v[8];
-	for (int i = 0; i < 8; i++)
-		v[i] = (uint8_t)((uint64_t)now >> (8 * i));
-	rocksdb_writebatch_put(b, (const char *)k, mk_delq(k, node, chunk), (const char *)v, 8);
-}
-
 /* ---- placement ---- */
 
 struct cand {
@@ -150,9 +142,12 @@ static int up_nodes(struct meta *m, struct cand **out)
 	if (c) {
 		for (size_t i = 0; i < m->nnodes; i++) {
 			const struct mnode *nd = &m->nodes[i];
-			if (nd->state != KVP_NODE_UP)
+			if (nd->state != KVP_NODE_UP || nd->draining)
 				continue;
-			uint64_t taken = nd->used + nd->pending;
+			/* Chunks deleted or queued for deletion since its last report will be
+			 * free by the time this write lands. */
+			uint64_t gone = nd->freeing + nd->freed, taken = nd->used + nd->pending;
+			taken = taken > gone ? taken - gone : 0;
 			c[n].id = nd->id;
 			c[n].free = nd->capacity > taken ? (int64_t)(nd->capacity - taken) : 0;
 			c[n].tie = (uint32_t)random();
@@ -224,6 +219,16 @@ int mfile_alloc(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 		goto out;
 	}
 	rc = place(c, (size_t)n, &p);
+	if (rc == -ENOSPC && m->o.high_wm > 0) {
+		/* Full: evict least recently used files, then try once more. */
+		free(c);
+		c = NULL;
+		mlife_evict(m, (uint64_t)slots * q->chunk_size);
+		n = up_nodes(m, &c);
+		rc = n < 0 ? n : (size_t)n < w ? -EHOSTDOWN : place(c, (size_t)n, &p);
+	}
+	if (rc == -ENOSPC)
+		mst_add(m, KVP_MST_ENOSPC, 1);
 	if (rc)
 		goto out;
 	b = rocksdb_writebatch_create();
@@ -237,6 +242,12 @@ int mfile_alloc(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 	if (rc)
 		goto out;
 
+	if (m->o.high_wm > 0) { /* past the high watermark: wake the eviction pass now */
+		uint64_t cap, used;
+		mnodes_usage(m, &cap, &used);
+		if (cap && used * 100 > cap * (uint64_t)m->o.high_wm)
+			mbg_kick(m);
+	}
 	/* Count the placed bytes against each node until its next heartbeat reports them. */
 	pthread_mutex_lock(&m->nodes_mu);
 	for (int j = 0; j < n; j++)
@@ -384,15 +395,21 @@ int mfile_commit(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 			  .parent = q->parent};
 	mdb_inode_put(b, &f);
 	mdir_entry_put(b, q->parent, &q->name, ino, f.mode);
-	for (uint32_t s = 0; s < q->nstripes; s++)
+	for (uint32_t s = 0; s < q->nstripes; s++) {
 		rocksdb_writebatch_put(b, (const char *)k, mk_stripe(k, ino, s),
 				       (const char *)q->slots + (size_t)s * w * MREQ_SLOT_SIZE,
 				       w * MREQ_SLOT_SIZE);
+		for (size_t j = 0; j < w; j++) {
+			struct mreq_slot sl;
+			mreq_slot_get(q, (size_t)s * w + j, &sl);
+			mdb_rev_put(b, sl.node_id, sl.chunk_id, ino, s);
+		}
+	}
 	rocksdb_writebatch_put(b, (const char *)k, mk_atime(k, now, ino), "", 0);
 	if (q->write_id) {
 		for (size_t i = 0; i < pend_slots(&p); i++)
 			if (!seen[i]) {
-				delq_put(b, p.node[i], p.first + i, now);
+				mdb_delq_put(b, p.node[i], p.first + i, now);
 				leftovers = 1;
 			}
 		rocksdb_writebatch_delete(b, (const char *)k, mk_pending(k, q->write_id));
@@ -425,7 +442,7 @@ static void pend_drop(rocksdb_writebatch_t *b, uint64_t write_id, const struct m
 	uint8_t k[MK_MAX];
 	int64_t now = meta_now_ns();
 	for (size_t i = 0; i < pend_slots(p); i++)
-		delq_put(b, p->node[i], p->first + i, now);
+		mdb_delq_put(b, p->node[i], p->first + i, now);
 	rocksdb_writebatch_delete(b, (const char *)k, mk_pending(k, write_id));
 }
 

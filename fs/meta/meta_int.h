@@ -5,6 +5,7 @@
 
 #include <pthread.h>
 #include <rocksdb/c.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "kvp.h"
@@ -23,6 +24,7 @@ enum {
 	MK_PENDING = 'W', /* write_id be64 -> pending-write record */
 	MK_DELQ = 'Q',	  /* node_id be32, chunk_id be64 -> i64 queued_ns */
 	MK_ATIME = 'A',	  /* (atime_ns ^ sign bit) be64, ino be64 -> (empty) */
+	MK_REV = 'R',	  /* node_id be32, chunk_id be64 -> u64 ino, u32 stripe (chunk owner) */
 	MK_VERSION = 'V', /* (no suffix) -> "kvfs-meta 1" */
 };
 enum {
@@ -31,6 +33,7 @@ enum {
 	MC_NEXT_NODE = 3,
 	MC_FILES = 4,
 	MC_DIRS = 5,
+	MC_REV_BUILT = 6, /* 1 once the R index covers every stripe map (built at first open) */
 };
 
 #define MK_MAX (1 + 8 + KVP_NAME_MAX + 8)
@@ -44,6 +47,7 @@ size_t mk_uuid(uint8_t *k, uint64_t uuid);
 size_t mk_pending(uint8_t *k, uint64_t write_id);
 size_t mk_delq(uint8_t *k, uint32_t node, uint64_t chunk);
 size_t mk_atime(uint8_t *k, int64_t atime_ns, uint64_t ino);
+size_t mk_rev(uint8_t *k, uint32_t node, uint64_t chunk);
 void mk_be64(uint8_t *p, uint64_t v);
 uint64_t mk_rd_be64(const uint8_t *p);
 uint32_t mk_rd_be32(const uint8_t *p);
@@ -71,6 +75,20 @@ struct mnode {
 	uint8_t state;	  /* enum kvp_node_state (persisted) */
 	int64_t hb_mono;  /* monotonic time of the last heartbeat (memory only) */
 	uint64_t pending; /* bytes placed on it since its last heartbeat (memory only) */
+	uint8_t draining; /* no new placements; its chunks are moved off (persisted) */
+	/* Bytes of chunks queued for deletion on it (freeing) and deleted since its last heartbeat
+	 * (freed): its `used` still counts them until it next reports (memory only). */
+	uint64_t freeing, freed;
+	int64_t down_mono; /* monotonic time it was marked down (memory only; 0 = never) */
+};
+
+/* The repair worker's current or last job (MSTATUS). */
+struct mjob {
+	uint8_t kind; /* enum kvp_maint: REPAIR, DRAIN, SCRUB; 0 none yet */
+	uint8_t running;
+	uint32_t node; /* DRAIN / one-node REPAIR; 0 = every down node */
+	uint64_t total, done, failed, bytes;
+	int64_t start_mono, end_mono;
 };
 
 struct meta {
@@ -99,7 +117,29 @@ struct meta {
 	pthread_mutex_t bg_mu; /* protects stopping; bg_cv wakes the background thread */
 	pthread_cond_t bg_cv;
 	int stopping, kicked;
+
+	/* Counters since start (enum kvp_mstat), plain atomics so a metrics endpoint can read
+	 * them without locks. */
+	atomic_uint_fast64_t st[KVP_MST_COUNT];
+	int64_t last_orphan_mono, last_retention_mono; /* background thread only */
+
+	/* The repair worker: repair, drain, scrub (meta_repair.c). job_mu protects job, req_*,
+	 * inflight and last_scrub_mono; job_cv wakes the worker. */
+	pthread_t worker;
+	int worker_started;
+	pthread_mutex_t job_mu;
+	pthread_cond_t job_cv;
+	struct mjob job;
+	uint8_t req_kind;
+	uint32_t req_node;
+	uint64_t inflight; /* chunk id being written by repair, not yet in S (GC skips it) */
+	int64_t last_scrub_mono;
 };
+
+static inline void mst_add(struct meta *m, int which, uint64_t v)
+{
+	atomic_fetch_add_explicit(&m->st[which], v, memory_order_relaxed);
+}
 
 int64_t meta_now_ns(void);
 int64_t meta_mono_ns(void);
@@ -126,6 +166,15 @@ void mino_to_attr(const struct mino *in, struct kvp_attr *a);
 /* Adds the deletion-queue entries and atime-index removal for a file's whole stripe map, and
  * deletes the stripe keys, inode key; used by unlink and replace. Caller holds mu. */
 int mdb_file_drop(struct meta *m, rocksdb_writebatch_t *b, const struct mino *f);
+/* As mdb_file_drop, also adding chunk_size per chunk to bytes[node_id] (node_id < nbytes):
+ * what the deletion will free on each node, for the watermark. */
+int mdb_file_drop_acct(struct meta *m, rocksdb_writebatch_t *b, const struct mino *f,
+		       uint64_t *bytes, uint32_t nbytes);
+void mdb_delq_put(rocksdb_writebatch_t *b, uint32_t node, uint64_t chunk, int64_t now);
+void mdb_rev_put(rocksdb_writebatch_t *b, uint32_t node, uint64_t chunk, uint64_t ino,
+		 uint32_t stripe);
+/* Builds the R index from every stripe map once (databases made before it existed). */
+int mdb_rev_build(struct meta *m);
 void mdb_atime_move(rocksdb_writebatch_t *b, uint64_t ino, int64_t old_ns, int64_t new_ns);
 
 /* ---- meta_ns.c: directory entries (value: u64 ino, u32 mode) ---- */
@@ -171,5 +220,35 @@ int mbg_start(struct meta *m);
 /* Wakes the background thread now (new deletion-queue entries). */
 void mbg_kick(struct meta *m);
 void mbg_stop(struct meta *m);
+/* Node id bound (ids are < it), for per-node arrays. Takes nodes_mu. */
+uint32_t mnodes_id_bound(struct meta *m);
+/* Adds bytes[id] to each node's `freeing` (queued deletions). Takes nodes_mu. */
+void mnodes_freeing_add(struct meta *m, const uint64_t *bytes, uint32_t nbytes);
+/* Raw capacity and effective use (used + placed - being freed) of the nodes that are up. */
+void mnodes_usage(struct meta *m, uint64_t *cap, uint64_t *used);
+/* Sets or clears draining (persisted). -ENOENT unknown node. */
+int mnodes_set_draining(struct meta *m, uint32_t id, int on);
+/* Forgets a node: registry, N, U and its deletion queue. -EBUSY if it is up and not draining
+ * or still owns chunks (R), -ENOENT unknown. */
+int mnodes_remove(struct meta *m, uint32_t id);
+
+/* ---- meta_life.c: retention (TTL, watermark eviction) and orphan-chunk GC ---- */
+/* One TTL + watermark pass. Returns files removed or a negative errno. */
+int mlife_retention(struct meta *m);
+/* Evicts least recently accessed files until use is under the low watermark and at least
+ * `need` more bytes are free (ALLOC's retry). Returns files removed. */
+int mlife_evict(struct meta *m, uint64_t need);
+/* One orphan pass over every up node. Returns orphans queued or a negative errno. */
+int mlife_orphans(struct meta *m);
+/* Called by the background thread every pass: runs what is due. */
+void mlife_tick(struct meta *m);
+int mlife_maint(struct meta *m, const struct mreq *q, struct kvp_wbuf *out);
+int mlife_status(struct meta *m, const struct mreq *q, struct kvp_wbuf *out);
+
+/* ---- meta_repair.c: the repair worker (repair, drain, scrub) ---- */
+int mrep_start(struct meta *m);
+void mrep_stop(struct meta *m);
+/* Queues a job (REPAIR, DRAIN, SCRUB). -EBUSY if one is running or queued. */
+int mrep_request(struct meta *m, uint8_t kind, uint32_t node);
 
 #endif

@@ -27,7 +27,9 @@ static int node_decode(uint32_t id, const char *v, size_t vl, struct mnode *n)
 	n->chunks = kvp_r_u64(&r);
 	n->hb_ns = kvp_r_i64(&r);
 	n->state = kvp_r_u8(&r);
-	return ver == 1 && kvp_r_end(&r) == 0 ? 0 : -EIO;
+	if (ver == 2)
+		n->draining = kvp_r_u8(&r);
+	return (ver == 1 || ver == 2) && kvp_r_end(&r) == 0 ? 0 : -EIO;
 }
 
 static void node_put(rocksdb_writebatch_t *b, const struct mnode *n)
@@ -35,7 +37,7 @@ static void node_put(rocksdb_writebatch_t *b, const struct mnode *n)
 	uint8_t k[MK_MAX];
 	struct kvp_wbuf w;
 	kvp_w_init(&w);
-	kvp_w_u8(&w, 1);
+	kvp_w_u8(&w, 2); /* version 2 adds the draining flag */
 	kvp_w_u64(&w, n->uuid);
 	kvp_w_cstr(&w, n->addr);
 	kvp_w_u64(&w, n->capacity);
@@ -43,6 +45,7 @@ static void node_put(rocksdb_writebatch_t *b, const struct mnode *n)
 	kvp_w_u64(&w, n->chunks);
 	kvp_w_i64(&w, n->hb_ns);
 	kvp_w_u8(&w, n->state);
+	kvp_w_u8(&w, n->draining);
 	if (w.err)
 		abort();
 	rocksdb_writebatch_put(b, (const char *)k, mk_node(k, n->id), (const char *)w.p, w.len);
@@ -136,6 +139,7 @@ int mnodes_heartbeat(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 	nn.hb_ns = meta_now_ns();
 	nn.hb_mono = meta_mono_ns();
 	nn.pending = 0; /* its `used` now includes what was placed on it */
+	nn.freed = 0;	/* ... and no longer what it deleted */
 	uint8_t was = nn.state;
 	nn.state = KVP_NODE_UP;
 	rocksdb_writebatch_t *b = rocksdb_writebatch_create();
@@ -176,6 +180,7 @@ void mnodes_check(struct meta *m)
 		struct mnode *n = &m->nodes[i];
 		if (n->state == KVP_NODE_UP && now - n->hb_mono > limit) {
 			n->state = KVP_NODE_DOWN;
+			n->down_mono = now;
 			klog_warn("node %u (%s): no heartbeat for %.1f s: down", n->id, n->addr,
 				  (double)(now - n->hb_mono) / 1e9);
 			node_write(m, n);
@@ -192,6 +197,8 @@ int mnodes_addr(struct meta *m, uint32_t id, char *addr, uint8_t *state)
 		if (m->nodes[i].id == id) {
 			memcpy(addr, m->nodes[i].addr, KVP_ADDR_MAX);
 			*state = m->nodes[i].state;
+			if (*state == KVP_NODE_UP && m->nodes[i].draining)
+				*state = KVP_NODE_DRAINING;
 			rc = 0;
 			break;
 		}
@@ -210,7 +217,8 @@ int mnodes_list(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 		kvp_w_u32(out, n->id);
 		kvp_w_u64(out, n->uuid);
 		kvp_w_cstr(out, n->addr);
-		kvp_w_u8(out, n->state);
+		kvp_w_u8(out,
+			 n->state == KVP_NODE_UP && n->draining ? KVP_NODE_DRAINING : n->state);
 		kvp_w_u64(out, n->capacity);
 		kvp_w_u64(out, n->used);
 		kvp_w_u64(out, n->chunks);
@@ -249,6 +257,118 @@ int mnodes_statfs(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 	kvp_w_u32(out, up);
 	kvp_w_u32(out, total);
 	return 0;
+}
+
+uint32_t mnodes_id_bound(struct meta *m)
+{
+	pthread_mutex_lock(&m->nodes_mu);
+	uint32_t b = m->next_node;
+	pthread_mutex_unlock(&m->nodes_mu);
+	return b;
+}
+
+void mnodes_freeing_add(struct meta *m, const uint64_t *bytes, uint32_t nbytes)
+{
+	pthread_mutex_lock(&m->nodes_mu);
+	for (size_t i = 0; i < m->nnodes; i++)
+		if (m->nodes[i].id < nbytes)
+			m->nodes[i].freeing += bytes[m->nodes[i].id];
+	pthread_mutex_unlock(&m->nodes_mu);
+}
+
+/* The node's queue is empty: what was being freed is freed (until its next heartbeat). */
+static void freeing_done(struct meta *m, uint32_t id)
+{
+	pthread_mutex_lock(&m->nodes_mu);
+	for (size_t i = 0; i < m->nnodes; i++)
+		if (m->nodes[i].id == id) {
+			m->nodes[i].freed += m->nodes[i].freeing;
+			m->nodes[i].freeing = 0;
+		}
+	pthread_mutex_unlock(&m->nodes_mu);
+}
+
+void mnodes_usage(struct meta *m, uint64_t *cap, uint64_t *used)
+{
+	*cap = *used = 0;
+	pthread_mutex_lock(&m->nodes_mu);
+	for (size_t i = 0; i < m->nnodes; i++) {
+		const struct mnode *n = &m->nodes[i];
+		if (n->state != KVP_NODE_UP)
+			continue;
+		uint64_t t = n->used + n->pending, gone = n->freeing + n->freed;
+		*cap += n->capacity;
+		*used += t > gone ? t - gone : 0;
+	}
+	pthread_mutex_unlock(&m->nodes_mu);
+}
+
+int mnodes_set_draining(struct meta *m, uint32_t id, int on)
+{
+	int rc = -ENOENT;
+	pthread_mutex_lock(&m->nodes_mu);
+	for (size_t i = 0; i < m->nnodes; i++)
+		if (m->nodes[i].id == id) {
+			m->nodes[i].draining = (uint8_t)(on != 0);
+			rc = node_write(m, &m->nodes[i]);
+			break;
+		}
+	pthread_mutex_unlock(&m->nodes_mu);
+	return rc;
+}
+
+/* 1 when node id owns at least one chunk in the R index. */
+static int owns_chunks(struct meta *m, uint32_t id)
+{
+	uint8_t k[MK_MAX];
+	size_t kl, plen = mk_rev(k, id, 0) - 8;
+	rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, m->ro);
+	rocksdb_iter_seek(it, (const char *)k, plen + 8);
+	int owns = 0;
+	if (rocksdb_iter_valid(it)) {
+		const char *key = rocksdb_iter_key(it, &kl);
+		owns = kl == plen + 8 && memcmp(key, k, plen) == 0;
+	}
+	rocksdb_iter_destroy(it);
+	return owns;
+}
+
+int mnodes_remove(struct meta *m, uint32_t id)
+{
+	mnodes_check(m);
+	pthread_mutex_lock(&m->nodes_mu);
+	size_t i = 0;
+	while (i < m->nnodes && m->nodes[i].id != id)
+		i++;
+	if (i == m->nnodes) {
+		pthread_mutex_unlock(&m->nodes_mu);
+		return -ENOENT;
+	}
+	struct mnode n = m->nodes[i];
+	pthread_mutex_unlock(&m->nodes_mu);
+	if ((n.state == KVP_NODE_UP && !n.draining) || owns_chunks(m, id))
+		return -EBUSY;
+	uint8_t k[MK_MAX], hi[MK_MAX];
+	rocksdb_writebatch_t *b = rocksdb_writebatch_create();
+	rocksdb_writebatch_delete(b, (const char *)k, mk_node(k, id));
+	rocksdb_writebatch_delete(b, (const char *)k, mk_uuid(k, n.uuid));
+	/* Its deletion queue: the chunks went with the node. */
+	rocksdb_writebatch_delete_range(b, (const char *)k, mk_delq(k, id, 0), (const char *)hi,
+					mk_delq(hi, id, UINT64_MAX));
+	rocksdb_writebatch_delete(b, (const char *)hi, mk_delq(hi, id, UINT64_MAX));
+	pthread_mutex_lock(&m->nodes_mu);
+	int rc = mdb_write(m, b);
+	if (!rc) {
+		for (i = 0; i < m->nnodes; i++)
+			if (m->nodes[i].id == id) {
+				m->nodes[i] = m->nodes[--m->nnodes];
+				break;
+			}
+		klog_info("node %u (%s) removed from the registry", id, n.addr);
+	}
+	pthread_mutex_unlock(&m->nodes_mu);
+	rocksdb_writebatch_destroy(b);
+	return rc;
 }
 
 /* ---- deletion queue ---- */
@@ -309,6 +429,8 @@ static int delq_round(struct meta *m, uint32_t *from)
 		else
 			klog_debug("deleted %u chunks on node %u", n, node);
 		drop = rc == 0;
+		if (drop && n < DEL_BATCH)
+			freeing_done(m, node);
 	}
 	if (drop) {
 		rocksdb_writebatch_t *b = rocksdb_writebatch_create();
@@ -344,6 +466,7 @@ static void *bg_main(void *arg)
 		for (int i = 0; i < DEL_ROUNDS && !stopping(m) && delq_round(m, &from); i++)
 			;
 		mfile_expire(m);
+		mlife_tick(m);
 
 		struct timespec t;
 		clock_gettime(CLOCK_MONOTONIC, &t);

@@ -510,6 +510,9 @@ int mns_touch(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 		/* Access times only move forward: a late batch must not make a file look older. */
 		if (e[i].atime <= in.atime_ns)
 			continue;
+		/* Coarse granularity: small moves are not worth a write (the TTL is hours). */
+		if (e[i].atime - in.atime_ns < (int64_t)(m->o.atime_granularity_s * 1e9))
+			continue;
 		if (S_ISREG(in.mode))
 			mdb_atime_move(b, in.ino, in.atime_ns, e[i].atime);
 		in.atime_ns = e[i].atime;

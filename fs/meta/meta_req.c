@@ -92,6 +92,11 @@ int mreq_parse(uint16_t op, const uint8_t *body, size_t len, struct mreq *q)
 		break;
 	case KVP_OP_STATFS:
 	case KVP_OP_NODES:
+	case KVP_OP_MSTATUS:
+		break;
+	case KVP_OP_MAINT:
+		q->action = kvp_r_u8(&r);
+		q->node_id = kvp_r_u32(&r);
 		break;
 	case KVP_OP_SETATTR:
 		q->ino = kvp_r_u64(&r);

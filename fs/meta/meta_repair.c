@@ -1,0 +1,718 @@
+/* The repair worker of kvfs-meta: one thread that rebuilds chunks. Repair rebuilds every chunk
+ * of a down node from the survivors of its stripe onto another node; drain moves a live node's
+ * chunks off it; scrub reads every chunk, checks its CRC and rebuilds bad or missing ones.
+ * Each rebuilt chunk gets a new id on a node not already in its stripe, and the stripe map
+ * slot, the owner index (R) and the old chunk's deletion are one batch. Meta is a client of
+ * the nodes (kvp_pool) and decodes with kvec. docs/operations.md, "Retention, eviction,
+ * repair". */
+#define KVFS_LOG_TAG "meta"
+#include "kvec.h"
+#include "log.h"
+#include "meta_int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#define IO_TIMEOUT_MS 10000
+#define PAGE	      256
+
+enum { MODE_REPAIR, MODE_DRAIN, MODE_SCRUB };
+
+struct rnode {
+	uint32_t id;
+	char addr[KVP_ADDR_MAX];
+	uint8_t state, draining;
+	int64_t free;
+};
+
+static int worker_stopping(struct meta *m)
+{
+	pthread_mutex_lock(&m->bg_mu);
+	int s = m->stopping;
+	pthread_mutex_unlock(&m->bg_mu);
+	return s;
+}
+
+/* Copies the registry (caller frees). */
+static struct rnode *nodes_copy(struct meta *m, size_t *n)
+{
+	mnodes_check(m);
+	pthread_mutex_lock(&m->nodes_mu);
+	struct rnode *r = calloc(m->nnodes ? m->nnodes : 1, sizeof(*r));
+	*n = 0;
+	for (size_t i = 0; r && i < m->nnodes; i++) {
+		const struct mnode *d = &m->nodes[i];
+		uint64_t t = d->used + d->pending, g = d->freeing + d->freed;
+		t = t > g ? t - g : 0;
+		r[i] = (struct rnode){.id = d->id,
+				      .state = d->state,
+				      .draining = d->draining,
+				      .free = d->capacity > t ? (int64_t)(d->capacity - t) : 0};
+		memcpy(r[i].addr, d->addr, KVP_ADDR_MAX);
+		(*n)++;
+	}
+	pthread_mutex_unlock(&m->nodes_mu);
+	return r;
+}
+
+static const struct rnode *node_find(const struct rnode *r, size_t n, uint32_t id)
+{
+	for (size_t i = 0; i < n; i++)
+		if (r[i].id == id)
+			return &r[i];
+	return NULL;
+}
+
+static int call_start(struct meta *m, const char *addr, uint16_t op, const struct kvp_wbuf *w,
+		      const void *bulk, size_t blen, struct kvp_client **c, struct kvp_call **call)
+{
+	int rc = kvp_pool_get(m->pool, addr, c);
+	if (rc)
+		return rc;
+	rc = w->err ? w->err : kvp_call_start(*c, op, w->p, w->len, bulk, blen, call);
+	if (rc) {
+		kvp_pool_put(m->pool, *c);
+		*c = NULL;
+	}
+	return rc;
+}
+
+/* Waits for a GET and copies the chunk into buf (len bytes expected). 0, -EILSEQ (bad CRC on
+ * the node, or the bytes do not match the stripe map's CRC), -ENOENT, or a transport error. */
+static int get_finish(struct meta *m, struct kvp_client *c, struct kvp_call *call, uint8_t *buf,
+		      uint32_t len, uint32_t want_crc)
+{
+	uint8_t *rb = NULL;
+	uint32_t rl = 0;
+	int rc = kvp_call_wait(call, IO_TIMEOUT_MS, &rb, &rl);
+	kvp_pool_put(m->pool, c);
+	if (rc)
+		return rc;
+	struct kvp_rbuf r;
+	kvp_r_init(&r, rb, rl);
+	uint32_t crc = kvp_r_u32(&r), n = kvp_r_u32(&r);
+	const uint8_t *p = kvp_r_bytes(&r, n);
+	if (!p || kvp_r_end(&r))
+		rc = -EPROTO;
+	else if (n != len || kvec_crc32c(0, p, n) != crc || crc != want_crc)
+		rc = -EILSEQ;
+	else
+		memcpy(buf, p, n);
+	free(rb);
+	return rc;
+}
+
+static void get_body(struct kvp_wbuf *w, uint64_t chunk)
+{
+	kvp_w_init(w);
+	kvp_w_u64(w, chunk);
+	kvp_w_u32(w, 0);
+	kvp_w_u32(w, 0xFFFFFFFFu);
+}
+
+/* A stripe as stored: its file's layout and its k+m slots. */
+struct rstripe {
+	struct mino f;
+	struct kvec_layout l;
+	uint32_t s, w;
+	struct mreq_slot slot[KVEC_MAX_N];
+	uint32_t len[KVEC_MAX_N]; /* stored length of each chunk */
+};
+
+static int stripe_load(struct meta *m, uint64_t ino, uint32_t s, struct rstripe *st)
+{
+	int rc = mdb_inode_get(m, NULL, ino, &st->f);
+	if (rc)
+		return rc;
+	st->s = s;
+	st->w = (uint32_t)(st->f.k + st->f.m);
+	if (!S_ISREG(st->f.mode) || s >= st->f.nstripes || st->w > KVEC_MAX_N ||
+	    kvec_layout_init(&st->l, st->f.size, st->f.chunk_size, st->f.k, st->f.m))
+		return -ENOENT;
+	uint8_t k[MK_MAX];
+	char *v;
+	size_t vl;
+	rc = mdb_get(m, NULL, k, mk_stripe(k, ino, s), &v, &vl);
+	if (rc)
+		return rc;
+	if (vl != st->w * MREQ_SLOT_SIZE) {
+		rocksdb_free(v);
+		return -EIO;
+	}
+	struct mreq q = {.slots = (const uint8_t *)v};
+	for (uint32_t i = 0; i < st->w; i++) {
+		mreq_slot_get(&q, i, &st->slot[i]);
+		uint64_t off;
+		uint32_t len = 0;
+		kvec_layout_chunk_range(&st->l, s, (int)i < st->f.k ? (int)i : 0, &off, &len);
+		st->len[i] = len;
+	}
+	rocksdb_free(v);
+	return 0;
+}
+
+static struct kvec_codec *codec_for(int k, int mm, struct kvec_codec **cache)
+{
+	int idx = k * (KVEC_MAX_M + 1) + mm;
+	if (!cache[idx] && kvec_codec_create(k, mm, &cache[idx]))
+		cache[idx] = NULL;
+	return cache[idx];
+}
+
+struct rctx {
+	struct meta *m;
+	struct kvec_codec **codecs; /* (KVEC_MAX_K + 1) * (KVEC_MAX_M + 1), created on use */
+	struct rnode *nodes;
+	size_t nnodes;
+};
+
+/* Rebuilds chunk `idx` of the stripe from the others into buf (plen bytes, zeroed). */
+static int rebuild(struct rctx *x, struct rstripe *st, uint32_t idx, uint8_t **bufs, size_t plen)
+{
+	struct meta *m = x->m;
+	struct kvp_client *cl[KVEC_MAX_N] = {0};
+	struct kvp_call *call[KVEC_MAX_N] = {0};
+	for (uint32_t i = 0; i < st->w; i++) {
+		const struct rnode *n = node_find(x->nodes, x->nnodes, st->slot[i].node_id);
+		if (i == idx || !n || n->state != KVP_NODE_UP)
+			continue;
+		struct kvp_wbuf w;
+		get_body(&w, st->slot[i].chunk_id);
+		if (call_start(m, n->addr, KVP_OP_GET, &w, NULL, 0, &cl[i], &call[i]))
+			call[i] = NULL;
+		kvp_w_free(&w);
+	}
+	uint64_t present = 0;
+	for (uint32_t i = 0; i < st->w; i++) {
+		if (!call[i])
+			continue;
+		memset(bufs[i], 0, plen);
+		if (get_finish(m, cl[i], call[i], bufs[i], st->len[i], st->slot[i].crc) == 0)
+			present |= 1ull << i;
+	}
+	struct kvec_codec *codec = codec_for(st->f.k, st->f.m, x->codecs);
+	if (!codec)
+		return -ENOMEM;
+	memset(bufs[idx], 0, plen);
+	return kvec_reconstruct(codec, bufs, present, 1ull << idx, plen);
+}
+
+/* Rebuilds or moves one chunk (node, chunk) of (ino, stripe). Returns the bytes written, 0
+ * when the slot no longer holds that chunk (the file changed or went), or -errno. */
+static int64_t repair_slot(struct rctx *x, uint64_t ino, uint32_t s, uint32_t node, uint64_t chunk,
+			   int mode)
+{
+	struct meta *m = x->m;
+	struct rstripe st;
+	int rc = stripe_load(m, ino, s, &st);
+	if (rc)
+		return rc == -ENOENT ? 0 : rc;
+	uint32_t idx = st.w;
+	for (uint32_t i = 0; i < st.w; i++)
+		if (st.slot[i].node_id == node && st.slot[i].chunk_id == chunk)
+			idx = i;
+	if (idx == st.w)
+		return 0;
+	size_t plen = st.len[0] ? st.len[0] : 1;
+	uint8_t *mem = malloc(plen * st.w);
+	uint8_t *bufs[KVEC_MAX_N] = {0};
+	if (!mem)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < st.w; i++)
+		bufs[i] = mem + i * plen;
+	uint32_t len = st.len[idx];
+
+	rc = -EIO;
+	const struct rnode *src = node_find(x->nodes, x->nnodes, node);
+	if (mode == MODE_DRAIN && src && src->state == KVP_NODE_UP) {
+		struct kvp_wbuf w;
+		struct kvp_client *c;
+		struct kvp_call *call;
+		get_body(&w, chunk);
+		rc = call_start(m, src->addr, KVP_OP_GET, &w, NULL, 0, &c, &call);
+		kvp_w_free(&w);
+		if (!rc)
+			rc = get_finish(m, c, call, bufs[idx], len, st.slot[idx].crc);
+	}
+	if (rc)
+		rc = rebuild(x, &st, idx, bufs, plen);
+	if (rc)
+		goto out;
+
+	/* Destination: an up, non-draining node with the most room, not holding another chunk
+	 * of this stripe (the chunk's own node qualifies for scrub: distinctness holds). */
+	struct rnode *dst = NULL;
+	for (size_t i = 0; i < x->nnodes; i++) {
+		struct rnode *n = &x->nodes[i];
+		int taken = 0;
+		for (uint32_t j = 0; j < st.w; j++)
+			taken |= j != idx && st.slot[j].node_id == n->id;
+		if (n->state != KVP_NODE_UP || n->draining || taken ||
+		    (mode != MODE_SCRUB && n->id == node) || n->free < (int64_t)len)
+			continue;
+		if (!dst || n->free > dst->free)
+			dst = n;
+	}
+	if (!dst) {
+		rc = -ENOSPC;
+		goto out;
+	}
+	uint64_t nid;
+	pthread_mutex_lock(&m->mu);
+	rc = mdb_alloc_chunks(m, 1, &nid);
+	pthread_mutex_unlock(&m->mu);
+	if (rc)
+		goto out;
+	pthread_mutex_lock(&m->job_mu);
+	m->inflight = nid;
+	pthread_mutex_unlock(&m->job_mu);
+	uint32_t crc = kvec_crc32c(0, bufs[idx], len);
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	kvp_w_u64(&w, nid);
+	kvp_w_u32(&w, crc);
+	kvp_w_u32(&w, len);
+	struct kvp_client *c;
+	struct kvp_call *call;
+	rc = call_start(m, dst->addr, KVP_OP_PUT, &w, bufs[idx], len, &c, &call);
+	kvp_w_free(&w);
+	if (!rc) {
+		rc = kvp_call_wait(call, IO_TIMEOUT_MS, NULL, NULL);
+		kvp_pool_put(m->pool, c);
+	}
+	dst->free -= (int64_t)len;
+
+	/* The slot moves in one batch, if it still holds the chunk we rebuilt. */
+	rocksdb_writebatch_t *b = rocksdb_writebatch_create();
+	int64_t now = meta_now_ns();
+	uint8_t k[MK_MAX];
+	pthread_mutex_lock(&m->mu);
+	struct rstripe cur;
+	int same = !rc && stripe_load(m, ino, s, &cur) == 0 && cur.slot[idx].node_id == node &&
+		   cur.slot[idx].chunk_id == chunk;
+	if (same) {
+		struct kvp_wbuf v;
+		kvp_w_init(&v);
+		for (uint32_t i = 0; i < st.w; i++) {
+			struct mreq_slot sl = cur.slot[i];
+			if (i == idx)
+				sl = (struct mreq_slot){dst->id, nid, crc};
+			kvp_w_u32(&v, sl.node_id);
+			kvp_w_u64(&v, sl.chunk_id);
+			kvp_w_u32(&v, sl.crc);
+		}
+		if (v.err)
+			abort(); /* out of memory: never write a partial batch */
+		rocksdb_writebatch_put(b, (const char *)k, mk_stripe(k, ino, s), (const char *)v.p,
+				       v.len);
+		kvp_w_free(&v);
+		rocksdb_writebatch_delete(b, (const char *)k, mk_rev(k, node, chunk));
+		mdb_rev_put(b, dst->id, nid, ino, s);
+		/* The old chunk goes if its node ever answers again. */
+		mdb_delq_put(b, node, chunk, now);
+	} else {
+		mdb_delq_put(b, dst->id, nid, now);
+	}
+	int wrc = mdb_write(m, b);
+	pthread_mutex_unlock(&m->mu);
+	rocksdb_writebatch_destroy(b);
+	pthread_mutex_lock(&m->job_mu);
+	m->inflight = 0;
+	pthread_mutex_unlock(&m->job_mu);
+	if (!rc)
+		rc = wrc;
+	if (!rc && !same)
+		rc = 0, len = 0;
+	if (!rc && len) {
+		mst_add(m, KVP_MST_REPAIRED, 1);
+		mst_add(m, KVP_MST_REPAIR_BYTES, len);
+	}
+	mbg_kick(m);
+out:
+	free(mem);
+	if (rc < 0) {
+		mst_add(m, KVP_MST_REPAIR_FAILED, 1);
+		klog_warn("repair: ino %llu stripe %u chunk %llu on node %u: %s",
+			  (unsigned long long)ino, s, (unsigned long long)chunk, node,
+			  kvp_strerror(rc));
+		return rc;
+	}
+	return len ? len : 1; /* 1: done, counted even for an empty chunk */
+}
+
+static void job_progress(struct meta *m, uint64_t bytes, int failed)
+{
+	pthread_mutex_lock(&m->job_mu);
+	m->job.done++;
+	m->job.bytes += bytes;
+	m->job.failed += (uint64_t)(failed != 0);
+	pthread_mutex_unlock(&m->job_mu);
+}
+
+/* Sleeps as needed so that `bytes` since `start` stay under rate bytes/s. */
+static void throttle(uint64_t rate, uint64_t bytes, int64_t start)
+{
+	if (!rate)
+		return;
+	int64_t due = start + (int64_t)((double)bytes / (double)rate * 1e9);
+	int64_t now = meta_mono_ns();
+	if (due > now) {
+		int64_t d = due - now > 500000000 ? 500000000 : due - now;
+		struct timespec ts = {d / 1000000000, d % 1000000000};
+		nanosleep(&ts, NULL);
+	}
+}
+
+static uint64_t rev_count(struct meta *m, uint32_t node)
+{
+	uint8_t k[MK_MAX];
+	size_t plen = mk_rev(k, node, 0) - 8;
+	uint64_t n = 0;
+	rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, m->ro);
+	for (rocksdb_iter_seek(it, (const char *)k, plen + 8); rocksdb_iter_valid(it);
+	     rocksdb_iter_next(it)) {
+		size_t kl;
+		const char *key = rocksdb_iter_key(it, &kl);
+		if (kl != plen + 8 || memcmp(key, k, plen))
+			break;
+		n++;
+	}
+	rocksdb_iter_destroy(it);
+	return n;
+}
+
+struct rent {
+	uint64_t chunk, ino;
+	uint32_t stripe;
+};
+
+/* Every chunk owned by `node`, page by page, through repair_slot. */
+static void node_job(struct rctx *x, uint32_t node, int mode, uint64_t rate, int64_t start)
+{
+	struct meta *m = x->m;
+	struct rent page[PAGE];
+	uint64_t after = 0;
+	int first = 1;
+	while (!worker_stopping(m)) {
+		uint8_t k[MK_MAX];
+		size_t plen = mk_rev(k, node, 0) - 8, n = 0;
+		size_t kl0 = mk_rev(k, node, after);
+		rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, m->ro);
+		for (rocksdb_iter_seek(it, (const char *)k, kl0);
+		     rocksdb_iter_valid(it) && n < PAGE; rocksdb_iter_next(it)) {
+			size_t kl, vl;
+			const uint8_t *key = (const uint8_t *)rocksdb_iter_key(it, &kl);
+			if (kl != plen + 8 || memcmp(key, k, plen))
+				break;
+			uint64_t id = mk_rd_be64(key + plen);
+			if (!first && id <= after)
+				continue;
+			const uint8_t *v = (const uint8_t *)rocksdb_iter_value(it, &vl);
+			if (vl != 12)
+				continue;
+			struct rent e = {.chunk = id};
+			for (int i = 7; i >= 0; i--)
+				e.ino = e.ino << 8 | v[i];
+			for (int i = 11; i >= 8; i--)
+				e.stripe = e.stripe << 8 | v[i];
+			page[n++] = e;
+		}
+		rocksdb_iter_destroy(it);
+		if (!n)
+			break;
+		for (size_t i = 0; i < n && !worker_stopping(m); i++) {
+			int64_t r =
+			    repair_slot(x, page[i].ino, page[i].stripe, node, page[i].chunk, mode);
+			job_progress(m, r > 1 ? (uint64_t)r : 0, r < 0);
+			pthread_mutex_lock(&m->job_mu);
+			uint64_t bytes = m->job.bytes;
+			pthread_mutex_unlock(&m->job_mu);
+			throttle(rate, bytes, start);
+		}
+		after = page[n - 1].chunk;
+		first = 0;
+	}
+}
+
+/* Scrub: every stripe's chunks on live nodes are read and checked; a bad or missing one is
+ * rebuilt from the others. */
+static void scrub_job(struct rctx *x, uint64_t rate, int64_t start)
+{
+	struct meta *m = x->m;
+	uint8_t k[MK_MAX];
+	size_t kl0 = mk_stripe(k, 0, 0); /* no stripe has inode 0: the family's start */
+	uint8_t *buf = NULL;
+	size_t bufcap = 0;
+	while (!worker_stopping(m)) {
+		struct {
+			uint64_t ino;
+			uint32_t s;
+		} page[PAGE];
+		size_t n = 0;
+		rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, m->ro);
+		for (rocksdb_iter_seek(it, (const char *)k, kl0);
+		     rocksdb_iter_valid(it) && n < PAGE; rocksdb_iter_next(it)) {
+			size_t kl;
+			const uint8_t *key = (const uint8_t *)rocksdb_iter_key(it, &kl);
+			if (kl != 13 || key[0] != MK_STRIPE)
+				break;
+			if (memcmp(key, k, 13) == 0)
+				continue; /* the last stripe of the previous page */
+			page[n].ino = mk_rd_be64(key + 1);
+			page[n].s = mk_rd_be32(key + 9);
+			n++;
+		}
+		rocksdb_iter_destroy(it);
+		if (!n)
+			break;
+		kl0 = mk_stripe(k, page[n - 1].ino, page[n - 1].s);
+		for (size_t p = 0; p < n && !worker_stopping(m); p++) {
+			struct rstripe st;
+			if (stripe_load(m, page[p].ino, page[p].s, &st))
+				continue;
+			struct kvp_client *cl[KVEC_MAX_N] = {0};
+			struct kvp_call *call[KVEC_MAX_N] = {0};
+			size_t need = (size_t)st.len[0] * st.w + 1;
+			if (need > bufcap) {
+				uint8_t *nb = realloc(buf, need);
+				if (!nb)
+					break;
+				buf = nb;
+				bufcap = need;
+			}
+			for (uint32_t i = 0; i < st.w; i++) {
+				const struct rnode *nd =
+				    node_find(x->nodes, x->nnodes, st.slot[i].node_id);
+				if (!nd || nd->state != KVP_NODE_UP)
+					continue;
+				struct kvp_wbuf w;
+				get_body(&w, st.slot[i].chunk_id);
+				if (call_start(m, nd->addr, KVP_OP_GET, &w, NULL, 0, &cl[i],
+					       &call[i]))
+					call[i] = NULL;
+				kvp_w_free(&w);
+			}
+			uint64_t bytes = 0;
+			for (uint32_t i = 0; i < st.w; i++) {
+				if (!call[i])
+					continue;
+				int rc = get_finish(m, cl[i], call[i], buf + (size_t)i * st.len[0],
+						    st.len[i], st.slot[i].crc);
+				mst_add(m, KVP_MST_SCRUB_CHECKED, 1);
+				bytes += st.len[i];
+				int bad = rc == -ENOENT || rc == -EILSEQ;
+				if (!bad) {
+					job_progress(m, st.len[i], 0);
+					continue;
+				}
+				mst_add(m,
+					rc == -ENOENT ? KVP_MST_SCRUB_MISSING
+						      : KVP_MST_SCRUB_CORRUPT,
+					1);
+				klog_warn("scrub: ino %llu stripe %u chunk %llu on node %u: %s",
+					  (unsigned long long)st.f.ino, st.s,
+					  (unsigned long long)st.slot[i].chunk_id,
+					  st.slot[i].node_id, kvp_strerror(rc));
+				int64_t r = repair_slot(x, st.f.ino, st.s, st.slot[i].node_id,
+							st.slot[i].chunk_id, MODE_SCRUB);
+				if (r > 0)
+					mst_add(m, KVP_MST_SCRUB_REPAIRED, 1);
+				job_progress(m, st.len[i], r < 0);
+			}
+			(void)bytes;
+			pthread_mutex_lock(&m->job_mu);
+			uint64_t done = m->job.bytes;
+			pthread_mutex_unlock(&m->job_mu);
+			throttle(rate, done, start);
+		}
+	}
+	free(buf);
+}
+
+static uint64_t all_chunks(struct meta *m)
+{
+	uint8_t k = MK_REV;
+	uint64_t n = 0;
+	rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, m->ro);
+	for (rocksdb_iter_seek(it, (const char *)&k, 1); rocksdb_iter_valid(it);
+	     rocksdb_iter_next(it)) {
+		size_t kl;
+		const char *key = rocksdb_iter_key(it, &kl);
+		if (kl < 1 || key[0] != MK_REV)
+			break;
+		n++;
+	}
+	rocksdb_iter_destroy(it);
+	return n;
+}
+
+static void run_job(struct meta *m, struct kvec_codec **codecs, uint8_t kind, uint32_t node,
+		    uint64_t rate)
+{
+	struct rctx x = {.m = m, .codecs = codecs};
+	x.nodes = nodes_copy(m, &x.nnodes);
+	if (!x.nodes)
+		return;
+	uint32_t targets[256];
+	size_t nt = 0;
+	if (kind == KVP_MAINT_SCRUB)
+		;
+	else if (node)
+		targets[nt++] = node;
+	else
+		for (size_t i = 0; i < x.nnodes && nt < 256; i++)
+			if (x.nodes[i].state == KVP_NODE_DOWN)
+				targets[nt++] = x.nodes[i].id;
+	uint64_t total = 0;
+	if (kind == KVP_MAINT_SCRUB)
+		total = all_chunks(m);
+	for (size_t i = 0; i < nt; i++)
+		total += rev_count(m, targets[i]);
+	int64_t start = meta_mono_ns();
+	pthread_mutex_lock(&m->job_mu);
+	m->job = (struct mjob){
+	    .kind = kind, .running = 1, .node = node, .total = total, .start_mono = start};
+	pthread_mutex_unlock(&m->job_mu);
+	const char *what = kind == KVP_MAINT_SCRUB   ? "scrub"
+			   : kind == KVP_MAINT_DRAIN ? "drain"
+						     : "repair";
+	klog_info("%s started: %llu chunks", what, (unsigned long long)total);
+	if (kind == KVP_MAINT_SCRUB)
+		scrub_job(&x, rate, start);
+	else
+		for (size_t i = 0; i < nt; i++)
+			node_job(&x, targets[i], kind == KVP_MAINT_DRAIN ? MODE_DRAIN : MODE_REPAIR,
+				 rate, start);
+	pthread_mutex_lock(&m->job_mu);
+	m->job.running = 0;
+	m->job.end_mono = meta_mono_ns();
+	if (kind == KVP_MAINT_SCRUB)
+		m->last_scrub_mono = m->job.end_mono;
+	struct mjob j = m->job;
+	pthread_mutex_unlock(&m->job_mu);
+	double secs = (double)(j.end_mono - j.start_mono) / 1e9;
+	klog_info("%s done: %llu of %llu chunks, %llu failed, %.1f MiB in %.2f s", what,
+		  (unsigned long long)j.done, (unsigned long long)j.total,
+		  (unsigned long long)j.failed, (double)j.bytes / 1048576.0, secs);
+	free(x.nodes);
+}
+
+/* Automatic work when idle: repair nodes down longer than the repair delay, and a background
+ * scrub every scrub interval. Returns 1 when it ran something. */
+static int auto_job(struct meta *m, struct kvec_codec **codecs)
+{
+	int64_t now = meta_mono_ns();
+	if (m->o.repair_delay_s > 0) {
+		size_t n;
+		struct rnode *r = nodes_copy(m, &n);
+		uint32_t due = 0;
+		pthread_mutex_lock(&m->nodes_mu);
+		for (size_t i = 0; i < m->nnodes && !due; i++) {
+			const struct mnode *d = &m->nodes[i];
+			if (d->state == KVP_NODE_DOWN && d->down_mono &&
+			    now - d->down_mono >= (int64_t)(m->o.repair_delay_s * 1e9))
+				due = d->id;
+		}
+		pthread_mutex_unlock(&m->nodes_mu);
+		free(r);
+		if (due && rev_count(m, due)) {
+			klog_info("node %u down for over %.0f s: repairing its chunks", due,
+				  m->o.repair_delay_s);
+			run_job(m, codecs, KVP_MAINT_REPAIR, due, m->o.repair_rate);
+			return 1;
+		}
+	}
+	if (m->o.scrub_interval_s > 0) {
+		pthread_mutex_lock(&m->job_mu);
+		int64_t last = m->last_scrub_mono;
+		pthread_mutex_unlock(&m->job_mu);
+		if (now - last >= (int64_t)(m->o.scrub_interval_s * 1e9)) {
+			run_job(m, codecs, KVP_MAINT_SCRUB, 0, m->o.scrub_rate);
+			return 1;
+		}
+	}
+	return 0;
+}
+
+static void *worker_main(void *arg)
+{
+	struct meta *m = arg;
+	struct kvec_codec **codecs = calloc((KVEC_MAX_K + 1) * (KVEC_MAX_M + 1), sizeof(*codecs));
+	if (!codecs)
+		return NULL;
+	pthread_mutex_lock(&m->job_mu);
+	m->last_scrub_mono = meta_mono_ns(); /* the first background scrub waits an interval */
+	pthread_mutex_unlock(&m->job_mu);
+	while (!worker_stopping(m)) {
+		pthread_mutex_lock(&m->job_mu);
+		if (!m->req_kind) {
+			struct timespec t;
+			clock_gettime(CLOCK_MONOTONIC, &t);
+			t.tv_nsec += 200000000;
+			if (t.tv_nsec >= 1000000000) {
+				t.tv_sec++;
+				t.tv_nsec -= 1000000000;
+			}
+			pthread_cond_timedwait(&m->job_cv, &m->job_mu, &t);
+		}
+		uint8_t kind = m->req_kind;
+		uint32_t node = m->req_node;
+		pthread_mutex_unlock(&m->job_mu);
+		if (kind) {
+			run_job(m, codecs, kind, node, 0);
+			pthread_mutex_lock(&m->job_mu);
+			m->req_kind = 0;
+			pthread_mutex_unlock(&m->job_mu);
+		} else {
+			auto_job(m, codecs);
+		}
+	}
+	for (int i = 0; i < (KVEC_MAX_K + 1) * (KVEC_MAX_M + 1); i++)
+		kvec_codec_destroy(codecs[i]);
+	free(codecs);
+	return NULL;
+}
+
+int mrep_request(struct meta *m, uint8_t kind, uint32_t node)
+{
+	pthread_mutex_lock(&m->job_mu);
+	int rc = 0;
+	if (m->req_kind || m->job.running)
+		rc = -EBUSY;
+	else {
+		m->req_kind = kind;
+		m->req_node = node;
+		/* Visible as running at once, so a poller never sees the previous job's end. */
+		m->job = (struct mjob){
+		    .kind = kind, .running = 1, .node = node, .start_mono = meta_mono_ns()};
+		pthread_cond_signal(&m->job_cv);
+	}
+	pthread_mutex_unlock(&m->job_mu);
+	return rc;
+}
+
+int mrep_start(struct meta *m)
+{
+	int rc = pthread_create(&m->worker, NULL, worker_main, m);
+	if (rc)
+		return -rc;
+	m->worker_started = 1;
+	return 0;
+}
+
+void mrep_stop(struct meta *m)
+{
+	if (!m->worker_started)
+		return;
+	pthread_mutex_lock(&m->bg_mu);
+	m->stopping = 1;
+	pthread_mutex_unlock(&m->bg_mu);
+	pthread_mutex_lock(&m->job_mu);
+	pthread_cond_signal(&m->job_cv);
+	pthread_mutex_unlock(&m->job_mu);
+	pthread_join(m->worker, NULL);
+	m->worker_started = 0;
+}
