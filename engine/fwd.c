@@ -305,6 +305,8 @@ struct mm_job {
 	float *y[3];
 	const void *act[3];
 	size_t n, ntok;
+	int swiglu;   /* 2 matrices: y[0] = silu(y[0]) * y[1] on this thread's rows */
+	float *resid; /* 1 matrix: resid += y[0] on this thread's rows (ld = rows) */
 };
 
 static void mm_run(void *arg, int tid, int nth)
@@ -317,6 +319,19 @@ static void mm_run(void *arg, int tid, int nth)
 		kvk_matmul(j->e->isa, (enum kvk_wtype)w->type, j->y[i], (size_t)w->ne[1], w->data,
 			   j->n, (size_t)lo, (size_t)hi, j->act[i], j->ntok, j->e->scratch[tid]);
 	}
+	/* elementwise epilogues on the rows this thread just wrote: no extra pass, no sync */
+	size_t R = (size_t)j->w[0]->ne[1];
+	long lo, hi;
+	kvi_pool_split((long)R, tid, nth, 16, &lo, &hi);
+	for (size_t t = 0; t < j->ntok && (j->swiglu || j->resid); t++)
+		for (size_t r = (size_t)lo; r < (size_t)hi; r++) {
+			if (j->swiglu) {
+				float g = j->y[0][t * R + r];
+				j->y[0][t * R + r] = g / (1.0f + expf(-g)) * j->y[1][t * R + r];
+			} else {
+				j->resid[t * R + r] += j->y[0][t * R + r];
+			}
+		}
 }
 
 struct prep_job {
@@ -335,9 +350,10 @@ static void prep_run(void *arg, int tid, int nth)
 
 /* y_i = W_i x for the n_mm matrices, x: (ntok, n) contiguous. */
 static void matmuls(struct kvi_engine *e, const float *x, size_t n, size_t ntok, int n_mm,
-		    const struct kvi_tensor *const *w, float *const *y)
+		    const struct kvi_tensor *const *w, float *const *y, int swiglu, float *resid)
 {
-	struct mm_job j = {.e = e, .n_mm = n_mm, .n = n, .ntok = ntok};
+	struct mm_job j = {
+	    .e = e, .n_mm = n_mm, .n = n, .ntok = ntok, .swiglu = swiglu, .resid = resid};
 	int prepared = 0;
 	for (int i = 0; i < n_mm; i++) {
 		j.w[i] = w[i];
@@ -404,23 +420,6 @@ static void attn_run(void *arg, int tid, int nth)
 	}
 }
 
-struct swiglu_job {
-	struct kvi_engine *e;
-	int ntok;
-};
-
-static void swiglu_run(void *arg, int tid, int nth)
-{
-	struct swiglu_job *j = arg;
-	size_t F = (size_t)j->e->c.n_ff;
-	long lo, hi;
-	kvi_pool_split(j->ntok, tid, nth, 1, &lo, &hi);
-	for (size_t i = (size_t)lo * F; i < (size_t)hi * F; i++) {
-		float g = j->e->gate[i];
-		j->e->gate[i] = g / (1.0f + expf(-g)) * j->e->up[i];
-	}
-}
-
 /* ---- one forward pass ------------------------------------------------------------------ */
 
 static void rope_apply(const struct kvi_engine *e, float *v, const float *cs)
@@ -461,7 +460,7 @@ static void forward(struct kvi_engine *e, const int32_t *toks, int ntok, const i
 		kvk_rmsnorm_f32(e->xn, e->x, e->norm_attn + (size_t)l * E, E, T, c->rms_eps);
 		const struct kvi_tensor *wqkv[3] = {&L->wq, &L->wk, &L->wv};
 		float *yqkv[3] = {e->q, e->k, e->v};
-		matmuls(e, e->xn, E, T, 3, wqkv, yqkv);
+		matmuls(e, e->xn, E, T, 3, wqkv, yqkv, 0, NULL);
 		for (size_t t = 0; t < T; t++) {
 			float *q = e->q + t * QD, *k = e->k + t * KD, *v = e->v + t * KD;
 			if (e->bq) {
@@ -492,21 +491,15 @@ static void forward(struct kvi_engine *e, const int32_t *toks, int ntok, const i
 		kvi_pool_run(e->pool, attn_run, &aj);
 		const struct kvi_tensor *wo[1] = {&L->wo};
 		float *yo[1] = {e->xn};
-		matmuls(e, e->att, QD, T, 1, wo, yo);
-		for (size_t i = 0; i < T * E; i++)
-			e->x[i] += e->xn[i];
+		matmuls(e, e->att, QD, T, 1, wo, yo, 0, e->x); /* x += Wo att */
 
 		kvk_rmsnorm_f32(e->xn, e->x, e->norm_ffn + (size_t)l * E, E, T, c->rms_eps);
 		const struct kvi_tensor *wgu[2] = {&L->w_gate, &L->w_up};
 		float *ygu[2] = {e->gate, e->up};
-		matmuls(e, e->xn, E, T, 2, wgu, ygu);
-		struct swiglu_job sj = {e, ntok};
-		kvi_pool_run(e->pool, swiglu_run, &sj);
+		matmuls(e, e->xn, E, T, 2, wgu, ygu, 1, NULL); /* gate = silu(gate) * up */
 		const struct kvi_tensor *wd[1] = {&L->w_down};
 		float *yd[1] = {e->xn};
-		matmuls(e, e->gate, F, T, 1, wd, yd);
-		for (size_t i = 0; i < T * E; i++)
-			e->x[i] += e->xn[i];
+		matmuls(e, e->gate, F, T, 1, wd, yd, 0, e->x); /* x += Wdown h */
 	}
 	if (nsel == 0)
 		return;
@@ -515,7 +508,7 @@ static void forward(struct kvi_engine *e, const int32_t *toks, int ntok, const i
 				c->rms_eps);
 	const struct kvi_tensor *wout[1] = {&m->output};
 	float *yout[1] = {out};
-	matmuls(e, e->xn, E, (size_t)nsel, 1, wout, yout);
+	matmuls(e, e->xn, E, (size_t)nsel, 1, wout, yout, 0, NULL);
 }
 
 /* ---- public entry points --------------------------------------------------------------- */

@@ -83,8 +83,13 @@ static int rand_tensor(struct kvi_tensor *t, enum kvi_dtype wt, int64_t ne0, int
 		for (size_t i = 0; i < n; i += 4) {
 			uint64_t r = xs(s);
 			for (size_t k = 0; k < 4 && i + k < n; k++, r >>= 16) {
-				float f = (float)((int)(r & 0x3ff) - 512) * (1.0f / 8192);
-				h[i + k] = wt == KVI_F16 ? kvk_f32_to_f16(f) : kvk_f32_to_bf16(f);
+				/* sign, mantissa random; exponent 2^-7 .. 2^-4 (no inf/nan) */
+				uint16_t v = (uint16_t)(r & 0x83ff);
+				uint16_t ex = (uint16_t)(8 + ((r >> 10) & 3));
+				h[i + k] =
+				    wt == KVI_F16
+					? (uint16_t)(v | ex << 10)
+					: (uint16_t)((v & 0x8000) | (ex + 112) << 7 | (v & 0x7f));
 			}
 		}
 	} else {
