@@ -144,4 +144,17 @@ void kvc_get_stats(struct kvc *c, struct kvc_stats *out);
  * stopped node delays reads only briefly. Call before sharing c between threads. */
 void kvc_set_read_timeout(struct kvc *c, int ms);
 
+/* ---- access times (retention counts from the last access) ---- */
+/* kvc_file_open records (ino, now); the records go to meta in one TOUCH at most every
+ * interval (default 30 s; meta also ignores moves under its --atime-granularity), piggybacked
+ * on a later kvc_file_open, or now with kvc_touch_flush. ms < 0: never send. Call before
+ * sharing c between threads. */
+void kvc_set_touch_interval(struct kvc *c, int ms);
+/* Sends the recorded access times now. 0 or a negative errno (they are kept for a retry). */
+int kvc_touch_flush(struct kvc *c);
+
+/* A raw request to meta for admin tools (MAINT, MSTATUS): body of len bytes; on 0, *rb
+ * (malloc'd, caller frees; may be NULL) and *rl get the reply body. */
+int kvc_admin(struct kvc *c, uint16_t op, const void *body, size_t len, uint8_t **rb, uint32_t *rl);
+
 #endif

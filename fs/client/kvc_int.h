@@ -11,6 +11,8 @@
 #define KVC_MAX_CODECS	  8
 #define KVC_BAD_NODE_MS	  3000 /* a node that timed out or refused is skipped this long */
 #define KVC_META_ATTEMPTS 10   /* connection failures to meta: retries with backoff */
+#define KVC_TOUCH_MAX	  1024 /* access times held before a TOUCH is sent regardless */
+#define KVC_TOUCH_MS	  30000
 
 struct kvc_badnode {
 	uint32_t id;
@@ -38,7 +40,19 @@ struct kvc {
 
 	atomic_uint_fast64_t buffered; /* bytes held by all writers */
 	atomic_uint_fast64_t st_written, st_read, st_files, st_degraded, st_crc;
+
+	/* Access times not yet sent (kvc_touch.c); protected by mu. */
+	int touch_interval_ms; /* 0 = KVC_TOUCH_MS, < 0 never */
+	int64_t touch_last_ms;
+	uint32_t ntouch;
+	struct {
+		uint64_t ino;
+		int64_t atime_ns;
+	} touch[KVC_TOUCH_MAX];
 };
+
+/* Records an access of ino; sends the batch when the interval has passed or it is full. */
+void kvc__touch(struct kvc *c, uint64_t ino);
 
 /* One request in flight to a node: holds the pool reference until it is waited for. */
 struct kvc_rpc {

@@ -137,6 +137,7 @@ int kvc_file_open(struct kvc *c, uint64_t ino, struct kvc_file **out)
 		kvc_file_close(f);
 		return rc;
 	}
+	kvc__touch(c, ino);
 	*out = f;
 	return 0;
 }
