@@ -55,6 +55,8 @@ const struct cfg_opt mnt_cfg_opts[] = {
     O("debug", CFG_BOOL, debug, 0, 0, "false", "trace FUSE requests; implies foreground (-d)"),
     O("allow-other", CFG_BOOL, allow_other, 0, 0, "false", "let other users use the mount"),
     O("readdirplus", CFG_BOOL, readdirplus, 0, 0, "true", "directory listings carry attributes"),
+    O("xattr", CFG_BOOL, xattr, 0, 0, "true",
+      "user.kvfs.* attributes (false: the kernel stops asking, ls -l saves 2 requests a file)"),
     O("keep-cache", CFG_BOOL, keep_cache, 0, 0, "true",
       "keep the page cache of (immutable) files across opens"),
     CFG_END,

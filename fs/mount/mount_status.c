@@ -354,6 +354,10 @@ void mnt_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
 {
 	struct mnt *m = mnt_of(req);
 	int which = -1;
+	if (!m->cfg.xattr) {
+		fuse_reply_err(req, ENOSYS); /* the kernel remembers: no more getxattr requests */
+		return;
+	}
 	/* Cheap refusal first: the kernel asks security.* on every write. */
 	if (strncmp(name, "user.kvfs.", 10) == 0)
 		for (size_t i = 0; i < NX; i++)
@@ -381,6 +385,10 @@ void mnt_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
 void mnt_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 {
 	struct mnt *m = mnt_of(req);
+	if (!m->cfg.xattr) {
+		fuse_reply_err(req, ENOSYS);
+		return;
+	}
 	/* `ls -l` asks this of every file: answer from the inode table, without a request to
 	 * meta, whenever the type is known. */
 	int reg = 0;
