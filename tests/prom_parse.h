@@ -1,0 +1,39 @@
+/* prom_parse — a strict parser of Prometheus text exposition (format 0.0.4) for tests, plus an
+ * HTTP GET over a plain socket. Strict: only # HELP / # TYPE comments, HELP then TYPE once per
+ * family before its samples, a family's samples contiguous and named after it, no timestamps,
+ * no duplicate series, valid names, labels and numbers; every histogram series has buckets in
+ * increasing `le` with non-decreasing counts, an le="+Inf" bucket equal to its _count, and a
+ * _sum. Not thread-safe per doc.
+ */
+#ifndef KVFS_PROM_PARSE_H
+#define KVFS_PROM_PARSE_H
+
+#include <stddef.h>
+
+struct prom_sample {
+	char name[128];
+	char labels[512]; /* as written between the braces (escapes kept); "" if none */
+	double v;
+};
+
+struct prom_doc {
+	struct prom_sample *s;
+	int n;
+	char err[256]; /* why parsing failed */
+};
+
+/* 0, or -EINVAL with doc->err naming the line and the problem. Free with prom_free. */
+int prom_parse(const char *text, struct prom_doc *doc);
+void prom_free(struct prom_doc *doc);
+
+/* Value of the series name{labels} (labels exactly as written, "" for none); -ENOENT if absent. */
+int prom_get(const struct prom_doc *doc, const char *name, const char *labels, double *v);
+/* Sum of every series of this sample name whose labels contain `part` (NULL: all); the number of
+ * matching series in *n (may be NULL). */
+double prom_sum(const struct prom_doc *doc, const char *name, const char *part, int *n);
+
+/* GET http://addr<path>; returns the HTTP status (200...) and the body (malloc'd, NUL-terminated,
+ * caller frees), or a negative errno. */
+int prom_http_get(const char *addr, const char *path, char **body);
+
+#endif
