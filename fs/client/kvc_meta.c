@@ -110,12 +110,15 @@ int kvc__codec(struct kvc *c, int k, int m, struct kvec_codec **out)
 
 void kvc__node_mark_bad(struct kvc *c, uint32_t id)
 {
-	int64_t until = kvc__now_ms() + KVC_BAD_NODE_MS;
+	int64_t now = kvc__now_ms(), until = now + KVC_BAD_NODE_MS;
 	pthread_mutex_lock(&c->mu);
-	int i;
+	int i, expired = -1;
 	for (i = 0; i < c->nbad && c->bad[i].id != id; i++)
-		;
-	if (i == c->nbad && c->nbad < (int)(sizeof(c->bad) / sizeof(c->bad[0])))
+		if (c->bad[i].until_ms <= now)
+			expired = i;
+	if (i == c->nbad && expired >= 0)
+		i = expired; /* reuse a slot whose node has served its time */
+	else if (i == c->nbad && c->nbad < (int)(sizeof(c->bad) / sizeof(c->bad[0])))
 		c->nbad++;
 	if (i < c->nbad) {
 		c->bad[i].id = id;
