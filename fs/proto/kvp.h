@@ -297,10 +297,12 @@ struct kvp_server_opts {
 	kvp_handler_fn handler;
 	void *ctx;
 	/* Optional, for metrics: called by every kvp_reply to this server's requests, on the
-	 * replying thread, with the request's op, the reply status and the ns since the request
-	 * was received. Must be thread-safe and cheap; stats_ctx must outlive every connection
-	 * (replies may come after kvp_server_stop from threads the daemon still runs). */
-	void (*on_reply)(void *stats_ctx, uint16_t op, int32_t status, uint64_t ns);
+	 * replying thread, with the request (req->op, req->len: its body bytes), the reply status,
+	 * the reply's body + bulk bytes (0 on error) and the ns since the request was received.
+	 * Must be thread-safe and cheap; stats_ctx must outlive every connection (replies may come
+	 * after kvp_server_stop from threads the daemon still runs). */
+	void (*on_reply)(void *stats_ctx, const struct kvp_hdr *req, int32_t status,
+			 size_t reply_bytes, uint64_t ns);
 	void *stats_ctx;
 };
 int kvp_server_start(const struct kvp_server_opts *o, struct kvp_server **out);

@@ -28,7 +28,8 @@ struct kvp_conn {
 	pthread_t th;
 	char peer[32];
 	/* copied from the server's options: replies may come after the server is freed */
-	void (*on_reply)(void *stats_ctx, uint16_t op, int32_t status, uint64_t ns);
+	void (*on_reply)(void *stats_ctx, const struct kvp_hdr *req, int32_t status,
+			 size_t reply_bytes, uint64_t ns);
 	void *stats_ctx;
 	struct kvp_server *srv;
 	struct kvp_conn *next; /* server list; protected by srv->mu */
@@ -89,7 +90,7 @@ int kvp_reply(struct kvp_conn *c, const struct kvp_hdr *req, int32_t status, con
 	}
 	if (c->on_reply && req->recv_ns) {
 		uint64_t now = mono_ns();
-		c->on_reply(c->stats_ctx, req->op, status,
+		c->on_reply(c->stats_ctx, req, status, body_len + bulk_len,
 			    now > req->recv_ns ? now - req->recv_ns : 0);
 	}
 	return rc;
