@@ -4,6 +4,7 @@
 #include "cfg.h"
 #include "kvp.h"
 #include "log.h"
+#include "node_metrics.h"
 #include "node_req.h"
 #include "node_store.h"
 
@@ -27,6 +28,7 @@ struct node_conf {
 	char meta[CFG_STR_MAX];
 	char secret_file[CFG_STR_MAX];
 	char addr_file[CFG_STR_MAX];
+	char metrics_listen[CFG_STR_MAX], metrics_addr_file[CFG_STR_MAX];
 	uint64_t capacity;
 	double heartbeat;
 	int sync, direct_read;
@@ -57,6 +59,10 @@ static const struct cfg_opt node_opts[] = {
     {"ring-depth", CFG_INT, F(ring_depth), 8, 4096, "256", "submission queue entries per ring"},
     {"max-inflight", CFG_SIZE, F(max_inflight), 1 << 20, 1e12, "512M",
      "bytes of requests in flight before connections are slowed down"},
+    {"metrics-listen", CFG_STR, F(metrics_listen), 0, 0, NULL,
+     "HOST:PORT to serve Prometheus /metrics on (port 0: any; empty: off)"},
+    {"metrics-addr-file", CFG_STR, F(metrics_addr_file), 0, 0, NULL,
+     "once serving metrics, write their HOST:PORT here (atomically)"},
     {"log-level", CFG_INT, F(log_level), 0, 3, "2", "0 error, 1 warn, 2 info, 3 debug"},
     CFG_END,
 };
@@ -261,16 +267,25 @@ int main(int argc, char **argv)
 	if (rc)
 		return 1;
 
+	struct node_metrics *nm = NULL;
+	if (node_metrics_start(n.store, n.cf.metrics_listen, n.cf.metrics_addr_file, &nm)) {
+		node_store_close(n.store);
+		return 1;
+	}
 	struct kvp_server *srv = NULL;
 	struct kvp_server_opts o = {.name = "node",
 				    .host = host,
 				    .port = port,
 				    .secret = &n.secret,
 				    .handler = handle,
-				    .ctx = &n};
+				    .ctx = &n,
+				    .on_reply = node_metrics_on_reply,
+				    .stats_ctx = nm};
 	rc = kvp_server_start(&o, &srv);
 	if (rc) {
+		node_metrics_stop(nm);
 		node_store_close(n.store);
+		node_metrics_free(nm);
 		return 1;
 	}
 	const char *adv = n.cf.advertise[0]		 ? n.cf.advertise
@@ -286,7 +301,9 @@ int main(int argc, char **argv)
 	if (n.cf.addr_file[0] && (rc = write_addr_file(n.cf.addr_file, n.addr))) {
 		klog_error("cannot write --addr-file %s: %s", n.cf.addr_file, strerror(-rc));
 		kvp_server_stop(srv);
+		node_metrics_stop(nm);
 		node_store_close(n.store);
+		node_metrics_free(nm);
 		return 1;
 	}
 
@@ -315,7 +332,9 @@ int main(int argc, char **argv)
 		pthread_join(hb, NULL);
 	}
 	kvp_server_stop(srv);
+	node_metrics_stop(nm);
 	node_store_close(n.store);
+	node_metrics_free(nm);
 	pthread_mutex_destroy(&n.hb_mu);
 	pthread_cond_destroy(&n.hb_cv);
 	klog_info("stopped");
