@@ -48,6 +48,8 @@ struct kvc_file {
 	uint64_t tick;
 	uint64_t next_off; /* where a sequential reader reads next */
 	struct sfetch pf;  /* prefetch of the next stripe */
+	int suspect;	   /* a node of this file was down or failed: refresh the table */
+	int64_t refreshed_ms;
 };
 
 /* LAYOUT reply -> f's geometry, node table and slots. */
@@ -133,6 +135,10 @@ int kvc_file_open(struct kvc *c, uint64_t ino, struct kvc_file **out)
 	int rc = layout_fetch(c, ino, f);
 	if (rc == 0)
 		rc = kvc__codec(c, f->l.k, f->l.m, &f->codec);
+	f->refreshed_ms = kvc__now_ms();
+	for (uint32_t i = 0; rc == 0 && i < f->nn; i++)
+		if (f->nodes[i].state == KVP_NODE_DOWN)
+			f->suspect = 1;
 	if (rc) {
 		kvc_file_close(f);
 		return rc;
@@ -206,8 +212,10 @@ static int get_start(struct kvc_file *f, const struct fslot *sl, uint32_t off, u
 	put_le(h + 12, len, 4);
 	const struct fnode *nd = &f->nodes[sl->node];
 	int rc = kvc__rpc_start(f->c, nd->addr, KVP_OP_GET, h, 16, NULL, 0, r);
-	if (rc && kvc__is_transport(rc))
+	if (rc && kvc__is_transport(rc)) {
 		kvc__node_mark_bad(f->c, nd->id);
+		f->suspect = 1;
+	}
 	return rc;
 }
 
@@ -236,8 +244,10 @@ static int get_collect(struct kvc_file *f, const struct fslot *sl, struct kvc_rp
 	free(b);
 	if (rc == -EILSEQ)
 		atomic_fetch_add(&f->c->st_crc, 1);
-	if (kvc__is_transport(rc))
+	if (kvc__is_transport(rc)) {
 		kvc__node_mark_bad(f->c, f->nodes[sl->node].id);
+		f->suspect = 1;
+	}
 	if (rc)
 		klog_debug("get chunk %llu from %s: %s", (unsigned long long)sl->chunk_id,
 			   f->nodes[sl->node].addr, kvp_strerror(rc));
@@ -410,7 +420,45 @@ static int range_read(struct kvc_file *f, uint64_t s, uint64_t soff, size_t len,
 	return rc ? -EAGAIN : 0;
 }
 
+/* Re-reads the addresses and states of the file's nodes (a node may have come back, or moved
+ * to another address). Slots keep their indices into f->nodes. */
+static void refresh_nodes(struct kvc_file *f)
+{
+	struct kvc_file t = {0};
+	f->refreshed_ms = kvc__now_ms();
+	f->suspect = 0;
+	if (layout_fetch(f->c, f->ino, &t) == 0) {
+		for (uint32_t i = 0; i < f->nn; i++) {
+			for (uint32_t j = 0; j < t.nn; j++) {
+				if (t.nodes[j].id != f->nodes[i].id)
+					continue;
+				memcpy(f->nodes[i].addr, t.nodes[j].addr, KVP_ADDR_MAX);
+				f->nodes[i].state = t.nodes[j].state;
+				if (t.nodes[j].state == KVP_NODE_DOWN)
+					f->suspect = 1;
+			}
+		}
+	}
+	free(t.slots);
+	free(t.nodes);
+}
+
+static ssize_t pread_once(struct kvc_file *f, void *buf, size_t len, uint64_t off);
+
 ssize_t kvc_pread(struct kvc_file *f, void *buf, size_t len, uint64_t off)
+{
+	if (f->suspect && kvc__now_ms() - f->refreshed_ms > 5000)
+		refresh_nodes(f);
+	ssize_t n = pread_once(f, buf, len, off);
+	if (n == -EIO && kvc__now_ms() - f->refreshed_ms > 500) {
+		/* More than m chunks unreadable with what we knew: maybe nodes moved. */
+		refresh_nodes(f);
+		n = pread_once(f, buf, len, off);
+	}
+	return n;
+}
+
+static ssize_t pread_once(struct kvc_file *f, void *buf, size_t len, uint64_t off)
 {
 	uint64_t size = f->l.length;
 	if (off >= size || len == 0)
