@@ -18,6 +18,7 @@ int meta_open(const struct meta_opts *o, struct meta **out)
 	pthread_mutex_init(&m->nodes_mu, NULL);
 	pthread_mutex_init(&m->bg_mu, NULL);
 	pthread_mutex_init(&m->job_mu, NULL);
+	pthread_mutex_init(&m->evict_mu, NULL);
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -60,6 +61,7 @@ void meta_close(struct meta *m)
 	pthread_cond_destroy(&m->bg_cv);
 	pthread_cond_destroy(&m->job_cv);
 	pthread_mutex_destroy(&m->job_mu);
+	pthread_mutex_destroy(&m->evict_mu);
 	pthread_mutex_destroy(&m->bg_mu);
 	pthread_mutex_destroy(&m->nodes_mu);
 	pthread_mutex_destroy(&m->mu);

@@ -79,7 +79,8 @@ struct mnode {
 	/* Bytes of chunks queued for deletion on it (freeing) and deleted since its last heartbeat
 	 * (freed): its `used` still counts them until it next reports (memory only). */
 	uint64_t freeing, freed;
-	int64_t down_mono; /* monotonic time it was marked down (memory only; 0 = never) */
+	int64_t freed_mono; /* when freed last grew: a heartbeat clears it only well after */
+	int64_t down_mono;  /* monotonic time it was marked down (memory only; 0 = never) */
 };
 
 /* The repair worker's current or last job (MSTATUS). */
@@ -122,6 +123,8 @@ struct meta {
 	 * them without locks. */
 	atomic_uint_fast64_t st[KVP_MST_COUNT];
 	int64_t last_orphan_mono, last_retention_mono; /* background thread only */
+	/* One evictor at a time: several deciding from the same usage would each evict it. */
+	pthread_mutex_t evict_mu;
 
 	/* The repair worker: repair, drain, scrub (meta_repair.c). job_mu protects job, req_*,
 	 * inflight and last_scrub_mono; job_cv wakes the worker. */

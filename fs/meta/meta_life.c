@@ -233,7 +233,17 @@ static int expire_pass(struct meta *m)
 
 /* ---- watermark eviction ---- */
 
+static int evict(struct meta *m, uint64_t need);
+
 int mlife_evict(struct meta *m, uint64_t need)
+{
+	pthread_mutex_lock(&m->evict_mu);
+	int rc = evict(m, need);
+	pthread_mutex_unlock(&m->evict_mu);
+	return rc;
+}
+
+static int evict(struct meta *m, uint64_t need)
 {
 	uint64_t cap, used;
 	mnodes_usage(m, &cap, &used);

@@ -12,6 +12,8 @@
 #define DEL_BATCH      4096u
 #define DEL_ROUNDS     64
 #define DEL_TIMEOUT_MS 3000
+/* A heartbeat received this long after a deletion was acknowledged reflects it. */
+#define FREED_SETTLE_NS 300000000
 
 static int node_decode(uint32_t id, const char *v, size_t vl, struct mnode *n)
 {
@@ -139,7 +141,10 @@ int mnodes_heartbeat(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 	nn.hb_ns = meta_now_ns();
 	nn.hb_mono = meta_mono_ns();
 	nn.pending = 0; /* its `used` now includes what was placed on it */
-	nn.freed = 0;	/* ... and no longer what it deleted */
+	/* ... and no longer what it deleted, unless the deletion was acknowledged so recently
+	 * that this report may have been taken before it. */
+	if (nn.hb_mono - nn.freed_mono > FREED_SETTLE_NS)
+		nn.freed = 0;
 	uint8_t was = nn.state;
 	nn.state = KVP_NODE_UP;
 	rocksdb_writebatch_t *b = rocksdb_writebatch_create();
@@ -284,6 +289,7 @@ static void freeing_done(struct meta *m, uint32_t id)
 		if (m->nodes[i].id == id) {
 			m->nodes[i].freed += m->nodes[i].freeing;
 			m->nodes[i].freeing = 0;
+			m->nodes[i].freed_mono = meta_mono_ns();
 		}
 	pthread_mutex_unlock(&m->nodes_mu);
 }

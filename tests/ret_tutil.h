@@ -1,0 +1,168 @@
+/* Helpers shared by the retention and repair integration tests (test_retention.c,
+ * test_repair.c): seeded file contents, chunk files on the nodes' disks, meta's MSTATUS. */
+#ifndef KVFS_RET_TUTIL_H
+#define KVFS_RET_TUTIL_H
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "harness.h"
+#include "kvc.h"
+
+static inline void rt_fill(uint8_t *p, size_t n, uint64_t seed)
+{
+	uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+	for (size_t i = 0; i < n; i++) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		p[i] = (uint8_t)x;
+	}
+}
+
+static inline int64_t rt_now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static inline void rt_sleep_ms(int ms)
+{
+	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
+	nanosleep(&ts, NULL);
+}
+
+static inline int rt_put(struct kvc *c, const char *path, size_t size, uint64_t seed)
+{
+	uint8_t *b = malloc(size ? size : 1);
+	rt_fill(b, size, seed);
+	int rc = kvc_put(c, path, b, size, 1);
+	free(b);
+	return rc;
+}
+
+/* 0 when path reads back as rt_fill(size, seed); -EILSEQ on a mismatch; else kvc_get's error. */
+static inline int rt_check(struct kvc *c, const char *path, size_t size, uint64_t seed)
+{
+	void *got = NULL;
+	size_t len = 0;
+	int rc = kvc_get(c, path, &got, &len);
+	if (rc)
+		return rc;
+	uint8_t *want = malloc(size ? size : 1);
+	rt_fill(want, size, seed);
+	int ok = len == size && memcmp(got, want, size) == 0;
+	free(want);
+	free(got);
+	return ok ? 0 : -EILSEQ;
+}
+
+/* Chunk files on node i's disk (DIR/chunks/xx/id). If path/cap given, the path of the first. */
+static inline int rt_node_chunks(const struct kvh_cluster *cl, int i, char *path, size_t cap)
+{
+	char d[700];
+	snprintf(d, sizeof(d), "%s/chunks", cl->nodes[i].dir);
+	DIR *top = opendir(d);
+	if (!top)
+		return 0;
+	int n = 0;
+	struct dirent *e;
+	while ((e = readdir(top))) {
+		if (e->d_name[0] == '.')
+			continue;
+		char sd[1000];
+		snprintf(sd, sizeof(sd), "%s/%s", d, e->d_name);
+		DIR *sub = opendir(sd);
+		if (!sub)
+			continue;
+		struct dirent *f;
+		while ((f = readdir(sub))) {
+			if (f->d_name[0] == '.')
+				continue;
+			if (path && n == 0)
+				snprintf(path, cap, "%s/%s", sd, f->d_name);
+			n++;
+		}
+		closedir(sub);
+	}
+	closedir(top);
+	return n;
+}
+
+static inline int rt_all_chunks(const struct kvh_cluster *cl)
+{
+	int n = 0;
+	for (int i = 0; i < cl->nnodes; i++)
+		n += rt_node_chunks(cl, i, NULL, 0);
+	return n;
+}
+
+struct rt_status {
+	uint8_t kind, running;
+	uint32_t node;
+	uint64_t total, done, failed, bytes;
+	int64_t elapsed_ns;
+	uint64_t st[KVP_MST_COUNT];
+};
+
+static inline int rt_mstatus(struct kvc *c, struct rt_status *s)
+{
+	uint8_t *rb = NULL;
+	uint32_t rl = 0;
+	int rc = kvc_admin(c, KVP_OP_MSTATUS, NULL, 0, &rb, &rl);
+	if (rc)
+		return rc;
+	struct kvp_rbuf r;
+	kvp_r_init(&r, rb, rl);
+	memset(s, 0, sizeof(*s));
+	s->kind = kvp_r_u8(&r);
+	s->running = kvp_r_u8(&r);
+	s->node = kvp_r_u32(&r);
+	s->total = kvp_r_u64(&r);
+	s->done = kvp_r_u64(&r);
+	s->failed = kvp_r_u64(&r);
+	s->bytes = kvp_r_u64(&r);
+	s->elapsed_ns = kvp_r_i64(&r);
+	uint32_t n = kvp_r_u32(&r);
+	for (uint32_t i = 0; i < n; i++) {
+		uint64_t v = kvp_r_u64(&r);
+		if (i < KVP_MST_COUNT)
+			s->st[i] = v;
+	}
+	rc = kvp_r_end(&r);
+	free(rb);
+	return rc;
+}
+
+static inline int rt_maint(struct kvc *c, uint8_t action, uint32_t node)
+{
+	uint8_t b[5] = {action, (uint8_t)node, (uint8_t)(node >> 8), (uint8_t)(node >> 16),
+			(uint8_t)(node >> 24)};
+	return kvc_admin(c, KVP_OP_MAINT, b, sizeof(b), NULL, NULL);
+}
+
+/* Starts a job and waits (up to timeout_ms) for it to end; its final status in *s. */
+static inline int rt_job(struct kvc *c, uint8_t action, uint32_t node, int timeout_ms,
+			 struct rt_status *s)
+{
+	int rc = rt_maint(c, action, node);
+	if (rc)
+		return rc;
+	int64_t end = rt_now_ms() + timeout_ms;
+	do {
+		rt_sleep_ms(50);
+		if ((rc = rt_mstatus(c, s)))
+			return rc;
+		if (!s->running)
+			return 0;
+	} while (rt_now_ms() < end);
+	return -ETIMEDOUT;
+}
+
+#endif

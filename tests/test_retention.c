@@ -1,0 +1,353 @@
+/* Retention against real daemons (harness): TTL expiry with a per-directory rule, eviction
+ * past the high watermark while two writers keep writing, and garbage collection of chunks
+ * that no metadata references, never of a write in progress. docs/operations.md. */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <pthread.h>
+
+#include "kvec.h"
+#include "ret_tutil.h"
+
+static int have_bins(void)
+{
+	char bin[600];
+	return kvh_bin("kvfs-meta", bin, sizeof(bin)) == 0 &&
+	       kvh_bin("kvfs-node", bin, sizeof(bin)) == 0;
+}
+
+static struct kvc *client(struct kvh_cluster *cl)
+{
+	struct kvc_opts o = {.meta_addr = cl->meta_addr, .secret = &cl->secret};
+	struct kvc *c = NULL;
+	assert_int_equal(kvc_open(&o, &c), 0);
+	kvc_set_touch_interval(c, 100);
+	return c;
+}
+
+/* Accessed files survive their TTL, untouched ones disappear with their chunks, and a
+ * directory whose rule says 0 keeps its files. */
+static void test_ttl(void **state)
+{
+	(void)state;
+	if (!have_bins())
+		skip();
+	struct kvh_cluster cl;
+	assert_int_equal(kvh_cluster_start(&cl, 3,
+					   "--k 2 --m 1 --ttl 3s --ttl-rules /keep=0 "
+					   "--retention-interval 0.2s --atime-granularity 0 "
+					   "--gc-interval 0.1s --node-timeout 3s",
+					   NULL),
+			 0);
+	struct kvc *c = client(&cl);
+	assert_int_equal(kvc_mkdir_p(c, "/hot", 0755), 0);
+	assert_int_equal(kvc_mkdir_p(c, "/cold/deep", 0755), 0);
+	assert_int_equal(kvc_mkdir_p(c, "/keep/sub", 0755), 0);
+	char p[64];
+	for (int i = 0; i < 3; i++) {
+		snprintf(p, sizeof(p), "/hot/h%d", i);
+		assert_int_equal(rt_put(c, p, 20000 + 1000 * i, 10 + i), 0);
+		snprintf(p, sizeof(p), "/cold/deep/c%d", i);
+		assert_int_equal(rt_put(c, p, 20000, 20 + i), 0);
+	}
+	assert_int_equal(rt_put(c, "/keep/sub/k", 30000, 30), 0);
+	assert_int_equal(rt_all_chunks(&cl), 7 * 3);
+
+	int64_t end = rt_now_ms() + 6000;
+	while (rt_now_ms() < end) { /* reads of the hot files move their access times */
+		for (int i = 0; i < 3; i++) {
+			snprintf(p, sizeof(p), "/hot/h%d", i);
+			assert_int_equal(rt_check(c, p, 20000 + 1000 * i, 10 + i), 0);
+		}
+		assert_int_equal(kvc_touch_flush(c), 0);
+		rt_sleep_ms(400);
+	}
+	struct kvp_attr a;
+	for (int i = 0; i < 3; i++) {
+		snprintf(p, sizeof(p), "/hot/h%d", i);
+		assert_int_equal(rt_check(c, p, 20000 + 1000 * i, 10 + i), 0);
+		snprintf(p, sizeof(p), "/cold/deep/c%d", i);
+		assert_int_equal(kvc_resolve(c, p, &a), -ENOENT);
+	}
+	assert_int_equal(rt_check(c, "/keep/sub/k", 30000, 30), 0);
+	assert_int_equal(kvc_resolve(c, "/cold/deep", &a), 0); /* directories stay */
+	struct rt_status s = {0};
+	assert_int_equal(rt_mstatus(c, &s), 0);
+	assert_int_equal(s.st[KVP_MST_EXPIRED], 3);
+	/* Their chunks are deleted on the nodes. */
+	for (end = rt_now_ms() + 5000; rt_all_chunks(&cl) != 4 * 3 && rt_now_ms() < end;)
+		rt_sleep_ms(50);
+	assert_int_equal(rt_all_chunks(&cl), 4 * 3);
+	kvc_close(c);
+	kvh_cluster_stop(&cl);
+}
+
+/* ---- eviction ---- */
+
+#define EV_FILE (96 << 10)
+
+struct writer {
+	struct kvh_cluster *cl;
+	int id, n, errors, last_err;
+};
+
+static void *writer_main(void *arg)
+{
+	struct writer *w = arg;
+	struct kvc *c = client(w->cl);
+	char p[64];
+	for (int i = 0; i < w->n; i++) {
+		snprintf(p, sizeof(p), "/w%d/f%03d", w->id, i);
+		int rc = rt_put(c, p, EV_FILE, (uint64_t)(w->id * 1000 + i));
+		if (rc) {
+			w->errors++;
+			w->last_err = rc;
+		}
+	}
+	kvc_close(c);
+	return NULL;
+}
+
+static void usage(struct kvc *c, uint64_t *used, uint64_t *cap)
+{
+	struct kvc_statfs st;
+	assert_int_equal(kvc_statfs(c, &st), 0);
+	*used = st.raw_used;
+	*cap = st.raw_capacity;
+}
+
+/* A small cluster filled well past its high watermark by two writers stays under it, and the
+ * files that were read most recently survive. */
+static void test_evict(void **state)
+{
+	(void)state;
+	if (!have_bins())
+		skip();
+	struct kvh_cluster cl;
+	assert_int_equal(
+	    kvh_cluster_start(&cl, 4,
+			      "--k 2 --m 1 --ttl 0 --high-watermark 60 "
+			      "--low-watermark 45 --retention-interval 0.1s "
+			      "--atime-granularity 0 --gc-interval 0.05s --node-timeout 3s",
+			      "--capacity 4M"),
+	    0);
+	struct kvc *c = client(&cl);
+	assert_int_equal(kvc_mkdir_p(c, "/w0", 0755), 0);
+	assert_int_equal(kvc_mkdir_p(c, "/w1", 0755), 0);
+	assert_int_equal(kvc_mkdir_p(c, "/hot", 0755), 0);
+	for (int i = 0; i < 4; i++) {
+		char p[64];
+		snprintf(p, sizeof(p), "/hot/h%d", i);
+		assert_int_equal(rt_put(c, p, EV_FILE, 500 + i), 0);
+	}
+	/* 2 x 80 files of 96 KiB (144 KiB raw each) = 22.5 MiB raw into 16 MiB. */
+	struct writer w[2] = {{&cl, 0, 80, 0, 0}, {&cl, 1, 80, 0, 0}};
+	pthread_t t[2];
+	for (int i = 0; i < 2; i++)
+		assert_int_equal(pthread_create(&t[i], NULL, writer_main, &w[i]), 0);
+	for (int r = 0; r < 40; r++) { /* the hot files keep being read */
+		for (int i = 0; i < 4; i++) {
+			char p[64];
+			snprintf(p, sizeof(p), "/hot/h%d", i);
+			assert_int_equal(rt_check(c, p, EV_FILE, 500 + i), 0);
+		}
+		kvc_touch_flush(c);
+		rt_sleep_ms(100);
+	}
+	for (int i = 0; i < 2; i++)
+		pthread_join(t[i], NULL);
+	for (int i = 0; i < 2; i++)
+		if (w[i].errors)
+			fail_msg("writer %d: %d errors, last %s", i, w[i].errors,
+				 kvp_strerror(w[i].last_err));
+	uint64_t used = 0, cap = 0;
+	int64_t end = rt_now_ms() + 5000;
+	do { /* nodes report their use every heartbeat */
+		rt_sleep_ms(300);
+		usage(c, &used, &cap);
+	} while (used * 100 > cap * 60 && rt_now_ms() < end);
+	fprintf(stderr, "  use %llu of %llu\n", (unsigned long long)used, (unsigned long long)cap);
+	assert_true(cap > 0 && used * 100 <= cap * 60);
+	for (int i = 0; i < 4; i++) {
+		char p[64];
+		snprintf(p, sizeof(p), "/hot/h%d", i);
+		assert_int_equal(rt_check(c, p, EV_FILE, 500 + i), 0);
+	}
+	/* The last file each writer wrote is the most recently accessed: it survives too. */
+	assert_int_equal(rt_check(c, "/w0/f079", EV_FILE, 79), 0);
+	assert_int_equal(rt_check(c, "/w1/f079", EV_FILE, 1079), 0);
+	struct rt_status s = {0};
+	assert_int_equal(rt_mstatus(c, &s), 0);
+	fprintf(stderr, "  evicted %llu files\n", (unsigned long long)s.st[KVP_MST_EVICTED]);
+	assert_true(s.st[KVP_MST_EVICTED] >= 40);
+	struct kvp_attr a;
+	assert_int_equal(kvc_resolve(c, "/w0/f000", &a), -ENOENT); /* the oldest went */
+	kvc_close(c);
+	kvh_cluster_stop(&cl);
+}
+
+/* ---- garbage collection ---- */
+
+static int node_call(struct kvh_cluster *cl, int i, uint16_t op, const void *body, size_t len,
+		     const void *bulk, size_t blen)
+{
+	struct kvp_pool *pool;
+	struct kvp_client *k;
+	int rc = kvp_pool_create(&cl->secret, 2000, &pool);
+	if (rc)
+		return rc;
+	rc = kvp_pool_get(pool, cl->nodes[i].addr, &k);
+	if (!rc) {
+		rc = kvp_call(k, op, body, len, bulk, blen, 3000, NULL, NULL);
+		kvp_pool_put(pool, k);
+	}
+	kvp_pool_destroy(pool);
+	return rc;
+}
+
+static int node_has(struct kvh_cluster *cl, int i, uint64_t id)
+{
+	uint8_t b[16];
+	for (int j = 0; j < 8; j++)
+		b[j] = (uint8_t)(id >> (8 * j));
+	memset(b + 8, 0, 4);
+	memset(b + 12, 0xFF, 4);
+	int rc = node_call(cl, i, KVP_OP_GET, b, 16, NULL, 0);
+	return rc == 0 ? 1 : rc == -ENOENT ? 0 : rc;
+}
+
+static int node_put(struct kvh_cluster *cl, int i, uint64_t id)
+{
+	uint8_t data[4096], b[16];
+	rt_fill(data, sizeof(data), id);
+	uint32_t crc = kvec_crc32c(0, data, sizeof(data)), len = sizeof(data);
+	for (int j = 0; j < 8; j++)
+		b[j] = (uint8_t)(id >> (8 * j));
+	for (int j = 0; j < 4; j++) {
+		b[8 + j] = (uint8_t)(crc >> (8 * j));
+		b[12 + j] = (uint8_t)(len >> (8 * j));
+	}
+	return node_call(cl, i, KVP_OP_PUT, b, 16, data, sizeof(data));
+}
+
+/* The child: a client that allocates a 4-stripe write, stores some of its chunks, reports
+ * the first chunk id and its node index on the pipe, then hangs until it is killed. */
+static void child_writer(struct kvh_cluster *cl, int fd)
+{
+	struct kvc *c = client(cl);
+	uint8_t req[10] = {2, 1, 0, 0x10, 0, 0, 4, 0, 0, 0}; /* k 2, m 1, 4 KiB, 4 stripes */
+	uint8_t *rb = NULL;
+	uint32_t rl = 0;
+	if (kvc_admin(c, KVP_OP_ALLOC, req, sizeof(req), &rb, &rl))
+		_exit(1);
+	struct kvp_rbuf r;
+	kvp_r_init(&r, rb, rl);
+	kvp_r_u64(&r);
+	uint32_t nn = kvp_r_u32(&r);
+	uint32_t ids[16];
+	char addrs[16][KVP_ADDR_MAX];
+	for (uint32_t i = 0; i < nn && i < 16; i++) {
+		ids[i] = kvp_r_u32(&r);
+		kvp_r_str(&r, addrs[i], KVP_ADDR_MAX);
+	}
+	uint64_t first = 0;
+	int first_node = -1;
+	for (int s = 0; s < 6; s++) { /* the first two stripes' chunks only: mid-write */
+		uint32_t node = kvp_r_u32(&r);
+		uint64_t chunk = kvp_r_u64(&r);
+		const char *addr = NULL;
+		for (uint32_t i = 0; i < nn; i++)
+			if (ids[i] == node)
+				addr = addrs[i];
+		int ni = -1;
+		for (int i = 0; addr && i < cl->nnodes; i++)
+			if (!strcmp(cl->nodes[i].addr, addr))
+				ni = i;
+		if (ni < 0 || node_put(cl, ni, chunk))
+			_exit(2);
+		if (s == 0) {
+			first = chunk;
+			first_node = ni;
+		}
+	}
+	char line[64];
+	int n = snprintf(line, sizeof(line), "%llu %d\n", (unsigned long long)first, first_node);
+	if (write(fd, line, (size_t)n) != n)
+		_exit(3);
+	pause();
+	_exit(0);
+}
+
+/* A chunk no metadata knows is deleted after the grace period; the chunks of a write in
+ * progress are not, however old; a client killed mid-write leaves chunks that are removed. */
+static void test_gc(void **state)
+{
+	(void)state;
+	if (!have_bins())
+		skip();
+	struct kvh_cluster cl;
+	assert_int_equal(
+	    kvh_cluster_start(&cl, 3,
+			      "--k 2 --m 1 --write-timeout 4s --gc-grace 1s "
+			      "--orphan-interval 0.3s --gc-interval 0.1s --node-timeout 3s",
+			      NULL),
+	    0);
+	struct kvc *c = client(&cl);
+	assert_int_equal(rt_put(c, "/kept", 50000, 1), 0);
+	int base = rt_all_chunks(&cl);
+	assert_int_equal(base, 3);
+
+	int pfd[2];
+	assert_int_equal(pipe(pfd), 0);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		close(pfd[0]);
+		child_writer(&cl, pfd[1]);
+	}
+	close(pfd[1]);
+	char line[64] = "";
+	FILE *f = fdopen(pfd[0], "r");
+	assert_non_null(fgets(line, sizeof(line), f));
+	fclose(f);
+	unsigned long long first = 0;
+	int first_node = -1;
+	assert_int_equal(sscanf(line, "%llu %d", &first, &first_node), 2);
+
+	/* An orphan: a chunk id meta handed out to nobody (below every id in use). */
+	assert_int_equal(node_put(&cl, 0, 3), 0);
+	assert_int_equal(rt_all_chunks(&cl), base + 6 + 1);
+	rt_sleep_ms(2500); /* past the grace, several passes; the write is still pending */
+	assert_int_equal(node_has(&cl, 0, 3), 0);
+	assert_int_equal(node_has(&cl, first_node, first), 1);
+	assert_int_equal(rt_all_chunks(&cl), base + 6);
+	struct rt_status s = {0};
+	assert_int_equal(rt_mstatus(c, &s), 0);
+	assert_int_equal(s.st[KVP_MST_GC_ORPHANS], 1);
+
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	int64_t end = rt_now_ms() + 8000;
+	while (rt_all_chunks(&cl) != base && rt_now_ms() < end)
+		rt_sleep_ms(100);
+	assert_int_equal(rt_all_chunks(&cl), base);
+	assert_int_equal(rt_check(c, "/kept", 50000, 1), 0);
+	kvc_close(c);
+	kvh_cluster_stop(&cl);
+}
+
+int main(void)
+{
+	signal(SIGPIPE, SIG_IGN);
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_ttl),
+	    cmocka_unit_test(test_gc),
+	    cmocka_unit_test(test_evict),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
