@@ -558,7 +558,7 @@ static void test_corrupt_and_stopped_node(void **state)
 	kill(pid, SIGCONT);
 	fprintf(stderr, "  rot: %llu crc errors; %d files with a node stopped in %lld ms\n",
 		(unsigned long long)(s1.crc_errors - s0.crc_errors), nf, (long long)took);
-	assert_true(took < 4000);
+	assert_true(took < 6000); /* without the skip: ~one timeout per file, 10 s */
 	kvc_close(c);
 }
 
