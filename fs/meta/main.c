@@ -5,6 +5,7 @@
 #include "kvp.h"
 #include "log.h"
 #include "meta.h"
+#include "meta_metrics.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -18,6 +19,7 @@ struct meta_cfg {
 	char db[CFG_STR_MAX];
 	char secret_file[CFG_STR_MAX];
 	char addr_file[CFG_STR_MAX];
+	char metrics_listen[CFG_STR_MAX], metrics_addr_file[CFG_STR_MAX];
 	int64_t k, m;
 	uint64_t chunk_size;
 	double node_timeout, write_timeout, gc_interval;
@@ -71,6 +73,10 @@ static const struct cfg_opt opts[] = {
     {"scrub-rate", CFG_SIZE, F(scrub_rate), 0, 1e15, "20M",
      "bytes/s background scrub reads (0: unlimited)"},
     {"sync", CFG_BOOL, F(sync), 0, 0, "false", "fsync the WAL on every commit"},
+    {"metrics-listen", CFG_STR, F(metrics_listen), 0, 0, NULL,
+     "HOST:PORT to serve Prometheus /metrics on (port 0: any; empty: off)"},
+    {"metrics-addr-file", CFG_STR, F(metrics_addr_file), 0, 0, NULL,
+     "once serving metrics, write their HOST:PORT here (atomically)"},
     {"log-level", CFG_INT, F(log_level), 0, 3, "2", "0 error, 1 warn, 2 info, 3 debug"},
     CFG_END,
 };
@@ -195,16 +201,26 @@ int main(int argc, char **argv)
 		klog_error("cannot open metadata: %s", kvp_strerror(rc));
 		return 1;
 	}
+	struct meta_metrics *mm = NULL;
+	rc = meta_metrics_create(&secret, &mm);
+	if (rc) {
+		klog_error("cannot set up metrics: %s", kvp_strerror(rc));
+		meta_close(m);
+		return 1;
+	}
 	struct kvp_server_opts so = {.name = "meta",
 				     .host = host,
 				     .port = port,
 				     .secret = &secret,
 				     .handler = meta_handle,
-				     .ctx = m};
+				     .ctx = m,
+				     .on_reply = meta_metrics_on_reply,
+				     .stats_ctx = mm};
 	struct kvp_server *srv;
 	rc = kvp_server_start(&so, &srv);
 	if (rc) {
 		klog_error("cannot listen on %s: %s", c.listen, kvp_strerror(rc));
+		meta_metrics_free(mm);
 		meta_close(m);
 		return 1;
 	}
@@ -213,9 +229,11 @@ int main(int argc, char **argv)
 		 kvp_server_port(srv));
 	klog_info("serving on %s (k=%d m=%d chunk %llu, sync %s)", addr, mo.k, mo.m,
 		  (unsigned long long)c.chunk_size, c.sync ? "on" : "off");
-	if (c.addr_file[0] && (rc = write_addr_file(c.addr_file, addr))) {
-		klog_error("cannot write %s: %s", c.addr_file, kvp_strerror(rc));
+	if ((rc = meta_metrics_serve(mm, addr, c.metrics_listen, c.metrics_addr_file)) ||
+	    (c.addr_file[0] && (rc = write_addr_file(c.addr_file, addr)))) {
+		klog_error("cannot start: %s", kvp_strerror(rc));
 		kvp_server_stop(srv);
+		meta_metrics_free(mm);
 		meta_close(m);
 		return 1;
 	}
@@ -223,6 +241,7 @@ int main(int argc, char **argv)
 	sigwait(&set, &sig);
 	klog_info("signal %d: shutting down", sig);
 	kvp_server_stop(srv);
+	meta_metrics_free(mm);
 	meta_close(m);
 	return 0;
 }
