@@ -207,8 +207,12 @@ static AVX2 AI void tile_q8(int RB, int TB, float *y, size_t ldy, const uint8_t 
 			y[j * ldy + i] = hsum8(acc[i][j]);
 }
 
+/* Q8_0 register tile: 2 rows x 4 tokens (8 accumulators; measured a little ahead of 4 x 2 and
+ * 3 x 3). Leftover tokens go one at a time against 4-row tiles. */
+#define QRB 2
+#define QTB 4
 /* Rows in panels of KVK_PANEL_ROWS (about 15 KB of Q8_0 at n = 896: stays in L1) against
- * every token pair, so a weight is read from memory once per call, not once per token pair. */
+ * every token group, so a weight is read from memory once per call, not once per group. */
 static AVX2 void rows_q8(float *y, size_t ldy, const uint8_t *w, size_t ws, size_t n, size_t r0,
 			 size_t r1, const void *act, size_t ntok)
 {
@@ -218,16 +222,16 @@ static AVX2 void rows_q8(float *y, size_t ldy, const uint8_t *w, size_t ws, size
 	for (size_t p0 = r0; p0 < r1; p0 += KVK_PANEL_ROWS) {
 		size_t p1 = p0 + KVK_PANEL_ROWS < r1 ? p0 + KVK_PANEL_ROWS : r1;
 		size_t t = 0;
-		for (; t + 2 <= ntok; t += 2) {
+		for (; t + QTB <= ntok; t += QTB) {
 			size_t r = p0;
-			for (; r + 4 <= p1; r += 4)
-				tile_q8(4, 2, y + t * ldy + r, ldy, w + r * ws, ws, nb, q + t * n,
-					n, d + t * nb);
+			for (; r + QRB <= p1; r += QRB)
+				tile_q8(QRB, QTB, y + t * ldy + r, ldy, w + r * ws, ws, nb,
+					q + t * n, n, d + t * nb);
 			for (; r < p1; r++)
-				tile_q8(1, 2, y + t * ldy + r, ldy, w + r * ws, ws, nb, q + t * n,
+				tile_q8(1, QTB, y + t * ldy + r, ldy, w + r * ws, ws, nb, q + t * n,
 					n, d + t * nb);
 		}
-		if (t < ntok) {
+		for (; t < ntok; t++) {
 			size_t r = p0;
 			for (; r + 4 <= p1; r += 4)
 				tile_q8(4, 1, y + t * ldy + r, ldy, w + r * ws, ws, nb, q + t * n,
