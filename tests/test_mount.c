@@ -151,6 +151,7 @@ static int setup(void **state)
 	int rc = kvh_cluster_start(&g_cl, NNODES, NULL, NULL);
 	if (rc) {
 		fprintf(stderr, "cluster start: %s\n", strerror(-rc));
+		kvh_cluster_stop(&g_cl); /* teardown does not run after a failed setup */
 		return -1;
 	}
 	snprintf(g_mnt, sizeof(g_mnt), "%s/mnt", g_cl.dir);
@@ -158,6 +159,8 @@ static int setup(void **state)
 	if (mkdir(g_mnt, 0755) != 0 || start_mount() != 0) {
 		fprintf(stderr, "kvfs-mount did not mount %s (see %s)\n", g_mnt, g_log);
 		kvh_sh("cat '%s' >&2", g_log);
+		stop_mount();
+		kvh_cluster_stop(&g_cl);
 		return -1;
 	}
 	return 0;
@@ -775,6 +778,15 @@ static void test_lifecycle(void **state)
 	assert_int_equal(kvh_sh("'%s' -o no_such_option=1 --secret-file '%s' '%s' '%s' 2>/dev/null",
 				g_bin, g_cl.secret_file, g_cl.meta_addr, m2),
 			 2);
+	/* config file, then flags, then -o: later wins */
+	char cfgf[800];
+	snprintf(cfgf, sizeof(cfgf), "%s/mount.conf", g_cl.dir);
+	assert_int_equal(kvh_sh("printf 'max-file = 123M\\nattr-timeout = 3s\\n' > '%s'", cfgf), 0);
+	assert_int_equal(kvh_sh("'%s' --config '%s' --attr-timeout 4s -o attr_timeout=7,rw "
+				"--dump-config > '%s' && grep -q '^max-file = 128974848$' '%s' && "
+				"grep -q '^attr-timeout = 7s$' '%s'",
+				g_bin, cfgf, out, out, out),
+			 0);
 	/* background mode returns once mounted; fusermount3 -u ends the daemon */
 	assert_int_equal(kvh_sh("'%s' --secret-file '%s' '%s' '%s'", g_bin, g_cl.secret_file,
 				g_cl.meta_addr, m2),

@@ -106,7 +106,7 @@ static int parse_args(int argc, char **argv, struct mnt_cfg *cfg, int *npos)
 		free(olist);
 		return -ENOMEM;
 	}
-	int nr = 0, no = 0, fg = 0, dbg = 0, rc = 0;
+	int nr = 0, no = 0, fg = 0, dbg = 0, dump = 0, rc = 0;
 	rest[nr++] = argv[0];
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "-o") == 0) {
@@ -122,6 +122,8 @@ static int parse_args(int argc, char **argv, struct mnt_cfg *cfg, int *npos)
 			fg = 1;
 		} else if (strcmp(argv[i], "-d") == 0) {
 			dbg = 1;
+		} else if (strcmp(argv[i], "--dump-config") == 0) {
+			dump = 1; /* after -o is applied, below */
 		} else if (strcmp(argv[i], "-h") == 0) {
 			rest[nr++] = "--help";
 		} else {
@@ -141,6 +143,10 @@ static int parse_args(int argc, char **argv, struct mnt_cfg *cfg, int *npos)
 	/* positional arguments back into argv[1..] */
 	for (int i = 0; rc == 0 && i < *npos; i++)
 		argv[1 + i] = rest[1 + i];
+	if (rc == 0 && dump) {
+		cfg_dump(mnt_cfg_opts, cfg, stdout);
+		rc = 1;
+	}
 out:
 	free(rest);
 	free(olist);
