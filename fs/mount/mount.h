@@ -36,6 +36,7 @@ struct mnt_cfg {
 	char secret_file[CFG_STR_MAX];
 	char config[CFG_STR_MAX];
 	char log_file[CFG_STR_MAX];
+	char metrics_listen[CFG_STR_MAX], metrics_addr_file[CFG_STR_MAX];
 	double entry_timeout, attr_timeout; /* kernel cache of names / attributes */
 	double timeout;			    /* per request to meta or a node */
 	double meta_retry;		    /* keep retrying meta this long while it is away */
@@ -49,6 +50,7 @@ struct mnt_cfg {
 };
 
 struct mnt_itab;
+struct mnt_metrics;
 
 /* Counters (relaxed atomics) shown in .kvfs/stats. */
 struct mnt_counters {
@@ -68,6 +70,7 @@ struct mnt {
 	int64_t start_ns;
 	atomic_ullong next_temp;
 	struct mnt_counters n;
+	struct mnt_metrics *metrics; /* set before the session starts (mount_metrics.h) */
 	/* Commits running from release (empty or shared files): a negative lookup or a readdir
 	 * waits for them briefly, so `touch f; ls` shows f. */
 	pthread_mutex_t rel_lock;

@@ -12,6 +12,7 @@
 #define KVFS_LOG_TAG "mount"
 #include "log.h"
 #include "mount.h"
+#include "mount_metrics.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -51,6 +52,10 @@ const struct cfg_opt mnt_cfg_opts[] = {
     O("threads", CFG_INT, threads, 1, 1024, "16", "FUSE worker threads at most"),
     O("log-level", CFG_INT, log_level, 0, 3, "2", "0 error, 1 warn, 2 info, 3 debug"),
     O("log-file", CFG_STR, log_file, 0, 0, NULL, "log here in the background (default: none)"),
+    O("metrics-listen", CFG_STR, metrics_listen, 0, 0, NULL,
+      "HOST:PORT to serve Prometheus /metrics on (port 0: any; empty: off)"),
+    O("metrics-addr-file", CFG_STR, metrics_addr_file, 0, 0, NULL,
+      "once serving metrics, write their HOST:PORT here (atomically)"),
     O("foreground", CFG_BOOL, foreground, 0, 0, "false", "stay in the foreground (-f)"),
     O("debug", CFG_BOOL, debug, 0, 0, "false", "trace FUSE requests; implies foreground (-d)"),
     O("allow-other", CFG_BOOL, allow_other, 0, 0, "false", "let other users use the mount"),
@@ -268,7 +273,14 @@ static int serve(struct mnt *m, const struct kvp_secret *secret, int wfd)
 		 1u << 20, m->cfg.allow_other ? ",allow_other" : "");
 	char *fargv[] = {"kvfs-mount", "-o", fsopts, m->cfg.debug ? "-d" : NULL, NULL};
 	struct fuse_args fa = FUSE_ARGS_INIT(m->cfg.debug ? 4 : 3, fargv);
-	m->se = fuse_session_new(&fa, &mnt_ops, sizeof(mnt_ops), m);
+	const struct fuse_lowlevel_ops *ops = &mnt_ops;
+	if ((rc = mnt_metrics_start(m, &ops))) {
+		fuse_opt_free_args(&fa);
+		snprintf(err, sizeof(err), "cannot serve metrics on %s: %s", m->cfg.metrics_listen,
+			 kvp_strerror(rc));
+		goto fail_itab;
+	}
+	m->se = fuse_session_new(&fa, ops, sizeof(*ops), m);
 	fuse_opt_free_args(&fa);
 	if (!m->se) {
 		snprintf(err, sizeof(err), "cannot create the FUSE session");
@@ -309,6 +321,7 @@ fail_sig:
 fail_se:
 	fuse_session_destroy(m->se);
 fail_itab:
+	mnt_metrics_stop(m);
 	mnt_itab_destroy(m->itab);
 	pthread_cond_destroy(&m->rel_cond);
 	pthread_mutex_destroy(&m->rel_lock);
