@@ -4,13 +4,18 @@
 
 #include <math.h>
 #include <string.h>
+#ifdef KVK_HAVE_X86
+#include <cpuid.h>
+#endif
 
 enum kvk_isa kvk_isa_best(void)
 {
 #ifdef KVK_HAVE_X86
+	/* F16C through CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports has no "f16c". */
+	unsigned a, b, c, d;
+	int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
 	__builtin_cpu_init();
-	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-	    __builtin_cpu_supports("f16c"))
+	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c)
 		return KVK_ISA_AVX2;
 #endif
 	return KVK_ISA_SCALAR;
