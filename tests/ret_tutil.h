@@ -85,8 +85,11 @@ static inline int rt_node_chunks(const struct kvh_cluster *cl, int i, char *path
 		while ((f = readdir(sub))) {
 			if (f->d_name[0] == '.')
 				continue;
-			if (path && n == 0)
-				snprintf(path, cap, "%s/%s", sd, f->d_name);
+			if (path && n == 0 && strlen(sd) + strlen(f->d_name) + 2 <= cap) {
+				memcpy(path, sd, strlen(sd));
+				path[strlen(sd)] = '/';
+				strcpy(path + strlen(sd) + 1, f->d_name);
+			}
 			n++;
 		}
 		closedir(sub);

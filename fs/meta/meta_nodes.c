@@ -414,7 +414,7 @@ static int delq_round(struct meta *m, uint32_t *from)
 	if (rc == -ENOENT) {
 		klog_warn("deletion queue: unknown node %u: dropping %u entries", node, n);
 		drop = 1;
-	} else if (state == KVP_NODE_UP) {
+	} else if (state != KVP_NODE_DOWN) { /* up or draining */
 		struct kvp_client *c;
 		rc = kvp_pool_get(m->pool, addr, &c);
 		if (!rc) {

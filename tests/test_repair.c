@@ -1,0 +1,258 @@
+/* Repair against real daemons (harness): a node lost for good is rebuilt onto the others and
+ * a second node loss then reads every file byte-exact (full redundancy was restored); drain
+ * empties a live node so it can be removed; scrub finds chunk files flipped on disk and
+ * rebuilds them, while reads were never wrong. docs/operations.md. */
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "ret_tutil.h"
+
+#define NFILES 24
+
+static int have_bins(void)
+{
+	char bin[600];
+	return kvh_bin("kvfs-meta", bin, sizeof(bin)) == 0 &&
+	       kvh_bin("kvfs-node", bin, sizeof(bin)) == 0;
+}
+
+static struct kvc *client(struct kvh_cluster *cl)
+{
+	struct kvc_opts o = {.meta_addr = cl->meta_addr, .secret = &cl->secret};
+	struct kvc *c = NULL;
+	assert_int_equal(kvc_open(&o, &c), 0);
+	kvc_set_read_timeout(c, 500);
+	return c;
+}
+
+static size_t file_size(int i)
+{
+	return (size_t)(1 + i) * 37000u + (size_t)(i % 3) * 4096u;
+}
+
+static void check_files(struct kvc *c)
+{
+	char p[64];
+	for (int i = 0; i < NFILES; i++) {
+		snprintf(p, sizeof(p), "/d%d/f%d", i % 3, i);
+		int rc = rt_check(c, p, file_size(i), 100 + (uint64_t)i);
+		if (rc)
+			fail_msg("%s: %s", p, kvp_strerror(rc));
+	}
+}
+
+/* Node id of harness node i (by address). */
+static uint32_t node_id(struct kvc *c, struct kvh_cluster *cl, int i)
+{
+	struct kvc_node *n;
+	size_t nn;
+	assert_int_equal(kvc_nodes(c, &n, &nn), 0);
+	uint32_t id = 0;
+	for (size_t j = 0; j < nn; j++)
+		if (!strcmp(n[j].addr, cl->nodes[i].addr))
+			id = n[j].id;
+	free(n);
+	assert_true(id != 0);
+	return id;
+}
+
+static void mkdirs(struct kvc *c)
+{
+	for (int i = 0; i < 3; i++) {
+		char p[16];
+		snprintf(p, sizeof(p), "/d%d", i);
+		assert_int_equal(kvc_mkdir_p(c, p, 0755), 0);
+	}
+}
+
+static void test_repair(void **state)
+{
+	(void)state;
+	if (!have_bins())
+		skip();
+	struct kvh_cluster cl;
+	/* 5 nodes, stripes of 2+1: after one loss 4 remain, so repair has room for distinct
+	 * nodes, and after a second loss reads need every stripe whole again. */
+	assert_int_equal(kvh_cluster_start(&cl, 5,
+					   "--k 2 --m 1 --node-timeout 1s --gc-interval 0.1s "
+					   "--repair-delay 0",
+					   NULL),
+			 0);
+	struct kvc *c = client(&cl);
+	mkdirs(c);
+	for (int i = 0; i < NFILES; i++) {
+		char p[64];
+		snprintf(p, sizeof(p), "/d%d/f%d", i % 3, i);
+		assert_int_equal(rt_put(c, p, file_size(i), 100 + (uint64_t)i), 0);
+	}
+	uint32_t lost = node_id(c, &cl, 0);
+	int held = rt_node_chunks(&cl, 0, NULL, 0);
+	assert_true(held > 0);
+	assert_int_equal(kvh_node_kill(&cl, 0, SIGKILL), 0);
+	assert_int_equal(kvh_wait_nodes_up(&cl, 4, 10000), 0);
+	assert_int_equal(rt_maint(c, KVP_MAINT_NODE_REMOVE, lost), -EBUSY); /* still owns chunks */
+
+	struct rt_status s = {0};
+	assert_int_equal(rt_job(c, KVP_MAINT_REPAIR, 0, 60000, &s), 0);
+	fprintf(stderr, "  repaired %llu/%llu chunks, %llu bytes, %llu failed\n",
+		(unsigned long long)s.done, (unsigned long long)s.total,
+		(unsigned long long)s.bytes, (unsigned long long)s.failed);
+	assert_int_equal(s.kind, KVP_MAINT_REPAIR);
+	assert_int_equal(s.total, (uint64_t)held);
+	assert_int_equal(s.done, s.total);
+	assert_int_equal(s.failed, 0);
+	assert_true(s.bytes > 0);
+
+	/* A second node goes: every stripe must be whole again for this to read. */
+	assert_int_equal(kvh_node_kill(&cl, 1, SIGKILL), 0);
+	assert_int_equal(kvh_wait_nodes_up(&cl, 3, 10000), 0);
+	check_files(c);
+	/* The first node owns nothing now: it can be forgotten. */
+	assert_int_equal(rt_maint(c, KVP_MAINT_NODE_REMOVE, lost), 0);
+	assert_int_equal(rt_maint(c, KVP_MAINT_NODE_REMOVE, lost), -ENOENT);
+	kvc_close(c);
+	kvh_cluster_stop(&cl);
+}
+
+static void test_drain(void **state)
+{
+	(void)state;
+	if (!have_bins())
+		skip();
+	struct kvh_cluster cl;
+	assert_int_equal(kvh_cluster_start(&cl, 4,
+					   "--k 2 --m 1 --node-timeout 2s --gc-interval 0.1s "
+					   "--repair-delay 0",
+					   NULL),
+			 0);
+	struct kvc *c = client(&cl);
+	mkdirs(c);
+	for (int i = 0; i < NFILES; i++) {
+		char p[64];
+		snprintf(p, sizeof(p), "/d%d/f%d", i % 3, i);
+		assert_int_equal(rt_put(c, p, file_size(i), 100 + (uint64_t)i), 0);
+	}
+	uint32_t id = node_id(c, &cl, 2);
+	int held = rt_node_chunks(&cl, 2, NULL, 0);
+	fprintf(stderr, "  node %u holds %d chunks (%d in all)\n", id, held, rt_all_chunks(&cl));
+	assert_int_equal(rt_maint(c, KVP_MAINT_NODE_REMOVE, id), -EBUSY); /* up, not drained */
+	struct rt_status s = {0};
+	assert_int_equal(rt_job(c, KVP_MAINT_DRAIN, id, 60000, &s), 0);
+	assert_int_equal(s.total, (uint64_t)held);
+	assert_int_equal(s.failed, 0);
+	/* No new chunk lands on a draining node, and its old ones are deleted. */
+	assert_int_equal(rt_put(c, "/after", 100000, 7), 0);
+	int64_t end = rt_now_ms() + 5000;
+	while (rt_node_chunks(&cl, 2, NULL, 0) && rt_now_ms() < end)
+		rt_sleep_ms(50);
+	assert_int_equal(rt_node_chunks(&cl, 2, NULL, 0), 0);
+	struct kvc_node *n;
+	size_t nn;
+	assert_int_equal(kvc_nodes(c, &n, &nn), 0);
+	for (size_t j = 0; j < nn; j++)
+		if (n[j].id == id)
+			assert_int_equal(n[j].state, KVP_NODE_DRAINING);
+	free(n);
+	assert_int_equal(kvh_node_kill(&cl, 2, SIGTERM), 0);
+	assert_int_equal(rt_maint(c, KVP_MAINT_NODE_REMOVE, id), 0);
+	check_files(c);
+	assert_int_equal(rt_check(c, "/after", 100000, 7), 0);
+	kvc_close(c);
+	kvh_cluster_stop(&cl);
+}
+
+/* Flips one byte in the data of up to `max` chunk files of node i. Returns how many. */
+static int rot_node(struct kvh_cluster *cl, int i, int max)
+{
+	char cmd[900];
+	snprintf(cmd, sizeof(cmd), "find %s/chunks -type f -size +1k | head -n %d > %s/rot.list",
+		 cl->nodes[i].dir, max, cl->dir);
+	assert_int_equal(kvh_sh("%s", cmd), 0);
+	char lf[400];
+	snprintf(lf, sizeof(lf), "%s/rot.list", cl->dir);
+	FILE *f = fopen(lf, "r");
+	assert_non_null(f);
+	char path[1000];
+	int n = 0;
+	while (fgets(path, sizeof(path), f)) {
+		path[strcspn(path, "\n")] = 0;
+		int fd = open(path, O_RDWR);
+		assert_true(fd >= 0);
+		uint8_t b;
+		assert_int_equal(pread(fd, &b, 1, 64 + 100), 1);
+		b ^= 0x5A;
+		assert_int_equal(pwrite(fd, &b, 1, 64 + 100), 1);
+		close(fd);
+		n++;
+	}
+	fclose(f);
+	return n;
+}
+
+static void test_scrub(void **state)
+{
+	(void)state;
+	if (!have_bins())
+		skip();
+	struct kvh_cluster cl;
+	assert_int_equal(kvh_cluster_start(&cl, 4,
+					   "--k 2 --m 1 --node-timeout 2s --gc-interval 0.1s "
+					   "--repair-delay 0 --scrub-interval 0",
+					   "--direct-read"),
+			 0);
+	struct kvc *c = client(&cl);
+	mkdirs(c);
+	for (int i = 0; i < NFILES; i++) {
+		char p[64];
+		snprintf(p, sizeof(p), "/d%d/f%d", i % 3, i);
+		assert_int_equal(rt_put(c, p, file_size(i), 100 + (uint64_t)i), 0);
+	}
+	int rotten = rot_node(&cl, 1, 4) + rot_node(&cl, 3, 3);
+	assert_true(rotten >= 4);
+	check_files(c); /* never wrong: CRC catches the flips, parity decodes */
+
+	struct rt_status s = {0};
+	assert_int_equal(rt_job(c, KVP_MAINT_SCRUB, 0, 60000, &s), 0);
+	fprintf(stderr, "  scrub: checked %llu corrupt %llu missing %llu repaired %llu\n",
+		(unsigned long long)s.st[KVP_MST_SCRUB_CHECKED],
+		(unsigned long long)s.st[KVP_MST_SCRUB_CORRUPT],
+		(unsigned long long)s.st[KVP_MST_SCRUB_MISSING],
+		(unsigned long long)s.st[KVP_MST_SCRUB_REPAIRED]);
+	assert_int_equal(s.st[KVP_MST_SCRUB_CHECKED], (uint64_t)rt_all_chunks(&cl));
+	assert_int_equal(s.st[KVP_MST_SCRUB_CORRUPT], (uint64_t)rotten);
+	assert_int_equal(s.st[KVP_MST_SCRUB_REPAIRED], (uint64_t)rotten);
+	assert_int_equal(s.failed, 0);
+
+	/* A chunk file deleted on disk is found missing and rebuilt too. */
+	char victim[1000];
+	assert_true(rt_node_chunks(&cl, 0, victim, sizeof(victim)) > 0);
+	assert_int_equal(unlink(victim), 0);
+	assert_int_equal(rt_job(c, KVP_MAINT_SCRUB, 0, 60000, &s), 0);
+	assert_int_equal(s.st[KVP_MST_SCRUB_CORRUPT], (uint64_t)rotten); /* none new */
+	assert_int_equal(s.st[KVP_MST_SCRUB_MISSING], 1);
+	assert_int_equal(s.st[KVP_MST_SCRUB_REPAIRED], (uint64_t)rotten + 1);
+
+	/* Every stripe is whole again: with any one node gone, everything still reads. */
+	assert_int_equal(kvh_node_kill(&cl, 2, SIGKILL), 0);
+	assert_int_equal(kvh_wait_nodes_up(&cl, 3, 10000), 0);
+	check_files(c);
+	kvc_close(c);
+	kvh_cluster_stop(&cl);
+}
+
+int main(void)
+{
+	signal(SIGPIPE, SIG_IGN);
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_repair),
+	    cmocka_unit_test(test_drain),
+	    cmocka_unit_test(test_scrub),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
