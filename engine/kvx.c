@@ -125,6 +125,10 @@ int kvx_create(struct kvi_engine *e, const struct kvi_model *m, const struct kvx
 		goto fail;
 	}
 	x->ring_ok = 1;
+	/* Reads of a FUSE or network file block in io-wq workers; the default bound (4 per CPU)
+	 * would cap the reads in flight below queue_depth on small machines. */
+	unsigned int workers[2] = {(unsigned)o->queue_depth, 0};
+	io_uring_register_iowq_max_workers(&x->ring, workers);
 	pthread_mutex_init(&x->mu, NULL);
 	pthread_cond_init(&x->cv_work, NULL);
 	pthread_cond_init(&x->cv_done, NULL);
@@ -238,6 +242,7 @@ struct ld {
 	int id;	  /* KV block */
 	int fd;	  /* -1 until opened */
 	int err;  /* first failure, 0 = good so far */
+	int verr; /* verification result once read (0 = loadable) */
 	int done; /* finished reading (or failed) */
 	size_t got;
 	uint8_t extra; /* one byte past the expected end: a longer file is detected */
@@ -275,6 +280,16 @@ static struct io_uring_sqe *sqe_get(struct io_uring *r)
 	return s;
 }
 
+static int verify(struct kvx *x, const struct ld *b, uint8_t (*h)[KVB_HASH], int i,
+		  const int32_t *tokens);
+
+/* What read_blocks needs to check a block as soon as its read completes (the CRC of one
+ * block overlaps the reads of the others). */
+struct chain {
+	uint8_t (*h)[KVB_HASH];
+	const int32_t *tokens;
+};
+
 /* Finishes block b: closes its file through the ring (counted in *closing). */
 static void finish(struct kvx *x, struct ld *b, int err, int *closing)
 {
@@ -297,7 +312,8 @@ static void finish(struct kvx *x, struct ld *b, int err, int *closing)
 /* Opens and reads blocks [0, nb) with up to queue_depth operations in flight. Opening stops
  * past the first failure (later blocks could not be used). Returns 0 or the ring's error (then
  * every block not read whole has err set). */
-static int read_blocks(struct kvx *x, struct ld *l, struct iovec (*iov)[3], int nb)
+static int read_blocks(struct kvx *x, struct ld *l, struct iovec (*iov)[3], int nb,
+		       const struct chain *ch)
 {
 	size_t want = KVB_HEADER_SIZE + x->payload;
 	int limit = nb, next = 0, inflight = 0, closing = 0;
@@ -308,6 +324,9 @@ static int read_blocks(struct kvx *x, struct ld *l, struct iovec (*iov)[3], int 
 				break;
 			io_uring_prep_openat(s, x->dirfd, l[next].rel, O_RDONLY | O_CLOEXEC, 0);
 			io_uring_sqe_set_data64(s, ((uint64_t)next << 2) | OP_OPEN);
+			/* straight to a worker: an inline attempt on a network/FUSE file
+			 * would only fail with EAGAIN first */
+			io_uring_sqe_set_flags(s, IOSQE_ASYNC);
 			next++;
 			inflight++;
 		}
@@ -359,10 +378,14 @@ static int read_blocks(struct kvx *x, struct ld *l, struct iovec (*iov)[3], int 
 				} else {
 					prep_read(s, b, iov[i], want);
 					io_uring_sqe_set_data64(s, ((uint64_t)i << 2) | OP_READ);
+					io_uring_sqe_set_flags(s, IOSQE_ASYNC);
 				}
 			}
-			if (b->done && b->err)
-				limit = next; /* open nothing past a failure: unusable */
+			if (b->done) {
+				b->verr = verify(x, b, ch->h, i, ch->tokens);
+				if (b->verr)
+					limit = next; /* open nothing past a failure: unusable */
+			}
 		}
 		io_uring_cq_advance(&x->ring, seen);
 	}
@@ -482,7 +505,8 @@ int kvx_load_prefix(struct kvx *x, struct kvi_seq *seq, const int32_t *tokens, i
 		klog_warn("KV pool full: loading %d of %d cached blocks", nalloc, nread);
 		miss = -ENOSPC;
 	}
-	if ((ret = read_blocks(x, l, iov, nalloc)) < 0) {
+	struct chain ch = {h, tokens};
+	if ((ret = read_blocks(x, l, iov, nalloc, &ch)) < 0) {
 		/* reads may still target KV memory: rebuild the ring (waits for them) */
 		io_uring_queue_exit(&x->ring);
 		if (io_uring_queue_init((unsigned)x->o.queue_depth * 2, &x->ring, 0) < 0) {
@@ -492,7 +516,7 @@ int kvx_load_prefix(struct kvx *x, struct kvi_seq *seq, const int32_t *tokens, i
 		}
 	}
 	for (; hit < nalloc; hit++) {
-		int r = verify(x, &l[hit], h, hit, tokens);
+		int r = l[hit].done ? l[hit].verr : -EIO;
 		if (r) {
 			miss = r;
 			if (r != -ENOENT)
