@@ -19,6 +19,7 @@
 
 #include "cfg.h"
 #include "kvc.h"
+#include "kvfs_admin.h"
 #include "log.h"
 
 struct cli_cfg {
@@ -48,7 +49,7 @@ static const char *usage =
     "  ls [-l] PATH           list a directory\n"
     "  stat PATH              attributes and, for a file, its stripe layout\n"
     "  rm [-r] PATH           remove a file (or a directory tree with -r)\n"
-    "  mkdir [-p] PATH        make a directory (and its parents with -p)";
+    "  mkdir [-p] PATH        make a directory (and its parents with -p)\n" KVFS_ADMIN_USAGE;
 
 static int fail(const char *what, const char *path, int rc)
 {
@@ -95,9 +96,11 @@ static int cmd_status(struct kvc *c, const char *meta)
 		else
 			snprintf(seen, sizeof(seen), "%.1fs", age);
 		printf("  %-4u %-5s %-21s %12s %12s %8" PRIu64 " %8s\n", nodes[i].id,
-		       nodes[i].state == KVP_NODE_UP ? "up" : "down", nodes[i].addr,
-		       human(nodes[i].capacity, b1, 32), human(nodes[i].used, b2, 32),
-		       nodes[i].chunks, seen);
+		       nodes[i].state == KVP_NODE_UP	     ? "up"
+		       : nodes[i].state == KVP_NODE_DRAINING ? "drain"
+							     : "down",
+		       nodes[i].addr, human(nodes[i].capacity, b1, 32),
+		       human(nodes[i].used, b2, 32), nodes[i].chunks, seen);
 	}
 	free(nodes);
 	uint64_t usable = st.k + st.m ? st.raw_capacity / (uint64_t)(st.k + st.m) * st.k : 0;
@@ -374,8 +377,12 @@ int main(int argc, char **argv)
 		ret = cmd_rm(c, a[0], flag);
 	else if (!strcmp(cmd, "mkdir") && na == 1 && (!flag || flag == 'p'))
 		ret = cmd_mkdir(c, a[0], flag);
-	else
+	else if (!flag && (ret = kvfs_admin_cmd(c, cmd, a, na)) >= 0)
+		;
+	else {
+		ret = 2;
 		fprintf(stderr, "usage: kvfs [options] %s\n", usage);
+	}
 	kvc_close(c);
 	return ret;
 }
