@@ -112,13 +112,25 @@ static int start_meta(struct kvh_cluster *cl, const char *listen)
 	    "--listen",	 (char *)listen, "--addr-file", addrfile,	 "--log-level",
 	    "2"};
 	int n = 11;
+	char mfile[600];
+	snprintf(mfile, sizeof(mfile), "%s/meta.metrics", cl->dir);
+	if (cl->flags & KVH_METRICS) {
+		unlink(mfile);
+		argv[n++] = "--metrics-listen";
+		argv[n++] = "127.0.0.1:0";
+		argv[n++] = "--metrics-addr-file";
+		argv[n++] = mfile;
+	}
 	add_args(argv, &n, 48, scratch, sizeof(scratch), cl->meta_args);
 	argv[n] = NULL;
 	pid_t pid = kvh_spawn(bin, argv, log);
 	if (pid < 0)
 		return pid;
 	cl->meta_pid = pid;
-	return kvh_wait_file(addrfile, 10000, cl->meta_addr, sizeof(cl->meta_addr));
+	int rc = kvh_wait_file(addrfile, 10000, cl->meta_addr, sizeof(cl->meta_addr));
+	if (!rc && (cl->flags & KVH_METRICS))
+		rc = kvh_wait_file(mfile, 10000, cl->meta_metrics, sizeof(cl->meta_metrics));
+	return rc;
 }
 
 static int start_node(struct kvh_cluster *cl, int i, const char *listen)
@@ -134,13 +146,25 @@ static int start_node(struct kvh_cluster *cl, int i, const char *listen)
 			  "--meta",    cl->meta_addr, "--listen", (char *)listen,  "--addr-file",
 			  addrfile,    "--heartbeat", "0.2s",	  "--log-level",   "2"};
 	int n = 15;
+	char mfile[600];
+	snprintf(mfile, sizeof(mfile), "%s/node%d.metrics", cl->dir, i);
+	if (cl->flags & KVH_METRICS) {
+		unlink(mfile);
+		argv[n++] = "--metrics-listen";
+		argv[n++] = "127.0.0.1:0";
+		argv[n++] = "--metrics-addr-file";
+		argv[n++] = mfile;
+	}
 	add_args(argv, &n, 48, scratch, sizeof(scratch), nd->args);
 	argv[n] = NULL;
 	pid_t pid = kvh_spawn(bin, argv, log);
 	if (pid < 0)
 		return pid;
 	nd->pid = pid;
-	return kvh_wait_file(addrfile, 10000, nd->addr, sizeof(nd->addr));
+	int rc = kvh_wait_file(addrfile, 10000, nd->addr, sizeof(nd->addr));
+	if (!rc && (cl->flags & KVH_METRICS))
+		rc = kvh_wait_file(mfile, 10000, nd->metrics, sizeof(nd->metrics));
+	return rc;
 }
 
 /* NODES reply: u32 n, n x (u32 id, u64 uuid, str addr, u8 state, u64 cap, u64 used,
@@ -188,7 +212,14 @@ int kvh_wait_nodes_up(struct kvh_cluster *cl, int up, int timeout_ms)
 int kvh_cluster_start(struct kvh_cluster *cl, int nnodes, const char *meta_args,
 		      const char *node_args)
 {
+	return kvh_cluster_start_flags(cl, nnodes, meta_args, node_args, 0);
+}
+
+int kvh_cluster_start_flags(struct kvh_cluster *cl, int nnodes, const char *meta_args,
+			    const char *node_args, unsigned flags)
+{
 	memset(cl, 0, sizeof(*cl));
+	cl->flags = flags;
 	if (nnodes > KVH_MAX_NODES)
 		return -EINVAL;
 	snprintf(cl->dir, sizeof(cl->dir), "/tmp/kvfs-test-XXXXXX");

@@ -20,7 +20,8 @@ struct kvh_node {
 	pid_t pid; /* 0 when not running */
 	char addr[KVP_ADDR_MAX];
 	char dir[512];
-	char args[512]; /* extra arguments it was started with */
+	char args[512];		    /* extra arguments it was started with */
+	char metrics[KVP_ADDR_MAX]; /* HOST:PORT of its /metrics (KVH_METRICS), else "" */
 };
 
 struct kvh_cluster {
@@ -31,6 +32,8 @@ struct kvh_cluster {
 	char meta_db[512];
 	char meta_args[512];
 	pid_t meta_pid;
+	char meta_metrics[KVP_ADDR_MAX]; /* HOST:PORT of meta's /metrics (KVH_METRICS), else "" */
+	unsigned flags;			 /* KVH_* given to kvh_cluster_start_flags */
 	int nnodes;
 	struct kvh_node nodes[KVH_MAX_NODES];
 };
@@ -44,6 +47,11 @@ int kvh_bin(const char *name, char *out, size_t cap);
  * Returns 0 or a negative errno (the daemons' logs say why). */
 int kvh_cluster_start(struct kvh_cluster *cl, int nnodes, const char *meta_args,
 		      const char *node_args);
+/* KVH_METRICS: every daemon also serves /metrics on an ephemeral port (--metrics-listen), its
+ * address in cl->meta_metrics / node.metrics (new after each restart). */
+#define KVH_METRICS 1u
+int kvh_cluster_start_flags(struct kvh_cluster *cl, int nnodes, const char *meta_args,
+			    const char *node_args, unsigned flags);
 /* Sends SIGTERM to every process, SIGKILL after 5 s, reaps them, removes the state dir. */
 void kvh_cluster_stop(struct kvh_cluster *cl);
 
