@@ -71,6 +71,40 @@ static const char *human(uint64_t v, char *buf, size_t cap)
 	return buf;
 }
 
+/* The retention / GC / repair / scrub counters of meta (MSTATUS), in one glance; nothing when
+ * meta does not answer MSTATUS. Per-op request counts and latencies: meta's /metrics. */
+static void status_counters(struct kvc *c)
+{
+	uint8_t *rb = NULL;
+	uint32_t rl = 0;
+	if (kvc_admin(c, KVP_OP_MSTATUS, NULL, 0, &rb, &rl))
+		return;
+	struct kvp_rbuf r;
+	kvp_r_init(&r, rb, rl);
+	kvp_r_u8(&r), kvp_r_u8(&r), kvp_r_u32(&r); /* job kind, running, node */
+	for (int i = 0; i < 5; i++)		   /* total, done, failed, bytes, elapsed */
+		kvp_r_u64(&r);
+	uint64_t v[KVP_MST_COUNT] = {0};
+	uint32_t n = kvp_r_u32(&r);
+	for (uint32_t i = 0; i < n && !r.err; i++) {
+		uint64_t x = kvp_r_u64(&r);
+		if (i < KVP_MST_COUNT)
+			v[i] = x;
+	}
+	int bad = kvp_r_end(&r);
+	free(rb);
+	if (bad)
+		return;
+	char b1[32], b2[32];
+	printf("counters: expired %" PRIu64 ", evicted %" PRIu64 " (%s), gc orphans %" PRIu64
+	       ", repaired %" PRIu64 " chunks (%s), repair failed %" PRIu64
+	       ", scrub corrupt %" PRIu64 " missing %" PRIu64 ", ENOSPC %" PRIu64 "\n",
+	       v[KVP_MST_EXPIRED], v[KVP_MST_EVICTED], human(v[KVP_MST_EVICTED_BYTES], b1, 32),
+	       v[KVP_MST_GC_ORPHANS], v[KVP_MST_REPAIRED], human(v[KVP_MST_REPAIR_BYTES], b2, 32),
+	       v[KVP_MST_REPAIR_FAILED], v[KVP_MST_SCRUB_CORRUPT], v[KVP_MST_SCRUB_MISSING],
+	       v[KVP_MST_ENOSPC]);
+}
+
 static int cmd_status(struct kvc *c, const char *meta)
 {
 	struct kvc_statfs st;
@@ -82,8 +116,8 @@ static int cmd_status(struct kvc *c, const char *meta)
 	char b1[32], b2[32], b3[32];
 	printf("meta %s: k=%d m=%d chunk %s\n", meta, st.k, st.m, human(st.chunk_size, b1, 32));
 	printf("nodes: %u up of %u\n", st.nodes_up, st.nodes);
-	printf("  %-4s %-5s %-21s %12s %12s %8s %8s\n", "id", "state", "addr", "capacity", "used",
-	       "chunks", "seen");
+	printf("  %-4s %-5s %-21s %12s %12s %5s %8s %8s\n", "id", "state", "addr", "capacity",
+	       "used", "use%", "chunks", "seen");
 	struct timespec now;
 	clock_gettime(CLOCK_REALTIME, &now);
 	int64_t now_ns = (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
@@ -95,18 +129,24 @@ static int cmd_status(struct kvc *c, const char *meta)
 			snprintf(seen, sizeof(seen), "never");
 		else
 			snprintf(seen, sizeof(seen), "%.1fs", age);
-		printf("  %-4u %-5s %-21s %12s %12s %8" PRIu64 " %8s\n", nodes[i].id,
+		double pct = nodes[i].capacity
+				 ? 100.0 * (double)nodes[i].used / (double)nodes[i].capacity
+				 : 0;
+		printf("  %-4u %-5s %-21s %12s %12s %4.0f%% %8" PRIu64 " %8s\n", nodes[i].id,
 		       nodes[i].state == KVP_NODE_UP	     ? "up"
 		       : nodes[i].state == KVP_NODE_DRAINING ? "drain"
 							     : "down",
 		       nodes[i].addr, human(nodes[i].capacity, b1, 32),
-		       human(nodes[i].used, b2, 32), nodes[i].chunks, seen);
+		       human(nodes[i].used, b2, 32), pct, nodes[i].chunks, seen);
 	}
 	free(nodes);
 	uint64_t usable = st.k + st.m ? st.raw_capacity / (uint64_t)(st.k + st.m) * st.k : 0;
 	printf("files: %" PRIu64 "  dirs: %" PRIu64 "\n", st.files, st.dirs);
-	printf("raw: %s capacity, %s used; usable (x %d/%d): %s\n", human(st.raw_capacity, b1, 32),
-	       human(st.raw_used, b2, 32), st.k, st.k + st.m, human(usable, b3, 32));
+	printf("raw: %s capacity, %s used (%.0f%%); usable (x %d/%d): %s\n",
+	       human(st.raw_capacity, b1, 32), human(st.raw_used, b2, 32),
+	       st.raw_capacity ? 100.0 * (double)st.raw_used / (double)st.raw_capacity : 0, st.k,
+	       st.k + st.m, human(usable, b3, 32));
+	status_counters(c);
 	return 0;
 }
 
