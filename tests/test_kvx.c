@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -580,6 +581,64 @@ static void test_bad_args(void **st)
 	kvi_engine_destroy(e);
 }
 
+/* Runs a shell command; its stdout (up to cap bytes) into out. Returns the exit status. */
+static int run_cmd(const char *cmd, char *out, size_t cap)
+{
+	FILE *p = popen(cmd, "r");
+	if (!p)
+		return -1;
+	size_t n = fread(out, 1, cap - 1, p);
+	out[n] = 0;
+	int st = pclose(p);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* The CLI: `kvinfer generate --kv-dir` twice on a synthetic model: the second run loads the
+ * prompt's blocks, prints the same tokens, and reports the cached tokens; another salt shares
+ * nothing. Skipped when kvinfer or kvinfer-synth is not built. */
+static void test_cli(void **st)
+{
+	(void)st;
+	const char *b = getenv("KVFS_BUILD_DIR");
+	char kvinfer[600], synth[600], dir[600], model[700], cmd[4096];
+	snprintf(kvinfer, sizeof(kvinfer), "%s/bin/kvinfer", b ? b : ".");
+	snprintf(synth, sizeof(synth), "%s/tools/kvinfer-synth", b ? b : ".");
+	if (access(kvinfer, X_OK) || access(synth, X_OK)) {
+		fprintf(stderr, "kvinfer / kvinfer-synth not built: CLI test skipped\n");
+		skip();
+	}
+	new_dir(dir, sizeof(dir));
+	snprintf(model, sizeof(model), "%s/tiny.gguf", dir);
+	snprintf(cmd, sizeof(cmd), "'%s' --preset tiny --type f16 -o '%s' >/dev/null 2>&1", synth,
+		 model);
+	static char out[3][16384];
+	char mk[700];
+	assert_int_equal(run_cmd(cmd, out[0], sizeof(out[0])), 0);
+	snprintf(mk, sizeof(mk), "%s/cache", dir);
+	assert_int_equal(mkdir(mk, 0755), 0);
+	const char *salts[3] = {"", "", "--salt tenant-b"};
+	int cached[3];
+	for (int i = 0; i < 3; i++) {
+		/* 300 tokens: 4 blocks of 64 before the last token; the report line at the end */
+		snprintf(
+		    cmd, sizeof(cmd),
+		    "'%s' generate -m '%s' -t 1 -n 6 --kv-dir '%s' %s --tokens $(seq -s, 1 300) "
+		    "2>'%s/err%d' && grep -o 'kv cache: [0-9]* cached' '%s/err%d'",
+		    kvinfer, model, mk, salts[i], dir, i, dir, i);
+		assert_int_equal(run_cmd(cmd, out[i], sizeof(out[i])), 0);
+		char *k = strstr(out[i], "kv cache: ");
+		assert_non_null(k);
+		cached[i] = atoi(k + 10);
+		*k = 0; /* keep the generated tokens before it */
+	}
+	assert_int_equal(cached[0], 0);
+	assert_int_equal(cached[1], 4 * 64);
+	assert_int_equal(cached[2], 0);
+	assert_string_equal(out[0], out[1]);
+	assert_string_equal(out[0], out[2]);
+	assert_true(strlen(out[0]) >= 6);
+}
+
 static void fingerprint(struct kvi_model *m, uint8_t seed)
 {
 	for (int i = 0; i < 32; i++)
@@ -669,6 +728,7 @@ int main(int argc, char **argv)
 	    cmocka_unit_test(test_concurrent),
 	    cmocka_unit_test(test_drop_when_full),
 	    cmocka_unit_test(test_bad_args),
+	    cmocka_unit_test(test_cli),
 	};
 	int r = cmocka_run_group_tests_name(mount ? "kvx on a kvfs mount" : "kvx on a local dir",
 					    tests, setup, teardown);
