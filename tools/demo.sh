@@ -41,6 +41,10 @@ for b in kvfs-meta kvfs-node kvfs-mount kvfs; do
 	[ -x "$build/bin/$b" ] || { echo "demo: $build/bin/$b not built (make build)" >&2; exit 1; }
 done
 stop >/dev/null 2>&1 || true
+if is_mounted; then # never rm -rf through a live mount
+	echo "demo: $mnt is still mounted; unmount it first (fusermount3 -uz $mnt)" >&2
+	exit 1
+fi
 rm -rf "$state"
 mkdir -p "$state"
 
