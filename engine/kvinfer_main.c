@@ -338,6 +338,8 @@ out:
 
 /* ---- dispatch ------------------------------------------------------------------------ */
 
+int kvinfer_cmd_serve(int argc, char **argv); /* engine/serve/serve_main.c */
+
 static const struct {
 	const char *name;
 	int (*fn)(int argc, char **argv);
@@ -345,6 +347,7 @@ static const struct {
 } cmds[] = {
     {"generate", cmd_generate, "generate text from a prompt, printing tokens as they come"},
     {"bench", kvinfer_cmd_bench, "prefill/decode tok/s and matmul GFLOP/s vs machine peak"},
+    {"serve", kvinfer_cmd_serve, "OpenAI-compatible server: gateway + engine in one process"},
 };
 
 int main(int argc, char **argv)

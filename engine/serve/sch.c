@@ -1,0 +1,523 @@
+/* sch — continuous-batching scheduler over one engine (see sch.h). */
+#define KVFS_LOG_TAG "sch"
+#include "sch.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fwd.h"
+#include "kv.h"
+#include "kvx.h"
+#include "log.h"
+#include "model.h"
+#include "sample.h"
+#include "gguf.h"
+#include "tok.h"
+
+enum req_state { RS_WAIT = 0, RS_PREFILL, RS_DECODE };
+
+/* One request. Created in submit, freed in release (after gw_job_finish and the client's end);
+ * the scheduler thread stops touching it at gw_job_finish. */
+struct sch_req {
+	struct sch *s;
+	struct gw_job *job;
+	atomic_int cancelled;
+	atomic_int finished;  /* gw_job_finish was called (by the scheduler thread) */
+	struct sch_req *next; /* incoming queue / scheduler lists; guarded by s->mu while queued */
+	/* scheduler thread only: */
+	enum req_state st;
+	int32_t *toks;
+	int n, pos; /* prompt tokens; tokens already in seq */
+	char *salt;
+	struct kvi_sample_params sp;
+	struct kvi_seq *seq;
+	struct kvi_sampler *smp;
+	int32_t last;
+	char utf8[8]; /* bytes of a UTF-8 character split across tokens */
+	int nutf8;
+};
+
+struct sch {
+	struct sch_opts o;
+	struct kvi_model *m;
+	struct kvi_tok *tok;
+	struct kvi_engine *e;
+	struct kvx *kx;
+	int n_vocab;
+	float *logits; /* (max_seqs, n_vocab) */
+	pthread_t thr;
+	pthread_mutex_t mu; /* guards inq, stop */
+	pthread_cond_t cv;
+	struct sch_req *inq, **inq_tail;
+	int stop;
+	/* scheduler thread only */
+	struct sch_req **run; /* admitted requests, oldest first */
+	int nrun;
+	/* gauges published after each step for /metrics */
+	atomic_int g_waiting, g_running, g_kv_used, g_kv_total;
+	atomic_ullong c_steps, c_decode_tokens, c_prefill_tokens;
+};
+
+void sch_opts_default(struct sch_opts *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->threads = 1;
+	o->max_seqs = 16;
+	o->prefill_chunk = 256;
+	o->block_tokens = 64;
+}
+
+const char *sch_model_arch(const struct sch *s)
+{
+	return s->m->cfg.arch;
+}
+
+static void req_free(struct sch_req *r)
+{
+	if (!r)
+		return;
+	free(r->toks);
+	free(r->salt);
+	free(r);
+}
+
+/* Scheduler thread: ends r (err 0: reason is "stop"/"length") and drops its KV. */
+static void req_end(struct sch_req *r, const char *reason, int err, const char *msg)
+{
+	kvi_seq_destroy(r->seq);
+	r->seq = NULL;
+	kvi_sampler_destroy(r->smp);
+	r->smp = NULL;
+	atomic_store(&r->finished, 1);
+	gw_job_finish(r->job, reason, err, msg);
+}
+
+/* Length of the longest prefix of b[0..n) that ends on a UTF-8 character boundary. */
+static int utf8_complete(const char *b, int n)
+{
+	int i = n, back = 0;
+	while (i > 0 && back < 4 && ((unsigned char)b[i - 1] & 0xC0) == 0x80) {
+		i--;
+		back++;
+	}
+	if (i == 0)
+		return n; /* only continuation bytes: not UTF-8 we can fix, pass it on */
+	unsigned char c = (unsigned char)b[i - 1];
+	int need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+	return back + 1 >= need ? n : i - 1;
+}
+
+static void emit_piece(struct sch *s, struct sch_req *r, int32_t t)
+{
+	char buf[256 + 8];
+	memcpy(buf, r->utf8, (size_t)r->nutf8);
+	int k = kvi_tok_decode_piece(s->tok, t, 0, buf + r->nutf8, 256);
+	int n = r->nutf8 + (k > 0 ? k : 0);
+	int ok = utf8_complete(buf, n);
+	if (n - ok > 3) /* cannot become valid: pass it on */
+		ok = n;
+	r->nutf8 = n - ok;
+	memcpy(r->utf8, buf + ok, (size_t)r->nutf8);
+	gw_job_token(r->job, buf, (size_t)ok);
+}
+
+/* Records sampled token t of r; returns 1 when r has ended. */
+static int take_token(struct sch *s, struct sch_req *r, int32_t t)
+{
+	int stop = kvi_sampler_accept(r->smp, t);
+	if (!s->o.ignore_eos && kvi_tok_is_eog(s->tok, t)) {
+		req_end(r, "stop", 0, NULL);
+		return 1;
+	}
+	emit_piece(s, r, t);
+	r->last = t;
+	if (stop || kvi_seq_len(r->seq) + 1 >= s->o.max_ctx) {
+		if (r->nutf8)
+			gw_job_token(r->job, r->utf8, (size_t)r->nutf8);
+		req_end(r, "length", 0, NULL);
+		return 1;
+	}
+	return 0;
+}
+
+static void publish(struct sch *s, int waiting)
+{
+	struct kvi_kv *kv = kvi_engine_kv(s->e);
+	atomic_store(&s->g_waiting, waiting);
+	atomic_store(&s->g_running, s->nrun);
+	atomic_store(&s->g_kv_used, kvi_kv_n_blocks(kv) - kvi_kv_n_free(kv));
+	atomic_store(&s->g_kv_total, kvi_kv_n_blocks(kv));
+}
+
+/* Admits r: its sequence, the cached prefix, and the prompt accounting. 0 or -errno. */
+static int admit(struct sch *s, struct sch_req *r)
+{
+	int rc = kvi_seq_create(kvi_engine_kv(s->e), &r->seq);
+	if (rc)
+		return rc;
+	if ((rc = kvi_sampler_create(&r->sp, s->n_vocab, &r->smp)))
+		return rc;
+	int cached = 0;
+	if (s->kx && (rc = kvx_load_prefix(s->kx, r->seq, r->toks, r->n, r->salt, &cached)))
+		return rc;
+	r->pos = cached;
+	r->st = RS_PREFILL;
+	gw_job_prompt(r->job, r->n, cached);
+	return 0;
+}
+
+/* One prefill chunk of r; returns 1 when r ended, 0 otherwise. */
+static int prefill_step(struct sch *s, struct sch_req *r)
+{
+	int n = r->n - r->pos;
+	int last = n <= s->o.prefill_chunk;
+	if (!last)
+		n = s->o.prefill_chunk;
+	int rc = kvi_engine_prefill(s->e, r->seq, r->toks + r->pos, n, last ? s->logits : NULL);
+	atomic_fetch_add(&s->c_prefill_tokens, (unsigned long long)n);
+	if (rc) {
+		req_end(r, NULL, rc, rc == -ENOSPC ? "KV memory full" : "prefill failed");
+		return 1;
+	}
+	r->pos += n;
+	if (!last)
+		return 0;
+	if (s->kx)
+		kvx_save(s->kx, r->seq, r->toks, r->n, r->salt);
+	r->st = RS_DECODE;
+	return take_token(s, r, kvi_sampler_sample(r->smp, s->logits));
+}
+
+static void decode_step(struct sch *s)
+{
+	struct kvi_seq *seqs[s->o.max_seqs];
+	int32_t toks[s->o.max_seqs];
+	struct sch_req *rs[s->o.max_seqs];
+	int n = 0;
+	for (int i = 0; i < s->nrun; i++)
+		if (s->run[i]->st == RS_DECODE && !atomic_load(&s->run[i]->finished)) {
+			rs[n] = s->run[i];
+			seqs[n] = rs[n]->seq;
+			toks[n] = rs[n]->last;
+			n++;
+		}
+	if (!n)
+		return;
+	int rc = kvi_engine_decode(s->e, seqs, toks, n, s->logits);
+	atomic_fetch_add(&s->c_decode_tokens, (unsigned long long)n);
+	for (int i = 0; i < n; i++) {
+		if (rc) {
+			req_end(rs[i], NULL, rc,
+				rc == -ENOSPC ? "KV memory full" : "decode failed");
+			continue;
+		}
+		take_token(s, rs[i],
+			   kvi_sampler_sample(rs[i]->smp, s->logits + (size_t)i * s->n_vocab));
+	}
+}
+
+/* Drops ended requests from run[] (they were finished: st is reset to mark it). */
+static void compact(struct sch *s)
+{
+	int k = 0;
+	for (int i = 0; i < s->nrun; i++)
+		if (!atomic_load(&s->run[i]->finished))
+			s->run[k++] = s->run[i];
+	s->nrun = k;
+}
+
+static void *sch_main(void *arg)
+{
+	struct sch *s = arg;
+	struct sch_req *wait = NULL, **wait_tail = &wait;
+	int nwait = 0;
+	for (;;) {
+		pthread_mutex_lock(&s->mu);
+		while (!s->stop && !s->inq && !wait && s->nrun == 0) {
+			pthread_mutex_unlock(&s->mu);
+			if (s->kx)
+				kvx_flush(s->kx); /* idle: drop the save references */
+			publish(s, 0);
+			pthread_mutex_lock(&s->mu);
+			if (!s->stop && !s->inq)
+				pthread_cond_wait(&s->cv, &s->mu);
+		}
+		int stop = s->stop;
+		if (s->inq) {
+			*wait_tail = s->inq;
+			for (struct sch_req *r = s->inq; r; r = r->next) {
+				nwait++;
+				wait_tail = &r->next;
+			}
+			s->inq = NULL;
+			s->inq_tail = &s->inq;
+		}
+		pthread_mutex_unlock(&s->mu);
+		if (stop)
+			break;
+		/* 1. cancelled requests leave now, freeing their KV */
+		for (int i = 0; i < s->nrun; i++)
+			if (atomic_load(&s->run[i]->cancelled))
+				req_end(s->run[i], NULL, -ECANCELED, "cancelled");
+		compact(s);
+		for (struct sch_req **pp = &wait; *pp;) {
+			struct sch_req *r = *pp;
+			if (atomic_load(&r->cancelled)) {
+				*pp = r->next;
+				nwait--;
+				req_end(r, NULL, -ECANCELED, "cancelled");
+			} else {
+				pp = &r->next;
+			}
+		}
+		/* 2. admit */
+		while (wait && s->nrun < s->o.max_seqs) {
+			struct sch_req *r = wait;
+			wait = r->next;
+			nwait--;
+			r->next = NULL;
+			int rc = admit(s, r);
+			if (rc)
+				req_end(r, NULL, rc, "cannot admit the request");
+			else
+				s->run[s->nrun++] = r;
+		}
+		wait_tail = &wait;
+		for (struct sch_req *r = wait; r; r = r->next)
+			wait_tail = &r->next;
+		/* 3. one prefill chunk, oldest first; 4. one decode step for the rest */
+		for (int i = 0; i < s->nrun; i++)
+			if (s->run[i]->st == RS_PREFILL) {
+				prefill_step(s, s->run[i]);
+				break;
+			}
+		decode_step(s);
+		compact(s);
+		atomic_fetch_add(&s->c_steps, 1);
+		publish(s, nwait);
+	}
+	for (int i = 0; i < s->nrun; i++)
+		req_end(s->run[i], NULL, -ESHUTDOWN, "server shutting down");
+	s->nrun = 0;
+	while (wait) {
+		struct sch_req *r = wait;
+		wait = r->next;
+		req_end(r, NULL, -ESHUTDOWN, "server shutting down");
+	}
+	return NULL;
+}
+
+/* ---- gw_backend ---------------------------------------------------------------------- */
+
+static int be_submit(void *ctx, struct gw_job *job, const struct gw_req *q)
+{
+	struct sch *s = ctx;
+	const struct oai_request *o = q->oai;
+	struct sch_req *r = calloc(1, sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	r->s = s;
+	r->job = job;
+	size_t len = strlen(q->prompt), cnt = 0, cap = len + 8;
+	int flags = (kvi_tok_wants_bos(s->tok) ? KVI_TOK_ADD_BOS : 0) |
+		    (o->chat ? KVI_TOK_PARSE_SPECIAL : 0);
+	r->toks = malloc(cap * sizeof(int32_t));
+	if (!r->toks || (o->salt && !(r->salt = strdup(o->salt)))) {
+		req_free(r);
+		return -ENOMEM;
+	}
+	int rc = kvi_tok_encode(s->tok, q->prompt, len, flags, r->toks, cap, &cnt);
+	if (rc || cnt == 0) {
+		req_free(r);
+		return -EINVAL;
+	}
+	r->n = (int)cnt;
+	if (r->n + o->max_tokens > s->o.max_ctx) {
+		req_free(r);
+		return -E2BIG;
+	}
+	kvi_sample_params_default(&r->sp);
+	r->sp.temp = (float)o->temperature;
+	r->sp.top_p = (float)o->top_p;
+	r->sp.top_k = o->top_k;
+	r->sp.seed = o->has_seed ? o->seed : q->id * 0x9E3779B97F4A7C15ULL;
+	r->sp.max_tokens = o->max_tokens;
+	gw_job_set_backend_data(job, r);
+	pthread_mutex_lock(&s->mu);
+	if (s->stop) {
+		pthread_mutex_unlock(&s->mu);
+		gw_job_set_backend_data(job, NULL);
+		req_free(r);
+		return -EAGAIN;
+	}
+	*s->inq_tail = r;
+	s->inq_tail = &r->next;
+	pthread_cond_signal(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+	return 0;
+}
+
+static void be_cancel(void *ctx, struct gw_job *job)
+{
+	struct sch *s = ctx;
+	struct sch_req *r = gw_job_backend_data(job);
+	if (!r)
+		return;
+	atomic_store(&r->cancelled, 1);
+	pthread_mutex_lock(&s->mu);
+	pthread_cond_signal(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+}
+
+static void be_release(void *ctx, struct gw_job *job)
+{
+	(void)ctx;
+	req_free(gw_job_backend_data(job));
+}
+
+static void be_metrics(void *ctx, FILE *f)
+{
+	struct sch *s = ctx;
+	fprintf(f, "# TYPE num_requests_running gauge\nnum_requests_running %d\n",
+		atomic_load(&s->g_running));
+	fprintf(f, "# TYPE num_requests_waiting gauge\nnum_requests_waiting %d\n",
+		atomic_load(&s->g_waiting));
+	fprintf(f, "# TYPE kv_blocks_used gauge\nkv_blocks_used %d\n", atomic_load(&s->g_kv_used));
+	fprintf(f, "# TYPE kv_blocks_total gauge\nkv_blocks_total %d\n",
+		atomic_load(&s->g_kv_total));
+	fprintf(f, "# TYPE scheduler_steps_total counter\nscheduler_steps_total %llu\n",
+		atomic_load(&s->c_steps));
+	fprintf(f,
+		"# TYPE prefill_tokens_computed_total counter\n"
+		"prefill_tokens_computed_total %llu\n",
+		atomic_load(&s->c_prefill_tokens));
+	fprintf(f, "# TYPE decode_tokens_total counter\ndecode_tokens_total %llu\n",
+		atomic_load(&s->c_decode_tokens));
+	if (s->kx) {
+		struct kvx_stats st;
+		kvx_stats_get(s->kx, &st);
+		fprintf(f, "# TYPE kvx_hit_blocks_total counter\nkvx_hit_blocks_total %llu\n",
+			(unsigned long long)st.hit_blocks);
+		fprintf(f, "# TYPE kvx_saved_blocks_total counter\nkvx_saved_blocks_total %llu\n",
+			(unsigned long long)st.saved_blocks);
+	}
+}
+
+void sch_backend(struct sch *s, struct gw_backend *out)
+{
+	memset(out, 0, sizeof(*out));
+	out->ctx = s;
+	out->submit = be_submit;
+	out->cancel = be_cancel;
+	out->release = be_release;
+	out->metrics = be_metrics;
+}
+
+/* ---- lifecycle ----------------------------------------------------------------------- */
+
+int sch_create(const struct sch_opts *o, struct sch **out)
+{
+	char err[256] = "";
+	struct sch *s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	s->o = *o;
+	if (s->o.threads < 1)
+		s->o.threads = 1;
+	if (s->o.max_seqs < 1)
+		s->o.max_seqs = 16;
+	if (s->o.prefill_chunk < 1)
+		s->o.prefill_chunk = 256;
+	if (s->o.block_tokens < 1)
+		s->o.block_tokens = 64;
+	pthread_mutex_init(&s->mu, NULL);
+	pthread_cond_init(&s->cv, NULL);
+	s->inq_tail = &s->inq;
+	int rc = kvi_model_load(o->model, &s->m, err, sizeof(err));
+	if (rc) {
+		klog_error("%s: %s", o->model, err[0] ? err : strerror(-rc));
+		goto fail;
+	}
+	if ((rc = kvi_tok_create(kvi_model_gguf(s->m), &s->tok, err, sizeof(err)))) {
+		klog_error("tokenizer: %s", err[0] ? err : strerror(-rc));
+		goto fail;
+	}
+	if (s->o.max_ctx <= 0)
+		s->o.max_ctx = s->m->cfg.n_ctx_train < 2048 ? s->m->cfg.n_ctx_train : 2048;
+	struct kvi_engine_opts eo;
+	kvi_engine_opts_default(&eo);
+	eo.threads = s->o.threads;
+	eo.block_tokens = s->o.block_tokens;
+	eo.max_ctx = s->o.max_ctx;
+	eo.max_batch_tokens =
+	    s->o.prefill_chunk > s->o.max_seqs ? s->o.prefill_chunk : s->o.max_seqs;
+	int per_seq = (s->o.max_ctx + eo.block_tokens - 1) / eo.block_tokens + 1;
+	eo.kv_blocks = s->o.max_seqs * per_seq + 8;
+	eo.isa = s->o.isa;
+	if ((rc = kvi_engine_create(s->m, &eo, &s->e))) {
+		klog_error("engine: %s", strerror(-rc));
+		goto fail;
+	}
+	if (o->kv_dir && o->kv_dir[0]) {
+		struct kvx_opts xo;
+		kvx_opts_default(&xo);
+		xo.dir = o->kv_dir;
+		if ((rc = kvx_create(s->e, s->m, &xo, &s->kx))) {
+			klog_error("--kv-dir %s: %s", o->kv_dir, strerror(-rc));
+			goto fail;
+		}
+	}
+	s->n_vocab = s->m->cfg.n_vocab;
+	s->logits = malloc((size_t)s->o.max_seqs * (size_t)s->n_vocab * sizeof(float));
+	s->run = calloc((size_t)s->o.max_seqs, sizeof(*s->run));
+	if (!s->logits || !s->run) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	publish(s, 0);
+	if ((rc = -pthread_create(&s->thr, NULL, sch_main, s)))
+		goto fail;
+	*out = s;
+	return 0;
+fail:
+	kvx_destroy(s->kx);
+	kvi_engine_destroy(s->e);
+	kvi_tok_free(s->tok);
+	kvi_model_free(s->m);
+	free(s->logits);
+	free(s->run);
+	pthread_mutex_destroy(&s->mu);
+	pthread_cond_destroy(&s->cv);
+	free(s);
+	return rc;
+}
+
+void sch_destroy(struct sch *s)
+{
+	if (!s)
+		return;
+	pthread_mutex_lock(&s->mu);
+	s->stop = 1;
+	pthread_cond_signal(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+	pthread_join(s->thr, NULL);
+	/* requests submitted after the thread's last look at the queue */
+	while (s->inq) {
+		struct sch_req *r = s->inq;
+		s->inq = r->next;
+		atomic_store(&r->finished, 1);
+		gw_job_finish(r->job, NULL, -ESHUTDOWN, "server shutting down");
+	}
+	kvx_destroy(s->kx);
+	kvi_engine_destroy(s->e);
+	kvi_tok_free(s->tok);
+	kvi_model_free(s->m);
+	free(s->logits);
+	free(s->run);
+	pthread_mutex_destroy(&s->mu);
+	pthread_cond_destroy(&s->cv);
+	free(s);
+}

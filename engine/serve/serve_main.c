@@ -1,0 +1,128 @@
+/* `kvinfer serve`: the embedded server — HTTP gateway + one continuous-batching scheduler
+ * (prefill and decode on one engine) in one process. */
+#define KVFS_LOG_TAG "serve"
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cfg.h"
+#include "gw.h"
+#include "kvinfer_cli.h"
+#include "log.h"
+#include "sch.h"
+
+int kvinfer_cmd_serve(int argc, char **argv);
+
+struct serve_cfg {
+	char model[CFG_STR_MAX];
+	char kv_dir[CFG_STR_MAX];
+	char host[CFG_STR_MAX];
+	int64_t port;
+	char port_file[CFG_STR_MAX];
+	int64_t threads, max_seqs, ctx, chunk, block_tokens;
+	char model_id[CFG_STR_MAX];
+	char tmpl[CFG_STR_MAX];
+	char isa[CFG_STR_MAX];
+	int no_cache, ignore_eos;
+	int64_t max_tokens;
+};
+
+#define SOFF(f) offsetof(struct serve_cfg, f)
+static const struct cfg_opt serve_opts[] = {
+    {"model", CFG_STR, SOFF(model), 0, 0, NULL, "GGUF model file (-m)"},
+    {"kv-dir", CFG_STR, SOFF(kv_dir), 0, 0, NULL,
+     "prefix-cache directory (a kvfs mount or a local dir); empty = no cache"},
+    {"no-cache", CFG_BOOL, SOFF(no_cache), 0, 0, "false", "ignore --kv-dir (baseline runs)"},
+    {"host", CFG_STR, SOFF(host), 0, 0, "127.0.0.1", "listen address"},
+    {"port", CFG_INT, SOFF(port), 0, 65535, "8080", "listen port, 0 = ephemeral"},
+    {"port-file", CFG_STR, SOFF(port_file), 0, 0, NULL, "write the bound port here"},
+    {"threads", CFG_INT, SOFF(threads), 0, 256, "0", "engine threads, 0 = all cores (-t)"},
+    {"max-seqs", CFG_INT, SOFF(max_seqs), 1, 1024, "16", "running sequences at most"},
+    {"ctx", CFG_INT, SOFF(ctx), 0, 1 << 20, "0", "per-sequence context, 0 = min(train, 2048)"},
+    {"prefill-chunk", CFG_INT, SOFF(chunk), 1, 1 << 16, "256",
+     "uncached prompt tokens per scheduler step"},
+    {"block-tokens", CFG_INT, SOFF(block_tokens), 1, 4096, "64", "KV block size B"},
+    {"model-id", CFG_STR, SOFF(model_id), 0, 0, "kvinfer", "model name in the API"},
+    {"chat-template", CFG_STR, SOFF(tmpl), 0, 0, "plain", "chatml, llama3 or plain"},
+    {"max-tokens", CFG_INT, SOFF(max_tokens), 1, 1 << 20, "4096", "largest max_tokens"},
+    {"ignore-eos", CFG_BOOL, SOFF(ignore_eos), 0, 0, "false",
+     "generate max_tokens even past end tokens (benchmarks)"},
+    {"isa", CFG_STR, SOFF(isa), 0, 0, "auto", "matmul kernels: auto, avx2, scalar"},
+    CFG_END,
+};
+
+int kvinfer_cmd_serve(int argc, char **argv)
+{
+	static const char *const shorts[] = {"-m", "--model", "-t", "--threads", NULL};
+	kvinfer_short_flags(argc, argv, shorts);
+	struct serve_cfg c;
+	int npos = 0;
+	int rc =
+	    cfg_parse(serve_opts, &c, argc, argv, "-m MODEL.gguf [--kv-dir DIR] [options]", &npos);
+	if (rc)
+		return rc > 0 ? 0 : 2;
+	int isa = kvinfer_parse_isa(c.isa);
+	if (!c.model[0] || npos || isa < 0) {
+		fprintf(stderr, "kvinfer serve: need -m MODEL (and a valid --isa); see --help\n");
+		return 2;
+	}
+	/* SIGINT/SIGTERM are taken by sigwait below: block them before any thread starts */
+	sigset_t sigs;
+	sigemptyset(&sigs);
+	sigaddset(&sigs, SIGINT);
+	sigaddset(&sigs, SIGTERM);
+	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	struct sch_opts so;
+	sch_opts_default(&so);
+	so.model = c.model;
+	so.kv_dir = c.no_cache ? NULL : c.kv_dir;
+	so.threads = c.threads > 0 ? (int)c.threads : kvinfer_default_threads();
+	so.max_seqs = (int)c.max_seqs;
+	so.max_ctx = (int)c.ctx;
+	so.prefill_chunk = (int)c.chunk;
+	so.block_tokens = (int)c.block_tokens;
+	so.isa = isa;
+	so.ignore_eos = c.ignore_eos;
+	struct sch *s = NULL;
+	if ((rc = sch_create(&so, &s))) {
+		fprintf(stderr, "kvinfer serve: %s\n", strerror(-rc));
+		return 1;
+	}
+	struct gw_backend be;
+	sch_backend(s, &be);
+	struct gw_opts go = {0};
+	go.host = c.host;
+	go.port = (uint16_t)c.port;
+	go.model_id = c.model_id;
+	go.chat_template = c.tmpl;
+	go.limits.max_tokens = (int)c.max_tokens;
+	struct gw *g = NULL;
+	if ((rc = gw_start(&go, &be, &g))) {
+		fprintf(stderr, "kvinfer serve: listen %s:%d: %s\n", c.host, (int)c.port,
+			strerror(-rc));
+		sch_destroy(s);
+		return 1;
+	}
+	klog_info("serving %s (%s) on http://%s:%u; cache %s; %d threads, %d sequences", c.model,
+		  sch_model_arch(s), c.host, gw_port(g),
+		  so.kv_dir && so.kv_dir[0] ? so.kv_dir : "off", so.threads, so.max_seqs);
+	if (c.port_file[0]) {
+		FILE *f = fopen(c.port_file, "w");
+		if (f) {
+			fprintf(f, "%u\n", gw_port(g));
+			fclose(f);
+		}
+	}
+	int sig = 0;
+	sigwait(&sigs, &sig);
+	klog_info("signal %d: stopping", sig);
+	gw_stop(g);
+	sch_destroy(s);
+	return 0;
+}
