@@ -471,7 +471,7 @@ int mlife_orphans(struct meta *m)
 	pthread_mutex_lock(&m->nodes_mu);
 	size_t nn = m->nnodes;
 	struct mnode *nodes = malloc((nn ? nn : 1) * sizeof(*nodes));
-	if (nodes)
+	if (nodes && nn)
 		memcpy(nodes, m->nodes, nn * sizeof(*nodes));
 	pthread_mutex_unlock(&m->nodes_mu);
 	if (!nodes) {
