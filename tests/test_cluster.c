@@ -108,7 +108,9 @@ static int setup(void **state)
 	signal(SIGPIPE, SIG_IGN);
 	int rc = kvh_cluster_start(&g_cl, NNODES, "--node-timeout 1s --gc-interval 0.2s", NULL);
 	if (rc) {
-		fprintf(stderr, "cluster start: %s (logs in %s)\n", kvp_strerror(rc), g_cl.dir);
+		fprintf(stderr, "cluster start: %s; meta log:\n", kvp_strerror(rc));
+		kvh_sh("tail -n 5 '%s/meta.log' >&2", g_cl.dir);
+		kvh_cluster_stop(&g_cl); /* whatever did start */
 		return -1;
 	}
 	g_started = 1;
