@@ -15,6 +15,7 @@
 #include <cmocka.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <glob.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,6 +139,47 @@ static void kill_node0_and_wait(void)
 	prom_free(&d);
 }
 
+/* Flips the last byte (chunk data, past the header) of every chunk file of node i; a second
+ * call restores them. Returns the number of files. */
+static int flip_node_chunks(int i)
+{
+	char pat[700];
+	snprintf(pat, sizeof(pat), "%s/chunks/*/*", g_cl.nodes[i].dir);
+	glob_t g;
+	if (glob(pat, 0, NULL, &g))
+		return 0;
+	int n = 0;
+	for (size_t j = 0; j < g.gl_pathc; j++) {
+		int fd = open(g.gl_pathv[j], O_RDWR);
+		struct stat st;
+		uint8_t b;
+		if (fd >= 0 && fstat(fd, &st) == 0 && st.st_size > 0 &&
+		    pread(fd, &b, 1, st.st_size - 1) == 1) {
+			b ^= 0xA5;
+			n += pwrite(fd, &b, 1, st.st_size - 1) == 1;
+		}
+		if (fd >= 0)
+			close(fd);
+	}
+	globfree(&g);
+	return n;
+}
+
+static void read_all_files(uint8_t *buf)
+{
+	for (int i = 0; i < NFILES; i++) {
+		char path[64];
+		snprintf(path, sizeof(path), "/f%d", i);
+		void *got = NULL;
+		size_t len = 0;
+		assert_int_equal(kvc_get(g_kvc, path, &got, &len), 0);
+		fill(buf, FSIZE, (unsigned)i);
+		assert_int_equal(len, FSIZE);
+		assert_memory_equal(got, buf, FSIZE);
+		free(got);
+	}
+}
+
 /* ---- daemons + libkvfs ---- */
 
 static void test_daemons(void **st)
@@ -212,20 +254,30 @@ static void test_daemons(void **st)
 	kvc_get_stats(g_kvc, &cs0);
 	assert_int_equal(cs0.files_committed, NFILES);
 	assert_int_equal(cs0.degraded_reads, 0);
+	assert_int_equal(cs0.crc_errors, 0);
+	assert_true(nodes_sum("kvfs_node_crc_errors_total", "") == 0);
+
+	/* corrupt chunks, one node at a time: reads still return the right bytes (decoded), and
+	 * the nodes and the client count CRC errors */
+	for (int i = 0; i < NNODES; i++) {
+		assert_int_equal(flip_node_chunks(i), NFILES);
+		read_all_files(buf);
+		assert_int_equal(flip_node_chunks(i), NFILES);
+	}
+	kvc_get_stats(g_kvc, &cs0);
+	assert_true(cs0.crc_errors >= NFILES);
+	assert_true(cs0.degraded_reads >= NFILES);
+	assert_true(nodes_sum("kvfs_node_crc_errors_total", "") >= NFILES);
+	assert_true(nodes_sum("kvfs_node_request_errors_total", "op=\"get\"") >= NFILES);
+	read_all_files(buf); /* restored: no new errors */
+	struct kvc_stats cs_ok;
+	kvc_get_stats(g_kvc, &cs_ok);
+	assert_int_equal(cs_ok.crc_errors, cs0.crc_errors);
+	assert_int_equal(cs_ok.degraded_reads, cs0.degraded_reads);
 
 	/* a node down: meta says so, and reading every file needs parity for some stripes */
 	kill_node0_and_wait();
-	for (int i = 0; i < NFILES; i++) {
-		char path[64];
-		snprintf(path, sizeof(path), "/f%d", i);
-		void *got = NULL;
-		size_t len = 0;
-		assert_int_equal(kvc_get(g_kvc, path, &got, &len), 0);
-		fill(buf, FSIZE, (unsigned)i);
-		assert_int_equal(len, FSIZE);
-		assert_memory_equal(got, buf, FSIZE);
-		free(got);
-	}
+	read_all_files(buf);
 	struct kvc_stats cs1;
 	kvc_get_stats(g_kvc, &cs1);
 	assert_true(cs1.degraded_reads > cs0.degraded_reads);
