@@ -605,11 +605,25 @@ static void test_refused(void **state)
 	assert_int_equal(errno, EPERM);
 	assert_int_equal(mknod(g, S_IFREG | 0644, 0), -1);
 	assert_int_equal(errno, EPERM);
-	/* committed files are immutable: write without O_TRUNC, truncate -> EROFS */
-	assert_int_equal(open(f, O_WRONLY), -1);
+	/* committed files are immutable: opening one for writing works (and reads), but a
+	 * write without O_TRUNC, or a truncate to another size, is EROFS */
+	int wfd = open(f, O_WRONLY);
+	assert_true(wfd >= 0);
+	assert_int_equal(write(wfd, "x", 1), -1);
 	assert_int_equal(errno, EROFS);
-	assert_int_equal(open(f, O_RDWR | O_APPEND), -1);
+	assert_int_equal(ftruncate(wfd, 5), -1);
 	assert_int_equal(errno, EROFS);
+	assert_int_equal(close(wfd), 0);
+	wfd = open(f, O_RDWR | O_APPEND);
+	assert_true(wfd >= 0);
+	char rb[16];
+	assert_int_equal(read(wfd, rb, sizeof(rb)), 10);
+	assert_memory_equal(rb, "0123456789", 10);
+	assert_int_equal(write(wfd, "x", 1), -1);
+	assert_int_equal(errno, EROFS);
+	assert_int_equal(close(wfd), 0);
+	assert_int_equal(read_file(f, rb, sizeof(rb)), 10);
+	assert_memory_equal(rb, "0123456789", 10);
 	assert_int_equal(truncate(f, 3), -1);
 	assert_int_equal(errno, EROFS);
 	assert_int_equal(truncate(f, 10), 0); /* to its own size: nothing to change */
@@ -760,6 +774,61 @@ static void test_status(void **state)
 			 0);
 }
 
+/* ---- paths of a file being written ---- */
+
+static int stat_wait(const char *p, struct stat *st)
+{
+	for (int i = 0; i < 100; i++) { /* a commit from the last release: ~ms */
+		if (stat(p, st) == 0)
+			return 0;
+		usleep(20000);
+	}
+	return -1;
+}
+
+static void test_writer_paths(void **state)
+{
+	(void)state;
+	char a[800], b[800], pfd[64];
+	snprintf(a, sizeof(a), "%s/wp-a", g_mnt);
+	snprintf(b, sizeof(b), "%s/wp-b", g_mnt);
+	static uint8_t buf[1000];
+	fill(buf, sizeof(buf), 3);
+	int fd = open(a, O_WRONLY | O_CREAT | O_EXCL, 0640);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, buf, sizeof(buf)), (ssize_t)sizeof(buf));
+	struct stat st;
+	assert_int_equal(fstat(fd, &st), 0); /* the creator sees the buffered size */
+	assert_int_equal(st.st_size, (off_t)sizeof(buf));
+	assert_int_equal(stat(a, &st), -1); /* nobody finds it by name before the commit */
+	assert_int_equal(errno, ENOENT);
+	/* a second handle on the same new file shares its writer; reading it is refused */
+	snprintf(pfd, sizeof(pfd), "/proc/self/fd/%d", fd);
+	int fd2 = open(pfd, O_WRONLY);
+	assert_true(fd2 >= 0);
+	assert_int_equal(pwrite(fd2, "x", 1, (off_t)sizeof(buf)), 1);
+	assert_int_equal(open(pfd, O_RDONLY), -1);
+	assert_int_equal(errno, EBUSY);
+	/* chmod and times set while writing are applied at the commit */
+	assert_int_equal(fchmod(fd, 0604), 0);
+	struct timespec ts[2] = {{1234567890, 0}, {1234567890, 0}};
+	assert_int_equal(futimens(fd, ts), 0);
+	assert_int_equal(close(fd2), 0);
+	assert_int_equal(close(fd), 0);
+	assert_int_equal(stat_wait(a, &st), 0);
+	assert_int_equal(st.st_size, (off_t)sizeof(buf) + 1);
+	assert_int_equal(st.st_mode & 07777, 0604);
+	assert_int_equal(st.st_mtime, 1234567890);
+	/* renamed, then replaced through its new name */
+	assert_int_equal(rename(a, b), 0);
+	assert_int_equal(write_file(b, "new", 3), 0);
+	char r[8];
+	assert_int_equal(read_file(b, r, sizeof(r)), 3);
+	assert_memory_equal(r, "new", 3);
+	assert_int_equal(access(a, F_OK), -1);
+	assert_int_equal(unlink(b), 0);
+}
+
 /* ---- startup: errors reach the caller; background mode ---- */
 
 static void test_lifecycle(void **state)
@@ -810,11 +879,12 @@ int main(void)
 		return 77;
 	}
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_lifecycle),  cmocka_unit_test(test_refused),
-	    cmocka_unit_test(test_status),     cmocka_unit_test(test_killed_writer),
-	    cmocka_unit_test(test_no_partial), cmocka_unit_test(test_tree),
-	    cmocka_unit_test(test_concurrent), cmocka_unit_test(test_io_uring),
-	    cmocka_unit_test(test_node_kill),  cmocka_unit_test(test_meta_restart),
+	    cmocka_unit_test(test_lifecycle),	 cmocka_unit_test(test_refused),
+	    cmocka_unit_test(test_status),	 cmocka_unit_test(test_killed_writer),
+	    cmocka_unit_test(test_writer_paths), cmocka_unit_test(test_no_partial),
+	    cmocka_unit_test(test_tree),	 cmocka_unit_test(test_concurrent),
+	    cmocka_unit_test(test_io_uring),	 cmocka_unit_test(test_node_kill),
+	    cmocka_unit_test(test_meta_restart),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -50,6 +50,7 @@ struct mnt_cfg {
 };
 
 struct mnt_itab;
+struct fh;
 struct mnt_metrics;
 
 /* Counters (relaxed atomics) shown in .kvfs/stats. */
@@ -76,6 +77,10 @@ struct mnt {
 	pthread_mutex_t rel_lock;
 	pthread_cond_t rel_cond;
 	int rel_commits; /* rel_lock */
+	/* Write opens of committed files, waiting for the truncate to 0 that an O_TRUNC open
+	 * sends right after the open (mount_io.c); LIFO. */
+	pthread_mutex_t cand_lock;
+	struct fh *cands; /* cand_lock */
 };
 
 /* The writer of a file being written: a new file (temporary node id) or the replacement of a
@@ -134,6 +139,10 @@ void mnt_wfile_stat(struct mnt *m, struct mnt_wfile *wf, struct stat *st);
  * applied at commit. Returns 0 or -errno; fills *st. */
 int mnt_wfile_setattr(struct mnt *m, struct mnt_wfile *wf, const struct stat *attr, int to_set,
 		      struct stat *st);
+/* A truncate to 0 of committed nodeid (through handle fi, or, for open(O_TRUNC), by the
+ * thread pid that just opened it for writing) starts that handle's replacement writer.
+ * -ENOENT when no such handle waits. */
+int mnt_replace_begin(struct mnt *m, uint64_t nodeid, struct fuse_file_info *fi, pid_t pid);
 /* The handle's writer (referenced) when fi is a write handle still being written, else NULL. */
 struct mnt_wfile *mnt_fh_writer(struct fuse_file_info *fi);
 

@@ -23,7 +23,10 @@
 #include <string.h>
 #include <unistd.h>
 
-enum fh_kind { FH_READ = 1, FH_WRITE = 2, FH_VIRT = 3 };
+/* FH_CAND: a write open of a committed file. Reads work; it becomes FH_WRITE (a replacement)
+ * when the truncate to 0 of an O_TRUNC open (or an ftruncate(fd, 0)) arrives; a write before
+ * that is refused with EROFS. */
+enum fh_kind { FH_READ = 1, FH_WRITE = 2, FH_VIRT = 3, FH_CAND = 4 };
 
 struct fh {
 	int kind;
@@ -36,6 +39,11 @@ struct fh {
 	struct mnt_wfile *wf; /* writer (one reference) */
 	char *text;	      /* status file snapshot */
 	size_t len;
+	/* FH_CAND: where the replacement goes, and who opened it */
+	struct fh *cand_next; /* mnt.cand_lock */
+	uint64_t nodeid, parent;
+	pid_t pid;
+	char name[KVP_NAME_MAX + 1];
 };
 
 static struct fh *fh_new(int kind)
@@ -234,9 +242,24 @@ static int wfile_finish(struct mnt *m, struct mnt_wfile *wf)
 	return 0;
 }
 
+static void cand_unlink(struct mnt *m, struct fh *h)
+{
+	for (struct fh **pp = &m->cands; *pp; pp = &(*pp)->cand_next)
+		if (*pp == h) {
+			*pp = h->cand_next;
+			h->cand_next = NULL;
+			return;
+		}
+}
+
 /* The end of a handle: the last handle of a writer commits what is left (release). */
 static void fh_drop(struct mnt *m, struct fh *h)
 {
+	if (h->kind == FH_CAND) {
+		pthread_mutex_lock(&m->cand_lock);
+		cand_unlink(m, h);
+		pthread_mutex_unlock(&m->cand_lock);
+	}
 	if (h->kind == FH_WRITE) {
 		struct mnt_wfile *wf = h->wf;
 		pthread_mutex_lock(&wf->lock);
@@ -319,43 +342,88 @@ void mnt_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode
 	}
 }
 
-/* open for writing of a committed file: only O_TRUNC (replace it whole) is allowed. */
-static int open_replace(struct mnt *m, uint64_t nodeid, const struct mnt_inode_info *ii,
-			struct fuse_file_info *fi, struct fh **out)
+/* Turns a waiting write open of a committed file into the writer of its replacement. */
+static int cand_convert(struct mnt *m, struct fh *h)
 {
-	if (!(fi->flags & O_TRUNC)) {
-		atomic_fetch_add_explicit(&m->n.erofs, 1, memory_order_relaxed);
-		klog_warn("open for writing of committed file '%s' (inode %llu) refused (EROFS): "
-			  "kvfs files are written once; open with O_TRUNC to replace it",
-			  ii->name[0] ? ii->name : "?", (unsigned long long)nodeid);
-		return -EROFS;
-	}
-	if (!ii->name[0]) {
-		klog_warn("open(O_TRUNC) of inode %llu: its name is unknown here",
-			  (unsigned long long)nodeid);
-		return -ESTALE;
-	}
 	struct kvp_attr a;
-	int rc = kvc_getattr(m->c, ii->ino, &a);
+	int rc = kvc_getattr(m->c, h->ino, &a);
 	if (rc)
 		return rc;
 	if (!S_ISREG(a.mode))
 		return -EISDIR;
 	struct kvc_writer *w;
-	if ((rc = kvc_create(m->c, ii->parent, ii->name, a.mode, 1, &w)))
+	if ((rc = kvc_create(m->c, h->parent, h->name, a.mode, 1, &w)))
 		return rc;
-	struct mnt_wfile *wf = wfile_new(w, nodeid, ii->parent, ii->name, a.mode);
-	struct fh *h = fh_new(FH_WRITE);
-	if (!wf || !h) {
-		if (wf)
-			mnt_wfile_put(wf);
-		else
-			kvc_abort(w);
-		free(h);
+	struct mnt_wfile *wf = wfile_new(w, h->nodeid, h->parent, h->name, a.mode);
+	if (!wf) {
+		kvc_abort(w);
 		return -ENOMEM;
 	}
 	wf->handles = 1;
 	h->wf = wf;
+	h->kind = FH_WRITE;
+	return 0;
+}
+
+int mnt_replace_begin(struct mnt *m, uint64_t nodeid, struct fuse_file_info *fi, pid_t pid)
+{
+	struct fh *h = NULL;
+	pthread_mutex_lock(&m->cand_lock);
+	if (fi) {
+		if (fh_of(fi)->kind == FH_CAND)
+			h = fh_of(fi);
+	} else {
+		for (struct fh *x = m->cands; x && !h; x = x->cand_next)
+			if (x->nodeid == nodeid && x->pid == pid)
+				h = x;
+	}
+	if (h)
+		cand_unlink(m, h);
+	pthread_mutex_unlock(&m->cand_lock);
+	if (!h)
+		return -ENOENT;
+	pthread_mutex_lock(&h->lock);
+	int rc = cand_convert(m, h);
+	pthread_mutex_unlock(&h->lock);
+	if (rc) {
+		pthread_mutex_lock(&m->cand_lock);
+		h->cand_next = m->cands;
+		m->cands = h;
+		pthread_mutex_unlock(&m->cand_lock);
+	}
+	return rc;
+}
+
+/* A write open of a committed file: a candidate handle (see FH_CAND). */
+static int open_write_committed(struct mnt *m, fuse_req_t req, uint64_t nodeid,
+				const struct mnt_inode_info *ii, struct fuse_file_info *fi,
+				struct fh **out)
+{
+	if (!ii->name[0]) {
+		klog_warn("open for writing of inode %llu: its name is unknown here",
+			  (unsigned long long)nodeid);
+		return -ESTALE;
+	}
+	struct fh *h = fh_new(FH_CAND);
+	if (!h)
+		return -ENOMEM;
+	h->ino = ii->ino;
+	h->nodeid = nodeid;
+	h->parent = ii->parent;
+	h->pid = fuse_req_ctx(req)->pid;
+	snprintf(h->name, sizeof(h->name), "%s", ii->name);
+	if (fi->flags & O_TRUNC) { /* a kernel that passes O_TRUNC on */
+		int rc = cand_convert(m, h);
+		if (rc) {
+			fh_free(h);
+			return rc;
+		}
+	} else {
+		pthread_mutex_lock(&m->cand_lock);
+		h->cand_next = m->cands;
+		m->cands = h;
+		pthread_mutex_unlock(&m->cand_lock);
+	}
 	*out = h;
 	return 0;
 }
@@ -434,7 +502,7 @@ void mnt_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		return;
 	}
 	if (acc != O_RDONLY) {
-		rc = open_replace(m, ino, &ii, fi, &h);
+		rc = open_write_committed(m, req, ino, &ii, fi, &h);
 		if (rc) {
 			fuse_reply_err(req, -rc);
 			return;
@@ -485,11 +553,19 @@ void mnt_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fus
 		pthread_mutex_unlock(&h->lock);
 		return;
 	}
-	if (h->kind != FH_READ) {
+	if (h->kind != FH_READ && h->kind != FH_CAND) {
 		fuse_reply_err(req, EBUSY); /* a file being written is not readable yet */
 		return;
 	}
 	pthread_mutex_lock(&h->lock);
+	if (!h->rf) { /* a write open of a committed file: read it */
+		int rc = h->kind == FH_CAND ? kvc_file_open(m->c, h->ino, &h->rf) : -EBUSY;
+		if (rc) {
+			pthread_mutex_unlock(&h->lock);
+			fuse_reply_err(req, -rc);
+			return;
+		}
+	}
 	uint64_t o = (uint64_t)off, fsize = kvc_file_size(h->rf), wend = h->woff + h->wlen;
 	int hit = o >= h->woff && o < wend && (o + size <= wend || wend >= fsize);
 	if (!hit) {
@@ -543,6 +619,14 @@ void mnt_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off
 {
 	struct mnt *m = mnt_of(req);
 	struct fh *h = fh_of(fi);
+	if (h->kind == FH_CAND) {
+		atomic_fetch_add_explicit(&m->n.erofs, 1, memory_order_relaxed);
+		klog_warn("write to committed file '%s' (inode %llu) refused (EROFS): kvfs files "
+			  "are written once; open with O_TRUNC to replace it",
+			  h->name, (unsigned long long)h->ino);
+		fuse_reply_err(req, EROFS);
+		return;
+	}
 	if (h->kind != FH_WRITE || off < 0) {
 		fuse_reply_err(req, h->kind != FH_WRITE ? EBADF : EINVAL);
 		return;

@@ -264,6 +264,7 @@ static int serve(struct mnt *m, const struct kvp_secret *secret, int wfd)
 	atomic_init(&m->next_temp, 1);
 	pthread_mutex_init(&m->rel_lock, NULL);
 	pthread_cond_init(&m->rel_cond, NULL);
+	pthread_mutex_init(&m->cand_lock, NULL);
 	if (mnt_itab_create(&m->itab)) {
 		snprintf(err, sizeof(err), "out of memory");
 		goto fail_kvc;
@@ -325,6 +326,7 @@ fail_itab:
 	mnt_itab_destroy(m->itab);
 	pthread_cond_destroy(&m->rel_cond);
 	pthread_mutex_destroy(&m->rel_lock);
+	pthread_mutex_destroy(&m->cand_lock);
 fail_kvc:
 	kvc_close(m->c);
 fail:

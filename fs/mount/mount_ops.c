@@ -124,16 +124,17 @@ static void mnt_init(void *ud, struct fuse_conn_info *conn)
 	conn->max_background = 64;
 	conn->congestion_threshold = 48;
 	conn->time_gran = 1;
-	unsigned want = FUSE_CAP_ASYNC_READ | FUSE_CAP_ATOMIC_O_TRUNC | FUSE_CAP_PARALLEL_DIROPS |
-			FUSE_CAP_ASYNC_DIO;
+	unsigned want = FUSE_CAP_ASYNC_READ | FUSE_CAP_PARALLEL_DIROPS | FUSE_CAP_ASYNC_DIO;
 	if (m->cfg.readdirplus)
 		want |= FUSE_CAP_READDIRPLUS;
 	conn->want |= want & conn->capable;
 	/* Files are immutable: never drop the page cache because an mtime moved. */
+	/* No atomic O_TRUNC: with it the kernel zeroes the size of the inode that readers of the
+	 * old version share as soon as a replacement is opened. Without it the kernel sends a
+	 * truncate to 0 after the open, which starts the replacement (mnt_replace_begin) and is
+	 * answered with the old file's attributes, so readers keep seeing it whole. */
 	conn->want &= ~(unsigned)(FUSE_CAP_AUTO_INVAL_DATA | FUSE_CAP_WRITEBACK_CACHE |
-				  FUSE_CAP_READDIRPLUS_AUTO);
-	if (!(conn->capable & FUSE_CAP_ATOMIC_O_TRUNC))
-		klog_warn("kernel lacks atomic O_TRUNC: open(O_TRUNC) of existing files will fail");
+				  FUSE_CAP_READDIRPLUS_AUTO | FUSE_CAP_ATOMIC_O_TRUNC);
 	klog_info("FUSE protocol %u.%u, max_write %u, max_readahead %u, readdirplus %s",
 		  conn->proto_major, conn->proto_minor, conn->max_write, conn->max_readahead,
 		  (conn->want & FUSE_CAP_READDIRPLUS) ? "on" : "off");
@@ -289,6 +290,21 @@ static void mnt_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int t
 	if (mino == 0) {
 		fuse_reply_err(req, ENOENT);
 		return;
+	}
+	if ((to_set & FUSE_SET_ATTR_SIZE) && attr->st_size == 0 && !(ino & MNT_TEMP_BASE)) {
+		rc = mnt_replace_begin(m, ino, fi, fuse_req_ctx(req)->pid);
+		if (rc == 0) {
+			/* The kernel inode stays the old file's until the commit. */
+			if ((rc = getattr_of(m, ino, &st, &to)) == 0)
+				fuse_reply_attr(req, &st, 0);
+			else
+				fuse_reply_err(req, -rc);
+			return;
+		}
+		if (rc != -ENOENT) {
+			fuse_reply_err(req, -rc);
+			return;
+		}
 	}
 	if (to_set & FUSE_SET_ATTR_SIZE) {
 		struct kvp_attr a;
