@@ -338,7 +338,10 @@ out:
 
 /* ---- dispatch ------------------------------------------------------------------------ */
 
-int kvinfer_cmd_serve(int argc, char **argv); /* engine/serve/serve_main.c */
+int kvinfer_cmd_serve(int argc, char **argv);   /* engine/serve/serve_main.c */
+int kvinfer_cmd_gateway(int argc, char **argv); /* engine/serve/gw_main.c */
+int kvinfer_cmd_prefill(int argc, char **argv); /* engine/serve/wk.c */
+int kvinfer_cmd_decode(int argc, char **argv);  /* engine/serve/wk.c */
 
 static const struct {
 	const char *name;
@@ -348,6 +351,9 @@ static const struct {
     {"generate", cmd_generate, "generate text from a prompt, printing tokens as they come"},
     {"bench", kvinfer_cmd_bench, "prefill/decode tok/s and matmul GFLOP/s vs machine peak"},
     {"serve", kvinfer_cmd_serve, "OpenAI-compatible server: gateway + engine in one process"},
+    {"gateway", kvinfer_cmd_gateway, "OpenAI-compatible gateway over prefill/decode workers"},
+    {"prefill", kvinfer_cmd_prefill, "prefill worker (disaggregated serving)"},
+    {"decode", kvinfer_cmd_decode, "decode worker (disaggregated serving)"},
 };
 
 int main(int argc, char **argv)

@@ -23,14 +23,20 @@ enum req_state { RS_WAIT = 0, RS_PREFILL, RS_DECODE };
  * the scheduler thread stops touching it at gw_job_finish. */
 struct sch_req {
 	struct sch *s;
-	struct gw_job *job;
+	struct sch_sink k;
+	void *u;
+	enum sch_mode mode;
 	atomic_int cancelled;
-	atomic_int finished;  /* gw_job_finish was called (by the scheduler thread) */
+	int finished;	    /* scheduler thread: ended, finish not yet reported */
+	const char *reason; /* what finish will report (static strings) */
+	int err;
+	const char *msg;
 	struct sch_req *next; /* incoming queue / scheduler lists; guarded by s->mu while queued */
 	/* scheduler thread only: */
 	enum req_state st;
 	int32_t *toks;
 	int n, pos; /* prompt tokens; tokens already in seq */
+	int cached; /* prompt tokens loaded from the cache */
 	char *salt;
 	struct kvi_sample_params sp;
 	struct kvi_seq *seq;
@@ -38,6 +44,9 @@ struct sch_req {
 	int32_t last;
 	char utf8[8]; /* bytes of a UTF-8 character split across tokens */
 	int nutf8;
+	int32_t first; /* SCH_DECODE: the handed-over first token */
+	void *blk;     /* SCH_DECODE: the handed-over last block */
+	size_t blen;
 };
 
 struct sch {
@@ -57,7 +66,8 @@ struct sch {
 	struct sch_req **run; /* admitted requests, oldest first */
 	int nrun;
 	/* gauges published after each step for /metrics */
-	atomic_int g_waiting, g_running, g_kv_used, g_kv_total;
+	atomic_int g_waiting, g_running, g_kv_used, g_kv_total, g_queued, g_wait_tokens;
+	void *blkbuf; /* one block, for SCH_PREFILL hand-overs */
 	atomic_ullong c_steps, c_decode_tokens, c_prefill_tokens;
 };
 
@@ -75,24 +85,33 @@ const char *sch_model_arch(const struct sch *s)
 	return s->m->cfg.arch;
 }
 
-static void req_free(struct sch_req *r)
+void sch_req_free(struct sch_req *r)
 {
 	if (!r)
 		return;
 	free(r->toks);
 	free(r->salt);
+	free(r->blk);
 	free(r);
 }
 
-/* Scheduler thread: ends r (err 0: reason is "stop"/"length") and drops its KV. */
+/* Scheduler thread: marks r ended (err 0: reason is "stop"/"length") and drops its KV now; the
+ * finish callback runs when r leaves the run list (reap), as its last touch. */
 static void req_end(struct sch_req *r, const char *reason, int err, const char *msg)
 {
 	kvi_seq_destroy(r->seq);
 	r->seq = NULL;
 	kvi_sampler_destroy(r->smp);
 	r->smp = NULL;
-	atomic_store(&r->finished, 1);
-	gw_job_finish(r->job, reason, err, msg);
+	r->finished = 1;
+	r->reason = reason;
+	r->err = err;
+	r->msg = msg;
+}
+
+static void req_report(struct sch_req *r)
+{
+	r->k.finish(r->u, r->reason, r->err, r->msg);
 }
 
 /* Length of the longest prefix of b[0..n) that ends on a UTF-8 character boundary. */
@@ -121,7 +140,7 @@ static void emit_piece(struct sch *s, struct sch_req *r, int32_t t)
 		ok = n;
 	r->nutf8 = n - ok;
 	memcpy(r->utf8, buf + ok, (size_t)r->nutf8);
-	gw_job_token(r->job, buf, (size_t)ok);
+	r->k.token(r->u, t, buf, (size_t)ok);
 }
 
 /* Records sampled token t of r; returns 1 when r has ended. */
@@ -136,7 +155,7 @@ static int take_token(struct sch *s, struct sch_req *r, int32_t t)
 	r->last = t;
 	if (stop || kvi_seq_len(r->seq) + 1 >= s->o.max_ctx) {
 		if (r->nutf8)
-			gw_job_token(r->job, r->utf8, (size_t)r->nutf8);
+			r->k.token(r->u, -1, r->utf8, (size_t)r->nutf8);
 		req_end(r, "length", 0, NULL);
 		return 1;
 	}
@@ -150,6 +169,41 @@ static void publish(struct sch *s, int waiting)
 	atomic_store(&s->g_running, s->nrun);
 	atomic_store(&s->g_kv_used, kvi_kv_n_blocks(kv) - kvi_kv_n_free(kv));
 	atomic_store(&s->g_kv_total, kvi_kv_n_blocks(kv));
+	int q = 0;
+	for (int i = 0; i < s->nrun; i++)
+		if (s->run[i]->st == RS_PREFILL)
+			q += s->run[i]->n - s->run[i]->pos;
+	atomic_store(&s->g_queued, q + atomic_load(&s->g_wait_tokens));
+}
+
+/* SCH_DECODE: the prompt's blocks from the cache plus the handed-over last one; 1 when the
+ * whole prompt is in r->seq, 0 when the tail must be computed here (a miss: still correct). */
+static int attach_handover(struct sch *s, struct sch_req *r, int cached)
+{
+	struct kvi_kv *kv = kvi_engine_kv(s->e);
+	int B = kvi_kv_geom(kv)->block_tokens;
+	if (!r->blk || r->blen != kvi_kv_block_bytes(kv) || cached != (r->n - 1) / B * B)
+		return 0;
+	int id = kvi_kv_block_alloc(kv);
+	if (id < 0)
+		return 0;
+	int nb = cached / B, ok = 0;
+	int32_t *ids = malloc((size_t)(nb + 1) * sizeof(int32_t));
+	struct kvi_seq *full = NULL;
+	if (ids && !kvi_kv_block_import(kv, id, r->blk, r->blen) && !kvi_seq_create(kv, &full)) {
+		memcpy(ids, kvi_seq_blocks(r->seq), (size_t)nb * sizeof(int32_t));
+		ids[nb] = id;
+		if (!kvi_seq_attach(full, ids, nb + 1, r->n)) {
+			kvi_seq_destroy(r->seq);
+			r->seq = full;
+			full = NULL;
+			ok = 1;
+		}
+	}
+	kvi_seq_destroy(full);
+	kvi_kv_block_unref(kv, id); /* the sequence holds its own reference */
+	free(ids);
+	return ok;
 }
 
 /* Admits r: its sequence, the cached prefix, and the prompt accounting. 0 or -errno. */
@@ -164,9 +218,35 @@ static int admit(struct sch *s, struct sch_req *r)
 	if (s->kx && (rc = kvx_load_prefix(s->kx, r->seq, r->toks, r->n, r->salt, &cached)))
 		return rc;
 	r->pos = cached;
+	r->cached = cached;
 	r->st = RS_PREFILL;
-	gw_job_prompt(r->job, r->n, cached);
+	if (r->k.prompt)
+		r->k.prompt(r->u, r->n, cached);
+	if (r->mode == SCH_DECODE && attach_handover(s, r, cached)) {
+		r->pos = r->n;
+		r->st = RS_DECODE;
+		take_token(s, r, r->first);
+	}
 	return 0;
+}
+
+/* SCH_PREFILL: publishes the prompt's full blocks and hands over the last one. */
+static void prefill_done(struct sch *s, struct sch_req *r, int32_t first)
+{
+	struct kvi_kv *kv = kvi_engine_kv(s->e);
+	int B = kvi_kv_geom(kv)->block_tokens;
+	if (s->kx) {
+		kvx_save(s->kx, r->seq, r->toks, r->n, r->salt);
+		kvx_flush(s->kx); /* the decode worker loads them next */
+	}
+	size_t bb = kvi_kv_block_bytes(kv);
+	long got = kvi_kv_block_export(kv, kvi_seq_blocks(r->seq)[(r->n - 1) / B], s->blkbuf, bb);
+	if (got < 0) {
+		req_end(r, NULL, (int)got, "cannot export the last block");
+		return;
+	}
+	r->k.prefilled(r->u, r->toks, r->n, r->cached, first, s->blkbuf, (size_t)got);
+	req_end(r, "stop", 0, NULL);
 }
 
 /* One prefill chunk of r; returns 1 when r ended, 0 otherwise. */
@@ -185,10 +265,16 @@ static int prefill_step(struct sch *s, struct sch_req *r)
 	r->pos += n;
 	if (!last)
 		return 0;
+	int32_t t = kvi_sampler_sample(r->smp, s->logits);
+	if (r->mode == SCH_PREFILL) {
+		prefill_done(s, r, t);
+		return 1;
+	}
 	if (s->kx)
 		kvx_save(s->kx, r->seq, r->toks, r->n, r->salt);
 	r->st = RS_DECODE;
-	return take_token(s, r, kvi_sampler_sample(r->smp, s->logits));
+	/* SCH_DECODE after a cache miss: the prefill worker's token (the same when greedy) */
+	return take_token(s, r, r->mode == SCH_DECODE ? r->first : t);
 }
 
 static void decode_step(struct sch *s)
@@ -198,7 +284,7 @@ static void decode_step(struct sch *s)
 	struct sch_req *rs[s->o.max_seqs];
 	int n = 0;
 	for (int i = 0; i < s->nrun; i++)
-		if (s->run[i]->st == RS_DECODE && !atomic_load(&s->run[i]->finished)) {
+		if (s->run[i]->st == RS_DECODE && !s->run[i]->finished) {
 			rs[n] = s->run[i];
 			seqs[n] = rs[n]->seq;
 			toks[n] = rs[n]->last;
@@ -219,13 +305,15 @@ static void decode_step(struct sch *s)
 	}
 }
 
-/* Drops ended requests from run[] (they were finished: st is reset to mark it). */
+/* Drops ended requests from run[] and reports their finish. */
 static void compact(struct sch *s)
 {
 	int k = 0;
 	for (int i = 0; i < s->nrun; i++)
-		if (!atomic_load(&s->run[i]->finished))
+		if (!s->run[i]->finished)
 			s->run[k++] = s->run[i];
+		else
+			req_report(s->run[i]);
 	s->nrun = k;
 }
 
@@ -268,7 +356,9 @@ static void *sch_main(void *arg)
 			if (atomic_load(&r->cancelled)) {
 				*pp = r->next;
 				nwait--;
+				atomic_fetch_sub(&s->g_wait_tokens, r->n);
 				req_end(r, NULL, -ECANCELED, "cancelled");
+				req_report(r);
 			} else {
 				pp = &r->next;
 			}
@@ -279,11 +369,11 @@ static void *sch_main(void *arg)
 			wait = r->next;
 			nwait--;
 			r->next = NULL;
+			atomic_fetch_sub(&s->g_wait_tokens, r->n);
 			int rc = admit(s, r);
 			if (rc)
 				req_end(r, NULL, rc, "cannot admit the request");
-			else
-				s->run[s->nrun++] = r;
+			s->run[s->nrun++] = r; /* an ended one is reported by compact */
 		}
 		wait_tail = &wait;
 		for (struct sch_req *r = wait; r; r = r->next)
@@ -300,82 +390,160 @@ static void *sch_main(void *arg)
 		publish(s, nwait);
 	}
 	for (int i = 0; i < s->nrun; i++)
-		req_end(s->run[i], NULL, -ESHUTDOWN, "server shutting down");
-	s->nrun = 0;
+		if (!s->run[i]->finished)
+			req_end(s->run[i], NULL, -ESHUTDOWN, "server shutting down");
+	compact(s);
 	while (wait) {
 		struct sch_req *r = wait;
 		wait = r->next;
 		req_end(r, NULL, -ESHUTDOWN, "server shutting down");
+		req_report(r);
 	}
 	return NULL;
 }
 
-/* ---- gw_backend ---------------------------------------------------------------------- */
+/* ---- requests --------------------------------------------------------------------- */
 
-static int be_submit(void *ctx, struct gw_job *job, const struct gw_req *q)
+int sch_submit(struct sch *s, const struct sch_job *j, const struct sch_sink *k, void *u,
+	       struct sch_req **out)
 {
-	struct sch *s = ctx;
-	const struct oai_request *o = q->oai;
 	struct sch_req *r = calloc(1, sizeof(*r));
 	if (!r)
 		return -ENOMEM;
 	r->s = s;
-	r->job = job;
-	size_t len = strlen(q->prompt), cnt = 0, cap = len + 8;
-	int flags = (kvi_tok_wants_bos(s->tok) ? KVI_TOK_ADD_BOS : 0) |
-		    (o->chat ? KVI_TOK_PARSE_SPECIAL : 0);
-	r->toks = malloc(cap * sizeof(int32_t));
-	if (!r->toks || (o->salt && !(r->salt = strdup(o->salt)))) {
-		req_free(r);
-		return -ENOMEM;
+	r->k = *k;
+	r->u = u;
+	r->mode = j->mode;
+	r->sp = j->sp;
+	r->first = j->first;
+	int rc = -ENOMEM;
+	if (j->salt && !(r->salt = strdup(j->salt)))
+		goto fail;
+	if (j->mode == SCH_DECODE) {
+		rc = -EINVAL;
+		if (j->n < 1 || j->n > s->o.max_ctx || j->first < 0 || j->first >= s->n_vocab)
+			goto fail;
+		for (int i = 0; i < j->n; i++)
+			if (j->toks[i] < 0 || j->toks[i] >= s->n_vocab)
+				goto fail;
+		rc = -ENOMEM;
+		if (!(r->toks = malloc((size_t)j->n * sizeof(int32_t))))
+			goto fail;
+		memcpy(r->toks, j->toks, (size_t)j->n * sizeof(int32_t));
+		r->n = j->n;
+		if (j->blk && j->blen) {
+			if (!(r->blk = malloc(j->blen)))
+				goto fail;
+			memcpy(r->blk, j->blk, j->blen);
+			r->blen = j->blen;
+		}
+	} else {
+		size_t len = strlen(j->prompt), cnt = 0, cap = len + 8;
+		int flags = (kvi_tok_wants_bos(s->tok) ? KVI_TOK_ADD_BOS : 0) |
+			    (j->parse_special ? KVI_TOK_PARSE_SPECIAL : 0);
+		if (!(r->toks = malloc(cap * sizeof(int32_t))))
+			goto fail;
+		rc = kvi_tok_encode(s->tok, j->prompt, len, flags, r->toks, cap, &cnt);
+		if (rc || cnt == 0) {
+			rc = -EINVAL;
+			goto fail;
+		}
+		r->n = (int)cnt;
 	}
-	int rc = kvi_tok_encode(s->tok, q->prompt, len, flags, r->toks, cap, &cnt);
-	if (rc || cnt == 0) {
-		req_free(r);
-		return -EINVAL;
-	}
-	r->n = (int)cnt;
-	if (r->n + o->max_tokens > s->o.max_ctx) {
-		req_free(r);
-		return -E2BIG;
-	}
-	kvi_sample_params_default(&r->sp);
-	r->sp.temp = (float)o->temperature;
-	r->sp.top_p = (float)o->top_p;
-	r->sp.top_k = o->top_k;
-	r->sp.seed = o->has_seed ? o->seed : q->id * 0x9E3779B97F4A7C15ULL;
-	r->sp.max_tokens = o->max_tokens;
-	gw_job_set_backend_data(job, r);
+	rc = -E2BIG;
+	if (r->n + (j->mode == SCH_PREFILL ? 1 : r->sp.max_tokens) > s->o.max_ctx)
+		goto fail;
 	pthread_mutex_lock(&s->mu);
 	if (s->stop) {
 		pthread_mutex_unlock(&s->mu);
-		gw_job_set_backend_data(job, NULL);
-		req_free(r);
-		return -EAGAIN;
+		rc = -EAGAIN;
+		goto fail;
 	}
+	atomic_fetch_add(&s->g_wait_tokens, r->n);
+	*out = r; /* before the scheduler can see it: finish may free it */
 	*s->inq_tail = r;
 	s->inq_tail = &r->next;
 	pthread_cond_signal(&s->cv);
 	pthread_mutex_unlock(&s->mu);
 	return 0;
+fail:
+	sch_req_free(r);
+	return rc;
 }
 
-static void be_cancel(void *ctx, struct gw_job *job)
+void sch_cancel(struct sch_req *r)
 {
-	struct sch *s = ctx;
-	struct sch_req *r = gw_job_backend_data(job);
-	if (!r)
-		return;
+	struct sch *s = r->s;
 	atomic_store(&r->cancelled, 1);
 	pthread_mutex_lock(&s->mu);
 	pthread_cond_signal(&s->cv);
 	pthread_mutex_unlock(&s->mu);
 }
 
+void sch_load_get(struct sch *s, struct sch_load *out)
+{
+	out->waiting = atomic_load(&s->g_waiting);
+	out->running = atomic_load(&s->g_running);
+	out->queued_tokens = atomic_load(&s->g_queued);
+	out->kv_total = atomic_load(&s->g_kv_total);
+	out->kv_free = out->kv_total - atomic_load(&s->g_kv_used);
+}
+
+size_t sch_block_bytes(const struct sch *s)
+{
+	return kvi_kv_block_bytes(kvi_engine_kv(s->e));
+}
+
+/* ---- gw_backend (embedded) -------------------------------------------------------------- */
+
+static void gj_prompt(void *u, int n, int cached)
+{
+	gw_job_prompt(u, n, cached);
+}
+static void gj_token(void *u, int32_t id, const char *piece, size_t len)
+{
+	(void)id;
+	gw_job_token(u, piece, len);
+}
+static void gj_finish(void *u, const char *reason, int err, const char *msg)
+{
+	gw_job_finish(u, reason, err, msg);
+}
+
+static int be_submit(void *ctx, struct gw_job *job, const struct gw_req *q)
+{
+	struct sch *s = ctx;
+	const struct oai_request *o = q->oai;
+	static const struct sch_sink sink = {
+	    .prompt = gj_prompt, .token = gj_token, .finish = gj_finish};
+	struct sch_job j = {
+	    .mode = SCH_FULL, .prompt = q->prompt, .parse_special = o->chat, .salt = o->salt};
+	kvi_sample_params_default(&j.sp);
+	j.sp.temp = (float)o->temperature;
+	j.sp.top_p = (float)o->top_p;
+	j.sp.top_k = o->top_k;
+	j.sp.seed = o->has_seed ? o->seed : q->id * 0x9E3779B97F4A7C15ULL;
+	j.sp.max_tokens = o->max_tokens;
+	struct sch_req *r = NULL;
+	int rc = sch_submit(s, &j, &sink, job, &r);
+	if (rc)
+		return rc;
+	gw_job_set_backend_data(job, r);
+	return 0;
+}
+
+static void be_cancel(void *ctx, struct gw_job *job)
+{
+	(void)ctx;
+	struct sch_req *r = gw_job_backend_data(job);
+	if (r)
+		sch_cancel(r);
+}
+
 static void be_release(void *ctx, struct gw_job *job)
 {
 	(void)ctx;
-	req_free(gw_job_backend_data(job));
+	sch_req_free(gw_job_backend_data(job));
 }
 
 static void be_metrics(void *ctx, FILE *f)
@@ -473,7 +641,8 @@ int sch_create(const struct sch_opts *o, struct sch **out)
 	s->n_vocab = s->m->cfg.n_vocab;
 	s->logits = malloc((size_t)s->o.max_seqs * (size_t)s->n_vocab * sizeof(float));
 	s->run = calloc((size_t)s->o.max_seqs, sizeof(*s->run));
-	if (!s->logits || !s->run) {
+	s->blkbuf = malloc(kvi_kv_block_bytes(kvi_engine_kv(s->e)));
+	if (!s->logits || !s->run || !s->blkbuf) {
 		rc = -ENOMEM;
 		goto fail;
 	}
@@ -489,6 +658,7 @@ fail:
 	kvi_model_free(s->m);
 	free(s->logits);
 	free(s->run);
+	free(s->blkbuf);
 	pthread_mutex_destroy(&s->mu);
 	pthread_cond_destroy(&s->cv);
 	free(s);
@@ -508,8 +678,7 @@ void sch_destroy(struct sch *s)
 	while (s->inq) {
 		struct sch_req *r = s->inq;
 		s->inq = r->next;
-		atomic_store(&r->finished, 1);
-		gw_job_finish(r->job, NULL, -ESHUTDOWN, "server shutting down");
+		r->k.finish(r->u, NULL, -ESHUTDOWN, "server shutting down");
 	}
 	kvx_destroy(s->kx);
 	kvi_engine_destroy(s->e);
@@ -517,6 +686,7 @@ void sch_destroy(struct sch *s)
 	kvi_model_free(s->m);
 	free(s->logits);
 	free(s->run);
+	free(s->blkbuf);
 	pthread_mutex_destroy(&s->mu);
 	pthread_cond_destroy(&s->cv);
 	free(s);

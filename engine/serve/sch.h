@@ -23,7 +23,11 @@
 #ifndef KVFS_SCH_H
 #define KVFS_SCH_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #include "gw.h"
+#include "sample.h"
 
 struct sch_opts {
 	const char *model;  /* GGUF path */
@@ -40,13 +44,66 @@ struct sch_opts {
 void sch_opts_default(struct sch_opts *o);
 
 struct sch;
+struct sch_req;
+
+/* How a request reports; every callback runs on the scheduler thread, in this order:
+ * prompt (once admitted), token*, then finish exactly once (its last touch of the request). */
+struct sch_sink {
+	void (*prompt)(void *u, int prompt_tokens, int cached_tokens); /* may be NULL */
+	void (*token)(void *u, int32_t id, const char *piece, size_t len);
+	/* SCH_PREFILL only, before finish("stop"): the prompt's tokens, the cached prefix, the
+	 * first sampled token and the KV block holding the prompt's last token (blen bytes, the
+	 * kv.h export layout); every full block before it is published in the kv dir. */
+	void (*prefilled)(void *u, const int32_t *toks, int n, int cached, int32_t first,
+			  const void *blk, size_t blen);
+	void (*finish)(void *u, const char *reason, int err, const char *msg);
+};
+
+enum sch_mode {
+	SCH_FULL = 0,	 /* tokenize, prefill, decode (embedded) */
+	SCH_PREFILL = 1, /* tokenize, prefill, save every full block, hand over the last one */
+	SCH_DECODE = 2,	 /* load the prompt's blocks (+ the handed-over last one), decode */
+};
+
+struct sch_job {
+	enum sch_mode mode;
+	const char *prompt;  /* FULL, PREFILL: the text (NUL-terminated) */
+	int parse_special;   /* control-token texts become tokens (chat templates) */
+	const int32_t *toks; /* DECODE: the prompt's token ids (copied) */
+	int n;
+	int32_t first;	 /* DECODE: the first token, sampled by the prefill worker */
+	const void *blk; /* DECODE: the block holding the prompt's last token, or NULL */
+	size_t blen;
+	const char *salt; /* may be NULL */
+	struct kvi_sample_params sp;
+};
+
+/* Queues a request. Returns 0 and *out (free with sch_req_free after finish ran and no
+ * sch_cancel can come any more), or -E2BIG (prompt + max_tokens > max_ctx), -EINVAL (empty or
+ * untokenizable prompt, bad ids), -ENOMEM, -EAGAIN (stopping). Nothing is reported on error. */
+int sch_submit(struct sch *s, const struct sch_job *j, const struct sch_sink *k, void *u,
+	       struct sch_req **out);
+/* Ends the request at the next step (finish with -ECANCELED) and frees its KV. Thread-safe;
+ * a no-op after finish. */
+void sch_cancel(struct sch_req *r);
+void sch_req_free(struct sch_req *r);
+
+/* Load, for balancers (thread-safe, updated every step). */
+struct sch_load {
+	int waiting, running;
+	int queued_tokens; /* prompt tokens not yet prefilled, over waiting + prefilling */
+	int kv_free, kv_total;
+};
+void sch_load_get(struct sch *s, struct sch_load *out);
+/* Bytes of one KV block (the hand-over size). */
+size_t sch_block_bytes(const struct sch *s);
 
 /* Loads the model and tokenizer, creates the engine (KV pool of max_seqs * max_ctx tokens) and
  * the kvx, and starts the thread. Returns 0, -EINVAL (bad model, options), -ENOENT, -ENOMEM. */
 int sch_create(const struct sch_opts *o, struct sch **out);
 /* Finishes every request with an error, stops the thread, frees. Call after gw_stop. */
 void sch_destroy(struct sch *s);
-/* The backend to pass to gw_start; valid while s lives. */
+/* The embedded backend to pass to gw_start (SCH_FULL requests); valid while s lives. */
 void sch_backend(struct sch *s, struct gw_backend *out);
 /* Model architecture name, for logs. */
 const char *sch_model_arch(const struct sch *s);

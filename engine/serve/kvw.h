@@ -1,0 +1,44 @@
+/* kvw — the gateway <-> worker protocol: kvp frames (fs/proto/kvp.h: header, authentication,
+ * little-endian bodies) with engine ops in their own range (0x100+), served by kvp_server in
+ * `kvinfer prefill` / `kvinfer decode` workers. docs/serving.md describes the flow.
+ *
+ *   KVW_OP_STATUS  -> (empty)
+ *                  <- u32 waiting, u32 running, u32 queued_tokens, u32 kv_free, u32 kv_total
+ *   KVW_OP_PREFILL -> str salt, params, u8 parse_special, u32 len, len bytes of prompt text
+ *                  <- u32 n, n x u32 token ids, u32 cached, u32 first token, u32 blen,
+ *                     blen bytes: the KV block holding the last prompt token (kv.h layout);
+ *                     every full block before it is published in the shared kv dir.
+ *                     errors: -E2BIG (too long), -EINVAL, -EAGAIN
+ *   KVW_OP_DECODE  -> str salt, params, u32 n, n x u32 token ids, u32 first, u32 blen, blen bytes
+ *                  <- a stream of frames with the request's id, status 0, each one event:
+ *                     u8 KVW_EV_TOKEN, u32 id, u32 len, len bytes of text
+ *                     u8 KVW_EV_FINISH, i32 err, str reason, str message (the last frame)
+ *                     A decode request owns its connection: closing it cancels the request.
+ *   params = u32 temp (f32 bits), u32 top_p (f32 bits), u32 top_k, u64 seed, u32 max_tokens
+ */
+#ifndef KVFS_KVW_H
+#define KVFS_KVW_H
+
+enum kvw_op {
+	KVW_OP_STATUS = 0x100,
+	KVW_OP_PREFILL = 0x101,
+	KVW_OP_DECODE = 0x102,
+};
+
+enum kvw_event {
+	KVW_EV_TOKEN = 1,
+	KVW_EV_FINISH = 2,
+};
+
+#define KVW_SALT_MAX 256
+
+struct kvp_wbuf;
+struct kvp_rbuf;
+struct kvi_sample_params;
+
+/* The params field of PREFILL and DECODE. The reader leaves stop tokens empty and checks
+ * nothing beyond the encoding (the sampler accepts any values). */
+void kvw_w_params(struct kvp_wbuf *w, const struct kvi_sample_params *p);
+void kvw_r_params(struct kvp_rbuf *r, struct kvi_sample_params *p);
+
+#endif

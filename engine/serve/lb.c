@@ -1,0 +1,633 @@
+/* lb — prefill/decode load balancers and the request pipeline of the disaggregated gateway
+ * (see lb.h). */
+#define KVFS_LOG_TAG "lb"
+#include "lb.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvw.h"
+#include "log.h"
+#include "sample.h"
+
+#define RPC_TIMEOUT_MS	   600000 /* a long prompt on a slow CPU */
+#define STATUS_TIMEOUT_MS  1000
+#define CONNECT_TIMEOUT_MS 2000
+
+struct replica {
+	char addr[KVP_ADDR_MAX];
+	int up;		     /* last health check or call succeeded */
+	int queued_tokens;   /* reported */
+	int running;	     /* reported */
+	int kv_free;	     /* reported */
+	int inflight;	     /* this gateway's requests there */
+	int inflight_tokens; /* their estimated prompt tokens (prefill) */
+	uint64_t picks, failures;
+};
+
+struct role {
+	struct replica r[LB_MAX_REPLICAS];
+	int n;
+	unsigned rr;
+};
+
+struct lb {
+	struct lb_opts o;
+	struct kvp_secret secret;
+	struct kvp_pool *pool;
+	pthread_mutex_t mu; /* guards pf, dc, stop, counters */
+	pthread_cond_t cv;
+	struct role pf, dc;
+	int stop;
+	pthread_t health;
+	atomic_int threads; /* request threads alive */
+	uint64_t retries;
+};
+
+/* One request: owned by its thread until gw_job_finish, freed by release. */
+struct lreq {
+	struct lb *l;
+	struct gw_job *job;
+	char *prompt;
+	char *salt;
+	int chat;
+	struct kvi_sample_params sp;
+	pthread_mutex_t mu; /* guards fd, cancelled */
+	int fd;		    /* the decode connection, -1 when none */
+	int cancelled;
+};
+
+int lb_policy_parse(const char *s)
+{
+	if (!strcmp(s, "rr"))
+		return LB_RR;
+	if (!strcmp(s, "least"))
+		return LB_LEAST;
+	if (!strcmp(s, "cache"))
+		return LB_CACHE;
+	return -EINVAL;
+}
+
+static uint64_t fnv1a(const char *s, uint64_t h)
+{
+	for (; *s; s++)
+		h = (h ^ (unsigned char)*s) * 0x100000001b3ULL;
+	return h;
+}
+
+/* Index of the replica for a request, or -1 when none is up. Caller holds l->mu. */
+static int pick(struct lb *l, struct role *ro, int prefill, uint64_t key, const int *skip)
+{
+	int best = -1;
+	if (l->o.policy == LB_RR) {
+		for (int k = 0; k < ro->n; k++) {
+			int i = (int)(ro->rr++ % (unsigned)ro->n);
+			if (ro->r[i].up && !skip[i])
+				return i;
+		}
+		return -1;
+	}
+	for (int i = 0; i < ro->n; i++) {
+		struct replica *r = &ro->r[i];
+		if (!r->up || skip[i])
+			continue;
+		if (best < 0) {
+			best = i;
+			continue;
+		}
+		struct replica *b = &ro->r[best];
+		if (prefill) {
+			if (r->queued_tokens + r->inflight_tokens <
+			    b->queued_tokens + b->inflight_tokens)
+				best = i;
+		} else if (r->inflight < b->inflight ||
+			   (r->inflight == b->inflight && r->kv_free > b->kv_free)) {
+			best = i;
+		}
+	}
+	if (best < 0 || !prefill || l->o.policy != LB_CACHE)
+		return best;
+	/* cache affinity: the rendezvous owner of the prompt, unless it is far behind */
+	int own = -1;
+	uint64_t top = 0;
+	for (int i = 0; i < ro->n; i++) {
+		if (!ro->r[i].up || skip[i])
+			continue;
+		uint64_t h = fnv1a(ro->r[i].addr, key);
+		if (own < 0 || h > top) {
+			own = i;
+			top = h;
+		}
+	}
+	struct replica *o = &ro->r[own], *b = &ro->r[best];
+	if (o->queued_tokens + o->inflight_tokens <=
+	    b->queued_tokens + b->inflight_tokens + LB_AFFINITY_SLACK)
+		return own;
+	return best;
+}
+
+static int transport_err(int rc)
+{
+	return rc == -ECONNRESET || rc == -ECONNABORTED || rc == -ECONNREFUSED ||
+	       rc == -ETIMEDOUT || rc == -EPIPE || rc == -EHOSTUNREACH || rc == -ENOTCONN;
+}
+
+static void mark_down(struct lb *l, struct replica *r)
+{
+	pthread_mutex_lock(&l->mu);
+	if (r->up)
+		klog_warn("replica %s is down", r->addr);
+	r->up = 0;
+	r->failures++;
+	pthread_mutex_unlock(&l->mu);
+}
+
+/* ---- prefill ------------------------------------------------------------------------- */
+
+struct pf_result {
+	int32_t *toks;
+	int n, cached;
+	int32_t first;
+	uint8_t *blk; /* points into body */
+	uint32_t blen;
+	uint8_t *body;
+};
+
+static int pf_parse(uint8_t *body, uint32_t len, struct pf_result *p)
+{
+	struct kvp_rbuf rb;
+	kvp_r_init(&rb, body, len);
+	uint32_t n = kvp_r_u32(&rb);
+	if (n == 0 || (size_t)n * 4 > len)
+		return -EBADMSG;
+	p->toks = malloc((size_t)n * sizeof(int32_t));
+	if (!p->toks)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < n; i++)
+		p->toks[i] = (int32_t)kvp_r_u32(&rb);
+	p->n = (int)n;
+	p->cached = (int)kvp_r_u32(&rb);
+	p->first = (int32_t)kvp_r_u32(&rb);
+	p->blen = kvp_r_u32(&rb);
+	p->blk = (uint8_t *)kvp_r_bytes(&rb, p->blen);
+	p->body = body;
+	return kvp_r_end(&rb);
+}
+
+/* Runs the prompt on a prefill replica, retrying others on transport failures. */
+static int do_prefill(struct lreq *q, struct pf_result *res)
+{
+	struct lb *l = q->l;
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	kvp_w_cstr(&w, q->salt ? q->salt : "");
+	kvw_w_params(&w, &q->sp);
+	kvp_w_u8(&w, (uint8_t)q->chat);
+	size_t plen = strlen(q->prompt);
+	kvp_w_u32(&w, (uint32_t)plen);
+	kvp_w_bytes(&w, q->prompt, plen);
+	if (w.err) {
+		kvp_w_free(&w);
+		return w.err;
+	}
+	int skip[LB_MAX_REPLICAS] = {0}, rc = -EAGAIN;
+	uint64_t key = fnv1a(q->prompt, 0xcbf29ce484222325ULL);
+	int est = (int)(plen / 4) + 1;
+	for (;;) {
+		pthread_mutex_lock(&l->mu);
+		int i = pick(l, &l->pf, 1, key, skip);
+		if (i >= 0) {
+			l->pf.r[i].inflight++;
+			l->pf.r[i].inflight_tokens += est;
+			l->pf.r[i].picks++;
+		}
+		pthread_mutex_unlock(&l->mu);
+		if (i < 0)
+			break;
+		struct replica *r = &l->pf.r[i];
+		struct kvp_client *c = NULL;
+		uint8_t *body = NULL;
+		uint32_t blen = 0;
+		rc = kvp_pool_get(l->pool, r->addr, &c);
+		if (!rc) {
+			rc = kvp_call(c, KVW_OP_PREFILL, w.p, w.len, NULL, 0, RPC_TIMEOUT_MS, &body,
+				      &blen);
+			kvp_pool_put(l->pool, c);
+		}
+		pthread_mutex_lock(&l->mu);
+		r->inflight--;
+		r->inflight_tokens -= est;
+		pthread_mutex_unlock(&l->mu);
+		if (!rc) {
+			rc = pf_parse(body, blen, res);
+			if (rc)
+				free(body);
+			break;
+		}
+		if (!transport_err(rc))
+			break; /* the replica refused the request itself (too long, bad) */
+		mark_down(l, r);
+		skip[i] = 1;
+		pthread_mutex_lock(&l->mu);
+		l->retries++;
+		pthread_mutex_unlock(&l->mu);
+	}
+	kvp_w_free(&w);
+	return rc;
+}
+
+/* ---- decode -------------------------------------------------------------------------- */
+
+/* Streams one DECODE from replica r. Returns 0 when the request finished (finish reported),
+ * or a transport error with *ntok tokens relayed (the caller retries when 0). */
+static int decode_on(struct lreq *q, struct replica *r, const struct kvp_wbuf *w, int *ntok)
+{
+	struct lb *l = q->l;
+	int fd = kvp_connect(r->addr, CONNECT_TIMEOUT_MS);
+	if (fd < 0)
+		return fd;
+	int rc = kvp_auth_client(fd, &l->secret, CONNECT_TIMEOUT_MS);
+	pthread_mutex_lock(&q->mu);
+	if (q->cancelled)
+		rc = -ECANCELED;
+	else
+		q->fd = fd;
+	pthread_mutex_unlock(&q->mu);
+	struct kvp_hdr h = {.op = KVW_OP_DECODE, .id = gw_job_id(q->job)};
+	int refused = 0;
+	if (!rc)
+		rc = kvp_send(fd, &h, w->p, w->len, NULL, 0);
+	while (!rc) {
+		struct kvp_hdr rh;
+		uint8_t *body = NULL;
+		rc = kvp_recv(fd, &rh, &body, KVP_MAX_BODY);
+		if (rc)
+			break;
+		if (rh.status) {
+			refused = rh.status;
+			free(body);
+			break;
+		}
+		struct kvp_rbuf rb;
+		kvp_r_init(&rb, body, rh.len);
+		uint8_t ev = kvp_r_u8(&rb);
+		if (ev == KVW_EV_TOKEN) {
+			kvp_r_u32(&rb);
+			uint32_t len = kvp_r_u32(&rb);
+			const uint8_t *p = kvp_r_bytes(&rb, len);
+			if (!kvp_r_end(&rb)) {
+				gw_job_token(q->job, (const char *)p, len);
+				(*ntok)++;
+			}
+			free(body);
+			continue;
+		}
+		int err = (int32_t)kvp_r_u32(&rb);
+		char reason[32], msg[256];
+		kvp_r_str(&rb, reason, sizeof(reason));
+		kvp_r_str(&rb, msg, sizeof(msg));
+		free(body);
+		if (kvp_r_end(&rb) || ev != KVW_EV_FINISH) {
+			rc = -EBADMSG;
+			break;
+		}
+		pthread_mutex_lock(&q->mu);
+		q->fd = -1;
+		pthread_mutex_unlock(&q->mu);
+		close(fd);
+		gw_job_finish(q->job, err ? NULL : (!strcmp(reason, "length") ? "length" : "stop"),
+			      err, err ? msg : NULL);
+		return 0;
+	}
+	pthread_mutex_lock(&q->mu);
+	q->fd = -1;
+	int cancelled = q->cancelled;
+	pthread_mutex_unlock(&q->mu);
+	close(fd);
+	if (refused) {
+		gw_job_finish(q->job, NULL, refused, "decode worker refused the request");
+		return 0;
+	}
+	if (cancelled) {
+		gw_job_finish(q->job, NULL, -ECANCELED, "cancelled");
+		return 0;
+	}
+	return rc;
+}
+
+static void *req_main(void *arg)
+{
+	struct lreq *q = arg;
+	struct lb *l = q->l;
+	struct pf_result pr = {0};
+	int rc = do_prefill(q, &pr);
+	if (rc) {
+		gw_job_finish(q->job, NULL, rc,
+			      rc == -EAGAIN ? "no prefill replica is up" : "prefill failed");
+		goto out;
+	}
+	gw_job_prompt(q->job, pr.n, pr.cached);
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	kvp_w_cstr(&w, q->salt ? q->salt : "");
+	kvw_w_params(&w, &q->sp);
+	kvp_w_u32(&w, (uint32_t)pr.n);
+	for (int i = 0; i < pr.n; i++)
+		kvp_w_u32(&w, (uint32_t)pr.toks[i]);
+	kvp_w_u32(&w, (uint32_t)pr.first);
+	kvp_w_u32(&w, pr.blen);
+	kvp_w_bytes(&w, pr.blk, pr.blen);
+	int skip[LB_MAX_REPLICAS] = {0}, ntok = 0;
+	rc = w.err ? w.err : -EAGAIN;
+	while (!w.err) {
+		pthread_mutex_lock(&l->mu);
+		int i = pick(l, &l->dc, 0, 0, skip);
+		if (i >= 0) {
+			l->dc.r[i].inflight++;
+			l->dc.r[i].picks++;
+		}
+		pthread_mutex_unlock(&l->mu);
+		if (i < 0)
+			break;
+		struct replica *r = &l->dc.r[i];
+		rc = decode_on(q, r, &w, &ntok);
+		pthread_mutex_lock(&l->mu);
+		r->inflight--;
+		pthread_mutex_unlock(&l->mu);
+		if (rc == 0)
+			break;
+		mark_down(l, r);
+		if (ntok > 0) /* the client saw tokens: no silent retry */
+			break;
+		skip[i] = 1;
+		pthread_mutex_lock(&l->mu);
+		l->retries++;
+		pthread_mutex_unlock(&l->mu);
+	}
+	kvp_w_free(&w);
+	if (rc)
+		gw_job_finish(q->job, NULL, rc == -EAGAIN ? -EAGAIN : -EIO,
+			      rc == -EAGAIN ? "no decode replica is up" : "decode replica died");
+out:
+	free(pr.toks);
+	free(pr.body);
+	atomic_fetch_sub(&l->threads, 1);
+	return NULL;
+}
+
+/* ---- gw_backend ---------------------------------------------------------------------- */
+
+static void lreq_free(struct lreq *q)
+{
+	if (!q)
+		return;
+	free(q->prompt);
+	free(q->salt);
+	pthread_mutex_destroy(&q->mu);
+	free(q);
+}
+
+static int be_submit(void *ctx, struct gw_job *job, const struct gw_req *g)
+{
+	struct lb *l = ctx;
+	const struct oai_request *o = g->oai;
+	struct lreq *q = calloc(1, sizeof(*q));
+	if (!q)
+		return -ENOMEM;
+	pthread_mutex_init(&q->mu, NULL);
+	q->l = l;
+	q->job = job;
+	q->fd = -1;
+	q->chat = o->chat;
+	q->prompt = strdup(g->prompt);
+	q->salt = o->salt ? strdup(o->salt) : NULL;
+	if (!q->prompt || (o->salt && !q->salt) || (o->salt && strlen(o->salt) >= KVW_SALT_MAX)) {
+		int rc = q->prompt && o->salt && q->salt ? -EINVAL : -ENOMEM;
+		lreq_free(q);
+		return rc;
+	}
+	kvi_sample_params_default(&q->sp);
+	q->sp.temp = (float)o->temperature;
+	q->sp.top_p = (float)o->top_p;
+	q->sp.top_k = o->top_k;
+	q->sp.seed = o->has_seed ? o->seed : g->id * 0x9E3779B97F4A7C15ULL;
+	q->sp.max_tokens = o->max_tokens;
+	gw_job_set_backend_data(job, q);
+	atomic_fetch_add(&l->threads, 1);
+	pthread_t t;
+	pthread_attr_t a;
+	pthread_attr_init(&a);
+	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+	int rc = -pthread_create(&t, &a, req_main, q);
+	pthread_attr_destroy(&a);
+	if (rc) {
+		atomic_fetch_sub(&l->threads, 1);
+		gw_job_set_backend_data(job, NULL);
+		lreq_free(q);
+	}
+	return rc;
+}
+
+static void be_cancel(void *ctx, struct gw_job *job)
+{
+	(void)ctx;
+	struct lreq *q = gw_job_backend_data(job);
+	if (!q)
+		return;
+	pthread_mutex_lock(&q->mu);
+	q->cancelled = 1;
+	if (q->fd >= 0) /* the decode worker sees the close and frees the KV */
+		shutdown(q->fd, SHUT_RDWR);
+	pthread_mutex_unlock(&q->mu);
+}
+
+static void be_release(void *ctx, struct gw_job *job)
+{
+	(void)ctx;
+	lreq_free(gw_job_backend_data(job));
+}
+
+static void be_metrics(void *ctx, FILE *f)
+{
+	struct lb *l = ctx;
+	pthread_mutex_lock(&l->mu);
+	const struct {
+		const char *name;
+		struct role *ro;
+	} roles[] = {{"prefill", &l->pf}, {"decode", &l->dc}};
+	fprintf(f, "# TYPE lb_replica_up gauge\n");
+	for (int k = 0; k < 2; k++)
+		for (int i = 0; i < roles[k].ro->n; i++) {
+			struct replica *r = &roles[k].ro->r[i];
+			fprintf(f, "lb_replica_up{role=\"%s\",addr=\"%s\"} %d\n", roles[k].name,
+				r->addr, r->up);
+			fprintf(f, "lb_replica_inflight{role=\"%s\",addr=\"%s\"} %d\n",
+				roles[k].name, r->addr, r->inflight);
+			fprintf(f, "lb_replica_queued_tokens{role=\"%s\",addr=\"%s\"} %d\n",
+				roles[k].name, r->addr, r->queued_tokens);
+			fprintf(f, "lb_replica_picks_total{role=\"%s\",addr=\"%s\"} %llu\n",
+				roles[k].name, r->addr, (unsigned long long)r->picks);
+		}
+	fprintf(f, "# TYPE lb_retries_total counter\nlb_retries_total %llu\n",
+		(unsigned long long)l->retries);
+	pthread_mutex_unlock(&l->mu);
+}
+
+static int be_healthy(void *ctx)
+{
+	struct lb *l = ctx;
+	int pf = 0, dc = 0;
+	pthread_mutex_lock(&l->mu);
+	for (int i = 0; i < l->pf.n; i++)
+		pf |= l->pf.r[i].up;
+	for (int i = 0; i < l->dc.n; i++)
+		dc |= l->dc.r[i].up;
+	pthread_mutex_unlock(&l->mu);
+	return pf && dc;
+}
+
+void lb_backend(struct lb *l, struct gw_backend *out)
+{
+	memset(out, 0, sizeof(*out));
+	out->ctx = l;
+	out->submit = be_submit;
+	out->cancel = be_cancel;
+	out->release = be_release;
+	out->metrics = be_metrics;
+	out->healthy = be_healthy;
+}
+
+/* ---- health -------------------------------------------------------------------------- */
+
+static void check(struct lb *l, struct replica *r)
+{
+	struct kvp_client *c = NULL;
+	uint8_t *body = NULL;
+	uint32_t len = 0;
+	char addr[KVP_ADDR_MAX];
+	pthread_mutex_lock(&l->mu);
+	memcpy(addr, r->addr, sizeof(addr));
+	pthread_mutex_unlock(&l->mu);
+	int rc = kvp_pool_get(l->pool, addr, &c);
+	if (!rc) {
+		rc = kvp_call(c, KVW_OP_STATUS, NULL, 0, NULL, 0, STATUS_TIMEOUT_MS, &body, &len);
+		kvp_pool_put(l->pool, c);
+	}
+	struct kvp_rbuf rb;
+	kvp_r_init(&rb, body, len);
+	kvp_r_u32(&rb);
+	int running = (int)kvp_r_u32(&rb), queued = (int)kvp_r_u32(&rb);
+	int kv_free = (int)kvp_r_u32(&rb);
+	kvp_r_u32(&rb);
+	if (!rc)
+		rc = kvp_r_end(&rb);
+	free(body);
+	pthread_mutex_lock(&l->mu);
+	if (!rc && !r->up)
+		klog_info("replica %s is up", r->addr);
+	r->up = rc == 0;
+	if (!rc) {
+		r->running = running;
+		r->queued_tokens = queued;
+		r->kv_free = kv_free;
+	}
+	pthread_mutex_unlock(&l->mu);
+}
+
+static void *health_main(void *arg)
+{
+	struct lb *l = arg;
+	pthread_mutex_lock(&l->mu);
+	while (!l->stop) {
+		pthread_mutex_unlock(&l->mu);
+		for (int i = 0; i < l->pf.n; i++)
+			check(l, &l->pf.r[i]);
+		for (int i = 0; i < l->dc.n; i++)
+			check(l, &l->dc.r[i]);
+		pthread_mutex_lock(&l->mu);
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += 200 * 1000000L;
+		if (ts.tv_nsec >= 1000000000L) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000L;
+		}
+		if (!l->stop)
+			pthread_cond_timedwait(&l->cv, &l->mu, &ts);
+	}
+	pthread_mutex_unlock(&l->mu);
+	return NULL;
+}
+
+static int parse_list(const char *s, struct role *ro)
+{
+	ro->n = 0;
+	while (s && *s) {
+		const char *e = strchr(s, ',');
+		size_t n = e ? (size_t)(e - s) : strlen(s);
+		char host[KVP_ADDR_MAX];
+		uint16_t port;
+		if (ro->n == LB_MAX_REPLICAS || n == 0 || n >= KVP_ADDR_MAX)
+			return -EINVAL;
+		memcpy(ro->r[ro->n].addr, s, n);
+		ro->r[ro->n].addr[n] = 0;
+		if (kvp_addr_parse(ro->r[ro->n].addr, host, sizeof(host), &port) || port == 0)
+			return -EINVAL;
+		ro->r[ro->n].up = 1; /* until a check says otherwise */
+		ro->n++;
+		s = e ? e + 1 : NULL;
+	}
+	return ro->n ? 0 : -EINVAL;
+}
+
+int lb_create(const struct lb_opts *o, struct lb **out)
+{
+	struct lb *l = calloc(1, sizeof(*l));
+	if (!l)
+		return -ENOMEM;
+	l->o = *o;
+	l->secret = *o->secret;
+	int rc = parse_list(o->prefill, &l->pf);
+	if (!rc)
+		rc = parse_list(o->decode, &l->dc);
+	if (!rc)
+		rc = kvp_pool_create(&l->secret, CONNECT_TIMEOUT_MS, &l->pool);
+	if (rc) {
+		free(l);
+		return rc;
+	}
+	pthread_mutex_init(&l->mu, NULL);
+	pthread_cond_init(&l->cv, NULL);
+	if ((rc = -pthread_create(&l->health, NULL, health_main, l))) {
+		kvp_pool_destroy(l->pool);
+		free(l);
+		return rc;
+	}
+	*out = l;
+	return 0;
+}
+
+void lb_destroy(struct lb *l)
+{
+	if (!l)
+		return;
+	pthread_mutex_lock(&l->mu);
+	l->stop = 1;
+	pthread_cond_signal(&l->cv);
+	pthread_mutex_unlock(&l->mu);
+	pthread_join(l->health, NULL);
+	while (atomic_load(&l->threads) > 0) {
+		struct timespec ts = {0, 10 * 1000000L};
+		nanosleep(&ts, NULL);
+	}
+	kvp_pool_destroy(l->pool);
+	pthread_mutex_destroy(&l->mu);
+	pthread_cond_destroy(&l->cv);
+	free(l);
+}

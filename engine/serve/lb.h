@@ -1,0 +1,53 @@
+/* lb — the disaggregated backend of the gateway: load balancers over `kvinfer prefill` and
+ * `kvinfer decode` replicas (kvw.h protocol), as a struct gw_backend.
+ *
+ * Per request (one thread each): pick a prefill replica, PREFILL (the prompt's blocks are then
+ * in the shared kv dir, the last one comes back in the reply), pick a decode replica, DECODE on
+ * a connection of its own and relay its token frames to the gateway job. A replica whose call
+ * fails at the transport level is marked down and the request retried on another one, as long
+ * as no token reached the client; after that the request ends with an error event. Cancelling
+ * shuts the decode connection down, which the decode worker sees as a cancel (its KV is freed).
+ *
+ * Policies (LB_RR, LB_LEAST, LB_CACHE):
+ *   prefill: rr = next live replica; least = fewest queued uncached prompt tokens (reported by
+ *            the replica's STATUS plus what this gateway has in flight there); cache = the
+ *            rendezvous-hash owner of the whole rendered prompt (repeats meet their KV where
+ *            it was computed), unless it has more than LB_AFFINITY_SLACK tokens queued beyond
+ *            the least loaded one.
+ *   decode:  rr; least/cache = fewest active sequences (this gateway's count), ties to more
+ *            free KV blocks.
+ * Health: a thread polls STATUS every 200 ms; a replica that fails it is skipped until it
+ * answers again.
+ *
+ * Threading: the backend callbacks are thread-safe; one mutex guards the replica table.
+ */
+#ifndef KVFS_LB_H
+#define KVFS_LB_H
+
+#include "gw.h"
+#include "kvp.h"
+
+enum lb_policy { LB_RR = 0, LB_LEAST = 1, LB_CACHE = 2 };
+
+#define LB_MAX_REPLICAS	  16
+#define LB_AFFINITY_SLACK 2048
+
+struct lb_opts {
+	const char *prefill; /* comma-separated host:port list */
+	const char *decode;
+	const struct kvp_secret *secret;
+	enum lb_policy policy;
+};
+
+struct lb;
+
+/* Parses the address lists (1..LB_MAX_REPLICAS each) and starts the health thread. Returns 0,
+ * -EINVAL (bad list), -ENOMEM. */
+int lb_create(const struct lb_opts *o, struct lb **out);
+/* After gw_stop (no request runs any more). */
+void lb_destroy(struct lb *l);
+void lb_backend(struct lb *l, struct gw_backend *out);
+/* "rr", "least", "cache" -> policy, or -EINVAL. */
+int lb_policy_parse(const char *s);
+
+#endif

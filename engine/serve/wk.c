@@ -1,0 +1,298 @@
+/* `kvinfer prefill` and `kvinfer decode`: worker processes of the disaggregated server. Each
+ * runs one scheduler (sch.h) behind a kvp_server speaking kvw.h. A prefill worker computes
+ * prompts (SCH_PREFILL) and hands over the last block; a decode worker loads the blocks and
+ * generates with continuous batching (SCH_DECODE), streaming one frame per token. */
+#define KVFS_LOG_TAG "worker"
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cfg.h"
+#include "kvinfer_cli.h"
+#include "kvp.h"
+#include "kvw.h"
+#include "log.h"
+#include "sch.h"
+
+int kvinfer_cmd_prefill(int argc, char **argv);
+int kvinfer_cmd_decode(int argc, char **argv);
+
+struct wk_cfg {
+	char model[CFG_STR_MAX];
+	char kv_dir[CFG_STR_MAX];
+	char listen[CFG_STR_MAX];
+	char port_file[CFG_STR_MAX];
+	char secret_file[CFG_STR_MAX];
+	int64_t threads, max_seqs, ctx, chunk, block_tokens;
+	char isa[CFG_STR_MAX];
+	int ignore_eos;
+};
+
+#define WOFF(f) offsetof(struct wk_cfg, f)
+static const struct cfg_opt wk_opts[] = {
+    {"model", CFG_STR, WOFF(model), 0, 0, NULL, "GGUF model file (-m)"},
+    {"kv-dir", CFG_STR, WOFF(kv_dir), 0, 0, NULL,
+     "shared prefix-cache directory (a kvfs mount); prefill and decode must share it"},
+    {"listen", CFG_STR, WOFF(listen), 0, 0, "127.0.0.1:0", "host:port to serve kvw on"},
+    {"port-file", CFG_STR, WOFF(port_file), 0, 0, NULL, "write the bound port here"},
+    {"secret-file", CFG_STR, WOFF(secret_file), 0, 0, NULL, "shared secret (16..64 bytes)"},
+    {"threads", CFG_INT, WOFF(threads), 0, 256, "0", "engine threads, 0 = all cores (-t)"},
+    {"max-seqs", CFG_INT, WOFF(max_seqs), 1, 1024, "16", "running sequences at most"},
+    {"ctx", CFG_INT, WOFF(ctx), 0, 1 << 20, "0", "per-sequence context, 0 = min(train, 2048)"},
+    {"prefill-chunk", CFG_INT, WOFF(chunk), 1, 1 << 16, "256", "prompt tokens per step"},
+    {"block-tokens", CFG_INT, WOFF(block_tokens), 1, 4096, "64", "KV block size B"},
+    {"isa", CFG_STR, WOFF(isa), 0, 0, "auto", "matmul kernels: auto, avx2, scalar"},
+    {"ignore-eos", CFG_BOOL, WOFF(ignore_eos), 0, 0, "false", "generate past end tokens"},
+    CFG_END,
+};
+
+struct wk {
+	struct sch *s;
+	enum sch_mode mode;
+};
+
+/* One request from the gateway; freed by its finish callback (the scheduler's last touch). */
+struct wreq {
+	struct kvp_conn *c;
+	struct kvp_hdr h;
+	struct sch_req *r;
+	int replied;
+};
+
+static void wr_done(struct wreq *w)
+{
+	kvp_conn_unref(w->c);
+	sch_req_free(w->r);
+	free(w);
+}
+
+static void pf_prefilled(void *u, const int32_t *toks, int n, int cached, int32_t first,
+			 const void *blk, size_t blen)
+{
+	struct wreq *w = u;
+	struct kvp_wbuf b;
+	kvp_w_init(&b);
+	kvp_w_u32(&b, (uint32_t)n);
+	for (int i = 0; i < n; i++)
+		kvp_w_u32(&b, (uint32_t)toks[i]);
+	kvp_w_u32(&b, (uint32_t)cached);
+	kvp_w_u32(&b, (uint32_t)first);
+	kvp_w_u32(&b, (uint32_t)blen);
+	if (!b.err) {
+		kvp_reply(w->c, &w->h, 0, b.p, b.len, blk, blen);
+		w->replied = 1;
+	}
+	kvp_w_free(&b);
+}
+
+static void pf_finish(void *u, const char *reason, int err, const char *msg)
+{
+	struct wreq *w = u;
+	(void)reason;
+	(void)msg;
+	if (!w->replied)
+		kvp_reply(w->c, &w->h, err ? err : -EIO, NULL, 0, NULL, 0);
+	wr_done(w);
+}
+
+static void dc_token(void *u, int32_t id, const char *piece, size_t len)
+{
+	struct wreq *w = u;
+	struct kvp_wbuf b;
+	kvp_w_init(&b);
+	kvp_w_u8(&b, KVW_EV_TOKEN);
+	kvp_w_u32(&b, (uint32_t)id);
+	kvp_w_u32(&b, (uint32_t)len);
+	/* the gateway is gone: stop generating and free the KV */
+	if (b.err || kvp_reply(w->c, &w->h, 0, b.p, b.len, piece, len))
+		sch_cancel(w->r);
+	kvp_w_free(&b);
+}
+
+static void dc_finish(void *u, const char *reason, int err, const char *msg)
+{
+	struct wreq *w = u;
+	struct kvp_wbuf b;
+	kvp_w_init(&b);
+	kvp_w_u8(&b, KVW_EV_FINISH);
+	kvp_w_u32(&b, (uint32_t)err);
+	kvp_w_cstr(&b, reason ? reason : "");
+	kvp_w_cstr(&b, msg ? msg : "");
+	if (!b.err)
+		kvp_reply(w->c, &w->h, 0, b.p, b.len, NULL, 0);
+	kvp_w_free(&b);
+	wr_done(w);
+}
+
+static int wk_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, uint8_t *body)
+{
+	struct wk *k = ctx;
+	struct kvp_rbuf rb;
+	kvp_r_init(&rb, body, h->len);
+	if (h->op == KVW_OP_STATUS) {
+		free(body);
+		struct sch_load l;
+		sch_load_get(k->s, &l);
+		struct kvp_wbuf b;
+		kvp_w_init(&b);
+		kvp_w_u32(&b, (uint32_t)l.waiting);
+		kvp_w_u32(&b, (uint32_t)l.running);
+		kvp_w_u32(&b, (uint32_t)l.queued_tokens);
+		kvp_w_u32(&b, (uint32_t)l.kv_free);
+		kvp_w_u32(&b, (uint32_t)l.kv_total);
+		kvp_reply(c, h, b.err, b.p, b.len, NULL, 0);
+		kvp_w_free(&b);
+		return 0;
+	}
+	int want = k->mode == SCH_PREFILL ? KVW_OP_PREFILL : KVW_OP_DECODE;
+	if (h->op != want) {
+		free(body);
+		kvp_reply(c, h, -EOPNOTSUPP, NULL, 0, NULL, 0);
+		return 0;
+	}
+	char salt[KVW_SALT_MAX];
+	struct sch_job j = {.mode = k->mode};
+	kvp_r_str(&rb, salt, sizeof(salt));
+	j.salt = salt[0] ? salt : NULL;
+	kvw_r_params(&rb, &j.sp);
+	char *prompt = NULL;
+	int32_t *toks = NULL;
+	if (k->mode == SCH_PREFILL) {
+		j.parse_special = kvp_r_u8(&rb);
+		uint32_t len = kvp_r_u32(&rb);
+		const uint8_t *p = kvp_r_bytes(&rb, len);
+		if (p && (prompt = malloc((size_t)len + 1))) {
+			memcpy(prompt, p, len);
+			prompt[len] = 0;
+			if (strlen(prompt) != len) /* a NUL inside: not text */
+				rb.err = -EBADMSG;
+		}
+		j.prompt = prompt;
+	} else {
+		uint32_t n = kvp_r_u32(&rb);
+		if (n == 0 || (size_t)n * 4 > h->len)
+			rb.err = -EBADMSG;
+		else if ((toks = malloc((size_t)n * sizeof(int32_t))))
+			for (uint32_t i = 0; i < n; i++)
+				toks[i] = (int32_t)kvp_r_u32(&rb);
+		j.toks = toks;
+		j.n = (int)n;
+		j.first = (int32_t)kvp_r_u32(&rb);
+		j.blen = kvp_r_u32(&rb);
+		j.blk = kvp_r_bytes(&rb, j.blen);
+	}
+	int rc = kvp_r_end(&rb);
+	if (!rc && !(prompt || toks))
+		rc = -ENOMEM;
+	struct wreq *w = rc ? NULL : calloc(1, sizeof(*w));
+	if (!rc && !w)
+		rc = -ENOMEM;
+	if (!rc) {
+		static const struct sch_sink pf = {.prefilled = pf_prefilled, .finish = pf_finish};
+		static const struct sch_sink dc = {.token = dc_token, .finish = dc_finish};
+		w->c = c;
+		w->h = *h;
+		kvp_conn_ref(c);
+		rc = sch_submit(k->s, &j, k->mode == SCH_PREFILL ? &pf : &dc, w, &w->r);
+		if (rc) {
+			kvp_conn_unref(c);
+			free(w);
+		}
+	}
+	if (rc)
+		kvp_reply(c, h, rc, NULL, 0, NULL, 0);
+	free(prompt);
+	free(toks);
+	free(body);
+	return rc == -EBADMSG ? -1 : 0;
+}
+
+static int run_worker(int argc, char **argv, enum sch_mode mode, const char *name)
+{
+	static const char *const shorts[] = {"-m", "--model", "-t", "--threads", NULL};
+	kvinfer_short_flags(argc, argv, shorts);
+	struct wk_cfg c;
+	int npos = 0;
+	int rc =
+	    cfg_parse(wk_opts, &c, argc, argv,
+		      "-m MODEL.gguf --kv-dir DIR --secret-file F [--listen HOST:PORT]", &npos);
+	if (rc)
+		return rc > 0 ? 0 : 2;
+	int isa = kvinfer_parse_isa(c.isa);
+	char host[64];
+	uint16_t port;
+	struct kvp_secret sec;
+	if (!c.model[0] || npos || isa < 0 || !c.secret_file[0] ||
+	    kvp_addr_parse(c.listen, host, sizeof(host), &port) ||
+	    kvp_secret_load(c.secret_file, &sec)) {
+		fprintf(stderr,
+			"kvinfer %s: need -m MODEL, --secret-file F, a valid --listen "
+			"HOST:PORT; see --help\n",
+			name);
+		return 2;
+	}
+	sigset_t sigs;
+	sigemptyset(&sigs);
+	sigaddset(&sigs, SIGINT);
+	sigaddset(&sigs, SIGTERM);
+	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	struct sch_opts so;
+	sch_opts_default(&so);
+	so.model = c.model;
+	so.kv_dir = c.kv_dir;
+	so.threads = c.threads > 0 ? (int)c.threads : kvinfer_default_threads();
+	so.max_seqs = (int)c.max_seqs;
+	so.max_ctx = (int)c.ctx;
+	so.prefill_chunk = (int)c.chunk;
+	so.block_tokens = (int)c.block_tokens;
+	so.isa = isa;
+	so.ignore_eos = c.ignore_eos;
+	struct wk k = {.mode = mode};
+	if ((rc = sch_create(&so, &k.s))) {
+		fprintf(stderr, "kvinfer %s: %s\n", name, strerror(-rc));
+		return 1;
+	}
+	struct kvp_server_opts ko = {.name = name,
+				     .host = host,
+				     .port = port,
+				     .secret = &sec,
+				     .handler = wk_handler,
+				     .ctx = &k};
+	struct kvp_server *srv = NULL;
+	if ((rc = kvp_server_start(&ko, &srv))) {
+		fprintf(stderr, "kvinfer %s: listen %s: %s\n", name, c.listen, kvp_strerror(rc));
+		sch_destroy(k.s);
+		return 1;
+	}
+	klog_info("%s worker on %s:%u, model %s, kv dir %s", name, host, kvp_server_port(srv),
+		  c.model, c.kv_dir[0] ? c.kv_dir : "(none)");
+	if (c.port_file[0]) {
+		FILE *f = fopen(c.port_file, "w");
+		if (f) {
+			fprintf(f, "%u\n", kvp_server_port(srv));
+			fclose(f);
+		}
+	}
+	int sig = 0;
+	sigwait(&sigs, &sig);
+	kvp_server_stop(srv);
+	sch_destroy(k.s);
+	return 0;
+}
+
+int kvinfer_cmd_prefill(int argc, char **argv)
+{
+	return run_worker(argc, argv, SCH_PREFILL, "prefill");
+}
+
+int kvinfer_cmd_decode(int argc, char **argv)
+{
+	return run_worker(argc, argv, SCH_DECODE, "decode");
+}
