@@ -99,6 +99,13 @@ int kvi_tok_utf8_next(const uint8_t *s, size_t n, int *cp)
 		}
 		v = (v << 6) | (s[i] & 0x3f);
 	}
+	/* Overlong forms (e.g. C0 8D for '\r'), surrogates and values past U+10FFFF are invalid:
+	 * the pre-tokenizer classifies ASCII by byte, so no multi-byte form may decode to ASCII. */
+	static const int min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+	if (v < min_cp[len] || (v >= 0xd800 && v <= 0xdfff) || v > 0x10ffff) {
+		*cp = -1;
+		return 1;
+	}
 	*cp = v;
 	return len;
 }

@@ -252,6 +252,8 @@ static void gpt2_text(const struct kvi_tok *t, struct work *w, const uint8_t *s,
 {
 	while (n) {
 		size_t k = pretok_next(t, s, n);
+		if (k == 0 || k > n)
+			k = 1; /* cannot happen (see utf8_next); never loop or overrun if it did */
 		gpt2_piece(t, w, s, k, o);
 		s += k;
 		n -= k;

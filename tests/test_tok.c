@@ -260,6 +260,7 @@ static const char *SAMPLES[] = {
     "numbers 1234567 and 3.14159, x=42;",
     "code: for (int i = 0; i < n; i++) { x[i] += 1; }",
     "\xff\xfe invalid \xc3 utf8 \xe2\x82",
+    "\xc0\x8d\xff 12345\x01 overlong \xe0\x80\x8a \xed\xa0\x80 \xf4\x90\x80\x80 end",
     " ",
     "\n",
     "<|bos|> not special unless asked",
