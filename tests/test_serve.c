@@ -3,7 +3,10 @@
  * Non-streaming and streaming give the same greedy text; a repeated prompt reports
  * cached_tokens (0 the first time, > 0 the second) with identical output; 20 concurrent
  * clients; malformed bodies are 400s with error JSON and the server keeps serving; a client
- * that disconnects mid-stream has its KV blocks freed (the kv_blocks_used gauge). */
+ * that disconnects mid-stream has its KV blocks freed (the kv_blocks_used gauge).
+ * Disaggregated (kvinfer gateway + 2 prefill + 2 decode workers): the same greedy output as
+ * embedded, cached_tokens on a repeat, 20 clients, and a decode worker killed mid-stream: its
+ * request ends with an error event, new requests go to the survivor. */
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -28,6 +31,11 @@
 static char tmpdir[256];
 static pid_t server = -1;
 static uint16_t port;
+static char embedded_text[4096]; /* greedy output of long_prompt, 12 tokens, embedded mode */
+/* disaggregated mode: 2 prefill, 2 decode workers and a gateway */
+static pid_t workers[4]; /* prefill 0, 1, decode 0, 1 */
+static uint16_t wports[4];
+static pid_t gateway = -1;
 
 static void sleep_ms(int ms)
 {
@@ -175,6 +183,7 @@ static int setup(void **state)
 	return port ? 0 : -1;
 }
 
+/* Stops the embedded server; the temp dir (model) stays for the disaggregated group. */
 static int teardown(void **state)
 {
 	(void)state;
@@ -184,6 +193,11 @@ static int teardown(void **state)
 		waitpid(server, &st, 0);
 		server = -1;
 	}
+	return 0;
+}
+
+static int remove_tmpdir(void)
+{
 	char cmd[512];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
 	return system(cmd) == 0 ? 0 : -1;
@@ -264,6 +278,7 @@ static void test_cached_and_stream(void **state)
 	char *b = completion(long_prompt, 12, 0, &c2, &n2);
 	assert_true(c2 >= 16 && c2 % 16 == 0);
 	assert_string_equal(a, b); /* the cached prefix changes nothing */
+	snprintf(embedded_text, sizeof(embedded_text), "%s", a);
 	char *c = completion(long_prompt, 12, 1, &c3, &n3);
 	assert_int_equal(n3, 12);
 	assert_string_equal(a, c); /* streamed = not streamed */
@@ -360,6 +375,9 @@ static void test_errors_keep_serving(void **state)
 static void test_disconnect_frees_kv(void **state)
 {
 	(void)state;
+	/* idle: no block is held (the gauge is published when the scheduler goes idle) */
+	for (int i = 0; i < 100 && metric("kv_blocks_used") != 0; i++)
+		sleep_ms(20);
 	assert_true(metric("kv_blocks_used") == 0);
 	int fd = connect_port();
 	assert_true(fd >= 0);
@@ -388,6 +406,157 @@ static void test_disconnect_frees_kv(void **state)
 	assert_true(metric("kvfs_requests_total{outcome=\"cancelled\"}") >= 1);
 }
 
+static uint16_t wait_port(const char *path)
+{
+	for (int i = 0; i < 300; i++) {
+		FILE *f = fopen(path, "r");
+		unsigned p = 0;
+		int ok = f && fscanf(f, "%u", &p) == 1;
+		if (f)
+			fclose(f);
+		if (ok && p)
+			return (uint16_t)p;
+		sleep_ms(50);
+	}
+	return 0;
+}
+
+static int setup_disagg(void **state)
+{
+	(void)state;
+	port = 0;
+	const char *bd = getenv("KVFS_BUILD_DIR");
+	char bin[512], model[512], kvdir[512], secret[512], pf[600], logf[600];
+	snprintf(bin, sizeof(bin), "%s/bin/kvinfer", bd ? bd : "build");
+	snprintf(model, sizeof(model), "%s/small.gguf", tmpdir);
+	snprintf(kvdir, sizeof(kvdir), "%s/kv-disagg", tmpdir);
+	snprintf(secret, sizeof(secret), "%s/secret", tmpdir);
+	mkdir(kvdir, 0755);
+	FILE *f = fopen(secret, "w");
+	if (!f)
+		return -1;
+	fputs("test-serve-secret-0123456789abcdef\n", f);
+	fclose(f);
+	for (int i = 0; i < 4; i++) {
+		snprintf(pf, sizeof(pf), "%s/wport%d", tmpdir, i);
+		snprintf(logf, sizeof(logf), "%s/wlog%d", tmpdir, i);
+		workers[i] = fork();
+		if (workers[i] == 0) {
+			if (!freopen(logf, "w", stderr))
+				_exit(126);
+			execl(bin, bin, i < 2 ? "prefill" : "decode", "-m", model, "--kv-dir",
+			      kvdir, "--secret-file", secret, "--port-file", pf, "-t", "1",
+			      "--block-tokens", "16", "--ignore-eos", "--ctx", "4096",
+			      (char *)NULL);
+			_exit(127);
+		}
+	}
+	for (int i = 0; i < 4; i++) {
+		snprintf(pf, sizeof(pf), "%s/wport%d", tmpdir, i);
+		if (!(wports[i] = wait_port(pf)))
+			return -1;
+	}
+	char pl[128], dl[128];
+	snprintf(pl, sizeof(pl), "127.0.0.1:%u,127.0.0.1:%u", wports[0], wports[1]);
+	snprintf(dl, sizeof(dl), "127.0.0.1:%u,127.0.0.1:%u", wports[2], wports[3]);
+	snprintf(pf, sizeof(pf), "%s/gport", tmpdir);
+	snprintf(logf, sizeof(logf), "%s/glog", tmpdir);
+	gateway = fork();
+	if (gateway == 0) {
+		if (!freopen(logf, "w", stderr))
+			_exit(126);
+		execl(bin, bin, "gateway", "--prefill", pl, "--decode", dl, "--secret-file", secret,
+		      "--policy", "least", "--port", "0", "--port-file", pf, (char *)NULL);
+		_exit(127);
+	}
+	port = wait_port(pf);
+	return port ? 0 : -1;
+}
+
+static void stop_pid(pid_t *p)
+{
+	if (*p > 0) {
+		kill(*p, SIGTERM);
+		waitpid(*p, NULL, 0);
+		*p = -1;
+	}
+}
+
+static int teardown_disagg(void **state)
+{
+	stop_pid(&gateway);
+	(void)state;
+	for (int i = 0; i < 4; i++)
+		stop_pid(&workers[i]);
+	return remove_tmpdir();
+}
+
+static void test_disagg_same_output(void **state)
+{
+	(void)state;
+	assert_true(embedded_text[0]);
+	int c1, c2, n1, n2;
+	char *a = completion(long_prompt, 12, 0, &c1, &n1);
+	assert_int_equal(c1, 0);
+	assert_string_equal(a, embedded_text); /* disaggregated = embedded, greedy */
+	char *b = completion(long_prompt, 12, 1, &c2, &n2);
+	assert_true(c2 >= 16 && c2 % 16 == 0); /* the prefill worker published the blocks */
+	assert_string_equal(b, embedded_text);
+	free(a);
+	free(b);
+}
+
+static void test_disagg_concurrent(void **state)
+{
+	test_concurrent(state);
+}
+
+static void test_disagg_kill_decode(void **state)
+{
+	(void)state;
+	int fd = connect_port();
+	assert_true(fd >= 0);
+	assert_int_equal(send_req(fd, "POST", "/v1/completions",
+				  "{\"prompt\":\"a long story\",\"max_tokens\":3000,"
+				  "\"temperature\":0,\"stream\":true}"),
+			 0);
+	size_t cap = 1 << 20, got = 0;
+	char *buf = malloc(cap);
+	while (got < 2000) {
+		ssize_t r = read(fd, buf + got, cap - got - 1);
+		assert_true(r > 0);
+		got += (size_t)r;
+	}
+	/* which decode worker runs it: the one this gateway has a request in flight on */
+	int victim = -1;
+	for (int i = 2; i < 4; i++) {
+		char name[128];
+		snprintf(name, sizeof(name),
+			 "lb_replica_inflight{role=\"decode\",addr=\"127.0.0.1:%u\"}", wports[i]);
+		if (metric(name) == 1)
+			victim = i;
+	}
+	assert_true(victim >= 2);
+	kill(workers[victim], SIGKILL);
+	waitpid(workers[victim], NULL, 0);
+	workers[victim] = -1;
+	ssize_t r;
+	while (got + 1 < cap && (r = read(fd, buf + got, cap - got - 1)) > 0)
+		got += (size_t)r;
+	buf[got] = 0;
+	close(fd);
+	assert_non_null(strstr(buf, "\"error\"")); /* the stream ends with an error event */
+	assert_non_null(strstr(buf, "data: [DONE]"));
+	free(buf);
+	/* new requests go to the survivor (a retry if the balancer had not noticed yet) */
+	for (int k = 0; k < 3; k++) {
+		int c, n;
+		char *t = completion(long_prompt, 12, k == 1, &c, &n);
+		assert_string_equal(t, embedded_text);
+		free(t);
+	}
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -397,5 +566,12 @@ int main(void)
 	    cmocka_unit_test(test_errors_keep_serving),
 	    cmocka_unit_test(test_disconnect_frees_kv),
 	};
-	return cmocka_run_group_tests(tests, setup, teardown);
+	int rc = cmocka_run_group_tests(tests, setup, teardown);
+	const struct CMUnitTest disagg[] = {
+	    cmocka_unit_test(test_disagg_same_output),
+	    cmocka_unit_test(test_disagg_concurrent),
+	    cmocka_unit_test(test_disagg_kill_decode),
+	};
+	/* the disaggregated group reuses the first one's model and temp dir */
+	return rc | cmocka_run_group_tests(disagg, setup_disagg, teardown_disagg);
 }
