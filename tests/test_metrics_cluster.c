@@ -290,6 +290,23 @@ static void test_daemons(void **st)
 	assert_true(meta_value("kvfs_meta_files", "") == NFILES);
 	assert_true(meta_value("kvfs_meta_requests_total", "op=\"unlink\"") == 1);
 
+	/* kvfs status shows the same at a glance */
+	char cli[600];
+	if (kvh_bin("kvfs", cli, sizeof(cli)) == 0) {
+		assert_int_equal(
+		    kvh_sh("'%s' --meta %s --secret-file '%s' status > '%s/status.out'", cli,
+			   g_cl.meta_addr, g_cl.secret_file, g_cl.dir),
+		    0);
+		assert_int_equal(kvh_sh("grep -q '^nodes: %d up of %d' '%s/status.out'", NNODES,
+					NNODES, g_cl.dir),
+				 0);
+		assert_int_equal(kvh_sh("grep -q '^files: %d ' '%s/status.out'", NFILES, g_cl.dir),
+				 0);
+		assert_int_equal(
+		    kvh_sh("grep -q '^counters: expired 0, ' '%s/status.out'", g_cl.dir), 0);
+		assert_int_equal(kvh_sh("grep -q 'use%%' '%s/status.out'", g_cl.dir), 0);
+	}
+
 	/* a node down: meta says so, and reading every file needs parity for some stripes */
 	kill_node0_and_wait();
 	read_all_files(buf);
