@@ -309,7 +309,7 @@ struct mm_job {
 	float *resid; /* 1 matrix: resid += y[0] on this thread's rows (ld = rows) */
 };
 
-static void mm_run(void *arg, int tid, int nth)
+static void mm_run(void *arg, int tid, int nth, int thread)
 {
 	struct mm_job *j = arg;
 	for (int i = 0; i < j->n_mm; i++) {
@@ -317,7 +317,7 @@ static void mm_run(void *arg, int tid, int nth)
 		long lo, hi;
 		kvi_pool_split((long)w->ne[1], tid, nth, 16 /* whole panels */, &lo, &hi);
 		kvk_matmul(j->e->isa, (enum kvk_wtype)w->type, j->y[i], (size_t)w->ne[1], w->data,
-			   j->n, (size_t)lo, (size_t)hi, j->act[i], j->ntok, j->e->scratch[tid]);
+			   j->n, (size_t)lo, (size_t)hi, j->act[i], j->ntok, j->e->scratch[thread]);
 	}
 	/* elementwise epilogues on the rows this thread just wrote: no extra pass, no sync */
 	size_t R = (size_t)j->w[0]->ne[1];
@@ -340,8 +340,9 @@ struct prep_job {
 	size_t n, ntok;
 };
 
-static void prep_run(void *arg, int tid, int nth)
+static void prep_run(void *arg, int tid, int nth, int thread)
 {
+	(void)thread;
 	struct prep_job *j = arg;
 	long lo, hi;
 	kvi_pool_split((long)j->ntok, tid, nth, 1, &lo, &hi);
@@ -380,14 +381,14 @@ struct attn_job {
 
 /* One (token, head) per task: softmax(q . k_j / sqrt(d)) over j = 0..pos in order, then the
  * weighted sum of v_j in the same order. */
-static void attn_run(void *arg, int tid, int nth)
+static void attn_run(void *arg, int tid, int nth, int thread)
 {
 	struct attn_job *j = arg;
 	struct kvi_engine *e = j->e;
 	const struct kvi_config *c = &e->c;
 	int hd = c->head_dim, B = e->o.block_tokens, grp = c->n_head / c->n_head_kv;
 	float scale = 1.0f / sqrtf((float)hd);
-	float *sc = e->scores[tid];
+	float *sc = e->scores[thread];
 	long lo, hi;
 	kvi_pool_split((long)j->ntok * c->n_head, tid, nth, 1, &lo, &hi);
 	for (long task = lo; task < hi; task++) {

@@ -196,7 +196,7 @@ struct rd_job {
 	uint64_t sink[64];
 };
 
-static void rd_run(void *arg, int tid, int nth)
+static void rd_run(void *arg, int tid, int nth, int thread)
 {
 	struct rd_job *j = arg;
 	long lo, hi;
@@ -208,7 +208,7 @@ static void rd_run(void *arg, int tid, int nth)
 		c += j->buf[i + 2];
 		d ^= j->buf[i + 3];
 	}
-	j->sink[tid % 64] = a + b + c + d;
+	j->sink[thread % 64] += a + b + c + d;
 }
 
 /* memcpy GB/s (bytes copied per second) and read GB/s with the pool's threads. */
@@ -273,13 +273,13 @@ struct mm_bench {
 	float **scratch;
 };
 
-static void mmb_run(void *arg, int tid, int nth)
+static void mmb_run(void *arg, int tid, int nth, int thread)
 {
 	struct mm_bench *b = arg;
 	long lo, hi;
 	kvi_pool_split((long)b->rows, tid, nth, 16, &lo, &hi);
 	kvk_matmul(b->isa, b->wt, b->y, b->rows, b->w, b->n, (size_t)lo, (size_t)hi, b->act,
-		   b->ntok, b->scratch[tid]);
+		   b->ntok, b->scratch[thread]);
 }
 
 /* GFLOP/s by the wall clock; *gf_cpu by CPU time / threads (what the threads would do

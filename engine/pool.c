@@ -1,4 +1,10 @@
-/* Thread pool: a generation counter announces a job; workers spin on it, then sleep. */
+/* Thread pool: a generation counter announces a job; workers spin on it, then sleep.
+ *
+ * A job is S = 4n shares. Each is claimed exactly once (an atomic exchange on its flag) by
+ * whichever thread gets to it: thread t scans from its own shares (t*4 ...) onwards, so on an
+ * idle machine every thread runs its own four, and when a worker is descheduled or still
+ * waking the others take its shares. Flags are reset by the caller for each job after fn/arg
+ * are written, so a claim always sees the job it belongs to. */
 #include "pool.h"
 
 #include <errno.h>
@@ -21,7 +27,9 @@ struct kvi_pool {
 	kvi_pool_fn fn;
 	void *arg;
 	atomic_uint gen;
-	atomic_int pending; /* workers still running the current job */
+	int nshares;
+	atomic_int pending;  /* shares not yet finished */
+	atomic_int *claimed; /* per share: 1 once someone took it (reset per job) */
 	atomic_int sleepers;
 	atomic_int stop;
 };
@@ -30,6 +38,20 @@ struct worker_arg {
 	struct kvi_pool *p;
 	int tid;
 };
+
+/* Runs every share still unclaimed, starting at this thread's own. fn/arg were written
+ * before the flags were reset, and a successful exchange is ordered after the reset. */
+static void take_shares(struct kvi_pool *p, int thread)
+{
+	int S = p->nshares, first = thread * KVI_POOL_SHARES_PER_THREAD;
+	for (int k = 0; k < S; k++) {
+		int i = (first + k) % S;
+		if (!atomic_exchange(&p->claimed[i], 1)) {
+			p->fn(p->arg, i, S, thread);
+			atomic_fetch_sub(&p->pending, 1);
+		}
+	}
+}
 
 static void *worker(void *a)
 {
@@ -59,8 +81,7 @@ static void *worker(void *a)
 		seen = g;
 		if (atomic_load(&p->stop))
 			return NULL;
-		p->fn(p->arg, wa.tid, p->n);
-		atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
+		take_shares(p, wa.tid);
 	}
 }
 
@@ -88,10 +109,16 @@ int kvi_pool_create(int nthreads, struct kvi_pool **out)
 	pthread_cond_init(&p->cv, NULL);
 	atomic_init(&p->gen, 0);
 	p->th = calloc((size_t)nthreads, sizeof(pthread_t));
-	if (!p->th) {
+	p->nshares = nthreads * KVI_POOL_SHARES_PER_THREAD;
+	p->claimed = calloc((size_t)p->nshares, sizeof(atomic_int));
+	if (!p->th || !p->claimed) {
+		free(p->th);
+		free(p->claimed);
 		free(p);
 		return -ENOMEM;
 	}
+	for (int i = 0; i < p->nshares; i++)
+		atomic_init(&p->claimed[i], 1);
 	for (int i = 1; i < nthreads; i++) {
 		struct worker_arg *wa = malloc(sizeof(*wa));
 		int rc = wa ? 0 : ENOMEM;
@@ -123,6 +150,7 @@ void kvi_pool_destroy(struct kvi_pool *p)
 	pthread_mutex_destroy(&p->mu);
 	pthread_cond_destroy(&p->cv);
 	free(p->th);
+	free(p->claimed);
 	free(p);
 }
 
@@ -134,16 +162,19 @@ int kvi_pool_size(const struct kvi_pool *p)
 void kvi_pool_run(struct kvi_pool *p, kvi_pool_fn fn, void *arg)
 {
 	if (p->n == 1) {
-		fn(arg, 0, 1);
+		for (int i = 0; i < p->nshares; i++)
+			fn(arg, i, p->nshares, 0);
 		return;
 	}
 	p->fn = fn;
 	p->arg = arg;
-	atomic_store_explicit(&p->pending, p->n - 1, memory_order_relaxed);
+	atomic_store(&p->pending, p->nshares);
+	for (int i = 0; i < p->nshares; i++)
+		atomic_store(&p->claimed[i], 0);
 	announce(p);
-	fn(arg, 0, p->n);
+	take_shares(p, 0);
 	int spins = 0;
-	while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) {
+	while (atomic_load(&p->pending) > 0) {
 		if (++spins > SPIN_ITERS / 8)
 			sched_yield();
 #if defined(__x86_64__) || defined(__i386__)

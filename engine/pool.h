@@ -1,8 +1,12 @@
 /* pool — a small persistent thread pool for the forward pass (no thread creation per op).
  *
- * kvi_pool_run(p, fn, arg) calls fn(arg, tid, n) once on each of the n threads (the caller is
- * tid 0, n - 1 workers are the pool's) and returns when all have returned. fn splits its work
- * by tid itself, statically, so which thread computes what is a pure function of (tid, n).
+ * kvi_pool_run(p, fn, arg) calls fn(arg, share, nshares, thread) exactly once for each share
+ * 0 <= share < nshares (nshares = KVI_POOL_SHARES_PER_THREAD * threads, fixed per pool) and
+ * returns when all have returned. Threads take shares dynamically (their own first, then any
+ * left), so a descheduled or late worker never stalls a job: the others take its shares. fn
+ * splits its work by share statically, so what a share computes is a pure function of
+ * (share, nshares) whichever thread runs it; per-thread scratch is indexed by `thread`
+ * (0 = the caller), which is unique among concurrently running shares.
  * Workers spin briefly between jobs (decode issues thousands of small jobs a second), then
  * sleep on a condition variable.
  *
@@ -12,14 +16,16 @@
 
 struct kvi_pool;
 
-typedef void (*kvi_pool_fn)(void *arg, int tid, int nthreads);
+#define KVI_POOL_SHARES_PER_THREAD 4
+
+typedef void (*kvi_pool_fn)(void *arg, int share, int nshares, int thread);
 
 /* nthreads >= 1 (1 = no workers, run inline). Returns 0, -EINVAL or -ENOMEM / -errno of
  * pthread_create. */
 int kvi_pool_create(int nthreads, struct kvi_pool **out);
 /* Joins the workers. NULL is a no-op. */
 void kvi_pool_destroy(struct kvi_pool *p);
-int kvi_pool_size(const struct kvi_pool *p);
+int kvi_pool_size(const struct kvi_pool *p); /* threads */
 void kvi_pool_run(struct kvi_pool *p, kvi_pool_fn fn, void *arg);
 
 /* [*lo, *hi) = part tid of n items split into nthreads contiguous parts whose boundaries are
