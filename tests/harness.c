@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -30,10 +31,17 @@ int kvh_bin(const char *name, char *out, size_t cap)
 
 pid_t kvh_spawn(const char *bin, char *const argv[], const char *logfile)
 {
+	pid_t parent = getpid();
 	pid_t pid = fork();
 	if (pid < 0)
 		return -errno;
 	if (pid == 0) {
+		/* A test that dies (a failed assert, a crash) must not leave daemons behind: they
+		 * get SIGKILL when the thread that started them ends. Spawn from the test's main
+		 * thread. */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != parent)
+			_exit(127);
 		int fd = open(logfile ? logfile : "/dev/null", O_WRONLY | O_CREAT | O_APPEND, 0644);
 		if (fd >= 0) {
 			dup2(fd, 1);

@@ -67,6 +67,8 @@ int kvh_node_add(struct kvh_cluster *cl, const char *node_args);
 int kvh_wait_nodes_up(struct kvh_cluster *cl, int up, int timeout_ms);
 
 /* Generic: starts bin with argv (argv[0] included, NULL-terminated), stdout+stderr to logfile.
+ * The child is killed when the calling thread ends (PR_SET_PDEATHSIG), so a crashed or failed
+ * test leaves no daemons: start processes from the test's main thread.
  * Returns the pid or a negative errno. */
 pid_t kvh_spawn(const char *bin, char *const argv[], const char *logfile);
 /* Signals pid, waits up to timeout_ms for it to exit (SIGKILL after), reaps it. */
