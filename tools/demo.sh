@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The main job (`make demo`): a local kvfs cluster — kvfs-meta + 11 kvfs-node under one state
 # directory — mounted with kvfs-mount; writes and reads a few 2 MiB block files through the
-# mount, checks them, and shows what an operator sees (ls, du, df, .kvfs/nodes, xattrs).
-# The cluster and the mount keep running afterwards; stop them with `make demo-stop`
+# mount, checks them, and shows what an operator sees (ls, du, df, .kvfs/nodes, xattrs). Then
+# serving: a synthetic model, `kvinfer gateway` with 2 prefill + 2 decode workers whose KV
+# cache is on the mount, two requests sharing a long prefix (TTFT and cached_tokens of each).
+# The cluster, the mount and the servers keep running afterwards; stop them with `make demo-stop`
 # (= tools/demo.sh stop).
 #
 #   tools/demo.sh [BUILD]         start (restarts a demo already running)
@@ -26,6 +28,11 @@ stop() {
 	if is_mounted; then
 		fusermount3 -u "$mnt" 2>/dev/null || fusermount3 -uz "$mnt" || true
 		echo "demo: unmounted $mnt"
+	fi
+	if [ -f "$state/serve.pids" ]; then # the kvinfer gateway and workers
+		while read -r p; do kill "$p" 2>/dev/null || true; done <"$state/serve.pids"
+		rm -f "$state/serve.pids"
+		echo "demo: stopped the kvinfer gateway and workers"
 	fi
 	if [ -f "$state/pids" ]; then
 		bash "$here/kvfs-cluster.sh" stop "$state"
@@ -112,6 +119,48 @@ if command -v python3 >/dev/null; then
 for n in os.listxattr(sys.argv[1]):
     print("%s: %s" % (n, os.getxattr(sys.argv[1], n).decode().rstrip().replace("\n", "\n    ")))' \
 		"$dir/$f"
+fi
+
+echo
+echo "== serving: kvinfer gateway + 2 prefill + 2 decode workers, KV cache on the mount"
+if [ -x "$build/bin/kvinfer" ] && [ -x "$build/tools/kvinfer-synth" ] &&
+	[ -x "$build/tools/kvinfer-load" ]; then
+	model=$state/demo-model.gguf
+	"$build/tools/kvinfer-synth" --preset "${KVFS_DEMO_PRESET:-small}" -o "$model" >/dev/null
+	mkdir -p "$mnt/kv"
+	w=(-m "$model" --kv-dir "$mnt/kv" --secret-file "$state/secret" -t 1 --ignore-eos)
+	for i in 0 1; do
+		rm -f "$state/prefill$i.port" "$state/decode$i.port"
+		"$build/bin/kvinfer" prefill "${w[@]}" --port-file "$state/prefill$i.port" \
+			2>"$state/prefill$i.log" &
+		echo $! >>"$state/serve.pids"
+		"$build/bin/kvinfer" decode "${w[@]}" --port-file "$state/decode$i.port" \
+			2>"$state/decode$i.log" &
+		echo $! >>"$state/serve.pids"
+	done
+	wait_port() { for _ in $(seq 1 300); do [ -s "$1" ] && return 0; sleep 0.1; done; return 1; }
+	for f in prefill0 prefill1 decode0 decode1; do wait_port "$state/$f.port"; done
+	pf=127.0.0.1:$(cat "$state/prefill0.port"),127.0.0.1:$(cat "$state/prefill1.port")
+	dc=127.0.0.1:$(cat "$state/decode0.port"),127.0.0.1:$(cat "$state/decode1.port")
+	rm -f "$state/gateway.port"
+	"$build/bin/kvinfer" gateway --prefill "$pf" --decode "$dc" --secret-file "$state/secret" \
+		--policy cache --port 0 --port-file "$state/gateway.port" 2>"$state/gateway.log" &
+	echo $! >>"$state/serve.pids"
+	wait_port "$state/gateway.port"
+	port=$(cat "$state/gateway.port")
+	sleep 0.3
+	echo "   gateway: http://127.0.0.1:$port/v1/completions (prefill $pf, decode $dc)"
+	echo "   two requests sharing a long prefix (a ~1000-token document, different questions):"
+	for i in 0 1; do
+		"$build/tools/kvinfer-load" --port "$port" --requests 1 --concurrency 1 --prefixes 1 \
+			--prefix-words 250 --max-tokens 8 --offset "$i" --label "request-$((i + 1))" |
+			awk '{ for (k = 1; k <= NF; k++) { if ($k == "p50") t = $(k+1); if ($k == "prompt") p = $(k+1); if ($k == "cached") c = $(k+1) } }
+			     { printf "   %s: TTFT %s ms, prompt %s tokens, cached_tokens %s\n", $1, t, p, c }'
+	done
+	echo "   the KV blocks on the mount: $(find "$mnt/kv" -name '*.kvb' | wc -l) files"
+	echo "   try:  curl -s http://127.0.0.1:$port/v1/completions -d '{\"prompt\":\"Hello\",\"max_tokens\":8}'"
+else
+	echo "   (kvinfer, kvinfer-synth or kvinfer-load not built: skipped)"
 fi
 
 echo

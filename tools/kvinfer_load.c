@@ -7,7 +7,7 @@
  * (with --label, for tables). --concurrency clients run at once.
  *
  * Usage: kvinfer-load --port P [--requests 16] [--concurrency 4] [--prefixes 2]
- *        [--prefix-words 300] [--max-tokens 8] [--label NAME]
+ *        [--prefix-words 300] [--max-tokens 8] [--offset 0] [--label NAME]
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 struct load {
-	int port, requests, conc, prefixes, words, max_tokens;
+	int port, requests, conc, prefixes, words, max_tokens, offset;
 	const char *label;
 	pthread_mutex_t mu;
 	int next;
@@ -126,7 +126,7 @@ static void *client(void *arg)
 			return NULL;
 		double t;
 		long g = 0, p = 0, c = 0;
-		int rc = one(l, i, &t, &g, &p, &c);
+		int rc = one(l, i + l->offset, &t, &g, &p, &c);
 		pthread_mutex_lock(&l->mu);
 		if (rc) {
 			l->nfail++;
@@ -169,6 +169,8 @@ int main(int argc, char **argv)
 			l.words = v;
 		else if (!strcmp(k, "--max-tokens"))
 			l.max_tokens = v;
+		else if (!strcmp(k, "--offset")) /* first request number (question text) */
+			l.offset = v;
 		else if (!strcmp(k, "--label"))
 			l.label = argv[i + 1];
 		else {
