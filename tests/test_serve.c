@@ -198,6 +198,10 @@ static int teardown(void **state)
 
 static int remove_tmpdir(void)
 {
+	if (getenv("KVFS_TEST_KEEP")) { /* debugging: keep the workers' logs */
+		fprintf(stderr, "kept %s\n", tmpdir);
+		return 0;
+	}
 	char cmd[512];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
 	return system(cmd) == 0 ? 0 : -1;

@@ -100,6 +100,7 @@ int kvinfer_cmd_gateway(int argc, char **argv)
 	}
 	int sig = 0;
 	sigwait(&sigs, &sig);
+	lb_stop(l); /* every job finished while the gateway still exists */
 	gw_stop(g);
 	lb_destroy(l);
 	return 0;

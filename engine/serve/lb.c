@@ -46,13 +46,17 @@ struct lb {
 	struct role pf, dc;
 	int stop;
 	pthread_t health;
-	atomic_int threads; /* request threads alive */
+	atomic_int threads;  /* request threads alive */
+	struct lreq *active; /* requests whose thread runs; guarded by mu */
+	int stopping;	     /* lb_stop: no new requests; guarded by mu */
 	uint64_t retries;
 };
 
-/* One request: owned by its thread until gw_job_finish, freed by release. */
+/* One request: referenced by its thread and by the gateway job (dropped in release). */
 struct lreq {
 	struct lb *l;
+	atomic_int refs;
+	struct lreq *prev, *next; /* l->active */
 	struct gw_job *job;
 	char *prompt;
 	char *salt;
@@ -201,7 +205,9 @@ static int do_prefill(struct lreq *q, struct pf_result *res)
 	int est = (int)(plen / 4) + 1;
 	for (;;) {
 		pthread_mutex_lock(&l->mu);
-		int i = pick(l, &l->pf, 1, key, skip);
+		int i = l->stopping ? -1 : pick(l, &l->pf, 1, key, skip);
+		if (l->stopping)
+			rc = -ESHUTDOWN;
 		if (i >= 0) {
 			l->pf.r[i].inflight++;
 			l->pf.r[i].inflight_tokens += est;
@@ -321,12 +327,29 @@ static int decode_on(struct lreq *q, struct replica *r, const struct kvp_wbuf *w
 	return rc;
 }
 
+static void lreq_put(struct lreq *q)
+{
+	if (!q || atomic_fetch_sub(&q->refs, 1) != 1)
+		return;
+	free(q->prompt);
+	free(q->salt);
+	pthread_mutex_destroy(&q->mu);
+	free(q);
+}
+
 static void *req_main(void *arg)
 {
 	struct lreq *q = arg;
 	struct lb *l = q->l;
 	struct pf_result pr = {0};
 	int rc = do_prefill(q, &pr);
+	pthread_mutex_lock(&q->mu);
+	int cancelled = q->cancelled;
+	pthread_mutex_unlock(&q->mu);
+	if (!rc && cancelled) {
+		gw_job_finish(q->job, NULL, -ECANCELED, "cancelled");
+		goto out;
+	}
 	if (rc) {
 		gw_job_finish(q->job, NULL, rc,
 			      rc == -EAGAIN ? "no prefill replica is up" : "prefill failed");
@@ -377,21 +400,20 @@ static void *req_main(void *arg)
 out:
 	free(pr.toks);
 	free(pr.body);
+	pthread_mutex_lock(&l->mu);
+	if (q->prev)
+		q->prev->next = q->next;
+	else
+		l->active = q->next;
+	if (q->next)
+		q->next->prev = q->prev;
+	pthread_mutex_unlock(&l->mu);
+	lreq_put(q);
 	atomic_fetch_sub(&l->threads, 1);
 	return NULL;
 }
 
 /* ---- gw_backend ---------------------------------------------------------------------- */
-
-static void lreq_free(struct lreq *q)
-{
-	if (!q)
-		return;
-	free(q->prompt);
-	free(q->salt);
-	pthread_mutex_destroy(&q->mu);
-	free(q);
-}
 
 static int be_submit(void *ctx, struct gw_job *job, const struct gw_req *g)
 {
@@ -401,6 +423,7 @@ static int be_submit(void *ctx, struct gw_job *job, const struct gw_req *g)
 	if (!q)
 		return -ENOMEM;
 	pthread_mutex_init(&q->mu, NULL);
+	atomic_init(&q->refs, 1);
 	q->l = l;
 	q->job = job;
 	q->fd = -1;
@@ -409,7 +432,7 @@ static int be_submit(void *ctx, struct gw_job *job, const struct gw_req *g)
 	q->salt = o->salt ? strdup(o->salt) : NULL;
 	if (!q->prompt || (o->salt && !q->salt) || (o->salt && strlen(o->salt) >= KVW_SALT_MAX)) {
 		int rc = q->prompt && o->salt && q->salt ? -EINVAL : -ENOMEM;
-		lreq_free(q);
+		lreq_put(q);
 		return rc;
 	}
 	kvi_sample_params_default(&q->sp);
@@ -418,8 +441,20 @@ static int be_submit(void *ctx, struct gw_job *job, const struct gw_req *g)
 	q->sp.top_k = o->top_k;
 	q->sp.seed = o->has_seed ? o->seed : g->id * 0x9E3779B97F4A7C15ULL;
 	q->sp.max_tokens = o->max_tokens;
-	gw_job_set_backend_data(job, q);
+	pthread_mutex_lock(&l->mu);
+	if (l->stopping) {
+		pthread_mutex_unlock(&l->mu);
+		lreq_put(q);
+		return -EAGAIN;
+	}
+	atomic_fetch_add(&q->refs, 1); /* the thread's */
+	q->next = l->active;
+	if (l->active)
+		l->active->prev = q;
+	l->active = q;
 	atomic_fetch_add(&l->threads, 1);
+	pthread_mutex_unlock(&l->mu);
+	gw_job_set_backend_data(job, q);
 	pthread_t t;
 	pthread_attr_t a;
 	pthread_attr_init(&a);
@@ -427,9 +462,18 @@ static int be_submit(void *ctx, struct gw_job *job, const struct gw_req *g)
 	int rc = -pthread_create(&t, &a, req_main, q);
 	pthread_attr_destroy(&a);
 	if (rc) {
+		pthread_mutex_lock(&l->mu);
+		if (q->prev)
+			q->prev->next = q->next;
+		else
+			l->active = q->next;
+		if (q->next)
+			q->next->prev = q->prev;
+		pthread_mutex_unlock(&l->mu);
 		atomic_fetch_sub(&l->threads, 1);
 		gw_job_set_backend_data(job, NULL);
-		lreq_free(q);
+		lreq_put(q);
+		lreq_put(q);
 	}
 	return rc;
 }
@@ -450,7 +494,7 @@ static void be_cancel(void *ctx, struct gw_job *job)
 static void be_release(void *ctx, struct gw_job *job)
 {
 	(void)ctx;
-	lreq_free(gw_job_backend_data(job));
+	lreq_put(gw_job_backend_data(job));
 }
 
 static void be_metrics(void *ctx, FILE *f)
@@ -613,10 +657,30 @@ int lb_create(const struct lb_opts *o, struct lb **out)
 	return 0;
 }
 
+void lb_stop(struct lb *l)
+{
+	pthread_mutex_lock(&l->mu);
+	l->stopping = 1;
+	for (struct lreq *q = l->active; q; q = q->next) {
+		pthread_mutex_lock(&q->mu);
+		q->cancelled = 1;
+		if (q->fd >= 0)
+			shutdown(q->fd, SHUT_RDWR);
+		pthread_mutex_unlock(&q->mu);
+	}
+	pthread_mutex_unlock(&l->mu);
+	/* a prefill call in flight ends by itself (bounded by its RPC timeout) */
+	while (atomic_load(&l->threads) > 0) {
+		struct timespec ts = {0, 10 * 1000000L};
+		nanosleep(&ts, NULL);
+	}
+}
+
 void lb_destroy(struct lb *l)
 {
 	if (!l)
 		return;
+	lb_stop(l);
 	pthread_mutex_lock(&l->mu);
 	l->stop = 1;
 	pthread_cond_signal(&l->cv);

@@ -44,7 +44,10 @@ struct lb;
 /* Parses the address lists (1..LB_MAX_REPLICAS each) and starts the health thread. Returns 0,
  * -EINVAL (bad list), -ENOMEM. */
 int lb_create(const struct lb_opts *o, struct lb **out);
-/* After gw_stop (no request runs any more). */
+/* Refuses new requests, cancels the running ones (each is finished) and waits for their
+ * threads. Call before gw_stop, so no job is finished while the gateway is freed. */
+void lb_stop(struct lb *l);
+/* lb_stop, then frees. After gw_stop. */
 void lb_destroy(struct lb *l);
 void lb_backend(struct lb *l, struct gw_backend *out);
 /* "rr", "least", "cache" -> policy, or -EINVAL. */

@@ -191,7 +191,8 @@ static int attach_handover(struct sch *s, struct sch_req *r, int cached)
 	int32_t *ids = malloc((size_t)(nb + 1) * sizeof(int32_t));
 	struct kvi_seq *full = NULL;
 	if (ids && !kvi_kv_block_import(kv, id, r->blk, r->blen) && !kvi_seq_create(kv, &full)) {
-		memcpy(ids, kvi_seq_blocks(r->seq), (size_t)nb * sizeof(int32_t));
+		if (nb > 0)
+			memcpy(ids, kvi_seq_blocks(r->seq), (size_t)nb * sizeof(int32_t));
 		ids[nb] = id;
 		if (!kvi_seq_attach(full, ids, nb + 1, r->n)) {
 			kvi_seq_destroy(r->seq);
@@ -665,14 +666,15 @@ fail:
 	return rc;
 }
 
-void sch_destroy(struct sch *s)
+void sch_stop(struct sch *s)
 {
-	if (!s)
-		return;
 	pthread_mutex_lock(&s->mu);
+	int was = s->stop;
 	s->stop = 1;
 	pthread_cond_signal(&s->cv);
 	pthread_mutex_unlock(&s->mu);
+	if (was)
+		return;
 	pthread_join(s->thr, NULL);
 	/* requests submitted after the thread's last look at the queue */
 	while (s->inq) {
@@ -680,6 +682,13 @@ void sch_destroy(struct sch *s)
 		s->inq = r->next;
 		r->k.finish(r->u, NULL, -ESHUTDOWN, "server shutting down");
 	}
+}
+
+void sch_destroy(struct sch *s)
+{
+	if (!s)
+		return;
+	sch_stop(s);
 	kvx_destroy(s->kx);
 	kvi_engine_destroy(s->e);
 	kvi_tok_free(s->tok);

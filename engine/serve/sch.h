@@ -101,7 +101,10 @@ size_t sch_block_bytes(const struct sch *s);
 /* Loads the model and tokenizer, creates the engine (KV pool of max_seqs * max_ctx tokens) and
  * the kvx, and starts the thread. Returns 0, -EINVAL (bad model, options), -ENOENT, -ENOMEM. */
 int sch_create(const struct sch_opts *o, struct sch **out);
-/* Finishes every request with an error, stops the thread, frees. Call after gw_stop. */
+/* Finishes every request (-ESHUTDOWN), stops the thread; later submits get -EAGAIN, cancels
+ * are harmless. Call before gw_stop, so no job is finished while the gateway is freed. */
+void sch_stop(struct sch *s);
+/* sch_stop, then frees. After gw_stop. */
 void sch_destroy(struct sch *s);
 /* The embedded backend to pass to gw_start (SCH_FULL requests); valid while s lives. */
 void sch_backend(struct sch *s, struct gw_backend *out);

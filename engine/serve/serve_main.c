@@ -122,6 +122,7 @@ int kvinfer_cmd_serve(int argc, char **argv)
 	int sig = 0;
 	sigwait(&sigs, &sig);
 	klog_info("signal %d: stopping", sig);
+	sch_stop(s); /* every job finished while the gateway still exists */
 	gw_stop(g);
 	sch_destroy(s);
 	return 0;

@@ -282,6 +282,7 @@ static int run_worker(int argc, char **argv, enum sch_mode mode, const char *nam
 	}
 	int sig = 0;
 	sigwait(&sigs, &sig);
+	sch_stop(k.s); /* replies go out while the connections still exist */
 	kvp_server_stop(srv);
 	sch_destroy(k.s);
 	return 0;
