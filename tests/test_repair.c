@@ -15,6 +15,22 @@
 
 #define NFILES 24
 
+/* The running test's cluster and client, stopped by teardown even when an assertion failed. */
+static struct kvh_cluster g_cl;
+static int g_up;
+static struct kvc *g_c;
+
+static int teardown(void **state)
+{
+	(void)state;
+	kvc_close(g_c);
+	g_c = NULL;
+	if (g_up)
+		kvh_cluster_stop(&g_cl);
+	g_up = 0;
+	return 0;
+}
+
 static int have_bins(void)
 {
 	char bin[600];
@@ -76,26 +92,27 @@ static void test_repair(void **state)
 	(void)state;
 	if (!have_bins())
 		skip();
-	struct kvh_cluster cl;
+	struct kvh_cluster *const clp = &g_cl;
 	/* 5 nodes, stripes of 2+1: after one loss 4 remain, so repair has room for distinct
 	 * nodes, and after a second loss reads need every stripe whole again. */
-	assert_int_equal(kvh_cluster_start(&cl, 5,
+	g_up = 1; /* even a half-started cluster is stopped by teardown */
+	assert_int_equal(kvh_cluster_start(clp, 5,
 					   "--k 2 --m 1 --node-timeout 1s --gc-interval 0.1s "
 					   "--repair-delay 0",
 					   NULL),
 			 0);
-	struct kvc *c = client(&cl);
+	struct kvc *c = g_c = client(clp);
 	mkdirs(c);
 	for (int i = 0; i < NFILES; i++) {
 		char p[64];
 		snprintf(p, sizeof(p), "/d%d/f%d", i % 3, i);
 		assert_int_equal(rt_put(c, p, file_size(i), 100 + (uint64_t)i), 0);
 	}
-	uint32_t lost = node_id(c, &cl, 0);
-	int held = rt_node_chunks(&cl, 0, NULL, 0);
+	uint32_t lost = node_id(c, clp, 0);
+	int held = rt_node_chunks(clp, 0, NULL, 0);
 	assert_true(held > 0);
-	assert_int_equal(kvh_node_kill(&cl, 0, SIGKILL), 0);
-	assert_int_equal(kvh_wait_nodes_up(&cl, 4, 10000), 0);
+	assert_int_equal(kvh_node_kill(clp, 0, SIGKILL), 0);
+	assert_int_equal(kvh_wait_nodes_up(clp, 4, 10000), 0);
 	assert_int_equal(rt_maint(c, KVP_MAINT_NODE_REMOVE, lost), -EBUSY); /* still owns chunks */
 
 	struct rt_status s = {0};
@@ -110,14 +127,12 @@ static void test_repair(void **state)
 	assert_true(s.bytes > 0);
 
 	/* A second node goes: every stripe must be whole again for this to read. */
-	assert_int_equal(kvh_node_kill(&cl, 1, SIGKILL), 0);
-	assert_int_equal(kvh_wait_nodes_up(&cl, 3, 10000), 0);
+	assert_int_equal(kvh_node_kill(clp, 1, SIGKILL), 0);
+	assert_int_equal(kvh_wait_nodes_up(clp, 3, 10000), 0);
 	check_files(c);
 	/* The first node owns nothing now: it can be forgotten. */
 	assert_int_equal(rt_maint(c, KVP_MAINT_NODE_REMOVE, lost), 0);
 	assert_int_equal(rt_maint(c, KVP_MAINT_NODE_REMOVE, lost), -ENOENT);
-	kvc_close(c);
-	kvh_cluster_stop(&cl);
 }
 
 static void test_drain(void **state)
@@ -125,22 +140,23 @@ static void test_drain(void **state)
 	(void)state;
 	if (!have_bins())
 		skip();
-	struct kvh_cluster cl;
-	assert_int_equal(kvh_cluster_start(&cl, 4,
+	struct kvh_cluster *const clp = &g_cl;
+	g_up = 1; /* even a half-started cluster is stopped by teardown */
+	assert_int_equal(kvh_cluster_start(clp, 4,
 					   "--k 2 --m 1 --node-timeout 2s --gc-interval 0.1s "
 					   "--repair-delay 0",
 					   NULL),
 			 0);
-	struct kvc *c = client(&cl);
+	struct kvc *c = g_c = client(clp);
 	mkdirs(c);
 	for (int i = 0; i < NFILES; i++) {
 		char p[64];
 		snprintf(p, sizeof(p), "/d%d/f%d", i % 3, i);
 		assert_int_equal(rt_put(c, p, file_size(i), 100 + (uint64_t)i), 0);
 	}
-	uint32_t id = node_id(c, &cl, 2);
-	int held = rt_node_chunks(&cl, 2, NULL, 0);
-	fprintf(stderr, "  node %u holds %d chunks (%d in all)\n", id, held, rt_all_chunks(&cl));
+	uint32_t id = node_id(c, clp, 2);
+	int held = rt_node_chunks(clp, 2, NULL, 0);
+	fprintf(stderr, "  node %u holds %d chunks (%d in all)\n", id, held, rt_all_chunks(clp));
 	assert_int_equal(rt_maint(c, KVP_MAINT_NODE_REMOVE, id), -EBUSY); /* up, not drained */
 	struct rt_status s = {0};
 	assert_int_equal(rt_job(c, KVP_MAINT_DRAIN, id, 60000, &s), 0);
@@ -149,9 +165,9 @@ static void test_drain(void **state)
 	/* No new chunk lands on a draining node, and its old ones are deleted. */
 	assert_int_equal(rt_put(c, "/after", 100000, 7), 0);
 	int64_t end = rt_now_ms() + 5000;
-	while (rt_node_chunks(&cl, 2, NULL, 0) && rt_now_ms() < end)
+	while (rt_node_chunks(clp, 2, NULL, 0) && rt_now_ms() < end)
 		rt_sleep_ms(50);
-	assert_int_equal(rt_node_chunks(&cl, 2, NULL, 0), 0);
+	assert_int_equal(rt_node_chunks(clp, 2, NULL, 0), 0);
 	struct kvc_node *n;
 	size_t nn;
 	assert_int_equal(kvc_nodes(c, &n, &nn), 0);
@@ -159,12 +175,10 @@ static void test_drain(void **state)
 		if (n[j].id == id)
 			assert_int_equal(n[j].state, KVP_NODE_DRAINING);
 	free(n);
-	assert_int_equal(kvh_node_kill(&cl, 2, SIGTERM), 0);
+	assert_int_equal(kvh_node_kill(clp, 2, SIGTERM), 0);
 	assert_int_equal(rt_maint(c, KVP_MAINT_NODE_REMOVE, id), 0);
 	check_files(c);
 	assert_int_equal(rt_check(c, "/after", 100000, 7), 0);
-	kvc_close(c);
-	kvh_cluster_stop(&cl);
 }
 
 /* Flips one byte in the data of up to `max` chunk files of node i. Returns how many. */
@@ -200,20 +214,21 @@ static void test_scrub(void **state)
 	(void)state;
 	if (!have_bins())
 		skip();
-	struct kvh_cluster cl;
-	assert_int_equal(kvh_cluster_start(&cl, 4,
+	struct kvh_cluster *const clp = &g_cl;
+	g_up = 1; /* even a half-started cluster is stopped by teardown */
+	assert_int_equal(kvh_cluster_start(clp, 4,
 					   "--k 2 --m 1 --node-timeout 2s --gc-interval 0.1s "
 					   "--repair-delay 0 --scrub-interval 0",
 					   "--direct-read"),
 			 0);
-	struct kvc *c = client(&cl);
+	struct kvc *c = g_c = client(clp);
 	mkdirs(c);
 	for (int i = 0; i < NFILES; i++) {
 		char p[64];
 		snprintf(p, sizeof(p), "/d%d/f%d", i % 3, i);
 		assert_int_equal(rt_put(c, p, file_size(i), 100 + (uint64_t)i), 0);
 	}
-	int rotten = rot_node(&cl, 1, 4) + rot_node(&cl, 3, 3);
+	int rotten = rot_node(clp, 1, 4) + rot_node(clp, 3, 3);
 	assert_true(rotten >= 4);
 	check_files(c); /* never wrong: CRC catches the flips, parity decodes */
 
@@ -224,14 +239,14 @@ static void test_scrub(void **state)
 		(unsigned long long)s.st[KVP_MST_SCRUB_CORRUPT],
 		(unsigned long long)s.st[KVP_MST_SCRUB_MISSING],
 		(unsigned long long)s.st[KVP_MST_SCRUB_REPAIRED]);
-	assert_int_equal(s.st[KVP_MST_SCRUB_CHECKED], (uint64_t)rt_all_chunks(&cl));
+	assert_int_equal(s.st[KVP_MST_SCRUB_CHECKED], (uint64_t)rt_all_chunks(clp));
 	assert_int_equal(s.st[KVP_MST_SCRUB_CORRUPT], (uint64_t)rotten);
 	assert_int_equal(s.st[KVP_MST_SCRUB_REPAIRED], (uint64_t)rotten);
 	assert_int_equal(s.failed, 0);
 
 	/* A chunk file deleted on disk is found missing and rebuilt too. */
 	char victim[1000];
-	assert_true(rt_node_chunks(&cl, 0, victim, sizeof(victim)) > 0);
+	assert_true(rt_node_chunks(clp, 0, victim, sizeof(victim)) > 0);
 	assert_int_equal(unlink(victim), 0);
 	assert_int_equal(rt_job(c, KVP_MAINT_SCRUB, 0, 60000, &s), 0);
 	assert_int_equal(s.st[KVP_MST_SCRUB_CORRUPT], (uint64_t)rotten); /* none new */
@@ -239,20 +254,18 @@ static void test_scrub(void **state)
 	assert_int_equal(s.st[KVP_MST_SCRUB_REPAIRED], (uint64_t)rotten + 1);
 
 	/* Every stripe is whole again: with any one node gone, everything still reads. */
-	assert_int_equal(kvh_node_kill(&cl, 2, SIGKILL), 0);
-	assert_int_equal(kvh_wait_nodes_up(&cl, 3, 10000), 0);
+	assert_int_equal(kvh_node_kill(clp, 2, SIGKILL), 0);
+	assert_int_equal(kvh_wait_nodes_up(clp, 3, 10000), 0);
 	check_files(c);
-	kvc_close(c);
-	kvh_cluster_stop(&cl);
 }
 
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_repair),
-	    cmocka_unit_test(test_drain),
-	    cmocka_unit_test(test_scrub),
+	    cmocka_unit_test_teardown(test_repair, teardown),
+	    cmocka_unit_test_teardown(test_drain, teardown),
+	    cmocka_unit_test_teardown(test_scrub, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

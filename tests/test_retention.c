@@ -14,6 +14,28 @@
 #include "kvec.h"
 #include "ret_tutil.h"
 
+/* The running test's cluster and client, stopped by teardown even when an assertion failed. */
+static struct kvh_cluster g_cl;
+static int g_up;
+static struct kvc *g_c;
+static pid_t g_child; /* test_gc's writer, killed by teardown if still there */
+
+static int teardown(void **state)
+{
+	(void)state;
+	if (g_child > 0) {
+		kill(g_child, SIGKILL);
+		waitpid(g_child, NULL, 0);
+		g_child = 0;
+	}
+	kvc_close(g_c);
+	g_c = NULL;
+	if (g_up)
+		kvh_cluster_stop(&g_cl);
+	g_up = 0;
+	return 0;
+}
+
 static int have_bins(void)
 {
 	char bin[600];
@@ -37,14 +59,15 @@ static void test_ttl(void **state)
 	(void)state;
 	if (!have_bins())
 		skip();
-	struct kvh_cluster cl;
-	assert_int_equal(kvh_cluster_start(&cl, 3,
+	struct kvh_cluster *const clp = &g_cl;
+	g_up = 1; /* even a half-started cluster is stopped by teardown */
+	assert_int_equal(kvh_cluster_start(clp, 3,
 					   "--k 2 --m 1 --ttl 3s --ttl-rules /keep=0 "
 					   "--retention-interval 0.2s --atime-granularity 0 "
 					   "--gc-interval 0.1s --node-timeout 3s",
 					   NULL),
 			 0);
-	struct kvc *c = client(&cl);
+	struct kvc *c = g_c = client(clp);
 	assert_int_equal(kvc_mkdir_p(c, "/hot", 0755), 0);
 	assert_int_equal(kvc_mkdir_p(c, "/cold/deep", 0755), 0);
 	assert_int_equal(kvc_mkdir_p(c, "/keep/sub", 0755), 0);
@@ -56,7 +79,7 @@ static void test_ttl(void **state)
 		assert_int_equal(rt_put(c, p, 20000, 20 + i), 0);
 	}
 	assert_int_equal(rt_put(c, "/keep/sub/k", 30000, 30), 0);
-	assert_int_equal(rt_all_chunks(&cl), 7 * 3);
+	assert_int_equal(rt_all_chunks(clp), 7 * 3);
 
 	int64_t end = rt_now_ms() + 6000;
 	while (rt_now_ms() < end) { /* reads of the hot files move their access times */
@@ -80,11 +103,9 @@ static void test_ttl(void **state)
 	assert_int_equal(rt_mstatus(c, &s), 0);
 	assert_int_equal(s.st[KVP_MST_EXPIRED], 3);
 	/* Their chunks are deleted on the nodes. */
-	for (end = rt_now_ms() + 5000; rt_all_chunks(&cl) != 4 * 3 && rt_now_ms() < end;)
+	for (end = rt_now_ms() + 5000; rt_all_chunks(clp) != 4 * 3 && rt_now_ms() < end;)
 		rt_sleep_ms(50);
-	assert_int_equal(rt_all_chunks(&cl), 4 * 3);
-	kvc_close(c);
-	kvh_cluster_stop(&cl);
+	assert_int_equal(rt_all_chunks(clp), 4 * 3);
 }
 
 /* ---- eviction ---- */
@@ -108,6 +129,9 @@ static void *writer_main(void *arg)
 			w->errors++;
 			w->last_err = rc;
 		}
+		/* ~40 files/s each: the LRU window (~50 files) spans several reads of the hot
+		 * files; unpaced writers on loopback outrun any reader's touches. */
+		rt_sleep_ms(25);
 	}
 	kvc_close(c);
 	return NULL;
@@ -128,15 +152,15 @@ static void test_evict(void **state)
 	(void)state;
 	if (!have_bins())
 		skip();
-	struct kvh_cluster cl;
+	struct kvh_cluster *const clp = &g_cl;
 	assert_int_equal(
-	    kvh_cluster_start(&cl, 4,
+	    kvh_cluster_start(clp, 4,
 			      "--k 2 --m 1 --ttl 0 --high-watermark 60 "
 			      "--low-watermark 45 --retention-interval 0.1s "
 			      "--atime-granularity 0 --gc-interval 0.05s --node-timeout 3s",
 			      "--capacity 4M"),
 	    0);
-	struct kvc *c = client(&cl);
+	struct kvc *c = g_c = client(clp);
 	assert_int_equal(kvc_mkdir_p(c, "/w0", 0755), 0);
 	assert_int_equal(kvc_mkdir_p(c, "/w1", 0755), 0);
 	assert_int_equal(kvc_mkdir_p(c, "/hot", 0755), 0);
@@ -146,7 +170,7 @@ static void test_evict(void **state)
 		assert_int_equal(rt_put(c, p, EV_FILE, 500 + i), 0);
 	}
 	/* 2 x 80 files of 96 KiB (144 KiB raw each) = 22.5 MiB raw into 16 MiB. */
-	struct writer w[2] = {{&cl, 0, 80, 0, 0}, {&cl, 1, 80, 0, 0}};
+	struct writer w[2] = {{clp, 0, 80, 0, 0}, {clp, 1, 80, 0, 0}};
 	pthread_t t[2];
 	for (int i = 0; i < 2; i++)
 		assert_int_equal(pthread_create(&t[i], NULL, writer_main, &w[i]), 0);
@@ -162,9 +186,20 @@ static void test_evict(void **state)
 	for (int i = 0; i < 2; i++)
 		pthread_join(t[i], NULL);
 	for (int i = 0; i < 2; i++)
-		if (w[i].errors)
+		if (w[i].errors) {
+			struct kvc_node *n;
+			size_t nn;
+			if (kvc_nodes(c, &n, &nn) == 0) {
+				for (size_t j = 0; j < nn; j++)
+					fprintf(stderr, "  node %u: %llu of %llu, %llu chunks\n",
+						n[j].id, (unsigned long long)n[j].used,
+						(unsigned long long)n[j].capacity,
+						(unsigned long long)n[j].chunks);
+				free(n);
+			}
 			fail_msg("writer %d: %d errors, last %s", i, w[i].errors,
 				 kvp_strerror(w[i].last_err));
+		}
 	uint64_t used = 0, cap = 0;
 	int64_t end = rt_now_ms() + 5000;
 	do { /* nodes report their use every heartbeat */
@@ -187,8 +222,6 @@ static void test_evict(void **state)
 	assert_true(s.st[KVP_MST_EVICTED] >= 40);
 	struct kvp_attr a;
 	assert_int_equal(kvc_resolve(c, "/w0/f000", &a), -ENOENT); /* the oldest went */
-	kvc_close(c);
-	kvh_cluster_stop(&cl);
 }
 
 /* ---- garbage collection ---- */
@@ -290,25 +323,25 @@ static void test_gc(void **state)
 	(void)state;
 	if (!have_bins())
 		skip();
-	struct kvh_cluster cl;
+	struct kvh_cluster *const clp = &g_cl;
 	assert_int_equal(
-	    kvh_cluster_start(&cl, 3,
+	    kvh_cluster_start(clp, 3,
 			      "--k 2 --m 1 --write-timeout 4s --gc-grace 1s "
 			      "--orphan-interval 0.3s --gc-interval 0.1s --node-timeout 3s",
 			      NULL),
 	    0);
-	struct kvc *c = client(&cl);
+	struct kvc *c = g_c = client(clp);
 	assert_int_equal(rt_put(c, "/kept", 50000, 1), 0);
-	int base = rt_all_chunks(&cl);
+	int base = rt_all_chunks(clp);
 	assert_int_equal(base, 3);
 
 	int pfd[2];
 	assert_int_equal(pipe(pfd), 0);
-	pid_t pid = fork();
+	pid_t pid = g_child = fork();
 	assert_true(pid >= 0);
 	if (pid == 0) {
 		close(pfd[0]);
-		child_writer(&cl, pfd[1]);
+		child_writer(clp, pfd[1]);
 	}
 	close(pfd[1]);
 	char line[64] = "";
@@ -319,35 +352,43 @@ static void test_gc(void **state)
 	int first_node = -1;
 	assert_int_equal(sscanf(line, "%llu %d", &first, &first_node), 2);
 
-	/* An orphan: a chunk id meta handed out to nobody (below every id in use). */
-	assert_int_equal(node_put(&cl, 0, 3), 0);
-	assert_int_equal(rt_all_chunks(&cl), base + 6 + 1);
+	/* An orphan: the id of an empty write that was aborted is no chunk of anything. */
+	uint8_t req[10] = {2, 1, 0, 0x10, 0, 0, 0, 0, 0, 0}, *rb = NULL;
+	uint32_t rl = 0;
+	assert_int_equal(kvc_admin(c, KVP_OP_ALLOC, req, sizeof(req), &rb, &rl), 0);
+	assert_true(rl >= 8);
+	uint64_t orphan = 0;
+	for (int i = 7; i >= 0; i--)
+		orphan = orphan << 8 | rb[i];
+	free(rb);
+	assert_int_equal(kvc_admin(c, KVP_OP_ABORT, &orphan, 8, NULL, NULL), 0);
+	assert_int_equal(node_put(clp, 0, orphan), 0);
+	assert_int_equal(rt_all_chunks(clp), base + 6 + 1);
 	rt_sleep_ms(2500); /* past the grace, several passes; the write is still pending */
-	assert_int_equal(node_has(&cl, 0, 3), 0);
-	assert_int_equal(node_has(&cl, first_node, first), 1);
-	assert_int_equal(rt_all_chunks(&cl), base + 6);
+	assert_int_equal(node_has(clp, 0, orphan), 0);
+	assert_int_equal(node_has(clp, first_node, first), 1);
+	assert_int_equal(rt_all_chunks(clp), base + 6);
 	struct rt_status s = {0};
 	assert_int_equal(rt_mstatus(c, &s), 0);
 	assert_int_equal(s.st[KVP_MST_GC_ORPHANS], 1);
 
 	kill(pid, SIGKILL);
 	waitpid(pid, NULL, 0);
+	g_child = 0;
 	int64_t end = rt_now_ms() + 8000;
-	while (rt_all_chunks(&cl) != base && rt_now_ms() < end)
+	while (rt_all_chunks(clp) != base && rt_now_ms() < end)
 		rt_sleep_ms(100);
-	assert_int_equal(rt_all_chunks(&cl), base);
+	assert_int_equal(rt_all_chunks(clp), base);
 	assert_int_equal(rt_check(c, "/kept", 50000, 1), 0);
-	kvc_close(c);
-	kvh_cluster_stop(&cl);
 }
 
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_ttl),
-	    cmocka_unit_test(test_gc),
-	    cmocka_unit_test(test_evict),
+	    cmocka_unit_test_teardown(test_ttl, teardown),
+	    cmocka_unit_test_teardown(test_gc, teardown),
+	    cmocka_unit_test_teardown(test_evict, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

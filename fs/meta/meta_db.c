@@ -326,9 +326,13 @@ int mdb_file_drop_acct(struct meta *m, rocksdb_writebatch_t *b, const struct min
 	uint8_t k[MK_MAX], lo[MK_MAX];
 	size_t plen = mk_stripe(lo, f->ino, 0) - 4; /* prefix: family + ino */
 	int64_t now = meta_now_ns();
-	uint8_t tv[8];
-	for (int i = 0; i < 8; i++)
+	/* Queue value: i64 time queued, and when the drop is accounted (eviction, expiry) u64
+	 * bytes the chunk frees, so the deletion can credit exactly that to its node. */
+	uint8_t tv[16];
+	for (int i = 0; i < 8; i++) {
 		tv[i] = (uint8_t)((uint64_t)now >> (8 * i));
+		tv[8 + i] = (uint8_t)((uint64_t)f->chunk_size >> (8 * i));
+	}
 	size_t width = (size_t)(f->k + f->m);
 	rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, m->ro);
 	int rc = 0;
@@ -350,7 +354,7 @@ int mdb_file_drop_acct(struct meta *m, rocksdb_writebatch_t *b, const struct min
 			mreq_slot_get(&q, s, &sl);
 			rocksdb_writebatch_put(b, (const char *)k,
 					       mk_delq(k, sl.node_id, sl.chunk_id),
-					       (const char *)tv, 8);
+					       (const char *)tv, bytes ? 16 : 8);
 			rocksdb_writebatch_delete(b, (const char *)k,
 						  mk_rev(k, sl.node_id, sl.chunk_id));
 			if (sl.node_id < nbytes)

@@ -144,9 +144,10 @@ static int up_nodes(struct meta *m, struct cand **out)
 			const struct mnode *nd = &m->nodes[i];
 			if (nd->state != KVP_NODE_UP || nd->draining)
 				continue;
-			/* Chunks deleted or queued for deletion since its last report will be
-			 * free by the time this write lands. */
-			uint64_t gone = nd->freeing + nd->freed, taken = nd->used + nd->pending;
+			/* Chunks deleted since its last report are free; ones only queued for
+			 * deletion are not yet (the node would refuse the PUT), though the
+			 * watermark already counts them as gone (mnodes_usage). */
+			uint64_t gone = mnode_freed(nd), taken = nd->used + nd->pending;
 			taken = taken > gone ? taken - gone : 0;
 			c[n].id = nd->id;
 			c[n].free = nd->capacity > taken ? (int64_t)(nd->capacity - taken) : 0;

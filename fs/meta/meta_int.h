@@ -65,6 +65,10 @@ struct mino {
 	uint64_t parent;
 };
 
+#define MFREED_BUCKETS	 8
+#define MFREED_STEP_NS	 100000000
+#define MFREED_SETTLE_NS 300000000 /* a heartbeat this long after a deletion reflects it */
+
 /* A registered node; the in-memory registry mirrors MK_NODE records. */
 struct mnode {
 	uint32_t id;
@@ -77,11 +81,22 @@ struct mnode {
 	uint64_t pending; /* bytes placed on it since its last heartbeat (memory only) */
 	uint8_t draining; /* no new placements; its chunks are moved off (persisted) */
 	/* Bytes of chunks queued for deletion on it (freeing) and deleted since its last heartbeat
-	 * (freed): its `used` still counts them until it next reports (memory only). */
-	uint64_t freeing, freed;
-	int64_t freed_mono; /* when freed last grew: a heartbeat clears it only well after */
-	int64_t down_mono;  /* monotonic time it was marked down (memory only; 0 = never) */
+	 * (freed): its `used` still counts them until it next reports (memory only). Deleted
+	 * bytes sit in 100 ms buckets by acknowledgement time; a heartbeat drops the buckets old
+	 * enough that its report must reflect them (mnode_freed sums the rest). */
+	uint64_t freeing;
+	uint64_t freed_b[MFREED_BUCKETS];
+	int64_t freed_ep[MFREED_BUCKETS]; /* bucket epoch: monotonic ns / MFREED_STEP_NS */
+	int64_t down_mono; /* monotonic time it was marked down (memory only; 0 = never) */
 };
+
+static inline uint64_t mnode_freed(const struct mnode *n)
+{
+	uint64_t s = 0;
+	for (int i = 0; i < MFREED_BUCKETS; i++)
+		s += n->freed_b[i];
+	return s;
+}
 
 /* The repair worker's current or last job (MSTATUS). */
 struct mjob {

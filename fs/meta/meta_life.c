@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #define VICTIM_BATCH   256  /* files removed per write batch */
 #define RETENTION_MAX  64   /* batches per pass, so a pass never holds the thread for long */
@@ -235,11 +236,30 @@ static int expire_pass(struct meta *m)
 
 static int evict(struct meta *m, uint64_t need);
 
+/* Bytes still queued for deletion on the nodes that are up. */
+static uint64_t freeing_left(struct meta *m)
+{
+	uint64_t left = 0;
+	pthread_mutex_lock(&m->nodes_mu);
+	for (size_t i = 0; i < m->nnodes; i++)
+		if (m->nodes[i].state == KVP_NODE_UP)
+			left += m->nodes[i].freeing;
+	pthread_mutex_unlock(&m->nodes_mu);
+	return left;
+}
+
 int mlife_evict(struct meta *m, uint64_t need)
 {
 	pthread_mutex_lock(&m->evict_mu);
 	int rc = evict(m, need);
 	pthread_mutex_unlock(&m->evict_mu);
+	/* An ALLOC retrying after eviction must find the space really free on the nodes (they
+	 * refuse a PUT past their capacity): wait, briefly, for the deletions to be done. */
+	for (int i = 0; need && i < 300 && freeing_left(m); i++) {
+		mbg_kick(m);
+		struct timespec t = {0, 10000000};
+		nanosleep(&t, NULL);
+	}
 	return rc;
 }
 

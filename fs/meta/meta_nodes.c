@@ -12,8 +12,6 @@
 #define DEL_BATCH      4096u
 #define DEL_ROUNDS     64
 #define DEL_TIMEOUT_MS 3000
-/* A heartbeat received this long after a deletion was acknowledged reflects it. */
-#define FREED_SETTLE_NS 300000000
 
 static int node_decode(uint32_t id, const char *v, size_t vl, struct mnode *n)
 {
@@ -143,8 +141,9 @@ int mnodes_heartbeat(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 	nn.pending = 0; /* its `used` now includes what was placed on it */
 	/* ... and no longer what it deleted, unless the deletion was acknowledged so recently
 	 * that this report may have been taken before it. */
-	if (nn.hb_mono - nn.freed_mono > FREED_SETTLE_NS)
-		nn.freed = 0;
+	for (int i = 0; i < MFREED_BUCKETS; i++)
+		if (nn.freed_ep[i] < (nn.hb_mono - MFREED_SETTLE_NS) / MFREED_STEP_NS)
+			nn.freed_b[i] = 0;
 	uint8_t was = nn.state;
 	nn.state = KVP_NODE_UP;
 	rocksdb_writebatch_t *b = rocksdb_writebatch_create();
@@ -281,15 +280,22 @@ void mnodes_freeing_add(struct meta *m, const uint64_t *bytes, uint32_t nbytes)
 	pthread_mutex_unlock(&m->nodes_mu);
 }
 
-/* The node's queue is empty: what was being freed is freed (until its next heartbeat). */
-static void freeing_done(struct meta *m, uint32_t id)
+/* A DEL of chunks that were accounted `bytes` was acknowledged: they are freed (until a
+ * heartbeat that reflects it). */
+static void freeing_done(struct meta *m, uint32_t id, uint64_t bytes)
 {
 	pthread_mutex_lock(&m->nodes_mu);
 	for (size_t i = 0; i < m->nnodes; i++)
 		if (m->nodes[i].id == id) {
-			m->nodes[i].freed += m->nodes[i].freeing;
-			m->nodes[i].freeing = 0;
-			m->nodes[i].freed_mono = meta_mono_ns();
+			struct mnode *n = &m->nodes[i];
+			n->freeing -= bytes < n->freeing ? bytes : n->freeing;
+			int64_t ep = meta_mono_ns() / MFREED_STEP_NS;
+			int b = (int)(ep % MFREED_BUCKETS);
+			if (n->freed_ep[b] != ep) {
+				n->freed_ep[b] = ep;
+				n->freed_b[b] = 0;
+			}
+			n->freed_b[b] += bytes;
 		}
 	pthread_mutex_unlock(&m->nodes_mu);
 }
@@ -302,7 +308,7 @@ void mnodes_usage(struct meta *m, uint64_t *cap, uint64_t *used)
 		const struct mnode *n = &m->nodes[i];
 		if (n->state != KVP_NODE_UP)
 			continue;
-		uint64_t t = n->used + n->pending, gone = n->freeing + n->freed;
+		uint64_t t = n->used + n->pending, gone = n->freeing + mnode_freed(n);
 		*cap += n->capacity;
 		*used += t > gone ? t - gone : 0;
 	}
@@ -389,6 +395,7 @@ static int delq_round(struct meta *m, uint32_t *from)
 	if (!ids)
 		return 0;
 	uint32_t node = 0, n = 0;
+	uint64_t acct = 0;
 	rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, m->ro);
 	for (rocksdb_iter_seek(it, (const char *)k, mk_delq(k, *from, 0));
 	     rocksdb_iter_valid(it) && n < DEL_BATCH; rocksdb_iter_next(it)) {
@@ -401,6 +408,13 @@ static int delq_round(struct meta *m, uint32_t *from)
 			break;
 		node = nd;
 		ids[n++] = mk_rd_be64(key + 5);
+		size_t vl;
+		const uint8_t *v = (const uint8_t *)rocksdb_iter_value(it, &vl);
+		uint64_t one = 0;
+		if (vl == 16) /* an accounted drop: the bytes it frees */
+			for (int b = 7; b >= 0; b--)
+				one = one << 8 | v[8 + b];
+		acct += one;
 	}
 	rocksdb_iter_destroy(it);
 	if (n == 0) {
@@ -435,8 +449,8 @@ static int delq_round(struct meta *m, uint32_t *from)
 		else
 			klog_debug("deleted %u chunks on node %u", n, node);
 		drop = rc == 0;
-		if (drop && n < DEL_BATCH)
-			freeing_done(m, node);
+		if (drop && acct)
+			freeing_done(m, node, acct);
 	}
 	if (drop) {
 		rocksdb_writebatch_t *b = rocksdb_writebatch_create();

@@ -45,7 +45,7 @@ static struct rnode *nodes_copy(struct meta *m, size_t *n)
 	*n = 0;
 	for (size_t i = 0; r && i < m->nnodes; i++) {
 		const struct mnode *d = &m->nodes[i];
-		uint64_t t = d->used + d->pending, g = d->freeing + d->freed;
+		uint64_t t = d->used + d->pending, g = mnode_freed(d);
 		t = t > g ? t - g : 0;
 		r[i] = (struct rnode){.id = d->id,
 				      .state = d->state,
