@@ -259,6 +259,47 @@ static void test_scrub(void **state)
 	check_files(c);
 }
 
+/* A node down for --repair-delay is repaired without anyone asking, rate-limited. */
+static void test_auto_repair(void **state)
+{
+	(void)state;
+	if (!have_bins())
+		skip();
+	struct kvh_cluster *const clp = &g_cl;
+	g_up = 1;
+	assert_int_equal(kvh_cluster_start(clp, 4,
+					   "--k 2 --m 1 --node-timeout 1s --gc-interval 0.1s "
+					   "--repair-delay 1s --repair-rate 20M",
+					   NULL),
+			 0);
+	struct kvc *c = g_c = client(clp);
+	mkdirs(c);
+	for (int i = 0; i < NFILES; i++) {
+		char p[64];
+		snprintf(p, sizeof(p), "/d%d/f%d", i % 3, i);
+		assert_int_equal(rt_put(c, p, file_size(i), 100 + (uint64_t)i), 0);
+	}
+	int held = rt_node_chunks(clp, 3, NULL, 0);
+	assert_true(held > 0);
+	assert_int_equal(kvh_node_kill(clp, 3, SIGKILL), 0);
+	struct rt_status s = {0};
+	int64_t end = rt_now_ms() + 30000;
+	do {
+		rt_sleep_ms(200);
+		assert_int_equal(rt_mstatus(c, &s), 0);
+	} while (!(s.kind == KVP_MAINT_REPAIR && !s.running && s.done == (uint64_t)held) &&
+		 rt_now_ms() < end);
+	fprintf(stderr, "  auto repair: %llu/%llu chunks, %.1f MiB/s\n", (unsigned long long)s.done,
+		(unsigned long long)s.total,
+		s.elapsed_ns ? (double)s.bytes / 1048576.0 / ((double)s.elapsed_ns / 1e9) : 0.0);
+	assert_int_equal(s.kind, KVP_MAINT_REPAIR);
+	assert_int_equal(s.done, (uint64_t)held);
+	assert_int_equal(s.failed, 0);
+	assert_int_equal(kvh_node_kill(clp, 0, SIGKILL), 0);
+	assert_int_equal(kvh_wait_nodes_up(clp, 2, 10000), 0);
+	check_files(c);
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -266,6 +307,7 @@ int main(void)
 	    cmocka_unit_test_teardown(test_repair, teardown),
 	    cmocka_unit_test_teardown(test_drain, teardown),
 	    cmocka_unit_test_teardown(test_scrub, teardown),
+	    cmocka_unit_test_teardown(test_auto_repair, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
