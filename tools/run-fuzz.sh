@@ -16,7 +16,7 @@ for t in "${targets[@]}"; do
 	seeds=tests/fuzz/corpus/$name
 	[ -d "$seeds" ] && cp -r "$seeds"/. "$work"/
 	echo "run-fuzz: $name for ${secs}s"
-	"$t" -max_total_time="$secs" -rss_limit_mb=2048 -print_final_stats=1 "$work" 2>&1 | tail -n 12
+	"$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 "$work" 2>&1 | tail -n 12
 	rm -rf "$work"
 done
 echo "run-fuzz: all targets ran without a crash"
