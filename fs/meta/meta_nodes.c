@@ -98,6 +98,8 @@ int mnodes_load(struct meta *m)
 		/* A restarted meta gives every node one timeout to heartbeat again before it is
 		 * marked down, so reads right after a restart still see it as it was. */
 		n.hb_mono = now;
+		if (n.state == KVP_NODE_DOWN) /* the repair delay counts from this start */
+			n.down_mono = now;
 		rc = node_add(m, &n);
 		if (rc)
 			break;
