@@ -34,6 +34,9 @@ int meta_open(const struct meta_opts *o, struct meta **out)
 		rc = mdb_rev_build(m);
 	if (!rc)
 		rc = kvp_pool_create(o->secret, 2000, &m->pool);
+	/* The first orphan pass waits one interval: nodes re-register first, and a restart
+	 * loop must not LIST every node each time. */
+	m->last_orphan_mono = meta_mono_ns();
 	if (!rc)
 		rc = mbg_start(m);
 	if (!rc)
