@@ -198,8 +198,9 @@ static int job_prepare(struct writer *w, struct wjob *j)
 	if (x->is_fuse)
 		snprintf(j->tmp, sizeof(j->tmp), "%s", j->rel);
 	else
-		snprintf(j->tmp, sizeof(j->tmp), "%s.tmp.%d.%llu", j->rel, (int)getpid(),
-			 (unsigned long long)w->tmp_ctr++);
+		/* unique per writer thread (several connectors may share a process) */
+		snprintf(j->tmp, sizeof(j->tmp), "%s.tmp.%d.%d.%llu", j->rel, (int)getpid(),
+			 (int)gettid(), (unsigned long long)w->tmp_ctr++);
 	j->fd = -1;
 	j->got = 0;
 	j->err = 0;
