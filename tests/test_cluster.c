@@ -355,7 +355,7 @@ static void test_many_files_and_degraded(void **state)
 struct mkstate {
 	struct kvc *c;
 	atomic_int stop;
-	int n;
+	atomic_int n; /* entries below n are complete */
 	int rc[MK_MAX];
 	size_t size[MK_MAX];
 	int64_t done_ms[MK_MAX];
@@ -365,14 +365,14 @@ static void *mk_writer(void *arg)
 {
 	struct mkstate *m = arg;
 	uint64_t rs = 77;
-	while (!atomic_load(&m->stop) && m->n < MK_MAX) {
-		int i = m->n;
+	while (!atomic_load(&m->stop) && atomic_load(&m->n) < MK_MAX) {
+		int i = atomic_load(&m->n);
 		char path[64];
 		snprintf(path, sizeof(path), "/mk/f%04d", i);
 		m->size[i] = rng_next(&rs) % (300 * 1024);
 		m->rc[i] = put_seeded(m->c, path, m->size[i], 5000 + i, 0);
 		m->done_ms[i] = now_ms();
-		m->n = i + 1;
+		atomic_store(&m->n, i + 1);
 	}
 	return NULL;
 }
@@ -395,7 +395,15 @@ static void test_meta_kill_during_writes(void **state)
 	assert_int_equal(kvh_meta_restart(&g_cl), 0);
 	int64_t restarted = now_ms();
 	assert_int_equal(kvh_wait_nodes_up(&g_cl, NNODES, 10000), 0);
-	usleep(700000);
+	/* Let a few writes complete on the restarted meta (at most 20 s on a loaded machine). */
+	for (int64_t end = now_ms() + 20000; now_ms() < end;) {
+		int done_after = 0, n = atomic_load(&m.n);
+		for (int i = 0; i < n; i++)
+			done_after += m.done_ms[i] > restarted;
+		if (done_after >= 5 || n >= MK_MAX)
+			break;
+		usleep(50000);
+	}
 	atomic_store(&m.stop, 1);
 	pthread_join(th[0], NULL);
 

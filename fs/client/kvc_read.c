@@ -221,12 +221,12 @@ static int get_start(struct kvc_file *f, const struct fslot *sl, uint32_t off, u
 
 /* Waits for a GET and checks it: len bytes whose CRC matches the one the node sent and, for a
  * whole chunk, the one metadata recorded. Copies them to dst. */
-static int get_collect(struct kvc_file *f, const struct fslot *sl, struct kvc_rpc *r, uint32_t len,
-		       int whole, uint8_t *dst)
+static int get_collect_ms(struct kvc_file *f, const struct fslot *sl, struct kvc_rpc *r,
+			  uint32_t len, int whole, uint8_t *dst, int timeout_ms)
 {
 	uint8_t *b = NULL;
 	uint32_t bl = 0;
-	int rc = kvc__rpc_wait(f->c, r, f->c->read_timeout_ms, &b, &bl);
+	int rc = kvc__rpc_wait(f->c, r, timeout_ms, &b, &bl);
 	if (rc == 0) {
 		struct kvp_rbuf rb;
 		kvp_r_init(&rb, b, bl);
@@ -252,6 +252,12 @@ static int get_collect(struct kvc_file *f, const struct fslot *sl, struct kvc_rp
 		klog_debug("get chunk %llu from %s: %s", (unsigned long long)sl->chunk_id,
 			   f->nodes[sl->node].addr, kvp_strerror(rc));
 	return rc;
+}
+
+static int get_collect(struct kvc_file *f, const struct fslot *sl, struct kvc_rpc *r, uint32_t len,
+		       int whole, uint8_t *dst)
+{
+	return get_collect_ms(f, sl, r, len, whole, dst, f->c->read_timeout_ms);
 }
 
 static void sf_cancel(struct kvc_file *f, struct sfetch *sf)
@@ -302,17 +308,23 @@ static int fetch_stripe(struct kvc_file *f, struct sfetch *sf, uint64_t s, uint8
 		else if (i < k)
 			present |= 1ull << i; /* empty: known zeros */
 	}
-	for (int j = 0; j < k; j++)
-		if ((sf->started >> j) & 1 &&
-		    get_collect(f, &ss[j], &sf->rpc[j], lens[j], 1, data + (size_t)j * cs) == 0)
+	uint64_t slow = 0; /* timed out: maybe only overloaded, worth a patient last try */
+	for (int j = 0; j < k; j++) {
+		if (!((sf->started >> j) & 1))
+			continue;
+		int rc = get_collect(f, &ss[j], &sf->rpc[j], lens[j], 1, data + (size_t)j * cs);
+		if (rc == 0)
 			present |= 1ull << j;
+		else if (rc == -ETIMEDOUT)
+			slow |= 1ull << j;
+	}
 	sf->s = -1;
 	sf->started = 0;
 	uint64_t missing = want & ~present;
 	if (!missing)
 		return 0;
 	if (direct) {
-		*failed = missing;
+		*failed = missing & ~slow; /* slow ones may be asked again */
 		return -EAGAIN;
 	}
 	/* Degraded: gather k chunks, parity first, then anything not yet tried. */
@@ -338,9 +350,26 @@ static int fetch_stripe(struct kvc_file *f, struct sfetch *sf, uint64_t s, uint8
 		}
 		if (!batch && popcount(present) < k)
 			break;
+		for (int i = 0; i < n; i++) {
+			if (!((batch >> i) & 1))
+				continue;
+			int rc = get_collect(f, &ss[i], &sf->rpc[i], lens[i], 1, ptr[i]);
+			if (rc == 0)
+				present |= 1ull << i;
+			else if (rc == -ETIMEDOUT)
+				slow |= 1ull << i;
+		}
+	}
+	/* Still short: ask the nodes that were only slow again, with the full timeout, rather
+	 * than fail a read because a node was busy for longer than the short read timeout. */
+	if (popcount(present) < k && slow) {
+		uint64_t batch = 0;
 		for (int i = 0; i < n; i++)
-			if ((batch >> i) & 1 &&
-			    get_collect(f, &ss[i], &sf->rpc[i], lens[i], 1, ptr[i]) == 0)
+			if ((slow >> i) & 1 && get_start(f, &ss[i], 0, lens[i], &sf->rpc[i]) == 0)
+				batch |= 1ull << i;
+		for (int i = 0; i < n; i++)
+			if ((batch >> i) & 1 && get_collect_ms(f, &ss[i], &sf->rpc[i], lens[i], 1,
+							       ptr[i], f->c->timeout_ms) == 0)
 				present |= 1ull << i;
 	}
 	if (popcount(present) < k) {
