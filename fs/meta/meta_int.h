@@ -65,6 +65,7 @@ struct mino {
 	uint64_t parent;
 };
 
+#define MREP_THREADS	 4 /* chunks a repair job rebuilds at once */
 #define MFREED_BUCKETS	 8
 #define MFREED_STEP_NS	 100000000
 #define MFREED_SETTLE_NS 300000000 /* a heartbeat this long after a deletion reflects it */
@@ -150,7 +151,8 @@ struct meta {
 	struct mjob job;
 	uint8_t req_kind;
 	uint32_t req_node;
-	uint64_t inflight; /* chunk id being written by repair, not yet in S (GC skips it) */
+	/* Chunk ids being written by repair threads, not yet in S (GC skips them); 0 = free. */
+	uint64_t inflight[MREP_THREADS];
 	int64_t last_scrub_mono;
 };
 

@@ -410,7 +410,9 @@ static int is_orphan(struct meta *m, uint32_t node, uint64_t id, int64_t mtime, 
 			return 0;
 	/* The repair worker's chunk in flight first, then R: it writes R before clearing it. */
 	pthread_mutex_lock(&m->job_mu);
-	int busy = m->inflight == id;
+	int busy = 0;
+	for (int i = 0; i < MREP_THREADS; i++)
+		busy |= m->inflight[i] == id;
 	pthread_mutex_unlock(&m->job_mu);
 	uint8_t k[MK_MAX];
 	if (busy || key_exists(m, k, mk_rev(k, node, id)) || key_exists(m, k, mk_delq(k, node, id)))

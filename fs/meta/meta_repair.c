@@ -11,6 +11,7 @@
 #include "meta_int.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -167,6 +168,8 @@ struct rctx {
 	struct kvec_codec **codecs; /* (KVEC_MAX_K + 1) * (KVEC_MAX_M + 1), created on use */
 	struct rnode *nodes;
 	size_t nnodes;
+	pthread_mutex_t *mu; /* shared by a job's threads: codecs and nodes[].free */
+	int slot;	     /* this thread's inflight[] entry */
 };
 
 /* Rebuilds chunk `idx` of the stripe from the others into buf (plen bytes, zeroed). */
@@ -193,7 +196,9 @@ static int rebuild(struct rctx *x, struct rstripe *st, uint32_t idx, uint8_t **b
 		if (get_finish(m, cl[i], call[i], bufs[i], st->len[i], st->slot[i].crc) == 0)
 			present |= 1ull << i;
 	}
+	pthread_mutex_lock(x->mu);
 	struct kvec_codec *codec = codec_for(st->f.k, st->f.m, x->codecs);
+	pthread_mutex_unlock(x->mu);
 	if (!codec)
 		return -ENOMEM;
 	memset(bufs[idx], 0, plen);
@@ -245,6 +250,7 @@ static int64_t repair_slot(struct rctx *x, uint64_t ino, uint32_t s, uint32_t no
 	/* Destination: an up, non-draining node with the most room, not holding another chunk
 	 * of this stripe (the chunk's own node qualifies for scrub: distinctness holds). */
 	struct rnode *dst = NULL;
+	pthread_mutex_lock(x->mu);
 	for (size_t i = 0; i < x->nnodes; i++) {
 		struct rnode *n = &x->nodes[i];
 		int taken = 0;
@@ -256,6 +262,9 @@ static int64_t repair_slot(struct rctx *x, uint64_t ino, uint32_t s, uint32_t no
 		if (!dst || n->free > dst->free)
 			dst = n;
 	}
+	if (dst) /* taken now, so parallel rebuilds spread out */
+		dst->free -= (int64_t)len;
+	pthread_mutex_unlock(x->mu);
 	if (!dst) {
 		rc = -ENOSPC;
 		goto out;
@@ -267,7 +276,7 @@ static int64_t repair_slot(struct rctx *x, uint64_t ino, uint32_t s, uint32_t no
 	if (rc)
 		goto out;
 	pthread_mutex_lock(&m->job_mu);
-	m->inflight = nid;
+	m->inflight[x->slot] = nid;
 	pthread_mutex_unlock(&m->job_mu);
 	uint32_t crc = kvec_crc32c(0, bufs[idx], len);
 	struct kvp_wbuf w;
@@ -283,7 +292,6 @@ static int64_t repair_slot(struct rctx *x, uint64_t ino, uint32_t s, uint32_t no
 		rc = kvp_call_wait(call, IO_TIMEOUT_MS, NULL, NULL);
 		kvp_pool_put(m->pool, c);
 	}
-	dst->free -= (int64_t)len;
 
 	/* The slot moves in one batch, if it still holds the chunk we rebuilt. */
 	rocksdb_writebatch_t *b = rocksdb_writebatch_create();
@@ -320,7 +328,7 @@ static int64_t repair_slot(struct rctx *x, uint64_t ino, uint32_t s, uint32_t no
 	pthread_mutex_unlock(&m->mu);
 	rocksdb_writebatch_destroy(b);
 	pthread_mutex_lock(&m->job_mu);
-	m->inflight = 0;
+	m->inflight[x->slot] = 0;
 	pthread_mutex_unlock(&m->job_mu);
 	if (!rc)
 		rc = wrc;
@@ -389,7 +397,44 @@ struct rent {
 	uint32_t stripe;
 };
 
-/* Every chunk owned by `node`, page by page, through repair_slot. */
+/* One page of a node's chunks, shared by MREP_THREADS threads taking entries in turn. */
+struct page_run {
+	struct rctx *x;
+	const struct rent *page;
+	size_t n;
+	atomic_size_t next;
+	uint32_t node;
+	int mode;
+	uint64_t rate;
+	int64_t start;
+};
+
+struct page_thread {
+	struct page_run *run;
+	struct rctx x; /* a copy with this thread's inflight slot */
+};
+
+static void *page_thread_main(void *arg)
+{
+	struct page_thread *t = arg;
+	struct page_run *r = t->run;
+	struct meta *m = r->x->m;
+	for (;;) {
+		size_t i = atomic_fetch_add(&r->next, 1);
+		if (i >= r->n || worker_stopping(m))
+			break;
+		const struct rent *e = &r->page[i];
+		int64_t rc = repair_slot(&t->x, e->ino, e->stripe, r->node, e->chunk, r->mode);
+		job_progress(m, rc > 1 ? (uint64_t)rc : 0, rc < 0);
+		pthread_mutex_lock(&m->job_mu);
+		uint64_t bytes = m->job.bytes;
+		pthread_mutex_unlock(&m->job_mu);
+		throttle(r->rate, bytes, r->start);
+	}
+	return NULL;
+}
+
+/* Every chunk owned by `node`, page by page, through repair_slot on MREP_THREADS threads. */
 static void node_job(struct rctx *x, uint32_t node, int mode, uint64_t rate, int64_t start)
 {
 	struct meta *m = x->m;
@@ -423,15 +468,28 @@ static void node_job(struct rctx *x, uint32_t node, int mode, uint64_t rate, int
 		rocksdb_iter_destroy(it);
 		if (!n)
 			break;
-		for (size_t i = 0; i < n && !worker_stopping(m); i++) {
-			int64_t r =
-			    repair_slot(x, page[i].ino, page[i].stripe, node, page[i].chunk, mode);
-			job_progress(m, r > 1 ? (uint64_t)r : 0, r < 0);
-			pthread_mutex_lock(&m->job_mu);
-			uint64_t bytes = m->job.bytes;
-			pthread_mutex_unlock(&m->job_mu);
-			throttle(rate, bytes, start);
+		struct page_run pr = {.x = x,
+				      .page = page,
+				      .n = n,
+				      .node = node,
+				      .mode = mode,
+				      .rate = rate,
+				      .start = start};
+		pthread_t t[MREP_THREADS];
+		struct page_thread pt[MREP_THREADS];
+		int nt = 0;
+		for (int i = 0; i < MREP_THREADS && (size_t)i < n; i++) {
+			pt[i] = (struct page_thread){.run = &pr, .x = *x};
+			pt[i].x.slot = i;
+			if (pthread_create(&t[nt], NULL, page_thread_main, &pt[i]) == 0)
+				nt++;
 		}
+		if (nt == 0) { /* no thread: do it here */
+			pt[0] = (struct page_thread){.run = &pr, .x = *x};
+			page_thread_main(&pt[0]);
+		}
+		for (int i = 0; i < nt; i++)
+			pthread_join(t[i], NULL);
 		after = page[n - 1].chunk;
 		first = 0;
 	}
@@ -552,10 +610,14 @@ static uint64_t all_chunks(struct meta *m)
 static void run_job(struct meta *m, struct kvec_codec **codecs, uint8_t kind, uint32_t node,
 		    uint64_t rate)
 {
-	struct rctx x = {.m = m, .codecs = codecs};
+	pthread_mutex_t mu;
+	pthread_mutex_init(&mu, NULL);
+	struct rctx x = {.m = m, .codecs = codecs, .mu = &mu};
 	x.nodes = nodes_copy(m, &x.nnodes);
-	if (!x.nodes)
+	if (!x.nodes) {
+		pthread_mutex_destroy(&mu);
 		return;
+	}
 	uint32_t targets[256];
 	size_t nt = 0;
 	if (kind == KVP_MAINT_SCRUB)
@@ -598,6 +660,7 @@ static void run_job(struct meta *m, struct kvec_codec **codecs, uint8_t kind, ui
 		  (unsigned long long)j.done, (unsigned long long)j.total,
 		  (unsigned long long)j.failed, (double)j.bytes / 1048576.0, secs);
 	free(x.nodes);
+	pthread_mutex_destroy(&mu);
 }
 
 /* Automatic work when idle: repair nodes down longer than the repair delay, and a background
