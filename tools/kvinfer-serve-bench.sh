@@ -6,7 +6,8 @@
 # Prints one line per configuration and the cache on/off ratios.
 #
 #   tools/kvinfer-serve-bench.sh [BUILD] [PRESET] [REQUESTS] [CONCURRENCY] [PREFIX_WORDS] [MAX_TOKENS] [POLICIES]
-# defaults: build small 16 4 250 8 "rr least cache"; THREADS (engine threads, default 2).
+# defaults: build small 16 4 250 8 "rr least cache"; env THREADS (engine threads per process,
+# default 2), PREFIXES (distinct shared prefixes, default 2).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=$(cd "${1:-$here/../build}" && pwd)
@@ -17,6 +18,7 @@ words=${5:-250}
 maxtok=${6:-8}
 policies=${7-rr least cache}
 threads=${THREADS:-2}
+prefixes=${PREFIXES:-2}
 K=$build/bin/kvinfer
 L=$build/tools/kvinfer-load
 work=$(mktemp -d /tmp/kvinfer-serve-bench.XXXXXX)
@@ -32,9 +34,9 @@ wait_file() { for _ in $(seq 1 600); do [ -s "$1" ] && return 0; sleep 0.1; done
 "$build/tools/kvinfer-synth" --preset "$preset" --type q8_0 -o "$work/model.gguf" >/dev/null
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$work/secret"
 common=(-m "$work/model.gguf" -t "$threads" --ignore-eos --ctx 2048)
-load=(--requests "$requests" --concurrency "$conc" --prefixes 2 --prefix-words "$words"
+load=(--requests "$requests" --concurrency "$conc" --prefixes "$prefixes" --prefix-words "$words"
 	--max-tokens "$maxtok")
-echo "preset $preset (q8_0), $requests requests, $conc concurrent, 2 prefixes of $words words," \
+echo "preset $preset (q8_0), $requests requests, $conc concurrent, $prefixes prefixes of $words words," \
 	"$maxtok tokens each, $threads engine threads per process, $(nproc) cores"
 
 run_embedded() { # label, extra flags
