@@ -154,10 +154,13 @@ static inline int rt_maint(struct kvc *c, uint8_t action, uint32_t node)
 static inline int rt_job(struct kvc *c, uint8_t action, uint32_t node, int timeout_ms,
 			 struct rt_status *s)
 {
-	int rc = rt_maint(c, action, node);
+	int64_t end = rt_now_ms() + timeout_ms;
+	int rc;
+	/* An automatic job (degraded stripes, background scrub) may be running: wait it out. */
+	while ((rc = rt_maint(c, action, node)) == -EBUSY && rt_now_ms() < end)
+		rt_sleep_ms(100);
 	if (rc)
 		return rc;
-	int64_t end = rt_now_ms() + timeout_ms;
 	do {
 		rt_sleep_ms(50);
 		if ((rc = rt_mstatus(c, s)))

@@ -300,6 +300,69 @@ static void test_auto_repair(void **state)
 	check_files(c);
 }
 
+/* 1 when some stripe of path has two chunks on one node. */
+static int has_dup(struct kvc *c, const char *path)
+{
+	struct kvp_attr a;
+	struct kvc_file *f;
+	assert_int_equal(kvc_resolve(c, path, &a), 0);
+	assert_int_equal(kvc_file_open(c, a.ino, &f), 0);
+	struct kvc_layout_info li;
+	uint32_t *slots = NULL;
+	assert_int_equal(kvc_file_layout(f, &li, &slots), 0);
+	int w = li.k + li.m, dup = 0;
+	for (uint32_t s = 0; s < li.nstripes; s++)
+		for (int j = 1; j < w; j++)
+			for (int i = 0; i < j; i++)
+				dup |= slots[s * w + i] == slots[s * w + j];
+	free(slots);
+	kvc_file_close(f);
+	return dup;
+}
+
+/* --allow-degraded: with fewer than k+m nodes up, files are written with a node holding two
+ * chunks of a stripe; once nodes are back, repair spreads them and full redundancy holds. */
+static void test_degraded(void **state)
+{
+	(void)state;
+	if (!have_bins())
+		skip();
+	struct kvh_cluster *const clp = &g_cl;
+	g_up = 1;
+	assert_int_equal(kvh_cluster_start(clp, 3,
+					   "--k 2 --m 1 --node-timeout 1s --gc-interval 0.1s "
+					   "--repair-delay 0 --allow-degraded",
+					   NULL),
+			 0);
+	struct kvc *c = g_c = client(clp);
+	assert_int_equal(kvc_mkdir_p(c, "/g", 0755), 0);
+	assert_int_equal(kvh_node_kill(clp, 2, SIGKILL), 0);
+	assert_int_equal(kvh_wait_nodes_up(clp, 2, 10000), 0);
+	char p[64];
+	for (int i = 0; i < 6; i++) {
+		snprintf(p, sizeof(p), "/g/f%d", i);
+		assert_int_equal(rt_put(c, p, file_size(i), 300 + (uint64_t)i), 0);
+		assert_int_equal(has_dup(c, p), 1);
+		assert_int_equal(rt_check(c, p, file_size(i), 300 + (uint64_t)i), 0);
+	}
+	assert_int_equal(kvh_node_restart(clp, 2), 0);
+	assert_int_equal(kvh_wait_nodes_up(clp, 3, 10000), 0);
+	struct rt_status s = {0};
+	assert_int_equal(rt_job(c, KVP_MAINT_REPAIR, 0, 60000, &s), 0);
+	assert_int_equal(s.failed, 0);
+	assert_true(s.done >= 6);
+	for (int i = 0; i < 6; i++) {
+		snprintf(p, sizeof(p), "/g/f%d", i);
+		assert_int_equal(has_dup(c, p), 0);
+	}
+	assert_int_equal(kvh_node_kill(clp, 0, SIGKILL), 0);
+	assert_int_equal(kvh_wait_nodes_up(clp, 2, 10000), 0);
+	for (int i = 0; i < 6; i++) {
+		snprintf(p, sizeof(p), "/g/f%d", i);
+		assert_int_equal(rt_check(c, p, file_size(i), 300 + (uint64_t)i), 0);
+	}
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -308,6 +371,7 @@ int main(void)
 	    cmocka_unit_test_teardown(test_drain, teardown),
 	    cmocka_unit_test_teardown(test_scrub, teardown),
 	    cmocka_unit_test_teardown(test_auto_repair, teardown),
+	    cmocka_unit_test_teardown(test_degraded, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -28,7 +28,7 @@ struct meta_cfg {
 	char ttl_rules[CFG_STR_MAX];
 	int64_t high_wm, low_wm;
 	uint64_t repair_rate, scrub_rate;
-	int sync;
+	int sync, allow_degraded;
 	int64_t log_level;
 };
 
@@ -72,6 +72,9 @@ static const struct cfg_opt opts[] = {
      "a background scrub starts this long after the last (0: never)"},
     {"scrub-rate", CFG_SIZE, F(scrub_rate), 0, 1e15, "20M",
      "bytes/s background scrub reads (0: unlimited)"},
+    {"allow-degraded", CFG_BOOL, F(allow_degraded), 0, 0, "false",
+     "with fewer than k+m nodes up, write stripes with a node holding two chunks (marked for "
+     "repair) instead of failing with EHOSTDOWN"},
     {"sync", CFG_BOOL, F(sync), 0, 0, "false", "fsync the WAL on every commit"},
     {"metrics-listen", CFG_STR, F(metrics_listen), 0, 0, NULL,
      "HOST:PORT to serve Prometheus /metrics on (port 0: any; empty: off)"},
@@ -185,7 +188,8 @@ int main(int argc, char **argv)
 			       .repair_delay_s = c.repair_delay,
 			       .repair_rate = c.repair_rate,
 			       .scrub_interval_s = c.scrub_interval,
-			       .scrub_rate = c.scrub_rate};
+			       .scrub_rate = c.scrub_rate,
+			       .allow_degraded = c.allow_degraded};
 	if (parse_rules(c.ttl_rules, &mo)) {
 		fprintf(stderr, "kvfs-meta: bad --ttl-rules %s (want /dir=TIME,...)\n",
 			c.ttl_rules);

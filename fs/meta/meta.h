@@ -50,6 +50,8 @@ struct meta_opts {
 	uint64_t repair_rate;	 /* bytes/s rebuilt by background repair; 0 = unlimited */
 	double scrub_interval_s; /* a background scrub starts this long after the last; 0 = off */
 	uint64_t scrub_rate;	 /* bytes/s read by background scrub; 0 = unlimited */
+	int allow_degraded;	 /* with k..k+m-1 nodes up, place stripes with some nodes holding
+				  * two chunks, marked for repair; else ALLOC says -EHOSTDOWN */
 };
 
 int meta_open(const struct meta_opts *o, struct meta **out);

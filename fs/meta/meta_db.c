@@ -129,6 +129,13 @@ size_t mk_rev(uint8_t *k, uint32_t node, uint64_t chunk)
 	return 13;
 }
 
+size_t mk_degraded(uint8_t *k, uint64_t ino, uint32_t stripe)
+{
+	size_t n = mk_stripe(k, ino, stripe);
+	k[0] = MK_DEGRADED;
+	return n;
+}
+
 void mdb_delq_put(rocksdb_writebatch_t *b, uint32_t node, uint64_t chunk, int64_t now)
 {
 	uint8_t k[MK_MAX], v[8];

@@ -194,6 +194,28 @@ static int place(struct cand *c, size_t n, const struct mpend *p)
 	return 0;
 }
 
+/* Fewer than k+m nodes up (--allow-degraded): slot j of each stripe goes to the j % n-th
+ * emptiest node, so the k data chunks stay on distinct nodes and some nodes hold a parity
+ * chunk too. COMMIT marks such stripes for repair. */
+static int place_degraded(struct cand *c, size_t n, const struct mpend *p)
+{
+	size_t w = (size_t)(p->k + p->m);
+	for (uint32_t s = 0; s < p->nstripes; s++) {
+		cand_sort(c, n);
+		uint32_t *slot = p->node + (size_t)s * w;
+		for (size_t j = 0; j < w; j++) {
+			struct cand *d = &c[j % n];
+			if (d->free < (int64_t)p->chunk_size)
+				return -ENOSPC;
+			slot[j] = d->id;
+			d->free -= p->chunk_size;
+			d->placed += p->chunk_size;
+			d->used_here = 1;
+		}
+	}
+	return 0;
+}
+
 int mfile_alloc(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 {
 	int rc = check_geometry(q->k, q->m, q->chunk_size, q->nstripes);
@@ -210,7 +232,8 @@ int mfile_alloc(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 			  .m = q->m};
 	size_t w = (size_t)(q->k + q->m), slots = pend_slots(&p);
 	rocksdb_writebatch_t *b = NULL;
-	if ((size_t)n < w) {
+	int degraded = (size_t)n < w && m->o.allow_degraded && n >= q->k && n > 0;
+	if ((size_t)n < w && !degraded) {
 		rc = -EHOSTDOWN;
 		goto out;
 	}
@@ -219,8 +242,8 @@ int mfile_alloc(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 		rc = -ENOMEM;
 		goto out;
 	}
-	rc = place(c, (size_t)n, &p);
-	if (rc == -ENOSPC && m->o.high_wm > 0) {
+	rc = degraded ? place_degraded(c, (size_t)n, &p) : place(c, (size_t)n, &p);
+	if (rc == -ENOSPC && m->o.high_wm > 0 && !degraded) {
 		/* Full: evict least recently used files, then try once more. */
 		free(c);
 		c = NULL;
@@ -304,6 +327,13 @@ static int commit_match(const struct mreq *q, const struct mpend *p, uint8_t *se
 		seen[idx] = 1;
 	}
 	size_t w = (size_t)(q->k + q->m);
+	/* A degraded ALLOC placed some stripes with a node twice on purpose; the binding of
+	 * every chunk to the node meta chose (above) is then what is checked. */
+	for (size_t i = 0; i < p->nstripes; i++)
+		for (size_t a = 1; a < w; a++)
+			for (size_t b = 0; b < a; b++)
+				if (p->node[i * w + a] == p->node[i * w + b])
+					return 0;
 	for (uint32_t st = 0; st < q->nstripes; st++)
 		for (size_t a = 1; a < w; a++)
 			for (size_t b = 0; b < a; b++) {
@@ -400,11 +430,18 @@ int mfile_commit(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 		rocksdb_writebatch_put(b, (const char *)k, mk_stripe(k, ino, s),
 				       (const char *)q->slots + (size_t)s * w * MREQ_SLOT_SIZE,
 				       w * MREQ_SLOT_SIZE);
+		int dup = 0;
 		for (size_t j = 0; j < w; j++) {
-			struct mreq_slot sl;
+			struct mreq_slot sl, o;
 			mreq_slot_get(q, (size_t)s * w + j, &sl);
 			mdb_rev_put(b, sl.node_id, sl.chunk_id, ino, s);
+			for (size_t i = 0; i < j; i++) {
+				mreq_slot_get(q, (size_t)s * w + i, &o);
+				dup |= o.node_id == sl.node_id;
+			}
 		}
+		if (dup) /* placed degraded: the repair worker spreads it out later */
+			rocksdb_writebatch_put(b, (const char *)k, mk_degraded(k, ino, s), "", 0);
 	}
 	rocksdb_writebatch_put(b, (const char *)k, mk_atime(k, now, ino), "", 0);
 	if (q->write_id) {

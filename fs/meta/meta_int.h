@@ -25,7 +25,8 @@ enum {
 	MK_DELQ = 'Q',	  /* node_id be32, chunk_id be64 -> i64 queued_ns */
 	MK_ATIME = 'A',	  /* (atime_ns ^ sign bit) be64, ino be64 -> (empty) */
 	MK_REV = 'R',	  /* node_id be32, chunk_id be64 -> u64 ino, u32 stripe (chunk owner) */
-	MK_VERSION = 'V', /* (no suffix) -> "kvfs-meta 1" */
+	MK_DEGRADED = 'G', /* ino be64, stripe be32 -> (empty): a stripe with a node twice */
+	MK_VERSION = 'V',  /* (no suffix) -> "kvfs-meta 1" */
 };
 enum {
 	MC_INO_LIMIT = 1,   /* inode numbers below it may have been handed out */
@@ -48,6 +49,7 @@ size_t mk_pending(uint8_t *k, uint64_t write_id);
 size_t mk_delq(uint8_t *k, uint32_t node, uint64_t chunk);
 size_t mk_atime(uint8_t *k, int64_t atime_ns, uint64_t ino);
 size_t mk_rev(uint8_t *k, uint32_t node, uint64_t chunk);
+size_t mk_degraded(uint8_t *k, uint64_t ino, uint32_t stripe);
 void mk_be64(uint8_t *p, uint64_t v);
 uint64_t mk_rd_be64(const uint8_t *p);
 uint32_t mk_rd_be32(const uint8_t *p);
@@ -154,6 +156,8 @@ struct meta {
 	/* Chunk ids being written by repair threads, not yet in S (GC skips them); 0 = free. */
 	uint64_t inflight[MREP_THREADS];
 	int64_t last_scrub_mono;
+	int64_t last_degraded_mono; /* worker only: last attempt at fixing degraded stripes */
+	size_t degraded_fail_up;    /* worker only: nodes up when that attempt failed */
 };
 
 static inline void mst_add(struct meta *m, int which, uint64_t v)

@@ -590,6 +590,84 @@ static void scrub_job(struct rctx *x, uint64_t rate, int64_t start)
 	free(buf);
 }
 
+static uint64_t family_count(struct meta *m, uint8_t family)
+{
+	uint64_t n = 0;
+	rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, m->ro);
+	for (rocksdb_iter_seek(it, (const char *)&family, 1); rocksdb_iter_valid(it);
+	     rocksdb_iter_next(it)) {
+		size_t kl;
+		const char *key = rocksdb_iter_key(it, &kl);
+		if (kl < 1 || (uint8_t)key[0] != family)
+			break;
+		n++;
+	}
+	rocksdb_iter_destroy(it);
+	return n;
+}
+
+/* Stripes written degraded (a node holding two of their chunks, `G` keys): each second chunk
+ * on a node is moved to a node the stripe does not use; the mark goes once none is left. */
+static void degraded_job(struct rctx *x)
+{
+	struct meta *m = x->m;
+	uint8_t k[MK_MAX];
+	size_t kl0 = mk_degraded(k, 0, 0);
+	while (!worker_stopping(m)) {
+		struct {
+			uint64_t ino;
+			uint32_t s;
+		} page[PAGE];
+		size_t n = 0;
+		rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, m->ro);
+		for (rocksdb_iter_seek(it, (const char *)k, kl0);
+		     rocksdb_iter_valid(it) && n < PAGE; rocksdb_iter_next(it)) {
+			size_t kl;
+			const uint8_t *key = (const uint8_t *)rocksdb_iter_key(it, &kl);
+			if (kl != 13 || key[0] != MK_DEGRADED)
+				break;
+			if (memcmp(key, k, 13) == 0)
+				continue;
+			page[n].ino = mk_rd_be64(key + 1);
+			page[n].s = mk_rd_be32(key + 9);
+			n++;
+		}
+		rocksdb_iter_destroy(it);
+		if (!n)
+			break;
+		kl0 = mk_degraded(k, page[n - 1].ino, page[n - 1].s);
+		for (size_t p = 0; p < n && !worker_stopping(m); p++) {
+			struct rstripe st;
+			int left = 0, failed = 0;
+			if (stripe_load(m, page[p].ino, page[p].s, &st) == 0)
+				for (uint32_t j = 1; j < st.w; j++) {
+					int dup = 0;
+					for (uint32_t i = 0; i < j; i++)
+						dup |= st.slot[i].node_id == st.slot[j].node_id;
+					if (!dup)
+						continue;
+					int64_t r =
+					    repair_slot(x, st.f.ino, st.s, st.slot[j].node_id,
+							st.slot[j].chunk_id, MODE_DRAIN);
+					job_progress(m, r > 1 ? (uint64_t)r : 0, r < 0);
+					failed |= r < 0;
+				}
+			if (!failed && stripe_load(m, page[p].ino, page[p].s, &st) == 0)
+				for (uint32_t j = 1; j < st.w; j++)
+					for (uint32_t i = 0; i < j; i++)
+						left |= st.slot[i].node_id == st.slot[j].node_id;
+			if (!failed && !left) { /* whole again, or the file is gone */
+				uint8_t dk[MK_MAX];
+				rocksdb_writebatch_t *b = rocksdb_writebatch_create();
+				rocksdb_writebatch_delete(b, (const char *)dk,
+							  mk_degraded(dk, page[p].ino, page[p].s));
+				mdb_write(m, b);
+				rocksdb_writebatch_destroy(b);
+			}
+		}
+	}
+}
+
 static uint64_t all_chunks(struct meta *m)
 {
 	uint8_t k = MK_REV;
@@ -620,8 +698,8 @@ static void run_job(struct meta *m, struct kvec_codec **codecs, uint8_t kind, ui
 	}
 	uint32_t targets[256];
 	size_t nt = 0;
-	if (kind == KVP_MAINT_SCRUB)
-		;
+	if (kind == KVP_MAINT_SCRUB || node == UINT32_MAX)
+		; /* UINT32_MAX: degraded stripes only (automatic) */
 	else if (node)
 		targets[nt++] = node;
 	else
@@ -633,6 +711,9 @@ static void run_job(struct meta *m, struct kvec_codec **codecs, uint8_t kind, ui
 		total = all_chunks(m);
 	for (size_t i = 0; i < nt; i++)
 		total += rev_count(m, targets[i]);
+	int fix = kind == KVP_MAINT_REPAIR && (node == 0 || node == UINT32_MAX);
+	if (fix) /* at least one chunk to move per degraded stripe */
+		total += family_count(m, MK_DEGRADED);
 	int64_t start = meta_mono_ns();
 	pthread_mutex_lock(&m->job_mu);
 	m->job = (struct mjob){
@@ -648,6 +729,8 @@ static void run_job(struct meta *m, struct kvec_codec **codecs, uint8_t kind, ui
 		for (size_t i = 0; i < nt; i++)
 			node_job(&x, targets[i], kind == KVP_MAINT_DRAIN ? MODE_DRAIN : MODE_REPAIR,
 				 rate, start);
+	if (fix)
+		degraded_job(&x);
 	pthread_mutex_lock(&m->job_mu);
 	m->job.running = 0;
 	m->job.end_mono = meta_mono_ns();
@@ -685,6 +768,23 @@ static int auto_job(struct meta *m, struct kvec_codec **codecs)
 			klog_info("node %u down for over %.0f s: repairing its chunks", due,
 				  m->o.repair_delay_s);
 			run_job(m, codecs, KVP_MAINT_REPAIR, due, m->o.repair_rate);
+			return 1;
+		}
+	}
+	/* Degraded stripes, once there are nodes to spread them over: tried every 10 s. */
+	if (now - m->last_degraded_mono >= 10000000000LL) {
+		m->last_degraded_mono = now;
+		size_t n, up = 0;
+		struct rnode *r = nodes_copy(m, &n);
+		for (size_t i = 0; r && i < n; i++)
+			up += r[i].state == KVP_NODE_UP && !r[i].draining;
+		free(r);
+		/* After a failed attempt, wait for more nodes rather than fail every 10 s. */
+		if (up > m->degraded_fail_up && family_count(m, MK_DEGRADED)) {
+			run_job(m, codecs, KVP_MAINT_REPAIR, UINT32_MAX, m->o.repair_rate);
+			pthread_mutex_lock(&m->job_mu);
+			m->degraded_fail_up = m->job.failed ? up : 0;
+			pthread_mutex_unlock(&m->job_mu);
 			return 1;
 		}
 	}
