@@ -293,6 +293,31 @@ static void test_cached_and_stream(void **state)
 	free(c);
 }
 
+static void test_chat(void **state)
+{
+	(void)state;
+	char *b;
+	assert_int_equal(http("POST", "/v1/chat/completions",
+			      "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+			      "{\"role\":\"user\",\"content\":\"Hello there\"}],"
+			      "\"max_tokens\":5,\"temperature\":0}",
+			      &b),
+			 200);
+	cJSON *o = json(b);
+	cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+	cJSON *m = cJSON_GetObjectItem(c0, "message");
+	assert_true(cJSON_IsString(cJSON_GetObjectItem(m, "content")));
+	cJSON *u = cJSON_GetObjectItem(o, "usage");
+	assert_int_equal(cJSON_GetObjectItem(u, "completion_tokens")->valueint, 5);
+	assert_non_null(
+	    cJSON_GetObjectItem(cJSON_GetObjectItem(u, "prompt_tokens_details"), "cached_tokens"));
+	cJSON_Delete(o);
+	free(b);
+	assert_int_equal(http("GET", "/v1/models", NULL, &b), 200);
+	assert_non_null(strstr(b, "\"kvinfer\""));
+	free(b);
+}
+
 struct cl {
 	int id, ok;
 	char text[4096];
@@ -565,9 +590,8 @@ int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_cached_and_stream),
-	    cmocka_unit_test(test_concurrent),
-	    cmocka_unit_test(test_errors_keep_serving),
+	    cmocka_unit_test(test_cached_and_stream),	cmocka_unit_test(test_chat),
+	    cmocka_unit_test(test_concurrent),		cmocka_unit_test(test_errors_keep_serving),
 	    cmocka_unit_test(test_disconnect_frees_kv),
 	};
 	int rc = cmocka_run_group_tests(tests, setup, teardown);
