@@ -338,10 +338,10 @@ out:
 
 /* ---- dispatch ------------------------------------------------------------------------ */
 
-int kvinfer_cmd_serve(int argc, char **argv);   /* engine/serve/serve_main.c */
+int kvinfer_cmd_serve(int argc, char **argv);	/* engine/serve/serve_main.c */
 int kvinfer_cmd_gateway(int argc, char **argv); /* engine/serve/gw_main.c */
 int kvinfer_cmd_prefill(int argc, char **argv); /* engine/serve/wk.c */
-int kvinfer_cmd_decode(int argc, char **argv);  /* engine/serve/wk.c */
+int kvinfer_cmd_decode(int argc, char **argv);	/* engine/serve/wk.c */
 
 static const struct {
 	const char *name;

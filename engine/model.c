@@ -18,7 +18,6 @@
 
 #include <openssl/evp.h>
 
-
 size_t kvi_dtype_row_bytes(enum kvi_dtype t, int64_t n)
 {
 	if (n <= 0 || n > ((int64_t)1 << 40))
