@@ -515,6 +515,10 @@ static void be_metrics(void *ctx, FILE *f)
 				roles[k].name, r->addr, r->inflight);
 			fprintf(f, "lb_replica_queued_tokens{role=\"%s\",addr=\"%s\"} %d\n",
 				roles[k].name, r->addr, r->queued_tokens);
+			fprintf(f, "lb_replica_running{role=\"%s\",addr=\"%s\"} %d\n",
+				roles[k].name, r->addr, r->running);
+			fprintf(f, "lb_replica_kv_free_blocks{role=\"%s\",addr=\"%s\"} %d\n",
+				roles[k].name, r->addr, r->kv_free);
 			fprintf(f, "lb_replica_picks_total{role=\"%s\",addr=\"%s\"} %llu\n",
 				roles[k].name, r->addr, (unsigned long long)r->picks);
 		}
