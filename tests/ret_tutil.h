@@ -1,5 +1,6 @@
 /* Helpers shared by the retention and repair integration tests (test_retention.c,
- * test_repair.c): seeded file contents, chunk files on the nodes' disks, meta's MSTATUS. */
+ * test_repair.c): cluster teardown, seeded file contents, chunk files on the nodes' disks,
+ * meta's MSTATUS. */
 #ifndef KVFS_RET_TUTIL_H
 #define KVFS_RET_TUTIL_H
 
@@ -13,6 +14,24 @@
 
 #include "harness.h"
 #include "kvc.h"
+
+/* 1 when kvh_bin finds the kvfs-meta and kvfs-node binaries (an integration test skips if not). */
+static inline int rt_have_bins(void)
+{
+	char bin[600];
+	return kvh_bin("kvfs-meta", bin, sizeof(bin)) == 0 &&
+	       kvh_bin("kvfs-node", bin, sizeof(bin)) == 0;
+}
+
+/* A test's teardown: closes *c, stops *cl if *up (even half-started), and clears both. */
+static inline void rt_stop(struct kvh_cluster *cl, int *up, struct kvc **c)
+{
+	kvc_close(*c);
+	*c = NULL;
+	if (*up)
+		kvh_cluster_stop(cl);
+	*up = 0;
+}
 
 static inline void rt_fill(uint8_t *p, size_t n, uint64_t seed)
 {

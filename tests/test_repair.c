@@ -23,19 +23,8 @@ static struct kvc *g_c;
 static int teardown(void **state)
 {
 	(void)state;
-	kvc_close(g_c);
-	g_c = NULL;
-	if (g_up)
-		kvh_cluster_stop(&g_cl);
-	g_up = 0;
+	rt_stop(&g_cl, &g_up, &g_c);
 	return 0;
-}
-
-static int have_bins(void)
-{
-	char bin[600];
-	return kvh_bin("kvfs-meta", bin, sizeof(bin)) == 0 &&
-	       kvh_bin("kvfs-node", bin, sizeof(bin)) == 0;
 }
 
 static struct kvc *client(struct kvh_cluster *cl)
@@ -78,36 +67,38 @@ static uint32_t node_id(struct kvc *c, struct kvh_cluster *cl, int i)
 	return id;
 }
 
-static void mkdirs(struct kvc *c)
+/* Starts an nnodes cluster (meta/node flags as kvh_cluster_start takes them), opens the client
+ * and writes the NFILES files that check_files reads back. */
+static struct kvc *start_with_files(int nnodes, const char *meta_args, const char *node_args)
 {
+	g_up = 1; /* even a half-started cluster is stopped by teardown */
+	assert_int_equal(kvh_cluster_start(&g_cl, nnodes, meta_args, node_args), 0);
+	struct kvc *c = g_c = client(&g_cl);
 	for (int i = 0; i < 3; i++) {
 		char p[16];
 		snprintf(p, sizeof(p), "/d%d", i);
 		assert_int_equal(kvc_mkdir_p(c, p, 0755), 0);
 	}
-}
-
-static void test_repair(void **state)
-{
-	(void)state;
-	if (!have_bins())
-		skip();
-	struct kvh_cluster *const clp = &g_cl;
-	/* 5 nodes, stripes of 2+1: after one loss 4 remain, so repair has room for distinct
-	 * nodes, and after a second loss reads need every stripe whole again. */
-	g_up = 1; /* even a half-started cluster is stopped by teardown */
-	assert_int_equal(kvh_cluster_start(clp, 5,
-					   "--k 2 --m 1 --node-timeout 1s --gc-interval 0.1s "
-					   "--repair-delay 0",
-					   NULL),
-			 0);
-	struct kvc *c = g_c = client(clp);
-	mkdirs(c);
 	for (int i = 0; i < NFILES; i++) {
 		char p[64];
 		snprintf(p, sizeof(p), "/d%d/f%d", i % 3, i);
 		assert_int_equal(rt_put(c, p, file_size(i), 100 + (uint64_t)i), 0);
 	}
+	return c;
+}
+
+static void test_repair(void **state)
+{
+	(void)state;
+	if (!rt_have_bins())
+		skip();
+	struct kvh_cluster *const clp = &g_cl;
+	/* 5 nodes, stripes of 2+1: after one loss 4 remain, so repair has room for distinct
+	 * nodes, and after a second loss reads need every stripe whole again. */
+	struct kvc *c = start_with_files(5,
+					 "--k 2 --m 1 --node-timeout 1s --gc-interval 0.1s "
+					 "--repair-delay 0",
+					 NULL);
 	uint32_t lost = node_id(c, clp, 0);
 	int held = rt_node_chunks(clp, 0, NULL, 0);
 	assert_true(held > 0);
@@ -138,22 +129,13 @@ static void test_repair(void **state)
 static void test_drain(void **state)
 {
 	(void)state;
-	if (!have_bins())
+	if (!rt_have_bins())
 		skip();
 	struct kvh_cluster *const clp = &g_cl;
-	g_up = 1; /* even a half-started cluster is stopped by teardown */
-	assert_int_equal(kvh_cluster_start(clp, 4,
-					   "--k 2 --m 1 --node-timeout 2s --gc-interval 0.1s "
-					   "--repair-delay 0",
-					   NULL),
-			 0);
-	struct kvc *c = g_c = client(clp);
-	mkdirs(c);
-	for (int i = 0; i < NFILES; i++) {
-		char p[64];
-		snprintf(p, sizeof(p), "/d%d/f%d", i % 3, i);
-		assert_int_equal(rt_put(c, p, file_size(i), 100 + (uint64_t)i), 0);
-	}
+	struct kvc *c = start_with_files(4,
+					 "--k 2 --m 1 --node-timeout 2s --gc-interval 0.1s "
+					 "--repair-delay 0",
+					 NULL);
 	uint32_t id = node_id(c, clp, 2);
 	int held = rt_node_chunks(clp, 2, NULL, 0);
 	fprintf(stderr, "  node %u holds %d chunks (%d in all)\n", id, held, rt_all_chunks(clp));
@@ -212,22 +194,13 @@ static int rot_node(struct kvh_cluster *cl, int i, int max)
 static void test_scrub(void **state)
 {
 	(void)state;
-	if (!have_bins())
+	if (!rt_have_bins())
 		skip();
 	struct kvh_cluster *const clp = &g_cl;
-	g_up = 1; /* even a half-started cluster is stopped by teardown */
-	assert_int_equal(kvh_cluster_start(clp, 4,
-					   "--k 2 --m 1 --node-timeout 2s --gc-interval 0.1s "
-					   "--repair-delay 0 --scrub-interval 0",
-					   "--direct-read"),
-			 0);
-	struct kvc *c = g_c = client(clp);
-	mkdirs(c);
-	for (int i = 0; i < NFILES; i++) {
-		char p[64];
-		snprintf(p, sizeof(p), "/d%d/f%d", i % 3, i);
-		assert_int_equal(rt_put(c, p, file_size(i), 100 + (uint64_t)i), 0);
-	}
+	struct kvc *c = start_with_files(4,
+					 "--k 2 --m 1 --node-timeout 2s --gc-interval 0.1s "
+					 "--repair-delay 0 --scrub-interval 0",
+					 "--direct-read");
 	/* One node only: a stripe has one chunk per node, so no stripe loses two. */
 	int rotten = rot_node(clp, 1, 7);
 	assert_true(rotten >= 4);
@@ -264,22 +237,13 @@ static void test_scrub(void **state)
 static void test_auto_repair(void **state)
 {
 	(void)state;
-	if (!have_bins())
+	if (!rt_have_bins())
 		skip();
 	struct kvh_cluster *const clp = &g_cl;
-	g_up = 1;
-	assert_int_equal(kvh_cluster_start(clp, 4,
-					   "--k 2 --m 1 --node-timeout 1s --gc-interval 0.1s "
-					   "--repair-delay 1s --repair-rate 20M",
-					   NULL),
-			 0);
-	struct kvc *c = g_c = client(clp);
-	mkdirs(c);
-	for (int i = 0; i < NFILES; i++) {
-		char p[64];
-		snprintf(p, sizeof(p), "/d%d/f%d", i % 3, i);
-		assert_int_equal(rt_put(c, p, file_size(i), 100 + (uint64_t)i), 0);
-	}
+	struct kvc *c = start_with_files(4,
+					 "--k 2 --m 1 --node-timeout 1s --gc-interval 0.1s "
+					 "--repair-delay 1s --repair-rate 20M",
+					 NULL);
 	int held = rt_node_chunks(clp, 3, NULL, 0);
 	assert_true(held > 0);
 	assert_int_equal(kvh_node_kill(clp, 3, SIGKILL), 0);
@@ -326,7 +290,7 @@ static int has_dup(struct kvc *c, const char *path)
 static void test_degraded(void **state)
 {
 	(void)state;
-	if (!have_bins())
+	if (!rt_have_bins())
 		skip();
 	struct kvh_cluster *const clp = &g_cl;
 	g_up = 1;

@@ -28,19 +28,8 @@ static int teardown(void **state)
 		waitpid(g_child, NULL, 0);
 		g_child = 0;
 	}
-	kvc_close(g_c);
-	g_c = NULL;
-	if (g_up)
-		kvh_cluster_stop(&g_cl);
-	g_up = 0;
+	rt_stop(&g_cl, &g_up, &g_c);
 	return 0;
-}
-
-static int have_bins(void)
-{
-	char bin[600];
-	return kvh_bin("kvfs-meta", bin, sizeof(bin)) == 0 &&
-	       kvh_bin("kvfs-node", bin, sizeof(bin)) == 0;
 }
 
 static struct kvc *client(struct kvh_cluster *cl)
@@ -57,7 +46,7 @@ static struct kvc *client(struct kvh_cluster *cl)
 static void test_ttl(void **state)
 {
 	(void)state;
-	if (!have_bins())
+	if (!rt_have_bins())
 		skip();
 	struct kvh_cluster *const clp = &g_cl;
 	g_up = 1; /* even a half-started cluster is stopped by teardown */
@@ -150,7 +139,7 @@ static void usage(struct kvc *c, uint64_t *used, uint64_t *cap)
 static void test_evict(void **state)
 {
 	(void)state;
-	if (!have_bins())
+	if (!rt_have_bins())
 		skip();
 	struct kvh_cluster *const clp = &g_cl;
 	assert_int_equal(
@@ -321,7 +310,7 @@ static void child_writer(struct kvh_cluster *cl, int fd)
 static void test_gc(void **state)
 {
 	(void)state;
-	if (!have_bins())
+	if (!rt_have_bins())
 		skip();
 	struct kvh_cluster *const clp = &g_cl;
 	assert_int_equal(
