@@ -540,6 +540,45 @@ static void test_disagg_concurrent(void **state)
 	test_concurrent(state);
 }
 
+/* 1 when every replica is up and the gateway's view of its load is back to idle: nothing in
+ * flight from this gateway, and the replica's last STATUS says nothing running or queued. */
+static int replicas_idle(void)
+{
+	static const char *const zero[] = {"lb_replica_inflight", "lb_replica_running",
+					   "lb_replica_queued_tokens"};
+	for (int i = 0; i < 4; i++) {
+		char name[160];
+		const char *role = i < 2 ? "prefill" : "decode";
+		snprintf(name, sizeof(name), "lb_replica_up{role=\"%s\",addr=\"127.0.0.1:%u\"}",
+			 role, wports[i]);
+		if (metric(name) != 1)
+			return 0;
+		snprintf(name, sizeof(name),
+			 "lb_replica_kv_free_blocks{role=\"%s\",addr=\"127.0.0.1:%u\"}", role,
+			 wports[i]);
+		if (metric(name) <= 0) /* a real STATUS reply was parsed */
+			return 0;
+		for (int k = 0; k < 3; k++) {
+			snprintf(name, sizeof(name), "%s{role=\"%s\",addr=\"127.0.0.1:%u\"}",
+				 zero[k], role, wports[i]);
+			if (metric(name) != 0)
+				return 0;
+		}
+	}
+	return 1;
+}
+
+/* After a burst, the per-replica load the gateway reports returns to 0 (health polls every
+ * 200 ms; the few seconds allowed are for a loaded machine, not a speed check). */
+static void test_disagg_load_returns_to_zero(void **state)
+{
+	test_concurrent(state);
+	int idle = 0;
+	for (int i = 0; i < 100 && !(idle = replicas_idle()); i++)
+		sleep_ms(100);
+	assert_true(idle);
+}
+
 static void test_disagg_kill_decode(void **state)
 {
 	(void)state;
@@ -598,6 +637,7 @@ int main(void)
 	const struct CMUnitTest disagg[] = {
 	    cmocka_unit_test(test_disagg_same_output),
 	    cmocka_unit_test(test_disagg_concurrent),
+	    cmocka_unit_test(test_disagg_load_returns_to_zero),
 	    cmocka_unit_test(test_disagg_kill_decode),
 	};
 	/* the disaggregated group reuses the first one's model and temp dir */

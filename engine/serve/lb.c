@@ -553,39 +553,66 @@ void lb_backend(struct lb *l, struct gw_backend *out)
 
 /* ---- health -------------------------------------------------------------------------- */
 
-static void check(struct lb *l, struct replica *r)
+/* One STATUS poll per replica. The calls are all started before any is waited for: polled one
+ * after the other, a replica slow to answer (a busy worker on a loaded machine, up to
+ * STATUS_TIMEOUT_MS) held back every later replica's refresh, which then kept showing the
+ * load of a burst long finished while still up. A replica that does not answer is marked down
+ * and its reported load cleared, so no old figure outlives the answer it came from. */
+struct probe {
+	struct replica *r;
+	struct kvp_client *c;
+	struct kvp_call *k;
+	int rc;
+};
+
+static void probe_apply(struct lb *l, struct probe *p, uint8_t *body, uint32_t len)
 {
-	struct kvp_client *c = NULL;
-	uint8_t *body = NULL;
-	uint32_t len = 0;
-	char addr[KVP_ADDR_MAX];
-	pthread_mutex_lock(&l->mu);
-	memcpy(addr, r->addr, sizeof(addr));
-	pthread_mutex_unlock(&l->mu);
-	int rc = kvp_pool_get(l->pool, addr, &c);
-	if (!rc) {
-		rc = kvp_call(c, KVW_OP_STATUS, NULL, 0, NULL, 0, STATUS_TIMEOUT_MS, &body, &len);
-		kvp_pool_put(l->pool, c);
-	}
 	struct kvp_rbuf rb;
 	kvp_r_init(&rb, body, len);
 	kvp_r_u32(&rb);
 	int running = (int)kvp_r_u32(&rb), queued = (int)kvp_r_u32(&rb);
 	int kv_free = (int)kvp_r_u32(&rb);
 	kvp_r_u32(&rb);
+	int rc = p->rc;
 	if (!rc)
 		rc = kvp_r_end(&rb);
-	free(body);
 	pthread_mutex_lock(&l->mu);
+	struct replica *r = p->r;
 	if (!rc && !r->up)
 		klog_info("replica %s is up", r->addr);
 	r->up = rc == 0;
-	if (!rc) {
-		r->running = running;
-		r->queued_tokens = queued;
-		r->kv_free = kv_free;
-	}
+	r->running = rc ? 0 : running;
+	r->queued_tokens = rc ? 0 : queued;
+	r->kv_free = rc ? 0 : kv_free;
 	pthread_mutex_unlock(&l->mu);
+}
+
+static void check_all(struct lb *l)
+{
+	struct probe ps[2 * LB_MAX_REPLICAS];
+	int n = 0;
+	for (int i = 0; i < l->pf.n; i++)
+		ps[n++] = (struct probe){.r = &l->pf.r[i]};
+	for (int i = 0; i < l->dc.n; i++)
+		ps[n++] = (struct probe){.r = &l->dc.r[i]};
+	/* addr is set once in lb_create and never written after: no lock needed to read it */
+	for (int i = 0; i < n; i++) {
+		struct probe *p = &ps[i];
+		p->rc = kvp_pool_get(l->pool, p->r->addr, &p->c);
+		if (!p->rc)
+			p->rc = kvp_call_start(p->c, KVW_OP_STATUS, NULL, 0, NULL, 0, &p->k);
+	}
+	for (int i = 0; i < n; i++) {
+		struct probe *p = &ps[i];
+		uint8_t *body = NULL;
+		uint32_t len = 0;
+		if (p->k)
+			p->rc = kvp_call_wait(p->k, STATUS_TIMEOUT_MS, &body, &len);
+		if (p->c)
+			kvp_pool_put(l->pool, p->c);
+		probe_apply(l, p, body, len);
+		free(body);
+	}
 }
 
 static void *health_main(void *arg)
@@ -594,10 +621,7 @@ static void *health_main(void *arg)
 	pthread_mutex_lock(&l->mu);
 	while (!l->stop) {
 		pthread_mutex_unlock(&l->mu);
-		for (int i = 0; i < l->pf.n; i++)
-			check(l, &l->pf.r[i]);
-		for (int i = 0; i < l->dc.n; i++)
-			check(l, &l->dc.r[i]);
+		check_all(l);
 		pthread_mutex_lock(&l->mu);
 		struct timespec ts;
 		clock_gettime(CLOCK_REALTIME, &ts);

@@ -16,8 +16,9 @@
  *            the least loaded one.
  *   decode:  rr; least/cache = fewest active sequences (this gateway's count), ties to more
  *            free KV blocks.
- * Health: a thread polls STATUS every 200 ms; a replica that fails it is skipped until it
- * answers again.
+ * Health: a thread polls STATUS on every replica every 200 ms, all concurrently (a slow one
+ * does not delay the others' refresh); a replica that fails it is skipped until it answers
+ * again, and its reported load reads 0 meanwhile.
  *
  * Threading: the backend callbacks are thread-safe; one mutex guards the replica table.
  */
