@@ -36,6 +36,7 @@ static char embedded_text[4096]; /* greedy output of long_prompt, 12 tokens, emb
 static pid_t workers[4]; /* prefill 0, 1, decode 0, 1 */
 static uint16_t wports[4];
 static pid_t gateway = -1;
+static pid_t gateway_cache = -1; /* test_disagg_cache_policy's, --policy cache */
 
 static void sleep_ms(int ms)
 {
@@ -514,6 +515,7 @@ static void stop_pid(pid_t *p)
 static int teardown_disagg(void **state)
 {
 	stop_pid(&gateway);
+	stop_pid(&gateway_cache);
 	(void)state;
 	for (int i = 0; i < 4; i++)
 		stop_pid(&workers[i]);
@@ -579,6 +581,91 @@ static void test_disagg_load_returns_to_zero(void **state)
 	assert_true(idle);
 }
 
+/* The cache policy's rendezvous owner of a prompt (lb.c: fnv1a of the prompt, then of each
+ * replica address; the highest wins): 0 or 1, the prefill replica's index. */
+static uint64_t fnv(const char *s, uint64_t h)
+{
+	for (; *s; s++)
+		h = (h ^ (unsigned char)*s) * 0x100000001b3ULL;
+	return h;
+}
+
+static int owner(const char *prompt)
+{
+	uint64_t key = fnv(prompt, 0xcbf29ce484222325ULL), top = 0;
+	int own = -1;
+	for (int i = 0; i < 2; i++) {
+		char a[64];
+		snprintf(a, sizeof(a), "127.0.0.1:%u", wports[i]);
+		uint64_t h = fnv(a, key);
+		if (own < 0 || h > top) {
+			own = i;
+			top = h;
+		}
+	}
+	return own;
+}
+
+static double picks(int i)
+{
+	char name[128];
+	snprintf(name, sizeof(name),
+		 "lb_replica_picks_total{role=\"prefill\",addr=\"127.0.0.1:%u\"}", wports[i]);
+	return metric(name);
+}
+
+/* --policy cache, replicas idle: the cost (w x blocks expected uncached + queue / B) is lowest
+ * on the prompt's owner, for an owner of either index (least would send both to replica 0). */
+static void test_disagg_cache_policy(void **state)
+{
+	(void)state;
+	char prompts[2][96];
+	int found = 0;
+	for (int k = 0; k < 1000 && found != 3; k++) {
+		char p[96];
+		snprintf(p, sizeof(p), "variant %d of a question about caches", k);
+		int o = owner(p);
+		if (!(found & (1 << o))) {
+			snprintf(prompts[o], sizeof(prompts[o]), "%s", p);
+			found |= 1 << o;
+		}
+	}
+	assert_int_equal(found, 3);
+	const char *bd = getenv("KVFS_BUILD_DIR");
+	char bin[512], secret[512], pf[600], logf[600], pl[128], dl[128];
+	snprintf(bin, sizeof(bin), "%s/bin/kvinfer", bd ? bd : "build");
+	snprintf(secret, sizeof(secret), "%s/secret", tmpdir);
+	snprintf(pl, sizeof(pl), "127.0.0.1:%u,127.0.0.1:%u", wports[0], wports[1]);
+	snprintf(dl, sizeof(dl), "127.0.0.1:%u,127.0.0.1:%u", wports[2], wports[3]);
+	snprintf(pf, sizeof(pf), "%s/gport-cache", tmpdir);
+	snprintf(logf, sizeof(logf), "%s/glog-cache", tmpdir);
+	pid_t g = gateway_cache = fork();
+	if (g == 0) {
+		if (!freopen(logf, "w", stderr))
+			_exit(126);
+		execl(bin, bin, "gateway", "--prefill", pl, "--decode", dl, "--secret-file", secret,
+		      "--policy", "cache", "--port", "0", "--port-file", pf, (char *)NULL);
+		_exit(127);
+	}
+	uint16_t main_port = port;
+	port = wait_port(pf); /* metric() and completion() talk to this gateway meanwhile */
+	int ok = port != 0;
+	for (int round = 0; ok && round < 2; round++)
+		for (int o = 0; ok && o < 2; o++) {
+			int idle = 0;
+			for (int i = 0; i < 100 && !(idle = replicas_idle()); i++)
+				sleep_ms(100);
+			double before = picks(o), other = picks(1 - o);
+			int c, n;
+			char *t = completion(prompts[o], 2, 0, &c, &n);
+			free(t);
+			ok = idle && picks(o) == before + 1 && picks(1 - o) == other;
+		}
+	port = main_port;
+	stop_pid(&gateway_cache);
+	assert_true(ok);
+}
+
 static void test_disagg_kill_decode(void **state)
 {
 	(void)state;
@@ -638,6 +725,7 @@ int main(void)
 	    cmocka_unit_test(test_disagg_same_output),
 	    cmocka_unit_test(test_disagg_concurrent),
 	    cmocka_unit_test(test_disagg_load_returns_to_zero),
+	    cmocka_unit_test(test_disagg_cache_policy),
 	    cmocka_unit_test(test_disagg_kill_decode),
 	};
 	/* the disaggregated group reuses the first one's model and temp dir */

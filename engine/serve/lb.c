@@ -85,8 +85,9 @@ static uint64_t fnv1a(const char *s, uint64_t h)
 	return h;
 }
 
-/* Index of the replica for a request, or -1 when none is up. Caller holds l->mu. */
-static int pick(struct lb *l, struct role *ro, int prefill, uint64_t key, const int *skip)
+/* Index of the replica for a request (est: its estimated prompt tokens, prefill), or -1 when
+ * none is up. Caller holds l->mu. */
+static int pick(struct lb *l, struct role *ro, int prefill, uint64_t key, int est, const int *skip)
 {
 	int best = -1;
 	if (l->o.policy == LB_RR) {
@@ -117,7 +118,10 @@ static int pick(struct lb *l, struct role *ro, int prefill, uint64_t key, const 
 	}
 	if (best < 0 || !prefill || l->o.policy != LB_CACHE)
 		return best;
-	/* cache affinity: the rendezvous owner of the prompt, unless it is far behind */
+	/* cache: cost in blocks = LB_CACHE_W x the prompt blocks the replica is expected to compute
+	 * + its queued uncached tokens / B. Expected: none on the rendezvous owner of the prompt
+	 * (repeats went there, so its KV was computed there), all of them elsewhere. Compared in
+	 * tokens (both terms x B) so the division does not round. */
 	int own = -1;
 	uint64_t top = 0;
 	for (int i = 0; i < ro->n; i++) {
@@ -129,10 +133,20 @@ static int pick(struct lb *l, struct role *ro, int prefill, uint64_t key, const 
 			top = h;
 		}
 	}
-	struct replica *o = &ro->r[own], *b = &ro->r[best];
-	if (o->queued_tokens + o->inflight_tokens <=
-	    b->queued_tokens + b->inflight_tokens + LB_AFFINITY_SLACK)
-		return own;
+	long pblocks = ((long)est + LB_BLOCK_TOKENS - 1) / LB_BLOCK_TOKENS, bcost = 0;
+	best = -1;
+	for (int k = 0; k < ro->n; k++) {
+		int i = (own + k) % ro->n; /* the owner first: it wins ties */
+		struct replica *r = &ro->r[i];
+		if (!r->up || skip[i])
+			continue;
+		long cost = (i == own ? 0 : (long)LB_CACHE_W * pblocks * LB_BLOCK_TOKENS) +
+			    r->queued_tokens + r->inflight_tokens;
+		if (best < 0 || cost < bcost) {
+			best = i;
+			bcost = cost;
+		}
+	}
 	return best;
 }
 
@@ -205,7 +219,7 @@ static int do_prefill(struct lreq *q, struct pf_result *res)
 	int est = (int)(plen / 4) + 1;
 	for (;;) {
 		pthread_mutex_lock(&l->mu);
-		int i = l->stopping ? -1 : pick(l, &l->pf, 1, key, skip);
+		int i = l->stopping ? -1 : pick(l, &l->pf, 1, key, est, skip);
 		if (l->stopping)
 			rc = -ESHUTDOWN;
 		if (i >= 0) {
@@ -370,7 +384,7 @@ static void *req_main(void *arg)
 	rc = w.err ? w.err : -EAGAIN;
 	while (!w.err) {
 		pthread_mutex_lock(&l->mu);
-		int i = pick(l, &l->dc, 0, 0, skip);
+		int i = pick(l, &l->dc, 0, 0, 0, skip);
 		if (i >= 0) {
 			l->dc.r[i].inflight++;
 			l->dc.r[i].picks++;

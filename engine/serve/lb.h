@@ -11,9 +11,10 @@
  * Policies (LB_RR, LB_LEAST, LB_CACHE):
  *   prefill: rr = next live replica; least = fewest queued uncached prompt tokens (reported by
  *            the replica's STATUS plus what this gateway has in flight there); cache = the
- *            rendezvous-hash owner of the whole rendered prompt (repeats meet their KV where
- *            it was computed), unless it has more than LB_AFFINITY_SLACK tokens queued beyond
- *            the least loaded one.
+ *            lowest cost LB_CACHE_W x (prompt blocks expected uncached there: 0 on the
+ *            rendezvous-hash owner of the whole rendered prompt, where repeats met their KV,
+ *            all of them elsewhere) + (its queued uncached tokens, as for least) / B, with
+ *            B = LB_BLOCK_TOKENS; ties to the owner.
  *   decode:  rr; least/cache = fewest active sequences (this gateway's count), ties to more
  *            free KV blocks.
  * Health: a thread polls STATUS on every replica every 200 ms, all concurrently (a slow one
@@ -30,8 +31,11 @@
 
 enum lb_policy { LB_RR = 0, LB_LEAST = 1, LB_CACHE = 2 };
 
-#define LB_MAX_REPLICAS	  16
-#define LB_AFFINITY_SLACK 2048
+#define LB_MAX_REPLICAS 16
+/* The gateway is not told the workers' --block-tokens: their default. */
+#define LB_BLOCK_TOKENS 64
+/* A prompt block to compute weighs as much as a queued block: both are prefill work. */
+#define LB_CACHE_W 1
 
 struct lb_opts {
 	const char *prefill; /* comma-separated host:port list */
