@@ -339,3 +339,21 @@ void ref_model_free(struct kvi_model *m)
 		free((void *)m->output.data);
 	kvi_model_free(m);
 }
+
+struct kvi_config ref_cfg_tiny_llama(int n_vocab)
+{
+	struct kvi_config c = {.arch = "llama",
+			       .n_layer = 2,
+			       .n_embd = 64,
+			       .n_ff = 96,
+			       .n_head = 4,
+			       .n_head_kv = 2,
+			       .head_dim = 16,
+			       .rope_dim = 16,
+			       .rope_base = 10000,
+			       .rms_eps = 1e-5f,
+			       .n_ctx_train = 512,
+			       .n_vocab = n_vocab,
+			       .rope_style = KVI_ROPE_ADJACENT};
+	return c;
+}

@@ -23,20 +23,7 @@
 
 static struct kvi_config cfg_llama(void)
 {
-	struct kvi_config c = {.arch = "llama",
-			       .n_layer = 2,
-			       .n_embd = 64,
-			       .n_ff = 96,
-			       .n_head = 4,
-			       .n_head_kv = 2,
-			       .head_dim = 16,
-			       .rope_dim = 16,
-			       .rope_base = 10000,
-			       .rms_eps = 1e-5f,
-			       .n_ctx_train = 512,
-			       .n_vocab = 203,
-			       .rope_style = KVI_ROPE_ADJACENT};
-	return c;
+	return ref_cfg_tiny_llama(203);
 }
 
 static struct kvi_config cfg_qwen(void)

@@ -648,19 +648,7 @@ static void fingerprint(struct kvi_model *m, uint8_t seed)
 static int setup(void **st)
 {
 	(void)st;
-	F->cfg = (struct kvi_config){.arch = "llama",
-				     .n_layer = 2,
-				     .n_embd = 64,
-				     .n_ff = 96,
-				     .n_head = 4,
-				     .n_head_kv = 2,
-				     .head_dim = 16,
-				     .rope_dim = 16,
-				     .rope_base = 10000,
-				     .rms_eps = 1e-5f,
-				     .n_ctx_train = 512,
-				     .n_vocab = 211,
-				     .rope_style = KVI_ROPE_ADJACENT};
+	F->cfg = ref_cfg_tiny_llama(211);
 	F->m = ref_model_random(&F->cfg, KVI_F16, 7);
 	F->m2 = ref_model_random(&F->cfg, KVI_F16, 8);
 	if (!F->m || !F->m2)
