@@ -20,8 +20,8 @@ void ref_fwd_step(struct ref_fwd *r, int32_t tok, float *logits);
 struct kvi_model *ref_model_random(const struct kvi_config *cfg, enum kvi_dtype wt, uint64_t seed);
 void ref_model_free(struct kvi_model *m);
 
-/* The tests' small Llama: 2 layers, n_embd 64, 4 heads (2 KV) of 16, f32 norms, adjacent RoPE
- * base 10000, n_ctx_train 512; n_vocab as given. */
+/* The tests' small Llama config: 2 layers, n_embd 64, n_ff 96, 4 heads (2 KV) of 16, adjacent
+ * RoPE base 10000, rms_eps 1e-5, n_ctx_train 512; n_vocab as given. */
 struct kvi_config ref_cfg_tiny_llama(int n_vocab);
 
 #endif
