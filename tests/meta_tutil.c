@@ -44,7 +44,7 @@ void daemon_start2(struct daemon *d, const char *db, const char *node_timeout, c
 	if (d->pid == 0) {
 		execl(bin, bin, "--listen", "127.0.0.1:0", "--db", d->db, "--secret-file", secretf,
 		      "--addr-file", addrf, "--node-timeout", node_timeout, "--gc-interval", "0.1s",
-		      "--atime-granularity", "0", "--log-level",
+		      "--unlink-delay", "0", "--atime-granularity", "0", "--log-level",
 		      getenv("KVFS_META_LOG") ? "3" : "1", extra, (char *)NULL);
 		perror("exec kvfs-meta");
 		_exit(127);

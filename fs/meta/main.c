@@ -22,7 +22,7 @@ struct meta_cfg {
 	char metrics_listen[CFG_STR_MAX], metrics_addr_file[CFG_STR_MAX];
 	int64_t k, m;
 	uint64_t chunk_size;
-	double node_timeout, write_timeout, gc_interval;
+	double node_timeout, write_timeout, gc_interval, unlink_delay;
 	double ttl, atime_granularity, retention_interval, gc_grace, orphan_interval;
 	double repair_delay, scrub_interval;
 	char ttl_rules[CFG_STR_MAX];
@@ -47,6 +47,8 @@ static const struct cfg_opt opts[] = {
      "a node without heartbeat this long is down"},
     {"write-timeout", CFG_SECS, F(write_timeout), 1, 30 * 86400, "1h",
      "an ALLOC not committed this long is aborted, its chunks deleted"},
+    {"unlink-delay", CFG_SECS, F(unlink_delay), 0, 86400, "5s",
+     "chunks of an unlinked or replaced file stay this long for readers that still have it open"},
     {"gc-interval", CFG_SECS, F(gc_interval), 0.05, 3600, "1s",
      "background pass period (deletions, node timeouts)"},
     {"ttl", CFG_SECS, F(ttl), 0, 1e9, "72h",
@@ -177,6 +179,7 @@ int main(int argc, char **argv)
 			       .chunk_size = (uint32_t)c.chunk_size,
 			       .node_timeout_s = c.node_timeout,
 			       .write_timeout_s = c.write_timeout,
+			       .unlink_delay_s = c.unlink_delay,
 			       .gc_interval_s = c.gc_interval,
 			       .ttl_s = c.ttl,
 			       .atime_granularity_s = c.atime_granularity,

@@ -31,6 +31,9 @@ struct meta_opts {
 	double node_timeout_s;	/* no heartbeat for this long: node down */
 	double write_timeout_s; /* an ALLOC not committed for this long is aborted */
 	double gc_interval_s;	/* background pass period (deletion queue, timeouts) */
+	/* chunks of an unlinked or replaced file are deleted this long later, so a reader that
+	 * opened the old file (its layout cached) can finish; evicted/expired ones go at once */
+	double unlink_delay_s;
 
 	/* retention (docs/operations.md, "Retention, eviction, repair") */
 	double ttl_s;		/* a file expires this long after its last access; 0 = never */

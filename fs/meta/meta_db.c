@@ -333,8 +333,12 @@ int mdb_file_drop_acct(struct meta *m, rocksdb_writebatch_t *b, const struct min
 	uint8_t k[MK_MAX], lo[MK_MAX];
 	size_t plen = mk_stripe(lo, f->ino, 0) - 4; /* prefix: family + ino */
 	int64_t now = meta_now_ns();
-	/* Queue value: i64 time queued, and when the drop is accounted (eviction, expiry) u64
-	 * bytes the chunk frees, so the deletion can credit exactly that to its node. */
+	/* Queue value: i64 time the deletion may be sent, and when the drop is accounted
+	 * (eviction, expiry) u64 bytes the chunk frees, so the deletion can credit exactly that
+	 * to its node. An unaccounted drop (unlink, replace) waits unlink_delay_s first: a reader
+	 * that opened the old file before the change holds its layout and may still read. */
+	if (!bytes)
+		now += (int64_t)(m->o.unlink_delay_s * 1e9);
 	uint8_t tv[16];
 	for (int i = 0; i < 8; i++) {
 		tv[i] = (uint8_t)((uint64_t)now >> (8 * i));

@@ -398,6 +398,7 @@ static int delq_round(struct meta *m, uint32_t *from)
 		return 0;
 	uint32_t node = 0, n = 0;
 	uint64_t acct = 0;
+	int64_t now = meta_now_ns();
 	rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, m->ro);
 	for (rocksdb_iter_seek(it, (const char *)k, mk_delq(k, *from, 0));
 	     rocksdb_iter_valid(it) && n < DEL_BATCH; rocksdb_iter_next(it)) {
@@ -408,10 +409,15 @@ static int delq_round(struct meta *m, uint32_t *from)
 		uint32_t nd = mk_rd_be32(key + 1);
 		if (n && nd != node)
 			break;
-		node = nd;
-		ids[n++] = mk_rd_be64(key + 5);
 		size_t vl;
 		const uint8_t *v = (const uint8_t *)rocksdb_iter_value(it, &vl);
+		int64_t not_before = 0;
+		for (int b = 7; vl >= 8 && b >= 0; b--)
+			not_before = (int64_t)((uint64_t)not_before << 8 | v[b]);
+		if (not_before > now)
+			continue; /* an unlinked file's chunks, kept a while for open readers */
+		node = nd;
+		ids[n++] = mk_rd_be64(key + 5);
 		uint64_t one = 0;
 		if (vl == 16) /* an accounted drop: the bytes it frees */
 			for (int b = 7; b >= 0; b--)
