@@ -497,6 +497,34 @@ static void node_job(struct rctx *x, uint32_t node, int mode, uint64_t rate, int
 
 /* Scrub: every stripe's chunks on live nodes are read and checked; a bad or missing one is
  * rebuilt from the others. */
+/* One page of a family keyed (u8 family, be64 ino, be32 stripe): the keys after k (kl bytes;
+ * a 13-byte k that exists is the previous page's last key and is skipped), at most PAGE. */
+struct spage {
+	uint64_t ino;
+	uint32_t s;
+};
+
+static size_t stripe_page(struct meta *m, const uint8_t *k, size_t kl, uint8_t family,
+			  struct spage *page)
+{
+	size_t n = 0;
+	rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, m->ro);
+	for (rocksdb_iter_seek(it, (const char *)k, kl); rocksdb_iter_valid(it) && n < PAGE;
+	     rocksdb_iter_next(it)) {
+		size_t len;
+		const uint8_t *key = (const uint8_t *)rocksdb_iter_key(it, &len);
+		if (len != 13 || key[0] != family)
+			break;
+		if (memcmp(key, k, 13) == 0)
+			continue; /* the last key of the previous page */
+		page[n].ino = mk_rd_be64(key + 1);
+		page[n].s = mk_rd_be32(key + 9);
+		n++;
+	}
+	rocksdb_iter_destroy(it);
+	return n;
+}
+
 static void scrub_job(struct rctx *x, uint64_t rate, int64_t start)
 {
 	struct meta *m = x->m;
@@ -505,25 +533,8 @@ static void scrub_job(struct rctx *x, uint64_t rate, int64_t start)
 	uint8_t *buf = NULL;
 	size_t bufcap = 0;
 	while (!worker_stopping(m)) {
-		struct {
-			uint64_t ino;
-			uint32_t s;
-		} page[PAGE];
-		size_t n = 0;
-		rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, m->ro);
-		for (rocksdb_iter_seek(it, (const char *)k, kl0);
-		     rocksdb_iter_valid(it) && n < PAGE; rocksdb_iter_next(it)) {
-			size_t kl;
-			const uint8_t *key = (const uint8_t *)rocksdb_iter_key(it, &kl);
-			if (kl != 13 || key[0] != MK_STRIPE)
-				break;
-			if (memcmp(key, k, 13) == 0)
-				continue; /* the last stripe of the previous page */
-			page[n].ino = mk_rd_be64(key + 1);
-			page[n].s = mk_rd_be32(key + 9);
-			n++;
-		}
-		rocksdb_iter_destroy(it);
+		struct spage page[PAGE];
+		size_t n = stripe_page(m, k, kl0, MK_STRIPE, page);
 		if (!n)
 			break;
 		kl0 = mk_stripe(k, page[n - 1].ino, page[n - 1].s);
@@ -614,25 +625,8 @@ static void degraded_job(struct rctx *x)
 	uint8_t k[MK_MAX];
 	size_t kl0 = mk_degraded(k, 0, 0);
 	while (!worker_stopping(m)) {
-		struct {
-			uint64_t ino;
-			uint32_t s;
-		} page[PAGE];
-		size_t n = 0;
-		rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, m->ro);
-		for (rocksdb_iter_seek(it, (const char *)k, kl0);
-		     rocksdb_iter_valid(it) && n < PAGE; rocksdb_iter_next(it)) {
-			size_t kl;
-			const uint8_t *key = (const uint8_t *)rocksdb_iter_key(it, &kl);
-			if (kl != 13 || key[0] != MK_DEGRADED)
-				break;
-			if (memcmp(key, k, 13) == 0)
-				continue;
-			page[n].ino = mk_rd_be64(key + 1);
-			page[n].s = mk_rd_be32(key + 9);
-			n++;
-		}
-		rocksdb_iter_destroy(it);
+		struct spage page[PAGE];
+		size_t n = stripe_page(m, k, kl0, MK_DEGRADED, page);
 		if (!n)
 			break;
 		kl0 = mk_degraded(k, page[n - 1].ino, page[n - 1].s);
