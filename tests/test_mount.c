@@ -391,37 +391,115 @@ static void test_no_partial(void **state)
 	assert_int_equal(unlink(w.path), 0);
 }
 
-/* Replacing a file with O_TRUNC while a reader loops over it: the reader must see the old file
- * whole, then the new one whole. KNOWN ISSUE (docs/mount.md), suspected cause: the kernel keeps the
- * old version's attributes (size) cached for up to --attr-timeout after the commit, so a reader
- * sometimes gets the new bytes at the old size. Run with KVFS_TEST_REPLACE_RACE=1 (ctest entry
- * test_mount_replace_race reports Skipped otherwise) until the mount invalidates the inode. */
+/* Replacing a file with O_TRUNC, again and again, while readers loop over it: every read of
+ * the whole file must be exactly one version, old or new, never a mix and never one version's
+ * bytes at another's size. The versions alternate larger and smaller than the one before, so
+ * a stale size (kernel attributes) or stale pages (kernel page cache of the shared node id)
+ * show up as a mismatch. */
+#define RR_VERSIONS 6
+#define RR_READERS  2
+
+struct rr {
+	char path[800];
+	size_t size[RR_VERSIONS];
+	uint8_t *data[RR_VERSIONS];
+	size_t cap;
+	volatile int stop;
+	int seen[RR_VERSIONS], bad, errors;
+	char why[256]; /* the first bad read, described */
+	pthread_mutex_t lock;
+};
+
+static void *rr_reader(void *arg)
+{
+	struct rr *x = arg;
+	uint8_t *r = malloc(x->cap + 1);
+	while (!x->stop) {
+		ssize_t n = read_file(x->path, r, x->cap + 1);
+		pthread_mutex_lock(&x->lock);
+		if (n < 0) {
+			x->errors++;
+			snprintf(x->why, sizeof(x->why), "read: %s", strerror((int)-n));
+			pthread_mutex_unlock(&x->lock);
+			continue;
+		}
+		int v = -1;
+		for (int i = 0; i < RR_VERSIONS && v < 0; i++)
+			if (x->data[i] && (size_t)n == x->size[i])
+				v = i;
+		if (v >= 0 && memcmp(r, x->data[v], (size_t)n) == 0) {
+			x->seen[v]++;
+		} else if (x->bad++ == 0) {
+			/* which version do the first bytes belong to, and where does it break? */
+			int lead = -1;
+			size_t at = 0;
+			for (int i = 0; i < RR_VERSIONS; i++) {
+				if (!x->data[i])
+					continue;
+				size_t lim = (size_t)n < x->size[i] ? (size_t)n : x->size[i], j = 0;
+				while (j < lim && r[j] == x->data[i][j])
+					j++;
+				if (j > at || lead < 0) {
+					at = j;
+					lead = i;
+				}
+			}
+			snprintf(
+			    x->why, sizeof(x->why),
+			    "read %zd bytes (a size of version %d); the bytes are version %d's up "
+			    "to offset %zu",
+			    n, v, lead, at);
+		}
+		pthread_mutex_unlock(&x->lock);
+	}
+	free(r);
+	return NULL;
+}
+
 static void test_replace_race(void **state)
 {
 	(void)state;
-	struct watch w;
-	memset(&w, 0, sizeof(w));
-	snprintf(w.path, sizeof(w.path), "%s/replaced.kvb", g_mnt);
-	w.full = 4u << 20;
-	w.seed = 7;
-	slow_write(w.path, w.full, w.seed);
-	pthread_t t;
-	struct watch v;
-	memset(&v, 0, sizeof(v));
-	snprintf(v.path, sizeof(v.path), "%s", w.path);
-	v.old = w.full;
-	v.oseed = w.seed;
-	v.full = 3u << 20;
-	v.seed = 8;
-	assert_int_equal(pthread_create(&t, NULL, watcher, &v), 0);
-	slow_write(v.path, v.full, v.seed);
-	usleep(1500000); /* past the entry and attribute timeouts */
-	v.stop = 1;
-	pthread_join(t, NULL);
-	assert_int_equal(v.partial, 0);
-	assert_int_equal(v.errors, 0);
-	assert_true(v.seen_full > 0);
-	assert_int_equal(unlink(w.path), 0);
+	static const size_t sizes[RR_VERSIONS] = {4u << 20,	    3u << 20, (5u << 20) + 4097,
+						  (2u << 20) + 123, 6u << 20, 1u << 20};
+	struct rr x;
+	memset(&x, 0, sizeof(x));
+	pthread_mutex_init(&x.lock, NULL);
+	snprintf(x.path, sizeof(x.path), "%s/replaced.kvb", g_mnt);
+	for (int i = 0; i < RR_VERSIONS; i++) {
+		x.size[i] = sizes[i];
+		x.cap = sizes[i] > x.cap ? sizes[i] : x.cap;
+	}
+	uint8_t *d0 = malloc(sizes[0]);
+	fill(d0, sizes[0], 100);
+	slow_write(x.path, sizes[0], 100);
+	x.data[0] = d0;
+	pthread_t t[RR_READERS];
+	for (int i = 0; i < RR_READERS; i++)
+		assert_int_equal(pthread_create(&t[i], NULL, rr_reader, &x), 0);
+	for (int v = 1; v < RR_VERSIONS; v++) {
+		uint8_t *d = malloc(sizes[v]);
+		fill(d, sizes[v], 100 + (uint64_t)v);
+		pthread_mutex_lock(&x.lock);
+		x.data[v] = d; /* acceptable from the open of its replacement on */
+		pthread_mutex_unlock(&x.lock);
+		slow_write(x.path, sizes[v], 100 + (uint64_t)v);
+		usleep(300000); /* readers see the new version inside the cache timeouts */
+	}
+	usleep(1500000); /* and after them */
+	x.stop = 1;
+	for (int i = 0; i < RR_READERS; i++)
+		pthread_join(t[i], NULL);
+	printf("replace race: reads per version");
+	for (int i = 0; i < RR_VERSIONS; i++)
+		printf(" %d", x.seen[i]);
+	printf("; bad %d, errors %d%s%s\n", x.bad, x.errors, x.why[0] ? "; first: " : "", x.why);
+	assert_int_equal(x.bad, 0);
+	assert_int_equal(x.errors, 0);
+	assert_true(x.seen[RR_VERSIONS - 1] > 0);
+	for (int i = 0; i < RR_VERSIONS; i++)
+		free(x.data[i]);
+	pthread_mutex_destroy(&x.lock);
+	assert_int_equal(unlink(x.path), 0);
 }
 
 /* ---- 500 block files through io_uring ---- */
@@ -885,12 +963,8 @@ static void test_lifecycle(void **state)
 
 int main(int argc, char **argv)
 {
+	/* --replace-race: only that test (to run it many times) */
 	int race = argc > 1 && strcmp(argv[1], "--replace-race") == 0;
-	if (race && !getenv("KVFS_TEST_REPLACE_RACE")) {
-		printf("skipped: known issue, stale kernel attributes after an O_TRUNC replacement "
-		       "(set KVFS_TEST_REPLACE_RACE=1 to run)\n");
-		return 77;
-	}
 	if (!kvh_have_fuse()) {
 		printf("skipped: no /dev/fuse\n");
 		return 77;
@@ -904,9 +978,9 @@ int main(int argc, char **argv)
 	    cmocka_unit_test(test_lifecycle),	 cmocka_unit_test(test_refused),
 	    cmocka_unit_test(test_status),	 cmocka_unit_test(test_killed_writer),
 	    cmocka_unit_test(test_writer_paths), cmocka_unit_test(test_no_partial),
-	    cmocka_unit_test(test_tree),	 cmocka_unit_test(test_concurrent),
-	    cmocka_unit_test(test_io_uring),	 cmocka_unit_test(test_node_kill),
-	    cmocka_unit_test(test_meta_restart),
+	    cmocka_unit_test(test_replace_race), cmocka_unit_test(test_tree),
+	    cmocka_unit_test(test_concurrent),	 cmocka_unit_test(test_io_uring),
+	    cmocka_unit_test(test_node_kill),	 cmocka_unit_test(test_meta_restart),
 	};
 	const struct CMUnitTest race_tests[] = {cmocka_unit_test(test_replace_race)};
 	if (race)

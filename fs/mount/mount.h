@@ -5,11 +5,26 @@
  *   mount_io.c      open/create/read/write/flush/release: readers and write-once writers
  *   mount_inode.c   the inode table: FUSE node ids, lookup counts, names, new-file writers
  *   mount_status.c  the .kvfs/ status directory and the user.kvfs.* extended attributes
+ *   mount_inval.c   a thread that tells the kernel to drop stale names (dentry invalidation)
  *
  * FUSE node ids: a committed file or directory uses its metadata inode number. A new file,
  * until its writer commits, gets a temporary id (MNT_TEMP_BASE | n); after the commit the id
  * maps to the real inode (so open handles and the creator's dentry keep working). The .kvfs/
  * entries use ids at MNT_VIRT_BASE. Metadata inodes are assumed below 2^62 and never reused.
+ *
+ * Replacement (open with O_TRUNC of a committed file): the writer necessarily shares the kernel
+ * inode (node id N) of the file it replaces, whose page cache and size readers of the old
+ * version use. So N keeps standing for the OLD file in the kernel's eyes: while the writer runs,
+ * new read opens of N bypass the page cache (direct_io: the writer's writes move the kernel's
+ * size of N), and a write past the old size first waits (up to 2 s) for the old version's
+ * page-cache readers to close, since for them the grown size would read as zeros past the old
+ * end; after the commit N is "replaced": getattr answers the old file's attributes (so
+ * open handles of the old version keep a consistent size) and every new open of N fails with
+ * ESTALE, which makes the kernel look the name up again (the VFS retries an open once with
+ * revalidation) and open the new file under its own node id, with its own size and page cache.
+ * The same ESTALE answers an open of a node id whose inode is gone (replaced or removed
+ * elsewhere). A thread then drops the name from the kernel's dentry cache (mount_inval.c), so
+ * `stat` shows the new file without waiting for --entry-timeout.
  *
  * Threading: handlers run on fuse_session_loop_mt worker threads. struct mnt is shared; each
  * field says what protects it. Every request is answered exactly once.
@@ -52,6 +67,7 @@ struct mnt_cfg {
 struct mnt_itab;
 struct fh;
 struct mnt_metrics;
+struct mnt_inval;
 
 /* Counters (relaxed atomics) shown in .kvfs/stats. */
 struct mnt_counters {
@@ -80,7 +96,8 @@ struct mnt {
 	/* Write opens of committed files, waiting for the truncate to 0 that an O_TRUNC open
 	 * sends right after the open (mount_io.c); LIFO. */
 	pthread_mutex_t cand_lock;
-	struct fh *cands; /* cand_lock */
+	struct fh *cands;	 /* cand_lock */
+	struct mnt_inval *inval; /* set before the session loop starts; may be NULL */
 };
 
 /* The writer of a file being written: a new file (temporary node id) or the replacement of a
@@ -102,6 +119,11 @@ struct mnt_wfile {
 	int64_t mtime_ns, atime_ns; /* lock; 0 = not set while writing */
 	int64_t ctime_ns;	    /* creation */
 	struct kvp_attr attr;	    /* lock; after a successful commit */
+	/* A replacement: the inode table whose entry for nodeid counts this writer as
+	 * "replacing" (uncounted when the writer is freed), and the replaced file's attributes. */
+	struct mnt_itab *repl_itab;
+	struct kvp_attr old;
+	int grow_ok; /* lock; the old version's page-cache readers are gone (mnt_write) */
 };
 
 /* ---- inode table (mount_inode.c); thread-safe ---- */
@@ -111,6 +133,10 @@ struct mnt_inode_info {
 	uint64_t parent;
 	char name[KVP_NAME_MAX + 1];
 	int redirected;	      /* ino differs from the node id (committed new file or replaced) */
+	int replacing;	      /* writers replacing this committed file are running */
+	int cached_readers;   /* open read handles that use the kernel's page cache */
+	int replaced;	      /* a replacement committed: the node id's file is gone (see top) */
+	struct kvp_attr old;  /* when replaced: the attributes of the file the node id was */
 	struct mnt_wfile *wf; /* new file's writer with a reference taken, or NULL */
 };
 int mnt_itab_create(struct mnt_itab **out);
@@ -127,6 +153,13 @@ void mnt_itab_forget(struct mnt_itab *t, uint64_t nodeid, uint64_t n);
 int mnt_itab_get(struct mnt_itab *t, uint64_t nodeid, struct mnt_inode_info *out);
 /* From now on nodeid stands for metadata inode ino (a commit). */
 void mnt_itab_set_ino(struct mnt_itab *t, uint64_t nodeid, uint64_t ino);
+/* A writer replacing nodeid's file starts (delta 1) or ends (-1). No-op without an entry. */
+void mnt_itab_replacing(struct mnt_itab *t, uint64_t nodeid, int delta);
+/* A read handle using the page cache opens (1) or closes (-1) on nodeid. */
+void mnt_itab_readers(struct mnt_itab *t, uint64_t nodeid, int delta);
+/* A replacement of nodeid's file committed as ino; old = the replaced file's attributes. */
+void mnt_itab_set_replaced(struct mnt_itab *t, uint64_t nodeid, uint64_t ino,
+			   const struct kvp_attr *old);
 /* Records a rename of the entry for ino. */
 void mnt_itab_rename(struct mnt_itab *t, uint64_t ino, uint64_t newparent, const char *newname);
 size_t mnt_itab_count(struct mnt_itab *t);
@@ -155,6 +188,14 @@ void mnt_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off
 void mnt_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
 void mnt_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
 void mnt_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi);
+
+/* ---- dentry invalidation (mount_inval.c) ----
+ * fuse_lowlevel_notify_inval_entry must not run inside a request the kernel may be waiting on
+ * with the directory locked, so a thread of its own sends it. Queueing never blocks; when the
+ * queue is full the name is dropped (it then expires after --entry-timeout, as without this). */
+int mnt_inval_start(struct mnt *m); /* after the session is mounted; 0 or -errno */
+void mnt_inval_stop(struct mnt *m); /* after the session loop ended; NULL-safe */
+void mnt_inval_entry(struct mnt *m, uint64_t parent, const char *name);
 
 /* ---- namespace (mount_ops.c) ---- */
 extern const struct fuse_lowlevel_ops mnt_ops;

@@ -13,6 +13,8 @@ struct ient {
 	struct ient *next;
 	uint64_t nodeid, ino, nlookup, parent;
 	uint32_t mode;
+	int replacing, replaced, readers;
+	struct kvp_attr old;  /* replaced: the file this node id was */
 	struct mnt_wfile *wf; /* a new file's writer (referenced), or NULL */
 	char name[KVP_NAME_MAX + 1];
 };
@@ -160,6 +162,10 @@ int mnt_itab_get(struct mnt_itab *t, uint64_t nodeid, struct mnt_inode_info *out
 		out->parent = e->parent;
 		memcpy(out->name, e->name, sizeof(out->name));
 		out->redirected = e->ino != nodeid;
+		out->replacing = e->replacing;
+		out->cached_readers = e->readers;
+		out->replaced = e->replaced;
+		out->old = e->old;
 		if (e->wf) {
 			atomic_fetch_add(&e->wf->refs, 1);
 			out->wf = e->wf;
@@ -175,6 +181,39 @@ void mnt_itab_set_ino(struct mnt_itab *t, uint64_t nodeid, uint64_t ino)
 	struct ient *e = find(t, nodeid);
 	if (e)
 		e->ino = ino;
+	pthread_mutex_unlock(&t->lock);
+}
+
+void mnt_itab_replacing(struct mnt_itab *t, uint64_t nodeid, int delta)
+{
+	pthread_mutex_lock(&t->lock);
+	struct ient *e = find(t, nodeid);
+	if (e && e->replacing + delta >= 0)
+		e->replacing += delta;
+	pthread_mutex_unlock(&t->lock);
+}
+
+void mnt_itab_readers(struct mnt_itab *t, uint64_t nodeid, int delta)
+{
+	pthread_mutex_lock(&t->lock);
+	struct ient *e = find(t, nodeid);
+	if (e && e->readers + delta >= 0)
+		e->readers += delta;
+	pthread_mutex_unlock(&t->lock);
+}
+
+void mnt_itab_set_replaced(struct mnt_itab *t, uint64_t nodeid, uint64_t ino,
+			   const struct kvp_attr *old)
+{
+	pthread_mutex_lock(&t->lock);
+	struct ient *e = find(t, nodeid);
+	if (e) {
+		e->ino = ino;
+		/* The first replacement's "old" is what the kernel's inode still describes. */
+		if (!e->replaced)
+			e->old = *old;
+		e->replaced = 1;
+	}
 	pthread_mutex_unlock(&t->lock);
 }
 

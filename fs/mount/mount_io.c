@@ -36,6 +36,7 @@ struct fh {
 	char *buf;	      /* lock; read window: file bytes [woff, woff + wlen) */
 	size_t cap, wlen;     /* lock */
 	uint64_t woff, next;  /* lock; next = where a sequential read continues */
+	uint64_t cached_node; /* FH_READ through the page cache: the node id counted, or 0 */
 	struct mnt_wfile *wf; /* writer (one reference) */
 	char *text;	      /* status file snapshot */
 	size_t len;
@@ -100,6 +101,8 @@ void mnt_wfile_put(struct mnt_wfile *wf)
 		return;
 	if (wf->w)
 		kvc_abort(wf->w);
+	if (wf->repl_itab)
+		mnt_itab_replacing(wf->repl_itab, wf->nodeid, -1);
 	pthread_mutex_destroy(&wf->lock);
 	free(wf);
 }
@@ -238,7 +241,13 @@ static int wfile_finish(struct mnt *m, struct mnt_wfile *wf)
 	wf->err = 0;
 	/* The node id the handles were opened on (a new file's temporary id, or the replaced
 	 * file's old inode) now stands for the committed inode. */
-	mnt_itab_set_ino(m->itab, wf->nodeid, a.ino);
+	if (wf->repl_itab)
+		mnt_itab_set_replaced(m->itab, wf->nodeid, a.ino, &wf->old);
+	else
+		mnt_itab_set_ino(m->itab, wf->nodeid, a.ino);
+	/* The kernel's name still leads to the node id it knew (a temporary id, or the replaced
+	 * file's): have it look the name up again. */
+	mnt_inval_entry(m, wf->parent, wf->name);
 	return 0;
 }
 
@@ -275,6 +284,8 @@ static void fh_drop(struct mnt *m, struct fh *h)
 		}
 		pthread_mutex_unlock(&wf->lock);
 	}
+	if (h->cached_node)
+		mnt_itab_readers(m->itab, h->cached_node, -1);
 	/* The kernel sends RELEASE once every reply on the handle has reached it, but the thread
 	 * that sent the last one may not have left mnt_read yet: wait for it. */
 	pthread_mutex_lock(&h->lock);
@@ -347,6 +358,8 @@ static int cand_convert(struct mnt *m, struct fh *h)
 {
 	struct kvp_attr a;
 	int rc = kvc_getattr(m->c, h->ino, &a);
+	if (rc == -ENOENT)
+		return -ESTALE; /* replaced or removed since the open: the VFS looks it up again */
 	if (rc)
 		return rc;
 	if (!S_ISREG(a.mode))
@@ -360,6 +373,9 @@ static int cand_convert(struct mnt *m, struct fh *h)
 		return -ENOMEM;
 	}
 	wf->handles = 1;
+	wf->old = a;
+	wf->repl_itab = m->itab;
+	mnt_itab_replacing(m->itab, h->nodeid, 1);
 	h->wf = wf;
 	h->kind = FH_WRITE;
 	return 0;
@@ -501,6 +517,13 @@ void mnt_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		fuse_reply_err(req, ENOENT);
 		return;
 	}
+	if (ii.replaced) {
+		/* The kernel's inode of this node id is the replaced file (its size, its pages):
+		 * the VFS retries the open after looking the name up, which finds the new file
+		 * under a node id of its own. */
+		fuse_reply_err(req, ESTALE);
+		return;
+	}
 	if (acc != O_RDONLY) {
 		rc = open_write_committed(m, req, ino, &ii, fi, &h);
 		if (rc) {
@@ -522,6 +545,8 @@ void mnt_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	do
 		rc = kvc_file_open(m->c, ii.ino, &h->rf);
 	while (rc && mnt_retry(m, rc, &attempt));
+	if (rc == -ENOENT && ino != FUSE_ROOT_ID && !(ino & MNT_TEMP_BASE))
+		rc = -ESTALE; /* replaced through another node id, or elsewhere: look up again */
 	if (rc) {
 		fh_free(h);
 		fuse_reply_err(req, -rc);
@@ -529,11 +554,21 @@ void mnt_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	}
 	fi->fh = (uint64_t)(uintptr_t)h;
 	/* Files never change, so the page cache stays valid across opens — except on a node id
-	 * that now stands for a different inode (a committed new file, a replaced file). */
-	fi->keep_cache = m->cfg.keep_cache && !ii.redirected;
+	 * that now stands for a different inode (a committed new file), and while a replacement
+	 * is being written through this node id: its writes move the kernel's size of the inode,
+	 * so this reader of the old version must not go through the page cache. */
+	fi->keep_cache = m->cfg.keep_cache && !ii.redirected && !ii.replacing;
+	fi->direct_io = ii.replacing > 0;
 	fi->noflush = 1; /* nothing to do at close(): spare the round trip */
-	if (fuse_reply_open(req, fi) != 0)
+	if (!fi->direct_io) {
+		h->cached_node = ino;
+		mnt_itab_readers(m->itab, ino, 1);
+	}
+	if (fuse_reply_open(req, fi) != 0) {
+		if (h->cached_node)
+			mnt_itab_readers(m->itab, ino, -1);
 		fh_free(h);
+	}
 }
 
 void mnt_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
@@ -614,6 +649,37 @@ void mnt_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fus
 	pthread_mutex_unlock(&h->lock);
 }
 
+/* A write of a replacement past the old version's size makes the kernel grow the size of the
+ * inode it shares with the old version's readers; one of them reading past the old end at that
+ * moment would get zeros. Readers opened since the replacement began bypass the page cache, so
+ * only those from before are waited for (briefly: a reader that stays open wins after 2 s). */
+static void wait_old_readers(struct mnt *m, struct mnt_wfile *wf)
+{
+	pthread_mutex_lock(&wf->lock);
+	int ok = wf->grow_ok;
+	pthread_mutex_unlock(&wf->lock);
+	for (int i = 0; !ok; i++) {
+		struct mnt_inode_info ii;
+		int busy = 0;
+		if (mnt_itab_get(m->itab, wf->nodeid, &ii) == 0) {
+			mnt_wfile_put(ii.wf);
+			busy = ii.cached_readers > 0;
+		}
+		if (!busy || i == 1000) {
+			if (busy)
+				klog_info(
+				    "replacing '%s': a reader of the old version still has it "
+				    "open after 2 s; the new version grows past the old size now",
+				    wf->name);
+			pthread_mutex_lock(&wf->lock);
+			wf->grow_ok = 1;
+			pthread_mutex_unlock(&wf->lock);
+			return;
+		}
+		usleep(2000);
+	}
+}
+
 void mnt_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
 	       struct fuse_file_info *fi)
 {
@@ -632,6 +698,8 @@ void mnt_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off
 		return;
 	}
 	struct mnt_wfile *wf = h->wf;
+	if (wf->repl_itab && (uint64_t)off + size > wf->old.size)
+		wait_old_readers(m, wf);
 	pthread_mutex_lock(&wf->lock);
 	if (!wf->w) {
 		pthread_mutex_unlock(&wf->lock);

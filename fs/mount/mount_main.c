@@ -307,12 +307,17 @@ static int serve(struct mnt *m, const struct kvp_secret *secret, int wfd)
 			klog_warn("chdir /: %s", strerror(errno));
 		redirect_stdio(m->cfg.log_file);
 	}
+	if ((rc = mnt_inval_start(m)) != 0)
+		klog_warn("no dentry invalidation thread (%s): replaced files show after "
+			  "--entry-timeout",
+			  strerror(-rc));
 	struct fuse_loop_config *lc = fuse_loop_cfg_create();
 	fuse_loop_cfg_set_max_threads(lc, (unsigned)m->cfg.threads);
 	fuse_loop_cfg_set_idle_threads(lc, (unsigned)(m->cfg.threads / 2 + 1));
 	fuse_loop_cfg_set_clone_fd(lc, 0);
 	rc = fuse_session_loop_mt(m->se, lc);
 	fuse_loop_cfg_destroy(lc);
+	mnt_inval_stop(m);
 	klog_info("unmounting %s", m->mountpoint);
 	fuse_session_unmount(m->se);
 	status = rc == 0 ? 0 : 1;

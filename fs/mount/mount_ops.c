@@ -210,6 +210,14 @@ static int getattr_of(struct mnt *m, uint64_t nodeid, struct stat *st, double *t
 		*timeout = 0;
 		return mnt_virt_getattr(m, nodeid, st);
 	}
+	struct mnt_inode_info ii;
+	if (mnt_itab_get(m->itab, nodeid, &ii) == 0) {
+		mnt_wfile_put(ii.wf);
+		if (ii.replaced) { /* what the kernel's inode is: see mount.h */
+			mnt_attr_to_stat(m, &ii.old, st);
+			return 0;
+		}
+	}
 	struct mnt_wfile *wf;
 	uint64_t ino = resolve(m, nodeid, &wf, NULL);
 	if (wf) {

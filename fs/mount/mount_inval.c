@@ -1,0 +1,123 @@
+/* Dentry invalidation off the request path (see mount.h).
+ *
+ * A commit runs inside a FLUSH or RELEASE request; the kernel's inval_entry takes the directory's
+ * inode lock, which another process may hold while it waits for one of our replies. Sending it
+ * from this thread keeps the workers free to send that reply. The queue is a small ring: a name
+ * that does not fit is dropped, which only means the kernel keeps it until --entry-timeout. */
+/* pthread_timedjoin_np: _GNU_SOURCE comes from the build */
+#define KVFS_LOG_TAG "mount"
+#include "log.h"
+#include "mount.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define INVAL_SLOTS 256
+
+struct inval_item {
+	uint64_t parent;
+	char name[KVP_NAME_MAX + 1];
+};
+
+struct mnt_inval {
+	struct fuse_session *se;
+	pthread_t thread;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	struct inval_item q[INVAL_SLOTS]; /* lock */
+	unsigned head, n;		  /* lock */
+	int stop;			  /* lock */
+	unsigned long long sent, dropped; /* lock */
+};
+
+static void *inval_main(void *arg)
+{
+	struct mnt_inval *v = arg;
+	struct inval_item it;
+	pthread_mutex_lock(&v->lock);
+	for (;;) {
+		while (!v->stop && v->n == 0)
+			pthread_cond_wait(&v->cond, &v->lock);
+		if (v->stop)
+			break;
+		it = v->q[v->head];
+		v->head = (v->head + 1) % INVAL_SLOTS;
+		v->n--;
+		pthread_mutex_unlock(&v->lock);
+		/* -ENOENT (the kernel has no such name cached) is the common, harmless answer. */
+		int rc =
+		    fuse_lowlevel_notify_inval_entry(v->se, it.parent, it.name, strlen(it.name));
+		if (rc && rc != -ENOENT)
+			klog_debug("inval_entry %llu/%s: %s", (unsigned long long)it.parent,
+				   it.name, strerror(-rc));
+		pthread_mutex_lock(&v->lock);
+		v->sent++;
+	}
+	pthread_mutex_unlock(&v->lock);
+	return NULL;
+}
+
+int mnt_inval_start(struct mnt *m)
+{
+	struct mnt_inval *v = calloc(1, sizeof(*v));
+	if (!v)
+		return -ENOMEM;
+	v->se = m->se;
+	pthread_mutex_init(&v->lock, NULL);
+	pthread_cond_init(&v->cond, NULL);
+	int rc = pthread_create(&v->thread, NULL, inval_main, v);
+	if (rc) {
+		pthread_cond_destroy(&v->cond);
+		pthread_mutex_destroy(&v->lock);
+		free(v);
+		return -rc;
+	}
+	m->inval = v;
+	return 0;
+}
+
+void mnt_inval_stop(struct mnt *m)
+{
+	struct mnt_inval *v = m->inval;
+	if (!v)
+		return;
+	pthread_mutex_lock(&v->lock);
+	v->stop = 1;
+	pthread_cond_broadcast(&v->cond);
+	klog_debug("dentry invalidations: %llu sent, %llu dropped", v->sent, v->dropped);
+	pthread_mutex_unlock(&v->lock);
+	/* A notification in flight can wait on a directory lock held by a process whose request
+	 * will never be answered now that the loop has ended: do not wait for it forever. */
+	struct timespec until;
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += 2;
+	if (pthread_timedjoin_np(v->thread, NULL, &until) != 0) {
+		klog_warn("dentry invalidation thread still busy at unmount; leaving it");
+		m->inval = NULL;
+		return; /* v stays allocated: the thread may still use it */
+	}
+	pthread_cond_destroy(&v->cond);
+	pthread_mutex_destroy(&v->lock);
+	free(v);
+	m->inval = NULL;
+}
+
+void mnt_inval_entry(struct mnt *m, uint64_t parent, const char *name)
+{
+	struct mnt_inval *v = m->inval;
+	if (!v || !name[0])
+		return;
+	pthread_mutex_lock(&v->lock);
+	if (v->stop || v->n == INVAL_SLOTS) {
+		v->dropped++;
+	} else {
+		struct inval_item *it = &v->q[(v->head + v->n) % INVAL_SLOTS];
+		it->parent = parent;
+		snprintf(it->name, sizeof(it->name), "%s", name);
+		v->n++;
+		pthread_cond_signal(&v->cond);
+	}
+	pthread_mutex_unlock(&v->lock);
+}
