@@ -75,7 +75,7 @@ static int check_tensor(const struct kvi_tensor *t, const char *name, int l, int
 	return 0;
 }
 
-static int check_model(const struct kvi_model *m)
+int kvi_engine_check_model(const struct kvi_model *m)
 {
 	const struct kvi_config *c = &m->cfg;
 	if (c->n_layer < 1 || c->n_embd < 1 || c->n_ff < 1 || c->n_head < 1 || c->n_head_kv < 1 ||
@@ -138,7 +138,7 @@ static size_t max3(size_t a, size_t b, size_t c)
 int kvi_engine_create(const struct kvi_model *m, const struct kvi_engine_opts *o,
 		      struct kvi_engine **out)
 {
-	int rc = check_model(m);
+	int rc = kvi_engine_check_model(m);
 	if (rc)
 		return rc;
 	struct kvi_engine_opts opt;

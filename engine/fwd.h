@@ -43,6 +43,9 @@ struct kvi_engine;
  * the problem), -ENOMEM, or a pthread error. */
 int kvi_engine_create(const struct kvi_model *m, const struct kvi_engine_opts *o,
 		      struct kvi_engine **out);
+/* The model checks of kvi_engine_create alone (shapes, types, divisibility; a log line names
+ * the problem): 0 or -EINVAL. Shared with the device engine (fwd_dev.h). */
+int kvi_engine_check_model(const struct kvi_model *m);
 /* All sequences on the engine's kv must be destroyed first. NULL is a no-op. */
 void kvi_engine_destroy(struct kvi_engine *e);
 

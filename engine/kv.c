@@ -14,6 +14,9 @@ struct kvi_kv {
 	int32_t *refs;
 	int32_t *free_stack; /* ids of free blocks; top at n_free - 1 */
 	int n_free;
+	uint32_t *gen; /* per block: bumped at alloc and import (kv.h, device copy) */
+	kvi_kv_sync_fn sync_fn;
+	void *sync_arg;
 };
 
 struct kvi_seq {
@@ -42,7 +45,8 @@ int kvi_kv_create(const struct kvi_kv_geom *g, int n_blocks, struct kvi_kv **out
 	kv->mem = aligned_alloc(64, (total + 63) & ~(size_t)63);
 	kv->refs = calloc((size_t)n_blocks, sizeof(int32_t));
 	kv->free_stack = malloc((size_t)n_blocks * sizeof(int32_t));
-	if (!kv->mem || !kv->refs || !kv->free_stack)
+	kv->gen = calloc((size_t)n_blocks, sizeof(uint32_t));
+	if (!kv->mem || !kv->refs || !kv->free_stack || !kv->gen)
 		goto fail;
 	/* lowest ids on top, so allocation order is 0, 1, 2, ... */
 	for (int i = 0; i < n_blocks; i++)
@@ -62,6 +66,7 @@ void kvi_kv_destroy(struct kvi_kv *kv)
 	free(kv->mem);
 	free(kv->refs);
 	free(kv->free_stack);
+	free(kv->gen);
 	free(kv);
 }
 
@@ -91,6 +96,7 @@ int kvi_kv_block_alloc(struct kvi_kv *kv)
 		return -ENOSPC;
 	int id = kv->free_stack[--kv->n_free];
 	kv->refs[id] = 1;
+	kv->gen[id]++;
 	return id;
 }
 
@@ -129,6 +135,10 @@ long kvi_kv_block_export(const struct kvi_kv *kv, int id, void *dst, size_t cap)
 		return -EINVAL;
 	if (cap < kv->block_bytes)
 		return -ENOSPC;
+	int32_t one = id;
+	int rc = kvi_kv_host_sync(kv, &one, 1);
+	if (rc)
+		return rc;
 	memcpy(dst, kv->mem + (size_t)id * kv->block_bytes, kv->block_bytes);
 	return (long)kv->block_bytes;
 }
@@ -138,7 +148,24 @@ int kvi_kv_block_import(struct kvi_kv *kv, int id, const void *src, size_t len)
 	if (!live(kv, id) || kv->refs[id] != 1 || !src || len != kv->block_bytes)
 		return -EINVAL;
 	memcpy(kv->mem + (size_t)id * kv->block_bytes, src, len);
+	kv->gen[id]++;
 	return 0;
+}
+
+uint32_t kvi_kv_block_gen(const struct kvi_kv *kv, int id)
+{
+	return id >= 0 && id < kv->n_blocks ? kv->gen[id] : 0;
+}
+
+void kvi_kv_set_host_sync(struct kvi_kv *kv, kvi_kv_sync_fn fn, void *arg)
+{
+	kv->sync_fn = fn;
+	kv->sync_arg = arg;
+}
+
+int kvi_kv_host_sync(const struct kvi_kv *kv, const int32_t *ids, int n)
+{
+	return kv->sync_fn && n > 0 ? kv->sync_fn(kv->sync_arg, ids, n) : 0;
 }
 
 uint16_t *kvi_kv_row(const struct kvi_kv *kv, int id, int layer, int kv_sel, int tok)

@@ -56,11 +56,35 @@ int kvi_kv_block_unref(struct kvi_kv *kv, int id);
 int kvi_kv_block_refcount(const struct kvi_kv *kv, int id);
 
 /* Copies block id into dst (the layout above). Returns the byte count, -EINVAL for a bad or
- * free id, -ENOSPC if cap < kvi_kv_block_bytes. */
+ * free id, -ENOSPC if cap < kvi_kv_block_bytes, or the host-sync hook's error (device engine,
+ * see below). */
 long kvi_kv_block_export(const struct kvi_kv *kv, int id, void *dst, size_t cap);
 /* Fills block id (allocated, refcount 1: not shared) from src. len must equal
  * kvi_kv_block_bytes, else -EINVAL. The bytes are not interpreted (any f16 value is valid). */
 int kvi_kv_block_import(struct kvi_kv *kv, int id, const void *src, size_t len);
+
+/* ---- a device copy of the KV memory (engine/fwd_dev.h) -------------------------------------
+ *
+ * A device engine keeps the authoritative K/V of the blocks it computes in device memory and
+ * uses this pool's block memory as the host mirror that export, import and the KV connector
+ * (kvx) read and write. Two small hooks keep the two copies coherent:
+ *  - a block's generation changes whenever its host memory may have received new contents
+ *    from outside the engine: at kvi_kv_block_alloc (the allocator's caller may fill it, as
+ *    kvx's loads do) and at kvi_kv_block_import. A device engine uploads a block of a sequence
+ *    whose generation it has not seen.
+ *  - before host memory of blocks is read (kvi_kv_block_export, kvx_save), kvi_kv_host_sync
+ *    calls the hook the device engine registered, which downloads the blocks whose device copy
+ *    is newer. Without a hook (the CPU engine) it does nothing. */
+
+/* The block's generation (see above); 0 for a bad id. */
+uint32_t kvi_kv_block_gen(const struct kvi_kv *kv, int id);
+
+/* fn(arg, ids, n) must make the host memory of blocks ids[0..n) current; returns 0 or a negative
+ * errno. NULL removes the hook. One hook per kv (the device engine that owns it). */
+typedef int (*kvi_kv_sync_fn)(void *arg, const int32_t *ids, int n);
+void kvi_kv_set_host_sync(struct kvi_kv *kv, kvi_kv_sync_fn fn, void *arg);
+/* Calls the hook for ids[0..n); 0 without a hook, else the hook's result. */
+int kvi_kv_host_sync(const struct kvi_kv *kv, const int32_t *ids, int n);
 
 /* Pointer to the K (kv_sel 0) or V (kv_sel 1) row of token slot tok (0..B-1) of layer l in
  * block id: n_head_kv * head_dim halves. For the forward pass; no checks. */

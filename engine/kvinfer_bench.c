@@ -22,6 +22,7 @@
 
 struct bench_cfg {
 	char model[CFG_STR_MAX], shape[CFG_STR_MAX], type[CFG_STR_MAX], isa[CFG_STR_MAX];
+	char device[CFG_STR_MAX];
 	int64_t threads, prompt, gen, batch, skip_kernels;
 };
 
@@ -36,6 +37,7 @@ static const struct cfg_opt bench_opts[] = {
     {"batch", CFG_INT, BOFF(batch), 1, 4096, "64", "prefill chunk (tokens per pass)"},
     {"isa", CFG_STR, BOFF(isa), 0, 0, "auto", "matmul kernels: auto, avx2, scalar"},
     {"skip-kernels", CFG_INT, BOFF(skip_kernels), 0, 1, "0", "1 = skip the kernel microbench"},
+    {"device", CFG_STR, BOFF(device), 0, 0, "cpu", KVINFER_DEVICE_HELP},
     CFG_END,
 };
 
@@ -374,6 +376,8 @@ int kvinfer_cmd_bench(int argc, char **argv)
 				"(and a valid --type/--isa); see --help\n");
 		return 2;
 	}
+	if (kvinfer_eng_check(bc.device, "kvinfer bench"))
+		return 1;
 	int threads = bc.threads > 0 ? (int)bc.threads : kvinfer_default_threads();
 	struct kvi_model *m = NULL;
 	char err[256] = "";
@@ -436,21 +440,37 @@ int kvinfer_cmd_bench(int argc, char **argv)
 	eo.max_batch_tokens = (int)bc.batch;
 	eo.max_ctx = (int)(bc.prompt + bc.gen + 1);
 	eo.isa = isa;
-	struct kvi_engine *e = NULL;
+	struct kvinfer_eng e = {0};
 	struct kvi_seq *seq = NULL;
 	int32_t *toks = malloc((size_t)(bc.prompt + bc.gen + 1) * sizeof(int32_t));
 	float *logits = malloc((size_t)c->n_vocab * 4);
 	int ret = 1;
-	if (!toks || !logits || kvi_engine_create(m, &eo, &e) ||
-	    kvi_seq_create(kvi_engine_kv(e), &seq)) {
-		fprintf(stderr, "kvinfer bench: engine setup failed\n");
+	if (!toks || !logits) {
+		fprintf(stderr, "kvinfer bench: out of memory\n");
 		goto out;
 	}
+	if (kvinfer_eng_create(m, &eo, bc.device, "kvinfer bench", &e))
+		goto out;
 	uint64_t s = 777;
 	for (int64_t i = 0; i < bc.prompt; i++)
 		toks[i] = (int32_t)(xs(&s) % (uint64_t)c->n_vocab);
+	if (e.dev) { /* first use of a GPU (library setup, GEMM heuristics) is not the engine's */
+		int nw = bc.prompt < bc.batch ? (int)bc.prompt : (int)bc.batch;
+		if (kvi_seq_create(kvinfer_eng_kv(&e), &seq) ||
+		    kvinfer_eng_prefill(&e, seq, toks, nw, logits) ||
+		    kvinfer_eng_decode(&e, &seq, toks, 1, logits)) {
+			fprintf(stderr, "kvinfer bench: warm-up on %s failed\n", e.name);
+			goto out;
+		}
+		kvi_seq_destroy(seq);
+		seq = NULL;
+	}
+	if (kvi_seq_create(kvinfer_eng_kv(&e), &seq)) {
+		fprintf(stderr, "kvinfer bench: out of memory\n");
+		goto out;
+	}
 	double t0 = kvinfer_now(), c0 = proc_cpu();
-	rc = kvi_engine_prefill(e, seq, toks, (int)bc.prompt, logits);
+	rc = kvinfer_eng_prefill(&e, seq, toks, (int)bc.prompt, logits);
 	double tp = kvinfer_now() - t0, cp = (proc_cpu() - c0) / threads;
 	if (rc) {
 		fprintf(stderr, "kvinfer bench: prefill: %s\n", strerror(-rc));
@@ -463,7 +483,7 @@ int kvinfer_cmd_bench(int argc, char **argv)
 			if (logits[v] > logits[t])
 				t = v;
 		t0 = kvinfer_now();
-		rc = kvi_engine_decode(e, &seq, &t, 1, logits);
+		rc = kvinfer_eng_decode(&e, &seq, &t, 1, logits);
 		td += kvinfer_now() - t0;
 		if (rc) {
 			fprintf(stderr, "kvinfer bench: decode: %s\n", strerror(-rc));
@@ -472,13 +492,19 @@ int kvinfer_cmd_bench(int argc, char **argv)
 	}
 	cd = (proc_cpu() - cd) / threads; /* includes the argmax between steps */
 	size_t wbytes = weight_bytes(m);
-	printf("model: %s (%s), %d layers, embd %d, ff %d, vocab %d, %.2f GB of matmul weights\n",
+	printf("model: %s (%s), %d layers, embd %d, ff %d, vocab %d, %.2f GB of matmul weights; "
+	       "engine %s\n",
 	       bc.model[0] ? bc.model : sh->name, bc.model[0] ? c->arch : bc.type, c->n_layer,
-	       c->n_embd, c->n_ff, c->n_vocab, wbytes / 1e9);
+	       c->n_embd, c->n_ff, c->n_vocab, wbytes / 1e9, e.name);
 	printf("  prefill: %lld tokens (chunk %lld) in %.2f s = %.2f tok/s; by CPU time / threads "
 	       "%.2f tok/s\n",
 	       (long long)bc.prompt, (long long)bc.batch, tp, bc.prompt / tp, bc.prompt / cp);
-	if (bc.gen > 0) {
+	if (bc.gen > 0 && e.dev) {
+		printf(
+		    "  decode:  %lld tokens in %.2f s = %.2f tok/s; weights streamed at %.1f GB/s "
+		    "(weight bytes x tok/s; compare with the device's memory bandwidth)\n",
+		    (long long)bc.gen, td, bc.gen / td, wbytes * (bc.gen / td) / 1e9);
+	} else if (bc.gen > 0) {
 		double roof = read_gbs * 1e9 / (double)wbytes;
 		printf(
 		    "  decode:  %lld tokens in %.2f s = %.2f tok/s (by CPU time / threads %.2f); "
@@ -492,7 +518,7 @@ int kvinfer_cmd_bench(int argc, char **argv)
 	ret = 0;
 out:
 	kvi_seq_destroy(seq);
-	kvi_engine_destroy(e);
+	kvinfer_eng_destroy(&e);
 	free(toks);
 	free(logits);
 	if (bc.model[0])

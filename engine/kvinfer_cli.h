@@ -4,6 +4,7 @@
 #define KVFS_KVINFER_CLI_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Monotonic seconds. */
 double kvinfer_now(void);
@@ -19,5 +20,37 @@ int kvinfer_parse_float(const char *s, float *out);
 int kvinfer_parse_isa(const char *s);
 
 int kvinfer_cmd_bench(int argc, char **argv);
+
+/* ---- --device cpu|cuda[:N]|host: one engine of either kind (kvinfer_eng.c) ---------------- */
+
+struct kvi_model;
+struct kvi_engine_opts;
+struct kvi_kv;
+struct kvi_seq;
+
+struct kvinfer_eng {
+	struct kvi_engine *cpu;	    /* --device cpu: the CPU engine (fwd.h) */
+	struct kvi_dev_engine *dev; /* cuda / host: the device engine (fwd_dev.h) */
+	char name[64];		    /* "cpu (avx2)", "cuda:0", "host" */
+};
+
+/* The --device flag's help line. */
+#define KVINFER_DEVICE_HELP                                                                        \
+	"cpu (default), cuda or cuda:N (GPU N), host (the device engine on the CPU references: "   \
+	"slow, for checks)"
+
+/* Checks --device before anything is loaded: 0, or prints why and returns -EINVAL (not a
+ * device name) or -ENODEV (cuda: no such GPU, or no CUDA in this build). */
+int kvinfer_eng_check(const char *device, const char *who);
+/* Creates the engine `device` names. On failure prints why on stderr (prefixed by who) and
+ * returns a negative errno: -EINVAL (bad --device or model), -ENODEV (cuda without a GPU). */
+int kvinfer_eng_create(const struct kvi_model *m, const struct kvi_engine_opts *o,
+		       const char *device, const char *who, struct kvinfer_eng *out);
+void kvinfer_eng_destroy(struct kvinfer_eng *e);
+struct kvi_kv *kvinfer_eng_kv(struct kvinfer_eng *e);
+int kvinfer_eng_prefill(struct kvinfer_eng *e, struct kvi_seq *seq, const int32_t *tokens, int n,
+			float *logits_last);
+int kvinfer_eng_decode(struct kvinfer_eng *e, struct kvi_seq *const *seqs, const int32_t *tokens,
+		       int nseq, float *logits);
 
 #endif

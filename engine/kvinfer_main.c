@@ -2,6 +2,7 @@
  *
  *   kvinfer generate -m MODEL.gguf -p "prompt" -n N [--threads T] [--temp X] ...
  *   kvinfer bench (-m MODEL.gguf | --shape qwen2-0.5b|llama-1b --type f16|q8_0) ...
+ * Both take --device cpu|cuda|host (kvinfer_eng.c).
  *
  * To add a subcommand: write `int kvinfer_cmd_<name>(int argc, char **argv)` (argv[0] is the
  * subcommand name) and add a row to `cmds`. */
@@ -24,68 +25,12 @@
 #include "sample.h"
 #include "tok.h"
 
-double kvinfer_now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-int kvinfer_default_threads(void)
-{
-	long n = sysconf(_SC_NPROCESSORS_ONLN);
-	return n > 0 ? (int)n : 1;
-}
-
-void kvinfer_short_flags(int argc, char **argv, const char *const *map)
-{
-	for (int i = 1; i < argc; i++)
-		for (int k = 0; map[k]; k += 2)
-			if (!strcmp(argv[i], map[k]))
-				argv[i] = (char *)map[k + 1];
-}
-
-char *kvinfer_take_flag(int *argc, char **argv, const char *name)
-{
-	for (int i = 1; i + 1 < *argc; i++)
-		if (!strcmp(argv[i], name)) {
-			char *v = argv[i + 1];
-			memmove(&argv[i], &argv[i + 2], (size_t)(*argc - i - 2) * sizeof(char *));
-			*argc -= 2;
-			argv[*argc] = NULL;
-			return v;
-		}
-	return NULL;
-}
-
-int kvinfer_parse_float(const char *s, float *out)
-{
-	char *end;
-	errno = 0;
-	double v = strtod(s, &end);
-	if (errno || end == s || *end)
-		return -EINVAL;
-	*out = (float)v;
-	return 0;
-}
-
-int kvinfer_parse_isa(const char *s)
-{
-	if (!*s || !strcmp(s, "auto"))
-		return KVK_ISA_AUTO;
-	if (!strcmp(s, "scalar"))
-		return KVK_ISA_SCALAR;
-	if (!strcmp(s, "avx2"))
-		return KVK_ISA_AVX2;
-	return -EINVAL;
-}
-
 /* ---- generate ------------------------------------------------------------------------ */
 
 struct gen_cfg {
 	char model[CFG_STR_MAX];
 	int64_t n_predict, threads, top_k, seed, batch, block_tokens, ctx;
-	char temp[CFG_STR_MAX], top_p[CFG_STR_MAX], isa[CFG_STR_MAX];
+	char temp[CFG_STR_MAX], top_p[CFG_STR_MAX], isa[CFG_STR_MAX], device[CFG_STR_MAX];
 	int no_bos, ignore_eos, special;
 	char kv_dir[CFG_STR_MAX], salt[CFG_STR_MAX]; /* KV connector (engine/kvx.h) */
 };
@@ -103,6 +48,7 @@ static const struct cfg_opt gen_opts[] = {
     {"block-tokens", CFG_INT, GOFF(block_tokens), 1, 4096, "64", "KV block size B"},
     {"ctx", CFG_INT, GOFF(ctx), 0, 1 << 24, "0", "max context, 0 = prompt + n-predict"},
     {"isa", CFG_STR, GOFF(isa), 0, 0, "auto", "matmul kernels: auto, avx2, scalar"},
+    {"device", CFG_STR, GOFF(device), 0, 0, "cpu", KVINFER_DEVICE_HELP},
     {"no-bos", CFG_BOOL, GOFF(no_bos), 0, 0, "false", "do not add BOS"},
     {"ignore-eos", CFG_BOOL, GOFF(ignore_eos), 0, 0, "false", "do not stop at end tokens"},
     {"special", CFG_BOOL, GOFF(special), 0, 0, "false", "parse/render control tokens"},
@@ -167,10 +113,12 @@ static int cmd_generate(int argc, char **argv)
 				"(valid --temp/--top-p/--isa); see --help\n");
 		return 2;
 	}
+	if (kvinfer_eng_check(gc.device, "kvinfer generate"))
+		return 1;
 	char err[256] = "";
 	struct kvi_model *m = NULL;
 	struct kvi_tok *tok = NULL;
-	struct kvi_engine *e = NULL;
+	struct kvinfer_eng eng = {0};
 	struct kvi_seq *seq = NULL;
 	struct kvi_sampler *smp = NULL;
 	struct kvx *kx = NULL;
@@ -210,16 +158,13 @@ static int cmd_generate(int argc, char **argv)
 	eo.block_tokens = (int)gc.block_tokens;
 	eo.max_ctx = gc.ctx > 0 ? (int)gc.ctx : nprompt + (int)gc.n_predict + 1;
 	eo.isa = isa;
-	rc = kvi_engine_create(m, &eo, &e);
-	if (rc) {
-		fprintf(stderr, "kvinfer: engine: %s\n", strerror(-rc));
+	if ((rc = kvinfer_eng_create(m, &eo, gc.device, "kvinfer", &eng)))
 		goto out;
-	}
 	if (gc.kv_dir[0]) {
 		struct kvx_opts xo;
 		kvx_opts_default(&xo);
 		xo.dir = gc.kv_dir;
-		if ((rc = kvx_create(e, m, &xo, &kx))) {
+		if ((rc = kvx_create_kv(kvinfer_eng_kv(&eng), m, &xo, &kx))) {
 			fprintf(stderr, "kvinfer: --kv-dir %s: %s\n", gc.kv_dir, strerror(-rc));
 			goto out;
 		}
@@ -233,12 +178,13 @@ static int cmd_generate(int argc, char **argv)
 	sp.max_tokens = (int)gc.n_predict;
 	int V = m->cfg.n_vocab;
 	logits = malloc((size_t)V * sizeof(float));
-	if (!logits || kvi_sampler_create(&sp, V, &smp) || kvi_seq_create(kvi_engine_kv(e), &seq)) {
+	if (!logits || kvi_sampler_create(&sp, V, &smp) ||
+	    kvi_seq_create(kvinfer_eng_kv(&eng), &seq)) {
 		fprintf(stderr, "kvinfer: out of memory\n");
 		goto out;
 	}
-	klog_info("model %s: %s, %d layers, embd %d, vocab %d; %d threads, kernels %s", gc.model,
-		  m->cfg.arch, m->cfg.n_layer, m->cfg.n_embd, V, eo.threads, kvi_engine_isa(e));
+	klog_info("model %s: %s, %d layers, embd %d, vocab %d; %d threads, engine %s", gc.model,
+		  m->cfg.arch, m->cfg.n_layer, m->cfg.n_embd, V, eo.threads, eng.name);
 	if (tok && !toklist) {
 		/* echo the prompt as the tokenizer sees it */
 		char buf[512];
@@ -256,7 +202,7 @@ static int cmd_generate(int argc, char **argv)
 		goto out;
 	}
 	double tl = kvinfer_now();
-	rc = kvi_engine_prefill(e, seq, ptoks + cached, nprompt - cached, logits);
+	rc = kvinfer_eng_prefill(&eng, seq, ptoks + cached, nprompt - cached, logits);
 	double t1 = kvinfer_now(), t_first = t1;
 	int saved = 0;
 	if (rc) {
@@ -289,7 +235,7 @@ static int cmd_generate(int argc, char **argv)
 		if (stop)
 			break;
 		double a = kvinfer_now();
-		rc = kvi_engine_decode(e, &seq, &t, 1, logits);
+		rc = kvinfer_eng_decode(&eng, &seq, &t, 1, logits);
 		td += kvinfer_now() - a;
 		if (rc) {
 			fprintf(stderr, "\nkvinfer: decode: %s\n", strerror(-rc));
@@ -322,13 +268,13 @@ static int cmd_generate(int argc, char **argv)
 		fprintf(stderr, "TTFT %.1f ms\n", (t_first - t0) * 1e3);
 	}
 	fprintf(stderr, "decode:  %d tokens in %.3f s = %.2f tok/s (%d threads, %s)\n", ndec, td,
-		td > 0 ? ndec / td : 0.0, eo.threads, kvi_engine_isa(e));
+		td > 0 ? ndec / td : 0.0, eo.threads, eng.name);
 	ret = 0;
 out:
 	kvi_seq_destroy(seq);
 	kvx_destroy(kx); /* before the engine: it holds KV block references */
 	kvi_sampler_destroy(smp);
-	kvi_engine_destroy(e);
+	kvinfer_eng_destroy(&eng);
 	kvi_tok_free(tok);
 	kvi_model_free(m);
 	free(ptoks);

@@ -62,10 +62,20 @@ int kvx_known_has(struct kvx *x, const uint8_t h[KVB_HASH])
 int kvx_create(struct kvi_engine *e, const struct kvi_model *m, const struct kvx_opts *o,
 	       struct kvx **out)
 {
-	if (!e || !m || !o || !o->dir || !out || o->queue_depth < 1 || o->queue_depth > 4096 ||
+	if (!e)
+		return -EINVAL;
+	int rc = kvx_create_kv(kvi_engine_kv(e), m, o, out);
+	if (!rc)
+		(*out)->e = e;
+	return rc;
+}
+
+int kvx_create_kv(struct kvi_kv *kv, const struct kvi_model *m, const struct kvx_opts *o,
+		  struct kvx **out)
+{
+	if (!kv || !m || !o || !o->dir || !out || o->queue_depth < 1 || o->queue_depth > 4096 ||
 	    o->save_slots < 1 || o->save_slots > 65536)
 		return -EINVAL;
-	struct kvi_kv *kv = kvi_engine_kv(e);
 	const struct kvi_kv_geom *kg = kvi_kv_geom(kv);
 	if (kg->block_tokens > KVB_MAX_TOKENS) {
 		klog_error("block size %d > %d tokens: cannot cache", kg->block_tokens,
@@ -76,7 +86,6 @@ int kvx_create(struct kvi_engine *e, const struct kvi_model *m, const struct kvx
 	if (!x)
 		return -ENOMEM;
 	int ret = -ENOMEM;
-	x->e = e;
 	x->kv = kv;
 	x->o = *o;
 	x->o.dir = x->dir;

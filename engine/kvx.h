@@ -81,6 +81,13 @@ struct kvx;
  * error. */
 int kvx_create(struct kvi_engine *e, const struct kvi_model *m, const struct kvx_opts *o,
 	       struct kvx **out);
+/* The same over any engine's KV pool: kvx_create(e, ...) is kvx_create_kv(kvi_engine_kv(e),
+ * ...). A device engine (engine/fwd_dev.h) passes kvi_dev_engine_kv(e): kvx then reads and
+ * writes the pool's host mirror, which the device engine keeps coherent through the hooks of
+ * kv.h (loaded blocks are uploaded before attention reads them; kvx_save makes the host copy of
+ * the blocks it queues current first). */
+int kvx_create_kv(struct kvi_kv *kv, const struct kvi_model *m, const struct kvx_opts *o,
+		  struct kvx **out);
 /* Waits for queued saves, drops block references, stops the writer. NULL is a no-op. */
 void kvx_destroy(struct kvx *x);
 
@@ -93,7 +100,8 @@ int kvx_load_prefix(struct kvx *x, struct kvi_seq *seq, const int32_t *tokens, i
 
 /* Queues the full blocks of seq holding tokens[0..n) (n <= kvi_seq_len(seq)) that are not
  * known to be cached, for writing in the background. Returns the number of blocks queued
- * (>= 0) or -EINVAL. Never waits for I/O. */
+ * (>= 0), -EINVAL, -ENOMEM, or the error of making the host copy current (a device engine's
+ * download, kv.h; counted as save errors). Never waits for file I/O. */
 int kvx_save(struct kvx *x, struct kvi_seq *seq, const int32_t *tokens, int n, const char *salt);
 
 /* Waits until every queued save is finished and their block references are dropped. */

@@ -47,6 +47,26 @@ int kvx_save(struct kvx *x, struct kvi_seq *seq, const int32_t *tokens, int n, c
 	kvb_salt_digest(salt, salt_d);
 	kvb_chain(x->fp, salt_d, tokens, nb * x->B, x->B, h, nb);
 	const int32_t *blocks = kvi_seq_blocks(seq);
+	/* A device engine's blocks live in device memory: make the host copy of those about to
+	 * be queued current first (kv.h; nothing to do for the CPU engine). */
+	int32_t *want = malloc((size_t)nb * sizeof(int32_t));
+	int nwant = 0;
+	if (!want) {
+		free(h);
+		return -ENOMEM;
+	}
+	for (int i = 0; i < nb; i++)
+		if (!kvx_known_has(x, h[i]))
+			want[nwant++] = blocks[i];
+	int rc = kvi_kv_host_sync(x->kv, want, nwant);
+	free(want);
+	if (rc) {
+		pthread_mutex_lock(&x->mu);
+		x->st.save_errors += (uint64_t)nwant;
+		pthread_mutex_unlock(&x->mu);
+		free(h);
+		return rc;
+	}
 	int queued = 0, slot = 0;
 	pthread_mutex_lock(&x->mu);
 	for (int i = 0; i < nb; i++) {

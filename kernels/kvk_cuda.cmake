@@ -3,6 +3,10 @@
 # transfer when CUDA and libnccl are both found, else -ENODEV stubs (kvk_nccl_none.c).
 # Included from kernels/CMakeLists.txt after kvfs_kernels is defined.
 target_sources(kvfs_kernels PRIVATE ${CMAKE_CURRENT_LIST_DIR}/kvk_ops.c)
+# The device-backend layer (kvk_dev.h): host (references) and cuda (kvk_cu_*, -ENODEV stubs
+# without CUDA) backends, built in every configuration.
+target_sources(kvfs_kernels PRIVATE ${CMAKE_CURRENT_LIST_DIR}/kvk_dev_host.c
+	${CMAKE_CURRENT_LIST_DIR}/kvk_dev_cuda.c)
 set(KVFS_HAVE_NCCL OFF)
 if(KVFS_HAVE_CUDA)
 	target_sources(kvfs_kernels PRIVATE
@@ -11,7 +15,8 @@ if(KVFS_HAVE_CUDA)
 		${CMAKE_CURRENT_LIST_DIR}/cuda/kvk_attn.cu
 		${CMAKE_CURRENT_LIST_DIR}/cuda/kvk_gemm.cu
 		${CMAKE_CURRENT_LIST_DIR}/cuda/kvk_sample.cu
-		${CMAKE_CURRENT_LIST_DIR}/cuda/kvk_kvpack.cu)
+		${CMAKE_CURRENT_LIST_DIR}/cuda/kvk_kvpack.cu
+		${CMAKE_CURRENT_LIST_DIR}/cuda/kvk_fwd.cu)
 	target_link_libraries(kvfs_kernels PUBLIC CUDA::cublas)
 	# nvcc: warnings of the host compiler and of device code are errors too.
 	target_compile_options(kvfs_kernels PRIVATE

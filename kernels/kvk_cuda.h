@@ -50,6 +50,8 @@ void kvk_cuda_host_free(struct kvk_cuda_ctx *ctx, void *p);
 int kvk_cuda_h2d(struct kvk_cuda_ctx *ctx, void *dst_dev, const void *src, size_t bytes);
 int kvk_cuda_d2h(struct kvk_cuda_ctx *ctx, void *dst, const void *src_dev, size_t bytes);
 int kvk_cuda_memset(struct kvk_cuda_ctx *ctx, void *dst_dev, int byte, size_t bytes);
+/* Device-to-device copy, enqueued on the compute stream (kvk_fwd.cu). */
+int kvk_cuda_d2d(struct kvk_cuda_ctx *ctx, void *dst_dev, const void *src_dev, size_t bytes);
 
 /* ---- kernels (see kvk_ops.h for the meaning of every argument) ---------------------------- */
 
@@ -74,7 +76,8 @@ int kvk_cu_attn_decode(struct kvk_cuda_ctx *ctx, float *out, const float *q,
 		       const struct kvk_kv_pages *kv, const int32_t *tables, int max_blocks,
 		       const int32_t *seq_lens, int n_seqs, int n_heads, float scale);
 
-/* cuBLAS GemmEx, f16/bf16 inputs, f32 accumulate and output, tensor cores. */
+/* cuBLAS GemmEx, f16/bf16 inputs, f32 accumulate and output, tensor cores; f32 inputs run
+ * in full f32 (CUBLAS_COMPUTE_32F, no TF32). */
 int kvk_cu_gemm(struct kvk_cuda_ctx *ctx, float *c, const void *a, const void *b, enum kvk_dtype dt,
 		int m, int n, int k);
 /* Q8_0 weights dequantized on the fly: one warp per output row, n_tok <= 8 per pass. */
@@ -83,6 +86,13 @@ int kvk_cu_q8_0_gemv(struct kvk_cuda_ctx *ctx, float *y, const void *w, const fl
 /* f32 -> f16 / bf16 (activations into GEMM inputs), n elements. */
 int kvk_cu_convert(struct kvk_cuda_ctx *ctx, void *dst, enum kvk_dtype dt, const float *src,
 		   size_t n);
+
+/* Forward-pass glue (kvk_fwd.cu): residual add, bias add, K/V rows into the paged pool. For
+ * kv_store, kv->k[l] / kv->v[l] are device pointers in a host array; slots is device memory. */
+int kvk_cu_add(struct kvk_cuda_ctx *ctx, float *y, const float *x, size_t n);
+int kvk_cu_add_bias(struct kvk_cuda_ctx *ctx, float *y, const float *b, size_t n, size_t nrows);
+int kvk_cu_kv_store(struct kvk_cuda_ctx *ctx, const struct kvk_kv_layers *kv, int layer,
+		    const float *k, const float *v, const int32_t *slots, int n_tok);
 
 int kvk_cu_argmax(struct kvk_cuda_ctx *ctx, int32_t *out, const float *logits, int n_rows,
 		  int vocab);

@@ -212,3 +212,28 @@ int kvk_cu_kv_scatter(struct kvk_cuda_ctx *ctx, const struct kvk_kv_layers *kv, 
 	(void)ctx, (void)kv, (void)src_dev, (void)blocks, (void)n_blocks;
 	return -ENODEV;
 }
+
+int kvk_cuda_d2d(struct kvk_cuda_ctx *ctx, void *dst_dev, const void *src_dev, size_t bytes)
+{
+	(void)ctx, (void)dst_dev, (void)src_dev, (void)bytes;
+	return -ENODEV;
+}
+
+int kvk_cu_add(struct kvk_cuda_ctx *ctx, float *y, const float *x, size_t n)
+{
+	(void)ctx, (void)y, (void)x, (void)n;
+	return -ENODEV;
+}
+
+int kvk_cu_add_bias(struct kvk_cuda_ctx *ctx, float *y, const float *b, size_t n, size_t nrows)
+{
+	(void)ctx, (void)y, (void)b, (void)n, (void)nrows;
+	return -ENODEV;
+}
+
+int kvk_cu_kv_store(struct kvk_cuda_ctx *ctx, const struct kvk_kv_layers *kv, int layer,
+		    const float *k, const float *v, const int32_t *slots, int n_tok)
+{
+	(void)ctx, (void)kv, (void)layer, (void)k, (void)v, (void)slots, (void)n_tok;
+	return -ENODEV;
+}

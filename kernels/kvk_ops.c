@@ -255,8 +255,19 @@ int kvk_ref_attn_decode(float *out, const float *q, const struct kvk_kv_pages *k
 
 int kvk_ref_gemm(float *c, const void *a, const void *b, enum kvk_dtype dt, int m, int n, int k)
 {
-	if ((dt != KVK_DT_F16 && dt != KVK_DT_BF16) || m < 0 || n < 0 || k < 1)
+	if ((dt != KVK_DT_F16 && dt != KVK_DT_BF16 && dt != KVK_DT_F32) || m < 0 || n < 0 || k < 1)
 		return -EINVAL;
+	if (dt == KVK_DT_F32) {
+		const float *A = a, *B = b;
+		for (int i = 0; i < m; i++)
+			for (int j = 0; j < n; j++) {
+				float s = 0.f;
+				for (int p = 0; p < k; p++)
+					s += A[(size_t)i * k + p] * B[(size_t)j * k + p];
+				c[(size_t)i * n + j] = s;
+			}
+		return 0;
+	}
 	const uint16_t *A = a, *B = b;
 	float (*cvt)(uint16_t) = dt == KVK_DT_F16 ? kvk_ops_f16_to_f32 : kvk_ops_bf16_to_f32;
 	for (int i = 0; i < m; i++)
@@ -409,5 +420,42 @@ int kvk_ref_kv_unpack(const struct kvk_kv_layers *kv, const void *src, const int
 				memcpy(d, in, slab * 2);
 				in += slab;
 			}
+	return 0;
+}
+
+int kvk_ref_add(float *y, const float *x, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		y[i] += x[i];
+	return 0;
+}
+
+int kvk_ref_add_bias(float *y, const float *b, size_t n, size_t nrows)
+{
+	for (size_t r = 0; r < nrows; r++)
+		for (size_t i = 0; i < n; i++)
+			y[r * n + i] += b[i];
+	return 0;
+}
+
+int kvk_ref_kv_store(const struct kvk_kv_layers *kv, int layer, const float *k, const float *v,
+		     const int32_t *slots, int n_tok)
+{
+	if (!layers_ok(kv, NULL, 0) || layer < 0 || layer >= kv->n_layer || n_tok < 0)
+		return -EINVAL;
+	long total = (long)kv->num_blocks * kv->block_tokens;
+	for (int t = 0; t < n_tok; t++)
+		if (slots[t] < 0 || slots[t] >= total)
+			return -EINVAL;
+	size_t row = (size_t)kv->n_kv_heads * kv->head_dim;
+	for (int t = 0; t < n_tok; t++) {
+		size_t off = (size_t)(slots[t] / kv->block_tokens) * kv->block_stride +
+			     (size_t)(slots[t] % kv->block_tokens) * row;
+		uint16_t *kd = kv->k[layer] + off, *vd = kv->v[layer] + off;
+		for (size_t i = 0; i < row; i++) {
+			kd[i] = kvk_ops_f32_to_f16(k[(size_t)t * row + i]);
+			vd[i] = kvk_ops_f32_to_f16(v[(size_t)t * row + i]);
+		}
+	}
 	return 0;
 }

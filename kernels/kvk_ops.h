@@ -121,13 +121,31 @@ int kvk_ref_attn_decode(float *out, const float *q, const struct kvk_kv_pages *k
 
 /* ---- matrix products -------------------------------------------------------------------- */
 
-/* c (m, n) = a (m, k) * b (n, k)^T, a and b of type dt (F16 or BF16), f32 result. b is the
- * weight layout of GGUF (one row per output). */
+/* c (m, n) = a (m, k) * b (n, k)^T, a and b of type dt (F16, BF16 or F32), f32 result. b is
+ * the weight layout of GGUF (one row per output). F32 is for models stored in f32 (the device
+ * engine keeps their weights as they are). */
 int kvk_ref_gemm(float *c, const void *a, const void *b, enum kvk_dtype dt, int m, int n, int k);
 
 /* y (n_tok, rows) = x (n_tok, n) * W^T for Q8_0 weights W (rows, n); n % 32 == 0. Each block's
  * integer products are summed in f32, then scaled by d. */
 int kvk_ref_q8_0_gemv(float *y, const void *w, const float *x, int rows, int n, int n_tok);
+
+/* ---- forward-pass glue (the device engine, engine/fwd_dev.h) ----------------------------- */
+
+/* y[i] += x[i], i < n (residual adds). */
+int kvk_ref_add(float *y, const float *x, size_t n);
+
+/* y (nrows, n): y[r][i] += b[i] (QKV bias). */
+int kvk_ref_add_bias(float *y, const float *b, size_t n, size_t nrows);
+
+/* Writes the K and V rows of n_tok tokens into layer `layer` of a paged KV cache, as f16
+ * (round to nearest even, as kvk_ops_f32_to_f16): k and v are (n_tok, n_kv_heads, head_dim)
+ * f32; token t goes to flat slot slots[t] = block id * block_tokens + token-in-block, i.e. into
+ * block slots[t] / block_tokens at token slots[t] % block_tokens of kv->k[layer] / kv->v[layer].
+ * A slot outside the pool is -EINVAL for the reference (checked before anything is written);
+ * the CUDA kernel skips it. 0 <= layer < kv->n_layer. */
+int kvk_ref_kv_store(const struct kvk_kv_layers *kv, int layer, const float *k, const float *v,
+		     const int32_t *slots, int n_tok);
 
 /* ---- sampling ---------------------------------------------------------------------------- */
 

@@ -419,6 +419,99 @@ static void test_gemm(void **state)
 		}
 }
 
+/* F32 GEMM (models stored in f32): CUBLAS_COMPUTE_32F, no TF32, so the same f32 products in
+ * another order: |err| <= 1e-5 * K for inputs in [-1, 1]. */
+static void test_gemm_f32(void **state)
+{
+	struct kvk_cuda_ctx *c = *state;
+	static const int shapes[][3] = {{1, 1, 1}, {17, 33, 65}, {64, 2048, 2048}, {3, 257, 1000}};
+	uint64_t s = 8;
+	for (size_t i = 0; i < ncases(4); i++) {
+		int M = shapes[i][0], N = shapes[i][1], K = shapes[i][2];
+		float *a = xmalloc((size_t)M * K * 4), *b = xmalloc((size_t)N * K * 4);
+		for (size_t j = 0; j < (size_t)M * K; j++)
+			a[j] = frand(&s);
+		for (size_t j = 0; j < (size_t)N * K; j++)
+			b[j] = frand(&s);
+		float *ref = xmalloc((size_t)M * N * 4), *got = xmalloc((size_t)M * N * 4);
+		assert_int_equal(kvk_ref_gemm(ref, a, b, KVK_DT_F32, M, N, K), 0);
+		void *da = up(c, a, (size_t)M * K * 4), *db = up(c, b, (size_t)N * K * 4);
+		float *dc = up(c, NULL, (size_t)M * N * 4);
+		assert_int_equal(kvk_cu_gemm(c, dc, da, db, KVK_DT_F32, M, N, K), 0);
+		down(c, got, dc, (size_t)M * N * 4);
+		char lbl[96];
+		snprintf(lbl, sizeof(lbl), "gemm f32 %d x %d x %d", M, N, K);
+		close_enough(lbl, got, ref, (size_t)M * N, 1e-5 * K, 0);
+		kvk_cuda_free(c, da), kvk_cuda_free(c, db), kvk_cuda_free(c, dc);
+		free(a), free(b), free(ref), free(got);
+	}
+}
+
+/* add, add_bias: exact (one f32 addition per element); kv_store: exact (f16 rounding to
+ * nearest even on both), including the untouched rest of the pool and a skipped bad slot. */
+static void test_fwd_glue(void **state)
+{
+	struct kvk_cuda_ctx *c = *state;
+	uint64_t s = 9;
+	static const size_t sizes[][2] = {{1, 1}, {13, 4}, {2048, 64}, {896, 7}};
+	for (size_t i = 0; i < ncases(4); i++) {
+		size_t n = sizes[i][0], r = sizes[i][1];
+		float *y = xmalloc(n * r * 4), *x = xmalloc(n * r * 4), *b = xmalloc(n * 4);
+		float *got = xmalloc(n * r * 4);
+		for (size_t j = 0; j < n * r; j++)
+			y[j] = frand(&s), x[j] = frand(&s);
+		for (size_t j = 0; j < n; j++)
+			b[j] = frand(&s);
+		float *dy = up(c, y, n * r * 4), *dx = up(c, x, n * r * 4), *db = up(c, b, n * 4);
+		assert_int_equal(kvk_cu_add(c, dy, dx, n * r), 0);
+		assert_int_equal(kvk_cu_add_bias(c, dy, db, n, r), 0);
+		down(c, got, dy, n * r * 4);
+		assert_int_equal(kvk_ref_add(y, x, n * r), 0);
+		assert_int_equal(kvk_ref_add_bias(y, b, n, r), 0);
+		same_bytes("add + add_bias", got, y, n * r * 4);
+		kvk_cuda_free(c, dy), kvk_cuda_free(c, dx), kvk_cuda_free(c, db);
+		free(y), free(x), free(b), free(got);
+	}
+	/* kv_store into the engine layout (all layers of a block together), 1B-like rows */
+	static const int kshapes[][5] = {{2, 6, 4, 1, 2}, {3, 9, 16, 2, 64}, {16, 8, 64, 8, 64}};
+	for (size_t i = 0; i < ncases(3); i++) {
+		int L = kshapes[i][0], NB = kshapes[i][1], B = kshapes[i][2], NKV = kshapes[i][3];
+		int HD = kshapes[i][4], ROW = NKV * HD, T = B + 3;
+		size_t slab = (size_t)B * ROW, bstride = (size_t)L * 2 * slab, tot = bstride * NB;
+		uint16_t *mem = xmalloc(tot * 2), *got = xmalloc(tot * 2);
+		for (size_t j = 0; j < tot; j++)
+			mem[j] = (uint16_t)rng(&s);
+		uint16_t *dmem = up(c, mem, tot * 2);
+		uint16_t *hk[64], *hv[64], *dk[64], *dv[64];
+		for (int l = 0; l < L; l++) {
+			hk[l] = mem + (size_t)l * 2 * slab, hv[l] = hk[l] + slab;
+			dk[l] = dmem + (size_t)l * 2 * slab, dv[l] = dk[l] + slab;
+		}
+		struct kvk_kv_layers hkv = {L, NB, B, NKV, HD, bstride, hk, hv};
+		struct kvk_kv_layers dkv = {L, NB, B, NKV, HD, bstride, dk, dv};
+		float *k = xmalloc((size_t)T * ROW * 4), *v = xmalloc((size_t)T * ROW * 4);
+		for (size_t j = 0; j < (size_t)T * ROW; j++)
+			k[j] = frand(&s) * 70000, v[j] = frand(&s);
+		int32_t *slots = xmalloc((size_t)T * 4);
+		for (int t = 0; t < T; t++)
+			slots[t] = (int32_t)((7 * t + 3) % (NB * B));
+		float *dkk = up(c, k, (size_t)T * ROW * 4), *dvv = up(c, v, (size_t)T * ROW * 4);
+		int32_t *dsl = up(c, slots, (size_t)T * 4);
+		for (int l = 0; l<L; l += L> 2 ? L - 1 : 1) {
+			assert_int_equal(kvk_cu_kv_store(c, &dkv, l, dkk, dvv, dsl, T), 0);
+			assert_int_equal(kvk_ref_kv_store(&hkv, l, k, v, slots, T), 0);
+		}
+		int32_t bad = NB * B; /* skipped by the kernel */
+		int32_t *dbad = up(c, &bad, 4);
+		assert_int_equal(kvk_cu_kv_store(c, &dkv, 0, dkk, dvv, dbad, 1), 0);
+		down(c, got, dmem, tot * 2);
+		same_bytes("kv_store", got, mem, tot * 2);
+		kvk_cuda_free(c, dmem), kvk_cuda_free(c, dkk), kvk_cuda_free(c, dvv);
+		kvk_cuda_free(c, dsl), kvk_cuda_free(c, dbad);
+		free(mem), free(got), free(k), free(v), free(slots);
+	}
+}
+
 static void test_q8_0_gemv(void **state)
 {
 	struct kvk_cuda_ctx *c = *state;
@@ -751,6 +844,7 @@ int main(int argc, char **argv)
 	    cmocka_unit_test(test_rope),	 cmocka_unit_test(test_swiglu_convert),
 	    cmocka_unit_test(test_attn_prefill), cmocka_unit_test(test_attn_decode),
 	    cmocka_unit_test(test_gemm),	 cmocka_unit_test(test_q8_0_gemv),
+	    cmocka_unit_test(test_gemm_f32),	 cmocka_unit_test(test_fwd_glue),
 	    cmocka_unit_test(test_sampling),	 cmocka_unit_test(test_pack_unpack),
 	};
 	return cmocka_run_group_tests_name("kernels_cuda", tests, setup, teardown);

@@ -475,8 +475,86 @@ static void test_gemm(void **state)
 				assert_float_equal(c[i * N + j], r, 1e-5);
 			}
 	}
-	assert_int_equal(kvk_ref_gemm(c, a, b, KVK_DT_F32, M, N, K), -EINVAL);
+	assert_int_equal(kvk_ref_gemm(c, a, b, KVK_DT_Q8_0, M, N, K), -EINVAL);
 	assert_int_equal(kvk_ref_gemm(c, a, b, KVK_DT_F16, M, N, 0), -EINVAL);
+	/* F32 (models stored in f32): the same product in f32 */
+	float fa[M * K], fb[N * K];
+	for (int i = 0; i < M * K; i++)
+		fa[i] = frand(&s);
+	for (int i = 0; i < N * K; i++)
+		fb[i] = frand(&s);
+	assert_int_equal(kvk_ref_gemm(c, fa, fb, KVK_DT_F32, M, N, K), 0);
+	for (int i = 0; i < M; i++)
+		for (int j = 0; j < N; j++) {
+			double r = 0;
+			for (int p = 0; p < K; p++)
+				r += (double)fa[i * K + p] * fb[j * K + p];
+			assert_float_equal(c[i * N + j], r, 1e-5);
+		}
+}
+
+/* ---- forward-pass glue: add, bias, K/V rows into pages ---------------------------------- */
+
+static void test_add_bias(void **state)
+{
+	(void)state;
+	enum { N = 13, R = 4 };
+	uint64_t s = 41;
+	float y[N * R], y0[N * R], x[N * R], b[N];
+	for (int i = 0; i < N * R; i++)
+		y0[i] = y[i] = frand(&s), x[i] = frand(&s);
+	for (int i = 0; i < N; i++)
+		b[i] = frand(&s);
+	assert_int_equal(kvk_ref_add(y, x, N * R), 0);
+	for (int i = 0; i < N * R; i++)
+		assert_true(y[i] == y0[i] + x[i]);
+	memcpy(y, y0, sizeof(y));
+	assert_int_equal(kvk_ref_add_bias(y, b, N, R), 0);
+	for (int i = 0; i < N * R; i++)
+		assert_true(y[i] == y0[i] + b[i % N]);
+}
+
+/* Rows land at block slots[t] / B, token slots[t] % B of the right layer, as f16 (the
+ * engine's layout: all layers of a block together); nothing else is touched; a slot outside
+ * the pool is refused before anything is written. */
+static void test_kv_store(void **state)
+{
+	(void)state;
+	enum { L = 3, NB = 5, B = 4, NKV = 2, HD = 6, ROW = NKV * HD, T = 7 };
+	size_t slab = (size_t)B * ROW, bstride = (size_t)L * 2 * slab;
+	uint16_t *mem = xmalloc(bstride * NB * 2), *before = xmalloc(bstride * NB * 2);
+	uint64_t s = 42;
+	for (size_t i = 0; i < bstride * NB; i++)
+		mem[i] = (uint16_t)rng(&s);
+	memcpy(before, mem, bstride * NB * 2);
+	uint16_t *kp[L], *vp[L];
+	for (int l = 0; l < L; l++) {
+		kp[l] = mem + (size_t)l * 2 * slab;
+		vp[l] = kp[l] + slab;
+	}
+	struct kvk_kv_layers kv = {L, NB, B, NKV, HD, bstride, kp, vp};
+	float k[T * ROW], v[T * ROW];
+	for (int i = 0; i < T * ROW; i++)
+		k[i] = frand(&s) * 100, v[i] = frand(&s);
+	int32_t slots[T] = {0, 5, 19, 8, 9, 3, 12};
+	assert_int_equal(kvk_ref_kv_store(&kv, 1, k, v, slots, T), 0);
+	for (int t = 0; t < T; t++) {
+		int b = slots[t] / B, tok = slots[t] % B;
+		for (int i = 0; i < ROW; i++) {
+			size_t off = (size_t)b * bstride + (size_t)1 * 2 * slab +
+				     (size_t)tok * ROW + (size_t)i;
+			assert_int_equal(mem[off], kvk_ops_f32_to_f16(k[t * ROW + i]));
+			assert_int_equal(mem[off + slab], kvk_ops_f32_to_f16(v[t * ROW + i]));
+			mem[off] = before[off];
+			mem[off + slab] = before[off + slab];
+		}
+	}
+	assert_memory_equal(mem, before, bstride * NB * 2); /* nothing else changed */
+	int32_t bad[2] = {3, NB * B};
+	assert_int_equal(kvk_ref_kv_store(&kv, 0, k, v, bad, 2), -EINVAL);
+	assert_memory_equal(mem, before, bstride * NB * 2);
+	assert_int_equal(kvk_ref_kv_store(&kv, L, k, v, slots, 1), -EINVAL);
+	free(mem), free(before);
 }
 
 static void test_q8_0_gemv(void **state)
@@ -666,6 +744,8 @@ int main(void)
 	    cmocka_unit_test(test_attn_chunked_and_decode),
 	    cmocka_unit_test(test_attn_engine_layout),
 	    cmocka_unit_test(test_gemm),
+	    cmocka_unit_test(test_add_bias),
+	    cmocka_unit_test(test_kv_store),
 	    cmocka_unit_test(test_q8_0_gemv),
 	    cmocka_unit_test(test_argmax),
 	    cmocka_unit_test(test_topk),

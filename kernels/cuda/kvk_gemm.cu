@@ -5,14 +5,16 @@
 extern "C" int kvk_cu_gemm(struct kvk_cuda_ctx *ctx, float *c, const void *a, const void *b,
 			   enum kvk_dtype dt, int m, int n, int k)
 {
-	if ((dt != KVK_DT_F16 && dt != KVK_DT_BF16) || m < 0 || n < 0 || k < 1)
+	if ((dt != KVK_DT_F16 && dt != KVK_DT_BF16 && dt != KVK_DT_F32) || m < 0 || n < 0 || k < 1)
 		return -EINVAL;
 	KVK_ENTER(ctx);
 	if (!m || !n)
 		return 0;
 	// Row-major c (m, n) = a (m, k) b (n, k)^T is column-major c^T (n, m) = b^T' a': cuBLAS
 	// sees b as a (k, n) column-major matrix to transpose and a as (k, m) as it is.
-	cudaDataType_t t = dt == KVK_DT_F16 ? CUDA_R_16F : CUDA_R_16BF;
+	cudaDataType_t t = dt == KVK_DT_F16    ? CUDA_R_16F
+			   : dt == KVK_DT_BF16 ? CUDA_R_16BF
+					       : CUDA_R_32F;
 	const float one = 1.f, zero = 0.f;
 	cublasStatus_t st =
 	    cublasGemmEx(ctx->blas, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, b, t, k, a, t, k,
