@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # gpu-check.sh — the one prepared run for a GPU machine (issue 9, docs/cuda.md): builds the
-# CUDA kernels, runs the GPU tests (each kernel against its CPU reference), a short benchmark
-# with same-run baselines, and writes a report. Well under 5 minutes on an H200.
+# CUDA kernels and the device engine, runs the GPU tests (each kernel against its CPU
+# reference; the device engine against the CPU engine), a short benchmark with same-run
+# baselines (kernels; engine prefill/decode tokens/s on the 1B shape, GPU vs CPU), and writes
+# a report. Well under 5 minutes on an H200.
 #
 #   tools/gpu-check.sh [build-dir]        (default build-gpucheck, created fresh)
 #
@@ -185,15 +187,44 @@ direct_build() {
 	fi
 	# Each program on its own: one that does not build (reported later as "not built")
 	# does not keep the others from running.
-	local t out rc=0
-	for t in test_kernels test_kernels_cuda test_kernels_ref kvk_gpu_bench; do
+	local t out rc=0 eng_srcs=() crypto=""
+	# The device engine (engine/fwd_dev.c) and what it needs of the engine; the model code
+	# needs libcrypto (SHA-256 fingerprints). Without the KV connector (liburing): the test
+	# is built with KVFS_TEST_NO_KVX, and the bench is kvinfer_bench.c as its own program.
+	for f in fwd.c fwd_dev.c kv.c pool.c model.c gguf.c gguf_meta.c kvinfer_cli.c \
+		kvinfer_eng.c; do
+		eng_srcs+=("$ROOT/engine/$f")
+	done
+	eng_srcs+=("$ROOT/common/cfg.c")
+	if printf '#include <openssl/evp.h>\nint main(void){return EVP_sha256() == 0;}\n' |
+		cc -x c - -o "$D/crypto-probe" -lcrypto >/dev/null 2>&1; then
+		crypto=-lcrypto
+	else
+		say "direct build: no libcrypto (openssl headers): the engine programs" \
+			"(test_fwd_dev, kvinfer-bench) cannot be built"
+	fi
+	for t in test_kernels test_kernels_cuda test_kernels_ref kvk_gpu_bench test_fwd_dev \
+		kvinfer_bench; do
+		local extra=()
 		case $t in
 		kvk_gpu_bench) f=$ROOT/tools/kvk_gpu_bench.c out=$BUILD/tools/kvk-gpu-bench ;;
+		test_fwd_dev)
+			[ -n "$crypto" ] || continue
+			f=$ROOT/tests/test_fwd_dev.c out=$BUILD/tests/test_fwd_dev
+			extra=(-DKVFS_TEST_NO_KVX=1 "-I$ROOT/engine" "-I$ROOT/tests"
+				"$ROOT/tests/ref_fwd.c" "${eng_srcs[@]}")
+			;;
+		kvinfer_bench) # `kvinfer bench` as a program of its own: same code, same flags
+			[ -n "$crypto" ] || continue
+			f=$ROOT/engine/kvinfer_bench.c out=$BUILD/bin/kvinfer-bench
+			mkdir -p "$BUILD/bin"
+			extra=(-Dkvinfer_cmd_bench=main "-I$ROOT/engine" "${eng_srcs[@]}")
+			;;
 		*) f=$ROOT/tests/$t.c out=$BUILD/tests/$t ;;
 		esac
 		# shellcheck disable=SC2086 # word splitting of flag lists is intended
-		if ! cc $cflags $cm_inc "$f" -o "$out" "$D/libkvk.a" $ldl $rp $libs $cm_lib \
-			-lstdc++ -lpthread -lm >>"$LOG" 2>&1; then
+		if ! cc $cflags $cm_inc "$f" "${extra[@]}" -o "$out" "$D/libkvk.a" $ldl $rp $libs \
+			$cm_lib $crypto -lstdc++ -lpthread -lm >>"$LOG" 2>&1; then
 			say "direct build: $t FAILED to build"
 			rc=1
 		fi
@@ -208,7 +239,8 @@ bstart=$(date +%s)
 if [ -z "${FORCE_DIRECT:-}" ] && run_step "cmake configure" 120 cmake -S "$ROOT" -B "$BUILD" -DKVFS_CUDA=ON \
 	-DCMAKE_BUILD_TYPE=Release "-DCMAKE_CUDA_ARCHITECTURES=$ARCHS"; then
 	# The library first (everything needs it), then each program on its own.
-	for target in kvfs_kernels test_kernels_ref test_kernels_cuda test_kernels kvk-gpu-bench; do
+	for target in kvfs_kernels test_kernels_ref test_kernels_cuda test_kernels kvk-gpu-bench \
+		test_fwd_dev kvinfer; do
 		if ! run_step "cmake build $target" 240 cmake --build "$BUILD" -j "$JOBS" \
 			--target "$target"; then
 			say "build: $target FAILED (cmake); see gpu-log.txt"
@@ -270,6 +302,9 @@ test_one "test_kernels_ref (CPU references)" 60 "$BUILD/tests/test_kernels_ref"
 test_one "test_kernels --gpu" 120 "$BUILD/tests/test_kernels" --gpu
 test_one "test_kernels_cuda" 180 "$BUILD/tests/test_kernels_cuda"
 test_one "test_kernels_cuda --nccl" 60 "$BUILD/tests/test_kernels_cuda" --nccl
+# The device engine against the CPU engine: host backend (no GPU needed), then on the GPU.
+test_one "test_fwd_dev (device engine, host backend)" 60 "$BUILD/tests/test_fwd_dev"
+test_one "test_fwd_dev --cuda (device engine on the GPU)" 90 "$BUILD/tests/test_fwd_dev" --cuda
 
 # ---- benchmark ----------------------------------------------------------------------------
 
@@ -311,7 +346,69 @@ else
 	bar "unpack >= 0.7 x H2D copy" kv_unpack_GBps "ratio_to_h2d:" 0.7
 	bar "F16 GEMM >= 0.6 x dense peak" gemm_f16_8192_TFLOPs "ratio_to_peak:" 0.6
 fi
-say "engine on GPU: not built yet (prefill/decode tokens/s need kvinfer --device cuda)"
+
+# ---- engine benchmark: kvinfer bench on the 1B shape, GPU vs CPU in the same run ------------
+
+section "engine benchmark (llama-1b shape, random F16 weights)"
+KVB=()
+if [ -x "$BUILD/bin/kvinfer" ]; then
+	KVB=("$BUILD/bin/kvinfer" bench)
+elif [ -x "$BUILD/bin/kvinfer-bench" ]; then
+	KVB=("$BUILD/bin/kvinfer-bench")
+fi
+# tok/s of a bench run's "prefill:" or "decode:" line.
+toks() { sed -n "s/^  $1:.* = \([0-9.]*\) tok\/s.*/\1/p" "$2" | head -n 1; }
+# engine_bench DEVICE TIMEOUT OUTFILE ARGS...: one kvinfer bench run; its exit status.
+engine_bench() {
+	local dev=$1 t=$2 out=$3
+	shift 3
+	printf '$ %s --shape llama-1b --type f16 --device %s %s\n' "${KVB[*]}" "$dev" "$*" >>"$LOG"
+	timeout "$t" "${KVB[@]}" --shape llama-1b --type f16 --device "$dev" --skip-kernels 1 "$@" \
+		>"$out" 2>"$out.err"
+	local rc=$?
+	cat "$out" "$out.err" >>"$LOG"
+	return "$rc"
+}
+if [ ${#KVB[@]} -eq 0 ]; then
+	say "engine benchmark: NOT RUN (kvinfer not built)"
+	FAILED=1
+elif [ "$(left)" -lt 60 ]; then
+	say "engine benchmark: NOT RUN (time budget spent)"
+else
+	# GPU: a 512-token prompt in one chunk of 512, then 64 decoded tokens. CPU baseline in
+	# the same run: a short one (64 tokens, 8 decoded, all cores), since tokens/s hardly
+	# depend on the length at this size and a long CPU run would not fit the budget.
+	engine_bench cuda 120 "$BUILD/engine-gpu.txt" --prompt 512 --gen 64 --batch 512
+	rg=$?
+	gp=$(toks prefill "$BUILD/engine-gpu.txt")
+	gd=$(toks decode "$BUILD/engine-gpu.txt")
+	if grep -q "no GPU found" "$BUILD/engine-gpu.txt.err"; then
+		say "engine on GPU: SKIP (no GPU)"
+		SKIPPED=$((SKIPPED + 1))
+	elif [ "$rg" -ne 0 ] || [ -z "$gp" ]; then
+		say "engine on GPU: FAIL (kvinfer bench --device cuda, exit $rg)"
+		tail -n 5 "$BUILD/engine-gpu.txt.err" >>"$REPORT"
+		FAILED=1
+	else
+		grep -E '^  (prefill|decode):' "$BUILD/engine-gpu.txt" | sed 's/^/  gpu /' |
+			tee -a "$REPORT"
+		engine_bench cpu 90 "$BUILD/engine-cpu.txt" --threads "$(nproc 2>/dev/null || echo 4)" \
+			--prompt 64 --gen 8 --batch 64
+		rc_cpu=$?
+		cp_=$(toks prefill "$BUILD/engine-cpu.txt")
+		cd_=$(toks decode "$BUILD/engine-cpu.txt")
+		if [ "$rc_cpu" -eq 0 ] && [ -n "$cp_" ] && [ -n "$cd_" ]; then
+			grep -E '^  (prefill|decode):' "$BUILD/engine-cpu.txt" | sed 's/^/  cpu /' |
+				tee -a "$REPORT"
+			say "engine_prefill_tok_s: gpu $gp cpu $cp_ ratio_gpu_to_cpu:" \
+				"$(awk -v a="$gp" -v b="$cp_" 'BEGIN { printf "%.1f", a / b }')"
+			say "engine_decode_tok_s: gpu $gd cpu $cd_ ratio_gpu_to_cpu:" \
+				"$(awk -v a="$gd" -v b="$cd_" 'BEGIN { printf "%.1f", a / b }')"
+		else
+			say "engine on CPU (baseline): no figure (exit $rc_cpu); the GPU figures stand alone"
+		fi
+	fi
+fi
 
 # ---- sanitizer (last: only with time to spare) ----------------------------------------------
 # The GPU tests again (KVK_TEST_QUICK: the first 3 shapes of each list) under
