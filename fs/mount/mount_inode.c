@@ -184,22 +184,25 @@ void mnt_itab_set_ino(struct mnt_itab *t, uint64_t nodeid, uint64_t ino)
 	pthread_mutex_unlock(&t->lock);
 }
 
-void mnt_itab_replacing(struct mnt_itab *t, uint64_t nodeid, int delta)
+/* Adds delta to one of an entry's counters (never below 0); no-op without an entry. */
+static void count_add(struct mnt_itab *t, uint64_t nodeid, int readers, int delta)
 {
 	pthread_mutex_lock(&t->lock);
 	struct ient *e = find(t, nodeid);
-	if (e && e->replacing + delta >= 0)
-		e->replacing += delta;
+	int *c = e ? (readers ? &e->readers : &e->replacing) : NULL;
+	if (c && *c + delta >= 0)
+		*c += delta;
 	pthread_mutex_unlock(&t->lock);
+}
+
+void mnt_itab_replacing(struct mnt_itab *t, uint64_t nodeid, int delta)
+{
+	count_add(t, nodeid, 0, delta);
 }
 
 void mnt_itab_readers(struct mnt_itab *t, uint64_t nodeid, int delta)
 {
-	pthread_mutex_lock(&t->lock);
-	struct ient *e = find(t, nodeid);
-	if (e && e->readers + delta >= 0)
-		e->readers += delta;
-	pthread_mutex_unlock(&t->lock);
+	count_add(t, nodeid, 1, delta);
 }
 
 void mnt_itab_set_replaced(struct mnt_itab *t, uint64_t nodeid, uint64_t ino,
