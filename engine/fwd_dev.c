@@ -48,6 +48,7 @@ struct kvi_dev_engine {
 	struct kvk_kv_layers layers;
 	uint32_t *dev_gen; /* per block: generation whose contents the device holds (0: none) */
 	uint8_t *host_ok;  /* per block: host mirror equals the device copy */
+	int32_t *run_ids;  /* (kv_blocks) scratch: the ids of one run of blocks to move */
 	/* activations (device), T = max_batch_tokens rows each */
 	float *x;      /* (T, n_embd) residual stream */
 	float *xn;     /* (T, max(n_embd, q_dim)) normed input / projection output */
@@ -198,10 +199,11 @@ int kvi_dev_engine_create(const struct kvi_model *m, const struct kvi_engine_opt
 	e->vptr = calloc(L, sizeof(uint16_t *));
 	e->dev_gen = calloc(NB, sizeof(uint32_t));
 	e->host_ok = calloc(NB, 1);
+	e->run_ids = calloc(NB, sizeof(int32_t));
 	size_t T = (size_t)opt.max_batch_tokens, MB = (size_t)e->max_blocks;
 	size_t nmeta = 4 * T + T * MB;
 	e->hmeta = calloc(nmeta, sizeof(int32_t));
-	if (!e->L || !e->kptr || !e->vptr || !e->dev_gen || !e->host_ok || !e->hmeta)
+	if (!e->L || !e->kptr || !e->vptr || !e->dev_gen || !e->host_ok || !e->run_ids || !e->hmeta)
 		goto fail;
 	rc = 0;
 
@@ -290,6 +292,7 @@ void kvi_dev_engine_destroy(struct kvi_dev_engine *e)
 	free(e->vptr);
 	free(e->dev_gen);
 	free(e->host_ok);
+	free(e->run_ids);
 	free(e->hmeta);
 	free(e);
 }
@@ -326,15 +329,49 @@ static uint16_t *host_block(const struct kvi_dev_engine *e, int id)
 	return kvi_kv_row(e->kv, id, 0, 0, 0); /* a block's start: its payload */
 }
 
-/* Mirror -> device for a block filled outside the engine. */
-static int upload_block(struct kvi_dev_engine *e, int32_t id)
+/* Blocks move between the mirror and the device in runs of consecutive ids: their mirror
+ * memory is contiguous, so a run is one kv_unpack / kv_pack call (kvx allocates the blocks of
+ * a loaded prefix in order, so a whole prefix is usually one run). */
+struct run {
+	int32_t first;
+	int n;
+	int up; /* 1: mirror -> device, 0: device -> mirror */
+};
+
+static int run_flush(struct kvi_dev_engine *e, struct run *r)
 {
-	int rc = e->d.op->kv_unpack(&e->d, &e->layers, host_block(e, id), &id, 1);
-	if (rc)
+	if (r->n == 0)
+		return 0;
+	for (int i = 0; i < r->n; i++)
+		e->run_ids[i] = r->first + i;
+	int rc =
+	    r->up ? e->d.op->kv_unpack(&e->d, &e->layers, host_block(e, r->first), e->run_ids, r->n)
+		  : e->d.op->kv_pack(&e->d, host_block(e, r->first), &e->layers, e->run_ids, r->n);
+	if (rc) {
+		klog_error("%s of KV blocks %d..%d: %d", r->up ? "upload" : "download", r->first,
+			   r->first + r->n - 1, rc);
 		return rc;
-	e->dev_gen[id] = kvi_kv_block_gen(e->kv, id);
-	e->host_ok[id] = 1;
+	}
+	for (int i = 0; i < r->n; i++) {
+		int32_t id = r->first + i;
+		if (r->up)
+			e->dev_gen[id] = kvi_kv_block_gen(e->kv, id);
+		e->host_ok[id] = 1;
+	}
+	r->n = 0;
 	return 0;
+}
+
+static int run_add(struct kvi_dev_engine *e, struct run *r, int32_t id)
+{
+	if (r->n && id == r->first + r->n) {
+		r->n++;
+		return 0;
+	}
+	int rc = run_flush(e, r);
+	r->first = id;
+	r->n = 1;
+	return rc;
 }
 
 /* The kv.h hook: device -> mirror for the blocks whose device copy is newer. */
@@ -343,21 +380,21 @@ static int host_sync(void *arg, const int32_t *ids, int n)
 	struct kvi_dev_engine *e = arg;
 	if (e->broken)
 		return -EIO;
-	for (int i = 0; i < n; i++) {
+	struct run r = {0, 0, 0};
+	int rc = 0;
+	for (int i = 0; i < n && !rc; i++) {
 		int32_t id = ids[i];
 		if (id < 0 || id >= e->o.kv_blocks)
 			return -EINVAL;
 		if (e->dev_gen[id] != kvi_kv_block_gen(e->kv, id) || e->host_ok[id])
 			continue; /* the mirror is the newer (or the same) copy */
-		int rc = e->d.op->kv_pack(&e->d, host_block(e, id), &e->layers, &id, 1);
-		if (rc) {
-			klog_error("download of KV block %d: %d", id, rc);
-			e->broken = 1;
-			return rc;
-		}
-		e->host_ok[id] = 1;
+		rc = run_add(e, &r, id);
 	}
-	return 0;
+	if (!rc)
+		rc = run_flush(e, &r);
+	if (rc)
+		e->broken = 1;
+	return rc;
 }
 
 /* Makes positions len .. len + n_new - 1 of seq writable on the device: uploads blocks the
@@ -366,11 +403,13 @@ static int host_sync(void *arg, const int32_t *ids, int n)
 static int seq_prepare(struct kvi_dev_engine *e, struct kvi_seq *seq, int n_new)
 {
 	const int32_t *bl = kvi_seq_blocks(seq);
-	int nb = kvi_seq_n_blocks(seq), B = e->o.block_tokens, rc;
-	for (int i = 0; i < nb; i++)
-		if (e->dev_gen[bl[i]] != kvi_kv_block_gen(e->kv, bl[i]) &&
-		    (rc = upload_block(e, bl[i])))
-			return rc;
+	int nb = kvi_seq_n_blocks(seq), B = e->o.block_tokens, rc = 0;
+	struct run r = {0, 0, 1};
+	for (int i = 0; i < nb && !rc; i++)
+		if (e->dev_gen[bl[i]] != kvi_kv_block_gen(e->kv, bl[i]))
+			rc = run_add(e, &r, bl[i]);
+	if (rc || (rc = run_flush(e, &r)))
+		return rc;
 	int len = kvi_seq_len(seq), first = len / B;
 	int old = len % B && first < nb ? bl[first] : -1;
 	int rrc = kvi_seq_reserve(seq, n_new);

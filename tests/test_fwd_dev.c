@@ -423,6 +423,56 @@ static void test_export_import(void **st)
 	}
 }
 
+/* Both backend tables are complete (a missing op would only show on a GPU), and opening cuda
+ * without a GPU is a clean -ENODEV. */
+static void test_backend_tables(void **st)
+{
+	(void)st;
+	const struct kvk_dev_ops *t[2] = {&kvk_dev_host_ops, &kvk_dev_cuda_ops};
+	for (int i = 0; i < 2; i++) {
+		const struct kvk_dev_ops *o = t[i];
+		assert_non_null(o->name);
+		const void *fns[] = {
+		    (const void *)o->alloc,	   (const void *)o->free,
+		    (const void *)o->h2d,	   (const void *)o->d2h,
+		    (const void *)o->d2d,	   (const void *)o->memset,
+		    (const void *)o->sync,	   (const void *)o->embed,
+		    (const void *)o->rmsnorm,	   (const void *)o->rope,
+		    (const void *)o->swiglu,	   (const void *)o->add,
+		    (const void *)o->add_bias,	   (const void *)o->convert,
+		    (const void *)o->gemm,	   (const void *)o->q8_0_gemv,
+		    (const void *)o->attn_prefill, (const void *)o->attn_decode,
+		    (const void *)o->kv_store,	   (const void *)o->argmax,
+		    (const void *)o->kv_pack,	   (const void *)o->kv_unpack,
+		};
+		for (size_t k = 0; k < sizeof(fns) / sizeof(fns[0]); k++)
+			assert_non_null(fns[k]);
+	}
+	assert_int_equal(kvk_dev_parse("host"), KVK_DEV_HOST);
+	assert_int_equal(kvk_dev_parse("cuda"), KVK_DEV_CUDA);
+	assert_int_equal(kvk_dev_parse("gpu"), -EINVAL);
+	struct kvk_dev d;
+	assert_int_equal(kvk_dev_open(&d, 7, 0), -EINVAL);
+	if (kvk_cuda_device_count() == 0) {
+		assert_int_equal(kvk_dev_open(&d, KVK_DEV_CUDA, 0), -ENODEV);
+		assert_null(d.op);
+		kvk_dev_close(&d);
+	}
+	assert_int_equal(kvk_dev_open(&d, KVK_DEV_CUDA, -1), -ENODEV);
+	/* the host backend's memory ops round-trip */
+	assert_int_equal(kvk_dev_open(&d, KVK_DEV_HOST, 0), 0);
+	void *p;
+	char in[300], out[300];
+	for (int i = 0; i < 300; i++)
+		in[i] = (char)i;
+	assert_int_equal(d.op->alloc(&d, &p, sizeof(in)), 0);
+	assert_int_equal(d.op->h2d(&d, p, in, sizeof(in)), 0);
+	assert_int_equal(d.op->d2h(&d, out, p, sizeof(out)), 0);
+	assert_memory_equal(in, out, sizeof(in));
+	d.op->free(&d, p);
+	kvk_dev_close(&d);
+}
+
 static void test_errors(void **st)
 {
 	(void)st;
@@ -585,10 +635,11 @@ int main(int argc, char **argv)
 		BACKEND = KVK_DEV_CUDA;
 	}
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_vs_cpu_f32),	  cmocka_unit_test(test_vs_cpu_f16),
-	    cmocka_unit_test(test_vs_cpu_bf16),	  cmocka_unit_test(test_vs_cpu_q8_0),
-	    cmocka_unit_test(test_decode_batch),  cmocka_unit_test(test_fork_cow),
-	    cmocka_unit_test(test_export_import), cmocka_unit_test(test_errors),
+	    cmocka_unit_test(test_vs_cpu_f32),	   cmocka_unit_test(test_vs_cpu_f16),
+	    cmocka_unit_test(test_vs_cpu_bf16),	   cmocka_unit_test(test_vs_cpu_q8_0),
+	    cmocka_unit_test(test_decode_batch),   cmocka_unit_test(test_fork_cow),
+	    cmocka_unit_test(test_export_import),  cmocka_unit_test(test_errors),
+	    cmocka_unit_test(test_backend_tables),
 #ifndef KVFS_TEST_NO_KVX
 	    cmocka_unit_test(test_kvx_roundtrip),
 #endif
