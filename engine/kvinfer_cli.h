@@ -39,6 +39,9 @@ struct kvinfer_eng {
 	"cpu (default), cuda or cuda:N (GPU N), host (the device engine on the CPU references: "   \
 	"slow, for checks)"
 
+/* "cpu" (or empty) -> 0, "host" -> KVK_DEV_HOST, "cuda" / "cuda:N" -> KVK_DEV_CUDA with
+ * *gpu = N (enum kvk_dev_kind); -EINVAL for anything else. */
+int kvinfer_eng_parse(const char *device, int *gpu);
 /* Checks --device before anything is loaded: 0, or prints why and returns -EINVAL (not a
  * device name) or -ENODEV (cuda: no such GPU, or no CUDA in this build). */
 int kvinfer_eng_check(const char *device, const char *who);

@@ -13,8 +13,7 @@
 #include "kvk_cuda.h"
 #include "kvk_dev.h"
 
-/* "cpu" -> 0, "host" -> KVK_DEV_HOST, "cuda" / "cuda:N" -> KVK_DEV_CUDA with *gpu = N. */
-static int parse_device(const char *s, int *gpu)
+int kvinfer_eng_parse(const char *s, int *gpu)
 {
 	*gpu = 0;
 	if (!s || !*s || !strcmp(s, "cpu"))
@@ -36,7 +35,7 @@ static int parse_device(const char *s, int *gpu)
 
 int kvinfer_eng_check(const char *device, const char *who)
 {
-	int gpu, kind = parse_device(device, &gpu);
+	int gpu, kind = kvinfer_eng_parse(device, &gpu);
 	if (kind < 0) {
 		fprintf(stderr, "%s: --device %s: want cpu, cuda, cuda:N or host\n", who, device);
 		return -EINVAL;
@@ -59,7 +58,7 @@ int kvinfer_eng_create(const struct kvi_model *m, const struct kvi_engine_opts *
 		       const char *device, const char *who, struct kvinfer_eng *out)
 {
 	memset(out, 0, sizeof(*out));
-	int gpu, kind = parse_device(device, &gpu), rc;
+	int gpu, kind = kvinfer_eng_parse(device, &gpu), rc;
 	if ((rc = kvinfer_eng_check(device, who)))
 		return rc;
 	if (kind == 0) {

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "fwd.h"
+#include "fwd_dev.h"
 #include "kv.h"
 #include "kvx.h"
 #include "log.h"
@@ -53,7 +54,8 @@ struct sch {
 	struct sch_opts o;
 	struct kvi_model *m;
 	struct kvi_tok *tok;
-	struct kvi_engine *e;
+	struct kvi_engine *e;	   /* the CPU engine, or NULL */
+	struct kvi_dev_engine *de; /* the device engine (opts.device), or NULL */
 	struct kvx *kx;
 	int n_vocab;
 	float *logits; /* (max_seqs, n_vocab) */
@@ -70,6 +72,12 @@ struct sch {
 	void *blkbuf; /* one block, for SCH_PREFILL hand-overs */
 	atomic_ullong c_steps, c_decode_tokens, c_prefill_tokens;
 };
+
+/* The engine's KV pool, whichever engine it is. */
+static struct kvi_kv *eng_kv(const struct sch *s)
+{
+	return s->de ? kvi_dev_engine_kv(s->de) : kvi_engine_kv(s->e);
+}
 
 void sch_opts_default(struct sch_opts *o)
 {
@@ -164,7 +172,7 @@ static int take_token(struct sch *s, struct sch_req *r, int32_t t)
 
 static void publish(struct sch *s, int waiting)
 {
-	struct kvi_kv *kv = kvi_engine_kv(s->e);
+	struct kvi_kv *kv = eng_kv(s);
 	atomic_store(&s->g_waiting, waiting);
 	atomic_store(&s->g_running, s->nrun);
 	atomic_store(&s->g_kv_used, kvi_kv_n_blocks(kv) - kvi_kv_n_free(kv));
@@ -180,7 +188,7 @@ static void publish(struct sch *s, int waiting)
  * whole prompt is in r->seq, 0 when the tail must be computed here (a miss: still correct). */
 static int attach_handover(struct sch *s, struct sch_req *r, int cached)
 {
-	struct kvi_kv *kv = kvi_engine_kv(s->e);
+	struct kvi_kv *kv = eng_kv(s);
 	int B = kvi_kv_geom(kv)->block_tokens;
 	if (!r->blk || r->blen != kvi_kv_block_bytes(kv) || cached != (r->n - 1) / B * B)
 		return 0;
@@ -210,7 +218,7 @@ static int attach_handover(struct sch *s, struct sch_req *r, int cached)
 /* Admits r: its sequence, the cached prefix, and the prompt accounting. 0 or -errno. */
 static int admit(struct sch *s, struct sch_req *r)
 {
-	int rc = kvi_seq_create(kvi_engine_kv(s->e), &r->seq);
+	int rc = kvi_seq_create(eng_kv(s), &r->seq);
 	if (rc)
 		return rc;
 	if ((rc = kvi_sampler_create(&r->sp, s->n_vocab, &r->smp)))
@@ -234,7 +242,7 @@ static int admit(struct sch *s, struct sch_req *r)
 /* SCH_PREFILL: publishes the prompt's full blocks and hands over the last one. */
 static void prefill_done(struct sch *s, struct sch_req *r, int32_t first)
 {
-	struct kvi_kv *kv = kvi_engine_kv(s->e);
+	struct kvi_kv *kv = eng_kv(s);
 	int B = kvi_kv_geom(kv)->block_tokens;
 	if (s->kx) {
 		kvx_save(s->kx, r->seq, r->toks, r->n, r->salt);
@@ -257,7 +265,9 @@ static int prefill_step(struct sch *s, struct sch_req *r)
 	int last = n <= s->o.prefill_chunk;
 	if (!last)
 		n = s->o.prefill_chunk;
-	int rc = kvi_engine_prefill(s->e, r->seq, r->toks + r->pos, n, last ? s->logits : NULL);
+	float *lg = last ? s->logits : NULL;
+	int rc = s->de ? kvi_dev_engine_prefill(s->de, r->seq, r->toks + r->pos, n, lg)
+		       : kvi_engine_prefill(s->e, r->seq, r->toks + r->pos, n, lg);
 	atomic_fetch_add(&s->c_prefill_tokens, (unsigned long long)n);
 	if (rc) {
 		req_end(r, NULL, rc, rc == -ENOSPC ? "KV memory full" : "prefill failed");
@@ -293,7 +303,8 @@ static void decode_step(struct sch *s)
 		}
 	if (!n)
 		return;
-	int rc = kvi_engine_decode(s->e, seqs, toks, n, s->logits);
+	int rc = s->de ? kvi_dev_engine_decode(s->de, seqs, toks, n, s->logits)
+		       : kvi_engine_decode(s->e, seqs, toks, n, s->logits);
 	atomic_fetch_add(&s->c_decode_tokens, (unsigned long long)n);
 	for (int i = 0; i < n; i++) {
 		if (rc) {
@@ -492,7 +503,7 @@ void sch_load_get(struct sch *s, struct sch_load *out)
 
 size_t sch_block_bytes(const struct sch *s)
 {
-	return kvi_kv_block_bytes(kvi_engine_kv(s->e));
+	return kvi_kv_block_bytes(eng_kv(s));
 }
 
 /* ---- gw_backend (embedded) -------------------------------------------------------------- */
@@ -626,7 +637,8 @@ int sch_create(const struct sch_opts *o, struct sch **out)
 	int per_seq = (s->o.max_ctx + eo.block_tokens - 1) / eo.block_tokens + 1;
 	eo.kv_blocks = s->o.max_seqs * per_seq + 8;
 	eo.isa = s->o.isa;
-	if ((rc = kvi_engine_create(s->m, &eo, &s->e))) {
+	if ((rc = s->o.device ? kvi_dev_engine_create(s->m, &eo, s->o.device, s->o.gpu, &s->de)
+			      : kvi_engine_create(s->m, &eo, &s->e))) {
 		klog_error("engine: %s", strerror(-rc));
 		goto fail;
 	}
@@ -634,7 +646,7 @@ int sch_create(const struct sch_opts *o, struct sch **out)
 		struct kvx_opts xo;
 		kvx_opts_default(&xo);
 		xo.dir = o->kv_dir;
-		if ((rc = kvx_create(s->e, s->m, &xo, &s->kx))) {
+		if ((rc = kvx_create_kv(eng_kv(s), s->m, &xo, &s->kx))) {
 			klog_error("--kv-dir %s: %s", o->kv_dir, strerror(-rc));
 			goto fail;
 		}
@@ -642,7 +654,7 @@ int sch_create(const struct sch_opts *o, struct sch **out)
 	s->n_vocab = s->m->cfg.n_vocab;
 	s->logits = malloc((size_t)s->o.max_seqs * (size_t)s->n_vocab * sizeof(float));
 	s->run = calloc((size_t)s->o.max_seqs, sizeof(*s->run));
-	s->blkbuf = malloc(kvi_kv_block_bytes(kvi_engine_kv(s->e)));
+	s->blkbuf = malloc(kvi_kv_block_bytes(eng_kv(s)));
 	if (!s->logits || !s->run || !s->blkbuf) {
 		rc = -ENOMEM;
 		goto fail;
@@ -655,6 +667,7 @@ int sch_create(const struct sch_opts *o, struct sch **out)
 fail:
 	kvx_destroy(s->kx);
 	kvi_engine_destroy(s->e);
+	kvi_dev_engine_destroy(s->de);
 	kvi_tok_free(s->tok);
 	kvi_model_free(s->m);
 	free(s->logits);
@@ -691,6 +704,7 @@ void sch_destroy(struct sch *s)
 	sch_stop(s);
 	kvx_destroy(s->kx);
 	kvi_engine_destroy(s->e);
+	kvi_dev_engine_destroy(s->de);
 	kvi_tok_free(s->tok);
 	kvi_model_free(s->m);
 	free(s->logits);

@@ -38,6 +38,9 @@ struct sch_opts {
 	int prefill_chunk;  /* uncached prompt tokens per step; default 256 */
 	int block_tokens;   /* KV block size; default 64 */
 	int isa;	    /* enum kvk_isa, 0 = best */
+	int device;	    /* 0 = the CPU engine (fwd.h); KVK_DEV_HOST / KVK_DEV_CUDA (kvk_dev.h):
+			     * the device engine (fwd_dev.h) on that backend */
+	int gpu;	    /* cuda: the GPU index */
 	int ignore_eos;	    /* generate max_tokens even past end-of-generation tokens */
 };
 

@@ -27,6 +27,7 @@ struct serve_cfg {
 	char model_id[CFG_STR_MAX];
 	char tmpl[CFG_STR_MAX];
 	char isa[CFG_STR_MAX];
+	char device[CFG_STR_MAX];
 	int no_cache, ignore_eos;
 	int64_t max_tokens;
 };
@@ -52,6 +53,7 @@ static const struct cfg_opt serve_opts[] = {
     {"ignore-eos", CFG_BOOL, SOFF(ignore_eos), 0, 0, "false",
      "generate max_tokens even past end tokens (benchmarks)"},
     {"isa", CFG_STR, SOFF(isa), 0, 0, "auto", "matmul kernels: auto, avx2, scalar"},
+    {"device", CFG_STR, SOFF(device), 0, 0, "cpu", KVINFER_DEVICE_HELP},
     CFG_END,
 };
 
@@ -66,6 +68,8 @@ int kvinfer_cmd_serve(int argc, char **argv)
 	if (rc)
 		return rc > 0 ? 0 : 2;
 	int isa = kvinfer_parse_isa(c.isa);
+	if (kvinfer_eng_check(c.device, "kvinfer serve"))
+		return 1;
 	if (!c.model[0] || npos || isa < 0) {
 		fprintf(stderr, "kvinfer serve: need -m MODEL (and a valid --isa); see --help\n");
 		return 2;
@@ -88,6 +92,7 @@ int kvinfer_cmd_serve(int argc, char **argv)
 	so.prefill_chunk = (int)c.chunk;
 	so.block_tokens = (int)c.block_tokens;
 	so.isa = isa;
+	so.device = kvinfer_eng_parse(c.device, &so.gpu);
 	so.ignore_eos = c.ignore_eos;
 	struct sch *s = NULL;
 	if ((rc = sch_create(&so, &s))) {

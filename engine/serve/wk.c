@@ -31,6 +31,7 @@ struct wk_cfg {
 	char secret_file[CFG_STR_MAX];
 	int64_t threads, max_seqs, ctx, chunk, block_tokens;
 	char isa[CFG_STR_MAX];
+	char device[CFG_STR_MAX];
 	int ignore_eos;
 };
 
@@ -48,6 +49,7 @@ static const struct cfg_opt wk_opts[] = {
     {"prefill-chunk", CFG_INT, WOFF(chunk), 1, 1 << 16, "256", "prompt tokens per step"},
     {"block-tokens", CFG_INT, WOFF(block_tokens), 1, 4096, "64", "KV block size B"},
     {"isa", CFG_STR, WOFF(isa), 0, 0, "auto", "matmul kernels: auto, avx2, scalar"},
+    {"device", CFG_STR, WOFF(device), 0, 0, "cpu", KVINFER_DEVICE_HELP},
     {"ignore-eos", CFG_BOOL, WOFF(ignore_eos), 0, 0, "false", "generate past end tokens"},
     CFG_END,
 };
@@ -225,6 +227,8 @@ static int run_worker(int argc, char **argv, enum sch_mode mode, const char *nam
 	if (rc)
 		return rc > 0 ? 0 : 2;
 	int isa = kvinfer_parse_isa(c.isa);
+	if (kvinfer_eng_check(c.device, name))
+		return 1;
 	char host[64];
 	uint16_t port;
 	struct kvp_secret sec;
@@ -253,6 +257,7 @@ static int run_worker(int argc, char **argv, enum sch_mode mode, const char *nam
 	so.prefill_chunk = (int)c.chunk;
 	so.block_tokens = (int)c.block_tokens;
 	so.isa = isa;
+	so.device = kvinfer_eng_parse(c.device, &so.gpu);
 	so.ignore_eos = c.ignore_eos;
 	struct wk k = {.mode = mode};
 	if ((rc = sch_create(&so, &k.s))) {
