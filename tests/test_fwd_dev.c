@@ -280,8 +280,24 @@ static void test_decode_batch(void **st)
 			assert_int_equal(
 			    kvi_dev_engine_decode(e, &f[i], &next[i], 1, alone + i * V), 0);
 		}
+		/* the same batch split into passes of 2 + 1 (max_batch_tokens 2), on forks */
+		struct kvi_dev_engine *e2 = dev_engine(m, 2, 16);
+		struct kvi_seq *s2[3];
+		float *split = malloc(3 * V * 4);
+		for (int i = 0; i < 3; i++) {
+			assert_int_equal(kvi_seq_create(kvi_dev_engine_kv(e2), &s2[i]), 0);
+			assert_int_equal(
+			    kvi_dev_engine_prefill(e2, s2[i], tok[i], 10 + 13 * i, NULL), 0);
+		}
+		assert_int_equal(kvi_dev_engine_decode(e2, s2, next, 3, split), 0);
+		for (int i = 0; i < 3; i++)
+			kvi_seq_destroy(s2[i]);
+		kvi_dev_engine_destroy(e2);
 		assert_int_equal(kvi_dev_engine_decode(e, s, next, 3, batch), 0);
 		assert_int_equal(kvi_engine_decode(ce, cs, next, 3, cpu), 0);
+		for (int i = 0; i < 3; i++)
+			assert_true(rel_err(split + i * V, batch + i * V, V) <= SELF_TOL);
+		free(split);
 		for (int i = 0; i < 3; i++) {
 			assert_true(rel_err(batch + i * V, alone + i * V, V) <= SELF_TOL);
 			assert_true(rel_err(batch + i * V, cpu + i * V, V) <= tol_of(dtypes[di]));
