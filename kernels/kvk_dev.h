@@ -37,7 +37,8 @@ struct kvk_dev;
 
 struct kvk_dev_ops {
 	const char *name; /* "host", "cuda" */
-	/* memory: alloc gives zeroed (host) or uninitialised (cuda) memory, 256-byte aligned */
+	/* memory: alloc gives uninitialised memory (host: every byte 0xff, NaN as f32/f16, so a
+	 * read of memory never written shows in tests), 256-byte aligned */
 	int (*alloc)(struct kvk_dev *d, void **out, size_t bytes);
 	void (*free)(struct kvk_dev *d, void *p);
 	int (*h2d)(struct kvk_dev *d, void *dst, const void *src_host, size_t bytes); /* sync */
