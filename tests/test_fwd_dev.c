@@ -40,6 +40,10 @@
 #endif
 
 static int BACKEND = KVK_DEV_HOST;
+/* KVK_TEST_QUICK set (gpu-check.sh's compute-sanitizer run): F16 and Q8_0 only, fewer shapes. */
+static int QUICK;
+#define DT_FIRST (QUICK ? 1 : 0) /* dtypes[1] = F16 */
+#define DT_END	 (QUICK ? 2 : 4)
 static const double SELF_TOL = 1e-4;
 
 static struct kvi_config cfg_llama(void)
@@ -177,7 +181,9 @@ static void check_vs_cpu(enum kvi_dtype wt)
 	struct kvi_config cfgs[2] = {cfg_llama(), cfg_qwen()};
 	const int chunks[] = {64, 1, 5, 7};
 	double tol = tol_of(wt);
-	for (int ci = 0; ci < 2; ci++) {
+	if (QUICK && wt != KVI_F16 && wt != KVI_Q8_0)
+		return;
+	for (int ci = 0; ci < (QUICK ? 1 : 2); ci++) {
 		struct kvi_model *m = ref_model_random(&cfgs[ci], wt, 11 + (uint64_t)wt);
 		assert_non_null(m);
 		int V = cfgs[ci].n_vocab, R = P - P0 + 1;
@@ -188,7 +194,7 @@ static void check_vs_cpu(enum kvi_dtype wt)
 		cpu_run(m, tok, cpu);
 		double worst = 0, self = 0;
 		int compared = 0, agreed = 0;
-		for (size_t k = 0; k < sizeof(chunks) / sizeof(chunks[0]); k++) {
+		for (size_t k = 0; k < (QUICK ? 2 : sizeof(chunks) / sizeof(chunks[0])); k++) {
 			struct kvi_dev_engine *e = dev_engine(m, chunks[k], 16);
 			struct kvi_seq *s;
 			assert_int_equal(kvi_seq_create(kvi_dev_engine_kv(e), &s), 0);
@@ -257,7 +263,7 @@ static void test_decode_batch(void **st)
 {
 	(void)st;
 	struct kvi_config c = cfg_qwen();
-	for (size_t di = 0; di < 4; di++) {
+	for (size_t di = DT_FIRST; di < DT_END; di++) {
 		struct kvi_model *m = ref_model_random(&c, dtypes[di], 21);
 		int V = c.n_vocab;
 		struct kvi_dev_engine *e = dev_engine(m, 64, 16);
@@ -365,7 +371,7 @@ static void test_export_import(void **st)
 	(void)st;
 	enum { N = 75, B = 16, NFULL = N / B };
 	struct kvi_config c = cfg_qwen();
-	for (size_t di = 0; di < 4; di++) {
+	for (size_t di = DT_FIRST; di < DT_END; di++) {
 		struct kvi_model *m = ref_model_random(&c, dtypes[di], 31);
 		int V = c.n_vocab;
 		double tol = tol_of(dtypes[di]);
@@ -591,7 +597,7 @@ static void test_kvx_roundtrip(void **st)
 	(void)st;
 	enum { B = 16, N = 100, HIT = (N - 1) / B * B };
 	struct kvi_config c = cfg_llama();
-	for (size_t di = 0; di < 4; di++) {
+	for (size_t di = DT_FIRST; di < DT_END; di++) {
 		struct kvi_model *m = ref_model_random(&c, dtypes[di], 71);
 		int V = c.n_vocab;
 		double tol = tol_of(dtypes[di]);
@@ -650,6 +656,8 @@ int main(int argc, char **argv)
 		}
 		BACKEND = KVK_DEV_CUDA;
 	}
+	const char *q = getenv("KVK_TEST_QUICK");
+	QUICK = q && *q;
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_vs_cpu_f32),	   cmocka_unit_test(test_vs_cpu_f16),
 	    cmocka_unit_test(test_vs_cpu_bf16),	   cmocka_unit_test(test_vs_cpu_q8_0),

@@ -417,33 +417,43 @@ fi
 # run on this machine, or runs out of time, is reported and not counted.
 section "sanitizer"
 SAN=$(command -v compute-sanitizer || echo "$CUDA_HOME/bin/compute-sanitizer")
-if [ ! -x "$SAN" ] || [ ! -x "$BUILD/tests/test_kernels_cuda" ]; then
-	say "sanitizer: not available (compute-sanitizer or test_kernels_cuda missing)"
+if [ ! -x "$SAN" ]; then
+	say "sanitizer: not available (compute-sanitizer missing)"
 else
-	for tool in memcheck racecheck; do
+	# memcheck and racecheck of the kernels, then memcheck of the device engine (its pointer
+	# arithmetic into the paged pool, tables and activations) with what time is left.
+	for run in "memcheck test_kernels_cuda" "racecheck test_kernels_cuda" \
+		"memcheck test_fwd_dev --cuda"; do
+		read -r tool prog arg <<<"$run"
+		name="$tool $prog${arg:+ $arg}" out=$BUILD/san-$tool-$prog.txt
 		t=$(($(left) - 10))
+		if [ ! -x "$BUILD/tests/$prog" ]; then
+			say "sanitizer $name: NOT RUN ($prog not built)"
+			continue
+		fi
 		if [ "$t" -lt 30 ]; then
-			say "sanitizer $tool: NOT RUN (time budget spent)"
+			say "sanitizer $name: NOT RUN (time budget spent)"
 			continue
 		fi
 		[ "$t" -gt 150 ] && t=150
-		printf '$ KVK_TEST_QUICK=1 %s --tool %s test_kernels_cuda\n' "$SAN" "$tool" >>"$LOG"
+		printf '$ KVK_TEST_QUICK=1 %s --tool %s %s %s\n' "$SAN" "$tool" "$prog" "$arg" >>"$LOG"
+		# shellcheck disable=SC2086 # $arg: no argument or one word
 		KVK_TEST_QUICK=1 timeout "$t" "$SAN" --tool "$tool" --error-exitcode 99 \
-			"$BUILD/tests/test_kernels_cuda" >"$BUILD/san-$tool.txt" 2>&1
+			"$BUILD/tests/$prog" $arg >"$out" 2>&1
 		rc=$?
-		cat "$BUILD/san-$tool.txt" >>"$LOG"
+		cat "$out" >>"$LOG"
 		case $rc in
-		0) say "sanitizer $tool: clean" ;;
-		77) say "sanitizer $tool: SKIP (no GPU)" ;;
+		0) say "sanitizer $name: clean" ;;
+		77) say "sanitizer $name: SKIP (no GPU)" ;;
 		99)
-			say "sanitizer $tool: ERRORS FOUND"
-			grep -E '^=========' "$BUILD/san-$tool.txt" | head -n 25 >>"$REPORT"
+			say "sanitizer $name: ERRORS FOUND"
+			grep -E '^=========' "$out" | head -n 25 >>"$REPORT"
 			FAILED=1
 			;;
-		124) say "sanitizer $tool: not finished in ${t}s (not counted)" ;;
+		124) say "sanitizer $name: not finished in ${t}s (not counted)" ;;
 		*)
-			say "sanitizer $tool: could not run or tests failed under it (exit $rc, not" \
-				"counted): $(grep -m 1 -E 'Error|error' "$BUILD/san-$tool.txt")"
+			say "sanitizer $name: could not run or tests failed under it (exit $rc, not" \
+				"counted): $(grep -m 1 -E 'Error|error' "$out")"
 			;;
 		esac
 	done
