@@ -64,6 +64,22 @@ static struct kvi_config cfg_qwen(void)
 	return c;
 }
 
+/* Real-model-like heads: head_dim 64, GQA group 4, partial rotary (rope_dim 32), halves. */
+static struct kvi_config cfg_wide(void)
+{
+	struct kvi_config c = cfg_llama();
+	strcpy(c.arch, "wide");
+	c.n_embd = 128;
+	c.n_head = 8;
+	c.n_head_kv = 2;
+	c.head_dim = 64;
+	c.rope_dim = 32;
+	c.rope_style = KVI_ROPE_HALVES;
+	c.n_ff = 160;
+	c.n_vocab = 301;
+	return c;
+}
+
 static const enum kvi_dtype dtypes[] = {KVI_F32, KVI_F16, KVI_BF16, KVI_Q8_0};
 
 static double tol_of(enum kvi_dtype wt)
@@ -178,12 +194,12 @@ static void cpu_run(const struct kvi_model *m, int32_t *tok, float *rows)
 
 static void check_vs_cpu(enum kvi_dtype wt)
 {
-	struct kvi_config cfgs[2] = {cfg_llama(), cfg_qwen()};
+	struct kvi_config cfgs[3] = {cfg_llama(), cfg_qwen(), cfg_wide()};
 	const int chunks[] = {64, 1, 5, 7};
 	double tol = tol_of(wt);
 	if (QUICK && wt != KVI_F16 && wt != KVI_Q8_0)
 		return;
-	for (int ci = 0; ci < (QUICK ? 1 : 2); ci++) {
+	for (int ci = 0; ci < (QUICK ? 1 : 3); ci++) {
 		struct kvi_model *m = ref_model_random(&cfgs[ci], wt, 11 + (uint64_t)wt);
 		assert_non_null(m);
 		int V = cfgs[ci].n_vocab, R = P - P0 + 1;
