@@ -161,12 +161,66 @@ static void test_seq_attach_fork_cow(void **st)
 	kvi_kv_destroy(kv);
 }
 
+/* The device-copy hooks (kv.h): generations move at alloc and import only; export runs the
+ * host-sync hook for its block first and returns its error; no hook costs nothing. */
+struct hook_log {
+	int calls, last_id, fail;
+};
+
+static int hook(void *arg, const int32_t *ids, int n)
+{
+	struct hook_log *h = arg;
+	h->calls++;
+	h->last_id = n == 1 ? ids[0] : -1;
+	return h->fail;
+}
+
+static void test_device_hooks(void **st)
+{
+	(void)st;
+	struct kvi_kv *kv = mk(2);
+	size_t bb = kvi_kv_block_bytes(kv);
+	uint8_t *buf = calloc(1, bb);
+	assert_int_equal(kvi_kv_block_gen(kv, 0), 0);
+	assert_int_equal(kvi_kv_block_gen(kv, 9), 0);
+	int a = kvi_kv_block_alloc(kv);
+	uint32_t g = kvi_kv_block_gen(kv, a);
+	assert_true(g != 0);
+	assert_int_equal(kvi_kv_block_ref(kv, a), 0);
+	assert_int_equal(kvi_kv_block_unref(kv, a), 0);
+	assert_int_equal(kvi_kv_block_gen(kv, a), g); /* refs do not change contents */
+	assert_int_equal(kvi_kv_block_import(kv, a, buf, bb), 0);
+	assert_int_equal(kvi_kv_block_gen(kv, a), g + 1);
+	assert_int_equal(kvi_kv_block_unref(kv, a), 0);
+	assert_int_equal(kvi_kv_block_alloc(kv), a); /* the same id again: a new generation */
+	assert_int_equal(kvi_kv_block_gen(kv, a), g + 2);
+
+	int32_t ids[2] = {a, a};
+	assert_int_equal(kvi_kv_host_sync(kv, ids, 2), 0); /* no hook */
+	assert_int_equal(kvi_kv_block_export(kv, a, buf, bb), (long)bb);
+	struct hook_log h = {0, -1, 0};
+	kvi_kv_set_host_sync(kv, hook, &h);
+	assert_int_equal(kvi_kv_block_export(kv, a, buf, bb), (long)bb);
+	assert_int_equal(h.calls, 1);
+	assert_int_equal(h.last_id, a);
+	assert_int_equal(kvi_kv_host_sync(kv, ids, 0), 0); /* nothing asked: not called */
+	assert_int_equal(h.calls, 1);
+	h.fail = -EIO;
+	assert_int_equal(kvi_kv_block_export(kv, a, buf, bb), -EIO);
+	assert_int_equal(kvi_kv_host_sync(kv, ids, 2), -EIO);
+	kvi_kv_set_host_sync(kv, NULL, NULL);
+	assert_int_equal(kvi_kv_block_export(kv, a, buf, bb), (long)bb);
+	assert_int_equal(kvi_kv_block_unref(kv, a), 0);
+	free(buf);
+	kvi_kv_destroy(kv);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_create_bad),		cmocka_unit_test(test_alloc_refcount),
 	    cmocka_unit_test(test_export_layout),	cmocka_unit_test(test_seq_reserve_truncate),
-	    cmocka_unit_test(test_seq_attach_fork_cow),
+	    cmocka_unit_test(test_seq_attach_fork_cow), cmocka_unit_test(test_device_hooks),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
