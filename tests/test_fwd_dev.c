@@ -12,7 +12,7 @@
  * 3.6e-2 (the CPU engine's own error against the scalar reference is up to 1.5e-3 for the float
  * types and 3.7e-2 for Q8_0, docs/engine.md). The device
  * engine against itself (other chunk sizes, batch vs alone, cached vs computed prefix):
- * within 1e-4 relative (the host backend is in fact bit-identical; cuBLAS may pick another
+ * bit-identical on the host backend, within 1e-3 relative on cuda (cuBLAS may pick another
  * algorithm for another batch size). Greedy tokens: the device engine, fed the CPU engine's
  * tokens, picks the CPU's token at every step where the CPU's top-2 logits are further apart
  * than twice the tolerance. */
@@ -44,7 +44,10 @@ static int BACKEND = KVK_DEV_HOST;
 static int QUICK;
 #define DT_FIRST (QUICK ? 1 : 0) /* dtypes[1] = F16 */
 #define DT_END	 (QUICK ? 2 : 4)
-static const double SELF_TOL = 1e-4;
+/* The device engine against itself: the host backend is bit-identical (0); cuBLAS may choose
+ * another algorithm for another batch size, and a 1-ulp change of an f16 GEMM input moves a
+ * logit by far less than 1e-3 (an indexing bug moves it by O(1)). */
+static double SELF_TOL = 0;
 
 static struct kvi_config cfg_llama(void)
 {
@@ -671,6 +674,7 @@ int main(int argc, char **argv)
 			return 77;
 		}
 		BACKEND = KVK_DEV_CUDA;
+		SELF_TOL = 1e-3;
 	}
 	const char *q = getenv("KVK_TEST_QUICK");
 	QUICK = q && *q;
