@@ -483,6 +483,10 @@ static void test_replace_race(void **state)
 		x.data[v] = d; /* acceptable from the open of its replacement on */
 		pthread_mutex_unlock(&x.lock);
 		slow_write(x.path, sizes[v], 100 + (uint64_t)v);
+		/* the writer's own stat after close() shows what it wrote */
+		struct stat st;
+		assert_int_equal(stat(x.path, &st), 0);
+		assert_int_equal((size_t)st.st_size, sizes[v]);
 		usleep(300000); /* readers see the new version inside the cache timeouts */
 	}
 	usleep(1500000); /* and after them */

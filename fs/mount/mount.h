@@ -195,7 +195,10 @@ void mnt_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_in
  * queue is full the name is dropped (it then expires after --entry-timeout, as without this). */
 int mnt_inval_start(struct mnt *m); /* after the session is mounted; 0 or -errno */
 void mnt_inval_stop(struct mnt *m); /* after the session loop ended; NULL-safe */
-void mnt_inval_entry(struct mnt *m, uint64_t parent, const char *name);
+/* Queues name in directory parent. wait_ms > 0: then waits up to that long for the kernel to
+ * have taken it (never forever: the thread may be waiting on a directory lock). Returns 0,
+ * -ETIMEDOUT (queued, not yet sent), -ENOSPC (dropped) or -ENOENT (no thread). */
+int mnt_inval_entry(struct mnt *m, uint64_t parent, const char *name, int wait_ms);
 
 /* ---- namespace (mount_ops.c) ---- */
 extern const struct fuse_lowlevel_ops mnt_ops;

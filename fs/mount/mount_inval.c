@@ -25,8 +25,9 @@ struct mnt_inval {
 	struct fuse_session *se;
 	pthread_t thread;
 	pthread_mutex_t lock;
-	pthread_cond_t cond;
+	pthread_cond_t cond, done;
 	struct inval_item q[INVAL_SLOTS]; /* lock */
+	uint64_t queued, finished;	  /* lock; items queued / sent so far */
 	unsigned head, n;		  /* lock */
 	int stop;			  /* lock */
 	unsigned long long sent, dropped; /* lock */
@@ -54,6 +55,8 @@ static void *inval_main(void *arg)
 				   it.name, strerror(-rc));
 		pthread_mutex_lock(&v->lock);
 		v->sent++;
+		v->finished++;
+		pthread_cond_broadcast(&v->done);
 	}
 	pthread_mutex_unlock(&v->lock);
 	return NULL;
@@ -67,8 +70,10 @@ int mnt_inval_start(struct mnt *m)
 	v->se = m->se;
 	pthread_mutex_init(&v->lock, NULL);
 	pthread_cond_init(&v->cond, NULL);
+	pthread_cond_init(&v->done, NULL);
 	int rc = pthread_create(&v->thread, NULL, inval_main, v);
 	if (rc) {
+		pthread_cond_destroy(&v->done);
 		pthread_cond_destroy(&v->cond);
 		pthread_mutex_destroy(&v->lock);
 		free(v);
@@ -98,26 +103,44 @@ void mnt_inval_stop(struct mnt *m)
 		m->inval = NULL;
 		return; /* v stays allocated: the thread may still use it */
 	}
+	pthread_cond_destroy(&v->done);
 	pthread_cond_destroy(&v->cond);
 	pthread_mutex_destroy(&v->lock);
 	free(v);
 	m->inval = NULL;
 }
 
-void mnt_inval_entry(struct mnt *m, uint64_t parent, const char *name)
+int mnt_inval_entry(struct mnt *m, uint64_t parent, const char *name, int wait_ms)
 {
 	struct mnt_inval *v = m->inval;
 	if (!v || !name[0])
-		return;
+		return -ENOENT;
+	int rc = 0;
 	pthread_mutex_lock(&v->lock);
 	if (v->stop || v->n == INVAL_SLOTS) {
 		v->dropped++;
+		rc = -ENOSPC;
 	} else {
 		struct inval_item *it = &v->q[(v->head + v->n) % INVAL_SLOTS];
 		it->parent = parent;
 		snprintf(it->name, sizeof(it->name), "%s", name);
 		v->n++;
+		uint64_t mine = ++v->queued;
 		pthread_cond_signal(&v->cond);
+		if (wait_ms > 0) {
+			struct timespec until;
+			clock_gettime(CLOCK_REALTIME, &until);
+			until.tv_sec += wait_ms / 1000;
+			until.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+			if (until.tv_nsec >= 1000000000L) {
+				until.tv_sec++;
+				until.tv_nsec -= 1000000000L;
+			}
+			while (rc == 0 && v->finished < mine && !v->stop)
+				if (pthread_cond_timedwait(&v->done, &v->lock, &until) == ETIMEDOUT)
+					rc = -ETIMEDOUT;
+		}
 	}
 	pthread_mutex_unlock(&v->lock);
+	return rc;
 }

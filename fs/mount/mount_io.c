@@ -246,8 +246,10 @@ static int wfile_finish(struct mnt *m, struct mnt_wfile *wf)
 	else
 		mnt_itab_set_ino(m->itab, wf->nodeid, a.ino);
 	/* The kernel's name still leads to the node id it knew (a temporary id, or the replaced
-	 * file's): have it look the name up again. */
-	mnt_inval_entry(m, wf->parent, wf->name);
+	 * file's): have it look the name up again. For a replacement, whose old node id now
+	 * answers the old attributes, wait a little, so that the writer's own stat after close()
+	 * sees the new file. */
+	mnt_inval_entry(m, wf->parent, wf->name, wf->repl_itab ? 200 : 0);
 	return 0;
 }
 
