@@ -317,9 +317,12 @@ elif [ "$(left)" -lt 40 ]; then
 	say "benchmark: NOT RUN (time budget spent)"
 else
 	quick=()
-	[ "$(left)" -lt 120 ] && quick=(--quick) && say "(quick mode: little time left)"
+	[ "$(left)" -lt 180 ] && quick=(--quick) && say "(quick mode: little time left)"
 	printf '$ %s %s\n' "$BENCH" "${quick[*]}" >>"$LOG"
-	timeout $(($(left) - 10)) "$BENCH" "${quick[@]}" >"$BUILD/bench.txt" 2>>"$LOG"
+	# leave about 80 s for the engine benchmark that follows
+	tb=$(($(left) - 80))
+	[ "$tb" -lt 30 ] && tb=30
+	timeout "$tb" "$BENCH" "${quick[@]}" >"$BUILD/bench.txt" 2>>"$LOG"
 	rc=$?
 	tee -a "$REPORT" "$LOG" <"$BUILD/bench.txt"
 	if [ "$rc" -eq 77 ]; then
@@ -378,7 +381,9 @@ else
 	# GPU: a 512-token prompt in one chunk of 512, then 64 decoded tokens. CPU baseline in
 	# the same run: a short one (64 tokens, 8 decoded, all cores), since tokens/s hardly
 	# depend on the length at this size and a long CPU run would not fit the budget.
-	engine_bench cuda 120 "$BUILD/engine-gpu.txt" --prompt 512 --gen 64 --batch 512
+	t=$(($(left) - 30))
+	[ "$t" -gt 120 ] && t=120
+	engine_bench cuda "$t" "$BUILD/engine-gpu.txt" --prompt 512 --gen 64 --batch 512
 	rg=$?
 	gp=$(toks prefill "$BUILD/engine-gpu.txt")
 	gd=$(toks decode "$BUILD/engine-gpu.txt")
@@ -392,7 +397,10 @@ else
 	else
 		grep -E '^  (prefill|decode):' "$BUILD/engine-gpu.txt" | sed 's/^/  gpu /' |
 			tee -a "$REPORT"
-		engine_bench cpu 90 "$BUILD/engine-cpu.txt" --threads "$(nproc 2>/dev/null || echo 4)" \
+		t=$(($(left) - 10))
+		[ "$t" -gt 90 ] && t=90
+		[ "$t" -lt 20 ] && t=20
+		engine_bench cpu "$t" "$BUILD/engine-cpu.txt" --threads "$(nproc 2>/dev/null || echo 4)" \
 			--prompt 64 --gen 8 --batch 64
 		rc_cpu=$?
 		cp_=$(toks prefill "$BUILD/engine-cpu.txt")
