@@ -267,8 +267,12 @@ static int cmd_generate(int argc, char **argv)
 	} else {
 		fprintf(stderr, "TTFT %.1f ms\n", (t_first - t0) * 1e3);
 	}
-	fprintf(stderr, "decode:  %d tokens in %.3f s = %.2f tok/s (%d threads, %s)\n", ndec, td,
-		td > 0 ? ndec / td : 0.0, eo.threads, eng.name);
+	if (eng.dev)
+		fprintf(stderr, "decode:  %d tokens in %.3f s = %.2f tok/s (%s)\n", ndec, td,
+			td > 0 ? ndec / td : 0.0, eng.name);
+	else
+		fprintf(stderr, "decode:  %d tokens in %.3f s = %.2f tok/s (%d threads, %s)\n",
+			ndec, td, td > 0 ? ndec / td : 0.0, eo.threads, eng.name);
 	ret = 0;
 out:
 	kvi_seq_destroy(seq);
