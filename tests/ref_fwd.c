@@ -357,3 +357,57 @@ struct kvi_config ref_cfg_tiny_llama(int n_vocab)
 			       .rope_style = KVI_ROPE_ADJACENT};
 	return c;
 }
+
+struct kvi_config ref_cfg_tiny_qwen(void)
+{
+	struct kvi_config c = ref_cfg_tiny_llama(203);
+	strcpy(c.arch, "qwen2");
+	c.n_head_kv = 1;
+	c.rope_style = KVI_ROPE_HALVES;
+	c.rope_base = 1000000;
+	c.rms_eps = 1e-6f;
+	c.has_qkv_bias = 1;
+	c.tied_output = 1;
+	return c;
+}
+
+struct kvi_config ref_cfg_odd(void)
+{
+	struct kvi_config c = ref_cfg_tiny_llama(37);
+	c.n_embd = 60;
+	c.head_dim = 15;
+	c.rope_dim = 14;
+	c.n_ff = 100;
+	return c;
+}
+
+/* ---- helpers the engine tests share -------------------------------------------------------- */
+
+void ref_tokens(int32_t *t, int n, int vocab, unsigned seed)
+{
+	for (int i = 0; i < n; i++) {
+		seed = seed * 1103515245u + 12345u;
+		t[i] = (int32_t)((seed >> 8) % (unsigned)vocab);
+	}
+}
+
+int ref_argmax(const float *l, int n)
+{
+	int b = 0;
+	for (int i = 1; i < n; i++)
+		if (l[i] > l[b])
+			b = i;
+	return b;
+}
+
+double ref_rel_err(const float *a, const float *ref, int n)
+{
+	double mx = 1, d = 0;
+	for (int i = 0; i < n; i++) {
+		mx = fmax(mx, fabs(ref[i]));
+		d = fmax(d, fabs((double)a[i] - ref[i]));
+		if (isnan(a[i]))
+			return INFINITY;
+	}
+	return d / mx;
+}

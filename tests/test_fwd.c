@@ -21,46 +21,7 @@
 #include "kvk.h"
 #include "ref_fwd.h"
 
-static struct kvi_config cfg_llama(void)
-{
-	return ref_cfg_tiny_llama(203);
-}
-
-static struct kvi_config cfg_qwen(void)
-{
-	struct kvi_config c = cfg_llama();
-	strcpy(c.arch, "qwen2");
-	c.n_head_kv = 1;
-	c.rope_style = KVI_ROPE_HALVES;
-	c.rope_base = 1000000;
-	c.rms_eps = 1e-6f;
-	c.has_qkv_bias = 1;
-	c.tied_output = 1;
-	return c;
-}
-
-/* Odd sizes (float weight types only): SIMD tails, partial RoPE, head_dim 15. */
-static struct kvi_config cfg_odd(void)
-{
-	struct kvi_config c = cfg_llama();
-	c.n_embd = 60;
-	c.n_head = 4;
-	c.head_dim = 15;
-	c.rope_dim = 14;
-	c.n_ff = 100;
-	c.n_vocab = 37;
-	return c;
-}
-
 static const enum kvi_dtype dtypes[] = {KVI_F32, KVI_F16, KVI_BF16, KVI_Q8_0};
-
-static void tokens(int32_t *t, int n, int vocab, unsigned seed)
-{
-	for (int i = 0; i < n; i++) {
-		seed = seed * 1103515245u + 12345u;
-		t[i] = (int32_t)((seed >> 8) % (unsigned)vocab);
-	}
-}
 
 static struct kvi_engine *engine(const struct kvi_model *m, int threads, int chunk, int B, int isa)
 {
@@ -77,16 +38,6 @@ static struct kvi_engine *engine(const struct kvi_model *m, int threads, int chu
 	return e;
 }
 
-static double rel_err(const float *a, const float *ref, int n)
-{
-	double mx = 1, d = 0;
-	for (int i = 0; i < n; i++) {
-		mx = fmax(mx, fabs(ref[i]));
-		d = fmax(d, fabs((double)a[i] - ref[i]));
-	}
-	return d / mx;
-}
-
 /* Prefill P0 tokens (chunk 8), decode the rest one by one; every logits row against the
  * reference's. Returns the worst relative error. */
 static double vs_reference(const struct kvi_config *c, enum kvi_dtype wt, int isa)
@@ -96,7 +47,7 @@ static double vs_reference(const struct kvi_config *c, enum kvi_dtype wt, int is
 	assert_non_null(m);
 	int V = c->n_vocab;
 	int32_t tok[P];
-	tokens(tok, P, V, 5);
+	ref_tokens(tok, P, V, 5);
 	float *ref = malloc(sizeof(float) * V * P), *got = malloc(sizeof(float) * V);
 	struct ref_fwd *r;
 	assert_int_equal(ref_fwd_create(m, P, &r), 0);
@@ -108,10 +59,10 @@ static double vs_reference(const struct kvi_config *c, enum kvi_dtype wt, int is
 	struct kvi_seq *s;
 	assert_int_equal(kvi_seq_create(kvi_engine_kv(e), &s), 0);
 	assert_int_equal(kvi_engine_prefill(e, s, tok, P0, got), 0);
-	double worst = rel_err(got, ref + (size_t)(P0 - 1) * V, V);
+	double worst = ref_rel_err(got, ref + (size_t)(P0 - 1) * V, V);
 	for (int i = P0; i < P; i++) {
 		assert_int_equal(kvi_engine_decode(e, &s, &tok[i], 1, got), 0);
-		worst = fmax(worst, rel_err(got, ref + (size_t)i * V, V));
+		worst = fmax(worst, ref_rel_err(got, ref + (size_t)i * V, V));
 	}
 	assert_int_equal(kvi_seq_len(s), P);
 	kvi_seq_destroy(s);
@@ -125,7 +76,7 @@ static double vs_reference(const struct kvi_config *c, enum kvi_dtype wt, int is
 static void check_vs_reference(enum kvi_dtype wt)
 {
 	double tol = wt == KVI_Q8_0 ? 6e-2 : 2e-3;
-	struct kvi_config cfgs[3] = {cfg_llama(), cfg_qwen(), cfg_odd()};
+	struct kvi_config cfgs[3] = {ref_cfg_tiny_llama(203), ref_cfg_tiny_qwen(), ref_cfg_odd()};
 	int ncfg = wt == KVI_Q8_0 ? 2 : 3;
 	int isas[2] = {KVK_ISA_SCALAR, kvk_isa_best()};
 	for (int ci = 0; ci < ncfg; ci++)
@@ -183,7 +134,7 @@ static void test_chunk_invariance(void **st)
 {
 	(void)st;
 	enum { N = 100 };
-	struct kvi_config cfgs[3] = {cfg_llama(), cfg_qwen(), cfg_odd()};
+	struct kvi_config cfgs[3] = {ref_cfg_tiny_llama(203), ref_cfg_tiny_qwen(), ref_cfg_odd()};
 	for (int ci = 0; ci < 3; ci++)
 		for (size_t di = 0; di < 4; di++) {
 			if (ci == 2 && dtypes[di] == KVI_Q8_0)
@@ -191,7 +142,7 @@ static void test_chunk_invariance(void **st)
 			struct kvi_model *m = ref_model_random(&cfgs[ci], dtypes[di], 3 + di);
 			int V = cfgs[ci].n_vocab;
 			int32_t tok[N];
-			tokens(tok, N, V, 9);
+			ref_tokens(tok, N, V, 9);
 			size_t bb = (size_t)cfgs[ci].n_layer * 2 * 16 * cfgs[ci].n_head_kv *
 				    cfgs[ci].head_dim * 2;
 			float *l0 = malloc(V * 4), *l1 = malloc(V * 4);
@@ -222,7 +173,7 @@ static void test_chunk_invariance(void **st)
 static void test_decode_batch(void **st)
 {
 	(void)st;
-	struct kvi_config c = cfg_qwen();
+	struct kvi_config c = ref_cfg_tiny_qwen();
 	for (size_t di = 0; di < 4; di++) {
 		struct kvi_model *m = ref_model_random(&c, dtypes[di], 21);
 		int V = c.n_vocab;
@@ -231,7 +182,7 @@ static void test_decode_batch(void **st)
 		int32_t tok[3][40], next[3] = {1, 2, 3};
 		float *alone = malloc(3 * V * 4), *batch = malloc(3 * V * 4);
 		for (int i = 0; i < 3; i++) {
-			tokens(tok[i], 40, V, 100 + i);
+			ref_tokens(tok[i], 40, V, 100 + i);
 			assert_int_equal(kvi_seq_create(kvi_engine_kv(e), &s[i]), 0);
 			assert_int_equal(kvi_engine_prefill(e, s[i], tok[i], 10 + 13 * i, NULL), 0);
 		}
@@ -256,15 +207,6 @@ static void test_decode_batch(void **st)
 	}
 }
 
-static int argmax(const float *l, int n)
-{
-	int b = 0;
-	for (int i = 1; i < n; i++)
-		if (l[i] > l[b])
-			b = i;
-	return b;
-}
-
 /* Greedy: prompt, then gen tokens; writes the tokens and the last logits. */
 static void greedy(struct kvi_engine *e, struct kvi_seq *s, const int32_t *prompt, int n, int gen,
 		   int32_t *out, float *logits)
@@ -272,7 +214,7 @@ static void greedy(struct kvi_engine *e, struct kvi_seq *s, const int32_t *promp
 	int V = kvi_engine_config(e)->n_vocab;
 	assert_int_equal(kvi_engine_prefill(e, s, prompt, n, logits), 0);
 	for (int i = 0; i < gen; i++) {
-		out[i] = argmax(logits, V);
+		out[i] = ref_argmax(logits, V);
 		assert_int_equal(kvi_engine_decode(e, &s, &out[i], 1, logits), 0);
 	}
 }
@@ -283,13 +225,13 @@ static void test_kv_export_import(void **st)
 {
 	(void)st;
 	enum { N = 75, GEN = 12, B = 16 };
-	struct kvi_config cfgs[2] = {cfg_llama(), cfg_qwen()};
+	struct kvi_config cfgs[2] = {ref_cfg_tiny_llama(203), ref_cfg_tiny_qwen()};
 	for (int ci = 0; ci < 2; ci++)
 		for (size_t di = 0; di < 4; di++) {
 			struct kvi_model *m = ref_model_random(&cfgs[ci], dtypes[di], 31);
 			int V = cfgs[ci].n_vocab;
 			int32_t tok[N], cold[GEN], warm[GEN];
-			tokens(tok, N, V, 77);
+			ref_tokens(tok, N, V, 77);
 			float *lc = malloc(V * 4), *lw = malloc(V * 4);
 
 			struct kvi_engine *e = engine(m, 2, 64, B, 0);
@@ -340,11 +282,11 @@ static void test_kv_export_import(void **st)
 static void test_fork_cow(void **st)
 {
 	(void)st;
-	struct kvi_config c = cfg_llama();
+	struct kvi_config c = ref_cfg_tiny_llama(203);
 	struct kvi_model *m = ref_model_random(&c, KVI_F16, 41);
 	int V = c.n_vocab;
 	int32_t a[30], b[30];
-	tokens(a, 30, V, 1);
+	ref_tokens(a, 30, V, 1);
 	memcpy(b, a, sizeof(a));
 	for (int i = 20; i < 30; i++)
 		b[i] = (a[i] + 1) % V;
@@ -377,11 +319,11 @@ static void test_fork_cow(void **st)
 static void test_greedy_deterministic(void **st)
 {
 	(void)st;
-	struct kvi_config c = cfg_qwen();
+	struct kvi_config c = ref_cfg_tiny_qwen();
 	struct kvi_model *m = ref_model_random(&c, KVI_Q8_0, 51);
 	int V = c.n_vocab;
 	int32_t p[20], g1[30], g2[30];
-	tokens(p, 20, V, 3);
+	ref_tokens(p, 20, V, 3);
 	float *l = malloc(V * 4), *l1 = malloc(V * 4);
 	for (int run = 0; run < 2; run++) {
 		struct kvi_engine *e = engine(m, 1 + run, 64, 16, 0);
@@ -401,7 +343,7 @@ static void test_greedy_deterministic(void **st)
 static void test_errors(void **st)
 {
 	(void)st;
-	struct kvi_config c = cfg_llama();
+	struct kvi_config c = ref_cfg_tiny_llama(203);
 	struct kvi_model *m = ref_model_random(&c, KVI_F32, 61);
 	struct kvi_engine_opts o;
 	kvi_engine_opts_default(&o);
@@ -453,7 +395,7 @@ static void test_matmul_invariance(void **st)
 			size_t n = ns[ni];
 			if (wt == KVK_W_Q8_0 && n % 32)
 				continue;
-			struct kvi_config c = cfg_llama();
+			struct kvi_config c = ref_cfg_tiny_llama(203);
 			c.n_embd = (int)n;
 			c.n_vocab = ROWS;
 			c.n_layer = 0;

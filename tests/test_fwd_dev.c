@@ -49,28 +49,10 @@ static int QUICK;
  * logit by far less than 1e-3 (an indexing bug moves it by O(1)). */
 static double SELF_TOL = 0;
 
-static struct kvi_config cfg_llama(void)
-{
-	return ref_cfg_tiny_llama(203);
-}
-
-static struct kvi_config cfg_qwen(void)
-{
-	struct kvi_config c = cfg_llama();
-	strcpy(c.arch, "qwen2");
-	c.n_head_kv = 1;
-	c.rope_style = KVI_ROPE_HALVES;
-	c.rope_base = 1000000;
-	c.rms_eps = 1e-6f;
-	c.has_qkv_bias = 1;
-	c.tied_output = 1;
-	return c;
-}
-
 /* Real-model-like heads: head_dim 64, GQA group 4, partial rotary (rope_dim 32), halves. */
 static struct kvi_config cfg_wide(void)
 {
-	struct kvi_config c = cfg_llama();
+	struct kvi_config c = ref_cfg_tiny_llama(203);
 	strcpy(c.arch, "wide");
 	c.n_embd = 128;
 	c.n_head = 8;
@@ -104,14 +86,6 @@ static const char *tname(enum kvi_dtype wt)
 	return wt == KVI_F32 ? "f32" : wt == KVI_F16 ? "f16" : wt == KVI_BF16 ? "bf16" : "q8_0";
 }
 
-static void tokens(int32_t *t, int n, int vocab, unsigned seed)
-{
-	for (int i = 0; i < n; i++) {
-		seed = seed * 1103515245u + 12345u;
-		t[i] = (int32_t)((seed >> 8) % (unsigned)vocab);
-	}
-}
-
 static void opts(struct kvi_engine_opts *o, int chunk, int B)
 {
 	kvi_engine_opts_default(o);
@@ -141,31 +115,41 @@ static struct kvi_dev_engine *dev_engine(const struct kvi_model *m, int chunk, i
 	return e;
 }
 
-static double rel_err(const float *a, const float *ref, int n)
+/* One engine of either kind, for the checks that run the same steps on both: exactly one of
+ * de, ce is set. */
+struct either {
+	struct kvi_dev_engine *de;
+	struct kvi_engine *ce;
+};
+
+static struct either either_make(const struct kvi_model *m, int cpu, int chunk, int B)
 {
-	double mx = 1, d = 0;
-	for (int i = 0; i < n; i++) {
-		mx = fmax(mx, fabs(ref[i]));
-		d = fmax(d, fabs((double)a[i] - ref[i]));
-		if (isnan(a[i]))
-			return INFINITY;
-	}
-	return d / mx;
+	struct either e = {cpu ? NULL : dev_engine(m, chunk, B),
+			   cpu ? cpu_engine(m, chunk, B) : NULL};
+	return e;
 }
 
-static int argmax(const float *l, int n)
+static struct kvi_kv *either_kv(struct either e)
 {
-	int b = 0;
-	for (int i = 1; i < n; i++)
-		if (l[i] > l[b])
-			b = i;
-	return b;
+	return e.de ? kvi_dev_engine_kv(e.de) : kvi_engine_kv(e.ce);
+}
+
+static int either_prefill(struct either e, struct kvi_seq *s, const int32_t *tok, int n, float *l)
+{
+	return e.de ? kvi_dev_engine_prefill(e.de, s, tok, n, l)
+		    : kvi_engine_prefill(e.ce, s, tok, n, l);
+}
+
+static void either_destroy(struct either e)
+{
+	kvi_dev_engine_destroy(e.de);
+	kvi_engine_destroy(e.ce);
 }
 
 /* Top-1 minus top-2 logit. */
 static double margin(const float *l, int n)
 {
-	int b = argmax(l, n);
+	int b = ref_argmax(l, n);
 	double second = -INFINITY;
 	for (int i = 0; i < n; i++)
 		if (i != b && l[i] > second)
@@ -187,7 +171,7 @@ static void cpu_run(const struct kvi_model *m, int32_t *tok, float *rows)
 	assert_int_equal(kvi_seq_create(kvi_engine_kv(e), &s), 0);
 	assert_int_equal(kvi_engine_prefill(e, s, tok, P0, rows), 0);
 	for (int i = P0; i < P; i++) {
-		tok[i] = argmax(rows + (size_t)(i - P0) * V, V);
+		tok[i] = ref_argmax(rows + (size_t)(i - P0) * V, V);
 		assert_int_equal(
 		    kvi_engine_decode(e, &s, &tok[i], 1, rows + (size_t)(i - P0 + 1) * V), 0);
 	}
@@ -197,7 +181,7 @@ static void cpu_run(const struct kvi_model *m, int32_t *tok, float *rows)
 
 static void check_vs_cpu(enum kvi_dtype wt)
 {
-	struct kvi_config cfgs[3] = {cfg_llama(), cfg_qwen(), cfg_wide()};
+	struct kvi_config cfgs[3] = {ref_cfg_tiny_llama(203), ref_cfg_tiny_qwen(), cfg_wide()};
 	const int chunks[] = {64, 1, 5, 7};
 	double tol = tol_of(wt);
 	if (QUICK && wt != KVI_F16 && wt != KVI_Q8_0)
@@ -207,7 +191,7 @@ static void check_vs_cpu(enum kvi_dtype wt)
 		assert_non_null(m);
 		int V = cfgs[ci].n_vocab, R = P - P0 + 1;
 		int32_t tok[P];
-		tokens(tok, P0, V, 5);
+		ref_tokens(tok, P0, V, 5);
 		float *cpu = malloc(sizeof(float) * V * R), *got = malloc(sizeof(float) * V);
 		float *first = malloc(sizeof(float) * V);
 		cpu_run(m, tok, cpu);
@@ -218,20 +202,21 @@ static void check_vs_cpu(enum kvi_dtype wt)
 			struct kvi_seq *s;
 			assert_int_equal(kvi_seq_create(kvi_dev_engine_kv(e), &s), 0);
 			assert_int_equal(kvi_dev_engine_prefill(e, s, tok, P0, got), 0);
-			worst = fmax(worst, rel_err(got, cpu, V));
+			worst = fmax(worst, ref_rel_err(got, cpu, V));
 			if (k == 0)
 				memcpy(first, got, sizeof(float) * V);
 			else
-				self = fmax(self, rel_err(got, first, V));
+				self = fmax(self, ref_rel_err(got, first, V));
 			for (int i = P0; i < P; i++) {
 				const float *ref = cpu + (size_t)(i - P0) * V;
 				if (k == 0 &&
-				    margin(ref, V) > 2 * tol * fmax(1, fabs(ref[argmax(ref, V)]))) {
+				    margin(ref, V) >
+					2 * tol * fmax(1, fabs(ref[ref_argmax(ref, V)]))) {
 					compared++;
-					agreed += argmax(got, V) == tok[i];
+					agreed += ref_argmax(got, V) == tok[i];
 				}
 				assert_int_equal(kvi_dev_engine_decode(e, &s, &tok[i], 1, got), 0);
-				worst = fmax(worst, rel_err(got, ref + V, V));
+				worst = fmax(worst, ref_rel_err(got, ref + V, V));
 			}
 			assert_int_equal(kvi_seq_len(s), P);
 			kvi_seq_destroy(s);
@@ -281,7 +266,7 @@ static void test_vs_cpu_q8_0(void **st)
 static void test_decode_batch(void **st)
 {
 	(void)st;
-	struct kvi_config c = cfg_qwen();
+	struct kvi_config c = ref_cfg_tiny_qwen();
 	for (size_t di = DT_FIRST; di < DT_END; di++) {
 		struct kvi_model *m = ref_model_random(&c, dtypes[di], 21);
 		int V = c.n_vocab;
@@ -292,7 +277,7 @@ static void test_decode_batch(void **st)
 		float *alone = malloc(3 * V * 4), *batch = malloc(3 * V * 4),
 		      *cpu = malloc(3 * V * 4);
 		for (int i = 0; i < 3; i++) {
-			tokens(tok[i], 40, V, 100 + i);
+			ref_tokens(tok[i], 40, V, 100 + i);
 			assert_int_equal(kvi_seq_create(kvi_dev_engine_kv(e), &s[i]), 0);
 			assert_int_equal(kvi_dev_engine_prefill(e, s[i], tok[i], 10 + 13 * i, NULL),
 					 0);
@@ -321,11 +306,12 @@ static void test_decode_batch(void **st)
 		assert_int_equal(kvi_dev_engine_decode(e, s, next, 3, batch), 0);
 		assert_int_equal(kvi_engine_decode(ce, cs, next, 3, cpu), 0);
 		for (int i = 0; i < 3; i++)
-			assert_true(rel_err(split + i * V, batch + i * V, V) <= SELF_TOL);
+			assert_true(ref_rel_err(split + i * V, batch + i * V, V) <= SELF_TOL);
 		free(split);
 		for (int i = 0; i < 3; i++) {
-			assert_true(rel_err(batch + i * V, alone + i * V, V) <= SELF_TOL);
-			assert_true(rel_err(batch + i * V, cpu + i * V, V) <= tol_of(dtypes[di]));
+			assert_true(ref_rel_err(batch + i * V, alone + i * V, V) <= SELF_TOL);
+			assert_true(ref_rel_err(batch + i * V, cpu + i * V, V) <=
+				    tol_of(dtypes[di]));
 			assert_int_equal(kvi_seq_len(s[i]), 11 + 13 * i);
 		}
 		struct kvi_seq *dup[2] = {s[0], s[0]};
@@ -347,11 +333,11 @@ static void test_decode_batch(void **st)
 static void test_fork_cow(void **st)
 {
 	(void)st;
-	struct kvi_config c = cfg_llama();
+	struct kvi_config c = ref_cfg_tiny_llama(203);
 	struct kvi_model *m = ref_model_random(&c, KVI_F16, 41);
 	int V = c.n_vocab;
 	int32_t a[30], b[30];
-	tokens(a, 30, V, 1);
+	ref_tokens(a, 30, V, 1);
 	memcpy(b, a, sizeof(a));
 	for (int i = 20; i < 30; i++)
 		b[i] = (a[i] + 1) % V;
@@ -369,11 +355,11 @@ static void test_fork_cow(void **st)
 	assert_int_equal(kvi_seq_blocks(s)[0], kvi_seq_blocks(f)[0]);
 	assert_int_equal(kvi_seq_create(kv, &cold), 0);
 	assert_int_equal(kvi_dev_engine_prefill(e, cold, b, 30, ref), 0);
-	assert_true(rel_err(lb, ref, V) <= SELF_TOL);
+	assert_true(ref_rel_err(lb, ref, V) <= SELF_TOL);
 	kvi_seq_destroy(cold);
 	assert_int_equal(kvi_seq_create(kv, &cold), 0);
 	assert_int_equal(kvi_dev_engine_prefill(e, cold, a, 30, ref), 0);
-	assert_true(rel_err(la, ref, V) <= SELF_TOL);
+	assert_true(ref_rel_err(la, ref, V) <= SELF_TOL);
 	kvi_seq_destroy(cold);
 	kvi_seq_destroy(s);
 	kvi_seq_destroy(f);
@@ -389,25 +375,21 @@ static void test_export_import(void **st)
 {
 	(void)st;
 	enum { N = 75, B = 16, NFULL = N / B };
-	struct kvi_config c = cfg_qwen();
+	struct kvi_config c = ref_cfg_tiny_qwen();
 	for (size_t di = DT_FIRST; di < DT_END; di++) {
 		struct kvi_model *m = ref_model_random(&c, dtypes[di], 31);
 		int V = c.n_vocab;
 		double tol = tol_of(dtypes[di]);
 		int32_t tok[N];
-		tokens(tok, N, V, 77);
+		ref_tokens(tok, N, V, 77);
 		float *dcold = malloc(V * 4), *ccold = malloc(V * 4), *got = malloc(V * 4);
 		uint8_t *dbuf = NULL, *cbuf = NULL;
 		for (int side = 0; side < 2; side++) { /* 0: device engine exports, 1: CPU */
-			struct kvi_dev_engine *de = side ? NULL : dev_engine(m, 7, B);
-			struct kvi_engine *ce = side ? cpu_engine(m, 7, B) : NULL;
-			struct kvi_kv *kv = side ? kvi_engine_kv(ce) : kvi_dev_engine_kv(de);
+			struct either e = either_make(m, side, 7, B);
+			struct kvi_kv *kv = either_kv(e);
 			struct kvi_seq *s;
 			assert_int_equal(kvi_seq_create(kv, &s), 0);
-			if (side)
-				assert_int_equal(kvi_engine_prefill(ce, s, tok, N, ccold), 0);
-			else
-				assert_int_equal(kvi_dev_engine_prefill(de, s, tok, N, dcold), 0);
+			assert_int_equal(either_prefill(e, s, tok, N, side ? ccold : dcold), 0);
 			size_t bb = kvi_kv_block_bytes(kv);
 			uint8_t *buf = malloc(bb * NFULL);
 			for (int b = 0; b < NFULL; b++)
@@ -416,17 +398,14 @@ static void test_export_import(void **st)
 				    (long)bb);
 			*(side ? &cbuf : &dbuf) = buf;
 			kvi_seq_destroy(s);
-			kvi_dev_engine_destroy(de);
-			kvi_engine_destroy(ce);
+			either_destroy(e);
 		}
-		assert_true(rel_err(dcold, ccold, V) <= tol);
+		assert_true(ref_rel_err(dcold, ccold, V) <= tol);
 		/* into: 0 a device engine, 1 a CPU engine; from: 0 device blocks, 1 CPU blocks */
 		for (int into = 0; into < 2; into++)
 			for (int from = 0; from < 2; from++) {
-				struct kvi_dev_engine *de = into ? NULL : dev_engine(m, 64, B);
-				struct kvi_engine *ce = into ? cpu_engine(m, 64, B) : NULL;
-				struct kvi_kv *kv =
-				    into ? kvi_engine_kv(ce) : kvi_dev_engine_kv(de);
+				struct either e = either_make(m, into, 64, B);
+				struct kvi_kv *kv = either_kv(e);
 				size_t bb = kvi_kv_block_bytes(kv);
 				int junk = kvi_kv_block_alloc(kv), ids[NFULL];
 				for (int b = 0; b < NFULL; b++) {
@@ -441,23 +420,15 @@ static void test_export_import(void **st)
 				assert_int_equal(kvi_seq_attach(s, ids, NFULL, NFULL * B), 0);
 				for (int b = 0; b < NFULL; b++)
 					assert_int_equal(kvi_kv_block_unref(kv, ids[b]), 0);
-				if (into)
-					assert_int_equal(kvi_engine_prefill(ce, s, tok + NFULL * B,
-									    N - NFULL * B, got),
-							 0);
-				else
-					assert_int_equal(kvi_dev_engine_prefill(de, s,
-										tok + NFULL * B,
-										N - NFULL * B, got),
-							 0);
+				assert_int_equal(
+				    either_prefill(e, s, tok + NFULL * B, N - NFULL * B, got), 0);
 				/* same engine kind and same blocks: as its own cold run */
 				const float *cold = into ? ccold : dcold;
 				double lim = into == from ? (into ? 0 : SELF_TOL) : tol;
-				assert_true(rel_err(got, cold, V) <= lim);
+				assert_true(ref_rel_err(got, cold, V) <= lim);
 				kvi_seq_destroy(s);
 				assert_int_equal(kvi_kv_block_unref(kv, junk), 0);
-				kvi_dev_engine_destroy(de);
-				kvi_engine_destroy(ce);
+				either_destroy(e);
 			}
 		free(dbuf), free(cbuf), free(dcold), free(ccold), free(got);
 		ref_model_free(m);
@@ -517,7 +488,7 @@ static void test_backend_tables(void **st)
 static void test_errors(void **st)
 {
 	(void)st;
-	struct kvi_config c = cfg_llama();
+	struct kvi_config c = ref_cfg_tiny_llama(203);
 	struct kvi_model *m = ref_model_random(&c, KVI_F32, 61);
 	struct kvi_engine_opts o;
 	opts(&o, 64, 16);
@@ -559,10 +530,7 @@ static void test_errors(void **st)
 	assert_int_equal(kvi_dev_engine_create(m, &o, 99, 0, &e), -EINVAL);
 	assert_null(e);
 	ref_model_free(m);
-	struct kvi_config odd = cfg_llama();
-	odd.n_embd = 60;
-	odd.head_dim = 15;
-	odd.rope_dim = 14;
+	struct kvi_config odd = ref_cfg_odd();
 	m = ref_model_random(&odd, KVI_F32, 62);
 	assert_int_equal(kvi_dev_engine_create(m, &o, BACKEND, 0, &e), -EINVAL);
 	ref_model_free(m);
@@ -580,12 +548,12 @@ static void test_errors(void **st)
 
 static char ROOT[256];
 
-/* Engine (device when de != NULL) + kvx on dir: load the prefix, prefill the rest, save, flush.
- * Returns the cached token count; logits after the prompt into l. */
-static int kvx_run(struct kvi_dev_engine *de, struct kvi_engine *ce, const struct kvi_model *m,
-		   const char *dir, const int32_t *prompt, int n, float *l, struct kvx_stats *st)
+/* Engine e + kvx on dir: load the prefix, prefill the rest, save, flush. Returns the cached
+ * token count; logits after the prompt into l. */
+static int kvx_run(struct either e, const struct kvi_model *m, const char *dir,
+		   const int32_t *prompt, int n, float *l, struct kvx_stats *st)
 {
-	struct kvi_kv *kv = de ? kvi_dev_engine_kv(de) : kvi_engine_kv(ce);
+	struct kvi_kv *kv = either_kv(e);
 	struct kvx_opts xo;
 	kvx_opts_default(&xo);
 	xo.dir = dir;
@@ -597,10 +565,7 @@ static int kvx_run(struct kvi_dev_engine *de, struct kvi_engine *ce, const struc
 	int cached = 0;
 	assert_int_equal(kvx_load_prefix(x, s, prompt, n, NULL, &cached), 0);
 	assert_int_equal(kvi_seq_len(s), cached);
-	if (de)
-		assert_int_equal(kvi_dev_engine_prefill(de, s, prompt + cached, n - cached, l), 0);
-	else
-		assert_int_equal(kvi_engine_prefill(ce, s, prompt + cached, n - cached, l), 0);
+	assert_int_equal(either_prefill(e, s, prompt + cached, n - cached, l), 0);
 	assert_true(kvx_save(x, s, prompt, n, NULL) >= 0);
 	kvx_flush(x);
 	kvx_stats_get(x, st);
@@ -615,13 +580,13 @@ static void test_kvx_roundtrip(void **st)
 {
 	(void)st;
 	enum { B = 16, N = 100, HIT = (N - 1) / B * B };
-	struct kvi_config c = cfg_llama();
+	struct kvi_config c = ref_cfg_tiny_llama(203);
 	for (size_t di = DT_FIRST; di < DT_END; di++) {
 		struct kvi_model *m = ref_model_random(&c, dtypes[di], 71);
 		int V = c.n_vocab;
 		double tol = tol_of(dtypes[di]);
 		int32_t tok[N];
-		tokens(tok, N, V, 9);
+		ref_tokens(tok, N, V, 9);
 		float *dcold = malloc(V * 4), *ccold = malloc(V * 4), *got = malloc(V * 4);
 		char ddir[300], cdir[300];
 		snprintf(ddir, sizeof(ddir), "%s/dev%zu", ROOT, di);
@@ -630,35 +595,32 @@ static void test_kvx_roundtrip(void **st)
 		assert_int_equal(mkdir(cdir, 0755), 0);
 		struct kvx_stats xs;
 
-		struct kvi_dev_engine *de = dev_engine(m, 8, B);
-		assert_int_equal(kvx_run(de, NULL, m, ddir, tok, N, dcold, &xs), 0);
+		struct either e = either_make(m, 0, 8, B);
+		assert_int_equal(kvx_run(e, m, ddir, tok, N, dcold, &xs), 0);
 		assert_int_equal((int)xs.saved_blocks, N / B);
 		assert_int_equal((int)xs.save_errors, 0);
-		kvi_dev_engine_destroy(de);
-		struct kvi_engine *ce = cpu_engine(m, 8, B);
-		assert_int_equal(kvx_run(NULL, ce, m, cdir, tok, N, ccold, &xs), 0);
+		either_destroy(e);
+		e = either_make(m, 1, 8, B);
+		assert_int_equal(kvx_run(e, m, cdir, tok, N, ccold, &xs), 0);
 		assert_int_equal((int)xs.saved_blocks, N / B);
-		kvi_engine_destroy(ce);
-		assert_true(rel_err(dcold, ccold, V) <= tol);
+		either_destroy(e);
+		assert_true(ref_rel_err(dcold, ccold, V) <= tol);
 
 		for (int into = 0; into < 2; into++)
 			for (int from = 0; from < 2; from++) {
-				de = into ? NULL : dev_engine(m, 64, B);
-				ce = into ? cpu_engine(m, 64, B) : NULL;
-				int cached =
-				    kvx_run(de, ce, m, from ? cdir : ddir, tok, N, got, &xs);
+				e = either_make(m, into, 64, B);
+				int cached = kvx_run(e, m, from ? cdir : ddir, tok, N, got, &xs);
 				assert_int_equal(cached, HIT);
 				assert_int_equal((int)xs.hit_blocks, HIT / B);
 				const float *cold = into ? ccold : dcold;
 				double lim = into == from ? (into ? 0 : SELF_TOL) : tol;
-				double err = rel_err(got, cold, V);
+				double err = ref_rel_err(got, cold, V);
 				if (err > lim)
 					printf("  %s into %s from %s: err %.3g > %.3g\n",
 					       tname(dtypes[di]), into ? "cpu" : "dev",
 					       from ? "cpu" : "dev", err, lim);
 				assert_true(err <= lim);
-				kvi_dev_engine_destroy(de);
-				kvi_engine_destroy(ce);
+				either_destroy(e);
 			}
 		free(dcold), free(ccold), free(got);
 		ref_model_free(m);

@@ -66,15 +66,6 @@ static struct kvi_engine *engine(const struct kvi_model *m, int chunk)
 	return e;
 }
 
-static int argmax(const float *l, int n)
-{
-	int b = 0;
-	for (int i = 1; i < n; i++)
-		if (l[i] > l[b])
-			b = i;
-	return b;
-}
-
 /* Prefill (after a cache lookup when x != NULL), then NGEN greedy tokens; saves the prompt's
  * blocks and waits for the writer. */
 static void generate(struct kvi_engine *e, struct kvx *x, const int32_t *prompt, int n,
@@ -95,7 +86,7 @@ static void generate(struct kvi_engine *e, struct kvx *x, const int32_t *prompt,
 	if (x)
 		assert_true(kvx_save(x, s, prompt, n, salt) >= 0);
 	for (int i = 0; i < NGEN; i++) {
-		o->tokens[i] = argmax(l, V);
+		o->tokens[i] = ref_argmax(l, V);
 		if (i + 1 < NGEN)
 			assert_int_equal(kvi_engine_decode(e, &s, &o->tokens[i], 1, l), 0);
 	}
@@ -473,7 +464,7 @@ static void *race_main(void *arg)
 		float *l = malloc((size_t)V * sizeof(float));
 		memcpy(l, r->o.logits, (size_t)V * sizeof(float));
 		for (int i = 0; i < NGEN; i++) {
-			r->o.tokens[i] = argmax(l, V);
+			r->o.tokens[i] = ref_argmax(l, V);
 			if (i + 1 < NGEN)
 				kvi_engine_decode(e, &s, &r->o.tokens[i], 1, l);
 		}
@@ -655,11 +646,7 @@ static int setup(void **st)
 		return -1;
 	fingerprint(F->m, 1);
 	fingerprint(F->m2, 2);
-	unsigned seed = 12345;
-	for (int i = 0; i < NPROMPT; i++) {
-		seed = seed * 1103515245u + 12345u;
-		F->prompt[i] = (int32_t)((seed >> 8) % (unsigned)F->cfg.n_vocab);
-	}
+	ref_tokens(F->prompt, NPROMPT, F->cfg.n_vocab, 12345);
 	/* the reference: no cache, a different chunk size, prompt in one piece */
 	F->ref_logits = malloc((size_t)F->cfg.n_vocab * sizeof(float));
 	struct kvi_engine *e = engine(F->m, 64);
