@@ -386,37 +386,53 @@ static void test_attn_decode(void **state)
 
 /* ---- GEMM, Q8_0 ------------------------------------------------------------------------------ */
 
+/* n values random in [-1, 1] from s, stored as dt (F32, F16 or BF16). */
+static void fill_dt(void *p, size_t n, enum kvk_dtype dt, uint64_t *s)
+{
+	for (size_t j = 0; j < n; j++) {
+		float f = frand(s);
+		if (dt == KVK_DT_F32)
+			((float *)p)[j] = f;
+		else
+			((uint16_t *)p)[j] =
+			    dt == KVK_DT_BF16 ? kvk_ops_f32_to_bf16(f) : kvk_ops_f32_to_f16(f);
+	}
+}
+
+/* One GEMM of shape M x N x K against kvk_ref_gemm: A (M, K) then B (N, K) filled from s,
+ * |err| <= atol everywhere. */
+static void check_gemm(struct kvk_cuda_ctx *c, enum kvk_dtype dt, int M, int N, int K, uint64_t *s,
+		       double atol)
+{
+	size_t es = dt == KVK_DT_F32 ? 4 : 2, na = (size_t)M * K, nb = (size_t)N * K;
+	const char *name = dt == KVK_DT_F32 ? "f32" : dt == KVK_DT_BF16 ? "bf16" : "f16";
+	void *a = xmalloc(na * es), *b = xmalloc(nb * es);
+	fill_dt(a, na, dt, s);
+	fill_dt(b, nb, dt, s);
+	float *ref = xmalloc((size_t)M * N * 4), *got = xmalloc((size_t)M * N * 4);
+	assert_int_equal(kvk_ref_gemm(ref, a, b, dt, M, N, K), 0);
+	void *da = up(c, a, na * es), *db = up(c, b, nb * es);
+	float *dc = up(c, NULL, (size_t)M * N * 4);
+	assert_int_equal(kvk_cu_gemm(c, dc, da, db, dt, M, N, K), 0);
+	down(c, got, dc, (size_t)M * N * 4);
+	char lbl[96];
+	snprintf(lbl, sizeof(lbl), "gemm %s %d x %d x %d", name, M, N, K);
+	close_enough(lbl, got, ref, (size_t)M * N, atol, 0);
+	kvk_cuda_free(c, da), kvk_cuda_free(c, db), kvk_cuda_free(c, dc);
+	free(a), free(b), free(ref), free(got);
+}
+
 static void test_gemm(void **state)
 {
 	struct kvk_cuda_ctx *c = *state;
 	static const int shapes[][3] = {{1, 1, 1}, {17, 33, 65}, {128, 256, 512}, {300, 257, 1000}};
 	uint64_t s = 7;
+	/* Tensor-core f32 accumulation in another order: inputs in [-1, 1], so |err| <= 1e-3 *
+	 * sqrt(K) covers it with a wide margin. */
 	for (size_t i = 0; i < ncases(4); i++)
-		for (int bf = 0; bf < 2; bf++) {
-			int M = shapes[i][0], N = shapes[i][1], K = shapes[i][2];
-			uint16_t *a = xmalloc((size_t)M * K * 2), *b = xmalloc((size_t)N * K * 2);
-			for (size_t j = 0; j < (size_t)M * K; j++)
-				a[j] = bf ? kvk_ops_f32_to_bf16(frand(&s))
-					  : kvk_ops_f32_to_f16(frand(&s));
-			for (size_t j = 0; j < (size_t)N * K; j++)
-				b[j] = bf ? kvk_ops_f32_to_bf16(frand(&s))
-					  : kvk_ops_f32_to_f16(frand(&s));
-			enum kvk_dtype dt = bf ? KVK_DT_BF16 : KVK_DT_F16;
-			float *ref = xmalloc((size_t)M * N * 4), *got = xmalloc((size_t)M * N * 4);
-			assert_int_equal(kvk_ref_gemm(ref, a, b, dt, M, N, K), 0);
-			void *da = up(c, a, (size_t)M * K * 2), *db = up(c, b, (size_t)N * K * 2);
-			float *dc = up(c, NULL, (size_t)M * N * 4);
-			assert_int_equal(kvk_cu_gemm(c, dc, da, db, dt, M, N, K), 0);
-			down(c, got, dc, (size_t)M * N * 4);
-			/* Tensor-core f32 accumulation in another order: inputs in [-1, 1], so
-			 * |err| <= 1e-3 * sqrt(K) covers it with a wide margin. */
-			char lbl[96];
-			snprintf(lbl, sizeof(lbl), "gemm %s %d x %d x %d", bf ? "bf16" : "f16", M,
-				 N, K);
-			close_enough(lbl, got, ref, (size_t)M * N, 1e-3 * sqrt((double)K), 0);
-			kvk_cuda_free(c, da), kvk_cuda_free(c, db), kvk_cuda_free(c, dc);
-			free(a), free(b), free(ref), free(got);
-		}
+		for (int bf = 0; bf < 2; bf++)
+			check_gemm(c, bf ? KVK_DT_BF16 : KVK_DT_F16, shapes[i][0], shapes[i][1],
+				   shapes[i][2], &s, 1e-3 * sqrt((double)shapes[i][2]));
 }
 
 /* F32 GEMM (models stored in f32): CUBLAS_COMPUTE_32F, no TF32, so the same f32 products in
@@ -426,25 +442,9 @@ static void test_gemm_f32(void **state)
 	struct kvk_cuda_ctx *c = *state;
 	static const int shapes[][3] = {{1, 1, 1}, {17, 33, 65}, {64, 2048, 2048}, {3, 257, 1000}};
 	uint64_t s = 8;
-	for (size_t i = 0; i < ncases(4); i++) {
-		int M = shapes[i][0], N = shapes[i][1], K = shapes[i][2];
-		float *a = xmalloc((size_t)M * K * 4), *b = xmalloc((size_t)N * K * 4);
-		for (size_t j = 0; j < (size_t)M * K; j++)
-			a[j] = frand(&s);
-		for (size_t j = 0; j < (size_t)N * K; j++)
-			b[j] = frand(&s);
-		float *ref = xmalloc((size_t)M * N * 4), *got = xmalloc((size_t)M * N * 4);
-		assert_int_equal(kvk_ref_gemm(ref, a, b, KVK_DT_F32, M, N, K), 0);
-		void *da = up(c, a, (size_t)M * K * 4), *db = up(c, b, (size_t)N * K * 4);
-		float *dc = up(c, NULL, (size_t)M * N * 4);
-		assert_int_equal(kvk_cu_gemm(c, dc, da, db, KVK_DT_F32, M, N, K), 0);
-		down(c, got, dc, (size_t)M * N * 4);
-		char lbl[96];
-		snprintf(lbl, sizeof(lbl), "gemm f32 %d x %d x %d", M, N, K);
-		close_enough(lbl, got, ref, (size_t)M * N, 1e-5 * K, 0);
-		kvk_cuda_free(c, da), kvk_cuda_free(c, db), kvk_cuda_free(c, dc);
-		free(a), free(b), free(ref), free(got);
-	}
+	for (size_t i = 0; i < ncases(4); i++)
+		check_gemm(c, KVK_DT_F32, shapes[i][0], shapes[i][1], shapes[i][2], &s,
+			   1e-5 * shapes[i][2]);
 }
 
 /* add, add_bias: exact (one f32 addition per element); kv_store: exact (f16 rounding to
