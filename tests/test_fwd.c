@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include "fwd.h"
+#include "fwd_checks.h"
 #include "kvk.h"
 #include "ref_fwd.h"
 
@@ -284,35 +285,9 @@ static void test_fork_cow(void **st)
 	(void)st;
 	struct kvi_config c = ref_cfg_tiny_llama(203);
 	struct kvi_model *m = ref_model_random(&c, KVI_F16, 41);
-	int V = c.n_vocab;
-	int32_t a[30], b[30];
-	ref_tokens(a, 30, V, 1);
-	memcpy(b, a, sizeof(a));
-	for (int i = 20; i < 30; i++)
-		b[i] = (a[i] + 1) % V;
-	float *la = malloc(V * 4), *lb = malloc(V * 4), *ref = malloc(V * 4);
 	struct kvi_engine *e = engine(m, 2, 64, 16, 0);
-	struct kvi_seq *s, *f, *cold;
-	assert_int_equal(kvi_seq_create(kvi_engine_kv(e), &s), 0);
-	assert_int_equal(kvi_engine_prefill(e, s, a, 20, NULL), 0);
-	assert_int_equal(kvi_seq_fork(s, &f), 0);
-	assert_int_equal(kvi_kv_block_refcount(kvi_engine_kv(e), kvi_seq_blocks(s)[1]), 2);
-	assert_int_equal(kvi_engine_prefill(e, s, a + 20, 10, la), 0);
-	assert_int_equal(kvi_engine_prefill(e, f, b + 20, 10, lb), 0);
-	assert_int_not_equal(kvi_seq_blocks(s)[1], kvi_seq_blocks(f)[1]);
-	assert_int_equal(kvi_seq_blocks(s)[0], kvi_seq_blocks(f)[0]);
-	assert_int_equal(kvi_seq_create(kvi_engine_kv(e), &cold), 0);
-	assert_int_equal(kvi_engine_prefill(e, cold, b, 30, ref), 0);
-	assert_memory_equal(lb, ref, (size_t)V * 4);
-	kvi_seq_destroy(cold);
-	assert_int_equal(kvi_seq_create(kvi_engine_kv(e), &cold), 0);
-	assert_int_equal(kvi_engine_prefill(e, cold, a, 30, ref), 0);
-	assert_memory_equal(la, ref, (size_t)V * 4);
-	kvi_seq_destroy(cold);
-	kvi_seq_destroy(s);
-	kvi_seq_destroy(f);
+	fwdc_fork_cow((struct fwdc_engine){.ce = e}, c.n_vocab, -1);
 	kvi_engine_destroy(e);
-	free(la), free(lb), free(ref);
 	ref_model_free(m);
 }
 
@@ -352,23 +327,7 @@ static void test_errors(void **st)
 	o.kv_blocks = 3;
 	struct kvi_engine *e;
 	assert_int_equal(kvi_engine_create(m, &o, &e), 0);
-	struct kvi_seq *s, *s2;
-	assert_int_equal(kvi_seq_create(kvi_engine_kv(e), &s), 0);
-	int32_t t[50] = {0};
-	t[3] = c.n_vocab; /* out of range */
-	assert_int_equal(kvi_engine_prefill(e, s, t, 5, NULL), -EINVAL);
-	t[3] = -1;
-	assert_int_equal(kvi_engine_prefill(e, s, t, 5, NULL), -EINVAL);
-	t[3] = 0;
-	assert_int_equal(kvi_engine_prefill(e, s, t, 0, NULL), -EINVAL);
-	assert_int_equal(kvi_engine_prefill(e, s, t, 41, NULL), -E2BIG);
-	assert_int_equal(kvi_engine_prefill(e, s, t, 40, NULL), 0);
-	assert_int_equal(kvi_engine_decode(e, &s, t, 1, NULL), -E2BIG);
-	assert_int_equal(kvi_seq_create(kvi_engine_kv(e), &s2), 0);
-	assert_int_equal(kvi_engine_prefill(e, s2, t, 20, NULL), -ENOSPC); /* 3 blocks in use */
-	assert_int_equal(kvi_seq_len(s2), 0);
-	kvi_seq_destroy(s2);
-	kvi_seq_destroy(s);
+	fwdc_limits((struct fwdc_engine){.ce = e}, c.n_vocab);
 	kvi_engine_destroy(e);
 
 	/* a wrong shape is refused at create, not crashed on later */

@@ -30,6 +30,7 @@
 #include <cmocka.h>
 
 #include "fwd.h"
+#include "fwd_checks.h"
 #include "fwd_dev.h"
 #include "kvk.h"
 #include "kvk_cuda.h"
@@ -115,35 +116,13 @@ static struct kvi_dev_engine *dev_engine(const struct kvi_model *m, int chunk, i
 	return e;
 }
 
-/* One engine of either kind, for the checks that run the same steps on both: exactly one of
- * de, ce is set. */
-struct either {
-	struct kvi_dev_engine *de;
-	struct kvi_engine *ce;
-};
-
-static struct either either_make(const struct kvi_model *m, int cpu, int chunk, int B)
+/* An engine of either kind (cpu: the CPU engine), for the checks that run the same steps on
+ * both. */
+static struct fwdc_engine make_engine(const struct kvi_model *m, int cpu, int chunk, int B)
 {
-	struct either e = {cpu ? NULL : dev_engine(m, chunk, B),
-			   cpu ? cpu_engine(m, chunk, B) : NULL};
+	struct fwdc_engine e = {cpu ? NULL : dev_engine(m, chunk, B),
+				cpu ? cpu_engine(m, chunk, B) : NULL};
 	return e;
-}
-
-static struct kvi_kv *either_kv(struct either e)
-{
-	return e.de ? kvi_dev_engine_kv(e.de) : kvi_engine_kv(e.ce);
-}
-
-static int either_prefill(struct either e, struct kvi_seq *s, const int32_t *tok, int n, float *l)
-{
-	return e.de ? kvi_dev_engine_prefill(e.de, s, tok, n, l)
-		    : kvi_engine_prefill(e.ce, s, tok, n, l);
-}
-
-static void either_destroy(struct either e)
-{
-	kvi_dev_engine_destroy(e.de);
-	kvi_engine_destroy(e.ce);
 }
 
 /* Top-1 minus top-2 logit. */
@@ -335,36 +314,9 @@ static void test_fork_cow(void **st)
 	(void)st;
 	struct kvi_config c = ref_cfg_tiny_llama(203);
 	struct kvi_model *m = ref_model_random(&c, KVI_F16, 41);
-	int V = c.n_vocab;
-	int32_t a[30], b[30];
-	ref_tokens(a, 30, V, 1);
-	memcpy(b, a, sizeof(a));
-	for (int i = 20; i < 30; i++)
-		b[i] = (a[i] + 1) % V;
-	float *la = malloc(V * 4), *lb = malloc(V * 4), *ref = malloc(V * 4);
 	struct kvi_dev_engine *e = dev_engine(m, 64, 16);
-	struct kvi_kv *kv = kvi_dev_engine_kv(e);
-	struct kvi_seq *s, *f, *cold;
-	assert_int_equal(kvi_seq_create(kv, &s), 0);
-	assert_int_equal(kvi_dev_engine_prefill(e, s, a, 20, NULL), 0);
-	assert_int_equal(kvi_seq_fork(s, &f), 0);
-	assert_int_equal(kvi_kv_block_refcount(kv, kvi_seq_blocks(s)[1]), 2);
-	assert_int_equal(kvi_dev_engine_prefill(e, s, a + 20, 10, la), 0);
-	assert_int_equal(kvi_dev_engine_prefill(e, f, b + 20, 10, lb), 0);
-	assert_int_not_equal(kvi_seq_blocks(s)[1], kvi_seq_blocks(f)[1]);
-	assert_int_equal(kvi_seq_blocks(s)[0], kvi_seq_blocks(f)[0]);
-	assert_int_equal(kvi_seq_create(kv, &cold), 0);
-	assert_int_equal(kvi_dev_engine_prefill(e, cold, b, 30, ref), 0);
-	assert_true(ref_rel_err(lb, ref, V) <= SELF_TOL);
-	kvi_seq_destroy(cold);
-	assert_int_equal(kvi_seq_create(kv, &cold), 0);
-	assert_int_equal(kvi_dev_engine_prefill(e, cold, a, 30, ref), 0);
-	assert_true(ref_rel_err(la, ref, V) <= SELF_TOL);
-	kvi_seq_destroy(cold);
-	kvi_seq_destroy(s);
-	kvi_seq_destroy(f);
+	fwdc_fork_cow((struct fwdc_engine){.de = e}, c.n_vocab, SELF_TOL);
 	kvi_dev_engine_destroy(e);
-	free(la), free(lb), free(ref);
 	ref_model_free(m);
 }
 
@@ -385,11 +337,11 @@ static void test_export_import(void **st)
 		float *dcold = malloc(V * 4), *ccold = malloc(V * 4), *got = malloc(V * 4);
 		uint8_t *dbuf = NULL, *cbuf = NULL;
 		for (int side = 0; side < 2; side++) { /* 0: device engine exports, 1: CPU */
-			struct either e = either_make(m, side, 7, B);
-			struct kvi_kv *kv = either_kv(e);
+			struct fwdc_engine e = make_engine(m, side, 7, B);
+			struct kvi_kv *kv = fwdc_kv(e);
 			struct kvi_seq *s;
 			assert_int_equal(kvi_seq_create(kv, &s), 0);
-			assert_int_equal(either_prefill(e, s, tok, N, side ? ccold : dcold), 0);
+			assert_int_equal(fwdc_prefill(e, s, tok, N, side ? ccold : dcold), 0);
 			size_t bb = kvi_kv_block_bytes(kv);
 			uint8_t *buf = malloc(bb * NFULL);
 			for (int b = 0; b < NFULL; b++)
@@ -398,14 +350,14 @@ static void test_export_import(void **st)
 				    (long)bb);
 			*(side ? &cbuf : &dbuf) = buf;
 			kvi_seq_destroy(s);
-			either_destroy(e);
+			fwdc_destroy(e);
 		}
 		assert_true(ref_rel_err(dcold, ccold, V) <= tol);
 		/* into: 0 a device engine, 1 a CPU engine; from: 0 device blocks, 1 CPU blocks */
 		for (int into = 0; into < 2; into++)
 			for (int from = 0; from < 2; from++) {
-				struct either e = either_make(m, into, 64, B);
-				struct kvi_kv *kv = either_kv(e);
+				struct fwdc_engine e = make_engine(m, into, 64, B);
+				struct kvi_kv *kv = fwdc_kv(e);
 				size_t bb = kvi_kv_block_bytes(kv);
 				int junk = kvi_kv_block_alloc(kv), ids[NFULL];
 				for (int b = 0; b < NFULL; b++) {
@@ -421,14 +373,14 @@ static void test_export_import(void **st)
 				for (int b = 0; b < NFULL; b++)
 					assert_int_equal(kvi_kv_block_unref(kv, ids[b]), 0);
 				assert_int_equal(
-				    either_prefill(e, s, tok + NFULL * B, N - NFULL * B, got), 0);
+				    fwdc_prefill(e, s, tok + NFULL * B, N - NFULL * B, got), 0);
 				/* same engine kind and same blocks: as its own cold run */
 				const float *cold = into ? ccold : dcold;
 				double lim = into == from ? (into ? 0 : SELF_TOL) : tol;
 				assert_true(ref_rel_err(got, cold, V) <= lim);
 				kvi_seq_destroy(s);
 				assert_int_equal(kvi_kv_block_unref(kv, junk), 0);
-				either_destroy(e);
+				fwdc_destroy(e);
 			}
 		free(dbuf), free(cbuf), free(dcold), free(ccold), free(got);
 		ref_model_free(m);
@@ -496,24 +448,10 @@ static void test_errors(void **st)
 	o.kv_blocks = 3;
 	struct kvi_dev_engine *e;
 	assert_int_equal(kvi_dev_engine_create(m, &o, BACKEND, 0, &e), 0);
-	struct kvi_seq *s, *s2;
-	assert_int_equal(kvi_seq_create(kvi_dev_engine_kv(e), &s), 0);
-	int32_t t[50] = {0};
-	t[3] = c.n_vocab;
-	assert_int_equal(kvi_dev_engine_prefill(e, s, t, 5, NULL), -EINVAL);
-	t[3] = -1;
-	assert_int_equal(kvi_dev_engine_prefill(e, s, t, 5, NULL), -EINVAL);
-	t[3] = 0;
-	assert_int_equal(kvi_dev_engine_prefill(e, s, t, 0, NULL), -EINVAL);
-	assert_int_equal(kvi_dev_engine_prefill(e, s, t, 41, NULL), -E2BIG);
-	assert_int_equal(kvi_dev_engine_prefill(e, s, t, 40, NULL), 0);
-	assert_int_equal(kvi_dev_engine_decode(e, &s, t, 1, NULL), -E2BIG);
-	assert_int_equal(kvi_seq_create(kvi_dev_engine_kv(e), &s2), 0);
-	assert_int_equal(kvi_dev_engine_prefill(e, s2, t, 20, NULL), -ENOSPC);
-	assert_int_equal(kvi_seq_len(s2), 0);
-	kvi_seq_destroy(s2);
-	kvi_seq_destroy(s);
+	fwdc_limits((struct fwdc_engine){.de = e}, c.n_vocab);
 	/* a sequence of another engine's kv */
+	struct kvi_seq *s;
+	int32_t t[5] = {0};
 	struct kvi_engine *ce = cpu_engine(m, 64, 16);
 	assert_int_equal(kvi_seq_create(kvi_engine_kv(ce), &s), 0);
 	assert_int_equal(kvi_dev_engine_prefill(e, s, t, 5, NULL), -EINVAL);
@@ -550,10 +488,10 @@ static char ROOT[256];
 
 /* Engine e + kvx on dir: load the prefix, prefill the rest, save, flush. Returns the cached
  * token count; logits after the prompt into l. */
-static int kvx_run(struct either e, const struct kvi_model *m, const char *dir,
+static int kvx_run(struct fwdc_engine e, const struct kvi_model *m, const char *dir,
 		   const int32_t *prompt, int n, float *l, struct kvx_stats *st)
 {
-	struct kvi_kv *kv = either_kv(e);
+	struct kvi_kv *kv = fwdc_kv(e);
 	struct kvx_opts xo;
 	kvx_opts_default(&xo);
 	xo.dir = dir;
@@ -565,7 +503,7 @@ static int kvx_run(struct either e, const struct kvi_model *m, const char *dir,
 	int cached = 0;
 	assert_int_equal(kvx_load_prefix(x, s, prompt, n, NULL, &cached), 0);
 	assert_int_equal(kvi_seq_len(s), cached);
-	assert_int_equal(either_prefill(e, s, prompt + cached, n - cached, l), 0);
+	assert_int_equal(fwdc_prefill(e, s, prompt + cached, n - cached, l), 0);
 	assert_true(kvx_save(x, s, prompt, n, NULL) >= 0);
 	kvx_flush(x);
 	kvx_stats_get(x, st);
@@ -595,20 +533,20 @@ static void test_kvx_roundtrip(void **st)
 		assert_int_equal(mkdir(cdir, 0755), 0);
 		struct kvx_stats xs;
 
-		struct either e = either_make(m, 0, 8, B);
+		struct fwdc_engine e = make_engine(m, 0, 8, B);
 		assert_int_equal(kvx_run(e, m, ddir, tok, N, dcold, &xs), 0);
 		assert_int_equal((int)xs.saved_blocks, N / B);
 		assert_int_equal((int)xs.save_errors, 0);
-		either_destroy(e);
-		e = either_make(m, 1, 8, B);
+		fwdc_destroy(e);
+		e = make_engine(m, 1, 8, B);
 		assert_int_equal(kvx_run(e, m, cdir, tok, N, ccold, &xs), 0);
 		assert_int_equal((int)xs.saved_blocks, N / B);
-		either_destroy(e);
+		fwdc_destroy(e);
 		assert_true(ref_rel_err(dcold, ccold, V) <= tol);
 
 		for (int into = 0; into < 2; into++)
 			for (int from = 0; from < 2; from++) {
-				e = either_make(m, into, 64, B);
+				e = make_engine(m, into, 64, B);
 				int cached = kvx_run(e, m, from ? cdir : ddir, tok, N, got, &xs);
 				assert_int_equal(cached, HIT);
 				assert_int_equal((int)xs.hit_blocks, HIT / B);
@@ -620,7 +558,7 @@ static void test_kvx_roundtrip(void **st)
 					       tname(dtypes[di]), into ? "cpu" : "dev",
 					       from ? "cpu" : "dev", err, lim);
 				assert_true(err <= lim);
-				either_destroy(e);
+				fwdc_destroy(e);
 			}
 		free(dcold), free(ccold), free(got);
 		ref_model_free(m);
