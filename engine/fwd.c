@@ -53,6 +53,19 @@ void kvi_engine_opts_default(struct kvi_engine_opts *o)
 	o->max_batch_tokens = 64;
 }
 
+int kvi_engine_opts_resolve(struct kvi_engine_opts *o, const struct kvi_config *c)
+{
+	if (o->max_ctx <= 0)
+		o->max_ctx = c->n_ctx_train > 0 && c->n_ctx_train < 4096 ? c->n_ctx_train : 4096;
+	if (o->block_tokens <= 0)
+		o->block_tokens = 64;
+	if (o->max_batch_tokens <= 0)
+		o->max_batch_tokens = 64;
+	if (o->kv_blocks <= 0)
+		o->kv_blocks = 2 * ((o->max_ctx + o->block_tokens - 1) / o->block_tokens);
+	return o->max_ctx > (1 << 24) || o->max_batch_tokens > 65536 ? -EINVAL : 0;
+}
+
 /* ---- validation ---------------------------------------------------------------------- */
 
 static int check_tensor(const struct kvi_tensor *t, const char *name, int l, int64_t ne0,
@@ -146,17 +159,9 @@ int kvi_engine_create(const struct kvi_model *m, const struct kvi_engine_opts *o
 	if (o)
 		opt = *o;
 	const struct kvi_config *c = &m->cfg;
-	if (opt.max_ctx <= 0)
-		opt.max_ctx = c->n_ctx_train > 0 && c->n_ctx_train < 4096 ? c->n_ctx_train : 4096;
-	if (opt.block_tokens <= 0)
-		opt.block_tokens = 64;
-	if (opt.max_batch_tokens <= 0)
-		opt.max_batch_tokens = 64;
 	if (opt.threads <= 0)
 		opt.threads = 1;
-	if (opt.kv_blocks <= 0)
-		opt.kv_blocks = 2 * ((opt.max_ctx + opt.block_tokens - 1) / opt.block_tokens);
-	if (opt.max_ctx > (1 << 24) || opt.max_batch_tokens > 65536 || opt.threads > 256)
+	if (kvi_engine_opts_resolve(&opt, c) || opt.threads > 256)
 		return -EINVAL;
 
 	struct kvi_engine *e = calloc(1, sizeof(*e));

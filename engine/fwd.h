@@ -35,6 +35,10 @@ struct kvi_engine_opts {
 };
 
 void kvi_engine_opts_default(struct kvi_engine_opts *o);
+/* Fills in the defaults above that depend on the model config c (max_ctx, block_tokens,
+ * max_batch_tokens, kv_blocks; threads and isa are left as they are). Returns 0, or -EINVAL when
+ * max_ctx > 2^24 or max_batch_tokens > 65536. Shared with the device engine (fwd_dev.h). */
+int kvi_engine_opts_resolve(struct kvi_engine_opts *o, const struct kvi_config *c);
 
 struct kvi_engine;
 

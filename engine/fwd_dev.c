@@ -157,16 +157,7 @@ int kvi_dev_engine_create(const struct kvi_model *m, const struct kvi_engine_opt
 	kvi_engine_opts_default(&opt);
 	if (o)
 		opt = *o;
-	if (opt.max_ctx <= 0)
-		opt.max_ctx = c->n_ctx_train > 0 && c->n_ctx_train < 4096 ? c->n_ctx_train : 4096;
-	if (opt.block_tokens <= 0)
-		opt.block_tokens = 64;
-	if (opt.max_batch_tokens <= 0)
-		opt.max_batch_tokens = 64;
-	if (opt.kv_blocks <= 0)
-		opt.kv_blocks = 2 * ((opt.max_ctx + opt.block_tokens - 1) / opt.block_tokens);
-	if (opt.max_ctx > (1 << 24) || opt.max_batch_tokens > 65536 ||
-	    (long)opt.kv_blocks * opt.block_tokens > INT32_MAX)
+	if (kvi_engine_opts_resolve(&opt, c) || (long)opt.kv_blocks * opt.block_tokens > INT32_MAX)
 		return -EINVAL;
 	opt.threads = 1;
 	opt.isa = 0;
