@@ -519,24 +519,50 @@ static void forward(struct kvi_engine *e, const int32_t *toks, int ntok, const i
 
 /* ---- public entry points --------------------------------------------------------------- */
 
-static int check_tokens(const struct kvi_engine *e, const int32_t *t, int n)
+static int check_tokens(const int32_t *t, int n, int n_vocab)
 {
 	for (int i = 0; i < n; i++)
-		if (t[i] < 0 || t[i] >= e->c.n_vocab)
+		if (t[i] < 0 || t[i] >= n_vocab)
 			return -EINVAL;
+	return 0;
+}
+
+int kvi_engine_check_prefill(const struct kvi_kv *kv, int n_vocab, int max_ctx,
+			     const struct kvi_seq *seq, const int32_t *tokens, int n)
+{
+	if (n < 1 || !tokens || !seq || kvi_seq_kv(seq) != kv || check_tokens(tokens, n, n_vocab))
+		return -EINVAL;
+	if ((long)kvi_seq_len(seq) + n > max_ctx)
+		return -E2BIG;
+	return 0;
+}
+
+int kvi_engine_check_decode(const struct kvi_kv *kv, int n_vocab, int max_ctx,
+			    struct kvi_seq *const *seqs, const int32_t *tokens, int nseq)
+{
+	if (nseq < 1 || !tokens || !seqs || check_tokens(tokens, nseq, n_vocab))
+		return -EINVAL;
+	for (int i = 0; i < nseq; i++) {
+		if (!seqs[i] || kvi_seq_kv(seqs[i]) != kv)
+			return -EINVAL;
+		if (kvi_seq_len(seqs[i]) + 1 > max_ctx)
+			return -E2BIG;
+		for (int k = 0; k < i; k++)
+			if (seqs[k] == seqs[i])
+				return -EINVAL;
+	}
 	return 0;
 }
 
 int kvi_engine_prefill(struct kvi_engine *e, struct kvi_seq *seq, const int32_t *tokens, int n,
 		       float *logits_last)
 {
-	if (n < 1 || !tokens || !seq || kvi_seq_kv(seq) != e->kv || check_tokens(e, tokens, n))
-		return -EINVAL;
-	if ((long)kvi_seq_len(seq) + n > e->o.max_ctx)
-		return -E2BIG;
+	int rc = kvi_engine_check_prefill(e->kv, e->c.n_vocab, e->o.max_ctx, seq, tokens, n);
+	if (rc)
+		return rc;
 	for (int off = 0; off < n; off += e->o.max_batch_tokens) {
 		int cnt = n - off < e->o.max_batch_tokens ? n - off : e->o.max_batch_tokens;
-		int rc = kvi_seq_reserve(seq, cnt);
+		rc = kvi_seq_reserve(seq, cnt);
 		if (rc)
 			return rc;
 		int len = kvi_seq_len(seq);
@@ -554,21 +580,13 @@ int kvi_engine_prefill(struct kvi_engine *e, struct kvi_seq *seq, const int32_t 
 int kvi_engine_decode(struct kvi_engine *e, struct kvi_seq *const *seqs, const int32_t *tokens,
 		      int nseq, float *logits)
 {
-	if (nseq < 1 || !tokens || !seqs || check_tokens(e, tokens, nseq))
-		return -EINVAL;
-	for (int i = 0; i < nseq; i++) {
-		if (!seqs[i] || kvi_seq_kv(seqs[i]) != e->kv)
-			return -EINVAL;
-		if (kvi_seq_len(seqs[i]) + 1 > e->o.max_ctx)
-			return -E2BIG;
-		for (int k = 0; k < i; k++)
-			if (seqs[k] == seqs[i])
-				return -EINVAL;
-	}
+	int rc = kvi_engine_check_decode(e->kv, e->c.n_vocab, e->o.max_ctx, seqs, tokens, nseq);
+	if (rc)
+		return rc;
 	for (int off = 0; off < nseq; off += e->o.max_batch_tokens) {
 		int cnt = nseq - off < e->o.max_batch_tokens ? nseq - off : e->o.max_batch_tokens;
 		for (int i = 0; i < cnt; i++) {
-			int rc = kvi_seq_reserve(seqs[off + i], 1);
+			rc = kvi_seq_reserve(seqs[off + i], 1);
 			if (rc)
 				return rc;
 			e->pos[i] = kvi_seq_len(seqs[off + i]);

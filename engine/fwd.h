@@ -75,4 +75,12 @@ int kvi_engine_prefill(struct kvi_engine *e, struct kvi_seq *seq, const int32_t 
 int kvi_engine_decode(struct kvi_engine *e, struct kvi_seq *const *seqs, const int32_t *tokens,
 		      int nseq, float *logits);
 
+/* The argument checks of kvi_engine_prefill and kvi_engine_decode alone, for an engine with KV
+ * pool kv, n_vocab tokens and max_ctx: 0, -EINVAL or -E2BIG as documented there. Shared with
+ * the device engine (fwd_dev.h). */
+int kvi_engine_check_prefill(const struct kvi_kv *kv, int n_vocab, int max_ctx,
+			     const struct kvi_seq *seq, const int32_t *tokens, int n);
+int kvi_engine_check_decode(const struct kvi_kv *kv, int n_vocab, int max_ctx,
+			    struct kvi_seq *const *seqs, const int32_t *tokens, int nseq);
+
 #endif

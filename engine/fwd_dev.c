@@ -532,14 +532,6 @@ static int send_meta(struct kvi_dev_engine *e, size_t tables)
 
 /* ---- public entry points --------------------------------------------------------------- */
 
-static int check_tokens(const struct kvi_dev_engine *e, const int32_t *t, int n)
-{
-	for (int i = 0; i < n; i++)
-		if (t[i] < 0 || t[i] >= e->c.n_vocab)
-			return -EINVAL;
-	return 0;
-}
-
 /* A device error is sticky: the device state (KV, mirror flags) can no longer be trusted. */
 static int fail_dev(struct kvi_dev_engine *e, int rc)
 {
@@ -555,14 +547,13 @@ int kvi_dev_engine_prefill(struct kvi_dev_engine *e, struct kvi_seq *seq, const 
 {
 	if (e->broken)
 		return -EIO;
-	if (n < 1 || !tokens || !seq || kvi_seq_kv(seq) != e->kv || check_tokens(e, tokens, n))
-		return -EINVAL;
-	if ((long)kvi_seq_len(seq) + n > e->o.max_ctx)
-		return -E2BIG;
+	int rc = kvi_engine_check_prefill(e->kv, e->c.n_vocab, e->o.max_ctx, seq, tokens, n);
+	if (rc)
+		return rc;
 	int B = e->o.block_tokens;
 	for (int off = 0; off < n; off += e->o.max_batch_tokens) {
 		int cnt = n - off < e->o.max_batch_tokens ? n - off : e->o.max_batch_tokens;
-		int rc = seq_prepare(e, seq, cnt);
+		rc = seq_prepare(e, seq, cnt);
 		if (rc)
 			return rc == -ENOSPC || rc == -ENOMEM ? rc : fail_dev(e, rc);
 		int len = kvi_seq_len(seq), nb = kvi_seq_n_blocks(seq);
@@ -589,24 +580,16 @@ int kvi_dev_engine_decode(struct kvi_dev_engine *e, struct kvi_seq *const *seqs,
 {
 	if (e->broken)
 		return -EIO;
-	if (nseq < 1 || !tokens || !seqs || check_tokens(e, tokens, nseq))
-		return -EINVAL;
-	for (int i = 0; i < nseq; i++) {
-		if (!seqs[i] || kvi_seq_kv(seqs[i]) != e->kv)
-			return -EINVAL;
-		if (kvi_seq_len(seqs[i]) + 1 > e->o.max_ctx)
-			return -E2BIG;
-		for (int k = 0; k < i; k++)
-			if (seqs[k] == seqs[i])
-				return -EINVAL;
-	}
+	int rc = kvi_engine_check_decode(e->kv, e->c.n_vocab, e->o.max_ctx, seqs, tokens, nseq);
+	if (rc)
+		return rc;
 	int B = e->o.block_tokens, MB = e->max_blocks;
 	for (int off = 0; off < nseq; off += e->o.max_batch_tokens) {
 		int cnt = nseq - off < e->o.max_batch_tokens ? nseq - off : e->o.max_batch_tokens;
 		int32_t *tab = META_TABLES(e, e->hmeta);
 		for (int i = 0; i < cnt; i++) {
 			struct kvi_seq *s = seqs[off + i];
-			int rc = seq_prepare(e, s, 1);
+			rc = seq_prepare(e, s, 1);
 			if (rc)
 				return rc == -ENOSPC || rc == -ENOMEM ? rc : fail_dev(e, rc);
 			int p = kvi_seq_len(s), nb = kvi_seq_n_blocks(s);
@@ -618,7 +601,6 @@ int kvi_dev_engine_decode(struct kvi_dev_engine *e, struct kvi_seq *const *seqs,
 			memcpy(tab + (size_t)i * MB, bl, (size_t)nb * sizeof(int32_t));
 			memset(tab + (size_t)i * MB + nb, 0, (size_t)(MB - nb) * sizeof(int32_t));
 		}
-		int rc;
 		if ((rc = send_meta(e, (size_t)cnt * MB)) ||
 		    (rc = forward(e, cnt, 0, 0, 0, logits ? cnt : 0,
 				  logits ? logits + (size_t)off * e->c.n_vocab : NULL)))
