@@ -212,7 +212,7 @@ direct_build() {
 			[ -n "$crypto" ] || continue
 			f=$ROOT/tests/test_fwd_dev.c out=$BUILD/tests/test_fwd_dev
 			extra=(-DKVFS_TEST_NO_KVX=1 "-I$ROOT/engine" "-I$ROOT/tests"
-				"$ROOT/tests/ref_fwd.c" "${eng_srcs[@]}")
+				"$ROOT/tests/ref_fwd.c" "$ROOT/tests/fwd_checks.c" "${eng_srcs[@]}")
 			;;
 		kvinfer_bench) # `kvinfer bench` as a program of its own: same code, same flags
 			[ -n "$crypto" ] || continue
