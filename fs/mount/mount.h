@@ -137,6 +137,8 @@ struct mnt_inode_info {
 	int cached_readers;   /* open read handles that use the kernel's page cache */
 	int replaced;	      /* a replacement committed: the node id's file is gone (see top) */
 	struct kvp_attr old;  /* when replaced: the attributes of the file the node id was */
+	int known;	      /* last is set */
+	struct kvp_attr last; /* the metadata attributes last answered for the node id */
 	struct mnt_wfile *wf; /* new file's writer with a reference taken, or NULL */
 };
 int mnt_itab_create(struct mnt_itab **out);
@@ -160,6 +162,10 @@ void mnt_itab_readers(struct mnt_itab *t, uint64_t nodeid, int delta);
 /* A replacement of nodeid's file committed as ino; old = the replaced file's attributes. */
 void mnt_itab_set_replaced(struct mnt_itab *t, uint64_t nodeid, uint64_t ino,
 			   const struct kvp_attr *old);
+/* Records a (lookup or getattr) answer a for nodeid, whose metadata inode is a->ino: what
+ * getattr answers once that inode is gone while the kernel still holds the node id. No-op
+ * without an entry. */
+void mnt_itab_set_attr(struct mnt_itab *t, uint64_t nodeid, const struct kvp_attr *a);
 /* Records a rename of the entry for ino. */
 void mnt_itab_rename(struct mnt_itab *t, uint64_t ino, uint64_t newparent, const char *newname);
 size_t mnt_itab_count(struct mnt_itab *t);
@@ -173,9 +179,12 @@ void mnt_wfile_stat(struct mnt *m, struct mnt_wfile *wf, struct stat *st);
 int mnt_wfile_setattr(struct mnt *m, struct mnt_wfile *wf, const struct stat *attr, int to_set,
 		      struct stat *st);
 /* A truncate to 0 of committed nodeid (through handle fi, or, for open(O_TRUNC), by the
- * thread pid that just opened it for writing) starts that handle's replacement writer.
- * -ENOENT when no such handle waits. */
-int mnt_replace_begin(struct mnt *m, uint64_t nodeid, struct fuse_file_info *fi, pid_t pid);
+ * thread pid that just opened it for writing) starts that handle's replacement writer and
+ * fills *old with the attributes of the file it replaces (what the truncate answers: the
+ * kernel's inode stays that file's until the commit, even if another writer's commit has
+ * already removed it from metadata). -ENOENT when no such handle waits. */
+int mnt_replace_begin(struct mnt *m, uint64_t nodeid, struct fuse_file_info *fi, pid_t pid,
+		      struct kvp_attr *old);
 /* The handle's writer (referenced) when fi is a write handle still being written, else NULL. */
 struct mnt_wfile *mnt_fh_writer(struct fuse_file_info *fi);
 

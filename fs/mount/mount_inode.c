@@ -13,8 +13,9 @@ struct ient {
 	struct ient *next;
 	uint64_t nodeid, ino, nlookup, parent;
 	uint32_t mode;
-	int replacing, replaced, readers;
+	int replacing, replaced, readers, known;
 	struct kvp_attr old;  /* replaced: the file this node id was */
+	struct kvp_attr last; /* known: the attributes last answered for it */
 	struct mnt_wfile *wf; /* a new file's writer (referenced), or NULL */
 	char name[KVP_NAME_MAX + 1];
 };
@@ -166,6 +167,8 @@ int mnt_itab_get(struct mnt_itab *t, uint64_t nodeid, struct mnt_inode_info *out
 		out->cached_readers = e->readers;
 		out->replaced = e->replaced;
 		out->old = e->old;
+		out->known = e->known;
+		out->last = e->last;
 		if (e->wf) {
 			atomic_fetch_add(&e->wf->refs, 1);
 			out->wf = e->wf;
@@ -216,6 +219,17 @@ void mnt_itab_set_replaced(struct mnt_itab *t, uint64_t nodeid, uint64_t ino,
 		if (!e->replaced)
 			e->old = *old;
 		e->replaced = 1;
+	}
+	pthread_mutex_unlock(&t->lock);
+}
+
+void mnt_itab_set_attr(struct mnt_itab *t, uint64_t nodeid, const struct kvp_attr *a)
+{
+	pthread_mutex_lock(&t->lock);
+	struct ient *e = find(t, nodeid);
+	if (e && e->ino == a->ino) {
+		e->last = *a;
+		e->known = 1;
 	}
 	pthread_mutex_unlock(&t->lock);
 }

@@ -383,7 +383,8 @@ static int cand_convert(struct mnt *m, struct fh *h)
 	return 0;
 }
 
-int mnt_replace_begin(struct mnt *m, uint64_t nodeid, struct fuse_file_info *fi, pid_t pid)
+int mnt_replace_begin(struct mnt *m, uint64_t nodeid, struct fuse_file_info *fi, pid_t pid,
+		      struct kvp_attr *old)
 {
 	struct fh *h = NULL;
 	pthread_mutex_lock(&m->cand_lock);
@@ -402,6 +403,8 @@ int mnt_replace_begin(struct mnt *m, uint64_t nodeid, struct fuse_file_info *fi,
 		return -ENOENT;
 	pthread_mutex_lock(&h->lock);
 	int rc = cand_convert(m, h);
+	if (!rc)
+		*old = h->wf->old;
 	pthread_mutex_unlock(&h->lock);
 	if (rc) {
 		pthread_mutex_lock(&m->cand_lock);
@@ -712,14 +715,21 @@ void mnt_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off
 		fuse_reply_err(req, EROFS);
 		return;
 	}
-	ssize_t n = kvc_write(wf->w, buf, size, (uint64_t)off);
+	/* O_APPEND: the end of the file is the end of what this writer has buffered. The kernel
+	 * put off at its size of the inode, which for a replacement is still the old file's (so
+	 * the first append would land past a hole of the old size). */
+	int append = (fi->flags & O_APPEND) != 0;
+	uint64_t at = append ? kvc_writer_size(wf->w) : (uint64_t)off;
+	ssize_t n = kvc_write(wf->w, buf, size, at);
 	/* The process-wide buffer budget is shared: wait a little for other files' commits to
 	 * free some before failing. */
 	for (int i = 0; n == -ENOMEM && i < 200; i++) {
 		pthread_mutex_unlock(&wf->lock);
 		usleep(50000);
 		pthread_mutex_lock(&wf->lock);
-		n = wf->w ? kvc_write(wf->w, buf, size, (uint64_t)off) : -EROFS;
+		if (wf->w && append)
+			at = kvc_writer_size(wf->w);
+		n = wf->w ? kvc_write(wf->w, buf, size, at) : -EROFS;
 	}
 	if (n > 0)
 		wf->dirty = 1;

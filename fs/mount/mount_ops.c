@@ -183,6 +183,7 @@ static void mnt_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
+	mnt_itab_set_attr(m->itab, a.ino, &a);
 	fill_entry(m, &e, &a);
 	if (fuse_reply_entry(req, &e) != 0)
 		mnt_itab_forget(m->itab, a.ino, 1);
@@ -239,8 +240,22 @@ static int getattr_of(struct mnt *m, uint64_t nodeid, struct stat *st, double *t
 	do
 		rc = kvc_getattr(m->c, ino, &a);
 	while (rc && mnt_retry(m, rc, &slept));
+	if (rc == -ENOENT && ino == nodeid && mnt_itab_get(m->itab, nodeid, &ii) == 0) {
+		/* The inode is gone while the kernel still holds its node id: replaced or removed
+		 * through another mount, or replaced here a moment ago (metadata committed, the
+		 * node id not yet marked replaced). Its open descriptors read on (the chunks stay
+		 * for --unlink-delay); a read that reaches the cached size asks for attributes,
+		 * so answer what the file was instead of failing that read and fstat. */
+		mnt_wfile_put(ii.wf);
+		if (ii.replaced || ii.known) {
+			mnt_attr_to_stat(m, ii.replaced ? &ii.old : &ii.last, st);
+			return 0;
+		}
+	}
 	if (rc)
 		return rc;
+	if (ino == nodeid)
+		mnt_itab_set_attr(m->itab, nodeid, &a);
 	mnt_attr_to_stat(m, &a, st);
 	return 0;
 }
@@ -300,13 +315,16 @@ static void mnt_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int t
 		return;
 	}
 	if ((to_set & FUSE_SET_ATTR_SIZE) && attr->st_size == 0 && !(ino & MNT_TEMP_BASE)) {
-		rc = mnt_replace_begin(m, ino, fi, fuse_req_ctx(req)->pid);
+		struct kvp_attr old;
+		rc = mnt_replace_begin(m, ino, fi, fuse_req_ctx(req)->pid, &old);
 		if (rc == 0) {
-			/* The kernel inode stays the old file's until the commit. */
-			if ((rc = getattr_of(m, ino, &st, &to)) == 0)
-				fuse_reply_attr(req, &st, 0);
-			else
-				fuse_reply_err(req, -rc);
+			/* The kernel inode stays the old file's until the commit. Answered from
+			 * what the replacement captured, never an error: a failed truncate fails
+			 * the open(O_TRUNC), and the writer just started would then be committed
+			 * empty at its release, over another writer's version (the old inode may
+			 * be gone already when two replace the file at once). */
+			mnt_attr_to_stat(m, &old, &st);
+			fuse_reply_attr(req, &st, 0);
 			return;
 		}
 		if (rc != -ENOENT) {
@@ -444,9 +462,10 @@ static void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t of
 		}
 		if (sz > rem)
 			break;
-		if (plus && i >= 2)
-			mnt_itab_ref(m->itab, e.ino, e.ino, d->ents[i - 2].attr.mode, ino, name,
-				     NULL);
+		if (plus && i >= 2 &&
+		    mnt_itab_ref(m->itab, e.ino, e.ino, d->ents[i - 2].attr.mode, ino, name,
+				 NULL) == 0)
+			mnt_itab_set_attr(m->itab, e.ino, &d->ents[i - 2].attr);
 		pos += sz;
 	}
 	fuse_reply_buf(req, buf, pos);
