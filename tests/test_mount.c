@@ -675,8 +675,15 @@ static void test_replace_two_writers(void **state)
 		if (pids[i] == 0) {
 			int bad = 0;
 			for (int v = 0; v < TW_ROUNDS && !bad; v++) {
-				int rc =
-				    write_seed(p, len[i], 410 + (uint64_t)i * 10 + (uint64_t)v);
+				int rc, tries = 0;
+				/* ESTALE: the known limit below, met by this writer's open */
+				do
+					rc = write_seed(p, len[i],
+							410 + (uint64_t)i * 10 + (uint64_t)v);
+				while (rc == -ESTALE && ++tries < 5);
+				if (tries)
+					fprintf(stderr, "writer %d round %d: %d x ESTALE\n", i, v,
+						tries);
 				if (rc) {
 					fprintf(stderr, "writer %d round %d: %s\n", i, v,
 						strerror(-rc));
@@ -687,7 +694,7 @@ static void test_replace_two_writers(void **state)
 		}
 	}
 	uint8_t *r = malloc(len[0] + 1), *e = malloc(len[0] + 1);
-	int reads = 0, bad = 0, stale = 0, running = 2;
+	int reads = 0, bad = 0, stale = 0, running = 2, wfail = 0;
 	while (running > 0) {
 		ssize_t n = read_file(p, r, len[0] + 1);
 		/* Known limit: the VFS retries an open that got ESTALE once; when both writers
@@ -695,7 +702,7 @@ static void test_replace_two_writers(void **state)
 		 * apart), the retry meets a replaced file again. */
 		stale += n == -ESTALE;
 		int ok = n == 1000 || n == -ESTALE;
-		if (ok) {
+		if (n == 1000) {
 			fill(e, 1000, 400);
 			ok = memcmp(r, e, 1000) == 0;
 		}
@@ -731,8 +738,7 @@ static void test_replace_two_writers(void **state)
 		for (int i = 0; i < 2; i++) {
 			int st;
 			if (pids[i] > 0 && waitpid(pids[i], &st, WNOHANG) == pids[i]) {
-				assert_true(WIFEXITED(st));
-				assert_int_equal(WEXITSTATUS(st), 0);
+				wfail += !WIFEXITED(st) || WEXITSTATUS(st) != 0;
 				pids[i] = 0;
 				running--;
 			}
@@ -741,12 +747,14 @@ static void test_replace_two_writers(void **state)
 	free(r);
 	free(e);
 	printf("two writers: %d reads, %d ESTALE, %d bad\n", reads, stale, bad);
+	/* the last commit was one writer's last version */
+	int last_ok = check_file(p, len[0], 410 + TW_ROUNDS - 1) == 0 ||
+		      check_file(p, len[1], 420 + TW_ROUNDS - 1) == 0;
+	assert_int_equal(unlink(p), 0); /* first: a failure here leaves the root clean */
+	assert_int_equal(wfail, 0);
 	assert_int_equal(bad, 0);
 	assert_true(reads > stale);
-	/* the last commit was one writer's last version */
-	assert_true(check_file(p, len[0], 410 + TW_ROUNDS - 1) == 0 ||
-		    check_file(p, len[1], 420 + TW_ROUNDS - 1) == 0);
-	assert_int_equal(unlink(p), 0);
+	assert_true(last_ok);
 }
 
 /* A second mount of the same cluster replaces a file this mount has cached (name, attributes,

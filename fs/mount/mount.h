@@ -159,6 +159,11 @@ void mnt_itab_set_ino(struct mnt_itab *t, uint64_t nodeid, uint64_t ino);
 void mnt_itab_replacing(struct mnt_itab *t, uint64_t nodeid, int delta);
 /* A read handle using the page cache opens (1) or closes (-1) on nodeid. */
 void mnt_itab_readers(struct mnt_itab *t, uint64_t nodeid, int delta);
+/* A read handle opens on nodeid: 0 when a replacement of it is running (the handle must not
+ * use the page cache), else 1, and the handle is counted as a page-cache reader (close it
+ * with mnt_itab_readers(-1)). One step under the table's lock, so a replacement that starts
+ * meanwhile either sees this reader or is seen by it. */
+int mnt_itab_reader_open(struct mnt_itab *t, uint64_t nodeid);
 /* A replacement of nodeid's file committed as ino; old = the replaced file's attributes. */
 void mnt_itab_set_replaced(struct mnt_itab *t, uint64_t nodeid, uint64_t ino,
 			   const struct kvp_attr *old);

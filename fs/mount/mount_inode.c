@@ -208,6 +208,17 @@ void mnt_itab_readers(struct mnt_itab *t, uint64_t nodeid, int delta)
 	count_add(t, nodeid, 1, delta);
 }
 
+int mnt_itab_reader_open(struct mnt_itab *t, uint64_t nodeid)
+{
+	pthread_mutex_lock(&t->lock);
+	struct ient *e = find(t, nodeid);
+	int cached = !e || e->replacing == 0;
+	if (e && cached)
+		e->readers++;
+	pthread_mutex_unlock(&t->lock);
+	return cached;
+}
+
 void mnt_itab_set_replaced(struct mnt_itab *t, uint64_t nodeid, uint64_t ino,
 			   const struct kvp_attr *old)
 {

@@ -561,14 +561,15 @@ void mnt_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	/* Files never change, so the page cache stays valid across opens — except on a node id
 	 * that now stands for a different inode (a committed new file), and while a replacement
 	 * is being written through this node id: its writes move the kernel's size of the inode,
-	 * so this reader of the old version must not go through the page cache. */
-	fi->keep_cache = m->cfg.keep_cache && !ii.redirected && !ii.replacing;
-	fi->direct_io = ii.replacing > 0;
+	 * so this reader of the old version must not go through the page cache. Decided now, not
+	 * from ii (read before kvc_file_open's round trip): a replacement that began meanwhile
+	 * and saw no page-cache reader would grow the size under this one. */
+	int cached = mnt_itab_reader_open(m->itab, ino);
+	fi->keep_cache = m->cfg.keep_cache && !ii.redirected && cached;
+	fi->direct_io = !cached;
 	fi->noflush = 1; /* nothing to do at close(): spare the round trip */
-	if (!fi->direct_io) {
+	if (cached)
 		h->cached_node = ino;
-		mnt_itab_readers(m->itab, ino, 1);
-	}
 	if (fuse_reply_open(req, fi) != 0) {
 		if (h->cached_node)
 			mnt_itab_readers(m->itab, ino, -1);
