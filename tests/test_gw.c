@@ -22,6 +22,7 @@
 #include <cmocka.h>
 
 #include "gw.h"
+#include "http_tutil.h"
 
 static atomic_int cancels, submits;
 
@@ -103,46 +104,10 @@ static void be_metrics(void *ctx, FILE *out)
 static struct gw *gw;
 static uint16_t port;
 
-/* One HTTP request; returns the status and the body (malloc'd). */
+/* One HTTP/1.1 request; returns the status and the body (malloc'd). */
 static int http(const char *method, const char *path, const char *body, char **out)
 {
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
-	inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)))
-		return -1;
-	size_t bl = body ? strlen(body) : 0;
-	char *req = malloc(bl + 512);
-	int n = sprintf(req,
-			"%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: "
-			"application/json\r\nContent-Length: %zu\r\n\r\n",
-			method, path, bl);
-	if (body)
-		memcpy(req + n, body, bl);
-	size_t off = 0, total = (size_t)n + bl;
-	while (off < total) {
-		ssize_t w = write(fd, req + off, total - off);
-		if (w <= 0)
-			break;
-		off += (size_t)w;
-	}
-	free(req);
-	size_t cap = 1 << 16, len = 0;
-	char *buf = malloc(cap);
-	ssize_t r;
-	while ((r = read(fd, buf + len, cap - len - 1)) > 0) {
-		len += (size_t)r;
-		if (len + 1 == cap)
-			buf = realloc(buf, cap *= 2);
-	}
-	buf[len] = 0;
-	close(fd);
-	int status = -1;
-	sscanf(buf, "HTTP/1.1 %d", &status);
-	char *b = strstr(buf, "\r\n\r\n");
-	*out = strdup(b ? b + 4 : "");
-	free(buf);
-	return status;
+	return htu_request(port, 1, method, path, body, out);
 }
 
 static int setup(void **state)

@@ -28,6 +28,8 @@
 
 #include <cmocka.h>
 
+#include "http_tutil.h"
+
 static char tmpdir[256];
 static pid_t server = -1;
 static uint16_t port;
@@ -46,63 +48,19 @@ static void sleep_ms(int ms)
 
 static int connect_port(void)
 {
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
-	inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa))) {
-		if (fd >= 0)
-			close(fd);
-		return -1;
-	}
-	return fd;
+	return htu_connect(port);
 }
 
 static int send_req(int fd, const char *method, const char *path, const char *body)
 {
-	size_t bl = body ? strlen(body) : 0;
-	char *req = malloc(bl + 512);
-	int n = sprintf(req,
-			"%s %s HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\n"
-			"Content-Length: %zu\r\n\r\n",
-			method, path, bl);
-	if (body)
-		memcpy(req + n, body, bl);
-	size_t off = 0, total = (size_t)n + bl;
-	while (off < total) {
-		ssize_t w = write(fd, req + off, total - off);
-		if (w <= 0)
-			break;
-		off += (size_t)w;
-	}
-	free(req);
-	return off == total ? 0 : -1;
+	return htu_send(fd, 0, method, path, body);
 }
 
 /* One HTTP/1.0 request (no chunked encoding: the body ends at EOF); returns the status and
  * the body (malloc'd), -1 when the server cannot be reached. */
 static int http(const char *method, const char *path, const char *body, char **out)
 {
-	*out = NULL;
-	int fd = connect_port();
-	if (fd < 0)
-		return -1;
-	send_req(fd, method, path, body);
-	size_t cap = 1 << 16, len = 0;
-	char *buf = malloc(cap);
-	ssize_t r;
-	while ((r = read(fd, buf + len, cap - len - 1)) > 0) {
-		len += (size_t)r;
-		if (len + 1 == cap)
-			buf = realloc(buf, cap *= 2);
-	}
-	buf[len] = 0;
-	close(fd);
-	int status = -1;
-	sscanf(buf, "HTTP/1.%*d %d", &status);
-	char *b = strstr(buf, "\r\n\r\n");
-	*out = strdup(b ? b + 4 : "");
-	free(buf);
-	return status;
+	return htu_request(port, 0, method, path, body, out);
 }
 
 static cJSON *json(const char *s)
