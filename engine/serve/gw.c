@@ -1,5 +1,6 @@
 #define KVFS_LOG_TAG "gateway"
 #include "gw.h"
+#include "ktime.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -283,12 +284,7 @@ static void cancel_job(struct gw_job *j)
 static void wait_news(struct gw_job *j)
 {
 	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	ts.tv_nsec += 100000000L;
-	if (ts.tv_nsec >= 1000000000L) {
-		ts.tv_sec++;
-		ts.tv_nsec -= 1000000000L;
-	}
+	kvfs_deadline(&ts, CLOCK_REALTIME, 100);
 	pthread_cond_timedwait(&j->cv, &j->mu, &ts);
 }
 

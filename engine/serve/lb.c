@@ -2,6 +2,7 @@
  * (see lb.h). */
 #define KVFS_LOG_TAG "lb"
 #include "lb.h"
+#include "ktime.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -638,12 +639,7 @@ static void *health_main(void *arg)
 		check_all(l);
 		pthread_mutex_lock(&l->mu);
 		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += 200 * 1000000L;
-		if (ts.tv_nsec >= 1000000000L) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000L;
-		}
+		kvfs_deadline(&ts, CLOCK_REALTIME, 200);
 		if (!l->stop)
 			pthread_cond_timedwait(&l->cv, &l->mu, &ts);
 	}

@@ -7,6 +7,7 @@
  * repair". */
 #define KVFS_LOG_TAG "meta"
 #include "kvec.h"
+#include "ktime.h"
 #include "log.h"
 #include "meta_int.h"
 
@@ -807,12 +808,7 @@ static void *worker_main(void *arg)
 		pthread_mutex_lock(&m->job_mu);
 		if (!m->req_kind) {
 			struct timespec t;
-			clock_gettime(CLOCK_MONOTONIC, &t);
-			t.tv_nsec += 200000000;
-			if (t.tv_nsec >= 1000000000) {
-				t.tv_sec++;
-				t.tv_nsec -= 1000000000;
-			}
+			kvfs_deadline(&t, CLOCK_MONOTONIC, 200);
 			pthread_cond_timedwait(&m->job_cv, &m->job_mu, &t);
 		}
 		uint8_t kind = m->req_kind;

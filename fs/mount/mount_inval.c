@@ -7,6 +7,7 @@
 /* pthread_timedjoin_np: _GNU_SOURCE comes from the build */
 #define KVFS_LOG_TAG "mount"
 #include "log.h"
+#include "ktime.h"
 #include "mount.h"
 
 #include <errno.h>
@@ -129,13 +130,7 @@ int mnt_inval_entry(struct mnt *m, uint64_t parent, const char *name, int wait_m
 		pthread_cond_signal(&v->cond);
 		if (wait_ms > 0) {
 			struct timespec until;
-			clock_gettime(CLOCK_REALTIME, &until);
-			until.tv_sec += wait_ms / 1000;
-			until.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
-			if (until.tv_nsec >= 1000000000L) {
-				until.tv_sec++;
-				until.tv_nsec -= 1000000000L;
-			}
+			kvfs_deadline(&until, CLOCK_REALTIME, wait_ms);
 			while (rc == 0 && v->finished < mine && !v->stop)
 				if (pthread_cond_timedwait(&v->done, &v->lock, &until) == ETIMEDOUT)
 					rc = -ETIMEDOUT;

@@ -3,6 +3,7 @@
  * pool then opens a new one on the next use. */
 #define KVFS_LOG_TAG "rpc"
 #include "kvp.h"
+#include "ktime.h"
 #include "log.h"
 
 #include <errno.h>
@@ -199,13 +200,7 @@ int kvp_call_wait(struct kvp_call *k, int timeout_ms, uint8_t **body, uint32_t *
 {
 	struct kvp_client *c = k->c;
 	struct timespec dl;
-	clock_gettime(CLOCK_MONOTONIC, &dl);
-	dl.tv_sec += timeout_ms / 1000;
-	dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-	if (dl.tv_nsec >= 1000000000L) {
-		dl.tv_sec++;
-		dl.tv_nsec -= 1000000000L;
-	}
+	kvfs_deadline(&dl, CLOCK_MONOTONIC, timeout_ms);
 	int rc = 0;
 	pthread_mutex_lock(&c->mu);
 	while (!k->done) {
