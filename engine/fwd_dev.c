@@ -11,6 +11,7 @@
 
 #include "kvk.h"
 #include "kvk_dev.h"
+#include "kvk_nccl.h"
 #include "log.h"
 
 /* A weight matrix in device memory: ne1 rows of ne0 elements of type dt. */
@@ -607,6 +608,72 @@ int kvi_dev_engine_decode(struct kvi_dev_engine *e, struct kvi_seq *const *seqs,
 			return fail_dev(e, rc);
 		for (int i = 0; i < cnt; i++)
 			kvi_seq_advance(seqs[off + i], 1);
+	}
+	return 0;
+}
+
+/* ---- NCCL ------------------------------------------------------------------------------- */
+
+static int nccl_ready(const struct kvi_dev_engine *e)
+{
+	if (e->broken)
+		return -EIO;
+	return e->d.kind == KVK_DEV_CUDA && e->d.cu && kvk_nccl_available() ? 0 : -ENODEV;
+}
+
+static int ids_valid(const struct kvi_dev_engine *e, const int32_t *ids, int n)
+{
+	if (n < 0 || (n && !ids))
+		return 0;
+	for (int i = 0; i < n; i++)
+		if (ids[i] < 0 || ids[i] >= e->o.kv_blocks)
+			return 0;
+	return 1;
+}
+
+int kvi_dev_engine_nccl_join(struct kvi_dev_engine *e, const uint8_t *id, int rank,
+			     struct kvk_nccl **out)
+{
+	*out = NULL;
+	int rc = nccl_ready(e);
+	return rc ? rc : kvk_nccl_comm_create(out, e->d.cu, id, 2, rank);
+}
+
+int kvi_dev_engine_nccl_send(struct kvi_dev_engine *e, struct kvk_nccl *c, const int32_t *ids,
+			     int n, int peer)
+{
+	int rc = nccl_ready(e);
+	if (rc)
+		return rc;
+	if (!ids_valid(e, ids, n))
+		return -EINVAL;
+	/* blocks filled on the host (a cached prefix) that no pass has uploaded yet */
+	struct run r = {0, 0, 1};
+	for (int i = 0; i < n && !rc; i++)
+		if (e->dev_gen[ids[i]] != kvi_kv_block_gen(e->kv, ids[i]))
+			rc = run_add(e, &r, ids[i]);
+	if (!rc)
+		rc = run_flush(e, &r);
+	if (rc) {
+		e->broken = 1;
+		return rc;
+	}
+	return kvk_nccl_send_kv(c, &e->layers, ids, n, peer);
+}
+
+int kvi_dev_engine_nccl_recv(struct kvi_dev_engine *e, struct kvk_nccl *c, const int32_t *ids,
+			     int n, int peer)
+{
+	int rc = nccl_ready(e);
+	if (rc)
+		return rc;
+	if (!ids_valid(e, ids, n))
+		return -EINVAL;
+	if ((rc = kvk_nccl_recv_kv(c, &e->layers, ids, n, peer)))
+		return rc;
+	for (int i = 0; i < n; i++) {
+		e->dev_gen[ids[i]] = kvi_kv_block_gen(e->kv, ids[i]);
+		e->host_ok[ids[i]] = 0;
 	}
 	return 0;
 }

@@ -69,4 +69,21 @@ int kvi_dev_engine_prefill(struct kvi_dev_engine *e, struct kvi_seq *seq, const 
 int kvi_dev_engine_decode(struct kvi_dev_engine *e, struct kvi_seq *const *seqs,
 			  const int32_t *tokens, int nseq, float *logits);
 
+/* ---- NCCL: direct KV transfer between the engines of two processes (kernels/kvk_nccl.h) ----
+ * Only the cuda backend with NCCL built; -ENODEV otherwise (host backend, no NCCL). */
+struct kvk_nccl;
+/* Joins communicator id (KVK_NCCL_ID_BYTES bytes, 2 ranks) as rank on the engine's GPU; blocks
+ * until the other rank joined. Destroy with kvk_nccl_comm_destroy before the engine. */
+int kvi_dev_engine_nccl_join(struct kvi_dev_engine *e, const uint8_t *id, int rank,
+			     struct kvk_nccl **out);
+/* Sends blocks ids[0..n) (first uploading any the device has not seen) to rank peer; the
+ * receiver calls kvi_dev_engine_nccl_recv with the same n. Returns when the transfer is done:
+ * 0, -EINVAL, -ENODEV, -EIO (engine broken afterwards only for a CUDA error). */
+int kvi_dev_engine_nccl_send(struct kvi_dev_engine *e, struct kvk_nccl *c, const int32_t *ids,
+			     int n, int peer);
+/* Receives n blocks from rank peer into ids[0..n) (allocated blocks of this engine's kv); the
+ * device copy is then the newer one (host_sync downloads it for export / kvx_save). */
+int kvi_dev_engine_nccl_recv(struct kvi_dev_engine *e, struct kvk_nccl *c, const int32_t *ids,
+			     int n, int peer);
+
 #endif

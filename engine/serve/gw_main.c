@@ -22,6 +22,7 @@ struct gwm_cfg {
 	char decode[CFG_STR_MAX];
 	char secret_file[CFG_STR_MAX];
 	char policy[CFG_STR_MAX];
+	char handoff[CFG_STR_MAX];
 	char host[CFG_STR_MAX];
 	int64_t port;
 	char port_file[CFG_STR_MAX];
@@ -36,6 +37,8 @@ static const struct cfg_opt gwm_opts[] = {
     {"decode", CFG_STR, GOFF(decode), 0, 0, NULL, "decode workers: host:port,host:port"},
     {"secret-file", CFG_STR, GOFF(secret_file), 0, 0, NULL, "the workers' shared secret"},
     {"policy", CFG_STR, GOFF(policy), 0, 0, "cache", "balancing: rr, least or cache"},
+    {"handoff", CFG_STR, GOFF(handoff), 0, 0, "fs",
+     "prompt KV to the decode worker: fs (through the kv dir) or direct (prefill -> decode)"},
     {"host", CFG_STR, GOFF(host), 0, 0, "127.0.0.1", "listen address"},
     {"port", CFG_INT, GOFF(port), 0, 65535, "8080", "listen port, 0 = ephemeral"},
     {"port-file", CFG_STR, GOFF(port_file), 0, 0, NULL, "write the bound port here"},
@@ -53,12 +56,12 @@ int kvinfer_cmd_gateway(int argc, char **argv)
 			   "--prefill A,B --decode C,D --secret-file F [options]", &npos);
 	if (rc)
 		return rc > 0 ? 0 : 2;
-	int pol = lb_policy_parse(c.policy);
+	int pol = lb_policy_parse(c.policy), ho = lb_handoff_parse(c.handoff);
 	struct kvp_secret sec;
-	if (npos || pol < 0 || !c.prefill[0] || !c.decode[0] || !c.secret_file[0] ||
+	if (npos || pol < 0 || ho < 0 || !c.prefill[0] || !c.decode[0] || !c.secret_file[0] ||
 	    kvp_secret_load(c.secret_file, &sec)) {
 		fprintf(stderr, "kvinfer gateway: need --prefill, --decode, --secret-file and "
-				"--policy rr|least|cache; see --help\n");
+				"--policy rr|least|cache, --handoff fs|direct; see --help\n");
 		return 2;
 	}
 	sigset_t sigs;
@@ -68,7 +71,7 @@ int kvinfer_cmd_gateway(int argc, char **argv)
 	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 	signal(SIGPIPE, SIG_IGN);
 	struct lb_opts lo = {
-	    .prefill = c.prefill, .decode = c.decode, .secret = &sec, .policy = pol};
+	    .prefill = c.prefill, .decode = c.decode, .secret = &sec, .policy = pol, .handoff = ho};
 	struct lb *l = NULL;
 	if ((rc = lb_create(&lo, &l))) {
 		fprintf(stderr, "kvinfer gateway: bad --prefill/--decode list: %s\n",
@@ -89,8 +92,8 @@ int kvinfer_cmd_gateway(int argc, char **argv)
 		lb_destroy(l);
 		return 1;
 	}
-	klog_info("gateway on http://%s:%u, policy %s; prefill %s; decode %s", c.host, gw_port(g),
-		  c.policy, c.prefill, c.decode);
+	klog_info("gateway on http://%s:%u, policy %s, handoff %s; prefill %s; decode %s", c.host,
+		  gw_port(g), c.policy, c.handoff, c.prefill, c.decode);
 	if (c.port_file[0]) {
 		FILE *f = fopen(c.port_file, "w");
 		if (f) {

@@ -4,16 +4,36 @@
  *
  *   KVW_OP_STATUS  -> (empty)
  *                  <- u32 waiting, u32 running, u32 queued_tokens, u32 kv_free, u32 kv_total
- *   KVW_OP_PREFILL -> str salt, params, u8 parse_special, u32 len, len bytes of prompt text
- *                  <- u32 n, n x u32 token ids, u32 cached, u32 first token, u32 blen,
- *                     blen bytes: the KV block holding the last prompt token (kv.h layout);
- *                     every full block before it is published in the shared kv dir.
+ *   KVW_OP_PREFILL -> str salt, params, u8 parse_special, u32 len, len bytes of prompt text,
+ *                     str peer, u64 ticket: peer "" = hand over through the kv dir; else a
+ *                     decode worker's host:port to send the whole prompt's KV to (KV_PUT,
+ *                     ticket != 0)
+ *                  <- u32 n, n x u32 token ids, u32 cached, u32 first token, u8 handed,
+ *                     u32 blen, blen bytes: the KV block holding the last prompt token (kv.h
+ *                     layout); every full block before it is published in the shared kv dir.
+ *                     handed 1: the whole KV is parked at peer under ticket (blen 0).
  *                     errors: -E2BIG (too long), -EINVAL, -EAGAIN
- *   KVW_OP_DECODE  -> str salt, params, u32 n, n x u32 token ids, u32 first, u32 blen, blen bytes
+ *   KVW_OP_DECODE  -> str salt, params, u32 n, n x u32 token ids, u32 first, u32 blen, blen bytes,
+ *                     u64 ticket (0 = none: the prompt's KV from the kv dir + the block)
  *                  <- a stream of frames with the request's id, status 0, each one event:
  *                     u8 KVW_EV_TOKEN, u32 id, u32 len, len bytes of text
  *                     u8 KVW_EV_FINISH, i32 err, str reason, str message (the last frame)
  *                     A decode request owns its connection: closing it cancels the request.
+ *   KVW_OP_KV_PUT  (prefill worker -> decode worker) a prompt's KV to park under a ticket until
+ *                  the DECODE naming it (sch.h sch_park):
+ *                  -> u64 ticket, u32 n, n x u32 token ids, u32 block_bytes, u32 n_blocks
+ *                     (= ceil(n / block_tokens)), u8 via, u32 session, then for via 0 the
+ *                     n_blocks blocks (kv.h export layout) as n_blocks x block_bytes bytes; via
+ *                     1: none, the blocks come over the NCCL communicator of session (rank 1
+ *                     sends to rank 0) while this request is handled
+ *                  <- (empty). errors: -EINVAL (another geometry or vocabulary, ticket 0),
+ *                     -EEXIST (ticket parked), -ENOSPC (no free KV blocks), -ENOENT (no such
+ *                     session), -EIO (NCCL)
+ *   KVW_OP_NCCL_ID (prefill worker -> decode worker, once per pair)
+ *                  -> (empty)
+ *                  <- u32 session, 128 bytes: an NCCL unique id; the decode worker then joins
+ *                     it as rank 0, the caller as rank 1. -EOPNOTSUPP without a cuda engine
+ *                     and NCCL.
  *   params = u32 temp (f32 bits), u32 top_p (f32 bits), u32 top_k, u64 seed, u32 max_tokens
  */
 #ifndef KVFS_KVW_H
@@ -23,6 +43,8 @@ enum kvw_op {
 	KVW_OP_STATUS = 0x100,
 	KVW_OP_PREFILL = 0x101,
 	KVW_OP_DECODE = 0x102,
+	KVW_OP_KV_PUT = 0x103,
+	KVW_OP_NCCL_ID = 0x104,
 };
 
 enum kvw_event {

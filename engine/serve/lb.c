@@ -51,7 +51,13 @@ struct lb {
 	struct lreq *active; /* requests whose thread runs; guarded by mu */
 	int stopping;	     /* lb_stop: no new requests; guarded by mu */
 	uint64_t retries;
+	uint64_t nonce;	      /* tickets of direct hand-overs: nonce + job id */
+	uint64_t handoffs[3]; /* by enum ho_kind; guarded by mu */
 };
+
+/* How a request's KV reached its decode worker, for /metrics. */
+enum ho_kind { HO_FS = 0, HO_DIRECT = 1, HO_FALLBACK = 2 };
+static const char *const ho_names[] = {"fs", "direct", "fallback"};
 
 /* One request: referenced by its thread and by the gateway job (dropped in release). */
 struct lreq {
@@ -67,6 +73,15 @@ struct lreq {
 	int fd;		    /* the decode connection, -1 when none */
 	int cancelled;
 };
+
+int lb_handoff_parse(const char *s)
+{
+	if (!strcmp(s, "fs"))
+		return LB_HANDOFF_FS;
+	if (!strcmp(s, "direct"))
+		return LB_HANDOFF_DIRECT;
+	return -EINVAL;
+}
 
 int lb_policy_parse(const char *s)
 {
@@ -175,6 +190,7 @@ struct pf_result {
 	int32_t first;
 	uint8_t *blk; /* points into body */
 	uint32_t blen;
+	int handed; /* the whole KV is parked at the decode replica named in the PREFILL */
 	uint8_t *body;
 };
 
@@ -193,14 +209,16 @@ static int pf_parse(uint8_t *body, uint32_t len, struct pf_result *p)
 	p->n = (int)n;
 	p->cached = (int)kvp_r_u32(&rb);
 	p->first = (int32_t)kvp_r_u32(&rb);
+	p->handed = kvp_r_u8(&rb) == 1;
 	p->blen = kvp_r_u32(&rb);
 	p->blk = (uint8_t *)kvp_r_bytes(&rb, p->blen);
 	p->body = body;
 	return kvp_r_end(&rb);
 }
 
-/* Runs the prompt on a prefill replica, retrying others on transport failures. */
-static int do_prefill(struct lreq *q, struct pf_result *res)
+/* Runs the prompt on a prefill replica, retrying others on transport failures. peer: the
+ * decode replica to hand the KV to directly under ticket, or NULL. */
+static int do_prefill(struct lreq *q, struct pf_result *res, const char *peer, uint64_t ticket)
 {
 	struct lb *l = q->l;
 	struct kvp_wbuf w;
@@ -211,6 +229,8 @@ static int do_prefill(struct lreq *q, struct pf_result *res)
 	size_t plen = strlen(q->prompt);
 	kvp_w_u32(&w, (uint32_t)plen);
 	kvp_w_bytes(&w, q->prompt, plen);
+	kvp_w_cstr(&w, peer ? peer : "");
+	kvp_w_u64(&w, peer ? ticket : 0);
 	if (w.err) {
 		kvp_w_free(&w);
 		return w.err;
@@ -357,7 +377,20 @@ static void *req_main(void *arg)
 	struct lreq *q = arg;
 	struct lb *l = q->l;
 	struct pf_result pr = {0};
-	int rc = do_prefill(q, &pr);
+	int skip[LB_MAX_REPLICAS] = {0}, ntok = 0, peer = -1;
+	char peer_addr[KVP_ADDR_MAX] = "";
+	uint64_t ticket = 0;
+	if (l->o.handoff == LB_HANDOFF_DIRECT) {
+		/* the decode replica first: the prefill worker sends it the KV */
+		pthread_mutex_lock(&l->mu);
+		peer = pick(l, &l->dc, 0, 0, 0, skip);
+		if (peer >= 0)
+			snprintf(peer_addr, sizeof(peer_addr), "%s", l->dc.r[peer].addr);
+		pthread_mutex_unlock(&l->mu);
+		ticket = l->nonce + gw_job_id(q->job);
+		ticket += !ticket;
+	}
+	int rc = do_prefill(q, &pr, peer >= 0 ? peer_addr : NULL, ticket);
 	pthread_mutex_lock(&q->mu);
 	int cancelled = q->cancelled;
 	pthread_mutex_unlock(&q->mu);
@@ -371,6 +404,9 @@ static void *req_main(void *arg)
 		goto out;
 	}
 	gw_job_prompt(q->job, pr.n, pr.cached);
+	pthread_mutex_lock(&l->mu);
+	l->handoffs[peer < 0 ? HO_FS : pr.handed ? HO_DIRECT : HO_FALLBACK]++;
+	pthread_mutex_unlock(&l->mu);
 	struct kvp_wbuf w;
 	kvp_w_init(&w);
 	kvp_w_cstr(&w, q->salt ? q->salt : "");
@@ -381,11 +417,14 @@ static void *req_main(void *arg)
 	kvp_w_u32(&w, (uint32_t)pr.first);
 	kvp_w_u32(&w, pr.blen);
 	kvp_w_bytes(&w, pr.blk, pr.blen);
-	int skip[LB_MAX_REPLICAS] = {0}, ntok = 0;
+	kvp_w_u64(&w, pr.handed ? ticket : 0);
 	rc = w.err ? w.err : -EAGAIN;
 	while (!w.err) {
 		pthread_mutex_lock(&l->mu);
-		int i = pick(l, &l->dc, 0, 0, 0, skip);
+		/* the KV is parked at the peer: go there unless it is down since */
+		int i = peer >= 0 && pr.handed && l->dc.r[peer].up && !skip[peer]
+			    ? peer
+			    : pick(l, &l->dc, 0, 0, 0, skip);
 		if (i >= 0) {
 			l->dc.r[i].inflight++;
 			l->dc.r[i].picks++;
@@ -539,6 +578,10 @@ static void be_metrics(void *ctx, FILE *f)
 		}
 	fprintf(f, "# TYPE lb_retries_total counter\nlb_retries_total %llu\n",
 		(unsigned long long)l->retries);
+	fprintf(f, "# TYPE lb_kv_handoffs_total counter\n");
+	for (int k = 0; k < 3; k++)
+		fprintf(f, "lb_kv_handoffs_total{how=\"%s\"} %llu\n", ho_names[k],
+			(unsigned long long)l->handoffs[k]);
 	pthread_mutex_unlock(&l->mu);
 }
 
@@ -686,6 +729,13 @@ int lb_create(const struct lb_opts *o, struct lb **out)
 	}
 	pthread_mutex_init(&l->mu, NULL);
 	pthread_cond_init(&l->cv, NULL);
+	/* tickets must not repeat across gateway restarts while a decode worker still holds
+	 * one: the clock and pid are enough for that (a ticket lives SCH_PARK_MS) */
+	struct timespec now;
+	clock_gettime(CLOCK_REALTIME, &now);
+	l->nonce = ((uint64_t)now.tv_sec * 1000000000ULL + (uint64_t)now.tv_nsec) ^
+		   ((uint64_t)getpid() << 40);
+	l->nonce *= 0x9E3779B97F4A7C15ULL;
 	if ((rc = -pthread_create(&l->health, NULL, health_main, l))) {
 		kvp_pool_destroy(l->pool);
 		free(l);

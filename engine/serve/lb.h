@@ -2,7 +2,8 @@
  * `kvinfer decode` replicas (kvw.h protocol), as a struct gw_backend.
  *
  * Per request (one thread each): pick a prefill replica, PREFILL (the prompt's blocks are then
- * in the shared kv dir, the last one comes back in the reply), pick a decode replica, DECODE on
+ * in the shared kv dir, the last one comes back in the reply — or, with LB_HANDOFF_DIRECT, the
+ * prefill worker handed all of them to the decode replica picked first), DECODE on
  * a connection of its own and relay its token frames to the gateway job. A replica whose call
  * fails at the transport level is marked down and the request retried on another one, as long
  * as no token reached the client; after that the request ends with an error event. Cancelling
@@ -31,6 +32,18 @@
 
 enum lb_policy { LB_RR = 0, LB_LEAST = 1, LB_CACHE = 2 };
 
+/* How the prompt's KV goes from the prefill to the decode worker:
+ *   LB_HANDOFF_FS      full blocks through the shared kv dir (the prefill worker waits until
+ *                      they are written), the last one in the PREFILL reply;
+ *   LB_HANDOFF_DIRECT  the decode replica is picked first and named in the PREFILL; the prefill
+ *                      worker sends it the whole prompt's KV (KVW_OP_KV_PUT: bytes over the
+ *                      connection, or NCCL between GPUs with --nccl workers), where it is
+ *                      parked under a ticket the DECODE then names. The full blocks still go
+ *                      to the kv dir for later prompts, unwaited. When the hand-over fails
+ *                      (decode replica gone, geometry differs) the request goes on as with
+ *                      fs, on the blocks the kv dir has (the decode worker computes the rest). */
+enum lb_handoff { LB_HANDOFF_FS = 0, LB_HANDOFF_DIRECT = 1 };
+
 #define LB_MAX_REPLICAS 16
 /* The gateway is not told the workers' --block-tokens: their default. */
 #define LB_BLOCK_TOKENS 64
@@ -42,6 +55,7 @@ struct lb_opts {
 	const char *decode;
 	const struct kvp_secret *secret;
 	enum lb_policy policy;
+	enum lb_handoff handoff;
 };
 
 struct lb;
@@ -57,5 +71,7 @@ void lb_destroy(struct lb *l);
 void lb_backend(struct lb *l, struct gw_backend *out);
 /* "rr", "least", "cache" -> policy, or -EINVAL. */
 int lb_policy_parse(const char *s);
+/* "fs", "direct" -> enum lb_handoff, or -EINVAL. */
+int lb_handoff_parse(const char *s);
 
 #endif

@@ -1,6 +1,7 @@
 /* sch — continuous-batching scheduler over one engine (see sch.h). */
 #define KVFS_LOG_TAG "sch"
 #include "sch.h"
+#include "sch_int.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -16,68 +17,8 @@
 #include "model.h"
 #include "sample.h"
 #include "gguf.h"
+#include "ktime.h"
 #include "tok.h"
-
-enum req_state { RS_WAIT = 0, RS_PREFILL, RS_DECODE };
-
-/* One request. Created in submit, freed in release (after gw_job_finish and the client's end);
- * the scheduler thread stops touching it at gw_job_finish. */
-struct sch_req {
-	struct sch *s;
-	struct sch_sink k;
-	void *u;
-	enum sch_mode mode;
-	atomic_int cancelled;
-	int finished;	    /* scheduler thread: ended, finish not yet reported */
-	const char *reason; /* what finish will report (static strings) */
-	int err;
-	const char *msg;
-	struct sch_req *next; /* incoming queue / scheduler lists; guarded by s->mu while queued */
-	/* scheduler thread only: */
-	enum req_state st;
-	int32_t *toks;
-	int n, pos; /* prompt tokens; tokens already in seq */
-	int cached; /* prompt tokens loaded from the cache */
-	char *salt;
-	struct kvi_sample_params sp;
-	struct kvi_seq *seq;
-	struct kvi_sampler *smp;
-	int32_t last;
-	char utf8[8]; /* bytes of a UTF-8 character split across tokens */
-	int nutf8;
-	int32_t first; /* SCH_DECODE: the handed-over first token */
-	void *blk;     /* SCH_DECODE: the handed-over last block */
-	size_t blen;
-};
-
-struct sch {
-	struct sch_opts o;
-	struct kvi_model *m;
-	struct kvi_tok *tok;
-	struct kvi_engine *e;	   /* the CPU engine, or NULL */
-	struct kvi_dev_engine *de; /* the device engine (opts.device), or NULL */
-	struct kvx *kx;
-	int n_vocab;
-	float *logits; /* (max_seqs, n_vocab) */
-	pthread_t thr;
-	pthread_mutex_t mu; /* guards inq, stop */
-	pthread_cond_t cv;
-	struct sch_req *inq, **inq_tail;
-	int stop;
-	/* scheduler thread only */
-	struct sch_req **run; /* admitted requests, oldest first */
-	int nrun;
-	/* gauges published after each step for /metrics */
-	atomic_int g_waiting, g_running, g_kv_used, g_kv_total, g_queued, g_wait_tokens;
-	void *blkbuf; /* one block, for SCH_PREFILL hand-overs */
-	atomic_ullong c_steps, c_decode_tokens, c_prefill_tokens;
-};
-
-/* The engine's KV pool, whichever engine it is. */
-static struct kvi_kv *eng_kv(const struct sch *s)
-{
-	return s->de ? kvi_dev_engine_kv(s->de) : kvi_engine_kv(s->e);
-}
 
 void sch_opts_default(struct sch_opts *o)
 {
@@ -223,6 +164,14 @@ static int admit(struct sch *s, struct sch_req *r)
 		return rc;
 	if ((rc = kvi_sampler_create(&r->sp, s->n_vocab, &r->smp)))
 		return rc;
+	if (r->ticket && sch_parked_claim(s, r)) { /* handed over directly: nothing to load */
+		r->pos = r->cached = r->n;
+		r->st = RS_DECODE;
+		if (r->k.prompt)
+			r->k.prompt(r->u, r->n, r->n);
+		take_token(s, r, r->first);
+		return 0;
+	}
 	int cached = 0;
 	if (s->kx && (rc = kvx_load_prefix(s->kx, r->seq, r->toks, r->n, r->salt, &cached)))
 		return rc;
@@ -244,6 +193,18 @@ static void prefill_done(struct sch *s, struct sch_req *r, int32_t first)
 {
 	struct kvi_kv *kv = eng_kv(s);
 	int B = kvi_kv_geom(kv)->block_tokens;
+	if (r->handoff) {
+		/* the decode worker gets the KV directly: the saves are for later prompts and
+		 * need not be waited for */
+		if (s->kx)
+			kvx_save(s->kx, r->seq, r->toks, r->n, r->salt);
+		int rc = sch_handoff_run(s, r, first);
+		if (rc)
+			req_end(r, NULL, rc, "cannot hand the KV over");
+		else
+			req_end(r, "stop", 0, NULL);
+		return;
+	}
 	if (s->kx) {
 		kvx_save(s->kx, r->seq, r->toks, r->n, r->salt);
 		kvx_flush(s->kx); /* the decode worker loads them next */
@@ -336,14 +297,22 @@ static void *sch_main(void *arg)
 	int nwait = 0;
 	for (;;) {
 		pthread_mutex_lock(&s->mu);
-		while (!s->stop && !s->inq && !wait && s->nrun == 0) {
+		while (!s->stop && !s->inq && !s->calls && !wait && s->nrun == 0) {
 			pthread_mutex_unlock(&s->mu);
 			if (s->kx)
 				kvx_flush(s->kx); /* idle: drop the save references */
+			int parked = sch_parked_expire(s, 0);
 			publish(s, 0);
 			pthread_mutex_lock(&s->mu);
-			if (!s->stop && !s->inq)
+			if (s->stop || s->inq || s->calls)
+				break;
+			if (parked) { /* wake to expire them */
+				struct timespec t;
+				kvfs_deadline(&t, CLOCK_MONOTONIC, 1000);
+				pthread_cond_timedwait(&s->cv, &s->mu, &t);
+			} else {
 				pthread_cond_wait(&s->cv, &s->mu);
+			}
 		}
 		int stop = s->stop;
 		if (s->inq) {
@@ -358,6 +327,8 @@ static void *sch_main(void *arg)
 		pthread_mutex_unlock(&s->mu);
 		if (stop)
 			break;
+		sch_run_calls(s); /* hand-overs to park, NCCL joins */
+		sch_parked_expire(s, 0);
 		/* 1. cancelled requests leave now, freeing their KV */
 		for (int i = 0; i < s->nrun; i++)
 			if (atomic_load(&s->run[i]->cancelled))
@@ -411,6 +382,10 @@ static void *sch_main(void *arg)
 		req_end(r, NULL, -ESHUTDOWN, "server shutting down");
 		req_report(r);
 	}
+	sch_parked_expire(s, 1);
+	pthread_mutex_lock(&s->mu);
+	sch_fail_calls_locked(s, -EAGAIN);
+	pthread_mutex_unlock(&s->mu);
 	return NULL;
 }
 
@@ -428,7 +403,13 @@ int sch_submit(struct sch *s, const struct sch_job *j, const struct sch_sink *k,
 	r->mode = j->mode;
 	r->sp = j->sp;
 	r->first = j->first;
-	int rc = -ENOMEM;
+	r->ticket = j->mode == SCH_DECODE ? j->ticket : 0;
+	r->handoff = j->mode == SCH_PREFILL ? j->handoff : 0;
+	int rc = -EINVAL;
+	if (r->handoff && (r->handoff > SCH_HANDOFF_DEVICE || !k->handoff ||
+			   (r->handoff == SCH_HANDOFF_DEVICE && !sch_nccl_capable(s))))
+		goto fail;
+	rc = -ENOMEM;
 	if (j->salt && !(r->salt = strdup(j->salt)))
 		goto fail;
 	if (j->mode == SCH_DECODE) {
@@ -504,6 +485,12 @@ void sch_load_get(struct sch *s, struct sch_load *out)
 size_t sch_block_bytes(const struct sch *s)
 {
 	return kvi_kv_block_bytes(eng_kv(s));
+}
+
+size_t sch_handoff_max_bytes(const struct sch *s)
+{
+	size_t B = (size_t)kvi_kv_geom(eng_kv(s))->block_tokens, ctx = (size_t)s->o.max_ctx;
+	return (ctx + B - 1) / B * sch_block_bytes(s) + ctx * sizeof(int32_t);
 }
 
 /* ---- gw_backend (embedded) -------------------------------------------------------------- */
@@ -615,7 +602,9 @@ int sch_create(const struct sch_opts *o, struct sch **out)
 		s->o.block_tokens = 64;
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_cond_init(&s->cv, NULL);
+	pthread_cond_init(&s->call_cv, NULL);
 	s->inq_tail = &s->inq;
+	s->calls_tail = &s->calls;
 	int rc = kvi_model_load(o->model, &s->m, err, sizeof(err));
 	if (rc) {
 		klog_error("%s: %s", o->model, err[0] ? err : strerror(-rc));
@@ -675,6 +664,7 @@ fail:
 	free(s->blkbuf);
 	pthread_mutex_destroy(&s->mu);
 	pthread_cond_destroy(&s->cv);
+	pthread_cond_destroy(&s->call_cv);
 	free(s);
 	return rc;
 }
@@ -689,6 +679,7 @@ void sch_stop(struct sch *s)
 	if (was)
 		return;
 	pthread_join(s->thr, NULL);
+	s->joined = 1;
 	/* requests submitted after the thread's last look at the queue */
 	while (s->inq) {
 		struct sch_req *r = s->inq;
@@ -712,5 +703,6 @@ void sch_destroy(struct sch *s)
 	free(s->blkbuf);
 	pthread_mutex_destroy(&s->mu);
 	pthread_cond_destroy(&s->cv);
+	pthread_cond_destroy(&s->call_cv);
 	free(s);
 }

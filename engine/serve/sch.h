@@ -49,6 +49,24 @@ void sch_opts_default(struct sch_opts *o);
 struct sch;
 struct sch_req;
 
+/* What a direct hand-over carries (SCH_PREFILL with sch_job.handoff). */
+struct sch_handoff {
+	const int32_t *toks; /* the prompt's token ids */
+	int n, cached;
+	int32_t first;	       /* the first sampled token */
+	const int32_t *blocks; /* the engine's ids of the prompt's blocks, in order */
+	int n_blocks;	       /* = ceil(n / block_tokens) */
+	size_t block_bytes;    /* sch_block_bytes */
+	const void *kv;	       /* SCH_HANDOFF_BYTES: the n_blocks blocks in the kv.h export
+				* layout, one after another; NULL for SCH_HANDOFF_DEVICE */
+};
+
+enum sch_handoff_kind {
+	SCH_HANDOFF_NONE = 0,
+	SCH_HANDOFF_BYTES = 1,	/* the KV as host bytes (any engine) */
+	SCH_HANDOFF_DEVICE = 2, /* no copy: the sink sends it with sch_nccl_send */
+};
+
 /* How a request reports; every callback runs on the scheduler thread, in this order:
  * prompt (once admitted), token*, then finish exactly once (its last touch of the request). */
 struct sch_sink {
@@ -59,6 +77,10 @@ struct sch_sink {
 	 * kv.h export layout); every full block before it is published in the kv dir. */
 	void (*prefilled)(void *u, const int32_t *toks, int n, int cached, int32_t first,
 			  const void *blk, size_t blen);
+	/* SCH_PREFILL with sch_job.handoff, instead of prefilled: the whole prompt's KV for a
+	 * direct hand-over to a decode worker (kvw.h KVW_OP_KV_PUT). Runs on the scheduler
+	 * thread; h and what it points to are valid during the call only. */
+	void (*handoff)(void *u, struct sch *s, const struct sch_handoff *h);
 	void (*finish)(void *u, const char *reason, int err, const char *msg);
 };
 
@@ -79,6 +101,10 @@ struct sch_job {
 	size_t blen;
 	const char *salt; /* may be NULL */
 	struct kvi_sample_params sp;
+	int handoff;	 /* PREFILL: enum sch_handoff_kind; the full blocks are still saved in
+			  * the kv dir (for later prompts), but not waited for */
+	uint64_t ticket; /* DECODE: the KV parked under this ticket (sch_park) is the prompt's,
+			  * when its tokens match; else (expired, never came) the normal path */
 };
 
 /* Queues a request. Returns 0 and *out (free with sch_req_free after finish ran and no
@@ -91,6 +117,38 @@ int sch_submit(struct sch *s, const struct sch_job *j, const struct sch_sink *k,
 void sch_cancel(struct sch_req *r);
 void sch_req_free(struct sch_req *r);
 
+/* ---- direct hand-over (decode side) and NCCL --------------------------------------------
+ *
+ * A prefill worker hands a prompt's KV straight to a decode worker, which parks it under a
+ * ticket until the DECODE request with that ticket arrives (normally within milliseconds; a
+ * parked prompt no DECODE claims is dropped after SCH_PARK_MS). Parked KV counts as used.
+ * These calls are thread-safe and block until the scheduler thread has done the work (at its
+ * next step); -EAGAIN once stopping. */
+#define SCH_PARK_MS 30000
+
+/* Parks the n-token prompt toks whose KV is kv (len = ceil(n / B) blocks in the export
+ * layout). Returns 0, -EINVAL (bad ids, length, ticket 0), -EEXIST (ticket parked already),
+ * -ENOSPC (no free blocks), -ENOMEM. */
+int sch_park(struct sch *s, uint64_t ticket, const int32_t *toks, int n, const void *kv,
+	     size_t len);
+
+struct kvk_nccl;
+/* As sch_park, the KV received from rank peer of communicator c (kvk_nccl.h) instead.
+ * -ENODEV unless the engine is the cuda device engine; -EIO for an NCCL or CUDA error. */
+int sch_park_nccl(struct sch *s, uint64_t ticket, const int32_t *toks, int n, struct kvk_nccl *c,
+		  int peer);
+/* Joins NCCL communicator id (2 ranks) as rank on the engine's GPU; blocks until the other
+ * rank joined. Free *out with sch_nccl_leave. -ENODEV unless the cuda device engine with NCCL. */
+int sch_nccl_join(struct sch *s, const uint8_t *id, int rank, struct kvk_nccl **out);
+/* Destroys a communicator of this scheduler's engine (on its thread). Call while the
+ * scheduler runs or after sch_stop returned. NULL is a no-op. */
+void sch_nccl_leave(struct sch *s, struct kvk_nccl *c);
+/* Scheduler thread only, inside a handoff callback (SCH_HANDOFF_DEVICE): sends h's blocks to
+ * rank peer of c; returns when the receiver has them. 0, -ENODEV, -EIO. */
+int sch_nccl_send(struct sch *s, struct kvk_nccl *c, const struct sch_handoff *h, int peer);
+/* 1 when this engine can take part in NCCL transfers (the cuda device engine, NCCL built). */
+int sch_nccl_capable(const struct sch *s);
+
 /* Load, for balancers (thread-safe, updated every step). */
 struct sch_load {
 	int waiting, running;
@@ -100,6 +158,9 @@ struct sch_load {
 void sch_load_get(struct sch *s, struct sch_load *out);
 /* Bytes of one KV block (the hand-over size). */
 size_t sch_block_bytes(const struct sch *s);
+/* Bytes of the largest prompt's token ids and KV blocks (a KVW_OP_KV_PUT body, less its
+ * fixed fields). */
+size_t sch_handoff_max_bytes(const struct sch *s);
 
 /* Loads the model and tokenizer, creates the engine (KV pool of max_seqs * max_ctx tokens) and
  * the kvx, and starts the thread. Returns 0, -EINVAL (bad model, options), -ENOENT, -ENOMEM. */

@@ -1,7 +1,9 @@
 /* `kvinfer prefill` and `kvinfer decode`: worker processes of the disaggregated server. Each
  * runs one scheduler (sch.h) behind a kvp_server speaking kvw.h. A prefill worker computes
- * prompts (SCH_PREFILL) and hands over the last block; a decode worker loads the blocks and
- * generates with continuous batching (SCH_DECODE), streaming one frame per token. */
+ * prompts (SCH_PREFILL) and hands over the last block — or, when the gateway names a decode
+ * worker, sends that worker the whole prompt's KV (KVW_OP_KV_PUT, bytes or NCCL); a decode
+ * worker parks such KV, loads the blocks and generates with continuous batching (SCH_DECODE),
+ * streaming one frame per token. */
 #define KVFS_LOG_TAG "worker"
 #include <errno.h>
 #include <math.h>
@@ -15,6 +17,7 @@
 
 #include "cfg.h"
 #include "kvinfer_cli.h"
+#include "kvk_nccl.h"
 #include "kvp.h"
 #include "kvw.h"
 #include "log.h"
@@ -33,6 +36,7 @@ struct wk_cfg {
 	char isa[CFG_STR_MAX];
 	char device[CFG_STR_MAX];
 	int ignore_eos;
+	int nccl;
 };
 
 #define WOFF(f) offsetof(struct wk_cfg, f)
@@ -51,20 +55,48 @@ static const struct cfg_opt wk_opts[] = {
     {"isa", CFG_STR, WOFF(isa), 0, 0, "auto", "matmul kernels: auto, avx2, scalar"},
     {"device", CFG_STR, WOFF(device), 0, 0, "cpu", KVINFER_DEVICE_HELP},
     {"ignore-eos", CFG_BOOL, WOFF(ignore_eos), 0, 0, "false", "generate past end tokens"},
+    {"nccl", CFG_BOOL, WOFF(nccl), 0, 0, "false",
+     "prefill, --device cuda: direct hand-overs to decode workers on other GPUs with NCCL"},
     CFG_END,
+};
+
+#define PUT_TIMEOUT_MS	   30000 /* a decode worker parks a hand-over at its next step */
+#define CONNECT_TIMEOUT_MS 2000
+#define WK_MAX_COMMS	   64
+
+/* An NCCL communicator with one peer worker. Prefill side: keyed by the decode worker's
+ * address (c NULL: that worker cannot, do not ask again); decode side: by session. */
+struct wk_comm {
+	char addr[KVP_ADDR_MAX];
+	uint32_t session;
+	struct kvk_nccl *c;
 };
 
 struct wk {
 	struct sch *s;
 	enum sch_mode mode;
+	struct kvp_pool *pool; /* prefill: connections to decode workers */
+	int nccl;	       /* prefill: try NCCL for hand-overs */
+	pthread_mutex_t mu;    /* guards comms, puts */
+	pthread_cond_t cv;     /* puts dropped */
+	struct wk_comm comms[WK_MAX_COMMS];
+	int ncomms;
+	uint32_t next_session;
+	int puts; /* hand-over threads running */
 };
 
 /* One request from the gateway; freed by its finish callback (the scheduler's last touch). */
 struct wreq {
+	struct wk *k;
 	struct kvp_conn *c;
 	struct kvp_hdr h;
 	struct sch_req *r;
 	int replied;
+	/* PREFILL with a direct hand-over */
+	char peer[KVP_ADDR_MAX];
+	uint64_t ticket;
+	struct kvk_nccl *comm; /* NCCL to peer, or NULL: bytes */
+	uint32_t session;
 };
 
 static void wr_done(struct wreq *w)
@@ -74,10 +106,10 @@ static void wr_done(struct wreq *w)
 	free(w);
 }
 
-static void pf_prefilled(void *u, const int32_t *toks, int n, int cached, int32_t first,
-			 const void *blk, size_t blen)
+/* The PREFILL reply (kvw.h). 0, or the encoding's error (nothing sent). */
+static int pf_reply(struct kvp_conn *c, const struct kvp_hdr *h, const int32_t *toks, int n,
+		    int cached, int32_t first, int handed, const void *blk, size_t blen)
 {
-	struct wreq *w = u;
 	struct kvp_wbuf b;
 	kvp_w_init(&b);
 	kvp_w_u32(&b, (uint32_t)n);
@@ -85,12 +117,21 @@ static void pf_prefilled(void *u, const int32_t *toks, int n, int cached, int32_
 		kvp_w_u32(&b, (uint32_t)toks[i]);
 	kvp_w_u32(&b, (uint32_t)cached);
 	kvp_w_u32(&b, (uint32_t)first);
+	kvp_w_u8(&b, (uint8_t)handed);
 	kvp_w_u32(&b, (uint32_t)blen);
-	if (!b.err) {
-		kvp_reply(w->c, &w->h, 0, b.p, b.len, blk, blen);
-		w->replied = 1;
-	}
+	int rc = b.err;
+	if (!rc)
+		kvp_reply(c, h, 0, b.p, b.len, blk, blen);
 	kvp_w_free(&b);
+	return rc;
+}
+
+static void pf_prefilled(void *u, const int32_t *toks, int n, int cached, int32_t first,
+			 const void *blk, size_t blen)
+{
+	struct wreq *w = u;
+	if (!pf_reply(w->c, &w->h, toks, n, cached, first, 0, blk, blen))
+		w->replied = 1;
 }
 
 static void pf_finish(void *u, const char *reason, int err, const char *msg)
@@ -132,6 +173,286 @@ static void dc_finish(void *u, const char *reason, int err, const char *msg)
 	wr_done(w);
 }
 
+/* ---- direct hand-over, prefill side ---------------------------------------------------- */
+
+/* The KVW_OP_KV_PUT body: everything but the bytes of the KV. */
+static void put_header(struct kvp_wbuf *b, const struct wreq *w, const struct sch_handoff *h,
+		       int via)
+{
+	kvp_w_u64(b, w->ticket);
+	kvp_w_u32(b, (uint32_t)h->n);
+	for (int i = 0; i < h->n; i++)
+		kvp_w_u32(b, (uint32_t)h->toks[i]);
+	kvp_w_u32(b, (uint32_t)h->block_bytes);
+	kvp_w_u32(b, (uint32_t)h->n_blocks);
+	kvp_w_u8(b, (uint8_t)via);
+	kvp_w_u32(b, via ? w->session : 0);
+}
+
+/* A hand-over by bytes, sent and answered on a thread of its own so the prefill scheduler
+ * goes on computing meanwhile. Owns everything it points to. */
+struct put {
+	struct wk *k;
+	struct kvp_conn *c;
+	struct kvp_hdr h;
+	char peer[KVP_ADDR_MAX];
+	struct kvp_wbuf hdr;
+	uint8_t *kv;
+	size_t kv_len, bb;
+	int32_t *toks;
+	int n, cached;
+	int32_t first;
+};
+
+static int put_send(struct wk *k, const char *peer, const struct kvp_wbuf *hdr, const void *kv,
+		    size_t len)
+{
+	struct kvp_client *cl = NULL;
+	int rc = kvp_pool_get(k->pool, peer, &cl);
+	if (!rc) {
+		rc = kvp_call(cl, KVW_OP_KV_PUT, hdr->p, hdr->len, kv, len, PUT_TIMEOUT_MS, NULL,
+			      NULL);
+		kvp_pool_put(k->pool, cl);
+	}
+	return rc;
+}
+
+static void *put_main(void *arg)
+{
+	struct put *p = arg;
+	int rc = put_send(p->k, p->peer, &p->hdr, p->kv, p->kv_len);
+	if (rc) /* the decode worker computes from the kv dir instead; it needs the last block */
+		klog_warn("hand-over to %s: %s; the decode worker loads from the kv dir", p->peer,
+			  kvp_strerror(rc));
+	pf_reply(p->c, &p->h, p->toks, p->n, p->cached, p->first, rc == 0,
+		 rc ? p->kv + p->kv_len - p->bb : NULL, rc ? p->bb : 0);
+	kvp_conn_unref(p->c);
+	struct wk *k = p->k;
+	kvp_w_free(&p->hdr);
+	free(p->kv);
+	free(p->toks);
+	free(p);
+	pthread_mutex_lock(&k->mu);
+	k->puts--;
+	pthread_cond_broadcast(&k->cv);
+	pthread_mutex_unlock(&k->mu);
+	return NULL;
+}
+
+static int put_start(struct wreq *w, const struct sch_handoff *h)
+{
+	struct put *p = calloc(1, sizeof(*p));
+	if (!p)
+		return -ENOMEM;
+	kvp_w_init(&p->hdr);
+	put_header(&p->hdr, w, h, 0);
+	p->kv_len = (size_t)h->n_blocks * h->block_bytes;
+	p->bb = h->block_bytes;
+	p->kv = malloc(p->kv_len);
+	p->toks = malloc((size_t)h->n * sizeof(int32_t));
+	int rc = p->hdr.err ? p->hdr.err : p->kv && p->toks ? 0 : -ENOMEM;
+	if (!rc) {
+		memcpy(p->kv, h->kv, p->kv_len);
+		memcpy(p->toks, h->toks, (size_t)h->n * sizeof(int32_t));
+		memcpy(p->peer, w->peer, sizeof(p->peer));
+		p->k = w->k;
+		p->c = w->c;
+		p->h = w->h;
+		p->n = h->n;
+		p->cached = h->cached;
+		p->first = h->first;
+		kvp_conn_ref(p->c);
+		pthread_mutex_lock(&w->k->mu);
+		w->k->puts++;
+		pthread_mutex_unlock(&w->k->mu);
+		pthread_t t;
+		pthread_attr_t a;
+		pthread_attr_init(&a);
+		pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+		rc = -pthread_create(&t, &a, put_main, p);
+		pthread_attr_destroy(&a);
+		if (!rc)
+			return 0;
+		kvp_conn_unref(p->c);
+		pthread_mutex_lock(&w->k->mu);
+		w->k->puts--;
+		pthread_mutex_unlock(&w->k->mu);
+	}
+	kvp_w_free(&p->hdr);
+	free(p->kv);
+	free(p->toks);
+	free(p);
+	return rc;
+}
+
+/* NCCL: the KV_PUT announces the transfer, the scheduler thread sends the blocks (the decode
+ * worker's scheduler receives them when it handles the KV_PUT), then the reply confirms. */
+static int put_nccl(struct wreq *w, struct sch *s, const struct sch_handoff *h)
+{
+	struct kvp_wbuf b;
+	kvp_w_init(&b);
+	put_header(&b, w, h, 1);
+	struct kvp_client *cl = NULL;
+	struct kvp_call *call = NULL;
+	int rc = b.err;
+	if (!rc && !(rc = kvp_pool_get(w->k->pool, w->peer, &cl))) {
+		rc = kvp_call_start(cl, KVW_OP_KV_PUT, b.p, b.len, NULL, 0, &call);
+		kvp_pool_put(w->k->pool, cl);
+	}
+	kvp_w_free(&b);
+	if (rc)
+		return rc;
+	int src = sch_nccl_send(s, w->comm, h, 0);
+	rc = kvp_call_wait(call, PUT_TIMEOUT_MS, NULL, NULL);
+	return src ? src : rc;
+}
+
+static void pf_handoff(void *u, struct sch *s, const struct sch_handoff *h)
+{
+	struct wreq *w = u;
+	if (h->kv) {
+		int rc = put_start(w, h);
+		if (!rc) {
+			w->replied = 1; /* the thread replies */
+			return;
+		}
+		klog_warn("hand-over to %s: %s", w->peer, strerror(-rc));
+		size_t last = (size_t)(h->n_blocks - 1) * h->block_bytes;
+		if (!pf_reply(w->c, &w->h, h->toks, h->n, h->cached, h->first, 0,
+			      (const uint8_t *)h->kv + last, h->block_bytes))
+			w->replied = 1;
+		return;
+	}
+	int rc = put_nccl(w, s, h);
+	if (rc)
+		klog_warn("NCCL hand-over to %s: %s; the decode worker loads from the kv dir",
+			  w->peer, kvp_strerror(rc));
+	if (!pf_reply(w->c, &w->h, h->toks, h->n, h->cached, h->first, rc == 0, NULL, 0))
+		w->replied = 1;
+}
+
+/* Prefill side: the NCCL communicator with decode worker peer, set up on first use (the
+ * decode side creates the id, kvw.h KVW_OP_NCCL_ID). NULL when NCCL is not to be used. */
+static struct kvk_nccl *comm_for(struct wk *k, const char *peer, uint32_t *session)
+{
+	pthread_mutex_lock(&k->mu);
+	for (int i = 0; i < k->ncomms; i++)
+		if (!strcmp(k->comms[i].addr, peer)) {
+			*session = k->comms[i].session;
+			struct kvk_nccl *c = k->comms[i].c;
+			pthread_mutex_unlock(&k->mu);
+			return c;
+		}
+	int full = k->ncomms == WK_MAX_COMMS;
+	pthread_mutex_unlock(&k->mu);
+	if (full)
+		return NULL;
+	struct kvp_client *cl = NULL;
+	uint8_t *body = NULL;
+	uint32_t len = 0;
+	int rc = kvp_pool_get(k->pool, peer, &cl);
+	if (!rc) {
+		rc = kvp_call(cl, KVW_OP_NCCL_ID, NULL, 0, NULL, 0, PUT_TIMEOUT_MS, &body, &len);
+		kvp_pool_put(k->pool, cl);
+	}
+	struct kvk_nccl *c = NULL;
+	uint32_t sess = 0;
+	if (!rc) {
+		struct kvp_rbuf rb;
+		kvp_r_init(&rb, body, len);
+		sess = kvp_r_u32(&rb);
+		const uint8_t *id = kvp_r_bytes(&rb, KVK_NCCL_ID_BYTES);
+		rc = kvp_r_end(&rb);
+		if (!rc)
+			rc = sch_nccl_join(k->s, id, 1, &c);
+	}
+	free(body);
+	if (rc)
+		klog_warn("no NCCL with %s (%s): hand-overs go as bytes", peer, kvp_strerror(rc));
+	else
+		klog_info("NCCL communicator with %s (session %u)", peer, sess);
+	pthread_mutex_lock(&k->mu);
+	if (k->ncomms < WK_MAX_COMMS) {
+		struct wk_comm *e = &k->comms[k->ncomms++];
+		snprintf(e->addr, sizeof(e->addr), "%s", peer);
+		e->session = sess;
+		e->c = c;
+		c = NULL;
+	}
+	pthread_mutex_unlock(&k->mu);
+	sch_nccl_leave(k->s, c); /* a racing request stored one first */
+	return comm_for(k, peer, session);
+}
+
+/* ---- direct hand-over, decode side ------------------------------------------------------ */
+
+static int dc_put(struct wk *k, struct kvp_rbuf *rb, uint32_t body_len)
+{
+	uint64_t ticket = kvp_r_u64(rb);
+	uint32_t n = kvp_r_u32(rb);
+	if (n == 0 || (size_t)n * 4 > body_len)
+		return -EBADMSG;
+	int32_t *toks = malloc((size_t)n * sizeof(int32_t));
+	if (!toks)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < n; i++)
+		toks[i] = (int32_t)kvp_r_u32(rb);
+	uint32_t bb = kvp_r_u32(rb), nb = kvp_r_u32(rb);
+	uint8_t via = kvp_r_u8(rb);
+	uint32_t session = kvp_r_u32(rb);
+	const uint8_t *kv = NULL;
+	size_t len = (size_t)nb * bb;
+	if (!rb->err && via == 0)
+		kv = kvp_r_bytes(rb, len);
+	int rc = kvp_r_end(rb);
+	if (!rc && (via > 1 || bb != sch_block_bytes(k->s)))
+		rc = -EINVAL; /* another geometry: the prefill worker falls back to the kv dir */
+	if (!rc && via == 0) {
+		rc = sch_park(k->s, ticket, toks, (int)n, kv, len);
+	} else if (!rc) {
+		struct kvk_nccl *c = NULL;
+		pthread_mutex_lock(&k->mu);
+		for (int i = 0; i < k->ncomms; i++)
+			if (k->comms[i].session == session)
+				c = k->comms[i].c;
+		pthread_mutex_unlock(&k->mu);
+		rc = c ? sch_park_nccl(k->s, ticket, toks, (int)n, c, 1) : -ENOENT;
+	}
+	free(toks);
+	return rc;
+}
+
+/* KVW_OP_NCCL_ID: a fresh id to the prefill worker, then this side joins as rank 0 (this
+ * connection's thread waits until the prefill worker joined too). */
+static void dc_nccl_id(struct wk *k, struct kvp_conn *conn, const struct kvp_hdr *h)
+{
+	uint8_t id[KVK_NCCL_ID_BYTES];
+	int rc = sch_nccl_capable(k->s) ? kvk_nccl_id_create(id) : -EOPNOTSUPP;
+	pthread_mutex_lock(&k->mu);
+	if (!rc && k->ncomms == WK_MAX_COMMS)
+		rc = -ENOSPC;
+	uint32_t sess = ++k->next_session;
+	pthread_mutex_unlock(&k->mu);
+	struct kvp_wbuf b;
+	kvp_w_init(&b);
+	kvp_w_u32(&b, sess);
+	kvp_w_bytes(&b, id, sizeof(id));
+	if (!rc)
+		rc = b.err;
+	kvp_reply(conn, h, rc, rc ? NULL : b.p, rc ? 0 : b.len, NULL, 0);
+	kvp_w_free(&b);
+	struct kvk_nccl *c = NULL;
+	if (rc || (rc = sch_nccl_join(k->s, id, 0, &c)))
+		return;
+	pthread_mutex_lock(&k->mu);
+	if (k->ncomms < WK_MAX_COMMS) {
+		k->comms[k->ncomms++] = (struct wk_comm){.session = sess, .c = c};
+		c = NULL;
+	}
+	pthread_mutex_unlock(&k->mu);
+	sch_nccl_leave(k->s, c);
+}
+
 static int wk_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, uint8_t *body)
 {
 	struct wk *k = ctx;
@@ -152,6 +473,17 @@ static int wk_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, ui
 		kvp_w_free(&b);
 		return 0;
 	}
+	if (k->mode == SCH_DECODE && h->op == KVW_OP_KV_PUT) {
+		int rc = dc_put(k, &rb, h->len);
+		free(body);
+		kvp_reply(c, h, rc, NULL, 0, NULL, 0);
+		return rc == -EBADMSG ? -1 : 0;
+	}
+	if (k->mode == SCH_DECODE && h->op == KVW_OP_NCCL_ID) {
+		free(body);
+		dc_nccl_id(k, c, h);
+		return 0;
+	}
 	int want = k->mode == SCH_PREFILL ? KVW_OP_PREFILL : KVW_OP_DECODE;
 	if (h->op != want) {
 		free(body);
@@ -165,6 +497,8 @@ static int wk_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, ui
 	kvw_r_params(&rb, &j.sp);
 	char *prompt = NULL;
 	int32_t *toks = NULL;
+	char peer[KVP_ADDR_MAX] = "";
+	uint64_t ticket = 0;
 	if (k->mode == SCH_PREFILL) {
 		j.parse_special = kvp_r_u8(&rb);
 		uint32_t len = kvp_r_u32(&rb);
@@ -176,6 +510,8 @@ static int wk_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, ui
 				rb.err = -EBADMSG;
 		}
 		j.prompt = prompt;
+		kvp_r_str(&rb, peer, sizeof(peer));
+		ticket = kvp_r_u64(&rb);
 	} else {
 		uint32_t n = kvp_r_u32(&rb);
 		if (n == 0 || (size_t)n * 4 > h->len)
@@ -188,18 +524,34 @@ static int wk_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, ui
 		j.first = (int32_t)kvp_r_u32(&rb);
 		j.blen = kvp_r_u32(&rb);
 		j.blk = kvp_r_bytes(&rb, j.blen);
+		j.ticket = kvp_r_u64(&rb);
 	}
 	int rc = kvp_r_end(&rb);
+	if (!rc && peer[0]) { /* a direct hand-over: a valid address and a ticket */
+		char host[KVP_ADDR_MAX];
+		uint16_t port;
+		if (!ticket || kvp_addr_parse(peer, host, sizeof(host), &port) || !port)
+			rc = -EINVAL;
+	}
 	if (!rc && !(prompt || toks))
 		rc = -ENOMEM;
 	struct wreq *w = rc ? NULL : calloc(1, sizeof(*w));
 	if (!rc && !w)
 		rc = -ENOMEM;
 	if (!rc) {
-		static const struct sch_sink pf = {.prefilled = pf_prefilled, .finish = pf_finish};
+		static const struct sch_sink pf = {
+		    .prefilled = pf_prefilled, .handoff = pf_handoff, .finish = pf_finish};
 		static const struct sch_sink dc = {.token = dc_token, .finish = dc_finish};
+		w->k = k;
 		w->c = c;
 		w->h = *h;
+		if (peer[0]) {
+			memcpy(w->peer, peer, sizeof(w->peer));
+			w->ticket = ticket;
+			if (k->nccl && sch_nccl_capable(k->s))
+				w->comm = comm_for(k, peer, &w->session);
+			j.handoff = w->comm ? SCH_HANDOFF_DEVICE : SCH_HANDOFF_BYTES;
+		}
 		kvp_conn_ref(c);
 		rc = sch_submit(k->s, &j, k->mode == SCH_PREFILL ? &pf : &dc, w, &w->r);
 		if (rc) {
@@ -259,20 +611,37 @@ static int run_worker(int argc, char **argv, enum sch_mode mode, const char *nam
 	so.isa = isa;
 	so.device = kvinfer_eng_parse(c.device, &so.gpu);
 	so.ignore_eos = c.ignore_eos;
-	struct wk k = {.mode = mode};
+	struct wk k;
+	memset(&k, 0, sizeof(k));
+	k.mode = mode;
+	k.nccl = c.nccl;
+	pthread_mutex_init(&k.mu, NULL);
+	pthread_cond_init(&k.cv, NULL);
 	if ((rc = sch_create(&so, &k.s))) {
 		fprintf(stderr, "kvinfer %s: %s\n", name, strerror(-rc));
 		return 1;
 	}
-	struct kvp_server_opts ko = {.name = name,
-				     .host = host,
-				     .port = port,
-				     .secret = &sec,
-				     .handler = wk_handler,
-				     .ctx = &k};
+	if (mode == SCH_PREFILL && (rc = kvp_pool_create(&sec, CONNECT_TIMEOUT_MS, &k.pool))) {
+		fprintf(stderr, "kvinfer %s: %s\n", name, strerror(-rc));
+		sch_destroy(k.s);
+		return 1;
+	}
+	if (c.nccl && !sch_nccl_capable(k.s))
+		klog_warn("--nccl: this engine cannot (needs --device cuda and NCCL): bytes");
+	/* a decode worker takes a whole prompt's KV in one KVW_OP_KV_PUT frame */
+	size_t kvmax = mode == SCH_DECODE ? sch_handoff_max_bytes(k.s) + 4096 : 0;
+	struct kvp_server_opts ko = {
+	    .name = name,
+	    .host = host,
+	    .port = port,
+	    .secret = &sec,
+	    .max_body = kvmax > KVP_MAX_BODY && kvmax < UINT32_MAX ? (uint32_t)kvmax : 0,
+	    .handler = wk_handler,
+	    .ctx = &k};
 	struct kvp_server *srv = NULL;
 	if ((rc = kvp_server_start(&ko, &srv))) {
 		fprintf(stderr, "kvinfer %s: listen %s: %s\n", name, c.listen, kvp_strerror(rc));
+		kvp_pool_destroy(k.pool);
 		sch_destroy(k.s);
 		return 1;
 	}
@@ -289,6 +658,13 @@ static int run_worker(int argc, char **argv, enum sch_mode mode, const char *nam
 	sigwait(&sigs, &sig);
 	sch_stop(k.s); /* replies go out while the connections still exist */
 	kvp_server_stop(srv);
+	pthread_mutex_lock(&k.mu);
+	while (k.puts > 0) /* hand-overs in flight end within PUT_TIMEOUT_MS */
+		pthread_cond_wait(&k.cv, &k.mu);
+	pthread_mutex_unlock(&k.mu);
+	for (int i = 0; i < k.ncomms; i++)
+		sch_nccl_leave(k.s, k.comms[i].c);
+	kvp_pool_destroy(k.pool);
 	sch_destroy(k.s);
 	return 0;
 }

@@ -1,0 +1,112 @@
+/* sch internals shared by sch.c (the scheduler) and sch_park.c (direct hand-over, NCCL). */
+#ifndef KVFS_SCH_INT_H
+#define KVFS_SCH_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "fwd.h"
+#include "fwd_dev.h"
+#include "kv.h"
+#include "kvx.h"
+#include "sch.h"
+
+enum req_state { RS_WAIT = 0, RS_PREFILL, RS_DECODE };
+
+/* One request. Created in submit, freed in release (after gw_job_finish and the client's end);
+ * the scheduler thread stops touching it at gw_job_finish. */
+struct sch_req {
+	struct sch *s;
+	struct sch_sink k;
+	void *u;
+	enum sch_mode mode;
+	atomic_int cancelled;
+	int finished;	    /* scheduler thread: ended, finish not yet reported */
+	const char *reason; /* what finish will report (static strings) */
+	int err;
+	const char *msg;
+	struct sch_req *next; /* incoming queue / scheduler lists; guarded by s->mu while queued */
+	/* scheduler thread only: */
+	enum req_state st;
+	int32_t *toks;
+	int n, pos; /* prompt tokens; tokens already in seq */
+	int cached; /* prompt tokens loaded from the cache */
+	char *salt;
+	struct kvi_sample_params sp;
+	struct kvi_seq *seq;
+	struct kvi_sampler *smp;
+	int32_t last;
+	char utf8[8]; /* bytes of a UTF-8 character split across tokens */
+	int nutf8;
+	int32_t first; /* SCH_DECODE: the handed-over first token */
+	void *blk;     /* SCH_DECODE: the handed-over last block */
+	size_t blen;
+	int handoff;	 /* SCH_PREFILL: enum sch_handoff_kind */
+	uint64_t ticket; /* SCH_DECODE: a parked prompt to claim, or 0 */
+};
+
+/* A function run on the scheduler thread between steps (sch_call); the caller waits. */
+struct sch_call {
+	int (*fn)(struct sch *s, void *arg);
+	void *arg;
+	int rc, done;
+	struct sch_call *next;
+};
+
+/* A handed-over prompt waiting for its DECODE request (sch_park). Scheduler thread only. */
+struct sch_parked {
+	uint64_t ticket;
+	int32_t *toks;
+	int n;
+	struct kvi_seq *seq;
+	struct timespec expires; /* CLOCK_MONOTONIC */
+	struct sch_parked *next;
+};
+
+struct sch {
+	struct sch_opts o;
+	struct kvi_model *m;
+	struct kvi_tok *tok;
+	struct kvi_engine *e;	   /* the CPU engine, or NULL */
+	struct kvi_dev_engine *de; /* the device engine (opts.device), or NULL */
+	struct kvx *kx;
+	int n_vocab;
+	float *logits; /* (max_seqs, n_vocab) */
+	pthread_t thr;
+	pthread_mutex_t mu; /* guards inq, stop, calls */
+	pthread_cond_t cv;
+	pthread_cond_t call_cv; /* a call is done */
+	struct sch_req *inq, **inq_tail;
+	struct sch_call *calls, **calls_tail;
+	int stop;
+	int joined; /* the scheduler thread has ended (sch_stop) */
+	/* scheduler thread only */
+	struct sch_req **run; /* admitted requests, oldest first */
+	int nrun;
+	struct sch_parked *parked;
+	/* gauges published after each step for /metrics */
+	atomic_int g_waiting, g_running, g_kv_used, g_kv_total, g_queued, g_wait_tokens;
+	void *blkbuf; /* one block, for SCH_PREFILL hand-overs */
+	atomic_ullong c_steps, c_decode_tokens, c_prefill_tokens;
+};
+
+/* The engine's KV pool, whichever engine it is. */
+static inline struct kvi_kv *eng_kv(const struct sch *s)
+{
+	return s->de ? kvi_dev_engine_kv(s->de) : kvi_engine_kv(s->e);
+}
+
+/* sch_park.c, scheduler thread: runs the queued calls (each caller is woken). */
+void sch_run_calls(struct sch *s);
+/* Fails every queued call with rc (the thread is stopping). Under s->mu. */
+void sch_fail_calls_locked(struct sch *s, int rc);
+/* Drops parked prompts past their expiry (all of them with all != 0); returns how many remain. */
+int sch_parked_expire(struct sch *s, int all);
+/* Takes the parked prompt of r->ticket into r->seq when its tokens are r's; 1 when taken. */
+int sch_parked_claim(struct sch *s, struct sch_req *r);
+/* The KV of a finished prefill as a hand-over (SCH_PREFILL with handoff). 0 or -errno. */
+int sch_handoff_run(struct sch *s, struct sch_req *r, int32_t first);
+
+#endif

@@ -1,0 +1,308 @@
+/* sch — direct hand-over of a prompt's KV from a prefill to a decode worker (sch.h): the
+ * prefill side's export, the decode side's parked prompts, and the NCCL calls that must run on
+ * the scheduler thread (the engine's device context belongs to it). */
+#define KVFS_LOG_TAG "sch"
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvk_dev.h"
+#include "kvk_nccl.h"
+#include "ktime.h"
+#include "log.h"
+#include "sch_int.h"
+
+/* ---- calls on the scheduler thread ------------------------------------------------------- */
+
+/* Runs fn(s, arg) on the scheduler thread at its next step and waits for it. -EAGAIN when the
+ * scheduler is stopping (fn did not run). */
+static int sch_call(struct sch *s, int (*fn)(struct sch *s, void *arg), void *arg)
+{
+	struct sch_call c = {.fn = fn, .arg = arg};
+	pthread_mutex_lock(&s->mu);
+	if (s->stop) {
+		pthread_mutex_unlock(&s->mu);
+		return -EAGAIN;
+	}
+	*s->calls_tail = &c;
+	s->calls_tail = &c.next;
+	pthread_cond_signal(&s->cv);
+	while (!c.done)
+		pthread_cond_wait(&s->call_cv, &s->mu);
+	pthread_mutex_unlock(&s->mu);
+	return c.rc;
+}
+
+void sch_run_calls(struct sch *s)
+{
+	pthread_mutex_lock(&s->mu);
+	struct sch_call *c = s->calls;
+	s->calls = NULL;
+	s->calls_tail = &s->calls;
+	pthread_mutex_unlock(&s->mu);
+	while (c) {
+		struct sch_call *next = c->next; /* c is the caller's: gone once done is seen */
+		int rc = c->fn(s, c->arg);
+		pthread_mutex_lock(&s->mu);
+		c->rc = rc;
+		c->done = 1;
+		pthread_cond_broadcast(&s->call_cv);
+		pthread_mutex_unlock(&s->mu);
+		c = next;
+	}
+}
+
+void sch_fail_calls_locked(struct sch *s, int rc)
+{
+	for (struct sch_call *c = s->calls, *next; c; c = next) {
+		next = c->next;
+		c->rc = rc;
+		c->done = 1;
+	}
+	s->calls = NULL;
+	s->calls_tail = &s->calls;
+	pthread_cond_broadcast(&s->call_cv);
+}
+
+/* ---- parked prompts (decode side) --------------------------------------------------------- */
+
+static void parked_free(struct sch_parked *p)
+{
+	kvi_seq_destroy(p->seq);
+	free(p->toks);
+	free(p);
+}
+
+int sch_parked_expire(struct sch *s, int all)
+{
+	struct timespec now;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	int left = 0;
+	for (struct sch_parked **pp = &s->parked; *pp;) {
+		struct sch_parked *p = *pp;
+		if (all || now.tv_sec > p->expires.tv_sec ||
+		    (now.tv_sec == p->expires.tv_sec && now.tv_nsec >= p->expires.tv_nsec)) {
+			if (!all)
+				klog_warn("handed-over prompt %016llx never claimed: dropped",
+					  (unsigned long long)p->ticket);
+			*pp = p->next;
+			parked_free(p);
+		} else {
+			left++;
+			pp = &p->next;
+		}
+	}
+	return left;
+}
+
+int sch_parked_claim(struct sch *s, struct sch_req *r)
+{
+	for (struct sch_parked **pp = &s->parked; *pp; pp = &(*pp)->next) {
+		struct sch_parked *p = *pp;
+		if (p->ticket != r->ticket)
+			continue;
+		*pp = p->next; /* a ticket is claimed once, whether it matches or not */
+		int ok = p->n == r->n && !memcmp(p->toks, r->toks, (size_t)r->n * sizeof(int32_t));
+		if (ok) {
+			kvi_seq_destroy(r->seq);
+			r->seq = p->seq;
+			p->seq = NULL;
+		} else {
+			klog_warn("handed-over prompt %016llx does not match its request: not used",
+				  (unsigned long long)p->ticket);
+		}
+		parked_free(p);
+		return ok;
+	}
+	return 0;
+}
+
+struct park_arg {
+	uint64_t ticket;
+	const int32_t *toks;
+	int n;
+	const void *kv; /* bytes, or NULL: NCCL */
+	size_t len;
+	struct kvk_nccl *comm;
+	int peer;
+};
+
+static int park_on_thread(struct sch *s, void *arg)
+{
+	struct park_arg *a = arg;
+	struct kvi_kv *kv = eng_kv(s);
+	int B = kvi_kv_geom(kv)->block_tokens;
+	int nb = (a->n + B - 1) / B;
+	size_t bb = kvi_kv_block_bytes(kv);
+	for (struct sch_parked *p = s->parked; p; p = p->next)
+		if (p->ticket == a->ticket)
+			return -EEXIST;
+	if (a->kv && a->len != (size_t)nb * bb)
+		return -EINVAL;
+	struct sch_parked *p = calloc(1, sizeof(*p));
+	int32_t *ids = calloc((size_t)nb, sizeof(int32_t));
+	int rc = p && ids ? 0 : -ENOMEM;
+	if (!rc && !(p->toks = malloc((size_t)a->n * sizeof(int32_t))))
+		rc = -ENOMEM;
+	if (!rc)
+		rc = kvi_seq_create(kv, &p->seq);
+	int got = 0;
+	while (!rc && got < nb) {
+		int id = kvi_kv_block_alloc(kv);
+		if (id < 0)
+			rc = id;
+		else
+			ids[got++] = id;
+	}
+	if (!rc) {
+		if (a->kv) {
+			for (int i = 0; i < nb && !rc; i++)
+				rc = kvi_kv_block_import(kv, ids[i],
+							 (const uint8_t *)a->kv + i * bb, bb);
+		} else {
+			rc = s->de ? kvi_dev_engine_nccl_recv(s->de, a->comm, ids, nb, a->peer)
+				   : -ENODEV;
+		}
+	}
+	if (!rc)
+		rc = kvi_seq_attach(p->seq, ids, nb, a->n);
+	for (int i = 0; i < got; i++)
+		kvi_kv_block_unref(kv, ids[i]); /* the sequence holds its own references */
+	free(ids);
+	if (rc) {
+		if (p)
+			parked_free(p);
+		return rc;
+	}
+	memcpy(p->toks, a->toks, (size_t)a->n * sizeof(int32_t));
+	p->n = a->n;
+	p->ticket = a->ticket;
+	kvfs_deadline(&p->expires, CLOCK_MONOTONIC, SCH_PARK_MS);
+	p->next = s->parked;
+	s->parked = p;
+	return 0;
+}
+
+static int park_check(const struct sch *s, uint64_t ticket, const int32_t *toks, int n)
+{
+	if (!ticket || n < 1 || n > s->o.max_ctx || !toks)
+		return -EINVAL;
+	for (int i = 0; i < n; i++)
+		if (toks[i] < 0 || toks[i] >= s->n_vocab)
+			return -EINVAL;
+	return 0;
+}
+
+int sch_park(struct sch *s, uint64_t ticket, const int32_t *toks, int n, const void *kv, size_t len)
+{
+	int rc = park_check(s, ticket, toks, n);
+	if (rc || !kv)
+		return rc ? rc : -EINVAL;
+	struct park_arg a = {.ticket = ticket, .toks = toks, .n = n, .kv = kv, .len = len};
+	return sch_call(s, park_on_thread, &a);
+}
+
+int sch_park_nccl(struct sch *s, uint64_t ticket, const int32_t *toks, int n, struct kvk_nccl *c,
+		  int peer)
+{
+	int rc = park_check(s, ticket, toks, n);
+	if (rc || !c)
+		return rc ? rc : -EINVAL;
+	if (!sch_nccl_capable(s))
+		return -ENODEV;
+	struct park_arg a = {.ticket = ticket, .toks = toks, .n = n, .comm = c, .peer = peer};
+	return sch_call(s, park_on_thread, &a);
+}
+
+/* ---- NCCL -------------------------------------------------------------------------------- */
+
+int sch_nccl_capable(const struct sch *s)
+{
+	return s->de && s->o.device == KVK_DEV_CUDA && kvk_nccl_available();
+}
+
+struct join_arg {
+	const uint8_t *id;
+	int rank;
+	struct kvk_nccl *out;
+};
+
+static int join_on_thread(struct sch *s, void *arg)
+{
+	struct join_arg *a = arg;
+	return kvi_dev_engine_nccl_join(s->de, a->id, a->rank, &a->out);
+}
+
+int sch_nccl_join(struct sch *s, const uint8_t *id, int rank, struct kvk_nccl **out)
+{
+	*out = NULL;
+	if (!sch_nccl_capable(s))
+		return -ENODEV;
+	struct join_arg a = {.id = id, .rank = rank};
+	int rc = sch_call(s, join_on_thread, &a);
+	if (!rc)
+		*out = a.out;
+	return rc;
+}
+
+static int leave_on_thread(struct sch *s, void *arg)
+{
+	(void)s;
+	kvk_nccl_comm_destroy(arg);
+	return 0;
+}
+
+void sch_nccl_leave(struct sch *s, struct kvk_nccl *c)
+{
+	if (!c)
+		return;
+	if (!s->joined && !sch_call(s, leave_on_thread, c))
+		return;
+	if (s->joined) /* the thread is gone: the engine's context is free to use here */
+		kvk_nccl_comm_destroy(c);
+	else
+		klog_warn("NCCL communicator left while the scheduler stops: not destroyed");
+}
+
+int sch_nccl_send(struct sch *s, struct kvk_nccl *c, const struct sch_handoff *h, int peer)
+{
+	if (!sch_nccl_capable(s))
+		return -ENODEV;
+	return kvi_dev_engine_nccl_send(s->de, c, h->blocks, h->n_blocks, peer);
+}
+
+/* ---- the prefill side's hand-over --------------------------------------------------------- */
+
+int sch_handoff_run(struct sch *s, struct sch_req *r, int32_t first)
+{
+	struct kvi_kv *kv = eng_kv(s);
+	int B = kvi_kv_geom(kv)->block_tokens;
+	int nb = (r->n + B - 1) / B;
+	size_t bb = kvi_kv_block_bytes(kv);
+	if (nb > kvi_seq_n_blocks(r->seq))
+		return -EIO;
+	const int32_t *ids = kvi_seq_blocks(r->seq);
+	struct sch_handoff h = {.toks = r->toks,
+				.n = r->n,
+				.cached = r->cached,
+				.first = first,
+				.blocks = ids,
+				.n_blocks = nb,
+				.block_bytes = bb};
+	uint8_t *buf = NULL;
+	if (r->handoff == SCH_HANDOFF_BYTES) {
+		if (!(buf = malloc((size_t)nb * bb)))
+			return -ENOMEM;
+		for (int i = 0; i < nb; i++) {
+			long got = kvi_kv_block_export(kv, ids[i], buf + (size_t)i * bb, bb);
+			if (got != (long)bb) {
+				free(buf);
+				return got < 0 ? (int)got : -EIO;
+			}
+		}
+		h.kv = buf;
+	}
+	r->k.handoff(r->u, s, &h);
+	free(buf);
+	return 0;
+}
