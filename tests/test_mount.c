@@ -6,7 +6,8 @@
  * or replaced file partially; replacements as applications meet them (a descriptor held across
  * one, shell `>` twice, cp and mv onto a file, two writers at once, a second mount replacing a
  * file this one has cached, O_TRUNC|O_APPEND, a killed replacer); 500 block files written and read
- * through io_uring; a node killed during a read loop (no EIO); meta restarted while mounted
+ * through io_uring; a node killed during a read loop (no EIO); meta gone for good (requests
+ * answer EIO within --meta-retry); meta restarted while mounted
  * (operations resume, one even waits across the outage); every refused call with its error code;
  * EFBIG; a writer killed mid-file publishes nothing; .kvfs/ status files and user.kvfs.* xattrs;
  * startup errors (meta unreachable, bad option) and the background mode.
@@ -1056,6 +1057,113 @@ static void test_meta_restart(void **state)
 	assert_int_equal(kvh_sh("ls -l '%s' >/dev/null && rm '%s' '%s'", g_mnt, p, q), 0);
 }
 
+/* ---- meta gone for good: a request answers EIO within --meta-retry ---- */
+
+#define MG_RETRY_S  8	 /* the second mount's --meta-retry */
+#define MG_SLACK_MS 3000 /* scheduling on a loaded machine; a correctness bound, not speed */
+#define MG_OPS	    4
+
+/* One metadata request each (the second mount caches names for 60 s, attributes not at all):
+ * GETATTR, OPEN (its LAYOUT request), LOOKUP of a name not cached, STATFS. Returns errno. */
+static int mg_op(int op, const char *mnt)
+{
+	char p[800];
+	struct stat st;
+	struct statvfs sv;
+	snprintf(p, sizeof(p), "%s/%s", mnt, op == 2 ? "never-seen.kvb" : "gone.kvb");
+	int rc;
+	if (op == 0) {
+		rc = stat(p, &st);
+	} else if (op == 1) {
+		rc = open(p, O_RDONLY);
+		if (rc >= 0)
+			close(rc);
+	} else if (op == 2) {
+		rc = stat(p, &st);
+	} else {
+		rc = statvfs(mnt, &sv);
+	}
+	return rc < 0 ? errno : 0;
+}
+
+static void test_meta_gone(void **state)
+{
+	(void)state;
+	static const char *const what[MG_OPS] = {"stat (getattr)", "open", "stat (lookup)",
+						 "statfs"};
+	char log2[800], p[800];
+	snprintf(g_mnt2, sizeof(g_mnt2), "%s/mnt-c", g_cl.dir);
+	snprintf(log2, sizeof(log2), "%s/mount-c.log", g_cl.dir);
+	assert_int_equal(mkdir(g_mnt2, 0755), 0);
+	char opts[128];
+	snprintf(opts, sizeof(opts), "meta_retry=%d,entry_timeout=60,attr_timeout=0", MG_RETRY_S);
+	char *argv[] = {"kvfs-mount",	  "-f",	  "--secret-file",
+			g_cl.secret_file, "-o",	  opts,
+			g_cl.meta_addr,	  g_mnt2, NULL};
+	g_mount2_pid = kvh_spawn(g_bin, argv, log2);
+	assert_true(g_mount2_pid > 0);
+	for (int i = 0; i < 200 && !is_fuse(g_mnt2); i++)
+		usleep(50000);
+	assert_true(is_fuse(g_mnt2));
+	snprintf(p, sizeof(p), "%s/gone.kvb", g_mnt);
+	assert_int_equal(write_file(p, "0123456789", 10), 0);
+	snprintf(p, sizeof(p), "%s/gone.kvb", g_mnt2);
+	struct stat st;
+	assert_int_equal(stat(p, &st), 0); /* its name is now cached there */
+	assert_int_equal(kvh_meta_kill(&g_cl, SIGKILL), 0);
+
+	/* Each request in a process of its own, all at once; one still blocked past the budget
+	 * (plus slack) is a failure. Before the budget was wall-clock, each retry also spent
+	 * libkvfs's ~5.5 s of reconnect attempts, and these blocked for minutes. */
+	pid_t pid[MG_OPS];
+	int64_t t0 = now_ms(), took[MG_OPS], limit = MG_RETRY_S * 1000 + MG_SLACK_MS;
+	int err[MG_OPS], left = MG_OPS;
+	for (int i = 0; i < MG_OPS; i++) {
+		pid[i] = fork();
+		assert_true(pid[i] >= 0);
+		if (pid[i] == 0)
+			_exit(mg_op(i, g_mnt2));
+		took[i] = -1;
+		err[i] = -1;
+	}
+	while (left > 0 && now_ms() - t0 <= limit) {
+		for (int i = 0; i < MG_OPS; i++) {
+			int ws;
+			if (pid[i] > 0 && waitpid(pid[i], &ws, WNOHANG) == pid[i]) {
+				took[i] = now_ms() - t0;
+				err[i] = WIFEXITED(ws) ? WEXITSTATUS(ws) : -1;
+				pid[i] = 0;
+				left--;
+			}
+		}
+		usleep(20000);
+	}
+	/* The cluster back for the tests that follow, first: a request the mount has taken is
+	 * not ended by SIGKILL (the kernel waits for its answer), so a blocked one ends by
+	 * succeeding now. */
+	assert_int_equal(kvh_meta_restart(&g_cl), 0);
+	for (int i = 0; i < MG_OPS; i++) {
+		if (pid[i] > 0) {
+			kill(pid[i], SIGKILL);
+			waitpid(pid[i], NULL, 0);
+			fprintf(stderr, "meta gone: %s still blocked after %lld ms\n", what[i],
+				(long long)limit);
+		} else {
+			printf("meta gone: %s answered %s after %lld ms\n", what[i],
+			       err[i] > 0 ? strerror(err[i]) : "ok", (long long)took[i]);
+		}
+	}
+	assert_int_equal(kvh_wait_nodes_up(&g_cl, NNODES, 15000), 0);
+	stop_mount2();
+	rmdir(g_mnt2);
+	snprintf(p, sizeof(p), "%s/gone.kvb", g_mnt);
+	for (int i = 0; i < MG_OPS; i++) {
+		assert_true(took[i] >= 0 && took[i] <= limit);
+		assert_int_equal(err[i], EIO);
+	}
+	assert_int_equal(unlink(p), 0);
+}
+
 /* ---- refused operations and their error codes ---- */
 
 static void test_refused(void **state)
@@ -1348,6 +1456,9 @@ int main(int argc, char **argv)
 	/* --replace PATTERN: those of them whose name matches (cmocka's * and ? wildcards) */
 	if (replace && argc > 2)
 		cmocka_set_test_filter(argv[2]);
+	/* --only PATTERN: the tests whose name matches */
+	if (argc > 2 && strcmp(argv[1], "--only") == 0)
+		cmocka_set_test_filter(argv[2]);
 	if (!kvh_have_fuse()) {
 		printf("skipped: no /dev/fuse\n");
 		return 77;
@@ -1375,6 +1486,7 @@ int main(int argc, char **argv)
 	    cmocka_unit_test(test_concurrent),
 	    cmocka_unit_test(test_io_uring),
 	    cmocka_unit_test(test_node_kill),
+	    cmocka_unit_test(test_meta_gone),
 	    cmocka_unit_test(test_meta_restart),
 	};
 	const struct CMUnitTest race_tests[] = {cmocka_unit_test(test_replace_race)};

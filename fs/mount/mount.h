@@ -219,9 +219,26 @@ extern const struct fuse_lowlevel_ops mnt_ops;
 /* Metadata attributes -> struct stat as the mount reports them (st_blocks from stored bytes,
  * directories with size 0, owner = the mounting user). */
 void mnt_attr_to_stat(const struct mnt *m, const struct kvp_attr *a, struct stat *st);
-/* Meta calls that may be retried while the metadata server is away: returns 1 (after a
- * backoff sleep) when rc is transient and the retry budget lasts, else 0. */
-int mnt_retry(struct mnt *m, int rc, int *attempt);
+/* Meta calls that may be retried while the metadata server is away. The budget is wall-clock:
+ * --meta-retry from the request's start (mnt_retry_start, CLOCK_MONOTONIC), counting the time
+ * the failed calls themselves take (libkvfs retries a refused connection for ~5.5 s, an
+ * unanswered request for two timeouts), not only the sleeps between them.
+ *
+ *   struct mnt_retry r;
+ *   mnt_retry_start(m, &r);
+ *   do rc = kvc_...(...); while (rc && mnt_retry(m, &rc, &r));
+ *
+ * mnt_retry returns 1 (after a short sleep) when *rc is transient (meta unreachable) and another
+ * attempt, expected to take as long as the one that just failed, still ends before the
+ * deadline; else 0, and a transient *rc becomes -EIO (what the application sees once the
+ * budget is spent). Other errors are left as they are. */
+struct mnt_retry {
+	struct timespec until;	 /* CLOCK_MONOTONIC deadline: start + meta-retry */
+	struct timespec attempt; /* when the current attempt began */
+	int tries;		 /* retries so far */
+};
+void mnt_retry_start(const struct mnt *m, struct mnt_retry *r);
+int mnt_retry(struct mnt *m, int *rc, struct mnt_retry *r);
 /* Blocks up to ~2 s while commits started from release are running. */
 void mnt_wait_release_commits(struct mnt *m);
 int64_t mnt_now_ns(void);

@@ -455,6 +455,8 @@ void mnt_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	int acc = fi->flags & O_ACCMODE;
 	struct fh *h = NULL;
 	int rc = 0;
+	struct mnt_retry rt;
+	mnt_retry_start(m, &rt);
 	atomic_fetch_add_explicit(&m->n.opens, 1, memory_order_relaxed);
 	if (mnt_virt_is(ino)) {
 		if (acc != O_RDONLY) {
@@ -546,10 +548,9 @@ void mnt_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		return;
 	}
 	h->ino = ii.ino;
-	int attempt = 0;
 	do
 		rc = kvc_file_open(m->c, ii.ino, &h->rf);
-	while (rc && mnt_retry(m, rc, &attempt));
+	while (rc && mnt_retry(m, &rc, &rt));
 	if (rc == -ENOENT && ino != FUSE_ROOT_ID && !(ino & MNT_TEMP_BASE))
 		rc = -ESTALE; /* replaced through another node id, or elsewhere: look up again */
 	if (rc) {

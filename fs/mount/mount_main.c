@@ -39,7 +39,8 @@ const struct cfg_opt mnt_cfg_opts[] = {
       "how long the kernel caches attributes"),
     O("timeout", CFG_SECS, timeout, 0.1, 600, "5s", "per request to meta or a node"),
     O("meta-retry", CFG_SECS, meta_retry, 0, 3600, "30s",
-      "keep retrying reads of metadata this long while meta is away"),
+      "keep retrying reads of metadata this long (from the request's start) while meta is "
+      "away; then EIO"),
     O("max-file", CFG_SIZE, max_file, 4096, 1e15, "1G",
       "largest file one writer may buffer (larger: EFBIG)"),
     O("max-buffered", CFG_SIZE, max_buffered, 1 << 20, 1e15, "2G",

@@ -3,6 +3,7 @@
  * symlink, mknod, setxattr). File I/O is in mount_io.c, .kvfs/ and xattrs in mount_status.c.
  * Every handler answers its request exactly once. */
 #define KVFS_LOG_TAG "mount"
+#include "ktime.h"
 #include "log.h"
 #include "mount.h"
 
@@ -58,16 +59,47 @@ static int transient(int rc)
 	       rc == -ETIMEDOUT || rc == -ENOTCONN || rc == -EPIPE;
 }
 
-int mnt_retry(struct mnt *m, int rc, int *slept_ms)
+/* b - a in milliseconds */
+static long ts_ms_between(const struct timespec *a, const struct timespec *b)
 {
-	if (!transient(rc) || *slept_ms >= (int)(m->cfg.meta_retry * 1000))
+	return (long)(b->tv_sec - a->tv_sec) * 1000 + (b->tv_nsec - a->tv_nsec) / 1000000;
+}
+
+void mnt_retry_start(const struct mnt *m, struct mnt_retry *r)
+{
+	kvfs_deadline(&r->until, CLOCK_MONOTONIC, (long)(m->cfg.meta_retry * 1000));
+	clock_gettime(CLOCK_MONOTONIC, &r->attempt);
+	r->tries = 0;
+}
+
+int mnt_retry(struct mnt *m, int *rc, struct mnt_retry *r)
+{
+	if (!transient(*rc))
 		return 0;
-	if (*slept_ms == 0)
+	struct timespec now;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	/* A failed call costs far more than the sleep between calls (libkvfs retries a refused
+	 * connection for ~5.5 s, an unanswered one for two timeouts): the next attempt is only
+	 * started if it would end before the deadline, were it to take as long as this one. So a
+	 * request answers within --meta-retry (or one call, when that is shorter than the call),
+	 * not --meta-retry / sleep x the call's time. */
+	long took = ts_ms_between(&r->attempt, &now), left = ts_ms_between(&now, &r->until);
+	long d = 250;
+	if (left < d + took) {
+		klog_warn("metadata server %s: %s; answering EIO after %.1f s (%d retries, "
+			  "--meta-retry %gs)",
+			  m->meta_addr, kvp_strerror(*rc),
+			  (double)(m->cfg.meta_retry * 1000 - left) / 1000, r->tries,
+			  m->cfg.meta_retry);
+		*rc = -EIO;
+		return 0;
+	}
+	if (r->tries == 0)
 		klog_warn("metadata server %s: %s; retrying for up to %gs", m->meta_addr,
-			  kvp_strerror(rc), m->cfg.meta_retry);
-	int d = 250;
+			  kvp_strerror(*rc), m->cfg.meta_retry);
 	usleep((useconds_t)d * 1000);
-	*slept_ms += d;
+	r->tries++;
+	clock_gettime(CLOCK_MONOTONIC, &r->attempt);
 	atomic_fetch_add_explicit(&m->n.retries, 1, memory_order_relaxed);
 	return 1;
 }
@@ -158,12 +190,14 @@ static void mnt_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 		fuse_reply_entry(req, &e);
 		return;
 	}
+	struct mnt_retry rt;
+	mnt_retry_start(m, &rt);
 	uint64_t pino = resolve(m, parent, NULL, NULL);
 	struct kvp_attr a;
-	int rc, slept = 0;
+	int rc;
 	do
 		rc = kvc_lookup(m->c, pino, name, &a);
-	while (rc && mnt_retry(m, rc, &slept));
+	while (rc && mnt_retry(m, &rc, &rt));
 	if (rc == -ENOENT) {
 		/* A file closed a moment ago may still be committing from its release. */
 		pthread_mutex_lock(&m->rel_lock);
@@ -236,10 +270,12 @@ static int getattr_of(struct mnt *m, uint64_t nodeid, struct stat *st, double *t
 	if (ino == 0)
 		return -ENOENT; /* a new file that was never committed */
 	struct kvp_attr a;
-	int rc, slept = 0;
+	struct mnt_retry rt;
+	mnt_retry_start(m, &rt);
+	int rc;
 	do
 		rc = kvc_getattr(m->c, ino, &a);
-	while (rc && mnt_retry(m, rc, &slept));
+	while (rc && mnt_retry(m, &rc, &rt));
 	if (rc == -ENOENT && ino == nodeid && mnt_itab_get(m->itab, nodeid, &ii) == 0) {
 		/* The inode is gone while the kernel still holds its node id: replaced or removed
 		 * through another mount, or replaced here a moment ago (metadata committed, the
@@ -402,11 +438,13 @@ static void mnt_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *f
 	if (mnt_virt_is(ino)) {
 		d->virt = 1;
 	} else {
+		struct mnt_retry rt;
+		mnt_retry_start(m, &rt);
 		mnt_wait_release_commits(m);
-		int rc, slept = 0;
+		int rc;
 		do
 			rc = kvc_readdir(m->c, ino, &d->ents, &d->n);
-		while (rc && mnt_retry(m, rc, &slept));
+		while (rc && mnt_retry(m, &rc, &rt));
 		if (rc) {
 			free(d);
 			fuse_reply_err(req, -rc);
@@ -570,10 +608,12 @@ static void mnt_statfs(fuse_req_t req, fuse_ino_t ino)
 	(void)ino;
 	struct mnt *m = mnt_of(req);
 	struct kvc_statfs s;
-	int rc, slept = 0;
+	struct mnt_retry rt;
+	mnt_retry_start(m, &rt);
+	int rc;
 	do
 		rc = kvc_statfs(m->c, &s);
-	while (rc && mnt_retry(m, rc, &slept));
+	while (rc && mnt_retry(m, &rc, &rt));
 	if (rc) {
 		fuse_reply_err(req, -rc);
 		return;
