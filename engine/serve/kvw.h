@@ -3,7 +3,8 @@
  * `kvinfer prefill` / `kvinfer decode` workers. docs/serving.md describes the flow.
  *
  *   KVW_OP_STATUS  -> (empty)
- *                  <- u32 waiting, u32 running, u32 queued_tokens, u32 kv_free, u32 kv_total
+ *                  <- u32 waiting, u32 running, u32 queued_tokens, u32 kv_free, u32 kv_total,
+ *                     u32 prompt tokens computed since start (mod 2^32)
  *   KVW_OP_PREFILL -> str salt, params, u8 parse_special, u32 len, len bytes of prompt text,
  *                     str peer, u64 ticket: peer "" = hand over through the kv dir; else a
  *                     decode worker's host:port to send the whole prompt's KV to (KV_PUT,

@@ -27,6 +27,7 @@ struct replica {
 	int queued_tokens;   /* reported */
 	int running;	     /* reported */
 	int kv_free;	     /* reported */
+	uint32_t computed;   /* reported: prompt tokens computed there */
 	int inflight;	     /* this gateway's requests there */
 	int inflight_tokens; /* their estimated prompt tokens (prefill) */
 	uint64_t picks, failures;
@@ -575,6 +576,9 @@ static void be_metrics(void *ctx, FILE *f)
 				roles[k].name, r->addr, r->kv_free);
 			fprintf(f, "lb_replica_picks_total{role=\"%s\",addr=\"%s\"} %llu\n",
 				roles[k].name, r->addr, (unsigned long long)r->picks);
+			fprintf(f,
+				"lb_replica_prompt_tokens_computed{role=\"%s\",addr=\"%s\"} %u\n",
+				roles[k].name, r->addr, r->computed);
 		}
 	fprintf(f, "# TYPE lb_retries_total counter\nlb_retries_total %llu\n",
 		(unsigned long long)l->retries);
@@ -631,6 +635,7 @@ static void probe_apply(struct lb *l, struct probe *p, uint8_t *body, uint32_t l
 	int running = (int)kvp_r_u32(&rb), queued = (int)kvp_r_u32(&rb);
 	int kv_free = (int)kvp_r_u32(&rb);
 	kvp_r_u32(&rb);
+	uint32_t computed = kvp_r_u32(&rb);
 	int rc = p->rc;
 	if (!rc)
 		rc = kvp_r_end(&rb);
@@ -642,6 +647,8 @@ static void probe_apply(struct lb *l, struct probe *p, uint8_t *body, uint32_t l
 	r->running = rc ? 0 : running;
 	r->queued_tokens = rc ? 0 : queued;
 	r->kv_free = rc ? 0 : kv_free;
+	if (!rc)
+		r->computed = computed;
 	pthread_mutex_unlock(&l->mu);
 }
 

@@ -480,6 +480,7 @@ void sch_load_get(struct sch *s, struct sch_load *out)
 	out->queued_tokens = atomic_load(&s->g_queued);
 	out->kv_total = atomic_load(&s->g_kv_total);
 	out->kv_free = out->kv_total - atomic_load(&s->g_kv_used);
+	out->prompt_computed = (uint32_t)atomic_load(&s->c_prefill_tokens);
 }
 
 size_t sch_block_bytes(const struct sch *s)

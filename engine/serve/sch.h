@@ -154,6 +154,7 @@ struct sch_load {
 	int waiting, running;
 	int queued_tokens; /* prompt tokens not yet prefilled, over waiting + prefilling */
 	int kv_free, kv_total;
+	uint32_t prompt_computed; /* prompt tokens computed here since start (mod 2^32) */
 };
 void sch_load_get(struct sch *s, struct sch_load *out);
 /* Bytes of one KV block (the hand-over size). */

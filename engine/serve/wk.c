@@ -469,6 +469,7 @@ static int wk_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, ui
 		kvp_w_u32(&b, (uint32_t)l.queued_tokens);
 		kvp_w_u32(&b, (uint32_t)l.kv_free);
 		kvp_w_u32(&b, (uint32_t)l.kv_total);
+		kvp_w_u32(&b, l.prompt_computed);
 		kvp_reply(c, h, b.err, b.p, b.len, NULL, 0);
 		kvp_w_free(&b);
 		return 0;

@@ -1,0 +1,502 @@
+/* The direct prefill -> decode KV hand-over (gateway --handoff direct, kvw.h KVW_OP_KV_PUT):
+ * real `kvinfer prefill` / `decode` / `gateway` processes on a synthetic model.
+ *
+ * Processes: one prefill worker P (with a kv dir, B = 16), a decode worker D without a kv dir
+ * (B = 16: whatever prompt KV it does not get handed over it must compute itself), a decode
+ * worker D32 with B = 32 (refuses the hand-over: another geometry), and three gateways:
+ * fs (P -> D, through the kv dir), direct (P -> D) and mismatch (P -> D32, direct).
+ * Whether D computed a prompt shows in the gateway's lb_replica_prompt_tokens_computed. */
+#include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <cmocka.h>
+
+#include "http_tutil.h"
+#include "kv.h"
+#include "kvp.h"
+#include "kvw.h"
+#include "model.h"
+
+enum { W_P, W_D, W_D32, NW };
+enum { G_FS, G_DIRECT, G_MISMATCH, NG };
+
+static char tmpdir[256];
+static pid_t wpid[NW] = {-1, -1, -1}, gpid[NG] = {-1, -1, -1};
+static uint16_t wport[NW], gport[NG];
+static struct kvp_secret secret;
+static size_t block_bytes; /* D's, B = 16 */
+
+static const char *prompt =
+    "You are a helpful assistant. Answer every question about the weather, the trains and the "
+    "opening hours of the city library briefly and politely, in plain words, without lists. "
+    "Question: when does the library open on Sunday?";
+
+static void sleep_ms(int ms)
+{
+	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+	nanosleep(&ts, NULL);
+}
+
+static uint16_t wait_port(const char *path)
+{
+	for (int i = 0; i < 300; i++) {
+		FILE *f = fopen(path, "r");
+		unsigned p = 0;
+		int ok = f && fscanf(f, "%u", &p) == 1;
+		if (f)
+			fclose(f);
+		if (ok && p)
+			return (uint16_t)p;
+		sleep_ms(50);
+	}
+	return 0;
+}
+
+static pid_t spawn(char *const argv[], const char *log)
+{
+	pid_t p = fork();
+	if (p == 0) {
+		if (!freopen(log, "w", stderr))
+			_exit(126);
+		execv(argv[0], argv);
+		_exit(127);
+	}
+	return p;
+}
+
+/* Value of "name value" in gateway g's /metrics, or -1. */
+static double metric(int g, const char *name)
+{
+	char *b = NULL;
+	if (htu_request(gport[g], 0, "GET", "/metrics", NULL, &b) != 200) {
+		free(b);
+		return -1;
+	}
+	double v = -1;
+	size_t nl = strlen(name);
+	for (char *p = b; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+		if (!strncmp(p, name, nl) && p[nl] == ' ') {
+			v = strtod(p + nl + 1, NULL);
+			break;
+		}
+	free(b);
+	return v;
+}
+
+static double handoffs(int g, const char *how)
+{
+	char name[96];
+	snprintf(name, sizeof(name), "lb_kv_handoffs_total{how=\"%s\"}", how);
+	return metric(g, name);
+}
+
+/* Decode replica w's figure `what` as gateway g last polled it (every 200 ms). */
+static double replica(int g, const char *what, int w)
+{
+	char name[160];
+	snprintf(name, sizeof(name), "lb_replica_%s{role=\"decode\",addr=\"127.0.0.1:%u\"}", what,
+		 wport[w]);
+	return metric(g, name);
+}
+
+/* Waits (bounded: a loaded machine, not a speed check) until gateway g has polled replica w
+ * after its last request ended: prompt tokens computed and free KV blocks settled. */
+static void settle(int g, int w, double *computed, double *kv_free)
+{
+	double c = -2, f = -2;
+	for (int i = 0; i < 40; i++) {
+		sleep_ms(250);
+		double c2 = replica(g, "prompt_tokens_computed", w),
+		       f2 = replica(g, "kv_free_blocks", w);
+		if (c2 == c && f2 == f && replica(g, "running", w) == 0)
+			break;
+		c = c2;
+		f = f2;
+	}
+	*computed = c;
+	*kv_free = f;
+}
+
+/* A greedy completion through gateway g; returns its text (malloc'd). */
+static char *complete(int g, const char *text, int max_tokens, int stream, int *cached)
+{
+	char body[2048], *b = NULL;
+	snprintf(body, sizeof(body),
+		 "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0,\"stream\":%s%s}", text,
+		 max_tokens, stream ? "true" : "false",
+		 stream ? ",\"stream_options\":{\"include_usage\":true}" : "");
+	int st = htu_request(gport[g], 0, "POST", "/v1/completions", body, &b);
+	if (st != 200)
+		fail_msg("status %d: %s", st, b ? b : "");
+	char *out = calloc(1, 1 << 16);
+	cJSON *usage = NULL, *keep = NULL;
+	if (!stream) {
+		keep = cJSON_Parse(b);
+		assert_non_null(keep);
+		cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(keep, "choices"), 0);
+		snprintf(out, 1 << 16, "%s", cJSON_GetObjectItem(c0, "text")->valuestring);
+		usage = cJSON_GetObjectItem(keep, "usage");
+	} else {
+		for (char *p = b; (p = strstr(p, "data: "));) {
+			p += 6;
+			char *end = strstr(p, "\n\n");
+			assert_non_null(end);
+			*end = 0;
+			if (!strcmp(p, "[DONE]"))
+				break;
+			cJSON *e = cJSON_Parse(p);
+			assert_non_null(e);
+			assert_null(cJSON_GetObjectItem(e, "error"));
+			cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(e, "choices"), 0);
+			if (c0)
+				strncat(out, cJSON_GetObjectItem(c0, "text")->valuestring,
+					(1 << 16) - strlen(out) - 1);
+			if (cJSON_GetObjectItem(e, "usage")) {
+				cJSON_Delete(keep);
+				keep = e;
+				usage = cJSON_GetObjectItem(e, "usage");
+			} else {
+				cJSON_Delete(e);
+			}
+			p = end + 2;
+		}
+	}
+	assert_non_null(usage);
+	assert_int_equal(cJSON_GetObjectItem(usage, "completion_tokens")->valueint, max_tokens);
+	if (cached)
+		*cached = cJSON_GetObjectItem(cJSON_GetObjectItem(usage, "prompt_tokens_details"),
+					      "cached_tokens")
+			      ->valueint;
+	cJSON_Delete(keep);
+	free(b);
+	return out;
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	const char *bd = getenv("KVFS_BUILD_DIR");
+	char synth[512], bin[512], model[600], kvdir[600], sec[600], pf[640], log[640];
+	snprintf(synth, sizeof(synth), "%s/tools/kvinfer-synth", bd ? bd : "build");
+	snprintf(bin, sizeof(bin), "%s/bin/kvinfer", bd ? bd : "build");
+	snprintf(tmpdir, sizeof(tmpdir), "/tmp/test_handoff.XXXXXX");
+	if (!mkdtemp(tmpdir))
+		return -1;
+	snprintf(model, sizeof(model), "%s/small.gguf", tmpdir);
+	snprintf(kvdir, sizeof(kvdir), "%s/kv", tmpdir);
+	snprintf(sec, sizeof(sec), "%s/secret", tmpdir);
+	mkdir(kvdir, 0755);
+	FILE *f = fopen(sec, "w");
+	if (!f)
+		return -1;
+	fputs("test-handoff-secret-0123456789abcdef\n", f);
+	fclose(f);
+	if (kvp_secret_load(sec, &secret))
+		return -1;
+	char *sargv[] = {synth, "--preset", "small", "-o", model, NULL};
+	snprintf(log, sizeof(log), "%s/synth.log", tmpdir);
+	pid_t sp = spawn(sargv, log);
+	int st = 0;
+	if (sp < 0 || waitpid(sp, &st, 0) != sp || !WIFEXITED(st) || WEXITSTATUS(st))
+		return -1;
+	/* D's block size in bytes, for hand-made KV_PUT frames */
+	struct kvi_model *m = NULL;
+	char err[256];
+	if (kvi_model_load(model, &m, err, sizeof(err)))
+		return -1;
+	struct kvi_kv_geom g = {m->cfg.n_layer, m->cfg.n_head_kv, m->cfg.head_dim, 16};
+	struct kvi_kv *kv = NULL;
+	if (kvi_kv_create(&g, 1, &kv))
+		return -1;
+	block_bytes = kvi_kv_block_bytes(kv);
+	kvi_kv_destroy(kv);
+	kvi_model_free(m);
+	static const char *const role[NW] = {"prefill", "decode", "decode"};
+	static const char *const btok[NW] = {"16", "16", "32"};
+	for (int i = 0; i < NW; i++) {
+		snprintf(pf, sizeof(pf), "%s/wport%d", tmpdir, i);
+		snprintf(log, sizeof(log), "%s/wlog%d", tmpdir, i);
+		char *argv[24];
+		int a = 0;
+		argv[a++] = bin;
+		argv[a++] = (char *)role[i];
+		argv[a++] = "-m";
+		argv[a++] = model;
+		if (i == W_P) {
+			argv[a++] = "--kv-dir";
+			argv[a++] = kvdir;
+		}
+		char *rest[] = {"--secret-file",
+				sec,
+				"--port-file",
+				pf,
+				"-t",
+				"1",
+				"--block-tokens",
+				(char *)btok[i],
+				"--ignore-eos",
+				"--ctx",
+				"1024",
+				NULL};
+		for (int k = 0; rest[k]; k++)
+			argv[a++] = rest[k];
+		argv[a] = NULL;
+		wpid[i] = spawn(argv, log);
+	}
+	for (int i = 0; i < NW; i++) {
+		snprintf(pf, sizeof(pf), "%s/wport%d", tmpdir, i);
+		if (!(wport[i] = wait_port(pf)))
+			return -1;
+	}
+	static const char *const how[NG] = {"fs", "direct", "direct"};
+	for (int i = 0; i < NG; i++) {
+		char pl[64], dl[64];
+		snprintf(pl, sizeof(pl), "127.0.0.1:%u", wport[W_P]);
+		snprintf(dl, sizeof(dl), "127.0.0.1:%u", wport[i == G_MISMATCH ? W_D32 : W_D]);
+		snprintf(pf, sizeof(pf), "%s/gport%d", tmpdir, i);
+		snprintf(log, sizeof(log), "%s/glog%d", tmpdir, i);
+		char *argv[] = {bin,
+				"gateway",
+				"--prefill",
+				pl,
+				"--decode",
+				dl,
+				"--secret-file",
+				sec,
+				"--handoff",
+				(char *)how[i],
+				"--port",
+				"0",
+				"--port-file",
+				pf,
+				NULL};
+		gpid[i] = spawn(argv, log);
+	}
+	for (int i = 0; i < NG; i++) {
+		snprintf(pf, sizeof(pf), "%s/gport%d", tmpdir, i);
+		if (!(gport[i] = wait_port(pf)))
+			return -1;
+	}
+	return 0;
+}
+
+static void stop_pid(pid_t *p)
+{
+	if (*p > 0) {
+		kill(*p, SIGTERM);
+		waitpid(*p, NULL, 0);
+		*p = -1;
+	}
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	for (int i = 0; i < NG; i++)
+		stop_pid(&gpid[i]);
+	for (int i = 0; i < NW; i++)
+		stop_pid(&wpid[i]);
+	if (getenv("KVFS_TEST_KEEP")) {
+		fprintf(stderr, "kept %s\n", tmpdir);
+		return 0;
+	}
+	char cmd[300];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
+	return system(cmd) == 0 ? 0 : -1;
+}
+
+/* Direct = through the kv dir, greedy; with the hand-over D computes no prompt token (it has
+ * no kv dir: through fs it computes the whole prompt but the hand-over's last block), and the
+ * prefill worker's kv dir still fills for later prompts. */
+static void test_direct_same_output(void **state)
+{
+	(void)state;
+	double c0, f0, c1, f1, c2, f2;
+	settle(G_DIRECT, W_D, &c0, &f0);
+	char *ref = complete(G_FS, prompt, 12, 0, NULL);
+	settle(G_DIRECT, W_D, &c1, &f1);
+	assert_true(c1 > c0); /* the fs path made D compute (its kv dir is none) */
+	double d0 = handoffs(G_DIRECT, "direct");
+	int cached = -1;
+	char *a = complete(G_DIRECT, prompt, 12, 0, &cached);
+	assert_string_equal(a, ref);
+	char *b = complete(G_DIRECT, prompt, 12, 1, &cached);
+	assert_string_equal(b, ref);
+	assert_true(cached >= 16 && cached % 16 == 0); /* P's saves reached its kv dir */
+	assert_true(handoffs(G_DIRECT, "direct") == d0 + 2);
+	assert_true(handoffs(G_DIRECT, "fallback") == 0);
+	settle(G_DIRECT, W_D, &c2, &f2);
+	assert_true(c2 == c1); /* D computed no prompt token: it got all of the KV */
+	assert_true(f2 == f1); /* and nothing stays parked */
+	free(ref);
+	free(a);
+	free(b);
+}
+
+struct cl {
+	int id;
+	char text[4096];
+	int ok;
+};
+
+static void *client(void *arg)
+{
+	struct cl *c = arg;
+	char p[160];
+	snprintf(p, sizeof(p), "Client %d asks: which trains run to the harbour on Sunday?",
+		 c->id % 4);
+	char *t = complete(G_DIRECT, p, 6, c->id & 1, NULL);
+	snprintf(c->text, sizeof(c->text), "%s", t);
+	free(t);
+	c->ok = 1;
+	return NULL;
+}
+
+/* 20 clients at once: every one handed over, same greedy text per prompt as one at a time
+ * through the kv dir, and D's KV back where it was. */
+static void test_direct_concurrent(void **state)
+{
+	(void)state;
+	double c0, f0, c1, f1;
+	settle(G_DIRECT, W_D, &c0, &f0);
+	double d0 = handoffs(G_DIRECT, "direct");
+	struct cl cs[20];
+	pthread_t th[20];
+	for (int i = 0; i < 20; i++) {
+		memset(&cs[i], 0, sizeof(cs[i]));
+		cs[i].id = i;
+		assert_int_equal(pthread_create(&th[i], NULL, client, &cs[i]), 0);
+	}
+	for (int i = 0; i < 20; i++)
+		pthread_join(th[i], NULL);
+	for (int i = 0; i < 20; i++) {
+		assert_true(cs[i].ok);
+		assert_string_equal(cs[i].text, cs[i % 4].text);
+	}
+	assert_true(handoffs(G_DIRECT, "direct") == d0 + 20);
+	settle(G_DIRECT, W_D, &c1, &f1);
+	assert_true(c1 == c0);
+	assert_true(f1 == f0);
+	for (int k = 0; k < 4; k++) {
+		char p[160];
+		snprintf(p, sizeof(p), "Client %d asks: which trains run to the harbour on Sunday?",
+			 k);
+		char *ref = complete(G_FS, p, 6, 0, NULL);
+		assert_string_equal(ref, cs[k].text);
+		free(ref);
+	}
+}
+
+/* A decode worker of another block size refuses the KV: the request still completes (the
+ * decode worker computes the prompt) and counts as a fallback. */
+static void test_direct_fallback(void **state)
+{
+	(void)state;
+	double f0 = handoffs(G_MISMATCH, "fallback");
+	char *t = complete(G_MISMATCH, prompt, 5, 0, NULL);
+	assert_true(strlen(t) > 0);
+	free(t);
+	assert_true(handoffs(G_MISMATCH, "fallback") == f0 + 1);
+	assert_true(handoffs(G_MISMATCH, "direct") == 0);
+}
+
+/* One KVW_OP_KV_PUT to worker w: ticket, n token ids (all 1), bb, nb, via, session, then
+ * `payload` bytes. Returns the worker's status or a transport error. */
+static int put(int w, uint64_t ticket, uint32_t n, uint32_t bb, uint32_t nb, uint8_t via,
+	       uint32_t session, size_t payload)
+{
+	struct kvp_wbuf b;
+	kvp_w_init(&b);
+	kvp_w_u64(&b, ticket);
+	kvp_w_u32(&b, n);
+	for (uint32_t i = 0; i < n && i < 4096; i++)
+		kvp_w_u32(&b, 1);
+	kvp_w_u32(&b, bb);
+	kvp_w_u32(&b, nb);
+	kvp_w_u8(&b, via);
+	kvp_w_u32(&b, session);
+	void *kv = calloc(1, payload + 1);
+	char addr[64];
+	snprintf(addr, sizeof(addr), "127.0.0.1:%u", wport[w]);
+	struct kvp_client *c = NULL;
+	int rc = kvp_client_open(addr, &secret, 2000, &c);
+	if (!rc) {
+		rc = kvp_call(c, KVW_OP_KV_PUT, b.p, b.len, kv, payload, 10000, NULL, NULL);
+		kvp_client_close(c);
+	}
+	kvp_w_free(&b);
+	free(kv);
+	return rc;
+}
+
+static int call_op(int w, uint16_t op)
+{
+	char addr[64];
+	snprintf(addr, sizeof(addr), "127.0.0.1:%u", wport[w]);
+	struct kvp_client *c = NULL;
+	uint8_t *body = NULL;
+	uint32_t len = 0;
+	int rc = kvp_client_open(addr, &secret, 2000, &c);
+	if (!rc) {
+		rc = kvp_call(c, op, NULL, 0, NULL, 0, 10000, &body, &len);
+		kvp_client_close(c);
+	}
+	free(body);
+	return rc;
+}
+
+/* Malformed or refused hand-overs get a clear error and leave the worker serving. */
+static void test_put_errors(void **state)
+{
+	(void)state;
+	size_t bb = block_bytes;
+	/* 20 tokens of B = 16: 2 blocks */
+	assert_int_equal(put(W_D, 7, 20, (uint32_t)bb, 2, 0, 0, 2 * bb), 0);
+	assert_int_equal(put(W_D, 7, 20, (uint32_t)bb, 2, 0, 0, 2 * bb), -EEXIST);
+	assert_int_equal(put(W_D, 0, 20, (uint32_t)bb, 2, 0, 0, 2 * bb), -EINVAL); /* ticket */
+	assert_int_equal(put(W_D, 8, 20, (uint32_t)bb, 1, 0, 0, bb), -EINVAL);	   /* 1 of 2 */
+	assert_int_equal(put(W_D, 9, 20, (uint32_t)bb + 2, 2, 0, 0, 2 * bb + 4), -EINVAL);
+	assert_int_equal(put(W_D, 10, 20, (uint32_t)bb, 2, 2, 0, 0), -EINVAL); /* via */
+	assert_int_equal(put(W_D, 11, 20, (uint32_t)bb, 2, 1, 5, 0), -ENOENT); /* session */
+	assert_int_equal(put(W_D32, 12, 20, (uint32_t)bb, 2, 0, 0, 2 * bb), -EINVAL);
+	assert_int_equal(put(W_P, 13, 20, (uint32_t)bb, 2, 0, 0, 2 * bb), -EOPNOTSUPP);
+	/* bytes missing or extra, a count larger than the frame: the frame is bad */
+	assert_true(put(W_D, 14, 20, (uint32_t)bb, 2, 0, 0, 2 * bb - 1) != 0);
+	assert_true(put(W_D, 15, 20, (uint32_t)bb, 2, 0, 0, 2 * bb + 1) != 0);
+	assert_true(put(W_D, 16, 1u << 30, (uint32_t)bb, 2, 0, 0, 0) != 0);
+	assert_true(put(W_D, 17, 0, (uint32_t)bb, 0, 0, 0, 0) != 0);
+	/* no NCCL on a CPU engine */
+	assert_int_equal(call_op(W_D, KVW_OP_NCCL_ID), -EOPNOTSUPP);
+	/* still serving: the same output as through the kv dir */
+	assert_int_equal(call_op(W_D, KVW_OP_STATUS), 0);
+	char *ref = complete(G_FS, prompt, 4, 0, NULL);
+	char *t = complete(G_DIRECT, prompt, 4, 0, NULL);
+	assert_string_equal(t, ref);
+	free(ref);
+	free(t);
+}
+
+int main(void)
+{
+	signal(SIGPIPE, SIG_IGN);
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_direct_same_output),
+	    cmocka_unit_test(test_direct_concurrent),
+	    cmocka_unit_test(test_direct_fallback),
+	    cmocka_unit_test(test_put_errors),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
