@@ -7,7 +7,10 @@
 #
 #   tools/kvinfer-serve-bench.sh [BUILD] [PRESET] [REQUESTS] [CONCURRENCY] [PREFIX_WORDS] [MAX_TOKENS] [POLICIES]
 # defaults: build small 16 4 250 8 "rr least cache"; env THREADS (engine threads per process,
-# default 2), PREFIXES (distinct shared prefixes, default 2).
+# default 2), PREFIXES (distinct shared prefixes, default 2), HANDOFFS (gateway --handoff
+# values to run per policy, default "fs"; "fs direct" compares the two), KVROOT (where the
+# fresh kv dirs go, e.g. a kvfs mount; default the temp dir), EMBEDDED (0 skips the embedded
+# runs).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=$(cd "${1:-$here/../build}" && pwd)
@@ -17,6 +20,8 @@ conc=${4:-4}
 words=${5:-250}
 maxtok=${6:-8}
 policies=${7-rr least cache}
+handoffs=${HANDOFFS:-fs}
+embedded=${EMBEDDED:-1}
 threads=${THREADS:-2}
 prefixes=${PREFIXES:-2}
 K=$build/bin/kvinfer
@@ -28,7 +33,9 @@ cleanup() {
 	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
 	pids=()
 }
-trap 'cleanup; rm -rf "$work"' EXIT
+kvroot=${KVROOT:-$work}
+kvtmp=$(mktemp -d "$kvroot/kvinfer-serve-bench-kv.XXXXXX")
+trap 'cleanup; rm -rf "$work" "$kvtmp"' EXIT
 wait_file() { for _ in $(seq 1 600); do [ -s "$1" ] && return 0; sleep 0.1; done; echo "timeout: $1" >&2; exit 1; }
 
 "$build/tools/kvinfer-synth" --preset "$preset" --type q8_0 -o "$work/model.gguf" >/dev/null
@@ -48,12 +55,16 @@ run_embedded() { # label, extra flags
 	cleanup
 }
 
-run_embedded cache-off --no-cache
-mkdir -p "$work/kv-on"
-run_embedded cache-on --kv-dir "$work/kv-on"
+if [ "$embedded" != 0 ]; then
+	run_embedded cache-off --no-cache
+	mkdir -p "$kvtmp/kv-on"
+	run_embedded cache-on --kv-dir "$kvtmp/kv-on"
+fi
 
-for pol in $policies; do
-	kv=$work/kv-$pol
+for pol in $policies; do for ho in $handoffs; do
+	kv=$kvtmp/kv-$pol-$ho
+	label=disagg-$pol
+	[ "$ho" = fs ] || label=disagg-$pol-$ho
 	mkdir -p "$kv"
 	rm -f "$work"/wp* "$work/gport"
 	for i in 0 1; do
@@ -67,16 +78,23 @@ for pol in $policies; do
 	for f in wpp0 wpp1 wpd0 wpd1; do wait_file "$work/$f"; done
 	"$K" gateway --prefill "127.0.0.1:$(cat "$work/wpp0"),127.0.0.1:$(cat "$work/wpp1")" \
 		--decode "127.0.0.1:$(cat "$work/wpd0"),127.0.0.1:$(cat "$work/wpd1")" \
-		--secret-file "$work/secret" --policy "$pol" --port 0 --port-file "$work/gport" \
-		2>"$work/gw-$pol.log" &
+		--secret-file "$work/secret" --policy "$pol" --handoff "$ho" --port 0 \
+		--port-file "$work/gport" 2>"$work/gw-$pol-$ho.log" &
 	pids+=($!)
 	wait_file "$work/gport"
 	sleep 0.3 # first health check
-	"$L" --port "$(cat "$work/gport")" --label "disagg-$pol" "${load[@]}" | tee -a "$work/results"
+	"$L" --port "$(cat "$work/gport")" --label "$label" "${load[@]}" | tee -a "$work/results"
 	cleanup
-done
+done; done
 
 awk '/^cache-off/ {for (i = 1; i <= NF; i++) { if ($i == "req/s") r0 = $(i-1); if ($i == "p50") t0 = $(i+1) } }
      /^cache-on/  {for (i = 1; i <= NF; i++) { if ($i == "req/s") r1 = $(i-1); if ($i == "p50") t1 = $(i+1) } }
      END { if (r0 > 0 && t1 > 0) printf "cache on vs off (embedded): throughput x%.2f, TTFT p50 x%.2f better\n", r1 / r0, t0 / t1 }' \
 	"$work/results"
+for pol in $policies; do
+	awk -v a="disagg-$pol" -v b="disagg-$pol-direct" '
+	function get(line) { for (i = 1; i <= NF; i++) { if ($i == "req/s") r = $(i-1); if ($i == "p50") t = $(i+1) } }
+	$1 == a { get(); ra = r; ta = t } $1 == b { get(); rb = r; tb = t }
+	END { if (ra > 0 && tb > 0) printf "handoff direct vs fs (%s): throughput x%.2f, TTFT p50 x%.2f better\n", a, rb / ra, ta / tb }' \
+		"$work/results"
+done
