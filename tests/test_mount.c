@@ -9,7 +9,8 @@
  * through io_uring; a node killed during a read loop (no EIO); meta gone for good (requests
  * answer EIO within --meta-retry); meta restarted while mounted
  * (operations resume, one even waits across the outage); every refused call with its error code;
- * EFBIG; a writer killed mid-file publishes nothing; .kvfs/ status files and user.kvfs.* xattrs;
+ * EFBIG; a writer killed mid-file publishes nothing; SIGTERM with a dentry notification stuck
+ * on a directory lock (the daemon still exits cleanly); .kvfs/ status files and user.kvfs.* xattrs;
  * startup errors (meta unreachable, bad option) and the background mode.
  *
  * Without /dev/fuse (or fusermount3) it prints "skipped: no /dev/fuse" and exits 77, which
@@ -1057,6 +1058,74 @@ static void test_meta_restart(void **state)
 	assert_int_equal(kvh_sh("ls -l '%s' >/dev/null && rm '%s' '%s'", g_mnt, p, q), 0);
 }
 
+/* ---- SIGTERM with a dentry notification in flight: the daemon still ends cleanly ---- */
+
+/* A new file's commit queues a notification for its directory; the test hook holds it 1.5 s
+ * (in flight). Meanwhile the daemon gets SIGTERM, its loop stops reading requests, and another
+ * process starts an O_CREAT open in that directory: the kernel holds the directory's lock while
+ * that process waits for its LOOKUP, and the notification needs the same lock. The daemon must
+ * still answer, join the notification thread and exit 0. (The old code gave up on the thread
+ * after 2 s, destroyed the session under it and could never exit: the thread stayed blocked.) */
+static void test_unmount_inval(void **state)
+{
+	(void)state;
+	char log2[800], dir[800], p[900];
+	snprintf(g_mnt2, sizeof(g_mnt2), "%s/mnt-d", g_cl.dir);
+	snprintf(log2, sizeof(log2), "%s/mount-d.log", g_cl.dir);
+	assert_int_equal(mkdir(g_mnt2, 0755), 0);
+	char *argv[] = {"kvfs-mount", "-f", "--secret-file", g_cl.secret_file, g_cl.meta_addr,
+			g_mnt2,	      NULL};
+	setenv("KVFS_MOUNT_TEST_INVAL_DELAY_MS", "1500", 1);
+	g_mount2_pid = kvh_spawn(g_bin, argv, log2);
+	unsetenv("KVFS_MOUNT_TEST_INVAL_DELAY_MS");
+	assert_true(g_mount2_pid > 0);
+	for (int i = 0; i < 200 && !is_fuse(g_mnt2); i++)
+		usleep(50000);
+	assert_true(is_fuse(g_mnt2));
+	snprintf(dir, sizeof(dir), "%s/ud", g_mnt2);
+	assert_int_equal(mkdir(dir, 0755), 0);
+	snprintf(p, sizeof(p), "%s/a.kvb", dir);
+	assert_int_equal(write_file(p, "x", 1), 0); /* its notification is now in flight */
+	int64_t t0 = now_ms();
+	assert_int_equal(kill(g_mount2_pid, SIGTERM), 0);
+	usleep(300000); /* the loop has stopped reading requests */
+	snprintf(p, sizeof(p), "%s/b.kvb", dir);
+	pid_t cpid = fork();
+	assert_true(cpid >= 0);
+	if (cpid == 0) {
+		int fd = open(p, O_WRONLY | O_CREAT, 0644);
+		_exit(fd >= 0 ? 0 : 1);
+	}
+	int ws = 0, exited = 0;
+	while (!exited && now_ms() - t0 < 10000) {
+		exited = waitpid(g_mount2_pid, &ws, WNOHANG) == g_mount2_pid;
+		if (!exited)
+			usleep(50000);
+	}
+	int cws = 0;
+	if (!exited) {
+		fprintf(stderr, "kvfs-mount still running 10 s after SIGTERM\n");
+		kill(cpid,
+		     SIGKILL); /* its unread request is dropped: the lock goes, the thread ends */
+		waitpid(cpid, &cws, 0);
+		kvh_stop_pid(g_mount2_pid, SIGKILL, 5000);
+	} else {
+		printf("kvfs-mount exited %d, %lld ms after SIGTERM\n",
+		       WIFEXITED(ws) ? WEXITSTATUS(ws) : -1, (long long)(now_ms() - t0));
+		waitpid(cpid, &cws, 0);
+		kvh_sh("grep -o 'answered [0-9]* requests.*' '%s'", log2);
+	}
+	g_mount2_pid = 0;
+	if (is_fuse(g_mnt2))
+		kvh_sh("fusermount3 -uz '%s'", g_mnt2);
+	rmdir(g_mnt2);
+	kvh_sh("rm -rf '%s/ud'", g_mnt);
+	assert_true(exited);
+	assert_true(WIFEXITED(ws));
+	assert_int_equal(WEXITSTATUS(ws), 0);
+	assert_true(WIFEXITED(cws)); /* answered, not left waiting */
+}
+
 /* ---- meta gone for good: a request answers EIO within --meta-retry ---- */
 
 #define MG_RETRY_S  8	 /* the second mount's --meta-retry */
@@ -1486,6 +1555,7 @@ int main(int argc, char **argv)
 	    cmocka_unit_test(test_concurrent),
 	    cmocka_unit_test(test_io_uring),
 	    cmocka_unit_test(test_node_kill),
+	    cmocka_unit_test(test_unmount_inval),
 	    cmocka_unit_test(test_meta_gone),
 	    cmocka_unit_test(test_meta_restart),
 	};

@@ -208,7 +208,14 @@ void mnt_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_in
  * with the directory locked, so a thread of its own sends it. Queueing never blocks; when the
  * queue is full the name is dropped (it then expires after --entry-timeout, as without this). */
 int mnt_inval_start(struct mnt *m); /* after the session is mounted; 0 or -errno */
-void mnt_inval_stop(struct mnt *m); /* after the session loop ended; NULL-safe */
+/* Unmount, in this order (mount_main.c): mnt_inval_close (nothing more is queued; the thread
+ * ends after the notification in flight, if any), then keep answering requests while
+ * mnt_inval_busy (that notification may wait for a directory lock held by a process waiting
+ * for one of our replies), then mnt_inval_stop (joins the thread, frees it; without a timeout),
+ * and only then destroy the session. All NULL-safe (no thread). */
+void mnt_inval_close(struct mnt *m);
+int mnt_inval_busy(struct mnt *m); /* 1 until the thread has returned */
+void mnt_inval_stop(struct mnt *m);
 /* Queues name in directory parent. wait_ms > 0: then waits up to that long for the kernel to
  * have taken it (never forever: the thread may be waiting on a directory lock). Returns 0,
  * -ETIMEDOUT (queued, not yet sent), -ENOSPC (dropped) or -ENOENT (no thread). */

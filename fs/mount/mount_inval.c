@@ -4,7 +4,6 @@
  * inode lock, which another process may hold while it waits for one of our replies. Sending it
  * from this thread keeps the workers free to send that reply. The queue is a small ring: a name
  * that does not fit is dropped, which only means the kernel keeps it until --entry-timeout. */
-/* pthread_timedjoin_np: _GNU_SOURCE comes from the build */
 #define KVFS_LOG_TAG "mount"
 #include "log.h"
 #include "ktime.h"
@@ -14,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define INVAL_SLOTS 256
 
@@ -30,8 +30,12 @@ struct mnt_inval {
 	struct inval_item q[INVAL_SLOTS]; /* lock */
 	uint64_t queued, finished;	  /* lock; items queued / sent so far */
 	unsigned head, n;		  /* lock */
-	int stop;			  /* lock */
+	int stop;			  /* lock; no more queuing, the thread ends */
+	int exited;			  /* lock; the thread has returned (done broadcast) */
 	unsigned long long sent, dropped; /* lock */
+	/* Tests only (env KVFS_MOUNT_TEST_INVAL_DELAY_MS): each notification waits this long
+	 * after it is taken off the queue, so a test can have one in flight at unmount. */
+	int delay_ms;
 };
 
 static void *inval_main(void *arg)
@@ -48,6 +52,8 @@ static void *inval_main(void *arg)
 		v->head = (v->head + 1) % INVAL_SLOTS;
 		v->n--;
 		pthread_mutex_unlock(&v->lock);
+		if (v->delay_ms > 0)
+			usleep((useconds_t)v->delay_ms * 1000);
 		/* -ENOENT (the kernel has no such name cached) is the common, harmless answer. */
 		int rc =
 		    fuse_lowlevel_notify_inval_entry(v->se, it.parent, it.name, strlen(it.name));
@@ -59,6 +65,8 @@ static void *inval_main(void *arg)
 		v->finished++;
 		pthread_cond_broadcast(&v->done);
 	}
+	v->exited = 1;
+	pthread_cond_broadcast(&v->done);
 	pthread_mutex_unlock(&v->lock);
 	return NULL;
 }
@@ -72,6 +80,8 @@ int mnt_inval_start(struct mnt *m)
 	pthread_mutex_init(&v->lock, NULL);
 	pthread_cond_init(&v->cond, NULL);
 	pthread_cond_init(&v->done, NULL);
+	const char *d = getenv("KVFS_MOUNT_TEST_INVAL_DELAY_MS");
+	v->delay_ms = d ? atoi(d) : 0;
 	int rc = pthread_create(&v->thread, NULL, inval_main, v);
 	if (rc) {
 		pthread_cond_destroy(&v->done);
@@ -84,7 +94,7 @@ int mnt_inval_start(struct mnt *m)
 	return 0;
 }
 
-void mnt_inval_stop(struct mnt *m)
+void mnt_inval_close(struct mnt *m)
 {
 	struct mnt_inval *v = m->inval;
 	if (!v)
@@ -92,18 +102,33 @@ void mnt_inval_stop(struct mnt *m)
 	pthread_mutex_lock(&v->lock);
 	v->stop = 1;
 	pthread_cond_broadcast(&v->cond);
-	klog_debug("dentry invalidations: %llu sent, %llu dropped", v->sent, v->dropped);
+	pthread_cond_broadcast(&v->done); /* committers waiting for theirs stop waiting */
 	pthread_mutex_unlock(&v->lock);
-	/* A notification in flight can wait on a directory lock held by a process whose request
-	 * will never be answered now that the loop has ended: do not wait for it forever. */
-	struct timespec until;
-	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_sec += 2;
-	if (pthread_timedjoin_np(v->thread, NULL, &until) != 0) {
-		klog_warn("dentry invalidation thread still busy at unmount; leaving it");
-		m->inval = NULL;
-		return; /* v stays allocated: the thread may still use it */
-	}
+}
+
+int mnt_inval_busy(struct mnt *m)
+{
+	struct mnt_inval *v = m->inval;
+	if (!v)
+		return 0;
+	pthread_mutex_lock(&v->lock);
+	int busy = !v->exited;
+	pthread_mutex_unlock(&v->lock);
+	return busy;
+}
+
+void mnt_inval_stop(struct mnt *m)
+{
+	struct mnt_inval *v = m->inval;
+	if (!v)
+		return;
+	mnt_inval_close(m);
+	/* No timeout, never abandoned: the thread uses the session, which the caller destroys
+	 * next. It ends once its notification in flight (if any) does; that one can only wait
+	 * for a directory lock held by a process whose request the caller keeps answering, or
+	 * that the aborted connection has failed (see serve() in mount_main.c). */
+	pthread_join(v->thread, NULL);
+	klog_debug("dentry invalidations: %llu sent, %llu dropped", v->sent, v->dropped);
 	pthread_cond_destroy(&v->done);
 	pthread_cond_destroy(&v->cond);
 	pthread_mutex_destroy(&v->lock);

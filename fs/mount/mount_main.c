@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -237,6 +238,51 @@ static void redirect_stdio(const char *logfile)
 		close(log);
 }
 
+/* Ends the dentry-invalidation thread before the session goes (mount.h, mount_inval.c).
+ *
+ * Why this is safe: the thread's notification in flight (fuse_lowlevel_notify_inval_entry) can
+ * block in the kernel on the directory's inode lock, held by a process inside a syscall on this
+ * mount that waits for one of our replies. When the loop ended because the file system was
+ * unmounted (or its connection aborted), the kernel has failed every such request (ENOTCONN),
+ * so the holder lets go and the notification returns. When it ended on a signal, the mount is
+ * still there: a request the workers did not read before they stopped stays unanswered, and
+ * neither closing /dev/fuse (the notification's write holds a reference to it) nor a lazy
+ * unmount would end that wait. So this answers requests itself, one at a time, until the
+ * thread has returned; nothing new is queued meanwhile (mnt_inval_close). Then the join cannot
+ * block, and the session is destroyed only after it: nothing can touch the session later (the
+ * old code gave up after 2 s and destroyed the session under a thread still using it). */
+static void finish_inval(struct mnt *m)
+{
+	mnt_inval_close(m);
+	/* A second signal must not end a request read below before it is answered. */
+	signal(SIGINT, SIG_IGN);
+	signal(SIGTERM, SIG_IGN);
+	signal(SIGHUP, SIG_IGN);
+	struct fuse_buf fb;
+	memset(&fb, 0, sizeof(fb));
+	unsigned long served = 0;
+	while (mnt_inval_busy(m)) {
+		struct pollfd p = {.fd = fuse_session_fd(m->se), .events = POLLIN};
+		int n = poll(&p, 1, 50);
+		if (n <= 0)
+			continue; /* timeout or EINTR: look at the thread again */
+		if (p.revents & (POLLERR | POLLHUP | POLLNVAL))
+			break; /* the connection is gone: the notification returns on its own */
+		fuse_session_reset(m->se); /* receive_buf drops what it reads once exited */
+		int r = fuse_session_receive_buf(m->se, &fb);
+		if (r > 0) {
+			fuse_session_process_buf(m->se, &fb);
+			served++;
+		} else if (r == -ENODEV) {
+			break; /* unmounted, as above */
+		}
+	}
+	free(fb.mem);
+	if (served)
+		klog_info("answered %lu requests while a dentry notification finished", served);
+	mnt_inval_stop(m);
+}
+
 /* Connects, mounts, serves until unmounted. wfd >= 0: the background parent waits there for
  * "0" or an error text. Returns the exit status. */
 static int serve(struct mnt *m, const struct kvp_secret *secret, int wfd)
@@ -318,10 +364,12 @@ static int serve(struct mnt *m, const struct kvp_secret *secret, int wfd)
 	fuse_loop_cfg_set_clone_fd(lc, 0);
 	rc = fuse_session_loop_mt(m->se, lc);
 	fuse_loop_cfg_destroy(lc);
-	mnt_inval_stop(m);
+	finish_inval(m);
 	klog_info("unmounting %s", m->mountpoint);
 	fuse_session_unmount(m->se);
-	status = rc == 0 ? 0 : 1;
+	/* libfuse returns the signal number when SIGINT/SIGTERM/SIGHUP ended the loop: that is
+	 * an unmount asked for, like fusermount3 -u (exit 0); -errno is a failure. */
+	status = rc >= 0 ? 0 : 1;
 	err[0] = 0;
 fail_sig:
 	fuse_remove_signal_handlers(m->se);
