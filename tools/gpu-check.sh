@@ -85,7 +85,67 @@ cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | hea
 if [[ $cap =~ ^[0-9]+$ ]]; then
 	ARCHS=$cap
 fi
+# Only what this nvcc can build (an older toolkit knows no sm_100); its own list when it has one.
+known=$(nvcc --list-gpu-arch 2>/dev/null | sed -n 's/^compute_\([0-9]*\)$/\1/p' | tr '\n' ' ')
+if [ -n "$known" ]; then
+	keep=""
+	IFS=';' read -r -a arr <<<"$ARCHS"
+	for a in "${arr[@]}"; do
+		case " $known " in
+		*" $a "*) keep="${keep:+$keep;}$a" ;;
+		*) say "nvcc cannot build sm_$a: left out" ;;
+		esac
+	done
+	[ -n "$keep" ] && ARCHS=$keep
+fi
 say "cuda architectures: $ARCHS"
+
+# Does the CUDA runtime see the GPU nvidia-smi shows, and does code built for $ARCHS run on it?
+# A GPU test that reports "skipped: no GPU" on a machine with a GPU is a failure (a driver /
+# runtime mismatch, a missing device node), never a skip; this probe says which it is.
+GPU_EXPECTED=0
+if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+	GPU_EXPECTED=1
+fi
+PROBE_DIR=$(mktemp -d /tmp/gpu-check-probe.XXXXXX)
+cat >"$PROBE_DIR/probe.cu" <<'EOF_PROBE'
+#include <cstdio>
+#include <cuda_runtime.h>
+__global__ void one(int *p) { *p = 42; }
+int main()
+{
+	int n = 0, drv = 0, rt = 0, h = 0, *d = nullptr;
+	cudaError_t e = cudaGetDeviceCount(&n);
+	cudaDriverGetVersion(&drv);
+	cudaRuntimeGetVersion(&rt);
+	printf("cuda probe: %d device(s) (%s), driver API %d, runtime %d", n, cudaGetErrorString(e),
+	       drv, rt);
+	if (e != cudaSuccess || n < 1) {
+		printf("\n");
+		return 1;
+	}
+	e = cudaMalloc(&d, sizeof(int));
+	if (e == cudaSuccess) {
+		one<<<1, 1>>>(d);
+		e = cudaGetLastError();
+	}
+	if (e == cudaSuccess)
+		e = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost);
+	printf(", test kernel: %s\n", e == cudaSuccess && h == 42 ? "ran" : cudaGetErrorString(e));
+	return e != cudaSuccess || h != 42;
+}
+EOF_PROBE
+pgen=""
+IFS=';' read -r -a arr <<<"$ARCHS"
+for a in "${arr[@]}"; do pgen="$pgen -gencode arch=compute_$a,code=sm_$a"; done
+# shellcheck disable=SC2086 # $pgen: a flag list
+if timeout 60 nvcc $pgen -o "$PROBE_DIR/probe" "$PROBE_DIR/probe.cu" >>"$LOG" 2>&1; then
+	say "$(timeout 30 "$PROBE_DIR/probe" 2>&1 | head -n 3)"
+else
+	say "cuda probe: did not build (see gpu-log.txt)"
+fi
+rm -rf "$PROBE_DIR"
+[ "$GPU_EXPECTED" -eq 1 ] && say "nvidia-smi shows a GPU: a GPU test that skips counts as FAIL"
 
 # ---- build ------------------------------------------------------------------------------
 
@@ -148,9 +208,14 @@ direct_build() {
 	say "direct build: cudart $cudart, cublas $blas, nccl ${nccl_lib:-none}," \
 		"cmocka ${cm_lib:-shim}"
 
+	# cuBLAS's headers: the toolkit's, else those of the wheel its library came from.
+	local blas_inc=""
+	if [ ! -f "$CUDA_HOME/include/cublas_v2.h" ] && [ -f "$blas/../include/cublas_v2.h" ]; then
+		blas_inc="-I$blas/../include"
+	fi
 	local cflags="-O2 -g -std=c11 -D_GNU_SOURCE -DKVFS_HAVE_CUDA=1 -Wall -Wextra \
-		-I$ROOT/common -I$ROOT/kernels -I$CUDA_HOME/include"
-	local nvflags="-O3 -std=c++17 $gen -I$ROOT/common -I$ROOT/kernels -DKVFS_HAVE_CUDA=1"
+		-I$ROOT/common -I$ROOT/kernels -I$CUDA_HOME/include $blas_inc"
+	local nvflags="-O3 -std=c++17 $gen -I$ROOT/common -I$ROOT/kernels -DKVFS_HAVE_CUDA=1 $blas_inc"
 	[ -n "$nccl_inc" ] && nvflags="$nvflags -I$nccl_inc"
 	local srcs=() cus=()
 	srcs+=("$ROOT/common/log.c")
@@ -196,13 +261,46 @@ direct_build() {
 		eng_srcs+=("$ROOT/engine/$f")
 	done
 	eng_srcs+=("$ROOT/common/cfg.c")
-	if printf '#include <openssl/evp.h>\nint main(void){return EVP_sha256() == 0;}\n' |
+	local probe='#include <openssl/evp.h>\nint main(void){return EVP_sha256() == 0;}\n'
+	if [ -z "${FORCE_NO_SSL_HEADERS:-}" ] && printf '%b' "$probe" |
 		cc -x c - -o "$D/crypto-probe" -lcrypto >/dev/null 2>&1; then
 		crypto=-lcrypto
 	else
-		say "direct build: no libcrypto (openssl headers): the engine programs" \
-			"(test_fwd_dev, kvinfer-bench) cannot be built"
+		# No openssl headers (a CUDA image seldom has libssl-dev) but usually the library
+		# itself: declare the eight EVP calls engine/model.c makes (OpenSSL >= 1.1 ABI) and
+		# link the library by its path.
+		local so
+		so=$(ldconfig -p 2>/dev/null | sed -n 's/^[[:space:]]*libcrypto\.so\.[0-9.]* (libc6,x86-64) => //p' |
+			head -n 1)
+		[ -n "$so" ] || so=$(compgen -G "/usr/lib/x86_64-linux-gnu/libcrypto.so.[0-9]*" | head -n 1)
+		mkdir -p "$D/ssl/openssl"
+		cat >"$D/ssl/openssl/evp.h" <<'EOF_EVP'
+/* gpu-check.sh's stand-in for <openssl/evp.h>: the EVP calls engine/model.c makes. */
+#include <stddef.h>
+typedef struct evp_md_ctx_st EVP_MD_CTX;
+typedef struct evp_md_st EVP_MD;
+typedef struct engine_st ENGINE;
+EVP_MD_CTX *EVP_MD_CTX_new(void);
+void EVP_MD_CTX_free(EVP_MD_CTX *ctx);
+const EVP_MD *EVP_sha256(void);
+int EVP_DigestInit_ex(EVP_MD_CTX *ctx, const EVP_MD *type, ENGINE *impl);
+int EVP_DigestUpdate(EVP_MD_CTX *ctx, const void *d, size_t cnt);
+int EVP_DigestFinal_ex(EVP_MD_CTX *ctx, unsigned char *md, unsigned int *s);
+int EVP_Digest(const void *data, size_t count, unsigned char *md, unsigned int *size,
+	       const EVP_MD *type, ENGINE *impl);
+EOF_EVP
+		if [ -n "$so" ] && printf '%b' "$probe" | timeout 60 cc -x c - -x none -I"$D/ssl" -o "$D/crypto-probe" "$so" \
+			>/dev/null 2>&1; then
+			crypto="$so"
+			cflags="$cflags -I$D/ssl"
+			say "direct build: no openssl headers; using $so with declared EVP calls"
+		else
+			say "direct build: no libcrypto (openssl headers): the engine programs" \
+				"(test_fwd_dev, kvinfer-bench) cannot be built"
+		fi
 	fi
+	# The programs build in parallel (the engine's sources compile once per program).
+	local pids=() names=()
 	for t in test_kernels test_kernels_cuda test_kernels_ref kvk_gpu_bench test_fwd_dev \
 		kvinfer_bench; do
 		local extra=()
@@ -223,11 +321,18 @@ direct_build() {
 		*) f=$ROOT/tests/$t.c out=$BUILD/tests/$t ;;
 		esac
 		# shellcheck disable=SC2086 # word splitting of flag lists is intended
-		if ! cc $cflags $cm_inc "$f" "${extra[@]}" -o "$out" "$D/libkvk.a" $ldl $rp $libs \
-			$cm_lib $crypto -lstdc++ -lpthread -lm >>"$LOG" 2>&1; then
-			say "direct build: $t FAILED to build"
+		cc $cflags $cm_inc "$f" "${extra[@]}" -o "$out" "$D/libkvk.a" $ldl $rp $libs \
+			$cm_lib $crypto -lstdc++ -lpthread -lm >"$D/build-$t.log" 2>&1 &
+		pids+=($!)
+		names+=("$t")
+	done
+	local i
+	for i in "${!pids[@]}"; do
+		if ! wait "${pids[$i]}"; then
+			say "direct build: ${names[$i]} FAILED to build"
 			rc=1
 		fi
+		cat "$D/build-${names[$i]}.log" >>"$LOG"
 	done
 	return "$rc"
 }
@@ -264,10 +369,12 @@ say "build: mode $MODE, $(($(date +%s) - bstart))s"
 
 # ---- tests ------------------------------------------------------------------------------
 
-# test NAME TIMEOUT CMD...: PASS (0), SKIP (77) or FAIL (anything else) into the report.
+# test_one NAME TIMEOUT KIND CMD...: PASS (0), SKIP (77) or FAIL (anything else) into the
+# report. KIND gpu: needs one GPU, so a skip where nvidia-smi shows one is a FAIL; cpu / gpu2
+# (needs two GPUs): a skip is a skip.
 test_one() {
-	local name=$1 t=$2 rc
-	shift 2
+	local name=$1 t=$2 kind=$3 rc
+	shift 3
 	if [ "$(left)" -lt "$t" ] && [ "$(left)" -lt 30 ]; then
 		say "$name: NOT RUN (time budget spent)"
 		FAILED=1
@@ -285,8 +392,14 @@ test_one() {
 	case $rc in
 	0) say "$name: PASS ($(($(date +%s) - s))s)" ;;
 	77)
-		say "$name: SKIP ($(tail -n 1 "$LOG"))"
-		SKIPPED=$((SKIPPED + 1))
+		if [ "$kind" = gpu ] && [ "$GPU_EXPECTED" -eq 1 ]; then
+			say "$name: FAIL (skipped, but nvidia-smi shows a GPU; see the cuda probe:" \
+				"$(tail -n 1 "$LOG"))"
+			FAILED=1
+		else
+			say "$name: SKIP ($(tail -n 1 "$LOG"))"
+			SKIPPED=$((SKIPPED + 1))
+		fi
 		;;
 	*)
 		say "$name: FAIL (exit $rc)"
@@ -298,13 +411,13 @@ test_one() {
 
 section "tests"
 # Whatever was built runs; a program that was not built counts as a failure.
-test_one "test_kernels_ref (CPU references)" 60 "$BUILD/tests/test_kernels_ref"
-test_one "test_kernels --gpu" 120 "$BUILD/tests/test_kernels" --gpu
-test_one "test_kernels_cuda" 180 "$BUILD/tests/test_kernels_cuda"
-test_one "test_kernels_cuda --nccl" 60 "$BUILD/tests/test_kernels_cuda" --nccl
+test_one "test_kernels_ref (CPU references)" 60 cpu "$BUILD/tests/test_kernels_ref"
+test_one "test_kernels --gpu" 120 gpu "$BUILD/tests/test_kernels" --gpu
+test_one "test_kernels_cuda" 180 gpu "$BUILD/tests/test_kernels_cuda"
+test_one "test_kernels_cuda --nccl" 60 gpu2 "$BUILD/tests/test_kernels_cuda" --nccl
 # The device engine against the CPU engine: host backend (no GPU needed), then on the GPU.
-test_one "test_fwd_dev (device engine, host backend)" 60 "$BUILD/tests/test_fwd_dev"
-test_one "test_fwd_dev --cuda (device engine on the GPU)" 90 "$BUILD/tests/test_fwd_dev" --cuda
+test_one "test_fwd_dev (device engine, host backend)" 60 cpu "$BUILD/tests/test_fwd_dev"
+test_one "test_fwd_dev --cuda (device engine on the GPU)" 90 gpu "$BUILD/tests/test_fwd_dev" --cuda
 
 # ---- benchmark ----------------------------------------------------------------------------
 
@@ -325,7 +438,10 @@ else
 	timeout "$tb" "$BENCH" "${quick[@]}" >"$BUILD/bench.txt" 2>>"$LOG"
 	rc=$?
 	tee -a "$REPORT" "$LOG" <"$BUILD/bench.txt"
-	if [ "$rc" -eq 77 ]; then
+	if [ "$rc" -eq 77 ] && [ "$GPU_EXPECTED" -eq 1 ]; then
+		say "benchmark: FAIL (no GPU found, but nvidia-smi shows one)"
+		FAILED=1
+	elif [ "$rc" -eq 77 ]; then
 		SKIPPED=$((SKIPPED + 1))
 		say "benchmark: SKIP (no GPU)"
 	elif [ "$rc" -ne 0 ]; then
@@ -387,7 +503,7 @@ else
 	rg=$?
 	gp=$(toks prefill "$BUILD/engine-gpu.txt")
 	gd=$(toks decode "$BUILD/engine-gpu.txt")
-	if grep -q "no GPU found" "$BUILD/engine-gpu.txt.err"; then
+	if grep -q "no GPU found" "$BUILD/engine-gpu.txt.err" && [ "$GPU_EXPECTED" -eq 0 ]; then
 		say "engine on GPU: SKIP (no GPU)"
 		SKIPPED=$((SKIPPED + 1))
 	elif [ "$rg" -ne 0 ] || [ -z "$gp" ]; then
@@ -452,7 +568,7 @@ else
 		cat "$out" >>"$LOG"
 		case $rc in
 		0) say "sanitizer $name: clean" ;;
-		77) say "sanitizer $name: SKIP (no GPU)" ;;
+		77) say "sanitizer $name: SKIP (no GPU; not counted)" ;;
 		99)
 			say "sanitizer $name: ERRORS FOUND"
 			grep -E '^=========' "$out" | head -n 25 >>"$REPORT"
