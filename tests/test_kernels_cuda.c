@@ -336,9 +336,10 @@ static void test_attn_prefill(void **state)
 static const int decode_shapes[][6] = {
     {3, 4, 2, 8, 5, 40},      {5, 12, 4, 256, 32, 90}, {3, 32, 1, 64, 8, 100},
     {7, 8, 1, 128, 16, 300},  {1, 1, 1, 2, 1, 1},      {64, 32, 8, 64, 16, 2100},
-    {33, 32, 8, 64, 64, 700},
+    {33, 32, 8, 64, 64, 700}, {65537, 2, 1, 2, 1, 3},
 };
-/* {3, 32, 1, ...} is MQA: the group of 32 rows spans two thread blocks. */
+/* {3, 32, 1, ...} is MQA: the group of 32 rows spans two thread blocks. {65537, ...}: more
+ * sequences than grid.z holds (65535), as a decode batch of the engine's 65536 tokens can be. */
 
 static void test_attn_decode(void **state)
 {

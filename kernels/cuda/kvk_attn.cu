@@ -232,17 +232,24 @@ extern "C" int kvk_cu_attn_decode(struct kvk_cuda_ctx *ctx, float *out, const fl
 				  int max_blocks, const int32_t *seq_lens, int n_seqs, int n_heads,
 				  float scale)
 {
-	if (!pages_ok(kv, n_heads) || max_blocks < 1 || n_seqs < 0 || n_seqs > 65535)
+	if (!pages_ok(kv, n_heads) || max_blocks < 1 || n_seqs < 0)
 		return -EINVAL;
 	KVK_ENTER(ctx);
-	if (!n_seqs)
-		return 0;
-	struct attn_args a = {};
-	fill(&a, out, q, kv, n_heads, scale);
-	a.tables = tables;
-	a.seq_lens = seq_lens;
-	a.max_blocks = max_blocks;
-	a.n_q = 1;
-	a.q_start = 0;
-	return launch(ctx, &a, n_seqs);
+	// Sequences are grid.z (at most 65535): a larger batch (the engine allows 65536) goes in
+	// several launches, each on its slice of q, out, tables and seq_lens.
+	for (int s0 = 0; s0 < n_seqs; s0 += 65535) {
+		int ns = n_seqs - s0 < 65535 ? n_seqs - s0 : 65535;
+		size_t row = (size_t)s0 * n_heads * kv->head_dim;
+		struct attn_args a = {};
+		fill(&a, out + row, q + row, kv, n_heads, scale);
+		a.tables = tables + (size_t)s0 * max_blocks;
+		a.seq_lens = seq_lens + s0;
+		a.max_blocks = max_blocks;
+		a.n_q = 1;
+		a.q_start = 0;
+		int rc = launch(ctx, &a, ns);
+		if (rc)
+			return rc;
+	}
+	return 0;
 }
