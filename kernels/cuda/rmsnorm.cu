@@ -55,6 +55,10 @@ extern "C" int kvk_cuda_rmsnorm_f32(float *out, const float *x, const float *w, 
 {
 	if (!kvk_cuda_available())
 		return -ENODEV;
+	if (nrows > 0x7fffffffu) // one block per row: grid.x limit
+		return -EINVAL;
+	if (n == 0 || nrows == 0) // a grid of 0 blocks is a launch error, not "nothing to do"
+		return 0;
 	int rc = 0;
 	float *dx = NULL, *dw = NULL, *dout = NULL;
 	size_t bytes = n * nrows * sizeof(float);
