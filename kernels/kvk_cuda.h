@@ -66,7 +66,9 @@ int kvk_cu_swiglu(struct kvk_cuda_ctx *ctx, float *out, const float *gate, const
 		  size_t n);
 
 /* Flash-style: tiles of 32 keys through shared memory, online softmax, 16 query rows (query,
- * head of one GQA group) per thread block. kv->k / kv->v are device pointers. */
+ * head of one GQA group) per thread block. kv->k / kv->v are device pointers. Beyond the
+ * reference's checks (-EINVAL otherwise): kv->k and kv->v 4-byte aligned, block_stride even,
+ * n_kv_heads <= 65535 (keys are read as f16 pairs; kv heads are grid.y). */
 int kvk_cu_attn_prefill(struct kvk_cuda_ctx *ctx, float *out, const float *q,
 			const struct kvk_kv_pages *kv, const int32_t *table, int n_q, int q_start,
 			int n_heads, float scale);
@@ -80,7 +82,9 @@ int kvk_cu_attn_decode(struct kvk_cuda_ctx *ctx, float *out, const float *q,
  * in full f32 (CUBLAS_COMPUTE_32F, no TF32). */
 int kvk_cu_gemm(struct kvk_cuda_ctx *ctx, float *c, const void *a, const void *b, enum kvk_dtype dt,
 		int m, int n, int k);
-/* Q8_0 weights dequantized on the fly: one warp per output row, n_tok <= 8 per pass. */
+/* Q8_0 weights dequantized on the fly: one warp per output row, n_tok <= 8 per pass. Beyond
+ * the reference's checks (-EINVAL otherwise): x 16-byte aligned (float4 loads), w 2-byte
+ * aligned; memory from kvk_cuda_malloc (256-byte aligned) qualifies. */
 int kvk_cu_q8_0_gemv(struct kvk_cuda_ctx *ctx, float *y, const void *w, const float *x, int rows,
 		     int n, int n_tok);
 /* f32 -> f16 / bf16 (activations into GEMM inputs), n elements. */
