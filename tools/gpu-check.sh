@@ -470,6 +470,8 @@ fi
 
 section "engine benchmark (llama-1b shape, random F16 weights)"
 KVB=()
+LINEBUF=()
+command -v stdbuf >/dev/null 2>&1 && LINEBUF=(stdbuf -oL)
 if [ -x "$BUILD/bin/kvinfer" ]; then
 	KVB=("$BUILD/bin/kvinfer" bench)
 elif [ -x "$BUILD/bin/kvinfer-bench" ]; then
@@ -482,8 +484,9 @@ engine_bench() {
 	local dev=$1 t=$2 out=$3
 	shift 3
 	printf '$ %s --shape llama-1b --type f16 --device %s %s\n' "${KVB[*]}" "$dev" "$*" >>"$LOG"
-	timeout "$t" "${KVB[@]}" --shape llama-1b --type f16 --device "$dev" --skip-kernels 1 "$@" \
-		>"$out" 2>"$out.err"
+	# stdbuf: line-buffered, so the lines printed before a timeout kill reach the file.
+	timeout "$t" "${LINEBUF[@]}" "${KVB[@]}" --shape llama-1b --type f16 --device "$dev" \
+		--skip-kernels 1 "$@" >"$out" 2>"$out.err"
 	local rc=$?
 	cat "$out" "$out.err" >>"$LOG"
 	return "$rc"
