@@ -47,10 +47,15 @@ static inline int kvk_cuda_err(cudaError_t e, const char *what)
 	} while (0)
 
 // Every entry point starts with this: the context's device must be current in this thread.
+// It also clears the thread's last-error slot: an error left there by a call whose status was
+// already returned or deliberately ignored (a cudaFree in kvk_cuda_free, a sync in an error
+// path) would otherwise be reported by this call's KVK_LAUNCHED as its own. A sticky error
+// (a faulted context) is not lost: every later call returns it again.
 #define KVK_ENTER(ctx)                                                                             \
 	do {                                                                                       \
 		if (!(ctx))                                                                        \
 			return -EINVAL;                                                            \
+		(void)cudaGetLastError();                                                          \
 		KVK_CK(cudaSetDevice((ctx)->device));                                              \
 	} while (0)
 
