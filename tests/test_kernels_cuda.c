@@ -111,6 +111,46 @@ static int teardown(void **state)
 	return 0;
 }
 
+/* ---- memory helpers ------------------------------------------------------------------------
+ * What the device engine builds on (uploads, memset of its tables, the copy on write of a
+ * block): first in the run, so a broken basic path shows here rather than as a kernel error. */
+
+static void test_memory(void **state)
+{
+	struct kvk_cuda_ctx *c = *state;
+	char info[256];
+	assert_int_equal(kvk_cuda_device_info(c, info, sizeof(info)), 0);
+	printf("  device: %s\n", info);
+	enum { N = 1 << 20 };
+	uint8_t *h = xmalloc(N), *got = xmalloc(N), *pin;
+	uint64_t s = 12;
+	for (size_t i = 0; i < N; i++)
+		h[i] = (uint8_t)rng(&s);
+	uint8_t *a = up(c, h, N), *b = up(c, NULL, N);
+	/* memset, then an unaligned device-to-device copy over part of it */
+	assert_int_equal(kvk_cuda_memset(c, b, 0x5a, N), 0);
+	assert_int_equal(kvk_cuda_d2d(c, b + 3, a + 1, N - 100), 0);
+	down(c, got, b, N);
+	for (size_t i = 0; i < N; i++) {
+		uint8_t want = i >= 3 && i < 3 + (size_t)N - 100 ? h[i - 2] : 0x5a;
+		if (got[i] != want)
+			fail_msg("memset + d2d: byte %zu got 0x%02x want 0x%02x", i, got[i], want);
+	}
+	/* pinned host memory both ways */
+	assert_int_equal(kvk_cuda_host_alloc(c, (void **)&pin, N), 0);
+	assert_int_equal(kvk_cuda_d2h(c, pin, a, N), 0);
+	same_bytes("d2h into pinned memory", pin, h, N);
+	assert_int_equal(kvk_cuda_h2d(c, b, pin, N), 0);
+	down(c, got, b, N);
+	same_bytes("h2d from pinned memory", got, h, N);
+	kvk_cuda_host_free(c, pin);
+	kvk_cuda_free(c, a), kvk_cuda_free(c, b);
+	free(h), free(got);
+	/* no context: -EINVAL, nothing enqueued */
+	assert_int_equal(kvk_cuda_sync(NULL), -EINVAL);
+	assert_int_equal(kvk_cu_add(NULL, NULL, NULL, 1), -EINVAL);
+}
+
 /* ---- elementwise ------------------------------------------------------------------------- */
 
 static void test_embed(void **state)
@@ -841,12 +881,13 @@ int main(int argc, char **argv)
 		return 77;
 	}
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_embed),	 cmocka_unit_test(test_rmsnorm),
-	    cmocka_unit_test(test_rope),	 cmocka_unit_test(test_swiglu_convert),
-	    cmocka_unit_test(test_attn_prefill), cmocka_unit_test(test_attn_decode),
-	    cmocka_unit_test(test_gemm),	 cmocka_unit_test(test_q8_0_gemv),
-	    cmocka_unit_test(test_gemm_f32),	 cmocka_unit_test(test_fwd_glue),
-	    cmocka_unit_test(test_sampling),	 cmocka_unit_test(test_pack_unpack),
+	    cmocka_unit_test(test_memory),	   cmocka_unit_test(test_embed),
+	    cmocka_unit_test(test_rmsnorm),	   cmocka_unit_test(test_rope),
+	    cmocka_unit_test(test_swiglu_convert), cmocka_unit_test(test_attn_prefill),
+	    cmocka_unit_test(test_attn_decode),	   cmocka_unit_test(test_gemm),
+	    cmocka_unit_test(test_q8_0_gemv),	   cmocka_unit_test(test_gemm_f32),
+	    cmocka_unit_test(test_fwd_glue),	   cmocka_unit_test(test_sampling),
+	    cmocka_unit_test(test_pack_unpack),
 	};
 	return cmocka_run_group_tests_name("kernels_cuda", tests, setup, teardown);
 }
