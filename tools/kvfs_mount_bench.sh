@@ -85,4 +85,4 @@ for t in mount local; do
 done
 du -s "$mnt/many" "$dir/local/many"
 echo "mount stats:"
-cat "$mnt/.kvfs/stats" | grep -E '^(commits|reads|writes|commit_errors|retries) '
+cat "$mnt/.kvfs/stats" | grep -E '^(commits|reads|writes|commit_errors|retries|inval_waits|inval_wait_us) '

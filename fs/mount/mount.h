@@ -73,6 +73,8 @@ struct mnt_inval;
 struct mnt_counters {
 	atomic_ullong lookups, opens, reads, read_bytes, writes, write_bytes;
 	atomic_ullong commits, commit_errors, aborted, erofs, retries;
+	atomic_ullong inval_waits; /* replacement commits that waited for the kernel's name drop */
+	atomic_ullong inval_wait_us; /* and how long, in total */
 };
 
 struct mnt {
@@ -123,7 +125,9 @@ struct mnt_wfile {
 	 * "replacing" (uncounted when the writer is freed), and the replaced file's attributes. */
 	struct mnt_itab *repl_itab;
 	struct kvp_attr old;
-	int grow_ok; /* lock; the old version's page-cache readers are gone (mnt_write) */
+	uint64_t
+	    inval_ticket; /* replacement: its name's notification queued at the start (0: none) */
+	int grow_ok;	  /* lock; the old version's page-cache readers are gone (mnt_write) */
 };
 
 /* ---- inode table (mount_inode.c); thread-safe ---- */
@@ -157,6 +161,8 @@ int mnt_itab_get(struct mnt_itab *t, uint64_t nodeid, struct mnt_inode_info *out
 void mnt_itab_set_ino(struct mnt_itab *t, uint64_t nodeid, uint64_t ino);
 /* A writer replacing nodeid's file starts (delta 1) or ends (-1). No-op without an entry. */
 void mnt_itab_replacing(struct mnt_itab *t, uint64_t nodeid, int delta);
+/* 1 while writers replacing nodeid's file run (its entries are then answered uncached). */
+int mnt_itab_is_replacing(struct mnt_itab *t, uint64_t nodeid);
 /* A read handle using the page cache opens (1) or closes (-1) on nodeid. */
 void mnt_itab_readers(struct mnt_itab *t, uint64_t nodeid, int delta);
 /* A read handle opens on nodeid: 0 when a replacement of it is running (the handle must not
@@ -218,8 +224,15 @@ int mnt_inval_busy(struct mnt *m); /* 1 until the thread has returned */
 void mnt_inval_stop(struct mnt *m);
 /* Queues name in directory parent. wait_ms > 0: then waits up to that long for the kernel to
  * have taken it (never forever: the thread may be waiting on a directory lock). Returns 0,
- * -ETIMEDOUT (queued, not yet sent), -ENOSPC (dropped) or -ENOENT (no thread). */
+ * -ETIMEDOUT (queued, not yet sent), -ENOSPC (dropped) or -ENOENT (no thread, or stopping). */
 int mnt_inval_entry(struct mnt *m, uint64_t parent, const char *name, int wait_ms);
+/* The same in two steps. mnt_inval_queue: never blocks; 0 and *ticket, -ENOSPC or -ENOENT.
+ * mnt_inval_wait: 0 once the kernel has applied notification `ticket` (the name is no longer
+ * cached, or was not: -ENOENT from the kernel counts as done), waiting up to wait_ms (0: just
+ * look); -ETIMEDOUT (not sent yet), -EIO (the kernel refused it, or one queued after it: do
+ * not count on it), -ENOENT (no thread, or stopping). */
+int mnt_inval_queue(struct mnt *m, uint64_t parent, const char *name, uint64_t *ticket);
+int mnt_inval_wait(struct mnt *m, uint64_t ticket, int wait_ms);
 
 /* ---- namespace (mount_ops.c) ---- */
 extern const struct fuse_lowlevel_ops mnt_ops;

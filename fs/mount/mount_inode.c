@@ -208,6 +208,15 @@ void mnt_itab_readers(struct mnt_itab *t, uint64_t nodeid, int delta)
 	count_add(t, nodeid, 1, delta);
 }
 
+int mnt_itab_is_replacing(struct mnt_itab *t, uint64_t nodeid)
+{
+	pthread_mutex_lock(&t->lock);
+	struct ient *e = find(t, nodeid);
+	int r = e && e->replacing > 0;
+	pthread_mutex_unlock(&t->lock);
+	return r;
+}
+
 int mnt_itab_reader_open(struct mnt_itab *t, uint64_t nodeid)
 {
 	pthread_mutex_lock(&t->lock);

@@ -28,7 +28,8 @@ struct mnt_inval {
 	pthread_mutex_t lock;
 	pthread_cond_t cond, done;
 	struct inval_item q[INVAL_SLOTS]; /* lock */
-	uint64_t queued, finished;	  /* lock; items queued / sent so far */
+	uint64_t queued, finished;	  /* lock; items queued / sent so far (= tickets) */
+	uint64_t last_failed;		  /* lock; the last ticket the kernel refused (0: none) */
 	unsigned head, n;		  /* lock */
 	int stop;			  /* lock; no more queuing, the thread ends */
 	int exited;			  /* lock; the thread has returned (done broadcast) */
@@ -62,7 +63,9 @@ static void *inval_main(void *arg)
 				   it.name, strerror(-rc));
 		pthread_mutex_lock(&v->lock);
 		v->sent++;
-		v->finished++;
+		v->finished++; /* FIFO, one thread: tickets finish in order */
+		if (rc && rc != -ENOENT)
+			v->last_failed = v->finished;
 		pthread_cond_broadcast(&v->done);
 	}
 	v->exited = 1;
@@ -136,7 +139,7 @@ void mnt_inval_stop(struct mnt *m)
 	m->inval = NULL;
 }
 
-int mnt_inval_entry(struct mnt *m, uint64_t parent, const char *name, int wait_ms)
+int mnt_inval_queue(struct mnt *m, uint64_t parent, const char *name, uint64_t *ticket)
 {
 	struct mnt_inval *v = m->inval;
 	if (!v || !name[0])
@@ -151,16 +154,40 @@ int mnt_inval_entry(struct mnt *m, uint64_t parent, const char *name, int wait_m
 		it->parent = parent;
 		snprintf(it->name, sizeof(it->name), "%s", name);
 		v->n++;
-		uint64_t mine = ++v->queued;
+		*ticket = ++v->queued;
 		pthread_cond_signal(&v->cond);
-		if (wait_ms > 0) {
-			struct timespec until;
-			kvfs_deadline(&until, CLOCK_REALTIME, wait_ms);
-			while (rc == 0 && v->finished < mine && !v->stop)
-				if (pthread_cond_timedwait(&v->done, &v->lock, &until) == ETIMEDOUT)
-					rc = -ETIMEDOUT;
-		}
 	}
 	pthread_mutex_unlock(&v->lock);
 	return rc;
+}
+
+int mnt_inval_wait(struct mnt *m, uint64_t ticket, int wait_ms)
+{
+	struct mnt_inval *v = m->inval;
+	if (!v)
+		return -ENOENT;
+	int rc = 0;
+	pthread_mutex_lock(&v->lock);
+	if (v->finished < ticket && wait_ms > 0) {
+		struct timespec until;
+		kvfs_deadline(&until, CLOCK_REALTIME, wait_ms);
+		while (v->finished < ticket && !v->stop)
+			if (pthread_cond_timedwait(&v->done, &v->lock, &until) == ETIMEDOUT)
+				break;
+	}
+	if (v->finished < ticket)
+		rc = v->stop ? -ENOENT : -ETIMEDOUT;
+	else if (v->last_failed >= ticket)
+		rc = -EIO; /* this one or a later one failed: do not count on this one */
+	pthread_mutex_unlock(&v->lock);
+	return rc;
+}
+
+int mnt_inval_entry(struct mnt *m, uint64_t parent, const char *name, int wait_ms)
+{
+	uint64_t t;
+	int rc = mnt_inval_queue(m, parent, name, &t);
+	if (rc == 0 && wait_ms > 0)
+		rc = mnt_inval_wait(m, t, wait_ms);
+	return rc == -EIO ? 0 : rc; /* sent (the kernel's answer is only logged) */
 }

@@ -246,10 +246,28 @@ static int wfile_finish(struct mnt *m, struct mnt_wfile *wf)
 	else
 		mnt_itab_set_ino(m->itab, wf->nodeid, a.ino);
 	/* The kernel's name still leads to the node id it knew (a temporary id, or the replaced
-	 * file's): have it look the name up again. For a replacement, whose old node id now
-	 * answers the old attributes, wait a little, so that the writer's own stat after close()
-	 * sees the new file. */
-	mnt_inval_entry(m, wf->parent, wf->name, wf->repl_itab ? 200 : 0);
+	 * file's): have it look the name up again. A new file's name is never cached (timeout
+	 * 0), so it is only tidying. A replacement's old node id now answers the old attributes,
+	 * so the writer's own stat after close() must not reach it: the notification queued at
+	 * its start (cand_convert) covers that once the kernel has applied it; if it has not yet
+	 * (a short write), wait for it a little (never long: it may wait on a directory lock),
+	 * and if it failed or was never queued, send one now and wait the same way. */
+	if (!wf->repl_itab) {
+		mnt_inval_entry(m, wf->parent, wf->name, 0);
+		return 0;
+	}
+	int r = wf->inval_ticket ? mnt_inval_wait(m, wf->inval_ticket, 0) : -ENOENT;
+	if (r == 0)
+		return 0;
+	int64_t t0 = mnt_now_ns();
+	if (r == -ETIMEDOUT)
+		mnt_inval_wait(m, wf->inval_ticket, 200);
+	else
+		mnt_inval_entry(m, wf->parent, wf->name, 200);
+	atomic_fetch_add_explicit(&m->n.inval_waits, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&m->n.inval_wait_us,
+				  (unsigned long long)((mnt_now_ns() - t0) / 1000),
+				  memory_order_relaxed);
 	return 0;
 }
 
@@ -377,7 +395,22 @@ static int cand_convert(struct mnt *m, struct fh *h)
 	wf->handles = 1;
 	wf->old = a;
 	wf->repl_itab = m->itab;
+	/* After the commit, the writer's own stat must find the new file, so the kernel must not
+	 * keep the name leading to this node id (whose getattr then answers the old file). Drop
+	 * it now, while the file is written, rather than after the commit, which would have to
+	 * wait for that: from here on lookups of the node id answer entry_timeout 0
+	 * (mnt_lookup, readdirplus: the kernel asks again at every use), and this notification
+	 * drops what the kernel cached before. The order makes that complete: the kernel holds
+	 * the directory's lock from sending a LOOKUP (or READDIRPLUS) to caching its answer, and
+	 * the notification takes the same lock, so an answer given before the count below
+	 * is cached before the notification (and dropped by it) or the notification came first
+	 * and the LOOKUP was sent after it, so it sees the count (a revalidation outside the lock
+	 * only refreshes a dentry the notification has already unhashed). Once the kernel has
+	 * applied it (mnt_inval_wait), no cached name leads to the node id, and the commit need
+	 * not wait (wfile_finish). */
 	mnt_itab_replacing(m->itab, h->nodeid, 1);
+	if (mnt_inval_queue(m, h->parent, h->name, &wf->inval_ticket) != 0)
+		wf->inval_ticket = 0;
 	h->wf = wf;
 	h->kind = FH_WRITE;
 	return 0;

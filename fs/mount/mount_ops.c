@@ -219,6 +219,8 @@ static void mnt_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 	}
 	mnt_itab_set_attr(m->itab, a.ino, &a);
 	fill_entry(m, &e, &a);
+	if (mnt_itab_is_replacing(m->itab, a.ino))
+		e.entry_timeout = 0; /* why: cand_convert in mount_io.c */
 	if (fuse_reply_entry(req, &e) != 0)
 		mnt_itab_forget(m->itab, a.ino, 1);
 }
@@ -489,6 +491,8 @@ static void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t of
 			const struct kvc_dirent *de = &d->ents[i - 2];
 			name = de->name;
 			fill_entry(m, &e, &de->attr);
+			if (plus && mnt_itab_is_replacing(m->itab, de->attr.ino))
+				e.entry_timeout = 0; /* as in mnt_lookup */
 		}
 		size_t rem = size - pos, sz;
 		if (plus) {

@@ -111,6 +111,8 @@ static int gen_stats(struct mnt *m, FILE *f)
 	C(aborted);
 	C(erofs);
 	C(retries);
+	C(inval_waits);
+	C(inval_wait_us);
 #undef C
 	fprintf(f, "client_bytes_written = %" PRIu64 "\nclient_bytes_read = %" PRIu64 "\n",
 		s.bytes_written, s.bytes_read);
