@@ -3,8 +3,10 @@
  *
  * Processes: one prefill worker P (with a kv dir, B = 16), a decode worker D without a kv dir
  * (B = 16: whatever prompt KV it does not get handed over it must compute itself), a decode
- * worker D32 with B = 32 (refuses the hand-over: another geometry), and three gateways:
- * fs (P -> D, through the kv dir), direct (P -> D) and mismatch (P -> D32, direct).
+ * worker DS sharing P's kv dir (P then sends only the blocks it did not load from there), a
+ * decode worker D32 with B = 32 (refuses the hand-over: another geometry), and four gateways:
+ * fs (P -> D, through the kv dir), direct (P -> D), shared (P -> DS, direct) and mismatch
+ * (P -> D32, direct).
  * Whether D computed a prompt shows in the gateway's lb_replica_prompt_tokens_computed. */
 #include <errno.h>
 #include <pthread.h>
@@ -30,11 +32,11 @@
 #include "kvw.h"
 #include "model.h"
 
-enum { W_P, W_D, W_D32, NW };
-enum { G_FS, G_DIRECT, G_MISMATCH, NG };
+enum { W_P, W_D, W_DS, W_D32, NW };
+enum { G_FS, G_DIRECT, G_SHARED, G_MISMATCH, NG };
 
 static char tmpdir[256];
-static pid_t wpid[NW] = {-1, -1, -1}, gpid[NG] = {-1, -1, -1};
+static pid_t wpid[NW] = {-1, -1, -1, -1}, gpid[NG] = {-1, -1, -1, -1};
 static uint16_t wport[NW], gport[NG];
 static struct kvp_secret secret;
 static size_t block_bytes; /* D's, B = 16 */
@@ -130,8 +132,10 @@ static void settle(int g, int w, double *computed, double *kv_free)
 	*kv_free = f;
 }
 
-/* A greedy completion through gateway g; returns its text (malloc'd). */
-static char *complete(int g, const char *text, int max_tokens, int stream, int *cached)
+/* A greedy completion through gateway g: its text (malloc'd) and *cached, or NULL with *why
+ * set. No cmocka assertion: client threads call it too. */
+static char *complete_rc(int g, const char *text, int max_tokens, int stream, int *cached,
+			 char *why, size_t whylen)
 {
 	char body[2048], *b = NULL;
 	snprintf(body, sizeof(body),
@@ -139,31 +143,29 @@ static char *complete(int g, const char *text, int max_tokens, int stream, int *
 		 max_tokens, stream ? "true" : "false",
 		 stream ? ",\"stream_options\":{\"include_usage\":true}" : "");
 	int st = htu_request(gport[g], 0, "POST", "/v1/completions", body, &b);
-	if (st != 200)
-		fail_msg("status %d: %s", st, b ? b : "");
 	char *out = calloc(1, 1 << 16);
 	cJSON *usage = NULL, *keep = NULL;
-	if (!stream) {
+	int bad = st != 200 || !out;
+	if (!bad && !stream) {
 		keep = cJSON_Parse(b);
-		assert_non_null(keep);
 		cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(keep, "choices"), 0);
-		snprintf(out, 1 << 16, "%s", cJSON_GetObjectItem(c0, "text")->valuestring);
+		cJSON *t = cJSON_GetObjectItem(c0, "text");
+		if (cJSON_IsString(t))
+			snprintf(out, 1 << 16, "%s", t->valuestring);
 		usage = cJSON_GetObjectItem(keep, "usage");
-	} else {
+	} else if (!bad) {
 		for (char *p = b; (p = strstr(p, "data: "));) {
 			p += 6;
 			char *end = strstr(p, "\n\n");
-			assert_non_null(end);
-			*end = 0;
-			if (!strcmp(p, "[DONE]"))
+			if (!end || !strncmp(p, "[DONE]", 6))
 				break;
+			*end = 0;
 			cJSON *e = cJSON_Parse(p);
-			assert_non_null(e);
-			assert_null(cJSON_GetObjectItem(e, "error"));
+			bad |= !e || cJSON_GetObjectItem(e, "error");
 			cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(e, "choices"), 0);
-			if (c0)
-				strncat(out, cJSON_GetObjectItem(c0, "text")->valuestring,
-					(1 << 16) - strlen(out) - 1);
+			cJSON *t = cJSON_GetObjectItem(c0, "text");
+			if (cJSON_IsString(t))
+				strncat(out, t->valuestring, (1 << 16) - strlen(out) - 1);
 			if (cJSON_GetObjectItem(e, "usage")) {
 				cJSON_Delete(keep);
 				keep = e;
@@ -174,15 +176,29 @@ static char *complete(int g, const char *text, int max_tokens, int stream, int *
 			p = end + 2;
 		}
 	}
-	assert_non_null(usage);
-	assert_int_equal(cJSON_GetObjectItem(usage, "completion_tokens")->valueint, max_tokens);
-	if (cached)
-		*cached = cJSON_GetObjectItem(cJSON_GetObjectItem(usage, "prompt_tokens_details"),
-					      "cached_tokens")
-			      ->valueint;
+	cJSON *ct = cJSON_GetObjectItem(usage, "completion_tokens");
+	cJSON *cd = cJSON_GetObjectItem(cJSON_GetObjectItem(usage, "prompt_tokens_details"),
+					"cached_tokens");
+	bad |= !cJSON_IsNumber(ct) || ct->valueint != max_tokens || !cJSON_IsNumber(cd);
+	if (bad) {
+		snprintf(why, whylen, "status %d: %.300s", st, b ? b : "");
+		free(out);
+		out = NULL;
+	} else if (cached) {
+		*cached = cd->valueint;
+	}
 	cJSON_Delete(keep);
 	free(b);
 	return out;
+}
+
+static char *complete(int g, const char *text, int max_tokens, int stream, int *cached)
+{
+	char why[400];
+	char *t = complete_rc(g, text, max_tokens, stream, cached, why, sizeof(why));
+	if (!t)
+		fail_msg("%s", why);
+	return t;
 }
 
 static int setup(void **state)
@@ -224,8 +240,8 @@ static int setup(void **state)
 	block_bytes = kvi_kv_block_bytes(kv);
 	kvi_kv_destroy(kv);
 	kvi_model_free(m);
-	static const char *const role[NW] = {"prefill", "decode", "decode"};
-	static const char *const btok[NW] = {"16", "16", "32"};
+	static const char *const role[NW] = {"prefill", "decode", "decode", "decode"};
+	static const char *const btok[NW] = {"16", "16", "16", "32"};
 	for (int i = 0; i < NW; i++) {
 		snprintf(pf, sizeof(pf), "%s/wport%d", tmpdir, i);
 		snprintf(log, sizeof(log), "%s/wlog%d", tmpdir, i);
@@ -235,7 +251,7 @@ static int setup(void **state)
 		argv[a++] = (char *)role[i];
 		argv[a++] = "-m";
 		argv[a++] = model;
-		if (i == W_P) {
+		if (i == W_P || i == W_DS) {
 			argv[a++] = "--kv-dir";
 			argv[a++] = kvdir;
 		}
@@ -261,11 +277,12 @@ static int setup(void **state)
 		if (!(wport[i] = wait_port(pf)))
 			return -1;
 	}
-	static const char *const how[NG] = {"fs", "direct", "direct"};
+	static const char *const how[NG] = {"fs", "direct", "direct", "direct"};
+	static const int dec[NG] = {W_D, W_D, W_DS, W_D32};
 	for (int i = 0; i < NG; i++) {
 		char pl[64], dl[64];
 		snprintf(pl, sizeof(pl), "127.0.0.1:%u", wport[W_P]);
-		snprintf(dl, sizeof(dl), "127.0.0.1:%u", wport[i == G_MISMATCH ? W_D32 : W_D]);
+		snprintf(dl, sizeof(dl), "127.0.0.1:%u", wport[dec[i]]);
 		snprintf(pf, sizeof(pf), "%s/gport%d", tmpdir, i);
 		snprintf(log, sizeof(log), "%s/glog%d", tmpdir, i);
 		char *argv[] = {bin,
@@ -358,7 +375,12 @@ static void *client(void *arg)
 	char p[160];
 	snprintf(p, sizeof(p), "Client %d asks: which trains run to the harbour on Sunday?",
 		 c->id % 4);
-	char *t = complete(G_DIRECT, p, 6, c->id & 1, NULL);
+	char why[400];
+	char *t = complete_rc(G_DIRECT, p, 6, c->id & 1, NULL, why, sizeof(why));
+	if (!t) {
+		fprintf(stderr, "client %d: %s\n", c->id, why);
+		return NULL;
+	}
 	snprintf(c->text, sizeof(c->text), "%s", t);
 	free(t);
 	c->ok = 1;
@@ -415,15 +437,16 @@ static void test_direct_fallback(void **state)
 
 /* One KVW_OP_KV_PUT to worker w: ticket, n token ids (all 1), bb, nb, via, session, then
  * `payload` bytes. Returns the worker's status or a transport error. */
-static int put(int w, uint64_t ticket, uint32_t n, uint32_t bb, uint32_t nb, uint8_t via,
-	       uint32_t session, size_t payload)
+static int put_first(int w, uint64_t ticket, uint32_t n, uint32_t first, uint32_t bb, uint32_t nb,
+		     uint8_t via, uint32_t session, size_t payload)
 {
 	struct kvp_wbuf b;
 	kvp_w_init(&b);
 	kvp_w_u64(&b, ticket);
 	kvp_w_u32(&b, n);
 	for (uint32_t i = 0; i < n && i < 4096; i++)
-		kvp_w_u32(&b, 1);
+		kvp_w_u32(&b, 1 + i % 7);
+	kvp_w_u32(&b, first);
 	kvp_w_u32(&b, bb);
 	kvp_w_u32(&b, nb);
 	kvp_w_u8(&b, via);
@@ -440,6 +463,12 @@ static int put(int w, uint64_t ticket, uint32_t n, uint32_t bb, uint32_t nb, uin
 	kvp_w_free(&b);
 	free(kv);
 	return rc;
+}
+
+static int put(int w, uint64_t ticket, uint32_t n, uint32_t bb, uint32_t nb, uint8_t via,
+	       uint32_t session, size_t payload)
+{
+	return put_first(w, ticket, n, 0, bb, nb, via, session, payload);
 }
 
 static int call_op(int w, uint16_t op)
@@ -489,14 +518,137 @@ static void test_put_errors(void **state)
 	free(t);
 }
 
+/* A decode worker sharing the prefill worker's kv dir: the hand-over sends only the blocks the
+ * prefill worker did not load from it; the decode worker loads those and computes nothing. */
+static void test_direct_shared_dir(void **state)
+{
+	(void)state;
+	double c0, f0, c1, f1;
+	char *ref = complete(G_FS, prompt, 8, 0, NULL);
+	settle(G_SHARED, W_DS, &c0, &f0);
+	double d0 = handoffs(G_SHARED, "direct");
+	int cached = -1;
+	char *a = complete(G_SHARED, prompt, 8, 1, &cached);
+	assert_true(cached >= 16); /* P loaded a prefix: DS must load it too */
+	assert_string_equal(a, ref);
+	assert_true(handoffs(G_SHARED, "direct") == d0 + 1);
+	settle(G_SHARED, W_DS, &c1, &f1);
+	assert_true(c1 == c0);
+	assert_true(f1 == f0);
+	/* P learned that DS shares its cache (its log says so on first contact) */
+	char path[320], line[512];
+	snprintf(path, sizeof(path), "%s/wlog%d", tmpdir, W_P);
+	FILE *f = fopen(path, "r");
+	assert_non_null(f);
+	int same = 0;
+	char want[64];
+	snprintf(want, sizeof(want), ":%u: the same kv dir", wport[W_DS]);
+	while (fgets(line, sizeof(line), f))
+		same |= strstr(line, want) != NULL;
+	fclose(f);
+	assert_true(same);
+	free(ref);
+	free(a);
+}
+
+/* Reads DECODE events from fd until the finish; returns its error, and *ntok tokens seen. */
+static int decode_events(int fd, int *ntok)
+{
+	for (;;) {
+		struct kvp_hdr rh;
+		uint8_t *body = NULL;
+		int rc = kvp_recv(fd, &rh, &body, KVP_MAX_BODY);
+		if (rc)
+			return rc;
+		if (rh.status) {
+			free(body);
+			return rh.status;
+		}
+		struct kvp_rbuf rb;
+		kvp_r_init(&rb, body, rh.len);
+		uint8_t ev = kvp_r_u8(&rb);
+		int32_t err = ev == KVW_EV_FINISH ? (int32_t)kvp_r_u32(&rb) : 0;
+		free(body);
+		if (ev == KVW_EV_FINISH)
+			return err;
+		(*ntok)++;
+	}
+}
+
+/* A parked prompt whose first block is not in the decode worker's kv dir: the claim computes
+ * those tokens (the worker's prompt_tokens_computed grows by one block) and decodes. */
+static void test_parked_prefix_computed(void **state)
+{
+	(void)state;
+	double c0, f0, c1, f1;
+	settle(G_SHARED, W_DS, &c0, &f0);
+	/* 20 tokens 1 + i % 7 (put_first's), first block from the kv dir (absent), block 2 here */
+	assert_int_equal(put_first(W_DS, 4242, 20, 1, (uint32_t)block_bytes, 1, 0, 0, block_bytes),
+			 0);
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	kvp_w_cstr(&w, "");
+	kvp_w_u32(&w, 0); /* temp 0: greedy */
+	kvp_w_u32(&w, 0x3f800000u);
+	kvp_w_u32(&w, 0);
+	kvp_w_u64(&w, 1);
+	kvp_w_u32(&w, 3); /* max_tokens */
+	kvp_w_u32(&w, 20);
+	for (int i = 0; i < 20; i++)
+		kvp_w_u32(&w, (uint32_t)(1 + i % 7));
+	kvp_w_u32(&w, 5); /* first token */
+	kvp_w_u32(&w, 0); /* no block */
+	kvp_w_u64(&w, 4242);
+	assert_int_equal(w.err, 0);
+	char addr[64];
+	snprintf(addr, sizeof(addr), "127.0.0.1:%u", wport[W_DS]);
+	int fd = kvp_connect(addr, 2000);
+	assert_true(fd >= 0);
+	assert_int_equal(kvp_auth_client(fd, &secret, 2000), 0);
+	struct kvp_hdr h = {.op = KVW_OP_DECODE, .id = 1};
+	assert_int_equal(kvp_send(fd, &h, w.p, w.len, NULL, 0), 0);
+	kvp_w_free(&w);
+	int ntok = 0;
+	assert_int_equal(decode_events(fd, &ntok), 0);
+	close(fd);
+	assert_int_equal(ntok, 3);
+	settle(G_SHARED, W_DS, &c1, &f1);
+	assert_true(c1 == c0 + 16); /* block 1 computed, block 2 handed over */
+	assert_true(f1 == f0);
+}
+
+/* Every process is still running and none logged a sanitizer report (ASan/UBSan builds). */
+static void test_processes_healthy(void **state)
+{
+	(void)state;
+	for (int i = 0; i < NW + NG; i++) {
+		pid_t p = i < NW ? wpid[i] : gpid[i - NW];
+		assert_int_equal(waitpid(p, NULL, WNOHANG), 0);
+		char path[320], line[512];
+		snprintf(path, sizeof(path), "%s/%s%d", tmpdir, i < NW ? "wlog" : "glog",
+			 i < NW ? i : i - NW);
+		FILE *f = fopen(path, "r");
+		assert_non_null(f);
+		int bad = 0;
+		while (fgets(line, sizeof(line), f))
+			bad |= strstr(line, "runtime error") || strstr(line, "Sanitizer");
+		fclose(f);
+		if (bad)
+			fail_msg("%s has a sanitizer report", path);
+	}
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_direct_same_output),
 	    cmocka_unit_test(test_direct_concurrent),
+	    cmocka_unit_test(test_direct_shared_dir),
+	    cmocka_unit_test(test_parked_prefix_computed),
 	    cmocka_unit_test(test_direct_fallback),
 	    cmocka_unit_test(test_put_errors),
+	    cmocka_unit_test(test_processes_healthy),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -22,14 +22,20 @@
  *                     A decode request owns its connection: closing it cancels the request.
  *   KVW_OP_KV_PUT  (prefill worker -> decode worker) a prompt's KV to park under a ticket until
  *                  the DECODE naming it (sch.h sch_park):
- *                  -> u64 ticket, u32 n, n x u32 token ids, u32 block_bytes, u32 n_blocks
- *                     (= ceil(n / block_tokens)), u8 via, u32 session, then for via 0 the
- *                     n_blocks blocks (kv.h export layout) as n_blocks x block_bytes bytes; via
- *                     1: none, the blocks come over the NCCL communicator of session (rank 1
- *                     sends to rank 0) while this request is handled
+ *                  -> u64 ticket, u32 n, n x u32 token ids, u32 first_block, u32 block_bytes,
+ *                     u32 n_blocks (= ceil(n / block_tokens) - first_block), u8 via, u32
+ *                     session, then for via 0 the n_blocks blocks from first_block on (kv.h
+ *                     export layout) as n_blocks x block_bytes bytes; via 1: none, the blocks
+ *                     come over the NCCL communicator of session (rank 1 sends to rank 0)
+ *                     while this request is handled. The blocks before first_block the decode
+ *                     worker loads from the kv dir (the prefill worker sends first_block > 0
+ *                     only to a decode worker whose HELLO named its own cache)
  *                  <- (empty). errors: -EINVAL (another geometry or vocabulary, ticket 0),
  *                     -EEXIST (ticket parked), -ENOSPC (no free KV blocks), -ENOENT (no such
  *                     session), -EIO (NCCL)
+ *   KVW_OP_HELLO   (prefill worker -> decode worker, first contact)
+ *                  -> (empty)
+ *                  <- str cache id (sch.h sch_cache_id: "<kv dir>/<cache fingerprint>", or "")
  *   KVW_OP_NCCL_ID (prefill worker -> decode worker, once per pair)
  *                  -> (empty)
  *                  <- u32 session, 128 bytes: an NCCL unique id; the decode worker then joins
@@ -46,6 +52,7 @@ enum kvw_op {
 	KVW_OP_DECODE = 0x102,
 	KVW_OP_KV_PUT = 0x103,
 	KVW_OP_NCCL_ID = 0x104,
+	KVW_OP_HELLO = 0x105,
 };
 
 enum kvw_event {

@@ -164,7 +164,9 @@ static int admit(struct sch *s, struct sch_req *r)
 		return rc;
 	if ((rc = kvi_sampler_create(&r->sp, s->n_vocab, &r->smp)))
 		return rc;
-	if (r->ticket && sch_parked_claim(s, r)) { /* handed over directly: nothing to load */
+	if (r->ticket && (rc = sch_parked_claim(s, r)) < 0)
+		return rc;
+	if (rc == 1) { /* handed over directly */
 		r->pos = r->cached = r->n;
 		r->st = RS_DECODE;
 		if (r->k.prompt)
@@ -219,6 +221,14 @@ static void prefill_done(struct sch *s, struct sch_req *r, int32_t first)
 	req_end(r, "stop", 0, NULL);
 }
 
+int sch_eng_prefill(struct sch *s, struct kvi_seq *seq, const int32_t *toks, int n,
+		    float *logits_last)
+{
+	atomic_fetch_add(&s->c_prefill_tokens, (unsigned long long)n);
+	return s->de ? kvi_dev_engine_prefill(s->de, seq, toks, n, logits_last)
+		     : kvi_engine_prefill(s->e, seq, toks, n, logits_last);
+}
+
 /* One prefill chunk of r; returns 1 when r ended, 0 otherwise. */
 static int prefill_step(struct sch *s, struct sch_req *r)
 {
@@ -227,9 +237,7 @@ static int prefill_step(struct sch *s, struct sch_req *r)
 	if (!last)
 		n = s->o.prefill_chunk;
 	float *lg = last ? s->logits : NULL;
-	int rc = s->de ? kvi_dev_engine_prefill(s->de, r->seq, r->toks + r->pos, n, lg)
-		       : kvi_engine_prefill(s->e, r->seq, r->toks + r->pos, n, lg);
-	atomic_fetch_add(&s->c_prefill_tokens, (unsigned long long)n);
+	int rc = sch_eng_prefill(s, r->seq, r->toks + r->pos, n, lg);
 	if (rc) {
 		req_end(r, NULL, rc, rc == -ENOSPC ? "KV memory full" : "prefill failed");
 		return 1;
@@ -405,6 +413,7 @@ int sch_submit(struct sch *s, const struct sch_job *j, const struct sch_sink *k,
 	r->first = j->first;
 	r->ticket = j->mode == SCH_DECODE ? j->ticket : 0;
 	r->handoff = j->mode == SCH_PREFILL ? j->handoff : 0;
+	r->skip_cached = r->handoff && j->handoff_skip_cached;
 	int rc = -EINVAL;
 	if (r->handoff && (r->handoff > SCH_HANDOFF_DEVICE || !k->handoff ||
 			   (r->handoff == SCH_HANDOFF_DEVICE && !sch_nccl_capable(s))))
@@ -486,6 +495,11 @@ void sch_load_get(struct sch *s, struct sch_load *out)
 size_t sch_block_bytes(const struct sch *s)
 {
 	return kvi_kv_block_bytes(eng_kv(s));
+}
+
+const char *sch_cache_id(const struct sch *s)
+{
+	return s->kx ? kvx_model_dir(s->kx) : "";
 }
 
 size_t sch_handoff_max_bytes(const struct sch *s)

@@ -54,8 +54,10 @@ struct sch_handoff {
 	const int32_t *toks; /* the prompt's token ids */
 	int n, cached;
 	int32_t first;	       /* the first sampled token */
-	const int32_t *blocks; /* the engine's ids of the prompt's blocks, in order */
-	int n_blocks;	       /* = ceil(n / block_tokens) */
+	int first_block;       /* blocks before it are not sent: the decode worker loads them
+				* from the kv dir they share (sch_job.handoff_skip_cached) */
+	const int32_t *blocks; /* the engine's ids of the blocks sent, in order */
+	int n_blocks;	       /* = ceil(n / block_tokens) - first_block */
 	size_t block_bytes;    /* sch_block_bytes */
 	const void *kv;	       /* SCH_HANDOFF_BYTES: the n_blocks blocks in the kv.h export
 				* layout, one after another; NULL for SCH_HANDOFF_DEVICE */
@@ -101,8 +103,10 @@ struct sch_job {
 	size_t blen;
 	const char *salt; /* may be NULL */
 	struct kvi_sample_params sp;
-	int handoff;	 /* PREFILL: enum sch_handoff_kind; the full blocks are still saved in
-			  * the kv dir (for later prompts), but not waited for */
+	int handoff; /* PREFILL: enum sch_handoff_kind; the full blocks are still saved in
+		      * the kv dir (for later prompts), but not waited for */
+	int handoff_skip_cached; /* PREFILL: the decode worker has this kv dir: the blocks
+				  * loaded from it are not sent (sch_handoff.first_block) */
 	uint64_t ticket; /* DECODE: the KV parked under this ticket (sch_park) is the prompt's,
 			  * when its tokens match; else (expired, never came) the normal path */
 };
@@ -126,17 +130,19 @@ void sch_req_free(struct sch_req *r);
  * next step); -EAGAIN once stopping. */
 #define SCH_PARK_MS 30000
 
-/* Parks the n-token prompt toks whose KV is kv (len = ceil(n / B) blocks in the export
- * layout). Returns 0, -EINVAL (bad ids, length, ticket 0), -EEXIST (ticket parked already),
- * -ENOSPC (no free blocks), -ENOMEM. */
-int sch_park(struct sch *s, uint64_t ticket, const int32_t *toks, int n, const void *kv,
-	     size_t len);
+/* Parks the n-token prompt toks whose blocks from first_block on are kv (len = ceil(n / B) -
+ * first_block blocks in the export layout). The blocks before first_block are loaded from the
+ * kv dir when the DECODE claims it (what is not there is computed then). Returns 0, -EINVAL
+ * (bad ids, length, ticket 0), -EEXIST (ticket parked already), -ENOSPC (no free blocks),
+ * -ENOMEM. */
+int sch_park(struct sch *s, uint64_t ticket, const int32_t *toks, int n, int first_block,
+	     const void *kv, size_t len);
 
 struct kvk_nccl;
 /* As sch_park, the KV received from rank peer of communicator c (kvk_nccl.h) instead.
  * -ENODEV unless the engine is the cuda device engine; -EIO for an NCCL or CUDA error. */
-int sch_park_nccl(struct sch *s, uint64_t ticket, const int32_t *toks, int n, struct kvk_nccl *c,
-		  int peer);
+int sch_park_nccl(struct sch *s, uint64_t ticket, const int32_t *toks, int n, int first_block,
+		  struct kvk_nccl *c, int peer);
 /* Joins NCCL communicator id (2 ranks) as rank on the engine's GPU; blocks until the other
  * rank joined. Free *out with sch_nccl_leave. -ENODEV unless the cuda device engine with NCCL. */
 int sch_nccl_join(struct sch *s, const uint8_t *id, int rank, struct kvk_nccl **out);
@@ -148,6 +154,9 @@ void sch_nccl_leave(struct sch *s, struct kvk_nccl *c);
 int sch_nccl_send(struct sch *s, struct kvk_nccl *c, const struct sch_handoff *h, int peer);
 /* 1 when this engine can take part in NCCL transfers (the cuda device engine, NCCL built). */
 int sch_nccl_capable(const struct sch *s);
+/* Where this scheduler's KV cache lives (kvx_model_dir: "<kv dir>/<cache fingerprint>"), or ""
+ * without one. Workers with equal ids share cached blocks. Thread-safe. */
+const char *sch_cache_id(const struct sch *s);
 
 /* Load, for balancers (thread-safe, updated every step). */
 struct sch_load {

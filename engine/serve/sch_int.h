@@ -44,6 +44,7 @@ struct sch_req {
 	void *blk;     /* SCH_DECODE: the handed-over last block */
 	size_t blen;
 	int handoff;	 /* SCH_PREFILL: enum sch_handoff_kind */
+	int skip_cached; /* SCH_PREFILL: hand over the blocks after the cached prefix only */
 	uint64_t ticket; /* SCH_DECODE: a parked prompt to claim, or 0 */
 };
 
@@ -60,7 +61,9 @@ struct sch_parked {
 	uint64_t ticket;
 	int32_t *toks;
 	int n;
-	struct kvi_seq *seq;
+	int first_block; /* blocks before it come from the kv dir at the claim */
+	int32_t *ids;	 /* the blocks from first_block on (references held) */
+	int nids;
 	struct timespec expires; /* CLOCK_MONOTONIC */
 	struct sch_parked *next;
 };
@@ -104,8 +107,13 @@ void sch_run_calls(struct sch *s);
 void sch_fail_calls_locked(struct sch *s, int rc);
 /* Drops parked prompts past their expiry (all of them with all != 0); returns how many remain. */
 int sch_parked_expire(struct sch *s, int all);
-/* Takes the parked prompt of r->ticket into r->seq when its tokens are r's; 1 when taken. */
+/* Takes the parked prompt of r->ticket into r->seq (empty) when its tokens are r's, loading
+ * or computing the blocks before its first_block; 1 when taken, 0 when not (r->seq is then
+ * empty again), or -errno (engine error). */
 int sch_parked_claim(struct sch *s, struct sch_req *r);
+/* sch.c: a prefill pass of either engine (fwd.h contract). */
+int sch_eng_prefill(struct sch *s, struct kvi_seq *seq, const int32_t *toks, int n,
+		    float *logits_last);
 /* The KV of a finished prefill as a hand-over (SCH_PREFILL with handoff). 0 or -errno. */
 int sch_handoff_run(struct sch *s, struct sch_req *r, int32_t first);
 

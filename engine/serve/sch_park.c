@@ -66,9 +66,11 @@ void sch_fail_calls_locked(struct sch *s, int rc)
 
 /* ---- parked prompts (decode side) --------------------------------------------------------- */
 
-static void parked_free(struct sch_parked *p)
+static void parked_free(struct sch *s, struct sch_parked *p)
 {
-	kvi_seq_destroy(p->seq);
+	for (int i = 0; i < p->nids; i++)
+		kvi_kv_block_unref(eng_kv(s), p->ids[i]);
+	free(p->ids);
 	free(p->toks);
 	free(p);
 }
@@ -86,7 +88,7 @@ int sch_parked_expire(struct sch *s, int all)
 				klog_warn("handed-over prompt %016llx never claimed: dropped",
 					  (unsigned long long)p->ticket);
 			*pp = p->next;
-			parked_free(p);
+			parked_free(s, p);
 		} else {
 			left++;
 			pp = &p->next;
@@ -95,32 +97,70 @@ int sch_parked_expire(struct sch *s, int all)
 	return left;
 }
 
+/* r->seq (empty) gets the prompt's first k blocks: from the kv dir, the rest computed. */
+static int claim_prefix(struct sch *s, struct sch_req *r, int k)
+{
+	int B = kvi_kv_geom(eng_kv(s))->block_tokens, got = 0, rc = 0;
+	if (k == 0)
+		return 0;
+	/* k * B + 1 tokens: the load leaves at least one token, here the one after block k */
+	if (s->kx && (rc = kvx_load_prefix(s->kx, r->seq, r->toks, k * B + 1, r->salt, &got)))
+		return rc;
+	if (got < k * B) {
+		klog_warn(
+		    "handed-over prompt %016llx: %d of its %d cached tokens not in the kv dir: "
+		    "computing them",
+		    (unsigned long long)r->ticket, k * B - got, k * B);
+		rc = sch_eng_prefill(s, r->seq, r->toks + got, k * B - got, NULL);
+	}
+	return rc ? rc : kvi_seq_n_blocks(r->seq) >= k ? 0 : -EIO;
+}
+
 int sch_parked_claim(struct sch *s, struct sch_req *r)
 {
-	for (struct sch_parked **pp = &s->parked; *pp; pp = &(*pp)->next) {
-		struct sch_parked *p = *pp;
-		if (p->ticket != r->ticket)
-			continue;
-		*pp = p->next; /* a ticket is claimed once, whether it matches or not */
-		int ok = p->n == r->n && !memcmp(p->toks, r->toks, (size_t)r->n * sizeof(int32_t));
-		if (ok) {
-			kvi_seq_destroy(r->seq);
-			r->seq = p->seq;
-			p->seq = NULL;
-		} else {
-			klog_warn("handed-over prompt %016llx does not match its request: not used",
-				  (unsigned long long)p->ticket);
+	struct sch_parked *p = NULL;
+	for (struct sch_parked **pp = &s->parked; *pp; pp = &(*pp)->next)
+		if ((*pp)->ticket == r->ticket) {
+			p = *pp;
+			*pp = p->next; /* a ticket is claimed once, whether it matches or not */
+			break;
 		}
-		parked_free(p);
-		return ok;
+	if (!p)
+		return 0;
+	if (p->n != r->n || memcmp(p->toks, r->toks, (size_t)r->n * sizeof(int32_t))) {
+		klog_warn("handed-over prompt %016llx does not match its request: not used",
+			  (unsigned long long)p->ticket);
+		parked_free(s, p);
+		return 0;
 	}
-	return 0;
+	struct kvi_kv *kv = eng_kv(s);
+	int k = p->first_block, nb = k + p->nids;
+	int32_t *ids = malloc((size_t)nb * sizeof(int32_t));
+	struct kvi_seq *full = NULL;
+	int rc = ids ? claim_prefix(s, r, k) : -ENOMEM;
+	if (!rc)
+		rc = kvi_seq_create(kv, &full);
+	if (!rc) {
+		if (k) /* an empty sequence has no block array */
+			memcpy(ids, kvi_seq_blocks(r->seq), (size_t)k * sizeof(int32_t));
+		memcpy(ids + k, p->ids, (size_t)p->nids * sizeof(int32_t));
+		rc = kvi_seq_attach(full, ids, nb, r->n);
+	}
+	free(ids);
+	parked_free(s, p);
+	if (rc) {
+		kvi_seq_destroy(full);
+		return rc;
+	}
+	kvi_seq_destroy(r->seq);
+	r->seq = full;
+	return 1;
 }
 
 struct park_arg {
 	uint64_t ticket;
 	const int32_t *toks;
-	int n;
+	int n, first_block;
 	const void *kv; /* bytes, or NULL: NCCL */
 	size_t len;
 	struct kvk_nccl *comm;
@@ -132,48 +172,40 @@ static int park_on_thread(struct sch *s, void *arg)
 	struct park_arg *a = arg;
 	struct kvi_kv *kv = eng_kv(s);
 	int B = kvi_kv_geom(kv)->block_tokens;
-	int nb = (a->n + B - 1) / B;
+	/* at least the last block is sent: it holds the prompt's last token */
+	int nb = (a->n + B - 1) / B - a->first_block;
 	size_t bb = kvi_kv_block_bytes(kv);
 	for (struct sch_parked *p = s->parked; p; p = p->next)
 		if (p->ticket == a->ticket)
 			return -EEXIST;
-	if (a->kv && a->len != (size_t)nb * bb)
+	if (a->first_block < 0 || nb < 1 || (a->kv && a->len != (size_t)nb * bb))
 		return -EINVAL;
 	struct sch_parked *p = calloc(1, sizeof(*p));
-	int32_t *ids = calloc((size_t)nb, sizeof(int32_t));
-	int rc = p && ids ? 0 : -ENOMEM;
-	if (!rc && !(p->toks = malloc((size_t)a->n * sizeof(int32_t))))
+	int rc = p ? 0 : -ENOMEM;
+	if (!rc && (!(p->ids = calloc((size_t)nb, sizeof(int32_t))) ||
+		    !(p->toks = malloc((size_t)a->n * sizeof(int32_t)))))
 		rc = -ENOMEM;
-	if (!rc)
-		rc = kvi_seq_create(kv, &p->seq);
-	int got = 0;
-	while (!rc && got < nb) {
+	while (!rc && p->nids < nb) {
 		int id = kvi_kv_block_alloc(kv);
 		if (id < 0)
 			rc = id;
 		else
-			ids[got++] = id;
+			p->ids[p->nids++] = id;
 	}
-	if (!rc) {
-		if (a->kv) {
-			for (int i = 0; i < nb && !rc; i++)
-				rc = kvi_kv_block_import(kv, ids[i],
-							 (const uint8_t *)a->kv + i * bb, bb);
-		} else {
-			rc = s->de ? kvi_dev_engine_nccl_recv(s->de, a->comm, ids, nb, a->peer)
-				   : -ENODEV;
-		}
+	if (!rc && a->kv) {
+		for (int i = 0; i < nb && !rc; i++)
+			rc =
+			    kvi_kv_block_import(kv, p->ids[i], (const uint8_t *)a->kv + i * bb, bb);
+	} else if (!rc) {
+		rc =
+		    s->de ? kvi_dev_engine_nccl_recv(s->de, a->comm, p->ids, nb, a->peer) : -ENODEV;
 	}
-	if (!rc)
-		rc = kvi_seq_attach(p->seq, ids, nb, a->n);
-	for (int i = 0; i < got; i++)
-		kvi_kv_block_unref(kv, ids[i]); /* the sequence holds its own references */
-	free(ids);
 	if (rc) {
 		if (p)
-			parked_free(p);
+			parked_free(s, p);
 		return rc;
 	}
+	p->first_block = a->first_block;
 	memcpy(p->toks, a->toks, (size_t)a->n * sizeof(int32_t));
 	p->n = a->n;
 	p->ticket = a->ticket;
@@ -193,24 +225,35 @@ static int park_check(const struct sch *s, uint64_t ticket, const int32_t *toks,
 	return 0;
 }
 
-int sch_park(struct sch *s, uint64_t ticket, const int32_t *toks, int n, const void *kv, size_t len)
+int sch_park(struct sch *s, uint64_t ticket, const int32_t *toks, int n, int first_block,
+	     const void *kv, size_t len)
 {
 	int rc = park_check(s, ticket, toks, n);
 	if (rc || !kv)
 		return rc ? rc : -EINVAL;
-	struct park_arg a = {.ticket = ticket, .toks = toks, .n = n, .kv = kv, .len = len};
+	struct park_arg a = {.ticket = ticket,
+			     .toks = toks,
+			     .n = n,
+			     .first_block = first_block,
+			     .kv = kv,
+			     .len = len};
 	return sch_call(s, park_on_thread, &a);
 }
 
-int sch_park_nccl(struct sch *s, uint64_t ticket, const int32_t *toks, int n, struct kvk_nccl *c,
-		  int peer)
+int sch_park_nccl(struct sch *s, uint64_t ticket, const int32_t *toks, int n, int first_block,
+		  struct kvk_nccl *c, int peer)
 {
 	int rc = park_check(s, ticket, toks, n);
 	if (rc || !c)
 		return rc ? rc : -EINVAL;
 	if (!sch_nccl_capable(s))
 		return -ENODEV;
-	struct park_arg a = {.ticket = ticket, .toks = toks, .n = n, .comm = c, .peer = peer};
+	struct park_arg a = {.ticket = ticket,
+			     .toks = toks,
+			     .n = n,
+			     .first_block = first_block,
+			     .comm = c,
+			     .peer = peer};
 	return sch_call(s, park_on_thread, &a);
 }
 
@@ -277,15 +320,18 @@ int sch_handoff_run(struct sch *s, struct sch_req *r, int32_t first)
 {
 	struct kvi_kv *kv = eng_kv(s);
 	int B = kvi_kv_geom(kv)->block_tokens;
-	int nb = (r->n + B - 1) / B;
+	/* the cached prefix came from the kv dir, which the decode worker shares */
+	int k = r->skip_cached ? r->cached / B : 0;
+	int nb = (r->n + B - 1) / B - k;
 	size_t bb = kvi_kv_block_bytes(kv);
-	if (nb > kvi_seq_n_blocks(r->seq))
+	if (k + nb > kvi_seq_n_blocks(r->seq) || nb < 1)
 		return -EIO;
-	const int32_t *ids = kvi_seq_blocks(r->seq);
+	const int32_t *ids = kvi_seq_blocks(r->seq) + k;
 	struct sch_handoff h = {.toks = r->toks,
 				.n = r->n,
 				.cached = r->cached,
 				.first = first,
+				.first_block = k,
 				.blocks = ids,
 				.n_blocks = nb,
 				.block_bytes = bb};

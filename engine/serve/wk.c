@@ -64,12 +64,18 @@ static const struct cfg_opt wk_opts[] = {
 #define CONNECT_TIMEOUT_MS 2000
 #define WK_MAX_COMMS	   64
 
-/* An NCCL communicator with one peer worker. Prefill side: keyed by the decode worker's
- * address (c NULL: that worker cannot, do not ask again); decode side: by session. */
+/* Decode side: an NCCL communicator a prefill worker set up (KVW_OP_NCCL_ID). */
 struct wk_comm {
-	char addr[KVP_ADDR_MAX];
 	uint32_t session;
 	struct kvk_nccl *c;
+};
+
+/* Prefill side: what the first contact with a decode worker told (KVW_OP_HELLO). */
+struct wk_peer {
+	char addr[KVP_ADDR_MAX];
+	int shared;	    /* same kv dir and cache: blocks loaded from it are not sent */
+	struct kvk_nccl *c; /* NCCL with it (--nccl, both able), or NULL: bytes */
+	uint32_t session;
 };
 
 struct wk {
@@ -77,10 +83,12 @@ struct wk {
 	enum sch_mode mode;
 	struct kvp_pool *pool; /* prefill: connections to decode workers */
 	int nccl;	       /* prefill: try NCCL for hand-overs */
-	pthread_mutex_t mu;    /* guards comms, puts */
+	pthread_mutex_t mu;    /* guards peers, comms, puts */
 	pthread_cond_t cv;     /* puts dropped */
 	struct wk_comm comms[WK_MAX_COMMS];
 	int ncomms;
+	struct wk_peer peers[WK_MAX_COMMS];
+	int npeers;
 	uint32_t next_session;
 	int puts; /* hand-over threads running */
 };
@@ -95,8 +103,7 @@ struct wreq {
 	/* PREFILL with a direct hand-over */
 	char peer[KVP_ADDR_MAX];
 	uint64_t ticket;
-	struct kvk_nccl *comm; /* NCCL to peer, or NULL: bytes */
-	uint32_t session;
+	struct wk_peer pi; /* what is known of peer */
 };
 
 static void wr_done(struct wreq *w)
@@ -183,10 +190,11 @@ static void put_header(struct kvp_wbuf *b, const struct wreq *w, const struct sc
 	kvp_w_u32(b, (uint32_t)h->n);
 	for (int i = 0; i < h->n; i++)
 		kvp_w_u32(b, (uint32_t)h->toks[i]);
+	kvp_w_u32(b, (uint32_t)h->first_block);
 	kvp_w_u32(b, (uint32_t)h->block_bytes);
 	kvp_w_u32(b, (uint32_t)h->n_blocks);
 	kvp_w_u8(b, (uint8_t)via);
-	kvp_w_u32(b, via ? w->session : 0);
+	kvp_w_u32(b, via ? w->pi.session : 0);
 }
 
 /* A hand-over by bytes, sent and answered on a thread of its own so the prefill scheduler
@@ -302,7 +310,7 @@ static int put_nccl(struct wreq *w, struct sch *s, const struct sch_handoff *h)
 	kvp_w_free(&b);
 	if (rc)
 		return rc;
-	int src = sch_nccl_send(s, w->comm, h, 0);
+	int src = sch_nccl_send(s, w->pi.c, h, 0);
 	rc = kvp_call_wait(call, PUT_TIMEOUT_MS, NULL, NULL);
 	return src ? src : rc;
 }
@@ -331,22 +339,10 @@ static void pf_handoff(void *u, struct sch *s, const struct sch_handoff *h)
 		w->replied = 1;
 }
 
-/* Prefill side: the NCCL communicator with decode worker peer, set up on first use (the
- * decode side creates the id, kvw.h KVW_OP_NCCL_ID). NULL when NCCL is not to be used. */
-static struct kvk_nccl *comm_for(struct wk *k, const char *peer, uint32_t *session)
+/* Prefill side: NCCL with decode worker peer (the decode side creates the id,
+ * KVW_OP_NCCL_ID). NULL when it cannot. */
+static struct kvk_nccl *nccl_setup(struct wk *k, const char *peer, uint32_t *session)
 {
-	pthread_mutex_lock(&k->mu);
-	for (int i = 0; i < k->ncomms; i++)
-		if (!strcmp(k->comms[i].addr, peer)) {
-			*session = k->comms[i].session;
-			struct kvk_nccl *c = k->comms[i].c;
-			pthread_mutex_unlock(&k->mu);
-			return c;
-		}
-	int full = k->ncomms == WK_MAX_COMMS;
-	pthread_mutex_unlock(&k->mu);
-	if (full)
-		return NULL;
 	struct kvp_client *cl = NULL;
 	uint8_t *body = NULL;
 	uint32_t len = 0;
@@ -356,11 +352,10 @@ static struct kvk_nccl *comm_for(struct wk *k, const char *peer, uint32_t *sessi
 		kvp_pool_put(k->pool, cl);
 	}
 	struct kvk_nccl *c = NULL;
-	uint32_t sess = 0;
 	if (!rc) {
 		struct kvp_rbuf rb;
 		kvp_r_init(&rb, body, len);
-		sess = kvp_r_u32(&rb);
+		*session = kvp_r_u32(&rb);
 		const uint8_t *id = kvp_r_bytes(&rb, KVK_NCCL_ID_BYTES);
 		rc = kvp_r_end(&rb);
 		if (!rc)
@@ -370,18 +365,69 @@ static struct kvk_nccl *comm_for(struct wk *k, const char *peer, uint32_t *sessi
 	if (rc)
 		klog_warn("no NCCL with %s (%s): hand-overs go as bytes", peer, kvp_strerror(rc));
 	else
-		klog_info("NCCL communicator with %s (session %u)", peer, sess);
+		klog_info("NCCL communicator with %s (session %u)", peer, *session);
+	return c;
+}
+
+/* Prefill side: *out = what is known of decode worker peer, asked on first contact. 0, or
+ * the transport error (nothing learned: bytes, every block). */
+static int peer_get(struct wk *k, const char *peer, struct wk_peer *out)
+{
 	pthread_mutex_lock(&k->mu);
-	if (k->ncomms < WK_MAX_COMMS) {
-		struct wk_comm *e = &k->comms[k->ncomms++];
-		snprintf(e->addr, sizeof(e->addr), "%s", peer);
-		e->session = sess;
-		e->c = c;
-		c = NULL;
+	for (int i = 0; i < k->npeers; i++)
+		if (!strcmp(k->peers[i].addr, peer)) {
+			*out = k->peers[i];
+			pthread_mutex_unlock(&k->mu);
+			return 0;
+		}
+	pthread_mutex_unlock(&k->mu);
+	struct wk_peer e = {0};
+	snprintf(e.addr, sizeof(e.addr), "%s", peer);
+	struct kvp_client *cl = NULL;
+	uint8_t *body = NULL;
+	uint32_t len = 0;
+	int rc = kvp_pool_get(k->pool, peer, &cl);
+	if (!rc) {
+		rc = kvp_call(cl, KVW_OP_HELLO, NULL, 0, NULL, 0, PUT_TIMEOUT_MS, &body, &len);
+		kvp_pool_put(k->pool, cl);
+	}
+	if (!rc) {
+		char id[CFG_STR_MAX + 64];
+		struct kvp_rbuf rb;
+		kvp_r_init(&rb, body, len);
+		kvp_r_str(&rb, id, sizeof(id));
+		rc = kvp_r_end(&rb);
+		const char *mine = sch_cache_id(k->s);
+		e.shared = !rc && mine[0] && !strcmp(id, mine);
+	}
+	free(body);
+	if (rc) {
+		klog_warn("decode worker %s: %s", peer, kvp_strerror(rc));
+		*out = e;
+		return rc;
+	}
+	if (k->nccl && sch_nccl_capable(k->s))
+		e.c = nccl_setup(k, peer, &e.session);
+	klog_info("decode worker %s: %s kv dir, hand-overs by %s", peer,
+		  e.shared ? "the same" : "another (or no)", e.c ? "NCCL" : "bytes");
+	pthread_mutex_lock(&k->mu);
+	struct kvk_nccl *drop = NULL;
+	int i = 0;
+	while (i < k->npeers && strcmp(k->peers[i].addr, peer))
+		i++;
+	if (i < k->npeers) { /* a racing request learned it first */
+		drop = e.c;
+		e = k->peers[i];
+	} else if (k->npeers < WK_MAX_COMMS) {
+		k->peers[k->npeers++] = e;
+	} else {
+		drop = e.c;
+		e.c = NULL;
 	}
 	pthread_mutex_unlock(&k->mu);
-	sch_nccl_leave(k->s, c); /* a racing request stored one first */
-	return comm_for(k, peer, session);
+	sch_nccl_leave(k->s, drop);
+	*out = e;
+	return 0;
 }
 
 /* ---- direct hand-over, decode side ------------------------------------------------------ */
@@ -397,7 +443,7 @@ static int dc_put(struct wk *k, struct kvp_rbuf *rb, uint32_t body_len)
 		return -ENOMEM;
 	for (uint32_t i = 0; i < n; i++)
 		toks[i] = (int32_t)kvp_r_u32(rb);
-	uint32_t bb = kvp_r_u32(rb), nb = kvp_r_u32(rb);
+	uint32_t first = kvp_r_u32(rb), bb = kvp_r_u32(rb), nb = kvp_r_u32(rb);
 	uint8_t via = kvp_r_u8(rb);
 	uint32_t session = kvp_r_u32(rb);
 	const uint8_t *kv = NULL;
@@ -405,10 +451,10 @@ static int dc_put(struct wk *k, struct kvp_rbuf *rb, uint32_t body_len)
 	if (!rb->err && via == 0)
 		kv = kvp_r_bytes(rb, len);
 	int rc = kvp_r_end(rb);
-	if (!rc && (via > 1 || bb != sch_block_bytes(k->s)))
+	if (!rc && (via > 1 || bb != sch_block_bytes(k->s) || first > n))
 		rc = -EINVAL; /* another geometry: the prefill worker falls back to the kv dir */
 	if (!rc && via == 0) {
-		rc = sch_park(k->s, ticket, toks, (int)n, kv, len);
+		rc = sch_park(k->s, ticket, toks, (int)n, (int)first, kv, len);
 	} else if (!rc) {
 		struct kvk_nccl *c = NULL;
 		pthread_mutex_lock(&k->mu);
@@ -416,7 +462,7 @@ static int dc_put(struct wk *k, struct kvp_rbuf *rb, uint32_t body_len)
 			if (k->comms[i].session == session)
 				c = k->comms[i].c;
 		pthread_mutex_unlock(&k->mu);
-		rc = c ? sch_park_nccl(k->s, ticket, toks, (int)n, c, 1) : -ENOENT;
+		rc = c ? sch_park_nccl(k->s, ticket, toks, (int)n, (int)first, c, 1) : -ENOENT;
 	}
 	free(toks);
 	return rc;
@@ -479,6 +525,15 @@ static int wk_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, ui
 		free(body);
 		kvp_reply(c, h, rc, NULL, 0, NULL, 0);
 		return rc == -EBADMSG ? -1 : 0;
+	}
+	if (k->mode == SCH_DECODE && h->op == KVW_OP_HELLO) {
+		free(body);
+		struct kvp_wbuf b;
+		kvp_w_init(&b);
+		kvp_w_cstr(&b, sch_cache_id(k->s));
+		kvp_reply(c, h, b.err, b.p, b.len, NULL, 0);
+		kvp_w_free(&b);
+		return 0;
 	}
 	if (k->mode == SCH_DECODE && h->op == KVW_OP_NCCL_ID) {
 		free(body);
@@ -549,9 +604,9 @@ static int wk_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, ui
 		if (peer[0]) {
 			memcpy(w->peer, peer, sizeof(w->peer));
 			w->ticket = ticket;
-			if (k->nccl && sch_nccl_capable(k->s))
-				w->comm = comm_for(k, peer, &w->session);
-			j.handoff = w->comm ? SCH_HANDOFF_DEVICE : SCH_HANDOFF_BYTES;
+			peer_get(k, peer, &w->pi);
+			j.handoff = w->pi.c ? SCH_HANDOFF_DEVICE : SCH_HANDOFF_BYTES;
+			j.handoff_skip_cached = w->pi.shared;
 		}
 		kvp_conn_ref(c);
 		rc = sch_submit(k->s, &j, k->mode == SCH_PREFILL ? &pf : &dc, w, &w->r);
@@ -665,6 +720,8 @@ static int run_worker(int argc, char **argv, enum sch_mode mode, const char *nam
 	pthread_mutex_unlock(&k.mu);
 	for (int i = 0; i < k.ncomms; i++)
 		sch_nccl_leave(k.s, k.comms[i].c);
+	for (int i = 0; i < k.npeers; i++)
+		sch_nccl_leave(k.s, k.peers[i].c);
 	kvp_pool_destroy(k.pool);
 	sch_destroy(k.s);
 	return 0;
