@@ -774,6 +774,20 @@ static void test_pack_unpack(void **state)
 		memset(hb, 0, total);
 		assert_int_equal(kvk_cu_kv_pack(c, hb, &src.dev, from, N, NULL, NULL), 0);
 		same_bytes(lbl, hb, want, total);
+		/* Pageable host memory (the device engine's host mirror is malloc'd): pack into it,
+		 * unpack from it into the `to` blocks again, the pools unchanged. */
+		uint8_t *pg = xmalloc(total);
+		memset(pg, 0, total);
+		assert_int_equal(kvk_cu_kv_pack(c, pg, &src.dev, from, N, NULL, NULL), 0);
+		same_bytes("pack into pageable memory", pg, want, total);
+		assert_int_equal(kvk_cu_kv_unpack(c, &dst.dev, pg, to, N, NULL, NULL), 0);
+		for (int l = 0; l < L; l++)
+			for (int v = 0; v < 2; v++) {
+				pset_download(c, &dst, tmp, l, v);
+				same_bytes("unpack from pageable memory", tmp,
+					   v ? dst.hv[l] : dst.hk[l], pn * 2);
+			}
+		free(pg);
 		void *dbuf = up(c, NULL, total);
 		assert_int_equal(kvk_cu_kv_gather(c, dbuf, &src.dev, from, N), 0);
 		down(c, hb, dbuf, total);
