@@ -128,13 +128,15 @@ void sch_req_free(struct sch_req *r);
  * parked prompt no DECODE claims is dropped after SCH_PARK_MS). Parked KV counts as used.
  * These calls are thread-safe and block until the scheduler thread has done the work (at its
  * next step); -EAGAIN once stopping. */
-#define SCH_PARK_MS 30000
+#define SCH_PARK_MS	   30000
+#define SCH_PARK_MAX_BYTES (1ull << 30)
 
 /* Parks the n-token prompt toks whose blocks from first_block on are kv (len = ceil(n / B) -
- * first_block blocks in the export layout). The blocks before first_block are loaded from the
- * kv dir when the DECODE claims it (what is not there is computed then). Returns 0, -EINVAL
- * (bad ids, length, ticket 0), -EEXIST (ticket parked already), -ENOSPC (no free blocks),
- * -ENOMEM. */
+ * first_block blocks in the export layout), copied; returns at once (no scheduler step). At the
+ * DECODE's admission the bytes become KV blocks and the blocks before first_block are loaded
+ * from the kv dir (what is not there is computed then). Returns 0, -EINVAL (bad ids, length,
+ * ticket 0), -EEXIST (ticket parked already), -ENOSPC (more than SCH_PARK_MAX_BYTES waiting),
+ * -ENOMEM, -EAGAIN (stopping). */
 int sch_park(struct sch *s, uint64_t ticket, const int32_t *toks, int n, int first_block,
 	     const void *kv, size_t len);
 

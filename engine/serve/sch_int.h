@@ -56,7 +56,20 @@ struct sch_call {
 	struct sch_call *next;
 };
 
-/* A handed-over prompt waiting for its DECODE request (sch_park). Scheduler thread only. */
+/* A hand-over by bytes as it came (sch_park): kept as bytes until its DECODE is admitted, so
+ * that taking it needs no step of the scheduler thread. Guarded by s->mu. */
+struct sch_pend {
+	uint64_t ticket;
+	int32_t *toks;
+	int n, first_block;
+	void *kv; /* ceil(n / B) - first_block blocks, export layout */
+	size_t len;
+	struct timespec expires; /* CLOCK_MONOTONIC */
+	struct sch_pend *next;
+};
+
+/* A handed-over prompt in KV blocks (NCCL: sch_park_nccl; bytes: at the claim) waiting for its
+ * DECODE request. Scheduler thread only. */
 struct sch_parked {
 	uint64_t ticket;
 	int32_t *toks;
@@ -83,6 +96,8 @@ struct sch {
 	pthread_cond_t call_cv; /* a call is done */
 	struct sch_req *inq, **inq_tail;
 	struct sch_call *calls, **calls_tail;
+	struct sch_pend *pend; /* sch_park's */
+	size_t pend_bytes;
 	int stop;
 	int joined; /* the scheduler thread has ended (sch_stop) */
 	/* scheduler thread only */
@@ -105,7 +120,8 @@ static inline struct kvi_kv *eng_kv(const struct sch *s)
 void sch_run_calls(struct sch *s);
 /* Fails every queued call with rc (the thread is stopping). Under s->mu. */
 void sch_fail_calls_locked(struct sch *s, int rc);
-/* Drops parked prompts past their expiry (all of them with all != 0); returns how many remain. */
+/* Drops parked and pending prompts past their expiry (all of them with all != 0); returns how
+ * many remain. Not under s->mu. */
 int sch_parked_expire(struct sch *s, int all);
 /* Takes the parked prompt of r->ticket into r->seq (empty) when its tokens are r's, loading
  * or computing the blocks before its first_block; 1 when taken, 0 when not (r->seq is then

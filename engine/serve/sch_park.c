@@ -75,15 +75,42 @@ static void parked_free(struct sch *s, struct sch_parked *p)
 	free(p);
 }
 
+static void pend_free(struct sch_pend *p)
+{
+	free(p->toks);
+	free(p->kv);
+	free(p);
+}
+
+static int expired(const struct timespec *now, const struct timespec *t)
+{
+	return now->tv_sec > t->tv_sec || (now->tv_sec == t->tv_sec && now->tv_nsec >= t->tv_nsec);
+}
+
 int sch_parked_expire(struct sch *s, int all)
 {
 	struct timespec now;
 	clock_gettime(CLOCK_MONOTONIC, &now);
 	int left = 0;
+	pthread_mutex_lock(&s->mu);
+	for (struct sch_pend **pp = &s->pend; *pp;) {
+		struct sch_pend *p = *pp;
+		if (all || expired(&now, &p->expires)) {
+			if (!all)
+				klog_warn("handed-over prompt %016llx never claimed: dropped",
+					  (unsigned long long)p->ticket);
+			*pp = p->next;
+			s->pend_bytes -= p->len;
+			pend_free(p);
+		} else {
+			left++;
+			pp = &p->next;
+		}
+	}
+	pthread_mutex_unlock(&s->mu);
 	for (struct sch_parked **pp = &s->parked; *pp;) {
 		struct sch_parked *p = *pp;
-		if (all || now.tv_sec > p->expires.tv_sec ||
-		    (now.tv_sec == p->expires.tv_sec && now.tv_nsec >= p->expires.tv_nsec)) {
+		if (all || expired(&now, &p->expires)) {
 			if (!all)
 				klog_warn("handed-over prompt %016llx never claimed: dropped",
 					  (unsigned long long)p->ticket);
@@ -116,6 +143,53 @@ static int claim_prefix(struct sch *s, struct sch_req *r, int k)
 	return rc ? rc : kvi_seq_n_blocks(r->seq) >= k ? 0 : -EIO;
 }
 
+/* The pending bytes of ticket as a parked prompt in fresh blocks; NULL when there are none
+ * (*rc: 0) or they cannot be (*rc: -errno). */
+static struct sch_parked *pend_take(struct sch *s, uint64_t ticket, int *rc)
+{
+	*rc = 0;
+	struct sch_pend *q = NULL;
+	pthread_mutex_lock(&s->mu);
+	for (struct sch_pend **pp = &s->pend; *pp; pp = &(*pp)->next)
+		if ((*pp)->ticket == ticket) {
+			q = *pp;
+			*pp = q->next; /* a ticket is claimed once, whether it matches or not */
+			s->pend_bytes -= q->len;
+			break;
+		}
+	pthread_mutex_unlock(&s->mu);
+	if (!q)
+		return NULL;
+	struct kvi_kv *kv = eng_kv(s);
+	size_t bb = kvi_kv_block_bytes(kv);
+	int nb = (int)(q->len / bb);
+	struct sch_parked *p = calloc(1, sizeof(*p));
+	if (!p || !(p->ids = calloc((size_t)nb, sizeof(int32_t))))
+		*rc = -ENOMEM;
+	while (!*rc && p->nids < nb) {
+		int id = kvi_kv_block_alloc(kv);
+		if (id < 0)
+			*rc = id;
+		else
+			p->ids[p->nids++] = id;
+	}
+	for (int i = 0; i < nb && !*rc; i++)
+		*rc = kvi_kv_block_import(kv, p->ids[i], (const uint8_t *)q->kv + i * bb, bb);
+	if (*rc) {
+		if (p)
+			parked_free(s, p);
+		pend_free(q);
+		return NULL;
+	}
+	p->ticket = q->ticket;
+	p->toks = q->toks;
+	q->toks = NULL;
+	p->n = q->n;
+	p->first_block = q->first_block;
+	pend_free(q);
+	return p;
+}
+
 int sch_parked_claim(struct sch *s, struct sch_req *r)
 {
 	struct sch_parked *p = NULL;
@@ -125,8 +199,11 @@ int sch_parked_claim(struct sch *s, struct sch_req *r)
 			*pp = p->next; /* a ticket is claimed once, whether it matches or not */
 			break;
 		}
+	int rc = 0;
 	if (!p)
-		return 0;
+		p = pend_take(s, r->ticket, &rc);
+	if (!p)
+		return rc;
 	if (p->n != r->n || memcmp(p->toks, r->toks, (size_t)r->n * sizeof(int32_t))) {
 		klog_warn("handed-over prompt %016llx does not match its request: not used",
 			  (unsigned long long)p->ticket);
@@ -137,7 +214,7 @@ int sch_parked_claim(struct sch *s, struct sch_req *r)
 	int k = p->first_block, nb = k + p->nids;
 	int32_t *ids = malloc((size_t)nb * sizeof(int32_t));
 	struct kvi_seq *full = NULL;
-	int rc = ids ? claim_prefix(s, r, k) : -ENOMEM;
+	rc = ids ? claim_prefix(s, r, k) : -ENOMEM;
 	if (!rc)
 		rc = kvi_seq_create(kv, &full);
 	if (!rc) {
@@ -161,12 +238,12 @@ struct park_arg {
 	uint64_t ticket;
 	const int32_t *toks;
 	int n, first_block;
-	const void *kv; /* bytes, or NULL: NCCL */
-	size_t len;
 	struct kvk_nccl *comm;
 	int peer;
 };
 
+/* NCCL: the sender is already sending; every refusal here leaves it to its watchdog (wk.c),
+ * which aborts its side when this reply is an error. */
 static int park_on_thread(struct sch *s, void *arg)
 {
 	struct park_arg *a = arg;
@@ -174,11 +251,10 @@ static int park_on_thread(struct sch *s, void *arg)
 	int B = kvi_kv_geom(kv)->block_tokens;
 	/* at least the last block is sent: it holds the prompt's last token */
 	int nb = (a->n + B - 1) / B - a->first_block;
-	size_t bb = kvi_kv_block_bytes(kv);
 	for (struct sch_parked *p = s->parked; p; p = p->next)
 		if (p->ticket == a->ticket)
 			return -EEXIST;
-	if (a->first_block < 0 || nb < 1 || (a->kv && a->len != (size_t)nb * bb))
+	if (a->first_block < 0 || nb < 1)
 		return -EINVAL;
 	struct sch_parked *p = calloc(1, sizeof(*p));
 	int rc = p ? 0 : -ENOMEM;
@@ -192,14 +268,8 @@ static int park_on_thread(struct sch *s, void *arg)
 		else
 			p->ids[p->nids++] = id;
 	}
-	if (!rc && a->kv) {
-		for (int i = 0; i < nb && !rc; i++)
-			rc =
-			    kvi_kv_block_import(kv, p->ids[i], (const uint8_t *)a->kv + i * bb, bb);
-	} else if (!rc) {
-		rc =
-		    s->de ? kvi_dev_engine_nccl_recv(s->de, a->comm, p->ids, nb, a->peer) : -ENODEV;
-	}
+	if (!rc)
+		rc = kvi_dev_engine_nccl_recv(s->de, a->comm, p->ids, nb, a->peer);
 	if (rc) {
 		if (p)
 			parked_free(s, p);
@@ -231,13 +301,38 @@ int sch_park(struct sch *s, uint64_t ticket, const int32_t *toks, int n, int fir
 	int rc = park_check(s, ticket, toks, n);
 	if (rc || !kv)
 		return rc ? rc : -EINVAL;
-	struct park_arg a = {.ticket = ticket,
-			     .toks = toks,
-			     .n = n,
-			     .first_block = first_block,
-			     .kv = kv,
-			     .len = len};
-	return sch_call(s, park_on_thread, &a);
+	int B = kvi_kv_geom(eng_kv(s))->block_tokens; /* immutable: no lock needed */
+	int nb = (n + B - 1) / B - first_block;
+	if (first_block < 0 || nb < 1 || len != (size_t)nb * kvi_kv_block_bytes(eng_kv(s)))
+		return -EINVAL;
+	struct sch_pend *q = calloc(1, sizeof(*q));
+	if (!q || !(q->toks = malloc((size_t)n * sizeof(int32_t))) || !(q->kv = malloc(len))) {
+		if (q)
+			pend_free(q);
+		return -ENOMEM;
+	}
+	memcpy(q->toks, toks, (size_t)n * sizeof(int32_t));
+	memcpy(q->kv, kv, len);
+	q->ticket = ticket;
+	q->n = n;
+	q->first_block = first_block;
+	q->len = len;
+	kvfs_deadline(&q->expires, CLOCK_MONOTONIC, SCH_PARK_MS);
+	pthread_mutex_lock(&s->mu);
+	rc = s->stop ? -EAGAIN : s->pend_bytes + len > SCH_PARK_MAX_BYTES ? -ENOSPC : 0;
+	for (struct sch_pend *p = s->pend; p && !rc; p = p->next)
+		if (p->ticket == ticket)
+			rc = -EEXIST;
+	if (!rc) {
+		q->next = s->pend;
+		s->pend = q;
+		s->pend_bytes += len;
+		pthread_cond_signal(&s->cv); /* an idle scheduler times its wait for the expiry */
+	}
+	pthread_mutex_unlock(&s->mu);
+	if (rc)
+		pend_free(q);
+	return rc;
 }
 
 int sch_park_nccl(struct sch *s, uint64_t ticket, const int32_t *toks, int n, int first_block,
