@@ -36,6 +36,10 @@ int kvk_nccl_comm_create(struct kvk_nccl **out, struct kvk_cuda_ctx *ctx,
 			 const uint8_t id[KVK_NCCL_ID_BYTES], int nranks, int rank);
 /* NULL is a no-op. */
 void kvk_nccl_comm_destroy(struct kvk_nccl *c);
+/* Ends c for good, from any thread: a send or receive waiting on it (another thread, e.g. for a
+ * peer that will never post its side) returns -EIO, and every later one at once. c must still
+ * be destroyed. NCCL has no timeouts of its own: this is how a watchdog unblocks a transfer. */
+void kvk_nccl_abort(struct kvk_nccl *c);
 
 int kvk_nccl_send_kv(struct kvk_nccl *c, const struct kvk_kv_layers *kv, const int32_t *blocks,
 		     int n_blocks, int peer);

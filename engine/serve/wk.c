@@ -19,6 +19,7 @@
 #include "kvinfer_cli.h"
 #include "kvk_nccl.h"
 #include "kvp.h"
+#include "ktime.h"
 #include "kvw.h"
 #include "log.h"
 #include "sch.h"
@@ -89,6 +90,8 @@ struct wk {
 	int ncomms;
 	struct wk_peer peers[WK_MAX_COMMS];
 	int npeers;
+	struct kvk_nccl *dead[WK_MAX_COMMS]; /* aborted, destroyed at exit */
+	int ndead;
 	uint32_t next_session;
 	int puts; /* hand-over threads running */
 };
@@ -295,6 +298,39 @@ static int put_start(struct wreq *w, const struct sch_handoff *h)
 
 /* NCCL: the KV_PUT announces the transfer, the scheduler thread sends the blocks (the decode
  * worker's scheduler receives them when it handles the KV_PUT), then the reply confirms. */
+/* Waits for the decode worker's answer to an NCCL KV_PUT while the scheduler thread sends:
+ * an error answer (it refused, or died) means it will never receive, so the communicator is
+ * aborted to release the send (NCCL has no timeout). */
+struct nccl_watch {
+	struct kvp_call *call;
+	struct kvk_nccl *c;
+	int rc;
+};
+
+static void *watch_main(void *arg)
+{
+	struct nccl_watch *x = arg;
+	x->rc = kvp_call_wait(x->call, PUT_TIMEOUT_MS, NULL, NULL);
+	if (x->rc)
+		kvk_nccl_abort(x->c);
+	return NULL;
+}
+
+/* Prefill side: communicator c is broken; later hand-overs to its peer start afresh (HELLO,
+ * NCCL_ID). It is destroyed at exit: requests already holding it fail on it meanwhile. */
+static void peer_drop(struct wk *k, struct kvk_nccl *c)
+{
+	pthread_mutex_lock(&k->mu);
+	for (int i = 0; i < k->npeers; i++)
+		if (k->peers[i].c == c) {
+			k->peers[i] = k->peers[--k->npeers];
+			if (k->ndead < WK_MAX_COMMS)
+				k->dead[k->ndead++] = c;
+			break;
+		}
+	pthread_mutex_unlock(&k->mu);
+}
+
 static int put_nccl(struct wreq *w, struct sch *s, const struct sch_handoff *h)
 {
 	struct kvp_wbuf b;
@@ -310,9 +346,18 @@ static int put_nccl(struct wreq *w, struct sch *s, const struct sch_handoff *h)
 	kvp_w_free(&b);
 	if (rc)
 		return rc;
-	int src = sch_nccl_send(s, w->pi.c, h, 0);
-	rc = kvp_call_wait(call, PUT_TIMEOUT_MS, NULL, NULL);
-	return src ? src : rc;
+	struct nccl_watch x = {.call = call, .c = w->pi.c};
+	pthread_t t;
+	if ((rc = -pthread_create(&t, NULL, watch_main, &x))) {
+		kvk_nccl_abort(w->pi.c); /* the KV_PUT is out: a send could wait forever */
+		x.rc = kvp_call_wait(call, PUT_TIMEOUT_MS, NULL, NULL);
+	} else {
+		rc = sch_nccl_send(s, w->pi.c, h, 0);
+		pthread_join(t, NULL);
+	}
+	if (rc || x.rc)
+		peer_drop(w->k, w->pi.c);
+	return rc ? rc : x.rc;
 }
 
 static void pf_handoff(void *u, struct sch *s, const struct sch_handoff *h)
@@ -432,6 +477,73 @@ static int peer_get(struct wk *k, const char *peer, struct wk_peer *out)
 
 /* ---- direct hand-over, decode side ------------------------------------------------------ */
 
+/* Aborts communicator c unless the receive it guards ends within PUT_TIMEOUT_MS: a prefill
+ * worker that died after its KV_PUT never sends, and the scheduler thread would wait in the
+ * receive for good. */
+struct recv_guard {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int done, fired;
+	struct kvk_nccl *c;
+};
+
+static void *guard_main(void *arg)
+{
+	struct recv_guard *g = arg;
+	struct timespec t;
+	kvfs_deadline(&t, CLOCK_MONOTONIC, PUT_TIMEOUT_MS);
+	pthread_mutex_lock(&g->mu);
+	while (!g->done && pthread_cond_timedwait(&g->cv, &g->mu, &t) != ETIMEDOUT)
+		;
+	g->fired = !g->done;
+	pthread_mutex_unlock(&g->mu);
+	if (g->fired)
+		kvk_nccl_abort(g->c);
+	return NULL;
+}
+
+static int park_nccl_guarded(struct wk *k, uint64_t ticket, const int32_t *toks, int n, int first,
+			     uint32_t session)
+{
+	struct kvk_nccl *c = NULL;
+	pthread_mutex_lock(&k->mu);
+	for (int i = 0; i < k->ncomms; i++)
+		if (k->comms[i].session == session)
+			c = k->comms[i].c;
+	pthread_mutex_unlock(&k->mu);
+	if (!c)
+		return -ENOENT;
+	struct recv_guard g = {.c = c};
+	pthread_mutex_init(&g.mu, NULL);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&g.cv, &ca);
+	pthread_condattr_destroy(&ca);
+	pthread_t t;
+	int rc = -pthread_create(&t, NULL, guard_main, &g);
+	if (!rc) {
+		rc = sch_park_nccl(k->s, ticket, toks, n, first, c, 1);
+		pthread_mutex_lock(&g.mu);
+		g.done = 1;
+		pthread_cond_signal(&g.cv);
+		pthread_mutex_unlock(&g.mu);
+		pthread_join(t, NULL);
+	}
+	if (g.fired || rc == -EIO) { /* that session is over: the prefill worker sets up anew */
+		klog_warn("NCCL session %u: %s; dropped", session,
+			  g.fired ? "no data within the timeout" : "transfer failed");
+		pthread_mutex_lock(&k->mu);
+		for (int i = 0; i < k->ncomms; i++)
+			if (k->comms[i].session == session)
+				k->comms[i].session = 0; /* kept for destruction at exit */
+		pthread_mutex_unlock(&k->mu);
+	}
+	pthread_mutex_destroy(&g.mu);
+	pthread_cond_destroy(&g.cv);
+	return g.fired ? -ETIMEDOUT : rc;
+}
+
 static int dc_put(struct wk *k, struct kvp_rbuf *rb, uint32_t body_len)
 {
 	uint64_t ticket = kvp_r_u64(rb);
@@ -456,13 +568,8 @@ static int dc_put(struct wk *k, struct kvp_rbuf *rb, uint32_t body_len)
 	if (!rc && via == 0) {
 		rc = sch_park(k->s, ticket, toks, (int)n, (int)first, kv, len);
 	} else if (!rc) {
-		struct kvk_nccl *c = NULL;
-		pthread_mutex_lock(&k->mu);
-		for (int i = 0; i < k->ncomms; i++)
-			if (k->comms[i].session == session)
-				c = k->comms[i].c;
-		pthread_mutex_unlock(&k->mu);
-		rc = c ? sch_park_nccl(k->s, ticket, toks, (int)n, (int)first, c, 1) : -ENOENT;
+		rc = session ? park_nccl_guarded(k, ticket, toks, (int)n, (int)first, session)
+			     : -ENOENT;
 	}
 	free(toks);
 	return rc;
@@ -722,6 +829,8 @@ static int run_worker(int argc, char **argv, enum sch_mode mode, const char *nam
 		sch_nccl_leave(k.s, k.comms[i].c);
 	for (int i = 0; i < k.npeers; i++)
 		sch_nccl_leave(k.s, k.peers[i].c);
+	for (int i = 0; i < k.ndead; i++)
+		sch_nccl_leave(k.s, k.dead[i]);
 	kvp_pool_destroy(k.pool);
 	sch_destroy(k.s);
 	return 0;

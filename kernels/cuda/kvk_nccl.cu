@@ -18,6 +18,7 @@ struct kvk_nccl {
 	struct kvk_cuda_ctx *ctx;
 	ncclComm_t comm;
 	int rank, nranks;
+	int aborted; /* kvk_nccl_abort ran (atomic builtins: any thread) */
 };
 
 static int nccl_err(ncclResult_t r, const char *what)
@@ -73,8 +74,17 @@ extern "C" void kvk_nccl_comm_destroy(struct kvk_nccl *c)
 	if (!c)
 		return;
 	cudaSetDevice(c->ctx->device);
-	ncclCommDestroy(c->comm);
+	if (!__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) // an aborted comm is already freed
+		ncclCommDestroy(c->comm);
 	free(c);
+}
+
+extern "C" void kvk_nccl_abort(struct kvk_nccl *c)
+{
+	if (!c || __atomic_exchange_n(&c->aborted, 1, __ATOMIC_ACQ_REL))
+		return;
+	cudaSetDevice(c->ctx->device);
+	nccl_err(ncclCommAbort(c->comm), "ncclCommAbort");
 }
 
 static int transfer(struct kvk_nccl *c, const struct kvk_kv_layers *kv, const int32_t *blocks,
@@ -82,6 +92,8 @@ static int transfer(struct kvk_nccl *c, const struct kvk_kv_layers *kv, const in
 {
 	if (!c || peer < 0 || peer >= c->nranks || peer == c->rank || n_blocks < 0)
 		return -EINVAL;
+	if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
+		return -EIO;
 	struct kvk_cuda_ctx *ctx = c->ctx;
 	KVK_ENTER(ctx);
 	size_t payload = kvk_kv_payload_bytes(kv);
