@@ -189,8 +189,8 @@ static int teardown(void **state)
 	(void)state;
 	stop_mount2();
 	stop_mount();
-	if (getenv("KVFS_TEST_VERBOSE"))
-		kvh_sh("cat '%s' >&2", g_log);
+	if (getenv("KVFS_TEST_VERBOSE")) /* also the second mounts' logs */
+		kvh_sh("cat '%s' '%s'/mount-*.log >&2 2>/dev/null", g_log, g_cl.dir);
 	kvh_cluster_stop(&g_cl);
 	return 0;
 }

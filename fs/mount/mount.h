@@ -23,8 +23,10 @@
  * ESTALE, which makes the kernel look the name up again (the VFS retries an open once with
  * revalidation) and open the new file under its own node id, with its own size and page cache.
  * The same ESTALE answers an open of a node id whose inode is gone (replaced or removed
- * elsewhere). A thread then drops the name from the kernel's dentry cache (mount_inval.c), so
- * `stat` shows the new file without waiting for --entry-timeout.
+ * elsewhere). So that `stat` shows the new file at once, not after --entry-timeout, a thread
+ * (mount_inval.c) drops the name from the kernel's dentry cache when the replacement starts,
+ * and until it ends lookups of N are answered uncached (entry_timeout 0); the commit waits for
+ * that drop only if it has not landed yet (cand_convert, wfile_finish in mount_io.c).
  *
  * Threading: handlers run on fuse_session_loop_mt worker threads. struct mnt is shared; each
  * field says what protects it. Every request is answered exactly once.
