@@ -299,6 +299,16 @@ static int serve(struct mnt *m, const struct kvp_secret *secret, int wfd)
 	    .max_file = m->cfg.max_file,
 	    .max_buffered = m->cfg.max_buffered,
 	};
+	/* The threads started before the loop (libkvfs's, metrics, dentry invalidation) inherit
+	 * these blocked, so the signals that unmount reach the main thread, which waits in the
+	 * loop and leaves it at once (libfuse's workers block them too); on another thread the
+	 * loop would only notice at the next request, which libfuse then drops unanswered. */
+	sigset_t quit, oldmask;
+	sigemptyset(&quit);
+	sigaddset(&quit, SIGINT);
+	sigaddset(&quit, SIGTERM);
+	sigaddset(&quit, SIGHUP);
+	pthread_sigmask(SIG_BLOCK, &quit, &oldmask);
 	if ((rc = kvc_open(&ko, &m->c))) {
 		snprintf(err, sizeof(err), "cannot reach the metadata server at %s: %s%s",
 			 m->meta_addr, kvp_strerror(rc),
@@ -358,6 +368,7 @@ static int serve(struct mnt *m, const struct kvp_secret *secret, int wfd)
 		klog_warn("no dentry invalidation thread (%s): replaced files show after "
 			  "--entry-timeout",
 			  strerror(-rc));
+	pthread_sigmask(SIG_SETMASK, &oldmask, NULL);
 	struct fuse_loop_config *lc = fuse_loop_cfg_create();
 	fuse_loop_cfg_set_max_threads(lc, (unsigned)m->cfg.threads);
 	fuse_loop_cfg_set_idle_threads(lc, (unsigned)(m->cfg.threads / 2 + 1));
@@ -384,6 +395,7 @@ fail_itab:
 fail_kvc:
 	kvc_close(m->c);
 fail:
+	pthread_sigmask(SIG_SETMASK, &oldmask, NULL);
 	if (status) {
 		if (wfd < 0)
 			fprintf(stderr, "kvfs-mount: %s\n", err);
