@@ -46,6 +46,9 @@
 #ifndef KVFS_KVW_H
 #define KVFS_KVW_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 enum kvw_op {
 	KVW_OP_STATUS = 0x100,
 	KVW_OP_PREFILL = 0x101,
@@ -65,6 +68,23 @@ enum kvw_event {
 struct kvp_wbuf;
 struct kvp_rbuf;
 struct kvi_sample_params;
+
+/* A KVW_OP_KV_PUT request, parsed. */
+struct kvw_put {
+	uint64_t ticket;
+	uint32_t n;
+	int32_t *toks; /* n token ids, malloc'd: the caller frees */
+	uint32_t first_block, block_bytes, n_blocks;
+	uint8_t via;
+	uint32_t session;
+	const uint8_t *kv; /* via 0: the n_blocks x block_bytes bytes, inside the body; else NULL */
+	size_t kv_len;
+};
+
+/* Parses a KV_PUT body of len bytes: every length is checked against the body, nothing else
+ * (geometry, ids, via > 1 without bytes are the worker's to judge). 0 (free p->toks), -EBADMSG,
+ * -ENOMEM. */
+int kvw_put_parse(const uint8_t *body, size_t len, struct kvw_put *p);
 
 /* The params field of PREFILL and DECODE. The reader leaves stop tokens empty and checks
  * nothing beyond the encoding (the sampler accepts any values). */

@@ -158,7 +158,7 @@ static int wk_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, ui
 		return 0;
 	}
 	if (k->mode == SCH_DECODE && h->op == KVW_OP_KV_PUT) {
-		int rc = wk_dc_put(k, &rb, h->len);
+		int rc = wk_dc_put(k, body, h->len);
 		free(body);
 		kvp_reply(c, h, rc, NULL, 0, NULL, 0);
 		return rc == -EBADMSG ? -1 : 0;

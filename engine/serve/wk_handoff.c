@@ -376,34 +376,23 @@ static int park_nccl_guarded(struct wk *k, uint64_t ticket, const int32_t *toks,
 	return g.fired ? -ETIMEDOUT : rc;
 }
 
-int wk_dc_put(struct wk *k, struct kvp_rbuf *rb, uint32_t body_len)
+int wk_dc_put(struct wk *k, const uint8_t *body, size_t len)
 {
-	uint64_t ticket = kvp_r_u64(rb);
-	uint32_t n = kvp_r_u32(rb);
-	if (n == 0 || (size_t)n * 4 > body_len)
-		return -EBADMSG;
-	int32_t *toks = malloc((size_t)n * sizeof(int32_t));
-	if (!toks)
-		return -ENOMEM;
-	for (uint32_t i = 0; i < n; i++)
-		toks[i] = (int32_t)kvp_r_u32(rb);
-	uint32_t first = kvp_r_u32(rb), bb = kvp_r_u32(rb), nb = kvp_r_u32(rb);
-	uint8_t via = kvp_r_u8(rb);
-	uint32_t session = kvp_r_u32(rb);
-	const uint8_t *kv = NULL;
-	size_t len = (size_t)nb * bb;
-	if (!rb->err && via == 0)
-		kv = kvp_r_bytes(rb, len);
-	int rc = kvp_r_end(rb);
-	if (!rc && (via > 1 || bb != sch_block_bytes(k->s) || first > n))
-		rc = -EINVAL; /* another geometry: the prefill worker falls back to the kv dir */
-	if (!rc && via == 0) {
-		rc = sch_park(k->s, ticket, toks, (int)n, (int)first, kv, len);
-	} else if (!rc) {
-		rc = session ? park_nccl_guarded(k, ticket, toks, (int)n, (int)first, session)
-			     : -ENOENT;
-	}
-	free(toks);
+	struct kvw_put p;
+	int rc = kvw_put_parse(body, len, &p);
+	if (rc)
+		return rc;
+	/* another geometry: the prefill worker falls back to the kv dir */
+	if (p.via > 1 || p.block_bytes != sch_block_bytes(k->s) || p.first_block > p.n ||
+	    p.n > INT32_MAX)
+		rc = -EINVAL;
+	else if (p.via == 0)
+		rc = sch_park(k->s, p.ticket, p.toks, (int)p.n, (int)p.first_block, p.kv, p.kv_len);
+	else
+		rc = p.session ? park_nccl_guarded(k, p.ticket, p.toks, (int)p.n,
+						   (int)p.first_block, p.session)
+			       : -ENOENT;
+	free(p.toks);
 	return rc;
 }
 

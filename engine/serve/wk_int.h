@@ -68,8 +68,8 @@ void wk_pf_handoff(void *u, struct sch *s, const struct sch_handoff *h);
 /* Prefill side: *out = what is known of decode worker peer (HELLO on first contact, NCCL set
  * up with --nccl). 0, or the transport error (out: bytes, every block). */
 int wk_peer_get(struct wk *k, const char *peer, struct wk_peer *out);
-/* Decode side: a KVW_OP_KV_PUT body (rb at its start); the reply's status. */
-int wk_dc_put(struct wk *k, struct kvp_rbuf *rb, uint32_t body_len);
+/* Decode side: a KVW_OP_KV_PUT body; the reply's status (-EBADMSG: malformed). */
+int wk_dc_put(struct wk *k, const uint8_t *body, size_t len);
 /* Decode side: KVW_OP_NCCL_ID, answered here. */
 void wk_dc_nccl_id(struct wk *k, struct kvp_conn *conn, const struct kvp_hdr *h);
 
