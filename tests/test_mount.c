@@ -1118,8 +1118,8 @@ static void test_meta_restart(void **state)
 
 /* A new file's commit queues a notification for its directory; the test hook holds it 1.5 s
  * (in flight). Meanwhile the daemon gets SIGTERM, its loop stops reading requests, and another
- * process starts an O_CREAT open in that directory: the kernel holds the directory's lock while
- * that process waits for its LOOKUP, and the notification needs the same lock. The daemon must
+ * process starts a mkdir in that directory: the kernel holds the directory's lock while that
+ * process waits for its LOOKUP, and the notification needs the same lock. The daemon must
  * still answer, join the notification thread and exit 0. (The old code gave up on the thread
  * after 2 s, destroyed the session under it and could never exit: the thread stayed blocked.) */
 static void test_unmount_inval(void **state)
@@ -1145,13 +1145,13 @@ static void test_unmount_inval(void **state)
 	int64_t t0 = now_ms();
 	assert_int_equal(kill(g_mount2_pid, SIGTERM), 0);
 	usleep(300000); /* the loop has stopped reading requests */
-	snprintf(p, sizeof(p), "%s/b.kvb", dir);
+	/* mkdir holds the directory's lock over its LOOKUP and MKDIR, and leaves no open handle
+	 * (libfuse sends no RELEASE for handles still open when the daemon stops) */
+	snprintf(p, sizeof(p), "%s/sub", dir);
 	pid_t cpid = fork();
 	assert_true(cpid >= 0);
-	if (cpid == 0) {
-		int fd = open(p, O_WRONLY | O_CREAT, 0644);
-		_exit(fd >= 0 ? 0 : 1);
-	}
+	if (cpid == 0)
+		_exit(mkdir(p, 0755) == 0 ? 0 : 1);
 	int ws = 0, exited = 0;
 	while (!exited && now_ms() - t0 < 10000) {
 		exited = waitpid(g_mount2_pid, &ws, WNOHANG) == g_mount2_pid;
@@ -1180,6 +1180,7 @@ static void test_unmount_inval(void **state)
 	assert_true(WIFEXITED(ws));
 	assert_int_equal(WEXITSTATUS(ws), 0);
 	assert_true(WIFEXITED(cws)); /* answered, not left waiting */
+	assert_int_equal(WEXITSTATUS(cws), 0);
 }
 
 /* ---- meta gone for good: a request answers EIO within --meta-retry ---- */
