@@ -6,7 +6,9 @@
  * worker DS sharing P's kv dir (P then sends only the blocks it did not load from there), a
  * decode worker D32 with B = 32 (refuses the hand-over: another geometry), and four gateways:
  * fs (P -> D, through the kv dir), direct (P -> D), shared (P -> DS, direct) and mismatch
- * (P -> D32, direct).
+ * (P -> D32, direct). PH and DH are a prefill and a decode worker on the device engine's host
+ * backend (fwd_dev.h: device KV, host mirror, coherence hooks) sharing a kv dir of their own,
+ * behind an fs and a direct gateway.
  * Whether D computed a prompt shows in the gateway's lb_replica_prompt_tokens_computed. */
 #include <errno.h>
 #include <pthread.h>
@@ -32,11 +34,11 @@
 #include "kvw.h"
 #include "model.h"
 
-enum { W_P, W_D, W_DS, W_D32, NW };
-enum { G_FS, G_DIRECT, G_SHARED, G_MISMATCH, NG };
+enum { W_P, W_D, W_DS, W_D32, W_PH, W_DH, NW };
+enum { G_FS, G_DIRECT, G_SHARED, G_MISMATCH, G_HFS, G_HDIRECT, NG };
 
 static char tmpdir[256];
-static pid_t wpid[NW] = {-1, -1, -1, -1}, gpid[NG] = {-1, -1, -1, -1};
+static pid_t wpid[NW] = {-1, -1, -1, -1, -1, -1}, gpid[NG] = {-1, -1, -1, -1, -1, -1};
 static uint16_t wport[NW], gport[NG];
 static struct kvp_secret secret;
 static size_t block_bytes; /* D's, B = 16 */
@@ -240,8 +242,12 @@ static int setup(void **state)
 	block_bytes = kvi_kv_block_bytes(kv);
 	kvi_kv_destroy(kv);
 	kvi_model_free(m);
-	static const char *const role[NW] = {"prefill", "decode", "decode", "decode"};
-	static const char *const btok[NW] = {"16", "16", "16", "32"};
+	static const char *const role[NW] = {"prefill", "decode",  "decode",
+					     "decode",	"prefill", "decode"};
+	static const char *const btok[NW] = {"16", "16", "16", "32", "16", "16"};
+	char kvdir_h[640];
+	snprintf(kvdir_h, sizeof(kvdir_h), "%s/kv-host", tmpdir);
+	mkdir(kvdir_h, 0755);
 	for (int i = 0; i < NW; i++) {
 		snprintf(pf, sizeof(pf), "%s/wport%d", tmpdir, i);
 		snprintf(log, sizeof(log), "%s/wlog%d", tmpdir, i);
@@ -254,6 +260,12 @@ static int setup(void **state)
 		if (i == W_P || i == W_DS) {
 			argv[a++] = "--kv-dir";
 			argv[a++] = kvdir;
+		}
+		if (i == W_PH || i == W_DH) {
+			argv[a++] = "--kv-dir";
+			argv[a++] = kvdir_h;
+			argv[a++] = "--device";
+			argv[a++] = "host";
 		}
 		char *rest[] = {"--secret-file",
 				sec,
@@ -277,11 +289,12 @@ static int setup(void **state)
 		if (!(wport[i] = wait_port(pf)))
 			return -1;
 	}
-	static const char *const how[NG] = {"fs", "direct", "direct", "direct"};
-	static const int dec[NG] = {W_D, W_D, W_DS, W_D32};
+	static const char *const how[NG] = {"fs", "direct", "direct", "direct", "fs", "direct"};
+	static const int pre[NG] = {W_P, W_P, W_P, W_P, W_PH, W_PH};
+	static const int dec[NG] = {W_D, W_D, W_DS, W_D32, W_DH, W_DH};
 	for (int i = 0; i < NG; i++) {
 		char pl[64], dl[64];
-		snprintf(pl, sizeof(pl), "127.0.0.1:%u", wport[W_P]);
+		snprintf(pl, sizeof(pl), "127.0.0.1:%u", wport[pre[i]]);
 		snprintf(dl, sizeof(dl), "127.0.0.1:%u", wport[dec[i]]);
 		snprintf(pf, sizeof(pf), "%s/gport%d", tmpdir, i);
 		snprintf(log, sizeof(log), "%s/glog%d", tmpdir, i);
@@ -551,6 +564,30 @@ static void test_direct_shared_dir(void **state)
 	free(a);
 }
 
+/* The device engine (host backend) on both sides: the same greedy text direct and through the
+ * kv dir, the decode worker computing no prompt token with a direct hand-over, also when only
+ * the blocks after a cached prefix are sent (the loaded prefix uploaded, the handed blocks
+ * imported into the host mirror and uploaded before the first decode step). */
+static void test_direct_device_engine(void **state)
+{
+	(void)state;
+	double c0, f0, c1, f1;
+	char *ref = complete(G_HFS, prompt, 6, 0, NULL);
+	settle(G_HDIRECT, W_DH, &c0, &f0);
+	for (int k = 0; k < 2; k++) {
+		int cached = -1;
+		char *t = complete(G_HDIRECT, prompt, 6, k, &cached);
+		assert_string_equal(t, ref);
+		assert_true(cached >= 16); /* the fs request saved the prefix */
+		free(t);
+	}
+	settle(G_HDIRECT, W_DH, &c1, &f1);
+	assert_true(c1 == c0);
+	assert_true(f1 == f0);
+	assert_true(handoffs(G_HDIRECT, "direct") == 2);
+	free(ref);
+}
+
 /* Reads DECODE events from fd until the finish; returns its error, and *ntok tokens seen. */
 static int decode_events(int fd, int *ntok)
 {
@@ -646,6 +683,7 @@ int main(void)
 	    cmocka_unit_test(test_direct_concurrent),
 	    cmocka_unit_test(test_direct_shared_dir),
 	    cmocka_unit_test(test_parked_prefix_computed),
+	    cmocka_unit_test(test_direct_device_engine),
 	    cmocka_unit_test(test_direct_fallback),
 	    cmocka_unit_test(test_put_errors),
 	    cmocka_unit_test(test_processes_healthy),
