@@ -8,7 +8,8 @@
  * fs (P -> D, through the kv dir), direct (P -> D), shared (P -> DS, direct) and mismatch
  * (P -> D32, direct). PH and DH are a prefill and a decode worker on the device engine's host
  * backend (fwd_dev.h: device KV, host mirror, coherence hooks) sharing a kv dir of their own,
- * behind an fs and a direct gateway.
+ * behind an fs and a direct gateway. The local gateway (P -> DS, --local-prefill 1000) sends
+ * short prompts straight to the decode worker.
  * Whether D computed a prompt shows in the gateway's lb_replica_prompt_tokens_computed. */
 #include <errno.h>
 #include <pthread.h>
@@ -35,10 +36,10 @@
 #include "model.h"
 
 enum { W_P, W_D, W_DS, W_D32, W_PH, W_DH, NW };
-enum { G_FS, G_DIRECT, G_SHARED, G_MISMATCH, G_HFS, G_HDIRECT, NG };
+enum { G_FS, G_DIRECT, G_SHARED, G_MISMATCH, G_HFS, G_HDIRECT, G_LOCAL, NG };
 
 static char tmpdir[256];
-static pid_t wpid[NW] = {-1, -1, -1, -1, -1, -1}, gpid[NG] = {-1, -1, -1, -1, -1, -1};
+static pid_t wpid[NW] = {-1, -1, -1, -1, -1, -1}, gpid[NG] = {-1, -1, -1, -1, -1, -1, -1};
 static uint16_t wport[NW], gport[NG];
 static struct kvp_secret secret;
 static size_t block_bytes; /* D's, B = 16 */
@@ -289,9 +290,10 @@ static int setup(void **state)
 		if (!(wport[i] = wait_port(pf)))
 			return -1;
 	}
-	static const char *const how[NG] = {"fs", "direct", "direct", "direct", "fs", "direct"};
-	static const int pre[NG] = {W_P, W_P, W_P, W_P, W_PH, W_PH};
-	static const int dec[NG] = {W_D, W_D, W_DS, W_D32, W_DH, W_DH};
+	static const char *const how[NG] = {"fs", "direct", "direct", "direct",
+					    "fs", "direct", "fs"};
+	static const int pre[NG] = {W_P, W_P, W_P, W_P, W_PH, W_PH, W_P};
+	static const int dec[NG] = {W_D, W_D, W_DS, W_D32, W_DH, W_DH, W_DS};
 	for (int i = 0; i < NG; i++) {
 		char pl[64], dl[64];
 		snprintf(pl, sizeof(pl), "127.0.0.1:%u", wport[pre[i]]);
@@ -308,6 +310,8 @@ static int setup(void **state)
 				sec,
 				"--handoff",
 				(char *)how[i],
+				"--local-prefill",
+				i == G_LOCAL ? "1000" : "0",
 				"--port",
 				"0",
 				"--port-file",
@@ -588,6 +592,29 @@ static void test_direct_device_engine(void **state)
 	free(ref);
 }
 
+/* --local-prefill: a short prompt skips the prefill worker (its picks stay), the decode worker
+ * computes it (GENERATE) with the same greedy text, saves it to its kv dir and reports the
+ * cached prefix of a repeat. */
+static void test_local_prefill(void **state)
+{
+	(void)state;
+	char name[160];
+	snprintf(name, sizeof(name),
+		 "lb_replica_picks_total{role=\"prefill\",addr=\"127.0.0.1:%u\"}", wport[W_P]);
+	char *ref = complete(G_FS, prompt, 6, 0, NULL);
+	int c1 = -1, c2 = -1;
+	char *a = complete(G_LOCAL, prompt, 6, 0, &c1);
+	char *b = complete(G_LOCAL, prompt, 6, 1, &c2);
+	assert_string_equal(a, ref);
+	assert_string_equal(b, ref);
+	assert_true(c2 >= 16 && c2 % 16 == 0);
+	assert_true(metric(G_LOCAL, name) == 0);
+	assert_true(handoffs(G_LOCAL, "local") == 2);
+	free(ref);
+	free(a);
+	free(b);
+}
+
 /* Reads DECODE events from fd until the finish; returns its error, and *ntok tokens seen. */
 static int decode_events(int fd, int *ntok)
 {
@@ -684,6 +711,7 @@ int main(void)
 	    cmocka_unit_test(test_direct_shared_dir),
 	    cmocka_unit_test(test_parked_prefix_computed),
 	    cmocka_unit_test(test_direct_device_engine),
+	    cmocka_unit_test(test_local_prefill),
 	    cmocka_unit_test(test_direct_fallback),
 	    cmocka_unit_test(test_put_errors),
 	    cmocka_unit_test(test_processes_healthy),

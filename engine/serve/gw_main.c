@@ -23,6 +23,7 @@ struct gwm_cfg {
 	char secret_file[CFG_STR_MAX];
 	char policy[CFG_STR_MAX];
 	char handoff[CFG_STR_MAX];
+	int64_t local_prefill;
 	char host[CFG_STR_MAX];
 	int64_t port;
 	char port_file[CFG_STR_MAX];
@@ -39,6 +40,8 @@ static const struct cfg_opt gwm_opts[] = {
     {"policy", CFG_STR, GOFF(policy), 0, 0, "cache", "balancing: rr, least or cache"},
     {"handoff", CFG_STR, GOFF(handoff), 0, 0, "fs",
      "prompt KV to the decode worker: fs (through the kv dir) or direct (prefill -> decode)"},
+    {"local-prefill", CFG_INT, GOFF(local_prefill), 0, 1 << 20, "0",
+     "prompts of at most N tokens (bytes / 4 + 1) skip the prefill workers: 0 = never"},
     {"host", CFG_STR, GOFF(host), 0, 0, "127.0.0.1", "listen address"},
     {"port", CFG_INT, GOFF(port), 0, 65535, "8080", "listen port, 0 = ephemeral"},
     {"port-file", CFG_STR, GOFF(port_file), 0, 0, NULL, "write the bound port here"},
@@ -70,8 +73,12 @@ int kvinfer_cmd_gateway(int argc, char **argv)
 	sigaddset(&sigs, SIGTERM);
 	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 	signal(SIGPIPE, SIG_IGN);
-	struct lb_opts lo = {
-	    .prefill = c.prefill, .decode = c.decode, .secret = &sec, .policy = pol, .handoff = ho};
+	struct lb_opts lo = {.prefill = c.prefill,
+			     .decode = c.decode,
+			     .secret = &sec,
+			     .policy = pol,
+			     .handoff = ho,
+			     .local_prefill = (int)c.local_prefill};
 	struct lb *l = NULL;
 	if ((rc = lb_create(&lo, &l))) {
 		fprintf(stderr, "kvinfer gateway: bad --prefill/--decode list: %s\n",

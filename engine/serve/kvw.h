@@ -20,6 +20,11 @@
  *                     u8 KVW_EV_TOKEN, u32 id, u32 len, len bytes of text
  *                     u8 KVW_EV_FINISH, i32 err, str reason, str message (the last frame)
  *                     A decode request owns its connection: closing it cancels the request.
+ *   KVW_OP_GENERATE (gateway -> decode worker) a short prompt computed by the decode worker
+ *                  itself (no prefill hop, gateway --local-prefill):
+ *                  -> str salt, params, u8 parse_special, u32 len, len bytes of prompt text
+ *                  <- as DECODE, the first frame being u8 KVW_EV_PROMPT, u32 prompt tokens,
+ *                     u32 cached tokens
  *   KVW_OP_KV_PUT  (prefill worker -> decode worker) a prompt's KV to park under a ticket until
  *                  the DECODE naming it (sch.h sch_park):
  *                  -> u64 ticket, u32 n, n x u32 token ids, u32 first_block, u32 block_bytes,
@@ -56,11 +61,13 @@ enum kvw_op {
 	KVW_OP_KV_PUT = 0x103,
 	KVW_OP_NCCL_ID = 0x104,
 	KVW_OP_HELLO = 0x105,
+	KVW_OP_GENERATE = 0x106,
 };
 
 enum kvw_event {
 	KVW_EV_TOKEN = 1,
 	KVW_EV_FINISH = 2,
+	KVW_EV_PROMPT = 3,
 };
 
 #define KVW_SALT_MAX 256

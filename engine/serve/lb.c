@@ -21,6 +21,10 @@
 #define STATUS_TIMEOUT_MS  1000
 #define CONNECT_TIMEOUT_MS 2000
 
+/* How a request's KV reached its decode worker, for /metrics. */
+enum ho_kind { HO_FS = 0, HO_DIRECT = 1, HO_FALLBACK = 2, HO_LOCAL = 3, HO_N };
+static const char *const ho_names[HO_N] = {"fs", "direct", "fallback", "local"};
+
 struct replica {
 	char addr[KVP_ADDR_MAX];
 	int up;		     /* last health check or call succeeded */
@@ -52,13 +56,9 @@ struct lb {
 	struct lreq *active; /* requests whose thread runs; guarded by mu */
 	int stopping;	     /* lb_stop: no new requests; guarded by mu */
 	uint64_t retries;
-	uint64_t nonce;	      /* tickets of direct hand-overs: nonce + job id */
-	uint64_t handoffs[3]; /* by enum ho_kind; guarded by mu */
+	uint64_t nonce;		 /* tickets of direct hand-overs: nonce + job id */
+	uint64_t handoffs[HO_N]; /* by enum ho_kind; guarded by mu */
 };
-
-/* How a request's KV reached its decode worker, for /metrics. */
-enum ho_kind { HO_FS = 0, HO_DIRECT = 1, HO_FALLBACK = 2 };
-static const char *const ho_names[] = {"fs", "direct", "fallback"};
 
 /* One request: referenced by its thread and by the gateway job (dropped in release). */
 struct lreq {
@@ -288,7 +288,8 @@ static int do_prefill(struct lreq *q, struct pf_result *res, const char *peer, u
 
 /* Streams one DECODE from replica r. Returns 0 when the request finished (finish reported),
  * or a transport error with *ntok tokens relayed (the caller retries when 0). */
-static int decode_on(struct lreq *q, struct replica *r, const struct kvp_wbuf *w, int *ntok)
+static int decode_on(struct lreq *q, struct replica *r, uint16_t op, const struct kvp_wbuf *w,
+		     int *ntok)
 {
 	struct lb *l = q->l;
 	int fd = kvp_connect(r->addr, CONNECT_TIMEOUT_MS);
@@ -301,7 +302,7 @@ static int decode_on(struct lreq *q, struct replica *r, const struct kvp_wbuf *w
 	else
 		q->fd = fd;
 	pthread_mutex_unlock(&q->mu);
-	struct kvp_hdr h = {.op = KVW_OP_DECODE, .id = gw_job_id(q->job)};
+	struct kvp_hdr h = {.op = op, .id = gw_job_id(q->job)};
 	int refused = 0;
 	if (!rc)
 		rc = kvp_send(fd, &h, w->p, w->len, NULL, 0);
@@ -319,6 +320,13 @@ static int decode_on(struct lreq *q, struct replica *r, const struct kvp_wbuf *w
 		struct kvp_rbuf rb;
 		kvp_r_init(&rb, body, rh.len);
 		uint8_t ev = kvp_r_u8(&rb);
+		if (ev == KVW_EV_PROMPT) { /* GENERATE: the decode worker tokenized the prompt */
+			uint32_t n = kvp_r_u32(&rb), cached = kvp_r_u32(&rb);
+			if (!kvp_r_end(&rb) && n <= INT32_MAX && cached <= n)
+				gw_job_prompt(q->job, (int)n, (int)cached);
+			free(body);
+			continue;
+		}
 		if (ev == KVW_EV_TOKEN) {
 			kvp_r_u32(&rb);
 			uint32_t len = kvp_r_u32(&rb);
@@ -373,52 +381,90 @@ static void lreq_put(struct lreq *q)
 	free(q);
 }
 
-static void *req_main(void *arg)
+/* The GENERATE body: the prompt text, for a decode replica to compute itself. */
+static void w_generate(struct kvp_wbuf *w, const struct lreq *q)
 {
-	struct lreq *q = arg;
+	kvp_w_cstr(w, q->salt ? q->salt : "");
+	kvw_w_params(w, &q->sp);
+	kvp_w_u8(w, (uint8_t)q->chat);
+	size_t plen = strlen(q->prompt);
+	kvp_w_u32(w, (uint32_t)plen);
+	kvp_w_bytes(w, q->prompt, plen);
+}
+
+/* The DECODE body after a PREFILL. */
+static void w_decode(struct kvp_wbuf *w, const struct lreq *q, const struct pf_result *pr,
+		     uint64_t ticket)
+{
+	kvp_w_cstr(w, q->salt ? q->salt : "");
+	kvw_w_params(w, &q->sp);
+	kvp_w_u32(w, (uint32_t)pr->n);
+	for (int i = 0; i < pr->n; i++)
+		kvp_w_u32(w, (uint32_t)pr->toks[i]);
+	kvp_w_u32(w, (uint32_t)pr->first);
+	kvp_w_u32(w, pr->blen);
+	kvp_w_bytes(w, pr->blk, pr->blen);
+	kvp_w_u64(w, pr->handed ? ticket : 0);
+}
+
+/* PREFILL (a direct hand-over to a decode replica picked now, with LB_HANDOFF_DIRECT), then
+ * the DECODE body into w. 0, or the request was finished here (1). */
+static int prefill_then(struct lreq *q, struct kvp_wbuf *w, struct pf_result *pr, int *peer)
+{
 	struct lb *l = q->l;
-	struct pf_result pr = {0};
-	int skip[LB_MAX_REPLICAS] = {0}, ntok = 0, peer = -1;
+	int skip[LB_MAX_REPLICAS] = {0};
 	char peer_addr[KVP_ADDR_MAX] = "";
 	uint64_t ticket = 0;
+	*peer = -1;
 	if (l->o.handoff == LB_HANDOFF_DIRECT) {
 		/* the decode replica first: the prefill worker sends it the KV */
 		pthread_mutex_lock(&l->mu);
-		peer = pick(l, &l->dc, 0, 0, 0, skip);
-		if (peer >= 0)
-			snprintf(peer_addr, sizeof(peer_addr), "%s", l->dc.r[peer].addr);
+		*peer = pick(l, &l->dc, 0, 0, 0, skip);
+		if (*peer >= 0)
+			snprintf(peer_addr, sizeof(peer_addr), "%s", l->dc.r[*peer].addr);
 		pthread_mutex_unlock(&l->mu);
 		ticket = l->nonce + gw_job_id(q->job);
 		ticket += !ticket;
 	}
-	int rc = do_prefill(q, &pr, peer >= 0 ? peer_addr : NULL, ticket);
+	int rc = do_prefill(q, pr, *peer >= 0 ? peer_addr : NULL, ticket);
 	pthread_mutex_lock(&q->mu);
 	int cancelled = q->cancelled;
 	pthread_mutex_unlock(&q->mu);
 	if (!rc && cancelled) {
 		gw_job_finish(q->job, NULL, -ECANCELED, "cancelled");
-		goto out;
+		return 1;
 	}
 	if (rc) {
 		gw_job_finish(q->job, NULL, rc,
 			      rc == -EAGAIN ? "no prefill replica is up" : "prefill failed");
-		goto out;
+		return 1;
 	}
-	gw_job_prompt(q->job, pr.n, pr.cached);
+	gw_job_prompt(q->job, pr->n, pr->cached);
 	pthread_mutex_lock(&l->mu);
-	l->handoffs[peer < 0 ? HO_FS : pr.handed ? HO_DIRECT : HO_FALLBACK]++;
+	l->handoffs[*peer < 0 ? HO_FS : pr->handed ? HO_DIRECT : HO_FALLBACK]++;
 	pthread_mutex_unlock(&l->mu);
+	w_decode(w, q, pr, ticket);
+	return 0;
+}
+
+static void *req_main(void *arg)
+{
+	struct lreq *q = arg;
+	struct lb *l = q->l;
+	struct pf_result pr = {0};
+	int skip[LB_MAX_REPLICAS] = {0}, ntok = 0, peer = -1, rc;
 	struct kvp_wbuf w;
 	kvp_w_init(&w);
-	kvp_w_cstr(&w, q->salt ? q->salt : "");
-	kvw_w_params(&w, &q->sp);
-	kvp_w_u32(&w, (uint32_t)pr.n);
-	for (int i = 0; i < pr.n; i++)
-		kvp_w_u32(&w, (uint32_t)pr.toks[i]);
-	kvp_w_u32(&w, (uint32_t)pr.first);
-	kvp_w_u32(&w, pr.blen);
-	kvp_w_bytes(&w, pr.blk, pr.blen);
-	kvp_w_u64(&w, pr.handed ? ticket : 0);
+	uint16_t op = KVW_OP_DECODE;
+	if (l->o.local_prefill > 0 && strlen(q->prompt) / 4 + 1 <= (size_t)l->o.local_prefill) {
+		op = KVW_OP_GENERATE; /* short: the decode replica computes it */
+		w_generate(&w, q);
+		pthread_mutex_lock(&l->mu);
+		l->handoffs[HO_LOCAL]++;
+		pthread_mutex_unlock(&l->mu);
+	} else if (prefill_then(q, &w, &pr, &peer)) {
+		goto out;
+	}
 	rc = w.err ? w.err : -EAGAIN;
 	while (!w.err) {
 		pthread_mutex_lock(&l->mu);
@@ -434,7 +480,7 @@ static void *req_main(void *arg)
 		if (i < 0)
 			break;
 		struct replica *r = &l->dc.r[i];
-		rc = decode_on(q, r, &w, &ntok);
+		rc = decode_on(q, r, op, &w, &ntok);
 		pthread_mutex_lock(&l->mu);
 		r->inflight--;
 		pthread_mutex_unlock(&l->mu);
@@ -448,11 +494,11 @@ static void *req_main(void *arg)
 		l->retries++;
 		pthread_mutex_unlock(&l->mu);
 	}
-	kvp_w_free(&w);
 	if (rc)
 		gw_job_finish(q->job, NULL, rc == -EAGAIN ? -EAGAIN : -EIO,
 			      rc == -EAGAIN ? "no decode replica is up" : "decode replica died");
 out:
+	kvp_w_free(&w);
 	free(pr.toks);
 	free(pr.body);
 	pthread_mutex_lock(&l->mu);
@@ -583,7 +629,7 @@ static void be_metrics(void *ctx, FILE *f)
 	fprintf(f, "# TYPE lb_retries_total counter\nlb_retries_total %llu\n",
 		(unsigned long long)l->retries);
 	fprintf(f, "# TYPE lb_kv_handoffs_total counter\n");
-	for (int k = 0; k < 3; k++)
+	for (int k = 0; k < HO_N; k++)
 		fprintf(f, "lb_kv_handoffs_total{how=\"%s\"} %llu\n", ho_names[k],
 			(unsigned long long)l->handoffs[k]);
 	pthread_mutex_unlock(&l->mu);

@@ -56,6 +56,10 @@ struct lb_opts {
 	const struct kvp_secret *secret;
 	enum lb_policy policy;
 	enum lb_handoff handoff;
+	/* prompts of at most this many tokens (estimated as bytes / 4 + 1) skip the prefill
+	 * replicas: the decode replica computes them itself (KVW_OP_GENERATE), saving a hop and
+	 * a hand-over that cost more than computing a short prompt. 0 = never. */
+	int local_prefill;
 };
 
 struct lb;

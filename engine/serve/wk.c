@@ -107,6 +107,20 @@ static void pf_finish(void *u, const char *reason, int err, const char *msg)
 	wr_done(w);
 }
 
+/* GENERATE: the prompt's size, the first event of the stream. */
+static void dc_prompt(void *u, int prompt_tokens, int cached)
+{
+	struct wreq *w = u;
+	struct kvp_wbuf b;
+	kvp_w_init(&b);
+	kvp_w_u8(&b, KVW_EV_PROMPT);
+	kvp_w_u32(&b, (uint32_t)prompt_tokens);
+	kvp_w_u32(&b, (uint32_t)cached);
+	if (b.err || kvp_reply(w->c, &w->h, 0, b.p, b.len, NULL, 0))
+		sch_cancel(w->r);
+	kvp_w_free(&b);
+}
+
 static void dc_token(void *u, int32_t id, const char *piece, size_t len)
 {
 	struct wreq *w = u;
@@ -178,13 +192,14 @@ static int wk_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, ui
 		return 0;
 	}
 	int want = k->mode == SCH_PREFILL ? KVW_OP_PREFILL : KVW_OP_DECODE;
-	if (h->op != want) {
+	int gen = k->mode == SCH_DECODE && h->op == KVW_OP_GENERATE; /* computed here: SCH_FULL */
+	if (h->op != want && !gen) {
 		free(body);
 		kvp_reply(c, h, -EOPNOTSUPP, NULL, 0, NULL, 0);
 		return 0;
 	}
 	char salt[KVW_SALT_MAX];
-	struct sch_job j = {.mode = k->mode};
+	struct sch_job j = {.mode = gen ? SCH_FULL : k->mode};
 	kvp_r_str(&rb, salt, sizeof(salt));
 	j.salt = salt[0] ? salt : NULL;
 	kvw_r_params(&rb, &j.sp);
@@ -192,7 +207,7 @@ static int wk_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, ui
 	int32_t *toks = NULL;
 	char peer[KVP_ADDR_MAX] = "";
 	uint64_t ticket = 0;
-	if (k->mode == SCH_PREFILL) {
+	if (k->mode == SCH_PREFILL || gen) {
 		j.parse_special = kvp_r_u8(&rb);
 		uint32_t len = kvp_r_u32(&rb);
 		const uint8_t *p = kvp_r_bytes(&rb, len);
@@ -203,8 +218,10 @@ static int wk_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, ui
 				rb.err = -EBADMSG;
 		}
 		j.prompt = prompt;
-		kvp_r_str(&rb, peer, sizeof(peer));
-		ticket = kvp_r_u64(&rb);
+		if (!gen) {
+			kvp_r_str(&rb, peer, sizeof(peer));
+			ticket = kvp_r_u64(&rb);
+		}
 	} else {
 		uint32_t n = kvp_r_u32(&rb);
 		if (n == 0 || (size_t)n * 4 > h->len)
@@ -235,6 +252,8 @@ static int wk_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, ui
 		static const struct sch_sink pf = {
 		    .prefilled = pf_prefilled, .handoff = wk_pf_handoff, .finish = pf_finish};
 		static const struct sch_sink dc = {.token = dc_token, .finish = dc_finish};
+		static const struct sch_sink dg = {
+		    .prompt = dc_prompt, .token = dc_token, .finish = dc_finish};
 		w->k = k;
 		w->c = c;
 		w->h = *h;
@@ -246,7 +265,7 @@ static int wk_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, ui
 			j.handoff_skip_cached = w->pi.shared;
 		}
 		kvp_conn_ref(c);
-		rc = sch_submit(k->s, &j, k->mode == SCH_PREFILL ? &pf : &dc, w, &w->r);
+		rc = sch_submit(k->s, &j, gen ? &dg : k->mode == SCH_PREFILL ? &pf : &dc, w, &w->r);
 		if (rc) {
 			kvp_conn_unref(c);
 			free(w);
