@@ -10,7 +10,7 @@
 # default 2), PREFIXES (distinct shared prefixes, default 2), HANDOFFS (gateway --handoff
 # values to run per policy, default "fs"; "fs direct" compares the two), KVROOT (where the
 # fresh kv dirs go, e.g. a kvfs mount; default the temp dir), EMBEDDED (0 skips the embedded
-# runs).
+# runs), GW_ARGS (more `kvinfer gateway` flags, e.g. "--local-prefill 64").
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=$(cd "${1:-$here/../build}" && pwd)
@@ -78,7 +78,7 @@ for pol in $policies; do for ho in $handoffs; do
 	for f in wpp0 wpp1 wpd0 wpd1; do wait_file "$work/$f"; done
 	"$K" gateway --prefill "127.0.0.1:$(cat "$work/wpp0"),127.0.0.1:$(cat "$work/wpp1")" \
 		--decode "127.0.0.1:$(cat "$work/wpd0"),127.0.0.1:$(cat "$work/wpd1")" \
-		--secret-file "$work/secret" --policy "$pol" --handoff "$ho" --port 0 \
+		--secret-file "$work/secret" --policy "$pol" --handoff "$ho" ${GW_ARGS:-} --port 0 \
 		--port-file "$work/gport" 2>"$work/gw-$pol-$ho.log" &
 	pids+=($!)
 	wait_file "$work/gport"
