@@ -639,6 +639,49 @@ static int decode_events(int fd, int *ntok)
 	}
 }
 
+/* Connects to worker w and sends it one frame of op with body b; returns the fd. */
+static int send_frame(int w, uint16_t op, const struct kvp_wbuf *b)
+{
+	char addr[64];
+	snprintf(addr, sizeof(addr), "127.0.0.1:%u", wport[w]);
+	int fd = kvp_connect(addr, 2000);
+	assert_true(fd >= 0);
+	assert_int_equal(kvp_auth_client(fd, &secret, 2000), 0);
+	struct kvp_hdr h = {.op = op, .id = 1};
+	assert_int_equal(kvp_send(fd, &h, b->p, b->len, NULL, 0), 0);
+	return fd;
+}
+
+/* The params field: greedy, seed 1, max_tokens. */
+static void w_params(struct kvp_wbuf *w, uint32_t max_tokens)
+{
+	kvp_w_u32(w, 0); /* temp 0: greedy */
+	kvp_w_u32(w, 0x3f800000u);
+	kvp_w_u32(w, 0);
+	kvp_w_u64(w, 1);
+	kvp_w_u32(w, max_tokens);
+}
+
+/* A DECODE of the 20 tokens 1 + i % 7 (put_first's), first token 5, no block, to worker w;
+ * returns the connection. */
+static int decode_send(int w, uint64_t ticket, uint32_t max_tokens)
+{
+	struct kvp_wbuf b;
+	kvp_w_init(&b);
+	kvp_w_cstr(&b, "");
+	w_params(&b, max_tokens);
+	kvp_w_u32(&b, 20);
+	for (int i = 0; i < 20; i++)
+		kvp_w_u32(&b, (uint32_t)(1 + i % 7));
+	kvp_w_u32(&b, 5); /* first token */
+	kvp_w_u32(&b, 0); /* no block */
+	kvp_w_u64(&b, ticket);
+	assert_int_equal(b.err, 0);
+	int fd = send_frame(w, KVW_OP_DECODE, &b);
+	kvp_w_free(&b);
+	return fd;
+}
+
 /* A parked prompt whose first block is not in the decode worker's kv dir: the claim computes
  * those tokens (the worker's prompt_tokens_computed grows by one block) and decodes. */
 static void test_parked_prefix_computed(void **state)
@@ -649,29 +692,7 @@ static void test_parked_prefix_computed(void **state)
 	/* 20 tokens 1 + i % 7 (put_first's), first block from the kv dir (absent), block 2 here */
 	assert_int_equal(put_first(W_DS, 4242, 20, 1, (uint32_t)block_bytes, 1, 0, 0, block_bytes),
 			 0);
-	struct kvp_wbuf w;
-	kvp_w_init(&w);
-	kvp_w_cstr(&w, "");
-	kvp_w_u32(&w, 0); /* temp 0: greedy */
-	kvp_w_u32(&w, 0x3f800000u);
-	kvp_w_u32(&w, 0);
-	kvp_w_u64(&w, 1);
-	kvp_w_u32(&w, 3); /* max_tokens */
-	kvp_w_u32(&w, 20);
-	for (int i = 0; i < 20; i++)
-		kvp_w_u32(&w, (uint32_t)(1 + i % 7));
-	kvp_w_u32(&w, 5); /* first token */
-	kvp_w_u32(&w, 0); /* no block */
-	kvp_w_u64(&w, 4242);
-	assert_int_equal(w.err, 0);
-	char addr[64];
-	snprintf(addr, sizeof(addr), "127.0.0.1:%u", wport[W_DS]);
-	int fd = kvp_connect(addr, 2000);
-	assert_true(fd >= 0);
-	assert_int_equal(kvp_auth_client(fd, &secret, 2000), 0);
-	struct kvp_hdr h = {.op = KVW_OP_DECODE, .id = 1};
-	assert_int_equal(kvp_send(fd, &h, w.p, w.len, NULL, 0), 0);
-	kvp_w_free(&w);
+	int fd = decode_send(W_DS, 4242, 3);
 	int ntok = 0;
 	assert_int_equal(decode_events(fd, &ntok), 0);
 	close(fd);
@@ -679,6 +700,67 @@ static void test_parked_prefix_computed(void **state)
 	settle(G_SHARED, W_DS, &c1, &f1);
 	assert_true(c1 == c0 + 16); /* block 1 computed, block 2 handed over */
 	assert_true(f1 == f0);
+}
+
+/* CPU seconds (user + system) process p has used, or -1. */
+static double cpu_seconds(pid_t p)
+{
+	char path[64], buf[1024];
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)p);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -1;
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	char *q = strrchr(buf, ')'); /* the command name may hold spaces */
+	unsigned long ut = 0, st = 0;
+	if (!q ||
+	    sscanf(q + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+		return -1;
+	return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* A parked prompt no DECODE claims keeps an idle decode worker idle until it expires (its
+ * scheduler once timed that wait on the wrong clock, so it returned at once: a core spun for
+ * the whole SCH_PARK_MS). */
+static void test_parked_idle(void **state)
+{
+	(void)state;
+	assert_int_equal(put(W_D, 31337, 20, (uint32_t)block_bytes, 2, 0, 0, 2 * block_bytes), 0);
+	sleep_ms(300);
+	double a = cpu_seconds(wpid[W_D]);
+	sleep_ms(1000);
+	double b = cpu_seconds(wpid[W_D]);
+	assert_true(a >= 0 && b >= a);
+	/* idle: the gateways' STATUS polls only (a spinning scheduler: ~1 s) */
+	if (b - a > 0.3)
+		fail_msg("idle decode worker used %.2f s of CPU in 1 s", b - a);
+}
+
+/* max_tokens near INT32_MAX from the wire: refused as too long, not an overflow (which let
+ * it through); DECODE and GENERATE. */
+static void test_max_tokens_huge(void **state)
+{
+	(void)state;
+	int fd = decode_send(W_D, 0, 0x7fffffffu);
+	int ntok = 0;
+	assert_int_equal(decode_events(fd, &ntok), -E2BIG);
+	close(fd);
+	assert_int_equal(ntok, 0);
+	struct kvp_wbuf b;
+	kvp_w_init(&b);
+	kvp_w_cstr(&b, "");
+	w_params(&b, 0x7ffffff0u);
+	kvp_w_u8(&b, 0);
+	kvp_w_u32(&b, (uint32_t)strlen(prompt));
+	kvp_w_bytes(&b, prompt, strlen(prompt));
+	assert_int_equal(b.err, 0);
+	fd = send_frame(W_DS, KVW_OP_GENERATE, &b);
+	kvp_w_free(&b);
+	assert_int_equal(decode_events(fd, &ntok), -E2BIG);
+	close(fd);
+	assert_int_equal(ntok, 0);
 }
 
 /* Every process is still running and none logged a sanitizer report (ASan/UBSan builds). */
@@ -714,6 +796,8 @@ int main(void)
 	    cmocka_unit_test(test_local_prefill),
 	    cmocka_unit_test(test_direct_fallback),
 	    cmocka_unit_test(test_put_errors),
+	    cmocka_unit_test(test_parked_idle),
+	    cmocka_unit_test(test_max_tokens_huge),
 	    cmocka_unit_test(test_processes_healthy),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

@@ -453,7 +453,8 @@ int sch_submit(struct sch *s, const struct sch_job *j, const struct sch_sink *k,
 		r->n = (int)cnt;
 	}
 	rc = -E2BIG;
-	if (r->n + (j->mode == SCH_PREFILL ? 1 : r->sp.max_tokens) > s->o.max_ctx)
+	/* max_tokens comes from the wire (up to INT32_MAX): compared so that nothing overflows */
+	if ((j->mode == SCH_PREFILL ? 1 : r->sp.max_tokens) > s->o.max_ctx - r->n)
 		goto fail;
 	pthread_mutex_lock(&s->mu);
 	if (s->stop) {
@@ -616,7 +617,12 @@ int sch_create(const struct sch_opts *o, struct sch **out)
 	if (s->o.block_tokens < 1)
 		s->o.block_tokens = 64;
 	pthread_mutex_init(&s->mu, NULL);
-	pthread_cond_init(&s->cv, NULL);
+	/* the idle wait for parked prompts' expiry is timed on CLOCK_MONOTONIC */
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&s->cv, &ca);
+	pthread_condattr_destroy(&ca);
 	pthread_cond_init(&s->call_cv, NULL);
 	s->inq_tail = &s->inq;
 	s->calls_tail = &s->calls;
