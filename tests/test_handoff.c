@@ -517,6 +517,8 @@ static void test_put_errors(void **state)
 	assert_int_equal(put(W_D, 9, 20, (uint32_t)bb + 2, 2, 0, 0, 2 * bb + 4), -EINVAL);
 	assert_int_equal(put(W_D, 10, 20, (uint32_t)bb, 2, 2, 0, 0), -EINVAL); /* via */
 	assert_int_equal(put(W_D, 11, 20, (uint32_t)bb, 2, 1, 5, 0), -ENOENT); /* session */
+	/* NCCL: the count is checked too (the receiver would wait for blocks never sent) */
+	assert_int_equal(put(W_D, 18, 20, (uint32_t)bb, 3, 1, 5, 0), -EINVAL);
 	assert_int_equal(put(W_D32, 12, 20, (uint32_t)bb, 2, 0, 0, 2 * bb), -EINVAL);
 	assert_int_equal(put(W_P, 13, 20, (uint32_t)bb, 2, 0, 0, 2 * bb), -EOPNOTSUPP);
 	/* bytes missing or extra, a count larger than the frame: the frame is bad */

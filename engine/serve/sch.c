@@ -493,6 +493,12 @@ void sch_load_get(struct sch *s, struct sch_load *out)
 	out->prompt_computed = (uint32_t)atomic_load(&s->c_prefill_tokens);
 }
 
+int sch_handoff_blocks(const struct sch *s, int n, int first_block)
+{
+	int B = kvi_kv_geom(eng_kv(s))->block_tokens;
+	return n / B + (n % B != 0) - first_block;
+}
+
 size_t sch_block_bytes(const struct sch *s)
 {
 	return kvi_kv_block_bytes(eng_kv(s));

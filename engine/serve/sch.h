@@ -168,6 +168,9 @@ struct sch_load {
 	uint32_t prompt_computed; /* prompt tokens computed here since start (mod 2^32) */
 };
 void sch_load_get(struct sch *s, struct sch_load *out);
+/* Blocks a hand-over of an n-token prompt carries from first_block on: ceil(n / B) -
+ * first_block (< 1: none, not a valid hand-over). n >= 0, first_block >= 0. */
+int sch_handoff_blocks(const struct sch *s, int n, int first_block);
 /* Bytes of one KV block (the hand-over size). */
 size_t sch_block_bytes(const struct sch *s);
 /* Bytes of the largest prompt's token ids and KV blocks (a KVW_OP_KV_PUT body, less its

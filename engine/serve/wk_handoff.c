@@ -382,9 +382,11 @@ int wk_dc_put(struct wk *k, const uint8_t *body, size_t len)
 	int rc = kvw_put_parse(body, len, &p);
 	if (rc)
 		return rc;
-	/* another geometry: the prefill worker falls back to the kv dir */
+	/* another geometry: the prefill worker falls back to the kv dir. n_blocks is checked for
+	 * NCCL too: both sides must transfer the same count, or one waits in NCCL for good */
 	if (p.via > 1 || p.block_bytes != sch_block_bytes(k->s) || p.first_block > p.n ||
-	    p.n > INT32_MAX)
+	    p.n > INT32_MAX ||
+	    (int64_t)p.n_blocks != sch_handoff_blocks(k->s, (int)p.n, (int)p.first_block))
 		rc = -EINVAL;
 	else if (p.via == 0)
 		rc = sch_park(k->s, p.ticket, p.toks, (int)p.n, (int)p.first_block, p.kv, p.kv_len);
