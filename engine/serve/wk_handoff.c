@@ -163,8 +163,26 @@ static void peer_drop(struct wk *k, struct kvk_nccl *c)
 	pthread_mutex_unlock(&k->mu);
 }
 
+/* 1 while c is the communicator of a peer (not dropped). Drops happen on the scheduler thread
+ * (put_nccl), so there this answer holds until its next hand-over. */
+static int peer_current(struct wk *k, const struct kvk_nccl *c)
+{
+	int ok = 0;
+	pthread_mutex_lock(&k->mu);
+	for (int i = 0; i < k->npeers; i++)
+		ok |= k->peers[i].c == c;
+	pthread_mutex_unlock(&k->mu);
+	return ok;
+}
+
 static int put_nccl(struct wreq *w, struct sch *s, const struct sch_handoff *h)
 {
+	/* Requests queued before their peer's communicator broke still hold it. Announcing a
+	 * transfer on it would park the decode worker's scheduler in its receive (this side's send
+	 * fails at once on the aborted communicator) until its watchdog fires, and this scheduler
+	 * in the wait for that reply: both stalled PUT_TIMEOUT_MS. */
+	if (!peer_current(w->k, w->pi.c))
+		return -ESTALE;
 	struct kvp_wbuf b;
 	kvp_w_init(&b);
 	put_header(&b, w, h, 1);
