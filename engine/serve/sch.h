@@ -125,9 +125,10 @@ void sch_req_free(struct sch_req *r);
  *
  * A prefill worker hands a prompt's KV straight to a decode worker, which parks it under a
  * ticket until the DECODE request with that ticket arrives (normally within milliseconds; a
- * parked prompt no DECODE claims is dropped after SCH_PARK_MS). Parked KV counts as used.
- * These calls are thread-safe and block until the scheduler thread has done the work (at its
- * next step); -EAGAIN once stopping. */
+ * parked prompt no DECODE claims is dropped after SCH_PARK_MS). KV parked over NCCL counts
+ * as used; KV parked as bytes takes blocks only at its claim. These calls are thread-safe;
+ * all but sch_park block until the scheduler thread has done the work (at its next step);
+ * -EAGAIN once stopping. */
 #define SCH_PARK_MS	   30000
 #define SCH_PARK_MAX_BYTES (1ull << 30)
 
