@@ -765,6 +765,84 @@ static void test_max_tokens_huge(void **state)
 	assert_int_equal(ntok, 0);
 }
 
+/* A fake prefill worker: STATUS answered (idle), every PREFILL answered with a reply that
+ * does not parse (one byte too many). */
+static int fake_pf_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, uint8_t *body)
+{
+	(void)ctx;
+	free(body);
+	struct kvp_wbuf b;
+	kvp_w_init(&b);
+	if (h->op == KVW_OP_STATUS) {
+		for (int i = 0; i < 6; i++)
+			kvp_w_u32(&b, 0);
+	} else {
+		kvp_w_u32(&b, 1); /* n, ids */
+		kvp_w_u32(&b, 1);
+		kvp_w_u32(&b, 0); /* cached, first, handed, blen */
+		kvp_w_u32(&b, 1);
+		kvp_w_u8(&b, 0);
+		kvp_w_u32(&b, 0);
+		kvp_w_u8(&b, 0xee); /* trailing */
+	}
+	kvp_reply(c, h, b.err, b.p, b.len, NULL, 0);
+	kvp_w_free(&b);
+	return 0;
+}
+
+/* A prefill worker whose reply does not parse: the request fails with an error and the
+ * gateway goes on (it freed the reply's buffer twice: a crash, or an ASan report). */
+static void test_bad_prefill_reply(void **state)
+{
+	(void)state;
+	struct kvp_server_opts so = {.name = "fake-prefill",
+				     .host = "127.0.0.1",
+				     .secret = &secret,
+				     .handler = fake_pf_handler};
+	struct kvp_server *srv = NULL;
+	assert_int_equal(kvp_server_start(&so, &srv), 0);
+	const char *bd = getenv("KVFS_BUILD_DIR");
+	char bin[512], sec[300], pf[300], log[300], pl[64], dl[64];
+	snprintf(bin, sizeof(bin), "%s/bin/kvinfer", bd ? bd : "build");
+	snprintf(sec, sizeof(sec), "%s/secret", tmpdir);
+	snprintf(pf, sizeof(pf), "%s/gport-bad", tmpdir);
+	snprintf(log, sizeof(log), "%s/glog-bad", tmpdir);
+	snprintf(pl, sizeof(pl), "127.0.0.1:%u", kvp_server_port(srv));
+	snprintf(dl, sizeof(dl), "127.0.0.1:%u", wport[W_D]);
+	char *argv[] = {
+	    bin,      "gateway", "--prefill",	pl, "--decode", dl, "--secret-file", sec,
+	    "--port", "0",	 "--port-file", pf, NULL};
+	pid_t g = spawn(argv, log);
+	uint16_t port = wait_port(pf);
+	assert_true(port != 0);
+	int errors = 0;
+	for (int i = 0; i < 3; i++) { /* a double free need not crash at the first */
+		char *b = NULL;
+		int st =
+		    htu_request(port, 0, "POST", "/v1/completions",
+				"{\"prompt\":\"hello\",\"max_tokens\":2,\"temperature\":0}", &b);
+		errors += st >= 500;
+		free(b);
+	}
+	char *b = NULL;
+	int st = htu_request(port, 0, "GET", "/v1/models", NULL, &b);
+	free(b);
+	int alive = waitpid(g, NULL, WNOHANG) == 0;
+	FILE *f = fopen(log, "r");
+	char line[512];
+	int bad = 0;
+	while (f && fgets(line, sizeof(line), f))
+		bad |= strstr(line, "Sanitizer") != NULL || strstr(line, "double free") != NULL;
+	if (f)
+		fclose(f);
+	stop_pid(&g);
+	kvp_server_stop(srv);
+	assert_true(alive);
+	assert_false(bad);
+	assert_int_equal(st, 200);
+	assert_int_equal(errors, 3);
+}
+
 /* Every process is still running and none logged a sanitizer report (ASan/UBSan builds). */
 static void test_processes_healthy(void **state)
 {
@@ -800,6 +878,7 @@ int main(void)
 	    cmocka_unit_test(test_put_errors),
 	    cmocka_unit_test(test_parked_idle),
 	    cmocka_unit_test(test_max_tokens_huge),
+	    cmocka_unit_test(test_bad_prefill_reply),
 	    cmocka_unit_test(test_processes_healthy),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

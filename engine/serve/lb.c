@@ -213,8 +213,10 @@ static int pf_parse(uint8_t *body, uint32_t len, struct pf_result *p)
 	p->handed = kvp_r_u8(&rb) == 1;
 	p->blen = kvp_r_u32(&rb);
 	p->blk = (uint8_t *)kvp_r_bytes(&rb, p->blen);
-	p->body = body;
-	return kvp_r_end(&rb);
+	int rc = kvp_r_end(&rb);
+	if (!rc) /* on error the caller frees body: p must not hold it too */
+		p->body = body;
+	return rc;
 }
 
 /* Runs the prompt on a prefill replica, retrying others on transport failures. peer: the
