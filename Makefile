@@ -31,7 +31,7 @@ demo-stop:
 asan:
 	$(MAKE) test BUILD=build-asan SANITIZE=ON
 
-FORMAT_FILES = $(shell git ls-files '*.c' '*.h' '*.cu')
+FORMAT_FILES = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cc')
 format:
 	clang-format -i $(FORMAT_FILES)
 

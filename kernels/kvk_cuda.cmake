@@ -8,15 +8,22 @@ target_sources(kvfs_kernels PRIVATE ${CMAKE_CURRENT_LIST_DIR}/kvk_ops.c)
 target_sources(kvfs_kernels PRIVATE ${CMAKE_CURRENT_LIST_DIR}/kvk_dev_host.c
 	${CMAKE_CURRENT_LIST_DIR}/kvk_dev_cuda.c)
 set(KVFS_HAVE_NCCL OFF)
-if(KVFS_HAVE_CUDA)
-	target_sources(kvfs_kernels PRIVATE
-		${CMAKE_CURRENT_LIST_DIR}/cuda/kvk_ctx.cu
-		${CMAKE_CURRENT_LIST_DIR}/cuda/kvk_elem.cu
-		${CMAKE_CURRENT_LIST_DIR}/cuda/kvk_attn.cu
-		${CMAKE_CURRENT_LIST_DIR}/cuda/kvk_gemm.cu
-		${CMAKE_CURRENT_LIST_DIR}/cuda/kvk_sample.cu
-		${CMAKE_CURRENT_LIST_DIR}/cuda/kvk_kvpack.cu
-		${CMAKE_CURRENT_LIST_DIR}/cuda/kvk_fwd.cu)
+set(KVK_CU_FILES
+	${CMAKE_CURRENT_LIST_DIR}/cuda/kvk_ctx.cu
+	${CMAKE_CURRENT_LIST_DIR}/cuda/kvk_elem.cu
+	${CMAKE_CURRENT_LIST_DIR}/cuda/kvk_attn.cu
+	${CMAKE_CURRENT_LIST_DIR}/cuda/kvk_gemm.cu
+	${CMAKE_CURRENT_LIST_DIR}/cuda/kvk_sample.cu
+	${CMAKE_CURRENT_LIST_DIR}/cuda/kvk_kvpack.cu
+	${CMAKE_CURRENT_LIST_DIR}/cuda/kvk_fwd.cu)
+if(KVFS_CUDA_EMU)
+	# The same sources on the CPU (docs/cuda-emu.md), NCCL included (ranks in one process).
+	include(${CMAKE_CURRENT_LIST_DIR}/emu/kvk_emu.cmake)
+	kvk_emu_add_cu(kvfs_kernels ${KVK_CU_FILES} ${CMAKE_CURRENT_LIST_DIR}/cuda/rmsnorm.cu
+		${CMAKE_CURRENT_LIST_DIR}/cuda/kvk_nccl.cu)
+	set(KVFS_HAVE_NCCL ON)
+elseif(KVFS_HAVE_CUDA)
+	target_sources(kvfs_kernels PRIVATE ${KVK_CU_FILES})
 	target_link_libraries(kvfs_kernels PUBLIC CUDA::cublas)
 	# nvcc: warnings of the host compiler and of device code are errors too.
 	target_compile_options(kvfs_kernels PRIVATE

@@ -1,0 +1,605 @@
+// Thread blocks as fibers (kvk_emu.h): one fiber per CUDA thread on the worker thread of the
+// stream that runs the grid. A fiber runs until it reaches a barrier (__syncthreads or a warp
+// operation) that others have not reached yet, then the scheduler runs the next runnable one;
+// the last to arrive releases the others and goes on. No runnable fiber while some have not
+// finished is a barrier that cannot complete: a kernel fault, reported with who waits where.
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <vector>
+
+#include "kvk_emu_int.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define EMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define EMU_ASAN 1
+#endif
+#endif
+#ifdef EMU_ASAN
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+thread_local kvk_emu_lane *kvk_emu_cur;
+
+namespace
+{
+
+// 128 KiB of stack per CUDA thread (kernels keep small arrays; sanitizers grow frames), and
+// a guard page under it so an overflow faults instead of corrupting the next stack.
+constexpr size_t STACK_BYTES = 128u << 10;
+constexpr size_t GUARD_BYTES = 4096;
+constexpr int MAX_THREADS = 1024;
+
+enum fstate { F_RUN, F_BAR, F_WARP, F_DONE };
+
+struct fiber {
+	void *sp = nullptr; // saved stack pointer while switched out
+	char *stack = nullptr;
+	int state = F_DONE;
+	int warp = 0, lane = 0;
+	int dirty = 0; // abandoned mid-kernel: its stack's shadow is stale (ASan)
+	void *fake = nullptr;
+	kvk_emu_lane info = {};
+};
+
+struct warp {
+	unsigned exist = 0;   // lanes present in the block
+	unsigned exited = 0;  // lanes that returned
+	unsigned arrived = 0; // lanes waiting in the pending operation
+	unsigned gen = 0;     // operations completed
+	int op = 0, width = 0;
+	unsigned mask = 0;
+	uint64_t val[2][32] = {}; // by generation parity: a lane is at most one operation ahead
+};
+
+struct sm {
+	std::vector<fiber> fibers;
+	std::vector<warp> warps;
+	std::vector<int> runq; // ring buffer of fiber indices
+	size_t rq_head = 0, rq_len = 0;
+	void *sched_sp = nullptr;
+	const void *sched_bottom = nullptr;
+	size_t sched_size = 0;
+	void *sched_fake = nullptr;
+	fiber *cur = nullptr;
+	kvk_emu_block blk = {};
+	std::vector<unsigned char> smem;
+	int n = 0, alive = 0, bar_arrived = 0;
+	const std::function<void()> *body = nullptr;
+	const char *kname = "";
+	cudaError_t fault = cudaSuccess;
+
+	~sm()
+	{
+		for (fiber &f : fibers)
+			if (f.stack)
+				munmap(f.stack - GUARD_BYTES, STACK_BYTES + GUARD_BYTES);
+	}
+};
+
+thread_local sm *t_sm;
+
+sm *sm_get()
+{
+	static thread_local std::unique_ptr<sm> own;
+	if (!own)
+		own.reset(new sm());
+	return own.get();
+}
+
+} // namespace
+
+// ---- context switch
+// ------------------------------------------------------------------------------
+// kvk_emu_switch(save, to): saves the callee-saved registers and the FP control words on the
+// current stack, stores its stack pointer in *save, and resumes the context whose stack
+// pointer is `to`. A fresh fiber's stack is prepared so that this "returns" into
+// kvk_emu_fiber_entry with the fiber in r12.
+extern "C" void kvk_emu_switch(void **save, void *to);
+extern "C" void kvk_emu_fiber_entry(void);
+extern "C" void kvk_emu_fiber_main(fiber *f);
+
+#if defined(__x86_64__)
+asm(R"(
+	.text
+	.globl kvk_emu_switch
+	.type kvk_emu_switch, @function
+kvk_emu_switch:
+	pushq %rbp
+	pushq %rbx
+	pushq %r12
+	pushq %r13
+	pushq %r14
+	pushq %r15
+	subq $8, %rsp
+	stmxcsr (%rsp)
+	fnstcw 4(%rsp)
+	movq %rsp, (%rdi)
+	movq %rsi, %rsp
+	ldmxcsr (%rsp)
+	fldcw 4(%rsp)
+	addq $8, %rsp
+	popq %r15
+	popq %r14
+	popq %r13
+	popq %r12
+	popq %rbx
+	popq %rbp
+	ret
+	.size kvk_emu_switch, .-kvk_emu_switch
+
+	.globl kvk_emu_fiber_entry
+	.type kvk_emu_fiber_entry, @function
+kvk_emu_fiber_entry:
+	movq %r12, %rdi
+	call kvk_emu_fiber_main@PLT
+	ud2
+	.size kvk_emu_fiber_entry, .-kvk_emu_fiber_entry
+	.section .note.GNU-stack,"",@progbits
+	.text
+)");
+
+static void *stack_prepare(fiber *f)
+{
+	// After the switch's `ret` into the entry, rsp must be 16-byte aligned (the entry's
+	// `call` then leaves the ABI's alignment for kvk_emu_fiber_main).
+	uintptr_t top = ((uintptr_t)(f->stack + STACK_BYTES) & ~(uintptr_t)15) - 16;
+	uint64_t *p = (uint64_t *)top;
+	*--p = (uint64_t)(uintptr_t)kvk_emu_fiber_entry; // ret
+	*--p = 0;					 // rbp
+	*--p = 0;					 // rbx
+	*--p = (uint64_t)(uintptr_t)f;			 // r12
+	*--p = 0;					 // r13
+	*--p = 0;					 // r14
+	*--p = 0;					 // r15
+	uint32_t mxcsr;
+	uint16_t fpucw;
+	asm volatile("stmxcsr %0" : "=m"(mxcsr));
+	asm volatile("fnstcw %0" : "=m"(fpucw));
+	--p;
+	memcpy((char *)p, &mxcsr, 4);
+	memcpy((char *)p + 4, &fpucw, 2);
+	return p;
+}
+#elif defined(__aarch64__)
+asm(R"(
+	.text
+	.globl kvk_emu_switch
+	.type kvk_emu_switch, %function
+kvk_emu_switch:
+	sub sp, sp, #176
+	stp x19, x20, [sp, #0]
+	stp x21, x22, [sp, #16]
+	stp x23, x24, [sp, #32]
+	stp x25, x26, [sp, #48]
+	stp x27, x28, [sp, #64]
+	stp x29, x30, [sp, #80]
+	stp d8, d9, [sp, #96]
+	stp d10, d11, [sp, #112]
+	stp d12, d13, [sp, #128]
+	stp d14, d15, [sp, #144]
+	mrs x9, fpcr
+	str x9, [sp, #160]
+	mov x9, sp
+	str x9, [x0]
+	mov sp, x1
+	ldr x9, [sp, #160]
+	msr fpcr, x9
+	ldp x19, x20, [sp, #0]
+	ldp x21, x22, [sp, #16]
+	ldp x23, x24, [sp, #32]
+	ldp x25, x26, [sp, #48]
+	ldp x27, x28, [sp, #64]
+	ldp x29, x30, [sp, #80]
+	ldp d8, d9, [sp, #96]
+	ldp d10, d11, [sp, #112]
+	ldp d12, d13, [sp, #128]
+	ldp d14, d15, [sp, #144]
+	add sp, sp, #176
+	ret
+	.size kvk_emu_switch, .-kvk_emu_switch
+
+	.globl kvk_emu_fiber_entry
+	.type kvk_emu_fiber_entry, %function
+kvk_emu_fiber_entry:
+	mov x0, x19
+	bl kvk_emu_fiber_main
+	brk #0
+	.size kvk_emu_fiber_entry, .-kvk_emu_fiber_entry
+	.section .note.GNU-stack,"",%progbits
+	.text
+)");
+
+static void *stack_prepare(fiber *f)
+{
+	uintptr_t top = ((uintptr_t)(f->stack + STACK_BYTES) & ~(uintptr_t)15) - 16;
+	uint64_t *p = (uint64_t *)(top - 176);
+	memset(p, 0, 176);
+	p[0] = (uint64_t)(uintptr_t)f;			  // x19
+	p[11] = (uint64_t)(uintptr_t)kvk_emu_fiber_entry; // x30
+	uint64_t fpcr;
+	asm volatile("mrs %0, fpcr" : "=r"(fpcr));
+	p[20] = fpcr;
+	return p;
+}
+#else
+#error "kvk_emu: context switch for x86-64 and aarch64 only"
+#endif
+
+// ---- ASan: tell it which stack runs -------------------------------------------------------------
+static inline void asan_start(void **fake, const void *bottom, size_t size)
+{
+#ifdef EMU_ASAN
+	__sanitizer_start_switch_fiber(fake, bottom, size);
+#else
+	(void)fake, (void)bottom, (void)size;
+#endif
+}
+
+static inline void asan_finish(void *fake, const void **bottom, size_t *size)
+{
+#ifdef EMU_ASAN
+	__sanitizer_finish_switch_fiber(fake, bottom, size);
+#else
+	(void)fake, (void)bottom, (void)size;
+#endif
+}
+
+// ---- scheduler
+// -------------------------------------------------------------------------------------
+static void rq_push(sm *s, int i)
+{
+	s->runq[(s->rq_head + s->rq_len++) % s->runq.size()] = i;
+}
+
+static int rq_pop(sm *s)
+{
+	int i = s->runq[s->rq_head];
+	s->rq_head = (s->rq_head + 1) % s->runq.size();
+	s->rq_len--;
+	return i;
+}
+
+// From a fiber back to the scheduler; returns when the scheduler resumes this fiber (never
+// for a fiber that is done).
+static void yield(sm *s, fiber *f)
+{
+	asan_start(f->state == F_DONE ? nullptr : &f->fake, s->sched_bottom, s->sched_size);
+	kvk_emu_switch(&f->sp, s->sched_sp);
+	asan_finish(f->fake, &s->sched_bottom, &s->sched_size);
+}
+
+static const char *op_name(int op)
+{
+	switch (op) {
+	case KVK_EMU_SHFL_IDX:
+		return "__shfl_sync";
+	case KVK_EMU_SHFL_XOR:
+		return "__shfl_xor_sync";
+	case KVK_EMU_SHFL_DOWN:
+		return "__shfl_down_sync";
+	case KVK_EMU_SHFL_UP:
+		return "__shfl_up_sync";
+	case KVK_EMU_SYNCWARP:
+		return "__syncwarp";
+	case KVK_EMU_BALLOT:
+		return "__ballot_sync";
+	}
+	return "?";
+}
+
+// A kernel fault in the running fiber: reported once, the block abandoned, the grid stopped.
+__attribute__((format(printf, 3, 4))) static void fiber_fault(sm *s, fiber *f, const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	const kvk_emu_block &b = s->blk;
+	fprintf(stderr,
+		"kvk-emu: kernel fault in %s, block (%u,%u,%u) of (%u,%u,%u), thread (%u,%u,%u): "
+		"%s\n",
+		s->kname, b.idx.x, b.idx.y, b.idx.z, b.grid.x, b.grid.y, b.grid.z, f->info.tid.x,
+		f->info.tid.y, f->info.tid.z, msg);
+	s->fault = cudaErrorLaunchFailure;
+	f->state = F_DONE;
+	f->dirty = 1;
+	yield(s, f);
+	abort(); // a faulted fiber is never resumed
+}
+
+static void release_bar(sm *s)
+{
+	for (int i = 0; i < s->n; i++)
+		if (s->fibers[i].state == F_BAR) {
+			s->fibers[i].state = F_RUN;
+			rq_push(s, i);
+		}
+	s->bar_arrived = 0;
+}
+
+static fiber *current(const char *what)
+{
+	sm *s = t_sm;
+	if (!s || !s->cur) {
+		fprintf(stderr, "kvk-emu: %s called outside a kernel\n", what);
+		abort();
+	}
+	return s->cur;
+}
+
+void kvk_emu_syncthreads(void)
+{
+	fiber *f = current("__syncthreads");
+	sm *s = t_sm;
+	warp &w = s->warps[f->warp];
+	if (w.arrived)
+		fiber_fault(
+		    s, f,
+		    "__syncthreads while lanes %#x of its warp wait for it in %s (divergent "
+		    "barrier)",
+		    w.arrived, op_name(w.op));
+	if (++s->bar_arrived == s->alive) {
+		release_bar(s);
+		return;
+	}
+	f->state = F_BAR;
+	yield(s, f);
+}
+
+void *kvk_emu_dyn_smem(void)
+{
+	current("extern __shared__");
+	return t_sm->blk.dyn_smem;
+}
+
+uint64_t kvk_emu_warp(enum kvk_emu_warp_op op, unsigned mask, uint64_t v, int arg, int width)
+{
+	fiber *f = current(op_name(op));
+	sm *s = t_sm;
+	warp &w = s->warps[f->warp];
+	unsigned bit = 1u << f->lane;
+	if (width < 1 || width > 32 || (width & (width - 1)))
+		fiber_fault(s, f, "%s: width %d is not a power of 2 up to 32", op_name(op), width);
+	if (!(mask & bit))
+		fiber_fault(s, f, "%s: lane %d calls it with mask %#x, which does not name it",
+			    op_name(op), f->lane, mask);
+	if (mask != w.exist)
+		fiber_fault(s, f,
+			    "%s: mask %#x is not the warp's lanes %#x (lanes that do not exist, or "
+			    "a partial mask, which kvk_emu does not model)",
+			    op_name(op), mask, w.exist);
+	if (mask & w.exited)
+		fiber_fault(s, f, "%s: mask %#x names lanes %#x that have exited", op_name(op),
+			    mask, mask & w.exited);
+	if (s->bar_arrived && f->state == F_RUN) {
+		// Others wait at __syncthreads; if one of them is in this warp, this cannot meet.
+		unsigned waiting = 0;
+		for (int l = 0; l < 32; l++) {
+			int i = f->warp * 32 + l;
+			if (i < s->n && s->fibers[i].state == F_BAR)
+				waiting |= 1u << l;
+		}
+		if (waiting & mask)
+			fiber_fault(
+			    s, f,
+			    "%s while lanes %#x of its warp wait at __syncthreads (divergent "
+			    "barrier)",
+			    op_name(op), waiting & mask);
+	}
+	if (w.arrived) {
+		if (w.op != op || w.mask != mask || w.width != width)
+			fiber_fault(s, f,
+				    "lanes of warp %d meet at different warp operations: %s (mask "
+				    "%#x, width %d) and %s (mask %#x, width %d)",
+				    f->warp, op_name(op), mask, width, op_name(w.op), w.mask,
+				    w.width);
+	} else {
+		w.op = op;
+		w.mask = mask;
+		w.width = width;
+	}
+	unsigned g = w.gen;
+	w.val[g & 1][f->lane] = v;
+	w.arrived |= bit;
+	if (w.arrived == mask) {
+		for (int l = 0; l < 32; l++) {
+			if (!(mask >> l & 1u) || l == f->lane)
+				continue;
+			fiber &o = s->fibers[f->warp * 32 + l]; // mask == exist: the lane exists
+			if (o.state == F_WARP) {
+				o.state = F_RUN;
+				rq_push(s, f->warp * 32 + l);
+			}
+		}
+		w.arrived = 0;
+		w.gen++;
+	} else {
+		f->state = F_WARP;
+		yield(s, f);
+	}
+	const uint64_t *vals = w.val[g & 1];
+	int lane = f->lane, base = lane & ~(width - 1), src = lane;
+	switch (op) {
+	case KVK_EMU_SHFL_IDX:
+		src = base + ((arg % width) + width) % width;
+		break;
+	case KVK_EMU_SHFL_XOR:
+		src = lane ^ arg;
+		if (src < 0 || src >= base + width)
+			src = lane;
+		break;
+	case KVK_EMU_SHFL_DOWN:
+		src = lane + arg;
+		if (arg < 0 || src >= base + width)
+			src = lane;
+		break;
+	case KVK_EMU_SHFL_UP:
+		src = lane - arg;
+		if (arg < 0 || src < base)
+			src = lane;
+		break;
+	case KVK_EMU_SYNCWARP:
+		return 0;
+	case KVK_EMU_BALLOT: {
+		uint64_t r = 0;
+		for (int l = 0; l < 32; l++)
+			if ((mask >> l & 1u) && vals[l])
+				r |= 1ull << l;
+		return r;
+	}
+	}
+	return vals[src];
+}
+
+// A fiber's whole life: the kernel body, then it leaves for good.
+extern "C" void kvk_emu_fiber_main(fiber *f)
+{
+	sm *s = t_sm;
+	asan_finish(nullptr, &s->sched_bottom, &s->sched_size);
+	(*s->body)();
+	f->state = F_DONE;
+	s->alive--;
+	warp &w = s->warps[f->warp];
+	w.exited |= 1u << f->lane;
+	if (w.arrived && (w.mask >> f->lane & 1u))
+		fiber_fault(s, f, "returned while lanes %#x of its warp wait for it in %s",
+			    w.arrived, op_name(w.op));
+	// Threads that returned count as arrived at __syncthreads (as on the hardware).
+	if (s->bar_arrived && s->bar_arrived == s->alive)
+		release_bar(s);
+	yield(s, f);
+	abort();
+}
+
+static int fibers_ensure(sm *s, int n)
+{
+	while ((int)s->fibers.size() < n) {
+		void *m = mmap(nullptr, STACK_BYTES + GUARD_BYTES, PROT_READ | PROT_WRITE,
+			       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+		if (m == MAP_FAILED)
+			return -ENOMEM;
+		if (mprotect(m, GUARD_BYTES, PROT_NONE)) {
+			munmap(m, STACK_BYTES + GUARD_BYTES);
+			return -ENOMEM;
+		}
+		s->fibers.emplace_back();
+		s->fibers.back().stack = (char *)m + GUARD_BYTES;
+	}
+	return 0;
+}
+
+static void deadlock(sm *s)
+{
+	int bar = 0, done = 0;
+	unsigned long long warp_waits = 0;
+	int first_warp = -1;
+	for (int i = 0; i < s->n; i++) {
+		fiber &f = s->fibers[i];
+		bar += f.state == F_BAR;
+		done += f.state == F_DONE;
+		if (f.state == F_WARP) {
+			warp_waits++;
+			if (first_warp < 0)
+				first_warp = f.warp;
+		}
+	}
+	const kvk_emu_block &b = s->blk;
+	fprintf(stderr,
+		"kvk-emu: kernel fault in %s, block (%u,%u,%u): barrier cannot complete: %d "
+		"threads wait at __syncthreads, %llu in warp operations%s%s, %d have returned "
+		"(of %d)\n",
+		s->kname, b.idx.x, b.idx.y, b.idx.z, bar, warp_waits,
+		first_warp >= 0 ? " (first: " : "",
+		first_warp >= 0 ? op_name(s->warps[first_warp].op) : "", done, s->n);
+	if (first_warp >= 0)
+		fprintf(stderr, "kvk-emu:   warp %d: lanes %#x arrived of %#x\n", first_warp,
+			s->warps[first_warp].arrived, s->warps[first_warp].mask);
+	s->fault = cudaErrorLaunchFailure;
+}
+
+static void run_block(sm *s, uint3 idx)
+{
+	s->blk.idx = idx;
+	if (s->blk.dyn_smem)
+		memset(s->blk.dyn_smem, 0xff, s->smem.size());
+	const dim3 d = s->blk.dim;
+	for (int i = 0; i < s->n; i++) {
+		fiber &f = s->fibers[i];
+#ifdef EMU_ASAN
+		if (f.dirty)
+			__asan_unpoison_memory_region(f.stack, STACK_BYTES);
+#endif
+		f.dirty = 0;
+		f.state = F_RUN;
+		f.warp = i / 32;
+		f.lane = i % 32;
+		f.fake = nullptr;
+		f.info.tid = uint3{i % d.x, i / d.x % d.y, i / (d.x * d.y)};
+		f.info.blk = &s->blk;
+		f.sp = stack_prepare(&f);
+	}
+	for (int w = 0; w * 32 < s->n; w++) {
+		warp &wp = s->warps[w];
+		int lanes = s->n - w * 32 >= 32 ? 32 : s->n - w * 32;
+		wp.exist = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
+		wp.exited = wp.arrived = wp.gen = wp.mask = 0;
+		wp.op = wp.width = 0;
+	}
+	s->alive = s->n;
+	s->bar_arrived = 0;
+	s->rq_head = 0;
+	s->rq_len = 0;
+	for (int i = 0; i < s->n; i++)
+		rq_push(s, i);
+	while (s->rq_len && s->fault == cudaSuccess) {
+		fiber *f = &s->fibers[rq_pop(s)];
+		s->cur = f;
+		kvk_emu_cur = &f->info;
+		asan_start(&s->sched_fake, f->stack, STACK_BYTES);
+		kvk_emu_switch(&s->sched_sp, f->sp);
+		asan_finish(s->sched_fake, nullptr, nullptr);
+		s->cur = nullptr;
+		kvk_emu_cur = nullptr;
+	}
+	if (s->fault == cudaSuccess && s->alive > 0)
+		deadlock(s);
+	if (s->fault != cudaSuccess)
+		for (int i = 0; i < s->n; i++)
+			if (s->fibers[i].state != F_DONE || s->fibers[i].dirty)
+				s->fibers[i].dirty = 1;
+}
+
+cudaError_t kvk_emu_run_grid(const char *name, const kvk_emu_cfg &cfg,
+			     const std::function<void()> &body)
+{
+	sm *s = sm_get();
+	int n = (int)(cfg.block.x * cfg.block.y * cfg.block.z);
+	if (n < 1 || n > MAX_THREADS || fibers_ensure(s, n))
+		return cudaErrorLaunchFailure;
+	s->n = n;
+	s->warps.resize((size_t)(n + 31) / 32);
+	s->runq.resize((size_t)n + 1);
+	s->smem.resize(cfg.smem);
+	s->blk.dim = cfg.block;
+	s->blk.grid = cfg.grid;
+	s->blk.dyn_smem = cfg.smem ? s->smem.data() : nullptr;
+	s->body = &body;
+	s->kname = name;
+	s->fault = cudaSuccess;
+	t_sm = s;
+	for (unsigned z = 0; z < cfg.grid.z && s->fault == cudaSuccess; z++)
+		for (unsigned y = 0; y < cfg.grid.y && s->fault == cudaSuccess; y++)
+			for (unsigned x = 0; x < cfg.grid.x && s->fault == cudaSuccess; x++)
+				run_block(s, uint3{x, y, z});
+	t_sm = nullptr;
+	return s->fault;
+}

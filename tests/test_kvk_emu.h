@@ -1,0 +1,30 @@
+/* The entry points of tests/test_kvk_emu.cu (the CUDA emulation's self-test), called by
+ * tests/test_kvk_emu_main.c. Each returns 0 or a CUDA / cuBLAS / NCCL status (a few: -1 when
+ * the setup itself failed). */
+#ifndef KVFS_TEST_KVK_EMU_H
+#define KVFS_TEST_KVK_EMU_H
+
+#include <stddef.h>
+
+enum {
+	EMU_FAULT_DIVERGENT_BARRIER = 1,
+	EMU_FAULT_PARTIAL_WARP,
+	EMU_FAULT_EXITED_LANE,
+	EMU_FAULT_MIXED_OPS,
+};
+
+int emu_shuffles(int *out /* 64 * 8 */);
+int emu_reduce(int *out /* 2 * nb */, int nb);
+int emu_dyn_smem(unsigned *out /* 2 */, size_t bytes, int set_attr);
+int emu_fresh_memory(unsigned char *first_byte);
+int emu_fault_kernel(int which, int *after);
+int emu_launch_config(unsigned gx, unsigned gy, unsigned gz, unsigned bx);
+int emu_wrong_device_stream(int cur, int other);
+int emu_bad_copy(int kind, int *after);
+int emu_pageable_d2h(void);
+int emu_event_order(void);
+int emu_gemm(float *c /* 2 x 3 column-major */);
+int emu_bad_gemm(int kind, int *sync);
+int emu_nccl(int mode, int d0, int d1, int *got);
+
+#endif

@@ -1,0 +1,183 @@
+/* test_kvk_emu: the CUDA emulation (kernels/emu, docs/cuda-emu.md) against CUDA's documented
+ * semantics, and every kind of fault it claims to report, reported. Built and run only with
+ * -DKVFS_CUDA=EMU. Device 0 and 1 stay healthy; each fault case uses a device of its own
+ * (faults are sticky), so the run asks for 8 emulated devices. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "test_kvk_emu.h"
+
+/* CUDA runtime calls the C side needs (the emulator's, by their real names). */
+int cudaSetDevice(int device);
+
+enum {
+	ERR_INVALID_VALUE = 1,
+	ERR_INVALID_CONFIG = 9,
+	ERR_BAD_HANDLE = 400,
+	ERR_ILLEGAL_ADDRESS = 700,
+	ERR_LAUNCH_FAILURE = 719
+};
+enum { BLAS_INVALID_VALUE = 7 };
+
+static void use(int dev)
+{
+	assert_int_equal(cudaSetDevice(dev), 0);
+}
+
+/* What CUDA documents for each shuffle, computed here for 64 threads. */
+static void test_shuffles(void **state)
+{
+	(void)state;
+	use(0);
+	int out[64 * 8];
+	assert_int_equal(emu_shuffles(out), 0);
+	for (int t = 0; t < 64; t++) {
+		int lane = t % 32, w0 = t - lane, *o = out + t * 8;
+		int want[8];
+		want[0] = 100 + w0 + (lane ^ 1);
+		want[1] = 100 + w0 + (lane ^ 16);
+		want[2] = 100 + w0 + (lane + 3 < 32 ? lane + 3 : lane);
+		int seg = lane & ~7;
+		want[3] = 100 + w0 + (lane + 3 < seg + 8 ? lane + 3 : lane);
+		want[4] = 100 + w0 + (lane >= 2 ? lane - 2 : lane);
+		want[5] = 100 + w0 + 7;
+		want[6] = 100 + w0 + (lane & ~15) + 33 % 16;
+		unsigned b = 0;
+		for (int l = 0; l < 32; l++)
+			if ((w0 + l) % 3 == 0)
+				b |= 1u << l;
+		want[7] = (int)b;
+		for (int i = 0; i < 8; i++)
+			if (o[i] != want[i])
+				fail_msg("thread %d op %d: got %d want %d", t, i, o[i], want[i]);
+	}
+}
+
+static void test_barriers_shared(void **state)
+{
+	(void)state;
+	use(0);
+	enum { NB = 5 };
+	int out[2 * NB];
+	assert_int_equal(emu_reduce(out, NB), 0);
+	for (int b = 0; b < NB; b++) {
+		assert_int_equal(out[b], b * 1000 * 256 + 255 * 256 / 2);
+		assert_int_equal(out[NB + b], b); /* each block its own shared memory */
+	}
+}
+
+static void test_dyn_smem(void **state)
+{
+	(void)state;
+	use(0);
+	unsigned out[2] = {0, 0};
+	assert_int_equal(emu_dyn_smem(out, 1024, 0), 0);
+	assert_int_equal(out[0], 0xffffffffu); /* poisoned at block start */
+	assert_int_equal(out[1], 7);
+	/* Over 48 KiB needs the attribute, as on the GPU. */
+	assert_int_equal(emu_dyn_smem(out, 64 << 10, 0), ERR_INVALID_VALUE);
+	assert_int_equal(emu_dyn_smem(out, 64 << 10, 1), 0);
+	unsigned char b = 0;
+	assert_int_equal(emu_fresh_memory(&b), 0);
+	assert_int_equal(b, 0xff);
+}
+
+static void test_launch_limits(void **state)
+{
+	(void)state;
+	use(0);
+	assert_int_equal(emu_launch_config(1, 1, 1, 1024), 0);
+	assert_int_equal(emu_launch_config(1, 1, 1, 1025), ERR_INVALID_CONFIG);
+	assert_int_equal(emu_launch_config(1, 65536, 1, 32), ERR_INVALID_CONFIG);
+	assert_int_equal(emu_launch_config(1, 1, 65536, 32), ERR_INVALID_CONFIG);
+	assert_int_equal(emu_launch_config(3, 65535, 1, 1), 0);
+	assert_int_equal(emu_wrong_device_stream(0, 1), ERR_BAD_HANDLE);
+	assert_int_equal(emu_launch_config(1, 1, 1, 32), 0); /* device unharmed */
+}
+
+/* Each fault kind on its own device: the sync reports it, and it stays. */
+static void test_kernel_faults(void **state)
+{
+	(void)state;
+	static const int kinds[] = {EMU_FAULT_DIVERGENT_BARRIER, EMU_FAULT_PARTIAL_WARP,
+				    EMU_FAULT_EXITED_LANE, EMU_FAULT_MIXED_OPS};
+	for (int i = 0; i < 4; i++) {
+		use(2 + i);
+		int after = 0;
+		assert_int_equal(emu_fault_kernel(kinds[i], &after), ERR_LAUNCH_FAILURE);
+		assert_int_equal(after, ERR_LAUNCH_FAILURE);
+	}
+	use(0);
+	assert_int_equal(emu_launch_config(1, 1, 1, 32), 0); /* other devices unharmed */
+}
+
+static void test_copies(void **state)
+{
+	(void)state;
+	use(0);
+	int after = -1;
+	assert_int_equal(emu_bad_copy(0, &after), ERR_INVALID_VALUE);
+	assert_int_equal(after, 0); /* a refused call leaves the device working */
+	assert_int_equal(emu_pageable_d2h(), 0);
+	use(6);
+	assert_int_equal(emu_bad_copy(1, &after), ERR_ILLEGAL_ADDRESS);
+	assert_int_equal(after, ERR_ILLEGAL_ADDRESS);
+}
+
+static void test_events(void **state)
+{
+	(void)state;
+	use(0);
+	assert_int_equal(emu_event_order(), 42);
+}
+
+static void test_gemm(void **state)
+{
+	(void)state;
+	use(0);
+	float c[6];
+	assert_int_equal(emu_gemm(c), 0);
+	/* C = A^T B: rows of A^T are (1 2 3 4), (5 6 7 8); B's columns e1, e2, (1 1 1 1). */
+	const float want[6] = {1, 5, 2, 6, 10, 26};
+	for (int i = 0; i < 6; i++)
+		if (c[i] != want[i])
+			fail_msg("C[%d] = %g, want %g", i, c[i], want[i]);
+	int sync = -1;
+	assert_int_equal(emu_bad_gemm(0, &sync), BLAS_INVALID_VALUE);
+	assert_int_equal(sync, 0);
+	use(7);
+	assert_int_equal(emu_bad_gemm(1, &sync), 0);
+	assert_int_equal(sync, ERR_ILLEGAL_ADDRESS);
+}
+
+static void test_nccl(void **state)
+{
+	(void)state;
+	int got = 0;
+	assert_int_equal(emu_nccl(0, 0, 1, &got), 0);
+	assert_int_equal(got, 0x5a);
+	assert_int_equal(emu_nccl(2, 0, 1, &got), 0);	  /* the abort ends the receive */
+	assert_int_not_equal(emu_nccl(3, 0, 1, &got), 0); /* duplicate device refused */
+	/* Sizes that differ: both devices fault (last: it kills devices 4 and 5 for good). */
+	assert_int_not_equal(emu_nccl(1, 4, 5, &got), 0);
+}
+
+int main(void)
+{
+	setenv("KVK_EMU_DEVICES", "8", 1);
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_shuffles),	  cmocka_unit_test(test_barriers_shared),
+	    cmocka_unit_test(test_dyn_smem),	  cmocka_unit_test(test_launch_limits),
+	    cmocka_unit_test(test_kernel_faults), cmocka_unit_test(test_copies),
+	    cmocka_unit_test(test_events),	  cmocka_unit_test(test_gemm),
+	    cmocka_unit_test(test_nccl),
+	};
+	return cmocka_run_group_tests_name("kvk_emu", tests, NULL, NULL);
+}
