@@ -175,6 +175,8 @@ extern "C" int emu_fault_kernel(int which, int *after)
 	int rc = cudaDeviceSynchronize();
 	void *p = NULL;
 	*after = cudaMalloc(&p, 16);
+	cudaFree(p);
+	cudaFree(d); // frees even on a faulted device: the host memory behind it is real
 	return launch ? -launch : rc;
 }
 
@@ -322,6 +324,7 @@ extern "C" int emu_bad_gemm(int kind, int *sync)
 					  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 	*sync = cudaDeviceSynchronize();
 	cublasDestroy(h);
+	cudaFree(a), cudaFree(b), cudaFree(c);
 	return st;
 }
 
@@ -348,8 +351,11 @@ static void *nccl_rank_main(void *p)
 		return NULL;
 	}
 	r->rc = ncclCommInitRank(&comm, 2, r->id, r->rank);
-	if (r->rc)
+	if (r->rc) {
+		cudaFree(d);
+		cudaStreamDestroy(s);
 		return NULL;
+	}
 	if (r->abort_after_ms) {
 		usleep((useconds_t)r->abort_after_ms * 1000);
 		ncclCommAbort(*r->peer_comm);

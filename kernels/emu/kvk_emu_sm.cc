@@ -26,7 +26,7 @@
 #include <sanitizer/common_interface_defs.h>
 #endif
 
-thread_local kvk_emu_lane *kvk_emu_cur;
+__thread kvk_emu_lane *kvk_emu_cur;
 
 namespace
 {

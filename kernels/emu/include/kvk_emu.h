@@ -58,7 +58,9 @@
 #define __restrict__ __restrict
 #define __align__(n) alignas(n)
 // One block runs on one OS thread at a time, and its fibers share that thread's storage.
-#define __shared__ static thread_local
+// GNU __thread, not thread_local: no dynamic initialisation (CUDA allows none for __shared__)
+// and no TLS wrapper call (GCC 12's UBSan null check of that wrapper misreads its flags).
+#define __shared__ static __thread
 
 // ---- vector types ------------------------------------------------------------------------------
 struct uint3 {
@@ -106,7 +108,8 @@ struct kvk_emu_lane {
 	const kvk_emu_block *blk;
 };
 // The lane running on this OS thread (NULL outside a kernel). Set by the scheduler.
-extern thread_local kvk_emu_lane *kvk_emu_cur;
+// __thread for the reason given at __shared__.
+extern __thread kvk_emu_lane *kvk_emu_cur;
 
 static const int warpSize = 32;
 #define threadIdx (kvk_emu_cur->tid)
