@@ -37,8 +37,11 @@ int kvk_nccl_comm_create(struct kvk_nccl **out, struct kvk_cuda_ctx *ctx,
 /* NULL is a no-op. */
 void kvk_nccl_comm_destroy(struct kvk_nccl *c);
 /* Ends c for good, from any thread: a send or receive waiting on it (another thread, e.g. for a
- * peer that will never post its side) returns -EIO, and every later one at once. c must still
- * be destroyed. NCCL has no timeouts of its own: this is how a watchdog unblocks a transfer. */
+ * peer that will never post its side) returns -EIO, also when part of it had arrived (its
+ * blocks hold no defined data), and every later one at once. c must still be destroyed. NCCL
+ * has no timeouts of its own: this is how a watchdog unblocks a transfer. It waits (at most
+ * 2 s) for a transfer that is posting its next chunk at that moment, so no post touches the
+ * communicator NCCL frees. */
 void kvk_nccl_abort(struct kvk_nccl *c);
 
 int kvk_nccl_send_kv(struct kvk_nccl *c, const struct kvk_kv_layers *kv, const int32_t *blocks,

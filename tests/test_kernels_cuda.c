@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -875,6 +876,74 @@ static void test_nccl(void **state)
 	kvk_cuda_ctx_destroy(c1);
 }
 
+/* kvk_nccl_abort from another thread releases a receive whose peer never sends, and the
+ * receive reports -EIO (not 0: no data came); later transfers on it fail at once. */
+struct abort_arg {
+	struct kvk_nccl *c;
+	int ms;
+};
+
+static void *abort_main(void *p)
+{
+	struct abort_arg *a = p;
+	struct timespec t = {a->ms / 1000, (long)(a->ms % 1000) * 1000000};
+	nanosleep(&t, NULL);
+	kvk_nccl_abort(a->c);
+	return NULL;
+}
+
+struct join_arg {
+	int rank;
+	const uint8_t *id;
+	struct kvk_cuda_ctx *ctx;
+	struct kvk_nccl *c;
+	int rc;
+};
+
+static void *join_main(void *p)
+{
+	struct join_arg *a = p;
+	a->rc = kvk_nccl_comm_create(&a->c, a->ctx, a->id, 2, a->rank);
+	return NULL;
+}
+
+static void test_nccl_abort(void **state)
+{
+	(void)state;
+	enum { L = 2, B = 4, NKV = 2, HD = 8, N = 3, NB = 8 };
+	struct kvk_cuda_ctx *c0, *c1;
+	assert_int_equal(kvk_cuda_ctx_create(0, &c0), 0);
+	assert_int_equal(kvk_cuda_ctx_create(1, &c1), 0);
+	uint64_t s = 12;
+	struct pool_set dec;
+	pset_make(c0, &dec, L, NB, B, NKV, HD, 0, &s, 1);
+	uint8_t id[KVK_NCCL_ID_BYTES];
+	assert_int_equal(kvk_nccl_id_create(id), 0);
+	struct join_arg j0 = {0, id, c0, NULL, -1}, j1 = {1, id, c1, NULL, -1};
+	pthread_t t0, t1;
+	assert_int_equal(pthread_create(&t0, NULL, join_main, &j0), 0);
+	assert_int_equal(pthread_create(&t1, NULL, join_main, &j1), 0);
+	pthread_join(t0, NULL);
+	pthread_join(t1, NULL);
+	assert_int_equal(j0.rc, 0);
+	assert_int_equal(j1.rc, 0);
+	/* rank 1 never sends: rank 0's receive waits until the abort 300 ms later */
+	struct abort_arg ab = {j0.c, 300};
+	pthread_t ta;
+	assert_int_equal(pthread_create(&ta, NULL, abort_main, &ab), 0);
+	int32_t to[N] = {1, 4, 6};
+	assert_int_equal(kvk_nccl_recv_kv(j0.c, &dec.dev, to, N, 1), -EIO);
+	pthread_join(ta, NULL);
+	assert_int_equal(kvk_nccl_recv_kv(j0.c, &dec.dev, to, N, 1), -EIO);
+	/* the context is still usable after the abort */
+	assert_int_equal(kvk_cuda_sync(c0), 0);
+	kvk_nccl_comm_destroy(j0.c); /* aborted: only the wrapper is freed */
+	kvk_nccl_comm_destroy(j1.c);
+	pset_free(c0, &dec);
+	kvk_cuda_ctx_destroy(c0);
+	kvk_cuda_ctx_destroy(c1);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc > 1 && strcmp(argv[1], "--nccl") == 0) {
@@ -887,7 +956,8 @@ int main(int argc, char **argv)
 			       kvk_cuda_device_count());
 			return 77;
 		}
-		const struct CMUnitTest nccl[] = {cmocka_unit_test(test_nccl)};
+		const struct CMUnitTest nccl[] = {cmocka_unit_test(test_nccl),
+						  cmocka_unit_test(test_nccl_abort)};
 		return cmocka_run_group_tests_name("kernels_nccl", nccl, NULL, NULL);
 	}
 	if (!kvk_cuda_available()) {

@@ -3,6 +3,7 @@
 #include <nccl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kvk_cuda_int.h"
 
@@ -19,7 +20,13 @@ struct kvk_nccl {
 	ncclComm_t comm;
 	int rank, nranks;
 	int aborted; /* kvk_nccl_abort ran (atomic builtins: any thread) */
+	int posting; /* a transfer is between its aborted check and its ncclSend/Recv (atomic) */
 };
+
+/* How long kvk_nccl_abort lets a post that checked `aborted` finish before it frees the
+ * communicator under it: a post only enqueues, unless NCCL blocks in it to connect to a peer
+ * that never comes, which is what the abort is for. */
+#define ABORT_GRACE_MS 2000
 
 static int nccl_err(ncclResult_t r, const char *what)
 {
@@ -81,10 +88,29 @@ extern "C" void kvk_nccl_comm_destroy(struct kvk_nccl *c)
 
 extern "C" void kvk_nccl_abort(struct kvk_nccl *c)
 {
-	if (!c || __atomic_exchange_n(&c->aborted, 1, __ATOMIC_ACQ_REL))
+	if (!c || __atomic_exchange_n(&c->aborted, 1, __ATOMIC_SEQ_CST))
 		return;
+	// A transfer that saw aborted == 0 may be about to post on c->comm: ncclCommAbort frees
+	// it, and a post on a freed communicator is undefined. New posts see aborted == 1.
+	for (int ms = 0; ms < ABORT_GRACE_MS && __atomic_load_n(&c->posting, __ATOMIC_SEQ_CST);
+	     ms++)
+		usleep(1000);
 	cudaSetDevice(c->ctx->device);
 	nccl_err(ncclCommAbort(c->comm), "ncclCommAbort");
+}
+
+// One ncclSend / ncclRecv on c, unless c is aborted (-EIO): see kvk_nccl_abort.
+static int post(struct kvk_nccl *c, int send, void *buf, size_t bytes, int peer)
+{
+	__atomic_add_fetch(&c->posting, 1, __ATOMIC_SEQ_CST);
+	int rc = -EIO;
+	if (!__atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST))
+		rc = send ? nccl_err(ncclSend(buf, bytes, ncclUint8, peer, c->comm, c->ctx->s_comp),
+				     "ncclSend")
+			  : nccl_err(ncclRecv(buf, bytes, ncclUint8, peer, c->comm, c->ctx->s_comp),
+				     "ncclRecv");
+	__atomic_sub_fetch(&c->posting, 1, __ATOMIC_SEQ_CST);
+	return rc;
 }
 
 static int transfer(struct kvk_nccl *c, const struct kvk_kv_layers *kv, const int32_t *blocks,
@@ -107,20 +133,18 @@ static int transfer(struct kvk_nccl *c, const struct kvk_kv_layers *kv, const in
 		int cnt = n_blocks - first < per ? n_blocks - first : per;
 		void *buf = ctx->stage[i & 1];
 		size_t bytes = (size_t)cnt * payload;
-		if (send) {
+		if (send)
 			rc = kvk_cu_kv_gather(ctx, buf, kv, blocks + first, cnt);
-			if (!rc)
-				rc = nccl_err(
-				    ncclSend(buf, bytes, ncclUint8, peer, c->comm, ctx->s_comp),
-				    "ncclSend");
-		} else {
-			rc = nccl_err(ncclRecv(buf, bytes, ncclUint8, peer, c->comm, ctx->s_comp),
-				      "ncclRecv");
-			if (!rc)
-				rc = kvk_cu_kv_scatter(ctx, kv, buf, blocks + first, cnt);
-		}
+		if (!rc)
+			rc = post(c, send, buf, bytes, peer);
+		if (!rc && !send)
+			rc = kvk_cu_kv_scatter(ctx, kv, buf, blocks + first, cnt);
 	}
 	int rs = kvk_cuda_err(cudaStreamSynchronize(ctx->s_comp), "nccl transfer");
+	// An abort ends a pending send or receive without an error of its own (the stream
+	// completes): without this check an aborted receive would report blocks it never got.
+	if (__atomic_load_n(&c->aborted, __ATOMIC_SEQ_CST))
+		return -EIO;
 	return rc ? rc : rs;
 }
 
