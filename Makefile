@@ -5,7 +5,7 @@ SANITIZE ?= OFF
 JOBS     ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test demo asan format format-check fuzz clean
+.PHONY: all deps configure build test test-emu demo asan format format-check fuzz clean
 
 all: build
 
@@ -31,6 +31,15 @@ demo-stop:
 asan:
 	$(MAKE) test BUILD=build-asan SANITIZE=ON
 
+# The GPU tests on the CUDA emulation (kernels/emu, docs/cuda-emu.md): the CUDA sources run on
+# the CPU, under ASan + UBSan unless EMU_SANITIZE=OFF. Only the targets those tests need.
+EMU_BUILD    ?= build-emu
+EMU_SANITIZE ?= ON
+test-emu: deps
+	@cmake -S . -B $(EMU_BUILD) -DKVFS_CUDA=EMU -DKVFS_SANITIZE=$(EMU_SANITIZE) >/dev/null
+	@cmake --build $(EMU_BUILD) -j $(JOBS) --target emu-tests
+	cd $(EMU_BUILD) && ctest -L emu --output-on-failure -j $(JOBS)
+
 FORMAT_FILES = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cc')
 format:
 	clang-format -i $(FORMAT_FILES)
@@ -46,4 +55,4 @@ fuzz: deps
 	@bash tools/run-fuzz.sh build-fuzz $(FUZZ_SECONDS)
 
 clean:
-	rm -rf build build-asan build-fuzz
+	rm -rf build build-asan build-fuzz build-emu
