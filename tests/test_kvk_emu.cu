@@ -408,3 +408,49 @@ extern "C" int emu_nccl(int mode, int d0, int d1, int *got)
 		return r0.rc ? r0.rc : r1.rc;
 	return r0.rc;
 }
+
+// ---- NCCL between processes ------------------------------------------------------------------
+extern "C" int emu_nccl_id(char *hex /* 2 * 128 + 1 */)
+{
+	ncclUniqueId id;
+	if (ncclGetUniqueId(&id))
+		return -1;
+	for (size_t i = 0; i < sizeof(id.internal); i++)
+		snprintf(hex + 2 * i, 3, "%02x", (unsigned char)id.internal[i]);
+	return 0;
+}
+
+// One rank of a 2-rank communicator named by hex: sends `bytes` bytes of `val` to the other
+// rank, or receives them and stores the last byte in *got.
+extern "C" int emu_nccl_rank(const char *hex, int rank, int bytes, int send, int val, int *got)
+{
+	ncclUniqueId id;
+	for (size_t i = 0; i < sizeof(id.internal); i++) {
+		unsigned v = 0;
+		if (sscanf(hex + 2 * i, "%2x", &v) != 1)
+			return -1;
+		id.internal[i] = (char)v;
+	}
+	cudaStream_t s;
+	unsigned char *d;
+	ncclComm_t comm;
+	if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) || cudaMalloc(&d, (size_t)bytes))
+		return -1;
+	int rc = ncclCommInitRank(&comm, 2, id, rank);
+	if (!rc) {
+		if (send)
+			cudaMemsetAsync(d, val, (size_t)bytes, s);
+		rc = send ? ncclSend(d, (size_t)bytes, ncclUint8, 1 - rank, comm, s)
+			  : ncclRecv(d, (size_t)bytes, ncclUint8, 1 - rank, comm, s);
+		int e = cudaStreamSynchronize(s);
+		rc = rc ? rc : e ? 1000 + e : 0;
+		unsigned char last = 0;
+		if (!rc && !send && cudaMemcpy(&last, d + bytes - 1, 1, cudaMemcpyDeviceToHost))
+			rc = -2;
+		*got = last;
+		ncclCommDestroy(comm);
+	}
+	cudaFree(d);
+	cudaStreamDestroy(s);
+	return rc;
+}

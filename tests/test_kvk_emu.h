@@ -26,5 +26,7 @@ int emu_event_order(void);
 int emu_gemm(float *c /* 2 x 3 column-major */);
 int emu_bad_gemm(int kind, int *sync);
 int emu_nccl(int mode, int d0, int d1, int *got);
+int emu_nccl_id(char *hex /* 257 */);
+int emu_nccl_rank(const char *hex, int rank, int bytes, int send, int val, int *got);
 
 #endif

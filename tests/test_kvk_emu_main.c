@@ -1,7 +1,7 @@
 /* test_kvk_emu: the CUDA emulation (kernels/emu, docs/cuda-emu.md) against CUDA's documented
  * semantics, and every kind of fault it claims to report, reported. Built and run only with
  * -DKVFS_CUDA=EMU. Device 0 and 1 stay healthy; each fault case uses a device of its own
- * (faults are sticky), so the run asks for 8 emulated devices. */
+ * (faults are sticky), so the run asks for 10 emulated devices. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -165,19 +167,51 @@ static void test_nccl(void **state)
 	assert_int_equal(got, 0x5a);
 	assert_int_equal(emu_nccl(2, 0, 1, &got), 0);	  /* the abort ends the receive */
 	assert_int_not_equal(emu_nccl(3, 0, 1, &got), 0); /* duplicate device refused */
-	/* Sizes that differ: both devices fault (last: it kills devices 4 and 5 for good). */
-	assert_int_not_equal(emu_nccl(1, 4, 5, &got), 0);
+	/* Sizes that differ: both devices fault (8 and 9: faults are sticky). */
+	assert_int_equal(emu_nccl(1, 8, 9, &got), 1000 + ERR_LAUNCH_FAILURE);
 }
 
-int main(void)
+/* Ranks in two processes (the peer is this program again, exec'd: --nccl-peer ID): 3 MiB
+ * from the child to this process. */
+static char self[4096];
+
+static void test_nccl_processes(void **state)
 {
-	setenv("KVK_EMU_DEVICES", "8", 1);
+	(void)state;
+	use(0);
+	char hex[257];
+	assert_int_equal(emu_nccl_id(hex), 0);
+	pid_t p = fork();
+	if (p == 0) {
+		execl(self, self, "--nccl-peer", hex, (char *)NULL);
+		_exit(127);
+	}
+	assert_true(p > 0);
+	int got = 0;
+	assert_int_equal(emu_nccl_rank(hex, 0, 3 << 20, 0, 0, &got), 0);
+	assert_int_equal(got, 0x33);
+	int st = 0;
+	assert_int_equal(waitpid(p, &st, 0), p);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 3 && !strcmp(argv[1], "--nccl-peer")) {
+		int got = 0;
+		return emu_nccl_rank(argv[2], 1, 3 << 20, 1, 0x33, &got) ? 1 : 0;
+	}
+	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	if (n <= 0)
+		return 1;
+	self[n] = 0;
+	setenv("KVK_EMU_DEVICES", "10", 1);
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_shuffles),	  cmocka_unit_test(test_barriers_shared),
 	    cmocka_unit_test(test_dyn_smem),	  cmocka_unit_test(test_launch_limits),
 	    cmocka_unit_test(test_kernel_faults), cmocka_unit_test(test_copies),
 	    cmocka_unit_test(test_events),	  cmocka_unit_test(test_gemm),
-	    cmocka_unit_test(test_nccl),
+	    cmocka_unit_test(test_nccl),	  cmocka_unit_test(test_nccl_processes),
 	};
 	return cmocka_run_group_tests_name("kvk_emu", tests, NULL, NULL);
 }

@@ -26,7 +26,7 @@ namespace
 
 constexpr size_t SMEM_DEFAULT = 48u << 10;
 constexpr int SMEM_OPTIN = 232448; // Hopper's per-block opt-in limit (227 KiB)
-constexpr int MAX_DEVICES = 8;
+constexpr int MAX_DEVICES = 16;
 
 struct task {
 	std::function<cudaError_t()> fn;

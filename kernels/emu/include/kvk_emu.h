@@ -28,7 +28,7 @@
 // Threading: any number of host threads; each has its own current device and last error.
 // Kernels of one stream run one block at a time on that stream's worker thread.
 //
-// Environment: KVK_EMU_DEVICES (devices reported, default 1, at most 8); KVK_EMU_MEM_MB
+// Environment: KVK_EMU_DEVICES (devices reported, default 1, at most 16); KVK_EMU_MEM_MB
 // (device memory per device, default 4096).
 #ifndef KVFS_KVK_EMU_H
 #define KVFS_KVK_EMU_H

@@ -1,7 +1,8 @@
 // kvk_emu's NCCL: unique ids, communicators and point-to-point send/recv between the ranks of
 // one process (the ranks' devices must differ, as NCCL requires). A send meets the receive of
 // its peer on the streams' workers; sizes that differ are reported and become both devices'
-// sticky error. ncclCommAbort releases a send or receive waiting for its peer.
+// sticky error. ncclCommAbort releases a send or receive waiting for its peer. Ranks may be
+// threads of one process or separate processes (kvk_emu_nccl.cc: Unix sockets).
 #ifndef KVFS_KVK_EMU_NCCL_H
 #define KVFS_KVK_EMU_NCCL_H
 
