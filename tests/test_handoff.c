@@ -34,6 +34,7 @@
 #include "kvp.h"
 #include "kvw.h"
 #include "model.h"
+#include "proc_tutil.h"
 
 enum { W_P, W_D, W_DS, W_D32, W_PH, W_DH, NW };
 enum { G_FS, G_DIRECT, G_SHARED, G_MISMATCH, G_HFS, G_HDIRECT, G_LOCAL, NG };
@@ -49,56 +50,10 @@ static const char *prompt =
     "opening hours of the city library briefly and politely, in plain words, without lists. "
     "Question: when does the library open on Sunday?";
 
-static void sleep_ms(int ms)
-{
-	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-	nanosleep(&ts, NULL);
-}
-
-static uint16_t wait_port(const char *path)
-{
-	for (int i = 0; i < 300; i++) {
-		FILE *f = fopen(path, "r");
-		unsigned p = 0;
-		int ok = f && fscanf(f, "%u", &p) == 1;
-		if (f)
-			fclose(f);
-		if (ok && p)
-			return (uint16_t)p;
-		sleep_ms(50);
-	}
-	return 0;
-}
-
-static pid_t spawn(char *const argv[], const char *log)
-{
-	pid_t p = fork();
-	if (p == 0) {
-		if (!freopen(log, "w", stderr))
-			_exit(126);
-		execv(argv[0], argv);
-		_exit(127);
-	}
-	return p;
-}
-
 /* Value of "name value" in gateway g's /metrics, or -1. */
 static double metric(int g, const char *name)
 {
-	char *b = NULL;
-	if (htu_request(gport[g], 0, "GET", "/metrics", NULL, &b) != 200) {
-		free(b);
-		return -1;
-	}
-	double v = -1;
-	size_t nl = strlen(name);
-	for (char *p = b; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
-		if (!strncmp(p, name, nl) && p[nl] == ' ') {
-			v = strtod(p + nl + 1, NULL);
-			break;
-		}
-	free(b);
-	return v;
+	return ptu_metric(gport[g], name);
 }
 
 static double handoffs(int g, const char *how)
@@ -123,7 +78,7 @@ static void settle(int g, int w, double *computed, double *kv_free)
 {
 	double c = -2, f = -2;
 	for (int i = 0; i < 40; i++) {
-		sleep_ms(250);
+		ptu_sleep_ms(250);
 		double c2 = replica(g, "prompt_tokens_computed", w),
 		       f2 = replica(g, "kv_free_blocks", w);
 		if (c2 == c && f2 == f && replica(g, "running", w) == 0)
@@ -227,7 +182,7 @@ static int setup(void **state)
 		return -1;
 	char *sargv[] = {synth, "--preset", "small", "-o", model, NULL};
 	snprintf(log, sizeof(log), "%s/synth.log", tmpdir);
-	pid_t sp = spawn(sargv, log);
+	pid_t sp = ptu_spawn(sargv, log);
 	int st = 0;
 	if (sp < 0 || waitpid(sp, &st, 0) != sp || !WIFEXITED(st) || WEXITSTATUS(st))
 		return -1;
@@ -283,11 +238,11 @@ static int setup(void **state)
 		for (int k = 0; rest[k]; k++)
 			argv[a++] = rest[k];
 		argv[a] = NULL;
-		wpid[i] = spawn(argv, log);
+		wpid[i] = ptu_spawn(argv, log);
 	}
 	for (int i = 0; i < NW; i++) {
 		snprintf(pf, sizeof(pf), "%s/wport%d", tmpdir, i);
-		if (!(wport[i] = wait_port(pf)))
+		if (!(wport[i] = ptu_wait_port(pf)))
 			return -1;
 	}
 	static const char *const how[NG] = {"fs", "direct", "direct", "direct",
@@ -317,32 +272,23 @@ static int setup(void **state)
 				"--port-file",
 				pf,
 				NULL};
-		gpid[i] = spawn(argv, log);
+		gpid[i] = ptu_spawn(argv, log);
 	}
 	for (int i = 0; i < NG; i++) {
 		snprintf(pf, sizeof(pf), "%s/gport%d", tmpdir, i);
-		if (!(gport[i] = wait_port(pf)))
+		if (!(gport[i] = ptu_wait_port(pf)))
 			return -1;
 	}
 	return 0;
-}
-
-static void stop_pid(pid_t *p)
-{
-	if (*p > 0) {
-		kill(*p, SIGTERM);
-		waitpid(*p, NULL, 0);
-		*p = -1;
-	}
 }
 
 static int teardown(void **state)
 {
 	(void)state;
 	for (int i = 0; i < NG; i++)
-		stop_pid(&gpid[i]);
+		ptu_stop(&gpid[i]);
 	for (int i = 0; i < NW; i++)
-		stop_pid(&wpid[i]);
+		ptu_stop(&wpid[i]);
 	if (getenv("KVFS_TEST_KEEP")) {
 		fprintf(stderr, "kept %s\n", tmpdir);
 		return 0;
@@ -730,9 +676,9 @@ static void test_parked_idle(void **state)
 {
 	(void)state;
 	assert_int_equal(put(W_D, 31337, 20, (uint32_t)block_bytes, 2, 0, 0, 2 * block_bytes), 0);
-	sleep_ms(300);
+	ptu_sleep_ms(300);
 	double a = cpu_seconds(wpid[W_D]);
-	sleep_ms(1000);
+	ptu_sleep_ms(1000);
 	double b = cpu_seconds(wpid[W_D]);
 	assert_true(a >= 0 && b >= a);
 	/* idle: the gateways' STATUS polls only (a spinning scheduler: ~1 s) */
@@ -812,8 +758,8 @@ static void test_bad_prefill_reply(void **state)
 	char *argv[] = {
 	    bin,      "gateway", "--prefill",	pl, "--decode", dl, "--secret-file", sec,
 	    "--port", "0",	 "--port-file", pf, NULL};
-	pid_t g = spawn(argv, log);
-	uint16_t port = wait_port(pf);
+	pid_t g = ptu_spawn(argv, log);
+	uint16_t port = ptu_wait_port(pf);
 	assert_true(port != 0);
 	int errors = 0;
 	for (int i = 0; i < 3; i++) { /* a double free need not crash at the first */
@@ -835,7 +781,7 @@ static void test_bad_prefill_reply(void **state)
 		bad |= strstr(line, "Sanitizer") != NULL || strstr(line, "double free") != NULL;
 	if (f)
 		fclose(f);
-	stop_pid(&g);
+	ptu_stop(&g);
 	kvp_server_stop(srv);
 	assert_true(alive);
 	assert_false(bad);
@@ -850,16 +796,10 @@ static void test_processes_healthy(void **state)
 	for (int i = 0; i < NW + NG; i++) {
 		pid_t p = i < NW ? wpid[i] : gpid[i - NW];
 		assert_int_equal(waitpid(p, NULL, WNOHANG), 0);
-		char path[320], line[512];
+		char path[320];
 		snprintf(path, sizeof(path), "%s/%s%d", tmpdir, i < NW ? "wlog" : "glog",
 			 i < NW ? i : i - NW);
-		FILE *f = fopen(path, "r");
-		assert_non_null(f);
-		int bad = 0;
-		while (fgets(line, sizeof(line), f))
-			bad |= strstr(line, "runtime error") || strstr(line, "Sanitizer");
-		fclose(f);
-		if (bad)
+		if (!ptu_log_clean(path))
 			fail_msg("%s has a sanitizer report", path);
 	}
 }

@@ -1,0 +1,96 @@
+#include "proc_tutil.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "http_tutil.h"
+
+void ptu_sleep_ms(int ms)
+{
+	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+	nanosleep(&ts, NULL);
+}
+
+pid_t ptu_spawn(char *const argv[], const char *log)
+{
+	pid_t p = fork();
+	if (p == 0) {
+		if (!freopen(log, "w", stderr))
+			_exit(126);
+		execv(argv[0], argv);
+		_exit(127);
+	}
+	return p;
+}
+
+void ptu_stop(pid_t *p)
+{
+	if (*p > 0) {
+		kill(*p, SIGTERM);
+		waitpid(*p, NULL, 0);
+		*p = -1;
+	}
+}
+
+uint16_t ptu_wait_port(const char *path)
+{
+	for (int i = 0; i < 300; i++) {
+		FILE *f = fopen(path, "r");
+		unsigned p = 0;
+		int ok = f && fscanf(f, "%u", &p) == 1;
+		if (f)
+			fclose(f);
+		if (ok && p && p < 65536)
+			return (uint16_t)p;
+		ptu_sleep_ms(50);
+	}
+	return 0;
+}
+
+double ptu_metric(uint16_t port, const char *name)
+{
+	char *b = NULL;
+	if (htu_request(port, 0, "GET", "/metrics", NULL, &b) != 200) {
+		free(b);
+		return -1;
+	}
+	double v = -1;
+	size_t nl = strlen(name);
+	for (char *p = b; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+		if (!strncmp(p, name, nl) && p[nl] == ' ') {
+			v = strtod(p + nl + 1, NULL);
+			break;
+		}
+	free(b);
+	return v;
+}
+
+static int grep_file(const char *path, const char *const *texts, int n)
+{
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -1;
+	char line[1024];
+	int hit = 0;
+	while (!hit && fgets(line, sizeof(line), f))
+		for (int i = 0; i < n && !hit; i++)
+			hit = strstr(line, texts[i]) != NULL;
+	fclose(f);
+	return hit;
+}
+
+int ptu_log_clean(const char *path)
+{
+	static const char *const reports[] = {"runtime error", "Sanitizer"};
+	return grep_file(path, reports, 2) == 0;
+}
+
+int ptu_log_has(const char *path, const char *text)
+{
+	return grep_file(path, &text, 1) == 1;
+}

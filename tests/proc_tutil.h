@@ -1,0 +1,26 @@
+/* proc_tutil — what the tests that run real daemons (kvinfer workers and gateways) share:
+ * starting and stopping them by pid, waiting for the port they write, reading one value of a
+ * /metrics page, and checking their logs for sanitizer reports. */
+#ifndef KVFS_PROC_TUTIL_H
+#define KVFS_PROC_TUTIL_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+void ptu_sleep_ms(int ms);
+/* Forks and execs argv[0] with stderr to log. The child's pid, or -1. */
+pid_t ptu_spawn(char *const argv[], const char *log);
+/* SIGTERM to *p and waits for it; *p becomes -1. No-op for *p <= 0. */
+void ptu_stop(pid_t *p);
+/* The port a daemon wrote to path (--port-file), waiting up to 15 s; 0 if none came. */
+uint16_t ptu_wait_port(const char *path);
+/* The value of the sample "name value" (name with its labels) of the /metrics page at
+ * 127.0.0.1:port, or -1. */
+double ptu_metric(uint16_t port, const char *name);
+/* 1 when the file at path has no sanitizer report (ASan, UBSan, LSan), 0 when it has one or
+ * cannot be read. */
+int ptu_log_clean(const char *path);
+/* 1 when some line of the file at path contains text, else 0. */
+int ptu_log_has(const char *path, const char *text);
+
+#endif

@@ -1,0 +1,298 @@
+/* The direct prefill -> decode hand-over over NCCL (gateway --handoff direct, prefill --nccl):
+ * real `kvinfer prefill --device cuda --nccl` and `kvinfer decode --device cuda` processes on a
+ * synthetic model, the prefill worker on GPU 1 and the decode worker on GPU 0.
+ *
+ * Needs two GPUs and NCCL: exits 77 ("skipped") otherwise. On the CUDA emulation
+ * (-DKVFS_CUDA=EMU, docs/cuda-emu.md) it runs as emu_test_handoff_nccl with two emulated devices
+ * per process and NCCL between the two processes over the emulator's sockets.
+ *
+ * Processes: P (prefill, kv dir), D (decode, no kv dir: any prompt KV it is not handed it must
+ * compute), gateways FS (P -> D through the kv dir, the reference) and NC (P -> D direct). */
+#include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <cmocka.h>
+
+#include "http_tutil.h"
+#include "kvk_cuda.h"
+#include "kvk_nccl.h"
+#include "proc_tutil.h"
+
+enum { W_P, W_D, NW };
+enum { G_FS, G_NC, NG };
+
+static char tmpdir[256];
+static pid_t wpid[NW] = {-1, -1}, gpid[NG] = {-1, -1};
+static uint16_t wport[NW], gport[NG];
+
+static const char *const prompts[3] = {
+    "You are a helpful assistant. Answer every question about the weather, the trains and the "
+    "opening hours of the city library briefly and politely. Question: when does it open?",
+    "Summarise the timetable of the harbour ferries for a visitor who arrives on a Sunday "
+    "morning and wants to reach the old town before noon, in two sentences.",
+    "List what a careful cook checks before serving fish: smell, colour, firmness and the "
+    "temperature at the thickest part, and say why each one matters."};
+
+/* The greedy completion's text (malloc'd) through gateway g, or NULL with why set. */
+static char *complete(int g, const char *text, int max_tokens, char *why, size_t whylen)
+{
+	char body[1024], *b = NULL;
+	snprintf(body, sizeof(body), "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0}",
+		 text, max_tokens);
+	int st = htu_request(gport[g], 0, "POST", "/v1/completions", body, &b);
+	cJSON *j = st == 200 ? cJSON_Parse(b) : NULL;
+	cJSON *t =
+	    cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "text");
+	char *out = cJSON_IsString(t) ? strdup(t->valuestring) : NULL;
+	if (!out)
+		snprintf(why, whylen, "status %d: %.300s", st, b ? b : "");
+	cJSON_Delete(j);
+	free(b);
+	return out;
+}
+
+static double gw(int g, const char *name)
+{
+	return ptu_metric(gport[g], name);
+}
+
+/* D's prompt tokens computed, once the gateway has polled it after its last request. */
+static double d_computed(int g)
+{
+	char name[160];
+	snprintf(name, sizeof(name),
+		 "lb_replica_prompt_tokens_computed{role=\"decode\",addr=\"127.0.0.1:%u\"}",
+		 wport[W_D]);
+	double c = -2;
+	for (int i = 0; i < 40; i++) {
+		ptu_sleep_ms(250);
+		double c2 = gw(g, name);
+		if (c2 == c)
+			break;
+		c = c2;
+	}
+	return c;
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	const char *bd = getenv("KVFS_BUILD_DIR");
+	char synth[512], bin[512], model[600], kvdir[600], sec[600], pf[640], log[640];
+	snprintf(synth, sizeof(synth), "%s/tools/kvinfer-synth", bd ? bd : "build");
+	snprintf(bin, sizeof(bin), "%s/bin/kvinfer", bd ? bd : "build");
+	snprintf(tmpdir, sizeof(tmpdir), "/tmp/test_handoff_nccl.XXXXXX");
+	if (!mkdtemp(tmpdir))
+		return -1;
+	snprintf(model, sizeof(model), "%s/small.gguf", tmpdir);
+	snprintf(kvdir, sizeof(kvdir), "%s/kv", tmpdir);
+	snprintf(sec, sizeof(sec), "%s/secret", tmpdir);
+	mkdir(kvdir, 0755);
+	FILE *f = fopen(sec, "w");
+	if (!f)
+		return -1;
+	fputs("test-handoff-nccl-secret-0123456789\n", f);
+	fclose(f);
+	char *sargv[] = {synth, "--preset", "small", "-o", model, NULL};
+	snprintf(log, sizeof(log), "%s/synth.log", tmpdir);
+	pid_t sp = ptu_spawn(sargv, log);
+	int st = 0;
+	if (sp < 0 || waitpid(sp, &st, 0) != sp || !WIFEXITED(st) || WEXITSTATUS(st))
+		return -1;
+	for (int i = 0; i < NW; i++) {
+		snprintf(pf, sizeof(pf), "%s/wport%d", tmpdir, i);
+		snprintf(log, sizeof(log), "%s/wlog%d", tmpdir, i);
+		char *argv[24] = {bin,
+				  i == W_P ? "prefill" : "decode",
+				  "-m",
+				  model,
+				  "--device",
+				  i == W_P ? "cuda:1" : "cuda:0",
+				  "--secret-file",
+				  sec,
+				  "--port-file",
+				  pf,
+				  "-t",
+				  "1",
+				  "--block-tokens",
+				  "16",
+				  "--ignore-eos",
+				  "--ctx",
+				  "1024"};
+		int a = 17;
+		if (i == W_P) { /* D has no kv dir; the prefill side asks for NCCL */
+			argv[a++] = "--kv-dir";
+			argv[a++] = kvdir;
+			argv[a++] = "--nccl";
+		}
+		argv[a] = NULL;
+		wpid[i] = ptu_spawn(argv, log);
+	}
+	for (int i = 0; i < NW; i++) {
+		snprintf(pf, sizeof(pf), "%s/wport%d", tmpdir, i);
+		if (!(wport[i] = ptu_wait_port(pf)))
+			return -1;
+	}
+	for (int i = 0; i < NG; i++) {
+		char pl[64], dl[64];
+		snprintf(pl, sizeof(pl), "127.0.0.1:%u", wport[W_P]);
+		snprintf(dl, sizeof(dl), "127.0.0.1:%u", wport[W_D]);
+		snprintf(pf, sizeof(pf), "%s/gport%d", tmpdir, i);
+		snprintf(log, sizeof(log), "%s/glog%d", tmpdir, i);
+		char *argv[] = {bin,
+				"gateway",
+				"--prefill",
+				pl,
+				"--decode",
+				dl,
+				"--secret-file",
+				sec,
+				"--handoff",
+				i == G_FS ? "fs" : "direct",
+				"--port",
+				"0",
+				"--port-file",
+				pf,
+				NULL};
+		gpid[i] = ptu_spawn(argv, log);
+	}
+	for (int i = 0; i < NG; i++) {
+		snprintf(pf, sizeof(pf), "%s/gport%d", tmpdir, i);
+		if (!(gport[i] = ptu_wait_port(pf)))
+			return -1;
+	}
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	for (int i = 0; i < NG; i++)
+		ptu_stop(&gpid[i]);
+	for (int i = 0; i < NW; i++)
+		ptu_stop(&wpid[i]);
+	if (getenv("KVFS_TEST_KEEP")) {
+		fprintf(stderr, "kept %s\n", tmpdir);
+		return 0;
+	}
+	char cmd[300];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
+	return system(cmd) == 0 ? 0 : -1;
+}
+
+static char *refs[3];
+
+/* The KV goes over NCCL: the same greedy text as through the kv dir (where D computes the
+ * prompt itself), D computes no prompt token, the gateway counts direct hand-overs, none
+ * falls back, and the prefill worker set up a communicator with D. */
+static void test_nccl_same_output(void **state)
+{
+	(void)state;
+	char why[400];
+	double c0 = d_computed(G_FS);
+	for (int i = 0; i < 3; i++)
+		if (!(refs[i] = complete(G_FS, prompts[i], 8, why, sizeof(why))))
+			fail_msg("fs: %s", why);
+	double c1 = d_computed(G_FS);
+	assert_true(c1 > c0); /* through fs D computed the prompts */
+	double d0 = gw(G_NC, "lb_kv_handoffs_total{how=\"direct\"}");
+	for (int i = 0; i < 3; i++) {
+		char *t = complete(G_NC, prompts[i], 8, why, sizeof(why));
+		if (!t)
+			fail_msg("direct: %s", why);
+		assert_string_equal(t, refs[i]);
+		free(t);
+	}
+	assert_true(gw(G_NC, "lb_kv_handoffs_total{how=\"direct\"}") == d0 + 3);
+	assert_true(gw(G_NC, "lb_kv_handoffs_total{how=\"fallback\"}") == 0);
+	assert_true(d_computed(G_NC) == c1); /* D got all of the prompts' KV */
+	char path[320];
+	snprintf(path, sizeof(path), "%s/wlog%d", tmpdir, W_P);
+	assert_true(ptu_log_has(path, "hand-overs by NCCL"));
+	assert_false(ptu_log_has(path, "NCCL hand-over to"));	   /* no transfer failed */
+	assert_false(ptu_log_has(path, "hand-overs go as bytes")); /* no setup failed */
+}
+
+struct cl {
+	int id, ok;
+	char *text;
+	char why[400];
+};
+
+static void *client(void *arg)
+{
+	struct cl *c = arg;
+	c->text = complete(G_NC, prompts[c->id % 3], 8, c->why, sizeof(c->why));
+	c->ok = c->text && !strcmp(c->text, refs[c->id % 3]);
+	return NULL;
+}
+
+/* Six clients at once: each prompt's KV over the one communicator, each text as through fs. */
+static void test_nccl_concurrent(void **state)
+{
+	(void)state;
+	assert_non_null(refs[2]);
+	double d0 = gw(G_NC, "lb_kv_handoffs_total{how=\"direct\"}");
+	struct cl cs[6];
+	pthread_t th[6];
+	for (int i = 0; i < 6; i++) {
+		memset(&cs[i], 0, sizeof(cs[i]));
+		cs[i].id = i;
+		assert_int_equal(pthread_create(&th[i], NULL, client, &cs[i]), 0);
+	}
+	for (int i = 0; i < 6; i++)
+		pthread_join(th[i], NULL);
+	for (int i = 0; i < 6; i++) {
+		if (!cs[i].ok)
+			fail_msg("client %d: %s (got \"%s\")", i, cs[i].why,
+				 cs[i].text ? cs[i].text : "");
+		free(cs[i].text);
+	}
+	assert_true(gw(G_NC, "lb_kv_handoffs_total{how=\"direct\"}") == d0 + 6);
+	assert_true(gw(G_NC, "lb_kv_handoffs_total{how=\"fallback\"}") == 0);
+}
+
+/* Every process still runs and none logged a sanitizer report. */
+static void test_processes_healthy(void **state)
+{
+	(void)state;
+	for (int i = 0; i < NW + NG; i++) {
+		pid_t p = i < NW ? wpid[i] : gpid[i - NW];
+		assert_int_equal(waitpid(p, NULL, WNOHANG), 0);
+		char path[320];
+		snprintf(path, sizeof(path), "%s/%s%d", tmpdir, i < NW ? "wlog" : "glog",
+			 i < NW ? i : i - NW);
+		if (!ptu_log_clean(path))
+			fail_msg("%s has a sanitizer report", path);
+	}
+	for (int i = 0; i < 3; i++)
+		free(refs[i]);
+}
+
+int main(void)
+{
+	signal(SIGPIPE, SIG_IGN);
+	if (!kvk_nccl_available() || kvk_cuda_device_count() < 2) {
+		printf("skipped: needs 2 GPUs and NCCL (found %d GPUs%s)\n",
+		       kvk_cuda_device_count(), kvk_nccl_available() ? "" : ", no NCCL");
+		return 77;
+	}
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_nccl_same_output),
+	    cmocka_unit_test(test_nccl_concurrent),
+	    cmocka_unit_test(test_processes_healthy),
+	};
+	return cmocka_run_group_tests_name("handoff_nccl", tests, setup, teardown);
+}
