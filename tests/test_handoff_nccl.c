@@ -86,11 +86,53 @@ static double d_computed(int g)
 	return c;
 }
 
+static char bin[512], model[600], kvdir[600], sec[600];
+
+/* Starts worker i (its log gets a run number: a restart keeps the first one's). listen: a
+ * host:port to bind, or NULL for any port. */
+static pid_t start_worker(int i, const char *listen)
+{
+	static int runs;
+	char pf[640], log[640];
+	snprintf(pf, sizeof(pf), "%s/wport%d", tmpdir, i);
+	snprintf(log, sizeof(log), "%s/wlog%d%s", tmpdir, i, runs++ >= NW ? ".2" : "");
+	unlink(pf);
+	char *argv[24] = {bin,
+			  i == W_P ? "prefill" : "decode",
+			  "-m",
+			  model,
+			  "--device",
+			  i == W_P ? "cuda:1" : "cuda:0",
+			  "--secret-file",
+			  sec,
+			  "--port-file",
+			  pf,
+			  "-t",
+			  "1",
+			  "--block-tokens",
+			  "16",
+			  "--ignore-eos",
+			  "--ctx",
+			  "1024"};
+	int a = 17;
+	if (i == W_P) { /* D has no kv dir; the prefill side asks for NCCL */
+		argv[a++] = "--kv-dir";
+		argv[a++] = kvdir;
+		argv[a++] = "--nccl";
+	}
+	if (listen) {
+		argv[a++] = "--listen";
+		argv[a++] = (char *)listen;
+	}
+	argv[a] = NULL;
+	return ptu_spawn(argv, log);
+}
+
 static int setup(void **state)
 {
 	(void)state;
 	const char *bd = getenv("KVFS_BUILD_DIR");
-	char synth[512], bin[512], model[600], kvdir[600], sec[600], pf[640], log[640];
+	char synth[512], pf[640], log[640];
 	snprintf(synth, sizeof(synth), "%s/tools/kvinfer-synth", bd ? bd : "build");
 	snprintf(bin, sizeof(bin), "%s/bin/kvinfer", bd ? bd : "build");
 	snprintf(tmpdir, sizeof(tmpdir), "/tmp/test_handoff_nccl.XXXXXX");
@@ -111,35 +153,9 @@ static int setup(void **state)
 	int st = 0;
 	if (sp < 0 || waitpid(sp, &st, 0) != sp || !WIFEXITED(st) || WEXITSTATUS(st))
 		return -1;
-	for (int i = 0; i < NW; i++) {
-		snprintf(pf, sizeof(pf), "%s/wport%d", tmpdir, i);
-		snprintf(log, sizeof(log), "%s/wlog%d", tmpdir, i);
-		char *argv[24] = {bin,
-				  i == W_P ? "prefill" : "decode",
-				  "-m",
-				  model,
-				  "--device",
-				  i == W_P ? "cuda:1" : "cuda:0",
-				  "--secret-file",
-				  sec,
-				  "--port-file",
-				  pf,
-				  "-t",
-				  "1",
-				  "--block-tokens",
-				  "16",
-				  "--ignore-eos",
-				  "--ctx",
-				  "1024"};
-		int a = 17;
-		if (i == W_P) { /* D has no kv dir; the prefill side asks for NCCL */
-			argv[a++] = "--kv-dir";
-			argv[a++] = kvdir;
-			argv[a++] = "--nccl";
-		}
-		argv[a] = NULL;
-		wpid[i] = ptu_spawn(argv, log);
-	}
+	for (int i = 0; i < NW; i++)
+		if ((wpid[i] = start_worker(i, NULL)) < 0)
+			return -1;
 	for (int i = 0; i < NW; i++) {
 		snprintf(pf, sizeof(pf), "%s/wport%d", tmpdir, i);
 		if (!(wport[i] = ptu_wait_port(pf)))
@@ -264,6 +280,61 @@ static void test_nccl_concurrent(void **state)
 	assert_true(gw(G_NC, "lb_kv_handoffs_total{how=\"fallback\"}") == 0);
 }
 
+/* The decode worker dies (SIGKILL) and comes back on its port: the prefill worker's
+ * communicator with it is stale. The next hand-over announces the old session, the new decode
+ * worker refuses it, the prefill worker's watchdog aborts its send (which waits for a peer that
+ * is gone), drops the communicator and falls back to the kv dir (same text); the one after sets
+ * up a new communicator and goes over NCCL again. */
+static void test_nccl_decode_restart(void **state)
+{
+	(void)state;
+	assert_non_null(refs[0]);
+	char listen[64], why[400];
+	snprintf(listen, sizeof(listen), "127.0.0.1:%u", wport[W_D]);
+	kill(wpid[W_D], SIGKILL);
+	waitpid(wpid[W_D], NULL, 0);
+	wpid[W_D] = start_worker(W_D, listen);
+	char pf[640];
+	snprintf(pf, sizeof(pf), "%s/wport%d", tmpdir, W_D);
+	assert_int_equal(ptu_wait_port(pf), wport[W_D]);
+	/* the gateway sees the decode replica up again */
+	char up[128];
+	snprintf(up, sizeof(up), "lb_replica_up{role=\"decode\",addr=\"%s\"}", listen);
+	for (int i = 0; i < 100 && gw(G_NC, up) != 1; i++)
+		ptu_sleep_ms(100);
+	assert_true(gw(G_NC, up) == 1);
+	double d0 = gw(G_NC, "lb_kv_handoffs_total{how=\"direct\"}");
+	double f0 = gw(G_NC, "lb_kv_handoffs_total{how=\"fallback\"}");
+	char *t = complete(G_NC, prompts[0], 8, why, sizeof(why));
+	if (!t)
+		fail_msg("after the restart: %s", why);
+	assert_string_equal(t, refs[0]);
+	free(t);
+	assert_true(gw(G_NC, "lb_kv_handoffs_total{how=\"fallback\"}") == f0 + 1);
+	t = complete(G_NC, prompts[1], 8, why, sizeof(why));
+	if (!t)
+		fail_msg("second request after the restart: %s", why);
+	assert_string_equal(t, refs[1]);
+	free(t);
+	assert_true(gw(G_NC, "lb_kv_handoffs_total{how=\"direct\"}") == d0 + 1);
+	assert_true(gw(G_NC, "lb_kv_handoffs_total{how=\"fallback\"}") == f0 + 1);
+	/* the new decode worker's session id is not its previous run's */
+	snprintf(pf, sizeof(pf), "%s/wlog%d", tmpdir, W_P);
+	FILE *f = fopen(pf, "r");
+	assert_non_null(f);
+	char line[512];
+	unsigned sess[2] = {0, 0};
+	int n = 0;
+	while (fgets(line, sizeof(line), f)) {
+		char *p = strstr(line, "NCCL communicator with");
+		if (p && (p = strstr(p, "(session ")) && n < 2)
+			sess[n++] = (unsigned)strtoul(p + 9, NULL, 10);
+	}
+	fclose(f);
+	assert_int_equal(n, 2);
+	assert_true(sess[0] != sess[1]);
+}
+
 /* Every process still runs and none logged a sanitizer report. */
 static void test_processes_healthy(void **state)
 {
@@ -277,6 +348,10 @@ static void test_processes_healthy(void **state)
 		if (!ptu_log_clean(path))
 			fail_msg("%s has a sanitizer report", path);
 	}
+	char path[320];
+	snprintf(path, sizeof(path), "%s/wlog%d.2", tmpdir, W_D); /* the restarted D */
+	if (!ptu_log_clean(path))
+		fail_msg("%s has a sanitizer report", path);
 	for (int i = 0; i < 3; i++)
 		free(refs[i]);
 }
@@ -292,6 +367,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_nccl_same_output),
 	    cmocka_unit_test(test_nccl_concurrent),
+	    cmocka_unit_test(test_nccl_decode_restart),
 	    cmocka_unit_test(test_processes_healthy),
 	};
 	return cmocka_run_group_tests_name("handoff_nccl", tests, setup, teardown);

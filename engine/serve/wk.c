@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
 
 #include "cfg.h"
 #include "kvinfer_cli.h"
@@ -327,6 +329,10 @@ static int run_worker(int argc, char **argv, enum sch_mode mode, const char *nam
 	memset(&k, 0, sizeof(k));
 	k.mode = mode;
 	k.nccl = c.nccl;
+	/* NCCL session ids must not repeat across restarts: a prefill worker still holding a
+	 * session of this worker's previous run must not name another prefill worker's. */
+	if (getrandom(&k.next_session, sizeof(k.next_session), 0) != sizeof(k.next_session))
+		k.next_session = (uint32_t)time(NULL) ^ ((uint32_t)getpid() << 16);
 	pthread_mutex_init(&k.mu, NULL);
 	pthread_cond_init(&k.cv, NULL);
 	if ((rc = sch_create(&so, &k.s))) {

@@ -426,6 +426,8 @@ void wk_dc_nccl_id(struct wk *k, struct kvp_conn *conn, const struct kvp_hdr *h)
 	if (!rc && k->ncomms == WK_MAX_COMMS)
 		rc = -ENOSPC;
 	uint32_t sess = ++k->next_session;
+	if (!sess) /* 0 is "no session" */
+		sess = ++k->next_session;
 	pthread_mutex_unlock(&k->mu);
 	struct kvp_wbuf b;
 	kvp_w_init(&b);

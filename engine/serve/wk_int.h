@@ -41,8 +41,8 @@ struct wk {
 	int npeers;
 	struct kvk_nccl *dead[WK_MAX_COMMS]; /* aborted, destroyed at exit */
 	int ndead;
-	uint32_t next_session;
-	int puts; /* hand-over threads running */
+	uint32_t next_session; /* starts random: ids do not repeat across restarts */
+	int puts;	       /* hand-over threads running */
 };
 
 /* One request from the gateway; freed by its finish callback (the scheduler's last touch). */
