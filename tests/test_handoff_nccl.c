@@ -26,8 +26,12 @@
 #include <cmocka.h>
 
 #include "http_tutil.h"
+#include "kv.h"
 #include "kvk_cuda.h"
 #include "kvk_nccl.h"
+#include "kvp.h"
+#include "kvw.h"
+#include "model.h"
 #include "proc_tutil.h"
 
 enum { W_P, W_D, NW };
@@ -87,6 +91,8 @@ static double d_computed(int g)
 }
 
 static char bin[512], model[600], kvdir[600], sec[600];
+static struct kvp_secret secret;
+static size_t block_bytes; /* D's, B = 16 */
 
 /* Starts worker i (its log gets a run number: a restart keeps the first one's). listen: a
  * host:port to bind, or NULL for any port. */
@@ -147,11 +153,26 @@ static int setup(void **state)
 		return -1;
 	fputs("test-handoff-nccl-secret-0123456789\n", f);
 	fclose(f);
+	if (kvp_secret_load(sec, &secret))
+		return -1;
 	char *sargv[] = {synth, "--preset", "small", "-o", model, NULL};
 	snprintf(log, sizeof(log), "%s/synth.log", tmpdir);
 	pid_t sp = ptu_spawn(sargv, log);
 	int st = 0;
 	if (sp < 0 || waitpid(sp, &st, 0) != sp || !WIFEXITED(st) || WEXITSTATUS(st))
+		return -1;
+	struct kvi_model *m = NULL;
+	char err[256];
+	if (kvi_model_load(model, &m, err, sizeof(err)))
+		return -1;
+	struct kvi_kv_geom g = {m->cfg.n_layer, m->cfg.n_head_kv, m->cfg.head_dim, 16};
+	struct kvi_kv *kv = NULL;
+	int krc = kvi_kv_create(&g, 1, &kv);
+	if (!krc)
+		block_bytes = kvi_kv_block_bytes(kv);
+	kvi_kv_destroy(kv);
+	kvi_model_free(m);
+	if (krc)
 		return -1;
 	for (int i = 0; i < NW; i++)
 		if ((wpid[i] = start_worker(i, NULL)) < 0)
@@ -335,6 +356,75 @@ static void test_nccl_decode_restart(void **state)
 	assert_true(sess[0] != sess[1]);
 }
 
+/* D's free KV blocks once the gateway has polled it twice with the same figure. */
+static double d_kv_free(void)
+{
+	char name[160];
+	snprintf(name, sizeof(name),
+		 "lb_replica_kv_free_blocks{role=\"decode\",addr=\"127.0.0.1:%u\"}", wport[W_D]);
+	double f = -2;
+	for (int i = 0; i < 40; i++) {
+		ptu_sleep_ms(250);
+		double f2 = gw(G_NC, name);
+		if (f2 == f)
+			break;
+		f = f2;
+	}
+	return f;
+}
+
+/* A prefill worker that announces an NCCL hand-over (KV_PUT via 1) and never sends: this test
+ * joins D's communicator as rank 1 itself (KVW_OP_NCCL_ID, then kvk_nccl_comm_create on its
+ * own GPU 1), puts 2 blocks' worth of a 20-token prompt and stops there. D's watchdog aborts the
+ * receive after PUT_TIMEOUT_MS (30 s) and answers -ETIMEDOUT; nothing stays parked (an aborted
+ * receive is an error, not 2 blocks of undefined KV held for SCH_PARK_MS), and D serves on. */
+static void test_nccl_receiver_watchdog(void **state)
+{
+	(void)state;
+	assert_non_null(refs[2]);
+	double free0 = d_kv_free();
+	char addr[64];
+	snprintf(addr, sizeof(addr), "127.0.0.1:%u", wport[W_D]);
+	struct kvp_client *cl = NULL;
+	assert_int_equal(kvp_client_open(addr, &secret, 2000, &cl), 0);
+	uint8_t *body = NULL;
+	uint32_t len = 0;
+	assert_int_equal(kvp_call(cl, KVW_OP_NCCL_ID, NULL, 0, NULL, 0, 10000, &body, &len), 0);
+	assert_int_equal(len, 4 + KVK_NCCL_ID_BYTES);
+	uint32_t session;
+	memcpy(&session, body, 4); /* little-endian on the wire, as on every machine here */
+	struct kvk_cuda_ctx *ctx = NULL;
+	struct kvk_nccl *comm = NULL;
+	assert_int_equal(kvk_cuda_ctx_create(1, &ctx), 0);
+	assert_int_equal(kvk_nccl_comm_create(&comm, ctx, body + 4, 2, 1), 0);
+	free(body);
+	struct kvp_wbuf b;
+	kvp_w_init(&b);
+	kvp_w_u64(&b, 0x5eed);
+	kvp_w_u32(&b, 20);
+	for (int i = 0; i < 20; i++)
+		kvp_w_u32(&b, 1 + i % 7);
+	kvp_w_u32(&b, 0);
+	kvp_w_u32(&b, (uint32_t)block_bytes);
+	kvp_w_u32(&b, 2);
+	kvp_w_u8(&b, 1);
+	kvp_w_u32(&b, session);
+	assert_int_equal(b.err, 0);
+	int rc = kvp_call(cl, KVW_OP_KV_PUT, b.p, b.len, NULL, 0, 60000, NULL, NULL);
+	kvp_w_free(&b);
+	assert_int_equal(rc, -ETIMEDOUT);
+	assert_true(d_kv_free() == free0);
+	kvp_client_close(cl);
+	kvk_nccl_comm_destroy(comm);
+	kvk_cuda_ctx_destroy(ctx);
+	char why[400];
+	char *t = complete(G_NC, prompts[2], 8, why, sizeof(why));
+	if (!t)
+		fail_msg("after the watchdog: %s", why);
+	assert_string_equal(t, refs[2]);
+	free(t);
+}
+
 /* Every process still runs and none logged a sanitizer report. */
 static void test_processes_healthy(void **state)
 {
@@ -367,6 +457,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_nccl_same_output),
 	    cmocka_unit_test(test_nccl_concurrent),
+	    cmocka_unit_test(test_nccl_receiver_watchdog),
 	    cmocka_unit_test(test_nccl_decode_restart),
 	    cmocka_unit_test(test_processes_healthy),
 	};
