@@ -41,10 +41,10 @@ extern "C" int emu_shuffles(int *out)
 	return rc;
 }
 
-// ---- barriers and shared memory
-// --------------------------------------------------------------------- Block b sums b * 1000 + t
-// over its threads through static shared memory; out[b] = the sum, out[nb + b] = what thread 0 read
-// back of its block's tag after the barrier.
+// ---- barriers and shared memory ----
+
+// Block b sums b * 1000 + t over its threads through static shared memory; out[b] = the sum,
+// out[nb + b] = what thread 0 read back of its block's tag after the barrier.
 static __global__ void reduce_kernel(int *out)
 {
 	__shared__ int part[256];
@@ -116,8 +116,7 @@ extern "C" int emu_fresh_memory(unsigned char *first_byte)
 	return rc;
 }
 
-// ---- faults (each on its own device: a fault is sticky)
-// -------------------------------------------
+// ---- faults (each on its own device: a fault is sticky) ----
 static __global__ void divergent_barrier_kernel(int *out)
 {
 	int v = threadIdx.x;
@@ -180,8 +179,7 @@ extern "C" int emu_fault_kernel(int which, int *after)
 	return launch ? -launch : rc;
 }
 
-// ---- launch limits
-// ---------------------------------------------------------------------------------
+// ---- launch limits ----
 static __global__ void nop_kernel(int *out)
 {
 	if (out)
@@ -213,9 +211,9 @@ extern "C" int emu_wrong_device_stream(int cur, int other)
 	return rc;
 }
 
-// ---- copies
-// ------------------------------------------------------------------------------------------- kind
-// 0: H2D into a host pointer (refused, device unharmed); 1: D2H reading past the end of an
+// ---- copies ----
+
+// kind 0: H2D into a host pointer (refused, device unharmed); 1: D2H reading past the end of an
 // allocation (the device faults). Returns the call's error; *after: a later cudaMalloc's.
 extern "C" int emu_bad_copy(int kind, int *after)
 {
@@ -245,6 +243,40 @@ extern "C" int emu_pageable_d2h(void)
 	cudaStreamDestroy(s);
 	cudaFree(d);
 	return rc ? rc : v == want ? 0 : 1;
+}
+
+// ---- jitter (KVK_EMU_JITTER) ----
+
+// A race on purpose: thread 0 writes its block's tag v + 16 * block, the others read it with no
+// barrier between. out[b * nt + t] = what thread t of block b read (the block before's tag when it
+// came first: static shared memory is not reset between blocks); out[nb * nt + b] = block b's turn
+// among the grid's blocks (a plain counter: blocks run one after another in the emulation).
+static __global__ void race_kernel(int *out, int *turn, int v)
+{
+	__shared__ int tag;
+	int t = threadIdx.x, b = blockIdx.x, nt = blockDim.x;
+	if (t == 0)
+		tag = v + 16 * b;
+	out[b * nt + t] = tag;
+	if (t == 0)
+		out[gridDim.x * nt + b] = (*turn)++;
+}
+
+extern "C" int emu_jitter_race(unsigned long long seed, int nt, int nb, int *out)
+{
+	int *d, zero = 0, n = nt * nb + nb;
+	if (cudaMalloc(&d, (n + 1) * sizeof(int)) ||
+	    cudaMemcpy(d + n, &zero, sizeof(int), cudaMemcpyHostToDevice))
+		return -1;
+	cudaGetLastError(); // an earlier test's error, on this thread
+	kvk_emu_set_jitter(seed);
+	race_kernel<<<nb, nt>>>(d, d + n, (int)(1000 + seed));
+	kvk_emu_set_jitter(0);
+	int rc = cudaGetLastError();
+	if (!rc)
+		rc = cudaMemcpy(out, d, n * sizeof(int), cudaMemcpyDeviceToHost);
+	cudaFree(d);
+	return rc;
 }
 
 // ---- streams and events -------------------------------------------------------------------------
@@ -281,9 +313,9 @@ extern "C" int emu_event_order(void)
 	return out;
 }
 
-// ---- cuBLAS
-// ------------------------------------------------------------------------------------------ C (2 x
-// 3, col-major) = A^T (A stored 4 x 2, lda 4) * B (4 x 3, ldb 5) in f32.
+// ---- cuBLAS ----
+
+// C (2 x 3, col-major) = A^T (A stored 4 x 2, lda 4) * B (4 x 3, ldb 5) in f32.
 extern "C" int emu_gemm(float *c_out)
 {
 	const float A[8] = {1, 2, 3, 4, 5, 6, 7, 8}; // columns (1 2 3 4), (5 6 7 8)
@@ -328,8 +360,7 @@ extern "C" int emu_bad_gemm(int kind, int *sync)
 	return st;
 }
 
-// ---- NCCL
-// ----------------------------------------------------------------------------------------------
+// ---- NCCL ----
 struct nccl_rank {
 	ncclUniqueId id;
 	int rank, device, bytes, rc, send;

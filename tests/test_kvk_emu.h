@@ -25,6 +25,8 @@ int emu_pageable_d2h(void);
 int emu_event_order(void);
 int emu_gemm(float *c /* 2 x 3 column-major */);
 int emu_bad_gemm(int kind, int *sync);
+/* race_kernel with jitter seed (0: off), nt threads, nb blocks; out: (nt + 1) * nb ints. */
+int emu_jitter_race(unsigned long long seed, int nt, int nb, int *out);
 int emu_nccl(int mode, int d0, int d1, int *got);
 int emu_nccl_id(char *hex /* 257 */);
 int emu_nccl_rank(const char *hex, int rank, int bytes, int send, int val, int *got);

@@ -159,6 +159,40 @@ static void test_gemm(void **state)
 	assert_int_equal(sync, ERR_ILLEGAL_ADDRESS);
 }
 
+/* Without jitter a missing barrier goes unseen: threads run in order until they wait, so
+ * thread 0's write lands before the reads, and blocks run in index order. With jitter, seeds
+ * 1..8: some thread reads before the write in at least one run, and the blocks run in
+ * another order, each once. */
+static void test_jitter(void **state)
+{
+	(void)state;
+	use(0);
+	enum { NT = 128, NB = 16 };
+	static int out[(NT + 1) * NB];
+	int *turn = out + NT * NB;
+	assert_int_equal(emu_jitter_race(0, NT, NB, out), 0);
+	for (int b = 0; b < NB; b++) {
+		for (int t = 0; t < NT; t++)
+			assert_int_equal(out[b * NT + t], 1000 + 16 * b);
+		assert_int_equal(turn[b], b);
+	}
+	int stale = 0, reordered = 0;
+	for (int seed = 1; seed <= 8; seed++) {
+		assert_int_equal(emu_jitter_race((unsigned long long)seed, NT, NB, out), 0);
+		unsigned seen = 0;
+		for (int b = 0; b < NB; b++) {
+			for (int t = 0; t < NT; t++)
+				stale += out[b * NT + t] != 1000 + seed + 16 * b;
+			assert_true(turn[b] >= 0 && turn[b] < NB);
+			seen |= 1u << turn[b];
+			reordered += turn[b] != b;
+		}
+		assert_int_equal(seen, (1u << NB) - 1); /* a permutation */
+	}
+	assert_true(stale > 0);
+	assert_true(reordered > 0);
+}
+
 static void test_nccl(void **state)
 {
 	(void)state;
@@ -207,11 +241,12 @@ int main(int argc, char **argv)
 	self[n] = 0;
 	setenv("KVK_EMU_DEVICES", "10", 1);
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_shuffles),	  cmocka_unit_test(test_barriers_shared),
-	    cmocka_unit_test(test_dyn_smem),	  cmocka_unit_test(test_launch_limits),
-	    cmocka_unit_test(test_kernel_faults), cmocka_unit_test(test_copies),
-	    cmocka_unit_test(test_events),	  cmocka_unit_test(test_gemm),
-	    cmocka_unit_test(test_nccl),	  cmocka_unit_test(test_nccl_processes),
+	    cmocka_unit_test(test_shuffles),	   cmocka_unit_test(test_barriers_shared),
+	    cmocka_unit_test(test_dyn_smem),	   cmocka_unit_test(test_launch_limits),
+	    cmocka_unit_test(test_kernel_faults),  cmocka_unit_test(test_copies),
+	    cmocka_unit_test(test_events),	   cmocka_unit_test(test_gemm),
+	    cmocka_unit_test(test_jitter),	   cmocka_unit_test(test_nccl),
+	    cmocka_unit_test(test_nccl_processes),
 	};
 	return cmocka_run_group_tests_name("kvk_emu", tests, NULL, NULL);
 }

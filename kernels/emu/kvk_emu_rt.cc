@@ -54,6 +54,7 @@ std::set<const CUstream_st *> g_streams; // every live stream, for handle checks
 int g_ndev;
 device *g_dev; // never freed: stream workers may outlive static destruction at exit
 std::once_flag g_once;
+std::atomic<uint64_t> g_jitter{0};
 thread_local int t_dev = 0;
 thread_local cudaError_t t_last = cudaSuccess;
 
@@ -64,6 +65,8 @@ void init_once()
 	g_ndev = n < 0 ? 0 : n > MAX_DEVICES ? MAX_DEVICES : n;
 	const char *m = getenv("KVK_EMU_MEM_MB");
 	long mb = m && *m ? atol(m) : 4096;
+	const char *j = getenv("KVK_EMU_JITTER");
+	g_jitter = j && *j ? strtoull(j, nullptr, 0) : 0;
 	g_dev = new device[MAX_DEVICES];
 	for (int i = 0; i < MAX_DEVICES; i++)
 		g_dev[i].limit = (size_t)(mb > 0 ? mb : 4096) << 20;
@@ -135,7 +138,9 @@ struct CUstream_st {
 	bool stop = false;
 	std::thread th;
 
-	explicit CUstream_st(int dev) : device(dev)
+	uint64_t rng; // jitter: this worker's random state
+
+	explicit CUstream_st(int dev) : device(dev), rng((uint64_t)(uintptr_t)this | 1)
 	{
 		th = std::thread([this] { run(); });
 	}
@@ -151,6 +156,13 @@ struct CUstream_st {
 					return;
 				t = std::move(q.front());
 				q.pop_front();
+			}
+			uint64_t jit = kvk_emu_jitter();
+			if (jit) { // half the tasks start up to 300 us late
+				rng ^= jit;
+				uint64_t r = kvk_emu_rand(&rng);
+				if (r & 1)
+					usleep((useconds_t)(r >> 1) % 300);
 			}
 			if (t.always || sticky(device) == cudaSuccess) {
 				cudaError_t e = t.fn();
@@ -747,6 +759,18 @@ cudaError_t kvk_emu_stream_enqueue(cudaStream_t stream, std::function<cudaError_
 // ---- launches
 // -------------------------------------------------------------------------------------------
 
+uint64_t kvk_emu_jitter(void)
+{
+	init();
+	return g_jitter.load(std::memory_order_relaxed);
+}
+
+void kvk_emu_set_jitter(uint64_t seed)
+{
+	init();
+	g_jitter = seed;
+}
+
 cudaError_t kvk_emu_func_set_attribute(const void *fn, cudaFuncAttribute attr, int value)
 {
 	if (no_device())
@@ -806,5 +830,8 @@ void kvk_emu_launch_body(const char *name, const void *fn, const kvk_emu_cfg &cf
 		return;
 	}
 	kvk_emu_cfg c = cfg;
-	s->push([name, c, body = std::move(body)] { return kvk_emu_run_grid(name, c, body); });
+	uint64_t jit = kvk_emu_jitter(); // as at the launch: the grid runs later, on the stream
+	s->push([name, c, jit, body = std::move(body)] {
+		return kvk_emu_run_grid(name, c, body, jit);
+	});
 }

@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <vector>
 
 #include "kvk_emu_int.h"
@@ -75,6 +76,7 @@ struct sm {
 	const std::function<void()> *body = nullptr;
 	const char *kname = "";
 	cudaError_t fault = cudaSuccess;
+	uint64_t rng = 0; // jitter: 0 runs fibers and blocks in order
 
 	~sm()
 	{
@@ -261,6 +263,12 @@ static void rq_push(sm *s, int i)
 
 static int rq_pop(sm *s)
 {
+	if (s->rng && s->rq_len > 1) { // jitter: any runnable fiber may go next
+		size_t j = (s->rq_head + kvk_emu_rand(&s->rng) % s->rq_len) % s->runq.size();
+		int t = s->runq[j];
+		s->runq[j] = s->runq[s->rq_head];
+		s->runq[s->rq_head] = t;
+	}
 	int i = s->runq[s->rq_head];
 	s->rq_head = (s->rq_head + 1) % s->runq.size();
 	s->rq_len--;
@@ -579,7 +587,7 @@ static void run_block(sm *s, uint3 idx)
 }
 
 cudaError_t kvk_emu_run_grid(const char *name, const kvk_emu_cfg &cfg,
-			     const std::function<void()> &body)
+			     const std::function<void()> &body, uint64_t jit)
 {
 	sm *s = sm_get();
 	int n = (int)(cfg.block.x * cfg.block.y * cfg.block.z);
@@ -596,10 +604,32 @@ cudaError_t kvk_emu_run_grid(const char *name, const kvk_emu_cfg &cfg,
 	s->kname = name;
 	s->fault = cudaSuccess;
 	t_sm = s;
-	for (unsigned z = 0; z < cfg.grid.z && s->fault == cudaSuccess; z++)
-		for (unsigned y = 0; y < cfg.grid.y && s->fault == cudaSuccess; y++)
-			for (unsigned x = 0; x < cfg.grid.x && s->fault == cudaSuccess; x++)
-				run_block(s, uint3{x, y, z});
+	static std::atomic<uint64_t> launches{0};
+	s->rng = jit ? (jit ^ (launches.fetch_add(1) * 0x9e3779b97f4a7c15ull)) | 1 : 0;
+	const uint64_t gx = cfg.grid.x, gy = cfg.grid.y, total = gx * gy * cfg.grid.z;
+	// Jitter: block i runs as number (a * i + b) mod total, a coprime with total: a
+	// permutation, so every block still runs once.
+	uint64_t a = 1, b = 0;
+	if (s->rng && total > 1) {
+		b = kvk_emu_rand(&s->rng) % total;
+		for (int tries = 0; tries < 64; tries++) {
+			uint64_t c = kvk_emu_rand(&s->rng) % total, x = c, y = total;
+			while (y) {
+				uint64_t t = x % y;
+				x = y;
+				y = t;
+			}
+			if (c && x == 1) {
+				a = c;
+				break;
+			}
+		}
+	}
+	for (uint64_t i = 0; i < total && s->fault == cudaSuccess; i++) {
+		uint64_t k = (uint64_t)(((unsigned __int128)a * i + b) % total);
+		run_block(s, uint3{(unsigned)(k % gx), (unsigned)(k / gx % gy),
+				   (unsigned)(k / (gx * gy))});
+	}
 	t_sm = nullptr;
 	return s->fault;
 }

@@ -110,6 +110,9 @@ cudaError_t kvk_emu_stream_enqueue(cudaStream_t s, std::function<cudaError_t()> 
 // 1 when [p, p + bytes) lies inside one device allocation (of device *dev when dev is
 // non-NULL, where the device is stored), else 0.
 int kvk_emu_is_device(const void *p, size_t bytes, int *dev);
+// Sets the jitter seed (0: off) for the launches made from now on and the stream work run while
+// it is set; see kvk_emu_int.h.
+void kvk_emu_set_jitter(uint64_t seed);
 // Makes e the sticky error of device dev after printing why.
 void kvk_emu_fault(int dev, cudaError_t e, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
