@@ -52,6 +52,32 @@ uint16_t ptu_wait_port(const char *path)
 	return 0;
 }
 
+int ptu_wait_ports(const char *dir, const char *stem, int n, uint16_t *ports)
+{
+	char pf[1024];
+	for (int i = 0; i < n; i++) {
+		snprintf(pf, sizeof(pf), "%s/%s%d", dir, stem, i);
+		if (!(ports[i] = ptu_wait_port(pf)))
+			return -1;
+	}
+	return 0;
+}
+
+int ptu_finish(const char *dir, pid_t *a, int na, pid_t *b, int nb)
+{
+	for (int i = 0; i < na; i++)
+		ptu_stop(&a[i]);
+	for (int i = 0; i < nb; i++)
+		ptu_stop(&b[i]);
+	if (getenv("KVFS_TEST_KEEP")) {
+		fprintf(stderr, "kept %s\n", dir);
+		return 0;
+	}
+	char cmd[1100];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	return system(cmd) == 0 ? 0 : -1;
+}
+
 double ptu_metric(uint16_t port, const char *name)
 {
 	char *b = NULL;

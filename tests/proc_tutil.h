@@ -14,6 +14,12 @@ pid_t ptu_spawn(char *const argv[], const char *log);
 void ptu_stop(pid_t *p);
 /* The port a daemon wrote to path (--port-file), waiting up to 15 s; 0 if none came. */
 uint16_t ptu_wait_port(const char *path);
+/* Waits for the ports of n daemons, written to dir/stem0 .. dir/stem<n-1>, into ports[0..n).
+ * 0, or -1 when one did not come. */
+int ptu_wait_ports(const char *dir, const char *stem, int n, uint16_t *ports);
+/* A group's teardown: ptu_stop on a[0..na) then b[0..nb) (gateways before the workers they
+ * call), then removes dir unless KVFS_TEST_KEEP is set (then it says where it is). 0 or -1. */
+int ptu_finish(const char *dir, pid_t *a, int na, pid_t *b, int nb);
 /* The value of the sample "name value" (name with its labels) of the /metrics page at
  * 127.0.0.1:port, or -1. */
 double ptu_metric(uint16_t port, const char *name);

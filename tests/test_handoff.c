@@ -240,11 +240,8 @@ static int setup(void **state)
 		argv[a] = NULL;
 		wpid[i] = ptu_spawn(argv, log);
 	}
-	for (int i = 0; i < NW; i++) {
-		snprintf(pf, sizeof(pf), "%s/wport%d", tmpdir, i);
-		if (!(wport[i] = ptu_wait_port(pf)))
-			return -1;
-	}
+	if (ptu_wait_ports(tmpdir, "wport", NW, wport))
+		return -1;
 	static const char *const how[NG] = {"fs", "direct", "direct", "direct",
 					    "fs", "direct", "fs"};
 	static const int pre[NG] = {W_P, W_P, W_P, W_P, W_PH, W_PH, W_P};
@@ -274,28 +271,13 @@ static int setup(void **state)
 				NULL};
 		gpid[i] = ptu_spawn(argv, log);
 	}
-	for (int i = 0; i < NG; i++) {
-		snprintf(pf, sizeof(pf), "%s/gport%d", tmpdir, i);
-		if (!(gport[i] = ptu_wait_port(pf)))
-			return -1;
-	}
-	return 0;
+	return ptu_wait_ports(tmpdir, "gport", NG, gport);
 }
 
 static int teardown(void **state)
 {
 	(void)state;
-	for (int i = 0; i < NG; i++)
-		ptu_stop(&gpid[i]);
-	for (int i = 0; i < NW; i++)
-		ptu_stop(&wpid[i]);
-	if (getenv("KVFS_TEST_KEEP")) {
-		fprintf(stderr, "kept %s\n", tmpdir);
-		return 0;
-	}
-	char cmd[300];
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
-	return system(cmd) == 0 ? 0 : -1;
+	return ptu_finish(tmpdir, gpid, NG, wpid, NW);
 }
 
 /* Direct = through the kv dir, greedy; with the hand-over D computes no prompt token (it has

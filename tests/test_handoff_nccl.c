@@ -177,11 +177,8 @@ static int setup(void **state)
 	for (int i = 0; i < NW; i++)
 		if ((wpid[i] = start_worker(i, NULL)) < 0)
 			return -1;
-	for (int i = 0; i < NW; i++) {
-		snprintf(pf, sizeof(pf), "%s/wport%d", tmpdir, i);
-		if (!(wport[i] = ptu_wait_port(pf)))
-			return -1;
-	}
+	if (ptu_wait_ports(tmpdir, "wport", NW, wport))
+		return -1;
 	for (int i = 0; i < NG; i++) {
 		char pl[64], dl[64];
 		snprintf(pl, sizeof(pl), "127.0.0.1:%u", wport[W_P]);
@@ -205,28 +202,13 @@ static int setup(void **state)
 				NULL};
 		gpid[i] = ptu_spawn(argv, log);
 	}
-	for (int i = 0; i < NG; i++) {
-		snprintf(pf, sizeof(pf), "%s/gport%d", tmpdir, i);
-		if (!(gport[i] = ptu_wait_port(pf)))
-			return -1;
-	}
-	return 0;
+	return ptu_wait_ports(tmpdir, "gport", NG, gport);
 }
 
 static int teardown(void **state)
 {
 	(void)state;
-	for (int i = 0; i < NG; i++)
-		ptu_stop(&gpid[i]);
-	for (int i = 0; i < NW; i++)
-		ptu_stop(&wpid[i]);
-	if (getenv("KVFS_TEST_KEEP")) {
-		fprintf(stderr, "kept %s\n", tmpdir);
-		return 0;
-	}
-	char cmd[300];
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
-	return system(cmd) == 0 ? 0 : -1;
+	return ptu_finish(tmpdir, gpid, NG, wpid, NW);
 }
 
 static char *refs[3];
