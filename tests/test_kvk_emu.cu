@@ -389,11 +389,16 @@ static void *nccl_rank_main(void *p)
 	}
 	if (r->abort_after_ms) {
 		usleep((useconds_t)r->abort_after_ms * 1000);
-		ncclCommAbort(*r->peer_comm);
+		// the peer publishes its communicator after its init returns: on a loaded machine
+		// that can come after the sleep
+		ncclComm_t peer;
+		while (!(peer = __atomic_load_n(r->peer_comm, __ATOMIC_ACQUIRE)))
+			usleep(1000);
+		ncclCommAbort(peer);
 		ncclCommDestroy(comm);
 		r->rc = 0;
 	} else {
-		*r->peer_comm = comm;
+		__atomic_store_n(r->peer_comm, comm, __ATOMIC_RELEASE);
 		if (r->send)
 			cudaMemsetAsync(d, r->val, r->bytes, s);
 		r->rc = r->send ? ncclSend(d, r->bytes, ncclUint8, 1 - r->rank, comm, s)

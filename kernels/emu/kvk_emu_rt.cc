@@ -157,7 +157,7 @@ struct CUstream_st {
 				t = std::move(q.front());
 				q.pop_front();
 			}
-			uint64_t jit = kvk_emu_jitter();
+			uint64_t jit = g_jitter.load(std::memory_order_relaxed);
 			if (jit) { // half the tasks start up to 300 us late
 				rng ^= jit;
 				uint64_t r = kvk_emu_rand(&rng);

@@ -586,6 +586,27 @@ static void run_block(sm *s, uint3 idx)
 				s->fibers[i].dirty = 1;
 }
 
+static uint64_t gcd(uint64_t x, uint64_t y)
+{
+	while (y) {
+		uint64_t t = x % y;
+		x = y;
+		y = t;
+	}
+	return x;
+}
+
+// A random number in [1, n) coprime with n (n > 1), or 1 when 64 draws found none.
+static uint64_t random_coprime(uint64_t n, uint64_t *rng)
+{
+	for (int tries = 0; tries < 64; tries++) {
+		uint64_t c = kvk_emu_rand(rng) % n;
+		if (c && gcd(c, n) == 1)
+			return c;
+	}
+	return 1;
+}
+
 cudaError_t kvk_emu_run_grid(const char *name, const kvk_emu_cfg &cfg,
 			     const std::function<void()> &body, uint64_t jit)
 {
@@ -612,18 +633,7 @@ cudaError_t kvk_emu_run_grid(const char *name, const kvk_emu_cfg &cfg,
 	uint64_t a = 1, b = 0;
 	if (s->rng && total > 1) {
 		b = kvk_emu_rand(&s->rng) % total;
-		for (int tries = 0; tries < 64; tries++) {
-			uint64_t c = kvk_emu_rand(&s->rng) % total, x = c, y = total;
-			while (y) {
-				uint64_t t = x % y;
-				x = y;
-				y = t;
-			}
-			if (c && x == 1) {
-				a = c;
-				break;
-			}
-		}
+		a = random_coprime(total, &s->rng);
 	}
 	for (uint64_t i = 0; i < total && s->fault == cudaSuccess; i++) {
 		uint64_t k = (uint64_t)(((unsigned __int128)a * i + b) % total);
