@@ -106,6 +106,101 @@ extern "C" int emu_dyn_smem(unsigned *out, size_t bytes, int set_attr)
 	return rc;
 }
 
+// Static shared memory, 3 blocks: out[b * 4 + 0] = a[1] before any write (poison), then what
+// thread 1 reads after the barrier: a[1], c, and 1 when d is aligned, holds what thread 0 wrote
+// and none of the three overlap.
+static __global__ void static_smem_kernel(unsigned *out)
+{
+	__shared__ unsigned a[4];
+	__shared__ unsigned char c;
+	__shared__ double d[2];
+	unsigned *o = out + blockIdx.x * 4;
+	if (threadIdx.x == 0) {
+		o[0] = a[1];
+		a[1] = 7 + blockIdx.x;
+		c = (unsigned char)(blockIdx.x + 1);
+		d[1] = 0.5;
+	}
+	__syncthreads();
+	if (threadIdx.x == 1) {
+		const char *pa = (const char *)a, *pc = (const char *)&c, *pd = (const char *)d;
+		o[1] = a[1];
+		o[2] = c;
+		o[3] = (uintptr_t)d % alignof(double) == 0 && d[1] == 0.5 &&
+		       (pc < pa || pc >= pa + sizeof(a)) &&
+		       (pd + sizeof(d) <= pa || pd >= pa + sizeof(a)) &&
+		       (pc < pd || pc >= pd + sizeof(d));
+	}
+}
+
+extern "C" int emu_static_smem(unsigned *out)
+{
+	unsigned *d;
+	if (cudaMalloc(&d, 12 * sizeof(unsigned)))
+		return -1;
+	static_smem_kernel<<<3, 64>>>(d);
+	int rc = cudaGetLastError();
+	if (!rc)
+		rc = cudaMemcpy(out, d, 12 * sizeof(unsigned), cudaMemcpyDeviceToHost);
+	cudaFree(d);
+	return rc;
+}
+
+// 32 KiB of static shared memory and `dyn` bytes of dynamic.
+static __global__ void smem_total_kernel(float *out)
+{
+	__shared__ float st[8192];
+	extern __shared__ float dy[];
+	st[threadIdx.x] = 1.0f;
+	dy[threadIdx.x] = 2.0f;
+	__syncthreads();
+	out[threadIdx.x] = st[threadIdx.x] + dy[31 - threadIdx.x];
+}
+
+extern "C" int emu_smem_total(size_t dyn, int set_attr, float *out)
+{
+	float *d;
+	if (cudaMalloc(&d, 32 * sizeof(float)))
+		return -1;
+	if (set_attr && cudaFuncSetAttribute(smem_total_kernel,
+					     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn))
+		return -2;
+	smem_total_kernel<<<1, 32, dyn>>>(d);
+	int rc = cudaGetLastError();
+	if (!rc)
+		rc = cudaDeviceSynchronize();
+	if (!rc)
+		rc = cudaMemcpy(out, d, 32 * sizeof(float), cudaMemcpyDeviceToHost);
+	cudaFree(d);
+	return rc;
+}
+
+// Writes a[i] of a 4-element static shared array; *b_after = the next variable after it.
+static __global__ void smem_overflow_kernel(unsigned *out, int i)
+{
+	__shared__ unsigned a[4];
+	__shared__ unsigned b;
+	if (threadIdx.x == 0) {
+		b = 5;
+		unsigned *p = a; // through a pointer: UBSan's bounds check would see a[i] first
+		p[i] = 9;
+		out[0] = b;
+	}
+}
+
+extern "C" int emu_smem_overflow(int i, unsigned *b_after)
+{
+	unsigned *d;
+	if (cudaMalloc(&d, sizeof(unsigned)))
+		return -1;
+	smem_overflow_kernel<<<1, 32>>>(d, i);
+	int rc = cudaGetLastError();
+	if (!rc)
+		rc = cudaMemcpy(b_after, d, sizeof(unsigned), cudaMemcpyDeviceToHost);
+	cudaFree(d);
+	return rc;
+}
+
 extern "C" int emu_fresh_memory(unsigned char *first_byte)
 {
 	unsigned char *d;
@@ -135,6 +230,14 @@ static __global__ void exited_lane_kernel(int *out)
 	if (threadIdx.x == 5)
 		return;
 	out[threadIdx.x] = __shfl_down_sync(0xffffffffu, (int)threadIdx.x, 1);
+}
+
+static __global__ void big_static_smem_kernel(int *out)
+{
+	__shared__ int big[12289]; // 4 bytes over 48 KiB
+	big[threadIdx.x] = (int)threadIdx.x;
+	__syncthreads();
+	out[threadIdx.x] = big[63 - threadIdx.x];
 }
 
 static __global__ void mixed_ops_kernel(int *out)
@@ -168,6 +271,12 @@ extern "C" int emu_fault_kernel(int which, int *after)
 		break;
 	case EMU_FAULT_MIXED_OPS:
 		mixed_ops_kernel<<<1, 32>>>(d);
+		break;
+	case EMU_FAULT_STATIC_SMEM:
+		big_static_smem_kernel<<<1, 64>>>(d);
+		break;
+	case EMU_FAULT_SMEM_TOTAL: // 32 KiB static + 20 KiB dynamic, no attribute: over 48 KiB
+		smem_total_kernel<<<1, 32, 20 << 10>>>((float *)d);
 		break;
 	}
 	int launch = cudaGetLastError();
@@ -248,8 +357,8 @@ extern "C" int emu_pageable_d2h(void)
 // ---- jitter (KVK_EMU_JITTER) ----
 
 // A race on purpose: thread 0 writes its block's tag v + 16 * block, the others read it with no
-// barrier between. out[b * nt + t] = what thread t of block b read (the block before's tag when it
-// came first: static shared memory is not reset between blocks); out[nb * nt + b] = block b's turn
+// barrier between. out[b * nt + t] = what thread t of block b read (0xffffffff when it came
+// first: static shared memory is poisoned for every block); out[nb * nt + b] = block b's turn
 // among the grid's blocks (a plain counter: blocks run one after another in the emulation).
 static __global__ void race_kernel(int *out, int *turn, int v)
 {

@@ -11,11 +11,19 @@ enum {
 	EMU_FAULT_PARTIAL_WARP,
 	EMU_FAULT_EXITED_LANE,
 	EMU_FAULT_MIXED_OPS,
+	EMU_FAULT_STATIC_SMEM,
+	EMU_FAULT_SMEM_TOTAL,
 };
 
 int emu_shuffles(int *out /* 64 * 8 */);
 int emu_reduce(int *out /* 2 * nb */, int nb);
 int emu_dyn_smem(unsigned *out /* 2 */, size_t bytes, int set_attr);
+/* static_smem_kernel on 3 blocks; out: 12 unsigned. */
+int emu_static_smem(unsigned *out);
+/* 32 KiB of static shared memory plus dyn bytes of dynamic; out: 32 floats (3 each). */
+int emu_smem_total(size_t dyn, int set_attr, float *out);
+/* Writes element i of a 4-element static shared array; *b_after: the variable after it. */
+int emu_smem_overflow(int i, unsigned *b_after);
 int emu_fresh_memory(unsigned char *first_byte);
 int emu_fault_kernel(int which, int *after);
 int emu_launch_config(unsigned gx, unsigned gy, unsigned gz, unsigned bx);

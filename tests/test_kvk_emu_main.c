@@ -1,7 +1,7 @@
 /* test_kvk_emu: the CUDA emulation (kernels/emu, docs/cuda-emu.md) against CUDA's documented
  * semantics, and every kind of fault it claims to report, reported. Built and run only with
  * -DKVFS_CUDA=EMU. Device 0 and 1 stay healthy; each fault case uses a device of its own
- * (faults are sticky), so the run asks for 10 emulated devices. */
+ * (faults are sticky), so the run asks for 12 emulated devices. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -91,6 +91,75 @@ static void test_dyn_smem(void **state)
 	assert_int_equal(b, 0xff);
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+#define EMU_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define EMU_TEST_ASAN 1
+#endif
+#endif
+
+static char self[4096];
+
+/* Static shared memory: poisoned for every block (block 1 and 2 do not see block 0's values),
+ * the variables apart and aligned, and 32 KiB static + 20 KiB dynamic allowed with the
+ * attribute (the fault without it is in test_kernel_faults). */
+static void test_static_smem(void **state)
+{
+	(void)state;
+	use(0);
+	unsigned out[12];
+	assert_int_equal(emu_static_smem(out), 0);
+	for (unsigned b = 0; b < 3; b++) {
+		assert_int_equal(out[b * 4], 0xffffffffu);
+		assert_int_equal(out[b * 4 + 1], 7 + b);
+		assert_int_equal(out[b * 4 + 2], b + 1);
+		assert_int_equal(out[b * 4 + 3], 1);
+	}
+	float f[32];
+	assert_int_equal(emu_smem_total(20 << 10, 1, f), 0);
+	for (int i = 0; i < 32; i++)
+		assert_true(f[i] == 3.0f);
+}
+
+/* A write one past a static shared array lands in a red zone: under ASan it is reported
+ * (the child, this program with --smem-overflow, dies with the report); without, the next
+ * variable keeps its value. */
+static void test_smem_overflow(void **state)
+{
+	(void)state;
+	use(0);
+#ifdef EMU_TEST_ASAN
+	int pfd[2];
+	assert_int_equal(pipe(pfd), 0);
+	pid_t p = fork();
+	if (p == 0) {
+		dup2(pfd[1], 2);
+		close(pfd[0]);
+		execl(self, self, "--smem-overflow", (char *)NULL);
+		_exit(127);
+	}
+	assert_true(p > 0);
+	close(pfd[1]);
+	static char err[1 << 16];
+	size_t len = 0;
+	ssize_t r;
+	while ((r = read(pfd[0], err + len, sizeof(err) - 1 - len)) > 0)
+		len += (size_t)r;
+	err[len] = 0;
+	close(pfd[0]);
+	int st = 0;
+	assert_int_equal(waitpid(p, &st, 0), p);
+	assert_false(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	if (!strstr(err, "use-after-poison"))
+		fail_msg("no ASan report from the overflow: %.2000s", err);
+#else
+	unsigned b = 0;
+	assert_int_equal(emu_smem_overflow(4, &b), 0);
+	assert_int_equal(b, 5);
+#endif
+}
+
 static void test_launch_limits(void **state)
 {
 	(void)state;
@@ -109,9 +178,11 @@ static void test_kernel_faults(void **state)
 {
 	(void)state;
 	static const int kinds[] = {EMU_FAULT_DIVERGENT_BARRIER, EMU_FAULT_PARTIAL_WARP,
-				    EMU_FAULT_EXITED_LANE, EMU_FAULT_MIXED_OPS};
-	for (int i = 0; i < 4; i++) {
-		use(2 + i);
+				    EMU_FAULT_EXITED_LANE,	 EMU_FAULT_MIXED_OPS,
+				    EMU_FAULT_STATIC_SMEM,	 EMU_FAULT_SMEM_TOTAL};
+	static const int devs[] = {2, 3, 4, 5, 10, 11};
+	for (int i = 0; i < 6; i++) {
+		use(devs[i]);
 		int after = 0;
 		assert_int_equal(emu_fault_kernel(kinds[i], &after), ERR_LAUNCH_FAILURE);
 		assert_int_equal(after, ERR_LAUNCH_FAILURE);
@@ -207,7 +278,6 @@ static void test_nccl(void **state)
 
 /* Ranks in two processes (the peer is this program again, exec'd: --nccl-peer ID): 3 MiB
  * from the child to this process. */
-static char self[4096];
 
 static void test_nccl_processes(void **state)
 {
@@ -235,14 +305,19 @@ int main(int argc, char **argv)
 		int got = 0;
 		return emu_nccl_rank(argv[2], 1, 3 << 20, 1, 0x33, &got) ? 1 : 0;
 	}
+	if (argc == 2 && !strcmp(argv[1], "--smem-overflow")) {
+		unsigned b = 0;
+		return emu_smem_overflow(4, &b) ? 1 : 0;
+	}
 	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
 	if (n <= 0)
 		return 1;
 	self[n] = 0;
-	setenv("KVK_EMU_DEVICES", "10", 1);
+	setenv("KVK_EMU_DEVICES", "12", 1);
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_shuffles),	   cmocka_unit_test(test_barriers_shared),
-	    cmocka_unit_test(test_dyn_smem),	   cmocka_unit_test(test_launch_limits),
+	    cmocka_unit_test(test_dyn_smem),	   cmocka_unit_test(test_static_smem),
+	    cmocka_unit_test(test_smem_overflow),  cmocka_unit_test(test_launch_limits),
 	    cmocka_unit_test(test_kernel_faults),  cmocka_unit_test(test_copies),
 	    cmocka_unit_test(test_events),	   cmocka_unit_test(test_gemm),
 	    cmocka_unit_test(test_jitter),	   cmocka_unit_test(test_nccl),

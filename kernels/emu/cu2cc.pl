@@ -4,6 +4,9 @@
 # line (so compiler messages and sanitizer reports point into IN.cu):
 #   k<<<grid, block[, smem[, stream]]>>>(args)  ->  kvk_emu_launch("k", kvk_emu_config(...), k, args)
 #   extern __shared__ T name[];                 ->  T *name = (T *)kvk_emu_dyn_smem();
+#   __shared__ T name[dims];                    ->  KVK_EMU_SHARED(T, name, [dims]);
+# Any other use of __shared__ (an initialiser, several names in one declaration, an alignment
+# attribute) is refused: the emulator would not place it in the block's shared memory.
 use strict;
 use warnings;
 
@@ -17,6 +20,14 @@ my $n_smem = ($s =~ s/extern\s+__shared__\s+([A-Za-z_][\w\s\*]*?)\s*\b(\w+)\s*\[
 
 # A kernel name, optionally with template arguments, then <<<config>>>, then the argument
 # list's opening parenthesis. Whitespace (newlines) is kept where it was.
+# Static shared memory: a reference into the block's static shared memory (kvk_emu.h).
+# Static shared memory: a reference into the block's static shared memory (kvk_emu.h). On one
+# line only, so the output keeps the input's lines.
+my $n_static = ($s =~ s/(?<!\w)__shared__[ \t]+([A-Za-z_][\w \t\*]*?)[ \t]*\b(\w+)[ \t]*((?:\[[^\[\];\n]*\][ \t]*)*);/"KVK_EMU_SHARED($1, $2, " . ($3 =~ s|[ \t]+$||r) . ");"/ge) || 0;
+(my $code = $s) =~ s{//[^\n]*|/\*.*?\*/}{}gs;
+die "cu2cc: $in: a '__shared__' is left that is not a declaration this script understands\n"
+    if $code =~ /\b__shared__\b/;
+
 my $n_launch = ($s =~ s{([A-Za-z_]\w*(?:<[^<>;()]*>)?)(\s*)<<<(.*?)>>>(\s*)\((\s*\))?}{
 	my ($k, $w1, $cfg, $w2, $empty) = ($1, $2, $3, $4, $5);
 	"kvk_emu_launch(\"$k\",$w1 kvk_emu_config($cfg),$w2 $k" . (defined $empty ? ")" : ", ");

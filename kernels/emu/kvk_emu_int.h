@@ -9,8 +9,9 @@
 // Returns cudaSuccess, or the fault of the first block that faulted (already reported: the
 // grid stops there).
 // jitter: the seed at the launch (0: blocks in order, threads in order until they wait).
+// smem_limit: the bytes of static and dynamic shared memory a block of this launch may use.
 cudaError_t kvk_emu_run_grid(const char *name, const kvk_emu_cfg &cfg,
-			     const std::function<void()> &body, uint64_t jitter);
+			     const std::function<void()> &body, uint64_t jitter, size_t smem_limit);
 
 // KVK_EMU_JITTER=seed (or kvk_emu_set_jitter): 0 when off. When on, streams delay their work
 // at random, grids run their blocks in a permuted order and blocks run their threads in a

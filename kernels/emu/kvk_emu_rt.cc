@@ -815,12 +815,16 @@ void kvk_emu_launch_body(const char *name, const void *fn, const kvk_emu_cfg &cf
 		ret(cudaErrorInvalidConfiguration);
 		return;
 	}
-	size_t smem_max = SMEM_DEFAULT;
+	// Static and dynamic together: 48 KiB, or the opt-in limit for a kernel whose dynamic
+	// limit was set (CUDA checks the static part then; here it is known when a block runs).
+	size_t smem_max = SMEM_DEFAULT, smem_total = SMEM_DEFAULT;
 	{
 		std::lock_guard<std::mutex> l(g_dev[dev].mu);
 		auto it = g_dev[dev].max_dyn_smem.find(fn);
-		if (it != g_dev[dev].max_dyn_smem.end())
+		if (it != g_dev[dev].max_dyn_smem.end()) {
 			smem_max = (size_t)it->second;
+			smem_total = SMEM_OPTIN;
+		}
 	}
 	if (cfg.smem > smem_max) {
 		say("launch of %s: %zu bytes of dynamic shared memory, the limit for it is %zu "
@@ -831,7 +835,7 @@ void kvk_emu_launch_body(const char *name, const void *fn, const kvk_emu_cfg &cf
 	}
 	kvk_emu_cfg c = cfg;
 	uint64_t jit = kvk_emu_jitter(); // as at the launch: the grid runs later, on the stream
-	s->push([name, c, jit, body = std::move(body)] {
-		return kvk_emu_run_grid(name, c, body, jit);
+	s->push([name, c, jit, smem_total, body = std::move(body)] {
+		return kvk_emu_run_grid(name, c, body, jit, smem_total);
 	});
 }

@@ -37,6 +37,11 @@ namespace
 constexpr size_t STACK_BYTES = 128u << 10;
 constexpr size_t GUARD_BYTES = 4096;
 constexpr int MAX_THREADS = 1024;
+// Static shared memory: what a block may declare (CUDA's static limit), and the arena that
+// holds it with a red zone after each variable (the red zones do not count against the limit).
+constexpr size_t STATIC_SMEM_MAX = 48u << 10;
+constexpr size_t SMEM_REDZONE = 32;
+constexpr size_t SMEM_ARENA = 64u << 10;
 
 enum fstate { F_RUN, F_BAR, F_WARP, F_DONE };
 
@@ -60,6 +65,11 @@ struct warp {
 	uint64_t val[2][32] = {}; // by generation parity: a lane is at most one operation ahead
 };
 
+struct static_var {
+	const void *site;
+	size_t off;
+};
+
 struct sm {
 	std::vector<fiber> fibers;
 	std::vector<warp> warps;
@@ -72,6 +82,11 @@ struct sm {
 	fiber *cur = nullptr;
 	kvk_emu_block blk = {};
 	std::vector<unsigned char> smem;
+	// This block's static shared variables, in the order they were reached.
+	std::vector<static_var> svars;
+	unsigned char *sarena = nullptr; // SMEM_ARENA bytes
+	size_t s_used = 0, s_end = 0;	 // bytes declared (as CUDA counts them); arena in use
+	size_t smem_limit = 0;		 // static + dynamic, for this launch
 	int n = 0, alive = 0, bar_arrived = 0;
 	const std::function<void()> *body = nullptr;
 	const char *kname = "";
@@ -80,6 +95,12 @@ struct sm {
 
 	~sm()
 	{
+		if (sarena) {
+#ifdef EMU_ASAN
+			__asan_unpoison_memory_region(sarena, SMEM_ARENA);
+#endif
+			free(sarena);
+		}
 		for (fiber &f : fibers)
 			if (f.stack)
 				munmap(f.stack - GUARD_BYTES, STACK_BYTES + GUARD_BYTES);
@@ -369,6 +390,46 @@ void *kvk_emu_dyn_smem(void)
 	return t_sm->blk.dyn_smem;
 }
 
+static size_t round_up(size_t v, size_t a)
+{
+	return (v + a - 1) / a * a;
+}
+
+void *kvk_emu_static_smem(const void *site, size_t size, size_t align)
+{
+	fiber *f = current("__shared__");
+	sm *s = t_sm;
+	for (const static_var &v : s->svars)
+		if (v.site == site)
+			return s->sarena + v.off;
+	if (!align || (align & (align - 1)) || align > 256)
+		fiber_fault(s, f, "__shared__ variable with alignment %zu", align);
+	size_t used = round_up(s->s_used, align) + size;
+	if (size > STATIC_SMEM_MAX || used > STATIC_SMEM_MAX)
+		fiber_fault(s, f,
+			    "__shared__ variables of %zu bytes: a block may declare %zu bytes of "
+			    "static shared memory",
+			    size > STATIC_SMEM_MAX ? size : used, STATIC_SMEM_MAX);
+	if (used + s->smem.size() > s->smem_limit)
+		fiber_fault(
+		    s, f,
+		    "%zu bytes of static and %zu of dynamic shared memory: over the %zu "
+		    "bytes this launch may use (cudaFuncAttributeMaxDynamicSharedMemorySize)",
+		    used, s->smem.size(), s->smem_limit);
+	size_t off = round_up(s->s_end, align < 16 ? 16 : align);
+	if (off + size + SMEM_REDZONE > SMEM_ARENA)
+		fiber_fault(s, f, "more __shared__ variables than kvk_emu has room for (%zu)",
+			    s->svars.size());
+#ifdef EMU_ASAN
+	__asan_unpoison_memory_region(s->sarena + off, size);
+#endif
+	memset(s->sarena + off, 0xff, size);
+	s->s_used = used;
+	s->s_end = off + size + SMEM_REDZONE;
+	s->svars.push_back(static_var{site, off});
+	return s->sarena + off;
+}
+
 uint64_t kvk_emu_warp(enum kvk_emu_warp_op op, unsigned mask, uint64_t v, int arg, int width)
 {
 	fiber *f = current(op_name(op));
@@ -539,6 +600,11 @@ static void run_block(sm *s, uint3 idx)
 	s->blk.idx = idx;
 	if (s->blk.dyn_smem)
 		memset(s->blk.dyn_smem, 0xff, s->smem.size());
+	s->svars.clear();
+	s->s_used = s->s_end = 0;
+#ifdef EMU_ASAN
+	__asan_poison_memory_region(s->sarena, SMEM_ARENA);
+#endif
 	const dim3 d = s->blk.dim;
 	for (int i = 0; i < s->n; i++) {
 		fiber &f = s->fibers[i];
@@ -608,12 +674,15 @@ static uint64_t random_coprime(uint64_t n, uint64_t *rng)
 }
 
 cudaError_t kvk_emu_run_grid(const char *name, const kvk_emu_cfg &cfg,
-			     const std::function<void()> &body, uint64_t jit)
+			     const std::function<void()> &body, uint64_t jit, size_t smem_limit)
 {
 	sm *s = sm_get();
 	int n = (int)(cfg.block.x * cfg.block.y * cfg.block.z);
 	if (n < 1 || n > MAX_THREADS || fibers_ensure(s, n))
 		return cudaErrorLaunchFailure;
+	if (!s->sarena && posix_memalign((void **)&s->sarena, 256, SMEM_ARENA))
+		return cudaErrorLaunchFailure;
+	s->smem_limit = smem_limit;
 	s->n = n;
 	s->warps.resize((size_t)(n + 31) / 32);
 	s->runq.resize((size_t)n + 1);

@@ -2,8 +2,8 @@
 //
 // What it is: the subset of the CUDA runtime, cuda_fp16, cuBLAS and NCCL that kernels/cuda
 // uses, implemented on the host, plus the device-side builtins (threadIdx, __syncthreads,
-// warp shuffles, __shared__). tools/cu2cc.pl rewrites a .cu file's launches
-// (`k<<<grid, block, smem, stream>>>(args)`) and `extern __shared__` arrays into calls of this
+// warp shuffles, __shared__). kernels/emu/cu2cc.pl rewrites a .cu file's launches
+// (`k<<<grid, block, smem, stream>>>(args)`) and `__shared__` declarations into calls of this
 // header; the result compiles as C++ with the emulator's cuda_runtime.h, cuda_fp16.h,
 // cublas_v2.h and nccl.h (kernels/emu/include) first on the include path. Nothing in
 // kernels/cuda changes for it. It is not a GPU and proves nothing about speed; it runs the
@@ -21,7 +21,7 @@
 // - device memory is malloc'd (so ASan sees a kernel's out-of-bounds access as a heap
 //   overflow), filled with 0xff bytes at allocation (NaN as f32 and f16: a read of memory
 //   never written shows), checked by every copy, memset and cuBLAS call for kind and range;
-//   dynamic shared memory is filled with 0xff at every block start;
+//   static and dynamic shared memory are filled with 0xff for every block;
 // - a kernel fault, or a copy or cuBLAS operand outside device memory, becomes the device's
 //   sticky error, returned by every later call on that device (as after a fault on a GPU).
 //
@@ -57,10 +57,8 @@
 #define __launch_bounds__(...)
 #define __restrict__ __restrict
 #define __align__(n) alignas(n)
-// One block runs on one OS thread at a time, and its fibers share that thread's storage.
-// GNU __thread, not thread_local: no dynamic initialisation (CUDA allows none for __shared__)
-// and no TLS wrapper call (GCC 12's UBSan null check of that wrapper misreads its flags).
-#define __shared__ static __thread
+// __shared__ is not defined: cu2cc.pl rewrites every declaration of it (KVK_EMU_SHARED below),
+// so one it did not understand does not compile.
 
 // ---- vector types ------------------------------------------------------------------------------
 struct uint3 {
@@ -107,8 +105,9 @@ struct kvk_emu_lane {
 	uint3 tid;
 	const kvk_emu_block *blk;
 };
-// The lane running on this OS thread (NULL outside a kernel). Set by the scheduler.
-// __thread for the reason given at __shared__.
+// The lane running on this OS thread (NULL outside a kernel). Set by the scheduler. GNU
+// __thread, not thread_local: no TLS wrapper call (GCC 12's UBSan null check of that wrapper
+// misreads its flags).
 extern __thread kvk_emu_lane *kvk_emu_cur;
 
 static const int warpSize = 32;
@@ -119,6 +118,20 @@ static const int warpSize = 32;
 
 void kvk_emu_syncthreads(void);
 void *kvk_emu_dyn_smem(void);
+
+// Static shared memory: `__shared__ T name[dims];` becomes KVK_EMU_SHARED(T, name, [dims]), a
+// reference into the running block's static shared memory. The block's first thread to reach
+// the declaration allocates it (filled with 0xff bytes, like the dynamic shared memory: a
+// read before any write shows); the others get the same bytes. `site` (one per declaration,
+// and per template instantiation) tells the variables apart. A block's variables over 48 KiB
+// in all, or with the dynamic over the launch's limit, are a kernel fault. Under ASan the
+// bytes between and after the variables are poisoned, so an access out of one is reported.
+void *kvk_emu_static_smem(const void *site, size_t size, size_t align);
+template <typename T> using kvk_emu_type = T;
+#define KVK_EMU_SHARED(T, name, dims)                                                              \
+	static char kvk_emu_site_##name;                                                           \
+	kvk_emu_type<T dims> &name = *(kvk_emu_type<T dims> *)kvk_emu_static_smem(                 \
+	    &kvk_emu_site_##name, sizeof(T dims), alignof(T))
 #define __syncthreads() kvk_emu_syncthreads()
 
 // Warp operations meet at one barrier per call; `kind` names the operation so lanes at
