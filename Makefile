@@ -5,7 +5,7 @@ SANITIZE ?= OFF
 JOBS     ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test test-emu demo asan format format-check fuzz clean
+.PHONY: all deps configure build test test-emu test-emu-tsan demo asan format format-check fuzz clean
 
 all: build
 
@@ -40,6 +40,17 @@ test-emu: deps
 	@cmake --build $(EMU_BUILD) -j $(JOBS) --target emu-tests
 	cd $(EMU_BUILD) && ctest -L emu --output-on-failure -j $(JOBS)
 
+# The same, built with ThreadSanitizer, which then also sees data races between CUDA threads
+# (docs/cuda-emu.md, "Races"): the emulator's self-test, the kernel and device-engine tests on
+# their short shape lists (the _jitter variants: under TSan the full lists take too long), the
+# NCCL transfer, and the serving path over NCCL (its workers and gateway built with TSan too).
+EMU_TSAN_BUILD ?= build-emu-tsan
+EMU_TSAN_TESTS ?= ^emu_test_(kvk_emu|kernels_nccl|kernels_cuda_jitter|fwd_dev_cuda_jitter|handoff_nccl)$$
+test-emu-tsan: deps
+	@cmake -S . -B $(EMU_TSAN_BUILD) -DKVFS_CUDA=EMU -DKVFS_TSAN=ON >/dev/null
+	@cmake --build $(EMU_TSAN_BUILD) -j $(JOBS) --target emu-tests
+	cd $(EMU_TSAN_BUILD) && ctest -L emu -R '$(EMU_TSAN_TESTS)' --output-on-failure -j $(JOBS)
+
 FORMAT_FILES = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cc')
 format:
 	clang-format -i $(FORMAT_FILES)
@@ -55,4 +66,4 @@ fuzz: deps
 	@bash tools/run-fuzz.sh build-fuzz $(FUZZ_SECONDS)
 
 clean:
-	rm -rf build build-asan build-fuzz build-emu
+	rm -rf build build-asan build-fuzz build-emu build-emu-tsan

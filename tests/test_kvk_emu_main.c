@@ -99,7 +99,41 @@ static void test_dyn_smem(void **state)
 #endif
 #endif
 
+#if defined(__SANITIZE_THREAD__)
+#define EMU_TEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define EMU_TEST_TSAN 1
+#endif
+#endif
+
 static char self[4096];
+
+/* Runs this program with `mode` as its argument; its stderr (up to cap - 1 bytes, NUL
+ * terminated) in err. Returns its wait status. */
+static int run_self(const char *mode, char *err, size_t cap)
+{
+	int pfd[2];
+	assert_int_equal(pipe(pfd), 0);
+	pid_t p = fork();
+	if (p == 0) {
+		dup2(pfd[1], 2);
+		close(pfd[0]);
+		execl(self, self, mode, (char *)NULL);
+		_exit(127);
+	}
+	assert_true(p > 0);
+	close(pfd[1]);
+	size_t len = 0;
+	ssize_t r;
+	while ((r = read(pfd[0], err + len, cap - 1 - len)) > 0)
+		len += (size_t)r;
+	err[len] = 0;
+	close(pfd[0]);
+	int st = 0;
+	assert_int_equal(waitpid(p, &st, 0), p);
+	return st;
+}
 
 /* Static shared memory: poisoned for every block (block 1 and 2 do not see block 0's values),
  * the variables apart and aligned, and 32 KiB static + 20 KiB dynamic allowed with the
@@ -130,26 +164,8 @@ static void test_smem_overflow(void **state)
 	(void)state;
 	use(0);
 #ifdef EMU_TEST_ASAN
-	int pfd[2];
-	assert_int_equal(pipe(pfd), 0);
-	pid_t p = fork();
-	if (p == 0) {
-		dup2(pfd[1], 2);
-		close(pfd[0]);
-		execl(self, self, "--smem-overflow", (char *)NULL);
-		_exit(127);
-	}
-	assert_true(p > 0);
-	close(pfd[1]);
 	static char err[1 << 16];
-	size_t len = 0;
-	ssize_t r;
-	while ((r = read(pfd[0], err + len, sizeof(err) - 1 - len)) > 0)
-		len += (size_t)r;
-	err[len] = 0;
-	close(pfd[0]);
-	int st = 0;
-	assert_int_equal(waitpid(p, &st, 0), p);
+	int st = run_self("--smem-overflow", err, sizeof(err));
 	assert_false(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 	if (!strstr(err, "use-after-poison"))
 		fail_msg("no ASan report from the overflow: %.2000s", err);
@@ -157,6 +173,26 @@ static void test_smem_overflow(void **state)
 	unsigned b = 0;
 	assert_int_equal(emu_smem_overflow(4, &b), 0);
 	assert_int_equal(b, 5);
+#endif
+}
+
+/* Under TSan the CUDA threads synchronize only at barriers (docs/cuda-emu.md, "Races"): the
+ * missing __syncthreads of race_kernel is a data race report naming it, in the default order
+ * (no jitter needed), and reduce_kernel, which has its barriers, gives none. */
+static void test_racecheck(void **state)
+{
+	(void)state;
+#ifdef EMU_TEST_TSAN
+	static char err[1 << 16];
+	int st = run_self("--race", err, sizeof(err));
+	assert_false(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	if (!strstr(err, "ThreadSanitizer: data race") || !strstr(err, "race_kernel"))
+		fail_msg("no TSan report naming race_kernel: %.3000s", err);
+	st = run_self("--no-race", err, sizeof(err));
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || strstr(err, "ThreadSanitizer"))
+		fail_msg("a report for a kernel with its barriers: %.3000s", err);
+#else
+	skip(); /* only a TSan build (make test-emu-tsan) sees races */
 #endif
 }
 
@@ -237,6 +273,9 @@ static void test_gemm(void **state)
 static void test_jitter(void **state)
 {
 	(void)state;
+#ifdef EMU_TEST_TSAN
+	skip(); /* its kernel races on purpose: test_racecheck runs it under TSan */
+#endif
 	use(0);
 	enum { NT = 128, NB = 16 };
 	static int out[(NT + 1) * NB];
@@ -305,6 +344,14 @@ int main(int argc, char **argv)
 		int got = 0;
 		return emu_nccl_rank(argv[2], 1, 3 << 20, 1, 0x33, &got) ? 1 : 0;
 	}
+	if (argc == 2 && !strcmp(argv[1], "--race")) {
+		int out[(64 + 1) * 2];
+		return emu_jitter_race(0, 64, 2, out) ? 1 : 0;
+	}
+	if (argc == 2 && !strcmp(argv[1], "--no-race")) {
+		int out[2 * 3];
+		return emu_reduce(out, 3) ? 1 : 0;
+	}
 	if (argc == 2 && !strcmp(argv[1], "--smem-overflow")) {
 		unsigned b = 0;
 		return emu_smem_overflow(4, &b) ? 1 : 0;
@@ -315,13 +362,13 @@ int main(int argc, char **argv)
 	self[n] = 0;
 	setenv("KVK_EMU_DEVICES", "12", 1);
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_shuffles),	   cmocka_unit_test(test_barriers_shared),
-	    cmocka_unit_test(test_dyn_smem),	   cmocka_unit_test(test_static_smem),
-	    cmocka_unit_test(test_smem_overflow),  cmocka_unit_test(test_launch_limits),
-	    cmocka_unit_test(test_kernel_faults),  cmocka_unit_test(test_copies),
-	    cmocka_unit_test(test_events),	   cmocka_unit_test(test_gemm),
-	    cmocka_unit_test(test_jitter),	   cmocka_unit_test(test_nccl),
-	    cmocka_unit_test(test_nccl_processes),
+	    cmocka_unit_test(test_shuffles),	  cmocka_unit_test(test_barriers_shared),
+	    cmocka_unit_test(test_dyn_smem),	  cmocka_unit_test(test_static_smem),
+	    cmocka_unit_test(test_smem_overflow), cmocka_unit_test(test_racecheck),
+	    cmocka_unit_test(test_launch_limits), cmocka_unit_test(test_kernel_faults),
+	    cmocka_unit_test(test_copies),	  cmocka_unit_test(test_events),
+	    cmocka_unit_test(test_gemm),	  cmocka_unit_test(test_jitter),
+	    cmocka_unit_test(test_nccl),	  cmocka_unit_test(test_nccl_processes),
 	};
 	return cmocka_run_group_tests_name("kvk_emu", tests, NULL, NULL);
 }

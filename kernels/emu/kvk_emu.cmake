@@ -13,6 +13,13 @@ set(KVK_EMU_CXX_FLAGS -Wall -Wextra -Werror -Wno-unknown-pragmas -fno-strict-ali
 	CACHE INTERNAL "flags of the emulated CUDA sources")
 target_compile_options(kvk_emu PRIVATE ${KVK_EMU_CXX_FLAGS})
 set_target_properties(kvk_emu PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON)
+if(KVFS_TSAN)
+	# The block scheduler's own state passes between fibers that TSan is told do not
+	# synchronize (that is how it sees races between CUDA threads); it is not instrumented,
+	# and tells TSan where the kernels' barriers are (kvk_emu_sm.cc).
+	set_source_files_properties(${KVK_EMU_DIR}/kvk_emu_sm.cc PROPERTIES
+		COMPILE_OPTIONS "-fno-sanitize=thread;-DKVK_EMU_TSAN=1")
+endif()
 
 # kvk_emu_add_cu(target file.cu ...): rewrites each file with cu2cc.pl into the build tree and
 # compiles the result into target as C++ with the emulator's headers first on the path.

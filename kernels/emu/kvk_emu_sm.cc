@@ -26,6 +26,9 @@
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
+#ifdef KVK_EMU_TSAN
+#include <sanitizer/tsan_interface.h>
+#endif
 
 __thread kvk_emu_lane *kvk_emu_cur;
 
@@ -52,6 +55,8 @@ struct fiber {
 	int warp = 0, lane = 0;
 	int dirty = 0; // abandoned mid-kernel: its stack's shadow is stale (ASan)
 	void *fake = nullptr;
+	void *tsan = nullptr; // its TSan fiber (TSan builds)
+	char tsan_name[64] = {};
 	kvk_emu_lane info = {};
 };
 
@@ -63,6 +68,7 @@ struct warp {
 	int op = 0, width = 0;
 	unsigned mask = 0;
 	uint64_t val[2][32] = {}; // by generation parity: a lane is at most one operation ahead
+	char sync[2] = {};	  // TSan: __syncwarp's release/acquire address, by parity
 };
 
 struct static_var {
@@ -92,9 +98,20 @@ struct sm {
 	const char *kname = "";
 	cudaError_t fault = cudaSuccess;
 	uint64_t rng = 0; // jitter: 0 runs fibers and blocks in order
+	// TSan (docs/cuda-emu.md, "Races"): the worker thread's own fiber, and the addresses
+	// whose release/acquire order the CUDA threads: block start, block end, __syncthreads
+	// by generation parity.
+	void *tsan_sched = nullptr;
+	char sync_start = 0, sync_end = 0, sync_bar[2] = {};
+	unsigned bar_gen = 0;
 
 	~sm()
 	{
+#ifdef KVK_EMU_TSAN
+		for (fiber &f : fibers)
+			if (f.tsan)
+				__tsan_destroy_fiber(f.tsan);
+#endif
 		if (sarena) {
 #ifdef EMU_ASAN
 			__asan_unpoison_memory_region(sarena, SMEM_ARENA);
@@ -275,6 +292,37 @@ static inline void asan_finish(void *fake, const void **bottom, size_t *size)
 #endif
 }
 
+// ---- TSan: CUDA threads as fibers that synchronize only where CUDA says they do -----------------
+// Switches between fibers carry no happens-before (no_sync), so two CUDA threads' accesses
+// to one location are ordered only by a barrier between them (__syncthreads, __syncwarp),
+// the block's start or its end: anything else is a data race in TSan's report.
+static inline void tsan_switch(void *to)
+{
+#ifdef KVK_EMU_TSAN
+	__tsan_switch_to_fiber(to, __tsan_switch_to_fiber_no_sync);
+#else
+	(void)to;
+#endif
+}
+
+static inline void tsan_release(void *a)
+{
+#ifdef KVK_EMU_TSAN
+	__tsan_release(a);
+#else
+	(void)a;
+#endif
+}
+
+static inline void tsan_acquire(void *a)
+{
+#ifdef KVK_EMU_TSAN
+	__tsan_acquire(a);
+#else
+	(void)a;
+#endif
+}
+
 // ---- scheduler
 // -------------------------------------------------------------------------------------
 static void rq_push(sm *s, int i)
@@ -301,6 +349,7 @@ static int rq_pop(sm *s)
 static void yield(sm *s, fiber *f)
 {
 	asan_start(f->state == F_DONE ? nullptr : &f->fake, s->sched_bottom, s->sched_size);
+	tsan_switch(s->tsan_sched);
 	kvk_emu_switch(&f->sp, s->sched_sp);
 	asan_finish(f->fake, &s->sched_bottom, &s->sched_size);
 }
@@ -353,6 +402,7 @@ static void release_bar(sm *s)
 			rq_push(s, i);
 		}
 	s->bar_arrived = 0;
+	s->bar_gen++;
 }
 
 static fiber *current(const char *what)
@@ -376,12 +426,15 @@ void kvk_emu_syncthreads(void)
 		    "__syncthreads while lanes %#x of its warp wait for it in %s (divergent "
 		    "barrier)",
 		    w.arrived, op_name(w.op));
+	unsigned g = s->bar_gen & 1;
+	tsan_release(&s->sync_bar[g]);
 	if (++s->bar_arrived == s->alive) {
 		release_bar(s);
-		return;
+	} else {
+		f->state = F_BAR;
+		yield(s, f);
 	}
-	f->state = F_BAR;
-	yield(s, f);
+	tsan_acquire(&s->sync_bar[g]);
 }
 
 void *kvk_emu_dyn_smem(void)
@@ -423,7 +476,8 @@ void *kvk_emu_static_smem(const void *site, size_t size, size_t align)
 #ifdef EMU_ASAN
 	__asan_unpoison_memory_region(s->sarena + off, size);
 #endif
-	memset(s->sarena + off, 0xff, size);
+	// Already 0xff (run_block): filled by the scheduler, before the block's start, so that
+	// under TSan the fill is not a write of one CUDA thread racing with the others.
 	s->s_used = used;
 	s->s_end = off + size + SMEM_REDZONE;
 	s->svars.push_back(static_var{site, off});
@@ -477,6 +531,8 @@ uint64_t kvk_emu_warp(enum kvk_emu_warp_op op, unsigned mask, uint64_t v, int ar
 		w.width = width;
 	}
 	unsigned g = w.gen;
+	if (op == KVK_EMU_SYNCWARP)
+		tsan_release(&w.sync[g & 1]);
 	w.val[g & 1][f->lane] = v;
 	w.arrived |= bit;
 	if (w.arrived == mask) {
@@ -517,6 +573,7 @@ uint64_t kvk_emu_warp(enum kvk_emu_warp_op op, unsigned mask, uint64_t v, int ar
 			src = lane;
 		break;
 	case KVK_EMU_SYNCWARP:
+		tsan_acquire(&w.sync[g & 1]);
 		return 0;
 	case KVK_EMU_BALLOT: {
 		uint64_t r = 0;
@@ -534,7 +591,9 @@ extern "C" void kvk_emu_fiber_main(fiber *f)
 {
 	sm *s = t_sm;
 	asan_finish(nullptr, &s->sched_bottom, &s->sched_size);
+	tsan_acquire(&s->sync_start);
 	(*s->body)();
+	tsan_release(&s->sync_end);
 	f->state = F_DONE;
 	s->alive--;
 	warp &w = s->warps[f->warp];
@@ -562,6 +621,16 @@ static int fibers_ensure(sm *s, int n)
 		}
 		s->fibers.emplace_back();
 		s->fibers.back().stack = (char *)m + GUARD_BYTES;
+#ifdef KVK_EMU_TSAN
+		// One TSan fiber per thread slot, reused by every block: a slot's stack is too.
+		// Slot i always runs the thread whose linear threadIdx is i: TSan's reports name
+		// it.
+		fiber &nf = s->fibers.back();
+		nf.tsan = __tsan_create_fiber(0);
+		snprintf(nf.tsan_name, sizeof(nf.tsan_name), "CUDA thread, linear threadIdx %zu",
+			 s->fibers.size() - 1);
+		__tsan_set_fiber_name(nf.tsan, nf.tsan_name);
+#endif
 	}
 	return 0;
 }
@@ -600,11 +669,17 @@ static void run_block(sm *s, uint3 idx)
 	s->blk.idx = idx;
 	if (s->blk.dyn_smem)
 		memset(s->blk.dyn_smem, 0xff, s->smem.size());
+		// The arena past the last block's variables is still 0xff; refill what it used.
+#ifdef EMU_ASAN
+	__asan_unpoison_memory_region(s->sarena, s->s_end);
+#endif
+	memset(s->sarena, 0xff, s->s_end);
 	s->svars.clear();
 	s->s_used = s->s_end = 0;
 #ifdef EMU_ASAN
 	__asan_poison_memory_region(s->sarena, SMEM_ARENA);
 #endif
+	tsan_release(&s->sync_start);
 	const dim3 d = s->blk.dim;
 	for (int i = 0; i < s->n; i++) {
 		fiber &f = s->fibers[i];
@@ -639,6 +714,7 @@ static void run_block(sm *s, uint3 idx)
 		s->cur = f;
 		kvk_emu_cur = &f->info;
 		asan_start(&s->sched_fake, f->stack, STACK_BYTES);
+		tsan_switch(f->tsan);
 		kvk_emu_switch(&s->sched_sp, f->sp);
 		asan_finish(s->sched_fake, nullptr, nullptr);
 		s->cur = nullptr;
@@ -647,9 +723,18 @@ static void run_block(sm *s, uint3 idx)
 	if (s->fault == cudaSuccess && s->alive > 0)
 		deadlock(s);
 	if (s->fault != cudaSuccess)
-		for (int i = 0; i < s->n; i++)
-			if (s->fibers[i].state != F_DONE || s->fibers[i].dirty)
-				s->fibers[i].dirty = 1;
+		for (int i = 0; i < s->n; i++) {
+			fiber &f = s->fibers[i];
+			if (f.state != F_DONE || f.dirty) {
+				f.dirty = 1;
+				// An abandoned thread's accesses end here too: release them in
+				// its TSan context (the switch moves no stack, only TSan's view).
+				tsan_switch(f.tsan);
+				tsan_release(&s->sync_end);
+				tsan_switch(s->tsan_sched);
+			}
+		}
+	tsan_acquire(&s->sync_end);
 }
 
 static uint64_t gcd(uint64_t x, uint64_t y)
@@ -680,8 +765,14 @@ cudaError_t kvk_emu_run_grid(const char *name, const kvk_emu_cfg &cfg,
 	int n = (int)(cfg.block.x * cfg.block.y * cfg.block.z);
 	if (n < 1 || n > MAX_THREADS || fibers_ensure(s, n))
 		return cudaErrorLaunchFailure;
-	if (!s->sarena && posix_memalign((void **)&s->sarena, 256, SMEM_ARENA))
-		return cudaErrorLaunchFailure;
+	if (!s->sarena) {
+		if (posix_memalign((void **)&s->sarena, 256, SMEM_ARENA))
+			return cudaErrorLaunchFailure;
+		memset(s->sarena, 0xff, SMEM_ARENA);
+	}
+#ifdef KVK_EMU_TSAN
+	s->tsan_sched = __tsan_get_current_fiber();
+#endif
 	s->smem_limit = smem_limit;
 	s->n = n;
 	s->warps.resize((size_t)(n + 31) / 32);
