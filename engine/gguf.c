@@ -517,8 +517,9 @@ int kvi_gguf_open(const char *path, struct kvi_gguf **out, char *err, size_t err
 		return -e;
 	}
 	struct stat st;
-	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size == 0) {
-		int e = errno;
+	int bad_stat = fstat(fd, &st) < 0;
+	if (bad_stat || !S_ISREG(st.st_mode) || st.st_size == 0) {
+		int e = bad_stat ? errno : 0; /* errno is stale after a successful fstat */
 		if (err && errlen)
 			snprintf(err, errlen, "%s: %s", path,
 				 e ? strerror(e) : "empty or not a regular file");

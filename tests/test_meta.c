@@ -264,7 +264,9 @@ static void test_alloc_placement(void **state)
 		count[a.node[i]]++;
 	uint32_t busy = 0, empty = 0;
 	for (int i = 0; i < NNODES; i++) {
+		pthread_mutex_lock(&g_nodes.mu); /* the heartbeat thread sets it */
 		uint32_t id = g_nodes.id[i];
+		pthread_mutex_unlock(&g_nodes.mu);
 		if (i >= 6 && i < 8)
 			assert_int_equal(count[id], 0); /* full */
 		else if (i < 6)

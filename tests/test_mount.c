@@ -253,8 +253,8 @@ static void test_io_uring(void **state)
 struct rloop {
 	int nfiles;
 	size_t size;
-	volatile int stop;
-	int reads, errors, mismatches;
+	atomic_int stop, reads; /* read by the test while the loop runs */
+	int errors, mismatches;
 };
 
 static void *read_loop(void *arg)

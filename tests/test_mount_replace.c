@@ -34,7 +34,7 @@ struct watch {
 	char path[800];
 	size_t full, old;     /* acceptable sizes: full (new) or old (replaced file), 0 = none */
 	uint64_t seed, oseed; /* their contents */
-	volatile int stop;
+	atomic_int stop;
 	int seen_full, partial, errors;
 };
 
@@ -117,7 +117,7 @@ struct rr {
 	size_t size[RR_VERSIONS];
 	uint8_t *data[RR_VERSIONS];
 	size_t cap;
-	volatile int stop;
+	atomic_int stop;
 	int seen[RR_VERSIONS], bad, errors;
 	char why[256]; /* the first bad read, described */
 	pthread_mutex_t lock;

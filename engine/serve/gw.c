@@ -39,6 +39,8 @@ struct gw {
 	uint64_t prompt_tokens, cached_tokens, gen_tokens, cache_queries, cache_hits;
 	struct hist ttft, itl;
 	int running; /* jobs in flight */
+	int live;    /* jobs not yet freed: gw_stop waits for 0, a backend may hold the last ref */
+	pthread_cond_t idle;
 };
 
 struct gw_job {
@@ -87,14 +89,20 @@ static void job_unref(struct gw_job *j)
 	pthread_mutex_unlock(&j->mu);
 	if (!last)
 		return;
-	if (j->g->be.release)
-		j->g->be.release(j->g->be.ctx, j);
+	struct gw *g = j->g;
+	if (g->be.release)
+		g->be.release(g->be.ctx, j);
 	oai_request_free(&j->req);
 	free(j->prompt);
 	free(j->raw);
 	pthread_mutex_destroy(&j->mu);
 	pthread_cond_destroy(&j->cv);
 	free(j);
+	/* Last: once live is 0, gw_stop may free g. */
+	pthread_mutex_lock(&g->mu);
+	if (--g->live == 0)
+		pthread_cond_broadcast(&g->idle);
+	pthread_mutex_unlock(&g->mu);
 }
 
 void gw_job_set_backend_data(struct gw_job *j, void *data)
@@ -432,6 +440,9 @@ static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat
 	pthread_cond_init(&j->cv, NULL);
 	j->refs = 2; /* the connection's and the backend's */
 	j->g = g;
+	pthread_mutex_lock(&g->mu);
+	g->live++;
+	pthread_mutex_unlock(&g->mu);
 	j->id = atomic_fetch_add(&g->next_id, 1);
 	snprintf(j->idstr, sizeof(j->idstr), "%s-%llu", chat ? "chatcmpl" : "cmpl",
 		 (unsigned long long)j->id);
@@ -670,12 +681,13 @@ int gw_start(const struct gw_opts *o, const struct gw_backend *be, struct gw **o
 		g->lim.max_messages = 64;
 	g->be = *be;
 	atomic_init(&g->next_id, 1);
-	pthread_mutex_init(&g->mu, NULL);
 	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(o->port)};
 	if (inet_pton(AF_INET, o->host ? o->host : "127.0.0.1", &sa.sin_addr) != 1) {
 		free(g);
 		return -EINVAL;
 	}
+	pthread_mutex_init(&g->mu, NULL);
+	pthread_cond_init(&g->idle, NULL);
 	g->d = MHD_start_daemon(
 	    MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG, 0,
 	    NULL, NULL, handler, g, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_NOTIFY_COMPLETED,
@@ -683,6 +695,7 @@ int gw_start(const struct gw_opts *o, const struct gw_backend *be, struct gw **o
 	    MHD_OPTION_END);
 	if (!g->d) {
 		klog_error("cannot listen on %s:%u", o->host ? o->host : "127.0.0.1", o->port);
+		pthread_cond_destroy(&g->idle);
 		pthread_mutex_destroy(&g->mu);
 		free(g);
 		return -EADDRINUSE;
@@ -703,6 +716,13 @@ void gw_stop(struct gw *g)
 	if (!g)
 		return;
 	MHD_stop_daemon(g->d);
+	/* The connections are gone and their jobs cancelled; a backend may still hold a job
+	 * (its last reference, dropped by gw_job_finish) and touch g when it frees it. */
+	pthread_mutex_lock(&g->mu);
+	while (g->live > 0)
+		pthread_cond_wait(&g->idle, &g->mu);
+	pthread_mutex_unlock(&g->mu);
+	pthread_cond_destroy(&g->idle);
 	pthread_mutex_destroy(&g->mu);
 	free(g);
 }

@@ -65,7 +65,8 @@ struct gw_opts {
 /* Starts listening. Returns 0, -EADDRINUSE, -EINVAL, -ENOMEM. The backend must outlive it. */
 int gw_start(const struct gw_opts *o, const struct gw_backend *be, struct gw **out);
 uint16_t gw_port(const struct gw *g);
-/* Stops accepting, cancels what is running, waits for connections to end, frees. */
+/* Stops accepting, cancels what is running, waits for connections to end and for the backend
+ * to finish every job it took (gw_job_finish), frees. */
 void gw_stop(struct gw *g);
 
 /* ---- for backends ---- */
