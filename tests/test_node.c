@@ -41,6 +41,16 @@ static char g_tmp[256];
 static struct kvp_secret g_sec;
 static struct nodeproc g_node; /* shared by the tests that need no special flags */
 static struct kvp_client *g_cl;
+/* Every node started and not yet stopped: a failed assertion leaves its test early, and the
+ * group teardown kills what it left running. */
+static pid_t g_live[16];
+
+static void live_forget(pid_t pid)
+{
+	for (size_t i = 0; i < sizeof(g_live) / sizeof(g_live[0]); i++)
+		if (g_live[i] == pid)
+			g_live[i] = 0;
+}
 
 static double now_s(void)
 {
@@ -98,6 +108,11 @@ static int node_start(struct nodeproc *np, const char *name, ...)
 		_exit(127);
 	}
 	np->pid = pid;
+	for (size_t i = 0; i < sizeof(g_live) / sizeof(g_live[0]); i++)
+		if (!g_live[i]) {
+			g_live[i] = pid;
+			break;
+		}
 	for (double t0 = now_s(); now_s() - t0 < 10;) {
 		FILE *f = fopen(np->addrf, "r");
 		if (f) {
@@ -110,6 +125,7 @@ static int node_start(struct nodeproc *np, const char *name, ...)
 		}
 		int st;
 		if (waitpid(pid, &st, WNOHANG) == pid) {
+			live_forget(pid);
 			np->pid = 0;
 			return -ECHILD;
 		}
@@ -134,6 +150,7 @@ static int node_stop(struct nodeproc *np, int sig)
 		}
 		usleep(5000);
 	}
+	live_forget(np->pid);
 	np->pid = 0;
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
@@ -667,6 +684,64 @@ static int closed_by_peer(int fd)
 	}
 }
 
+/* A peer that pipelines GETs and never reads the replies: with one completion worker, its
+ * replies held that worker in a blocked send for as long as the connection stayed open, so
+ * every other client's requests went unanswered. The reply timeout closes that connection. */
+static void test_slow_reader(void **state)
+{
+	(void)state;
+	enum { SZ = 4 << 20, NGET = 64 };
+	struct nodeproc np = {0};
+	assert_int_equal(node_start(&np, "slow", "--workers", "1", "--reply-timeout", "1s", NULL),
+			 0);
+	struct kvp_client *good = connect_node(&np);
+	uint8_t *d = malloc(SZ);
+	fill(d, SZ, 77);
+	assert_int_equal(put(good, 0x7000, d, SZ), 0);
+
+	int fd = kvp_connect(np.addr, 5000);
+	assert_true(fd >= 0);
+	assert_int_equal(kvp_auth_client(fd, &g_sec, 5000), 0);
+	for (int i = 0; i < NGET; i++) {
+		struct kvp_wbuf w;
+		kvp_w_init(&w);
+		kvp_w_u64(&w, 0x7000);
+		kvp_w_u32(&w, 0);
+		kvp_w_u32(&w, LEN_TO_END);
+		struct kvp_hdr h = {.op = KVP_OP_GET, .id = (uint64_t)i + 1};
+		assert_int_equal(kvp_send(fd, &h, w.p, w.len, NULL, 0), 0);
+		kvp_w_free(&w);
+	}
+	usleep(300000); /* the worker is now blocked on the full socket */
+
+	/* The well-behaved client is answered (after the timeout frees the worker). */
+	struct kvp_call *call;
+	assert_int_equal(get_start(good, 0x7000, 0, LEN_TO_END, &call), 0);
+	uint8_t *g = NULL;
+	uint32_t gl = 0;
+	assert_int_equal(get_wait(call, &g, &gl), 0);
+	assert_int_equal(gl, SZ);
+	assert_memory_equal(g, d, SZ);
+	free(g);
+
+	/* The stalled connection was closed: what it can read ends in EOF, short of all replies. */
+	struct timeval tv = {.tv_sec = 5};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	size_t cap = 1 << 20, got = 0;
+	uint8_t *b = malloc(cap);
+	ssize_t n;
+	while ((n = recv(fd, b, cap, 0)) > 0)
+		got += (size_t)n;
+	assert_true(n == 0 || (n < 0 && errno == ECONNRESET));
+	assert_true(got < (size_t)NGET * SZ);
+	free(b);
+	close(fd);
+
+	kvp_client_close(good);
+	free(d);
+	assert_int_equal(node_stop(&np, SIGTERM), 0);
+}
+
 static void test_auth_and_bad_frames(void **state)
 {
 	(void)state;
@@ -846,10 +921,10 @@ static void test_flags(void **state)
 	(void)state;
 	char *out = malloc(16384);
 	assert_int_equal(run_node("--help", out, 16384), 0);
-	static const char *const flags[] = {"--listen",	     "--dir",	     "--meta",
-					    "--secret-file", "--capacity",   "--heartbeat",
-					    "--addr-file",   "--log-level",  "--config",
-					    "--sync",	     "--direct-read"};
+	static const char *const flags[] = {"--listen",	     "--dir",	      "--meta",
+					    "--secret-file", "--capacity",    "--heartbeat",
+					    "--addr-file",   "--log-level",   "--config",
+					    "--sync",	     "--direct-read", "--reply-timeout"};
 	for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++)
 		assert_non_null(strstr(out, flags[i]));
 	assert_int_equal(run_node("--no-such-flag 1", out, 16384), 2);
@@ -969,6 +1044,13 @@ static int group_teardown(void **state)
 	int rc = node_stop(&g_node, SIGTERM);
 	if (rc != 0)
 		fprintf(stderr, "kvfs-node exited with %d on SIGTERM\n", rc);
+	for (size_t i = 0; i < sizeof(g_live) / sizeof(g_live[0]); i++)
+		if (g_live[i]) {
+			fprintf(stderr, "killing kvfs-node %d left by a failed test\n",
+				(int)g_live[i]);
+			kill(g_live[i], SIGKILL);
+			waitpid(g_live[i], NULL, 0);
+		}
 	char cmd[400];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_tmp);
 	if (getenv("KVFS_TEST_KEEP")) /* keep the node directories and logs for a look */
@@ -986,6 +1068,7 @@ int main(void)
 	    cmocka_unit_test(test_corruption),	  cmocka_unit_test(test_capacity),
 	    cmocka_unit_test(test_crash_restart), cmocka_unit_test(test_auth_and_bad_frames),
 	    cmocka_unit_test(test_heartbeat),	  cmocka_unit_test(test_flags),
+	    cmocka_unit_test(test_slow_reader),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -30,7 +30,7 @@ struct node_conf {
 	char addr_file[CFG_STR_MAX];
 	char metrics_listen[CFG_STR_MAX], metrics_addr_file[CFG_STR_MAX];
 	uint64_t capacity;
-	double heartbeat;
+	double heartbeat, reply_timeout;
 	int sync, direct_read;
 	int64_t io_threads, workers, ring_depth;
 	uint64_t max_inflight;
@@ -56,6 +56,8 @@ static const struct cfg_opt node_opts[] = {
      "read chunks with O_DIRECT (bypass the page cache; for data sets far above RAM)"},
     {"io-threads", CFG_INT, F(io_threads), 1, 64, "2", "I/O threads (one io_uring each)"},
     {"workers", CFG_INT, F(workers), 1, 256, "4", "completion threads (CRC checks, replies)"},
+    {"reply-timeout", CFG_SECS, F(reply_timeout), 0.1, 3600, "10s",
+     "close a connection whose peer takes no byte of a reply for this long"},
     {"ring-depth", CFG_INT, F(ring_depth), 8, 4096, "256", "submission queue entries per ring"},
     {"max-inflight", CFG_SIZE, F(max_inflight), 1 << 20, 1e12, "512M",
      "bytes of requests in flight before connections are slowed down"},
@@ -277,6 +279,7 @@ int main(int argc, char **argv)
 				    .host = host,
 				    .port = port,
 				    .secret = &n.secret,
+				    .send_timeout_ms = (int)(n.cf.reply_timeout * 1000),
 				    .handler = handle,
 				    .ctx = &n,
 				    .on_reply = node_metrics_on_reply,

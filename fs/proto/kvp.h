@@ -278,6 +278,7 @@ int kvp_pool_get(struct kvp_pool *p, const char *addr, struct kvp_client **out);
 void kvp_pool_put(struct kvp_pool *p, struct kvp_client *c);
 
 /* ---- server: an accept thread and one thread per authenticated connection ---- */
+#define KVP_SEND_TIMEOUT_MS 30000
 struct kvp_server;
 struct kvp_conn;
 
@@ -294,6 +295,11 @@ struct kvp_server_opts {
 	uint16_t port;	  /* 0 = ephemeral */
 	const struct kvp_secret *secret;
 	uint32_t max_body; /* 0 = KVP_MAX_BODY */
+	/* How long one reply may wait for room in a peer's socket without sending a byte before
+	 * the connection is closed (0 = KVP_SEND_TIMEOUT_MS). Replies go out on shared threads
+	 * (a node's completion workers): without a bound, a peer that stops reading (stopped,
+	 * partitioned) would hold one of them for as long as it keeps the connection open. */
+	int send_timeout_ms;
 	kvp_handler_fn handler;
 	void *ctx;
 	/* Optional, for metrics: called by every kvp_reply to this server's requests, on the
@@ -310,7 +316,9 @@ uint16_t kvp_server_port(const struct kvp_server *s);
 /* Stops accepting, closes every connection, joins all threads. */
 void kvp_server_stop(struct kvp_server *s);
 
-/* Answers request h on c. Thread-safe; -EPIPE if the connection has closed meanwhile. */
+/* Answers request h on c. Thread-safe; -EPIPE if the connection has closed meanwhile. A reply
+ * the peer does not take within the server's send_timeout_ms closes the connection (-EAGAIN),
+ * so later replies on it return -EPIPE at once. */
 int kvp_reply(struct kvp_conn *c, const struct kvp_hdr *req, int32_t status, const void *body,
 	      size_t body_len, const void *bulk, size_t bulk_len);
 void kvp_conn_ref(struct kvp_conn *c);

@@ -31,6 +31,7 @@ struct kvp_conn {
 	void (*on_reply)(void *stats_ctx, const struct kvp_hdr *req, int32_t status,
 			 size_t reply_bytes, uint64_t ns);
 	void *stats_ctx;
+	int send_timeout_ms;
 	struct kvp_server *srv;
 	struct kvp_conn *next; /* server list; protected by srv->mu */
 };
@@ -85,7 +86,9 @@ int kvp_reply(struct kvp_conn *c, const struct kvp_hdr *req, int32_t status, con
 	    atomic_load(&c->closed) ? -EPIPE : kvp_send(c->fd, &h, body, body_len, bulk, bulk_len);
 	pthread_mutex_unlock(&c->send_mu);
 	if (rc && rc != -EPIPE) {
-		atomic_store(&c->closed, 1);
+		if (!atomic_exchange(&c->closed, 1) && rc == -EAGAIN)
+			klog_warn("peer %s took no reply bytes for %d ms: closing connection",
+				  c->peer, c->send_timeout_ms);
 		shutdown(c->fd, SHUT_RDWR);
 	}
 	if (c->on_reply && req->recv_ns) {
@@ -107,6 +110,11 @@ static void *conn_main(void *arg)
 			klog_warn("%s: refused peer %s: %s", s->name, c->peer, kvp_strerror(rc));
 		goto out;
 	}
+	/* After the handshake, which sets and clears its own timeouts: a reply blocked this long
+	 * without sending a byte fails with EAGAIN and closes the connection (kvp_reply). */
+	int ms = c->send_timeout_ms;
+	struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+	setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 	while (!atomic_load(&s->stopping)) {
 		struct kvp_hdr h;
 		uint8_t *body;
@@ -192,6 +200,8 @@ static void *accept_main(void *arg)
 		c->srv = s;
 		c->on_reply = s->o.on_reply;
 		c->stats_ctx = s->o.stats_ctx;
+		c->send_timeout_ms =
+		    s->o.send_timeout_ms > 0 ? s->o.send_timeout_ms : KVP_SEND_TIMEOUT_MS;
 		atomic_store(&c->refs, 1); /* the server list's reference */
 		pthread_mutex_init(&c->send_mu, NULL);
 		char ip[INET_ADDRSTRLEN] = "?";
