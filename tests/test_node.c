@@ -197,6 +197,27 @@ static int get_start(struct kvp_client *c, uint64_t id, uint32_t off, uint32_t l
 	return rc;
 }
 
+/* VERIFY of id: 0 with the chunk's crc and length, or the node's error. */
+static int verify(struct kvp_client *c, uint64_t id, uint32_t *crc, uint32_t *len)
+{
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	kvp_w_u64(&w, id);
+	uint8_t *b = NULL;
+	uint32_t bl = 0;
+	int rc = kvp_call(c, KVP_OP_VERIFY, w.p, w.len, NULL, 0, CALL_MS, &b, &bl);
+	kvp_w_free(&w);
+	if (!rc) {
+		struct kvp_rbuf r;
+		kvp_r_init(&r, b, bl);
+		*crc = kvp_r_u32(&r);
+		*len = kvp_r_u32(&r);
+		rc = kvp_r_end(&r);
+	}
+	free(b);
+	return rc;
+}
+
 /* Waits for a GET; on success checks the body's framing and crc and returns the data. */
 static int get_wait(struct kvp_call *call, uint8_t **data, uint32_t *len)
 {
@@ -505,12 +526,16 @@ static void test_corruption(void **state)
 	char p[700];
 	uint8_t *g;
 	uint32_t gl;
+	uint32_t vcrc = 0, vlen = 0;
 	/* A data byte, a header byte, a truncated file: each is refused, never served. */
 	for (int k = 0; k < 3; k++) {
 		uint64_t id = 0x7700 + k;
 		assert_int_equal(put(g_cl, id, d, sizeof(d)), 0);
 		assert_int_equal(get(g_cl, id, 100, 10, &g, &gl), 0);
 		free(g);
+		assert_int_equal(verify(g_cl, id, &vcrc, &vlen), 0);
+		assert_int_equal(vcrc, kvec_crc32c(0, d, sizeof(d)));
+		assert_int_equal(vlen, sizeof(d));
 		chunk_path(&g_node, id, p, sizeof(p));
 		if (k == 0)
 			flip_byte(p, NODE_HDR_LEN + 5000);
@@ -521,8 +546,10 @@ static void test_corruption(void **state)
 		assert_int_equal(get(g_cl, id, 0, LEN_TO_END, &g, &gl), -EILSEQ);
 		/* A range that avoids the bad byte is refused too: the whole chunk is checked. */
 		assert_int_equal(get(g_cl, id, 0, 10, &g, &gl), -EILSEQ);
+		/* So is a VERIFY (what scrub asks for): it reads and checks without sending. */
+		assert_int_equal(verify(g_cl, id, &vcrc, &vlen), -EILSEQ);
 		stat_node(g_cl, &st);
-		assert_int_equal(st.crc_errors, st0.crc_errors + 2 * (k + 1));
+		assert_int_equal(st.crc_errors, st0.crc_errors + 3 * (k + 1));
 	}
 	/* Repair in place: the corrupt chunk blocks a PUT of its id until it is deleted. */
 	assert_int_equal(put(g_cl, 0x7700, d, sizeof(d)), -EEXIST);
@@ -533,6 +560,8 @@ static void test_corruption(void **state)
 	assert_int_equal(gl, sizeof(d));
 	assert_memory_equal(g, d, sizeof(d));
 	free(g);
+	assert_int_equal(verify(g_cl, 0x7700, &vcrc, &vlen), 0);
+	assert_int_equal(verify(g_cl, 0x77ff, &vcrc, &vlen), -ENOENT);
 	assert_int_equal(kvp_client_alive(g_cl), 1);
 }
 
@@ -778,14 +807,17 @@ static void test_auth_and_bad_frames(void **state)
 	assert_true(closed_by_peer(fd));
 	close(fd);
 	/* Well-framed bodies that do not parse: PUT whose len disagrees with its data, GET one
-	 * byte short, DEL whose count disagrees with its ids. */
+	 * byte short, DEL whose count disagrees with its ids, VERIFY one byte long. */
 	uint8_t body[64] = {0};
 	struct {
 		uint16_t op;
 		uint32_t len;
 		uint32_t put_len;
-	} cases[] = {{KVP_OP_PUT, 16 + 8, 9}, {KVP_OP_GET, 15, 0}, {KVP_OP_DEL, 4 + 16, 3}};
-	for (size_t i = 0; i < 3; i++) {
+	} cases[] = {{KVP_OP_PUT, 16 + 8, 9},
+		     {KVP_OP_GET, 15, 0},
+		     {KVP_OP_DEL, 4 + 16, 3},
+		     {KVP_OP_VERIFY, 9, 0}};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		fd = raw_conn();
 		memset(body, 0, sizeof(body));
 		if (cases[i].op == KVP_OP_PUT)

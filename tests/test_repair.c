@@ -11,6 +11,7 @@
 
 #include <cmocka.h>
 
+#include "prom_parse.h"
 #include "ret_tutil.h"
 
 #define NFILES 24
@@ -69,10 +70,11 @@ static uint32_t node_id(struct kvc *c, struct kvh_cluster *cl, int i)
 
 /* Starts an nnodes cluster (meta/node flags as kvh_cluster_start takes them), opens the client
  * and writes the NFILES files that check_files reads back. */
-static struct kvc *start_with_files(int nnodes, const char *meta_args, const char *node_args)
+static struct kvc *start_with_files_flags(int nnodes, const char *meta_args, const char *node_args,
+					  unsigned flags)
 {
 	g_up = 1; /* even a half-started cluster is stopped by teardown */
-	assert_int_equal(kvh_cluster_start(&g_cl, nnodes, meta_args, node_args), 0);
+	assert_int_equal(kvh_cluster_start_flags(&g_cl, nnodes, meta_args, node_args, flags), 0);
 	struct kvc *c = g_c = client(&g_cl);
 	for (int i = 0; i < 3; i++) {
 		char p[16];
@@ -85,6 +87,31 @@ static struct kvc *start_with_files(int nnodes, const char *meta_args, const cha
 		assert_int_equal(rt_put(c, p, file_size(i), 100 + (uint64_t)i), 0);
 	}
 	return c;
+}
+
+static struct kvc *start_with_files(int nnodes, const char *meta_args, const char *node_args)
+{
+	return start_with_files_flags(nnodes, meta_args, node_args, 0);
+}
+
+/* Sum of one series over the scrapes of every running node (KVH_METRICS). */
+static double nodes_metric(struct kvh_cluster *cl, const char *name, const char *labels)
+{
+	double sum = 0;
+	for (int i = 0; i < cl->nnodes; i++) {
+		if (!cl->nodes[i].pid)
+			continue;
+		char *body = NULL;
+		struct prom_doc d;
+		double v = 0;
+		assert_int_equal(prom_http_get(cl->nodes[i].metrics, "/metrics", &body), 200);
+		assert_int_equal(prom_parse(body, &d), 0);
+		assert_int_equal(prom_get(&d, name, labels, &v), 0);
+		sum += v;
+		prom_free(&d);
+		free(body);
+	}
+	return sum;
 }
 
 static void test_repair(void **state)
@@ -197,17 +224,24 @@ static void test_scrub(void **state)
 	if (!rt_have_bins())
 		skip();
 	struct kvh_cluster *const clp = &g_cl;
-	struct kvc *c = start_with_files(4,
-					 "--k 2 --m 1 --node-timeout 2s --gc-interval 0.1s "
-					 "--repair-delay 0 --scrub-interval 0",
-					 "--direct-read");
+	struct kvc *c = start_with_files_flags(4,
+					       "--k 2 --m 1 --node-timeout 2s --gc-interval 0.1s "
+					       "--repair-delay 0 --scrub-interval 0",
+					       "--direct-read", KVH_METRICS);
 	/* One node only: a stripe has one chunk per node, so no stripe loses two. */
 	int rotten = rot_node(clp, 1, 7);
 	assert_true(rotten >= 4);
 	check_files(c); /* never wrong: CRC catches the flips, parity decodes */
 
+	/* The nodes check their chunks themselves (VERIFY): no chunk crosses to meta, only the
+	 * rebuilds of the rotten ones read their stripes' other chunks. */
+	double verify0 = nodes_metric(clp, "kvfs_node_requests_total", "op=\"verify\"");
+	double gets0 = nodes_metric(clp, "kvfs_node_requests_total", "op=\"get\"");
 	struct rt_status s = {0};
 	assert_int_equal(rt_job(c, KVP_MAINT_SCRUB, 0, 60000, &s), 0);
+	double verifies = nodes_metric(clp, "kvfs_node_requests_total", "op=\"verify\"") - verify0;
+	double gets = nodes_metric(clp, "kvfs_node_requests_total", "op=\"get\"") - gets0;
+	fprintf(stderr, "  scrub: %.0f verify, %.0f get requests on the nodes\n", verifies, gets);
 	fprintf(stderr, "  scrub: checked %llu corrupt %llu missing %llu repaired %llu\n",
 		(unsigned long long)s.st[KVP_MST_SCRUB_CHECKED],
 		(unsigned long long)s.st[KVP_MST_SCRUB_CORRUPT],
@@ -217,6 +251,8 @@ static void test_scrub(void **state)
 	assert_int_equal(s.st[KVP_MST_SCRUB_CORRUPT], (uint64_t)rotten);
 	assert_int_equal(s.st[KVP_MST_SCRUB_REPAIRED], (uint64_t)rotten);
 	assert_int_equal(s.failed, 0);
+	assert_true(verifies == (double)s.st[KVP_MST_SCRUB_CHECKED]);
+	assert_true(gets <= 2.0 * rotten); /* k = 2 survivors read per rebuilt chunk */
 
 	/* A chunk file deleted on disk is found missing and rebuilt too. */
 	char victim[1000];

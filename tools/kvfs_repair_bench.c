@@ -4,7 +4,8 @@
  *
  * Starts kvfs-meta and N kvfs-node on loopback (tests/harness.c; binaries from
  * $KVFS_BUILD_DIR/bin or ./bin), writes the files through libkvfs, reads them all back
- * (timed: the baseline, MiB/s of file bytes), kills one node for good and runs `repair` on
+ * (timed: the baseline, MiB/s of file bytes), runs `scrub` on meta (timed: MiB/s of chunk bytes
+ * checked, from meta's job counters), kills one node for good and runs `repair` on
  * meta (timed: MiB/s of chunk bytes rebuilt, from meta's own job counters), then reads every
  * file again with a second node killed to prove redundancy was restored. Prints both rates and
  * their ratio. Exit 0 ok, 1 failure, 2 usage. */
@@ -104,6 +105,24 @@ static int mstatus(struct kvc *c, uint8_t *running, uint64_t *done, uint64_t *to
 	return rc;
 }
 
+/* Starts a maintenance job on meta and waits for its end; its counters from MSTATUS. */
+static int run_job(struct kvc *c, uint8_t kind, uint64_t *done, uint64_t *failed, uint64_t *bytes,
+		   int64_t *ns)
+{
+	uint8_t req[5] = {kind, 0, 0, 0, 0};
+	int rc = kvc_admin(c, KVP_OP_MAINT, req, sizeof(req), NULL, NULL);
+	if (rc)
+		return rc;
+	uint8_t running = 1;
+	uint64_t total = 0;
+	while (running) {
+		usleep(100000);
+		if ((rc = mstatus(c, &running, done, &total, failed, bytes, ns)))
+			return rc;
+	}
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	struct bench_cfg b;
@@ -120,7 +139,7 @@ int main(int argc, char **argv)
 	char margs[256];
 	snprintf(margs, sizeof(margs),
 		 "--k %" PRId64 " --m %" PRId64 " --node-timeout 1s --repair-delay 0 "
-		 "--gc-interval 0.2s",
+		 "--gc-interval 0.2s --scrub-interval 0 --scrub-rate 0",
 		 b.k, b.m);
 	struct kvh_cluster cl;
 	if ((rc = kvh_cluster_start(&cl, (int)b.nodes, margs, "--capacity 64G"))) {
@@ -150,26 +169,24 @@ int main(int argc, char **argv)
 	double rd = read_all(c, &b, buf);
 	if (rd < 0)
 		goto out;
+	uint64_t sdone = 0, sfailed = 0, sbytes = 0;
+	int64_t sns = 0;
+	if ((rc = run_job(c, KVP_MAINT_SCRUB, &sdone, &sfailed, &sbytes, &sns)) || sfailed) {
+		fprintf(stderr, "scrub: %s, %" PRIu64 " failed\n", kvp_strerror(rc), sfailed);
+		goto out;
+	}
+	double scr = (double)sbytes / 1048576.0 / ((double)sns / 1e9);
 
 	kvh_node_kill(&cl, 0, SIGKILL);
 	if ((rc = kvh_wait_nodes_up(&cl, (int)b.nodes - 1, 20000))) {
 		fprintf(stderr, "node down: %s\n", kvp_strerror(rc));
 		goto out;
 	}
-	uint8_t req[5] = {KVP_MAINT_REPAIR, 0, 0, 0, 0};
-	if ((rc = kvc_admin(c, KVP_OP_MAINT, req, sizeof(req), NULL, NULL))) {
+	uint64_t done = 0, failed = 0, bytes = 0;
+	int64_t ns = 0;
+	if ((rc = run_job(c, KVP_MAINT_REPAIR, &done, &failed, &bytes, &ns))) {
 		fprintf(stderr, "repair: %s\n", kvp_strerror(rc));
 		goto out;
-	}
-	uint8_t running = 1;
-	uint64_t done = 0, total = 0, failed = 0, bytes = 0;
-	int64_t ns = 0;
-	while (running) {
-		usleep(100000);
-		if ((rc = mstatus(c, &running, &done, &total, &failed, &bytes, &ns))) {
-			fprintf(stderr, "status: %s\n", kvp_strerror(rc));
-			goto out;
-		}
 	}
 	double rep = (double)bytes / 1048576.0 / ((double)ns / 1e9);
 	kvh_node_kill(&cl, 1, SIGKILL);
@@ -191,6 +208,10 @@ int main(int argc, char **argv)
 	       b.nodes, b.k, b.m, b.files, (double)b.size / 1048576.0, la);
 	printf("write        %8.1f MiB/s (file bytes)\n", wr);
 	printf("read         %8.1f MiB/s (file bytes, healthy)\n", rd);
+	printf("scrub        %8.1f MiB/s of chunks checked: %" PRIu64
+	       " chunks, %.1f MiB in %.2f s\n",
+	       scr, sdone, (double)sbytes / 1048576.0, (double)sns / 1e9);
+	printf("scrub/read   %8.2f\n", scr / rd);
 	printf("repair       %8.1f MiB/s of chunks rebuilt: %" PRIu64
 	       " chunks, %.1f MiB in %.2f s\n",
 	       rep, done, (double)bytes / 1048576.0, (double)ns / 1e9);

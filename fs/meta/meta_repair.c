@@ -1,6 +1,7 @@
 /* The repair worker of kvfs-meta: one thread that rebuilds chunks. Repair rebuilds every chunk
  * of a down node from the survivors of its stripe onto another node; drain moves a live node's
- * chunks off it; scrub reads every chunk, checks its CRC and rebuilds bad or missing ones.
+ * chunks off it; scrub has every chunk checked on its node (VERIFY) and rebuilds bad or missing
+ * ones.
  * Each rebuilt chunk gets a new id on a node not already in its stripe, and the stripe map
  * slot, the owner index (R) and the old chunk's deletion are one batch. Meta is a client of
  * the nodes (kvp_pool) and decodes with kvec. docs/operations.md, "Retention, eviction,
@@ -103,6 +104,29 @@ static int get_finish(struct meta *m, struct kvp_client *c, struct kvp_call *cal
 		rc = -EILSEQ;
 	else
 		memcpy(buf, p, n);
+	free(rb);
+	return rc;
+}
+
+/* Waits for a VERIFY: the node read the chunk and checked it against its own CRC; its answer
+ * must also match the stripe map's length and CRC. 0, -EILSEQ, -ENOENT, -EOPNOTSUPP (a node
+ * older than VERIFY), or a transport error. */
+static int verify_finish(struct meta *m, struct kvp_client *c, struct kvp_call *call, uint32_t len,
+			 uint32_t want_crc)
+{
+	uint8_t *rb = NULL;
+	uint32_t rl = 0;
+	int rc = kvp_call_wait(call, IO_TIMEOUT_MS, &rb, &rl);
+	kvp_pool_put(m->pool, c);
+	if (rc)
+		return rc;
+	struct kvp_rbuf r;
+	kvp_r_init(&r, rb, rl);
+	uint32_t crc = kvp_r_u32(&r), n = kvp_r_u32(&r);
+	if (kvp_r_end(&r))
+		rc = -EPROTO;
+	else if (n != len || crc != want_crc)
+		rc = -EILSEQ;
 	free(rb);
 	return rc;
 }
@@ -526,6 +550,20 @@ static size_t stripe_page(struct meta *m, const uint8_t *k, size_t kl, uint8_t f
 	return n;
 }
 
+/* Scrub of slot i through a GET, for a node that does not know VERIFY: the bytes cross to meta
+ * (buf holds st.len[0] bytes). */
+static int scrub_get(struct meta *m, const char *addr, const struct rstripe *st, uint32_t i,
+		     uint8_t *buf)
+{
+	struct kvp_client *c;
+	struct kvp_call *call;
+	struct kvp_wbuf w;
+	get_body(&w, st->slot[i].chunk_id);
+	int rc = call_start(m, addr, KVP_OP_GET, &w, NULL, 0, &c, &call);
+	kvp_w_free(&w);
+	return rc ? rc : get_finish(m, c, call, buf, st->len[i], st->slot[i].crc);
+}
+
 static void scrub_job(struct rctx *x, uint64_t rate, int64_t start)
 {
 	struct meta *m = x->m;
@@ -545,7 +583,7 @@ static void scrub_job(struct rctx *x, uint64_t rate, int64_t start)
 				continue;
 			struct kvp_client *cl[KVEC_MAX_N] = {0};
 			struct kvp_call *call[KVEC_MAX_N] = {0};
-			size_t need = (size_t)st.len[0] * st.w + 1;
+			size_t need = (size_t)st.len[0] + 1;
 			if (need > bufcap) {
 				uint8_t *nb = realloc(buf, need);
 				if (!nb)
@@ -553,26 +591,27 @@ static void scrub_job(struct rctx *x, uint64_t rate, int64_t start)
 				buf = nb;
 				bufcap = need;
 			}
+			const struct rnode *nd[KVEC_MAX_N] = {0};
 			for (uint32_t i = 0; i < st.w; i++) {
-				const struct rnode *nd =
-				    node_find(x->nodes, x->nnodes, st.slot[i].node_id);
-				if (!nd || nd->state != KVP_NODE_UP)
+				nd[i] = node_find(x->nodes, x->nnodes, st.slot[i].node_id);
+				if (!nd[i] || nd[i]->state != KVP_NODE_UP)
 					continue;
 				struct kvp_wbuf w;
-				get_body(&w, st.slot[i].chunk_id);
-				if (call_start(m, nd->addr, KVP_OP_GET, &w, NULL, 0, &cl[i],
+				kvp_w_init(&w);
+				kvp_w_u64(&w, st.slot[i].chunk_id);
+				if (call_start(m, nd[i]->addr, KVP_OP_VERIFY, &w, NULL, 0, &cl[i],
 					       &call[i]))
 					call[i] = NULL;
 				kvp_w_free(&w);
 			}
-			uint64_t bytes = 0;
 			for (uint32_t i = 0; i < st.w; i++) {
 				if (!call[i])
 					continue;
-				int rc = get_finish(m, cl[i], call[i], buf + (size_t)i * st.len[0],
-						    st.len[i], st.slot[i].crc);
+				int rc =
+				    verify_finish(m, cl[i], call[i], st.len[i], st.slot[i].crc);
+				if (rc == -EOPNOTSUPP) /* an older node: read the chunk over */
+					rc = scrub_get(m, nd[i]->addr, &st, i, buf);
 				mst_add(m, KVP_MST_SCRUB_CHECKED, 1);
-				bytes += st.len[i];
 				int bad = rc == -ENOENT || rc == -EILSEQ;
 				if (!bad) {
 					job_progress(m, st.len[i], 0);
@@ -592,7 +631,6 @@ static void scrub_job(struct rctx *x, uint64_t rate, int64_t start)
 					mst_add(m, KVP_MST_SCRUB_REPAIRED, 1);
 				job_progress(m, st.len[i], r < 0);
 			}
-			(void)bytes;
 			pthread_mutex_lock(&m->job_mu);
 			uint64_t done = m->job.bytes;
 			pthread_mutex_unlock(&m->job_mu);

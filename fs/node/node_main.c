@@ -99,6 +99,7 @@ static int handle(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, uint8_
 		node_store_put(n->store, c, h, body, &r);
 		return 0;
 	case KVP_OP_GET:
+	case KVP_OP_VERIFY:
 		node_store_get(n->store, c, h, body, &r);
 		return 0;
 	case KVP_OP_DEL:

@@ -8,8 +8,8 @@
 #include <errno.h>
 #include <stdlib.h>
 
-enum { OP_PUT, OP_GET, OP_DEL, OP_LIST, OP_STAT, OP_N };
-static const char *const op_names[OP_N] = {"put", "get", "del", "list", "stat"};
+enum { OP_PUT, OP_GET, OP_DEL, OP_LIST, OP_STAT, OP_VERIFY, OP_N };
+static const char *const op_names[OP_N] = {"put", "get", "del", "list", "stat", "verify"};
 
 struct node_metrics {
 	struct met_reg *r;
@@ -32,6 +32,8 @@ static int op_index(uint16_t op)
 		return OP_LIST;
 	case KVP_OP_STAT:
 		return OP_STAT;
+	case KVP_OP_VERIFY:
+		return OP_VERIFY;
 	}
 	return -1;
 }

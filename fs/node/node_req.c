@@ -30,6 +30,10 @@ int node_req_parse(uint16_t op, const uint8_t *body, size_t len, struct node_req
 		r->off = kvp_r_u32(&rb);
 		r->len = kvp_r_u32(&rb);
 		break;
+	case KVP_OP_VERIFY: /* served as a GET of the whole chunk that answers no data */
+		r->id = kvp_r_u64(&rb);
+		r->len = NODE_LEN_TO_END;
+		break;
 	case KVP_OP_DEL:
 		r->n = kvp_r_u32(&rb);
 		if (rb.err)

@@ -1,4 +1,5 @@
-/* node_req — parses kvfs-node request bodies (PUT, GET, DEL, LIST, STAT) from untrusted bytes.
+/* node_req — parses kvfs-node request bodies (PUT, GET, DEL, LIST, STAT, VERIFY) from untrusted
+ * bytes.
  *
  * Pure functions over caller-owned memory: no allocation, no I/O, thread-safe. Pointers in a
  * parsed request (PUT data, DEL ids) point into the body the caller passed and live as long as
@@ -17,9 +18,9 @@
 
 struct node_req {
 	uint16_t op;
-	uint64_t id;	      /* PUT, GET */
+	uint64_t id;	      /* PUT, GET, VERIFY */
 	uint32_t crc;	      /* PUT: crc32c of data as the client computed it */
-	uint32_t off, len;    /* GET: range; PUT: len = data bytes */
+	uint32_t off, len;    /* GET: range (VERIFY: 0, to the end); PUT: len = data bytes */
 	const uint8_t *data;  /* PUT: len bytes inside the body */
 	uint32_t n;	      /* DEL: number of ids */
 	const uint8_t *ids;   /* DEL: n little-endian u64 inside the body; see node_req_del_id */

@@ -611,6 +611,13 @@ static void finish_get(struct node_op *op)
 		return;
 	}
 	const uint8_t *data = op->buf + NODE_HDR_SIZE + op->roff;
+	if (op->req.op == KVP_OP_VERIFY) {
+		uint8_t vb[8];
+		put_le(vb, crc, 4);
+		put_le(vb + 4, op->glen, 4);
+		kvp_reply(op->conn, &op->hdr, 0, vb, sizeof(vb), NULL, 0);
+		return;
+	}
 	uint32_t rcrc = op->rlen == op->glen ? crc : kvec_crc32c(0, data, op->rlen);
 	uint8_t rb[8];
 	put_le(rb, rcrc, 4);

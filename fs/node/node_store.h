@@ -47,7 +47,9 @@ void node_store_stats(struct node_store *s, struct node_stats *st);
  * u8 more) to out. 0 or -ENOMEM. */
 int node_store_list(struct node_store *s, uint64_t after, uint32_t max, struct kvp_wbuf *out);
 
-/* Asynchronous requests. Each takes ownership of body (r points into it) and answers h on c
+/* Asynchronous requests. node_store_get also serves VERIFY (r->op): the chunk is read and checked
+ * as for a GET of all of it, and the reply carries its crc32c and length but no data. Each takes
+ * ownership of body (r points into it) and answers h on c
  * exactly once, now or later (taking its own kvp_conn_ref). Errors travel in the reply:
  * PUT -EBADMSG (crc), -EEXIST, -ENOSPC, -EIO; GET -ENOENT, -EINVAL (range), -EILSEQ (stored
  * chunk corrupt), -EIO; DEL answers the number of ids it deleted. */

@@ -41,14 +41,17 @@ enum kvp_op {
 	KVP_OP_PUT = 0x10, /* -> u64 chunk_id, u32 crc32c, u32 len, len bytes   <- (empty)
 			    *    errors: -ENOSPC over capacity, -EEXIST, -EBADMSG crc mismatch */
 	KVP_OP_GET =
-	    0x11,	    /* -> u64 chunk_id, u32 offset, u32 len (0xFFFFFFFF: to the end)
-			     * <- u32 crc32c of the returned bytes, u32 len, len bytes
-			     *    errors: -ENOENT, -EILSEQ stored chunk fails its CRC, -EINVAL range */
-	KVP_OP_DEL = 0x12,  /* -> u32 n (<= KVP_MAX_IDS), n x u64 chunk_id  <- u32 deleted */
-	KVP_OP_LIST = 0x13, /* -> u64 start_after, u32 max (<= KVP_MAX_IDS)
-			     * <- u32 n, n x (u64 chunk_id, i64 mtime_ns), u8 more */
-	KVP_OP_STAT = 0x14, /* -> (empty)  <- u64 node_uuid, u64 capacity, u64 used, u64 chunks,
-			     *    u64 crc_errors */
+	    0x11,	      /* -> u64 chunk_id, u32 offset, u32 len (0xFFFFFFFF: to the end)
+			       * <- u32 crc32c of the returned bytes, u32 len, len bytes
+			       *    errors: -ENOENT, -EILSEQ stored chunk fails its CRC, -EINVAL range */
+	KVP_OP_DEL = 0x12,    /* -> u32 n (<= KVP_MAX_IDS), n x u64 chunk_id  <- u32 deleted */
+	KVP_OP_LIST = 0x13,   /* -> u64 start_after, u32 max (<= KVP_MAX_IDS)
+			       * <- u32 n, n x (u64 chunk_id, i64 mtime_ns), u8 more */
+	KVP_OP_STAT = 0x14,   /* -> (empty)  <- u64 node_uuid, u64 capacity, u64 used, u64 chunks,
+			       *    u64 crc_errors */
+	KVP_OP_VERIFY = 0x15, /* -> u64 chunk_id  <- u32 crc32c of the whole chunk, u32 len: the
+			       *    node reads the chunk and checks it, no data crosses the wire
+			       *    errors: as GET (-ENOENT, -EILSEQ) */
 
 	/* metadata server, from nodes */
 	KVP_OP_HEARTBEAT = 0x20, /* -> u64 node_uuid, str addr, u64 capacity, u64 used, u64 chunks

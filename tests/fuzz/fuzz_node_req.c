@@ -51,6 +51,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			if (len != 0)
 				abort();
 			break;
+		case KVP_OP_VERIFY:
+			if (len != 8 || r.off != 0 || r.len != NODE_LEN_TO_END)
+				abort();
+			break;
 		default:
 			abort();
 		}
