@@ -83,10 +83,13 @@ static int call_start(struct meta *m, const char *addr, uint16_t op, const struc
 	return rc;
 }
 
-/* Waits for a GET and copies the chunk into buf (len bytes expected). 0, -EILSEQ (bad CRC on
- * the node, or the bytes do not match the stripe map's CRC), -ENOENT, or a transport error. */
-static int get_finish(struct meta *m, struct kvp_client *c, struct kvp_call *call, uint8_t *buf,
-		      uint32_t len, uint32_t want_crc)
+/* Waits for a GET (buf: room for len bytes, the chunk is copied there) or a VERIFY (buf NULL:
+ * the node read and checked the chunk and answers only its CRC and length). Either way the
+ * answer must match the stripe map's length and CRC. 0, -EILSEQ (bad CRC on the node, or not
+ * the stripe map's chunk), -ENOENT, -EOPNOTSUPP (a VERIFY to a node older than it), or a
+ * transport error. */
+static int chunk_finish(struct meta *m, struct kvp_client *c, struct kvp_call *call, uint8_t *buf,
+			uint32_t len, uint32_t want_crc)
 {
 	uint8_t *rb = NULL;
 	uint32_t rl = 0;
@@ -97,36 +100,13 @@ static int get_finish(struct meta *m, struct kvp_client *c, struct kvp_call *cal
 	struct kvp_rbuf r;
 	kvp_r_init(&r, rb, rl);
 	uint32_t crc = kvp_r_u32(&r), n = kvp_r_u32(&r);
-	const uint8_t *p = kvp_r_bytes(&r, n);
-	if (!p || kvp_r_end(&r))
+	const uint8_t *p = buf ? kvp_r_bytes(&r, n) : NULL;
+	if ((buf && !p) || kvp_r_end(&r))
 		rc = -EPROTO;
-	else if (n != len || kvec_crc32c(0, p, n) != crc || crc != want_crc)
+	else if (n != len || crc != want_crc || (buf && kvec_crc32c(0, p, n) != crc))
 		rc = -EILSEQ;
-	else
+	else if (buf)
 		memcpy(buf, p, n);
-	free(rb);
-	return rc;
-}
-
-/* Waits for a VERIFY: the node read the chunk and checked it against its own CRC; its answer
- * must also match the stripe map's length and CRC. 0, -EILSEQ, -ENOENT, -EOPNOTSUPP (a node
- * older than VERIFY), or a transport error. */
-static int verify_finish(struct meta *m, struct kvp_client *c, struct kvp_call *call, uint32_t len,
-			 uint32_t want_crc)
-{
-	uint8_t *rb = NULL;
-	uint32_t rl = 0;
-	int rc = kvp_call_wait(call, IO_TIMEOUT_MS, &rb, &rl);
-	kvp_pool_put(m->pool, c);
-	if (rc)
-		return rc;
-	struct kvp_rbuf r;
-	kvp_r_init(&r, rb, rl);
-	uint32_t crc = kvp_r_u32(&r), n = kvp_r_u32(&r);
-	if (kvp_r_end(&r))
-		rc = -EPROTO;
-	else if (n != len || crc != want_crc)
-		rc = -EILSEQ;
 	free(rb);
 	return rc;
 }
@@ -218,7 +198,7 @@ static int rebuild(struct rctx *x, struct rstripe *st, uint32_t idx, uint8_t **b
 		if (!call[i])
 			continue;
 		memset(bufs[i], 0, plen);
-		if (get_finish(m, cl[i], call[i], bufs[i], st->len[i], st->slot[i].crc) == 0)
+		if (chunk_finish(m, cl[i], call[i], bufs[i], st->len[i], st->slot[i].crc) == 0)
 			present |= 1ull << i;
 	}
 	pthread_mutex_lock(x->mu);
@@ -265,7 +245,7 @@ static int64_t repair_slot(struct rctx *x, uint64_t ino, uint32_t s, uint32_t no
 		rc = call_start(m, src->addr, KVP_OP_GET, &w, NULL, 0, &c, &call);
 		kvp_w_free(&w);
 		if (!rc)
-			rc = get_finish(m, c, call, bufs[idx], len, st.slot[idx].crc);
+			rc = chunk_finish(m, c, call, bufs[idx], len, st.slot[idx].crc);
 	}
 	if (rc)
 		rc = rebuild(x, &st, idx, bufs, plen);
@@ -561,7 +541,7 @@ static int scrub_get(struct meta *m, const char *addr, const struct rstripe *st,
 	get_body(&w, st->slot[i].chunk_id);
 	int rc = call_start(m, addr, KVP_OP_GET, &w, NULL, 0, &c, &call);
 	kvp_w_free(&w);
-	return rc ? rc : get_finish(m, c, call, buf, st->len[i], st->slot[i].crc);
+	return rc ? rc : chunk_finish(m, c, call, buf, st->len[i], st->slot[i].crc);
 }
 
 static void scrub_job(struct rctx *x, uint64_t rate, int64_t start)
@@ -607,8 +587,8 @@ static void scrub_job(struct rctx *x, uint64_t rate, int64_t start)
 			for (uint32_t i = 0; i < st.w; i++) {
 				if (!call[i])
 					continue;
-				int rc =
-				    verify_finish(m, cl[i], call[i], st.len[i], st.slot[i].crc);
+				int rc = chunk_finish(m, cl[i], call[i], NULL, st.len[i],
+						      st.slot[i].crc);
 				if (rc == -EOPNOTSUPP) /* an older node: read the chunk over */
 					rc = scrub_get(m, nd[i]->addr, &st, i, buf);
 				mst_add(m, KVP_MST_SCRUB_CHECKED, 1);
