@@ -36,6 +36,11 @@ struct gen {
 static void *gen_main(void *arg)
 {
 	struct gen *g = arg;
+	if (strcmp(g->prompt, "toolong") == 0) { /* refused by a worker after the submit */
+		usleep(20000);
+		gw_job_finish(g->job, NULL, -E2BIG, "prompt and max_tokens exceed the context");
+		return NULL;
+	}
 	gw_job_prompt(g->job, (int)strlen(g->prompt), 3);
 	/* Produces "w0 w1 w2 ..." or, for prompt "stop", "hello world END more text". */
 	static const char *stop_words[] = {"hel", "lo wor", "ld E", "ND ", "more", " text"};
@@ -286,15 +291,44 @@ static void test_errors(void **state)
 	free(big);
 	assert_int_equal(http("POST", "/v1/completions", "{\"prompt\":\"busy\"}", &b), 503);
 	free(b);
+	/* Refused by the backend after the submit, before any token: a client error, also for
+	 * a stream (no 200 and error event). */
+	for (int stream = 0; stream < 2; stream++) {
+		assert_int_equal(http("POST", "/v1/completions",
+				      stream ? "{\"prompt\":\"toolong\",\"stream\":true}"
+					     : "{\"prompt\":\"toolong\"}",
+				      &b),
+				 400);
+		assert_non_null(strstr(b, "context_length_exceeded"));
+		free(b);
+	}
 	/* Still alive. */
 	assert_int_equal(http("GET", "/health", NULL, &b), 200);
 	free(b);
+}
+
+/* The value of the sample `name` (with its labels) in /metrics, or -1. */
+static double metric(const char *name)
+{
+	char *b = NULL;
+	double v = -1;
+	if (http("GET", "/metrics", NULL, &b) == 200) {
+		size_t n = strlen(name);
+		for (char *p = b; (p = strstr(p, name)); p += n)
+			if ((p == b || p[-1] == '\n') && p[n] == ' ')
+				v = strtod(p + n + 1, NULL);
+	}
+	free(b);
+	return v;
 }
 
 static void test_disconnect_cancels(void **state)
 {
 	(void)state;
 	int before = atomic_load(&cancels);
+	double ok0 = metric("kvfs_requests_total{outcome=\"ok\"}");
+	double serr0 = metric("kvfs_requests_total{outcome=\"server_error\"}");
+	double canc0 = metric("kvfs_requests_total{outcome=\"cancelled\"}");
 	for (int stream = 0; stream < 2; stream++) {
 		int fd = socket(AF_INET, SOCK_STREAM, 0);
 		struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
@@ -315,6 +349,12 @@ static void test_disconnect_cancels(void **state)
 	for (int i = 0; i < 100 && atomic_load(&cancels) < before + 2; i++)
 		usleep(20000);
 	assert_int_equal(atomic_load(&cancels), before + 2);
+	/* Counted once each, as cancelled (they were also counted ok or server errors). */
+	for (int i = 0; i < 100 && metric("kvfs_requests_running") != 0; i++)
+		usleep(20000);
+	assert_true(metric("kvfs_requests_total{outcome=\"cancelled\"}") == canc0 + 2);
+	assert_true(metric("kvfs_requests_total{outcome=\"ok\"}") == ok0);
+	assert_true(metric("kvfs_requests_total{outcome=\"server_error\"}") == serr0);
 }
 
 static void *client(void *arg)

@@ -693,6 +693,39 @@ static void test_max_tokens_huge(void **state)
 	assert_int_equal(ntok, 0);
 }
 
+/* A request the workers refuse because of itself (max_tokens past the context left) is the
+ * client's error, as when the gateway refuses it: 400 context_length_exceeded, streaming or
+ * not (a stream waits for the prompt to be taken before its 200), counted as a client error;
+ * and the prefill worker refuses it before computing the prompt, so nothing is handed over.
+ * Before: 500 "decode worker refused the request" (a stream: 200, then an error event), after
+ * a whole prefill (and a parked hand-over for the direct way). */
+static void test_refused_is_client_error(void **state)
+{
+	(void)state;
+	static const int gs[] = {G_FS, G_DIRECT};
+	for (size_t i = 0; i < sizeof(gs) / sizeof(gs[0]); i++) {
+		int g = gs[i];
+		double cerr0 = metric(g, "kvfs_requests_total{outcome=\"client_error\"}");
+		double serr0 = metric(g, "kvfs_requests_total{outcome=\"server_error\"}");
+		double ho0 = handoffs(g, "fs") + handoffs(g, "direct") + handoffs(g, "fallback");
+		for (int stream = 0; stream < 2; stream++) {
+			char body[512], *b = NULL;
+			snprintf(body, sizeof(body),
+				 "{\"prompt\":\"%s\",\"max_tokens\":1020,\"stream\":%s}", prompt,
+				 stream ? "true" : "false");
+			int st = htu_request(gport[g], 0, "POST", "/v1/completions", body, &b);
+			if (st != 400 || !b || !strstr(b, "context_length_exceeded"))
+				fail_msg("gateway %d stream %d: %d %s", g, stream, st, b ? b : "");
+			free(b);
+		}
+		assert_true(metric(g, "kvfs_requests_total{outcome=\"client_error\"}") ==
+			    cerr0 + 2);
+		assert_true(metric(g, "kvfs_requests_total{outcome=\"server_error\"}") == serr0);
+		assert_true(handoffs(g, "fs") + handoffs(g, "direct") + handoffs(g, "fallback") ==
+			    ho0);
+	}
+}
+
 /* A fake prefill worker: STATUS answered (idle), every PREFILL answered with a reply that
  * does not parse (one byte too many). */
 static int fake_pf_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, uint8_t *body)
@@ -800,6 +833,7 @@ int main(void)
 	    cmocka_unit_test(test_put_errors),
 	    cmocka_unit_test(test_parked_idle),
 	    cmocka_unit_test(test_max_tokens_huge),
+	    cmocka_unit_test(test_refused_is_client_error),
 	    cmocka_unit_test(test_bad_prefill_reply),
 	    cmocka_unit_test(test_processes_healthy),
 	};

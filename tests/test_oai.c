@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -196,13 +197,109 @@ static void test_responses_parse(void **state)
 	free(s);
 }
 
+/* 1 if s[0..n) is well-formed UTF-8 (RFC 3629), by decoding every code point. */
+static int is_utf8(const unsigned char *s, size_t n)
+{
+	size_t i = 0;
+	while (i < n) {
+		unsigned c = s[i], cp, len;
+		if (c < 0x80) {
+			i++;
+			continue;
+		}
+		if ((c & 0xE0) == 0xC0)
+			len = 2, cp = c & 0x1F;
+		else if ((c & 0xF0) == 0xE0)
+			len = 3, cp = c & 0x0F;
+		else if ((c & 0xF8) == 0xF0)
+			len = 4, cp = c & 0x07;
+		else
+			return 0;
+		if (i + len > n)
+			return 0;
+		for (unsigned k = 1; k < len; k++) {
+			if ((s[i + k] & 0xC0) != 0x80)
+				return 0;
+			cp = cp << 6 | (s[i + k] & 0x3F);
+		}
+		static const unsigned min[5] = {0, 0, 0x80, 0x800, 0x10000};
+		if (cp < min[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+			return 0;
+		i += len;
+	}
+	return 1;
+}
+
+/* Request bodies must be UTF-8; generated text that is not (byte tokens) is written with
+ * U+FFFD, so every response is valid JSON. */
+static void test_utf8(void **state)
+{
+	(void)state;
+	static const char *const bad[] = {
+	    "{\"prompt\":\"ab\xff\"}",		    /* not a UTF-8 byte */
+	    "{\"prompt\":\"\xc0\xaf\"}",	    /* overlong '/' */
+	    "{\"prompt\":\"\xed\xa0\x80\"}",	    /* a surrogate */
+	    "{\"prompt\":\"\xf4\x90\x80\x80\"}",    /* past U+10FFFF */
+	    "{\"prompt\":\"x\xe2\x82\"}",	    /* cut short */
+	    "{\"prompt\":\"x\",\"stop\":\"\x80\"}", /* any field */
+	    "{\"messages\":[{\"role\":\"user\",\"content\":\"\xfe\"}]}",
+	};
+	struct oai_request r;
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		const char *param = "unset";
+		int rc = parse(bad[i], strstr(bad[i], "messages") != NULL, &r, &param);
+		if (rc != -EINVAL)
+			fail_msg("case %zu: rc %d", i, rc);
+	}
+	/* Every length of well-formed sequence passes unchanged. */
+	const char *ok = "{\"prompt\":\"h\xc3\xa9 \xe2\x82\xac \xf0\x9d\x84\x9e \xef\xbf\xbf\"}";
+	assert_int_equal(parse(ok, 0, &r, NULL), 0);
+	assert_string_equal(r.prompt, "h\xc3\xa9 \xe2\x82\xac \xf0\x9d\x84\x9e \xef\xbf\xbf");
+	oai_request_free(&r);
+
+	/* Output: each byte that is not part of a well-formed sequence becomes U+FFFD. */
+	const char *gen = "a\xff\xe2\x82\xac\xe2\x82";
+	const char *want = "a\xef\xbf\xbd\xe2\x82\xac\xef\xbf\xbd\xef\xbf\xbd";
+	struct oai_usage u = {.prompt_tokens = 1, .completion_tokens = 4};
+	for (int k = 0; k < 4; k++) {
+		char *s = k == 0   ? oai_response_json(0, "i", "m", 1, gen, "stop", &u)
+			  : k == 1 ? oai_response_json(1, "i", "m", 1, gen, "stop", &u)
+			  : k == 2 ? oai_chunk_json(0, "i", "m", 1, gen, NULL, NULL)
+				   : oai_chunk_json(1, "i", "m", 1, gen, NULL, NULL);
+		assert_non_null(s);
+		assert_true(is_utf8((const unsigned char *)s, strlen(s)));
+		cJSON *o = cJSON_Parse(s);
+		cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+		cJSON *t =
+		    k == 1   ? cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "message"), "content")
+		    : k == 3 ? cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "delta"), "content")
+			     : cJSON_GetObjectItem(c0, "text");
+		assert_string_equal(t->valuestring, want);
+		cJSON_Delete(o);
+		free(s);
+	}
+	/* The salt fits the worker protocol; max_completion_tokens: null means absent. */
+	char salt[300];
+	snprintf(salt, sizeof(salt), "{\"prompt\":\"a\",\"user\":\"%0*d\"}", OAI_MAX_SALT, 0);
+	assert_int_equal(parse(salt, 0, &r, NULL), 0);
+	assert_int_equal(strlen(r.salt), OAI_MAX_SALT);
+	oai_request_free(&r);
+	snprintf(salt, sizeof(salt), "{\"prompt\":\"a\",\"user\":\"%0*d\"}", OAI_MAX_SALT + 1, 0);
+	assert_int_equal(parse(salt, 0, &r, NULL), -EINVAL);
+	assert_int_equal(
+	    parse("{\"prompt\":\"a\",\"max_completion_tokens\":null,\"max_tokens\":40}", 0, &r,
+		  NULL),
+	    0);
+	assert_int_equal(r.max_tokens, 40);
+	oai_request_free(&r);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_completion_ok),
-	    cmocka_unit_test(test_bad_requests),
-	    cmocka_unit_test(test_chat),
-	    cmocka_unit_test(test_responses_parse),
+	    cmocka_unit_test(test_completion_ok), cmocka_unit_test(test_bad_requests),
+	    cmocka_unit_test(test_chat),	  cmocka_unit_test(test_responses_parse),
+	    cmocka_unit_test(test_utf8),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -59,6 +59,7 @@ struct gw_job {
 	size_t emitted; /* bytes streamed so far */
 	int ntokens, prompt_tokens, cached_tokens;
 	int done, stopped, cancelled, final_sent;
+	int prompted; /* gw_job_prompt has run: the prompt was taken */
 	int err;
 	char errmsg[256];
 	char finish[16];
@@ -123,6 +124,8 @@ void gw_job_prompt(struct gw_job *j, int prompt_tokens, int cached_tokens)
 	pthread_mutex_lock(&j->mu);
 	j->prompt_tokens = prompt_tokens;
 	j->cached_tokens = cached_tokens;
+	j->prompted = 1;
+	pthread_cond_broadcast(&j->cv);
 	pthread_mutex_unlock(&j->mu);
 }
 
@@ -296,11 +299,42 @@ static void wait_news(struct gw_job *j)
 	pthread_cond_timedwait(&j->cv, &j->mu, &ts);
 }
 
+/* The HTTP status, error type and code of a job that ended with err: what a worker refuses
+ * because of the request itself is the client's error, as when the gateway refuses it. */
+static unsigned job_status(int err, const char **type, const char **code)
+{
+	*type = "invalid_request_error";
+	*code = NULL;
+	switch (err) {
+	case -E2BIG:
+		*code = "context_length_exceeded";
+		return 400;
+	case -EINVAL:
+		return 400;
+	case -EAGAIN:
+		*type = "server_error";
+		*code = "overloaded";
+		return 503;
+	}
+	*type = "server_error";
+	*code = "generation_failed";
+	return 500;
+}
+
+/* Counts j's outcome once: a job the client cancelled was counted by cancel_job. */
 static void account(struct gw_job *j)
 {
 	struct gw *g = j->g;
+	const char *type, *code;
+	pthread_mutex_lock(&j->mu);
+	int cancelled = j->cancelled, err = j->stopped ? 0 : j->err;
+	pthread_mutex_unlock(&j->mu);
 	pthread_mutex_lock(&g->mu);
-	if (j->err && !j->stopped)
+	if (cancelled)
+		;
+	else if (err && job_status(err, &type, &code) < 500)
+		g->req_client_err++;
+	else if (err)
 		g->req_server_err++;
 	else
 		g->req_ok++;
@@ -387,8 +421,9 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 		snprintf(fin, sizeof(fin), "%s", j->finish);
 		pthread_mutex_unlock(&j->mu);
 		if (err) {
-			stream_put(s,
-				   oai_error_json(msg, "server_error", NULL, "generation_failed"));
+			const char *type, *code;
+			job_status(err, &type, &code);
+			stream_put(s, oai_error_json(msg, type, NULL, code));
 		} else {
 			stream_put(s,
 				   oai_chunk_json(j->req.chat, j->idstr, g->o.model_id, j->created,
@@ -481,7 +516,37 @@ static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat
 				  rc == -E2BIG ? "context_length_exceeded" : NULL);
 	}
 
+	/* Wait for the end (not streaming), or until the prompt was taken (streaming: a request
+	 * a worker refuses gets its error status instead of a 200 and an error event), watching
+	 * for a client that hangs up. */
+	pthread_mutex_lock(&j->mu);
+	while (!j->done && !j->stopped && (!j->req.stream || !j->prompted)) {
+		wait_news(j);
+		if (!j->done && !j->stopped && (!j->req.stream || !j->prompted)) {
+			pthread_mutex_unlock(&j->mu);
+			if (client_gone(c)) {
+				cancel_job(j);
+				account(j);
+				job_unref(j);
+				return MHD_NO;
+			}
+			pthread_mutex_lock(&j->mu);
+		}
+	}
+	int jerr = j->stopped ? 0 : j->err;
+	char msg[256];
+	snprintf(msg, sizeof(msg), "%s", j->errmsg);
+	if (jerr && (!j->req.stream || j->ntokens == 0)) {
+		pthread_mutex_unlock(&j->mu);
+		account(j);
+		job_unref(j);
+		const char *type, *code;
+		unsigned st = job_status(jerr, &type, &code);
+		return send_text(c, st, "application/json",
+				 oai_error_json(msg, type, st < 500 ? "prompt" : NULL, code));
+	}
 	if (j->req.stream) {
+		pthread_mutex_unlock(&j->mu);
 		struct stream *s = calloc(1, sizeof(*s));
 		if (!s) {
 			cancel_job(j);
@@ -504,34 +569,12 @@ static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat
 		return ret;
 	}
 
-	/* Not streaming: wait for the end, watching for a client that hangs up. */
-	pthread_mutex_lock(&j->mu);
-	while (!j->done && !j->stopped) {
-		wait_news(j);
-		if (!j->done && !j->stopped) {
-			pthread_mutex_unlock(&j->mu);
-			if (client_gone(c)) {
-				cancel_job(j);
-				account(j);
-				job_unref(j);
-				return MHD_NO;
-			}
-			pthread_mutex_lock(&j->mu);
-		}
-	}
 	struct oai_usage u = {j->prompt_tokens, j->ntokens, j->cached_tokens};
-	int jerr = j->stopped ? 0 : j->err;
-	char msg[256];
-	snprintf(msg, sizeof(msg), "%s", j->errmsg);
-	char *body = jerr ? NULL
-			  : oai_response_json(chat, j->idstr, g->o.model_id, j->created, j->raw,
-					      j->finish, &u);
+	char *body =
+	    oai_response_json(chat, j->idstr, g->o.model_id, j->created, j->raw, j->finish, &u);
 	pthread_mutex_unlock(&j->mu);
 	account(j);
 	job_unref(j);
-	if (jerr)
-		return send_text(c, 500, "application/json",
-				 oai_error_json(msg, "server_error", NULL, "generation_failed"));
 	return send_text(c, 200, "application/json", body);
 }
 

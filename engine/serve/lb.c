@@ -3,6 +3,7 @@
 #define KVFS_LOG_TAG "lb"
 #include "lb.h"
 #include "ktime.h"
+#include "oai.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -533,6 +534,7 @@ static int be_submit(void *ctx, struct gw_job *job, const struct gw_req *g)
 	q->chat = o->chat;
 	q->prompt = strdup(g->prompt);
 	q->salt = o->salt ? strdup(o->salt) : NULL;
+	_Static_assert(OAI_MAX_SALT < KVW_SALT_MAX, "a salt the API accepts must fit a frame");
 	if (!q->prompt || (o->salt && !q->salt) || (o->salt && strlen(o->salt) >= KVW_SALT_MAX)) {
 		int rc = q->prompt && o->salt && q->salt ? -EINVAL : -ENOMEM;
 		lreq_put(q);

@@ -17,6 +17,68 @@ static int fail(char *err, size_t errlen, const char **param, const char *p, int
 	return rc;
 }
 
+/* Length of the well-formed UTF-8 sequence at s[0..n) (1-4), or 0 if it is not one: a stray
+ * continuation byte, an overlong form, a surrogate, a code point past U+10FFFF, or a sequence
+ * cut short (RFC 3629). */
+static size_t utf8_seq(const unsigned char *s, size_t n)
+{
+	unsigned c = s[0];
+	if (c < 0x80)
+		return 1;
+	size_t len = c >= 0xC2 && c <= 0xDF   ? 2
+		     : c >= 0xE0 && c <= 0xEF ? 3
+		     : c >= 0xF0 && c <= 0xF4 ? 4
+					      : 0;
+	if (!len || n < len)
+		return 0;
+	/* The second byte's range depends on the first (no overlongs, surrogates or > U+10FFFF). */
+	unsigned lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
+	unsigned hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+	if (s[1] < lo || s[1] > hi)
+		return 0;
+	for (size_t i = 2; i < len; i++)
+		if ((s[i] & 0xC0) != 0x80)
+			return 0;
+	return len;
+}
+
+static int utf8_valid(const char *s, size_t n)
+{
+	for (size_t i = 0, k; i < n; i += k)
+		if (!(k = utf8_seq((const unsigned char *)s + i, n - i)))
+			return 0;
+	return 1;
+}
+
+/* Adds text as a JSON string. Generated text can hold bytes that are not UTF-8 (a byte-level
+ * token sampled on its own); each such byte becomes U+FFFD, so the response stays valid JSON,
+ * which must be UTF-8 (RFC 8259). */
+static void add_text(cJSON *o, const char *key, const char *text)
+{
+	size_t n = strlen(text);
+	if (utf8_valid(text, n)) {
+		cJSON_AddStringToObject(o, key, text);
+		return;
+	}
+	char *fixed = malloc(3 * n + 1), *w = fixed;
+	if (!fixed)
+		return; /* out of memory: the key is left out, as by any failing cJSON_Add */
+	for (size_t i = 0, k; i < n; i += k) {
+		k = utf8_seq((const unsigned char *)text + i, n - i);
+		if (k) {
+			memcpy(w, text + i, k);
+			w += k;
+		} else {
+			memcpy(w, "\xEF\xBF\xBD", 3);
+			w += 3;
+			k = 1;
+		}
+	}
+	*w = 0;
+	cJSON_AddStringToObject(o, key, fixed);
+	free(fixed);
+}
+
 static char *dup_str(const char *s)
 {
 	size_t n = strlen(s);
@@ -116,6 +178,10 @@ int oai_parse_request(const char *body, size_t len, int chat, const struct oai_l
 	if (memchr(body, 0, len))
 		return fail(err, errlen, param, NULL, -EINVAL, "request body contains a NUL byte%s",
 			    NULL);
+	/* JSON text is UTF-8 (RFC 8259); cJSON passes other bytes through into the strings. */
+	if (!utf8_valid(body, len))
+		return fail(err, errlen, param, NULL, -EINVAL, "request body is not valid UTF-8%s",
+			    NULL);
 	cJSON *o = cJSON_ParseWithLength(body, len);
 	if (!o)
 		return fail(err, errlen, param, NULL, -EINVAL, "request body is not valid JSON%s",
@@ -202,9 +268,8 @@ int oai_parse_request(const char *body, size_t len, int chat, const struct oai_l
 	double d;
 	int present;
 	p = "max_tokens";
-	const char *mt = cJSON_GetObjectItemCaseSensitive(o, "max_completion_tokens")
-			     ? "max_completion_tokens"
-			     : "max_tokens";
+	const cJSON *mct = cJSON_GetObjectItemCaseSensitive(o, "max_completion_tokens");
+	const char *mt = mct && !cJSON_IsNull(mct) ? "max_completion_tokens" : "max_tokens";
 	if (opt_number(o, mt, 1, lim->max_tokens, &d, &present) || (present && d != floor(d))) {
 		char range[64];
 		snprintf(range, sizeof(range), "%d", lim->max_tokens);
@@ -278,8 +343,8 @@ int oai_parse_request(const char *body, size_t len, int chat, const struct oai_l
 		if (opt_string(o, p, &r->salt))
 			goto bad_type;
 	}
-	if (r->salt && strlen(r->salt) > 256) {
-		rc = fail(err, errlen, param, p, -EINVAL, "'%s' is longer than 256 bytes", p);
+	if (r->salt && strlen(r->salt) > OAI_MAX_SALT) {
+		rc = fail(err, errlen, param, p, -EINVAL, "'%s' is longer than 255 bytes", p);
 		goto out;
 	}
 	goto out;
@@ -442,9 +507,9 @@ char *oai_response_json(int chat, const char *id, const char *model, int64_t cre
 	if (chat) {
 		cJSON *m = cJSON_AddObjectToObject(c, "message");
 		cJSON_AddStringToObject(m, "role", "assistant");
-		cJSON_AddStringToObject(m, "content", text ? text : "");
+		add_text(m, "content", text ? text : "");
 	} else {
-		cJSON_AddStringToObject(c, "text", text ? text : "");
+		add_text(c, "text", text ? text : "");
 		cJSON_AddNullToObject(c, "logprobs");
 	}
 	cJSON_AddStringToObject(c, "finish_reason", finish_reason ? finish_reason : "stop");
@@ -464,9 +529,9 @@ char *oai_chunk_json(int chat, const char *id, const char *model, int64_t create
 		if (chat) {
 			cJSON *d = cJSON_AddObjectToObject(c, "delta");
 			if (text)
-				cJSON_AddStringToObject(d, "content", text);
+				add_text(d, "content", text);
 		} else {
-			cJSON_AddStringToObject(c, "text", text ? text : "");
+			add_text(c, "text", text ? text : "");
 		}
 		if (finish_reason)
 			cJSON_AddStringToObject(c, "finish_reason", finish_reason);

@@ -13,6 +13,9 @@
 #include <stdint.h>
 
 #define OAI_MAX_STOP 4
+/* Longest cache salt ("cache_salt" or "user"), in bytes: what the worker protocol carries
+ * (KVW_SALT_MAX with its NUL). */
+#define OAI_MAX_SALT 255
 
 struct oai_message {
 	char *role; /* "system", "user", "assistant" */

@@ -453,8 +453,13 @@ int sch_submit(struct sch *s, const struct sch_job *j, const struct sch_sink *k,
 		r->n = (int)cnt;
 	}
 	rc = -E2BIG;
-	/* max_tokens comes from the wire (up to INT32_MAX): compared so that nothing overflows */
-	if ((j->mode == SCH_PREFILL ? 1 : r->sp.max_tokens) > s->o.max_ctx - r->n)
+	/* max_tokens comes from the wire (up to INT32_MAX): compared so that nothing overflows.
+	 * A prefill computes one token but checks the whole request's room, so that a request
+	 * the decode side must refuse is refused before its prompt is computed. */
+	int room = r->sp.max_tokens;
+	if (j->mode == SCH_PREFILL && room < 1)
+		room = 1;
+	if (room > s->o.max_ctx - r->n)
 		goto fail;
 	pthread_mutex_lock(&s->mu);
 	if (s->stop) {
