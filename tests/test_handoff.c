@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -726,6 +727,68 @@ static void test_refused_is_client_error(void **state)
 	}
 }
 
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* A decode worker that hangs (SIGSTOP) mid-stream: the gateway's health check marks it down
+ * and, HUNG_MS later, breaks the stream, which ends with an error event and [DONE]. Before,
+ * the stream stayed open and silent for as long as the worker was stopped (the 60 s receive
+ * timeout here). The worker, continued, is taken up again and serves. */
+static void test_hung_decode_replica(void **state)
+{
+	(void)state;
+	int fd = htu_connect(gport[G_FS]);
+	assert_true(fd >= 0);
+	char body[512];
+	snprintf(body, sizeof(body),
+		 "{\"prompt\":\"%s\",\"max_tokens\":700,\"temperature\":0,\"stream\":true}",
+		 prompt);
+	assert_int_equal(htu_send(fd, 0, "POST", "/v1/completions", body), 0);
+	struct timeval tv = {.tv_sec = 60};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	size_t cap = 1 << 20, len = 0;
+	char *buf = malloc(cap);
+	ssize_t n = 0;
+	int stopped = 0;
+	double t0 = 0;
+	while (len + 1 < cap && (n = recv(fd, buf + len, cap - 1 - len, 0)) > 0) {
+		len += (size_t)n;
+		buf[len] = 0;
+		if (!stopped && strstr(buf, "data: ")) { /* tokens are flowing */
+			assert_int_equal(kill(wpid[W_D], SIGSTOP), 0);
+			stopped = 1;
+			t0 = now_s();
+		}
+	}
+	int eof = n == 0;
+	double waited = now_s() - t0;
+	if (stopped)
+		kill(wpid[W_D], SIGCONT);
+	close(fd);
+	buf[len] = 0;
+	if (!stopped)
+		fail_msg("no token came: %.300s", buf);
+	fprintf(stderr, "  stream ended %.1f s after the decode worker stopped\n", waited);
+	assert_true(eof); /* not the receive timeout */
+	assert_non_null(strstr(buf, "\"error\""));
+	assert_non_null(strstr(buf, "data: [DONE]"));
+	free(buf);
+	char name[128];
+	snprintf(name, sizeof(name), "lb_replica_up{role=\"decode\",addr=\"127.0.0.1:%u\"}",
+		 wport[W_D]);
+	for (int i = 0; i < 100 && metric(G_FS, name) != 1; i++)
+		usleep(100000);
+	assert_true(metric(G_FS, name) == 1);
+	int cached = 0;
+	char *t = complete(G_FS, prompt, 4, 0, &cached);
+	assert_non_null(t);
+	free(t);
+}
+
 /* A fake prefill worker: STATUS answered (idle), every PREFILL answered with a reply that
  * does not parse (one byte too many). */
 static int fake_pf_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, uint8_t *body)
@@ -834,6 +897,7 @@ int main(void)
 	    cmocka_unit_test(test_parked_idle),
 	    cmocka_unit_test(test_max_tokens_huge),
 	    cmocka_unit_test(test_refused_is_client_error),
+	    cmocka_unit_test(test_hung_decode_replica),
 	    cmocka_unit_test(test_bad_prefill_reply),
 	    cmocka_unit_test(test_processes_healthy),
 	};

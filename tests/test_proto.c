@@ -262,6 +262,19 @@ static void test_auth_and_calls(void **state)
 	assert_true(kvp_client_alive(c1));
 	assert_int_equal(kvp_call(c1, 0x10, "ok", 2, NULL, 0, 2000, &b, &len), 0);
 	free(b);
+	/* Abort: a call in flight fails at once instead of waiting for its reply or timeout,
+	 * the next get reconnects; an address without a connection is left alone. */
+	struct kvp_call *k;
+	assert_int_equal(kvp_call_start(c1, 0x7F, "late", 4, NULL, 0, &k), 0);
+	kvp_pool_abort(p, addr);
+	kvp_pool_abort(p, "127.0.0.1:1");
+	assert_int_equal(kvp_call_wait(k, 60000, NULL, NULL), -ECONNRESET);
+	assert_false(kvp_client_alive(c1));
+	kvp_pool_put(p, c1);
+	assert_int_equal(kvp_pool_get(p, addr, &c1), 0);
+	assert_true(kvp_client_alive(c1));
+	assert_int_equal(kvp_call(c1, 0x10, "ok", 2, NULL, 0, 2000, &b, &len), 0);
+	free(b);
 	kvp_pool_put(p, c1);
 	kvp_pool_destroy(p);
 

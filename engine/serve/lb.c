@@ -21,6 +21,10 @@
 #define RPC_TIMEOUT_MS	   600000 /* a long prompt on a slow CPU */
 #define STATUS_TIMEOUT_MS  1000
 #define CONNECT_TIMEOUT_MS 2000
+/* A replica that has failed its health checks this long is taken as hung (stopped, not
+ * answering): the calls and streams this gateway has in flight there are broken, so their
+ * requests fail or retry instead of waiting out RPC_TIMEOUT_MS or forever. */
+#define HUNG_MS 3000
 
 /* How a request's KV reached its decode worker, for /metrics. */
 enum ho_kind { HO_FS = 0, HO_DIRECT = 1, HO_FALLBACK = 2, HO_LOCAL = 3, HO_N };
@@ -34,6 +38,8 @@ struct replica {
 	int kv_free;	     /* reported */
 	uint32_t computed;   /* reported: prompt tokens computed there */
 	int inflight;	     /* this gateway's requests there */
+	int64_t down_ms;     /* monotonic ms when it was last seen going down; 0 while up */
+	int broken;	     /* its in-flight requests were broken for this down spell */
 	int inflight_tokens; /* their estimated prompt tokens (prefill) */
 	uint64_t picks, failures;
 };
@@ -71,8 +77,9 @@ struct lreq {
 	char *salt;
 	int chat;
 	struct kvi_sample_params sp;
-	pthread_mutex_t mu; /* guards fd, cancelled */
-	int fd;		    /* the decode connection, -1 when none */
+	pthread_mutex_t mu;	   /* guards fd, dec, cancelled */
+	int fd;			   /* the decode connection, -1 when none */
+	const struct replica *dec; /* the decode replica of fd */
 	int cancelled;
 };
 
@@ -174,12 +181,29 @@ static int transport_err(int rc)
 	       rc == -ETIMEDOUT || rc == -EPIPE || rc == -EHOSTUNREACH || rc == -ENOTCONN;
 }
 
+static int64_t mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Caller holds l->mu. */
+static void set_down(struct replica *r)
+{
+	if (r->up || !r->down_ms) {
+		r->down_ms = mono_ms();
+		r->broken = 0;
+	}
+	r->up = 0;
+}
+
 static void mark_down(struct lb *l, struct replica *r)
 {
 	pthread_mutex_lock(&l->mu);
 	if (r->up)
 		klog_warn("replica %s is down", r->addr);
-	r->up = 0;
+	set_down(r);
 	r->failures++;
 	pthread_mutex_unlock(&l->mu);
 }
@@ -304,6 +328,7 @@ static int decode_on(struct lreq *q, struct replica *r, uint16_t op, const struc
 		rc = -ECANCELED;
 	else
 		q->fd = fd;
+	q->dec = r;
 	pthread_mutex_unlock(&q->mu);
 	struct kvp_hdr h = {.op = op, .id = gw_job_id(q->job)};
 	int refused = 0;
@@ -693,7 +718,15 @@ static void probe_apply(struct lb *l, struct probe *p, uint8_t *body, uint32_t l
 	struct replica *r = p->r;
 	if (!rc && !r->up)
 		klog_info("replica %s is up", r->addr);
-	r->up = rc == 0;
+	if (rc) {
+		if (r->up)
+			klog_warn("replica %s does not answer its health check: %s", r->addr,
+				  kvp_strerror(rc));
+		set_down(r);
+	} else {
+		r->up = 1;
+		r->down_ms = 0;
+	}
 	r->running = rc ? 0 : running;
 	r->queued_tokens = rc ? 0 : queued;
 	r->kv_free = rc ? 0 : kv_free;
@@ -730,6 +763,31 @@ static void check_all(struct lb *l)
 	}
 }
 
+/* Breaks what this gateway has in flight on replicas down for HUNG_MS: the prefill calls on
+ * the pooled connection, the decode streams of the requests there. Caller holds l->mu. */
+static void break_hung(struct lb *l)
+{
+	struct role *roles[2] = {&l->pf, &l->dc};
+	int64_t now = mono_ms();
+	for (int k = 0; k < 2; k++)
+		for (int i = 0; i < roles[k]->n; i++) {
+			struct replica *r = &roles[k]->r[i];
+			if (r->up || !r->down_ms || r->broken || now - r->down_ms < HUNG_MS)
+				continue;
+			r->broken = 1;
+			if (r->inflight)
+				klog_warn("replica %s down for %d ms: breaking %d requests there",
+					  r->addr, HUNG_MS, r->inflight);
+			kvp_pool_abort(l->pool, r->addr);
+			for (struct lreq *q = l->active; q; q = q->next) {
+				pthread_mutex_lock(&q->mu);
+				if (q->dec == r && q->fd >= 0)
+					shutdown(q->fd, SHUT_RDWR);
+				pthread_mutex_unlock(&q->mu);
+			}
+		}
+}
+
 static void *health_main(void *arg)
 {
 	struct lb *l = arg;
@@ -738,6 +796,7 @@ static void *health_main(void *arg)
 		pthread_mutex_unlock(&l->mu);
 		check_all(l);
 		pthread_mutex_lock(&l->mu);
+		break_hung(l);
 		struct timespec ts;
 		kvfs_deadline(&ts, CLOCK_REALTIME, 200);
 		if (!l->stop)

@@ -279,6 +279,10 @@ void kvp_pool_destroy(struct kvp_pool *p);
  * with kvp_pool_put, never close it. -ECONNREFUSED etc. when it cannot connect. */
 int kvp_pool_get(struct kvp_pool *p, const char *addr, struct kvp_client **out);
 void kvp_pool_put(struct kvp_pool *p, struct kvp_client *c);
+/* Breaks the pool's live connection to addr, if any (it never connects): every call in flight
+ * on it fails with -ECONNRESET and the next kvp_pool_get reconnects. For a peer that stopped
+ * answering: its calls would otherwise wait out their whole timeouts. */
+void kvp_pool_abort(struct kvp_pool *p, const char *addr);
 
 /* ---- server: an accept thread and one thread per authenticated connection ---- */
 #define KVP_SEND_TIMEOUT_MS 30000

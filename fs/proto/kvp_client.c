@@ -347,6 +347,17 @@ int kvp_pool_get(struct kvp_pool *p, const char *addr, struct kvp_client **out)
 	return 0;
 }
 
+void kvp_pool_abort(struct kvp_pool *p, const char *addr)
+{
+	pthread_mutex_lock(&p->mu);
+	struct pool_ent *e = pool_find(p, addr);
+	/* Only shut down: the reader fails the calls and the client is freed as any failed
+	 * one (a client in e->c is not closed while p->mu is held). */
+	if (e && e->c && kvp_client_alive(e->c))
+		shutdown(e->c->fd, SHUT_RDWR);
+	pthread_mutex_unlock(&p->mu);
+}
+
 void kvp_pool_put(struct kvp_pool *p, struct kvp_client *c)
 {
 	if (!c)
