@@ -731,10 +731,13 @@ int gw_start(const struct gw_opts *o, const struct gw_backend *be, struct gw **o
 	}
 	pthread_mutex_init(&g->mu, NULL);
 	pthread_cond_init(&g->idle, NULL);
+	/* A connection idle 30 s is closed: with 512 threads at most, idle sockets (a client
+	 * that connected and sends nothing) held every slot for the old 600 s. A request being
+	 * served is never idle to MHD: its thread is inside our handler or stream reader. */
 	g->d = MHD_start_daemon(
 	    MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG, 0,
 	    NULL, NULL, handler, g, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_NOTIFY_COMPLETED,
-	    completed, g, MHD_OPTION_CONNECTION_LIMIT, 512u, MHD_OPTION_CONNECTION_TIMEOUT, 600u,
+	    completed, g, MHD_OPTION_CONNECTION_LIMIT, 512u, MHD_OPTION_CONNECTION_TIMEOUT, 30u,
 	    MHD_OPTION_END);
 	if (!g->d) {
 		klog_error("cannot listen on %s:%u", o->host ? o->host : "127.0.0.1", o->port);
