@@ -153,6 +153,39 @@ static void test_repair(void **state)
 	assert_int_equal(rt_maint(c, KVP_MAINT_NODE_REMOVE, lost), -ENOENT);
 }
 
+/* ALLOCs a 4-stripe 2+1 write and returns its id when it places a chunk on node `on`, else
+ * aborts it and returns 0. */
+static uint64_t alloc_on(struct kvc *c, uint32_t on)
+{
+	uint8_t req[10] = {2, 1, 0, 0x10, 0, 0, 4, 0, 0, 0}; /* k 2, m 1, 4 KiB, 4 stripes */
+	uint8_t *rb = NULL;
+	uint32_t rl = 0;
+	assert_int_equal(kvc_admin(c, KVP_OP_ALLOC, req, sizeof(req), &rb, &rl), 0);
+	struct kvp_rbuf r;
+	kvp_r_init(&r, rb, rl);
+	uint64_t wid = kvp_r_u64(&r);
+	uint32_t nn = kvp_r_u32(&r);
+	for (uint32_t i = 0; i < nn; i++) {
+		char a[KVP_ADDR_MAX];
+		kvp_r_u32(&r);
+		kvp_r_str(&r, a, sizeof(a));
+	}
+	int hit = 0;
+	for (int s = 0; s < 4 * 3; s++) {
+		hit |= kvp_r_u32(&r) == on;
+		kvp_r_u64(&r);
+	}
+	assert_int_equal(r.err, 0);
+	free(rb);
+	if (hit)
+		return wid;
+	uint8_t ab[8];
+	for (int i = 0; i < 8; i++)
+		ab[i] = (uint8_t)(wid >> (8 * i));
+	assert_int_equal(kvc_admin(c, KVP_OP_ABORT, ab, sizeof(ab), NULL, NULL), 0);
+	return 0;
+}
+
 static void test_drain(void **state)
 {
 	(void)state;
@@ -167,6 +200,11 @@ static void test_drain(void **state)
 	int held = rt_node_chunks(clp, 2, NULL, 0);
 	fprintf(stderr, "  node %u holds %d chunks (%d in all)\n", id, held, rt_all_chunks(clp));
 	assert_int_equal(rt_maint(c, KVP_MAINT_NODE_REMOVE, id), -EBUSY); /* up, not drained */
+	/* A write allocated before the drain, with a chunk placed on the node. */
+	uint64_t wid = 0;
+	for (int i = 0; i < 16 && !wid; i++)
+		wid = alloc_on(c, id);
+	assert_true(wid != 0);
 	struct rt_status s = {0};
 	assert_int_equal(rt_job(c, KVP_MAINT_DRAIN, id, 60000, &s), 0);
 	assert_int_equal(s.total, (uint64_t)held);
@@ -185,6 +223,13 @@ static void test_drain(void **state)
 			assert_int_equal(n[j].state, KVP_NODE_DRAINING);
 	free(n);
 	assert_int_equal(kvh_node_kill(clp, 2, SIGTERM), 0);
+	/* Not while that write could still commit a chunk on it (before: removed, and the
+	 * commit then named a node no longer registered, never repaired). */
+	assert_int_equal(rt_maint(c, KVP_MAINT_NODE_REMOVE, id), -EBUSY);
+	uint8_t ab[8];
+	for (int i = 0; i < 8; i++)
+		ab[i] = (uint8_t)(wid >> (8 * i));
+	assert_int_equal(kvc_admin(c, KVP_OP_ABORT, ab, sizeof(ab), NULL, NULL), 0);
 	assert_int_equal(rt_maint(c, KVP_MAINT_NODE_REMOVE, id), 0);
 	check_files(c);
 	assert_int_equal(rt_check(c, "/after", 100000, 7), 0);
@@ -267,6 +312,41 @@ static void test_scrub(void **state)
 	assert_int_equal(kvh_node_kill(clp, 2, SIGKILL), 0);
 	assert_int_equal(kvh_wait_nodes_up(clp, 3, 10000), 0);
 	check_files(c);
+}
+
+/* A down node whose chunks have nowhere to go (2+1 on 3 nodes: both survivors hold the
+ * stripe) is tried once, with no reads, and not again until more nodes are up. Before, the
+ * automatic repair started over every ~200 ms, rebuilding every chunk (reading its stripe's
+ * survivors) before finding no destination. */
+static void test_repair_impossible(void **state)
+{
+	(void)state;
+	if (!rt_have_bins())
+		skip();
+	struct kvh_cluster *const clp = &g_cl;
+	struct kvc *c = start_with_files_flags(3,
+					       "--k 2 --m 1 --node-timeout 1s --gc-interval 0.1s "
+					       "--repair-delay 0.5s",
+					       NULL, KVH_METRICS);
+	int held = rt_node_chunks(clp, 2, NULL, 0);
+	assert_true(held > 0);
+	double gets0 = nodes_metric(clp, "kvfs_node_requests_total", "op=\"get\"");
+	assert_int_equal(kvh_node_kill(clp, 2, SIGKILL), 0);
+	struct rt_status s = {0};
+	int64_t end = rt_now_ms() + 30000;
+	do { /* the first attempt */
+		rt_sleep_ms(100);
+		assert_int_equal(rt_mstatus(c, &s), 0);
+	} while (s.st[KVP_MST_REPAIR_FAILED] < (uint64_t)held && rt_now_ms() < end);
+	assert_int_equal(s.st[KVP_MST_REPAIR_FAILED], (uint64_t)held);
+	rt_sleep_ms(3000); /* ~15 passes of the worker */
+	assert_int_equal(rt_mstatus(c, &s), 0);
+	double gets = nodes_metric(clp, "kvfs_node_requests_total", "op=\"get\"") - gets0;
+	fprintf(stderr, "  impossible repair: %llu failed, %.0f chunk reads\n",
+		(unsigned long long)s.st[KVP_MST_REPAIR_FAILED], gets);
+	assert_int_equal(s.st[KVP_MST_REPAIR_FAILED], (uint64_t)held);
+	assert_true(gets == 0);
+	check_files(c); /* degraded reads still decode */
 }
 
 /* A node down for --repair-delay is repaired without anyone asking, rate-limited. */
@@ -371,6 +451,7 @@ int main(void)
 	    cmocka_unit_test_teardown(test_repair, teardown),
 	    cmocka_unit_test_teardown(test_drain, teardown),
 	    cmocka_unit_test_teardown(test_scrub, teardown),
+	    cmocka_unit_test_teardown(test_repair_impossible, teardown),
 	    cmocka_unit_test_teardown(test_auto_repair, teardown),
 	    cmocka_unit_test_teardown(test_degraded, teardown),
 	};

@@ -33,6 +33,8 @@ int meta_open(const struct meta_opts *o, struct meta **out)
 	if (!rc)
 		rc = mdb_rev_build(m);
 	if (!rc)
+		rc = mdb_parents_fix(m);
+	if (!rc)
 		rc = kvp_pool_create(o->secret, 2000, &m->pool);
 	/* The first orphan pass waits one interval: nodes re-register first, and a restart
 	 * loop must not LIST every node each time. */

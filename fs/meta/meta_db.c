@@ -435,6 +435,56 @@ int mdb_rev_build(struct meta *m)
 	return rc;
 }
 
+int mdb_parents_fix(struct meta *m)
+{
+	uint8_t k[MK_MAX];
+	char *v;
+	size_t vl;
+	if (mdb_get(m, NULL, k, mk_counter(k, MC_PARENTS_OK), &v, &vl) == 0) {
+		rocksdb_free(v);
+		return 0;
+	}
+	rocksdb_writebatch_t *b = rocksdb_writebatch_create();
+	rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, m->ro);
+	uint64_t n = 0;
+	int rc = 0;
+	k[0] = MK_DIRENT;
+	for (rocksdb_iter_seek(it, (const char *)k, 1); rocksdb_iter_valid(it);
+	     rocksdb_iter_next(it)) {
+		size_t kl;
+		const uint8_t *key = (const uint8_t *)rocksdb_iter_key(it, &kl);
+		if (kl < 9 || key[0] != MK_DIRENT)
+			break;
+		struct kvp_rbuf r;
+		kvp_r_init(&r, rocksdb_iter_value(it, &vl), vl);
+		uint64_t ino = kvp_r_u64(&r), parent = mk_rd_be64(key + 1);
+		uint32_t mode = kvp_r_u32(&r);
+		struct mino f;
+		if (kvp_r_end(&r) || !S_ISREG(mode) || mdb_inode_get(m, NULL, ino, &f) ||
+		    f.parent == parent)
+			continue;
+		f.parent = parent;
+		mdb_inode_put(b, &f);
+		n++;
+		if (rocksdb_writebatch_count(b) >= 65536) {
+			rc = mdb_write(m, b);
+			rocksdb_writebatch_clear(b);
+			if (rc)
+				break;
+		}
+	}
+	rocksdb_iter_destroy(it);
+	if (!rc) {
+		mdb_counter_put(b, MC_PARENTS_OK, 1);
+		rc = mdb_write(m, b);
+	}
+	rocksdb_writebatch_destroy(b);
+	if (!rc && n)
+		klog_info("fixed the parent of %llu files renamed across directories",
+			  (unsigned long long)n);
+	return rc;
+}
+
 void mino_to_attr(const struct mino *in, struct kvp_attr *a)
 {
 	memset(a, 0, sizeof(*a));
@@ -478,6 +528,7 @@ static int db_init(struct meta *m)
 	mdb_counter_put(b, MC_FILES, 0);
 	mdb_counter_put(b, MC_DIRS, 1);
 	mdb_counter_put(b, MC_REV_BUILT, 1);
+	mdb_counter_put(b, MC_PARENTS_OK, 1);
 	k[0] = MK_VERSION;
 	rocksdb_writebatch_put(b, (const char *)k, 1, DB_VERSION, strlen(DB_VERSION));
 	int rc = mdb_write(m, b);

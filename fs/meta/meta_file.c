@@ -85,6 +85,28 @@ static int pend_decode(const char *v, size_t vl, struct mpend *p)
 	return kvp_r_end(&r) ? -EIO : 0;
 }
 
+int mfile_pending_on(struct meta *m, uint32_t node)
+{
+	uint8_t k = MK_PENDING;
+	int rc = 0;
+	rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, m->ro);
+	for (rocksdb_iter_seek(it, (const char *)&k, 1); rocksdb_iter_valid(it) && !rc;
+	     rocksdb_iter_next(it)) {
+		size_t kl, vl;
+		const char *key = rocksdb_iter_key(it, &kl);
+		if (kl < 1 || key[0] != MK_PENDING)
+			break;
+		const char *v = rocksdb_iter_value(it, &vl);
+		struct mpend p = {0};
+		rc = pend_decode(v, vl, &p);
+		for (size_t i = 0; !rc && i < pend_slots(&p); i++)
+			rc = p.node[i] == node;
+		free(p.node);
+	}
+	rocksdb_iter_destroy(it);
+	return rc;
+}
+
 /* -ESTALE for an unknown (aborted, expired or committed) write id. */
 static int pend_get(struct meta *m, uint64_t write_id, struct mpend *p)
 {

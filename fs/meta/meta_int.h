@@ -34,7 +34,8 @@ enum {
 	MC_NEXT_NODE = 3,
 	MC_FILES = 4,
 	MC_DIRS = 5,
-	MC_REV_BUILT = 6, /* 1 once the R index covers every stripe map (built at first open) */
+	MC_REV_BUILT = 6,  /* 1 once the R index covers every stripe map (built at first open) */
+	MC_PARENTS_OK = 7, /* 1 once every file's parent matches its directory entry (below) */
 };
 
 #define MK_MAX (1 + 8 + KVP_NAME_MAX + 8)
@@ -91,6 +92,10 @@ struct mnode {
 	uint64_t freed_b[MFREED_BUCKETS];
 	int64_t freed_ep[MFREED_BUCKETS]; /* bucket epoch: monotonic ns / MFREED_STEP_NS */
 	int64_t down_mono; /* monotonic time it was marked down (memory only; 0 = never) */
+	/* The last automatic repair of it that left chunks unrepaired, and how many nodes were
+	 * up then: it is retried when more are up, or after REPAIR_RETRY_NS (memory only). */
+	int64_t repair_fail_mono;
+	size_t repair_fail_up;
 };
 
 static inline uint64_t mnode_freed(const struct mnode *n)
@@ -199,6 +204,9 @@ void mdb_rev_put(rocksdb_writebatch_t *b, uint32_t node, uint64_t chunk, uint64_
 		 uint32_t stripe);
 /* Builds the R index from every stripe map once (databases made before it existed). */
 int mdb_rev_build(struct meta *m);
+/* Once: sets each file's parent from its directory entry (a rename across directories did
+ * not update it before, so retention and eviction skipped the file). */
+int mdb_parents_fix(struct meta *m);
 void mdb_atime_move(rocksdb_writebatch_t *b, uint64_t ino, int64_t old_ns, int64_t new_ns);
 
 /* ---- meta_ns.c: directory entries (value: u64 ino, u32 mode) ---- */
@@ -227,6 +235,9 @@ int mns_touch(struct meta *m, const struct mreq *q, struct kvp_wbuf *out);
 int mfile_alloc(struct meta *m, const struct mreq *q, struct kvp_wbuf *out);
 int mfile_commit(struct meta *m, const struct mreq *q, struct kvp_wbuf *out);
 int mfile_abort(struct meta *m, const struct mreq *q, struct kvp_wbuf *out);
+/* 1 if a pending write (ALLOC not yet committed or aborted) places a chunk on node, else 0,
+ * or -EIO / -ENOMEM. Caller holds m->mu (so no ALLOC or COMMIT runs meanwhile). */
+int mfile_pending_on(struct meta *m, uint32_t node);
 int mfile_layout(struct meta *m, const struct mreq *q, struct kvp_wbuf *out);
 /* Aborts pending writes older than the write timeout. Takes mu. */
 void mfile_expire(struct meta *m);

@@ -276,18 +276,23 @@ static int evict(struct meta *m, uint64_t need)
 		return -ENOMEM;
 	uint64_t freed = 0;
 	int total = 0;
+	/* Where a round starts: the oldest entry, or past a batch none of which could be
+	 * removed (touched or removed meanwhile), which would otherwise end eviction. */
+	uint8_t from[17] = {MK_ATIME};
+	size_t fromlen = 1;
 	for (int round = 0; round < RETENTION_MAX && freed < want; round++) {
 		size_t n = 0;
 		uint64_t chosen = 0;
-		uint8_t k = MK_ATIME;
+		uint8_t last[17];
 		rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, m->ro);
-		for (rocksdb_iter_seek(it, (const char *)&k, 1);
+		for (rocksdb_iter_seek(it, (const char *)from, fromlen);
 		     rocksdb_iter_valid(it) && n < VICTIM_BATCH && freed + chosen < want;
 		     rocksdb_iter_next(it)) {
 			size_t kl;
 			const uint8_t *key = (const uint8_t *)rocksdb_iter_key(it, &kl);
 			if (kl != 17 || key[0] != MK_ATIME)
 				break;
+			memcpy(last, key, sizeof(last));
 			struct mino f;
 			uint64_t ino = mk_rd_be64(key + 9);
 			if (mdb_inode_get(m, NULL, ino, &f))
@@ -305,8 +310,16 @@ static int evict(struct meta *m, uint64_t need)
 			break;
 		uint64_t stored;
 		int rc = victims_remove(m, v, n, &stored);
-		if (rc <= 0)
+		if (rc < 0)
 			break;
+		if (rc == 0) { /* the next round starts after this batch */
+			memcpy(from, last, sizeof(last));
+			for (int i = 16; i > 0 && ++from[i] == 0; i--) /* the next key after it */
+				;
+			fromlen = sizeof(from);
+			continue;
+		}
+		fromlen = 1;
 		total += rc;
 		freed += stored;
 		mst_add(m, KVP_MST_EVICTED, (uint64_t)rc);
@@ -377,8 +390,12 @@ static int pending_ranges(struct meta *m, struct range **out, size_t *n, uint64_
 			continue;
 		if (*n == cap) {
 			struct range *p = realloc(r, 2 * cap * sizeof(*r));
-			if (!p)
-				break;
+			if (!p) { /* a partial list would make pending chunks look orphaned */
+				rocksdb_iter_destroy(it);
+				pthread_mutex_unlock(&m->mu);
+				free(r);
+				return -ENOMEM;
+			}
 			r = p;
 			cap *= 2;
 		}

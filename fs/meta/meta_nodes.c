@@ -350,18 +350,27 @@ static int owns_chunks(struct meta *m, uint32_t id)
 int mnodes_remove(struct meta *m, uint32_t id)
 {
 	mnodes_check(m);
+	/* m->mu for the whole check and removal: no ALLOC places a chunk on the node and no
+	 * COMMIT references one meanwhile (a write allocated before the removal and committed
+	 * after it named a node no longer registered: that chunk was never repaired). */
+	pthread_mutex_lock(&m->mu);
 	pthread_mutex_lock(&m->nodes_mu);
 	size_t i = 0;
 	while (i < m->nnodes && m->nodes[i].id != id)
 		i++;
 	if (i == m->nnodes) {
 		pthread_mutex_unlock(&m->nodes_mu);
+		pthread_mutex_unlock(&m->mu);
 		return -ENOENT;
 	}
 	struct mnode n = m->nodes[i];
 	pthread_mutex_unlock(&m->nodes_mu);
-	if ((n.state == KVP_NODE_UP && !n.draining) || owns_chunks(m, id))
-		return -EBUSY;
+	int pend = 0;
+	if ((n.state == KVP_NODE_UP && !n.draining) || owns_chunks(m, id) ||
+	    (pend = mfile_pending_on(m, id)) != 0) {
+		pthread_mutex_unlock(&m->mu);
+		return pend < 0 ? pend : -EBUSY;
+	}
 	uint8_t k[MK_MAX], hi[MK_MAX];
 	rocksdb_writebatch_t *b = rocksdb_writebatch_create();
 	rocksdb_writebatch_delete(b, (const char *)k, mk_node(k, id));
@@ -381,6 +390,7 @@ int mnodes_remove(struct meta *m, uint32_t id)
 		klog_info("node %u (%s) removed from the registry", id, n.addr);
 	}
 	pthread_mutex_unlock(&m->nodes_mu);
+	pthread_mutex_unlock(&m->mu);
 	rocksdb_writebatch_destroy(b);
 	return rc;
 }

@@ -414,10 +414,13 @@ int mns_rename(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 	} else if (rc != -ENOENT) {
 		goto out;
 	}
-	if (S_ISDIR(src.mode) && q->newparent != q->parent) {
-		sp.nlink--;
-		dp->nlink++;
+	if (q->newparent != q->parent) {
+		/* Files too: retention and eviction find a file's name through its parent. */
 		src.parent = q->newparent;
+		if (S_ISDIR(src.mode)) {
+			sp.nlink--;
+			dp->nlink++;
+		}
 	}
 	src.ctime_ns = now;
 	mdb_inode_put(b, &src);

@@ -235,25 +235,10 @@ static int64_t repair_slot(struct rctx *x, uint64_t ino, uint32_t s, uint32_t no
 		bufs[i] = mem + i * plen;
 	uint32_t len = st.len[idx];
 
-	rc = -EIO;
-	const struct rnode *src = node_find(x->nodes, x->nnodes, node);
-	if (mode == MODE_DRAIN && src && src->state == KVP_NODE_UP) {
-		struct kvp_wbuf w;
-		struct kvp_client *c;
-		struct kvp_call *call;
-		get_body(&w, chunk);
-		rc = call_start(m, src->addr, KVP_OP_GET, &w, NULL, 0, &c, &call);
-		kvp_w_free(&w);
-		if (!rc)
-			rc = chunk_finish(m, c, call, bufs[idx], len, st.slot[idx].crc);
-	}
-	if (rc)
-		rc = rebuild(x, &st, idx, bufs, plen);
-	if (rc)
-		goto out;
-
-	/* Destination: an up, non-draining node with the most room, not holding another chunk
-	 * of this stripe (the chunk's own node qualifies for scrub: distinctness holds). */
+	/* Destination first, so that a chunk with nowhere to go costs no reads (10+1 on 11
+	 * nodes with one down has none, and automatic repair retries): an up, non-draining node
+	 * with the most room, not holding another chunk of this stripe (the chunk's own node
+	 * qualifies for scrub: distinctness holds). */
 	struct rnode *dst = NULL;
 	pthread_mutex_lock(x->mu);
 	for (size_t i = 0; i < x->nnodes; i++) {
@@ -274,6 +259,28 @@ static int64_t repair_slot(struct rctx *x, uint64_t ino, uint32_t s, uint32_t no
 		rc = -ENOSPC;
 		goto out;
 	}
+
+	rc = -EIO;
+	const struct rnode *src = node_find(x->nodes, x->nnodes, node);
+	if (mode == MODE_DRAIN && src && src->state == KVP_NODE_UP) {
+		struct kvp_wbuf w;
+		struct kvp_client *c;
+		struct kvp_call *call;
+		get_body(&w, chunk);
+		rc = call_start(m, src->addr, KVP_OP_GET, &w, NULL, 0, &c, &call);
+		kvp_w_free(&w);
+		if (!rc)
+			rc = chunk_finish(m, c, call, bufs[idx], len, st.slot[idx].crc);
+	}
+	if (rc)
+		rc = rebuild(x, &st, idx, bufs, plen);
+	if (rc) {
+		pthread_mutex_lock(x->mu);
+		dst->free += (int64_t)len;
+		pthread_mutex_unlock(x->mu);
+		goto out;
+	}
+
 	uint64_t nid;
 	pthread_mutex_lock(&m->mu);
 	rc = mdb_alloc_chunks(m, 1, &nid);
@@ -761,26 +768,56 @@ static void run_job(struct meta *m, struct kvec_codec **codecs, uint8_t kind, ui
 
 /* Automatic work when idle: repair nodes down longer than the repair delay, and a background
  * scrub every scrub interval. Returns 1 when it ran something. */
+/* Nodes up and not draining. Caller holds m->nodes_mu. */
+/* How long an automatic repair that could not finish waits before it is tried again with
+ * no more nodes up than before. */
+#define REPAIR_RETRY_NS (600 * 1000000000LL)
+
+static size_t nodes_up(const struct meta *m)
+{
+	size_t up = 0;
+	for (size_t i = 0; i < m->nnodes; i++)
+		up += m->nodes[i].state == KVP_NODE_UP && !m->nodes[i].draining;
+	return up;
+}
+
 static int auto_job(struct meta *m, struct kvec_codec **codecs)
 {
 	int64_t now = meta_mono_ns();
 	if (m->o.repair_delay_s > 0) {
-		size_t n;
-		struct rnode *r = nodes_copy(m, &n);
 		uint32_t due = 0;
 		pthread_mutex_lock(&m->nodes_mu);
+		size_t up = nodes_up(m);
 		for (size_t i = 0; i < m->nnodes && !due; i++) {
 			const struct mnode *d = &m->nodes[i];
-			if (d->state == KVP_NODE_DOWN && d->down_mono &&
+			/* A repair of this down spell that left chunks behind (no node to put
+			 * them on: 10+1 on 11 nodes) waits for more nodes or REPAIR_RETRY_NS,
+			 * instead of starting over every pass. */
+			int backoff = d->repair_fail_mono > d->down_mono &&
+				      up <= d->repair_fail_up &&
+				      now - d->repair_fail_mono < REPAIR_RETRY_NS;
+			if (d->state == KVP_NODE_DOWN && d->down_mono && !backoff &&
 			    now - d->down_mono >= (int64_t)(m->o.repair_delay_s * 1e9))
 				due = d->id;
 		}
 		pthread_mutex_unlock(&m->nodes_mu);
-		free(r);
 		if (due && rev_count(m, due)) {
 			klog_info("node %u down for over %.0f s: repairing its chunks", due,
 				  m->o.repair_delay_s);
 			run_job(m, codecs, KVP_MAINT_REPAIR, due, m->o.repair_rate);
+			int left = rev_count(m, due) > 0;
+			pthread_mutex_lock(&m->nodes_mu);
+			for (size_t i = 0; i < m->nnodes; i++)
+				if (m->nodes[i].id == due && left) {
+					m->nodes[i].repair_fail_mono = meta_mono_ns();
+					m->nodes[i].repair_fail_up = up;
+				}
+			pthread_mutex_unlock(&m->nodes_mu);
+			if (left)
+				klog_warn(
+				    "node %u: chunks left unrepaired; retried when more nodes "
+				    "are up or in %d s",
+				    due, (int)(REPAIR_RETRY_NS / 1000000000LL));
 			return 1;
 		}
 	}
