@@ -318,13 +318,17 @@ static int fetch_stripe(struct kvc_file *f, struct sfetch *sf, uint64_t s, uint8
 		else if (rc == -ETIMEDOUT)
 			slow |= 1ull << j;
 	}
+	uint64_t asked = sf->started;
 	sf->s = -1;
 	sf->started = 0;
 	uint64_t missing = want & ~present;
 	if (!missing)
 		return 0;
 	if (direct) {
-		*failed = missing & ~slow; /* slow ones may be asked again */
+		/* Only chunks that were asked and failed: one never asked (its node on the bad
+		 * list) must stay a candidate of the degraded read; slow ones may be asked again.
+		 */
+		*failed = missing & (asked | avoid) & ~slow;
 		return -EAGAIN;
 	}
 	/* Degraded: gather k chunks, parity first, then anything not yet tried. */
@@ -334,18 +338,23 @@ static int fetch_stripe(struct kvc_file *f, struct sfetch *sf, uint64_t s, uint8
 	while (popcount(present) < k) {
 		uint64_t batch = 0;
 		int need = k - popcount(present);
+		/* need counts only GETs started: a chunk already present (an empty one of the
+		 * last stripe) or one whose GET cannot start (its node just died) must not use up
+		 * a turn, or the round ends with parity never asked: -EIO with m nodes down. */
 		for (int pass = 0; pass < 2 && need > 0; pass++) {
 			for (int i = k; i < n + k && need > 0; i++) {
 				int c = i < n ? i : i - n; /* parity, then data */
-				if ((tried >> c) & 1 || (pass == 0 && !usable(f, &ss[c])))
+				if ((tried >> c) & 1 || (present >> c) & 1 ||
+				    (pass == 0 && !usable(f, &ss[c])))
 					continue;
 				tried |= 1ull << c;
 				if (lens[c] == 0) {
 					present |= 1ull << c;
+					need--;
 				} else if (get_start(f, &ss[c], 0, lens[c], &sf->rpc[c]) == 0) {
 					batch |= 1ull << c;
+					need--;
 				}
-				need--;
 			}
 		}
 		if (!batch && popcount(present) < k)
