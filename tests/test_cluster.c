@@ -524,6 +524,27 @@ static void test_degraded_edges(void **state)
 		snprintf(p, sizeof(p), "/e%d", i);
 		assert_int_equal(put_seeded(c, p, edge_size[i], 300 + (uint64_t)i, 0), 0);
 	}
+	/* Files of 10 geometries read through one client (it could hold the codecs of 8; the
+	 * 9th and later failed with ENOMEM for the client's lifetime). */
+	for (int g = 0; g < 10; g++) {
+		struct kvc_opts o = {.meta_addr = cl->meta_addr,
+				     .secret = &cl->secret,
+				     .k = 1 + g / 2,
+				     .m = 1 + g % 2};
+		struct kvc *w;
+		assert_int_equal(kvc_open(&o, &w), 0);
+		char p[32];
+		snprintf(p, sizeof(p), "/g%d", g);
+		assert_int_equal(put_seeded(w, p, 50000, 400 + (uint64_t)g, 0), 0);
+		kvc_close(w);
+	}
+	for (int g = 0; g < 10; g++) {
+		char p[32];
+		snprintf(p, sizeof(p), "/g%d", g);
+		rc = check_file(c, p, 50000, 400 + (uint64_t)g);
+		if (rc)
+			fail_msg("%s (%d+%d): %s", p, 1 + g / 2, 1 + g % 2, kvp_strerror(rc));
+	}
 	/* Data 0 and parity 0 of the last stripe of a 1-byte and of a 65537-byte file. */
 	static const int targets[] = {0, 4};
 	for (size_t t = 0; t < sizeof(targets) / sizeof(targets[0]); t++) {

@@ -3,6 +3,7 @@
  * connection. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -128,9 +129,18 @@ static void *late_reply(void *arg)
 	return NULL;
 }
 
+static atomic_int g_hold; /* op 0x7D holds its connection's thread (no reads) while set */
+
 static int echo_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, uint8_t *body)
 {
 	(void)ctx;
+	if (h->op == 0x7D) {
+		for (int i = 0; i < 2000 && atomic_load(&g_hold); i++)
+			usleep(5000);
+		kvp_reply(c, h, 0, NULL, 0, NULL, 0);
+		free(body);
+		return 0;
+	}
 	if (h->op == 0x66) { /* a "malformed request": the handler asks to close */
 		free(body);
 		return -EBADMSG;
@@ -277,6 +287,29 @@ static void test_auth_and_calls(void **state)
 	free(b);
 	kvp_pool_put(p, c1);
 	kvp_pool_destroy(p);
+
+	/* A peer that stops reading: a send that makes no progress for the send timeout fails
+	 * and takes the connection down (it blocked for as long as the peer did, holding the
+	 * send lock every other call on the connection waits for). */
+	assert_int_equal(kvp_client_open(addr, &good, 2000, &c), 0);
+	kvp_client_set_send_timeout(c, 300);
+	atomic_store(&g_hold, 1);
+	struct kvp_call *held;
+	assert_int_equal(kvp_call_start(c, 0x7D, NULL, 0, NULL, 0, &held), 0);
+	uint8_t *blob = calloc(1, 512 << 10);
+	int sent = 0, src = 0;
+	struct kvp_call *bk[128];
+	while (sent < 128 &&
+	       (src = kvp_call_start(c, 0x10, blob, 512 << 10, NULL, 0, &bk[sent])) == 0)
+		sent++;
+	atomic_store(&g_hold, 0);
+	assert_int_equal(src, -ECONNRESET); /* 64 MiB never fit the buffers: a send timed out */
+	assert_false(kvp_client_alive(c));
+	for (int i = 0; i < sent; i++)
+		kvp_call_wait(bk[i], 2000, NULL, NULL);
+	kvp_call_wait(held, 2000, NULL, NULL);
+	free(blob);
+	kvp_client_close(c);
 
 	kvp_server_stop(s);
 	assert_int_equal(kvp_client_open(addr, &good, 500, &c), -ECONNREFUSED);

@@ -8,7 +8,6 @@
 #include "kvc.h"
 #include "kvec.h"
 
-#define KVC_MAX_CODECS	  8
 #define KVC_BAD_NODE_MS	  3000 /* a node that timed out or refused is skipped this long */
 #define KVC_META_ATTEMPTS 10   /* connection failures to meta: retries with backoff */
 #define KVC_TOUCH_MAX	  1024 /* access times held before a TOUCH is sent regardless */
@@ -29,12 +28,10 @@ struct kvc {
 	uint64_t max_file, max_buffered;
 	struct kvp_pool *pool; /* meta and node connections; thread-safe */
 
-	pthread_mutex_t mu; /* protects codecs, ncodecs, bad, nbad */
-	struct {
-		int k, m;
-		struct kvec_codec *codec;
-	} codecs[KVC_MAX_CODECS];
-	int ncodecs;
+	pthread_mutex_t mu; /* protects codecs, bad, nbad */
+	/* One codec per geometry met, made on first use and kept (open files point at them):
+	 * a slot for every (k, m), so no mix of geometries can run out of them. */
+	struct kvec_codec *codecs[KVEC_MAX_K][KVEC_MAX_M + 1];
 	struct kvc_badnode bad[64];
 	int nbad;
 

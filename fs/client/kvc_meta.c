@@ -87,23 +87,13 @@ int kvc__meta_call(struct kvc *c, uint16_t op, const struct kvp_wbuf *req, int a
 
 int kvc__codec(struct kvc *c, int k, int m, struct kvec_codec **out)
 {
+	if (k < 1 || k > KVEC_MAX_K || m < 0 || m > KVEC_MAX_M)
+		return -EINVAL;
 	pthread_mutex_lock(&c->mu);
-	for (int i = 0; i < c->ncodecs; i++) {
-		if (c->codecs[i].k == k && c->codecs[i].m == m) {
-			*out = c->codecs[i].codec;
-			pthread_mutex_unlock(&c->mu);
-			return 0;
-		}
-	}
-	int rc = -ENOMEM;
-	if (c->ncodecs < KVC_MAX_CODECS) {
-		rc = kvec_codec_create(k, m, out);
-		if (rc == 0) {
-			c->codecs[c->ncodecs].k = k;
-			c->codecs[c->ncodecs].m = m;
-			c->codecs[c->ncodecs++].codec = *out;
-		}
-	}
+	struct kvec_codec **slot = &c->codecs[k - 1][m];
+	int rc = *slot ? 0 : kvec_codec_create(k, m, slot);
+	if (!rc)
+		*out = *slot;
 	pthread_mutex_unlock(&c->mu);
 	return rc;
 }
@@ -216,8 +206,9 @@ void kvc_close(struct kvc *c)
 	if (!c)
 		return;
 	kvp_pool_destroy(c->pool);
-	for (int i = 0; i < c->ncodecs; i++)
-		kvec_codec_destroy(c->codecs[i].codec);
+	for (int k = 0; k < KVEC_MAX_K; k++)
+		for (int m = 0; m <= KVEC_MAX_M; m++)
+			kvec_codec_destroy(c->codecs[k][m]);
 	pthread_mutex_destroy(&c->mu);
 	free(c);
 }

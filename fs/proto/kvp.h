@@ -250,10 +250,18 @@ int kvp_auth_client(int fd, const struct kvp_secret *s, int timeout_ms);
 struct kvp_client;
 struct kvp_call;
 
+/* Default bound on a send that makes no progress, for clients and servers. */
+#define KVP_SEND_TIMEOUT_MS 30000
+
 int kvp_client_open(const char *addr, const struct kvp_secret *s, int timeout_ms,
 		    struct kvp_client **out);
 /* Fails every call in flight with -ECONNABORTED, joins the reader, frees. NULL is a no-op. */
 void kvp_client_close(struct kvp_client *c);
+/* How long sending one request may make no progress (the peer takes no byte: stopped, wedged)
+ * before it fails and the connection with it (KVP_SEND_TIMEOUT_MS from kvp_client_open). A send
+ * holds the connection's send lock, so without a bound every other call to that peer queued
+ * behind it forever, their own timeouts unused. */
+void kvp_client_set_send_timeout(struct kvp_client *c, int ms);
 /* 1 while the connection works; 0 once it has failed (open a new one). */
 int kvp_client_alive(const struct kvp_client *c);
 const char *kvp_client_addr(const struct kvp_client *c);
@@ -285,7 +293,6 @@ void kvp_pool_put(struct kvp_pool *p, struct kvp_client *c);
 void kvp_pool_abort(struct kvp_pool *p, const char *addr);
 
 /* ---- server: an accept thread and one thread per authenticated connection ---- */
-#define KVP_SEND_TIMEOUT_MS 30000
 struct kvp_server;
 struct kvp_conn;
 

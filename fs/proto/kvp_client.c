@@ -111,6 +111,7 @@ int kvp_client_open(const char *addr, const struct kvp_secret *s, int timeout_ms
 	}
 	c->fd = fd;
 	strcpy(c->addr, addr);
+	kvp_client_set_send_timeout(c, KVP_SEND_TIMEOUT_MS);
 	pthread_mutex_init(&c->send_mu, NULL);
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_condattr_t ca;
@@ -128,6 +129,13 @@ int kvp_client_open(const char *addr, const struct kvp_secret *s, int timeout_ms
 	}
 	*out = c;
 	return 0;
+}
+
+void kvp_client_set_send_timeout(struct kvp_client *c, int ms)
+{
+	/* After the handshake, which clears its own timeouts. */
+	struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+	setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 }
 
 void kvp_client_close(struct kvp_client *c)
