@@ -10,6 +10,7 @@
 
 #include <cmocka.h>
 #include <pthread.h>
+#include <rocksdb/c.h>
 
 #include "kvec.h"
 #include "ret_tutil.h"
@@ -104,6 +105,89 @@ static void test_ttl(void **state)
 	for (end = rt_now_ms() + 5000; rt_all_chunks(clp) != 4 * 3 && rt_now_ms() < end;)
 		rt_sleep_ms(50);
 	assert_int_equal(rt_all_chunks(clp), 4 * 3);
+}
+
+/* A database from before two fixes, made by hand with meta stopped: a file renamed across
+ * directories still names its old directory as parent, and neither the chunk owner index (R)
+ * nor the markers of the passes that build and fix them exist. At open meta runs both passes:
+ * the file expires under its new directory's TTL, and a down node that holds chunks cannot be
+ * removed (the R index says it owns them). */
+static void test_old_db_upgrade(void **state)
+{
+	(void)state;
+	if (!rt_have_bins())
+		skip();
+	struct kvh_cluster *const clp = &g_cl;
+	g_up = 1;
+	assert_int_equal(kvh_cluster_start(clp, 3,
+					   "--k 2 --m 1 --ttl 3s --ttl-rules /keep=0 "
+					   "--retention-interval 0.2s --atime-granularity 0 "
+					   "--gc-interval 0.1s --node-timeout 1s",
+					   NULL),
+			 0);
+	struct kvc *c = g_c = client(clp);
+	assert_int_equal(kvc_mkdir_p(c, "/keep", 0755), 0);
+	assert_int_equal(kvc_mkdir_p(c, "/cold", 0755), 0);
+	assert_int_equal(rt_put(c, "/keep/f", 20000, 50), 0);
+	assert_int_equal(rt_put(c, "/keep/g", 20000, 51), 0); /* stays: chunks on every node */
+	struct kvp_attr keep, cold, f;
+	assert_int_equal(kvc_resolve(c, "/keep", &keep), 0);
+	assert_int_equal(kvc_resolve(c, "/cold", &cold), 0);
+	assert_int_equal(kvc_rename(c, keep.ino, "f", cold.ino, "f", 0), 0);
+	assert_int_equal(kvc_resolve(c, "/cold/f", &f), 0);
+	kvc_close(c);
+	g_c = NULL;
+	assert_int_equal(kvh_meta_kill(clp, SIGTERM), 0);
+
+	rocksdb_options_t *o = rocksdb_options_create();
+	char *err = NULL;
+	rocksdb_t *db = rocksdb_open(o, clp->meta_db, &err);
+	assert_null(err);
+	rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
+	rocksdb_writeoptions_t *wo = rocksdb_writeoptions_create();
+	uint8_t ik[9] = {'I'};
+	for (int i = 0; i < 8; i++)
+		ik[1 + i] = (uint8_t)(f.ino >> (56 - 8 * i));
+	size_t vl = 0;
+	char *v = rocksdb_get(db, ro, (const char *)ik, sizeof(ik), &vl, &err);
+	assert_null(err);
+	assert_non_null(v);
+	assert_true(vl > 8);
+	for (int i = 0; i < 8; i++) /* the record ends with the parent, u64 LE */
+		v[vl - 8 + (size_t)i] = (char)(keep.ino >> (8 * i));
+	rocksdb_writebatch_t *b = rocksdb_writebatch_create();
+	rocksdb_writebatch_put(b, (const char *)ik, sizeof(ik), v, vl);
+	free(v);
+	const char c6[2] = {'C', 6}, c7[2] = {'C', 7}, r0[1] = {'R'}, r1[1] = {'R' + 1};
+	rocksdb_writebatch_delete(b, c6, 2);
+	rocksdb_writebatch_delete(b, c7, 2);
+	rocksdb_writebatch_delete_range(b, r0, 1, r1, 1);
+	rocksdb_write(db, wo, b, &err);
+	assert_null(err);
+	rocksdb_writebatch_destroy(b);
+	rocksdb_writeoptions_destroy(wo);
+	rocksdb_readoptions_destroy(ro);
+	rocksdb_close(db);
+	rocksdb_options_destroy(o);
+
+	assert_int_equal(kvh_meta_restart(clp), 0);
+	c = g_c = client(clp);
+	struct kvp_attr a;
+	int64_t end = rt_now_ms() + 10000;
+	while (kvc_resolve(c, "/cold/f", &a) == 0 && rt_now_ms() < end)
+		rt_sleep_ms(200);
+	assert_int_equal(kvc_resolve(c, "/cold/f", &a), -ENOENT);
+	struct kvc_node *n;
+	size_t nn;
+	assert_int_equal(kvc_nodes(c, &n, &nn), 0);
+	uint32_t id0 = 0;
+	for (size_t j = 0; j < nn; j++)
+		if (!strcmp(n[j].addr, clp->nodes[0].addr))
+			id0 = n[j].id;
+	free(n);
+	assert_int_equal(kvh_node_kill(clp, 0, SIGKILL), 0);
+	assert_int_equal(kvh_wait_nodes_up(clp, 2, 10000), 0);
+	assert_int_equal(rt_maint(c, KVP_MAINT_NODE_REMOVE, id0), -EBUSY);
 }
 
 /* ---- eviction ---- */
@@ -385,6 +469,7 @@ int main(void)
 	signal(SIGPIPE, SIG_IGN);
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test_teardown(test_ttl, teardown),
+	    cmocka_unit_test_teardown(test_old_db_upgrade, teardown),
 	    cmocka_unit_test_teardown(test_gc, teardown),
 	    cmocka_unit_test_teardown(test_evict, teardown),
 	};

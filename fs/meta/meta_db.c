@@ -388,12 +388,19 @@ int mdb_file_drop_acct(struct meta *m, rocksdb_writebatch_t *b, const struct min
 	return 0;
 }
 
-int mdb_rev_build(struct meta *m)
+/* One step of a one-time pass over a key family: adds what it changes to b and counts it. */
+typedef void (*migrate_fn)(struct meta *m, rocksdb_writebatch_t *b, const uint8_t *key, size_t kl,
+			   const char *val, size_t vl, uint64_t *n);
+
+/* Runs fn over every key of family (keys shorter than minlen end it) unless counter `done` is
+ * set, writing in batches of 64 Ki changes, then sets it in the last batch. */
+static int migrate_once(struct meta *m, uint8_t done, uint8_t family, size_t minlen, migrate_fn fn,
+			const char *what)
 {
 	uint8_t k[MK_MAX];
 	char *v;
 	size_t vl;
-	if (mdb_get(m, NULL, k, mk_counter(k, MC_REV_BUILT), &v, &vl) == 0) {
+	if (mdb_get(m, NULL, k, mk_counter(k, done), &v, &vl) == 0) {
 		rocksdb_free(v);
 		return 0;
 	}
@@ -401,22 +408,15 @@ int mdb_rev_build(struct meta *m)
 	rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, m->ro);
 	uint64_t n = 0;
 	int rc = 0;
-	k[0] = MK_STRIPE;
+	k[0] = family;
 	for (rocksdb_iter_seek(it, (const char *)k, 1); rocksdb_iter_valid(it);
 	     rocksdb_iter_next(it)) {
 		size_t kl;
 		const uint8_t *key = (const uint8_t *)rocksdb_iter_key(it, &kl);
-		if (kl != 13 || key[0] != MK_STRIPE)
+		if (kl < minlen || key[0] != family)
 			break;
-		const uint8_t *val = (const uint8_t *)rocksdb_iter_value(it, &vl);
-		struct mreq q = {.slots = val};
-		for (size_t i = 0; i < vl / MREQ_SLOT_SIZE; i++) {
-			struct mreq_slot sl;
-			mreq_slot_get(&q, i, &sl);
-			mdb_rev_put(b, sl.node_id, sl.chunk_id, mk_rd_be64(key + 1),
-				    mk_rd_be32(key + 9));
-			n++;
-		}
+		const char *val = rocksdb_iter_value(it, &vl);
+		fn(m, b, key, kl, val, vl, &n);
 		if (rocksdb_writebatch_count(b) >= 65536) {
 			rc = mdb_write(m, b);
 			rocksdb_writebatch_clear(b);
@@ -426,63 +426,59 @@ int mdb_rev_build(struct meta *m)
 	}
 	rocksdb_iter_destroy(it);
 	if (!rc) {
-		mdb_counter_put(b, MC_REV_BUILT, 1);
+		mdb_counter_put(b, done, 1);
 		rc = mdb_write(m, b);
 	}
 	rocksdb_writebatch_destroy(b);
 	if (!rc && n)
-		klog_info("built the chunk owner index: %llu chunks", (unsigned long long)n);
+		klog_info("%s: %llu", what, (unsigned long long)n);
 	return rc;
+}
+
+/* A stripe map's chunks into the R index. */
+static void rev_step(struct meta *m, rocksdb_writebatch_t *b, const uint8_t *key, size_t kl,
+		     const char *val, size_t vl, uint64_t *n)
+{
+	(void)m;
+	if (kl != 13)
+		return;
+	struct mreq q = {.slots = (const uint8_t *)val};
+	for (size_t i = 0; i < vl / MREQ_SLOT_SIZE; i++) {
+		struct mreq_slot sl;
+		mreq_slot_get(&q, i, &sl);
+		mdb_rev_put(b, sl.node_id, sl.chunk_id, mk_rd_be64(key + 1), mk_rd_be32(key + 9));
+		(*n)++;
+	}
+}
+
+int mdb_rev_build(struct meta *m)
+{
+	return migrate_once(m, MC_REV_BUILT, MK_STRIPE, 13, rev_step,
+			    "built the chunk owner index, chunks");
+}
+
+/* A file's parent from its directory entry. */
+static void parent_step(struct meta *m, rocksdb_writebatch_t *b, const uint8_t *key, size_t kl,
+			const char *val, size_t vl, uint64_t *n)
+{
+	(void)kl;
+	struct kvp_rbuf r;
+	kvp_r_init(&r, val, vl);
+	uint64_t ino = kvp_r_u64(&r), parent = mk_rd_be64(key + 1);
+	uint32_t mode = kvp_r_u32(&r);
+	struct mino f;
+	if (kvp_r_end(&r) || !S_ISREG(mode) || mdb_inode_get(m, NULL, ino, &f) ||
+	    f.parent == parent)
+		return;
+	f.parent = parent;
+	mdb_inode_put(b, &f);
+	(*n)++;
 }
 
 int mdb_parents_fix(struct meta *m)
 {
-	uint8_t k[MK_MAX];
-	char *v;
-	size_t vl;
-	if (mdb_get(m, NULL, k, mk_counter(k, MC_PARENTS_OK), &v, &vl) == 0) {
-		rocksdb_free(v);
-		return 0;
-	}
-	rocksdb_writebatch_t *b = rocksdb_writebatch_create();
-	rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, m->ro);
-	uint64_t n = 0;
-	int rc = 0;
-	k[0] = MK_DIRENT;
-	for (rocksdb_iter_seek(it, (const char *)k, 1); rocksdb_iter_valid(it);
-	     rocksdb_iter_next(it)) {
-		size_t kl;
-		const uint8_t *key = (const uint8_t *)rocksdb_iter_key(it, &kl);
-		if (kl < 9 || key[0] != MK_DIRENT)
-			break;
-		struct kvp_rbuf r;
-		kvp_r_init(&r, rocksdb_iter_value(it, &vl), vl);
-		uint64_t ino = kvp_r_u64(&r), parent = mk_rd_be64(key + 1);
-		uint32_t mode = kvp_r_u32(&r);
-		struct mino f;
-		if (kvp_r_end(&r) || !S_ISREG(mode) || mdb_inode_get(m, NULL, ino, &f) ||
-		    f.parent == parent)
-			continue;
-		f.parent = parent;
-		mdb_inode_put(b, &f);
-		n++;
-		if (rocksdb_writebatch_count(b) >= 65536) {
-			rc = mdb_write(m, b);
-			rocksdb_writebatch_clear(b);
-			if (rc)
-				break;
-		}
-	}
-	rocksdb_iter_destroy(it);
-	if (!rc) {
-		mdb_counter_put(b, MC_PARENTS_OK, 1);
-		rc = mdb_write(m, b);
-	}
-	rocksdb_writebatch_destroy(b);
-	if (!rc && n)
-		klog_info("fixed the parent of %llu files renamed across directories",
-			  (unsigned long long)n);
-	return rc;
+	return migrate_once(m, MC_PARENTS_OK, MK_DIRENT, 9, parent_step,
+			    "fixed the parent of files renamed across directories");
 }
 
 void mino_to_attr(const struct mino *in, struct kvp_attr *a)
