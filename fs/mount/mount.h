@@ -6,6 +6,7 @@
  *   mount_inode.c   the inode table: FUSE node ids, lookup counts, names, new-file writers
  *   mount_status.c  the .kvfs/ status directory and the user.kvfs.* extended attributes
  *   mount_inval.c   a thread that tells the kernel to drop stale names (dentry invalidation)
+ *   mount_proc.c    the process behind a request: its thread group, its descriptors, a kill
  *
  * FUSE node ids: a committed file or directory uses its metadata inode number. A new file,
  * until its writer commits, gets a temporary id (MNT_TEMP_BASE | n); after the commit the id
@@ -75,6 +76,7 @@ struct mnt_inval;
 struct mnt_counters {
 	atomic_ullong lookups, opens, reads, read_bytes, writes, write_bytes;
 	atomic_ullong commits, commit_errors, aborted, erofs, retries;
+	atomic_ullong foreign_flushes; /* closes of a write handle's copy in another process */
 	atomic_ullong inval_waits; /* replacement commits that waited for the kernel's name drop */
 	atomic_ullong inval_wait_us; /* and how long, in total */
 };
@@ -86,6 +88,7 @@ struct mnt {
 	struct mnt_itab *itab;	 /* its own lock */
 	char meta_addr[KVP_ADDR_MAX];
 	char mountpoint[CFG_STR_MAX];
+	int mnt_id; /* the kernel's id of this mount (mountinfo), set once mounted; 0 = unknown */
 	uid_t uid;
 	gid_t gid;
 	int64_t start_ns;
@@ -102,6 +105,15 @@ struct mnt {
 	pthread_mutex_t cand_lock;
 	struct fh *cands;	 /* cand_lock */
 	struct mnt_inval *inval; /* set before the session loop starts; may be NULL */
+	/* Times recently set on inodes by setattr (mnt_dirtimes_*), a ring. */
+	pthread_mutex_t dt_lock;
+	struct mnt_dirtime {
+		uint64_t ino;
+		int64_t noted_ns; /* mnt_now_ns() before the set was sent */
+		uint32_t valid;	  /* KVP_SET_MTIME | KVP_SET_ATIME */
+		int64_t mtime_ns, atime_ns;
+	} dt[32];	  /* dt_lock */
+	unsigned dt_next; /* dt_lock */
 };
 
 /* The writer of a file being written: a new file (temporary node id) or the replacement of a
@@ -236,6 +248,28 @@ int mnt_inval_entry(struct mnt *m, uint64_t parent, const char *name, int wait_m
 int mnt_inval_queue(struct mnt *m, uint64_t parent, const char *name, uint64_t *ticket);
 int mnt_inval_wait(struct mnt *m, uint64_t ticket, int wait_ms);
 
+/* ---- the process behind a request (mount_proc.c) ----
+ * FUSE requests carry the calling thread's id (0 when it lives in another pid namespace). A
+ * write handle belongs to the process (thread group) that opened it, its owner: only the
+ * owner's closes can publish or drop its file (mount_io.c). */
+/* The thread group of thread tid (/proc/TID/status); 0 when unknown. */
+pid_t mnt_proc_tgid(pid_t tid);
+/* 1 when thread tid belongs to process owner, or either is unknown (then a close counts as the
+ * owner's). One stat of /proc/OWNER/task/TID; never blocks on the process. */
+int mnt_proc_of(pid_t owner, pid_t tid);
+struct mnt_close_info {
+	int killed;	   /* the closing process is dying from a signal */
+	int holds_another; /* the owner still has another descriptor of the file */
+};
+/* What the owner's close (a flush from thread tid) of the file the kernel knows as nodeid
+ * means; want_fds: also look for the owner's other descriptors (else holds_another is 0).
+ * /proc answers for a process in execve only once the exec goes on, which waits for this
+ * flush: so this waits at most 200 ms, and an unanswered look counts as not killed and still
+ * held (the commit then happens at the last release: a descriptor without O_CLOEXEC outlives
+ * the exec, and the exec'ing process never sees a close-on-exec's error anyway). */
+void mnt_proc_close_info(const struct mnt *m, pid_t tid, pid_t owner, uint64_t nodeid, int want_fds,
+			 struct mnt_close_info *out);
+
 /* ---- namespace (mount_ops.c) ---- */
 extern const struct fuse_lowlevel_ops mnt_ops;
 /* Metadata attributes -> struct stat as the mount reports them (st_blocks from stored bytes,
@@ -261,6 +295,14 @@ struct mnt_retry {
 };
 void mnt_retry_start(const struct mnt *m, struct mnt_retry *r);
 int mnt_retry(struct mnt *m, int *rc, struct mnt_retry *r);
+/* A directory's times set explicitly must outlast the commits of files created in it before:
+ * cp -a, rsync -a and tar x set a directory's times once it is filled, and a file published at
+ * its last release (an empty one) lands after that and moves the mtime. mnt_dirtimes_note
+ * records a setattr of times (before it is sent); mnt_dirtimes_restore, after a commit of a
+ * file created at created_ns in dir, sets again the latest times noted for dir since then. */
+void mnt_dirtimes_note(struct mnt *m, uint64_t ino, uint32_t valid, int64_t mtime_ns,
+		       int64_t atime_ns);
+void mnt_dirtimes_restore(struct mnt *m, uint64_t dir, int64_t created_ns);
 /* Blocks up to ~2 s while commits started from release are running. */
 void mnt_wait_release_commits(struct mnt *m);
 int64_t mnt_now_ns(void);

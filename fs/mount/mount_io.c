@@ -5,12 +5,19 @@
  * buffering the new file. Writer handles are direct_io so the bytes of a file being written
  * never enter the page cache that readers of the old version (O_TRUNC) use.
  *
- * When the commit happens: at the flush of a file's last handle that has written since the
- * previous flush — i.e. on the close() after the last write, so close() returns the commit's
- * error. A flush with nothing written since (the dup2 + close a shell does before the command
- * writes, or touch) does not commit; release of the last handle commits whatever is left
- * (an empty file, or a file shared by several handles). A flush from a process that is being
- * killed by a signal aborts the file instead: a killed writer never publishes a partial file.
+ * When the commit happens: at a flush from the process that opened the handle (its owner)
+ * when it is the file's last handle and has written since the previous such flush — i.e. on
+ * the owner's close() after the last write, so that close() returns the commit's error. The
+ * kernel sends a flush for every close of a descriptor, also of copies in other processes (a
+ * forked child, the child of a subprocess between fork and exec, a descriptor passed over a
+ * socket): a flush from any process other than the owner neither commits nor drops the file,
+ * so those children cannot publish the owner's file cut short. A flush with nothing written
+ * since (the dup2 + close a shell does before the command writes, or touch) does not commit;
+ * release of the last handle commits whatever is left (an empty file, a file shared by several
+ * handles, or one the owner closed before another process wrote its bytes). A flush from the
+ * owner while it is being killed by a signal aborts the file instead: a killed writer never
+ * publishes a partial file (a killed child changes nothing). docs/mount.md, "When close()
+ * publishes", says what each call guarantees.
  */
 #define KVFS_LOG_TAG "mount"
 #include "log.h"
@@ -43,7 +50,8 @@ struct fh {
 	/* FH_CAND: where the replacement goes, and who opened it */
 	struct fh *cand_next; /* mnt.cand_lock */
 	uint64_t nodeid, parent;
-	pid_t pid;
+	pid_t pid;   /* the opening thread */
+	pid_t owner; /* FH_WRITE, FH_CAND: its process (thread group); 0 = unknown */
 	char name[KVP_NAME_MAX + 1];
 };
 
@@ -239,6 +247,7 @@ static int wfile_finish(struct mnt *m, struct mnt_wfile *wf)
 	}
 	wf->attr = a;
 	wf->err = 0;
+	mnt_dirtimes_restore(m, wf->parent, wf->ctime_ns);
 	/* The node id the handles were opened on (a new file's temporary id, or the replaced
 	 * file's old inode) now stands for the committed inode. */
 	if (wf->repl_itab)
@@ -354,6 +363,7 @@ void mnt_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode
 	}
 	wf->handles = 1;
 	h->wf = wf; /* the creation reference */
+	h->owner = mnt_proc_tgid(fuse_req_ctx(req)->pid);
 	struct fuse_entry_param e;
 	memset(&e, 0, sizeof(e));
 	e.ino = nodeid;
@@ -465,6 +475,7 @@ static int open_write_committed(struct mnt *m, fuse_req_t req, uint64_t nodeid,
 	h->nodeid = nodeid;
 	h->parent = ii->parent;
 	h->pid = fuse_req_ctx(req)->pid;
+	h->owner = mnt_proc_tgid(h->pid);
 	snprintf(h->name, sizeof(h->name), "%s", ii->name);
 	if (fi->flags & O_TRUNC) { /* a kernel that passes O_TRUNC on */
 		int rc = cand_convert(m, h);
@@ -536,6 +547,7 @@ void mnt_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 			if (!rc) {
 				wf->handles++;
 				h->wf = wf;
+				h->owner = mnt_proc_tgid(fuse_req_ctx(req)->pid);
 			}
 		}
 		pthread_mutex_unlock(&wf->lock);
@@ -787,56 +799,41 @@ void mnt_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off
 	fuse_reply_write(req, (size_t)n);
 }
 
-/* PF_EXITING and a signal in exit_code (/proc/PID/stat fields 9 and 52): the process closing
- * the file is dying from a signal, so what it wrote is not a finished file. */
-static int caller_killed(pid_t pid)
-{
-	if (pid <= 0)
-		return 0;
-	char path[64], buf[2048];
-	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-	FILE *f = fopen(path, "r");
-	if (!f)
-		return 0;
-	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-	fclose(f);
-	buf[n] = 0;
-	char *p = strrchr(buf, ')');
-	if (!p)
-		return 0;
-	/* p+2 is field 3 (state); count fields from there. */
-	unsigned long long flags = 0, exit_code = 0;
-	int field = 3;
-	for (char *save = NULL, *t = strtok_r(p + 2, " ", &save); t;
-	     t = strtok_r(NULL, " ", &save), field++) {
-		if (field == 9)
-			flags = strtoull(t, NULL, 10);
-		else if (field == 52)
-			exit_code = strtoull(t, NULL, 10);
-	}
-	return (flags & 0x4) && (exit_code & 0x7f) != 0;
-}
-
 void mnt_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-	(void)ino;
 	struct mnt *m = mnt_of(req);
 	struct fh *h = fh_of(fi);
-	if (h->kind != FH_WRITE) {
+	pid_t pid = fuse_req_ctx(req)->pid;
+	if (h->kind != FH_WRITE || !mnt_proc_of(h->owner, pid)) {
+		/* Another process's copy of the descriptor closes (a forked child exits or execs):
+		 * what it wrote stays in the file, which its owner's close (or the last release)
+		 * publishes. Killed or not, it must not end the owner's file. */
+		if (h->kind == FH_WRITE)
+			atomic_fetch_add_explicit(&m->n.foreign_flushes, 1, memory_order_relaxed);
 		fuse_reply_err(req, 0);
 		return;
 	}
 	struct mnt_wfile *wf = h->wf;
 	int rc = 0;
-	int killed = caller_killed(fuse_req_ctx(req)->pid);
 	pthread_mutex_lock(&wf->lock);
-	if (killed)
-		wf->killed = 1;
-	if (wf->w && ((wf->dirty && wf->handles == 1) || killed || wf->failed))
-		rc = wfile_finish(m, wf);
-	wf->dirty = 0;
+	int open = wf->w != NULL, maybe_last = wf->dirty && wf->handles == 1 && !wf->failed;
 	pthread_mutex_unlock(&wf->lock);
-	fuse_reply_err(req, killed ? 0 : -rc);
+	struct mnt_close_info ci = {0, 0};
+	if (open)
+		mnt_proc_close_info(m, pid, h->owner, ino, maybe_last, &ci);
+	pthread_mutex_lock(&wf->lock);
+	if (ci.killed)
+		wf->killed = 1;
+	/* The owner's last descriptor: a close of one of several (dash's `>&2` saves fd 1 by
+	 * duplicating and closing it while fd 2 stays the file) is not the end of its writing. */
+	int last = wf->w && wf->dirty && wf->handles == 1 && !ci.killed && !wf->failed &&
+		   !ci.holds_another;
+	if (wf->w && (last || ci.killed || wf->failed))
+		rc = wfile_finish(m, wf);
+	if (!wf->w || last)
+		wf->dirty = 0;
+	pthread_mutex_unlock(&wf->lock);
+	fuse_reply_err(req, ci.killed ? 0 : -rc);
 }
 
 void mnt_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)

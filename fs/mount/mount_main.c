@@ -223,6 +223,24 @@ static int wait_child(int rfd, pid_t pid)
 	return 1;
 }
 
+/* The id /proc/PID/fdinfo gives for descriptors of files on this mount: the last mountinfo line
+ * of a kvfs FUSE file system on mountpoint (a mount stacked on an older one comes after it).
+ * 0 when not found: then a close is never known to leave another descriptor (mount_io.c). */
+static int own_mnt_id(const char *mountpoint)
+{
+	FILE *f = fopen("/proc/self/mountinfo", "r");
+	if (!f)
+		return 0;
+	char line[4096], point[4096], *dash;
+	int id = 0, found = 0;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "%d %*d %*s %*s %4095s", &id, point) == 2 &&
+		    strcmp(point, mountpoint) == 0 && (dash = strstr(line, " - fuse.kvfs ")))
+			found = id;
+	fclose(f);
+	return found;
+}
+
 static void redirect_stdio(const char *logfile)
 {
 	int nul = open("/dev/null", O_RDWR);
@@ -322,6 +340,7 @@ static int serve(struct mnt *m, const struct kvp_secret *secret, int wfd)
 	pthread_mutex_init(&m->rel_lock, NULL);
 	pthread_cond_init(&m->rel_cond, NULL);
 	pthread_mutex_init(&m->cand_lock, NULL);
+	pthread_mutex_init(&m->dt_lock, NULL);
 	if (mnt_itab_create(&m->itab)) {
 		snprintf(err, sizeof(err), "out of memory");
 		goto fail_kvc;
@@ -356,13 +375,13 @@ static int serve(struct mnt *m, const struct kvp_secret *secret, int wfd)
 		goto fail_sig;
 	}
 	set_readahead(m->mountpoint, m->cfg.readahead);
+	m->mnt_id = own_mnt_id(m->mountpoint);
 	klog_info("mounted %s on %s (pid %d)", m->meta_addr, m->mountpoint, (int)getpid());
 	if (wfd >= 0) {
 		report(wfd, "0");
 		wfd = -1;
 		if (chdir("/") != 0)
 			klog_warn("chdir /: %s", strerror(errno));
-		redirect_stdio(m->cfg.log_file);
 	}
 	if ((rc = mnt_inval_start(m)) != 0)
 		klog_warn("no dentry invalidation thread (%s): replaced files show after "
@@ -392,6 +411,7 @@ fail_itab:
 	pthread_cond_destroy(&m->rel_cond);
 	pthread_mutex_destroy(&m->rel_lock);
 	pthread_mutex_destroy(&m->cand_lock);
+	pthread_mutex_destroy(&m->dt_lock);
 fail_kvc:
 	kvc_close(m->c);
 fail:
@@ -457,6 +477,10 @@ int main(int argc, char **argv)
 		close(p[0]);
 		wfd = p[1];
 		setsid();
+		/* From here on the daemon writes nothing to the caller's terminal (which the caller
+		 * may have long left): its log goes to --log-file, or nowhere; a failure to start
+		 * reaches the waiting parent through the pipe, which prints it. */
+		redirect_stdio(m->cfg.log_file);
 	}
 	return serve(m, &secret, wfd);
 }

@@ -148,6 +148,9 @@ static void collect(void *ctx, struct met_out *o)
 		n->retries);
 	counter(o, "kvfs_mount_erofs_total", "Writes refused because the file is immutable",
 		n->erofs);
+	counter(o, "kvfs_mount_foreign_closes_total",
+		"Closes of a file being written by a process other than its opener (no commit)",
+		n->foreign_flushes);
 	met_out_family(o, "kvfs_mount_uptime_seconds", "gauge", "Seconds since the mount started");
 	met_out_sample(o, "kvfs_mount_uptime_seconds", NULL,
 		       (double)(mnt_now_ns() - m->start_ns) / 1e9);

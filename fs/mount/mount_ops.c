@@ -287,6 +287,7 @@ static int getattr_of(struct mnt *m, uint64_t nodeid, struct stat *st, double *t
 		mnt_wfile_put(ii.wf);
 		if (ii.replaced || ii.known) {
 			mnt_attr_to_stat(m, ii.replaced ? &ii.old : &ii.last, st);
+			st->st_nlink = 0; /* no name leads to it any more (fstat after unlink) */
 			return 0;
 		}
 	}
@@ -403,6 +404,8 @@ static void mnt_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int t
 	}
 	if (valid) {
 		struct kvp_attr a;
+		if (valid & (KVP_SET_MTIME | KVP_SET_ATIME))
+			mnt_dirtimes_note(m, mino, valid, mt, at);
 		rc = kvc_setattr(m->c, mino, valid, attr->st_mode & 07777, mt, at, &a);
 		if (rc) {
 			fuse_reply_err(req, -rc);
@@ -417,6 +420,38 @@ static void mnt_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int t
 		fuse_reply_err(req, -rc);
 	else
 		fuse_reply_attr(req, &st, to);
+}
+
+void mnt_dirtimes_note(struct mnt *m, uint64_t ino, uint32_t valid, int64_t mtime_ns,
+		       int64_t atime_ns)
+{
+	pthread_mutex_lock(&m->dt_lock);
+	struct mnt_dirtime *d = &m->dt[m->dt_next++ % (sizeof(m->dt) / sizeof(m->dt[0]))];
+	*d = (struct mnt_dirtime){.ino = ino,
+				  .noted_ns = mnt_now_ns(),
+				  .valid = valid & (KVP_SET_MTIME | KVP_SET_ATIME),
+				  .mtime_ns = mtime_ns,
+				  .atime_ns = atime_ns};
+	pthread_mutex_unlock(&m->dt_lock);
+}
+
+void mnt_dirtimes_restore(struct mnt *m, uint64_t dir, int64_t created_ns)
+{
+	struct mnt_dirtime last = {0};
+	pthread_mutex_lock(&m->dt_lock);
+	for (size_t i = 0; i < sizeof(m->dt) / sizeof(m->dt[0]); i++)
+		if (m->dt[i].ino == dir && m->dt[i].valid && m->dt[i].noted_ns >= created_ns &&
+		    m->dt[i].noted_ns >= last.noted_ns)
+			last = m->dt[i];
+	pthread_mutex_unlock(&m->dt_lock);
+	if (!last.valid)
+		return;
+	struct kvp_attr a;
+	int rc = kvc_setattr(m->c, dir, last.valid, 0, last.mtime_ns, last.atime_ns, &a);
+	if (rc)
+		klog_warn("directory inode %llu: setting its times again after a commit in it "
+			  "failed: %s",
+			  (unsigned long long)dir, kvp_strerror(rc));
 }
 
 /* ---- directories ---- */

@@ -110,6 +110,7 @@ static int gen_stats(struct mnt *m, FILE *f)
 	C(commit_errors);
 	C(aborted);
 	C(erofs);
+	C(foreign_flushes);
 	C(retries);
 	C(inval_waits);
 	C(inval_wait_us);
