@@ -134,6 +134,15 @@ uint64_t kvec_layout_stripe_bytes(const struct kvec_layout *l);
 int kvec_layout_chunk_range(const struct kvec_layout *l, uint64_t s, int j, uint64_t *off,
 			    uint32_t *len);
 
+/* Bytes stored for chunk i (0 <= i < k + m) of stripe s (s < nstripes): a data chunk holds its
+ * file range (kvec_layout_chunk_range), a parity chunk as many bytes as data chunk 0, the
+ * longest of the stripe. 0 means the chunk holds no byte of the file: an empty data chunk of
+ * the last stripe (a file shorter than a stripe leaves some), never stored on any node, known
+ * to be zeros. Writers skip it, readers take it as present, scrub, repair and drain have
+ * nothing to check or copy. Parity of a stripe is never empty. Returns 0 for s or i out of
+ * range. */
+uint32_t kvec_layout_slot_len(const struct kvec_layout *l, uint64_t s, int i);
+
 /* Where file byte `offset` (< length) lives. Returns 0 or -EINVAL (offset >= length). */
 struct kvec_loc {
 	uint64_t stripe;

@@ -112,6 +112,18 @@ int kvec_layout_chunk_range(const struct kvec_layout *l, uint64_t s, int j, uint
 	return 0;
 }
 
+uint32_t kvec_layout_slot_len(const struct kvec_layout *l, uint64_t s, int i)
+{
+	uint64_t off;
+	uint32_t len = 0;
+	if (!l || i < 0 || i >= l->k + l->m)
+		return 0;
+	/* Parity is as long as the longest data chunk, which chunk 0 always is. */
+	if (kvec_layout_chunk_range(l, s, i < l->k ? i : 0, &off, &len))
+		return 0;
+	return len;
+}
+
 int kvec_layout_locate(const struct kvec_layout *l, uint64_t offset, struct kvec_loc *loc)
 {
 	if (!l || !loc || offset >= l->length)

@@ -451,6 +451,22 @@ static void test_layout(void **state)
 	assert_int_equal(kvec_layout_chunk_range(&l, 0, 4, &off, &len), -EINVAL);
 	assert_int_equal(kvec_layout_chunk_range(&l, 0, -1, &off, &len), -EINVAL);
 
+	/* Stored lengths: data chunks their range, parity that of chunk 0; the empty data
+	 * chunks of the last stripe store nothing, its parity does. */
+	static const uint32_t want_last[6] = {4096, 100, 0, 0, 4096, 4096};
+	for (int i = 0; i < 6; i++) {
+		assert_int_equal(kvec_layout_slot_len(&l, 0, i), 4096);
+		assert_int_equal(kvec_layout_slot_len(&l, 2, i), want_last[i]);
+	}
+	assert_int_equal(kvec_layout_slot_len(&l, 2, 6), 0);
+	assert_int_equal(kvec_layout_slot_len(&l, 3, 0), 0);
+	/* One byte in one stripe: data 0 and both parity hold it, the rest is empty. */
+	struct kvec_layout one;
+	assert_int_equal(kvec_layout_init(&one, 1, 4096, 4, 2), 0);
+	static const uint32_t want_one[6] = {1, 0, 0, 0, 1, 1};
+	for (int i = 0; i < 6; i++)
+		assert_int_equal(kvec_layout_slot_len(&one, 0, i), want_one[i]);
+
 	/* locate agrees with chunk_range for every byte. */
 	for (uint64_t o = 0; o < L; o += 37) {
 		assert_int_equal(kvec_layout_locate(&l, o, &loc), 0);

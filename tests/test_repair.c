@@ -314,6 +314,138 @@ static void test_scrub(void **state)
 	check_files(c);
 }
 
+/* Sizes 0 B .. 3 stripes of SF_K data chunks of 4 KiB: every chunk boundary, one byte either
+ * side, and a few sizes inside a chunk. Returns how many (at most cap). */
+#define SF_K	 4
+#define SF_CHUNK 4096u
+static size_t small_sizes(size_t *out, size_t cap)
+{
+	size_t n = 0;
+	out[n++] = 0;
+	out[n++] = 100;
+	for (size_t b = SF_CHUNK; b <= 3 * SF_K * SF_CHUNK && n + 3 <= cap; b += SF_CHUNK) {
+		out[n++] = b - 1;
+		out[n++] = b;
+		if (b < 3 * SF_K * SF_CHUNK)
+			out[n++] = b + 1;
+	}
+	if (n < cap)
+		out[n++] = SF_K * SF_CHUNK + SF_CHUNK / 2;
+	return n;
+}
+
+static void check_small(struct kvc *c, const size_t *sz, size_t n)
+{
+	char p[64];
+	for (size_t i = 0; i < n; i++) {
+		snprintf(p, sizeof(p), "/s/f%zu", i);
+		int rc = rt_check(c, p, sz[i], 500 + i);
+		if (rc)
+			fail_msg("%s (%zu bytes): %s", p, sz[i], kvp_strerror(rc));
+	}
+}
+
+/* Files smaller than a stripe (and the last stripe of bigger ones) have data chunks that hold
+ * no byte: they are never stored. Scrub, repair and drain know it from the file's size and
+ * layout. Before, a healthy cluster's scrub counted every such chunk missing and failed to
+ * repair it (a 1-byte 4+2 file: 3 "missing", 3 "failed"), and a drain of a node holding one
+ * never finished, so the node could never be removed. A chunk really gone is still found. */
+static void test_small_files(void **state)
+{
+	(void)state;
+	if (!rt_have_bins())
+		skip();
+	struct kvh_cluster *const clp = &g_cl;
+	g_up = 1;
+	/* 4+2 on 7 nodes: a drained node's chunks have a node outside their stripe to go to. */
+	assert_int_equal(kvh_cluster_start(clp, 7,
+					   "--k 4 --m 2 --chunk-size 4096 --node-timeout 2s "
+					   "--gc-interval 0.1s --repair-delay 0 --scrub-interval 0",
+					   NULL),
+			 0);
+	struct kvc *c = g_c = client(clp);
+	assert_int_equal(kvc_mkdir_p(c, "/s", 0755), 0);
+	size_t sz[64];
+	size_t n = small_sizes(sz, 64);
+	char p[64];
+	for (size_t i = 0; i < n; i++) {
+		snprintf(p, sizeof(p), "/s/f%zu", i);
+		assert_int_equal(rt_put(c, p, sz[i], 500 + i), 0);
+	}
+	check_small(c, sz, n);
+
+	/* Healthy: nothing missing, nothing failed, only stored chunks checked. */
+	struct rt_status s = {0};
+	assert_int_equal(rt_job(c, KVP_MAINT_SCRUB, 0, 60000, &s), 0);
+	fprintf(stderr, "  %zu files: scrub %llu/%llu, checked %llu, missing %llu, failed %llu\n",
+		n, (unsigned long long)s.done, (unsigned long long)s.total,
+		(unsigned long long)s.st[KVP_MST_SCRUB_CHECKED],
+		(unsigned long long)s.st[KVP_MST_SCRUB_MISSING], (unsigned long long)s.failed);
+	assert_int_equal(s.st[KVP_MST_SCRUB_MISSING], 0);
+	assert_int_equal(s.st[KVP_MST_SCRUB_CORRUPT], 0);
+	assert_int_equal(s.failed, 0);
+	assert_int_equal(s.done, s.total);
+	assert_int_equal(s.st[KVP_MST_SCRUB_CHECKED], (uint64_t)rt_all_chunks(clp));
+
+	/* Drain a node: it finishes, the node ends up owning nothing and can be removed. */
+	uint32_t id = node_id(c, clp, 0);
+	int held = rt_node_chunks(clp, 0, NULL, 0);
+	assert_true(held > 0);
+	assert_int_equal(rt_job(c, KVP_MAINT_DRAIN, id, 60000, &s), 0);
+	fprintf(stderr, "  drain of node %u (%d chunk files): %llu/%llu slots, %llu failed\n", id,
+		held, (unsigned long long)s.done, (unsigned long long)s.total,
+		(unsigned long long)s.failed);
+	assert_int_equal(s.failed, 0);
+	assert_int_equal(s.done, s.total);
+	assert_true(s.total >= (uint64_t)held);
+	int64_t end = rt_now_ms() + 5000;
+	while (rt_node_chunks(clp, 0, NULL, 0) && rt_now_ms() < end)
+		rt_sleep_ms(50);
+	assert_int_equal(rt_node_chunks(clp, 0, NULL, 0), 0);
+	assert_int_equal(kvh_node_kill(clp, 0, SIGTERM), 0);
+	assert_int_equal(rt_maint(c, KVP_MAINT_NODE_REMOVE, id), 0);
+	check_small(c, sz, n);
+
+	/* Still healthy after the drain: a second scrub finds nothing either. */
+	uint64_t missing0 = s.st[KVP_MST_SCRUB_MISSING], failed0 = s.st[KVP_MST_REPAIR_FAILED];
+	assert_int_equal(rt_job(c, KVP_MAINT_SCRUB, 0, 60000, &s), 0);
+	assert_int_equal(s.st[KVP_MST_SCRUB_MISSING], missing0);
+	assert_int_equal(s.st[KVP_MST_REPAIR_FAILED], failed0);
+	assert_int_equal(s.failed, 0);
+
+	/* A chunk file really gone is still missing, and rebuilt. */
+	char victim[1000];
+	assert_true(rt_node_chunks(clp, 1, victim, sizeof(victim)) > 0);
+	assert_int_equal(unlink(victim), 0);
+	uint64_t rep0 = s.st[KVP_MST_SCRUB_REPAIRED];
+	assert_int_equal(rt_job(c, KVP_MAINT_SCRUB, 0, 60000, &s), 0);
+	assert_int_equal(s.st[KVP_MST_SCRUB_MISSING], missing0 + 1);
+	assert_int_equal(s.st[KVP_MST_SCRUB_REPAIRED], rep0 + 1);
+	assert_int_equal(s.failed, 0);
+
+	/* A node lost for good is repaired and removed: the data chunks it held are rebuilt from
+	 * stripes whose empty chunks count as present zeros (a 1-byte file's data chunk 0 from
+	 * its 3 empty chunks and a parity; before, 2 of 4 were found: -EIO). A node is added
+	 * first: a 4+2 stripe needs 6 distinct nodes to go to. */
+	assert_true(kvh_node_add(clp, NULL) >= 0);
+	assert_int_equal(kvh_wait_nodes_up(clp, 7, 10000), 0);
+	uint32_t lost = node_id(c, clp, 1);
+	assert_int_equal(kvh_node_kill(clp, 1, SIGKILL), 0);
+	assert_int_equal(kvh_wait_nodes_up(clp, 6, 10000), 0);
+	assert_int_equal(rt_job(c, KVP_MAINT_REPAIR, lost, 60000, &s), 0);
+	fprintf(stderr, "  repair of node %u: %llu/%llu slots, %llu failed\n", lost,
+		(unsigned long long)s.done, (unsigned long long)s.total,
+		(unsigned long long)s.failed);
+	assert_int_equal(s.failed, 0);
+	assert_int_equal(s.done, s.total);
+	assert_int_equal(rt_maint(c, KVP_MAINT_NODE_REMOVE, lost), 0);
+	/* Whole again: with two more nodes gone (m = 2), everything still reads. */
+	assert_int_equal(kvh_node_kill(clp, 2, SIGKILL), 0);
+	assert_int_equal(kvh_node_kill(clp, 3, SIGKILL), 0);
+	assert_int_equal(kvh_wait_nodes_up(clp, 4, 10000), 0);
+	check_small(c, sz, n);
+}
+
 /* A down node whose chunks have nowhere to go (2+1 on 3 nodes: both survivors hold the
  * stripe) is tried once, with no reads, and not again until more nodes are up. Before, the
  * automatic repair started over every ~200 ms, rebuilding every chunk (reading its stripe's
@@ -444,13 +576,17 @@ static void test_degraded(void **state)
 	}
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
 	signal(SIGPIPE, SIG_IGN);
+	/* --only PATTERN: the tests whose name matches (cmocka's * and ? wildcards) */
+	if (argc > 2 && strcmp(argv[1], "--only") == 0)
+		cmocka_set_test_filter(argv[2]);
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test_teardown(test_repair, teardown),
 	    cmocka_unit_test_teardown(test_drain, teardown),
 	    cmocka_unit_test_teardown(test_scrub, teardown),
+	    cmocka_unit_test_teardown(test_small_files, teardown),
 	    cmocka_unit_test_teardown(test_repair_impossible, teardown),
 	    cmocka_unit_test_teardown(test_auto_repair, teardown),
 	    cmocka_unit_test_teardown(test_degraded, teardown),

@@ -182,13 +182,10 @@ int kvc_file_layout(const struct kvc_file *f, struct kvc_layout_info *info, uint
 	return 0;
 }
 
-/* Stored length of chunk i (data or parity) of stripe s. */
+/* Stored length of chunk i (data or parity) of stripe s; 0: empty, never stored. */
 static uint32_t chunk_len(const struct kvc_file *f, uint64_t s, int i)
 {
-	uint64_t off;
-	uint32_t len = 0;
-	kvec_layout_chunk_range(&f->l, s, i < f->l.k ? i : 0, &off, &len);
-	return len;
+	return kvec_layout_slot_len(&f->l, s, i);
 }
 
 static int usable(const struct kvc_file *f, const struct fslot *sl)

@@ -223,14 +223,10 @@ static int put_all(struct kvc *c, const struct kvc_writer *w, const struct kvec_
 		const uint8_t *data[KVEC_MAX_K];
 		uint8_t *parity[KVEC_MAX_M];
 		int rc = kvec_layout_stripe_data(l, s, w->buf, scratch, scratch_len, data);
-		uint64_t off;
-		uint32_t lens[KVEC_MAX_K];
-		for (int j = 0; j < k && rc >= 0; j++)
-			rc = kvec_layout_chunk_range(l, s, j, &off, &lens[j]);
 		for (int i = 0; i < m; i++)
 			parity[i] = par + (wi * m + i) * (size_t)cs;
-		if (rc >= 0)
-			rc = kvec_encode(codec, data, parity, lens[0]);
+		if (rc >= 0) /* chunk 0 is the stripe's longest: parity's length */
+			rc = kvec_encode(codec, data, parity, kvec_layout_slot_len(l, s, 0));
 		if (rc < 0) {
 			err = rc;
 			break;
@@ -239,11 +235,10 @@ static int put_all(struct kvc *c, const struct kvc_writer *w, const struct kvec_
 		inflight[wi] = ss;
 		for (int i = 0; i < n && !err; i++) {
 			const uint8_t *p = i < k ? data[i] : parity[i - k];
-			uint32_t len = i < k ? lens[i] : lens[0];
+			uint32_t len = kvec_layout_slot_len(l, s, i);
 			ss[i].crc = kvec_crc32c(0, p, len);
-			if (len == 0)
-				continue; /* an empty chunk is known to be empty: nothing to store
-					   */
+			if (len == 0) /* empty: known to be zeros, nothing to store */
+				continue;
 			uint8_t h[16];
 			put_le(h, ss[i].chunk_id, 8);
 			put_le(h + 8, ss[i].crc, 4);

@@ -125,7 +125,7 @@ struct rstripe {
 	struct kvec_layout l;
 	uint32_t s, w;
 	struct mreq_slot slot[KVEC_MAX_N];
-	uint32_t len[KVEC_MAX_N]; /* stored length of each chunk */
+	uint32_t len[KVEC_MAX_N]; /* stored length of each chunk; 0: empty, never stored */
 };
 
 static int stripe_load(struct meta *m, uint64_t ino, uint32_t s, struct rstripe *st)
@@ -151,10 +151,7 @@ static int stripe_load(struct meta *m, uint64_t ino, uint32_t s, struct rstripe 
 	struct mreq q = {.slots = (const uint8_t *)v};
 	for (uint32_t i = 0; i < st->w; i++) {
 		mreq_slot_get(&q, i, &st->slot[i]);
-		uint64_t off;
-		uint32_t len = 0;
-		kvec_layout_chunk_range(&st->l, s, (int)i < st->f.k ? (int)i : 0, &off, &len);
-		st->len[i] = len;
+		st->len[i] = kvec_layout_slot_len(&st->l, s, (int)i);
 	}
 	rocksdb_free(v);
 	return 0;
@@ -177,15 +174,21 @@ struct rctx {
 	int slot;	     /* this thread's inflight[] entry */
 };
 
-/* Rebuilds chunk `idx` of the stripe from the others into buf (plen bytes, zeroed). */
+/* Rebuilds chunk `idx` of the stripe from the others into buf (plen bytes, zeroed). Empty
+ * chunks are present as zeros without a read, as in the client's degraded read. */
 static int rebuild(struct rctx *x, struct rstripe *st, uint32_t idx, uint8_t **bufs, size_t plen)
 {
 	struct meta *m = x->m;
 	struct kvp_client *cl[KVEC_MAX_N] = {0};
 	struct kvp_call *call[KVEC_MAX_N] = {0};
+	uint64_t present = 0;
 	for (uint32_t i = 0; i < st->w; i++) {
 		const struct rnode *n = node_find(x->nodes, x->nnodes, st->slot[i].node_id);
-		if (i == idx || !n || n->state != KVP_NODE_UP)
+		if (i != idx && st->len[i] == 0) {
+			memset(bufs[i], 0, plen);
+			present |= 1ull << i;
+		}
+		if (i == idx || st->len[i] == 0 || !n || n->state != KVP_NODE_UP)
 			continue;
 		struct kvp_wbuf w;
 		get_body(&w, st->slot[i].chunk_id);
@@ -193,7 +196,6 @@ static int rebuild(struct rctx *x, struct rstripe *st, uint32_t idx, uint8_t **b
 			call[i] = NULL;
 		kvp_w_free(&w);
 	}
-	uint64_t present = 0;
 	for (uint32_t i = 0; i < st->w; i++) {
 		if (!call[i])
 			continue;
@@ -260,9 +262,11 @@ static int64_t repair_slot(struct rctx *x, uint64_t ino, uint32_t s, uint32_t no
 		goto out;
 	}
 
-	rc = -EIO;
+	/* An empty chunk has nothing to read or write: only its slot moves (a drained or lost
+	 * node then owns nothing of the stripe and can be removed). */
+	rc = len ? -EIO : 0;
 	const struct rnode *src = node_find(x->nodes, x->nnodes, node);
-	if (mode == MODE_DRAIN && src && src->state == KVP_NODE_UP) {
+	if (len && mode == MODE_DRAIN && src && src->state == KVP_NODE_UP) {
 		struct kvp_wbuf w;
 		struct kvp_client *c;
 		struct kvp_call *call;
@@ -298,9 +302,10 @@ static int64_t repair_slot(struct rctx *x, uint64_t ino, uint32_t s, uint32_t no
 	kvp_w_u32(&w, len);
 	struct kvp_client *c;
 	struct kvp_call *call;
-	rc = call_start(m, dst->addr, KVP_OP_PUT, &w, bufs[idx], len, &c, &call);
+	/* An empty chunk stays unstored, as the client wrote it. */
+	rc = len ? call_start(m, dst->addr, KVP_OP_PUT, &w, bufs[idx], len, &c, &call) : 0;
 	kvp_w_free(&w);
-	if (!rc) {
+	if (!rc && len) {
 		rc = kvp_call_wait(call, IO_TIMEOUT_MS, NULL, NULL);
 		kvp_pool_put(m->pool, c);
 	}
@@ -580,6 +585,10 @@ static void scrub_job(struct rctx *x, uint64_t rate, int64_t start)
 			}
 			const struct rnode *nd[KVEC_MAX_N] = {0};
 			for (uint32_t i = 0; i < st.w; i++) {
+				if (st.len[i] == 0) { /* empty, never stored: nothing to check */
+					job_progress(m, 0, 0);
+					continue;
+				}
 				nd[i] = node_find(x->nodes, x->nnodes, st.slot[i].node_id);
 				if (!nd[i] || nd[i]->state != KVP_NODE_UP)
 					continue;
