@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -24,10 +25,13 @@ static pid_t g_child; /* test_gc's writer, killed by teardown if still there */
 
 static void mount_stop(void);
 
+static void tmpfs_stop(void);
+
 static int teardown(void **state)
 {
 	(void)state;
 	mount_stop();
+	tmpfs_stop();
 	if (g_child > 0) {
 		kill(g_child, SIGKILL);
 		waitpid(g_child, NULL, 0);
@@ -532,6 +536,128 @@ static void test_evict(void **state)
 	assert_int_equal(kvc_resolve(c, "/w0/f000", &a), -ENOENT); /* the oldest went */
 }
 
+/* ---- the disk's capacity ---- */
+
+#define DISK_NODES 4
+static int g_tmpfs[DISK_NODES]; /* node i's data directory is a mounted tmpfs */
+
+/* Stops the nodes on tmpfs and unmounts them (before the harness removes the state dir). */
+static void tmpfs_stop(void)
+{
+	for (int i = 0; i < DISK_NODES; i++) {
+		if (!g_tmpfs[i])
+			continue;
+		if (g_cl.nodes[i].pid > 0)
+			kvh_node_kill(&g_cl, i, SIGTERM);
+		kvh_sh("umount '%s'", g_cl.nodes[i].dir);
+		g_tmpfs[i] = 0;
+	}
+}
+
+static int node_chunks_reported(struct kvc *c, const char *addr, uint64_t *cap, uint64_t *used)
+{
+	struct kvc_node *n;
+	size_t nn;
+	int rc = kvc_nodes(c, &n, &nn);
+	if (rc)
+		return rc;
+	rc = -ENOENT;
+	for (size_t j = 0; j < nn; j++)
+		if (!strcmp(n[j].addr, addr)) {
+			*cap = n[j].capacity;
+			*used = n[j].used;
+			rc = (int)n[j].chunks;
+		}
+	free(n);
+	return rc;
+}
+
+/* Capacity is the disk's: four nodes on 8 MiB tmpfs each, no --capacity. A node whose disk
+ * is filled by something else reports no room and gets no chunk while writes go on; filling
+ * the others' disks past the high watermark starts eviction with no write at all. Before,
+ * each node claimed the default 10 GiB: the full one kept being chosen (its PUTs failed) and
+ * eviction never started. */
+static void test_disk_full(void **state)
+{
+	(void)state;
+	if (!rt_have_bins())
+		skip();
+	struct kvh_cluster *const clp = &g_cl;
+	g_up = 1;
+	assert_int_equal(
+	    kvh_cluster_start(clp, 0,
+			      "--k 2 --m 1 --ttl 0 --high-watermark 60 "
+			      "--low-watermark 45 --retention-interval 0.1s "
+			      "--atime-granularity 0 --gc-interval 0.05s --node-timeout 3s",
+			      NULL),
+	    0);
+	for (int i = 0; i < DISK_NODES; i++) {
+		char dir[600];
+		snprintf(dir, sizeof(dir), "%s/node%d", clp->dir, i);
+		if (kvh_sh("mkdir -p '%s' && mount -t tmpfs -o size=8m tmpfs '%s' 2>/dev/null", dir,
+			   dir)) {
+			tmpfs_stop();
+			skip(); /* not root, or no mount namespace for it */
+		}
+		g_tmpfs[i] = 1;
+		assert_int_equal(kvh_node_add(clp, "--reserve 512K"), i);
+	}
+	assert_int_equal(kvh_wait_nodes_up(clp, DISK_NODES, 15000), 0);
+	struct kvc *c = g_c = client(clp);
+	uint64_t cap = 0, used = 0;
+	assert_true(node_chunks_reported(c, clp->nodes[0].addr, &cap, &used) >= 0);
+	fprintf(stderr, "  node 0 reports %llu of %llu\n", (unsigned long long)used,
+		(unsigned long long)cap);
+	assert_true(cap > (6u << 20) && cap <= (8u << 20));
+
+	/* Node 0's disk filled by another writer: it reports (next heartbeat) no room. */
+	kvh_sh("head -c 8M /dev/zero > '%s/junk' 2>/dev/null", clp->nodes[0].dir);
+	int64_t end = rt_now_ms() + 5000;
+	do
+		rt_sleep_ms(100);
+	while (node_chunks_reported(c, clp->nodes[0].addr, &cap, &used) >= 0 && cap > used &&
+	       rt_now_ms() < end);
+	assert_true(cap <= used);
+	char p[64];
+	for (int i = 0; i < 20; i++) { /* 20 x 96 KiB: 48 KiB chunks, one stripe each */
+		snprintf(p, sizeof(p), "/d%03d", i);
+		assert_int_equal(rt_put(c, p, 96 << 10, 900 + (uint64_t)i), 0);
+	}
+	assert_int_equal(rt_node_chunks(clp, 0, NULL, 0), 0);
+	for (int i = 1; i < DISK_NODES; i++)
+		assert_int_equal(rt_node_chunks(clp, i, NULL, 0), 20);
+
+	/* Something else fills the other three disks to 700 KiB free (188 KiB past the reserve):
+	 * their ~1 MiB of chunks each is then ~85 % of what the disks can hold, past the 60 %
+	 * high watermark, and meta evicts down to 45 % on its own. */
+	for (int i = 1; i < DISK_NODES; i++) {
+		struct statvfs v;
+		assert_int_equal(statvfs(clp->nodes[i].dir, &v), 0);
+		unsigned long long avail = (unsigned long long)v.f_bavail * v.f_frsize;
+		assert_true(avail > (700u << 10));
+		assert_int_equal(kvh_sh("head -c %llu /dev/zero > '%s/junk'", avail - (700u << 10),
+					clp->nodes[i].dir),
+				 0);
+	}
+	struct kvc_statfs st;
+	struct rt_status s = {0};
+	end = rt_now_ms() + 10000;
+	do {
+		rt_sleep_ms(200);
+		assert_int_equal(kvc_statfs(c, &st), 0);
+		assert_int_equal(rt_mstatus(c, &s), 0);
+	} while ((s.st[KVP_MST_EVICTED] == 0 || st.raw_used * 100 > st.raw_capacity * 60) &&
+		 rt_now_ms() < end);
+	fprintf(stderr, "  evicted %llu files, use %llu of %llu\n",
+		(unsigned long long)s.st[KVP_MST_EVICTED], (unsigned long long)st.raw_used,
+		(unsigned long long)st.raw_capacity);
+	assert_true(s.st[KVP_MST_EVICTED] > 0);
+	assert_true(st.raw_used * 100 <= st.raw_capacity * 60);
+	struct kvp_attr a;
+	assert_int_equal(kvc_resolve(c, "/d000", &a), -ENOENT); /* the oldest went */
+	assert_int_equal(rt_check(c, "/d019", 96 << 10, 919), 0);
+}
+
 /* ---- garbage collection ---- */
 
 static int node_call(struct kvh_cluster *cl, int i, uint16_t op, const void *body, size_t len,
@@ -698,6 +824,7 @@ int main(void)
 	    cmocka_unit_test_teardown(test_old_db_upgrade, teardown),
 	    cmocka_unit_test_teardown(test_set_atime, teardown),
 	    cmocka_unit_test_teardown(test_evict_set_atime, teardown),
+	    cmocka_unit_test_teardown(test_disk_full, teardown),
 	    cmocka_unit_test_teardown(test_gc, teardown),
 	    cmocka_unit_test_teardown(test_evict, teardown),
 	};
