@@ -616,6 +616,68 @@ static void test_capacity(void **state)
 	assert_int_equal(node_stop(&np, SIGTERM), 0);
 }
 
+/* The node's data directory on a tmpfs of its own (test_disk), unmounted by the group
+ * teardown if the test failed first. */
+static char g_tmpfs[700];
+
+/* Capacity is the disk's: on a 4 MiB filesystem with a 1 MiB reserve a node offers ~3 MiB
+ * (no --capacity), takes two 1 MiB chunks and refuses the third (it would go into the
+ * reserve), offers less when something else fills its disk, and --capacity still caps it. */
+static void test_disk(void **state)
+{
+	(void)state;
+	struct nodeproc np = {0};
+	snprintf(np.dir, sizeof(np.dir), "%s/disk", g_tmp);
+	snprintf(np.data, sizeof(np.data), "%s/data", np.dir);
+	snprintf(np.addrf, sizeof(np.addrf), "%s/addr", np.dir);
+	char cmd[1600];
+	snprintf(cmd, sizeof(cmd),
+		 "mkdir -p '%s' && mount -t tmpfs -o size=4m tmpfs '%s' 2>/dev/null", np.data,
+		 np.data);
+	if (system(cmd) != 0)
+		skip(); /* not root */
+	snprintf(g_tmpfs, sizeof(g_tmpfs), "%s", np.data);
+	assert_int_equal(node_start(&np, "disk", "--reserve", "1M", "--io-threads", "1", NULL), 0);
+	struct kvp_client *c = connect_node(&np);
+	struct nstat st;
+	stat_node(c, &st);
+	assert_true(st.capacity > (2900u << 10) && st.capacity <= (3u << 20));
+	uint8_t *d = malloc(1 << 20);
+	fill(d, 1 << 20, 5);
+	assert_int_equal(put(c, 1, d, 1 << 20), 0);
+	assert_int_equal(put(c, 2, d, 1 << 20), 0);
+	assert_int_equal(put(c, 3, d, 1 << 20), -ENOSPC);
+	assert_int_equal(put(c, 4, d, 512 << 10), 0);
+	struct nstat st2;
+	stat_node(c, &st2);
+	assert_int_equal(st2.used, (2u << 20) + (512u << 10));
+	/* Held chunks + free space: the same room, less the headers and block rounding. */
+	assert_true(st2.capacity <= st.capacity && st2.capacity + (64u << 10) > st.capacity);
+	/* Another writer takes 256 KiB of the disk: the node offers that much less. */
+	snprintf(cmd, sizeof(cmd), "head -c 256K /dev/zero > '%s/junk'", np.data);
+	assert_int_equal(system(cmd), 0);
+	stat_node(c, &st);
+	assert_true(st.capacity + (256u << 10) <= st2.capacity);
+	assert_int_equal(put(c, 5, d, 512 << 10), -ENOSPC); /* ~250 KiB left above the reserve */
+	uint64_t one = 1;
+	assert_int_equal(del(c, &one, 1), 1);
+	assert_int_equal(put(c, 5, d, 512 << 10), 0); /* deleting makes room again */
+	kvp_client_close(c);
+	assert_int_equal(node_stop(&np, SIGTERM), 0);
+	/* --capacity caps what the disk offers. */
+	np.pid = 0;
+	assert_int_equal(node_start(&np, "disk", "--reserve", "1M", "--capacity", "1M", NULL), 0);
+	c = connect_node(&np);
+	stat_node(c, &st);
+	assert_int_equal(st.capacity, 1u << 20);
+	kvp_client_close(c);
+	assert_int_equal(node_stop(&np, SIGTERM), 0);
+	free(d);
+	snprintf(cmd, sizeof(cmd), "umount '%s'", g_tmpfs);
+	assert_int_equal(system(cmd), 0);
+	g_tmpfs[0] = 0;
+}
+
 static void test_crash_restart(void **state)
 {
 	(void)state;
@@ -1083,7 +1145,12 @@ static int group_teardown(void **state)
 			kill(g_live[i], SIGKILL);
 			waitpid(g_live[i], NULL, 0);
 		}
-	char cmd[400];
+	char cmd[800];
+	if (g_tmpfs[0]) {
+		snprintf(cmd, sizeof(cmd), "umount '%s'", g_tmpfs);
+		if (system(cmd) != 0)
+			fprintf(stderr, "could not unmount %s\n", g_tmpfs);
+	}
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_tmp);
 	if (getenv("KVFS_TEST_KEEP")) /* keep the node directories and logs for a look */
 		fprintf(stderr, "kept %s\n", g_tmp);
@@ -1100,7 +1167,7 @@ int main(void)
 	    cmocka_unit_test(test_corruption),	  cmocka_unit_test(test_capacity),
 	    cmocka_unit_test(test_crash_restart), cmocka_unit_test(test_auth_and_bad_frames),
 	    cmocka_unit_test(test_heartbeat),	  cmocka_unit_test(test_flags),
-	    cmocka_unit_test(test_slow_reader),
+	    cmocka_unit_test(test_slow_reader),	  cmocka_unit_test(test_disk),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -33,7 +33,8 @@ static void test_codec_roundtrip(void **state)
 			     .stored = 99,
 			     .chunk_size = 65536,
 			     .k = 10,
-			     .m = 1},
+			     .m = 1,
+			     .access_ns = 13},
 			b;
 	kvp_w_u8(&w, 0xAB);
 	kvp_w_u16(&w, 0xBEEF);

@@ -5,7 +5,9 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -21,9 +23,15 @@ static int g_up;
 static struct kvc *g_c;
 static pid_t g_child; /* test_gc's writer, killed by teardown if still there */
 
+static void mount_stop(void);
+
+static void tmpfs_stop(void);
+
 static int teardown(void **state)
 {
 	(void)state;
+	mount_stop();
+	tmpfs_stop();
 	if (g_child > 0) {
 		kill(g_child, SIGKILL);
 		waitpid(g_child, NULL, 0);
@@ -107,11 +115,28 @@ static void test_ttl(void **state)
 	assert_int_equal(rt_all_chunks(clp), 4 * 3);
 }
 
-/* A database from before two fixes, made by hand with meta stopped: a file renamed across
- * directories still names its old directory as parent, and neither the chunk owner index (R)
- * nor the markers of the passes that build and fix them exist. At open meta runs both passes:
- * the file expires under its new directory's TTL, and a down node that holds chunks cannot be
- * removed (the R index says it owns them). */
+#define T2020_NS   1577836800000000000ll /* 2020-01-01T00:00:00Z */
+#define T2099_NS   4070908800000000000ll /* 2099-01-01T00:00:00Z */
+#define INO_V1_LEN 59			 /* bytes of a version 1 inode record (fs/meta/meta_db.c) */
+
+/* An A (access index) key: 'A', be64(access_ns ^ sign bit), be64(ino). */
+static void a_key(uint8_t k[17], int64_t ns, uint64_t ino)
+{
+	uint64_t t = (uint64_t)ns ^ (1ull << 63);
+	k[0] = 'A';
+	for (int i = 0; i < 8; i++) {
+		k[1 + i] = (uint8_t)(t >> (56 - 8 * i));
+		k[9 + i] = (uint8_t)(ino >> (56 - 8 * i));
+	}
+}
+
+/* A database from before three fixes, made by hand with meta stopped: a file renamed across
+ * directories still names its old directory as parent, a file whose atime a client set to
+ * 2020 has that time as its only access time (record version 1, its A key there), and neither
+ * the chunk owner index (R) nor the markers of the passes that build and fix them exist. At
+ * open meta runs the three passes: the renamed file expires under its new directory's TTL,
+ * the 2020 one does not (its ctime counts as its own access time), and a down node that holds
+ * chunks cannot be removed (the R index says it owns them). */
 static void test_old_db_upgrade(void **state)
 {
 	(void)state;
@@ -120,7 +145,7 @@ static void test_old_db_upgrade(void **state)
 	struct kvh_cluster *const clp = &g_cl;
 	g_up = 1;
 	assert_int_equal(kvh_cluster_start(clp, 3,
-					   "--k 2 --m 1 --ttl 3s --ttl-rules /keep=0 "
+					   "--k 2 --m 1 --ttl 3s --ttl-rules /keep=0,/mid=1h "
 					   "--retention-interval 0.2s --atime-granularity 0 "
 					   "--gc-interval 0.1s --node-timeout 1s",
 					   NULL),
@@ -128,13 +153,16 @@ static void test_old_db_upgrade(void **state)
 	struct kvc *c = g_c = client(clp);
 	assert_int_equal(kvc_mkdir_p(c, "/keep", 0755), 0);
 	assert_int_equal(kvc_mkdir_p(c, "/cold", 0755), 0);
+	assert_int_equal(kvc_mkdir_p(c, "/mid", 0755), 0);
 	assert_int_equal(rt_put(c, "/keep/f", 20000, 50), 0);
 	assert_int_equal(rt_put(c, "/keep/g", 20000, 51), 0); /* stays: chunks on every node */
-	struct kvp_attr keep, cold, f;
+	assert_int_equal(rt_put(c, "/mid/set", 20000, 52), 0);
+	struct kvp_attr keep, cold, f, set;
 	assert_int_equal(kvc_resolve(c, "/keep", &keep), 0);
 	assert_int_equal(kvc_resolve(c, "/cold", &cold), 0);
 	assert_int_equal(kvc_rename(c, keep.ino, "f", cold.ino, "f", 0), 0);
 	assert_int_equal(kvc_resolve(c, "/cold/f", &f), 0);
+	assert_int_equal(kvc_resolve(c, "/mid/set", &set), 0);
 	kvc_close(c);
 	g_c = NULL;
 	assert_int_equal(kvh_meta_kill(clp, SIGTERM), 0);
@@ -152,15 +180,37 @@ static void test_old_db_upgrade(void **state)
 	char *v = rocksdb_get(db, ro, (const char *)ik, sizeof(ik), &vl, &err);
 	assert_null(err);
 	assert_non_null(v);
-	assert_true(vl > 8);
-	for (int i = 0; i < 8; i++) /* the record ends with the parent, u64 LE */
-		v[vl - 8 + (size_t)i] = (char)(keep.ino >> (8 * i));
+	assert_true(vl >= INO_V1_LEN);
+	for (int i = 0; i < 8; i++) /* the parent, u64 LE, ends a version 1 record */
+		v[INO_V1_LEN - 8 + (size_t)i] = (char)(keep.ino >> (8 * i));
 	rocksdb_writebatch_t *b = rocksdb_writebatch_create();
 	rocksdb_writebatch_put(b, (const char *)ik, sizeof(ik), v, vl);
 	free(v);
-	const char c6[2] = {'C', 6}, c7[2] = {'C', 7}, r0[1] = {'R'}, r1[1] = {'R' + 1};
+	/* /mid/set as a version 1 record (no own access time) whose atime a client set to
+	 * 2020, with its A key there, as SETATTR left it: retention expired such a file. */
+	for (int i = 0; i < 8; i++)
+		ik[1 + i] = (uint8_t)(set.ino >> (56 - 8 * i));
+	v = rocksdb_get(db, ro, (const char *)ik, sizeof(ik), &vl, &err);
+	assert_non_null(v);
+	assert_int_equal(vl, INO_V1_LEN + 8);
+	int64_t own = 0;
+	for (int i = 7; i >= 0; i--)
+		own = (int64_t)((uint64_t)own << 8 | (uint8_t)v[INO_V1_LEN + (size_t)i]);
+	v[0] = 1;
+	for (int i = 0; i < 8; i++) /* atime: after ver, mode, nlink, size, mtime */
+		v[25 + i] = (char)((uint64_t)T2020_NS >> (8 * i));
+	rocksdb_writebatch_put(b, (const char *)ik, sizeof(ik), v, INO_V1_LEN);
+	free(v);
+	uint8_t ak[17];
+	a_key(ak, own, set.ino);
+	rocksdb_writebatch_delete(b, (const char *)ak, sizeof(ak));
+	a_key(ak, T2020_NS, set.ino);
+	rocksdb_writebatch_put(b, (const char *)ak, sizeof(ak), "", 0);
+	const char c6[2] = {'C', 6}, c7[2] = {'C', 7}, c8[2] = {'C', 8}, r0[1] = {'R'},
+		   r1[1] = {'R' + 1};
 	rocksdb_writebatch_delete(b, c6, 2);
 	rocksdb_writebatch_delete(b, c7, 2);
+	rocksdb_writebatch_delete(b, c8, 2);
 	rocksdb_writebatch_delete_range(b, r0, 1, r1, 1);
 	rocksdb_write(db, wo, b, &err);
 	assert_null(err);
@@ -173,6 +223,12 @@ static void test_old_db_upgrade(void **state)
 	assert_int_equal(kvh_meta_restart(clp), 0);
 	c = g_c = client(clp);
 	struct kvp_attr a;
+	/* Its own access time is its ctime now: a retention pass keeps it, stat still shows 2020.
+	 */
+	assert_int_equal(rt_maint(c, KVP_MAINT_RETENTION, 0), 0);
+	assert_int_equal(kvc_resolve(c, "/mid/set", &a), 0);
+	assert_true(a.atime_ns == T2020_NS);
+	assert_true(a.access_ns == a.ctime_ns);
 	int64_t end = rt_now_ms() + 10000;
 	while (kvc_resolve(c, "/cold/f", &a) == 0 && rt_now_ms() < end)
 		rt_sleep_ms(200);
@@ -188,6 +244,180 @@ static void test_old_db_upgrade(void **state)
 	assert_int_equal(kvh_node_kill(clp, 0, SIGKILL), 0);
 	assert_int_equal(kvh_wait_nodes_up(clp, 2, 10000), 0);
 	assert_int_equal(rt_maint(c, KVP_MAINT_NODE_REMOVE, id0), -EBUSY);
+}
+
+/* ---- times a client sets ---- */
+
+static pid_t g_mount; /* test_set_atime's kvfs-mount, stopped by teardown */
+static char g_mnt[400];
+
+/* Starts kvfs-mount on <cluster dir>/mnt; 0, or -1 when FUSE or the binary is missing. */
+static int mount_start(struct kvh_cluster *cl)
+{
+	char bin[600];
+	if (!kvh_have_fuse() || kvh_bin("kvfs-mount", bin, sizeof(bin)))
+		return -1;
+	char log[500];
+	snprintf(g_mnt, sizeof(g_mnt), "%s/mnt", cl->dir);
+	snprintf(log, sizeof(log), "%s/mount.log", cl->dir);
+	if (kvh_sh("mkdir -p '%s'", g_mnt))
+		return -1;
+	char *argv[] = {"kvfs-mount", "-f", "--secret-file", cl->secret_file, cl->meta_addr,
+			g_mnt,	      NULL};
+	g_mount = kvh_spawn(bin, argv, log);
+	if (g_mount <= 0) {
+		g_mount = 0;
+		return -1;
+	}
+	for (int i = 0; i < 200; i++) {
+		if (kvh_sh("mountpoint -q '%s'", g_mnt) == 0)
+			return 0;
+		rt_sleep_ms(50);
+	}
+	return -1;
+}
+
+static void mount_stop(void)
+{
+	if (g_mount <= 0)
+		return;
+	if (kvh_sh("fusermount3 -u '%s' 2>/dev/null", g_mnt) != 0)
+		kvh_sh("fusermount3 -uz '%s' 2>/dev/null", g_mnt);
+	kvh_stop_pid(g_mount, SIGTERM, 5000);
+	g_mount = 0;
+}
+
+/* A time a client sets is shown by stat but never obeyed: files whose atime was set to 2020
+ * (SETATTR, and through the mount `touch -a -d` and `cp -a` of an old file) outlive a file
+ * written 2.5 s before them, which expires on kvfs's own clock; one set to 2099 expires with
+ * it. Before, the 2020 files went at the next pass and the 2099 one stayed until 2099. */
+static void test_set_atime(void **state)
+{
+	(void)state;
+	if (!rt_have_bins())
+		skip();
+	struct kvh_cluster *const clp = &g_cl;
+	g_up = 1;
+	assert_int_equal(
+	    kvh_cluster_start(clp, 3,
+			      "--k 2 --m 1 --ttl 4s --retention-interval 0.2s "
+			      "--atime-granularity 0 --gc-interval 0.1s --node-timeout 3s",
+			      NULL),
+	    0);
+	struct kvc *c = g_c = client(clp);
+	assert_int_equal(kvc_mkdir_p(c, "/t", 0755), 0);
+	assert_int_equal(rt_put(c, "/t/old", 20000, 60), 0);
+	assert_int_equal(rt_put(c, "/t/future", 20000, 61), 0);
+	struct kvp_attr a, b;
+	assert_int_equal(kvc_resolve(c, "/t/future", &a), 0);
+	assert_int_equal(kvc_setattr(c, a.ino, KVP_SET_ATIME, 0, 0, T2099_NS, &b), 0);
+	assert_true(b.atime_ns == T2099_NS && b.access_ns <= b.ctime_ns);
+	rt_sleep_ms(2500);
+
+	assert_int_equal(rt_put(c, "/t/set", 20000, 62), 0);
+	assert_int_equal(kvc_resolve(c, "/t/set", &a), 0);
+	assert_int_equal(kvc_setattr(c, a.ino, KVP_SET_ATIME, 0, 0, T2020_NS, &b), 0);
+	assert_true(b.atime_ns == T2020_NS && b.access_ns == a.access_ns);
+	int mounted = mount_start(clp) == 0;
+	if (mounted) {
+		assert_int_equal(rt_put(c, "/t/touched", 20000, 63), 0);
+		assert_int_equal(kvh_sh("touch -a -d 2020-01-01T00:00:00Z '%s/t/touched'", g_mnt),
+				 0);
+		assert_int_equal(kvh_sh("head -c 20000 /dev/urandom > '%s/src' && "
+					"touch -a -d 2020-01-01T00:00:00Z '%s/src' && "
+					"cp -a '%s/src' '%s/t/copied'",
+					clp->dir, clp->dir, clp->dir, g_mnt),
+				 0);
+		assert_int_equal(kvh_sh("test \"$(stat -c %%X '%s/t/touched' '%s/t/copied')\" = "
+					"\"$(printf '1577836800\\n1577836800')\"",
+					g_mnt, g_mnt),
+				 0);
+	} else {
+		fprintf(stderr, "  no FUSE here: the mount half is skipped\n");
+	}
+
+	/* The old file expires on its own clock; the ones set to 2020 were written 2.5 s after
+	 * it and are still within their 4 s, one explicit pass later too. */
+	int64_t end = rt_now_ms() + 15000;
+	while ((kvc_resolve(c, "/t/old", &a) == 0 || kvc_resolve(c, "/t/future", &a) == 0) &&
+	       rt_now_ms() < end)
+		rt_sleep_ms(100);
+	assert_int_equal(rt_maint(c, KVP_MAINT_RETENTION, 0), 0);
+	assert_int_equal(kvc_resolve(c, "/t/old", &a), -ENOENT);
+	assert_int_equal(kvc_resolve(c, "/t/future", &a), -ENOENT);
+	assert_int_equal(kvc_resolve(c, "/t/set", &a), 0);
+	assert_true(a.atime_ns == T2020_NS); /* shown as set */
+	if (mounted) {
+		assert_int_equal(kvc_resolve(c, "/t/touched", &a), 0);
+		assert_true(a.atime_ns == T2020_NS);
+		assert_int_equal(kvc_resolve(c, "/t/copied", &a), 0);
+		assert_true(a.atime_ns == T2020_NS);
+		assert_int_equal(kvh_sh("cmp -s '%s/src' '%s/t/copied'", clp->dir, g_mnt), 0);
+		/* user.kvfs.atime shows what retention goes by: the copy's own time, not 2020. */
+		char path[500], v[64] = "";
+		snprintf(path, sizeof(path), "%s/t/copied", g_mnt);
+		assert_true(getxattr(path, "user.kvfs.atime", v, sizeof(v) - 1) > 0);
+		assert_true(strncmp(v, "20", 2) == 0 && strncmp(v, "2020-", 5) != 0);
+	}
+	assert_int_equal(rt_check(c, "/t/set", 20000, 62), 0);
+	struct rt_status s = {0};
+	assert_int_equal(rt_mstatus(c, &s), 0);
+	assert_int_equal(s.st[KVP_MST_EXPIRED], 2);
+}
+
+/* Eviction order follows kvfs's own clock too: with the newer half of the files set to a 2020
+ * atime, the older half is evicted first and the set ones survive. */
+static void test_evict_set_atime(void **state)
+{
+	(void)state;
+	if (!rt_have_bins())
+		skip();
+	struct kvh_cluster *const clp = &g_cl;
+	g_up = 1;
+	assert_int_equal(
+	    kvh_cluster_start(clp, 4,
+			      "--k 2 --m 1 --ttl 0 --high-watermark 60 "
+			      "--low-watermark 45 --retention-interval 0.1s "
+			      "--atime-granularity 0 --gc-interval 0.05s --node-timeout 3s",
+			      "--capacity 4M"),
+	    0);
+	struct kvc *c = g_c = client(clp);
+	assert_int_equal(kvc_mkdir_p(c, "/e", 0755), 0);
+	char p[64];
+	/* 50 files of 96 KiB (144 KiB raw) = 7 MiB raw of 16: 44 %, under the high mark. */
+	for (int i = 0; i < 50; i++) {
+		snprintf(p, sizeof(p), "/e/f%03d", i);
+		assert_int_equal(rt_put(c, p, 96 << 10, 700 + (uint64_t)i), 0);
+	}
+	for (int i = 25; i < 50; i++) {
+		struct kvp_attr a, b;
+		snprintf(p, sizeof(p), "/e/f%03d", i);
+		assert_int_equal(kvc_resolve(c, p, &a), 0);
+		assert_int_equal(kvc_setattr(c, a.ino, KVP_SET_ATIME, 0, 0, T2020_NS, &b), 0);
+	}
+	/* 25 more: 66 %, past it; eviction brings use down to 45 % (~24 files go). */
+	for (int i = 0; i < 25; i++) {
+		snprintf(p, sizeof(p), "/e/g%03d", i);
+		assert_int_equal(rt_put(c, p, 96 << 10, 800 + (uint64_t)i), 0);
+	}
+	struct kvc_statfs st;
+	int64_t end = rt_now_ms() + 8000;
+	do {
+		rt_sleep_ms(300);
+		assert_int_equal(kvc_statfs(c, &st), 0);
+	} while (st.raw_used * 100 > st.raw_capacity * 60 && rt_now_ms() < end);
+	struct rt_status s = {0};
+	assert_int_equal(rt_mstatus(c, &s), 0);
+	fprintf(stderr, "  evicted %llu files, use %llu of %llu\n",
+		(unsigned long long)s.st[KVP_MST_EVICTED], (unsigned long long)st.raw_used,
+		(unsigned long long)st.raw_capacity);
+	assert_true(s.st[KVP_MST_EVICTED] >= 10);
+	struct kvp_attr a;
+	assert_int_equal(kvc_resolve(c, "/e/f000", &a), -ENOENT);
+	for (int i = 25; i < 50; i++) {
+		snprintf(p, sizeof(p), "/e/f%03d", i);
+		assert_int_equal(rt_check(c, p, 96 << 10, 700 + (uint64_t)i), 0);
+	}
 }
 
 /* ---- eviction ---- */
@@ -304,6 +534,128 @@ static void test_evict(void **state)
 	assert_true(s.st[KVP_MST_EVICTED] >= 40);
 	struct kvp_attr a;
 	assert_int_equal(kvc_resolve(c, "/w0/f000", &a), -ENOENT); /* the oldest went */
+}
+
+/* ---- the disk's capacity ---- */
+
+#define DISK_NODES 4
+static int g_tmpfs[DISK_NODES]; /* node i's data directory is a mounted tmpfs */
+
+/* Stops the nodes on tmpfs and unmounts them (before the harness removes the state dir). */
+static void tmpfs_stop(void)
+{
+	for (int i = 0; i < DISK_NODES; i++) {
+		if (!g_tmpfs[i])
+			continue;
+		if (g_cl.nodes[i].pid > 0)
+			kvh_node_kill(&g_cl, i, SIGTERM);
+		kvh_sh("umount '%s'", g_cl.nodes[i].dir);
+		g_tmpfs[i] = 0;
+	}
+}
+
+static int node_chunks_reported(struct kvc *c, const char *addr, uint64_t *cap, uint64_t *used)
+{
+	struct kvc_node *n;
+	size_t nn;
+	int rc = kvc_nodes(c, &n, &nn);
+	if (rc)
+		return rc;
+	rc = -ENOENT;
+	for (size_t j = 0; j < nn; j++)
+		if (!strcmp(n[j].addr, addr)) {
+			*cap = n[j].capacity;
+			*used = n[j].used;
+			rc = (int)n[j].chunks;
+		}
+	free(n);
+	return rc;
+}
+
+/* Capacity is the disk's: four nodes on 8 MiB tmpfs each, no --capacity. A node whose disk
+ * is filled by something else reports no room and gets no chunk while writes go on; filling
+ * the others' disks past the high watermark starts eviction with no write at all. Before,
+ * each node claimed the default 10 GiB: the full one kept being chosen (its PUTs failed) and
+ * eviction never started. */
+static void test_disk_full(void **state)
+{
+	(void)state;
+	if (!rt_have_bins())
+		skip();
+	struct kvh_cluster *const clp = &g_cl;
+	g_up = 1;
+	assert_int_equal(
+	    kvh_cluster_start(clp, 0,
+			      "--k 2 --m 1 --ttl 0 --high-watermark 60 "
+			      "--low-watermark 45 --retention-interval 0.1s "
+			      "--atime-granularity 0 --gc-interval 0.05s --node-timeout 3s",
+			      NULL),
+	    0);
+	for (int i = 0; i < DISK_NODES; i++) {
+		char dir[600];
+		snprintf(dir, sizeof(dir), "%s/node%d", clp->dir, i);
+		if (kvh_sh("mkdir -p '%s' && mount -t tmpfs -o size=8m tmpfs '%s' 2>/dev/null", dir,
+			   dir)) {
+			tmpfs_stop();
+			skip(); /* not root, or no mount namespace for it */
+		}
+		g_tmpfs[i] = 1;
+		assert_int_equal(kvh_node_add(clp, "--reserve 512K"), i);
+	}
+	assert_int_equal(kvh_wait_nodes_up(clp, DISK_NODES, 15000), 0);
+	struct kvc *c = g_c = client(clp);
+	uint64_t cap = 0, used = 0;
+	assert_true(node_chunks_reported(c, clp->nodes[0].addr, &cap, &used) >= 0);
+	fprintf(stderr, "  node 0 reports %llu of %llu\n", (unsigned long long)used,
+		(unsigned long long)cap);
+	assert_true(cap > (6u << 20) && cap <= (8u << 20));
+
+	/* Node 0's disk filled by another writer: it reports (next heartbeat) no room. */
+	kvh_sh("head -c 8M /dev/zero > '%s/junk' 2>/dev/null", clp->nodes[0].dir);
+	int64_t end = rt_now_ms() + 5000;
+	do
+		rt_sleep_ms(100);
+	while (node_chunks_reported(c, clp->nodes[0].addr, &cap, &used) >= 0 && cap > used &&
+	       rt_now_ms() < end);
+	assert_true(cap <= used);
+	char p[64];
+	for (int i = 0; i < 20; i++) { /* 20 x 96 KiB: 48 KiB chunks, one stripe each */
+		snprintf(p, sizeof(p), "/d%03d", i);
+		assert_int_equal(rt_put(c, p, 96 << 10, 900 + (uint64_t)i), 0);
+	}
+	assert_int_equal(rt_node_chunks(clp, 0, NULL, 0), 0);
+	for (int i = 1; i < DISK_NODES; i++)
+		assert_int_equal(rt_node_chunks(clp, i, NULL, 0), 20);
+
+	/* Something else fills the other three disks to 700 KiB free (188 KiB past the reserve):
+	 * their ~1 MiB of chunks each is then ~85 % of what the disks can hold, past the 60 %
+	 * high watermark, and meta evicts down to 45 % on its own. */
+	for (int i = 1; i < DISK_NODES; i++) {
+		struct statvfs v;
+		assert_int_equal(statvfs(clp->nodes[i].dir, &v), 0);
+		unsigned long long avail = (unsigned long long)v.f_bavail * v.f_frsize;
+		assert_true(avail > (700u << 10));
+		assert_int_equal(kvh_sh("head -c %llu /dev/zero > '%s/junk'", avail - (700u << 10),
+					clp->nodes[i].dir),
+				 0);
+	}
+	struct kvc_statfs st;
+	struct rt_status s = {0};
+	end = rt_now_ms() + 10000;
+	do {
+		rt_sleep_ms(200);
+		assert_int_equal(kvc_statfs(c, &st), 0);
+		assert_int_equal(rt_mstatus(c, &s), 0);
+	} while ((s.st[KVP_MST_EVICTED] == 0 || st.raw_used * 100 > st.raw_capacity * 60) &&
+		 rt_now_ms() < end);
+	fprintf(stderr, "  evicted %llu files, use %llu of %llu\n",
+		(unsigned long long)s.st[KVP_MST_EVICTED], (unsigned long long)st.raw_used,
+		(unsigned long long)st.raw_capacity);
+	assert_true(s.st[KVP_MST_EVICTED] > 0);
+	assert_true(st.raw_used * 100 <= st.raw_capacity * 60);
+	struct kvp_attr a;
+	assert_int_equal(kvc_resolve(c, "/d000", &a), -ENOENT); /* the oldest went */
+	assert_int_equal(rt_check(c, "/d019", 96 << 10, 919), 0);
 }
 
 /* ---- garbage collection ---- */
@@ -470,6 +822,9 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test_teardown(test_ttl, teardown),
 	    cmocka_unit_test_teardown(test_old_db_upgrade, teardown),
+	    cmocka_unit_test_teardown(test_set_atime, teardown),
+	    cmocka_unit_test_teardown(test_evict_set_atime, teardown),
+	    cmocka_unit_test_teardown(test_disk_full, teardown),
 	    cmocka_unit_test_teardown(test_gc, teardown),
 	    cmocka_unit_test_teardown(test_evict, teardown),
 	};

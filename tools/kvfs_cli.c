@@ -276,6 +276,7 @@ static int cmd_stat(struct kvc *c, const char *path)
 	print_time("ctime", a.ctime_ns);
 	if (S_ISDIR(a.mode))
 		return 0;
+	print_time("access", a.access_ns); /* kvfs's own: what retention and eviction use */
 	struct kvc_file *f;
 	if ((rc = kvc_file_open(c, a.ino, &f)))
 		return fail("layout of", path, rc);

@@ -32,6 +32,9 @@ int meta_open(const struct meta_opts *o, struct meta **out)
 		rc = mnodes_load(m);
 	if (!rc)
 		rc = mdb_rev_build(m);
+	/* Before the parent pass: it rewrites records in the new version, which this one skips. */
+	if (!rc)
+		rc = mdb_access_fix(m);
 	if (!rc)
 		rc = mdb_parents_fix(m);
 	if (!rc)

@@ -197,7 +197,7 @@ void mdb_inode_put(rocksdb_writebatch_t *b, const struct mino *in)
 	uint8_t k[MK_MAX];
 	struct kvp_wbuf w;
 	kvp_w_init(&w);
-	kvp_w_u8(&w, 1); /* record version */
+	kvp_w_u8(&w, 2); /* record version: 1 had no access_ns */
 	kvp_w_u32(&w, in->mode);
 	kvp_w_u32(&w, in->nlink);
 	kvp_w_u64(&w, in->size);
@@ -209,6 +209,7 @@ void mdb_inode_put(rocksdb_writebatch_t *b, const struct mino *in)
 	kvp_w_u8(&w, in->m);
 	kvp_w_u32(&w, in->nstripes);
 	kvp_w_u64(&w, in->parent);
+	kvp_w_i64(&w, in->access_ns);
 	/* A failed allocation leaves w.p NULL; the put is then skipped and the write below it
 	 * would miss a key, so abort loudly rather than commit a partial batch. */
 	if (w.err)
@@ -217,17 +218,12 @@ void mdb_inode_put(rocksdb_writebatch_t *b, const struct mino *in)
 	kvp_w_free(&w);
 }
 
-int mdb_inode_get(struct meta *m, const rocksdb_readoptions_t *ro, uint64_t ino, struct mino *out)
+/* Decodes an inode record of version 1 (access_ns = atime_ns: A was keyed by it) or 2. */
+static int inode_decode(uint64_t ino, const char *v, size_t vl, struct mino *out, uint8_t *ver)
 {
-	uint8_t k[MK_MAX];
-	char *v;
-	size_t vl;
-	int rc = mdb_get(m, ro, k, mk_inode(k, ino), &v, &vl);
-	if (rc)
-		return rc;
 	struct kvp_rbuf r;
 	kvp_r_init(&r, v, vl);
-	uint8_t ver = kvp_r_u8(&r);
+	*ver = kvp_r_u8(&r);
 	out->ino = ino;
 	out->mode = kvp_r_u32(&r);
 	out->nlink = kvp_r_u32(&r);
@@ -240,13 +236,26 @@ int mdb_inode_get(struct meta *m, const rocksdb_readoptions_t *ro, uint64_t ino,
 	out->m = kvp_r_u8(&r);
 	out->nstripes = kvp_r_u32(&r);
 	out->parent = kvp_r_u64(&r);
-	rc = kvp_r_end(&r);
-	rocksdb_free(v);
-	if (rc || ver != 1) {
+	out->access_ns = *ver >= 2 ? kvp_r_i64(&r) : out->atime_ns;
+	int rc = kvp_r_end(&r);
+	if (rc || *ver < 1 || *ver > 2) {
 		klog_error("inode %llu: corrupt record", (unsigned long long)ino);
 		return -EIO;
 	}
 	return 0;
+}
+
+int mdb_inode_get(struct meta *m, const rocksdb_readoptions_t *ro, uint64_t ino, struct mino *out)
+{
+	uint8_t k[MK_MAX], ver;
+	char *v;
+	size_t vl;
+	int rc = mdb_get(m, ro, k, mk_inode(k, ino), &v, &vl);
+	if (rc)
+		return rc;
+	rc = inode_decode(ino, v, vl, out, &ver);
+	rocksdb_free(v);
+	return rc;
 }
 
 void mdb_counter_put(rocksdb_writebatch_t *b, uint8_t id, uint64_t v)
@@ -384,7 +393,7 @@ int mdb_file_drop_acct(struct meta *m, rocksdb_writebatch_t *b, const struct min
 	if (rc)
 		return rc;
 	rocksdb_writebatch_delete(b, (const char *)k, mk_inode(k, f->ino));
-	rocksdb_writebatch_delete(b, (const char *)k, mk_atime(k, f->atime_ns, f->ino));
+	rocksdb_writebatch_delete(b, (const char *)k, mk_atime(k, f->access_ns, f->ino));
 	return 0;
 }
 
@@ -481,6 +490,32 @@ int mdb_parents_fix(struct meta *m)
 			    "fixed the parent of files renamed across directories");
 }
 
+/* A file's own access time from its old record: A was keyed by the atime a client could set,
+ * so the latest time meta itself stamped (ctime: creation, rename, setattr) counts too, and a
+ * settable time never counts past now. */
+static void access_step(struct meta *m, rocksdb_writebatch_t *b, const uint8_t *key, size_t kl,
+			const char *val, size_t vl, uint64_t *n)
+{
+	(void)m;
+	struct mino f;
+	uint8_t ver;
+	if (kl != 9 || inode_decode(mk_rd_be64(key + 1), val, vl, &f, &ver) || ver >= 2 ||
+	    !S_ISREG(f.mode))
+		return;
+	int64_t now = meta_now_ns(), at = f.atime_ns < now ? f.atime_ns : now;
+	int64_t own = at > f.ctime_ns ? at : f.ctime_ns;
+	mdb_atime_move(b, f.ino, f.access_ns, own);
+	f.access_ns = own;
+	mdb_inode_put(b, &f);
+	(*n)++;
+}
+
+int mdb_access_fix(struct meta *m)
+{
+	return migrate_once(m, MC_ACCESS_OK, MK_INODE, 9, access_step,
+			    "gave files their own access time (retention no longer uses atime)");
+}
+
 void mino_to_attr(const struct mino *in, struct kvp_attr *a)
 {
 	memset(a, 0, sizeof(*a));
@@ -491,6 +526,7 @@ void mino_to_attr(const struct mino *in, struct kvp_attr *a)
 	a->mtime_ns = in->mtime_ns;
 	a->atime_ns = in->atime_ns;
 	a->ctime_ns = in->ctime_ns;
+	a->access_ns = in->access_ns;
 	a->chunk_size = in->chunk_size;
 	a->k = in->k;
 	a->m = in->m;
@@ -516,7 +552,8 @@ static int db_init(struct meta *m)
 			    .mtime_ns = now,
 			    .atime_ns = now,
 			    .ctime_ns = now,
-			    .parent = KVP_ROOT_INO};
+			    .parent = KVP_ROOT_INO,
+			    .access_ns = now};
 	mdb_inode_put(b, &root);
 	mdb_counter_put(b, MC_INO_LIMIT, KVP_ROOT_INO + 1);
 	mdb_counter_put(b, MC_CHUNK_LIMIT, 1);
@@ -525,6 +562,7 @@ static int db_init(struct meta *m)
 	mdb_counter_put(b, MC_DIRS, 1);
 	mdb_counter_put(b, MC_REV_BUILT, 1);
 	mdb_counter_put(b, MC_PARENTS_OK, 1);
+	mdb_counter_put(b, MC_ACCESS_OK, 1);
 	k[0] = MK_VERSION;
 	rocksdb_writebatch_put(b, (const char *)k, 1, DB_VERSION, strlen(DB_VERSION));
 	int rc = mdb_write(m, b);

@@ -445,7 +445,8 @@ int mfile_commit(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 			  .k = q->k,
 			  .m = q->m,
 			  .nstripes = q->nstripes,
-			  .parent = q->parent};
+			  .parent = q->parent,
+			  .access_ns = now};
 	mdb_inode_put(b, &f);
 	mdir_entry_put(b, q->parent, &q->name, ino, f.mode);
 	for (uint32_t s = 0; s < q->nstripes; s++) {

@@ -23,7 +23,7 @@ enum {
 	MK_UUID = 'U',	  /* uuid be64 -> u32 node_id */
 	MK_PENDING = 'W', /* write_id be64 -> pending-write record */
 	MK_DELQ = 'Q',	  /* node_id be32, chunk_id be64 -> i64 queued_ns */
-	MK_ATIME = 'A',	  /* (atime_ns ^ sign bit) be64, ino be64 -> (empty) */
+	MK_ATIME = 'A',	  /* (access_ns ^ sign bit) be64, ino be64 -> (empty) */
 	MK_REV = 'R',	  /* node_id be32, chunk_id be64 -> u64 ino, u32 stripe (chunk owner) */
 	MK_DEGRADED = 'G', /* ino be64, stripe be32 -> (empty): a stripe with a node twice */
 	MK_VERSION = 'V',  /* (no suffix) -> "kvfs-meta 1" */
@@ -36,6 +36,7 @@ enum {
 	MC_DIRS = 5,
 	MC_REV_BUILT = 6,  /* 1 once the R index covers every stripe map (built at first open) */
 	MC_PARENTS_OK = 7, /* 1 once every file's parent matches its directory entry (below) */
+	MC_ACCESS_OK = 8,  /* 1 once every file has its own access time and A is keyed by it */
 };
 
 #define MK_MAX (1 + 8 + KVP_NAME_MAX + 8)
@@ -56,7 +57,11 @@ uint64_t mk_rd_be64(const uint8_t *p);
 uint32_t mk_rd_be32(const uint8_t *p);
 
 /* Inode record (value of MK_INODE). Directories: size 0, parent = containing directory (for
- * the rename-into-own-subtree check). Files: the layout header. */
+ * the rename-into-own-subtree check). Files: the layout header. Two access times: atime_ns is
+ * what stat shows (a client may set it: `touch -a -d`, `cp -a`); access_ns is kvfs's own
+ * clock (creation, then the opens TOUCH reports, never past meta's now; a SETATTR atime moves
+ * it only forward, to at most now), and it alone keys the A index, so retention and LRU
+ * eviction never obey a time a client set. */
 struct mino {
 	uint64_t ino;
 	uint32_t mode, nlink;
@@ -66,6 +71,7 @@ struct mino {
 	uint8_t k, m;
 	uint32_t nstripes;
 	uint64_t parent;
+	int64_t access_ns;
 };
 
 #define MREP_THREADS	 4 /* chunks a repair job rebuilds at once */
@@ -207,6 +213,11 @@ int mdb_rev_build(struct meta *m);
 /* Once: sets each file's parent from its directory entry (a rename across directories did
  * not update it before, so retention and eviction skipped the file). */
 int mdb_parents_fix(struct meta *m);
+/* Once: gives each file of a database from before access_ns (record version 1, A keyed by
+ * the settable atime) its own access time, max(atime capped at now, ctime), and moves its A
+ * key there: a file whose atime a client set into the past is no longer expired for it. */
+int mdb_access_fix(struct meta *m);
+/* Moves ino's A key from access time old_ns to new_ns (no-op when equal). */
 void mdb_atime_move(rocksdb_writebatch_t *b, uint64_t ino, int64_t old_ns, int64_t new_ns);
 
 /* ---- meta_ns.c: directory entries (value: u64 ino, u32 mode) ---- */

@@ -1,5 +1,7 @@
 /* Retention and garbage collection in kvfs-meta: files expire a TTL after their last access
- * (per-directory rules override it), least recently accessed files are evicted past the high
+ * by kvfs's own clock (struct mino access_ns: creation and the opens clients report, never a
+ * time a client set with utimensat) (per-directory rules override the TTL), least recently
+ * accessed files are evicted past the high
  * capacity watermark, and chunks on nodes that no metadata references are found and queued
  * for deletion after a grace period. docs/operations.md, "Retention, eviction, repair". */
 #define KVFS_LOG_TAG "meta"
@@ -20,7 +22,7 @@
 
 struct victim {
 	uint64_t ino, parent;
-	int64_t atime;
+	int64_t access; /* the A key it was chosen by (kvfs's own access time) */
 	char name[KVP_NAME_MAX + 1];
 	int found;
 };
@@ -89,7 +91,8 @@ static int victims_remove(struct meta *m, struct victim *v, size_t n, uint64_t *
 		for (size_t x = i; x < j && !rc; x++) {
 			struct mino f;
 			if (!v[x].found || mdb_inode_get(m, NULL, v[x].ino, &f) ||
-			    !S_ISREG(f.mode) || f.atime_ns != v[x].atime || f.parent != v[x].parent)
+			    !S_ISREG(f.mode) || f.access_ns != v[x].access ||
+			    f.parent != v[x].parent)
 				continue;
 			rc = mdb_file_drop_acct(m, b, &f, bytes, nb);
 			if (rc)
@@ -211,7 +214,7 @@ static int expire_pass(struct meta *m)
 			double ttl = file_ttl(m, rules, f.parent);
 			if (ttl <= 0 || at >= now - (int64_t)(ttl * 1e9))
 				continue;
-			v[n++] = (struct victim){.ino = ino, .parent = f.parent, .atime = at};
+			v[n++] = (struct victim){.ino = ino, .parent = f.parent, .access = at};
 		}
 		rocksdb_iter_destroy(it);
 		if (n) {
@@ -300,10 +303,10 @@ static int evict(struct meta *m, uint64_t need)
 			struct kvp_attr a;
 			mino_to_attr(&f, &a);
 			chosen += a.stored;
-			v[n++] =
-			    (struct victim){.ino = ino,
-					    .parent = f.parent,
-					    .atime = (int64_t)(mk_rd_be64(key + 1) ^ (1ull << 63))};
+			v[n++] = (struct victim){.ino = ino,
+						 .parent = f.parent,
+						 .access =
+						     (int64_t)(mk_rd_be64(key + 1) ^ (1ull << 63))};
 		}
 		rocksdb_iter_destroy(it);
 		if (!n)

@@ -241,7 +241,8 @@ int mns_mkdir(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 			  .mtime_ns = now,
 			  .atime_ns = now,
 			  .ctime_ns = now,
-			  .parent = q->parent};
+			  .parent = q->parent,
+			  .access_ns = now};
 	p.nlink++;
 	p.mtime_ns = p.ctime_ns = now;
 	mdb_inode_put(b, &d);
@@ -453,11 +454,20 @@ int mns_setattr(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 		in.mode = (in.mode & (uint32_t)S_IFMT) | (q->mode & 07777);
 	if (q->valid & KVP_SET_MTIME)
 		in.mtime_ns = q->mtime_ns;
-	if ((q->valid & KVP_SET_ATIME) && S_ISREG(in.mode))
-		mdb_atime_move(b, in.ino, in.atime_ns, q->atime_ns);
-	if (q->valid & KVP_SET_ATIME)
+	int64_t now = meta_now_ns();
+	if (q->valid & KVP_SET_ATIME) {
+		/* Shown as set, but kvfs's own access time only moves forward and never past
+		 * now: `touch -a` keeps a file as a read would, while `touch -a -d 2020` or
+		 * `cp -a` of an old file cannot make retention or eviction take it. */
 		in.atime_ns = q->atime_ns;
-	in.ctime_ns = meta_now_ns();
+		int64_t own = q->atime_ns < now ? q->atime_ns : now;
+		if (own > in.access_ns) {
+			if (S_ISREG(in.mode))
+				mdb_atime_move(b, in.ino, in.access_ns, own);
+			in.access_ns = own;
+		}
+	}
+	in.ctime_ns = now;
 	mdb_inode_put(b, &in);
 	rc = mdb_write(m, b);
 	if (!rc)
@@ -498,6 +508,7 @@ int mns_touch(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 	qsort(e, q->n, sizeof(*e), touch_cmp);
 	rocksdb_writebatch_t *b = rocksdb_writebatch_create();
 	int rc = 0;
+	int64_t now = meta_now_ns(), gran = (int64_t)(m->o.atime_granularity_s * 1e9);
 	pthread_mutex_lock(&m->mu);
 	for (uint32_t i = 0; i < q->n; i++) {
 		if (i + 1 < q->n && e[i + 1].ino == e[i].ino)
@@ -510,15 +521,21 @@ int mns_touch(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 		}
 		if (rc)
 			break;
-		/* Access times only move forward: a late batch must not make a file look older. */
-		if (e[i].atime <= in.atime_ns)
+		/* A client's clock ahead of meta's must not keep a file past its TTL. */
+		int64_t at = e[i].atime < now ? e[i].atime : now;
+		/* Both times only move forward (a late batch must not make a file look older),
+		 * and only by the granularity: small moves are not worth a write (the TTL is
+		 * hours). The own time and the shown one differ once a client has set atime. */
+		int own = at > in.access_ns && at - in.access_ns >= gran;
+		int shown = at > in.atime_ns && at - in.atime_ns >= gran;
+		if (!own && !shown)
 			continue;
-		/* Coarse granularity: small moves are not worth a write (the TTL is hours). */
-		if (e[i].atime - in.atime_ns < (int64_t)(m->o.atime_granularity_s * 1e9))
-			continue;
-		if (S_ISREG(in.mode))
-			mdb_atime_move(b, in.ino, in.atime_ns, e[i].atime);
-		in.atime_ns = e[i].atime;
+		if (own && S_ISREG(in.mode))
+			mdb_atime_move(b, in.ino, in.access_ns, at);
+		if (own)
+			in.access_ns = at;
+		if (shown)
+			in.atime_ns = at;
 		mdb_inode_put(b, &in);
 	}
 	if (!rc)

@@ -324,7 +324,7 @@ static int xattr_value(struct mnt *m, uint64_t ino, int which, char **buf, size_
 		fprintf(out, "%" PRIu64, a.stored);
 	} else {
 		char t[64];
-		fmt_time(a.atime_ns, t, sizeof(t));
+		fmt_time(a.access_ns, t, sizeof(t));
 		fputs(t, out);
 	}
 	fclose(out);

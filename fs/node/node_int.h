@@ -65,11 +65,13 @@ struct node_store {
 	atomic_uint_fast64_t crc_errors;
 	atomic_uint rr;		/* round-robin ring choice */
 	atomic_int full_logged; /* "store full" logged since the last accepted PUT */
+	atomic_int statvfs_logged;
 
-	pthread_mutex_t mu; /* protects idx, live_bytes, live_count, pending_bytes */
+	pthread_mutex_t mu; /* protects idx, live_bytes, live_count, pending_bytes, writing_disk */
 	struct node_index *idx;
 	uint64_t live_bytes, live_count;
 	uint64_t pending_bytes; /* WRITING and DELETING chunks: still count against capacity */
+	uint64_t writing_disk;	/* disk bytes (node_disk_need) of the PUTs being written */
 
 	pthread_mutex_t adm_mu; /* protects adm_bytes */
 	pthread_cond_t adm_cv;

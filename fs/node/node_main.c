@@ -29,7 +29,7 @@ struct node_conf {
 	char secret_file[CFG_STR_MAX];
 	char addr_file[CFG_STR_MAX];
 	char metrics_listen[CFG_STR_MAX], metrics_addr_file[CFG_STR_MAX];
-	uint64_t capacity;
+	uint64_t capacity, reserve;
 	double heartbeat, reply_timeout;
 	int sync, direct_read;
 	int64_t io_threads, workers, ring_depth;
@@ -46,7 +46,11 @@ static const struct cfg_opt node_opts[] = {
     {"meta", CFG_STR, F(meta), 0, 0, NULL,
      "metadata server HOST:PORT to heartbeat to (none: serve without registering)"},
     {"secret-file", CFG_STR, F(secret_file), 0, 0, NULL, "cluster secret file (required)"},
-    {"capacity", CFG_SIZE, F(capacity), 1, 1e18, "10G", "bytes of chunk data this node accepts"},
+    {"capacity", CFG_SIZE, F(capacity), 0, 1e18, "0",
+     "cap on the bytes of chunk data this node accepts (0: none; its disk's free space always "
+     "limits it)"},
+    {"reserve", CFG_SIZE, F(reserve), 0, 1e18, "64M",
+     "free space kept on the data directory's filesystem: no chunk is stored into it"},
     {"heartbeat", CFG_SECS, F(heartbeat), 0.01, 3600, "1s", "heartbeat interval"},
     {"addr-file", CFG_STR, F(addr_file), 0, 0, NULL,
      "once listening, write HOST:PORT here (atomically)"},
@@ -259,6 +263,7 @@ int main(int argc, char **argv)
 	struct node_store_opts so = {
 	    .dir = n.cf.dir,
 	    .capacity = n.cf.capacity,
+	    .reserve = n.cf.reserve,
 	    .sync = n.cf.sync,
 	    .io_threads = (int)n.cf.io_threads,
 	    .workers = (int)n.cf.workers,

@@ -64,11 +64,18 @@ static void collect(void *ctx, struct met_out *o)
 	met_out_family(o, "kvfs_node_used_bytes", "gauge", "Bytes of chunk data stored");
 	met_out_sample(o, "kvfs_node_used_bytes", NULL, (double)st.used);
 	met_out_family(o, "kvfs_node_capacity_bytes", "gauge",
-		       "Bytes of chunk data this node accepts (--capacity)");
+		       "Bytes of chunk data this node can hold: chunks held + free disk - "
+		       "--reserve, capped by --capacity");
 	met_out_sample(o, "kvfs_node_capacity_bytes", NULL, (double)st.capacity);
 	met_out_family(o, "kvfs_node_usage_ratio", "gauge", "used / capacity");
 	met_out_sample(o, "kvfs_node_usage_ratio", NULL,
 		       st.capacity ? (double)st.used / (double)st.capacity : 0);
+	met_out_family(o, "kvfs_node_disk_size_bytes", "gauge",
+		       "Size of the data directory's filesystem (statvfs)");
+	met_out_sample(o, "kvfs_node_disk_size_bytes", NULL, (double)st.disk_total);
+	met_out_family(o, "kvfs_node_disk_free_bytes", "gauge",
+		       "Free bytes of the data directory's filesystem for unprivileged writers");
+	met_out_sample(o, "kvfs_node_disk_free_bytes", NULL, (double)st.disk_avail);
 	met_out_family(o, "kvfs_node_crc_errors_total", "counter",
 		       "Stored chunks found failing their CRC32C on read since start");
 	met_out_sample(o, "kvfs_node_crc_errors_total", NULL, (double)st.crc_errors);

@@ -16,6 +16,7 @@
 #include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -272,6 +273,38 @@ static int store_layout(struct node_store *s)
 	return 0;
 }
 
+/* ---- the disk ---- */
+
+/* Disk bytes a chunk file of len data bytes takes at most: header, rounded up to 4 KiB
+ * blocks (the usual filesystem block; an estimate, the check only needs to be safe). */
+static uint64_t disk_need(uint32_t len)
+{
+	return ((uint64_t)NODE_HDR_SIZE + len + 4095) / 4096 * 4096;
+}
+
+/* The data directory's filesystem: size and free bytes for unprivileged writers (f_bavail:
+ * the root reserve is not ours to fill). 0, or -errno when statvfs fails (logged once). */
+static int disk_space(struct node_store *s, uint64_t *total, uint64_t *avail)
+{
+	struct statvfs v;
+	if (fstatvfs(s->dir_fd, &v) != 0) {
+		int rc = -errno;
+		if (!atomic_exchange(&s->statvfs_logged, 1))
+			klog_warn("statvfs %s: %s (capacity is --capacity alone)", s->dir,
+				  strerror(-rc));
+		*total = *avail = 0;
+		return rc;
+	}
+	*total = (uint64_t)v.f_blocks * v.f_frsize;
+	*avail = (uint64_t)v.f_bavail * v.f_frsize;
+	return 0;
+}
+
+static uint64_t disk_room(const struct node_store *s, uint64_t avail)
+{
+	return avail > s->o.reserve ? avail - s->o.reserve : 0;
+}
+
 int node_store_open(const struct node_store_opts *o, struct node_store **out)
 {
 	if (!o->dir || !*o->dir || o->io_threads < 1 || o->workers < 1 || o->ring_depth < 8 ||
@@ -301,9 +334,13 @@ int node_store_open(const struct node_store_opts *o, struct node_store **out)
 		node_store_close(s);
 		return rc;
 	}
-	klog_info("store %s: %" PRIu64 " chunks, %" PRIu64 " bytes used of %" PRIu64, s->dir,
-		  s->live_count, s->live_bytes, s->o.capacity);
-	if (s->live_bytes > s->o.capacity)
+	uint64_t total, avail;
+	disk_space(s, &total, &avail);
+	klog_info("store %s: %" PRIu64 " chunks, %" PRIu64 " bytes; its disk: %" PRIu64
+		  " bytes, %" PRIu64 " free, %" PRIu64 " kept free; --capacity %" PRIu64
+		  " (0: none)",
+		  s->dir, s->live_count, s->live_bytes, total, avail, s->o.reserve, s->o.capacity);
+	if (s->o.capacity && s->live_bytes > s->o.capacity)
 		klog_warn("store %s holds more than its capacity: new chunks are refused", s->dir);
 	rc = node_io_start(s);
 	if (rc) {
@@ -340,12 +377,18 @@ void node_store_close(struct node_store *s)
 
 void node_store_stats(struct node_store *s, struct node_stats *st)
 {
+	int disk = disk_space(s, &st->disk_total, &st->disk_avail) == 0;
 	pthread_mutex_lock(&s->mu);
 	st->used = s->live_bytes;
 	st->chunks = s->live_count;
+	uint64_t held = s->live_bytes + s->pending_bytes;
 	pthread_mutex_unlock(&s->mu);
+	/* A disk that cannot be measured takes nothing beyond --capacity (nothing without it). */
+	uint64_t cap = s->o.capacity ? s->o.capacity : held;
+	if (disk && (!s->o.capacity || held + disk_room(s, st->disk_avail) < cap))
+		cap = held + disk_room(s, st->disk_avail);
 	st->uuid = s->uuid;
-	st->capacity = s->o.capacity;
+	st->capacity = cap;
 	st->crc_errors = atomic_load(&s->crc_errors);
 }
 
@@ -407,11 +450,18 @@ void node_store_put(struct node_store *s, struct kvp_conn *c, const struct kvp_h
 	}
 	admit(s, r->len);
 	int err = 0;
+	/* The disk's free space now, less what PUTs in flight will still take (those partly
+	 * written count twice: safe). A chunk never goes into the reserve, so the disk never
+	 * fills under a write, whatever else shares it. */
+	uint64_t total, avail, need = disk_need(r->len);
+	int disk = disk_space(s, &total, &avail) == 0;
 	pthread_mutex_lock(&s->mu);
 	struct node_chunk *e = node_index_find(s->idx, r->id);
 	if (e)
 		err = -EEXIST;
-	else if (s->live_bytes + s->pending_bytes + r->len > s->o.capacity)
+	else if (s->o.capacity && s->live_bytes + s->pending_bytes + r->len > s->o.capacity)
+		err = -ENOSPC;
+	else if (disk ? s->writing_disk + need > disk_room(s, avail) : !s->o.capacity)
 		err = -ENOSPC;
 	else if (!(e = node_index_insert(s->idx, r->id)))
 		err = -ENOMEM;
@@ -419,7 +469,9 @@ void node_store_put(struct node_store *s, struct kvp_conn *c, const struct kvp_h
 		e->state = NODE_CHUNK_WRITING;
 		e->len = r->len;
 		s->pending_bytes += r->len;
+		s->writing_disk += need;
 	}
+	uint64_t live = s->live_bytes;
 	pthread_mutex_unlock(&s->mu);
 	struct node_op *op = err ? NULL : op_new(s, NODE_OP_PUT, c, h, body, r);
 	if (!op) {
@@ -428,12 +480,14 @@ void node_store_put(struct node_store *s, struct kvp_conn *c, const struct kvp_h
 			pthread_mutex_lock(&s->mu);
 			node_index_remove(s->idx, r->id);
 			s->pending_bytes -= r->len;
+			s->writing_disk -= need;
 			pthread_mutex_unlock(&s->mu);
 		}
 		/* Logged once per episode of being full, not once per refused chunk. */
 		if (err == -ENOSPC && !atomic_exchange(&s->full_logged, 1))
-			klog_warn("store %s is full (%" PRIu64 " bytes of capacity): refusing PUTs",
-				  s->dir, s->o.capacity);
+			klog_warn("store %s is full (%" PRIu64 " bytes of chunks, %" PRIu64
+				  " free on its disk, %" PRIu64 " kept free): refusing PUTs",
+				  s->dir, live, disk ? avail : 0, s->o.reserve);
 		release(s, r->len);
 		answer_now(c, h, body, err);
 		return;
@@ -557,6 +611,7 @@ static void finish_put(struct node_op *op)
 	pthread_mutex_lock(&s->mu);
 	struct node_chunk *e = node_index_find(s->idx, op->req.id);
 	s->pending_bytes -= op->req.len;
+	s->writing_disk -= disk_need(op->req.len);
 	if (op->err) {
 		node_index_remove(s->idx, op->req.id);
 	} else {

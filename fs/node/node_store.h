@@ -18,7 +18,8 @@
 
 struct node_store_opts {
 	const char *dir;       /* created if absent */
-	uint64_t capacity;     /* bytes of chunk data accepted; PUT past it: -ENOSPC */
+	uint64_t capacity;     /* cap on chunk data bytes (0: none); PUT past it: -ENOSPC */
+	uint64_t reserve;      /* bytes of dir's filesystem kept free; PUT into it: -ENOSPC */
 	int sync;	       /* fdatasync chunk + fsync its directory before a PUT is acked */
 	int io_threads;	       /* >= 1 */
 	int workers;	       /* >= 1 */
@@ -27,8 +28,14 @@ struct node_store_opts {
 	int direct_read;       /* GET reads with O_DIRECT (bypass the page cache) */
 };
 
+/* capacity = the smaller of opts.capacity (when not 0) and the bytes of chunks this node holds
+ * (live, being written or deleted) + what dir's filesystem has free for it (statvfs f_bavail,
+ * less opts.reserve): it shrinks when anything else fills the disk, and capacity - used is
+ * the room a new chunk really has. used = bytes of live chunk data. disk_total/disk_avail:
+ * that filesystem's size and free bytes (0 if statvfs failed). */
 struct node_stats {
 	uint64_t uuid, capacity, used, chunks, crc_errors;
+	uint64_t disk_total, disk_avail;
 };
 
 struct node_store;

@@ -30,7 +30,7 @@
 #define KVP_F_RESP 1u
 
 /* Opcodes. Body layouts: "->" request, "<-" response body when status is 0. `str` is u16 length
- * + bytes (no NUL), `attr` is struct kvp_attr as encoded by kvp_w_attr (64 bytes), `slot` is
+ * + bytes (no NUL), `attr` is struct kvp_attr as encoded by kvp_w_attr (72 bytes), `slot` is
  * (u32 node_id, u64 chunk_id, u32 crc32c). Enum values only ever grow. */
 enum kvp_op {
 	/* handshake (docs/protocol.md, "Authentication") */
@@ -162,12 +162,15 @@ struct kvp_attr {
 	uint32_t mode; /* S_IFDIR or S_IFREG | permission bits */
 	uint32_t nlink;
 	uint64_t size;
-	int64_t mtime_ns, atime_ns, ctime_ns;
+	int64_t mtime_ns, atime_ns, ctime_ns; /* as stat shows them; SETATTR sets them */
 	uint64_t stored;
 	uint32_t chunk_size;
 	uint8_t k, m;
+	/* Last access by kvfs's own clock (creation, TOUCH, never past meta's now; a SETATTR
+	 * atime only moves it forward, to at most now): what retention and LRU eviction go by. */
+	int64_t access_ns;
 };
-#define KVP_ATTR_SIZE 64
+#define KVP_ATTR_SIZE 72
 
 /* ---- header ---- */
 void kvp_hdr_encode(const struct kvp_hdr *h, uint8_t out[KVP_HDR_SIZE]);

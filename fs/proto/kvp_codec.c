@@ -163,6 +163,7 @@ void kvp_w_attr(struct kvp_wbuf *w, const struct kvp_attr *a)
 	kvp_w_u8(w, a->k);
 	kvp_w_u8(w, a->m);
 	kvp_w_u16(w, 0);
+	kvp_w_i64(w, a->access_ns);
 }
 
 void kvp_r_init(struct kvp_rbuf *r, const void *p, size_t len)
@@ -247,6 +248,7 @@ void kvp_r_attr(struct kvp_rbuf *r, struct kvp_attr *a)
 	a->k = kvp_r_u8(r);
 	a->m = kvp_r_u8(r);
 	(void)kvp_r_u16(r);
+	a->access_ns = kvp_r_i64(r);
 }
 
 int kvp_r_end(const struct kvp_rbuf *r)
