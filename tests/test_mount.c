@@ -698,6 +698,12 @@ static void test_status(void **state)
 				"'%s/.kvfs/stats' && grep -q '^max-file = ' '%s/.kvfs/config'",
 				g_mnt, g_mnt, g_mnt),
 			 0);
+	/* k = 0 (this mount's default) says what it means: the cluster's 10+1, everywhere */
+	assert_int_equal(kvh_sh("grep -q '^k = 0$' '%s/.kvfs/config' && grep -q '^# .*cluster.s "
+				"defaults' '%s/.kvfs/config' && grep -q '^# .*now k = 10, m = 1,' "
+				"'%s/.kvfs/config'",
+				g_mnt, g_mnt, g_mnt),
+			 0);
 	assert_int_equal(
 	    kvh_sh("ls '%s/.kvfs' | grep -q nodes && ! ls '%s' | grep -q kvfs", g_mnt, g_mnt), 0);
 	char p[800], v[4096];
