@@ -92,6 +92,13 @@ node_pid() { # i: the pid of node i if it runs, else nothing
 	return 0
 }
 
+meta_id() { # i: the id meta gave node i (kvfs status, by its address), or "?"
+	local addr id
+	addr=$(head -n1 "$dir/node$1.addr" 2>/dev/null) || true
+	id=$("$bin/kvfs" --cluster "$dir" status 2>/dev/null | awk -v a="$addr" '$3 == a { print $1 }')
+	echo "${id:-?}"
+}
+
 load_cluster() { # dir: sets dir, meta and node_args of a started cluster
 	dir=$(cd "$1" && pwd)
 	[ -f "$dir/pids" ] || die "$dir/pids not found: no cluster started there"
@@ -107,6 +114,8 @@ stop_node() { # dir i
 	[[ $i =~ ^[0-9]+$ ]] || die "node index must be a number, got '$i'"
 	pid=$(node_pid "$i")
 	[ -n "$pid" ] || { echo "kvfs-cluster: node$i is not running"; return 0; }
+	local id
+	id=$(meta_id "$i")
 	kill -TERM "$pid" 2>/dev/null || true
 	for ((n = 0; n < 100; n++)); do # 10 s, then KILL
 		alive "$pid" || break
@@ -116,7 +125,7 @@ stop_node() { # dir i
 		echo "kvfs-cluster: pid $pid ignored SIGTERM: SIGKILL" >&2
 		kill -KILL "$pid" 2>/dev/null || true
 	fi
-	echo "kvfs-cluster: stopped node$i (pid $pid); meta marks it down after its --node-timeout"
+	echo "kvfs-cluster: stopped node$i (pid $pid, meta's node $id); meta marks it down after its --node-timeout"
 }
 
 start_node() { # dir i
@@ -133,7 +142,7 @@ start_node() { # dir i
 	done
 	"$bin/kvfs" --cluster "$dir" status 2>/dev/null | grep -q " up  *$addr " ||
 		die "node$i started but meta does not list it up: see $dir/node$i.log"
-	echo "kvfs-cluster: node$i up at $addr"
+	echo "kvfs-cluster: node$i up at $addr (meta's node $(meta_id "$i"))"
 }
 
 start_cluster() {
