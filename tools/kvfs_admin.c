@@ -111,17 +111,19 @@ static int job(struct kvc *c, uint8_t action, uint32_t node, const char *what)
 		return no_node(what, node);
 	if (rc)
 		return fail(what, rc);
-	int tty = isatty(2);
+	int tty = isatty(2), drawn = 0;
 	do {
 		struct timespec t = {0, 200000000};
 		nanosleep(&t, NULL);
 		if ((rc = get_status(c, &s)))
 			return fail(what, rc);
 		if (tty && s.running)
-			bar(&s, 0);
+			bar(&s, 0), drawn = 1;
 	} while (s.running);
 	/* A job with nothing to do leaves meta's record as it was (the last real job). */
 	if (same_job(&before, &s)) {
+		if (drawn)
+			fputc('\n', stderr);
 		printf("%s: nothing to do (%s)\n", what,
 		       action == KVP_MAINT_SCRUB ? "no chunk stored"
 		       : node			 ? "the node holds no chunk"
