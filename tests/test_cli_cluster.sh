@@ -33,6 +33,41 @@ echo hello | "$kvfs" put - /a/small
 if "$kvfs" get /nope - 2>"$dir/err"; then fail "get of a missing file succeeded"; fi
 grep -q "No such file" "$dir/err" || fail "missing-file error text"
 if "$kvfs" rm /a 2>/dev/null; then fail "rm of a directory without -r succeeded"; fi
+
+# A node id meta does not know: named, and a failure (repair 99 exited 0 with an empty job).
+for c in "drain 99" "repair 99" "node remove 99"; do
+	# shellcheck disable=SC2086
+	if "$kvfs" $c 2>"$dir/err"; then fail "kvfs $c exited 0"; fi
+	grep -q "node 99: no such node" "$dir/err" || fail "kvfs $c: $(cat "$dir/err")"
+done
+# The progress bar is drawn only on a terminal: no \r into a log.
+"$kvfs" scrub >"$dir/out" 2>"$dir/err" || true
+if grep -q $'\r' "$dir/out" "$dir/err"; then fail "progress bar written to a file"; fi
+grep -q "^scrub: " "$dir/out" || fail "scrub summary: $(cat "$dir/out")"
+"$kvfs" jobs | grep -q "^job: scrub, " || fail "jobs after a scrub"
+# A job with nothing to do says so and leaves the last real job on show.
+"$kvfs" repair >"$dir/out" || fail "repair with every node up failed"
+grep -q "^repair: nothing to do" "$dir/out" || fail "empty repair: $(cat "$dir/out")"
+"$kvfs" jobs | grep -q "^job: scrub, " || fail "an empty repair replaced the last job in kvfs jobs"
+
+# One node stopped by the launcher: a repair of it has nowhere to put a chunk (3 nodes, 2+1:
+# every other node holds a chunk of each stripe), so it fails, and its failed chunks are not
+# counted as done; then the launcher restarts the node and it is up again.
+"$src/tools/kvfs-cluster.sh" stop-node "$dir/c" 1 >/dev/null
+for ((t = 0; t < 100; t++)); do
+	"$kvfs" status | grep -q "^nodes: 2 up of 3" && break
+	sleep 0.1
+done
+"$kvfs" status | grep -q "^nodes: 2 up of 3" || fail "stop-node: meta still sees 3 nodes up"
+id=$("$kvfs" status | awk '$2 == "down" { print $1 }')
+if "$kvfs" repair "$id" >"$dir/out" 2>"$dir/err"; then fail "a repair that failed exited 0"; fi
+read -r ok total failed < <(sed -n 's/^repair: \([0-9]*\) of \([0-9]*\) chunks, \([0-9]*\) failed.*/\1 \2 \3/p' "$dir/out")
+if [ "${failed:-0}" -eq 0 ] || [ $((ok + failed)) != "$total" ]; then
+	fail "repair summary (done + failed = total): $(cat "$dir/out")"
+fi
+"$src/tools/kvfs-cluster.sh" restart-node "$dir/c" 1 >/dev/null
+"$kvfs" status | grep -q "^nodes: 3 up of 3" || fail "restart-node: the node is not up"
+"$kvfs" get /a/b/x - | cmp - "$dir/in" || fail "get after the node restarted"
 "$kvfs" rm -r /a
 [ -z "$("$kvfs" ls /)" ] || fail "rm -r left something"
 

@@ -319,6 +319,37 @@ static void test_node_kill(void **state)
 	assert_int_equal(kvh_sh("rm -r '%s'", p), 0);
 }
 
+/* ---- too few nodes to store a file: close() says EHOSTDOWN, as docs/mount.md does ---- */
+
+/* Two of 11 nodes gone under 10+1 (fewer than k up: no placement can store a stripe). Right
+ * after the kill meta still lists them up and the client cannot reach them; once meta marks
+ * them down, ALLOC refuses. Both used to reach the application as EIO (the mount folded
+ * EHOSTDOWN into it, and the client returned the connection error). */
+static void test_nodes_down_close(void **state)
+{
+	(void)state;
+	char p[800];
+	/* 1 MiB: every one of the 11 chunks is stored (a small file stores empty chunks on no
+	 * node, and would not need the killed ones). */
+	static uint8_t b[1u << 20];
+	mtu_fill(b, sizeof(b), 77);
+	assert_int_equal(kvh_node_kill(&g_cl, 4, SIGKILL), 0);
+	assert_int_equal(kvh_node_kill(&g_cl, 5, SIGKILL), 0);
+	snprintf(p, sizeof(p), "%s/hd-early.kvb", g_mnt);
+	assert_int_equal(mtu_write_file(p, b, sizeof(b)), -EHOSTDOWN);
+	assert_int_equal(kvh_wait_nodes_up(&g_cl, NNODES - 2, 20000), 0);
+	snprintf(p, sizeof(p), "%s/hd-known.kvb", g_mnt);
+	assert_int_equal(mtu_write_file(p, b, sizeof(b)), -EHOSTDOWN);
+	struct stat st;
+	assert_int_equal(stat(p, &st), -1); /* not published */
+	assert_int_equal(errno, ENOENT);
+	assert_int_equal(kvh_node_restart(&g_cl, 4), 0);
+	assert_int_equal(kvh_node_restart(&g_cl, 5), 0);
+	assert_int_equal(kvh_wait_nodes_up(&g_cl, NNODES, 15000), 0);
+	assert_int_equal(mtu_write_file(p, b, sizeof(b)), 0);
+	assert_int_equal(unlink(p), 0);
+}
+
 /* ---- meta restarted while mounted ---- */
 
 static void test_meta_restart(void **state)
@@ -698,6 +729,12 @@ static void test_status(void **state)
 				"'%s/.kvfs/stats' && grep -q '^max-file = ' '%s/.kvfs/config'",
 				g_mnt, g_mnt, g_mnt),
 			 0);
+	/* k = 0 (this mount's default) says what it means: the cluster's 10+1, everywhere */
+	assert_int_equal(kvh_sh("grep -q '^k = 0$' '%s/.kvfs/config' && grep -q '^# .*cluster.s "
+				"defaults' '%s/.kvfs/config' && grep -q '^# .*now k = 10, m = 1,' "
+				"'%s/.kvfs/config'",
+				g_mnt, g_mnt, g_mnt),
+			 0);
 	assert_int_equal(
 	    kvh_sh("ls '%s/.kvfs' | grep -q nodes && ! ls '%s' | grep -q kvfs", g_mnt, g_mnt), 0);
 	char p[800], v[4096];
@@ -885,6 +922,7 @@ int main(int argc, char **argv)
 	    cmocka_unit_test(test_concurrent),
 	    cmocka_unit_test(test_io_uring),
 	    cmocka_unit_test(test_node_kill),
+	    cmocka_unit_test(test_nodes_down_close),
 	    cmocka_unit_test(test_unmount_inval),
 	    cmocka_unit_test(test_meta_gone),
 	    cmocka_unit_test(test_meta_restart),

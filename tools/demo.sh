@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job (`make demo`): a local kvfs cluster — kvfs-meta + 11 kvfs-node under one state
 # directory — mounted with kvfs-mount; writes and reads a few 2 MiB block files through the
-# mount, checks them, and shows what an operator sees (ls, du, df, .kvfs/nodes, xattrs). Then
+# mount, checks them, and shows what an operator sees (ls, du, df, .kvfs/nodes, xattrs, the
+# daemons' Prometheus /metrics addresses). Then
 # serving: a synthetic model, `kvinfer gateway` with 2 prefill + 2 decode workers whose KV
 # cache is on the mount, two requests sharing a long prefix (TTFT and cached_tokens of each).
 # The cluster, the mount and the servers keep running afterwards; stop them with `make demo-stop`
@@ -56,12 +57,14 @@ rm -rf "$state"
 mkdir -p "$state"
 
 echo "== starting a local cluster: kvfs-meta + 11 kvfs-node in $state"
-bash "$here/kvfs-cluster.sh" start "$state" 11
+# KVFS_METRICS=1: meta and every node serve /metrics (addresses in $state/*.metrics).
+KVFS_METRICS=1 bash "$here/kvfs-cluster.sh" start "$state" 11
 meta=$(cat "$state/meta.addr")
 
 if [ ! -c /dev/fuse ] || ! command -v fusermount3 >/dev/null; then
 	echo "demo: no /dev/fuse or fusermount3 here: the cluster runs, the mount is skipped."
 	echo "      use the CLI instead:  $build/bin/kvfs --cluster $state status"
+	echo "      metrics: meta http://$(cat "$state/meta.metrics")/metrics"
 	echo "stop: make demo-stop   (or: bash tools/demo.sh stop)"
 	exit 0
 fi
@@ -69,8 +72,9 @@ fi
 echo
 echo "== mounting it: kvfs-mount $meta $mnt"
 mkdir -p "$mnt"
+rm -f "$state/mount.metrics"
 "$build/bin/kvfs-mount" --secret-file "$state/secret" --log-file "$state/mount.log" \
-	"$meta" "$mnt"
+	--metrics-listen 127.0.0.1:0 --metrics-addr-file "$state/mount.metrics" "$meta" "$mnt"
 
 echo
 echo "== writing 8 block files of 2 MiB through the mount (each published whole at close)"
@@ -102,6 +106,10 @@ echo
 echo "== ls -l $dir"
 ls -l "$dir"
 echo
+echo "   (each node reports its usage to meta by heartbeat, every 1 s: df, .kvfs/nodes and"
+echo "    kvfs status lag a write by up to that; waiting one heartbeat before showing them)"
+sleep 1.5
+echo
 echo "== du -sh (what the cluster stores: data + parity)   vs   du -sh --apparent-size"
 du -sh "$mnt/demo-model"
 du -sh --apparent-size "$mnt/demo-model"
@@ -111,15 +119,26 @@ df -h "$mnt"
 echo
 echo "== cat $mnt/.kvfs/nodes"
 cat "$mnt/.kvfs/nodes"
+echo
+echo "== the geometry lines of $mnt/.kvfs/config (every option in force is there)"
+grep -E '^(k|m|chunk) = |^#' "$mnt/.kvfs/config" | sed 's/^/   /'
 f=$(ls "$dir" | head -1)
-if command -v python3 >/dev/null; then
-	echo
-	echo "== extended attributes of $f"
-	python3 -c 'import os,sys
-for n in os.listxattr(sys.argv[1]):
-    print("%s: %s" % (n, os.getxattr(sys.argv[1], n).decode().rstrip().replace("\n", "\n    ")))' \
-		"$dir/$f"
+echo
+echo "== extended attributes of $f (getfattr -d FILE)"
+if command -v getfattr >/dev/null; then
+	for n in layout stored atime nodes; do
+		v=$(getfattr --absolute-names --only-values -n "user.kvfs.$n" "$dir/$f")
+		echo "   user.kvfs.$n: ${v//$'\n'/$'\n'      }"
+	done
+else
+	echo "   (getfattr not installed: tools/install-deps.sh installs it, package attr)"
 fi
+echo
+echo "== Prometheus /metrics of every daemon (text format; try: curl -s http://ADDR/metrics)"
+echo "   meta   http://$(cat "$state/meta.metrics")/metrics"
+echo "   node0  http://$(cat "$state/node0.metrics")/metrics   (node1 .. node10: $state/nodeN.metrics)"
+for _ in $(seq 1 50); do [ -s "$state/mount.metrics" ] && break; sleep 0.1; done
+[ -s "$state/mount.metrics" ] && echo "   mount  http://$(cat "$state/mount.metrics")/metrics"
 
 echo
 echo "== serving: kvinfer gateway + 2 prefill + 2 decode workers, KV cache on the mount"
@@ -131,11 +150,13 @@ if [ -x "$build/bin/kvinfer" ] && [ -x "$build/tools/kvinfer-synth" ] &&
 	w=(-m "$model" --kv-dir "$mnt/kv" --secret-file "$state/secret" -t 1 --ignore-eos)
 	for i in 0 1; do
 		rm -f "$state/prefill$i.port" "$state/decode$i.port"
+		# Logs take stdout too: the servers outlive this script, and must not hold its
+		# output open (`make demo | tee log` would never end).
 		"$build/bin/kvinfer" prefill "${w[@]}" --port-file "$state/prefill$i.port" \
-			2>"$state/prefill$i.log" &
+			>"$state/prefill$i.log" 2>&1 &
 		echo $! >>"$state/serve.pids"
 		"$build/bin/kvinfer" decode "${w[@]}" --port-file "$state/decode$i.port" \
-			2>"$state/decode$i.log" &
+			>"$state/decode$i.log" 2>&1 &
 		echo $! >>"$state/serve.pids"
 	done
 	wait_port() { for _ in $(seq 1 300); do [ -s "$1" ] && return 0; sleep 0.1; done; return 1; }
@@ -144,7 +165,7 @@ if [ -x "$build/bin/kvinfer" ] && [ -x "$build/tools/kvinfer-synth" ] &&
 	dc=127.0.0.1:$(cat "$state/decode0.port"),127.0.0.1:$(cat "$state/decode1.port")
 	rm -f "$state/gateway.port"
 	"$build/bin/kvinfer" gateway --prefill "$pf" --decode "$dc" --secret-file "$state/secret" \
-		--policy cache --port 0 --port-file "$state/gateway.port" 2>"$state/gateway.log" &
+		--policy cache --port 0 --port-file "$state/gateway.port" >"$state/gateway.log" 2>&1 &
 	echo $! >>"$state/serve.pids"
 	wait_port "$state/gateway.port"
 	port=$(cat "$state/gateway.port")
@@ -165,5 +186,6 @@ fi
 
 echo
 echo "The cluster and the mount keep running at $mnt (state in $state)."
+echo "metrics:    meta http://$(cat "$state/meta.metrics")/metrics (nodes, mount: $state/*.metrics)"
 echo "stop them:  make demo-stop      (or: bash tools/demo.sh stop)"
 echo "by hand:    fusermount3 -u $mnt && bash tools/kvfs-cluster.sh stop $state"

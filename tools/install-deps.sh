@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs every Debian package kvfs builds, tests or benchmarks with.
+# Installs every Debian package kvfs builds, tests, benchmarks or demonstrates with.
 # Idempotent: when all are present it does nothing (no apt-get update, no network).
 set -euo pipefail
 
@@ -15,6 +15,9 @@ PKGS=(
 	libcjson-dev
 	clang clang-format
 	curl fio
+	# what the docs, the demo and the tests run: getfattr (docs/operations.md, the demo's
+	# xattrs), python3 (test_mount's subprocess writers), rsync and tar (user-tools tests)
+	attr python3 rsync tar
 )
 
 missing=()

@@ -5,10 +5,16 @@
 #   tools/kvfs-cluster.sh start DIR [N=11] [extra kvfs-node args...]
 #   tools/kvfs-cluster.sh stop DIR
 #   tools/kvfs-cluster.sh status DIR
+#   tools/kvfs-cluster.sh stop-node DIR I        SIGTERM node I (as named in DIR: nodeI/)
+#   tools/kvfs-cluster.sh start-node DIR I       start node I again (same dir, same port); an
+#                                                I not started before is a new node joining
+#   tools/kvfs-cluster.sh restart-node DIR I     stop-node + start-node
 #
 # DIR gets: secret (random, 0600), meta.addr, meta/ (RocksDB), nodeI/ + nodeI.addr, *.log, pids
-# ("name pid" lines). Binaries: $KVFS_BIN, else <repo>/build/bin. Extra meta args: $KVFS_META_ARGS.
-# `kvfs --cluster DIR ...` talks to the cluster.
+# ("name pid" lines), node.args (the extra node args, reused by start-node). Binaries: $KVFS_BIN,
+# else <repo>/build/bin. Extra meta args: $KVFS_META_ARGS. With KVFS_METRICS=1 every daemon also
+# serves Prometheus /metrics on an ephemeral loopback port, its HOST:PORT in meta.metrics and
+# nodeI.metrics. `kvfs --cluster DIR ...` talks to the cluster.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -55,6 +61,90 @@ stop_cluster() {
 	echo "kvfs-cluster: stopped ${#pids[@]} processes of $dir"
 }
 
+metrics_args() { # name: the flags that serve its /metrics when KVFS_METRICS=1
+	[ "${KVFS_METRICS:-0}" = 1 ] || return 0
+	rm -f "$dir/$1.metrics"
+	echo "--metrics-listen 127.0.0.1:0 --metrics-addr-file $dir/$1.metrics"
+}
+
+# Starts node i of $dir with the extra args in node_args; listens on its old port when it had
+# one (clients and meta know that address).
+spawn_node() { # i meta
+	local i=$1 listen=127.0.0.1:0
+	[ -s "$dir/node$i.addr" ] && listen=$(head -n1 "$dir/node$i.addr")
+	rm -f "$dir/node$i.addr"
+	# shellcheck disable=SC2046
+	"$bin/kvfs-node" --dir "$dir/node$i" --secret-file "$dir/secret" --meta "$2" \
+		--listen "$listen" --addr-file "$dir/node$i.addr" $(metrics_args "node$i") \
+		"${node_args[@]}" </dev/null >>"$dir/node$i.log" 2>&1 &
+	local pid=$!
+	if grep -q "^node$i " "$dir/pids"; then
+		sed -i "s/^node$i .*/node$i $pid/" "$dir/pids"
+	else
+		echo "node$i $pid" >>"$dir/pids"
+	fi
+}
+
+node_pid() { # i: the pid of node i if it runs, else nothing
+	local pid
+	pid=$(awk -v n="node$1" '$1 == n { print $2 }' "$dir/pids")
+	[ -n "$pid" ] && alive "$pid" && echo "$pid"
+	return 0
+}
+
+meta_id() { # i: the id meta gave node i (kvfs status, by its address), or "?"
+	local addr id
+	addr=$(head -n1 "$dir/node$1.addr" 2>/dev/null) || true
+	id=$("$bin/kvfs" --cluster "$dir" status 2>/dev/null | awk -v a="$addr" '$3 == a { print $1 }')
+	echo "${id:-?}"
+}
+
+load_cluster() { # dir: sets dir, meta and node_args of a started cluster
+	dir=$(cd "$1" && pwd)
+	[ -f "$dir/pids" ] || die "$dir/pids not found: no cluster started there"
+	meta=$(head -n1 "$dir/meta.addr")
+	node_args=()
+	[ -f "$dir/node.args" ] && mapfile -d '' -t node_args <"$dir/node.args"
+	return 0
+}
+
+stop_node() { # dir i
+	load_cluster "$1"
+	local i=$2 pid n
+	[[ $i =~ ^[0-9]+$ ]] || die "node index must be a number, got '$i'"
+	pid=$(node_pid "$i")
+	[ -n "$pid" ] || { echo "kvfs-cluster: node$i is not running"; return 0; }
+	local id
+	id=$(meta_id "$i")
+	kill -TERM "$pid" 2>/dev/null || true
+	for ((n = 0; n < 100; n++)); do # 10 s, then KILL
+		alive "$pid" || break
+		sleep 0.1
+	done
+	if alive "$pid"; then
+		echo "kvfs-cluster: pid $pid ignored SIGTERM: SIGKILL" >&2
+		kill -KILL "$pid" 2>/dev/null || true
+	fi
+	echo "kvfs-cluster: stopped node$i (pid $pid, meta's node $id); meta marks it down after its --node-timeout"
+}
+
+start_node() { # dir i
+	load_cluster "$1"
+	local i=$2 addr t
+	[[ $i =~ ^[0-9]+$ ]] || die "node index must be a number, got '$i'"
+	[ -z "$(node_pid "$i")" ] || die "node$i already runs (pid $(node_pid "$i"))"
+	spawn_node "$i" "$meta"
+	wait_file "$dir/node$i.addr" 15 || die "node$i did not start: see $dir/node$i.log"
+	addr=$(head -n1 "$dir/node$i.addr")
+	for ((t = 0; t < 150; t++)); do # meta lists it up (its heartbeat arrived)
+		"$bin/kvfs" --cluster "$dir" status 2>/dev/null | grep -q " up  *$addr " && break
+		sleep 0.1
+	done
+	"$bin/kvfs" --cluster "$dir" status 2>/dev/null | grep -q " up  *$addr " ||
+		die "node$i started but meta does not list it up: see $dir/node$i.log"
+	echo "kvfs-cluster: node$i up at $addr (meta's node $(meta_id "$i"))"
+}
+
 start_cluster() {
 	local dir=$1 n=${2:-11}
 	shift $(($# < 2 ? $# : 2))
@@ -74,20 +164,20 @@ start_cluster() {
 	fi
 	chmod 600 "$dir/secret"
 	: >"$dir/pids"
-	rm -f "$dir/meta.addr"
-	# shellcheck disable=SC2086
+	rm -f "$dir/meta.addr" "$dir"/node*.addr
+	node_args=("$@")
+	: >"$dir/node.args"
+	[ $# -eq 0 ] || printf '%s\0' "$@" >"$dir/node.args"
+	# shellcheck disable=SC2086,SC2046
 	"$bin/kvfs-meta" --db "$dir/meta" --secret-file "$dir/secret" --listen 127.0.0.1:0 \
-		--addr-file "$dir/meta.addr" ${KVFS_META_ARGS:-} </dev/null >>"$dir/meta.log" 2>&1 &
+		--addr-file "$dir/meta.addr" $(metrics_args meta) ${KVFS_META_ARGS:-} \
+		</dev/null >>"$dir/meta.log" 2>&1 &
 	echo "meta $!" >>"$dir/pids"
 	wait_file "$dir/meta.addr" 15 || { stop_cluster "$dir"; die "meta did not start: see $dir/meta.log"; }
 	local meta
 	meta=$(head -n1 "$dir/meta.addr")
 	for ((i = 0; i < n; i++)); do
-		rm -f "$dir/node$i.addr"
-		"$bin/kvfs-node" --dir "$dir/node$i" --secret-file "$dir/secret" --meta "$meta" \
-			--listen 127.0.0.1:0 --addr-file "$dir/node$i.addr" "$@" \
-			</dev/null >>"$dir/node$i.log" 2>&1 &
-		echo "node$i $!" >>"$dir/pids"
+		spawn_node "$i" "$meta"
 	done
 	for ((i = 0; i < n; i++)); do
 		wait_file "$dir/node$i.addr" 15 ||
@@ -114,12 +204,18 @@ status_cluster() {
 	"$bin/kvfs" --cluster "$dir" status
 }
 
-[ $# -ge 2 ] || die "usage: $0 start DIR [N=11] [node args...] | stop DIR | status DIR"
+usage="usage: $0 start DIR [N=11] [node args...] | stop DIR | status DIR | stop-node DIR I | start-node DIR I | restart-node DIR I"
+[ $# -ge 2 ] || die "$usage"
 cmd=$1
 shift
 case $cmd in
 start) start_cluster "$@" ;;
 stop) stop_cluster "$1" ;;
 status) status_cluster "$1" ;;
-*) die "unknown command '$cmd' (start, stop, status)" ;;
+stop-node | start-node | restart-node)
+	[ $# -eq 2 ] || die "$usage"
+	[ "$cmd" = start-node ] || stop_node "$1" "$2"
+	[ "$cmd" = stop-node ] || start_node "$1" "$2"
+	;;
+*) die "unknown command '$cmd' (start, stop, status, stop-node, start-node, restart-node)" ;;
 esac

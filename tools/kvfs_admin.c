@@ -60,11 +60,21 @@ static int maint(struct kvc *c, uint8_t action, uint32_t node)
 	return kvc_admin(c, KVP_OP_MAINT, b, sizeof(b), NULL, NULL);
 }
 
+/* A node id meta does not know (-ENOENT from MAINT): say which. */
+static int no_node(const char *what, uint32_t node)
+{
+	fprintf(stderr, "kvfs: %s: node %u: no such node (kvfs status lists them)\n", what, node);
+	return 1;
+}
+
+/* The progress line, redrawn in place with \r: only ever written to a terminal. done counts
+ * the chunks that succeeded; the bar advances over failed ones too. */
 static void bar(const struct status *s, int final)
 {
 	double secs = (double)s->elapsed_ns / 1e9;
 	double mib = (double)s->bytes / 1048576.0, rate = secs > 0 ? mib / secs : 0;
-	double frac = s->total ? (double)s->done / (double)s->total : 1;
+	uint64_t seen = s->done + s->failed;
+	double frac = s->total ? (double)seen / (double)s->total : 1;
 	if (frac > 1)
 		frac = 1;
 	char b[31];
@@ -72,12 +82,20 @@ static void bar(const struct status *s, int final)
 	for (int i = 0; i < 30; i++)
 		b[i] = i < fill ? '#' : '.';
 	b[30] = 0;
-	double eta = s->done && s->done < s->total
-			 ? secs / (double)s->done * (double)(s->total - s->done)
-			 : 0;
-	fprintf(stderr, "\r[%s] %" PRIu64 "/%" PRIu64 " chunks %3.0f%%  %.1f MiB/s  ETA %.0fs%s", b,
-		s->done, s->total, frac * 100, rate, eta, final ? "\n" : "  ");
+	double eta = seen && seen < s->total ? secs / (double)seen * (double)(s->total - seen) : 0;
+	char failed[40] = "";
+	if (s->failed)
+		snprintf(failed, sizeof(failed), ", %" PRIu64 " failed", s->failed);
+	fprintf(stderr, "\r[%s] %" PRIu64 "/%" PRIu64 " chunks%s %3.0f%%  %.1f MiB/s  ETA %.0fs%s",
+		b, s->done, s->total, failed, frac * 100, rate, eta, final ? "\n" : "  ");
 	fflush(stderr);
+}
+
+static int same_job(const struct status *a, const struct status *b)
+{
+	return a->kind == b->kind && a->running == b->running && a->node == b->node &&
+	       a->total == b->total && a->done == b->done && a->failed == b->failed &&
+	       a->bytes == b->bytes && a->elapsed_ns == b->elapsed_ns;
 }
 
 /* Starts a job and follows it to its end. */
@@ -89,18 +107,31 @@ static int job(struct kvc *c, uint8_t action, uint32_t node, const char *what)
 		rc = maint(c, action, node);
 	if (rc == -EBUSY)
 		return fail("another repair, drain or scrub is running (kvfs jobs)", rc);
+	if (rc == -ENOENT && node)
+		return no_node(what, node);
 	if (rc)
 		return fail(what, rc);
-	int tty = isatty(2);
+	int tty = isatty(2), drawn = 0;
 	do {
 		struct timespec t = {0, 200000000};
 		nanosleep(&t, NULL);
 		if ((rc = get_status(c, &s)))
 			return fail(what, rc);
 		if (tty && s.running)
-			bar(&s, 0);
+			bar(&s, 0), drawn = 1;
 	} while (s.running);
-	bar(&s, 1);
+	/* A job with nothing to do leaves meta's record as it was (the last real job). */
+	if (same_job(&before, &s)) {
+		if (drawn)
+			fputc('\n', stderr);
+		printf("%s: nothing to do (%s)\n", what,
+		       action == KVP_MAINT_SCRUB ? "no chunk stored"
+		       : node			 ? "the node holds no chunk"
+						 : "no node is down and no stripe is degraded");
+		return 0;
+	}
+	if (tty)
+		bar(&s, 1);
 	double secs = (double)s.elapsed_ns / 1e9;
 	printf("%s: %" PRIu64 " of %" PRIu64 " chunks, %" PRIu64 " failed, %.1f MiB in %.2f s "
 	       "(%.1f MiB/s)\n",
@@ -197,6 +228,8 @@ int kvfs_admin_cmd(struct kvc *c, const char *cmd, char **a, int na)
 		if (parse_node(a[1], &id))
 			return 2;
 		int rc = maint(c, KVP_MAINT_NODE_REMOVE, id);
+		if (rc == -ENOENT)
+			return no_node("node remove", id);
 		if (rc == -EBUSY) {
 			fprintf(stderr,
 				"kvfs: node %u is up or still holds chunks: kvfs drain %u "

@@ -18,7 +18,8 @@
  * Threading: a struct kvc is thread-safe and meant to be shared (one per process). A writer
  * or a kvc_file is used by one thread at a time. Every call returns 0 / a count or a negative
  * errno: -ENOENT, -EEXIST, -ENOTDIR, -EISDIR, -ENOTEMPTY, -ENOSPC, -EFBIG, -EIO (data cannot
- * be read: more than m chunks of a stripe lost), -EHOSTDOWN (too few nodes up to write),
+ * be read: more than m chunks of a stripe lost), -EHOSTDOWN (too few nodes up or reachable
+ * to write),
  * -ECONNREFUSED / -ETIMEDOUT (metadata unreachable), -EACCES (wrong cluster secret).
  */
 #ifndef KVFS_KVC_H

@@ -433,6 +433,11 @@ int kvc_commit(struct kvc_writer *w, struct kvp_attr *out)
 		if (!redo)
 			break;
 	}
+	/* Every placement still had a node that could not be reached (meta has not noticed it
+	 * is down yet): the same answer as when meta knows too few nodes are up, not a
+	 * connection error that would read as "meta is away". */
+	if (redo && kvc__is_transport(rc))
+		rc = -EHOSTDOWN;
 	if (rc == 0) {
 		atomic_fetch_add(&c->st_written, w->size);
 		atomic_fetch_add(&c->st_files, 1);

@@ -162,6 +162,7 @@ struct meta {
 	pthread_mutex_t job_mu;
 	pthread_cond_t job_cv;
 	struct mjob job;
+	struct mjob last_job; /* the last finished job that had work: shown after an empty one */
 	uint8_t req_kind;
 	uint32_t req_node;
 	/* Chunk ids being written by repair threads, not yet in S (GC skips them); 0 = free. */

@@ -560,8 +560,14 @@ int mlife_maint(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 {
 	(void)out;
 	int rc;
+	char addr[KVP_ADDR_MAX];
+	uint8_t state;
 	switch (q->action) {
 	case KVP_MAINT_REPAIR:
+		/* A node meta never knew would start a job with nothing to do, and succeed. */
+		if (q->node_id && mnodes_addr(m, q->node_id, addr, &state))
+			return -ENOENT;
+		return mrep_request(m, q->action, q->node_id);
 	case KVP_MAINT_SCRUB:
 		return mrep_request(m, q->action, q->node_id);
 	case KVP_MAINT_DRAIN:

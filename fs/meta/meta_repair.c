@@ -371,7 +371,7 @@ out:
 static void job_progress(struct meta *m, uint64_t bytes, int failed)
 {
 	pthread_mutex_lock(&m->job_mu);
-	m->job.done++;
+	m->job.done += (uint64_t)(failed == 0); /* a failed chunk is not done */
 	m->job.bytes += bytes;
 	m->job.failed += (uint64_t)(failed != 0);
 	pthread_mutex_unlock(&m->job_mu);
@@ -714,8 +714,9 @@ static uint64_t all_chunks(struct meta *m)
 	return n;
 }
 
-static void run_job(struct meta *m, struct kvec_codec **codecs, uint8_t kind, uint32_t node,
-		    uint64_t rate)
+/* Returns the number of chunks that failed. */
+static uint64_t run_job(struct meta *m, struct kvec_codec **codecs, uint8_t kind, uint32_t node,
+			uint64_t rate)
 {
 	pthread_mutex_t mu;
 	pthread_mutex_init(&mu, NULL);
@@ -723,7 +724,7 @@ static void run_job(struct meta *m, struct kvec_codec **codecs, uint8_t kind, ui
 	x.nodes = nodes_copy(m, &x.nnodes);
 	if (!x.nodes) {
 		pthread_mutex_destroy(&mu);
-		return;
+		return 0;
 	}
 	uint32_t targets[256];
 	size_t nt = 0;
@@ -766,6 +767,12 @@ static void run_job(struct meta *m, struct kvec_codec **codecs, uint8_t kind, ui
 	if (kind == KVP_MAINT_SCRUB)
 		m->last_scrub_mono = m->job.end_mono;
 	struct mjob j = m->job;
+	/* A job that found nothing to do (`kvfs repair` with every node up, a scrub of an
+	 * empty cluster) leaves the last one that did on show (kvfs jobs, metrics). */
+	if (j.total || j.done || j.failed)
+		m->last_job = j;
+	else
+		m->job = m->last_job;
 	pthread_mutex_unlock(&m->job_mu);
 	double secs = (double)(j.end_mono - j.start_mono) / 1e9;
 	klog_info("%s done: %llu of %llu chunks, %llu failed, %.1f MiB in %.2f s", what,
@@ -773,6 +780,7 @@ static void run_job(struct meta *m, struct kvec_codec **codecs, uint8_t kind, ui
 		  (unsigned long long)j.failed, (double)j.bytes / 1048576.0, secs);
 	free(x.nodes);
 	pthread_mutex_destroy(&mu);
+	return j.failed;
 }
 
 /* Automatic work when idle: repair nodes down longer than the repair delay, and a background
@@ -840,10 +848,9 @@ static int auto_job(struct meta *m, struct kvec_codec **codecs)
 		free(r);
 		/* After a failed attempt, wait for more nodes rather than fail every 10 s. */
 		if (up > m->degraded_fail_up && family_count(m, MK_DEGRADED)) {
-			run_job(m, codecs, KVP_MAINT_REPAIR, UINT32_MAX, m->o.repair_rate);
-			pthread_mutex_lock(&m->job_mu);
-			m->degraded_fail_up = m->job.failed ? up : 0;
-			pthread_mutex_unlock(&m->job_mu);
+			uint64_t failed =
+			    run_job(m, codecs, KVP_MAINT_REPAIR, UINT32_MAX, m->o.repair_rate);
+			m->degraded_fail_up = failed ? up : 0;
 			return 1;
 		}
 	}

@@ -220,9 +220,11 @@ static int wfile_finish(struct mnt *m, struct mnt_wfile *wf)
 		klog_error("commit of %s (%llu bytes, dir inode %llu) failed: %s", wf->name,
 			   (unsigned long long)size, (unsigned long long)wf->parent,
 			   kvp_strerror(rc));
-		/* Connection errors mean "not stored"; the application sees EIO. */
+		/* Meta unreachable (a connection error) means "not stored": the application
+		 * sees EIO. EHOSTDOWN (too few storage nodes up or reachable) says more and
+		 * passes through, as docs/mount.md promises. */
 		if (rc == -ECONNREFUSED || rc == -ECONNRESET || rc == -ECONNABORTED ||
-		    rc == -ETIMEDOUT || rc == -EHOSTDOWN || rc == -ENOTCONN)
+		    rc == -ETIMEDOUT || rc == -ENOTCONN)
 			rc = -EIO;
 		wf->err = rc;
 		return rc;

@@ -153,10 +153,22 @@ int mnt_virt_read_all(struct mnt *m, uint64_t nodeid, char **buf, size_t *len)
 	case V_STATS:
 		rc = gen_stats(m, f);
 		break;
-	case V_CONFIG:
+	case V_CONFIG: {
 		fprintf(f, "meta = %s\nmountpoint = %s\n", m->meta_addr, m->mountpoint);
 		cfg_dump(mnt_cfg_opts, &m->cfg, f);
+		/* 0 is not a geometry: say what it stands for. */
+		struct kvc_statfs s;
+		if ((!m->cfg.k || !m->cfg.m || !m->cfg.chunk) && kvc_statfs(m->c, &s) == 0)
+			fprintf(
+			    f,
+			    "# k, m or chunk = 0: not set for this mount, so new files take the "
+			    "cluster's defaults\n# (kvfs-meta --k/--m/--chunk-size; now k = %d, "
+			    "m = %d, chunk_size = %u: .kvfs/cluster)\n# as read when the mount "
+			    "started. The same in every directory: there is no\n# per-directory "
+			    "geometry. -o k=N,m=N,chunk=SIZE sets them for this mount.\n",
+			    s.k, s.m, s.chunk_size);
 		break;
+	}
 	}
 	fclose(f);
 	if (rc) {
