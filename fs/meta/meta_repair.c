@@ -836,8 +836,8 @@ static size_t nodes_up(const struct meta *m)
 }
 
 /* Degraded stripes, before any other work: at once when more nodes are up than at the last
- * look (a node came back or was added), else every 10 s; after an attempt that left some, only
- * once more nodes are up than then, or after REPAIR_RETRY_NS. Returns 1 when it ran. */
+ * look (a node came back or was added); else every 10 s, but after an attempt that left some
+ * only with more nodes up than then, or after REPAIR_RETRY_NS. Returns 1 when it ran. */
 static int auto_degraded(struct meta *m, struct kvec_codec **codecs, int64_t now)
 {
 	pthread_mutex_lock(&m->nodes_mu);
@@ -845,9 +845,9 @@ static int auto_degraded(struct meta *m, struct kvec_codec **codecs, int64_t now
 	pthread_mutex_unlock(&m->nodes_mu);
 	int rise = up > m->degraded_seen_up;
 	m->degraded_seen_up = up;
-	int waited = now - m->last_degraded_mono >= REPAIR_RETRY_NS;
-	if ((up <= m->degraded_fail_up && !waited) ||
-	    (!rise && now - m->last_degraded_mono < 10000000000LL))
+	int64_t since = now - m->last_degraded_mono;
+	int due = since >= 10000000000LL && (up > m->degraded_fail_up || since >= REPAIR_RETRY_NS);
+	if (!rise && !due)
 		return 0;
 	m->last_degraded_mono = now;
 	if (!family_count(m, MK_DEGRADED))
