@@ -195,9 +195,10 @@ static int jobs(struct kvc *c)
 		       (double)s.elapsed_ns / 1e9);
 	printf("\n");
 	static const char *names[KVP_MST_COUNT] = {
-	    "expired",	     "evicted",	      "evicted_bytes", "enospc",	"gc_scanned",
-	    "gc_orphans",    "repaired",      "repair_bytes",  "repair_failed", "scrub_checked",
-	    "scrub_corrupt", "scrub_missing", "scrub_repaired"};
+	    "expired",	      "evicted",	 "evicted_bytes",    "enospc",
+	    "gc_scanned",     "gc_orphans",	 "repaired",	     "repair_bytes",
+	    "repair_failed",  "scrub_checked",	 "scrub_corrupt",    "scrub_missing",
+	    "scrub_repaired", "degraded_writes", "degraded_stripes", "degraded_files"};
 	for (int i = 0; i < KVP_MST_COUNT; i++)
 		printf("%s %" PRIu64 "\n", names[i], s.st[i]);
 	return 0;

@@ -103,6 +103,10 @@ static void status_counters(struct kvc *c)
 	       v[KVP_MST_GC_ORPHANS], v[KVP_MST_REPAIRED], human(v[KVP_MST_REPAIR_BYTES], b2, 32),
 	       v[KVP_MST_REPAIR_FAILED], v[KVP_MST_SCRUB_CORRUPT], v[KVP_MST_SCRUB_MISSING],
 	       v[KVP_MST_ENOSPC]);
+	/* Written while nodes were down or unreachable: one failure from loss with m = 1. */
+	printf("degraded: %" PRIu64 " stripes in %" PRIu64 " files to repair (%" PRIu64
+	       " stripes written degraded since meta started)\n",
+	       v[KVP_MST_DEGR_STRIPES], v[KVP_MST_DEGR_FILES], v[KVP_MST_DEGR_WRITES]);
 }
 
 static int cmd_status(struct kvc *c, const char *meta)

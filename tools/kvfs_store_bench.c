@@ -11,13 +11,20 @@
  * phase starts after a sync(), so none pays for the previous one's writeback. Reads
  * are cold on both sides: before each read phase every file involved (raw files, the nodes'
  * chunk files) is fsynced and dropped from the page cache with posix_fadvise(DONTNEED).
- * Prints files/s and MiB/s (2^20) per phase and store/raw ratios. */
+ * Prints files/s and MiB/s (2^20) per phase and store/raw ratios.
+ *
+ * --degraded (with a cluster it started): then writes --files more files healthy (the baseline,
+ * right before), SIGKILLs the last node and writes --files more at once (meta does not know
+ * yet: the client writes around the node), again once meta has marked it down (meta places
+ * the other nodes), reads both sets back byte for byte, and prints each degraded write rate
+ * against the baseline. */
 #define KVFS_LOG_TAG "store-bench"
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,7 +44,7 @@ struct conf {
 	char cluster[CFG_STR_MAX];
 	char script[CFG_STR_MAX];
 	char node_args[CFG_STR_MAX];
-	int cold, keep;
+	int cold, keep, degraded;
 };
 
 #define F(x) offsetof(struct conf, x)
@@ -53,6 +60,8 @@ static const struct cfg_opt opts[] = {
     {"node-args", CFG_STR, F(node_args), 0, 0, NULL, "extra kvfs-node flags"},
     {"cold", CFG_BOOL, F(cold), 0, 0, "true", "drop the files from the page cache before reads"},
     {"keep", CFG_BOOL, F(keep), 0, 0, "false", "leave the cluster running and files in place"},
+    {"degraded", CFG_BOOL, F(degraded), 0, 0, "false",
+     "then kill one node and measure writes with it down (needs a cluster it started)"},
     CFG_END};
 
 #define NPAT 8
@@ -65,7 +74,8 @@ struct bench {
 	uint8_t *pat[NPAT]; /* file i holds pat[i % NPAT] with i stamped in its first 8 bytes */
 	atomic_long next;
 	atomic_int errors;
-	int phase; /* 0 store write, 1 store read, 2 raw write, 3 raw read */
+	int phase;   /* 0 store write, 1 store read, 2 raw write, 3 raw read */
+	char prefix; /* store file names: 'f' healthy, 'd' and 'e' with a node down */
 };
 
 static double now_s(void)
@@ -86,7 +96,7 @@ static int one(struct bench *b, long i, uint8_t *buf, uint8_t *want)
 {
 	size_t sz = b->cf->size;
 	char name[32], path[PATH_MAX + 64];
-	snprintf(name, sizeof(name), "f%06ld", i);
+	snprintf(name, sizeof(name), "%c%06ld", b->prefix, i);
 	snprintf(path, sizeof(path), "%s/%s", b->raw, name);
 	int rc = 0;
 	switch (b->phase) {
@@ -234,8 +244,72 @@ static void report(const char *name, double secs, const struct conf *cf, double 
 {
 	double mib = (double)cf->files * (double)cf->size / 1048576.0;
 	*mibs = mib / secs;
-	printf("%-12s %8.2f s %10.1f files/s %10.1f MiB/s\n", name, secs, (double)cf->files / secs,
+	printf("%-26s %8.2f s %10.1f files/s %10.1f MiB/s\n", name, secs, (double)cf->files / secs,
 	       *mibs);
+}
+
+/* SIGKILLs the last node kvfs-cluster.sh recorded in DIR/pids. */
+static int kill_last_node(const char *cdir)
+{
+	char p[PATH_MAX + 8], name[64];
+	snprintf(p, sizeof(p), "%s/pids", cdir);
+	FILE *f = fopen(p, "r");
+	if (!f)
+		return -errno;
+	long pid, last = 0;
+	while (fscanf(f, "%63s %ld", name, &pid) == 2)
+		if (!strncmp(name, "node", 4))
+			last = pid;
+	fclose(f);
+	if (last <= 0)
+		return -ENOENT;
+	return kill((pid_t)last, SIGKILL) ? -errno : 0;
+}
+
+/* The degraded phases: a healthy write again (the baseline, on disks as full as the next
+ * phases'), writes with a node just killed, then with meta knowing, both read back. */
+static int degraded_phases(struct bench *b, const char *cdir)
+{
+	const struct conf *cf = b->cf;
+	struct kvc_statfs st;
+	double th, healthy;
+	b->prefix = 'h';
+	th = run_phase(b, 0);
+	report("write, healthy (baseline)", th, cf, &healthy);
+	int rc = kvc_statfs(b->c, &st);
+	uint32_t up0 = st.nodes_up;
+	if (!rc)
+		rc = kill_last_node(cdir);
+	if (rc) {
+		fprintf(stderr, "store-bench: cannot kill a node: %s\n", kvp_strerror(rc));
+		return rc;
+	}
+	double t[3], mibs[3];
+	b->prefix = 'd';
+	t[0] = run_phase(b, 0);
+	kvc_statfs(b->c, &st);
+	uint32_t up_after = st.nodes_up;
+	double w0 = now_s();
+	while (st.nodes_up >= up0 && now_s() - w0 < 60) { /* meta's --node-timeout */
+		usleep(100000);
+		kvc_statfs(b->c, &st);
+	}
+	b->prefix = 'e';
+	t[1] = run_phase(b, 0);
+	b->prefix = 'd';
+	double r = run_phase(b, 1);
+	b->prefix = 'e';
+	r += run_phase(b, 1);
+	report("write, 1 node just killed", t[0], cf, &mibs[0]);
+	report("write, 1 node marked down", t[1], cf, &mibs[1]);
+	t[2] = r / 2;
+	report("read of both (mean)", t[2], cf, &mibs[2]);
+	printf(
+	    "nodes up per meta: %u before, %u after the first degraded phase, %u in the second\n",
+	    up0, up_after, st.nodes_up);
+	printf("ratio degraded/healthy write: node just killed %.2f, node marked down %.2f\n",
+	       mibs[0] / healthy, mibs[1] / healthy);
+	return 0;
 }
 
 int main(int argc, char **argv)
@@ -272,7 +346,7 @@ int main(int argc, char **argv)
 		}
 		started = 1;
 	}
-	struct bench b = {.cf = &cf};
+	struct bench b = {.cf = &cf, .prefix = 'f'};
 	char meta[256], sp[PATH_MAX + 16];
 	struct kvp_secret sec;
 	snprintf(sp, sizeof(sp), "%s/meta.addr", cdir);
@@ -329,11 +403,15 @@ int main(int argc, char **argv)
 		report("raw read", t[3], &cf, &mibs[3]);
 		printf("ratio store/raw: write %.2f, read %.2f\n", mibs[0] / mibs[2],
 		       mibs[1] / mibs[3]);
+		if (cf.degraded && started && degraded_phases(&b, cdir))
+			atomic_fetch_add(&b.errors, 1);
 		struct kvc_stats ks;
 		kvc_get_stats(b.c, &ks);
-		printf("client: %llu files committed, %llu degraded stripes, %llu crc errors\n",
+		printf("client: %llu files committed, %llu degraded stripes, %llu crc errors, "
+		       "%llu chunks written around\n",
 		       (unsigned long long)ks.files_committed,
-		       (unsigned long long)ks.degraded_reads, (unsigned long long)ks.crc_errors);
+		       (unsigned long long)ks.degraded_reads, (unsigned long long)ks.crc_errors,
+		       (unsigned long long)ks.chunks_written_around);
 		if (atomic_load(&b.errors)) {
 			fprintf(stderr, "store-bench: %d errors\n", atomic_load(&b.errors));
 			rc = -EIO;

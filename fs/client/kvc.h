@@ -137,6 +137,9 @@ struct kvc_stats {
 	uint64_t bytes_written, bytes_read, files_committed;
 	uint64_t degraded_reads; /* stripes that needed decoding */
 	uint64_t crc_errors;	 /* chunks that failed their CRC */
+	/* chunks of committed files not stored: their node was down (meta placed none) or
+	 * failed the PUT, and the stripe still held its minimum; meta repairs them */
+	uint64_t chunks_written_around;
 };
 void kvc_get_stats(struct kvc *c, struct kvc_stats *out);
 

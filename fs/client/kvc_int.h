@@ -36,7 +36,7 @@ struct kvc {
 	int nbad;
 
 	atomic_uint_fast64_t buffered; /* bytes held by all writers */
-	atomic_uint_fast64_t st_written, st_read, st_files, st_degraded, st_crc;
+	atomic_uint_fast64_t st_written, st_read, st_files, st_degraded, st_crc, st_around;
 
 	/* Access times not yet sent (kvc_touch.c); protected by mu. */
 	int touch_interval_ms; /* 0 = KVC_TOUCH_MS, < 0 never */

@@ -225,6 +225,7 @@ void kvc_get_stats(struct kvc *c, struct kvc_stats *out)
 	out->files_committed = atomic_load(&c->st_files);
 	out->degraded_reads = atomic_load(&c->st_degraded);
 	out->crc_errors = atomic_load(&c->st_crc);
+	out->chunks_written_around = atomic_load(&c->st_around);
 }
 
 /* ---- namespace ---- */

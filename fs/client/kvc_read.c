@@ -137,7 +137,7 @@ int kvc_file_open(struct kvc *c, uint64_t ino, struct kvc_file **out)
 		rc = kvc__codec(c, f->l.k, f->l.m, &f->codec);
 	f->refreshed_ms = kvc__now_ms();
 	for (uint32_t i = 0; rc == 0 && i < f->nn; i++)
-		if (f->nodes[i].state == KVP_NODE_DOWN)
+		if (f->nodes[i].state == KVP_NODE_DOWN && f->nodes[i].id) /* 0: no node */
 			f->suspect = 1;
 	if (rc) {
 		kvc_file_close(f);
@@ -208,6 +208,8 @@ static int get_start(struct kvc_file *f, const struct fslot *sl, uint32_t off, u
 	put_le(h + 8, off, 4);
 	put_le(h + 12, len, 4);
 	const struct fnode *nd = &f->nodes[sl->node];
+	if (nd->id == 0)
+		return -ENOENT; /* a slot written degraded: no chunk stored, nothing to ask */
 	int rc = kvc__rpc_start(f->c, nd->addr, KVP_OP_GET, h, 16, NULL, 0, r);
 	if (rc && kvc__is_transport(rc)) {
 		kvc__node_mark_bad(f->c, nd->id);
@@ -469,7 +471,7 @@ static void refresh_nodes(struct kvc_file *f)
 					continue;
 				memcpy(f->nodes[i].addr, t.nodes[j].addr, KVP_ADDR_MAX);
 				f->nodes[i].state = t.nodes[j].state;
-				if (t.nodes[j].state == KVP_NODE_DOWN)
+				if (t.nodes[j].state == KVP_NODE_DOWN && t.nodes[j].id)
 					f->suspect = 1;
 			}
 		}

@@ -1,7 +1,11 @@
 /* kvc: the write path. A new file lives in a growable buffer until commit; commit encodes it
  * stripe by stripe straight from that buffer, sends every chunk to its node with a bounded
  * window of stripes in flight, and publishes the file with one COMMIT only after every chunk
- * is acknowledged. */
+ * is acknowledged or written around. Writing around: a chunk whose node meta placed none (node
+ * 0: fewer than k+m up), whose node is on the bad list, or whose PUT fails for the transport
+ * (refused, reset, timed out) is left out, its slot sent as node 0, as long as its stripe keeps
+ * the minimum meta gave (ALLOC's min_stored); meta marks such stripes for repair. So a node
+ * that dies stops no write, also in the seconds before meta notices. */
 #define KVFS_LOG_TAG "kvc"
 #include "kvc_int.h"
 #include "log.h"
@@ -124,9 +128,11 @@ void kvc_abort(struct kvc_writer *w)
 		writer_free(w);
 }
 
-/* ALLOC reply -> write_id, node table (kept in *tbl, freed by caller), slots. */
-static int parse_alloc(const uint8_t *b, uint32_t len, int n, uint32_t nstripes, uint64_t *write_id,
-		       char (**tbl)[KVP_ADDR_MAX], struct wslot *slots)
+/* ALLOC reply (KVP_ALLOC_WRITE_AROUND) -> write_id, node table (kept in *tbl, freed by
+ * caller), slots (node 0: none placed), chunks each stripe must store. */
+static int parse_alloc(const uint8_t *b, uint32_t len, int k, int n, uint32_t nstripes,
+		       uint64_t *write_id, char (**tbl)[KVP_ADDR_MAX], struct wslot *slots,
+		       int *min_stored)
 {
 	struct kvp_rbuf r;
 	kvp_r_init(&r, b, len);
@@ -153,9 +159,12 @@ static int parse_alloc(const uint8_t *b, uint32_t len, int n, uint32_t nstripes,
 		for (uint32_t j = 0; j < nn; j++)
 			if (ids[j] == slots[i].node_id)
 				slots[i].addr = addrs[j];
-		if (!slots[i].addr)
+		if (!slots[i].addr && slots[i].node_id)
 			r.err = -EBADMSG;
 	}
+	*min_stored = kvp_r_u8(&r);
+	if (!r.err && (*min_stored < k || *min_stored > n))
+		r.err = -EBADMSG;
 	int rc = r.err ? r.err : kvp_r_end(&r);
 	free(ids);
 	if (rc) {
@@ -172,8 +181,25 @@ static void put_le(uint8_t *p, uint64_t v, int n)
 		p[i] = (uint8_t)(v >> (8 * i));
 }
 
-/* Waits for the PUTs of one stripe; keeps the most telling error in *err (ENOSPC first). */
-static void wait_stripe(struct kvc *c, struct kvc_rpc *rpc, const struct wslot *slots, int n,
+/* Leaves slot i of a stripe (n slots) out if the stripe still stores min chunks without it:
+ * 1 when it did, 0 when the stripe cannot spare it. */
+static int write_around(struct wslot *ss, int n, int i, int min)
+{
+	int stored = 0;
+	for (int j = 0; j < n; j++)
+		stored += ss[j].node_id != 0;
+	if (stored <= min)
+		return 0;
+	klog_debug("chunk %llu: node %u unreachable, written around",
+		   (unsigned long long)ss[i].chunk_id, ss[i].node_id);
+	ss[i].node_id = 0;
+	ss[i].addr = NULL;
+	return 1;
+}
+
+/* Waits for the PUTs of one stripe; a chunk whose node failed is written around if the
+ * stripe can spare it, else its error is kept in *err (the most telling: ENOSPC first). */
+static void wait_stripe(struct kvc *c, struct kvc_rpc *rpc, struct wslot *slots, int n, int min,
 			int *err)
 {
 	for (int i = 0; i < n; i++) {
@@ -184,17 +210,21 @@ static void wait_stripe(struct kvc *c, struct kvc_rpc *rpc, const struct wslot *
 			klog_debug("put chunk %llu to %s: %s",
 				   (unsigned long long)slots[i].chunk_id, slots[i].addr,
 				   kvp_strerror(rc));
-			if (kvc__is_transport(rc))
+			if (kvc__is_transport(rc)) {
 				kvc__node_mark_bad(c, slots[i].node_id);
+				if (write_around(slots, n, i, min))
+					continue;
+			}
 			if (*err == 0 || rc == -ENOSPC)
 				*err = rc;
 		}
 	}
 }
 
-/* Encodes and sends every stripe; returns 0 when every chunk is acknowledged. */
+/* Encodes and sends every stripe; returns 0 when every chunk is acknowledged or written
+ * around (its slot's node_id set to 0), each stripe keeping min chunks. */
 static int put_all(struct kvc *c, const struct kvc_writer *w, const struct kvec_layout *l,
-		   struct kvec_codec *codec, struct wslot *slots)
+		   struct kvec_codec *codec, struct wslot *slots, int min)
 {
 	int k = l->k, m = l->m, n = k + m;
 	uint32_t cs = l->chunk_size;
@@ -208,7 +238,7 @@ static int put_all(struct kvc *c, const struct kvc_writer *w, const struct kvec_
 	uint8_t *par = m ? malloc(win * m * (size_t)cs) : NULL;
 	uint8_t *scratch = malloc(scratch_len);
 	struct kvc_rpc *rpc = calloc(win * n, sizeof(*rpc));
-	const struct wslot *inflight[16] = {0}; /* slots of the stripe in each window place */
+	struct wslot *inflight[16] = {0}; /* slots of the stripe in each window place */
 	int err = 0;
 	if ((m && !par) || !scratch || !rpc)
 		err = -ENOMEM;
@@ -216,7 +246,7 @@ static int put_all(struct kvc *c, const struct kvc_writer *w, const struct kvec_
 		uint64_t wi = s % win;
 		struct kvc_rpc *r = rpc + wi * n;
 		if (inflight[wi])
-			wait_stripe(c, r, inflight[wi], n, &err);
+			wait_stripe(c, r, inflight[wi], n, min, &err);
 		inflight[wi] = NULL;
 		if (err)
 			break;
@@ -237,18 +267,23 @@ static int put_all(struct kvc *c, const struct kvc_writer *w, const struct kvec_
 			const uint8_t *p = i < k ? data[i] : parity[i - k];
 			uint32_t len = kvec_layout_slot_len(l, s, i);
 			ss[i].crc = kvec_crc32c(0, p, len);
-			if (len == 0) /* empty: known to be zeros, nothing to store */
+			if (len == 0 || !ss[i].node_id)
+				continue; /* empty: known zeros; node 0: meta placed none */
+			/* A node that failed us moments ago: around it at once, no new connect */
+			if (kvc__node_is_bad(c, ss[i].node_id) && write_around(ss, n, i, min))
 				continue;
 			uint8_t h[16];
 			put_le(h, ss[i].chunk_id, 8);
 			put_le(h + 8, ss[i].crc, 4);
 			put_le(h + 12, len, 4);
 			rc = kvc__rpc_start(c, ss[i].addr, KVP_OP_PUT, h, 16, p, len, &r[i]);
-			if (rc) {
-				if (kvc__is_transport(rc))
-					kvc__node_mark_bad(c, ss[i].node_id);
-				err = rc;
+			if (rc && kvc__is_transport(rc)) {
+				kvc__node_mark_bad(c, ss[i].node_id);
+				if (write_around(ss, n, i, min))
+					rc = 0;
 			}
+			if (rc)
+				err = rc;
 		}
 	}
 	/* Drain everything still in flight, also after an error. */
@@ -256,7 +291,7 @@ static int put_all(struct kvc *c, const struct kvc_writer *w, const struct kvec_
 		if (!inflight[i])
 			continue;
 		int e2 = 0;
-		wait_stripe(c, rpc + i * n, inflight[i], n, &e2);
+		wait_stripe(c, rpc + i * n, inflight[i], n, min, &e2);
 		if (!err || e2 == -ENOSPC)
 			err = e2 ? e2 : err;
 	}
@@ -386,6 +421,7 @@ static int write_once(struct kvc_writer *w, struct kvp_attr *out, int *redo)
 	kvp_w_u8(&b, (uint8_t)m);
 	kvp_w_u32(&b, (uint32_t)cs);
 	kvp_w_u32(&b, (uint32_t)l.nstripes);
+	kvp_w_u8(&b, KVP_ALLOC_WRITE_AROUND);
 	uint8_t *rb = NULL;
 	uint32_t rl = 0;
 	/* A lost ALLOC answer only leaves an unused write_id, which meta expires: retry. */
@@ -398,10 +434,12 @@ static int write_once(struct kvc_writer *w, struct kvp_attr *out, int *redo)
 	struct wslot *slots = calloc(l.nstripes * n + 1, sizeof(*slots));
 	char(*tbl)[KVP_ADDR_MAX] = NULL;
 	uint64_t write_id = 0;
-	rc = slots ? parse_alloc(rb, rl, n, (uint32_t)l.nstripes, &write_id, &tbl, slots) : -ENOMEM;
+	int min = n;
+	rc = slots ? parse_alloc(rb, rl, k, n, (uint32_t)l.nstripes, &write_id, &tbl, slots, &min)
+		   : -ENOMEM;
 	free(rb);
 	if (rc == 0) {
-		rc = put_all(c, w, &l, codec, slots);
+		rc = put_all(c, w, &l, codec, slots, min);
 		if (rc) {
 			struct kvp_wbuf a;
 			kvp_w_init(&a);
@@ -413,6 +451,9 @@ static int write_once(struct kvc_writer *w, struct kvp_attr *out, int *redo)
 				*redo = 1;
 		} else {
 			rc = send_commit(c, w, &l, write_id, slots, out, redo);
+			for (size_t i = 0; rc == 0 && i < l.nstripes * n; i++)
+				if (!slots[i].node_id)
+					atomic_fetch_add(&c->st_around, 1);
 		}
 	}
 	free(tbl);

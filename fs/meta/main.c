@@ -29,6 +29,7 @@ struct meta_cfg {
 	int64_t high_wm, low_wm;
 	uint64_t repair_rate, scrub_rate;
 	int sync, allow_degraded;
+	int64_t write_redundancy;
 	int64_t log_level;
 };
 
@@ -74,9 +75,13 @@ static const struct cfg_opt opts[] = {
      "a background scrub starts this long after the last (0: never)"},
     {"scrub-rate", CFG_SIZE, F(scrub_rate), 0, 1e15, "20M",
      "bytes/s background scrub reads (0: unlimited)"},
+    {"write-redundancy", CFG_INT, F(write_redundancy), 0, 16, "0",
+     "parity chunks every stripe must store for a write to succeed: 0 writes while k of k+m "
+     "nodes take chunks (the missing ones repaired later); m or more refuses unless all k+m "
+     "are stored"},
     {"allow-degraded", CFG_BOOL, F(allow_degraded), 0, 0, "false",
-     "with fewer than k+m nodes up, write stripes with a node holding two chunks (marked for "
-     "repair) instead of failing with EHOSTDOWN"},
+     "ignored (kept for old command lines): degraded writes are the default, see "
+     "--write-redundancy"},
     {"sync", CFG_BOOL, F(sync), 0, 0, "false", "fsync the WAL on every commit"},
     {"metrics-listen", CFG_STR, F(metrics_listen), 0, 0, NULL,
      "HOST:PORT to serve Prometheus /metrics on (port 0: any; empty: off)"},
@@ -153,6 +158,9 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	kvfs_log_set_level((int)c.log_level);
+	if (c.allow_degraded)
+		klog_warn("--allow-degraded is ignored: writes go on with nodes down by default "
+			  "(--write-redundancy)");
 	char host[KVP_ADDR_MAX];
 	uint16_t port;
 	if (kvp_addr_parse(c.listen, host, sizeof(host), &port)) {
@@ -192,7 +200,7 @@ int main(int argc, char **argv)
 			       .repair_rate = c.repair_rate,
 			       .scrub_interval_s = c.scrub_interval,
 			       .scrub_rate = c.scrub_rate,
-			       .allow_degraded = c.allow_degraded};
+			       .write_redundancy = (int)c.write_redundancy};
 	if (parse_rules(c.ttl_rules, &mo)) {
 		fprintf(stderr, "kvfs-meta: bad --ttl-rules %s (want /dir=TIME,...)\n",
 			c.ttl_rules);

@@ -53,8 +53,11 @@ struct meta_opts {
 	uint64_t repair_rate;	 /* bytes/s rebuilt by background repair; 0 = unlimited */
 	double scrub_interval_s; /* a background scrub starts this long after the last; 0 = off */
 	uint64_t scrub_rate;	 /* bytes/s read by background scrub; 0 = unlimited */
-	int allow_degraded;	 /* with k..k+m-1 nodes up, place stripes with some nodes holding
-				  * two chunks, marked for repair; else ALLOC says -EHOSTDOWN */
+	/* degraded writes: each stripe must store at least k + min(write_redundancy, m) chunks;
+	 * fewer nodes up (or reachable by the writer): ALLOC / COMMIT say -EHOSTDOWN. 0 (the
+	 * default) writes while any k nodes of a stripe take chunks, the rest marked for repair;
+	 * m or more refuses any write that cannot store all k+m. */
+	int write_redundancy;
 };
 
 int meta_open(const struct meta_opts *o, struct meta **out);

@@ -368,10 +368,19 @@ int mdb_file_drop_acct(struct meta *m, rocksdb_writebatch_t *b, const struct min
 			rc = -EIO;
 			break;
 		}
+		int degraded = 0;
 		for (size_t s = 0; s < width; s++) {
 			struct mreq q = {.slots = v};
-			struct mreq_slot sl;
+			struct mreq_slot sl, o;
 			mreq_slot_get(&q, s, &sl);
+			for (size_t i = 0; i < s && sl.node_id; i++) {
+				mreq_slot_get(&q, i, &o);
+				degraded |= o.node_id == sl.node_id;
+			}
+			if (!sl.node_id) { /* written degraded: no chunk stored for this slot */
+				degraded = 1;
+				continue;
+			}
 			rocksdb_writebatch_put(b, (const char *)k,
 					       mk_delq(k, sl.node_id, sl.chunk_id),
 					       (const char *)tv, bytes ? 16 : 8);
@@ -380,6 +389,10 @@ int mdb_file_drop_acct(struct meta *m, rocksdb_writebatch_t *b, const struct min
 			if (sl.node_id < nbytes)
 				bytes[sl.node_id] += f->chunk_size;
 		}
+		if (degraded) /* its repair mark goes with it */
+			rocksdb_writebatch_delete(
+			    b, (const char *)k,
+			    mk_degraded(k, f->ino, mk_rd_be32((const uint8_t *)key + plen)));
 		rocksdb_writebatch_delete(b, key, kl);
 	}
 	char *err = NULL;
@@ -455,6 +468,8 @@ static void rev_step(struct meta *m, rocksdb_writebatch_t *b, const uint8_t *key
 	for (size_t i = 0; i < vl / MREQ_SLOT_SIZE; i++) {
 		struct mreq_slot sl;
 		mreq_slot_get(&q, i, &sl);
+		if (!sl.node_id)
+			continue; /* not stored */
 		mdb_rev_put(b, sl.node_id, sl.chunk_id, mk_rd_be64(key + 1), mk_rd_be32(key + 9));
 		(*n)++;
 	}

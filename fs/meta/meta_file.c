@@ -186,23 +186,28 @@ static int up_nodes(struct meta *m, struct cand **out)
 /* Each stripe goes to the k+m nodes with the most free space left, counting what earlier
  * stripes of this request put there: the emptiest nodes fill first and equal ones rotate.
  * Which of the chosen nodes gets which slot is shuffled per stripe: healthy reads touch only
- * data slots, so a fixed order would leave the same nodes holding parity, never read. */
+ * data slots, so a fixed order would leave the same nodes holding parity, never read.
+ * With only n < k+m nodes (a degraded write, n >= k) the last k+m-n slots, parity, get node
+ * 0 (not written, repaired later): a stripe never holds two chunks on one node, and reads
+ * still need no decoding. */
 static int place(struct cand *c, size_t n, const struct mpend *p)
 {
-	size_t w = (size_t)(p->k + p->m);
+	size_t w = (size_t)(p->k + p->m), nsel = n < w ? n : w;
 	uint64_t rng = ((uint64_t)random() << 32 | (uint64_t)random()) | 1;
 	cand_sort(c, n);
 	for (uint32_t s = 0; s < p->nstripes; s++) {
-		if (c[w - 1].free < (int64_t)p->chunk_size)
+		if (nsel == 0 || c[nsel - 1].free < (int64_t)p->chunk_size)
 			return -ENOSPC;
 		uint32_t *slot = p->node + (size_t)s * w;
-		for (size_t j = 0; j < w; j++) {
+		for (size_t j = 0; j < w; j++)
+			slot[j] = 0;
+		for (size_t j = 0; j < nsel; j++) {
 			slot[j] = c[j].id;
 			c[j].free -= p->chunk_size;
 			c[j].placed += p->chunk_size;
 			c[j].used_here = 1;
 		}
-		for (size_t j = w - 1; j > 0; j--) { /* Fisher-Yates, xorshift64 */
+		for (size_t j = nsel - 1; j > 0; j--) { /* Fisher-Yates, xorshift64 */
 			rng ^= rng << 13;
 			rng ^= rng >> 7;
 			rng ^= rng << 17;
@@ -216,26 +221,11 @@ static int place(struct cand *c, size_t n, const struct mpend *p)
 	return 0;
 }
 
-/* Fewer than k+m nodes up (--allow-degraded): slot j of each stripe goes to the j % n-th
- * emptiest node, so the k data chunks stay on distinct nodes and some nodes hold a parity
- * chunk too. COMMIT marks such stripes for repair. */
-static int place_degraded(struct cand *c, size_t n, const struct mpend *p)
+/* Chunks each stripe of a (k, m) file must store: k + min(--write-redundancy, m). */
+static size_t min_stored(const struct meta *m, uint8_t k, uint8_t mm)
 {
-	size_t w = (size_t)(p->k + p->m);
-	for (uint32_t s = 0; s < p->nstripes; s++) {
-		cand_sort(c, n);
-		uint32_t *slot = p->node + (size_t)s * w;
-		for (size_t j = 0; j < w; j++) {
-			struct cand *d = &c[j % n];
-			if (d->free < (int64_t)p->chunk_size)
-				return -ENOSPC;
-			slot[j] = d->id;
-			d->free -= p->chunk_size;
-			d->placed += p->chunk_size;
-			d->used_here = 1;
-		}
-	}
-	return 0;
+	int r = m->o.write_redundancy < mm ? m->o.write_redundancy : mm;
+	return (size_t)k + (size_t)(r > 0 ? r : 0);
 }
 
 int mfile_alloc(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
@@ -254,8 +244,15 @@ int mfile_alloc(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 			  .m = q->m};
 	size_t w = (size_t)(q->k + q->m), slots = pend_slots(&p);
 	rocksdb_writebatch_t *b = NULL;
-	int degraded = (size_t)n < w && m->o.allow_degraded && n >= q->k && n > 0;
-	if ((size_t)n < w && !degraded) {
+	/* A client that writes around missing nodes can take fewer than k+m; an older one
+	 * cannot (it knows no node 0). */
+	int around = (q->flags & KVP_ALLOC_WRITE_AROUND) != 0;
+	size_t need = around ? min_stored(m, q->k, q->m) : w;
+	if (q->flags & ~(uint32_t)KVP_ALLOC_WRITE_AROUND) {
+		rc = -EINVAL;
+		goto out;
+	}
+	if ((size_t)n < need) {
 		rc = -EHOSTDOWN;
 		goto out;
 	}
@@ -264,14 +261,14 @@ int mfile_alloc(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 		rc = -ENOMEM;
 		goto out;
 	}
-	rc = degraded ? place_degraded(c, (size_t)n, &p) : place(c, (size_t)n, &p);
-	if (rc == -ENOSPC && m->o.high_wm > 0 && !degraded) {
+	rc = place(c, (size_t)n, &p);
+	if (rc == -ENOSPC && m->o.high_wm > 0) {
 		/* Full: evict least recently used files, then try once more. */
 		free(c);
 		c = NULL;
 		mlife_evict(m, (uint64_t)slots * q->chunk_size);
 		n = up_nodes(m, &c);
-		rc = n < 0 ? n : (size_t)n < w ? -EHOSTDOWN : place(c, (size_t)n, &p);
+		rc = n < 0 ? n : (size_t)n < need ? -EHOSTDOWN : place(c, (size_t)n, &p);
 	}
 	if (rc == -ENOSPC)
 		mst_add(m, KVP_MST_ENOSPC, 1);
@@ -318,6 +315,8 @@ int mfile_alloc(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 		kvp_w_u32(out, p.node[i]);
 		kvp_w_u64(out, p.first + i);
 	}
+	if (around)
+		kvp_w_u8(out, (uint8_t)need);
 	klog_debug("alloc write %llu: %u stripes of %zu on %u nodes", (unsigned long long)p.first,
 		   p.nstripes, w, nn);
 out:
@@ -330,9 +329,11 @@ out:
 
 /* Every slot must be a chunk this write was given, on the node it was placed on, each used
  * once, and a stripe's slots on distinct nodes; unused ones are left 0 in *seen for the caller
- * to queue for deletion. The distinctness check is quadratic in k+m, which ALLOC bounded by
- * the number of nodes up, so it runs only after the slots matched an allocation. */
-static int commit_match(const struct mreq *q, const struct mpend *p, uint8_t *seen)
+ * to queue for deletion. A slot with node 0 was not stored (written around a failed or absent
+ * node): seen 2, and every stripe must still store `need` chunks (-EHOSTDOWN). The
+ * distinctness check is quadratic in k+m, which ALLOC bounded by the number of nodes up, so it
+ * runs only after the slots matched an allocation. */
+static int commit_match(const struct mreq *q, const struct mpend *p, size_t need, uint8_t *seen)
 {
 	size_t slots = (size_t)q->nstripes * (size_t)(q->k + q->m), n = pend_slots(p);
 	if (p->k != q->k || p->m != q->m || p->chunk_size != q->chunk_size ||
@@ -344,17 +345,28 @@ static int commit_match(const struct mreq *q, const struct mpend *p, uint8_t *se
 		if (s.chunk_id < p->first || s.chunk_id - p->first >= n)
 			return -EINVAL;
 		size_t idx = (size_t)(s.chunk_id - p->first);
-		if (seen[idx] || p->node[idx] != s.node_id)
+		if (seen[idx] || (s.node_id && p->node[idx] != s.node_id))
 			return -EINVAL;
-		seen[idx] = 1;
+		seen[idx] = s.node_id ? 1 : 2;
 	}
 	size_t w = (size_t)(q->k + q->m);
-	/* A degraded ALLOC placed some stripes with a node twice on purpose; the binding of
-	 * every chunk to the node meta chose (above) is then what is checked. */
+	for (uint32_t st = 0; st < q->nstripes; st++) {
+		size_t stored = 0;
+		for (size_t a = 0; a < w; a++) {
+			struct mreq_slot x;
+			mreq_slot_get(q, (size_t)st * w + a, &x);
+			stored += x.node_id != 0;
+		}
+		if (stored < need)
+			return -EHOSTDOWN;
+	}
+	/* An ALLOC of an older meta (--allow-degraded) placed some stripes with a node twice on
+	 * purpose; the binding of every chunk to the node meta chose (above) is then what is
+	 * checked. */
 	for (size_t i = 0; i < p->nstripes; i++)
 		for (size_t a = 1; a < w; a++)
 			for (size_t b = 0; b < a; b++)
-				if (p->node[i * w + a] == p->node[i * w + b])
+				if (p->node[i * w + a] && p->node[i * w + a] == p->node[i * w + b])
 					return 0;
 	for (uint32_t st = 0; st < q->nstripes; st++)
 		for (size_t a = 1; a < w; a++)
@@ -362,7 +374,7 @@ static int commit_match(const struct mreq *q, const struct mpend *p, uint8_t *se
 				struct mreq_slot x, y;
 				mreq_slot_get(q, (size_t)st * w + a, &x);
 				mreq_slot_get(q, (size_t)st * w + b, &y);
-				if (x.node_id == y.node_id)
+				if (x.node_id && x.node_id == y.node_id)
 					return -EINVAL;
 			}
 	return 0;
@@ -397,6 +409,7 @@ int mfile_commit(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 	uint64_t oino, ino;
 	uint32_t omode;
 	int replaced = 0, leftovers = 0;
+	uint32_t degraded = 0;
 	int64_t now = meta_now_ns();
 	uint8_t k[MK_MAX];
 	rocksdb_writebatch_t *b = rocksdb_writebatch_create();
@@ -408,7 +421,7 @@ int mfile_commit(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 		rc = pend_get(m, q->write_id, &p);
 		if (!rc) {
 			seen = calloc(pend_slots(&p) + 1, 1);
-			rc = seen ? commit_match(q, &p, seen) : -ENOMEM;
+			rc = seen ? commit_match(q, &p, min_stored(m, q->k, q->m), seen) : -ENOMEM;
 		}
 	}
 	if (!rc)
@@ -457,19 +470,26 @@ int mfile_commit(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 		for (size_t j = 0; j < w; j++) {
 			struct mreq_slot sl, o;
 			mreq_slot_get(q, (size_t)s * w + j, &sl);
+			if (!sl.node_id) { /* not stored: nothing owned, to rebuild */
+				dup = 1;
+				continue;
+			}
 			mdb_rev_put(b, sl.node_id, sl.chunk_id, ino, s);
 			for (size_t i = 0; i < j; i++) {
 				mreq_slot_get(q, (size_t)s * w + i, &o);
 				dup |= o.node_id == sl.node_id;
 			}
 		}
-		if (dup) /* placed degraded: the repair worker spreads it out later */
+		if (dup) { /* written degraded: the repair worker completes it first */
 			rocksdb_writebatch_put(b, (const char *)k, mk_degraded(k, ino, s), "", 0);
+			degraded++;
+		}
 	}
 	rocksdb_writebatch_put(b, (const char *)k, mk_atime(k, now, ino), "", 0);
 	if (q->write_id) {
+		/* Unused chunks, and ones written around: a PUT that timed out may yet land. */
 		for (size_t i = 0; i < pend_slots(&p); i++)
-			if (!seen[i]) {
+			if (seen[i] != 1 && p.node[i]) {
 				mdb_delq_put(b, p.node[i], p.first + i, now);
 				leftovers = 1;
 			}
@@ -490,6 +510,8 @@ out:
 	if (!rc) {
 		struct kvp_attr a;
 		mino_to_attr(&f, &a);
+		if (degraded)
+			mst_add(m, KVP_MST_DEGR_WRITES, degraded);
 		kvp_w_attr(out, &a);
 		if (replaced || leftovers)
 			mbg_kick(m);
@@ -503,7 +525,8 @@ static void pend_drop(rocksdb_writebatch_t *b, uint64_t write_id, const struct m
 	uint8_t k[MK_MAX];
 	int64_t now = meta_now_ns();
 	for (size_t i = 0; i < pend_slots(p); i++)
-		mdb_delq_put(b, p->node[i], p->first + i, now);
+		if (p->node[i]) /* node 0: placed nowhere */
+			mdb_delq_put(b, p->node[i], p->first + i, now);
 	rocksdb_writebatch_delete(b, (const char *)k, mk_pending(k, write_id));
 }
 
@@ -626,9 +649,11 @@ int mfile_layout(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 	kvp_w_u32(out, f.nstripes);
 	kvp_w_u32(out, (uint32_t)nn);
 	for (size_t j = 0; j < nn; j++) {
+		/* Node 0 (a slot not stored) is no node: no address, down, never asked. */
 		char addr[KVP_ADDR_MAX] = "";
 		uint8_t state = KVP_NODE_DOWN;
-		mnodes_addr(m, ids[j], addr, &state);
+		if (ids[j])
+			mnodes_addr(m, ids[j], addr, &state);
 		kvp_w_u32(out, ids[j]);
 		kvp_w_cstr(out, addr);
 		kvp_w_u8(out, state);

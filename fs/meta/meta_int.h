@@ -13,7 +13,9 @@
 #include "meta_req.h"
 
 /* Key families: one prefix byte, then big-endian integers so RocksDB's byte order is numeric
- * order (a family, an inode's dirents, an inode's stripes are each one contiguous range). */
+ * order (a family, an inode's dirents, an inode's stripes are each one contiguous range).
+ * A stripe slot with node 0 holds no chunk (written degraded); its stripe has a G key, as have
+ * stripes an older meta placed with a node twice (--allow-degraded): repair does them first. */
 enum {
 	MK_COUNTER = 'C', /* u8 id -> u64 (enum below) */
 	MK_DIRENT = 'D',  /* parent be64, name bytes -> u64 ino, u32 mode */
@@ -25,7 +27,7 @@ enum {
 	MK_DELQ = 'Q',	  /* node_id be32, chunk_id be64 -> i64 queued_ns */
 	MK_ATIME = 'A',	  /* (access_ns ^ sign bit) be64, ino be64 -> (empty) */
 	MK_REV = 'R',	  /* node_id be32, chunk_id be64 -> u64 ino, u32 stripe (chunk owner) */
-	MK_DEGRADED = 'G', /* ino be64, stripe be32 -> (empty): a stripe with a node twice */
+	MK_DEGRADED = 'G', /* ino be64, stripe be32 -> (empty): a stripe written degraded */
 	MK_VERSION = 'V',  /* (no suffix) -> "kvfs-meta 1" */
 };
 enum {
@@ -169,7 +171,8 @@ struct meta {
 	uint64_t inflight[MREP_THREADS];
 	int64_t last_scrub_mono;
 	int64_t last_degraded_mono; /* worker only: last attempt at fixing degraded stripes */
-	size_t degraded_fail_up;    /* worker only: nodes up when that attempt failed */
+	size_t degraded_fail_up;    /* worker only: nodes up when that attempt left some */
+	size_t degraded_seen_up;    /* worker only: nodes up at the last look (a rise: try now) */
 };
 
 static inline void mst_add(struct meta *m, int which, uint64_t v)
@@ -297,5 +300,8 @@ int mrep_start(struct meta *m);
 void mrep_stop(struct meta *m);
 /* Queues a job (REPAIR, DRAIN, SCRUB). -EBUSY if one is running or queued. */
 int mrep_request(struct meta *m, uint8_t kind, uint32_t node);
+/* Stripes marked degraded (G) and the files they belong to: one scan of the G keys, no lock.
+ * Returns 0. */
+int mrep_degraded_count(struct meta *m, uint64_t *stripes, uint64_t *files);
 
 #endif

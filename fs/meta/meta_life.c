@@ -601,8 +601,13 @@ int mlife_status(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 	kvp_w_u64(out, j.failed);
 	kvp_w_u64(out, j.bytes);
 	kvp_w_i64(out, j.kind ? end - j.start_mono : 0);
+	uint64_t v[KVP_MST_COUNT];
+	for (int i = 0; i < KVP_MST_COUNT; i++)
+		v[i] = atomic_load_explicit(&m->st[i], memory_order_relaxed);
+	/* Gauges, counted now: the G keys are the record of what is degraded. */
+	mrep_degraded_count(m, &v[KVP_MST_DEGR_STRIPES], &v[KVP_MST_DEGR_FILES]);
 	kvp_w_u32(out, KVP_MST_COUNT);
 	for (int i = 0; i < KVP_MST_COUNT; i++)
-		kvp_w_u64(out, atomic_load_explicit(&m->st[i], memory_order_relaxed));
+		kvp_w_u64(out, v[i]);
 	return 0;
 }

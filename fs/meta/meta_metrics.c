@@ -49,6 +49,12 @@ static const char *const mstat_names[][2] = {
 			       "Chunks scrub found absent on their node"},
     [KVP_MST_SCRUB_REPAIRED] = {"kvfs_meta_scrub_repaired_chunks_total",
 				"Corrupt or missing chunks scrub rebuilt"},
+    [KVP_MST_DEGR_WRITES] = {"kvfs_meta_degraded_stripe_writes_total",
+			     "Stripes committed without some of their chunks (a node down or "
+			     "unreachable), marked for repair"},
+    [KVP_MST_DEGR_STRIPES] = {"kvfs_meta_degraded_stripes",
+			      "Stripes short of chunks (written degraded), not yet repaired"},
+    [KVP_MST_DEGR_FILES] = {"kvfs_meta_degraded_files", "Files with degraded stripes"},
 };
 #define NMSTAT ((int)(sizeof(mstat_names) / sizeof(mstat_names[0])))
 
@@ -227,7 +233,9 @@ static int collect_mstatus(struct meta_metrics *mm, struct met_out *o)
 	if (rc)
 		return rc;
 	for (int i = 0; i < NMSTAT && i < (int)n; i++) {
-		met_out_family(o, mstat_names[i][0], "counter", mstat_names[i][1]);
+		int gauge = i == KVP_MST_DEGR_STRIPES || i == KVP_MST_DEGR_FILES;
+		met_out_family(o, mstat_names[i][0], gauge ? "gauge" : "counter",
+			       mstat_names[i][1]);
 		met_out_sample(o, mstat_names[i][0], NULL, (double)v[i]);
 	}
 	gauge(o, "kvfs_meta_maint_job_running",

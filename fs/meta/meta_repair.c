@@ -334,10 +334,12 @@ static int64_t repair_slot(struct rctx *x, uint64_t ino, uint32_t s, uint32_t no
 		rocksdb_writebatch_put(b, (const char *)k, mk_stripe(k, ino, s), (const char *)v.p,
 				       v.len);
 		kvp_w_free(&v);
-		rocksdb_writebatch_delete(b, (const char *)k, mk_rev(k, node, chunk));
 		mdb_rev_put(b, dst->id, nid, ino, s);
-		/* The old chunk goes if its node ever answers again. */
-		mdb_delq_put(b, node, chunk, now);
+		if (node) { /* node 0: a slot written degraded, nothing stored to forget */
+			rocksdb_writebatch_delete(b, (const char *)k, mk_rev(k, node, chunk));
+			/* The old chunk goes if its node ever answers again. */
+			mdb_delq_put(b, node, chunk, now);
+		}
 	} else {
 		mdb_delq_put(b, dst->id, nid, now);
 	}
@@ -652,13 +654,29 @@ static uint64_t family_count(struct meta *m, uint8_t family)
 	return n;
 }
 
-/* Stripes written degraded (a node holding two of their chunks, `G` keys): each second chunk
- * on a node is moved to a node the stripe does not use; the mark goes once none is left. */
-static void degraded_job(struct rctx *x)
+/* 1 when an up, non-draining node holds no chunk of the stripe: a missing slot can go there. */
+static int has_dest(const struct rctx *x, const struct rstripe *st)
+{
+	for (size_t i = 0; i < x->nnodes; i++) {
+		const struct rnode *n = &x->nodes[i];
+		int taken = 0;
+		for (uint32_t j = 0; j < st->w; j++)
+			taken |= st->slot[j].node_id == n->id;
+		if (n->state == KVP_NODE_UP && !n->draining && !taken)
+			return 1;
+	}
+	return 0;
+}
+
+/* Stripes written degraded (`G` keys): each slot not stored (node 0) is rebuilt onto a node
+ * the stripe does not use, and each second chunk on a node (older metas' --allow-degraded) is
+ * moved to one; the mark goes once none is left. A missing slot with no node to go to is left
+ * for later, not counted failed. Returns the stripes still degraded. */
+static size_t degraded_job(struct rctx *x)
 {
 	struct meta *m = x->m;
 	uint8_t k[MK_MAX];
-	size_t kl0 = mk_degraded(k, 0, 0);
+	size_t kl0 = mk_degraded(k, 0, 0), still = 0;
 	while (!worker_stopping(m)) {
 		struct spage page[PAGE];
 		size_t n = stripe_page(m, k, kl0, MK_DEGRADED, page);
@@ -669,22 +687,31 @@ static void degraded_job(struct rctx *x)
 			struct rstripe st;
 			int left = 0, failed = 0;
 			if (stripe_load(m, page[p].ino, page[p].s, &st) == 0)
-				for (uint32_t j = 1; j < st.w; j++) {
+				for (uint32_t j = 0; j < st.w; j++) {
 					int dup = 0;
 					for (uint32_t i = 0; i < j; i++)
 						dup |= st.slot[i].node_id == st.slot[j].node_id;
-					if (!dup)
+					if (st.slot[j].node_id && !dup)
 						continue;
-					int64_t r =
-					    repair_slot(x, st.f.ino, st.s, st.slot[j].node_id,
-							st.slot[j].chunk_id, MODE_DRAIN);
+					if (!st.slot[j].node_id && !has_dest(x, &st)) {
+						left = 1;
+						continue;
+					}
+					int64_t r = repair_slot(
+					    x, st.f.ino, st.s, st.slot[j].node_id,
+					    st.slot[j].chunk_id,
+					    st.slot[j].node_id ? MODE_DRAIN : MODE_REPAIR);
 					job_progress(m, r > 1 ? (uint64_t)r : 0, r < 0);
 					failed |= r < 0;
+					if (r > 0) /* later slots see where this one went */
+						stripe_load(m, page[p].ino, page[p].s, &st);
 				}
-			if (!failed && stripe_load(m, page[p].ino, page[p].s, &st) == 0)
-				for (uint32_t j = 1; j < st.w; j++)
-					for (uint32_t i = 0; i < j; i++)
-						left |= st.slot[i].node_id == st.slot[j].node_id;
+			if (!failed && !left && stripe_load(m, page[p].ino, page[p].s, &st) == 0)
+				for (uint32_t j = 0; j < st.w; j++)
+					for (uint32_t i = 0; i <= j; i++)
+						left |= !st.slot[j].node_id ||
+							(i < j &&
+							 st.slot[i].node_id == st.slot[j].node_id);
 			if (!failed && !left) { /* whole again, or the file is gone */
 				uint8_t dk[MK_MAX];
 				rocksdb_writebatch_t *b = rocksdb_writebatch_create();
@@ -692,9 +719,33 @@ static void degraded_job(struct rctx *x)
 							  mk_degraded(dk, page[p].ino, page[p].s));
 				mdb_write(m, b);
 				rocksdb_writebatch_destroy(b);
+			} else {
+				still++;
 			}
 		}
 	}
+	return still;
+}
+
+int mrep_degraded_count(struct meta *m, uint64_t *stripes, uint64_t *files)
+{
+	uint8_t k = MK_DEGRADED;
+	uint64_t last = 0;
+	*stripes = *files = 0;
+	rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, m->ro);
+	for (rocksdb_iter_seek(it, (const char *)&k, 1); rocksdb_iter_valid(it);
+	     rocksdb_iter_next(it)) {
+		size_t kl;
+		const uint8_t *key = (const uint8_t *)rocksdb_iter_key(it, &kl);
+		if (kl != 13 || key[0] != MK_DEGRADED)
+			break;
+		uint64_t ino = mk_rd_be64(key + 1);
+		(*stripes)++;
+		*files += ino != last; /* keys are in inode order */
+		last = ino;
+	}
+	rocksdb_iter_destroy(it);
+	return 0;
 }
 
 static uint64_t all_chunks(struct meta *m)
@@ -714,9 +765,9 @@ static uint64_t all_chunks(struct meta *m)
 	return n;
 }
 
-/* Returns the number of chunks that failed. */
-static uint64_t run_job(struct meta *m, struct kvec_codec **codecs, uint8_t kind, uint32_t node,
-			uint64_t rate)
+/* Runs one job; returns the degraded stripes a repair left (0 for other jobs). */
+static size_t run_job(struct meta *m, struct kvec_codec **codecs, uint8_t kind, uint32_t node,
+		      uint64_t rate)
 {
 	pthread_mutex_t mu;
 	pthread_mutex_init(&mu, NULL);
@@ -753,14 +804,15 @@ static uint64_t run_job(struct meta *m, struct kvec_codec **codecs, uint8_t kind
 			   : kind == KVP_MAINT_DRAIN ? "drain"
 						     : "repair";
 	klog_info("%s started: %llu chunks", what, (unsigned long long)total);
+	/* Degraded stripes first: each is one failure away from loss with m = 1, and their
+	 * missing slots are the cheapest redundancy to restore. */
+	size_t left = fix ? degraded_job(&x) : 0;
 	if (kind == KVP_MAINT_SCRUB)
 		scrub_job(&x, rate, start);
 	else
 		for (size_t i = 0; i < nt; i++)
 			node_job(&x, targets[i], kind == KVP_MAINT_DRAIN ? MODE_DRAIN : MODE_REPAIR,
 				 rate, start);
-	if (fix)
-		degraded_job(&x);
 	pthread_mutex_lock(&m->job_mu);
 	m->job.running = 0;
 	m->job.end_mono = meta_mono_ns();
@@ -780,7 +832,7 @@ static uint64_t run_job(struct meta *m, struct kvec_codec **codecs, uint8_t kind
 		  (unsigned long long)j.failed, (double)j.bytes / 1048576.0, secs);
 	free(x.nodes);
 	pthread_mutex_destroy(&mu);
-	return j.failed;
+	return left;
 }
 
 /* Automatic work when idle: repair nodes down longer than the repair delay, and a background
@@ -798,9 +850,33 @@ static size_t nodes_up(const struct meta *m)
 	return up;
 }
 
+/* Degraded stripes, before any other work: at once when more nodes are up than at the last
+ * look (a node came back or was added); else every 10 s, but after an attempt that left some
+ * only with more nodes up than then, or after REPAIR_RETRY_NS. Returns 1 when it ran. */
+static int auto_degraded(struct meta *m, struct kvec_codec **codecs, int64_t now)
+{
+	pthread_mutex_lock(&m->nodes_mu);
+	size_t up = nodes_up(m);
+	pthread_mutex_unlock(&m->nodes_mu);
+	int rise = up > m->degraded_seen_up;
+	m->degraded_seen_up = up;
+	int64_t since = now - m->last_degraded_mono;
+	int due = since >= 10000000000LL && (up > m->degraded_fail_up || since >= REPAIR_RETRY_NS);
+	if (!rise && !due)
+		return 0;
+	m->last_degraded_mono = now;
+	if (!family_count(m, MK_DEGRADED))
+		return 0;
+	size_t left = run_job(m, codecs, KVP_MAINT_REPAIR, UINT32_MAX, m->o.repair_rate);
+	m->degraded_fail_up = left ? up : 0;
+	return 1;
+}
+
 static int auto_job(struct meta *m, struct kvec_codec **codecs)
 {
 	int64_t now = meta_mono_ns();
+	if (auto_degraded(m, codecs, now))
+		return 1;
 	if (m->o.repair_delay_s > 0) {
 		uint32_t due = 0;
 		pthread_mutex_lock(&m->nodes_mu);
@@ -835,22 +911,6 @@ static int auto_job(struct meta *m, struct kvec_codec **codecs)
 				    "node %u: chunks left unrepaired; retried when more nodes "
 				    "are up or in %d s",
 				    due, (int)(REPAIR_RETRY_NS / 1000000000LL));
-			return 1;
-		}
-	}
-	/* Degraded stripes, once there are nodes to spread them over: tried every 10 s. */
-	if (now - m->last_degraded_mono >= 10000000000LL) {
-		m->last_degraded_mono = now;
-		size_t n, up = 0;
-		struct rnode *r = nodes_copy(m, &n);
-		for (size_t i = 0; r && i < n; i++)
-			up += r[i].state == KVP_NODE_UP && !r[i].draining;
-		free(r);
-		/* After a failed attempt, wait for more nodes rather than fail every 10 s. */
-		if (up > m->degraded_fail_up && family_count(m, MK_DEGRADED)) {
-			uint64_t failed =
-			    run_job(m, codecs, KVP_MAINT_REPAIR, UINT32_MAX, m->o.repair_rate);
-			m->degraded_fail_up = failed ? up : 0;
 			return 1;
 		}
 	}

@@ -73,6 +73,8 @@ int mreq_parse(uint16_t op, const uint8_t *body, size_t len, struct mreq *q)
 		q->m = kvp_r_u8(&r);
 		q->chunk_size = kvp_r_u32(&r);
 		q->nstripes = kvp_r_u32(&r);
+		if (r.off < r.len) /* optional: an older client sends no flags */
+			q->flags = kvp_r_u8(&r);
 		break;
 	case KVP_OP_COMMIT:
 		q->parent = kvp_r_u64(&r);

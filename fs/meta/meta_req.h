@@ -40,7 +40,7 @@ struct mreq {
 	    name;	    /* LOOKUP, MKDIR, RMDIR, UNLINK, RENAME, COMMIT; READDIR start_after */
 	uint64_t newparent; /* RENAME */
 	struct mreq_str newname;
-	uint32_t flags;		       /* RENAME flags, COMMIT flags (u8) */
+	uint32_t flags;		       /* RENAME flags, COMMIT and ALLOC flags (u8) */
 	uint32_t mode;		       /* MKDIR, COMMIT, SETATTR */
 	uint32_t max;		       /* READDIR */
 	uint32_t valid;		       /* SETATTR */

@@ -68,21 +68,31 @@ enum kvp_op {
 	KVP_OP_RENAME = 0x36,  /* -> u64 parent, str name, u64 newparent, str newname, u32 flags
 				*    (1 = RENAME_NOREPLACE)  <- (empty); atomic */
 	KVP_OP_ALLOC = 0x37,   /* -> u8 k, u8 m, u32 chunk_size, u32 nstripes (<= KVP_MAX_STRIPES)
+				*    [, u8 flags (KVP_ALLOC_*; absent = 0)]
 				* <- u64 write_id, u32 nn, nn x (u32 node_id, str addr),
 				*    nstripes x (k+m) x (u32 node_id, u64 chunk_id)
-				*    a stripe's k+m slots are on k+m distinct nodes; slot j < k holds
-				*    data chunk j, slot k+i parity i.
-				*    errors: -ENOSPC no room, -EHOSTDOWN fewer than k+m nodes up */
+				*    [, u8 min_stored: only with KVP_ALLOC_WRITE_AROUND]
+				*    a stripe's slots are on distinct nodes; slot j < k holds data
+				*    chunk j, slot k+i parity i. With KVP_ALLOC_WRITE_AROUND and fewer
+				*    than k+m nodes up, parity slots may have node_id 0 (no node: not
+				*    written). min_stored: chunks each stripe must store to commit.
+				*    errors: -ENOSPC no room, -EHOSTDOWN fewer nodes up than needed */
 	KVP_OP_COMMIT = 0x38,  /* -> u64 parent, str name, u32 mode, u64 write_id, u64 size,
 				*    u32 chunk_size, u8 k, u8 m, u8 flags (1 = replace an existing
 				*    regular file), u32 nstripes, nstripes x (k+m) x slot
+				*    A slot with node_id 0 was not stored (its node failed or none
+				*    was placed): the stripe is marked for repair; every stripe needs
+				*    at least min_stored slots with a node.
 				* <- attr. One RocksDB write batch: visible whole or not at all.
-				*    errors: -EEXIST (no replace flag), -EISDIR, -ENOENT parent */
+				*    errors: -EEXIST (no replace flag), -EISDIR, -ENOENT parent,
+				*    -EHOSTDOWN a stripe stores fewer than min_stored chunks */
 	KVP_OP_ABORT = 0x39,   /* -> u64 write_id  <- (empty); its chunks become garbage */
 	KVP_OP_LAYOUT = 0x3A,  /* -> u64 ino
 				* <- u64 size, u32 chunk_size, u8 k, u8 m, u32 nstripes,
 				*    u32 nn, nn x (u32 node_id, str addr, u8 state),
-				*    nstripes x (k+m) x slot */
+				*    nstripes x (k+m) x slot; a slot with node_id 0 holds no chunk
+				*    (written degraded, not yet repaired): the table lists node 0
+				*    with an empty addr and state DOWN */
 	KVP_OP_STATFS = 0x3B,  /* -> (empty)  <- u64 raw_capacity, u64 raw_used, u64 files,
 				*    u64 dirs, u8 k, u8 m, u32 chunk_size, u32 nodes_up, u32 nodes */
 	KVP_OP_NODES =
@@ -104,6 +114,11 @@ enum kvp_op {
 				*    i64 elapsed_ns, then u32 n, n x u64 counters (enum kvp_mstat
 				* order; a newer meta may send more, an older one fewer) */
 };
+
+/* KVP_OP_ALLOC flags. WRITE_AROUND: the client stores a stripe without the chunks whose node
+ * is absent or fails (COMMIT slots with node_id 0), so meta may place fewer than k+m nodes
+ * and ends its reply with min_stored. */
+enum kvp_alloc_flags { KVP_ALLOC_WRITE_AROUND = 1 };
 
 /* KVP_OP_MAINT actions. */
 enum kvp_maint {
@@ -130,6 +145,9 @@ enum kvp_mstat {
 	KVP_MST_SCRUB_CORRUPT,	/* failed their CRC */
 	KVP_MST_SCRUB_MISSING,	/* absent on their node */
 	KVP_MST_SCRUB_REPAIRED, /* corrupt or missing chunks rebuilt */
+	KVP_MST_DEGR_WRITES,	/* stripes committed without some of their chunks */
+	KVP_MST_DEGR_STRIPES,	/* gauge: stripes written degraded, not yet repaired */
+	KVP_MST_DEGR_FILES,	/* gauge: files with such stripes */
 	KVP_MST_COUNT
 };
 
