@@ -173,6 +173,10 @@ struct meta {
 	int64_t last_degraded_mono; /* worker only: last attempt at fixing degraded stripes */
 	size_t degraded_fail_up;    /* worker only: nodes up when that attempt left some */
 	size_t degraded_seen_up;    /* worker only: nodes up at the last look (a rise: try now) */
+	/* Nodes that registered or came back up, ever (nodes_mu): a down and up between two of
+	 * the worker's looks (200 ms) leaves the count of nodes up unchanged, not this. */
+	uint64_t node_arrivals;
+	uint64_t degraded_seen_arrivals; /* worker only: node_arrivals at the last look */
 };
 
 static inline void mst_add(struct meta *m, int which, uint64_t v)

@@ -163,13 +163,16 @@ int mnodes_heartbeat(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 		rc = node_add(m, &nn);
 		if (!rc) {
 			m->next_node++;
+			m->node_arrivals++;
 			klog_info("node %u registered: %s uuid %016llx capacity %llu", nn.id,
 				  nn.addr, (unsigned long long)nn.uuid,
 				  (unsigned long long)nn.capacity);
 		}
 	} else if (!rc) {
-		if (was != KVP_NODE_UP)
+		if (was != KVP_NODE_UP) {
+			m->node_arrivals++;
 			klog_info("node %u (%s) is up", nn.id, nn.addr);
+		}
 		*n = nn;
 	}
 	pthread_mutex_unlock(&m->nodes_mu);

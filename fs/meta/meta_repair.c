@@ -857,9 +857,11 @@ static int auto_degraded(struct meta *m, struct kvec_codec **codecs, int64_t now
 {
 	pthread_mutex_lock(&m->nodes_mu);
 	size_t up = nodes_up(m);
+	uint64_t arrivals = m->node_arrivals;
 	pthread_mutex_unlock(&m->nodes_mu);
-	int rise = up > m->degraded_seen_up;
+	int rise = up > m->degraded_seen_up || arrivals != m->degraded_seen_arrivals;
 	m->degraded_seen_up = up;
+	m->degraded_seen_arrivals = arrivals;
 	int64_t since = now - m->last_degraded_mono;
 	int due = since >= 10000000000LL && (up > m->degraded_fail_up || since >= REPAIR_RETRY_NS);
 	if (!rise && !due)
