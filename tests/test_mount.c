@@ -871,12 +871,19 @@ static void test_lifecycle(void **state)
 				"grep -q '^attr-timeout = 7s$' '%s'",
 				g_bin, cfgf, out, out, out),
 			 0);
-	/* background mode returns once mounted; fusermount3 -u ends the daemon */
-	assert_int_equal(kvh_sh("'%s' --secret-file '%s' '%s' '%s'", g_bin, g_cl.secret_file,
-				g_cl.meta_addr, m2),
+	/* background mode returns once mounted, and from then on writes nothing where the
+	 * caller's output went (it printed its "mounted" and metrics lines there);
+	 * fusermount3 -u ends the daemon */
+	char tty[800];
+	snprintf(tty, sizeof(tty), "%s/bg-output", g_cl.dir);
+	assert_int_equal(kvh_sh("'%s' --secret-file '%s' --metrics-listen 127.0.0.1:0 '%s' '%s' "
+				"> '%s' 2>&1",
+				g_bin, g_cl.secret_file, g_cl.meta_addr, m2, tty),
 			 0);
 	assert_true(mtu_is_fuse(m2));
 	assert_int_equal(kvh_sh("cat '%s/.kvfs/cluster' >/dev/null", m2), 0);
+	usleep(300000);
+	assert_int_equal(kvh_sh("test ! -s '%s' || { cat '%s' >&2; false; }", tty, tty), 0);
 	assert_int_equal(kvh_sh("fusermount3 -u '%s'", m2), 0);
 	assert_false(mtu_is_fuse(m2));
 	rmdir(m2);
