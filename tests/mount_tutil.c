@@ -127,6 +127,20 @@ void mtu_stop_mount(void)
 	}
 }
 
+int mtu_skip(void)
+{
+	char bin[600];
+	if (!kvh_have_fuse()) {
+		printf("skipped: no /dev/fuse\n");
+		return 1;
+	}
+	if (kvh_bin("kvfs-mount", bin, sizeof(bin)) != 0) {
+		printf("skipped: kvfs-mount not built\n");
+		return 1;
+	}
+	return 0;
+}
+
 int mtu_setup(void **state)
 {
 	(void)state;

@@ -34,6 +34,9 @@ int mtu_start_mount(void);
 /* Unmounts and stops the mount on g_mnt / g_mnt2, if running. */
 void mtu_stop_mount(void);
 void mtu_stop_mount2(void);
+/* 1 (after saying why) when these tests cannot run here: no /dev/fuse, or kvfs-mount not
+ * built; main then exits 77 (skipped). */
+int mtu_skip(void);
 /* cmocka group setup/teardown: the cluster and the mount on g_mnt. */
 int mtu_setup(void **state);
 int mtu_teardown(void **state);

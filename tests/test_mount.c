@@ -901,15 +901,8 @@ int main(int argc, char **argv)
 	/* --only PATTERN: the tests whose name matches */
 	if (argc > 2 && strcmp(argv[1], "--only") == 0)
 		cmocka_set_test_filter(argv[2]);
-	if (!kvh_have_fuse()) {
-		printf("skipped: no /dev/fuse\n");
+	if (mtu_skip())
 		return 77;
-	}
-	char bin[600];
-	if (kvh_bin("kvfs-mount", bin, sizeof(bin)) != 0) {
-		printf("skipped: kvfs-mount not built\n");
-		return 77;
-	}
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_lifecycle),
 	    cmocka_unit_test(test_refused),

@@ -748,23 +748,6 @@ int mrep_degraded_count(struct meta *m, uint64_t *stripes, uint64_t *files)
 	return 0;
 }
 
-static uint64_t all_chunks(struct meta *m)
-{
-	uint8_t k = MK_REV;
-	uint64_t n = 0;
-	rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, m->ro);
-	for (rocksdb_iter_seek(it, (const char *)&k, 1); rocksdb_iter_valid(it);
-	     rocksdb_iter_next(it)) {
-		size_t kl;
-		const char *key = rocksdb_iter_key(it, &kl);
-		if (kl < 1 || key[0] != MK_REV)
-			break;
-		n++;
-	}
-	rocksdb_iter_destroy(it);
-	return n;
-}
-
 /* Runs one job; returns the degraded stripes a repair left (0 for other jobs). */
 static size_t run_job(struct meta *m, struct kvec_codec **codecs, uint8_t kind, uint32_t node,
 		      uint64_t rate)
@@ -789,7 +772,7 @@ static size_t run_job(struct meta *m, struct kvec_codec **codecs, uint8_t kind, 
 				targets[nt++] = x.nodes[i].id;
 	uint64_t total = 0;
 	if (kind == KVP_MAINT_SCRUB)
-		total = all_chunks(m);
+		total = family_count(m, MK_REV); /* every stored chunk */
 	for (size_t i = 0; i < nt; i++)
 		total += rev_count(m, targets[i]);
 	int fix = kind == KVP_MAINT_REPAIR && (node == 0 || node == UINT32_MAX);
