@@ -66,4 +66,4 @@ fuzz: deps
 	@bash tools/run-fuzz.sh build-fuzz $(FUZZ_SECONDS)
 
 clean:
-	rm -rf build build-asan build-fuzz build-emu build-emu-tsan
+	rm -rf build build-asan build-fuzz build-emu build-emu-tsan build-release

@@ -292,7 +292,7 @@ static void test_f16_vectors(void **state)
 	size_t len;
 	build(&s, &buf, &len);
 	char err[256];
-	struct kvi_model *m;
+	struct kvi_model *m = NULL;
 	if (try_load(buf, len, err, sizeof(err), &m))
 		fail_msg("%s", err);
 	assert_int_equal(m->layers[0].attn_norm.type, KVI_F16);
@@ -311,7 +311,7 @@ static void test_rope_freqs(void **state)
 	size_t len;
 	build(&s, &buf, &len);
 	char err[256];
-	struct kvi_model *m, *plain;
+	struct kvi_model *m = NULL, *plain = NULL;
 	if (try_load(buf, len, err, sizeof(err), &m))
 		fail_msg("%s", err);
 	assert_non_null(m->rope_freqs.data);
@@ -341,7 +341,7 @@ static void test_fingerprint(void **state)
 	build(&s, &buf2, &len2);
 	assert_int_equal(len, len2);
 	char err[256];
-	struct kvi_model *a, *b;
+	struct kvi_model *a = NULL, *b = NULL;
 	assert_int_equal(try_load(buf, len, err, sizeof(err), &a), 0);
 	assert_int_equal(try_load(buf2, len2, err, sizeof(err), &b), 0);
 	assert_memory_equal(a->fingerprint, b->fingerprint, 32);
@@ -371,7 +371,7 @@ static void test_fingerprint_chunks(void **state)
 {
 	(void)state;
 	struct kvi_config cfg = {.arch = "llama", .n_layer = 1, .n_embd = 4096, .n_vocab = 8200};
-	struct kvi_model *m;
+	struct kvi_model *m = NULL;
 	assert_int_equal(kvi_model_init_empty(&cfg, &m), 0);
 	size_t nb = 4096 * 8200 * sizeof(float); /* ~134 MB: 3 chunks */
 	uint8_t *w = calloc(1, nb);
@@ -408,10 +408,10 @@ static void test_file_load(void **state)
 	assert_true(fd >= 0);
 	assert_int_equal(write(fd, buf, len), (ssize_t)len);
 	close(fd);
-	struct kvi_model *m;
+	struct kvi_model *m = NULL;
 	char err[256];
 	assert_int_equal(kvi_model_load(path, &m, err, sizeof(err)), 0);
-	struct kvi_model *mm;
+	struct kvi_model *mm = NULL;
 	assert_int_equal(try_load(buf, len, err, sizeof(err), &mm), 0);
 	assert_memory_equal(m->fingerprint, mm->fingerprint, 32);
 	kvi_model_free(m);
@@ -514,7 +514,7 @@ static void test_synth_presets(void **state)
 		for (int ti = 0; ti < 4; ti++) {
 			const char *preset = p ? "tiny-qwen2" : "tiny";
 			assert_int_equal(run_synth(preset, types[ti], 7, path), 0);
-			struct kvi_model *m;
+			struct kvi_model *m = NULL;
 			if (kvi_model_load(path, &m, err, sizeof(err)))
 				fail_msg("%s %s: %s", preset, types[ti], err);
 			struct stat st;
@@ -545,7 +545,7 @@ static void test_synth_presets(void **state)
 	}
 	assert_memory_not_equal(fp[0], fp[1], 32);
 	/* same seed -> same file; another seed -> another fingerprint */
-	struct kvi_model *a, *b;
+	struct kvi_model *a = NULL, *b = NULL;
 	assert_int_equal(run_synth("tiny", "f16", 7, path), 0);
 	assert_int_equal(kvi_model_load(path, &a, err, sizeof(err)), 0);
 	unlink(path);
