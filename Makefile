@@ -31,7 +31,7 @@ demo-stop:
 asan:
 	$(MAKE) test BUILD=build-asan SANITIZE=ON
 
-# The GPU tests on the CUDA emulation (kernels/emu, docs/cuda-emu.md): the CUDA sources run on
+# The GPU tests on the CUDA emulation (tests/cuda-emu, docs/cuda-emu.md): the CUDA sources run on
 # the CPU, under ASan + UBSan unless EMU_SANITIZE=OFF. Only the targets those tests need.
 EMU_BUILD    ?= build-emu
 EMU_SANITIZE ?= ON

@@ -18,7 +18,7 @@ set(KVK_CU_FILES
 	${CMAKE_CURRENT_LIST_DIR}/cuda/kvk_fwd.cu)
 if(KVFS_CUDA_EMU)
 	# The same sources on the CPU (docs/cuda-emu.md), NCCL included (ranks in one process).
-	include(${CMAKE_CURRENT_LIST_DIR}/emu/kvk_emu.cmake)
+	include(${PROJECT_SOURCE_DIR}/tests/cuda-emu/kvk_emu.cmake)
 	kvk_emu_add_cu(kvfs_kernels ${KVK_CU_FILES} ${CMAKE_CURRENT_LIST_DIR}/cuda/rmsnorm.cu
 		${CMAKE_CURRENT_LIST_DIR}/cuda/kvk_nccl.cu)
 	set(KVFS_HAVE_NCCL ON)

@@ -1,4 +1,4 @@
-// Private to kernels/emu: what the runtime (kvk_emu_rt.cc) and the block scheduler
+// Private to tests/cuda-emu: what the runtime (kvk_emu_rt.cc) and the block scheduler
 // (kvk_emu_sm.cc) share.
 #ifndef KVFS_KVK_EMU_INT_H
 #define KVFS_KVK_EMU_INT_H

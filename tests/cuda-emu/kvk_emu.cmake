@@ -1,7 +1,7 @@
-# kvk_emu (kernels/emu, docs/cuda-emu.md): the project's CUDA sources compiled as C++ against an
+# kvk_emu (tests/cuda-emu, docs/cuda-emu.md): the project's CUDA sources compiled as C++ against an
 # emulated CUDA runtime / cuBLAS / NCCL that runs them on the CPU. Configured with
 # -DKVFS_CUDA=EMU; included from kernels/CMakeLists.txt.
-set(KVK_EMU_DIR ${CMAKE_CURRENT_LIST_DIR} CACHE INTERNAL "kernels/emu")
+set(KVK_EMU_DIR ${CMAKE_CURRENT_LIST_DIR} CACHE INTERNAL "tests/cuda-emu")
 add_library(kvk_emu STATIC
 	${KVK_EMU_DIR}/kvk_emu_rt.cc
 	${KVK_EMU_DIR}/kvk_emu_sm.cc

@@ -2,10 +2,10 @@
 //
 // What it is: the subset of the CUDA runtime, cuda_fp16, cuBLAS and NCCL that kernels/cuda
 // uses, implemented on the host, plus the device-side builtins (threadIdx, __syncthreads,
-// warp shuffles, __shared__). kernels/emu/cu2cc.pl rewrites a .cu file's launches
+// warp shuffles, __shared__). tests/cuda-emu/cu2cc.pl rewrites a .cu file's launches
 // (`k<<<grid, block, smem, stream>>>(args)`) and `__shared__` declarations into calls of this
 // header; the result compiles as C++ with the emulator's cuda_runtime.h, cuda_fp16.h,
-// cublas_v2.h and nccl.h (kernels/emu/include) first on the include path. Nothing in
+// cublas_v2.h and nccl.h (tests/cuda-emu/include) first on the include path. Nothing in
 // kernels/cuda changes for it. It is not a GPU and proves nothing about speed; it runs the
 // same index math, the same barriers and the same stream/event order, and checks them
 // (docs/cuda-emu.md):
