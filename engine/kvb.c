@@ -189,18 +189,30 @@ int kvb_header_check(const uint8_t in[KVB_HEADER_SIZE], const uint8_t fp[KVB_HAS
 	    h->payload_bytes != kvb_payload_bytes(&h->geom))
 		return -EBADMSG;
 	if (memcmp(h->fingerprint, fp, KVB_HASH) != 0 || memcmp(&h->geom, g, sizeof(*g)) != 0)
-		return -ESTALE;
+		return KVB_E_OTHER_MODEL;
 	if (memcmp(h->hash, hash, KVB_HASH) != 0 ||
 	    memcmp(h->parent, parent ? parent : zero, KVB_HASH) != 0 || h->ntokens != ntokens)
-		return -ENOENT;
+		return KVB_E_NOT_THIS;
 	for (uint32_t i = 0; i < ntokens; i++) {
 		h->tokens[i] = (int32_t)get32(in + O_IDS + 4 * i);
 		if (h->tokens[i] != ids[i])
-			return -ENOENT;
+			return KVB_E_NOT_THIS;
 	}
 	if (file_size && file_size != KVB_HEADER_SIZE + h->payload_bytes)
 		return -EIO;
 	return 0;
+}
+
+const char *kvb_strerror(int err)
+{
+	switch (err) {
+	case KVB_E_OTHER_MODEL:
+		return "block of another model or KV geometry";
+	case KVB_E_NOT_THIS:
+		return "not this block (hash, parent or token ids differ)";
+	default:
+		return strerror(-err);
+	}
 }
 
 int kvb_payload_check(const struct kvb_header *h, const void *payload, uint64_t len)

@@ -72,12 +72,18 @@ uint64_t kvb_payload_bytes(const struct kvb_geom *g);
 /* Fills a KVB_HEADER_SIZE-byte header for a block file. -EINVAL for bad sizes. */
 int kvb_header_write(const struct kvb_header *h, uint8_t out[KVB_HEADER_SIZE]);
 
+/* kvb's own results, in a range of their own beside errno (as LMDB does): a well-formed header
+ * of a block other than the one asked for. No errno says that; kvb_strerror names these and
+ * errno values alike. */
+#define KVB_E_OTHER_MODEL (-30801) /* another model fingerprint or KV geometry */
+#define KVB_E_NOT_THIS	  (-30802) /* hash, parent or token ids differ: not this block */
+const char *kvb_strerror(int err);
+
 /* Parses and checks a header against what the reader expects: magic, version, header CRC,
  * fingerprint, hash, parent (NULL = first block: must be zeros), geometry, ntokens and token
  * ids, payload size. file_size (if not 0) must equal header + payload. On success fills *h.
- * Returns 0 or a negative errno naming the first failure: -EBADMSG (garbage / CRC),
- * -EPROTO (version), -ESTALE (other model or geometry), -ENOENT (hash, parent or tokens
- * differ: not this block), -EIO (size: truncated). */
+ * Returns 0 or the first failure: -EBADMSG (garbage / CRC), -EPROTO (version),
+ * KVB_E_OTHER_MODEL, KVB_E_NOT_THIS, -EIO (size: truncated). */
 int kvb_header_check(const uint8_t in[KVB_HEADER_SIZE], const uint8_t fp[KVB_HASH],
 		     const uint8_t hash[KVB_HASH], const uint8_t *parent, const struct kvb_geom *g,
 		     const int32_t *ids, uint32_t ntokens, uint64_t file_size,

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +59,27 @@ int kvx_known_has(struct kvx *x, const uint8_t h[KVB_HASH])
 }
 
 /* ---- lifecycle ---- */
+
+int kvx_dir_on_kvfs(const char *dir)
+{
+	char p[PATH_MAX];
+	struct stat st, up;
+	struct statfs sfs;
+	if (!realpath(dir, p) || stat(p, &st) != 0 || statfs(p, &sfs) != 0 ||
+	    (uint32_t)sfs.f_type != KVX_FUSE_SUPER_MAGIC)
+		return 0;
+	/* Up to the root of the file system: the last ancestor on the same device. */
+	for (char *slash; (slash = strrchr(p, '/')) && slash != p;) {
+		*slash = 0;
+		if (stat(p, &up) != 0 || up.st_dev != st.st_dev) {
+			*slash = '/';
+			break;
+		}
+	}
+	char probe[PATH_MAX + 16];
+	snprintf(probe, sizeof(probe), "%s/.kvfs/cluster", strcmp(p, "/") ? p : "");
+	return access(probe, F_OK) == 0;
+}
 
 int kvx_create(struct kvi_engine *e, const struct kvi_model *m, const struct kvx_opts *o,
 	       struct kvx **out)
@@ -114,8 +136,7 @@ int kvx_create_kv(struct kvi_kv *kv, const struct kvi_model *m, const struct kvx
 		klog_error("kv dir %s: %s", x->dir, strerror(errno));
 		goto fail;
 	}
-	struct statfs sfs;
-	x->is_fuse = fstatfs(x->dirfd, &sfs) == 0 && (uint32_t)sfs.f_type == KVX_FUSE_MAGIC;
+	x->is_kvfs = kvx_dir_on_kvfs(x->dir);
 	x->known_cap = 4096;
 	x->known = calloc((size_t)x->known_cap, sizeof(*x->known));
 	x->nslots = o->save_slots;
@@ -149,7 +170,7 @@ int kvx_create_kv(struct kvi_kv *kv, const struct kvi_model *m, const struct kvx
 		x->writer_started = 1;
 	}
 	klog_info("kv dir %s (%s), cache fingerprint %.16s…, block %llu bytes", x->dir,
-		  x->is_fuse ? "FUSE: publish on close" : "local: publish by rename", x->fphex,
+		  x->is_kvfs ? "kvfs: publish on close" : "local: publish by rename", x->fphex,
 		  (unsigned long long)(KVB_HEADER_SIZE + x->payload));
 	*out = x;
 	return 0;
@@ -408,9 +429,9 @@ static const char *reason_name(int r)
 		return "absent";
 	case -EBADMSG:
 		return "corrupt";
-	case -ESTALE:
+	case KVB_E_OTHER_MODEL:
 		return "wrong model";
-	case -EXDEV:
+	case KVB_E_NOT_THIS:
 		return "mismatch";
 	case -EIO:
 		return "truncated";
@@ -428,10 +449,10 @@ static void count_miss(struct kvx_stats *st, int r)
 	case -EBADMSG:
 		st->miss_corrupt++;
 		break;
-	case -ESTALE:
+	case KVB_E_OTHER_MODEL:
 		st->miss_wrong_model++;
 		break;
-	case -EXDEV:
+	case KVB_E_NOT_THIS:
 		st->miss_mismatch++;
 		break;
 	case -EIO:
@@ -443,7 +464,8 @@ static void count_miss(struct kvx_stats *st, int r)
 }
 
 /* Checks block i as read: size, header against what the chain expects, payload CRC. Returns 0
- * or the miss reason (-EBADMSG corrupt, -ESTALE wrong model, -EXDEV mismatch, -EIO size). */
+ * or the miss reason: -ENOENT absent, -EBADMSG corrupt, KVB_E_OTHER_MODEL, KVB_E_NOT_THIS
+ * (kvb.h), -EIO size. */
 static int verify(struct kvx *x, const struct ld *b, uint8_t (*h)[KVB_HASH], int i,
 		  const int32_t *tokens)
 {
@@ -456,8 +478,6 @@ static int verify(struct kvx *x, const struct ld *b, uint8_t (*h)[KVB_HASH], int
 				 tokens + (size_t)i * (size_t)x->B, (uint32_t)x->B, 0, &hd);
 	if (r == -EPROTO)
 		r = -EBADMSG;
-	if (r == -ENOENT)
-		r = -EXDEV; /* a file is there, but it is not this block */
 	if (r)
 		return r;
 	if (b->got != KVB_HEADER_SIZE + x->payload)

@@ -90,6 +90,11 @@ int kvx_create_kv(struct kvi_kv *kv, const struct kvi_model *m, const struct kvx
 		  struct kvx **out);
 /* Waits for queued saves, drops block references, stops the writer. NULL is a no-op. */
 void kvx_destroy(struct kvx *x);
+/* 1 when dir is on a kvfs mount: a FUSE file system whose root (dir's last ancestor on the same
+ * device) has kvfs-mount's status directory, .kvfs/cluster. kvx then publishes each block by
+ * closing it (the mount makes it visible whole or not at all); anywhere else, another FUSE file
+ * system (sshfs, ...) included, it writes a temporary name and renames it. */
+int kvx_dir_on_kvfs(const char *dir);
 
 /* Loads the longest cached prefix of tokens[0..n) into seq, which must be empty and on the
  * engine's kv, and sets *cached to its length in tokens (a multiple of B, < n; 0 when nothing

@@ -9,8 +9,8 @@
 #include "kvb.h"
 #include "kvx.h"
 
-#define KVX_FUSE_MAGIC 0x65735546 /* statfs f_type of a FUSE mount */
-#define KVX_PATH_REL   160	  /* "<64 hex>/<2>/<64 hex>.kvb" and temp suffixes */
+#define KVX_FUSE_SUPER_MAGIC 0x65735546 /* statfs f_type of any FUSE file system */
+#define KVX_PATH_REL	     160	/* "<64 hex>/<2>/<64 hex>.kvb" and temp suffixes */
 
 enum kvx_slot_state { SLOT_FREE = 0, SLOT_QUEUED, SLOT_WRITING, SLOT_DONE };
 
@@ -44,7 +44,7 @@ struct kvx {
 	char dir[PATH_MAX];
 	char model_dir[PATH_MAX];
 	int dirfd;
-	int is_fuse;
+	int is_kvfs;
 
 	struct io_uring ring; /* loads, caller thread */
 	struct kvx_known *known;

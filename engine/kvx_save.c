@@ -215,7 +215,7 @@ static int job_prepare(struct writer *w, struct wjob *j)
 		j->result = r;
 		return 0;
 	}
-	if (x->is_fuse)
+	if (x->is_kvfs)
 		snprintf(j->tmp, sizeof(j->tmp), "%s", j->rel);
 	else
 		/* unique per writer thread (several connectors may share a process) */
@@ -358,7 +358,7 @@ static void job_finish(struct writer *w, struct wjob *j)
 			unlinkat(x->dirfd, j->tmp, 0);
 		return;
 	}
-	if (x->is_fuse)
+	if (x->is_kvfs)
 		return;
 	/* local directory: atomic publication under the final name, never replacing one */
 	if (renameat2(x->dirfd, j->tmp, x->dirfd, j->rel, RENAME_NOREPLACE) == 0)

@@ -128,20 +128,22 @@ static void test_header_checks(void **state)
 	uint8_t other[32];
 	memset(other, 0x55, 32);
 	assert_int_equal(
-	    kvb_header_check(f.hdr, other, f.h[1], f.h[0], &G, f.ids + 4, 4, 0, &f.out), -ESTALE);
+	    kvb_header_check(f.hdr, other, f.h[1], f.h[0], &G, f.ids + 4, 4, 0, &f.out),
+	    KVB_E_OTHER_MODEL);
 	assert_int_equal(kvb_header_check(f.hdr, f.fp, f.h[0], f.h[0], &G, f.ids + 4, 4, 0, &f.out),
-			 -ENOENT);
+			 KVB_E_NOT_THIS);
 	assert_int_equal(kvb_header_check(f.hdr, f.fp, f.h[1], NULL, &G, f.ids + 4, 4, 0, &f.out),
-			 -ENOENT);
+			 KVB_E_NOT_THIS);
 	int32_t bad[4] = {f.ids[4], f.ids[5], f.ids[6], 1};
 	assert_int_equal(kvb_header_check(f.hdr, f.fp, f.h[1], f.h[0], &G, bad, 4, 0, &f.out),
-			 -ENOENT);
+			 KVB_E_NOT_THIS);
 	assert_int_equal(kvb_header_check(f.hdr, f.fp, f.h[1], f.h[0], &G, f.ids + 4, 3, 0, &f.out),
-			 -ENOENT);
+			 KVB_E_NOT_THIS);
 	struct kvb_geom g2 = G;
 	g2.head_dim = 8;
 	assert_int_equal(
-	    kvb_header_check(f.hdr, f.fp, f.h[1], f.h[0], &g2, f.ids + 4, 4, 0, &f.out), -ESTALE);
+	    kvb_header_check(f.hdr, f.fp, f.h[1], f.h[0], &g2, f.ids + 4, 4, 0, &f.out),
+	    KVB_E_OTHER_MODEL);
 	assert_int_equal(kvb_header_check(f.hdr, f.fp, f.h[1], f.h[0], &G, f.ids + 4, 4,
 					  KVB_HEADER_SIZE + f.plen - 1, &f.out),
 			 -EIO);

@@ -670,11 +670,39 @@ static int teardown(void **st)
 int kvx_mount_start(char *root, size_t cap);
 void kvx_mount_stop(void);
 
+static int g_on_mount;
+
+/* kvx publishes by close only on kvfs, known by what kvfs says of itself (.kvfs/cluster at the
+ * mount's root), not by the FUSE magic number every FUSE file system shares (on sshfs that
+ * skipped the temporary name and rename, so readers could see half a block). A local
+ * directory holding a .kvfs/cluster of its own is still local. */
+static void test_publish_mode(void **st)
+{
+	(void)st;
+	if (g_on_mount) {
+		assert_int_equal(kvx_dir_on_kvfs(F->root), 1);
+		return;
+	}
+	assert_int_equal(kvx_dir_on_kvfs(F->root), 0);
+	char d[700];
+	snprintf(d, sizeof(d), "%s/.kvfs", F->root);
+	assert_int_equal(mkdir(d, 0755), 0);
+	snprintf(d, sizeof(d), "%s/.kvfs/cluster", F->root);
+	FILE *f = fopen(d, "w");
+	assert_non_null(f);
+	fclose(f);
+	assert_int_equal(kvx_dir_on_kvfs(F->root), 0);
+	unlink(d);
+	snprintf(d, sizeof(d), "%s/.kvfs", F->root);
+	rmdir(d);
+}
+
 int main(int argc, char **argv)
 {
 	static struct fix fix;
 	F = &fix;
 	int mount = argc > 1 && strcmp(argv[1], "--mount") == 0;
+	g_on_mount = mount;
 	if (mount) {
 		int r = kvx_mount_start(fix.root, sizeof(fix.root));
 		if (r == 77)
@@ -704,6 +732,7 @@ int main(int argc, char **argv)
 	    cmocka_unit_test(test_drop_when_full),
 	    cmocka_unit_test(test_bad_args),
 	    cmocka_unit_test(test_cli),
+	    cmocka_unit_test(test_publish_mode),
 	};
 	int r = cmocka_run_group_tests_name(mount ? "kvx on a kvfs mount" : "kvx on a local dir",
 					    tests, setup, teardown);
