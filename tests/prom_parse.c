@@ -472,3 +472,23 @@ int prom_family_once(const char *text, const char *name)
 	snprintf(type, sizeof(type), "# TYPE %s ", name);
 	return count_lines(text, help) == 1 && count_lines(text, type) == 1 ? 0 : -EINVAL;
 }
+
+int prom_check_page(const char *text, const char *const fams[], int n, int *promtool_ran, char *why,
+		    size_t wn)
+{
+	struct prom_doc d;
+	*promtool_ran = 0;
+	if (prom_parse(text, &d)) {
+		snprintf(why, wn, "%s", d.err);
+		return -EINVAL;
+	}
+	prom_free(&d);
+	for (int i = 0; i < n; i++)
+		if (prom_family_once(text, fams[i])) {
+			snprintf(why, wn, "family %s: not one HELP and one TYPE", fams[i]);
+			return -EINVAL;
+		}
+	int rc = prom_promtool(text, why, wn);
+	*promtool_ran = rc != 1;
+	return rc == 1 ? 0 : rc;
+}

@@ -42,6 +42,13 @@ int prom_family_once(const char *text, const char *name);
  * it could not be run. */
 int prom_promtool(const char *text, char *why, size_t n);
 
+/* Checks a whole /metrics page for a test: prom_parse, each of fams[0..n) declared by exactly
+ * one HELP and one TYPE (prom_family_once), then prom_promtool. 0, or a negative errno with why
+ * (wn bytes) saying what failed; *promtool_ran is 0 when promtool is not installed (the caller
+ * says the promtool part was skipped). */
+int prom_check_page(const char *text, const char *const fams[], int n, int *promtool_ran, char *why,
+		    size_t wn);
+
 /* GET http://addr<path>; returns the HTTP status (200...) and the body (malloc'd, NUL-terminated,
  * caller frees), or a negative errno. */
 int prom_http_get(const char *addr, const char *path, char **body);
