@@ -1,6 +1,10 @@
 #include "proc_tutil.h"
 
+#include <setjmp.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,7 +12,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cmocka.h>
+
 #include "http_tutil.h"
+#include "prom_parse.h"
 
 void ptu_sleep_ms(int ms)
 {
@@ -85,6 +92,10 @@ double ptu_metric(uint16_t port, const char *name)
 		free(b);
 		return -1;
 	}
+	struct prom_doc d;
+	if (prom_parse(b, &d))
+		fail_msg("/metrics of 127.0.0.1:%u: %s", port, d.err);
+	prom_free(&d);
 	double v = -1;
 	size_t nl = strlen(name);
 	for (char *p = b; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)

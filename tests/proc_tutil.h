@@ -21,7 +21,8 @@ int ptu_wait_ports(const char *dir, const char *stem, int n, uint16_t *ports);
  * call), then removes dir unless KVFS_TEST_KEEP is set (then it says where it is). 0 or -1. */
 int ptu_finish(const char *dir, pid_t *a, int na, pid_t *b, int nb);
 /* The value of the sample "name value" (name with its labels) of the /metrics page at
- * 127.0.0.1:port, or -1. */
+ * 127.0.0.1:port, or -1. A page that is not well-formed exposition text (prom_parse.h) fails
+ * the running cmocka test. */
 double ptu_metric(uint16_t port, const char *name);
 /* 1 when the file at path has no sanitizer report (ASan, UBSan, LSan), 0 when it has one or
  * cannot be read. */

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -230,6 +231,10 @@ int prom_parse(const char *text, struct prom_doc *d)
 			if (!strncmp(buf, "# HELP ", 7)) {
 				if (!read_name(&q, nm, sizeof(nm)) || *q != ' ')
 					return fail(d, line, "bad HELP line");
+				if (help_for[0])
+					return fail(d, line,
+						    "HELP %s after HELP %s, no TYPE between", nm,
+						    help_for);
 				snprintf(help_for, sizeof(help_for), "%s", nm);
 				continue;
 			}
@@ -398,4 +403,92 @@ int prom_http_get(const char *addr, const char *path, char **body)
 	memmove(b, sep + 4, len - (size_t)(sep + 4 - b) + 1);
 	*body = b;
 	return status;
+}
+
+int prom_promtool(const char *text, char *why, size_t n)
+{
+	why[0] = 0;
+	if (system("command -v promtool >/dev/null 2>&1") != 0)
+		return 1;
+	char path[] = "/tmp/prom_parse.XXXXXX";
+	int fd = mkstemp(path);
+	if (fd < 0)
+		return -errno;
+	size_t len = strlen(text);
+	int ok = write(fd, text, len) == (ssize_t)len;
+	close(fd);
+	if (!ok) {
+		unlink(path);
+		return -EIO;
+	}
+	char cmd[128];
+	snprintf(cmd, sizeof(cmd), "promtool check metrics < %s 2>&1", path);
+	FILE *p = popen(cmd, "r");
+	if (!p) {
+		unlink(path);
+		return -errno;
+	}
+	/* Exit 1: a parse error; 3: lint problems, one a line. Only the counter-suffix lint is
+	 * tolerated: names are kept as they are (renaming is issue 24's). */
+	char line[512];
+	int bad = 0;
+	size_t used = 0;
+	while (fgets(line, sizeof(line), p)) {
+		if (strstr(line, "counter metrics should have \"_total\" suffix"))
+			continue;
+		bad = 1;
+		if (used + 1 < n) {
+			snprintf(why + used, n - used, "%s", line);
+			used += strlen(why + used);
+		}
+	}
+	int st = pclose(p);
+	unlink(path);
+	if (st == -1 || !WIFEXITED(st))
+		return -ECHILD;
+	int rc = WEXITSTATUS(st);
+	if (rc == 1 || (rc == 3 && bad) || (rc != 0 && rc != 3)) {
+		if (!why[0])
+			snprintf(why, n, "promtool exited %d", rc);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* Occurrences of the line that starts with prefix. */
+static int count_lines(const char *text, const char *prefix)
+{
+	int k = 0;
+	size_t n = strlen(prefix);
+	for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+		k += strncmp(p, prefix, n) == 0;
+	return k;
+}
+
+int prom_family_once(const char *text, const char *name)
+{
+	char help[160], type[160];
+	snprintf(help, sizeof(help), "# HELP %s ", name);
+	snprintf(type, sizeof(type), "# TYPE %s ", name);
+	return count_lines(text, help) == 1 && count_lines(text, type) == 1 ? 0 : -EINVAL;
+}
+
+int prom_check_page(const char *text, const char *const fams[], int n, int *promtool_ran, char *why,
+		    size_t wn)
+{
+	struct prom_doc d;
+	*promtool_ran = 0;
+	if (prom_parse(text, &d)) {
+		snprintf(why, wn, "%s", d.err);
+		return -EINVAL;
+	}
+	prom_free(&d);
+	for (int i = 0; i < n; i++)
+		if (prom_family_once(text, fams[i])) {
+			snprintf(why, wn, "family %s: not one HELP and one TYPE", fams[i]);
+			return -EINVAL;
+		}
+	int rc = prom_promtool(text, why, wn);
+	*promtool_ran = rc != 1;
+	return rc == 1 ? 0 : rc;
 }

@@ -23,6 +23,8 @@
 
 #include "gw.h"
 #include "http_tutil.h"
+#include "metrics.h"
+#include "prom_parse.h"
 
 static atomic_int cancels, submits;
 
@@ -100,10 +102,12 @@ static void be_release(void *ctx, struct gw_job *job)
 	free(gw_job_backend_data(job));
 }
 
-static void be_metrics(void *ctx, FILE *out)
+static void be_metrics(void *ctx, struct met_out *out)
 {
 	(void)ctx;
-	fprintf(out, "kvfs_replica_load{replica=\"test\"} 0\n");
+	const char *lab[] = {"replica", "test", NULL};
+	met_out_family(out, "kvfs_replica_load", "gauge", "A backend's own family");
+	met_out_sample(out, "kvfs_replica_load", lab, 0);
 }
 
 static struct gw *gw;
@@ -379,24 +383,42 @@ static void test_concurrent_and_metrics(void **state)
 	}
 	char *b;
 	assert_int_equal(http("GET", "/metrics", NULL, &b), 200);
-	/* Every non-comment line is "name{labels} value" with a number. */
-	char *save, *line;
-	int samples = 0;
-	for (line = strtok_r(b, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-		if (line[0] == '#')
-			continue;
-		char *sp = strrchr(line, ' ');
-		assert_non_null(sp);
-		char *end;
-		strtod(sp + 1, &end);
-		assert_true(*end == 0);
-		samples++;
-		if (strncmp(line, "kvfs_requests_total{outcome=\"ok\"}", 33) == 0)
-			assert_true(atol(sp + 1) >= 20);
-		if (strncmp(line, "time_to_first_token_seconds_count", 33) == 0)
-			assert_true(atol(sp + 1) >= 20);
-	}
-	assert_true(samples > 20);
+	struct prom_doc d;
+	if (prom_parse(b, &d))
+		fail_msg("/metrics: %s", d.err);
+	double v;
+	assert_int_equal(prom_get(&d, "kvfs_requests_total", "outcome=\"ok\"", &v), 0);
+	assert_true(v >= 20);
+	assert_int_equal(prom_get(&d, "time_to_first_token_seconds_count", "", &v), 0);
+	assert_true(v >= 20);
+	assert_true(d.n > 20);
+	prom_free(&d);
+	free(b);
+}
+
+/* /metrics is well-formed exposition text: every family (the gateway's and the backend's)
+ * has one # HELP and one # TYPE before its samples, which form one block (prom_parse is
+ * strict about that); promtool, when installed, agrees. */
+static void test_metrics_well_formed(void **state)
+{
+	(void)state;
+	static const char *const fams[] = {
+	    "kvfs_requests_total",     "kvfs_requests_running",	      "prompt_tokens_total",
+	    "generation_tokens_total", "cached_tokens_total",	      "prefix_cache_queries",
+	    "prefix_cache_hits",       "time_to_first_token_seconds", "inter_token_latency_seconds",
+	    "kvfs_replica_load"};
+	char *b, why[2048];
+	assert_int_equal(http("GET", "/metrics", NULL, &b), 200);
+	int ran;
+	if (prom_check_page(b, fams, (int)(sizeof(fams) / sizeof(fams[0])), &ran, why, sizeof(why)))
+		fail_msg("/metrics: %s\n%s", why, b);
+	if (!ran)
+		print_message("promtool not installed: skipping `promtool check metrics`\n");
+	struct prom_doc d;
+	assert_int_equal(prom_parse(b, &d), 0);
+	double v;
+	assert_int_equal(prom_get(&d, "kvfs_replica_load", "replica=\"test\"", &v), 0);
+	prom_free(&d);
 	free(b);
 }
 
@@ -409,6 +431,7 @@ int main(void)
 	    cmocka_unit_test(test_errors),
 	    cmocka_unit_test(test_disconnect_cancels),
 	    cmocka_unit_test(test_concurrent_and_metrics),
+	    cmocka_unit_test(test_metrics_well_formed),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -29,6 +29,7 @@
 #include <cmocka.h>
 
 #include "http_tutil.h"
+#include "prom_parse.h"
 
 static char tmpdir[256];
 static pid_t server = -1;
@@ -71,7 +72,8 @@ static cJSON *json(const char *s)
 	return o;
 }
 
-/* Value of a metric line "name value" in /metrics, or -1. */
+/* Value of a metric line "name value" in /metrics, or -1. A page that is not well-formed
+ * exposition text (prom_parse.h) fails the test. */
 static double metric(const char *name)
 {
 	char *b;
@@ -79,6 +81,10 @@ static double metric(const char *name)
 		free(b);
 		return -1;
 	}
+	struct prom_doc d;
+	if (prom_parse(b, &d))
+		fail_msg("/metrics: %s", d.err);
+	prom_free(&d);
 	double v = -1;
 	size_t nl = strlen(name);
 	for (char *p = b; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)

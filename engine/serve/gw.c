@@ -1,6 +1,7 @@
 #define KVFS_LOG_TAG "gateway"
 #include "gw.h"
 #include "ktime.h"
+#include "metrics.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -15,17 +16,17 @@
 
 #include "log.h"
 
+/* kvfs_requests_total's outcome label: every request answered is counted once. */
+enum gw_outcome { GW_OK, GW_CLIENT_ERR, GW_SERVER_ERR, GW_CANCELLED, GW_OUT_N };
+static const char *const outcome_names[GW_OUT_N] = {"ok", "client_error", "server_error",
+						    "cancelled"};
+
 #define NB_TTFT 13
 #define NB_ITL	12
 static const double ttft_b[NB_TTFT] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 				       1,     2.5,  5,	   10,	 30,  60};
 static const double itl_b[NB_ITL] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
 				     0.1,   0.25,   0.5,   1,	 2.5,	5};
-
-struct hist {
-	uint64_t b[16], count;
-	double sum;
-};
 
 struct gw {
 	struct gw_opts o;
@@ -34,12 +35,15 @@ struct gw {
 	struct MHD_Daemon *d;
 	uint16_t port;
 	atomic_ullong next_id;
+	/* /metrics: the families below, then the backend's (a collector). Updates take no lock,
+	 * so a scrape may see one request's counters half added; each value is exact. */
+	struct met_reg *reg;
+	struct met_counter *req[GW_OUT_N]; /* kvfs_requests_total{outcome} */
+	struct met_counter *prompt_tokens, *cached_tokens, *gen_tokens, *cache_queries, *cache_hits;
+	struct met_gauge *running; /* jobs in flight */
+	struct met_hist *ttft, *itl;
 	pthread_mutex_t mu; /* protects everything below */
-	uint64_t req_ok, req_client_err, req_server_err, req_cancelled;
-	uint64_t prompt_tokens, cached_tokens, gen_tokens, cache_queries, cache_hits;
-	struct hist ttft, itl;
-	int running; /* jobs in flight */
-	int live;    /* jobs not yet freed: gw_stop waits for 0, a backend may hold the last ref */
+	int live; /* jobs not yet freed: gw_stop waits for 0, a backend may hold the last ref */
 	pthread_cond_t idle;
 };
 
@@ -72,15 +76,6 @@ static int64_t now_ns(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static void hist_add(struct hist *h, const double *bounds, int nb, double v)
-{
-	for (int i = 0; i < nb; i++)
-		if (v <= bounds[i])
-			h->b[i]++;
-	h->count++;
-	h->sum += v;
 }
 
 static void job_unref(struct gw_job *j)
@@ -175,13 +170,9 @@ void gw_job_token(struct gw_job *j, const char *piece, size_t len)
 	struct gw *g = j->g;
 	if (!j->t_first) {
 		j->t_first = t;
-		pthread_mutex_lock(&g->mu);
-		hist_add(&g->ttft, ttft_b, NB_TTFT, (double)(t - j->t0) / 1e9);
-		pthread_mutex_unlock(&g->mu);
+		met_hist_observe_ns(g->ttft, (uint64_t)(t - j->t0));
 	} else {
-		pthread_mutex_lock(&g->mu);
-		hist_add(&g->itl, itl_b, NB_ITL, (double)(t - j->t_last) / 1e9);
-		pthread_mutex_unlock(&g->mu);
+		met_hist_observe_ns(g->itl, (uint64_t)(t - j->t_last));
 	}
 	j->t_last = t;
 	/* A stop string can only start in the not-yet-final tail. */
@@ -256,12 +247,7 @@ static enum MHD_Result send_error(struct gw *g, struct MHD_Connection *c, unsign
 				  const char *msg, const char *type, const char *param,
 				  const char *code)
 {
-	pthread_mutex_lock(&g->mu);
-	if (status >= 500)
-		g->req_server_err++;
-	else
-		g->req_client_err++;
-	pthread_mutex_unlock(&g->mu);
+	met_counter_add(g->req[status >= 500 ? GW_SERVER_ERR : GW_CLIENT_ERR], 1);
 	return send_text(c, status, "application/json", oai_error_json(msg, type, param, code));
 }
 
@@ -283,9 +269,7 @@ static void cancel_job(struct gw_job *j)
 	j->cancelled = 1;
 	pthread_mutex_unlock(&j->mu);
 	if (!already) {
-		pthread_mutex_lock(&j->g->mu);
-		j->g->req_cancelled++;
-		pthread_mutex_unlock(&j->g->mu);
+		met_counter_add(j->g->req[GW_CANCELLED], 1);
 		if (j->g->be.cancel)
 			j->g->be.cancel(j->g->be.ctx, j);
 	}
@@ -329,22 +313,22 @@ static void account(struct gw_job *j)
 	pthread_mutex_lock(&j->mu);
 	int cancelled = j->cancelled, err = j->stopped ? 0 : j->err;
 	pthread_mutex_unlock(&j->mu);
-	pthread_mutex_lock(&g->mu);
 	if (cancelled)
 		;
 	else if (err && job_status(err, &type, &code) < 500)
-		g->req_client_err++;
+		met_counter_add(g->req[GW_CLIENT_ERR], 1);
 	else if (err)
-		g->req_server_err++;
+		met_counter_add(g->req[GW_SERVER_ERR], 1);
 	else
-		g->req_ok++;
-	g->prompt_tokens += (uint64_t)j->prompt_tokens;
-	g->cached_tokens += (uint64_t)j->cached_tokens;
-	g->gen_tokens += (uint64_t)j->ntokens;
-	g->cache_queries += (uint64_t)j->prompt_tokens;
-	g->cache_hits += (uint64_t)j->cached_tokens;
-	g->running--;
-	pthread_mutex_unlock(&g->mu);
+		met_counter_add(g->req[GW_OK], 1);
+	met_counter_add(g->prompt_tokens, (uint64_t)j->prompt_tokens);
+	met_counter_add(g->cached_tokens, (uint64_t)j->cached_tokens);
+	met_counter_add(g->gen_tokens, (uint64_t)j->ntokens);
+	met_counter_add(g->cache_queries, (uint64_t)j->prompt_tokens);
+	met_counter_add(g->cache_hits, (uint64_t)j->cached_tokens);
+	/* Last: a scrape that sees the request gone sees its counts (atomic read-modify-writes
+	 * are ordered on the platforms we build for; tests wait on this gauge). */
+	met_gauge_add(g->running, -1);
 }
 
 /* Streaming: the SSE bytes not yet handed to MHD. */
@@ -496,14 +480,10 @@ static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat
 				  NULL);
 	}
 	struct gw_req req = {.id = j->id, .oai = &j->req, .prompt = j->prompt};
-	pthread_mutex_lock(&g->mu);
-	g->running++;
-	pthread_mutex_unlock(&g->mu);
+	met_gauge_add(g->running, 1);
 	rc = g->be.submit(g->be.ctx, j, &req);
 	if (rc) {
-		pthread_mutex_lock(&g->mu);
-		g->running--;
-		pthread_mutex_unlock(&g->mu);
+		met_gauge_add(g->running, -1);
 		j->refs = 1;
 		job_unref(j);
 		if (rc == -EAGAIN)
@@ -578,55 +558,17 @@ static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat
 	return send_text(c, 200, "application/json", body);
 }
 
+/* The exposition text (malloc'd), or NULL when it cannot be written. */
 static char *metrics_text(struct gw *g)
 {
-	char *buf = NULL;
-	size_t len = 0;
-	FILE *f = open_memstream(&buf, &len);
-	if (!f)
+	char *text = NULL;
+	size_t len;
+	int rc = met_render(g->reg, &text, &len);
+	if (rc) {
+		klog_error("/metrics: %s", strerror(-rc));
 		return NULL;
-	pthread_mutex_lock(&g->mu);
-	fprintf(f, "# TYPE kvfs_requests_total counter\n");
-	fprintf(f, "kvfs_requests_total{outcome=\"ok\"} %llu\n", (unsigned long long)g->req_ok);
-	fprintf(f, "kvfs_requests_total{outcome=\"client_error\"} %llu\n",
-		(unsigned long long)g->req_client_err);
-	fprintf(f, "kvfs_requests_total{outcome=\"server_error\"} %llu\n",
-		(unsigned long long)g->req_server_err);
-	fprintf(f, "kvfs_requests_total{outcome=\"cancelled\"} %llu\n",
-		(unsigned long long)g->req_cancelled);
-	fprintf(f, "# TYPE kvfs_requests_running gauge\nkvfs_requests_running %d\n", g->running);
-	fprintf(f, "# TYPE prompt_tokens_total counter\nprompt_tokens_total %llu\n",
-		(unsigned long long)g->prompt_tokens);
-	fprintf(f, "# TYPE generation_tokens_total counter\ngeneration_tokens_total %llu\n",
-		(unsigned long long)g->gen_tokens);
-	fprintf(f, "# TYPE cached_tokens_total counter\ncached_tokens_total %llu\n",
-		(unsigned long long)g->cached_tokens);
-	fprintf(f, "# TYPE prefix_cache_queries counter\nprefix_cache_queries %llu\n",
-		(unsigned long long)g->cache_queries);
-	fprintf(f, "# TYPE prefix_cache_hits counter\nprefix_cache_hits %llu\n",
-		(unsigned long long)g->cache_hits);
-	const struct {
-		const char *name;
-		struct hist *h;
-		const double *b;
-		int nb;
-	} hs[] = {{"time_to_first_token_seconds", &g->ttft, ttft_b, NB_TTFT},
-		  {"inter_token_latency_seconds", &g->itl, itl_b, NB_ITL}};
-	for (int k = 0; k < 2; k++) {
-		fprintf(f, "# TYPE %s histogram\n", hs[k].name);
-		for (int i = 0; i < hs[k].nb; i++)
-			fprintf(f, "%s_bucket{le=\"%g\"} %llu\n", hs[k].name, hs[k].b[i],
-				(unsigned long long)hs[k].h->b[i]);
-		fprintf(f, "%s_bucket{le=\"+Inf\"} %llu\n", hs[k].name,
-			(unsigned long long)hs[k].h->count);
-		fprintf(f, "%s_sum %.9f\n%s_count %llu\n", hs[k].name, hs[k].h->sum, hs[k].name,
-			(unsigned long long)hs[k].h->count);
 	}
-	pthread_mutex_unlock(&g->mu);
-	if (g->be.metrics)
-		g->be.metrics(g->be.ctx, f);
-	fclose(f);
-	return buf;
+	return text;
 }
 
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url,
@@ -701,6 +643,51 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
 	}
 }
 
+/* Registers the gateway's families, in the order /metrics shows them, and the backend's
+ * collector. 0 or -ENOMEM (a bad name is a bug, caught by the tests). */
+static int metrics_init(struct gw *g)
+{
+	int rc = met_reg_create(&g->reg);
+	if (rc)
+		return rc;
+	struct met_reg *r = g->reg;
+	int ok = 1;
+	for (int i = 0; i < GW_OUT_N; i++) {
+		const char *lab[] = {"outcome", outcome_names[i], NULL};
+		g->req[i] = met_counter_new(
+		    r, "kvfs_requests_total",
+		    "HTTP requests answered, by outcome (cancelled: the client left first)", lab);
+		ok &= g->req[i] != NULL;
+	}
+	g->running = met_gauge_new(r, "kvfs_requests_running",
+				   "Completion requests the backend is working on", NULL);
+	g->prompt_tokens =
+	    met_counter_new(r, "prompt_tokens_total", "Prompt tokens of finished requests", NULL);
+	g->gen_tokens = met_counter_new(r, "generation_tokens_total",
+					"Tokens generated for finished requests", NULL);
+	g->cached_tokens = met_counter_new(r, "cached_tokens_total",
+					   "Prompt tokens whose KV came from the cache", NULL);
+	g->cache_queries = met_counter_new(r, "prefix_cache_queries",
+					   "Prompt tokens looked up in the prefix cache", NULL);
+	g->cache_hits = met_counter_new(r, "prefix_cache_hits",
+					"Prompt tokens found in the prefix cache", NULL);
+	g->ttft =
+	    met_hist_new(r, "time_to_first_token_seconds",
+			 "Time from a request's arrival to its first token", NULL, ttft_b, NB_TTFT);
+	g->itl = met_hist_new(r, "inter_token_latency_seconds",
+			      "Time between two tokens of one request", NULL, itl_b, NB_ITL);
+	ok &= g->running && g->prompt_tokens && g->gen_tokens && g->cached_tokens &&
+	      g->cache_queries && g->cache_hits && g->ttft && g->itl;
+	if (ok && g->be.metrics)
+		ok = met_collector_add(r, g->be.metrics, g->be.ctx) == 0;
+	if (!ok) {
+		met_reg_destroy(g->reg);
+		g->reg = NULL;
+		return -ENOMEM;
+	}
+	return 0;
+}
+
 int gw_start(const struct gw_opts *o, const struct gw_backend *be, struct gw **out)
 {
 	if (!be || !be->submit)
@@ -729,6 +716,10 @@ int gw_start(const struct gw_opts *o, const struct gw_backend *be, struct gw **o
 		free(g);
 		return -EINVAL;
 	}
+	if (metrics_init(g)) {
+		free(g);
+		return -ENOMEM;
+	}
 	pthread_mutex_init(&g->mu, NULL);
 	pthread_cond_init(&g->idle, NULL);
 	/* A connection idle 30 s is closed: with 512 threads at most, idle sockets (a client
@@ -743,6 +734,7 @@ int gw_start(const struct gw_opts *o, const struct gw_backend *be, struct gw **o
 		klog_error("cannot listen on %s:%u", o->host ? o->host : "127.0.0.1", o->port);
 		pthread_cond_destroy(&g->idle);
 		pthread_mutex_destroy(&g->mu);
+		met_reg_destroy(g->reg);
 		free(g);
 		return -EADDRINUSE;
 	}
@@ -770,5 +762,6 @@ void gw_stop(struct gw *g)
 	pthread_mutex_unlock(&g->mu);
 	pthread_cond_destroy(&g->idle);
 	pthread_mutex_destroy(&g->mu);
+	met_reg_destroy(g->reg);
 	free(g);
 }

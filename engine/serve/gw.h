@@ -25,6 +25,7 @@
 
 struct gw;
 struct gw_job;
+struct met_out;
 
 /* What the gateway hands a backend for one request. Valid until gw_job_finish. */
 struct gw_req {
@@ -47,8 +48,10 @@ struct gw_backend {
 	 * gw_job_set_backend_data pointed to. cancel is never called after this. Called for every
 	 * job passed to submit, also when submit failed (data then NULL). May be NULL. */
 	void (*release)(void *ctx, struct gw_job *job);
-	/* Writes backend metrics (per-replica load, ...) in Prometheus text format. May be NULL. */
-	void (*metrics)(void *ctx, FILE *out);
+	/* Writes the backend's metric families (per-replica load, ...) after the gateway's own,
+	 * with met_out_family / met_out_sample (common/metrics.h: a collector, run on the scraping
+	 * thread under the registry's lock; it must not register metrics). May be NULL. */
+	void (*metrics)(void *ctx, struct met_out *out);
 	/* 1 when at least one replica can serve. May be NULL (always healthy). */
 	int (*healthy)(void *ctx);
 };

@@ -16,6 +16,7 @@
 
 #include "kvw.h"
 #include "log.h"
+#include "metrics.h"
 #include "sample.h"
 
 #define RPC_TIMEOUT_MS	   600000 /* a long prompt on a slow CPU */
@@ -627,40 +628,57 @@ static void be_release(void *ctx, struct gw_job *job)
 	lreq_put(gw_job_backend_data(job));
 }
 
-static void be_metrics(void *ctx, FILE *f)
+/* The per-replica families: one block each, every replica of both roles in it. */
+static void replica_families(struct lb *l, struct met_out *o)
 {
-	struct lb *l = ctx;
-	pthread_mutex_lock(&l->mu);
+	static const struct {
+		const char *name, *type, *help;
+	} fams[] = {
+	    {"lb_replica_up", "gauge", "1 while the replica answers its STATUS polls"},
+	    {"lb_replica_inflight", "gauge", "This gateway's requests on the replica"},
+	    {"lb_replica_queued_tokens", "gauge",
+	     "Uncached prompt tokens queued there, as the replica last reported (0 while down)"},
+	    {"lb_replica_running", "gauge",
+	     "Sequences running there, as the replica last reported (0 while down)"},
+	    {"lb_replica_kv_free_blocks", "gauge",
+	     "Free KV blocks there, as the replica last reported (0 while down)"},
+	    {"lb_replica_picks_total", "counter", "Requests this gateway sent to the replica"},
+	    {"lb_replica_prompt_tokens_computed", "gauge",
+	     "Prompt tokens the replica computed since it started, as last reported (0 while "
+	     "down)"},
+	};
 	const struct {
 		const char *name;
 		struct role *ro;
 	} roles[] = {{"prefill", &l->pf}, {"decode", &l->dc}};
-	fprintf(f, "# TYPE lb_replica_up gauge\n");
-	for (int k = 0; k < 2; k++)
-		for (int i = 0; i < roles[k].ro->n; i++) {
-			struct replica *r = &roles[k].ro->r[i];
-			fprintf(f, "lb_replica_up{role=\"%s\",addr=\"%s\"} %d\n", roles[k].name,
-				r->addr, r->up);
-			fprintf(f, "lb_replica_inflight{role=\"%s\",addr=\"%s\"} %d\n",
-				roles[k].name, r->addr, r->inflight);
-			fprintf(f, "lb_replica_queued_tokens{role=\"%s\",addr=\"%s\"} %d\n",
-				roles[k].name, r->addr, r->queued_tokens);
-			fprintf(f, "lb_replica_running{role=\"%s\",addr=\"%s\"} %d\n",
-				roles[k].name, r->addr, r->running);
-			fprintf(f, "lb_replica_kv_free_blocks{role=\"%s\",addr=\"%s\"} %d\n",
-				roles[k].name, r->addr, r->kv_free);
-			fprintf(f, "lb_replica_picks_total{role=\"%s\",addr=\"%s\"} %llu\n",
-				roles[k].name, r->addr, (unsigned long long)r->picks);
-			fprintf(f,
-				"lb_replica_prompt_tokens_computed{role=\"%s\",addr=\"%s\"} %u\n",
-				roles[k].name, r->addr, r->computed);
-		}
-	fprintf(f, "# TYPE lb_retries_total counter\nlb_retries_total %llu\n",
-		(unsigned long long)l->retries);
-	fprintf(f, "# TYPE lb_kv_handoffs_total counter\n");
-	for (int k = 0; k < HO_N; k++)
-		fprintf(f, "lb_kv_handoffs_total{how=\"%s\"} %llu\n", ho_names[k],
-			(unsigned long long)l->handoffs[k]);
+	for (size_t f = 0; f < sizeof(fams) / sizeof(fams[0]); f++) {
+		met_out_family(o, fams[f].name, fams[f].type, fams[f].help);
+		for (int k = 0; k < 2; k++)
+			for (int i = 0; i < roles[k].ro->n; i++) {
+				const struct replica *r = &roles[k].ro->r[i];
+				const double v[] = {r->up,	r->inflight, r->queued_tokens,
+						    r->running, r->kv_free,  (double)r->picks,
+						    r->computed};
+				const char *lab[] = {"role", roles[k].name, "addr", r->addr, NULL};
+				met_out_sample(o, fams[f].name, lab, v[f]);
+			}
+	}
+}
+
+static void be_metrics(void *ctx, struct met_out *o)
+{
+	struct lb *l = ctx;
+	pthread_mutex_lock(&l->mu);
+	replica_families(l, o);
+	met_out_family(o, "lb_retries_total", "counter",
+		       "Requests retried on another replica after a transport error");
+	met_out_sample(o, "lb_retries_total", NULL, (double)l->retries);
+	met_out_family(o, "lb_kv_handoffs_total", "counter",
+		       "How prompts' KV reached their decode replica (local: computed there)");
+	for (int k = 0; k < HO_N; k++) {
+		const char *lab[] = {"how", ho_names[k], NULL};
+		met_out_sample(o, "lb_kv_handoffs_total", lab, (double)l->handoffs[k]);
+	}
 	pthread_mutex_unlock(&l->mu);
 }
 

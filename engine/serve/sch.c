@@ -14,6 +14,7 @@
 #include "kv.h"
 #include "kvx.h"
 #include "log.h"
+#include "metrics.h"
 #include "model.h"
 #include "sample.h"
 #include "gguf.h"
@@ -572,31 +573,38 @@ static void be_release(void *ctx, struct gw_job *job)
 	sch_req_free(gw_job_backend_data(job));
 }
 
-static void be_metrics(void *ctx, FILE *f)
+/* One family of one unlabelled sample. */
+static void out_one(struct met_out *o, const char *name, const char *type, const char *help,
+		    double v)
+{
+	met_out_family(o, name, type, help);
+	met_out_sample(o, name, NULL, v);
+}
+
+static void be_metrics(void *ctx, struct met_out *o)
 {
 	struct sch *s = ctx;
-	fprintf(f, "# TYPE num_requests_running gauge\nnum_requests_running %d\n",
+	out_one(o, "num_requests_running", "gauge", "Sequences in the running batch",
 		atomic_load(&s->g_running));
-	fprintf(f, "# TYPE num_requests_waiting gauge\nnum_requests_waiting %d\n",
+	out_one(o, "num_requests_waiting", "gauge", "Requests waiting for a batch slot",
 		atomic_load(&s->g_waiting));
-	fprintf(f, "# TYPE kv_blocks_used gauge\nkv_blocks_used %d\n", atomic_load(&s->g_kv_used));
-	fprintf(f, "# TYPE kv_blocks_total gauge\nkv_blocks_total %d\n",
+	out_one(o, "kv_blocks_used", "gauge", "KV cache blocks in use", atomic_load(&s->g_kv_used));
+	out_one(o, "kv_blocks_total", "gauge", "KV cache blocks in the pool",
 		atomic_load(&s->g_kv_total));
-	fprintf(f, "# TYPE scheduler_steps_total counter\nscheduler_steps_total %llu\n",
-		atomic_load(&s->c_steps));
-	fprintf(f,
-		"# TYPE prefill_tokens_computed_total counter\n"
-		"prefill_tokens_computed_total %llu\n",
-		atomic_load(&s->c_prefill_tokens));
-	fprintf(f, "# TYPE decode_tokens_total counter\ndecode_tokens_total %llu\n",
-		atomic_load(&s->c_decode_tokens));
+	out_one(o, "scheduler_steps_total", "counter", "Engine steps the scheduler ran",
+		(double)atomic_load(&s->c_steps));
+	out_one(o, "prefill_tokens_computed_total", "counter",
+		"Prompt tokens computed (not taken from a cache)",
+		(double)atomic_load(&s->c_prefill_tokens));
+	out_one(o, "decode_tokens_total", "counter", "Tokens decoded",
+		(double)atomic_load(&s->c_decode_tokens));
 	if (s->kx) {
 		struct kvx_stats st;
 		kvx_stats_get(s->kx, &st);
-		fprintf(f, "# TYPE kvx_hit_blocks_total counter\nkvx_hit_blocks_total %llu\n",
-			(unsigned long long)st.hit_blocks);
-		fprintf(f, "# TYPE kvx_saved_blocks_total counter\nkvx_saved_blocks_total %llu\n",
-			(unsigned long long)st.saved_blocks);
+		out_one(o, "kvx_hit_blocks_total", "counter",
+			"Prompt KV blocks read from the kv dir", (double)st.hit_blocks);
+		out_one(o, "kvx_saved_blocks_total", "counter",
+			"Prompt KV blocks written to the kv dir", (double)st.saved_blocks);
 	}
 }
 
