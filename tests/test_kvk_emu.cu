@@ -285,6 +285,10 @@ extern "C" int emu_fault_kernel(int which, int *after)
 	*after = cudaMalloc(&p, 16);
 	cudaFree(p);
 	cudaFree(d); // frees even on a faulted device: the host memory behind it is real
+	// The kernel runs on the stream's thread: it may fault before cudaGetLastError above is
+	// called, which then reports that asynchronous fault (as on a GPU, any later call may).
+	if (launch == cudaErrorLaunchFailure)
+		return launch;
 	return launch ? -launch : rc;
 }
 
