@@ -14,22 +14,17 @@
 #include <string.h>
 #include <unistd.h>
 
+/* The daemon's options: the table fills meta's own options (o) directly, and the rest only the
+ * daemon uses. */
 struct meta_cfg {
+	struct meta_opts o;
 	char listen[CFG_STR_MAX];
 	char db[CFG_STR_MAX];
 	char secret_file[CFG_STR_MAX];
 	char addr_file[CFG_STR_MAX];
 	char metrics_listen[CFG_STR_MAX], metrics_addr_file[CFG_STR_MAX];
-	int64_t k, m;
-	uint64_t chunk_size;
-	double node_timeout, write_timeout, gc_interval, unlink_delay;
-	double ttl, atime_granularity, retention_interval, gc_grace, orphan_interval;
-	double repair_delay, scrub_interval;
-	char ttl_rules[CFG_STR_MAX];
-	int64_t high_wm, low_wm;
-	uint64_t repair_rate, scrub_rate;
-	int sync, allow_degraded;
-	int64_t write_redundancy;
+	char ttl_rules[CFG_STR_MAX]; /* parsed into o.rules */
+	int allow_degraded;
 	int64_t log_level;
 };
 
@@ -40,49 +35,49 @@ static const struct cfg_opt opts[] = {
     {"secret-file", CFG_STR, F(secret_file), 0, 0, NULL, "cluster secret file (required)"},
     {"addr-file", CFG_STR, F(addr_file), 0, 0, NULL,
      "once listening, write HOST:PORT here (atomically)"},
-    {"k", CFG_INT, F(k), 1, 64, "10", "data chunks per stripe (cluster default)"},
-    {"m", CFG_INT, F(m), 0, 16, "1", "parity chunks per stripe (cluster default)"},
-    {"chunk-size", CFG_SIZE, F(chunk_size), 4096, 16 << 20, "1M",
+    {"k", CFG_INT, F(o.k), 1, 64, "10", "data chunks per stripe (cluster default)"},
+    {"m", CFG_INT, F(o.m), 0, 16, "1", "parity chunks per stripe (cluster default)"},
+    {"chunk-size", CFG_SIZE, F(o.chunk_size), 4096, 16 << 20, "1M",
      "largest chunk (cluster default; multiple of 4K)"},
-    {"node-timeout", CFG_SECS, F(node_timeout), 0.05, 86400, "10s",
+    {"node-timeout", CFG_SECS, F(o.node_timeout_s), 0.05, 86400, "10s",
      "a node without heartbeat this long is down"},
-    {"write-timeout", CFG_SECS, F(write_timeout), 1, 30 * 86400, "1h",
+    {"write-timeout", CFG_SECS, F(o.write_timeout_s), 1, 30 * 86400, "1h",
      "an ALLOC not committed this long is aborted, its chunks deleted"},
-    {"unlink-delay", CFG_SECS, F(unlink_delay), 0, 86400, "5s",
+    {"unlink-delay", CFG_SECS, F(o.unlink_delay_s), 0, 86400, "5s",
      "chunks of an unlinked or replaced file stay this long for readers that still have it open"},
-    {"gc-interval", CFG_SECS, F(gc_interval), 0.05, 3600, "1s",
+    {"gc-interval", CFG_SECS, F(o.gc_interval_s), 0.05, 3600, "1s",
      "background pass period (deletions, node timeouts)"},
-    {"ttl", CFG_SECS, F(ttl), 0, 1e9, "72h",
+    {"ttl", CFG_SECS, F(o.ttl_s), 0, 1e9, "72h",
      "a file expires this long after its last access (0: never)"},
     {"ttl-rules", CFG_STR, F(ttl_rules), 0, 0, NULL,
      "per-directory TTLs: /dir=TIME,/other=TIME (0: never; the deepest rule wins)"},
-    {"atime-granularity", CFG_SECS, F(atime_granularity), 0, 86400, "1m",
+    {"atime-granularity", CFG_SECS, F(o.atime_granularity_s), 0, 86400, "1m",
      "access times move only by at least this (fewer writes)"},
-    {"retention-interval", CFG_SECS, F(retention_interval), 0.05, 86400, "10s",
+    {"retention-interval", CFG_SECS, F(o.retention_interval_s), 0.05, 86400, "10s",
      "period of the TTL expiry pass"},
-    {"high-watermark", CFG_INT, F(high_wm), 0, 100, "90",
+    {"high-watermark", CFG_INT, F(o.high_wm), 0, 100, "90",
      "percent of raw capacity of up nodes that starts LRU eviction (0: never)"},
-    {"low-watermark", CFG_INT, F(low_wm), 0, 100, "80", "eviction stops under this percent"},
-    {"gc-grace", CFG_SECS, F(gc_grace), 0, 1e9, "1h",
+    {"low-watermark", CFG_INT, F(o.low_wm), 0, 100, "80", "eviction stops under this percent"},
+    {"gc-grace", CFG_SECS, F(o.gc_grace_s), 0, 1e9, "1h",
      "a chunk no metadata references is deleted once older than this"},
-    {"orphan-interval", CFG_SECS, F(orphan_interval), 0, 1e9, "1h",
+    {"orphan-interval", CFG_SECS, F(o.orphan_interval_s), 0, 1e9, "1h",
      "period of the orphan-chunk pass over every node (0: only on request)"},
-    {"repair-delay", CFG_SECS, F(repair_delay), 0, 1e9, "15m",
+    {"repair-delay", CFG_SECS, F(o.repair_delay_s), 0, 1e9, "15m",
      "a node down this long is repaired automatically (0: never)"},
-    {"repair-rate", CFG_SIZE, F(repair_rate), 0, 1e15, "100M",
+    {"repair-rate", CFG_SIZE, F(o.repair_rate), 0, 1e15, "100M",
      "bytes/s background repair rebuilds (0: unlimited; kvfs repair is unlimited)"},
-    {"scrub-interval", CFG_SECS, F(scrub_interval), 0, 1e9, "7d",
+    {"scrub-interval", CFG_SECS, F(o.scrub_interval_s), 0, 1e9, "7d",
      "a background scrub starts this long after the last (0: never)"},
-    {"scrub-rate", CFG_SIZE, F(scrub_rate), 0, 1e15, "20M",
+    {"scrub-rate", CFG_SIZE, F(o.scrub_rate), 0, 1e15, "20M",
      "bytes/s background scrub reads (0: unlimited)"},
-    {"write-redundancy", CFG_INT, F(write_redundancy), 0, 16, "0",
+    {"write-redundancy", CFG_INT, F(o.write_redundancy), 0, 16, "0",
      "parity chunks every stripe must store for a write to succeed: 0 writes while k of k+m "
      "nodes take chunks (the missing ones repaired later); m or more refuses unless all k+m "
      "are stored"},
     {"allow-degraded", CFG_BOOL, F(allow_degraded), 0, 0, "false",
      "ignored (kept for old command lines): degraded writes are the default, see "
      "--write-redundancy"},
-    {"sync", CFG_BOOL, F(sync), 0, 0, "false", "fsync the WAL on every commit"},
+    {"sync", CFG_BOOL, F(o.sync), 0, 0, "false", "fsync the WAL on every commit"},
     {"metrics-listen", CFG_STR, F(metrics_listen), 0, 0, NULL,
      "HOST:PORT to serve Prometheus /metrics on (port 0: any; empty: off)"},
     {"metrics-addr-file", CFG_STR, F(metrics_addr_file), 0, 0, NULL,
@@ -139,6 +134,7 @@ static int write_addr_file(const char *path, const char *addr)
 int main(int argc, char **argv)
 {
 	struct meta_cfg c;
+	memset(&c, 0, sizeof(c)); /* what the table does not set: o.rules, o.nrules, pointers */
 	int npos = 0;
 	int rc = cfg_parse(opts, &c, argc, argv, "", &npos);
 	if (rc > 0)
@@ -153,7 +149,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kvfs-meta: --db and --secret-file are required (see --help)\n");
 		return 2;
 	}
-	if (c.chunk_size % 4096) {
+	if (c.o.chunk_size % 4096) {
 		fprintf(stderr, "kvfs-meta: --chunk-size must be a multiple of 4096\n");
 		return 2;
 	}
@@ -179,39 +175,20 @@ int main(int argc, char **argv)
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	signal(SIGPIPE, SIG_IGN);
 
-	struct meta_opts mo = {.db_path = c.db,
-			       .secret = &secret,
-			       .sync = c.sync,
-			       .k = (int)c.k,
-			       .m = (int)c.m,
-			       .chunk_size = (uint32_t)c.chunk_size,
-			       .node_timeout_s = c.node_timeout,
-			       .write_timeout_s = c.write_timeout,
-			       .unlink_delay_s = c.unlink_delay,
-			       .gc_interval_s = c.gc_interval,
-			       .ttl_s = c.ttl,
-			       .atime_granularity_s = c.atime_granularity,
-			       .retention_interval_s = c.retention_interval,
-			       .high_wm = (int)c.high_wm,
-			       .low_wm = (int)c.low_wm,
-			       .gc_grace_s = c.gc_grace,
-			       .orphan_interval_s = c.orphan_interval,
-			       .repair_delay_s = c.repair_delay,
-			       .repair_rate = c.repair_rate,
-			       .scrub_interval_s = c.scrub_interval,
-			       .scrub_rate = c.scrub_rate,
-			       .write_redundancy = (int)c.write_redundancy};
-	if (parse_rules(c.ttl_rules, &mo)) {
+	struct meta_opts *mo = &c.o;
+	mo->db_path = c.db;
+	mo->secret = &secret;
+	if (parse_rules(c.ttl_rules, mo)) {
 		fprintf(stderr, "kvfs-meta: bad --ttl-rules %s (want /dir=TIME,...)\n",
 			c.ttl_rules);
 		return 2;
 	}
-	if (c.low_wm > c.high_wm) {
+	if (c.o.low_wm > c.o.high_wm) {
 		fprintf(stderr, "kvfs-meta: --low-watermark is above --high-watermark\n");
 		return 2;
 	}
 	struct meta *m;
-	rc = meta_open(&mo, &m);
+	rc = meta_open(mo, &m);
 	if (rc) {
 		klog_error("cannot open metadata: %s", kvp_strerror(rc));
 		return 1;
@@ -242,8 +219,8 @@ int main(int argc, char **argv)
 	char addr[KVP_ADDR_MAX + 8];
 	snprintf(addr, sizeof(addr), "%s:%u", strcmp(host, "0.0.0.0") ? host : "127.0.0.1",
 		 kvp_server_port(srv));
-	klog_info("serving on %s (k=%d m=%d chunk %llu, sync %s)", addr, mo.k, mo.m,
-		  (unsigned long long)c.chunk_size, c.sync ? "on" : "off");
+	klog_info("serving on %s (k=%lld m=%lld chunk %llu, sync %s)", addr, (long long)mo->k,
+		  (long long)mo->m, (unsigned long long)mo->chunk_size, mo->sync ? "on" : "off");
 	if ((rc = meta_metrics_serve(mm, addr, c.metrics_listen, c.metrics_addr_file)) ||
 	    (c.addr_file[0] && (rc = write_addr_file(c.addr_file, addr)))) {
 		klog_error("cannot start: %s", kvp_strerror(rc));

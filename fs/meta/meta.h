@@ -22,12 +22,14 @@
 
 struct meta;
 
+/* Field types are those of the daemon's option table (common/cfg.h: CFG_INT is int64_t,
+ * CFG_SIZE uint64_t, CFG_SECS double, CFG_BOOL int), which fills this struct directly. */
 struct meta_opts {
 	const char *db_path;
 	const struct kvp_secret *secret; /* to talk to nodes */
 	int sync;			 /* fsync the WAL on every commit */
-	int k, m;			 /* cluster defaults, reported by STATFS */
-	uint32_t chunk_size;
+	int64_t k, m;			 /* cluster defaults, reported by STATFS */
+	uint64_t chunk_size;
 	double node_timeout_s;	/* no heartbeat for this long: node down */
 	double write_timeout_s; /* an ALLOC not committed for this long is aborted */
 	double gc_interval_s;	/* background pass period (deletion queue, timeouts) */
@@ -44,7 +46,7 @@ struct meta_opts {
 	int nrules;
 	double atime_granularity_s;  /* TOUCH moves an access time only by at least this */
 	double retention_interval_s; /* period of the TTL / watermark pass */
-	int high_wm, low_wm;	     /* percent of raw capacity of up nodes; high 0 = no eviction */
+	int64_t high_wm, low_wm;     /* percent of raw capacity of up nodes; high 0 = no eviction */
 	/* orphan chunk GC */
 	double gc_grace_s;	  /* a chunk younger than this (node mtime) is never an orphan */
 	double orphan_interval_s; /* period of the orphan pass; 0 = only on request */
@@ -57,7 +59,7 @@ struct meta_opts {
 	 * fewer nodes up (or reachable by the writer): ALLOC / COMMIT say -EHOSTDOWN. 0 (the
 	 * default) writes while any k nodes of a stripe take chunks, the rest marked for repair;
 	 * m or more refuses any write that cannot store all k+m. */
-	int write_redundancy;
+	int64_t write_redundancy;
 };
 
 int meta_open(const struct meta_opts *o, struct meta **out);
