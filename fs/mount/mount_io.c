@@ -495,117 +495,78 @@ static int open_write_committed(struct mnt *m, fuse_req_t req, uint64_t nodeid,
 	return 0;
 }
 
-void mnt_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+/* An open of a .kvfs/ status file: a snapshot of its text, read-only. */
+static int open_virt(struct mnt *m, fuse_ino_t ino, struct fuse_file_info *fi, struct fh **out)
 {
-	struct mnt *m = mnt_of(req);
-	int acc = fi->flags & O_ACCMODE;
+	if ((fi->flags & O_ACCMODE) != O_RDONLY)
+		return -EROFS;
+	struct fh *h = fh_new(FH_VIRT);
+	if (!h)
+		return -ENOMEM;
+	int rc = mnt_virt_read_all(m, ino, &h->text, &h->len);
+	if (rc) {
+		fh_free(h);
+		return rc;
+	}
+	fi->direct_io = 1;
+	fi->noflush = 1;
+	*out = h;
+	return 0;
+}
+
+/* An open of a new file still being written (through its temporary node id): a writing handle
+ * shares its writer. Takes over the reference in wf. Returns 1 when the file is no longer being
+ * written (the caller opens the committed file), else 0 or -errno. */
+static int open_shared_writer(fuse_req_t req, struct mnt_wfile *wf, struct fuse_file_info *fi,
+			      struct fh **out)
+{
 	struct fh *h = NULL;
-	int rc = 0;
+	int rc = 1;
+	pthread_mutex_lock(&wf->lock);
+	if (wf->w) {
+		rc = 0;
+		if ((fi->flags & O_ACCMODE) == O_RDONLY)
+			rc = -EBUSY; /* its bytes are not readable before the commit */
+		else if (fi->flags & O_TRUNC)
+			rc = kvc_writer_truncate(wf->w, 0);
+		if (!rc && !(h = fh_new(FH_WRITE)))
+			rc = -ENOMEM;
+		if (!rc) {
+			wf->handles++;
+			h->wf = wf;
+			h->owner = mnt_proc_tgid(fuse_req_ctx(req)->pid);
+		}
+	}
+	pthread_mutex_unlock(&wf->lock);
+	if (!h)
+		mnt_wfile_put(wf);
+	if (!rc) {
+		fi->direct_io = 1;
+		*out = h;
+	}
+	return rc;
+}
+
+/* A read open of committed inode ii->ino through node id ino. */
+static int open_read(struct mnt *m, fuse_ino_t ino, const struct mnt_inode_info *ii,
+		     struct fuse_file_info *fi, struct fh **out)
+{
+	struct fh *h = fh_new(FH_READ);
+	if (!h)
+		return -ENOMEM;
+	h->ino = ii->ino;
 	struct mnt_retry rt;
 	mnt_retry_start(m, &rt);
-	atomic_fetch_add_explicit(&m->n.opens, 1, memory_order_relaxed);
-	if (mnt_virt_is(ino)) {
-		if (acc != O_RDONLY) {
-			fuse_reply_err(req, EROFS);
-			return;
-		}
-		if (!(h = fh_new(FH_VIRT))) {
-			fuse_reply_err(req, ENOMEM);
-			return;
-		}
-		if ((rc = mnt_virt_read_all(m, ino, &h->text, &h->len))) {
-			fh_free(h);
-			fuse_reply_err(req, -rc);
-			return;
-		}
-		fi->fh = (uint64_t)(uintptr_t)h;
-		fi->direct_io = 1;
-		fi->noflush = 1;
-		if (fuse_reply_open(req, fi) != 0)
-			fh_free(h);
-		return;
-	}
-	struct mnt_inode_info ii;
-	if (mnt_itab_get(m->itab, ino, &ii) != 0) {
-		if (ino & MNT_TEMP_BASE) {
-			fuse_reply_err(req, ESTALE);
-			return;
-		}
-		ii.ino = ino;
-	}
-	if (ii.wf) {
-		struct mnt_wfile *wf = ii.wf; /* one reference, kept by a new handle */
-		int shared = 0;
-		pthread_mutex_lock(&wf->lock);
-		if (wf->w) {
-			/* Another handle on a file still being written: share its writer. */
-			shared = 1;
-			if (acc == O_RDONLY)
-				rc = -EBUSY; /* its bytes are not readable before the commit */
-			else if (fi->flags & O_TRUNC)
-				rc = kvc_writer_truncate(wf->w, 0);
-			if (!rc && !(h = fh_new(FH_WRITE)))
-				rc = -ENOMEM;
-			if (!rc) {
-				wf->handles++;
-				h->wf = wf;
-				h->owner = mnt_proc_tgid(fuse_req_ctx(req)->pid);
-			}
-		}
-		pthread_mutex_unlock(&wf->lock);
-		if (!h)
-			mnt_wfile_put(wf);
-		if (shared) {
-			if (rc) {
-				fuse_reply_err(req, -rc);
-				return;
-			}
-			fi->fh = (uint64_t)(uintptr_t)h;
-			fi->direct_io = 1;
-			if (fuse_reply_open(req, fi) != 0)
-				fh_drop(m, h);
-			return;
-		}
-	}
-	if (ii.ino == 0) { /* a new file whose commit failed */
-		fuse_reply_err(req, ENOENT);
-		return;
-	}
-	if (ii.replaced) {
-		/* The kernel's inode of this node id is the replaced file (its size, its pages):
-		 * the VFS retries the open after looking the name up, which finds the new file
-		 * under a node id of its own. */
-		fuse_reply_err(req, ESTALE);
-		return;
-	}
-	if (acc != O_RDONLY) {
-		rc = open_write_committed(m, req, ino, &ii, fi, &h);
-		if (rc) {
-			fuse_reply_err(req, -rc);
-			return;
-		}
-		fi->fh = (uint64_t)(uintptr_t)h;
-		fi->direct_io = 1;
-		if (fuse_reply_open(req, fi) != 0)
-			fh_drop(m, h);
-		return;
-	}
-	if (!(h = fh_new(FH_READ))) {
-		fuse_reply_err(req, ENOMEM);
-		return;
-	}
-	h->ino = ii.ino;
+	int rc;
 	do
-		rc = kvc_file_open(m->c, ii.ino, &h->rf);
+		rc = kvc_file_open(m->c, ii->ino, &h->rf);
 	while (rc && mnt_retry(m, &rc, &rt));
 	if (rc == -ENOENT && ino != FUSE_ROOT_ID && !(ino & MNT_TEMP_BASE))
 		rc = -ESTALE; /* replaced through another node id, or elsewhere: look up again */
 	if (rc) {
 		fh_free(h);
-		fuse_reply_err(req, -rc);
-		return;
+		return rc;
 	}
-	fi->fh = (uint64_t)(uintptr_t)h;
 	/* Files never change, so the page cache stays valid across opens — except on a node id
 	 * that now stands for a different inode (a committed new file), and while a replacement
 	 * is being written through this node id: its writes move the kernel's size of the inode,
@@ -613,16 +574,58 @@ void mnt_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	 * from ii (read before kvc_file_open's round trip): a replacement that began meanwhile
 	 * and saw no page-cache reader would grow the size under this one. */
 	int cached = mnt_itab_reader_open(m->itab, ino);
-	fi->keep_cache = m->cfg.keep_cache && !ii.redirected && cached;
+	fi->keep_cache = m->cfg.keep_cache && !ii->redirected && cached;
 	fi->direct_io = !cached;
 	fi->noflush = 1; /* nothing to do at close(): spare the round trip */
 	if (cached)
 		h->cached_node = ino;
-	if (fuse_reply_open(req, fi) != 0) {
-		if (h->cached_node)
-			mnt_itab_readers(m->itab, ino, -1);
-		fh_free(h);
+	*out = h;
+	return 0;
+}
+
+/* An open of a file through node id ino (not a status file). */
+static int open_file(struct mnt *m, fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi,
+		     struct fh **out)
+{
+	struct mnt_inode_info ii;
+	if (mnt_itab_get(m->itab, ino, &ii) != 0) {
+		if (ino & MNT_TEMP_BASE)
+			return -ESTALE;
+		ii.ino = ino;
 	}
+	if (ii.wf) {
+		int rc = open_shared_writer(req, ii.wf, fi, out);
+		if (rc != 1)
+			return rc;
+	}
+	if (ii.ino == 0) /* a new file whose commit failed */
+		return -ENOENT;
+	/* The kernel's inode of a replaced node id is the old file (its size, its pages): the
+	 * VFS retries the open after looking the name up, which finds the new file under a node
+	 * id of its own. */
+	if (ii.replaced)
+		return -ESTALE;
+	if ((fi->flags & O_ACCMODE) == O_RDONLY)
+		return open_read(m, ino, &ii, fi, out);
+	int rc = open_write_committed(m, req, ino, &ii, fi, out);
+	if (!rc)
+		fi->direct_io = 1;
+	return rc;
+}
+
+void mnt_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct mnt *m = mnt_of(req);
+	struct fh *h = NULL;
+	atomic_fetch_add_explicit(&m->n.opens, 1, memory_order_relaxed);
+	int rc = mnt_virt_is(ino) ? open_virt(m, ino, fi, &h) : open_file(m, req, ino, fi, &h);
+	if (rc) {
+		fuse_reply_err(req, -rc);
+		return;
+	}
+	fi->fh = (uint64_t)(uintptr_t)h;
+	if (fuse_reply_open(req, fi) != 0)
+		fh_drop(m, h); /* the kernel did not take it: no release will come */
 }
 
 void mnt_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
