@@ -179,6 +179,9 @@ void mnt_itab_replacing(struct mnt_itab *t, uint64_t nodeid, int delta);
 int mnt_itab_is_replacing(struct mnt_itab *t, uint64_t nodeid);
 /* A read handle using the page cache opens (1) or closes (-1) on nodeid. */
 void mnt_itab_readers(struct mnt_itab *t, uint64_t nodeid, int delta);
+/* Blocks until nodeid has no page-cache reader left (or no entry), at most timeout_ms; returns
+ * how many are left (0: none). Woken by the close of the last one, not by polling. */
+int mnt_itab_wait_readers(struct mnt_itab *t, uint64_t nodeid, int timeout_ms);
 /* A read handle opens on nodeid: 0 when a replacement of it is running (the handle must not
  * use the page cache), else 1, and the handle is counted as a page-cache reader (close it
  * with mnt_itab_readers(-1)). One step under the table's lock, so a replacement that starts

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 struct ient {
 	struct ient *next;
@@ -22,8 +23,9 @@ struct ient {
 
 struct mnt_itab {
 	pthread_mutex_t lock;
-	struct ient **b; /* lock */
-	size_t nb, n;	 /* lock */
+	pthread_cond_t readers_gone; /* lock; broadcast when an entry's readers drop to 0 */
+	struct ient **b;	     /* lock */
+	size_t nb, n;		     /* lock */
 };
 
 static size_t slot(const struct mnt_itab *t, uint64_t id)
@@ -46,6 +48,11 @@ int mnt_itab_create(struct mnt_itab **out)
 		return -ENOMEM;
 	}
 	pthread_mutex_init(&t->lock, NULL);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&t->readers_gone, &ca);
+	pthread_condattr_destroy(&ca);
 	*out = t;
 	return 0;
 }
@@ -62,6 +69,7 @@ void mnt_itab_destroy(struct mnt_itab *t)
 			free(e);
 		}
 	free(t->b);
+	pthread_cond_destroy(&t->readers_gone);
 	pthread_mutex_destroy(&t->lock);
 	free(t);
 }
@@ -195,7 +203,29 @@ static void count_add(struct mnt_itab *t, uint64_t nodeid, int readers, int delt
 	int *c = e ? (readers ? &e->readers : &e->replacing) : NULL;
 	if (c && *c + delta >= 0)
 		*c += delta;
+	if (c && readers && *c == 0)
+		pthread_cond_broadcast(&t->readers_gone);
 	pthread_mutex_unlock(&t->lock);
+}
+
+int mnt_itab_wait_readers(struct mnt_itab *t, uint64_t nodeid, int timeout_ms)
+{
+	struct timespec until;
+	clock_gettime(CLOCK_MONOTONIC, &until);
+	until.tv_sec += timeout_ms / 1000;
+	until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&t->lock);
+	struct ient *e;
+	int rc = 0;
+	while ((e = find(t, nodeid)) && e->readers > 0 && rc == 0)
+		rc = pthread_cond_timedwait(&t->readers_gone, &t->lock, &until);
+	int left = e ? e->readers : 0;
+	pthread_mutex_unlock(&t->lock);
+	return left;
 }
 
 void mnt_itab_replacing(struct mnt_itab *t, uint64_t nodeid, int delta)

@@ -715,26 +715,16 @@ static void wait_old_readers(struct mnt *m, struct mnt_wfile *wf)
 	pthread_mutex_lock(&wf->lock);
 	int ok = wf->grow_ok;
 	pthread_mutex_unlock(&wf->lock);
-	for (int i = 0; !ok; i++) {
-		struct mnt_inode_info ii;
-		int busy = 0;
-		if (mnt_itab_get(m->itab, wf->nodeid, &ii) == 0) {
-			mnt_wfile_put(ii.wf);
-			busy = ii.cached_readers > 0;
-		}
-		if (!busy || i == 1000) {
-			if (busy)
-				klog_info(
-				    "replacing '%s': a reader of the old version still has it "
-				    "open after 2 s; the new version grows past the old size now",
-				    wf->name);
-			pthread_mutex_lock(&wf->lock);
-			wf->grow_ok = 1;
-			pthread_mutex_unlock(&wf->lock);
-			return;
-		}
-		usleep(2000);
-	}
+	if (ok)
+		return;
+	if (mnt_itab_wait_readers(m->itab, wf->nodeid, 2000) > 0)
+		klog_info(
+		    "replacing '%s': a reader of the old version still has it open after 2 s; "
+		    "the new version grows past the old size now",
+		    wf->name);
+	pthread_mutex_lock(&wf->lock);
+	wf->grow_ok = 1;
+	pthread_mutex_unlock(&wf->lock);
 }
 
 void mnt_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
