@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 
 static int fail(char *err, size_t errlen, const char **param, const char *p, int rc,
@@ -163,6 +164,224 @@ static int content_text(const cJSON *c, char **out)
 	return 0;
 }
 
+/* Where a parser reports a failure: the message buffer and the parameter it names. */
+struct perr {
+	char *err;
+	size_t errlen;
+	const char **param;
+};
+
+static int bad(const struct perr *e, const char *p, int rc, const char *fmt, const char *a)
+{
+	return fail(e->err, e->errlen, e->param, p, rc, fmt, a);
+}
+
+static int bad_type(const struct perr *e, const char *p)
+{
+	return bad(e, p, -EINVAL, "'%s' has the wrong type", p);
+}
+
+static int bad_range(const struct perr *e, const char *p)
+{
+	return bad(e, p, -EINVAL, "'%s' is out of range", p);
+}
+
+/* Chat: "messages", a non-empty array of {role, content}; their text length into *bytes. */
+static int parse_messages(const cJSON *o, const struct oai_limits *lim, struct oai_request *r,
+			  size_t *bytes, const struct perr *e)
+{
+	static const char *const p = "messages";
+	const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(o, p);
+	if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
+		return bad(e, p, -EINVAL, "'messages' must be a non-empty array%s", NULL);
+	int n = cJSON_GetArraySize(msgs);
+	if (n > lim->max_messages)
+		return bad(e, p, -E2BIG, "too many messages%s", NULL);
+	if (!(r->messages = calloc((size_t)n, sizeof(*r->messages))))
+		return -ENOMEM;
+	const cJSON *m;
+	cJSON_ArrayForEach(m, msgs)
+	{
+		struct oai_message *dst = &r->messages[r->n_messages++];
+		const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+		const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+		if (!cJSON_IsObject(m) || !cJSON_IsString(role) ||
+		    (strcmp(role->valuestring, "system") != 0 &&
+		     strcmp(role->valuestring, "user") != 0 &&
+		     strcmp(role->valuestring, "assistant") != 0 &&
+		     strcmp(role->valuestring, "developer") != 0))
+			return bad(e, p, -EINVAL,
+				   "each message needs a 'role' of system, user or assistant%s",
+				   NULL);
+		dst->role = dup_str(role->valuestring);
+		if (!dst->role || !content || content_text(content, &dst->content))
+			return bad(e, p, -EINVAL, "each message needs a 'content' string%s", NULL);
+		*bytes += strlen(dst->content);
+	}
+	return 0;
+}
+
+/* Completions: "prompt", a string or an array holding exactly one string. */
+static int parse_prompt(const cJSON *o, struct oai_request *r, size_t *bytes, const struct perr *e)
+{
+	const cJSON *pr = cJSON_GetObjectItemCaseSensitive(o, "prompt");
+	if (cJSON_IsArray(pr) && cJSON_GetArraySize(pr) == 1)
+		pr = cJSON_GetArrayItem(pr, 0);
+	if (!cJSON_IsString(pr))
+		return bad(e, "prompt", -EINVAL,
+			   "'prompt' must be a string (or an array of one string)%s", NULL);
+	if (!(r->prompt = dup_str(pr->valuestring)))
+		return -ENOMEM;
+	*bytes = strlen(r->prompt);
+	return 0;
+}
+
+/* "max_completion_tokens" (when not null) or "max_tokens": an integer in [1, the limit]. */
+static int parse_max_tokens(const cJSON *o, const struct oai_limits *lim, struct oai_request *r,
+			    const struct perr *e)
+{
+	const cJSON *mct = cJSON_GetObjectItemCaseSensitive(o, "max_completion_tokens");
+	const char *mt = mct && !cJSON_IsNull(mct) ? "max_completion_tokens" : "max_tokens";
+	double d;
+	int present;
+	if (opt_number(o, mt, 1, lim->max_tokens, &d, &present) || (present && d != floor(d))) {
+		char range[64];
+		snprintf(range, sizeof(range), "%d", lim->max_tokens);
+		return bad(e, mt, -EINVAL, "max_tokens must be an integer between 1 and %s", range);
+	}
+	if (present)
+		r->max_tokens = (int)d;
+	return 0;
+}
+
+/* The scalar parameters, checked in this order, each absent or null = its default. */
+enum fkind {
+	FK_REAL, /* a number in [lo, hi] into a double */
+	FK_INT,	 /* an integer in [lo, hi] into an int */
+	FK_SEED, /* an integer in [lo, hi] into seed, setting has_seed */
+	FK_BOOL, /* true or false into an int */
+	FK_ONE,	 /* only the value 1 is accepted (n) */
+};
+static const struct field {
+	const char *name;
+	enum fkind kind;
+	double lo, hi;
+	size_t off;
+} fields[] = {
+    {"temperature", FK_REAL, 0, 2, offsetof(struct oai_request, temperature)},
+    {"top_p", FK_REAL, 0, 1, offsetof(struct oai_request, top_p)},
+    {"top_k", FK_INT, 0, 1000000, offsetof(struct oai_request, top_k)},
+    {"seed", FK_SEED, -9.2e18, 9.2e18, offsetof(struct oai_request, seed)},
+    {"n", FK_ONE, 1, 1, 0},
+    {"stream", FK_BOOL, 0, 0, offsetof(struct oai_request, stream)},
+};
+
+static int parse_field(const cJSON *o, const struct field *f, struct oai_request *r,
+		       const struct perr *e)
+{
+	char *at = (char *)r + f->off;
+	double d;
+	int present;
+	switch (f->kind) {
+	case FK_BOOL:
+		return opt_bool(o, f->name, (int *)at) ? bad_type(e, f->name) : 0;
+	case FK_ONE:
+		return opt_number(o, f->name, f->lo, f->hi, &d, NULL)
+			   ? bad(e, f->name, -EINVAL, "only n = 1 is supported%s", NULL)
+			   : 0;
+	case FK_REAL:
+		return opt_number(o, f->name, f->lo, f->hi, (double *)at, NULL)
+			   ? bad_range(e, f->name)
+			   : 0;
+	case FK_INT:
+	case FK_SEED:
+		if (opt_number(o, f->name, f->lo, f->hi, &d, &present) ||
+		    (present && d != floor(d)))
+			return bad_range(e, f->name);
+		if (present && f->kind == FK_INT)
+			*(int *)at = (int)d;
+		if (present && f->kind == FK_SEED) {
+			r->has_seed = 1;
+			r->seed = (uint64_t)(int64_t)d;
+		}
+		return 0;
+	}
+	return 0;
+}
+
+/* "stop": a non-empty string, or an array of at most OAI_MAX_STOP of them. */
+static int parse_stop(const cJSON *o, struct oai_request *r, const struct perr *e)
+{
+	static const char *const p = "stop";
+	const cJSON *stop = cJSON_GetObjectItemCaseSensitive(o, p);
+	if (cJSON_IsString(stop)) {
+		if (!*stop->valuestring)
+			return bad_range(e, p);
+		r->stop[r->n_stop++] = dup_str(stop->valuestring);
+	} else if (cJSON_IsArray(stop)) {
+		if (cJSON_GetArraySize(stop) > OAI_MAX_STOP)
+			return bad_range(e, p);
+		const cJSON *s;
+		cJSON_ArrayForEach(s, stop)
+		{
+			if (!cJSON_IsString(s) || !*s->valuestring)
+				return bad_type(e, p);
+			r->stop[r->n_stop++] = dup_str(s->valuestring);
+		}
+	} else if (stop && !cJSON_IsNull(stop)) {
+		return bad_type(e, p);
+	}
+	for (int i = 0; i < r->n_stop; i++)
+		if (!r->stop[i])
+			return -ENOMEM;
+	return 0;
+}
+
+/* The tenant's cache salt: "cache_salt", else "user"; at most OAI_MAX_SALT bytes. */
+static int parse_salt(const cJSON *o, struct oai_request *r, const struct perr *e)
+{
+	const char *p = "cache_salt";
+	if (opt_string(o, p, &r->salt))
+		return bad_type(e, p);
+	if (!r->salt) {
+		p = "user";
+		if (opt_string(o, p, &r->salt))
+			return bad_type(e, p);
+	}
+	if (r->salt && strlen(r->salt) > OAI_MAX_SALT)
+		return bad(e, p, -EINVAL, "'%s' is longer than 255 bytes", p);
+	return 0;
+}
+
+/* The request object's members, in the order their errors are reported. */
+static int parse_object(const cJSON *o, int chat, const struct oai_limits *lim,
+			struct oai_request *r, const struct perr *e)
+{
+	if (!cJSON_IsObject(o))
+		return bad(e, NULL, -EINVAL, "request body must be a JSON object%s", NULL);
+	if (opt_string(o, "model", &r->model))
+		return bad_type(e, "model");
+	size_t bytes = 0;
+	int rc = chat ? parse_messages(o, lim, r, &bytes, e) : parse_prompt(o, r, &bytes, e);
+	if (rc)
+		return rc;
+	if (bytes > lim->max_prompt_bytes)
+		return bad(e, chat ? "messages" : "prompt", -E2BIG,
+			   "prompt is longer than this server allows%s", NULL);
+	if ((rc = parse_max_tokens(o, lim, r, e)))
+		return rc;
+	for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
+		if ((rc = parse_field(o, &fields[i], r, e)))
+			return rc;
+	const cJSON *so = cJSON_GetObjectItemCaseSensitive(o, "stream_options");
+	if (so && !cJSON_IsNull(so) &&
+	    (!cJSON_IsObject(so) || opt_bool(so, "include_usage", &r->include_usage)))
+		return bad_type(e, "stream_options");
+	if ((rc = parse_stop(o, r, e)))
+		return rc;
+	return parse_salt(o, r, e);
+}
+
 int oai_parse_request(const char *body, size_t len, int chat, const struct oai_limits *lim,
 		      struct oai_request *r, char *err, size_t errlen, const char **param)
 {
@@ -173,188 +392,18 @@ int oai_parse_request(const char *body, size_t len, int chat, const struct oai_l
 	r->max_tokens = lim->default_max_tokens;
 	if (param)
 		*param = NULL;
+	const struct perr e = {err, errlen, param};
 	if (!body || len == 0)
-		return fail(err, errlen, param, NULL, -EINVAL, "request body is empty%s", NULL);
+		return bad(&e, NULL, -EINVAL, "request body is empty%s", NULL);
 	if (memchr(body, 0, len))
-		return fail(err, errlen, param, NULL, -EINVAL, "request body contains a NUL byte%s",
-			    NULL);
+		return bad(&e, NULL, -EINVAL, "request body contains a NUL byte%s", NULL);
 	/* JSON text is UTF-8 (RFC 8259); cJSON passes other bytes through into the strings. */
 	if (!utf8_valid(body, len))
-		return fail(err, errlen, param, NULL, -EINVAL, "request body is not valid UTF-8%s",
-			    NULL);
+		return bad(&e, NULL, -EINVAL, "request body is not valid UTF-8%s", NULL);
 	cJSON *o = cJSON_ParseWithLength(body, len);
 	if (!o)
-		return fail(err, errlen, param, NULL, -EINVAL, "request body is not valid JSON%s",
-			    NULL);
-	int rc = 0;
-	const char *p = NULL;
-	size_t prompt_bytes = 0;
-	if (!cJSON_IsObject(o)) {
-		rc = fail(err, errlen, param, NULL, -EINVAL, "request body must be a JSON object%s",
-			  NULL);
-		goto out;
-	}
-	if (opt_string(o, "model", &r->model)) {
-		p = "model";
-		goto bad_type;
-	}
-	if (chat) {
-		const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(o, "messages");
-		p = "messages";
-		if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0) {
-			rc = fail(err, errlen, param, p, -EINVAL,
-				  "'messages' must be a non-empty array%s", NULL);
-			goto out;
-		}
-		int n = cJSON_GetArraySize(msgs);
-		if (n > lim->max_messages) {
-			rc = fail(err, errlen, param, p, -E2BIG, "too many messages%s", NULL);
-			goto out;
-		}
-		r->messages = calloc((size_t)n, sizeof(*r->messages));
-		if (!r->messages) {
-			rc = -ENOMEM;
-			goto out;
-		}
-		const cJSON *m;
-		cJSON_ArrayForEach(m, msgs)
-		{
-			struct oai_message *dst = &r->messages[r->n_messages++];
-			const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
-			const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
-			if (!cJSON_IsObject(m) || !cJSON_IsString(role) ||
-			    (strcmp(role->valuestring, "system") != 0 &&
-			     strcmp(role->valuestring, "user") != 0 &&
-			     strcmp(role->valuestring, "assistant") != 0 &&
-			     strcmp(role->valuestring, "developer") != 0)) {
-				rc = fail(err, errlen, param, p, -EINVAL,
-					  "each message needs a 'role' of system, user or "
-					  "assistant%s",
-					  NULL);
-				goto out;
-			}
-			dst->role = dup_str(role->valuestring);
-			if (!dst->role || !content || content_text(content, &dst->content)) {
-				rc = fail(err, errlen, param, p, -EINVAL,
-					  "each message needs a 'content' string%s", NULL);
-				goto out;
-			}
-			prompt_bytes += strlen(dst->content);
-		}
-	} else {
-		const cJSON *pr = cJSON_GetObjectItemCaseSensitive(o, "prompt");
-		p = "prompt";
-		/* A string, or an array holding exactly one string. */
-		if (cJSON_IsArray(pr) && cJSON_GetArraySize(pr) == 1)
-			pr = cJSON_GetArrayItem(pr, 0);
-		if (!cJSON_IsString(pr)) {
-			rc = fail(err, errlen, param, p, -EINVAL,
-				  "'prompt' must be a string (or an array of one string)%s", NULL);
-			goto out;
-		}
-		r->prompt = dup_str(pr->valuestring);
-		if (!r->prompt) {
-			rc = -ENOMEM;
-			goto out;
-		}
-		prompt_bytes = strlen(r->prompt);
-	}
-	if (prompt_bytes > lim->max_prompt_bytes) {
-		rc = fail(err, errlen, param, p, -E2BIG,
-			  "prompt is longer than this server allows%s", NULL);
-		goto out;
-	}
-
-	double d;
-	int present;
-	p = "max_tokens";
-	const cJSON *mct = cJSON_GetObjectItemCaseSensitive(o, "max_completion_tokens");
-	const char *mt = mct && !cJSON_IsNull(mct) ? "max_completion_tokens" : "max_tokens";
-	if (opt_number(o, mt, 1, lim->max_tokens, &d, &present) || (present && d != floor(d))) {
-		char range[64];
-		snprintf(range, sizeof(range), "%d", lim->max_tokens);
-		rc = fail(err, errlen, param, mt, -EINVAL,
-			  "max_tokens must be an integer between 1 and %s", range);
-		goto out;
-	}
-	if (present)
-		r->max_tokens = (int)d;
-	p = "temperature";
-	if (opt_number(o, p, 0, 2, &r->temperature, NULL))
-		goto bad_range;
-	p = "top_p";
-	if (opt_number(o, p, 0, 1, &r->top_p, NULL))
-		goto bad_range;
-	p = "top_k";
-	if (opt_number(o, p, 0, 1000000, &d, &present) || (present && d != floor(d)))
-		goto bad_range;
-	if (present)
-		r->top_k = (int)d;
-	p = "seed";
-	if (opt_number(o, p, -9.2e18, 9.2e18, &d, &present) || (present && d != floor(d)))
-		goto bad_range;
-	if (present) {
-		r->has_seed = 1;
-		r->seed = (uint64_t)(int64_t)d;
-	}
-	p = "n";
-	if (opt_number(o, p, 1, 1, &d, NULL)) {
-		rc = fail(err, errlen, param, p, -EINVAL, "only n = 1 is supported%s", NULL);
-		goto out;
-	}
-	p = "stream";
-	if (opt_bool(o, p, &r->stream))
-		goto bad_type;
-	const cJSON *so = cJSON_GetObjectItemCaseSensitive(o, "stream_options");
-	if (so && !cJSON_IsNull(so)) {
-		p = "stream_options";
-		if (!cJSON_IsObject(so) || opt_bool(so, "include_usage", &r->include_usage))
-			goto bad_type;
-	}
-	const cJSON *stop = cJSON_GetObjectItemCaseSensitive(o, "stop");
-	p = "stop";
-	if (cJSON_IsString(stop)) {
-		if (!*stop->valuestring)
-			goto bad_range;
-		r->stop[r->n_stop++] = dup_str(stop->valuestring);
-	} else if (cJSON_IsArray(stop)) {
-		if (cJSON_GetArraySize(stop) > OAI_MAX_STOP)
-			goto bad_range;
-		const cJSON *s;
-		cJSON_ArrayForEach(s, stop)
-		{
-			if (!cJSON_IsString(s) || !*s->valuestring)
-				goto bad_type;
-			r->stop[r->n_stop++] = dup_str(s->valuestring);
-		}
-	} else if (stop && !cJSON_IsNull(stop)) {
-		goto bad_type;
-	}
-	for (int i = 0; i < r->n_stop; i++)
-		if (!r->stop[i]) {
-			rc = -ENOMEM;
-			goto out;
-		}
-	p = "cache_salt";
-	if (opt_string(o, p, &r->salt))
-		goto bad_type;
-	if (!r->salt) {
-		p = "user";
-		if (opt_string(o, p, &r->salt))
-			goto bad_type;
-	}
-	if (r->salt && strlen(r->salt) > OAI_MAX_SALT) {
-		rc = fail(err, errlen, param, p, -EINVAL, "'%s' is longer than 255 bytes", p);
-		goto out;
-	}
-	goto out;
-
-bad_type:
-	rc = fail(err, errlen, param, p, -EINVAL, "'%s' has the wrong type", p);
-	goto out;
-bad_range:
-	rc = fail(err, errlen, param, p, -EINVAL, "'%s' is out of range", p);
-out:
+		return bad(&e, NULL, -EINVAL, "request body is not valid JSON%s", NULL);
+	int rc = parse_object(o, chat, lim, r, &e);
 	cJSON_Delete(o);
 	if (rc)
 		oai_request_free(r);
