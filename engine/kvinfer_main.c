@@ -89,6 +89,209 @@ static int parse_token_list(const char *s, int32_t **out, int *n)
 	return 0;
 }
 
+/* One generate run: what it holds (freed by gen_free in reverse order) and its timings. */
+struct gen {
+	struct gen_cfg gc;
+	float temp, top_p;
+	int isa;
+	struct kvi_model *m;
+	struct kvi_tok *tok; /* NULL with --tokens and a model without a tokenizer */
+	struct kvinfer_eng eng;
+	struct kvi_seq *seq;
+	struct kvi_sampler *smp;
+	struct kvx *kx; /* --kv-dir */
+	int32_t *ptoks;
+	int nprompt, from_tokens, threads, cached, ngen, saved;
+	float *logits;
+	double t0, tl, t1, t_first, td; /* start, after lookup, after prefill, first token */
+};
+
+static void gen_free(struct gen *g)
+{
+	kvi_seq_destroy(g->seq);
+	kvx_destroy(g->kx); /* before the engine: it holds KV block references */
+	kvi_sampler_destroy(g->smp);
+	kvinfer_eng_destroy(&g->eng);
+	kvi_tok_free(g->tok);
+	kvi_model_free(g->m);
+	free(g->ptoks);
+	free(g->logits);
+}
+
+/* The model, its tokenizer and the prompt's token ids (from -p or --tokens). */
+static int gen_load(struct gen *g, const char *prompt, const char *toklist)
+{
+	char err[256] = "";
+	int rc = kvi_model_load(g->gc.model, &g->m, err, sizeof(err));
+	if (rc) {
+		fprintf(stderr, "kvinfer: %s: %s\n", g->gc.model, err[0] ? err : strerror(-rc));
+		return rc;
+	}
+	rc = kvi_tok_create(kvi_model_gguf(g->m), &g->tok, err, sizeof(err));
+	if (rc && !toklist) {
+		fprintf(stderr, "kvinfer: tokenizer: %s\n", err[0] ? err : strerror(-rc));
+		return rc;
+	}
+	if (toklist) {
+		g->from_tokens = 1;
+		if (parse_token_list(toklist, &g->ptoks, &g->nprompt) || g->nprompt == 0) {
+			fprintf(stderr, "kvinfer: --tokens: want a list like 1,2,3\n");
+			return -EINVAL;
+		}
+		return 0;
+	}
+	size_t len = strlen(prompt), n = 0, cap = len + 8;
+	int flags = (!g->gc.no_bos && kvi_tok_wants_bos(g->tok) ? KVI_TOK_ADD_BOS : 0) |
+		    (g->gc.special ? KVI_TOK_PARSE_SPECIAL : 0);
+	g->ptoks = malloc(cap * sizeof(int32_t));
+	if (!g->ptoks || kvi_tok_encode(g->tok, prompt, len, flags, g->ptoks, cap, &n) || n == 0) {
+		fprintf(stderr, "kvinfer: cannot tokenize the prompt\n");
+		return -EINVAL;
+	}
+	g->nprompt = (int)n;
+	return 0;
+}
+
+/* The engine, the KV connector (--kv-dir), the sampler and the sequence. */
+static int gen_start(struct gen *g)
+{
+	struct kvi_engine_opts eo;
+	kvi_engine_opts_default(&eo);
+	eo.threads = g->gc.threads > 0 ? (int)g->gc.threads : kvinfer_default_threads();
+	eo.max_batch_tokens = (int)g->gc.batch;
+	eo.block_tokens = (int)g->gc.block_tokens;
+	eo.max_ctx = g->gc.ctx > 0 ? (int)g->gc.ctx : g->nprompt + (int)g->gc.n_predict + 1;
+	eo.isa = g->isa;
+	g->threads = eo.threads;
+	int rc = kvinfer_eng_create(g->m, &eo, g->gc.device, "kvinfer", &g->eng);
+	if (rc)
+		return rc;
+	if (g->gc.kv_dir[0]) {
+		struct kvx_opts xo;
+		kvx_opts_default(&xo);
+		xo.dir = g->gc.kv_dir;
+		if ((rc = kvx_create_kv(kvinfer_eng_kv(&g->eng), g->m, &xo, &g->kx))) {
+			fprintf(stderr, "kvinfer: --kv-dir %s: %s\n", g->gc.kv_dir, strerror(-rc));
+			return rc;
+		}
+	}
+	struct kvi_sample_params sp;
+	kvi_sample_params_default(&sp);
+	sp.temp = g->temp;
+	sp.top_k = (int)g->gc.top_k;
+	sp.top_p = g->top_p;
+	sp.seed = (uint64_t)g->gc.seed;
+	sp.max_tokens = (int)g->gc.n_predict;
+	int V = g->m->cfg.n_vocab;
+	g->logits = malloc((size_t)V * sizeof(float));
+	if (!g->logits || kvi_sampler_create(&sp, V, &g->smp) ||
+	    kvi_seq_create(kvinfer_eng_kv(&g->eng), &g->seq)) {
+		fprintf(stderr, "kvinfer: out of memory\n");
+		return -ENOMEM;
+	}
+	klog_info("model %s: %s, %d layers, embd %d, vocab %d; %d threads, engine %s", g->gc.model,
+		  g->m->cfg.arch, g->m->cfg.n_layer, g->m->cfg.n_embd, V, eo.threads, g->eng.name);
+	return 0;
+}
+
+/* Prints token t (its text, or its id without a tokenizer). */
+static void gen_print(const struct gen *g, int32_t t)
+{
+	char buf[512];
+	if (g->tok && kvi_tok_decode_piece(g->tok, t, g->gc.special ? KVI_TOK_RENDER_SPECIAL : 0,
+					   buf, sizeof(buf)) > 0)
+		fputs(buf, stdout);
+	else if (!g->tok)
+		printf(" %d", t);
+}
+
+/* The cached prefix (--kv-dir), prefill of the rest, then sampling and decoding. */
+static int gen_run(struct gen *g)
+{
+	if (g->tok && !g->from_tokens) /* echo the prompt as the tokenizer sees it */
+		for (int i = 0; i < g->nprompt; i++)
+			gen_print(g, g->ptoks[i]);
+	fflush(stdout);
+	g->t0 = kvinfer_now();
+	int rc;
+	if (g->kx &&
+	    (rc = kvx_load_prefix(g->kx, g->seq, g->ptoks, g->nprompt, g->gc.salt, &g->cached))) {
+		fprintf(stderr, "\nkvinfer: cache lookup: %s\n", strerror(-rc));
+		return rc;
+	}
+	g->tl = kvinfer_now();
+	rc = kvinfer_eng_prefill(&g->eng, g->seq, g->ptoks + g->cached, g->nprompt - g->cached,
+				 g->logits);
+	g->t1 = g->t_first = kvinfer_now();
+	if (rc) {
+		fprintf(stderr, "\nkvinfer: prefill: %s\n", strerror(-rc));
+		return rc;
+	}
+	while (g->gc.n_predict > 0) {
+		int32_t t = kvi_sampler_sample(g->smp, g->logits);
+		if (g->ngen == 0)
+			g->t_first = kvinfer_now(); /* TTFT: request start to the first token */
+		int stop = kvi_sampler_accept(g->smp, t);
+		int eog = g->tok && !g->gc.ignore_eos && kvi_tok_is_eog(g->tok, t);
+		g->ngen++;
+		if (eog)
+			break;
+		gen_print(g, t);
+		fflush(stdout);
+		if (g->kx && !g->saved) { /* after the first token: queue the prompt's new blocks */
+			kvx_save(g->kx, g->seq, g->ptoks, g->nprompt, g->gc.salt);
+			g->saved = 1;
+		}
+		if (stop)
+			break;
+		double a = kvinfer_now();
+		rc = kvinfer_eng_decode(&g->eng, &g->seq, &t, 1, g->logits);
+		g->td += kvinfer_now() - a;
+		if (rc) {
+			fprintf(stderr, "\nkvinfer: decode: %s\n", strerror(-rc));
+			return rc;
+		}
+	}
+	if (g->kx && !g->saved)
+		kvx_save(g->kx, g->seq, g->ptoks, g->nprompt, g->gc.salt);
+	return 0;
+}
+
+/* Prefill and decode rates, TTFT, and the KV connector's counters, on stderr. */
+static void gen_report(struct gen *g)
+{
+	int computed = g->nprompt - g->cached;
+	int ndec = g->ngen > 0 ? g->ngen - 1 : 0; /* the first token came from prefill */
+	fprintf(stderr, "\n\nprefill: %d tokens in %.3f s = %.2f tok/s\n", computed, g->t1 - g->tl,
+		computed / (g->t1 - g->tl));
+	if (g->kx) {
+		struct kvx_stats ks;
+		kvx_flush(g->kx); /* the saves, after the output: counted below */
+		kvx_stats_get(g->kx, &ks);
+		fprintf(
+		    stderr,
+		    "kv cache: %d cached tokens, %d computed; loaded %.1f MiB in %.3f ms; "
+		    "TTFT %.1f ms; saved %llu blocks (%llu existed, %llu errors, %llu dropped); "
+		    "misses: %llu absent, %llu corrupt, %llu wrong model, %llu mismatch, %llu "
+		    "truncated, %llu i/o\n",
+		    g->cached, computed, ks.loaded_bytes / 1048576.0, ks.load_ns * 1e-6,
+		    (g->t_first - g->t0) * 1e3, (unsigned long long)ks.saved_blocks,
+		    (unsigned long long)ks.skipped_existing, (unsigned long long)ks.save_errors,
+		    (unsigned long long)ks.dropped_saves, (unsigned long long)ks.miss_absent,
+		    (unsigned long long)ks.miss_corrupt, (unsigned long long)ks.miss_wrong_model,
+		    (unsigned long long)ks.miss_mismatch, (unsigned long long)ks.miss_truncated,
+		    (unsigned long long)ks.miss_io);
+	} else {
+		fprintf(stderr, "TTFT %.1f ms\n", (g->t_first - g->t0) * 1e3);
+	}
+	if (g->eng.dev)
+		fprintf(stderr, "decode:  %d tokens in %.3f s = %.2f tok/s (%s)\n", ndec, g->td,
+			g->td > 0 ? ndec / g->td : 0.0, g->eng.name);
+	else
+		fprintf(stderr, "decode:  %d tokens in %.3f s = %.2f tok/s (%d threads, %s)\n",
+			ndec, g->td, g->td > 0 ? ndec / g->td : 0.0, g->threads, g->eng.name);
+}
+
 static int cmd_generate(int argc, char **argv)
 {
 	static const char *const shorts[] = {"-m", "--model",	"-n", "--n-predict",
@@ -99,190 +302,28 @@ static int cmd_generate(int argc, char **argv)
 	if (!prompt)
 		prompt = kvinfer_take_flag(&argc, argv, "--prompt");
 	char *toklist = kvinfer_take_flag(&argc, argv, "--tokens");
-	struct gen_cfg gc;
+	struct gen g;
+	memset(&g, 0, sizeof(g));
 	int npos = 0;
-	int rc = cfg_parse(gen_opts, &gc, argc, argv,
+	int rc = cfg_parse(gen_opts, &g.gc, argc, argv,
 			   "-m MODEL.gguf (-p PROMPT | --tokens 1,2,3) [options]", &npos);
 	if (rc)
 		return rc > 0 ? 0 : 2;
-	float temp, top_p;
-	int isa = kvinfer_parse_isa(gc.isa);
-	if (!gc.model[0] || (!prompt && !toklist) || kvinfer_parse_float(gc.temp, &temp) ||
-	    kvinfer_parse_float(gc.top_p, &top_p) || isa < 0 || npos) {
+	g.isa = kvinfer_parse_isa(g.gc.isa);
+	if (!g.gc.model[0] || (!prompt && !toklist) || kvinfer_parse_float(g.gc.temp, &g.temp) ||
+	    kvinfer_parse_float(g.gc.top_p, &g.top_p) || g.isa < 0 || npos) {
 		fprintf(stderr, "kvinfer generate: need -m MODEL and -p PROMPT or --tokens "
 				"(valid --temp/--top-p/--isa); see --help\n");
 		return 2;
 	}
-	if (kvinfer_eng_check(gc.device, "kvinfer generate"))
+	if (kvinfer_eng_check(g.gc.device, "kvinfer generate"))
 		return 1;
-	char err[256] = "";
-	struct kvi_model *m = NULL;
-	struct kvi_tok *tok = NULL;
-	struct kvinfer_eng eng = {0};
-	struct kvi_seq *seq = NULL;
-	struct kvi_sampler *smp = NULL;
-	struct kvx *kx = NULL;
-	int32_t *ptoks = NULL;
-	float *logits = NULL;
-	int nprompt = 0, ret = 1;
-	rc = kvi_model_load(gc.model, &m, err, sizeof(err));
-	if (rc) {
-		fprintf(stderr, "kvinfer: %s: %s\n", gc.model, err[0] ? err : strerror(-rc));
-		return 1;
+	int ret = 1;
+	if (!gen_load(&g, prompt, toklist) && !gen_start(&g) && !gen_run(&g)) {
+		gen_report(&g);
+		ret = 0;
 	}
-	rc = kvi_tok_create(kvi_model_gguf(m), &tok, err, sizeof(err));
-	if (rc && !toklist) {
-		fprintf(stderr, "kvinfer: tokenizer: %s\n", err[0] ? err : strerror(-rc));
-		goto out;
-	}
-	if (toklist) {
-		if (parse_token_list(toklist, &ptoks, &nprompt) || nprompt == 0) {
-			fprintf(stderr, "kvinfer: --tokens: want a list like 1,2,3\n");
-			goto out;
-		}
-	} else {
-		size_t len = strlen(prompt), n = 0, cap = len + 8;
-		int flags = (!gc.no_bos && kvi_tok_wants_bos(tok) ? KVI_TOK_ADD_BOS : 0) |
-			    (gc.special ? KVI_TOK_PARSE_SPECIAL : 0);
-		ptoks = malloc(cap * sizeof(int32_t));
-		if (!ptoks || kvi_tok_encode(tok, prompt, len, flags, ptoks, cap, &n) || n == 0) {
-			fprintf(stderr, "kvinfer: cannot tokenize the prompt\n");
-			goto out;
-		}
-		nprompt = (int)n;
-	}
-	struct kvi_engine_opts eo;
-	kvi_engine_opts_default(&eo);
-	eo.threads = gc.threads > 0 ? (int)gc.threads : kvinfer_default_threads();
-	eo.max_batch_tokens = (int)gc.batch;
-	eo.block_tokens = (int)gc.block_tokens;
-	eo.max_ctx = gc.ctx > 0 ? (int)gc.ctx : nprompt + (int)gc.n_predict + 1;
-	eo.isa = isa;
-	if ((rc = kvinfer_eng_create(m, &eo, gc.device, "kvinfer", &eng)))
-		goto out;
-	if (gc.kv_dir[0]) {
-		struct kvx_opts xo;
-		kvx_opts_default(&xo);
-		xo.dir = gc.kv_dir;
-		if ((rc = kvx_create_kv(kvinfer_eng_kv(&eng), m, &xo, &kx))) {
-			fprintf(stderr, "kvinfer: --kv-dir %s: %s\n", gc.kv_dir, strerror(-rc));
-			goto out;
-		}
-	}
-	struct kvi_sample_params sp;
-	kvi_sample_params_default(&sp);
-	sp.temp = temp;
-	sp.top_k = (int)gc.top_k;
-	sp.top_p = top_p;
-	sp.seed = (uint64_t)gc.seed;
-	sp.max_tokens = (int)gc.n_predict;
-	int V = m->cfg.n_vocab;
-	logits = malloc((size_t)V * sizeof(float));
-	if (!logits || kvi_sampler_create(&sp, V, &smp) ||
-	    kvi_seq_create(kvinfer_eng_kv(&eng), &seq)) {
-		fprintf(stderr, "kvinfer: out of memory\n");
-		goto out;
-	}
-	klog_info("model %s: %s, %d layers, embd %d, vocab %d; %d threads, engine %s", gc.model,
-		  m->cfg.arch, m->cfg.n_layer, m->cfg.n_embd, V, eo.threads, eng.name);
-	if (tok && !toklist) {
-		/* echo the prompt as the tokenizer sees it */
-		char buf[512];
-		for (int i = 0; i < nprompt; i++)
-			if (kvi_tok_decode_piece(tok, ptoks[i],
-						 gc.special ? KVI_TOK_RENDER_SPECIAL : 0, buf,
-						 sizeof(buf)) > 0)
-				fputs(buf, stdout);
-		fflush(stdout);
-	}
-	double t0 = kvinfer_now();
-	int cached = 0;
-	if (kx && (rc = kvx_load_prefix(kx, seq, ptoks, nprompt, gc.salt, &cached))) {
-		fprintf(stderr, "\nkvinfer: cache lookup: %s\n", strerror(-rc));
-		goto out;
-	}
-	double tl = kvinfer_now();
-	rc = kvinfer_eng_prefill(&eng, seq, ptoks + cached, nprompt - cached, logits);
-	double t1 = kvinfer_now(), t_first = t1;
-	int saved = 0;
-	if (rc) {
-		fprintf(stderr, "\nkvinfer: prefill: %s\n", strerror(-rc));
-		goto out;
-	}
-	int ngen = 0;
-	double td = 0;
-	while (gc.n_predict > 0) {
-		int32_t t = kvi_sampler_sample(smp, logits);
-		if (ngen == 0)
-			t_first =
-			    kvinfer_now(); /* TTFT: request start to the first sampled token */
-		int stop = kvi_sampler_accept(smp, t);
-		int eog = tok && !gc.ignore_eos && kvi_tok_is_eog(tok, t);
-		ngen++;
-		if (eog)
-			break;
-		char buf[512];
-		if (tok && kvi_tok_decode_piece(tok, t, gc.special ? KVI_TOK_RENDER_SPECIAL : 0,
-						buf, sizeof(buf)) > 0)
-			fputs(buf, stdout);
-		else if (!tok)
-			printf(" %d", t);
-		fflush(stdout);
-		if (kx && !saved) { /* after the first token: queue the prompt's new blocks */
-			kvx_save(kx, seq, ptoks, nprompt, gc.salt);
-			saved = 1;
-		}
-		if (stop)
-			break;
-		double a = kvinfer_now();
-		rc = kvinfer_eng_decode(&eng, &seq, &t, 1, logits);
-		td += kvinfer_now() - a;
-		if (rc) {
-			fprintf(stderr, "\nkvinfer: decode: %s\n", strerror(-rc));
-			goto out;
-		}
-	}
-	if (kx && !saved)
-		kvx_save(kx, seq, ptoks, nprompt, gc.salt);
-	int ndec = ngen > 0 ? ngen - 1 : 0; /* the first token came from prefill's logits */
-	fprintf(stderr, "\n\nprefill: %d tokens in %.3f s = %.2f tok/s\n", nprompt - cached,
-		t1 - tl, (nprompt - cached) / (t1 - tl));
-	if (kx) {
-		struct kvx_stats ks;
-		kvx_flush(kx); /* the saves, after the output: counted below */
-		kvx_stats_get(kx, &ks);
-		fprintf(
-		    stderr,
-		    "kv cache: %d cached tokens, %d computed; loaded %.1f MiB in %.3f ms; "
-		    "TTFT %.1f ms; saved %llu blocks (%llu existed, %llu errors, %llu dropped); "
-		    "misses: %llu absent, %llu corrupt, %llu wrong model, %llu mismatch, %llu "
-		    "truncated, %llu i/o\n",
-		    cached, nprompt - cached, ks.loaded_bytes / 1048576.0, ks.load_ns * 1e-6,
-		    (t_first - t0) * 1e3, (unsigned long long)ks.saved_blocks,
-		    (unsigned long long)ks.skipped_existing, (unsigned long long)ks.save_errors,
-		    (unsigned long long)ks.dropped_saves, (unsigned long long)ks.miss_absent,
-		    (unsigned long long)ks.miss_corrupt, (unsigned long long)ks.miss_wrong_model,
-		    (unsigned long long)ks.miss_mismatch, (unsigned long long)ks.miss_truncated,
-		    (unsigned long long)ks.miss_io);
-	} else {
-		fprintf(stderr, "TTFT %.1f ms\n", (t_first - t0) * 1e3);
-	}
-	if (eng.dev)
-		fprintf(stderr, "decode:  %d tokens in %.3f s = %.2f tok/s (%s)\n", ndec, td,
-			td > 0 ? ndec / td : 0.0, eng.name);
-	else
-		fprintf(stderr, "decode:  %d tokens in %.3f s = %.2f tok/s (%d threads, %s)\n",
-			ndec, td, td > 0 ? ndec / td : 0.0, eo.threads, eng.name);
-	ret = 0;
-out:
-	kvi_seq_destroy(seq);
-	kvx_destroy(kx); /* before the engine: it holds KV block references */
-	kvi_sampler_destroy(smp);
-	kvinfer_eng_destroy(&eng);
-	kvi_tok_free(tok);
-	kvi_model_free(m);
-	free(ptoks);
-	free(logits);
+	gen_free(&g);
 	return ret;
 }
 
