@@ -17,6 +17,7 @@
 #include "harness.h"
 #include "kvch.h"
 #include "kvec.h"
+#include "ret_tutil.h"
 
 #define K   4
 #define M   2
@@ -27,17 +28,6 @@
 static struct kvh_cluster g_cl;
 static int g_up;
 static struct kvp_pool *g_pool;
-
-static void fill(uint8_t *p, size_t n, uint64_t seed)
-{
-	uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-	for (size_t i = 0; i < n; i++) {
-		x ^= x << 13;
-		x ^= x >> 7;
-		x ^= x << 17;
-		p[i] = (uint8_t)x;
-	}
-}
 
 static int setup(void **state)
 {
@@ -75,7 +65,7 @@ static void test_ops(void **state)
 	(void)state;
 	const char *a = g_cl.nodes[0].addr;
 	uint8_t d[1000], got[1000];
-	fill(d, sizeof(d), 1);
+	rt_fill(d, sizeof(d), 1);
 	uint32_t crc = kvec_crc32c(0, d, sizeof(d)), bad = crc ^ 1;
 	struct kvch_call c;
 	for (uint64_t id = 101; id <= 103; id++) {
@@ -156,7 +146,7 @@ static void fx_store(struct stripe_fx *fx, const uint32_t *lens, uint64_t base)
 	const uint8_t *data[K];
 	uint8_t *par[M];
 	for (int j = 0; j < K; j++) {
-		fill(fx->chunk[j], lens[j], base + (uint64_t)j);
+		rt_fill(fx->chunk[j], lens[j], base + (uint64_t)j);
 		data[j] = fx->chunk[j];
 	}
 	for (int i = 0; i < M; i++)
