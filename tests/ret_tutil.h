@@ -1,6 +1,6 @@
-/* Helpers shared by the retention and repair integration tests (test_retention.c,
- * test_repair.c): cluster teardown, seeded file contents, chunk files on the nodes' disks,
- * meta's MSTATUS. */
+/* Helpers shared by the retention, repair and chunk integration tests (test_retention.c,
+ * test_repair.c, test_chunk.c): cluster teardown, seeded file contents, chunk files on the
+ * nodes' disks, meta's MSTATUS. */
 #ifndef KVFS_RET_TUTIL_H
 #define KVFS_RET_TUTIL_H
 

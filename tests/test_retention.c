@@ -14,6 +14,7 @@
 #include <pthread.h>
 #include <rocksdb/c.h>
 
+#include "kvch.h"
 #include "kvec.h"
 #include "ret_tutil.h"
 
@@ -679,27 +680,19 @@ static int node_call(struct kvh_cluster *cl, int i, uint16_t op, const void *bod
 
 static int node_has(struct kvh_cluster *cl, int i, uint64_t id)
 {
-	uint8_t b[16];
-	for (int j = 0; j < 8; j++)
-		b[j] = (uint8_t)(id >> (8 * j));
-	memset(b + 8, 0, 4);
-	memset(b + 12, 0xFF, 4);
-	int rc = node_call(cl, i, KVP_OP_GET, b, 16, NULL, 0);
+	uint8_t b[KVCH_REQ_MAX];
+	size_t bl = kvch_get_req(b, id, 0, KVCH_TO_END);
+	int rc = node_call(cl, i, KVP_OP_GET, b, bl, NULL, 0);
 	return rc == 0 ? 1 : rc == -ENOENT ? 0 : rc;
 }
 
 static int node_put(struct kvh_cluster *cl, int i, uint64_t id)
 {
-	uint8_t data[4096], b[16];
+	uint8_t data[4096], b[KVCH_REQ_MAX];
 	rt_fill(data, sizeof(data), id);
-	uint32_t crc = kvec_crc32c(0, data, sizeof(data)), len = sizeof(data);
-	for (int j = 0; j < 8; j++)
-		b[j] = (uint8_t)(id >> (8 * j));
-	for (int j = 0; j < 4; j++) {
-		b[8 + j] = (uint8_t)(crc >> (8 * j));
-		b[12 + j] = (uint8_t)(len >> (8 * j));
-	}
-	return node_call(cl, i, KVP_OP_PUT, b, 16, data, sizeof(data));
+	uint32_t crc = kvec_crc32c(0, data, sizeof(data));
+	size_t bl = kvch_put_req(b, id, crc, sizeof(data));
+	return node_call(cl, i, KVP_OP_PUT, b, bl, data, sizeof(data));
 }
 
 /* The child: a client that allocates a 4-stripe write, stores some of its chunks, reports

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "cfg.h"
+#include "kvch.h"
 #include "kvec.h"
 #include "kvp.h"
 
@@ -104,20 +105,12 @@ static int node_phase(struct kvp_client *c, int put, uint64_t base, const struct
 	int64_t sent = 0, done = 0;
 	while (done < cf->count && !rc) {
 		while (sent < cf->count && sent - done < cf->depth) {
-			struct kvp_wbuf w;
-			kvp_w_init(&w);
-			kvp_w_u64(&w, base + (uint64_t)sent);
-			if (put) {
-				kvp_w_u32(&w, crc);
-				kvp_w_u32(&w, (uint32_t)cf->chunk);
-			} else {
-				kvp_w_u32(&w, 0);
-				kvp_w_u32(&w, 0xFFFFFFFFu);
-			}
-			rc = kvp_call_start(c, put ? KVP_OP_PUT : KVP_OP_GET, w.p, w.len,
-					    put ? d : NULL, put ? cf->chunk : 0,
-					    &calls[sent % cf->depth]);
-			kvp_w_free(&w);
+			uint8_t h[KVCH_REQ_MAX];
+			uint64_t id = base + (uint64_t)sent;
+			size_t hl = put ? kvch_put_req(h, id, crc, (uint32_t)cf->chunk)
+					: kvch_get_req(h, id, 0, KVCH_TO_END);
+			rc = kvp_call_start(c, put ? KVP_OP_PUT : KVP_OP_GET, h, hl, put ? d : NULL,
+					    put ? cf->chunk : 0, &calls[sent % cf->depth]);
 			if (rc)
 				break;
 			sent++;

@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 
 #include "kvc.h"
+#include "kvch.h"
 #include "kvec.h"
 
 #define KVC_BAD_NODE_MS	  3000 /* a node that timed out or refused is skipped this long */
@@ -51,26 +52,13 @@ struct kvc {
 /* Records an access of ino; sends the batch when the interval has passed or it is full. */
 void kvc__touch(struct kvc *c, uint64_t ino);
 
-/* One request in flight to a node: holds the pool reference until it is waited for. */
-struct kvc_rpc {
-	struct kvp_client *cl;
-	struct kvp_call *call;
-};
-
 int64_t kvc__now_ms(void);
-/* 1 for errors that mean "the peer or the connection failed", not "the peer said no". */
-int kvc__is_transport(int rc);
 
 /* A request to meta on a pooled connection. attempts > 1 retries transport failures with
  * backoff (reconnecting); *retried (may be NULL) is set when a retry happened, so callers of
  * non-idempotent ops can interpret -EEXIST / -ENOENT. */
 int kvc__meta_call(struct kvc *c, uint16_t op, const struct kvp_wbuf *req, int attempts,
 		   uint8_t **rb, uint32_t *rl, int *retried);
-
-int kvc__rpc_start(struct kvc *c, const char *addr, uint16_t op, const void *body, size_t blen,
-		   const void *bulk, size_t bulklen, struct kvc_rpc *r);
-/* Waits (timeout_ms) and releases; r is reset. A pending rpc with no call is a no-op (-EAGAIN) */
-int kvc__rpc_wait(struct kvc *c, struct kvc_rpc *r, int timeout_ms, uint8_t **rb, uint32_t *rl);
 
 /* Codec for (k, m), created on first use and kept until kvc_close. */
 int kvc__codec(struct kvc *c, int k, int m, struct kvec_codec **out);

@@ -18,40 +18,6 @@ int64_t kvc__now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-int kvc__is_transport(int rc)
-{
-	return rc == -ECONNRESET || rc == -ECONNABORTED || rc == -ECONNREFUSED ||
-	       rc == -ETIMEDOUT || rc == -EPIPE || rc == -EHOSTUNREACH || rc == -ENETUNREACH;
-}
-
-int kvc__rpc_start(struct kvc *c, const char *addr, uint16_t op, const void *body, size_t blen,
-		   const void *bulk, size_t bulklen, struct kvc_rpc *r)
-{
-	r->cl = NULL;
-	r->call = NULL;
-	int rc = kvp_pool_get(c->pool, addr, &r->cl);
-	if (rc)
-		return rc;
-	rc = kvp_call_start(r->cl, op, body, blen, bulk, bulklen, &r->call);
-	if (rc) {
-		kvp_pool_put(c->pool, r->cl);
-		r->cl = NULL;
-		r->call = NULL;
-	}
-	return rc;
-}
-
-int kvc__rpc_wait(struct kvc *c, struct kvc_rpc *r, int timeout_ms, uint8_t **rb, uint32_t *rl)
-{
-	if (!r->call)
-		return -EAGAIN;
-	int rc = kvp_call_wait(r->call, timeout_ms, rb, rl);
-	kvp_pool_put(c->pool, r->cl);
-	r->cl = NULL;
-	r->call = NULL;
-	return rc;
-}
-
 int kvc__meta_call(struct kvc *c, uint16_t op, const struct kvp_wbuf *req, int attempts,
 		   uint8_t **rb, uint32_t *rl, int *retried)
 {
@@ -74,7 +40,7 @@ int kvc__meta_call(struct kvc *c, uint16_t op, const struct kvp_wbuf *req, int a
 				      c->timeout_ms, rb, rl);
 			kvp_pool_put(c->pool, cl);
 		}
-		if (!kvc__is_transport(rc))
+		if (!kvch_is_transport(rc))
 			return rc;
 		/* A meta that answers nothing (stopped, overloaded) costs a whole timeout per try:
 		 * give up sooner than on a refused connection (restarting meta). */

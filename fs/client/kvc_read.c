@@ -27,8 +27,7 @@ struct fslot {
 /* The GETs of one stripe in flight. */
 struct sfetch {
 	int64_t s; /* -1: idle */
-	uint64_t started;
-	struct kvc_rpc rpc[KVEC_MAX_N];
+	struct kvch_fetch f;
 };
 
 struct kvc_file {
@@ -113,9 +112,7 @@ void kvc_file_close(struct kvc_file *f)
 {
 	if (!f)
 		return;
-	for (int i = 0; i < KVEC_MAX_N; i++)
-		if (f->pf.rpc[i].call)
-			kvc__rpc_wait(f->c, &f->pf.rpc[i], 0, NULL, NULL);
+	kvch_fetch_cancel(&f->pf.f);
 	free(f->cache[0].buf);
 	free(f->cache[1].buf);
 	free(f->slots);
@@ -182,110 +179,85 @@ int kvc_file_layout(const struct kvc_file *f, struct kvc_layout_info *info, uint
 	return 0;
 }
 
-/* Stored length of chunk i (data or parity) of stripe s; 0: empty, never stored. */
-static uint32_t chunk_len(const struct kvc_file *f, uint64_t s, int i)
-{
-	return kvec_layout_slot_len(&f->l, s, i);
-}
-
 static int usable(const struct kvc_file *f, const struct fslot *sl)
 {
 	const struct fnode *nd = &f->nodes[sl->node];
 	return nd->state != KVP_NODE_DOWN && !kvc__node_is_bad(f->c, nd->id);
 }
 
-static void put_le(uint8_t *p, uint64_t v, int n)
+/* A GET of sl failed with rc: count a bad CRC; a node that failed goes on the bad list and
+ * the file's node table is re-read soon. */
+static void get_failed(struct kvc_file *f, const struct fslot *sl, int rc)
 {
-	for (int i = 0; i < n; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static int get_start(struct kvc_file *f, const struct fslot *sl, uint32_t off, uint32_t len,
-		     struct kvc_rpc *r)
-{
-	uint8_t h[16];
-	put_le(h, sl->chunk_id, 8);
-	put_le(h + 8, off, 4);
-	put_le(h + 12, len, 4);
-	const struct fnode *nd = &f->nodes[sl->node];
-	if (nd->id == 0)
-		return -ENOENT; /* a slot written degraded: no chunk stored, nothing to ask */
-	int rc = kvc__rpc_start(f->c, nd->addr, KVP_OP_GET, h, 16, NULL, 0, r);
-	if (rc && kvc__is_transport(rc)) {
-		kvc__node_mark_bad(f->c, nd->id);
-		f->suspect = 1;
-	}
-	return rc;
-}
-
-/* Waits for a GET and checks it: len bytes whose CRC matches the one the node sent and, for a
- * whole chunk, the one metadata recorded. Copies them to dst. */
-static int get_collect_ms(struct kvc_file *f, const struct fslot *sl, struct kvc_rpc *r,
-			  uint32_t len, int whole, uint8_t *dst, int timeout_ms)
-{
-	uint8_t *b = NULL;
-	uint32_t bl = 0;
-	int rc = kvc__rpc_wait(f->c, r, timeout_ms, &b, &bl);
-	if (rc == 0) {
-		struct kvp_rbuf rb;
-		kvp_r_init(&rb, b, bl);
-		uint32_t crc = kvp_r_u32(&rb);
-		uint32_t n = kvp_r_u32(&rb);
-		const uint8_t *p = n == len ? kvp_r_bytes(&rb, n) : NULL;
-		if (!p || kvp_r_end(&rb)) {
-			rc = -EBADMSG;
-		} else if (kvec_crc32c(0, p, n) != crc || (whole && crc != sl->crc)) {
-			rc = -EILSEQ;
-		} else {
-			memcpy(dst, p, n);
-		}
-	}
-	free(b);
 	if (rc == -EILSEQ)
 		atomic_fetch_add(&f->c->st_crc, 1);
-	if (kvc__is_transport(rc)) {
+	if (kvch_is_transport(rc)) {
 		kvc__node_mark_bad(f->c, f->nodes[sl->node].id);
 		f->suspect = 1;
 	}
-	if (rc)
-		klog_debug("get chunk %llu from %s: %s", (unsigned long long)sl->chunk_id,
-			   f->nodes[sl->node].addr, kvp_strerror(rc));
-	return rc;
+	klog_debug("get chunk %llu from %s: %s", (unsigned long long)sl->chunk_id,
+		   f->nodes[sl->node].addr, kvp_strerror(rc));
 }
 
-static int get_collect(struct kvc_file *f, const struct fslot *sl, struct kvc_rpc *r, uint32_t len,
-		       int whole, uint8_t *dst)
+/* The stripe reader's view of stripe s: its slots and the client's bad-node list. */
+struct sread {
+	struct kvc_file *f;
+	const struct fslot *ss;
+	struct kvch_stripe st;
+};
+
+static int sread_usable(void *arg, int i)
 {
-	return get_collect_ms(f, sl, r, len, whole, dst, f->c->read_timeout_ms);
+	struct sread *r = arg;
+	return usable(r->f, &r->ss[i]);
 }
 
-static void sf_cancel(struct kvc_file *f, struct sfetch *sf)
+static void sread_failed(void *arg, int i, int rc)
 {
-	for (int i = 0; i < KVEC_MAX_N; i++)
-		if (sf->rpc[i].call)
-			kvc__rpc_wait(f->c, &sf->rpc[i], 0, NULL, NULL);
+	struct sread *r = arg;
+	get_failed(r->f, &r->ss[i], rc);
+}
+
+static void sread_init(struct kvc_file *f, uint64_t s, struct sread *r)
+{
+	memset(r, 0, sizeof(*r));
+	r->f = f;
+	r->ss = f->slots + s * f->n;
+	struct kvch_stripe *st = &r->st;
+	st->pool = f->c->pool;
+	st->codec = f->codec;
+	st->k = f->l.k;
+	st->m = f->l.m;
+	st->timeout_ms = f->c->read_timeout_ms;
+	st->retry_timeout_ms = f->c->timeout_ms;
+	st->usable = sread_usable;
+	st->failed = sread_failed;
+	st->arg = r;
+	for (int i = 0; i < f->n; i++) {
+		const struct fnode *nd = &f->nodes[r->ss[i].node];
+		st->slot[i] = (struct kvch_slot){.addr = nd->id ? nd->addr : NULL,
+						 .node_id = nd->id,
+						 .chunk_id = r->ss[i].chunk_id,
+						 .crc = r->ss[i].crc,
+						 .len = kvec_layout_slot_len(&f->l, s, i)};
+	}
+}
+
+static void sf_cancel(struct sfetch *sf)
+{
+	kvch_fetch_cancel(&sf->f);
 	sf->s = -1;
-	sf->started = 0;
 }
 
 /* Starts the GETs of the data chunks of stripe s that are not empty, on usable nodes. */
 static void sf_start_data(struct kvc_file *f, struct sfetch *sf, uint64_t s)
 {
 	if (sf->s >= 0)
-		sf_cancel(f, sf); /* never drop calls in flight: they hold pool references */
+		sf_cancel(sf); /* never drop calls in flight: they hold pool references */
 	sf->s = (int64_t)s;
-	sf->started = 0;
-	const struct fslot *ss = f->slots + s * f->n;
-	for (int j = 0; j < f->l.k; j++) {
-		uint32_t len = chunk_len(f, s, j);
-		if (len && usable(f, &ss[j]) && get_start(f, &ss[j], 0, len, &sf->rpc[j]) == 0)
-			sf->started |= 1ull << j;
-	}
-}
-
-static int popcount(uint64_t v)
-{
-	return __builtin_popcountll(v);
+	struct sread r;
+	sread_init(f, s, &r);
+	kvch_fetch_start(&r.st, &sf->f, (1ull << f->l.k) - 1);
 }
 
 /* Reads stripe s whose GETs sf has (maybe) started: data chunk j to data + j*cs, parity i to
@@ -295,104 +267,25 @@ static int popcount(uint64_t v)
 static int fetch_stripe(struct kvc_file *f, struct sfetch *sf, uint64_t s, uint8_t *data,
 			uint8_t *par, int direct, uint64_t avoid, uint64_t *failed)
 {
-	int k = f->l.k, n = f->n;
+	int k = f->l.k;
 	uint32_t cs = f->l.chunk_size;
-	const struct fslot *ss = f->slots + s * n;
-	uint32_t lens[KVEC_MAX_N];
-	uint64_t want = 0, present = 0, tried = sf->started | avoid;
-	for (int i = 0; i < n; i++) {
-		lens[i] = chunk_len(f, s, i);
-		if (i < k && lens[i])
+	uint8_t *ptr[KVEC_MAX_N] = {0};
+	uint64_t want = 0;
+	struct sread r;
+	sread_init(f, s, &r);
+	for (int i = 0; i < f->n; i++) {
+		ptr[i] = i < k ? data + (size_t)i * cs : par ? par + (size_t)(i - k) * cs : NULL;
+		if (i < k && r.st.slot[i].len)
 			want |= 1ull << i;
-		else if (i < k)
-			present |= 1ull << i; /* empty: known zeros */
 	}
-	uint64_t slow = 0; /* timed out: maybe only overloaded, worth a patient last try */
-	for (int j = 0; j < k; j++) {
-		if (!((sf->started >> j) & 1))
-			continue;
-		int rc = get_collect(f, &ss[j], &sf->rpc[j], lens[j], 1, data + (size_t)j * cs);
-		if (rc == 0)
-			present |= 1ull << j;
-		else if (rc == -ETIMEDOUT)
-			slow |= 1ull << j;
-	}
-	uint64_t asked = sf->started;
+	int rc = kvch_stripe_read(&r.st, &sf->f, ptr, want, avoid, direct, failed);
 	sf->s = -1;
-	sf->started = 0;
-	uint64_t missing = want & ~present;
-	if (!missing)
-		return 0;
-	if (direct) {
-		/* Only chunks that were asked and failed: one never asked (its node on the bad
-		 * list) must stay a candidate of the degraded read; slow ones may be asked again.
-		 */
-		*failed = missing & (asked | avoid) & ~slow;
-		return -EAGAIN;
-	}
-	/* Degraded: gather k chunks, parity first, then anything not yet tried. */
-	uint8_t *ptr[KVEC_MAX_N];
-	for (int i = 0; i < n; i++)
-		ptr[i] = i < k ? data + (size_t)i * cs : par + (size_t)(i - k) * cs;
-	while (popcount(present) < k) {
-		uint64_t batch = 0;
-		int need = k - popcount(present);
-		/* need counts only GETs started: a chunk already present (an empty one of the
-		 * last stripe) or one whose GET cannot start (its node just died) must not use up
-		 * a turn, or the round ends with parity never asked: -EIO with m nodes down. */
-		for (int pass = 0; pass < 2 && need > 0; pass++) {
-			for (int i = k; i < n + k && need > 0; i++) {
-				int c = i < n ? i : i - n; /* parity, then data */
-				if ((tried >> c) & 1 || (present >> c) & 1 ||
-				    (pass == 0 && !usable(f, &ss[c])))
-					continue;
-				tried |= 1ull << c;
-				if (lens[c] == 0) {
-					present |= 1ull << c;
-					need--;
-				} else if (get_start(f, &ss[c], 0, lens[c], &sf->rpc[c]) == 0) {
-					batch |= 1ull << c;
-					need--;
-				}
-			}
-		}
-		if (!batch && popcount(present) < k)
-			break;
-		for (int i = 0; i < n; i++) {
-			if (!((batch >> i) & 1))
-				continue;
-			int rc = get_collect(f, &ss[i], &sf->rpc[i], lens[i], 1, ptr[i]);
-			if (rc == 0)
-				present |= 1ull << i;
-			else if (rc == -ETIMEDOUT)
-				slow |= 1ull << i;
-		}
-	}
-	/* Still short: ask the nodes that were only slow again, with the full timeout, rather
-	 * than fail a read because a node was busy for longer than the short read timeout. */
-	if (popcount(present) < k && slow) {
-		uint64_t batch = 0;
-		for (int i = 0; i < n; i++)
-			if ((slow >> i) & 1 && get_start(f, &ss[i], 0, lens[i], &sf->rpc[i]) == 0)
-				batch |= 1ull << i;
-		for (int i = 0; i < n; i++)
-			if ((batch >> i) & 1 && get_collect_ms(f, &ss[i], &sf->rpc[i], lens[i], 1,
-							       ptr[i], f->c->timeout_ms) == 0)
-				present |= 1ull << i;
-	}
-	if (popcount(present) < k) {
-		klog_warn("file %llu stripe %llu: only %d of %d chunks readable",
-			  (unsigned long long)f->ino, (unsigned long long)s, popcount(present), k);
-		return -EIO;
-	}
-	uint32_t plen = lens[0];
-	for (int i = 0; i < k; i++)
-		if ((present >> i) & 1 && lens[i] < plen)
-			memset(ptr[i] + lens[i], 0, plen - lens[i]);
-	int rc = kvec_reconstruct(f->codec, ptr, present, missing, plen);
-	if (rc == 0)
+	if (rc == -EIO)
+		klog_warn("file %llu stripe %llu: fewer than %d chunks readable",
+			  (unsigned long long)f->ino, (unsigned long long)s, k);
+	if (rc == 1)
 		atomic_fetch_add(&f->c->st_degraded, 1);
-	return rc;
+	return rc < 0 ? rc : 0;
 }
 
 /* Reads stripe s into a cache entry (evicting the older one) and returns it. */
@@ -430,12 +323,34 @@ static uint8_t *cache_find(struct kvc_file *f, uint64_t s)
 	return NULL;
 }
 
+/* Bytes [off, off + len) of one chunk: started, then finished into dst. */
+static int range_start(struct kvc_file *f, const struct fslot *sl, uint32_t off, uint32_t len,
+		       struct kvch_call *c)
+{
+	const struct fnode *nd = &f->nodes[sl->node];
+	if (nd->id == 0)
+		return -ENOENT; /* a slot written degraded: no chunk stored, nothing to ask */
+	int rc = kvch_get_start(f->c->pool, nd->addr, sl->chunk_id, off, len, c);
+	if (rc)
+		get_failed(f, sl, rc);
+	return rc;
+}
+
+static int range_finish(struct kvc_file *f, const struct fslot *sl, struct kvch_call *c,
+			uint32_t len, uint8_t *dst)
+{
+	int rc = kvch_get_finish(c, f->c->read_timeout_ms, dst, len, NULL);
+	if (rc)
+		get_failed(f, sl, rc);
+	return rc;
+}
+
 /* A small read: only the chunk ranges it overlaps, in parallel. Any failure: -EAGAIN. */
 static int range_read(struct kvc_file *f, uint64_t s, uint64_t soff, size_t len, uint8_t *out)
 {
 	uint32_t cs = f->l.chunk_size;
 	const struct fslot *ss = f->slots + s * f->n;
-	struct kvc_rpc rpc[KVEC_MAX_K] = {0};
+	struct kvch_call rpc[KVEC_MAX_K] = {0};
 	int j0 = (int)(soff / cs), j1 = (int)((soff + len - 1) / cs), rc = 0;
 	for (int j = j0; j <= j1 && !rc; j++) {
 		uint64_t a = j == j0 ? soff % cs : 0;
@@ -443,14 +358,13 @@ static int range_read(struct kvc_file *f, uint64_t s, uint64_t soff, size_t len,
 		if (!usable(f, &ss[j]))
 			rc = -EAGAIN;
 		else
-			rc = get_start(f, &ss[j], (uint32_t)a, (uint32_t)(b - a), &rpc[j]);
+			rc = range_start(f, &ss[j], (uint32_t)a, (uint32_t)(b - a), &rpc[j]);
 	}
 	uint8_t *dst = out;
 	for (int j = j0; j <= j1; j++) {
 		uint64_t a = j == j0 ? soff % cs : 0;
 		uint64_t b = j == j1 ? (soff + len - 1) % cs + 1 : cs;
-		if (rpc[j].call && get_collect(f, &ss[j], &rpc[j], (uint32_t)(b - a), 0, dst) &&
-		    !rc)
+		if (rpc[j].call && range_finish(f, &ss[j], &rpc[j], (uint32_t)(b - a), dst) && !rc)
 			rc = -EAGAIN;
 		dst += b - a;
 	}
@@ -516,16 +430,14 @@ static ssize_t pread_once(struct kvc_file *f, void *buf, size_t len, uint64_t of
 		size_t take = len - done < sl - soff ? len - done : (size_t)(sl - soff);
 		uint8_t *cb = cache_find(f, s);
 		if (f->pf.s >= 0 && f->pf.s != (int64_t)s && !cb)
-			sf_cancel(f, &f->pf);
+			sf_cancel(&f->pf);
 		if (!cb && f->pf.s < 0 && soff == 0 && take == sl) {
 			/* The caller wants the whole stripe: straight into its buffer, with the
 			 * next whole stripe's GETs already on the wire. */
 			if (next.s != (int64_t)s)
 				sf_start_data(f, &next, s);
-			struct sfetch cur = next;
-			next.s = -1;
-			next.started = 0;
-			memset(next.rpc, 0, sizeof(next.rpc));
+			struct sfetch cur = next; /* its GETs move to cur */
+			next = (struct sfetch){.s = -1};
 			uint64_t nx = s + 1, nxl = size - nx * sb < sb ? size - nx * sb : sb;
 			if (nx < f->l.nstripes && done + take + nxl <= len)
 				sf_start_data(f, &next, nx);
@@ -545,7 +457,7 @@ static ssize_t pread_once(struct kvc_file *f, void *buf, size_t len, uint64_t of
 		}
 		done += take;
 	}
-	sf_cancel(f, &next);
+	sf_cancel(&next);
 	if (rc)
 		return rc;
 	f->next_off = off + len;

@@ -175,12 +175,6 @@ static int parse_alloc(const uint8_t *b, uint32_t len, int k, int n, uint32_t ns
 	return 0;
 }
 
-static void put_le(uint8_t *p, uint64_t v, int n)
-{
-	for (int i = 0; i < n; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
 /* Leaves slot i of a stripe (n slots) out if the stripe still stores min chunks without it:
  * 1 when it did, 0 when the stripe cannot spare it. */
 static int write_around(struct wslot *ss, int n, int i, int min)
@@ -199,18 +193,18 @@ static int write_around(struct wslot *ss, int n, int i, int min)
 
 /* Waits for the PUTs of one stripe; a chunk whose node failed is written around if the
  * stripe can spare it, else its error is kept in *err (the most telling: ENOSPC first). */
-static void wait_stripe(struct kvc *c, struct kvc_rpc *rpc, struct wslot *slots, int n, int min,
+static void wait_stripe(struct kvc *c, struct kvch_call *rpc, struct wslot *slots, int n, int min,
 			int *err)
 {
 	for (int i = 0; i < n; i++) {
 		if (!rpc[i].call)
 			continue;
-		int rc = kvc__rpc_wait(c, &rpc[i], c->timeout_ms, NULL, NULL);
+		int rc = kvch_put_finish(&rpc[i], c->timeout_ms);
 		if (rc) {
 			klog_debug("put chunk %llu to %s: %s",
 				   (unsigned long long)slots[i].chunk_id, slots[i].addr,
 				   kvp_strerror(rc));
-			if (kvc__is_transport(rc)) {
+			if (kvch_is_transport(rc)) {
 				kvc__node_mark_bad(c, slots[i].node_id);
 				if (write_around(slots, n, i, min))
 					continue;
@@ -237,14 +231,14 @@ static int put_all(struct kvc *c, const struct kvc_writer *w, const struct kvec_
 	size_t scratch_len = kvec_layout_scratch_size(l);
 	uint8_t *par = m ? malloc(win * m * (size_t)cs) : NULL;
 	uint8_t *scratch = malloc(scratch_len);
-	struct kvc_rpc *rpc = calloc(win * n, sizeof(*rpc));
+	struct kvch_call *rpc = calloc(win * n, sizeof(*rpc));
 	struct wslot *inflight[16] = {0}; /* slots of the stripe in each window place */
 	int err = 0;
 	if ((m && !par) || !scratch || !rpc)
 		err = -ENOMEM;
 	for (uint64_t s = 0; s < ns && !err; s++) {
 		uint64_t wi = s % win;
-		struct kvc_rpc *r = rpc + wi * n;
+		struct kvch_call *r = rpc + wi * n;
 		if (inflight[wi])
 			wait_stripe(c, r, inflight[wi], n, min, &err);
 		inflight[wi] = NULL;
@@ -272,12 +266,9 @@ static int put_all(struct kvc *c, const struct kvc_writer *w, const struct kvec_
 			/* A node that failed us moments ago: around it at once, no new connect */
 			if (kvc__node_is_bad(c, ss[i].node_id) && write_around(ss, n, i, min))
 				continue;
-			uint8_t h[16];
-			put_le(h, ss[i].chunk_id, 8);
-			put_le(h + 8, ss[i].crc, 4);
-			put_le(h + 12, len, 4);
-			rc = kvc__rpc_start(c, ss[i].addr, KVP_OP_PUT, h, 16, p, len, &r[i]);
-			if (rc && kvc__is_transport(rc)) {
+			rc = kvch_put_start(c->pool, ss[i].addr, ss[i].chunk_id, ss[i].crc, p, len,
+					    &r[i]);
+			if (rc && kvch_is_transport(rc)) {
 				kvc__node_mark_bad(c, ss[i].node_id);
 				if (write_around(ss, n, i, min))
 					rc = 0;
@@ -360,7 +351,7 @@ static int send_commit(struct kvc *c, const struct kvc_writer *w, const struct k
 				*out = at;
 		}
 		free(rb);
-		if (!kvc__is_transport(rc))
+		if (!kvch_is_transport(rc))
 			break;
 		failover = 1;
 		struct kvp_attr at;
@@ -381,7 +372,7 @@ static int send_commit(struct kvc *c, const struct kvc_writer *w, const struct k
 		}
 	}
 	kvp_w_free(&b);
-	if (failover && rc && !kvc__is_transport(rc)) {
+	if (failover && rc && !kvch_is_transport(rc)) {
 		/* The first COMMIT may have been applied before its answer was lost; then a
 		 * resend is refused (-EEXIST, or -ESTALE: meta knows each write id once). */
 		struct kvp_attr at;
@@ -447,7 +438,7 @@ static int write_once(struct kvc_writer *w, struct kvp_attr *out, int *redo)
 			kvc__meta_call(c, KVP_OP_ABORT, &a, 3, NULL, NULL, NULL);
 			kvp_w_free(&a);
 			/* A node that died since meta last heard from it: try a fresh placement. */
-			if (kvc__is_transport(rc))
+			if (kvch_is_transport(rc))
 				*redo = 1;
 		} else {
 			rc = send_commit(c, w, &l, write_id, slots, out, redo);
@@ -477,7 +468,7 @@ int kvc_commit(struct kvc_writer *w, struct kvp_attr *out)
 	/* Every placement still had a node that could not be reached (meta has not noticed it
 	 * is down yet): the same answer as when meta knows too few nodes are up, not a
 	 * connection error that would read as "meta is away". */
-	if (redo && kvc__is_transport(rc))
+	if (redo && kvch_is_transport(rc))
 		rc = -EHOSTDOWN;
 	if (rc == 0) {
 		atomic_fetch_add(&c->st_written, w->size);

@@ -5,6 +5,7 @@
  * capacity watermark, and chunks on nodes that no metadata references are found and queued
  * for deletion after a grace period. docs/operations.md, "Retention, eviction, repair". */
 #define KVFS_LOG_TAG "meta"
+#include "kvch.h"
 #include "log.h"
 #include "meta_int.h"
 
@@ -444,51 +445,34 @@ static int is_orphan(struct meta *m, uint32_t node, uint64_t id, int64_t mtime, 
 static int orphans_node(struct meta *m, uint32_t node, const char *addr, const struct range *r,
 			size_t nr, uint64_t limit, int64_t cutoff)
 {
+	struct kvch_entry *page = malloc(LIST_PAGE * sizeof(*page));
+	if (!page)
+		return -ENOMEM;
 	uint64_t after = 0;
-	int total = 0;
+	int total = 0, rc = 0;
 	for (;;) {
-		struct kvp_client *c;
-		int rc = kvp_pool_get(m->pool, addr, &c);
+		uint32_t n = 0;
+		int more = 0;
+		rc = kvch_list(m->pool, addr, after, LIST_PAGE, LIST_TIMEOUT, page, &n, &more);
 		if (rc)
-			return rc;
-		struct kvp_wbuf w;
-		kvp_w_init(&w);
-		kvp_w_u64(&w, after);
-		kvp_w_u32(&w, LIST_PAGE);
-		uint8_t *rb = NULL;
-		uint32_t rl = 0;
-		rc = w.err ? w.err
-			   : kvp_call(c, KVP_OP_LIST, w.p, w.len, NULL, 0, LIST_TIMEOUT, &rb, &rl);
-		kvp_w_free(&w);
-		kvp_pool_put(m->pool, c);
-		if (rc)
-			return rc;
-		struct kvp_rbuf b;
-		kvp_r_init(&b, rb, rl);
-		uint32_t n = kvp_r_u32(&b);
+			break;
 		rocksdb_writebatch_t *wb = rocksdb_writebatch_create();
 		int64_t now = meta_now_ns();
 		int found = 0;
-		for (uint32_t i = 0; i < n && !b.err; i++) {
-			uint64_t id = kvp_r_u64(&b);
-			int64_t mt = kvp_r_i64(&b);
-			if (b.err)
-				break;
+		for (uint32_t i = 0; i < n; i++) {
+			uint64_t id = page[i].chunk_id;
 			after = id;
 			mst_add(m, KVP_MST_GC_SCANNED, 1);
-			if (is_orphan(m, node, id, mt, cutoff, r, nr, limit)) {
+			if (is_orphan(m, node, id, page[i].mtime_ns, cutoff, r, nr, limit)) {
 				mdb_delq_put(wb, node, id, now);
 				found++;
 			}
 		}
-		uint8_t more = kvp_r_u8(&b);
-		rc = kvp_r_end(&b) ? -EPROTO : 0;
-		free(rb);
-		if (!rc && found)
+		if (found)
 			rc = mdb_write(m, wb);
 		rocksdb_writebatch_destroy(wb);
 		if (rc)
-			return rc;
+			break;
 		if (found) {
 			klog_info("gc: node %u: %d orphan chunks queued for deletion", node, found);
 			mst_add(m, KVP_MST_GC_ORPHANS, (uint64_t)found);
@@ -496,8 +480,10 @@ static int orphans_node(struct meta *m, uint32_t node, const char *addr, const s
 		}
 		total += found;
 		if (!more || n == 0)
-			return total;
+			break;
 	}
+	free(page);
+	return rc ? rc : total;
 }
 
 int mlife_orphans(struct meta *m)

@@ -1,6 +1,7 @@
 /* Node registry (HEARTBEAT, NODES, STATFS) and the background thread of kvfs-meta: marks
  * silent nodes down, sends queued chunk deletions to nodes, expires abandoned writes. */
 #define KVFS_LOG_TAG "meta"
+#include "kvch.h"
 #include "log.h"
 #include "meta_int.h"
 
@@ -450,20 +451,7 @@ static int delq_round(struct meta *m, uint32_t *from)
 		klog_warn("deletion queue: unknown node %u: dropping %u entries", node, n);
 		drop = 1;
 	} else if (state != KVP_NODE_DOWN) { /* up or draining */
-		struct kvp_client *c;
-		rc = kvp_pool_get(m->pool, addr, &c);
-		if (!rc) {
-			struct kvp_wbuf w;
-			kvp_w_init(&w);
-			kvp_w_u32(&w, n);
-			for (uint32_t i = 0; i < n; i++)
-				kvp_w_u64(&w, ids[i]);
-			rc = w.err ? w.err
-				   : kvp_call(c, KVP_OP_DEL, w.p, w.len, NULL, 0, DEL_TIMEOUT_MS,
-					      NULL, NULL);
-			kvp_w_free(&w);
-			kvp_pool_put(m->pool, c);
-		}
+		rc = kvch_del(m->pool, addr, ids, n, DEL_TIMEOUT_MS, NULL);
 		if (rc)
 			klog_warn("deletion queue: node %u (%s): %s; will retry", node, addr,
 				  kvp_strerror(rc));

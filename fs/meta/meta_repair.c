@@ -4,9 +4,10 @@
  * ones.
  * Each rebuilt chunk gets a new id on a node not already in its stripe, and the stripe map
  * slot, the owner index (R) and the old chunk's deletion are one batch. Meta is a client of
- * the nodes (kvp_pool) and decodes with kvec. docs/operations.md, "Retention, eviction,
- * repair". */
+ * the nodes through kvch (fs/chunk), whose stripe read also does the decoding.
+ * docs/operations.md, "Retention, eviction, repair". */
 #define KVFS_LOG_TAG "meta"
+#include "kvch.h"
 #include "kvec.h"
 #include "ktime.h"
 #include "log.h"
@@ -69,54 +70,14 @@ static const struct rnode *node_find(const struct rnode *r, size_t n, uint32_t i
 	return NULL;
 }
 
-static int call_start(struct meta *m, const char *addr, uint16_t op, const struct kvp_wbuf *w,
-		      const void *bulk, size_t blen, struct kvp_client **c, struct kvp_call **call)
+/* GET of a whole chunk, checked against the stripe map's length and CRC: 0, -EILSEQ (bad CRC
+ * on the node, or not the stripe map's chunk), -ENOENT, or a transport error. */
+static int chunk_get(struct meta *m, const char *addr, const struct mreq_slot *sl, uint32_t len,
+		     uint8_t *buf)
 {
-	int rc = kvp_pool_get(m->pool, addr, c);
-	if (rc)
-		return rc;
-	rc = w->err ? w->err : kvp_call_start(*c, op, w->p, w->len, bulk, blen, call);
-	if (rc) {
-		kvp_pool_put(m->pool, *c);
-		*c = NULL;
-	}
-	return rc;
-}
-
-/* Waits for a GET (buf: room for len bytes, the chunk is copied there) or a VERIFY (buf NULL:
- * the node read and checked the chunk and answers only its CRC and length). Either way the
- * answer must match the stripe map's length and CRC. 0, -EILSEQ (bad CRC on the node, or not
- * the stripe map's chunk), -ENOENT, -EOPNOTSUPP (a VERIFY to a node older than it), or a
- * transport error. */
-static int chunk_finish(struct meta *m, struct kvp_client *c, struct kvp_call *call, uint8_t *buf,
-			uint32_t len, uint32_t want_crc)
-{
-	uint8_t *rb = NULL;
-	uint32_t rl = 0;
-	int rc = kvp_call_wait(call, IO_TIMEOUT_MS, &rb, &rl);
-	kvp_pool_put(m->pool, c);
-	if (rc)
-		return rc;
-	struct kvp_rbuf r;
-	kvp_r_init(&r, rb, rl);
-	uint32_t crc = kvp_r_u32(&r), n = kvp_r_u32(&r);
-	const uint8_t *p = buf ? kvp_r_bytes(&r, n) : NULL;
-	if ((buf && !p) || kvp_r_end(&r))
-		rc = -EPROTO;
-	else if (n != len || crc != want_crc || (buf && kvec_crc32c(0, p, n) != crc))
-		rc = -EILSEQ;
-	else if (buf)
-		memcpy(buf, p, n);
-	free(rb);
-	return rc;
-}
-
-static void get_body(struct kvp_wbuf *w, uint64_t chunk)
-{
-	kvp_w_init(w);
-	kvp_w_u64(w, chunk);
-	kvp_w_u32(w, 0);
-	kvp_w_u32(w, 0xFFFFFFFFu);
+	struct kvch_call c;
+	int rc = kvch_get_start(m->pool, addr, sl->chunk_id, 0, KVCH_TO_END, &c);
+	return rc ? rc : kvch_get_finish(&c, IO_TIMEOUT_MS, buf, len, &sl->crc);
 }
 
 /* A stripe as stored: its file's layout and its k+m slots. */
@@ -174,42 +135,34 @@ struct rctx {
 	int slot;	     /* this thread's inflight[] entry */
 };
 
-/* Rebuilds chunk `idx` of the stripe from the others into buf (plen bytes, zeroed). Empty
- * chunks are present as zeros without a read, as in the client's degraded read. */
-static int rebuild(struct rctx *x, struct rstripe *st, uint32_t idx, uint8_t **bufs, size_t plen)
+/* Rebuilds chunk `idx` of the stripe from the others into bufs[idx] (st->len[0] bytes each):
+ * every other stored chunk on an up node is asked at once, none twice, and decoded by kvch's
+ * stripe read (empty chunks are zeros without a read, as in the client's degraded read). */
+static int rebuild(struct rctx *x, struct rstripe *st, uint32_t idx, uint8_t **bufs)
 {
-	struct meta *m = x->m;
-	struct kvp_client *cl[KVEC_MAX_N] = {0};
-	struct kvp_call *call[KVEC_MAX_N] = {0};
-	uint64_t present = 0;
+	struct kvch_stripe ks = {
+	    .pool = x->m->pool, .k = st->f.k, .m = st->f.m, .timeout_ms = IO_TIMEOUT_MS};
 	for (uint32_t i = 0; i < st->w; i++) {
+		/* A node not up is left out as if it stored nothing. */
 		const struct rnode *n = node_find(x->nodes, x->nnodes, st->slot[i].node_id);
-		if (i != idx && st->len[i] == 0) {
-			memset(bufs[i], 0, plen);
-			present |= 1ull << i;
-		}
-		if (i == idx || st->len[i] == 0 || !n || n->state != KVP_NODE_UP)
-			continue;
-		struct kvp_wbuf w;
-		get_body(&w, st->slot[i].chunk_id);
-		if (call_start(m, n->addr, KVP_OP_GET, &w, NULL, 0, &cl[i], &call[i]))
-			call[i] = NULL;
-		kvp_w_free(&w);
-	}
-	for (uint32_t i = 0; i < st->w; i++) {
-		if (!call[i])
-			continue;
-		memset(bufs[i], 0, plen);
-		if (chunk_finish(m, cl[i], call[i], bufs[i], st->len[i], st->slot[i].crc) == 0)
-			present |= 1ull << i;
+		int up = n && n->state == KVP_NODE_UP;
+		ks.slot[i] = (struct kvch_slot){.addr = up ? n->addr : NULL,
+						.node_id = up ? n->id : 0,
+						.chunk_id = st->slot[i].chunk_id,
+						.crc = st->slot[i].crc,
+						.len = st->len[i]};
 	}
 	pthread_mutex_lock(x->mu);
-	struct kvec_codec *codec = codec_for(st->f.k, st->f.m, x->codecs);
+	ks.codec = codec_for(st->f.k, st->f.m, x->codecs);
 	pthread_mutex_unlock(x->mu);
-	if (!codec)
+	if (!ks.codec)
 		return -ENOMEM;
-	memset(bufs[idx], 0, plen);
-	return kvec_reconstruct(codec, bufs, present, 1ull << idx, plen);
+	uint64_t all = (1ull << st->w) - 1, want = 1ull << idx;
+	struct kvch_fetch f = {0};
+	kvch_fetch_start(&ks, &f, all & ~want);
+	/* Nothing beyond that first round: avoid holds every chunk not asked. */
+	int rc = kvch_stripe_read(&ks, &f, bufs, want, all & ~f.started, 0, NULL);
+	return rc < 0 ? rc : 0;
 }
 
 /* Rebuilds or moves one chunk (node, chunk) of (ino, stripe). Returns the bytes written, 0
@@ -267,17 +220,10 @@ static int64_t repair_slot(struct rctx *x, uint64_t ino, uint32_t s, uint32_t no
 	rc = len ? -EIO : 0;
 	const struct rnode *src = node_find(x->nodes, x->nnodes, node);
 	if (len && mode == MODE_DRAIN && src && src->state == KVP_NODE_UP) {
-		struct kvp_wbuf w;
-		struct kvp_client *c;
-		struct kvp_call *call;
-		get_body(&w, chunk);
-		rc = call_start(m, src->addr, KVP_OP_GET, &w, NULL, 0, &c, &call);
-		kvp_w_free(&w);
-		if (!rc)
-			rc = chunk_finish(m, c, call, bufs[idx], len, st.slot[idx].crc);
+		rc = chunk_get(m, src->addr, &st.slot[idx], len, bufs[idx]);
 	}
 	if (rc)
-		rc = rebuild(x, &st, idx, bufs, plen);
+		rc = rebuild(x, &st, idx, bufs);
 	if (rc) {
 		pthread_mutex_lock(x->mu);
 		dst->free += (int64_t)len;
@@ -295,20 +241,11 @@ static int64_t repair_slot(struct rctx *x, uint64_t ino, uint32_t s, uint32_t no
 	m->inflight[x->slot] = nid;
 	pthread_mutex_unlock(&m->job_mu);
 	uint32_t crc = kvec_crc32c(0, bufs[idx], len);
-	struct kvp_wbuf w;
-	kvp_w_init(&w);
-	kvp_w_u64(&w, nid);
-	kvp_w_u32(&w, crc);
-	kvp_w_u32(&w, len);
-	struct kvp_client *c;
-	struct kvp_call *call;
+	struct kvch_call c;
 	/* An empty chunk stays unstored, as the client wrote it. */
-	rc = len ? call_start(m, dst->addr, KVP_OP_PUT, &w, bufs[idx], len, &c, &call) : 0;
-	kvp_w_free(&w);
-	if (!rc && len) {
-		rc = kvp_call_wait(call, IO_TIMEOUT_MS, NULL, NULL);
-		kvp_pool_put(m->pool, c);
-	}
+	rc = len ? kvch_put_start(m->pool, dst->addr, nid, crc, bufs[idx], len, &c) : 0;
+	if (!rc && len)
+		rc = kvch_put_finish(&c, IO_TIMEOUT_MS);
 
 	/* The slot moves in one batch, if it still holds the chunk we rebuilt. */
 	rocksdb_writebatch_t *b = rocksdb_writebatch_create();
@@ -544,20 +481,6 @@ static size_t stripe_page(struct meta *m, const uint8_t *k, size_t kl, uint8_t f
 	return n;
 }
 
-/* Scrub of slot i through a GET, for a node that does not know VERIFY: the bytes cross to meta
- * (buf holds st.len[0] bytes). */
-static int scrub_get(struct meta *m, const char *addr, const struct rstripe *st, uint32_t i,
-		     uint8_t *buf)
-{
-	struct kvp_client *c;
-	struct kvp_call *call;
-	struct kvp_wbuf w;
-	get_body(&w, st->slot[i].chunk_id);
-	int rc = call_start(m, addr, KVP_OP_GET, &w, NULL, 0, &c, &call);
-	kvp_w_free(&w);
-	return rc ? rc : chunk_finish(m, c, call, buf, st->len[i], st->slot[i].crc);
-}
-
 static void scrub_job(struct rctx *x, uint64_t rate, int64_t start)
 {
 	struct meta *m = x->m;
@@ -575,8 +498,7 @@ static void scrub_job(struct rctx *x, uint64_t rate, int64_t start)
 			struct rstripe st;
 			if (stripe_load(m, page[p].ino, page[p].s, &st))
 				continue;
-			struct kvp_client *cl[KVEC_MAX_N] = {0};
-			struct kvp_call *call[KVEC_MAX_N] = {0};
+			struct kvch_call call[KVEC_MAX_N] = {0};
 			size_t need = (size_t)st.len[0] + 1;
 			if (need > bufcap) {
 				uint8_t *nb = realloc(buf, need);
@@ -594,21 +516,16 @@ static void scrub_job(struct rctx *x, uint64_t rate, int64_t start)
 				nd[i] = node_find(x->nodes, x->nnodes, st.slot[i].node_id);
 				if (!nd[i] || nd[i]->state != KVP_NODE_UP)
 					continue;
-				struct kvp_wbuf w;
-				kvp_w_init(&w);
-				kvp_w_u64(&w, st.slot[i].chunk_id);
-				if (call_start(m, nd[i]->addr, KVP_OP_VERIFY, &w, NULL, 0, &cl[i],
-					       &call[i]))
-					call[i] = NULL;
-				kvp_w_free(&w);
+				kvch_verify_start(m->pool, nd[i]->addr, st.slot[i].chunk_id,
+						  &call[i]);
 			}
 			for (uint32_t i = 0; i < st.w; i++) {
-				if (!call[i])
+				if (!call[i].call)
 					continue;
-				int rc = chunk_finish(m, cl[i], call[i], NULL, st.len[i],
-						      st.slot[i].crc);
+				int rc = kvch_verify_finish(&call[i], IO_TIMEOUT_MS, st.len[i],
+							    st.slot[i].crc);
 				if (rc == -EOPNOTSUPP) /* an older node: read the chunk over */
-					rc = scrub_get(m, nd[i]->addr, &st, i, buf);
+					rc = chunk_get(m, nd[i]->addr, &st.slot[i], st.len[i], buf);
 				mst_add(m, KVP_MST_SCRUB_CHECKED, 1);
 				int bad = rc == -ENOENT || rc == -EILSEQ;
 				if (!bad) {
