@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvp.h"
+#include "kvp_frame.h"
 
 _Static_assert(KVW_ADDR_MAX == KVP_ADDR_MAX, "a peer address is a kvp address");
 

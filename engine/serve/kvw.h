@@ -1,7 +1,8 @@
-/* kvw — the gateway <-> worker protocol: kvp frames (fs/proto/kvp.h: header, authentication,
- * little-endian bodies) with engine ops in their own range (0x100+), served by kvp_server in
- * `kvinfer prefill` / `kvinfer decode` workers. docs/serving.md describes the flow. Every body
- * below is built and parsed by this module's codec (kvw_*_enc / kvw_*_dec), nowhere else.
+/* kvw — the gateway <-> worker protocol: kvp frames (common/frame/kvp_frame.h: header,
+ * authentication, little-endian bodies) with engine ops in their own range (0x100+), served by
+ * kvp_server in `kvinfer prefill` / `kvinfer decode` workers. docs/serving.md describes the flow.
+ * Every body below is built and parsed by this module's codec (kvw_*_enc / kvw_*_dec), nowhere
+ * else.
  *
  *   KVW_OP_STATUS  -> (empty)
  *                  <- u32 waiting, u32 running, u32 queued_tokens, u32 kv_free, u32 kv_total,

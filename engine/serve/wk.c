@@ -20,7 +20,7 @@
 #include "cfg.h"
 #include "kvinfer_cli.h"
 #include "kvk_nccl.h"
-#include "kvp.h"
+#include "kvp_frame.h"
 #include "ktime.h"
 #include "kvw.h"
 #include "log.h"

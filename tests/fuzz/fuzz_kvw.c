@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvp.h"
+#include "kvp_frame.h"
 #include "kvw.h"
 #include "sample.h"
 
