@@ -1,6 +1,8 @@
-/* kvw — the gateway <-> worker protocol: kvp frames (fs/proto/kvp.h: header, authentication,
- * little-endian bodies) with engine ops in their own range (0x100+), served by kvp_server in
- * `kvinfer prefill` / `kvinfer decode` workers. docs/serving.md describes the flow.
+/* kvw — the gateway <-> worker protocol: kvp frames (common/frame/kvp_frame.h: header,
+ * authentication, little-endian bodies) with engine ops in their own range (0x100+), served by
+ * kvp_server in `kvinfer prefill` / `kvinfer decode` workers. docs/serving.md describes the flow.
+ * Every body below is built and parsed by this module's codec (kvw_*_enc / kvw_*_dec), nowhere
+ * else.
  *
  *   KVW_OP_STATUS  -> (empty)
  *                  <- u32 waiting, u32 running, u32 queued_tokens, u32 kv_free, u32 kv_total,
@@ -54,6 +56,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sample.h"
+
 enum kvw_op {
 	KVW_OP_STATUS = 0x100,
 	KVW_OP_PREFILL = 0x101,
@@ -70,31 +74,141 @@ enum kvw_event {
 	KVW_EV_PROMPT = 3,
 };
 
-#define KVW_SALT_MAX 256
+#define KVW_SALT_MAX	  256
+#define KVW_ADDR_MAX	  64 /* a peer's "host:port" (KVP_ADDR_MAX) */
+#define KVW_NCCL_ID_BYTES 128
+#define KVW_REASON_MAX	  32
+#define KVW_MSG_MAX	  256
 
 struct kvp_wbuf;
 struct kvp_rbuf;
-struct kvi_sample_params;
 
-/* A KVW_OP_KV_PUT request, parsed. */
+/* The codec: every op's request and reply body has an encoder (kvw_<msg>_enc) and a decoder
+ * (kvw_<msg>_dec); the gateway, the balancers and the workers build and parse worker frames
+ * only through them. Encoders append to a caller-owned kvp_wbuf and return its sticky error
+ * (0, -ENOMEM, -ENAMETOOLONG). Decoders read a whole body of len untrusted bytes: every length
+ * is checked against the body before use and the body must be consumed exactly. They return
+ * 0, -EBADMSG (the body does not parse: the receiver closes the connection), -ENAMETOOLONG (a
+ * string longer than its field), -EINVAL (well formed, but a field's value is impossible),
+ * -ENOMEM. Pointers a decoder leaves in its struct point into the body (valid while it is) or
+ * into the struct's own storage; *_free releases what a decoder allocated (also after an
+ * error, and on a zeroed struct). Plain functions on caller-owned state: thread-safe. */
+
+/* Requests with an empty body (STATUS, HELLO, NCCL_ID): 0 or -EBADMSG. */
+int kvw_empty_dec(const uint8_t *body, size_t len);
+
+/* STATUS reply. */
+struct kvw_status {
+	uint32_t waiting, running, queued_tokens, kv_free, kv_total;
+	uint32_t prompt_computed; /* prompt tokens computed since start, mod 2^32 */
+};
+int kvw_status_enc(struct kvp_wbuf *w, const struct kvw_status *s);
+int kvw_status_dec(const uint8_t *body, size_t len, struct kvw_status *s);
+
+/* PREFILL and GENERATE requests: a prompt's text. The decoder copies the text into text_buf
+ * (NUL-terminated; a NUL inside is -EBADMSG) and, for PREFILL, checks that a non-empty peer
+ * is a host:port with a ticket (-EINVAL). */
+struct kvw_prompt {
+	const char *salt; /* NULL or "" = none (decoded: NULL) */
+	struct kvi_sample_params sp;
+	uint8_t parse_special;
+	const char *text;
+	uint32_t len;
+	const char *peer; /* PREFILL: NULL or "" = hand over through the kv dir (decoded: "") */
+	uint64_t ticket;  /* PREFILL, with a peer */
+	/* decoder storage */
+	char salt_buf[KVW_SALT_MAX], peer_buf[KVW_ADDR_MAX];
+	char *text_buf;
+};
+int kvw_prefill_enc(struct kvp_wbuf *w, const struct kvw_prompt *q);
+int kvw_prefill_dec(const uint8_t *body, size_t len, struct kvw_prompt *q);
+int kvw_generate_enc(struct kvp_wbuf *w, const struct kvw_prompt *q);
+int kvw_generate_dec(const uint8_t *body, size_t len, struct kvw_prompt *q);
+void kvw_prompt_free(struct kvw_prompt *q);
+
+/* PREFILL reply. The encoder writes everything up to blen: the blen bytes of blk follow as
+ * the frame's bulk (kvp_reply's bulk, no copy). The decoder checks n > 0, handed <= 1. */
+struct kvw_prefilled {
+	uint32_t n;
+	const int32_t *toks;
+	uint32_t cached;
+	int32_t first;
+	uint8_t handed;
+	uint32_t blen;
+	const uint8_t *blk;
+	int32_t *toks_buf; /* decoder storage, malloc'd */
+};
+int kvw_prefilled_enc(struct kvp_wbuf *w, const struct kvw_prefilled *p);
+int kvw_prefilled_dec(const uint8_t *body, size_t len, struct kvw_prefilled *p);
+void kvw_prefilled_free(struct kvw_prefilled *p);
+
+/* DECODE request. The decoder checks n > 0. */
+struct kvw_decode {
+	const char *salt; /* as kvw_prompt */
+	struct kvi_sample_params sp;
+	uint32_t n;
+	const int32_t *toks;
+	int32_t first;
+	uint32_t blen;
+	const uint8_t *blk;
+	uint64_t ticket;
+	char salt_buf[KVW_SALT_MAX];
+	int32_t *toks_buf;
+};
+int kvw_decode_enc(struct kvp_wbuf *w, const struct kvw_decode *d);
+int kvw_decode_dec(const uint8_t *body, size_t len, struct kvw_decode *d);
+void kvw_decode_free(struct kvw_decode *d);
+
+/* One frame of a DECODE / GENERATE reply stream. TOKEN's encoder writes everything up to len:
+ * the len bytes of text follow as the frame's bulk. The decoder sets kind from the first
+ * byte even when it fails (-EBADMSG for an unknown kind, PROMPT with cached > n or n past
+ * INT32_MAX, a reason or message longer than its field). */
+struct kvw_ev {
+	uint8_t kind;			/* enum kvw_event */
+	uint32_t prompt_tokens, cached; /* PROMPT */
+	int32_t id;			/* TOKEN */
+	uint32_t len;
+	const uint8_t *text;
+	int32_t err; /* FINISH: 0 or a negative errno */
+	char reason[KVW_REASON_MAX], msg[KVW_MSG_MAX];
+};
+int kvw_ev_prompt_enc(struct kvp_wbuf *w, uint32_t prompt_tokens, uint32_t cached);
+int kvw_ev_token_enc(struct kvp_wbuf *w, int32_t id, uint32_t len);
+int kvw_ev_finish_enc(struct kvp_wbuf *w, int32_t err, const char *reason, const char *msg);
+int kvw_ev_dec(const uint8_t *body, size_t len, struct kvw_ev *e);
+
+/* HELLO reply: the decode worker's cache id, into id (cap bytes, NUL-terminated). */
+int kvw_hello_enc(struct kvp_wbuf *w, const char *cache_id);
+int kvw_hello_dec(const uint8_t *body, size_t len, char *id, size_t cap);
+
+/* NCCL_ID reply; *id points into the body. */
+int kvw_nccl_id_enc(struct kvp_wbuf *w, uint32_t session, const uint8_t id[KVW_NCCL_ID_BYTES]);
+int kvw_nccl_id_dec(const uint8_t *body, size_t len, uint32_t *session, const uint8_t **id);
+
+/* A KVW_OP_KV_PUT request. */
 struct kvw_put {
 	uint64_t ticket;
 	uint32_t n;
-	int32_t *toks; /* n token ids, malloc'd: the caller frees */
+	const int32_t *toks; /* n token ids */
 	uint32_t first_block, block_bytes, n_blocks;
 	uint8_t via;
 	uint32_t session;
 	const uint8_t *kv; /* via 0: the n_blocks x block_bytes bytes, inside the body; else NULL */
 	size_t kv_len;
+	int32_t *toks_buf; /* decoder storage, malloc'd */
 };
 
+/* Writes everything but the KV bytes (they follow as the frame's bulk); session is written
+ * as 0 for via 0. */
+int kvw_put_enc(struct kvp_wbuf *w, const struct kvw_put *p);
 /* Parses a KV_PUT body of len bytes: every length is checked against the body, nothing else
- * (geometry, ids, via > 1 without bytes are the worker's to judge). 0 (free p->toks), -EBADMSG,
+ * (geometry, ids, via > 1 without bytes are the worker's to judge). 0, -EBADMSG,
  * -ENOMEM. */
-int kvw_put_parse(const uint8_t *body, size_t len, struct kvw_put *p);
+int kvw_put_dec(const uint8_t *body, size_t len, struct kvw_put *p);
+void kvw_put_free(struct kvw_put *p);
 
-/* The params field of PREFILL and DECODE. The reader leaves stop tokens empty and checks
- * nothing beyond the encoding (the sampler accepts any values). */
+/* The params field of PREFILL, GENERATE and DECODE. The reader leaves stop tokens empty and
+ * checks nothing beyond the encoding (the sampler accepts any values; max_tokens < 0 reads 0). */
 void kvw_w_params(struct kvp_wbuf *w, const struct kvi_sample_params *p);
 void kvw_r_params(struct kvp_rbuf *r, struct kvi_sample_params *p);
 

@@ -215,7 +215,7 @@ struct pf_result {
 	int32_t *toks;
 	int n, cached;
 	int32_t first;
-	uint8_t *blk; /* points into body */
+	const uint8_t *blk; /* points into body */
 	uint32_t blen;
 	int handed; /* the whole KV is parked at the decode replica named in the PREFILL */
 	uint8_t *body;
@@ -223,26 +223,21 @@ struct pf_result {
 
 static int pf_parse(uint8_t *body, uint32_t len, struct pf_result *p)
 {
-	struct kvp_rbuf rb;
-	kvp_r_init(&rb, body, len);
-	uint32_t n = kvp_r_u32(&rb);
-	if (n == 0 || (size_t)n * 4 > len)
-		return -EBADMSG;
-	p->toks = malloc((size_t)n * sizeof(int32_t));
-	if (!p->toks)
-		return -ENOMEM;
-	for (uint32_t i = 0; i < n; i++)
-		p->toks[i] = (int32_t)kvp_r_u32(&rb);
-	p->n = (int)n;
-	p->cached = (int)kvp_r_u32(&rb);
-	p->first = (int32_t)kvp_r_u32(&rb);
-	p->handed = kvp_r_u8(&rb) == 1;
-	p->blen = kvp_r_u32(&rb);
-	p->blk = (uint8_t *)kvp_r_bytes(&rb, p->blen);
-	int rc = kvp_r_end(&rb);
-	if (!rc) /* on error the caller frees body: p must not hold it too */
-		p->body = body;
-	return rc;
+	struct kvw_prefilled d;
+	int rc = kvw_prefilled_dec(body, len, &d);
+	if (rc) { /* the caller frees body: p must not hold it either */
+		kvw_prefilled_free(&d);
+		return rc;
+	}
+	p->toks = d.toks_buf; /* p owns it now */
+	p->n = (int)d.n;
+	p->cached = (int)d.cached;
+	p->first = d.first;
+	p->handed = d.handed == 1;
+	p->blen = d.blen;
+	p->blk = d.blk;
+	p->body = body;
+	return 0;
 }
 
 /* Runs the prompt on a prefill replica, retrying others on transport failures. peer: the
@@ -252,17 +247,18 @@ static int do_prefill(struct lreq *q, struct pf_result *res, const char *peer, u
 	struct lb *l = q->l;
 	struct kvp_wbuf w;
 	kvp_w_init(&w);
-	kvp_w_cstr(&w, q->salt ? q->salt : "");
-	kvw_w_params(&w, &q->sp);
-	kvp_w_u8(&w, (uint8_t)q->chat);
 	size_t plen = strlen(q->prompt);
-	kvp_w_u32(&w, (uint32_t)plen);
-	kvp_w_bytes(&w, q->prompt, plen);
-	kvp_w_cstr(&w, peer ? peer : "");
-	kvp_w_u64(&w, peer ? ticket : 0);
-	if (w.err) {
+	struct kvw_prompt m = {.salt = q->salt,
+			       .sp = q->sp,
+			       .parse_special = (uint8_t)q->chat,
+			       .text = q->prompt,
+			       .len = (uint32_t)plen,
+			       .peer = peer,
+			       .ticket = ticket};
+	int erc = kvw_prefill_enc(&w, &m);
+	if (erc) {
 		kvp_w_free(&w);
-		return w.err;
+		return erc;
 	}
 	int skip[LB_MAX_REPLICAS] = {0}, rc = -EAGAIN;
 	uint64_t key = fnv1a(q->prompt, 0xcbf29ce484222325ULL);
@@ -346,36 +342,30 @@ static int decode_on(struct lreq *q, struct replica *r, uint16_t op, const struc
 			free(body);
 			break;
 		}
-		struct kvp_rbuf rb;
-		kvp_r_init(&rb, body, rh.len);
-		uint8_t ev = kvp_r_u8(&rb);
-		if (ev == KVW_EV_PROMPT) { /* GENERATE: the decode worker tokenized the prompt */
-			uint32_t n = kvp_r_u32(&rb), cached = kvp_r_u32(&rb);
-			if (!kvp_r_end(&rb) && n <= INT32_MAX && cached <= n)
-				gw_job_prompt(q->job, (int)n, (int)cached);
+		struct kvw_ev ev;
+		int bad = kvw_ev_dec(body, rh.len, &ev);
+		/* GENERATE: the decode worker tokenized the prompt */
+		if (ev.kind == KVW_EV_PROMPT) {
+			if (!bad)
+				gw_job_prompt(q->job, (int)ev.prompt_tokens, (int)ev.cached);
 			free(body);
 			continue;
 		}
-		if (ev == KVW_EV_TOKEN) {
-			kvp_r_u32(&rb);
-			uint32_t len = kvp_r_u32(&rb);
-			const uint8_t *p = kvp_r_bytes(&rb, len);
-			if (!kvp_r_end(&rb)) {
-				gw_job_token(q->job, (const char *)p, len);
+		if (ev.kind == KVW_EV_TOKEN) {
+			if (!bad) {
+				gw_job_token(q->job, (const char *)ev.text, ev.len);
 				(*ntok)++;
 			}
 			free(body);
 			continue;
 		}
-		int err = (int32_t)kvp_r_u32(&rb);
-		char reason[32], msg[256];
-		kvp_r_str(&rb, reason, sizeof(reason));
-		kvp_r_str(&rb, msg, sizeof(msg));
 		free(body);
-		if (kvp_r_end(&rb) || ev != KVW_EV_FINISH) {
+		if (bad) { /* not a FINISH, or a bad one */
 			rc = -EBADMSG;
 			break;
 		}
+		int err = ev.err;
+		const char *reason = ev.reason, *msg = ev.msg;
 		pthread_mutex_lock(&q->mu);
 		q->fd = -1;
 		pthread_mutex_unlock(&q->mu);
@@ -413,27 +403,27 @@ static void lreq_put(struct lreq *q)
 /* The GENERATE body: the prompt text, for a decode replica to compute itself. */
 static void w_generate(struct kvp_wbuf *w, const struct lreq *q)
 {
-	kvp_w_cstr(w, q->salt ? q->salt : "");
-	kvw_w_params(w, &q->sp);
-	kvp_w_u8(w, (uint8_t)q->chat);
-	size_t plen = strlen(q->prompt);
-	kvp_w_u32(w, (uint32_t)plen);
-	kvp_w_bytes(w, q->prompt, plen);
+	struct kvw_prompt m = {.salt = q->salt,
+			       .sp = q->sp,
+			       .parse_special = (uint8_t)q->chat,
+			       .text = q->prompt,
+			       .len = (uint32_t)strlen(q->prompt)};
+	kvw_generate_enc(w, &m); /* errors are sticky in w */
 }
 
 /* The DECODE body after a PREFILL. */
 static void w_decode(struct kvp_wbuf *w, const struct lreq *q, const struct pf_result *pr,
 		     uint64_t ticket)
 {
-	kvp_w_cstr(w, q->salt ? q->salt : "");
-	kvw_w_params(w, &q->sp);
-	kvp_w_u32(w, (uint32_t)pr->n);
-	for (int i = 0; i < pr->n; i++)
-		kvp_w_u32(w, (uint32_t)pr->toks[i]);
-	kvp_w_u32(w, (uint32_t)pr->first);
-	kvp_w_u32(w, pr->blen);
-	kvp_w_bytes(w, pr->blk, pr->blen);
-	kvp_w_u64(w, pr->handed ? ticket : 0);
+	struct kvw_decode m = {.salt = q->salt,
+			       .sp = q->sp,
+			       .n = (uint32_t)pr->n,
+			       .toks = pr->toks,
+			       .first = pr->first,
+			       .blen = pr->blen,
+			       .blk = pr->blk,
+			       .ticket = pr->handed ? ticket : 0};
+	kvw_decode_enc(w, &m); /* errors are sticky in w */
 }
 
 /* PREFILL (a direct hand-over to a decode replica picked now, with LB_HANDOFF_DIRECT), then
@@ -722,16 +712,13 @@ struct probe {
 
 static void probe_apply(struct lb *l, struct probe *p, uint8_t *body, uint32_t len)
 {
-	struct kvp_rbuf rb;
-	kvp_r_init(&rb, body, len);
-	kvp_r_u32(&rb);
-	int running = (int)kvp_r_u32(&rb), queued = (int)kvp_r_u32(&rb);
-	int kv_free = (int)kvp_r_u32(&rb);
-	kvp_r_u32(&rb);
-	uint32_t computed = kvp_r_u32(&rb);
+	struct kvw_status st = {0};
 	int rc = p->rc;
 	if (!rc)
-		rc = kvp_r_end(&rb);
+		rc = kvw_status_dec(body, len, &st);
+	int running = (int)st.running, queued = (int)st.queued_tokens;
+	int kv_free = (int)st.kv_free;
+	uint32_t computed = st.prompt_computed;
 	pthread_mutex_lock(&l->mu);
 	struct replica *r = p->r;
 	if (!rc && !r->up)

@@ -28,7 +28,7 @@
 #define KVFS_LB_H
 
 #include "gw.h"
-#include "kvp.h"
+#include "kvp_frame.h"
 
 enum lb_policy { LB_RR = 0, LB_LEAST = 1, LB_CACHE = 2 };
 

@@ -20,7 +20,7 @@
 #include "cfg.h"
 #include "kvinfer_cli.h"
 #include "kvk_nccl.h"
-#include "kvp.h"
+#include "kvp_frame.h"
 #include "ktime.h"
 #include "kvw.h"
 #include "log.h"
@@ -75,16 +75,15 @@ static void wr_done(struct wreq *w)
 int wk_pf_reply(struct kvp_conn *c, const struct kvp_hdr *h, const int32_t *toks, int n, int cached,
 		int32_t first, int handed, const void *blk, size_t blen)
 {
+	struct kvw_prefilled p = {.n = (uint32_t)n,
+				  .toks = toks,
+				  .cached = (uint32_t)cached,
+				  .first = first,
+				  .handed = (uint8_t)handed,
+				  .blen = (uint32_t)blen};
 	struct kvp_wbuf b;
 	kvp_w_init(&b);
-	kvp_w_u32(&b, (uint32_t)n);
-	for (int i = 0; i < n; i++)
-		kvp_w_u32(&b, (uint32_t)toks[i]);
-	kvp_w_u32(&b, (uint32_t)cached);
-	kvp_w_u32(&b, (uint32_t)first);
-	kvp_w_u8(&b, (uint8_t)handed);
-	kvp_w_u32(&b, (uint32_t)blen);
-	int rc = b.err;
+	int rc = kvw_prefilled_enc(&b, &p);
 	if (!rc)
 		kvp_reply(c, h, 0, b.p, b.len, blk, blen);
 	kvp_w_free(&b);
@@ -115,10 +114,8 @@ static void dc_prompt(void *u, int prompt_tokens, int cached)
 	struct wreq *w = u;
 	struct kvp_wbuf b;
 	kvp_w_init(&b);
-	kvp_w_u8(&b, KVW_EV_PROMPT);
-	kvp_w_u32(&b, (uint32_t)prompt_tokens);
-	kvp_w_u32(&b, (uint32_t)cached);
-	if (b.err || kvp_reply(w->c, &w->h, 0, b.p, b.len, NULL, 0))
+	if (kvw_ev_prompt_enc(&b, (uint32_t)prompt_tokens, (uint32_t)cached) ||
+	    kvp_reply(w->c, &w->h, 0, b.p, b.len, NULL, 0))
 		sch_cancel(w->r);
 	kvp_w_free(&b);
 }
@@ -128,11 +125,9 @@ static void dc_token(void *u, int32_t id, const char *piece, size_t len)
 	struct wreq *w = u;
 	struct kvp_wbuf b;
 	kvp_w_init(&b);
-	kvp_w_u8(&b, KVW_EV_TOKEN);
-	kvp_w_u32(&b, (uint32_t)id);
-	kvp_w_u32(&b, (uint32_t)len);
 	/* the gateway is gone: stop generating and free the KV */
-	if (b.err || kvp_reply(w->c, &w->h, 0, b.p, b.len, piece, len))
+	if (kvw_ev_token_enc(&b, id, (uint32_t)len) ||
+	    kvp_reply(w->c, &w->h, 0, b.p, b.len, piece, len))
 		sch_cancel(w->r);
 	kvp_w_free(&b);
 }
@@ -142,56 +137,76 @@ static void dc_finish(void *u, const char *reason, int err, const char *msg)
 	struct wreq *w = u;
 	struct kvp_wbuf b;
 	kvp_w_init(&b);
-	kvp_w_u8(&b, KVW_EV_FINISH);
-	kvp_w_u32(&b, (uint32_t)err);
-	kvp_w_cstr(&b, reason ? reason : "");
-	kvp_w_cstr(&b, msg ? msg : "");
-	if (!b.err)
+	if (!kvw_ev_finish_enc(&b, err, reason, msg))
 		kvp_reply(w->c, &w->h, 0, b.p, b.len, NULL, 0);
 	kvp_w_free(&b);
 	wr_done(w);
 }
 
+/* Decodes a PREFILL, GENERATE or DECODE body into j (pointing into q / d). */
+static int job_dec(struct wk *k, const struct kvp_hdr *h, const uint8_t *body, int gen,
+		   struct sch_job *j, struct kvw_prompt *q, struct kvw_decode *d)
+{
+	if (k->mode == SCH_PREFILL || gen) {
+		int rc = gen ? kvw_generate_dec(body, h->len, q) : kvw_prefill_dec(body, h->len, q);
+		j->salt = q->salt;
+		j->sp = q->sp;
+		j->parse_special = q->parse_special;
+		j->prompt = q->text;
+		return rc;
+	}
+	int rc = kvw_decode_dec(body, h->len, d);
+	j->salt = d->salt;
+	j->sp = d->sp;
+	j->toks = d->toks;
+	j->n = (int)d->n;
+	j->first = d->first;
+	j->blen = d->blen;
+	j->blk = d->blk;
+	j->ticket = d->ticket;
+	return rc;
+}
+
+/* Answers STATUS or HELLO (bodies checked by the caller: rc). */
+static void wk_small_reply(struct wk *k, struct kvp_conn *c, const struct kvp_hdr *h, int rc)
+{
+	struct kvp_wbuf b;
+	kvp_w_init(&b);
+	if (!rc && h->op == KVW_OP_STATUS) {
+		struct sch_load l;
+		sch_load_get(k->s, &l);
+		struct kvw_status st = {.waiting = (uint32_t)l.waiting,
+					.running = (uint32_t)l.running,
+					.queued_tokens = (uint32_t)l.queued_tokens,
+					.kv_free = (uint32_t)l.kv_free,
+					.kv_total = (uint32_t)l.kv_total,
+					.prompt_computed = l.prompt_computed};
+		rc = kvw_status_enc(&b, &st);
+	} else if (!rc) {
+		rc = kvw_hello_enc(&b, sch_cache_id(k->s));
+	}
+	kvp_reply(c, h, rc, rc ? NULL : b.p, rc ? 0 : b.len, NULL, 0);
+	kvp_w_free(&b);
+}
+
 static int wk_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, uint8_t *body)
 {
 	struct wk *k = ctx;
-	struct kvp_rbuf rb;
-	kvp_r_init(&rb, body, h->len);
-	if (h->op == KVW_OP_STATUS) {
+	if (h->op == KVW_OP_STATUS ||
+	    (k->mode == SCH_DECODE && (h->op == KVW_OP_HELLO || h->op == KVW_OP_NCCL_ID))) {
+		int rc = kvw_empty_dec(body, h->len);
 		free(body);
-		struct sch_load l;
-		sch_load_get(k->s, &l);
-		struct kvp_wbuf b;
-		kvp_w_init(&b);
-		kvp_w_u32(&b, (uint32_t)l.waiting);
-		kvp_w_u32(&b, (uint32_t)l.running);
-		kvp_w_u32(&b, (uint32_t)l.queued_tokens);
-		kvp_w_u32(&b, (uint32_t)l.kv_free);
-		kvp_w_u32(&b, (uint32_t)l.kv_total);
-		kvp_w_u32(&b, l.prompt_computed);
-		kvp_reply(c, h, b.err, b.p, b.len, NULL, 0);
-		kvp_w_free(&b);
-		return 0;
+		if (!rc && h->op == KVW_OP_NCCL_ID)
+			wk_dc_nccl_id(k, c, h);
+		else
+			wk_small_reply(k, c, h, rc);
+		return rc ? -1 : 0;
 	}
 	if (k->mode == SCH_DECODE && h->op == KVW_OP_KV_PUT) {
 		int rc = wk_dc_put(k, body, h->len);
 		free(body);
 		kvp_reply(c, h, rc, NULL, 0, NULL, 0);
 		return rc == -EBADMSG ? -1 : 0;
-	}
-	if (k->mode == SCH_DECODE && h->op == KVW_OP_HELLO) {
-		free(body);
-		struct kvp_wbuf b;
-		kvp_w_init(&b);
-		kvp_w_cstr(&b, sch_cache_id(k->s));
-		kvp_reply(c, h, b.err, b.p, b.len, NULL, 0);
-		kvp_w_free(&b);
-		return 0;
-	}
-	if (k->mode == SCH_DECODE && h->op == KVW_OP_NCCL_ID) {
-		free(body);
-		wk_dc_nccl_id(k, c, h);
-		return 0;
 	}
 	int want = k->mode == SCH_PREFILL ? KVW_OP_PREFILL : KVW_OP_DECODE;
 	int gen = k->mode == SCH_DECODE && h->op == KVW_OP_GENERATE; /* computed here: SCH_FULL */
@@ -200,53 +215,10 @@ static int wk_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, ui
 		kvp_reply(c, h, -EOPNOTSUPP, NULL, 0, NULL, 0);
 		return 0;
 	}
-	char salt[KVW_SALT_MAX];
 	struct sch_job j = {.mode = gen ? SCH_FULL : k->mode};
-	kvp_r_str(&rb, salt, sizeof(salt));
-	j.salt = salt[0] ? salt : NULL;
-	kvw_r_params(&rb, &j.sp);
-	char *prompt = NULL;
-	int32_t *toks = NULL;
-	char peer[KVP_ADDR_MAX] = "";
-	uint64_t ticket = 0;
-	if (k->mode == SCH_PREFILL || gen) {
-		j.parse_special = kvp_r_u8(&rb);
-		uint32_t len = kvp_r_u32(&rb);
-		const uint8_t *p = kvp_r_bytes(&rb, len);
-		if (p && (prompt = malloc((size_t)len + 1))) {
-			memcpy(prompt, p, len);
-			prompt[len] = 0;
-			if (strlen(prompt) != len) /* a NUL inside: not text */
-				rb.err = -EBADMSG;
-		}
-		j.prompt = prompt;
-		if (!gen) {
-			kvp_r_str(&rb, peer, sizeof(peer));
-			ticket = kvp_r_u64(&rb);
-		}
-	} else {
-		uint32_t n = kvp_r_u32(&rb);
-		if (n == 0 || (size_t)n * 4 > h->len)
-			rb.err = -EBADMSG;
-		else if ((toks = malloc((size_t)n * sizeof(int32_t))))
-			for (uint32_t i = 0; i < n; i++)
-				toks[i] = (int32_t)kvp_r_u32(&rb);
-		j.toks = toks;
-		j.n = (int)n;
-		j.first = (int32_t)kvp_r_u32(&rb);
-		j.blen = kvp_r_u32(&rb);
-		j.blk = kvp_r_bytes(&rb, j.blen);
-		j.ticket = kvp_r_u64(&rb);
-	}
-	int rc = kvp_r_end(&rb);
-	if (!rc && peer[0]) { /* a direct hand-over: a valid address and a ticket */
-		char host[KVP_ADDR_MAX];
-		uint16_t port;
-		if (!ticket || kvp_addr_parse(peer, host, sizeof(host), &port) || !port)
-			rc = -EINVAL;
-	}
-	if (!rc && !(prompt || toks))
-		rc = -ENOMEM;
+	struct kvw_prompt q = {0};
+	struct kvw_decode d = {0};
+	int rc = job_dec(k, h, body, gen, &j, &q, &d);
 	struct wreq *w = rc ? NULL : calloc(1, sizeof(*w));
 	if (!rc && !w)
 		rc = -ENOMEM;
@@ -259,10 +231,10 @@ static int wk_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, ui
 		w->k = k;
 		w->c = c;
 		w->h = *h;
-		if (peer[0]) {
-			memcpy(w->peer, peer, sizeof(w->peer));
-			w->ticket = ticket;
-			wk_peer_get(k, peer, &w->pi);
+		if (!gen && k->mode == SCH_PREFILL && q.peer[0]) {
+			memcpy(w->peer, q.peer_buf, sizeof(w->peer));
+			w->ticket = q.ticket;
+			wk_peer_get(k, w->peer, &w->pi);
 			j.handoff = w->pi.c ? SCH_HANDOFF_DEVICE : SCH_HANDOFF_BYTES;
 			j.handoff_skip_cached = w->pi.shared;
 		}
@@ -275,8 +247,8 @@ static int wk_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, ui
 	}
 	if (rc)
 		kvp_reply(c, h, rc, NULL, 0, NULL, 0);
-	free(prompt);
-	free(toks);
+	kvw_prompt_free(&q);
+	kvw_decode_free(&d);
 	free(body);
 	return rc == -EBADMSG ? -1 : 0;
 }

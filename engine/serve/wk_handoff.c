@@ -15,21 +15,23 @@
 #include "log.h"
 #include "wk_int.h"
 
+_Static_assert(KVK_NCCL_ID_BYTES == KVW_NCCL_ID_BYTES, "kvw carries an NCCL id");
+
 /* ---- direct hand-over, prefill side ---------------------------------------------------- */
 
 /* The KVW_OP_KV_PUT body: everything but the bytes of the KV. */
 static void put_header(struct kvp_wbuf *b, const struct wreq *w, const struct sch_handoff *h,
 		       int via)
 {
-	kvp_w_u64(b, w->ticket);
-	kvp_w_u32(b, (uint32_t)h->n);
-	for (int i = 0; i < h->n; i++)
-		kvp_w_u32(b, (uint32_t)h->toks[i]);
-	kvp_w_u32(b, (uint32_t)h->first_block);
-	kvp_w_u32(b, (uint32_t)h->block_bytes);
-	kvp_w_u32(b, (uint32_t)h->n_blocks);
-	kvp_w_u8(b, (uint8_t)via);
-	kvp_w_u32(b, via ? w->pi.session : 0);
+	struct kvw_put p = {.ticket = w->ticket,
+			    .n = (uint32_t)h->n,
+			    .toks = h->toks,
+			    .first_block = (uint32_t)h->first_block,
+			    .block_bytes = (uint32_t)h->block_bytes,
+			    .n_blocks = (uint32_t)h->n_blocks,
+			    .via = (uint8_t)via,
+			    .session = w->pi.session};
+	kvw_put_enc(b, &p); /* errors are sticky in b */
 }
 
 /* A hand-over by bytes, sent and answered on a thread of its own so the prefill scheduler
@@ -248,11 +250,8 @@ static struct kvk_nccl *nccl_setup(struct wk *k, const char *peer, uint32_t *ses
 	}
 	struct kvk_nccl *c = NULL;
 	if (!rc) {
-		struct kvp_rbuf rb;
-		kvp_r_init(&rb, body, len);
-		*session = kvp_r_u32(&rb);
-		const uint8_t *id = kvp_r_bytes(&rb, KVK_NCCL_ID_BYTES);
-		rc = kvp_r_end(&rb);
+		const uint8_t *id = NULL;
+		rc = kvw_nccl_id_dec(body, len, session, &id);
 		if (!rc)
 			rc = sch_nccl_join(k->s, id, 1, &c);
 	}
@@ -288,10 +287,7 @@ int wk_peer_get(struct wk *k, const char *peer, struct wk_peer *out)
 	}
 	if (!rc) {
 		char id[CFG_STR_MAX + 64];
-		struct kvp_rbuf rb;
-		kvp_r_init(&rb, body, len);
-		kvp_r_str(&rb, id, sizeof(id));
-		rc = kvp_r_end(&rb);
+		rc = kvw_hello_dec(body, len, id, sizeof(id));
 		const char *mine = sch_cache_id(k->s);
 		e.shared = !rc && mine[0] && !strcmp(id, mine);
 	}
@@ -397,9 +393,11 @@ static int park_nccl_guarded(struct wk *k, uint64_t ticket, const int32_t *toks,
 int wk_dc_put(struct wk *k, const uint8_t *body, size_t len)
 {
 	struct kvw_put p;
-	int rc = kvw_put_parse(body, len, &p);
-	if (rc)
+	int rc = kvw_put_dec(body, len, &p);
+	if (rc) {
+		kvw_put_free(&p);
 		return rc;
+	}
 	/* another geometry: the prefill worker falls back to the kv dir. n_blocks is checked for
 	 * NCCL too: both sides must transfer the same count, or one waits in NCCL for good */
 	if (p.via > 1 || p.block_bytes != sch_block_bytes(k->s) || p.first_block > p.n ||
@@ -412,7 +410,7 @@ int wk_dc_put(struct wk *k, const uint8_t *body, size_t len)
 		rc = p.session ? park_nccl_guarded(k, p.ticket, p.toks, (int)p.n,
 						   (int)p.first_block, p.session)
 			       : -ENOENT;
-	free(p.toks);
+	kvw_put_free(&p);
 	return rc;
 }
 
@@ -431,10 +429,9 @@ void wk_dc_nccl_id(struct wk *k, struct kvp_conn *conn, const struct kvp_hdr *h)
 	pthread_mutex_unlock(&k->mu);
 	struct kvp_wbuf b;
 	kvp_w_init(&b);
-	kvp_w_u32(&b, sess);
-	kvp_w_bytes(&b, id, sizeof(id));
+	int erc = kvw_nccl_id_enc(&b, sess, id);
 	if (!rc)
-		rc = b.err;
+		rc = erc;
 	kvp_reply(conn, h, rc, rc ? NULL : b.p, rc ? 0 : b.len, NULL, 0);
 	kvp_w_free(&b);
 	struct kvk_nccl *c = NULL;

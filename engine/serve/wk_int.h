@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvp.h"
+#include "kvp_frame.h"
 #include "sch.h"
 
 #define PUT_TIMEOUT_MS	   30000 /* a decode worker parks a hand-over at its next step */

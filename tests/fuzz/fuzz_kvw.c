@@ -1,4 +1,4 @@
-/* libFuzzer target: the KVW_OP_KV_PUT body parser (engine/serve/kvw.c) over untrusted bytes —
+/* libFuzzer target: the KVW_OP_KV_PUT body decoder (engine/serve/kvw.c) over untrusted bytes —
  * what a decode worker reads from any authenticated peer. Checks that an accepted body's
  * fields agree with its length and that the KV bytes lie inside it. */
 #include <errno.h>
@@ -6,17 +6,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvp.h"
+#include "kvp_frame.h"
 #include "kvw.h"
 #include "sample.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct kvw_put p;
-	int rc = kvw_put_parse(data, size, &p);
+	int rc = kvw_put_dec(data, size, &p);
 	if (rc == 0) {
 		size_t fixed = 8 + 4 + (size_t)p.n * 4 + 4 + 4 + 4 + 1 + 4;
-		if (p.n == 0 || !p.toks)
+		if (p.n == 0 || !p.toks || p.toks != p.toks_buf)
 			abort();
 		if (p.via == 0) {
 			if (p.kv_len != (size_t)p.n_blocks * p.block_bytes ||
@@ -31,10 +31,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			    (int32_t)(data[12 + 4 * i] | data[13 + 4 * i] << 8 |
 				      data[14 + 4 * i] << 16 | (uint32_t)data[15 + 4 * i] << 24))
 				abort();
-		free(p.toks);
 	} else if (rc != -EBADMSG && rc != -ENOMEM) {
 		abort();
 	}
+	kvw_put_free(&p);
 	/* the sampling-parameter field of PREFILL / DECODE on the same bytes */
 	struct kvp_rbuf rb;
 	struct kvi_sample_params sp;

@@ -1,5 +1,5 @@
 /* Frame header and body encoding: explicit little-endian, every read bounds-checked. */
-#include "kvp.h"
+#include "kvp_frame.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -149,23 +149,6 @@ void kvp_w_cstr(struct kvp_wbuf *w, const char *s)
 	kvp_w_str(w, s, strlen(s));
 }
 
-void kvp_w_attr(struct kvp_wbuf *w, const struct kvp_attr *a)
-{
-	kvp_w_u64(w, a->ino);
-	kvp_w_u32(w, a->mode);
-	kvp_w_u32(w, a->nlink);
-	kvp_w_u64(w, a->size);
-	kvp_w_i64(w, a->mtime_ns);
-	kvp_w_i64(w, a->atime_ns);
-	kvp_w_i64(w, a->ctime_ns);
-	kvp_w_u64(w, a->stored);
-	kvp_w_u32(w, a->chunk_size);
-	kvp_w_u8(w, a->k);
-	kvp_w_u8(w, a->m);
-	kvp_w_u16(w, 0);
-	kvp_w_i64(w, a->access_ns);
-}
-
 void kvp_r_init(struct kvp_rbuf *r, const void *p, size_t len)
 {
 	r->p = p;
@@ -232,23 +215,6 @@ size_t kvp_r_str(struct kvp_rbuf *r, char *dst, size_t cap)
 	memcpy(dst, p, n);
 	dst[n] = 0;
 	return n;
-}
-
-void kvp_r_attr(struct kvp_rbuf *r, struct kvp_attr *a)
-{
-	a->ino = kvp_r_u64(r);
-	a->mode = kvp_r_u32(r);
-	a->nlink = kvp_r_u32(r);
-	a->size = kvp_r_u64(r);
-	a->mtime_ns = kvp_r_i64(r);
-	a->atime_ns = kvp_r_i64(r);
-	a->ctime_ns = kvp_r_i64(r);
-	a->stored = kvp_r_u64(r);
-	a->chunk_size = kvp_r_u32(r);
-	a->k = kvp_r_u8(r);
-	a->m = kvp_r_u8(r);
-	(void)kvp_r_u16(r);
-	a->access_ns = kvp_r_i64(r);
 }
 
 int kvp_r_end(const struct kvp_rbuf *r)

@@ -2,7 +2,7 @@
  * responses to waiting calls by id. A connection that fails fails every call in flight; the
  * pool then opens a new one on the next use. */
 #define KVFS_LOG_TAG "rpc"
-#include "kvp.h"
+#include "kvp_frame.h"
 #include "ktime.h"
 #include "log.h"
 

@@ -1,5 +1,5 @@
 /* Sockets and framed I/O. Loopback-or-LAN TCP; frames are written with one writev. */
-#include "kvp.h"
+#include "kvp_frame.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -2,7 +2,7 @@
  * the authentication handshake; then every frame is checked and handed to the handler. A bad
  * frame or a failed handshake closes that connection and is logged; the daemon goes on. */
 #define KVFS_LOG_TAG "server"
-#include "kvp.h"
+#include "kvp_frame.h"
 #include "log.h"
 
 #include <arpa/inet.h>

@@ -3,7 +3,7 @@
  * it nor a server impersonating the cluster gets past the handshake; MACs are compared in
  * constant time. docs/protocol.md gives the exact bytes. */
 #define KVFS_LOG_TAG "auth"
-#include "kvp.h"
+#include "kvp_frame.h"
 #include "log.h"
 
 #include <errno.h>

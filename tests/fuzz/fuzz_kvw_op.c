@@ -1,0 +1,142 @@
+/* libFuzzer targets: one decoder of the worker protocol (engine/serve/kvw.h) over untrusted
+ * bytes, built once per op with KVW_FUZZ_OP naming it (tests/CMakeLists.txt: fuzz_kvw_<op>).
+ * What a worker or a balancer reads from any authenticated peer. Checks, besides ASan/UBSan:
+ *  - a decoder answers 0 or one of its documented errors;
+ *  - what it accepts re-encodes to a body the decoder accepts again, and encoding that gives
+ *    the same bytes (the encoding is canonical after one pass);
+ *  - for ops without normalised fields, the re-encoding is the input itself. */
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvp_frame.h"
+#include "kvw.h"
+
+enum {
+	OP_STATUS = 1,
+	OP_PREFILL,
+	OP_PREFILLED,
+	OP_GENERATE,
+	OP_DECODE,
+	OP_EV,
+	OP_HELLO,
+	OP_NCCL_ID
+};
+
+#ifndef KVW_FUZZ_OP
+#error "define KVW_FUZZ_OP"
+#endif
+
+/* Decodes in, and on success encodes it again into out (bulk bytes appended). *exact: the
+ * re-encoding must equal in. Returns the decoder's status. */
+static int dec_enc(const uint8_t *in, size_t n, struct kvp_wbuf *out, int *exact)
+{
+	int rc;
+	*exact = 1;
+	switch (KVW_FUZZ_OP) {
+	case OP_STATUS: {
+		struct kvw_status s;
+		if (!(rc = kvw_status_dec(in, n, &s)))
+			kvw_status_enc(out, &s);
+		return rc;
+	}
+	case OP_PREFILL:
+	case OP_GENERATE: {
+		struct kvw_prompt q;
+		int pf = KVW_FUZZ_OP == OP_PREFILL;
+		rc = pf ? kvw_prefill_dec(in, n, &q) : kvw_generate_dec(in, n, &q);
+		if (!rc) {
+			if (!q.text || strlen(q.text) != q.len || (q.salt && !q.salt[0]))
+				abort();
+			if (pf)
+				kvw_prefill_enc(out, &q);
+			else
+				kvw_generate_enc(out, &q);
+		}
+		kvw_prompt_free(&q);
+		*exact = 0; /* max_tokens < 0 reads 0; no peer drops the ticket */
+		return rc;
+	}
+	case OP_PREFILLED: {
+		struct kvw_prefilled p;
+		if (!(rc = kvw_prefilled_dec(in, n, &p))) {
+			if (!p.n || p.handed > 1 ||
+			    (p.blen && (p.blk < in || p.blk + p.blen != in + n)))
+				abort();
+			kvw_prefilled_enc(out, &p);
+			kvp_w_bytes(out, p.blk, p.blen);
+		}
+		kvw_prefilled_free(&p);
+		return rc;
+	}
+	case OP_DECODE: {
+		struct kvw_decode d;
+		if (!(rc = kvw_decode_dec(in, n, &d))) {
+			if (!d.n || !d.toks || (d.blen && (d.blk < in || d.blk + d.blen > in + n)))
+				abort();
+			kvw_decode_enc(out, &d);
+		}
+		kvw_decode_free(&d);
+		*exact = 0; /* max_tokens */
+		return rc;
+	}
+	case OP_EV: {
+		struct kvw_ev e;
+		if (!(rc = kvw_ev_dec(in, n, &e))) {
+			if (e.kind == KVW_EV_PROMPT) {
+				if (e.cached > e.prompt_tokens)
+					abort();
+				kvw_ev_prompt_enc(out, e.prompt_tokens, e.cached);
+			} else if (e.kind == KVW_EV_TOKEN) {
+				if (e.len && (e.text < in || e.text + e.len != in + n))
+					abort();
+				kvw_ev_token_enc(out, e.id, e.len);
+				kvp_w_bytes(out, e.text, e.len);
+			} else if (e.kind == KVW_EV_FINISH) {
+				kvw_ev_finish_enc(out, e.err, e.reason, e.msg);
+			} else {
+				abort();
+			}
+		}
+		return rc;
+	}
+	case OP_HELLO: {
+		char id[512];
+		if (!(rc = kvw_hello_dec(in, n, id, sizeof(id))))
+			kvw_hello_enc(out, id);
+		return rc;
+	}
+	case OP_NCCL_ID: {
+		uint32_t s;
+		const uint8_t *id;
+		if (!(rc = kvw_nccl_id_dec(in, n, &s, &id)))
+			kvw_nccl_id_enc(out, s, id);
+		return rc;
+	}
+	}
+	abort();
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	struct kvp_wbuf a, b;
+	int exact, ignored;
+	kvp_w_init(&a);
+	kvp_w_init(&b);
+	int rc = dec_enc(data, size, &a, &exact);
+	if (rc == 0) {
+		if (a.err)
+			abort();
+		if (exact && (a.len != size || (size && memcmp(a.p, data, size))))
+			abort();
+		if (dec_enc(a.p, a.len, &b, &ignored) || b.err || b.len != a.len ||
+		    (a.len && memcmp(a.p, b.p, a.len)))
+			abort();
+	} else if (rc != -EBADMSG && rc != -ENOMEM && rc != -ENAMETOOLONG && rc != -EINVAL) {
+		abort();
+	}
+	kvp_w_free(&a);
+	kvp_w_free(&b);
+	return 0;
+}
