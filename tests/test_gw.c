@@ -213,6 +213,48 @@ static void test_completion(void **state)
 	free(b);
 }
 
+/* A chat stream starts with the assistant's role, as OpenAI's does: the official client's
+ * stream helper (finalChatCompletion) throws "missing role for choice 0" without it. The role
+ * comes once, then the content deltas, whose text is the non-streamed answer. */
+static void test_chat_stream_role(void **state)
+{
+	(void)state;
+	char *b;
+	assert_int_equal(http("POST", "/v1/chat/completions",
+			      "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+			      "\"max_tokens\":5,\"stream\":true}",
+			      &b),
+			 200);
+	char text[256] = "";
+	int events = 0, roles = 0;
+	for (char *p = b; (p = strstr(p, "data: "));) {
+		p += 6;
+		char *end = strstr(p, "\n\n");
+		assert_non_null(end);
+		*end = 0;
+		if (strcmp(p, "[DONE]") == 0)
+			break;
+		cJSON *o = json(p);
+		cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+		cJSON *d = c0 ? cJSON_GetObjectItem(c0, "delta") : NULL;
+		cJSON *role = d ? cJSON_GetObjectItem(d, "role") : NULL;
+		cJSON *content = d ? cJSON_GetObjectItem(d, "content") : NULL;
+		if (events == 0) {
+			assert_true(cJSON_IsString(role));
+			assert_string_equal(role->valuestring, "assistant");
+		}
+		roles += role != NULL;
+		if (cJSON_IsString(content))
+			strcat(text, content->valuestring);
+		events++;
+		cJSON_Delete(o);
+		p = end + 2;
+	}
+	assert_int_equal(roles, 1);
+	assert_string_equal(text, "w0 w1 w2 w3 w4 ");
+	free(b);
+}
+
 static void test_stream(void **state)
 {
 	(void)state;
@@ -428,6 +470,7 @@ int main(void)
 	    cmocka_unit_test(test_basic_endpoints),
 	    cmocka_unit_test(test_completion),
 	    cmocka_unit_test(test_stream),
+	    cmocka_unit_test(test_chat_stream_role),
 	    cmocka_unit_test(test_errors),
 	    cmocka_unit_test(test_disconnect_cancels),
 	    cmocka_unit_test(test_concurrent_and_metrics),

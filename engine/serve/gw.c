@@ -337,7 +337,8 @@ struct stream {
 	struct MHD_Connection *c;
 	char *out;
 	size_t len, off;
-	int finished; /* [DONE] queued */
+	int role_sent; /* chat: the first chunk, the assistant's role, is queued */
+	int finished;  /* [DONE] queued */
 };
 
 /* Appends one event and frees json. */
@@ -374,6 +375,11 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 		if (s->finished)
 			return MHD_CONTENT_READER_END_OF_STREAM;
 		s->off = s->len = 0;
+		if (j->req.chat && !s->role_sent) {
+			s->role_sent = 1;
+			stream_put(s, oai_chunk_role_json(j->idstr, j->g->o.model_id, j->created));
+			continue;
+		}
 		pthread_mutex_lock(&j->mu);
 		while (j->emitted == j->visible && !j->done && !j->stopped) {
 			wait_news(j);

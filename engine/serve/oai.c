@@ -592,6 +592,19 @@ char *oai_chunk_json(int chat, const char *id, const char *model, int64_t create
 	return print(o);
 }
 
+char *oai_chunk_role_json(const char *id, const char *model, int64_t created)
+{
+	cJSON *o = head(1, 1, id, model, created);
+	cJSON *ch = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
+	cJSON_AddItemToArray(ch, c);
+	cJSON_AddNumberToObject(c, "index", 0);
+	cJSON *d = cJSON_AddObjectToObject(c, "delta");
+	cJSON_AddStringToObject(d, "role", "assistant");
+	cJSON_AddStringToObject(d, "content", "");
+	cJSON_AddNullToObject(c, "finish_reason");
+	return print(o);
+}
+
 char *oai_models_json(const char *const *ids, int n, int64_t created)
 {
 	cJSON *o = cJSON_CreateObject();

@@ -87,6 +87,11 @@ char *oai_response_json(int chat, const char *id, const char *model, int64_t cre
 char *oai_chunk_json(int chat, const char *id, const char *model, int64_t created, const char *text,
 		     const char *finish_reason, const struct oai_usage *u);
 
+/* The first chunk of a chat stream: delta {"role":"assistant","content":""}. OpenAI's clients
+ * (the openai npm package's stream helper) take the message's role from it and fail without
+ * it ("missing role for choice 0"). */
+char *oai_chunk_role_json(const char *id, const char *model, int64_t created);
+
 /* GET /v1/models: {"object":"list","data":[{"id","object":"model","created","owned_by"}]} */
 char *oai_models_json(const char *const *ids, int n, int64_t created);
 
