@@ -413,7 +413,16 @@ static void test_unmount_inval(void **state)
 	snprintf(dir, sizeof(dir), "%s/ud", g_mnt2);
 	assert_int_equal(mkdir(dir, 0755), 0);
 	snprintf(p, sizeof(p), "%s/a.kvb", dir);
-	assert_int_equal(mtu_write_file(p, "x", 1), 0); /* its notification is now in flight */
+	assert_int_equal(mtu_write_file(p, "x", 1), 0); /* its notification is now queued */
+	/* ... and in flight once the hook says it holds it (on a loaded machine the thread may
+	 * not have taken it yet, and SIGTERM would then find nothing in flight) */
+	int held = 0;
+	for (int i = 0; i < 100 && !held; i++) {
+		held = kvh_sh("grep -q \"notification for 'a.kvb' held\" '%s'", log2) == 0;
+		if (!held)
+			usleep(50000);
+	}
+	assert_true(held);
 	int64_t t0 = mtu_now_ms();
 	assert_int_equal(kill(g_mount2_pid, SIGTERM), 0);
 	usleep(300000); /* the loop has stopped reading requests */

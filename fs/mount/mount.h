@@ -105,6 +105,8 @@ struct mnt {
 	pthread_mutex_t cand_lock;
 	struct fh *cands;	 /* cand_lock */
 	struct mnt_inval *inval; /* set before the session loop starts; may be NULL */
+	pthread_mutex_t fh_lock;
+	struct fh *fh_live; /* fh_lock; every handle not yet released (mount_io.c) */
 	/* Times recently set on inodes by setattr (mnt_dirtimes_*), a ring. */
 	pthread_mutex_t dt_lock;
 	struct mnt_dirtime {
@@ -213,6 +215,10 @@ int mnt_wfile_setattr(struct mnt *m, struct mnt_wfile *wf, const struct stat *at
  * already removed it from metadata). -ENOENT when no such handle waits. */
 int mnt_replace_begin(struct mnt *m, uint64_t nodeid, struct fuse_file_info *fi, pid_t pid,
 		      struct kvp_attr *old);
+/* After the session loop has ended (no request in flight): frees the handles the kernel will
+ * never release now (libfuse sends no RELEASE for files still open when the daemon stops);
+ * files being written through them are dropped, not published. */
+void mnt_fh_drop_all(struct mnt *m);
 /* The handle's writer (referenced) when fi is a write handle still being written, else NULL. */
 struct mnt_wfile *mnt_fh_writer(struct fuse_file_info *fi);
 

@@ -53,8 +53,11 @@ static void *inval_main(void *arg)
 		v->head = (v->head + 1) % INVAL_SLOTS;
 		v->n--;
 		pthread_mutex_unlock(&v->lock);
-		if (v->delay_ms > 0)
+		if (v->delay_ms > 0) {
+			klog_info("test hook: notification for '%s' held %d ms", it.name,
+				  v->delay_ms);
 			usleep((useconds_t)v->delay_ms * 1000);
+		}
 		/* -ENOENT (the kernel has no such name cached) is the common, harmless answer. */
 		int rc =
 		    fuse_lowlevel_notify_inval_entry(v->se, it.parent, it.name, strlen(it.name));

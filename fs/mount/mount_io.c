@@ -52,23 +52,53 @@ struct fh {
 	uint64_t nodeid, parent;
 	pid_t pid;   /* the opening thread */
 	pid_t owner; /* FH_WRITE, FH_CAND: its process (thread group); 0 = unknown */
+	/* mnt.fh_lock: the live handles, so those the kernel never releases (the daemon stopped
+	 * with them open) are freed at exit (mnt_fh_drop_all). m is NULL once unlinked. */
+	struct mnt *m;
+	struct fh *live_prev, *live_next;
 	char name[KVP_NAME_MAX + 1];
 };
 
-static struct fh *fh_new(int kind)
+static struct fh *fh_new(struct mnt *m, int kind)
 {
 	struct fh *h = calloc(1, sizeof(*h));
 	if (!h)
 		return NULL;
 	h->kind = kind;
 	pthread_mutex_init(&h->lock, NULL);
+	h->m = m;
+	pthread_mutex_lock(&m->fh_lock);
+	h->live_next = m->fh_live;
+	if (m->fh_live)
+		m->fh_live->live_prev = h;
+	m->fh_live = h;
+	pthread_mutex_unlock(&m->fh_lock);
 	return h;
+}
+
+/* Takes h out of its mount's list of live handles (caller holds fh_lock). */
+static void fh_unlink_locked(struct fh *h)
+{
+	struct mnt *m = h->m;
+	if (h->live_prev)
+		h->live_prev->live_next = h->live_next;
+	else
+		m->fh_live = h->live_next;
+	if (h->live_next)
+		h->live_next->live_prev = h->live_prev;
+	h->m = NULL;
 }
 
 static void fh_free(struct fh *h)
 {
 	if (!h)
 		return;
+	struct mnt *m = h->m;
+	if (m) {
+		pthread_mutex_lock(&m->fh_lock);
+		fh_unlink_locked(h);
+		pthread_mutex_unlock(&m->fh_lock);
+	}
 	if (h->rf)
 		kvc_file_close(h->rf);
 	if (h->wf)
@@ -352,14 +382,14 @@ void mnt_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode
 	}
 	uint64_t nodeid = MNT_TEMP_BASE | atomic_fetch_add(&m->next_temp, 1);
 	struct mnt_wfile *wf = wfile_new(w, nodeid, pino, name, mode);
-	struct fh *h = fh_new(FH_WRITE);
+	struct fh *h = fh_new(m, FH_WRITE);
 	if (!wf || !h ||
 	    mnt_itab_ref(m->itab, nodeid, 0, S_IFREG | (mode & 07777), pino, name, wf)) {
 		if (wf)
 			mnt_wfile_put(wf); /* aborts w */
 		else
 			kvc_abort(w);
-		free(h);
+		fh_free(h); /* h->wf is not set yet: wf was put above */
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
@@ -470,7 +500,7 @@ static int open_write_committed(struct mnt *m, fuse_req_t req, uint64_t nodeid,
 			  (unsigned long long)nodeid);
 		return -ESTALE;
 	}
-	struct fh *h = fh_new(FH_CAND);
+	struct fh *h = fh_new(m, FH_CAND);
 	if (!h)
 		return -ENOMEM;
 	h->ino = ii->ino;
@@ -500,7 +530,7 @@ static int open_virt(struct mnt *m, fuse_ino_t ino, struct fuse_file_info *fi, s
 {
 	if ((fi->flags & O_ACCMODE) != O_RDONLY)
 		return -EROFS;
-	struct fh *h = fh_new(FH_VIRT);
+	struct fh *h = fh_new(m, FH_VIRT);
 	if (!h)
 		return -ENOMEM;
 	int rc = mnt_virt_read_all(m, ino, &h->text, &h->len);
@@ -517,8 +547,8 @@ static int open_virt(struct mnt *m, fuse_ino_t ino, struct fuse_file_info *fi, s
 /* An open of a new file still being written (through its temporary node id): a writing handle
  * shares its writer. Takes over the reference in wf. Returns 1 when the file is no longer being
  * written (the caller opens the committed file), else 0 or -errno. */
-static int open_shared_writer(fuse_req_t req, struct mnt_wfile *wf, struct fuse_file_info *fi,
-			      struct fh **out)
+static int open_shared_writer(struct mnt *m, fuse_req_t req, struct mnt_wfile *wf,
+			      struct fuse_file_info *fi, struct fh **out)
 {
 	struct fh *h = NULL;
 	int rc = 1;
@@ -529,7 +559,7 @@ static int open_shared_writer(fuse_req_t req, struct mnt_wfile *wf, struct fuse_
 			rc = -EBUSY; /* its bytes are not readable before the commit */
 		else if (fi->flags & O_TRUNC)
 			rc = kvc_writer_truncate(wf->w, 0);
-		if (!rc && !(h = fh_new(FH_WRITE)))
+		if (!rc && !(h = fh_new(m, FH_WRITE)))
 			rc = -ENOMEM;
 		if (!rc) {
 			wf->handles++;
@@ -551,7 +581,7 @@ static int open_shared_writer(fuse_req_t req, struct mnt_wfile *wf, struct fuse_
 static int open_read(struct mnt *m, fuse_ino_t ino, const struct mnt_inode_info *ii,
 		     struct fuse_file_info *fi, struct fh **out)
 {
-	struct fh *h = fh_new(FH_READ);
+	struct fh *h = fh_new(m, FH_READ);
 	if (!h)
 		return -ENOMEM;
 	h->ino = ii->ino;
@@ -594,7 +624,7 @@ static int open_file(struct mnt *m, fuse_req_t req, fuse_ino_t ino, struct fuse_
 		ii.ino = ino;
 	}
 	if (ii.wf) {
-		int rc = open_shared_writer(req, ii.wf, fi, out);
+		int rc = open_shared_writer(m, req, ii.wf, fi, out);
 		if (rc != 1)
 			return rc;
 	}
@@ -829,6 +859,37 @@ void mnt_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		wf->dirty = 0;
 	pthread_mutex_unlock(&wf->lock);
 	fuse_reply_err(req, ci.killed ? 0 : -rc);
+}
+
+void mnt_fh_drop_all(struct mnt *m)
+{
+	size_t n = 0;
+	for (;;) {
+		pthread_mutex_lock(&m->fh_lock);
+		struct fh *h = m->fh_live;
+		if (h)
+			fh_unlink_locked(h);
+		pthread_mutex_unlock(&m->fh_lock);
+		if (!h)
+			break;
+		if (h->kind == FH_CAND) {
+			pthread_mutex_lock(&m->cand_lock);
+			cand_unlink(m, h);
+			pthread_mutex_unlock(&m->cand_lock);
+		}
+		if (h->kind == FH_WRITE) { /* dropped, not committed: the writer never closed it */
+			pthread_mutex_lock(&h->wf->lock);
+			h->wf->handles--;
+			pthread_mutex_unlock(&h->wf->lock);
+		}
+		if (h->cached_node)
+			mnt_itab_readers(m->itab, h->cached_node, -1);
+		fh_free(h);
+		n++;
+	}
+	if (n)
+		klog_info("freed %zu file handles the kernel did not release before the unmount",
+			  n);
 }
 
 void mnt_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)

@@ -341,6 +341,7 @@ static int serve(struct mnt *m, const struct kvp_secret *secret, int wfd)
 	pthread_cond_init(&m->rel_cond, NULL);
 	pthread_mutex_init(&m->cand_lock, NULL);
 	pthread_mutex_init(&m->dt_lock, NULL);
+	pthread_mutex_init(&m->fh_lock, NULL);
 	if (mnt_itab_create(&m->itab)) {
 		snprintf(err, sizeof(err), "out of memory");
 		goto fail_kvc;
@@ -397,6 +398,7 @@ static int serve(struct mnt *m, const struct kvp_secret *secret, int wfd)
 	finish_inval(m);
 	klog_info("unmounting %s", m->mountpoint);
 	fuse_session_unmount(m->se);
+	mnt_fh_drop_all(m);
 	/* libfuse returns the signal number when SIGINT/SIGTERM/SIGHUP ended the loop: that is
 	 * an unmount asked for, like fusermount3 -u (exit 0); -errno is a failure. */
 	status = rc >= 0 ? 0 : 1;
@@ -412,6 +414,7 @@ fail_itab:
 	pthread_mutex_destroy(&m->rel_lock);
 	pthread_mutex_destroy(&m->cand_lock);
 	pthread_mutex_destroy(&m->dt_lock);
+	pthread_mutex_destroy(&m->fh_lock);
 fail_kvc:
 	kvc_close(m->c);
 fail:
