@@ -213,6 +213,21 @@ static void test_completion(void **state)
 	free(b);
 }
 
+/* The data of the next server-sent event in a response body at *cur (terminated in place), or
+ * NULL when none is left; *cur moves past the event. */
+static char *sse_next(char **cur)
+{
+	char *p = strstr(*cur, "data: ");
+	if (!p)
+		return NULL;
+	p += 6;
+	char *end = strstr(p, "\n\n");
+	assert_non_null(end);
+	*end = 0;
+	*cur = end + 2;
+	return p;
+}
+
 /* A chat stream starts with the assistant's role, as OpenAI's does: the official client's
  * stream helper (finalChatCompletion) throws "missing role for choice 0" without it. The role
  * comes once, then the content deltas, whose text is the non-streamed answer. */
@@ -227,11 +242,7 @@ static void test_chat_stream_role(void **state)
 			 200);
 	char text[256] = "";
 	int events = 0, roles = 0;
-	for (char *p = b; (p = strstr(p, "data: "));) {
-		p += 6;
-		char *end = strstr(p, "\n\n");
-		assert_non_null(end);
-		*end = 0;
+	for (char *cur = b, *p; (p = sse_next(&cur));) {
 		if (strcmp(p, "[DONE]") == 0)
 			break;
 		cJSON *o = json(p);
@@ -248,7 +259,6 @@ static void test_chat_stream_role(void **state)
 			strcat(text, content->valuestring);
 		events++;
 		cJSON_Delete(o);
-		p = end + 2;
 	}
 	assert_int_equal(roles, 1);
 	assert_string_equal(text, "w0 w1 w2 w3 w4 ");
@@ -267,15 +277,10 @@ static void test_stream(void **state)
 	/* Reassemble the text from the events; check the order of the final events. */
 	char text[256] = "";
 	int events = 0, saw_finish = 0, saw_usage = 0;
-	char *p = b;
-	while ((p = strstr(p, "data: "))) {
-		p += 6;
-		char *end = strstr(p, "\n\n");
-		assert_non_null(end);
-		*end = 0;
+	for (char *cur = b, *p; (p = sse_next(&cur));) {
 		events++;
 		if (strcmp(p, "[DONE]") == 0) {
-			assert_null(strstr(end + 2, "data: "));
+			assert_null(strstr(cur, "data: "));
 			break;
 		}
 		cJSON *o = json(p);
@@ -293,7 +298,6 @@ static void test_stream(void **state)
 			saw_usage = 1;
 		}
 		cJSON_Delete(o);
-		p = end + 2;
 	}
 	assert_string_equal(text, "hello world ");
 	assert_true(saw_finish && saw_usage && events >= 4);
