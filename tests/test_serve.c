@@ -10,6 +10,7 @@
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -27,6 +28,8 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+
+#include "lbp.h"
 
 #include "http_tutil.h"
 #include "prom_parse.h"
@@ -545,31 +548,6 @@ static void test_disagg_load_returns_to_zero(void **state)
 	assert_true(idle);
 }
 
-/* The cache policy's rendezvous owner of a prompt (lb.c: fnv1a of the prompt, then of each
- * replica address; the highest wins): 0 or 1, the prefill replica's index. */
-static uint64_t fnv(const char *s, uint64_t h)
-{
-	for (; *s; s++)
-		h = (h ^ (unsigned char)*s) * 0x100000001b3ULL;
-	return h;
-}
-
-static int owner(const char *prompt)
-{
-	uint64_t key = fnv(prompt, 0xcbf29ce484222325ULL), top = 0;
-	int own = -1;
-	for (int i = 0; i < 2; i++) {
-		char a[64];
-		snprintf(a, sizeof(a), "127.0.0.1:%u", wports[i]);
-		uint64_t h = fnv(a, key);
-		if (own < 0 || h > top) {
-			own = i;
-			top = h;
-		}
-	}
-	return own;
-}
-
 static double picks(int i)
 {
 	char name[128];
@@ -578,56 +556,147 @@ static double picks(int i)
 	return metric(name);
 }
 
-/* --policy cache, replicas idle: the cost (w x blocks expected uncached + queue / B) is lowest
- * on the prompt's owner, for an owner of either index (least would send both to replica 0). */
-static void test_disagg_cache_policy(void **state)
+/* The cache policy's rendezvous owner of a prompt, by lbp's own rule (the highest
+ * mix of replica identity and prompt key): 0 or 1. */
+static int owner(const char *prompt)
 {
-	(void)state;
-	char prompts[2][96];
+	struct lbp_load r[2];
+	for (int i = 0; i < 2; i++) {
+		char a[64];
+		snprintf(a, sizeof(a), "127.0.0.1:%u", wports[i]);
+		r[i] = (struct lbp_load){.id = lbp_id(a), .up = 1};
+	}
+	struct lbp_set set = {.r = r, .n = 2};
+	struct lbp_req q = {.key = lbp_hash(prompt, strlen(prompt), LBP_SEED),
+			    .est_tokens = (int)strlen(prompt) / 4 + 1};
+	return lbp_pick_prefill(LB_CACHE, &set, &q, NULL, NULL);
+}
+
+#define SIM_N 8
+
+/* The prompts of the decision check: two long shared prefixes (several 256-byte blocks),
+ * variants of each, a conversation that extends itself, and for the cache policy one prompt
+ * owned by each replica. */
+static void sim_prompts(char p[SIM_N][1100])
+{
+	char pre[2][900];
+	for (int k = 0; k < 2; k++) {
+		pre[k][0] = 0;
+		for (int j = 0; j < 20; j++)
+			snprintf(pre[k] + strlen(pre[k]), sizeof(pre[k]) - strlen(pre[k]),
+				 "%s sentence %d of shared context %c, ", k ? "Another" : "The", j,
+				 'A' + k);
+	}
+	snprintf(p[0], 1100, "%s question one", pre[0]);
+	snprintf(p[1], 1100, "%s question one", pre[1]);
+	snprintf(p[2], 1100, "%s question two", pre[0]);
+	snprintf(p[3], 1100, "%s question one, then a follow-up about the answer", pre[0]);
+	snprintf(p[4], 1100, "%s question three", pre[1]);
 	int found = 0;
 	for (int k = 0; k < 1000 && found != 3; k++) {
-		char p[96];
-		snprintf(p, sizeof(p), "variant %d of a question about caches", k);
-		int o = owner(p);
+		char v[96];
+		snprintf(v, sizeof(v), "variant %d of a question about caches", k);
+		int o = owner(v);
 		if (!(found & (1 << o))) {
-			snprintf(prompts[o], sizeof(prompts[o]), "%s", p);
+			snprintf(p[5 + o], 1100, "%s", v);
 			found |= 1 << o;
 		}
 	}
 	assert_int_equal(found, 3);
+	snprintf(p[7], 1100, "%s question two", pre[1]);
+}
+
+/* The balancer simulator decides as the running gateway does (issue: real-code check): the
+ * same prompts, sent one at a time to a gateway with --policy P (replicas idle between them,
+ * so only the policy and its memory decide), go to the same prefill replicas as lb-sim says
+ * for a trace of those prompts with the same replica addresses. For cache, the prompts'
+ * owners include both replicas (least would send everything to replica 0). */
+static void check_sim_decisions(const char *policy)
+{
+	char prompts[SIM_N][1100];
+	sim_prompts(prompts);
 	const char *bd = getenv("KVFS_BUILD_DIR");
-	char bin[512], secret[512], pf[600], logf[600], pl[128], dl[128];
+	char bin[512], sim[512], secret[512], pf[600], logf[600], pl[128], dl[128];
+	char trace[600], dec[600];
 	snprintf(bin, sizeof(bin), "%s/bin/kvinfer", bd ? bd : "build");
+	snprintf(sim, sizeof(sim), "%s/tools/lb-sim", bd ? bd : "build");
 	snprintf(secret, sizeof(secret), "%s/secret", tmpdir);
 	snprintf(pl, sizeof(pl), "127.0.0.1:%u,127.0.0.1:%u", wports[0], wports[1]);
 	snprintf(dl, sizeof(dl), "127.0.0.1:%u,127.0.0.1:%u", wports[2], wports[3]);
-	snprintf(pf, sizeof(pf), "%s/gport-cache", tmpdir);
-	snprintf(logf, sizeof(logf), "%s/glog-cache", tmpdir);
+	snprintf(pf, sizeof(pf), "%s/gport-%s", tmpdir, policy);
+	snprintf(logf, sizeof(logf), "%s/glog-%s", tmpdir, policy);
+	snprintf(trace, sizeof(trace), "%s/trace-%s", tmpdir, policy);
+	snprintf(dec, sizeof(dec), "%s/decisions-%s", tmpdir, policy);
 	pid_t g = gateway_cache = fork();
 	if (g == 0) {
 		if (!freopen(logf, "w", stderr))
 			_exit(126);
 		execl(bin, bin, "gateway", "--prefill", pl, "--decode", dl, "--secret-file", secret,
-		      "--policy", "cache", "--port", "0", "--port-file", pf, (char *)NULL);
+		      "--policy", policy, "--port", "0", "--port-file", pf, (char *)NULL);
 		_exit(127);
 	}
 	uint16_t main_port = port;
 	port = wait_port(pf); /* metric() and completion() talk to this gateway meanwhile */
-	int ok = port != 0;
-	for (int round = 0; ok && round < 2; round++)
-		for (int o = 0; ok && o < 2; o++) {
-			int idle = 0;
-			for (int i = 0; i < 100 && !(idle = replicas_idle()); i++)
-				sleep_ms(100);
-			double before = picks(o), other = picks(1 - o);
-			int c, n;
-			char *t = completion(prompts[o], 2, 0, &c, &n);
-			free(t);
-			ok = idle && picks(o) == before + 1 && picks(1 - o) == other;
-		}
+	int ok = port != 0, real[SIM_N];
+	FILE *tf = fopen(trace, "w");
+	assert_non_null(tf);
+	for (int i = 0; ok && i < SIM_N; i++) {
+		int idle = 0;
+		for (int k = 0; k < 100 && !(idle = replicas_idle()); k++)
+			sleep_ms(100);
+		double before[2] = {picks(0), picks(1)};
+		int c, n;
+		char *t = completion(prompts[i], 2, 0, &c, &n);
+		free(t);
+		real[i] = picks(0) == before[0] + 1 ? 0 : picks(1) == before[1] + 1 ? 1 : -1;
+		ok = idle && real[i] >= 0;
+		/* the trace line as the gateway sees the request (lbp.h): est tokens, key, blocks */
+		size_t len = strlen(prompts[i]);
+		uint64_t blk[8];
+		int nb = lbp_text_blocks(prompts[i], len, blk, 8);
+		fprintf(tf, "%d %d 2 %" PRIx64 " ", i * 1000000, (int)(len / 4) + 1,
+			lbp_hash(prompts[i], len, LBP_SEED));
+		for (int j = 0; j < nb; j++)
+			fprintf(tf, "%s%" PRIx64, j ? "," : "", blk[j]);
+		fprintf(tf, "%s\n", nb ? "" : "-");
+	}
+	fclose(tf);
 	port = main_port;
 	stop_pid(&gateway_cache);
 	assert_true(ok);
+	if (!strcmp(policy, "cache"))
+		assert_int_not_equal(real[5], real[6]); /* both owners met */
+
+	char cmd[4096];
+	snprintf(cmd, sizeof(cmd),
+		 "%s --policy %s --trace %s --prefill 2 --decode 2 --pf-addrs %s --decisions %s "
+		 ">/dev/null",
+		 sim, policy, trace, pl, dec);
+	assert_int_equal(system(cmd), 0);
+	FILE *df = fopen(dec, "r");
+	assert_non_null(df);
+	int r, p, d, n = 0;
+	while (fscanf(df, "%d %d %d", &r, &p, &d) == 3) {
+		assert_true(r >= 0 && r < SIM_N);
+		if (p != real[r])
+			fail_msg("%s: request %d: the gateway chose prefill %d, lb-sim %d", policy, r,
+				 real[r], p);
+		n++;
+	}
+	fclose(df);
+	assert_int_equal(n, SIM_N);
+}
+
+static void test_disagg_sim_decisions_cache(void **state)
+{
+	(void)state;
+	check_sim_decisions("cache");
+}
+
+static void test_disagg_sim_decisions_prefix(void **state)
+{
+	(void)state;
+	check_sim_decisions("prefix");
 }
 
 static void test_disagg_kill_decode(void **state)
@@ -689,7 +758,8 @@ int main(void)
 	    cmocka_unit_test(test_disagg_same_output),
 	    cmocka_unit_test(test_disagg_concurrent),
 	    cmocka_unit_test(test_disagg_load_returns_to_zero),
-	    cmocka_unit_test(test_disagg_cache_policy),
+	    cmocka_unit_test(test_disagg_sim_decisions_cache),
+	    cmocka_unit_test(test_disagg_sim_decisions_prefix),
 	    cmocka_unit_test(test_disagg_kill_decode),
 	};
 	/* the disaggregated group reuses the first one's model and temp dir */

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "kvw.h"
+#include "lbp.h"
 #include "log.h"
 #include "metrics.h"
 #include "sample.h"
@@ -26,6 +27,8 @@
  * answering): the calls and streams this gateway has in flight there are broken, so their
  * requests fail or retry instead of waiting out RPC_TIMEOUT_MS or forever. */
 #define HUNG_MS 3000
+/* The prefix index: 2^18 prompt blocks (of 256 bytes) remembered, 3 MiB. */
+#define LB_INDEX_BITS 18
 
 /* How a request's KV reached its decode worker, for /metrics. */
 enum ho_kind { HO_FS = 0, HO_DIRECT = 1, HO_FALLBACK = 2, HO_LOCAL = 3, HO_N };
@@ -33,6 +36,7 @@ static const char *const ho_names[HO_N] = {"fs", "direct", "fallback", "local"};
 
 struct replica {
 	char addr[KVP_ADDR_MAX];
+	uint64_t id;	     /* lbp_id(addr) */
 	int up;		     /* last health check or call succeeded */
 	int queued_tokens;   /* reported */
 	int running;	     /* reported */
@@ -58,6 +62,7 @@ struct lb {
 	pthread_mutex_t mu; /* guards pf, dc, stop, counters */
 	pthread_cond_t cv;
 	struct role pf, dc;
+	struct lbp_index index; /* prompt blocks -> the prefill replica that computed them */
 	int stop;
 	pthread_t health;
 	atomic_int threads;  /* request threads alive */
@@ -93,87 +98,42 @@ int lb_handoff_parse(const char *s)
 	return -EINVAL;
 }
 
-int lb_policy_parse(const char *s)
+/* The balancer's view of a stage, for lbp: rebuilt per pick (at most LB_MAX_REPLICAS
+ * entries) from the replica table. Caller holds l->mu. */
+static int pick(struct lb *l, struct role *ro, int prefill, const struct lbp_req *q,
+		const unsigned char *skip)
 {
-	if (!strcmp(s, "rr"))
-		return LB_RR;
-	if (!strcmp(s, "least"))
-		return LB_LEAST;
-	if (!strcmp(s, "cache"))
-		return LB_CACHE;
-	return -EINVAL;
+	struct lbp_load v[LB_MAX_REPLICAS];
+	for (int i = 0; i < ro->n; i++) {
+		const struct replica *r = &ro->r[i];
+		v[i] = (struct lbp_load){.id = r->id,
+					 .up = r->up,
+					 .queued_tokens = r->queued_tokens,
+					 .inflight_tokens = r->inflight_tokens,
+					 .inflight = r->inflight,
+					 .kv_free = r->kv_free};
+	}
+	struct lbp_set set = {.r = v, .n = ro->n, .rr = ro->rr};
+	int i = prefill ? lbp_pick_prefill(l->o.policy, &set, q, &l->index, skip)
+			: lbp_pick_decode(l->o.policy, &set, q, skip);
+	ro->rr = set.rr;
+	return i;
 }
 
-static uint64_t fnv1a(const char *s, uint64_t h)
+/* What a pick knows of a request: the gateway does not tokenize, so tokens are estimated as
+ * bytes / 4 + 1 and blocks are LBP_BLOCK_BYTES of rendered prompt (lbp.h). blk: room for
+ * LB_MAX_BLOCKS. */
+#define LB_MAX_BLOCKS 2048
+static struct lbp_req req_of(const struct lreq *q, uint64_t *blk)
 {
-	for (; *s; s++)
-		h = (h ^ (unsigned char)*s) * 0x100000001b3ULL;
-	return h;
-}
-
-/* Index of the replica for a request (est: its estimated prompt tokens, prefill), or -1 when
- * none is up. Caller holds l->mu. */
-static int pick(struct lb *l, struct role *ro, int prefill, uint64_t key, int est, const int *skip)
-{
-	int best = -1;
-	if (l->o.policy == LB_RR) {
-		for (int k = 0; k < ro->n; k++) {
-			int i = (int)(ro->rr++ % (unsigned)ro->n);
-			if (ro->r[i].up && !skip[i])
-				return i;
-		}
-		return -1;
-	}
-	for (int i = 0; i < ro->n; i++) {
-		struct replica *r = &ro->r[i];
-		if (!r->up || skip[i])
-			continue;
-		if (best < 0) {
-			best = i;
-			continue;
-		}
-		struct replica *b = &ro->r[best];
-		if (prefill) {
-			if (r->queued_tokens + r->inflight_tokens <
-			    b->queued_tokens + b->inflight_tokens)
-				best = i;
-		} else if (r->inflight < b->inflight ||
-			   (r->inflight == b->inflight && r->kv_free > b->kv_free)) {
-			best = i;
-		}
-	}
-	if (best < 0 || !prefill || l->o.policy != LB_CACHE)
-		return best;
-	/* cache: cost in blocks = LB_CACHE_W x the prompt blocks the replica is expected to compute
-	 * + its queued uncached tokens / B. Expected: none on the rendezvous owner of the prompt
-	 * (repeats went there, so its KV was computed there), all of them elsewhere. Compared in
-	 * tokens (both terms x B) so the division does not round. */
-	int own = -1;
-	uint64_t top = 0;
-	for (int i = 0; i < ro->n; i++) {
-		if (!ro->r[i].up || skip[i])
-			continue;
-		uint64_t h = fnv1a(ro->r[i].addr, key);
-		if (own < 0 || h > top) {
-			own = i;
-			top = h;
-		}
-	}
-	long pblocks = ((long)est + LB_BLOCK_TOKENS - 1) / LB_BLOCK_TOKENS, bcost = 0;
-	best = -1;
-	for (int k = 0; k < ro->n; k++) {
-		int i = (own + k) % ro->n; /* the owner first: it wins ties */
-		struct replica *r = &ro->r[i];
-		if (!r->up || skip[i])
-			continue;
-		long cost = (i == own ? 0 : (long)LB_CACHE_W * pblocks * LB_BLOCK_TOKENS) +
-			    r->queued_tokens + r->inflight_tokens;
-		if (best < 0 || cost < bcost) {
-			best = i;
-			bcost = cost;
-		}
-	}
-	return best;
+	size_t plen = strlen(q->prompt);
+	int est = (int)(plen / 4) + 1, out = q->sp.max_tokens > 0 ? q->sp.max_tokens : 0;
+	return (struct lbp_req){.key = lbp_hash(q->prompt, plen, LBP_SEED),
+				.est_tokens = est,
+				.kv_blocks = (est + out + LB_BLOCK_TOKENS - 1) / LB_BLOCK_TOKENS,
+				.block = blk,
+				.nblocks = blk ? lbp_text_blocks(q->prompt, plen, blk, LB_MAX_BLOCKS)
+					       : 0};
 }
 
 static int transport_err(int rc)
@@ -260,15 +220,18 @@ static int do_prefill(struct lreq *q, struct pf_result *res, const char *peer, u
 		kvp_w_free(&w);
 		return erc;
 	}
-	int skip[LB_MAX_REPLICAS] = {0}, rc = -EAGAIN;
-	uint64_t key = fnv1a(q->prompt, 0xcbf29ce484222325ULL);
-	int est = (int)(plen / 4) + 1;
+	unsigned char skip[LB_MAX_REPLICAS] = {0};
+	int rc = -EAGAIN;
+	uint64_t *blk = malloc(LB_MAX_BLOCKS * sizeof(*blk));
+	struct lbp_req pq = req_of(q, blk);
+	int est = pq.est_tokens;
 	for (;;) {
 		pthread_mutex_lock(&l->mu);
-		int i = l->stopping ? -1 : pick(l, &l->pf, 1, key, est, skip);
+		int i = l->stopping ? -1 : pick(l, &l->pf, 1, &pq, skip);
 		if (l->stopping)
 			rc = -ESHUTDOWN;
 		if (i >= 0) {
+			lbp_index_note(&l->index, &pq, i);
 			l->pf.r[i].inflight++;
 			l->pf.r[i].inflight_tokens += est;
 			l->pf.r[i].picks++;
@@ -304,6 +267,7 @@ static int do_prefill(struct lreq *q, struct pf_result *res, const char *peer, u
 		l->retries++;
 		pthread_mutex_unlock(&l->mu);
 	}
+	free(blk);
 	kvp_w_free(&w);
 	return rc;
 }
@@ -431,14 +395,15 @@ static void w_decode(struct kvp_wbuf *w, const struct lreq *q, const struct pf_r
 static int prefill_then(struct lreq *q, struct kvp_wbuf *w, struct pf_result *pr, int *peer)
 {
 	struct lb *l = q->l;
-	int skip[LB_MAX_REPLICAS] = {0};
+	unsigned char skip[LB_MAX_REPLICAS] = {0};
+	struct lbp_req dq = req_of(q, NULL);
 	char peer_addr[KVP_ADDR_MAX] = "";
 	uint64_t ticket = 0;
 	*peer = -1;
 	if (l->o.handoff == LB_HANDOFF_DIRECT) {
 		/* the decode replica first: the prefill worker sends it the KV */
 		pthread_mutex_lock(&l->mu);
-		*peer = pick(l, &l->dc, 0, 0, 0, skip);
+		*peer = pick(l, &l->dc, 0, &dq, skip);
 		if (*peer >= 0)
 			snprintf(peer_addr, sizeof(peer_addr), "%s", l->dc.r[*peer].addr);
 		pthread_mutex_unlock(&l->mu);
@@ -471,7 +436,9 @@ static void *req_main(void *arg)
 	struct lreq *q = arg;
 	struct lb *l = q->l;
 	struct pf_result pr = {0};
-	int skip[LB_MAX_REPLICAS] = {0}, ntok = 0, peer = -1, rc;
+	unsigned char skip[LB_MAX_REPLICAS] = {0};
+	int ntok = 0, peer = -1, rc;
+	struct lbp_req dq = req_of(q, NULL);
 	struct kvp_wbuf w;
 	kvp_w_init(&w);
 	uint16_t op = KVW_OP_DECODE;
@@ -490,7 +457,7 @@ static void *req_main(void *arg)
 		/* the KV is parked at the peer: go there unless it is down since */
 		int i = peer >= 0 && pr.handed && l->dc.r[peer].up && !skip[peer]
 			    ? peer
-			    : pick(l, &l->dc, 0, 0, 0, skip);
+			    : pick(l, &l->dc, 0, &dq, skip);
 		if (i >= 0) {
 			l->dc.r[i].inflight++;
 			l->dc.r[i].picks++;
@@ -826,6 +793,7 @@ static int parse_list(const char *s, struct role *ro)
 		if (kvp_addr_parse(ro->r[ro->n].addr, host, sizeof(host), &port) || port == 0)
 			return -EINVAL;
 		ro->r[ro->n].up = 1; /* until a check says otherwise */
+		ro->r[ro->n].id = lbp_id(ro->r[ro->n].addr);
 		ro->n++;
 		s = e ? e + 1 : NULL;
 	}
@@ -842,9 +810,12 @@ int lb_create(const struct lb_opts *o, struct lb **out)
 	int rc = parse_list(o->prefill, &l->pf);
 	if (!rc)
 		rc = parse_list(o->decode, &l->dc);
+	if (!rc && o->policy == LB_PREFIX)
+		rc = lbp_index_init(&l->index, LB_INDEX_BITS);
 	if (!rc)
 		rc = kvp_pool_create(&l->secret, CONNECT_TIMEOUT_MS, &l->pool);
 	if (rc) {
+		lbp_index_free(&l->index);
 		free(l);
 		return rc;
 	}
@@ -859,6 +830,7 @@ int lb_create(const struct lb_opts *o, struct lb **out)
 	l->nonce *= 0x9E3779B97F4A7C15ULL;
 	if ((rc = -pthread_create(&l->health, NULL, health_main, l))) {
 		kvp_pool_destroy(l->pool);
+		lbp_index_free(&l->index);
 		free(l);
 		return rc;
 	}
@@ -900,6 +872,7 @@ void lb_destroy(struct lb *l)
 		nanosleep(&ts, NULL);
 	}
 	kvp_pool_destroy(l->pool);
+	lbp_index_free(&l->index);
 	pthread_mutex_destroy(&l->mu);
 	pthread_cond_destroy(&l->cv);
 	free(l);

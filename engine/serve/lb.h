@@ -9,15 +9,9 @@
  * as no token reached the client; after that the request ends with an error event. Cancelling
  * shuts the decode connection down, which the decode worker sees as a cancel (its KV is freed).
  *
- * Policies (LB_RR, LB_LEAST, LB_CACHE):
- *   prefill: rr = next live replica; least = fewest queued uncached prompt tokens (reported by
- *            the replica's STATUS plus what this gateway has in flight there); cache = the
- *            lowest cost LB_CACHE_W x (prompt blocks expected uncached there: 0 on the
- *            rendezvous-hash owner of the whole rendered prompt, where repeats met their KV,
- *            all of them elsewhere) + (its queued uncached tokens, as for least) / B, with
- *            B = LB_BLOCK_TOKENS; ties to the owner.
- *   decode:  rr; least/cache = fewest active sequences (this gateway's count), ties to more
- *            free KV blocks.
+ * Policies: engine/serve/lbp.h decides (rr, least, cache, prefix), from the replicas' STATUS
+ * reports and this gateway's own in-flight counts; with prefix the gateway remembers which
+ * prefill replica computed each block of rendered prompt (2^LB_INDEX_BITS blocks).
  * Health: a thread polls STATUS on every replica every 200 ms, all concurrently (a slow one
  * does not delay the others' refresh); a replica that fails it is skipped until it answers
  * again, and its reported load reads 0 meanwhile.
@@ -29,8 +23,8 @@
 
 #include "gw.h"
 #include "kvp_frame.h"
+#include "lbp.h"
 
-enum lb_policy { LB_RR = 0, LB_LEAST = 1, LB_CACHE = 2 };
 
 /* How the prompt's KV goes from the prefill to the decode worker:
  *   LB_HANDOFF_FS      full blocks through the shared kv dir (the prefill worker waits until
@@ -45,10 +39,6 @@ enum lb_policy { LB_RR = 0, LB_LEAST = 1, LB_CACHE = 2 };
 enum lb_handoff { LB_HANDOFF_FS = 0, LB_HANDOFF_DIRECT = 1 };
 
 #define LB_MAX_REPLICAS 16
-/* The gateway is not told the workers' --block-tokens: their default. */
-#define LB_BLOCK_TOKENS 64
-/* A prompt block to compute weighs as much as a queued block: both are prefill work. */
-#define LB_CACHE_W 1
 
 struct lb_opts {
 	const char *prefill; /* comma-separated host:port list */
@@ -73,8 +63,6 @@ void lb_stop(struct lb *l);
 /* lb_stop, then frees. After gw_stop. */
 void lb_destroy(struct lb *l);
 void lb_backend(struct lb *l, struct gw_backend *out);
-/* "rr", "least", "cache" -> policy, or -EINVAL. */
-int lb_policy_parse(const char *s);
 /* "fs", "direct" -> enum lb_handoff, or -EINVAL. */
 int lb_handoff_parse(const char *s);
 
