@@ -650,7 +650,8 @@ static void check_sim_decisions(const char *policy)
 		free(t);
 		real[i] = picks(0) == before[0] + 1 ? 0 : picks(1) == before[1] + 1 ? 1 : -1;
 		ok = idle && real[i] >= 0;
-		/* the trace line as the gateway sees the request (lbp.h): est tokens, key, blocks */
+		/* the trace line as the gateway sees the request (lbp.h): est tokens, key, blocks
+		 */
 		size_t len = strlen(prompts[i]);
 		uint64_t blk[8];
 		int nb = lbp_text_blocks(prompts[i], len, blk, 8);
@@ -679,8 +680,8 @@ static void check_sim_decisions(const char *policy)
 	while (fscanf(df, "%d %d %d", &r, &p, &d) == 3) {
 		assert_true(r >= 0 && r < SIM_N);
 		if (p != real[r])
-			fail_msg("%s: request %d: the gateway chose prefill %d, lb-sim %d", policy, r,
-				 real[r], p);
+			fail_msg("%s: request %d: the gateway chose prefill %d, lb-sim %d", policy,
+				 r, real[r], p);
 		n++;
 	}
 	fclose(df);

@@ -132,8 +132,8 @@ static struct lbp_req req_of(const struct lreq *q, uint64_t *blk)
 				.est_tokens = est,
 				.kv_blocks = (est + out + LB_BLOCK_TOKENS - 1) / LB_BLOCK_TOKENS,
 				.block = blk,
-				.nblocks = blk ? lbp_text_blocks(q->prompt, plen, blk, LB_MAX_BLOCKS)
-					       : 0};
+				.nblocks =
+				    blk ? lbp_text_blocks(q->prompt, plen, blk, LB_MAX_BLOCKS) : 0};
 }
 
 static int transport_err(int rc)

@@ -25,7 +25,6 @@
 #include "kvp_frame.h"
 #include "lbp.h"
 
-
 /* How the prompt's KV goes from the prefill to the decode worker:
  *   LB_HANDOFF_FS      full blocks through the shared kv dir (the prefill worker waits until
  *                      they are written), the last one in the PREFILL reply;

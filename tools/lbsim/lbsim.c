@@ -19,9 +19,9 @@ void lbsim_cfg_defaults(struct lbsim_cfg *c)
 				.status_ms = 200,
 				.handoff_ms = 5,
 				.kv_blocks = 8192,
-				.max_batch = 128,
+				.max_batch = 256,
 				.step_base_ms = 20,
-				.step_seq_ms = 0.25,
+				.step_seq_ms = 0.1,
 				.window_s = 10};
 }
 
@@ -301,7 +301,7 @@ struct sim {
 	struct heap h;
 	int oq_head, oq_tail; /* oracle: one central prefill queue */
 	double now, win_start, last_arrival;
-	size_t done;
+	size_t done, arrived;
 	double in_tok, hit_local_tok, hit_kvfs_tok, oracle_tok, out_tok, itl_sum;
 	double pf_bal_sum, dc_bal_sum;
 	int pf_bal_n, dc_bal_n;
@@ -335,7 +335,8 @@ static struct lbp_req req_view(const struct sim *s, int r)
 	const struct lbsim_req *q = &s->t->r[r];
 	return (struct lbp_req){.key = q->key,
 				.est_tokens = q->ptok,
-				.kv_blocks = (q->ptok + q->otok + LB_BLOCK_TOKENS - 1) / LB_BLOCK_TOKENS,
+				.kv_blocks =
+				    (q->ptok + q->otok + LB_BLOCK_TOKENS - 1) / LB_BLOCK_TOKENS,
 				.block = s->t->blocks + q->blk,
 				.nblocks = q->nblk};
 }
@@ -411,6 +412,7 @@ static int oracle_dispatch(struct sim *s)
 static int on_arrive(struct sim *s, int r)
 {
 	const struct lbsim_req *q = &s->t->r[r];
+	s->arrived++;
 	const uint64_t *b = s->t->blocks + q->blk;
 	int j = 0;
 	while (j < q->nblk && hset_has(&s->oracle, b[j]))
@@ -561,6 +563,7 @@ static double balance(const double *v, int n)
 static int on_window(struct sim *s, double *tmp)
 {
 	int np = s->c->prefill, nd = s->c->decode;
+	double len = s->now > s->win_start ? s->now - s->win_start : s->c->window_s;
 	for (int p = 0; p < np; p++) {
 		if (s->pf[p].running >= 0)
 			busy_add(s, &s->pf[p], s->now);
@@ -580,7 +583,7 @@ static int on_window(struct sim *s, double *tmp)
 			double from = dr->step_t0 > s->win_start ? dr->step_t0 : s->win_start;
 			dr->seq_win += (s->now - from) * dr->nact;
 		}
-		tmp[d] = dr->seq_win / s->c->window_s;
+		tmp[d] = dr->seq_win / len;
 		dr->seq_win = 0;
 	}
 	double bd = balance(tmp, nd);
@@ -602,11 +605,27 @@ static int on_window(struct sim *s, double *tmp)
 		}
 	}
 	if (s->c->series)
-		fprintf(s->c->series, "%.1f %.4f %.4f %.4f %.2f %.2f %.2f\n", s->now,
-			pmin / s->c->window_s, psum / np / s->c->window_s, pmax / s->c->window_s,
-			dmin, dsum / nd, dmax);
+		fprintf(s->c->series, "%.1f %.4f %.4f %.4f %.2f %.2f %.2f\n", s->now, pmin / len,
+			psum / np / len, pmax / len, dmin, dsum / nd, dmax);
 	s->win_start = s->now;
 	return 0;
+}
+
+/* The next tick of a periodic event: period after now, or, while nothing is in flight, the
+ * next arrival (a trace may pause for days; ticking through the pause measures nothing). */
+static double next_tick(const struct sim *s, double period)
+{
+	double next = s->now + period;
+	if (s->done == s->arrived && s->arrived < s->t->n && s->t->r[s->arrived].t > next)
+		next = s->t->r[s->arrived].t;
+	return next;
+}
+
+/* Nearest-rank percentile: the smallest value with at least p of the values at or below. */
+static size_t pct_index(size_t n, double p)
+{
+	size_t k = (size_t)ceil(p * (double)n);
+	return k ? k - 1 : 0;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -656,8 +675,8 @@ static int sim_init(struct sim *s, const struct lbsim_cfg *c, const struct lbsim
 	for (int p = 0; p < np; p++) {
 		char name[32];
 		snprintf(name, sizeof(name), "sim-prefill-%d", p);
-		s->pfl[p] = (struct lbp_load){.id = lbp_id(c->pf_addr ? c->pf_addr[p] : name),
-					      .up = 1};
+		s->pfl[p] =
+		    (struct lbp_load){.id = lbp_id(c->pf_addr ? c->pf_addr[p] : name), .up = 1};
 		s->pf[p].head = s->pf[p].tail = s->pf[p].running = -1;
 		if (lru_init(&s->pf[p].cache, (uint32_t)c->local_blocks))
 			return -ENOMEM;
@@ -715,12 +734,13 @@ int lbsim_run(const struct lbsim_cfg *c, const struct lbsim_trace *t, struct lbs
 		case EV_STATUS:
 			on_status(&s);
 			if (s.done < t->n)
-				rc = heap_push(&s.h, s.now + c->status_ms / 1000.0, EV_STATUS, 0);
+				rc = heap_push(&s.h, next_tick(&s, c->status_ms / 1000.0),
+					       EV_STATUS, 0);
 			break;
 		case EV_WINDOW:
 			rc = on_window(&s, tmp);
 			if (!rc && s.done < t->n)
-				rc = heap_push(&s.h, s.now + c->window_s, EV_WINDOW, 0);
+				rc = heap_push(&s.h, next_tick(&s, c->window_s), EV_WINDOW, 0);
 			break;
 		}
 	}
@@ -732,17 +752,17 @@ int lbsim_run(const struct lbsim_cfg *c, const struct lbsim_trace *t, struct lbs
 			end = s.rs[i].t_done > end ? s.rs[i].t_done : end;
 		qsort(s.ttft, t->n, sizeof(double), cmp_double);
 		*out = (struct lbsim_report){
-			.requests = t->n,
-			.makespan_s = end - t->r[0].t,
-			.pf_balance = s.pf_bal_n ? s.pf_bal_sum / s.pf_bal_n : 1,
-			.dc_balance = s.dc_bal_n ? s.dc_bal_sum / s.dc_bal_n : 1,
-			.hit_local = s.hit_local_tok / s.in_tok,
-			.hit_total = (s.hit_local_tok + s.hit_kvfs_tok) / s.in_tok,
-			.hit_oracle = s.oracle_tok / s.in_tok,
-			.ttft_p50 = s.ttft[t->n / 2],
-			.ttft_p99 = s.ttft[(size_t)((double)(t->n - 1) * 0.99)],
-			.decode_tps = s.out_tok / (end - t->r[0].t),
-			.itl_mean_ms = 1000.0 * s.itl_sum / (double)t->n};
+		    .requests = t->n,
+		    .makespan_s = end - t->r[0].t,
+		    .pf_balance = s.pf_bal_n ? s.pf_bal_sum / s.pf_bal_n : 1,
+		    .dc_balance = s.dc_bal_n ? s.dc_bal_sum / s.dc_bal_n : 1,
+		    .hit_local = s.hit_local_tok / s.in_tok,
+		    .hit_total = (s.hit_local_tok + s.hit_kvfs_tok) / s.in_tok,
+		    .hit_oracle = s.oracle_tok / s.in_tok,
+		    .ttft_p50 = s.ttft[pct_index(t->n, 0.50)],
+		    .ttft_p99 = s.ttft[pct_index(t->n, 0.99)],
+		    .decode_tps = s.out_tok / (end - t->r[0].t),
+		    .itl_mean_ms = 1000.0 * s.itl_sum / (double)t->n};
 	}
 	free(tmp);
 	sim_free(&s);

@@ -37,13 +37,13 @@ struct lbsim_trace {
 struct lbsim_gen {
 	uint64_t seed;
 	size_t requests;
-	double rate;	     /* mean arrivals per second */
-	double burst;	     /* rate in a burst / rate in a calm spell (1 = none); mean stays rate */
-	double burst_s;	     /* mean length of a burst and of a calm spell, seconds */
-	int systems, docs;   /* distinct system prompts, documents */
-	double zipf;	     /* exponent of their popularity */
+	double rate;	   /* mean arrivals per second */
+	double burst;	   /* rate in a burst / rate in a calm spell (1 = none); mean stays rate */
+	double burst_s;	   /* mean length of a burst and of a calm spell, seconds */
+	int systems, docs; /* distinct system prompts, documents */
+	double zipf;	   /* exponent of their popularity */
 	double p_doc, p_chat; /* shares of document questions and chat turns (rest: single) */
-	int chats;	     /* conversations open at once */
+	int chats;	      /* conversations open at once */
 	int max_turns;
 	int out_median, out_max; /* output tokens: log-normal */
 };
@@ -51,7 +51,8 @@ struct lbsim_gen {
 void lbsim_gen_defaults(struct lbsim_gen *g);
 int lbsim_generate(const struct lbsim_gen *g, struct lbsim_trace *t);
 /* Trace file, one request a line: "t_ms prompt_tokens output_tokens key hash,hash,...", key
- * and hashes in hex ('-' for none); '#' starts a comment. Errors name the line on stderr. */
+ * and hashes in hex ('-' for none); '#' starts a comment; token counts 1..2^24, at most
+ * prompt_tokens / 64 hashes. Errors name the line on stderr. */
 int lbsim_trace_read(FILE *f, struct lbsim_trace *t);
 int lbsim_trace_write(FILE *f, const struct lbsim_trace *t);
 void lbsim_trace_free(struct lbsim_trace *t);
@@ -60,16 +61,16 @@ int lbsim_trace_add(struct lbsim_trace *t, double t_s, int ptok, int otok, uint6
 		    const uint64_t *blk, int nblk);
 
 struct lbsim_cfg {
-	int prefill, decode;	    /* replicas per stage (each <= LBSIM_MAX) */
+	int prefill, decode; /* replicas per stage (each <= LBSIM_MAX) */
 	enum lb_policy pf_policy, dc_policy;
-	int oracle;		    /* 1: not the balancer but an ideal dispatcher (the bound) */
-	double pf_tps;		    /* prompt tokens computed per second per prefill replica */
-	double kvfs_tps;	    /* tokens loaded per second from the shared kvfs cache */
-	double pf_overhead_ms;	    /* per prefill request */
-	int local_blocks;	    /* each prefill replica's local cache, blocks */
-	double status_ms;	    /* how often the balancer's view of reported loads refreshes */
-	double handoff_ms;	    /* prefill -> decode hand-over */
-	int kv_blocks;		    /* each decode replica's KV capacity, blocks */
+	int oracle;	       /* 1: not the balancer but an ideal dispatcher (the bound) */
+	double pf_tps;	       /* prompt tokens computed per second per prefill replica */
+	double kvfs_tps;       /* tokens loaded per second from the shared kvfs cache */
+	double pf_overhead_ms; /* per prefill request */
+	int local_blocks;      /* each prefill replica's local cache, blocks */
+	double status_ms;      /* how often the balancer's view of reported loads refreshes */
+	double handoff_ms;     /* prefill -> decode hand-over */
+	int kv_blocks;	       /* each decode replica's KV capacity, blocks */
 	int max_batch;
 	double step_base_ms, step_seq_ms;
 	double window_s;	    /* balance is measured per window */

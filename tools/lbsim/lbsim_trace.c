@@ -8,6 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define TRACE_MAX_BLOCKS 65536	   /* 4 M prompt tokens: far past any context window */
+#define TRACE_MAX_TOKENS (1 << 24) /* either count; their sum stays an int */
+
 void lbsim_trace_free(struct lbsim_trace *t)
 {
 	free(t->r);
@@ -18,7 +21,8 @@ void lbsim_trace_free(struct lbsim_trace *t)
 int lbsim_trace_add(struct lbsim_trace *t, double t_s, int ptok, int otok, uint64_t key,
 		    const uint64_t *blk, int nblk)
 {
-	if (ptok < 1 || otok < 1 || nblk < 0 || (size_t)nblk * LB_BLOCK_TOKENS > (size_t)ptok)
+	if (ptok < 1 || otok < 1 || ptok > TRACE_MAX_TOKENS || otok > TRACE_MAX_TOKENS ||
+	    nblk < 0 || (size_t)nblk * LB_BLOCK_TOKENS > (size_t)ptok)
 		return -EINVAL;
 	if (t->n == t->cap) {
 		size_t cap = t->cap ? t->cap * 2 : 1024;
@@ -69,8 +73,6 @@ int lbsim_trace_write(FILE *f, const struct lbsim_trace *t)
 	return ferror(f) ? -EIO : 0;
 }
 
-#define TRACE_MAX_BLOCKS 65536 /* 4 M prompt tokens: far past any context window */
-
 static int parse_line(char *s, struct lbsim_trace *t, uint64_t *blk)
 {
 	char *end;
@@ -79,11 +81,11 @@ static int parse_line(char *s, struct lbsim_trace *t, uint64_t *blk)
 		return -EINVAL;
 	s = end;
 	long ptok = strtol(s, &end, 10);
-	if (end == s || ptok < 1 || ptok > INT32_MAX)
+	if (end == s || ptok < 1 || ptok > TRACE_MAX_TOKENS)
 		return -EINVAL;
 	s = end;
 	long otok = strtol(s, &end, 10);
-	if (end == s || otok < 1 || otok > INT32_MAX)
+	if (end == s || otok < 1 || otok > TRACE_MAX_TOKENS)
 		return -EINVAL;
 	s = end;
 	while (*s == ' ' || *s == '\t')
