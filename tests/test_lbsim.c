@@ -200,6 +200,21 @@ static void test_prefix_policy(void **state)
 	struct lbp_req dq = {.kv_blocks = 10};
 	assert_int_equal(lbp_pick_decode(LB_PREFIX, &ds, &dq, NULL), 1);
 	assert_int_equal(lbp_pick_decode(LB_LEAST, &ds, &dq, NULL), 0);
+	/* chash: the rendezvous owner of the prefix while its load is within the bound */
+	struct lbp_load c[4] = {
+	    {.id = 11, .up = 1}, {.id = 22, .up = 1}, {.id = 33, .up = 1}, {.id = 44, .up = 1}};
+	struct lbp_set cs = {.r = c, .n = 4};
+	struct lbp_req cq = {.key = 5, .est_tokens = 100, .block = blk, .nblocks = 8};
+	int own = lbp_pick_prefill(LB_CHASH, &cs, &cq, NULL, NULL);
+	assert_true(own >= 0);
+	for (int k = 0; k < 5; k++) /* the same prefix, the same owner */
+		assert_int_equal(lbp_pick_prefill(LB_CHASH, &cs, &cq, NULL, NULL), own);
+	c[own].queued_tokens = 10000; /* far over (1 + eps) x mean + the prompt */
+	int next = lbp_pick_prefill(LB_CHASH, &cs, &cq, NULL, NULL);
+	assert_true(next >= 0 && next != own);
+	c[own].queued_tokens = 50; /* within the bound */
+	assert_int_equal(lbp_pick_prefill(LB_CHASH, &cs, &cq, NULL, NULL), own);
+	assert_int_equal(lb_policy_parse("chash"), LB_CHASH);
 	assert_int_equal(lb_policy_parse("prefix"), LB_PREFIX);
 	assert_int_equal(lb_policy_parse("nope"), -EINVAL);
 }

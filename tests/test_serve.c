@@ -700,6 +700,12 @@ static void test_disagg_sim_decisions_prefix(void **state)
 	check_sim_decisions("prefix");
 }
 
+static void test_disagg_sim_decisions_chash(void **state)
+{
+	(void)state;
+	check_sim_decisions("chash");
+}
+
 static void test_disagg_kill_decode(void **state)
 {
 	(void)state;
@@ -761,6 +767,7 @@ int main(void)
 	    cmocka_unit_test(test_disagg_load_returns_to_zero),
 	    cmocka_unit_test(test_disagg_sim_decisions_cache),
 	    cmocka_unit_test(test_disagg_sim_decisions_prefix),
+	    cmocka_unit_test(test_disagg_sim_decisions_chash),
 	    cmocka_unit_test(test_disagg_kill_decode),
 	};
 	/* the disaggregated group reuses the first one's model and temp dir */

@@ -37,7 +37,8 @@ static const struct cfg_opt gwm_opts[] = {
     {"prefill", CFG_STR, GOFF(prefill), 0, 0, NULL, "prefill workers: host:port,host:port"},
     {"decode", CFG_STR, GOFF(decode), 0, 0, NULL, "decode workers: host:port,host:port"},
     {"secret-file", CFG_STR, GOFF(secret_file), 0, 0, NULL, "the workers' shared secret"},
-    {"policy", CFG_STR, GOFF(policy), 0, 0, "prefix", "balancing: rr, least, cache or prefix"},
+    {"policy", CFG_STR, GOFF(policy), 0, 0, "prefix",
+     "balancing: rr, least, cache, prefix or chash"},
     {"handoff", CFG_STR, GOFF(handoff), 0, 0, "fs",
      "prompt KV to the decode worker: fs (through the kv dir) or direct (prefill -> decode)"},
     {"local-prefill", CFG_INT, GOFF(local_prefill), 0, 1 << 20, "0",
@@ -63,8 +64,9 @@ int kvinfer_cmd_gateway(int argc, char **argv)
 	struct kvp_secret sec;
 	if (npos || pol < 0 || ho < 0 || !c.prefill[0] || !c.decode[0] || !c.secret_file[0] ||
 	    kvp_secret_load(c.secret_file, &sec)) {
-		fprintf(stderr, "kvinfer gateway: need --prefill, --decode, --secret-file and "
-				"--policy rr|least|cache|prefix, --handoff fs|direct; see --help\n");
+		fprintf(stderr,
+			"kvinfer gateway: need --prefill, --decode, --secret-file and "
+			"--policy rr|least|cache|prefix|chash, --handoff fs|direct; see --help\n");
 		return 2;
 	}
 	sigset_t sigs;

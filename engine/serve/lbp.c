@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const names[LB_NPOLICY] = {"rr", "least", "cache", "prefix"};
+static const char *const names[LB_NPOLICY] = {"rr", "least", "cache", "prefix", "chash"};
 
 int lb_policy_parse(const char *s)
 {
@@ -164,6 +164,44 @@ static int pick_cost(struct lbp_set *s, const unsigned char *skip, int first, in
 	return best;
 }
 
+/* Highest rendezvous score for key among usable replicas whose load is at most cap; -1 when
+ * none is. */
+static int owner_under(const struct lbp_set *s, const unsigned char *skip, uint64_t key, long cap)
+{
+	int own = -1;
+	uint64_t top = 0;
+	for (int i = 0; i < s->n; i++) {
+		if (!usable(s, i, skip) || pf_load(&s->r[i]) > cap)
+			continue;
+		uint64_t h = mix(s->r[i].id ^ key);
+		if (own < 0 || h > top) {
+			own = i;
+			top = h;
+		}
+	}
+	return own;
+}
+
+static int pick_chash(struct lbp_set *s, const struct lbp_req *q, const unsigned char *skip)
+{
+	uint64_t key =
+	    q->nblocks > 0
+		? q->block[(q->nblocks < LBP_CHASH_BLOCKS ? q->nblocks : LBP_CHASH_BLOCKS) - 1]
+		: q->key;
+	long sum = 0;
+	int n = 0;
+	for (int i = 0; i < s->n; i++)
+		if (usable(s, i, skip)) {
+			sum += pf_load(&s->r[i]);
+			n++;
+		}
+	if (!n)
+		return -1;
+	long cap = (long)((1.0 + LBP_CHASH_EPS) * (double)sum / n) + q->est_tokens;
+	int own = owner_under(s, skip, key, cap);
+	return own >= 0 ? own : pick_cost(s, skip, -1, -1, 0, 0);
+}
+
 int lbp_pick_prefill(enum lb_policy p, struct lbp_set *s, const struct lbp_req *q,
 		     const struct lbp_index *ix, const unsigned char *skip)
 {
@@ -199,6 +237,8 @@ int lbp_pick_prefill(enum lb_policy p, struct lbp_set *s, const struct lbp_req *
 			return pick_cost(s, skip, -1, -1, 0, 0);
 		return pick_cost(s, skip, who, who, whole - (long)LB_CACHE_W * held, whole);
 	}
+	case LB_CHASH:
+		return pick_chash(s, q, skip);
 	case LB_LEAST:
 	default:
 		return pick_cost(s, skip, -1, -1, 0, 0);
@@ -218,7 +258,7 @@ int lbp_pick_decode(enum lb_policy p, struct lbp_set *s, const struct lbp_req *q
 			continue;
 		const struct lbp_load *r = &s->r[i];
 		/* prefix: a replica whose free KV cannot hold the request would queue it */
-		int fits = p != LB_PREFIX || !q || r->kv_free >= q->kv_blocks;
+		int fits = (p != LB_PREFIX && p != LB_CHASH) || !q || r->kv_free >= q->kv_blocks;
 		if (best < 0) {
 			best = i;
 			fits_best = fits;

@@ -14,6 +14,10 @@
  *           the longest run of leading blocks it holds) plus its queued + in-flight tokens.
  *           decode: fewest in-flight sequences among replicas whose free KV holds the
  *           request's blocks, else the one with the most free KV.
+ *   chash   prefill: bounded-load consistent hashing on the prompt's first LBP_CHASH_BLOCKS
+ *           blocks: the rendezvous owner of that prefix unless its load exceeds
+ *           (1 + LBP_CHASH_EPS) x the mean load + the prompt, then the next owner in score
+ *           order under that bound, else the least loaded. decode: as prefix.
  * docs/serving.md ("Balancing") gives the measured comparison that made `prefix` the default.
  *
  * Threading: none inside; the caller serialises calls on one struct lbp_index / lbp_set.
@@ -24,9 +28,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum lb_policy { LB_RR = 0, LB_LEAST = 1, LB_CACHE = 2, LB_PREFIX = 3, LB_NPOLICY };
+enum lb_policy { LB_RR = 0, LB_LEAST = 1, LB_CACHE = 2, LB_PREFIX = 3, LB_CHASH = 4, LB_NPOLICY };
 
-/* "rr", "least", "cache", "prefix" -> policy, or -EINVAL. */
+/* "rr", "least", "cache", "prefix", "chash" -> policy, or -EINVAL. */
 int lb_policy_parse(const char *s);
 /* The policy's name (static string); "?" for an unknown value. */
 const char *lb_policy_name(int p);
@@ -35,6 +39,10 @@ const char *lb_policy_name(int p);
  * LBP_BLOCK_BYTES of rendered prompt text (about LB_BLOCK_TOKENS tokens at ~4 bytes each). */
 #define LB_BLOCK_TOKENS 64
 #define LBP_BLOCK_BYTES (LB_BLOCK_TOKENS * 4)
+/* chash: the prefix that picks the owner (16 blocks, ~1 K tokens: past a shared system
+ * prompt into what sets a request apart), and the load slack over the mean. */
+#define LBP_CHASH_BLOCKS 16
+#define LBP_CHASH_EPS	 0.1
 /* Weight of one prompt token to compute against one queued token: both are prefill work. */
 #define LB_CACHE_W 1
 

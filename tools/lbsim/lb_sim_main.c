@@ -17,7 +17,8 @@ static void usage(void)
 	    stderr,
 	    "usage: lb-sim [options]\n"
 	    "  --prefill N --decode N     replicas per stage (default 64 + 64; max %d)\n"
-	    "  --policy P                 rr, least, cache, prefix, oracle or all (default all)\n"
+	    "  --policy P                 rr, least, cache, prefix, chash, oracle or all (default "
+	    "all)\n"
 	    "  --requests N               generated requests (default 20000)\n"
 	    "  --seed N                   generator seed (default 1)\n"
 	    "  --load F                   offered prefill load, share of capacity (default 0.8)\n"
@@ -68,8 +69,8 @@ static double mean_work(const struct lbsim_trace *t, const struct lbsim_cfg *run
 	       run->pf_overhead_ms / 1000.0;
 }
 
-static const char *const run_names[] = {"rr", "least", "cache", "prefix", "oracle"};
-#define NRUNS 5
+static const char *const run_names[] = {"rr", "least", "cache", "prefix", "chash", "oracle"};
+#define NRUNS 6
 
 int main(int argc, char **argv)
 {
