@@ -25,7 +25,8 @@
 /* A replica that has failed its health checks this long is taken as hung (stopped, not
  * answering): the calls and streams this gateway has in flight there are broken, so their
  * requests fail or retry instead of waiting out RPC_TIMEOUT_MS or forever. */
-#define HUNG_MS 3000
+#define HUNG_MS		 3000
+#define HEALTH_PERIOD_MS 200 /* STATUS polls, lb.h */
 
 /* How a request's KV reached its decode worker, for /metrics. */
 enum ho_kind { HO_FS = 0, HO_DIRECT = 1, HO_FALLBACK = 2, HO_LOCAL = 3, HO_N };
@@ -51,28 +52,47 @@ struct role {
 	unsigned rr;
 };
 
+/* Where a request is: queued for a worker, run by one, or ended (finished, or taken out of
+ * the queue by a cancel or lb_stop). Moves only forward, under lb.mu. */
+enum lq_state { LQ_QUEUED = 0, LQ_RUNNING = 1, LQ_DONE = 2 };
+
+/* A FIFO of requests through their prev/next links (a request is on one list at a time). */
+struct lq_list {
+	struct lreq *head, *tail;
+	int n;
+};
+
 struct lb {
 	struct lb_opts o;
 	struct kvp_secret secret;
 	struct kvp_pool *pool;
-	pthread_mutex_t mu; /* guards pf, dc, stop, counters */
-	pthread_cond_t cv;
+	pthread_mutex_t mu;	/* guards pf, dc, stop, stopping, queue, active, counters */
+	pthread_cond_t cv;	/* health: stop */
+	pthread_cond_t work_cv; /* workers: queue not empty, or stop */
+	pthread_cond_t idle_cv; /* lb_stop: active emptied */
 	struct role pf, dc;
-	int stop;
+	int stop; /* lb_destroy: the health thread and the workers end */
 	pthread_t health;
-	atomic_int threads;  /* request threads alive */
-	struct lreq *active; /* requests whose thread runs; guarded by mu */
-	int stopping;	     /* lb_stop: no new requests; guarded by mu */
+	pthread_t *workers; /* o.workers of them, started in lb_create */
+	int nworkers;
+	/* workers not running a request (also one not yet scheduled after its creation): each
+	 * takes one of the queue's first */
+	int idle;
+	struct lq_list queue;  /* LQ_QUEUED, at most o.queue */
+	struct lq_list active; /* LQ_RUNNING */
+	int stopping;	       /* lb_stop: no new requests */
 	uint64_t retries;
 	uint64_t nonce;		 /* tickets of direct hand-overs: nonce + job id */
 	uint64_t handoffs[HO_N]; /* by enum ho_kind; guarded by mu */
 };
 
-/* One request: referenced by its thread and by the gateway job (dropped in release). */
+/* One request: referenced by the queue or its worker (one reference, passed along) and by the
+ * gateway job (dropped in release). */
 struct lreq {
 	struct lb *l;
 	atomic_int refs;
-	struct lreq *prev, *next; /* l->active */
+	enum lq_state state;	  /* guarded by l->mu */
+	struct lreq *prev, *next; /* on l->queue or l->active; guarded by l->mu */
 	struct gw_job *job;
 	char *prompt;
 	char *salt;
@@ -240,8 +260,22 @@ static int pf_parse(uint8_t *body, uint32_t len, struct pf_result *p)
 	return 0;
 }
 
+/* A PREFILL call to r has started. lb_stop breaks the prefill connections after setting
+ * stopping, which a call started before then does not outlive; one started after (picked
+ * before the stop, sent after the break) is broken here, so no call waits out RPC_TIMEOUT_MS
+ * while lb_stop waits for it. */
+static void pf_call_started(struct lb *l, const struct replica *r)
+{
+	pthread_mutex_lock(&l->mu);
+	int stopping = l->stopping;
+	pthread_mutex_unlock(&l->mu);
+	if (stopping)
+		kvp_pool_abort(l->pool, r->addr); /* addr is immutable after lb_create */
+}
+
 /* Runs the prompt on a prefill replica, retrying others on transport failures. peer: the
- * decode replica to hand the KV to directly under ticket, or NULL. */
+ * decode replica to hand the KV to directly under ticket, or NULL. Blocks for the PREFILL
+ * (up to RPC_TIMEOUT_MS per replica tried, cut short by lb_stop: -ESHUTDOWN). */
 static int do_prefill(struct lreq *q, struct pf_result *res, const char *peer, uint64_t ticket)
 {
 	struct lb *l = q->l;
@@ -282,18 +316,27 @@ static int do_prefill(struct lreq *q, struct pf_result *res, const char *peer, u
 		uint32_t blen = 0;
 		rc = kvp_pool_get(l->pool, r->addr, &c);
 		if (!rc) {
-			rc = kvp_call(c, KVW_OP_PREFILL, w.p, w.len, NULL, 0, RPC_TIMEOUT_MS, &body,
-				      &blen);
+			struct kvp_call *k = NULL;
+			rc = kvp_call_start(c, KVW_OP_PREFILL, w.p, w.len, NULL, 0, &k);
+			if (!rc) {
+				pf_call_started(l, r);
+				rc = kvp_call_wait(k, RPC_TIMEOUT_MS, &body, &blen);
+			}
 			kvp_pool_put(l->pool, c);
 		}
 		pthread_mutex_lock(&l->mu);
 		r->inflight--;
 		r->inflight_tokens -= est;
+		int stopping = l->stopping;
 		pthread_mutex_unlock(&l->mu);
 		if (!rc) {
 			rc = pf_parse(body, blen, res);
 			if (rc)
 				free(body);
+			break;
+		}
+		if (stopping && transport_err(rc)) {
+			rc = -ESHUTDOWN; /* lb_stop broke the call: the replica is not at fault */
 			break;
 		}
 		if (!transport_err(rc))
@@ -466,9 +509,9 @@ static int prefill_then(struct lreq *q, struct kvp_wbuf *w, struct pf_result *pr
 	return 0;
 }
 
-static void *req_main(void *arg)
+/* Runs request q to its gw_job_finish, on a worker. */
+static void req_run(struct lreq *q)
 {
-	struct lreq *q = arg;
 	struct lb *l = q->l;
 	struct pf_result pr = {0};
 	int skip[LB_MAX_REPLICAS] = {0}, ntok = 0, peer = -1, rc;
@@ -520,16 +563,65 @@ out:
 	kvp_w_free(&w);
 	free(pr.toks);
 	free(pr.body);
-	pthread_mutex_lock(&l->mu);
+}
+
+/* ---- the worker pool ------------------------------------------------------------------ */
+
+static void lq_push(struct lq_list *ls, struct lreq *q)
+{
+	q->next = NULL;
+	q->prev = ls->tail;
+	if (ls->tail)
+		ls->tail->next = q;
+	else
+		ls->head = q;
+	ls->tail = q;
+	ls->n++;
+}
+
+static void lq_remove(struct lq_list *ls, struct lreq *q)
+{
 	if (q->prev)
 		q->prev->next = q->next;
 	else
-		l->active = q->next;
+		ls->head = q->next;
 	if (q->next)
 		q->next->prev = q->prev;
+	else
+		ls->tail = q->prev;
+	q->prev = q->next = NULL;
+	ls->n--;
+}
+
+/* A worker: takes the oldest queued request, runs it, repeats; ends at lb_destroy once the
+ * queue is empty (lb_stop has emptied it by then). */
+static void *worker_main(void *arg)
+{
+	struct lb *l = arg;
+	pthread_mutex_lock(&l->mu);
+	for (;;) {
+		while (!l->queue.head && !l->stop)
+			pthread_cond_wait(&l->work_cv, &l->mu);
+		struct lreq *q = l->queue.head;
+		if (!q)
+			break;
+		l->idle--;
+		lq_remove(&l->queue, q);
+		q->state = LQ_RUNNING;
+		lq_push(&l->active, q);
+		pthread_mutex_unlock(&l->mu);
+		req_run(q);
+		pthread_mutex_lock(&l->mu);
+		lq_remove(&l->active, q);
+		q->state = LQ_DONE;
+		l->idle++;
+		if (!l->active.n)
+			pthread_cond_broadcast(&l->idle_cv);
+		pthread_mutex_unlock(&l->mu);
+		lreq_put(q); /* the queue's reference, which this worker held */
+		pthread_mutex_lock(&l->mu);
+	}
 	pthread_mutex_unlock(&l->mu);
-	lreq_put(q);
-	atomic_fetch_sub(&l->threads, 1);
 	return NULL;
 }
 
@@ -562,41 +654,23 @@ static int be_submit(void *ctx, struct gw_job *job, const struct gw_req *g)
 	q->sp.top_k = o->top_k;
 	q->sp.seed = o->has_seed ? o->seed : g->id * 0x9E3779B97F4A7C15ULL;
 	q->sp.max_tokens = o->max_tokens;
-	pthread_mutex_lock(&l->mu);
-	if (l->stopping) {
-		pthread_mutex_unlock(&l->mu);
-		lreq_put(q);
-		return -EAGAIN;
-	}
-	atomic_fetch_add(&q->refs, 1); /* the thread's */
-	q->next = l->active;
-	if (l->active)
-		l->active->prev = q;
-	l->active = q;
-	atomic_fetch_add(&l->threads, 1);
-	pthread_mutex_unlock(&l->mu);
+	/* backend data before the request is visible to a worker: cancel and release find it */
 	gw_job_set_backend_data(job, q);
-	pthread_t t;
-	pthread_attr_t a;
-	pthread_attr_init(&a);
-	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-	int rc = -pthread_create(&t, &a, req_main, q);
-	pthread_attr_destroy(&a);
-	if (rc) {
-		pthread_mutex_lock(&l->mu);
-		if (q->prev)
-			q->prev->next = q->next;
-		else
-			l->active = q->next;
-		if (q->next)
-			q->next->prev = q->prev;
+	pthread_mutex_lock(&l->mu);
+	/* waiting for a busy worker: what the idle ones will not take at once */
+	int full = l->queue.n - l->idle >= l->o.queue;
+	if (l->stopping || full) {
 		pthread_mutex_unlock(&l->mu);
-		atomic_fetch_sub(&l->threads, 1);
-		gw_job_set_backend_data(job, NULL);
-		lreq_put(q);
-		lreq_put(q);
+		if (full)
+			klog_debug("request queue full (%d waiting): refused", l->o.queue);
+		return -EAGAIN; /* release drops the job's reference, the only one */
 	}
-	return rc;
+	atomic_fetch_add(&q->refs, 1); /* the queue's, then its worker's */
+	q->state = LQ_QUEUED;
+	lq_push(&l->queue, q);
+	pthread_cond_signal(&l->work_cv);
+	pthread_mutex_unlock(&l->mu);
+	return 0;
 }
 
 static void be_cancel(void *ctx, struct gw_job *job)
@@ -605,6 +679,19 @@ static void be_cancel(void *ctx, struct gw_job *job)
 	struct lreq *q = gw_job_backend_data(job);
 	if (!q)
 		return;
+	struct lb *l = q->l;
+	pthread_mutex_lock(&l->mu);
+	int queued = q->state == LQ_QUEUED;
+	if (queued) { /* no worker has it: end it here, freeing its place in the queue */
+		lq_remove(&l->queue, q);
+		q->state = LQ_DONE;
+	}
+	pthread_mutex_unlock(&l->mu);
+	if (queued) {
+		gw_job_finish(job, NULL, -ECANCELED, "cancelled");
+		lreq_put(q); /* the queue's reference */
+		return;
+	}
 	pthread_mutex_lock(&q->mu);
 	q->cancelled = 1;
 	if (q->fd >= 0) /* the decode worker sees the close and frees the KV */
@@ -784,7 +871,7 @@ static void break_hung(struct lb *l)
 				klog_warn("replica %s down for %d ms: breaking %d requests there",
 					  r->addr, HUNG_MS, r->inflight);
 			kvp_pool_abort(l->pool, r->addr);
-			for (struct lreq *q = l->active; q; q = q->next) {
+			for (struct lreq *q = l->active.head; q; q = q->next) {
 				pthread_mutex_lock(&q->mu);
 				if (q->dec == r && q->fd >= 0)
 					shutdown(q->fd, SHUT_RDWR);
@@ -803,7 +890,7 @@ static void *health_main(void *arg)
 		pthread_mutex_lock(&l->mu);
 		break_hung(l);
 		struct timespec ts;
-		kvfs_deadline(&ts, CLOCK_REALTIME, 200);
+		kvfs_deadline(&ts, CLOCK_REALTIME, HEALTH_PERIOD_MS);
 		if (!l->stop)
 			pthread_cond_timedwait(&l->cv, &l->mu, &ts);
 	}
@@ -832,24 +919,60 @@ static int parse_list(const char *s, struct role *ro)
 	return ro->n ? 0 : -EINVAL;
 }
 
+/* Ends the workers started so far and the health thread (when started). */
+static void lb_join(struct lb *l, int health)
+{
+	pthread_mutex_lock(&l->mu);
+	l->stop = 1;
+	pthread_cond_signal(&l->cv);
+	pthread_cond_broadcast(&l->work_cv);
+	pthread_mutex_unlock(&l->mu);
+	if (health)
+		pthread_join(l->health, NULL);
+	for (int i = 0; i < l->nworkers; i++)
+		pthread_join(l->workers[i], NULL);
+}
+
+static void lb_free(struct lb *l)
+{
+	kvp_pool_destroy(l->pool);
+	pthread_mutex_destroy(&l->mu);
+	pthread_cond_destroy(&l->cv);
+	pthread_cond_destroy(&l->work_cv);
+	pthread_cond_destroy(&l->idle_cv);
+	free(l->workers);
+	free(l);
+}
+
 int lb_create(const struct lb_opts *o, struct lb **out)
 {
+	if (o->workers < 0 || o->workers > LB_WORKERS_MAX || o->queue < 0 ||
+	    o->queue > LB_QUEUE_MAX)
+		return -EINVAL;
 	struct lb *l = calloc(1, sizeof(*l));
 	if (!l)
 		return -ENOMEM;
 	l->o = *o;
+	l->o.workers = o->workers ? o->workers : LB_WORKERS;
+	l->o.queue = o->queue ? o->queue : LB_QUEUE;
 	l->secret = *o->secret;
 	int rc = parse_list(o->prefill, &l->pf);
 	if (!rc)
 		rc = parse_list(o->decode, &l->dc);
 	if (!rc)
 		rc = kvp_pool_create(&l->secret, CONNECT_TIMEOUT_MS, &l->pool);
+	if (!rc && !(l->workers = calloc((size_t)l->o.workers, sizeof(*l->workers)))) {
+		kvp_pool_destroy(l->pool);
+		rc = -ENOMEM;
+	}
 	if (rc) {
 		free(l);
 		return rc;
 	}
 	pthread_mutex_init(&l->mu, NULL);
 	pthread_cond_init(&l->cv, NULL);
+	pthread_cond_init(&l->work_cv, NULL);
+	pthread_cond_init(&l->idle_cv, NULL);
 	/* tickets must not repeat across gateway restarts while a decode worker still holds
 	 * one: the clock and pid are enough for that (a ticket lives SCH_PARK_MS) */
 	struct timespec now;
@@ -857,9 +980,16 @@ int lb_create(const struct lb_opts *o, struct lb **out)
 	l->nonce = ((uint64_t)now.tv_sec * 1000000000ULL + (uint64_t)now.tv_nsec) ^
 		   ((uint64_t)getpid() << 40);
 	l->nonce *= 0x9E3779B97F4A7C15ULL;
-	if ((rc = -pthread_create(&l->health, NULL, health_main, l))) {
-		kvp_pool_destroy(l->pool);
-		free(l);
+	l->idle = l->o.workers; /* before any worker exists: no lock needed */
+	while (!rc && l->nworkers < l->o.workers) {
+		rc = -pthread_create(&l->workers[l->nworkers], NULL, worker_main, l);
+		l->nworkers += !rc;
+	}
+	if (!rc)
+		rc = -pthread_create(&l->health, NULL, health_main, l);
+	if (rc) {
+		lb_join(l, 0);
+		lb_free(l);
 		return rc;
 	}
 	*out = l;
@@ -870,19 +1000,31 @@ void lb_stop(struct lb *l)
 {
 	pthread_mutex_lock(&l->mu);
 	l->stopping = 1;
-	for (struct lreq *q = l->active; q; q = q->next) {
+	struct lreq *queued = l->queue.head; /* ended here, below: no worker has them */
+	for (struct lreq *q = queued; q; q = q->next)
+		q->state = LQ_DONE;
+	l->queue = (struct lq_list){0};
+	for (struct lreq *q = l->active.head; q; q = q->next) {
 		pthread_mutex_lock(&q->mu);
 		q->cancelled = 1;
-		if (q->fd >= 0)
+		if (q->fd >= 0) /* a decode stream: its worker sees the close */
 			shutdown(q->fd, SHUT_RDWR);
 		pthread_mutex_unlock(&q->mu);
 	}
 	pthread_mutex_unlock(&l->mu);
-	/* a prefill call in flight ends by itself (bounded by its RPC timeout) */
-	while (atomic_load(&l->threads) > 0) {
-		struct timespec ts = {0, 10 * 1000000L};
-		nanosleep(&ts, NULL);
+	while (queued) {
+		struct lreq *q = queued;
+		queued = q->next;
+		gw_job_finish(q->job, NULL, -ECANCELED, "the gateway is stopping");
+		lreq_put(q);
 	}
+	/* PREFILL calls in flight (RPC_TIMEOUT_MS) fail now: see pf_call_started */
+	for (int i = 0; i < l->pf.n; i++)
+		kvp_pool_abort(l->pool, l->pf.r[i].addr);
+	pthread_mutex_lock(&l->mu);
+	while (l->active.n)
+		pthread_cond_wait(&l->idle_cv, &l->mu);
+	pthread_mutex_unlock(&l->mu);
 }
 
 void lb_destroy(struct lb *l)
@@ -890,17 +1032,6 @@ void lb_destroy(struct lb *l)
 	if (!l)
 		return;
 	lb_stop(l);
-	pthread_mutex_lock(&l->mu);
-	l->stop = 1;
-	pthread_cond_signal(&l->cv);
-	pthread_mutex_unlock(&l->mu);
-	pthread_join(l->health, NULL);
-	while (atomic_load(&l->threads) > 0) {
-		struct timespec ts = {0, 10 * 1000000L};
-		nanosleep(&ts, NULL);
-	}
-	kvp_pool_destroy(l->pool);
-	pthread_mutex_destroy(&l->mu);
-	pthread_cond_destroy(&l->cv);
-	free(l);
+	lb_join(l, 1);
+	lb_free(l);
 }
