@@ -166,6 +166,103 @@ uint64_t kvi_gguf_hash(const char *s)
 	return h;
 }
 
+/* ---- key lookup and integer values: the parser reads general.alignment with them ---- */
+
+int64_t kvi_gguf_find_kv(const struct kvi_gguf *g, const char *key)
+{
+	if (!g->kv_hash)
+		return -ENOENT;
+	size_t h = kvi_gguf_hash(key) & g->kv_hmask;
+	while (g->kv_hash[h]) {
+		size_t i = g->kv_hash[h] - 1;
+		if (!strcmp(g->kvs[i].key, key))
+			return (int64_t)i;
+		h = (h + 1) & g->kv_hmask;
+	}
+	return -ENOENT;
+}
+
+int kvi_gguf_int_at(const uint8_t *p, uint32_t t, int *neg, uint64_t *mag)
+{
+	int64_t s = 0;
+	uint64_t u = 0;
+	int is_signed = 1;
+	switch (t) {
+	case KVI_GGUF_U8: {
+		is_signed = 0;
+		u = p[0];
+		break;
+	}
+	case KVI_GGUF_I8: {
+		int8_t v;
+		memcpy(&v, p, 1);
+		s = v;
+		break;
+	}
+	case KVI_GGUF_U16: {
+		uint16_t v;
+		memcpy(&v, p, 2);
+		is_signed = 0;
+		u = v;
+		break;
+	}
+	case KVI_GGUF_I16: {
+		int16_t v;
+		memcpy(&v, p, 2);
+		s = v;
+		break;
+	}
+	case KVI_GGUF_U32: {
+		uint32_t v;
+		memcpy(&v, p, 4);
+		is_signed = 0;
+		u = v;
+		break;
+	}
+	case KVI_GGUF_I32: {
+		int32_t v;
+		memcpy(&v, p, 4);
+		s = v;
+		break;
+	}
+	case KVI_GGUF_U64: {
+		is_signed = 0;
+		memcpy(&u, p, 8);
+		break;
+	}
+	case KVI_GGUF_I64: {
+		memcpy(&s, p, 8);
+		break;
+	}
+	default:
+		return -EINVAL;
+	}
+	if (is_signed) {
+		*neg = s < 0;
+		*mag = s < 0 ? (uint64_t)0 - (uint64_t)s : (uint64_t)s;
+	} else {
+		*neg = 0;
+		*mag = u;
+	}
+	return 0;
+}
+
+int kvi_gguf_get_u32(const struct kvi_gguf *g, const char *key, uint32_t *out)
+{
+	int64_t i = kvi_gguf_find_kv(g, key);
+	if (i < 0)
+		return (int)i;
+	int neg;
+	uint64_t m;
+	int ret = kvi_gguf_int_at(g->base + g->kvs[i].off, g->kvs[i].type, &neg, &m);
+	if (ret)
+		return ret;
+	if (neg || m > UINT32_MAX)
+		return -ERANGE;
+	*out = (uint32_t)m;
+	return 0;
+}
+
 /* Builds an index+1 hash over n names; returns -EEXIST naming the first duplicate. */
 static int build_hash(struct rd *r, uint32_t **tab, size_t *mask, size_t n,
 		      const char *(*name_of)(const void *, size_t), const void *arr,

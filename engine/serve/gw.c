@@ -21,6 +21,11 @@ enum gw_outcome { GW_OK, GW_CLIENT_ERR, GW_SERVER_ERR, GW_CANCELLED, GW_OUT_N };
 static const char *const outcome_names[GW_OUT_N] = {"ok", "client_error", "server_error",
 						    "cancelled"};
 
+/* A waiting connection thread checks its client for a hang-up at least this often. */
+#define GW_HANGUP_CHECK_MS 100
+/* Bytes libmicrohttpd asks a streamed response for at a time. */
+#define GW_STREAM_BLOCK 16384
+
 #define NB_TTFT 13
 #define NB_ITL	12
 static const double ttft_b[NB_TTFT] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -275,11 +280,13 @@ static void cancel_job(struct gw_job *j)
 	}
 }
 
-/* Waits up to 100 ms for news on j. Called with j->mu held. */
+/* Waits up to GW_HANGUP_CHECK_MS for news on j. Called with j->mu held. The bound is for the
+ * caller's client_gone check: libmicrohttpd tells nothing of a client that leaves while we
+ * wait (docs/architecture.md, "Waiting"). */
 static void wait_news(struct gw_job *j)
 {
 	struct timespec ts;
-	kvfs_deadline(&ts, CLOCK_REALTIME, 100);
+	kvfs_deadline(&ts, CLOCK_REALTIME, GW_HANGUP_CHECK_MS);
 	pthread_cond_timedwait(&j->cv, &j->mu, &ts);
 }
 
@@ -543,7 +550,7 @@ static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat
 		s->j = j;
 		s->c = c;
 		struct MHD_Response *r = MHD_create_response_from_callback(
-		    MHD_SIZE_UNKNOWN, 16384, stream_read, s, stream_free);
+		    MHD_SIZE_UNKNOWN, GW_STREAM_BLOCK, stream_read, s, stream_free);
 		if (!r) {
 			stream_free(s);
 			return MHD_NO;
@@ -734,8 +741,8 @@ int gw_start(const struct gw_opts *o, const struct gw_backend *be, struct gw **o
 	g->d = MHD_start_daemon(
 	    MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG, 0,
 	    NULL, NULL, handler, g, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_NOTIFY_COMPLETED,
-	    completed, g, MHD_OPTION_CONNECTION_LIMIT, 512u, MHD_OPTION_CONNECTION_TIMEOUT, 30u,
-	    MHD_OPTION_END);
+	    completed, g, MHD_OPTION_CONNECTION_LIMIT, (unsigned)GW_MAX_CONNECTIONS,
+	    MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)GW_CONN_TIMEOUT_S, MHD_OPTION_END);
 	if (!g->d) {
 		klog_error("cannot listen on %s:%u", o->host ? o->host : "127.0.0.1", o->port);
 		pthread_cond_destroy(&g->idle);

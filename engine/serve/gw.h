@@ -23,6 +23,11 @@
 
 #include "oai.h"
 
+/* HTTP connections at once (libmicrohttpd's limit); more are refused by the server. */
+#define GW_MAX_CONNECTIONS 512
+/* An idle HTTP connection is closed after this long. */
+#define GW_CONN_TIMEOUT_S 30
+
 struct gw;
 struct gw_job;
 struct met_out;

@@ -68,11 +68,11 @@ enum lb_handoff { LB_HANDOFF_FS = 0, LB_HANDOFF_DIRECT = 1 };
 #define LB_BLOCK_TOKENS 64
 /* A prompt block to compute weighs as much as a queued block: both are prefill work. */
 #define LB_CACHE_W 1
-/* The pool's defaults: workers + queue = the gateway's 512 HTTP connections (gw.c), so the
- * queue, not the HTTP server, answers an overload. */
+/* The pool's defaults: workers + queue = the gateway's HTTP connections, so the queue, not the
+ * HTTP server, answers an overload. */
 #define LB_WORKERS     64
 #define LB_WORKERS_MAX 1024
-#define LB_QUEUE       448
+#define LB_QUEUE       (GW_MAX_CONNECTIONS - LB_WORKERS)
 #define LB_QUEUE_MAX   65536
 
 struct lb_opts {

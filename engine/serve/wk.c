@@ -71,25 +71,6 @@ static void wr_done(struct wreq *w)
 	free(w);
 }
 
-/* The PREFILL reply (kvw.h). 0, or the encoding's error (nothing sent). */
-int wk_pf_reply(struct kvp_conn *c, const struct kvp_hdr *h, const int32_t *toks, int n, int cached,
-		int32_t first, int handed, const void *blk, size_t blen)
-{
-	struct kvw_prefilled p = {.n = (uint32_t)n,
-				  .toks = toks,
-				  .cached = (uint32_t)cached,
-				  .first = first,
-				  .handed = (uint8_t)handed,
-				  .blen = (uint32_t)blen};
-	struct kvp_wbuf b;
-	kvp_w_init(&b);
-	int rc = kvw_prefilled_enc(&b, &p);
-	if (!rc)
-		kvp_reply(c, h, 0, b.p, b.len, blk, blen);
-	kvp_w_free(&b);
-	return rc;
-}
-
 static void pf_prefilled(void *u, const int32_t *toks, int n, int cached, int32_t first,
 			 const void *blk, size_t blen)
 {
@@ -350,7 +331,7 @@ static int run_worker(int argc, char **argv, enum sch_mode mode, const char *nam
 	if (c.nccl && !sch_nccl_capable(k.s))
 		klog_warn("--nccl: this engine cannot (needs --device cuda and NCCL): bytes");
 	/* a decode worker takes a whole prompt's KV in one KVW_OP_KV_PUT frame */
-	size_t kvmax = mode == SCH_DECODE ? sch_handoff_max_bytes(k.s) + 4096 : 0;
+	size_t kvmax = mode == SCH_DECODE ? sch_handoff_max_bytes(k.s) + WK_KV_PUT_HDR_ROOM : 0;
 	struct kvp_server_opts ko = {
 	    .name = name,
 	    .host = host,
