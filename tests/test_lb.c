@@ -1,7 +1,8 @@
 /* The disaggregated gateway's request pool (engine/serve/lb.c behind engine/serve/gw.c): a
  * fixed number of workers run requests, a bounded queue holds the rest, and a request past the
- * queue is refused at once with 503 "overloaded" — never a thread per request. lb_stop with
- * requests in flight returns without waiting out their RPC timeout.
+ * queue is refused at once with 503 "overloaded" — never a thread per request; a client that
+ * leaves while queued frees its place. lb_stop with requests in flight returns without
+ * waiting out their RPC timeout.
  *
  * The replicas are kvp servers in this process speaking just enough of kvw.h: both answer
  * STATUS (so they read up); the prefill replica holds every PREFILL without answering, as a
@@ -15,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -26,6 +28,7 @@
 #include "kvp.h"
 #include "kvw.h"
 #include "lb.h"
+#include "prom_parse.h"
 
 #define WORKERS	 2
 #define QUEUE	 2
@@ -148,6 +151,13 @@ static int teardown(void **state)
 static pthread_mutex_t cmu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t ccv = PTHREAD_COND_INITIALIZER;
 static int cstatus[CLIENTS];
+
+static int64_t mono_ms_(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
 static int cdone, crefused;
 
 static void *client_main(void *arg)
@@ -166,6 +176,37 @@ static void *client_main(void *arg)
 	pthread_mutex_unlock(&cmu);
 	free(out);
 	return NULL;
+}
+
+/* The gateway's lb_requests_queued gauge, read until it equals want (WAIT_MS at most). */
+static int queued_becomes(int want)
+{
+	int64_t end = mono_ms_() + WAIT_MS;
+	double v = -1;
+	while (mono_ms_() < end) {
+		char *b = NULL;
+		struct prom_doc d;
+		assert_int_equal(htu_request(gw_port(gw), 1, "GET", "/metrics", NULL, &b), 200);
+		assert_int_equal(prom_parse(b, &d), 0);
+		assert_int_equal(prom_get(&d, "lb_requests_queued", "", &v), 0);
+		prom_free(&d);
+		free(b);
+		if ((int)v == want)
+			return want;
+		usleep(20 * 1000);
+	}
+	return (int)v;
+}
+
+/* A request whose client leaves: sent on a socket the caller closes. */
+static int send_raw(void)
+{
+	int fd = htu_connect(gw_port(gw));
+	assert_true(fd >= 0);
+	assert_int_equal(htu_send(fd, 1, "POST", "/v1/completions",
+				  "{\"prompt\":\"a client that leaves\",\"max_tokens\":1}"),
+			 0);
+	return fd;
 }
 
 /* Waits until *n reaches want (guarded by mu, signalled on cv), WAIT_MS at most. */
@@ -197,10 +238,18 @@ static void test_pool_bounds_requests_and_stop_is_prompt(void **state)
 {
 	(void)state;
 	pthread_t t[CLIENTS];
-	for (int i = 0; i < CLIENTS; i++)
+	for (int i = 0; i < WORKERS; i++)
 		assert_int_equal(pthread_create(&t[i], NULL, client_main, (void *)(intptr_t)i), 0);
-	/* WORKERS PREFILLs reach the replica; the two past the queue are refused at once */
+	/* WORKERS PREFILLs reach the replica */
 	assert_int_equal(wait_count(&pf_fake.mu, &pf_fake.cv, &pf_fake.nheld, WORKERS), WORKERS);
+	/* a queued request whose client leaves gives its place back */
+	int fd = send_raw();
+	assert_int_equal(queued_becomes(1), 1);
+	close(fd);
+	assert_int_equal(queued_becomes(0), 0);
+	/* the rest: QUEUE wait, the two past the queue are refused at once */
+	for (int i = WORKERS; i < CLIENTS; i++)
+		assert_int_equal(pthread_create(&t[i], NULL, client_main, (void *)(intptr_t)i), 0);
 	assert_int_equal(wait_count(&cmu, &ccv, &crefused, CLIENTS - WORKERS - QUEUE),
 			 CLIENTS - WORKERS - QUEUE);
 	/* the queued requests stay queued: no further PREFILL while the workers are busy (with a

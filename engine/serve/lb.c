@@ -747,6 +747,12 @@ static void be_metrics(void *ctx, struct met_out *o)
 	struct lb *l = ctx;
 	pthread_mutex_lock(&l->mu);
 	replica_families(l, o);
+	met_out_family(o, "lb_requests_running", "gauge",
+		       "Requests a worker of the pool runs (at most --workers)");
+	met_out_sample(o, "lb_requests_running", NULL, (double)l->active.n);
+	met_out_family(o, "lb_requests_queued", "gauge",
+		       "Requests waiting for a worker (at most --queue; past it: 503 overloaded)");
+	met_out_sample(o, "lb_requests_queued", NULL, (double)l->queue.n);
 	met_out_family(o, "lb_retries_total", "counter",
 		       "Requests retried on another replica after a transport error");
 	met_out_sample(o, "lb_retries_total", NULL, (double)l->retries);
