@@ -545,7 +545,7 @@ static void test_disagg_load_returns_to_zero(void **state)
 	assert_true(idle);
 }
 
-/* The cache policy's rendezvous owner of a prompt (lb.c: fnv1a of the prompt, then of each
+/* The cache policy's rendezvous owner of a prompt (lb_replica.c: fnv1a of the prompt, then of each
  * replica address; the highest wins): 0 or 1, the prefill replica's index. */
 static uint64_t fnv(const char *s, uint64_t h)
 {

@@ -1,8 +1,7 @@
-/* lb — prefill/decode load balancers and the request pipeline of the disaggregated gateway
- * (see lb.h). */
+/* lb — the request pipeline, worker pool and gw_backend of the disaggregated gateway (see
+ * lb.h); the replica table is in lb_replica.c. */
 #define KVFS_LOG_TAG "lb"
 #include "lb.h"
-#include "ktime.h"
 #include "oai.h"
 
 #include <errno.h>
@@ -15,218 +14,16 @@
 #include <unistd.h>
 
 #include "kvw.h"
+#include "lb_int.h"
 #include "log.h"
 #include "metrics.h"
-#include "sample.h"
 
-#define RPC_TIMEOUT_MS	   600000 /* a long prompt on a slow CPU */
-#define STATUS_TIMEOUT_MS  1000
-#define CONNECT_TIMEOUT_MS 2000
-/* A replica that has failed its health checks this long is taken as hung (stopped, not
- * answering): the calls and streams this gateway has in flight there are broken, so their
- * requests fail or retry instead of waiting out RPC_TIMEOUT_MS or forever. */
-#define HUNG_MS		 3000
-#define HEALTH_PERIOD_MS 200 /* STATUS polls, lb.h */
-
-/* How a request's KV reached its decode worker, for /metrics. */
-enum ho_kind { HO_FS = 0, HO_DIRECT = 1, HO_FALLBACK = 2, HO_LOCAL = 3, HO_N };
 static const char *const ho_names[HO_N] = {"fs", "direct", "fallback", "local"};
-
-struct replica {
-	char addr[KVP_ADDR_MAX];
-	int up;		     /* last health check or call succeeded */
-	int queued_tokens;   /* reported */
-	int running;	     /* reported */
-	int kv_free;	     /* reported */
-	uint32_t computed;   /* reported: prompt tokens computed there */
-	int inflight;	     /* this gateway's requests there */
-	int64_t down_ms;     /* monotonic ms when it was last seen going down; 0 while up */
-	int broken;	     /* its in-flight requests were broken for this down spell */
-	int inflight_tokens; /* their estimated prompt tokens (prefill) */
-	uint64_t picks, failures;
-};
-
-struct role {
-	struct replica r[LB_MAX_REPLICAS];
-	int n;
-	unsigned rr;
-};
-
-/* Where a request is: queued for a worker, run by one, or ended (finished, or taken out of
- * the queue by a cancel or lb_stop). Moves only forward, under lb.mu. */
-enum lq_state { LQ_QUEUED = 0, LQ_RUNNING = 1, LQ_DONE = 2 };
-
-/* A FIFO of requests through their prev/next links (a request is on one list at a time). */
-struct lq_list {
-	struct lreq *head, *tail;
-	int n;
-};
-
-struct lb {
-	struct lb_opts o;
-	struct kvp_secret secret;
-	struct kvp_pool *pool;
-	pthread_mutex_t mu;	/* guards pf, dc, stop, stopping, queue, active, counters */
-	pthread_cond_t cv;	/* health: stop */
-	pthread_cond_t work_cv; /* workers: queue not empty, or stop */
-	pthread_cond_t idle_cv; /* lb_stop: active emptied */
-	struct role pf, dc;
-	int stop; /* lb_destroy: the health thread and the workers end */
-	pthread_t health;
-	pthread_t *workers; /* o.workers of them, started in lb_create */
-	int nworkers;
-	/* workers not running a request (also one not yet scheduled after its creation): each
-	 * takes one of the queue's first */
-	int idle;
-	struct lq_list queue;  /* LQ_QUEUED, at most o.queue */
-	struct lq_list active; /* LQ_RUNNING */
-	int stopping;	       /* lb_stop: no new requests */
-	uint64_t retries;
-	uint64_t nonce;		 /* tickets of direct hand-overs: nonce + job id */
-	uint64_t handoffs[HO_N]; /* by enum ho_kind; guarded by mu */
-};
-
-/* One request: referenced by the queue or its worker (one reference, passed along) and by the
- * gateway job (dropped in release). */
-struct lreq {
-	struct lb *l;
-	atomic_int refs;
-	enum lq_state state;	  /* guarded by l->mu */
-	struct lreq *prev, *next; /* on l->queue or l->active; guarded by l->mu */
-	struct gw_job *job;
-	char *prompt;
-	char *salt;
-	int chat;
-	struct kvi_sample_params sp;
-	pthread_mutex_t mu;	   /* guards fd, dec, cancelled */
-	int fd;			   /* the decode connection, -1 when none */
-	const struct replica *dec; /* the decode replica of fd */
-	int cancelled;
-};
-
-int lb_handoff_parse(const char *s)
-{
-	if (!strcmp(s, "fs"))
-		return LB_HANDOFF_FS;
-	if (!strcmp(s, "direct"))
-		return LB_HANDOFF_DIRECT;
-	return -EINVAL;
-}
-
-int lb_policy_parse(const char *s)
-{
-	if (!strcmp(s, "rr"))
-		return LB_RR;
-	if (!strcmp(s, "least"))
-		return LB_LEAST;
-	if (!strcmp(s, "cache"))
-		return LB_CACHE;
-	return -EINVAL;
-}
-
-static uint64_t fnv1a(const char *s, uint64_t h)
-{
-	for (; *s; s++)
-		h = (h ^ (unsigned char)*s) * 0x100000001b3ULL;
-	return h;
-}
-
-/* Index of the replica for a request (est: its estimated prompt tokens, prefill), or -1 when
- * none is up. Caller holds l->mu. */
-static int pick(struct lb *l, struct role *ro, int prefill, uint64_t key, int est, const int *skip)
-{
-	int best = -1;
-	if (l->o.policy == LB_RR) {
-		for (int k = 0; k < ro->n; k++) {
-			int i = (int)(ro->rr++ % (unsigned)ro->n);
-			if (ro->r[i].up && !skip[i])
-				return i;
-		}
-		return -1;
-	}
-	for (int i = 0; i < ro->n; i++) {
-		struct replica *r = &ro->r[i];
-		if (!r->up || skip[i])
-			continue;
-		if (best < 0) {
-			best = i;
-			continue;
-		}
-		struct replica *b = &ro->r[best];
-		if (prefill) {
-			if (r->queued_tokens + r->inflight_tokens <
-			    b->queued_tokens + b->inflight_tokens)
-				best = i;
-		} else if (r->inflight < b->inflight ||
-			   (r->inflight == b->inflight && r->kv_free > b->kv_free)) {
-			best = i;
-		}
-	}
-	if (best < 0 || !prefill || l->o.policy != LB_CACHE)
-		return best;
-	/* cache: cost in blocks = LB_CACHE_W x the prompt blocks the replica is expected to compute
-	 * + its queued uncached tokens / B. Expected: none on the rendezvous owner of the prompt
-	 * (repeats went there, so its KV was computed there), all of them elsewhere. Compared in
-	 * tokens (both terms x B) so the division does not round. */
-	int own = -1;
-	uint64_t top = 0;
-	for (int i = 0; i < ro->n; i++) {
-		if (!ro->r[i].up || skip[i])
-			continue;
-		uint64_t h = fnv1a(ro->r[i].addr, key);
-		if (own < 0 || h > top) {
-			own = i;
-			top = h;
-		}
-	}
-	long pblocks = ((long)est + LB_BLOCK_TOKENS - 1) / LB_BLOCK_TOKENS, bcost = 0;
-	best = -1;
-	for (int k = 0; k < ro->n; k++) {
-		int i = (own + k) % ro->n; /* the owner first: it wins ties */
-		struct replica *r = &ro->r[i];
-		if (!r->up || skip[i])
-			continue;
-		long cost = (i == own ? 0 : (long)LB_CACHE_W * pblocks * LB_BLOCK_TOKENS) +
-			    r->queued_tokens + r->inflight_tokens;
-		if (best < 0 || cost < bcost) {
-			best = i;
-			bcost = cost;
-		}
-	}
-	return best;
-}
 
 static int transport_err(int rc)
 {
 	return rc == -ECONNRESET || rc == -ECONNABORTED || rc == -ECONNREFUSED ||
 	       rc == -ETIMEDOUT || rc == -EPIPE || rc == -EHOSTUNREACH || rc == -ENOTCONN;
-}
-
-static int64_t mono_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-/* Caller holds l->mu. */
-static void set_down(struct replica *r)
-{
-	if (r->up || !r->down_ms) {
-		r->down_ms = mono_ms();
-		r->broken = 0;
-	}
-	r->up = 0;
-}
-
-static void mark_down(struct lb *l, struct replica *r)
-{
-	pthread_mutex_lock(&l->mu);
-	if (r->up)
-		klog_warn("replica %s is down", r->addr);
-	set_down(r);
-	r->failures++;
-	pthread_mutex_unlock(&l->mu);
 }
 
 /* ---- prefill ------------------------------------------------------------------------- */
@@ -295,11 +92,11 @@ static int do_prefill(struct lreq *q, struct pf_result *res, const char *peer, u
 		return erc;
 	}
 	int skip[LB_MAX_REPLICAS] = {0}, rc = -EAGAIN;
-	uint64_t key = fnv1a(q->prompt, 0xcbf29ce484222325ULL);
+	uint64_t key = lb_fnv1a(q->prompt, 0xcbf29ce484222325ULL);
 	int est = (int)(plen / 4) + 1;
 	for (;;) {
 		pthread_mutex_lock(&l->mu);
-		int i = l->stopping ? -1 : pick(l, &l->pf, 1, key, est, skip);
+		int i = l->stopping ? -1 : lb_pick(l, &l->pf, 1, key, est, skip);
 		if (l->stopping)
 			rc = -ESHUTDOWN;
 		if (i >= 0) {
@@ -341,7 +138,7 @@ static int do_prefill(struct lreq *q, struct pf_result *res, const char *peer, u
 		}
 		if (!transport_err(rc))
 			break; /* the replica refused the request itself (too long, bad) */
-		mark_down(l, r);
+		lb_mark_down(l, r);
 		skip[i] = 1;
 		pthread_mutex_lock(&l->mu);
 		l->retries++;
@@ -481,7 +278,7 @@ static int prefill_then(struct lreq *q, struct kvp_wbuf *w, struct pf_result *pr
 	if (l->o.handoff == LB_HANDOFF_DIRECT) {
 		/* the decode replica first: the prefill worker sends it the KV */
 		pthread_mutex_lock(&l->mu);
-		*peer = pick(l, &l->dc, 0, 0, 0, skip);
+		*peer = lb_pick(l, &l->dc, 0, 0, 0, skip);
 		if (*peer >= 0)
 			snprintf(peer_addr, sizeof(peer_addr), "%s", l->dc.r[*peer].addr);
 		pthread_mutex_unlock(&l->mu);
@@ -533,7 +330,7 @@ static void req_run(struct lreq *q)
 		/* the KV is parked at the peer: go there unless it is down since */
 		int i = peer >= 0 && pr.handed && l->dc.r[peer].up && !skip[peer]
 			    ? peer
-			    : pick(l, &l->dc, 0, 0, 0, skip);
+			    : lb_pick(l, &l->dc, 0, 0, 0, skip);
 		if (i >= 0) {
 			l->dc.r[i].inflight++;
 			l->dc.r[i].picks++;
@@ -548,7 +345,7 @@ static void req_run(struct lreq *q)
 		pthread_mutex_unlock(&l->mu);
 		if (rc == 0)
 			break;
-		mark_down(l, r);
+		lb_mark_down(l, r);
 		if (ntok > 0) /* the client saw tokens: no silent retry */
 			break;
 		skip[i] = 1;
@@ -789,142 +586,6 @@ void lb_backend(struct lb *l, struct gw_backend *out)
 	out->healthy = be_healthy;
 }
 
-/* ---- health -------------------------------------------------------------------------- */
-
-/* One STATUS poll per replica. The calls are all started before any is waited for: polled one
- * after the other, a replica slow to answer (a busy worker on a loaded machine, up to
- * STATUS_TIMEOUT_MS) held back every later replica's refresh, which then kept showing the
- * load of a burst long finished while still up. A replica that does not answer is marked down
- * and its reported load cleared, so no old figure outlives the answer it came from. */
-struct probe {
-	struct replica *r;
-	struct kvp_client *c;
-	struct kvp_call *k;
-	int rc;
-};
-
-static void probe_apply(struct lb *l, struct probe *p, uint8_t *body, uint32_t len)
-{
-	struct kvw_status st = {0};
-	int rc = p->rc;
-	if (!rc)
-		rc = kvw_status_dec(body, len, &st);
-	int running = (int)st.running, queued = (int)st.queued_tokens;
-	int kv_free = (int)st.kv_free;
-	uint32_t computed = st.prompt_computed;
-	pthread_mutex_lock(&l->mu);
-	struct replica *r = p->r;
-	if (!rc && !r->up)
-		klog_info("replica %s is up", r->addr);
-	if (rc) {
-		if (r->up)
-			klog_warn("replica %s does not answer its health check: %s", r->addr,
-				  kvp_strerror(rc));
-		set_down(r);
-	} else {
-		r->up = 1;
-		r->down_ms = 0;
-	}
-	r->running = rc ? 0 : running;
-	r->queued_tokens = rc ? 0 : queued;
-	r->kv_free = rc ? 0 : kv_free;
-	if (!rc)
-		r->computed = computed;
-	pthread_mutex_unlock(&l->mu);
-}
-
-static void check_all(struct lb *l)
-{
-	struct probe ps[2 * LB_MAX_REPLICAS];
-	int n = 0;
-	for (int i = 0; i < l->pf.n; i++)
-		ps[n++] = (struct probe){.r = &l->pf.r[i]};
-	for (int i = 0; i < l->dc.n; i++)
-		ps[n++] = (struct probe){.r = &l->dc.r[i]};
-	/* addr is set once in lb_create and never written after: no lock needed to read it */
-	for (int i = 0; i < n; i++) {
-		struct probe *p = &ps[i];
-		p->rc = kvp_pool_get(l->pool, p->r->addr, &p->c);
-		if (!p->rc)
-			p->rc = kvp_call_start(p->c, KVW_OP_STATUS, NULL, 0, NULL, 0, &p->k);
-	}
-	for (int i = 0; i < n; i++) {
-		struct probe *p = &ps[i];
-		uint8_t *body = NULL;
-		uint32_t len = 0;
-		if (p->k)
-			p->rc = kvp_call_wait(p->k, STATUS_TIMEOUT_MS, &body, &len);
-		if (p->c)
-			kvp_pool_put(l->pool, p->c);
-		probe_apply(l, p, body, len);
-		free(body);
-	}
-}
-
-/* Breaks what this gateway has in flight on replicas down for HUNG_MS: the prefill calls on
- * the pooled connection, the decode streams of the requests there. Caller holds l->mu. */
-static void break_hung(struct lb *l)
-{
-	struct role *roles[2] = {&l->pf, &l->dc};
-	int64_t now = mono_ms();
-	for (int k = 0; k < 2; k++)
-		for (int i = 0; i < roles[k]->n; i++) {
-			struct replica *r = &roles[k]->r[i];
-			if (r->up || !r->down_ms || r->broken || now - r->down_ms < HUNG_MS)
-				continue;
-			r->broken = 1;
-			if (r->inflight)
-				klog_warn("replica %s down for %d ms: breaking %d requests there",
-					  r->addr, HUNG_MS, r->inflight);
-			kvp_pool_abort(l->pool, r->addr);
-			for (struct lreq *q = l->active.head; q; q = q->next) {
-				pthread_mutex_lock(&q->mu);
-				if (q->dec == r && q->fd >= 0)
-					shutdown(q->fd, SHUT_RDWR);
-				pthread_mutex_unlock(&q->mu);
-			}
-		}
-}
-
-static void *health_main(void *arg)
-{
-	struct lb *l = arg;
-	pthread_mutex_lock(&l->mu);
-	while (!l->stop) {
-		pthread_mutex_unlock(&l->mu);
-		check_all(l);
-		pthread_mutex_lock(&l->mu);
-		break_hung(l);
-		struct timespec ts;
-		kvfs_deadline(&ts, CLOCK_REALTIME, HEALTH_PERIOD_MS);
-		if (!l->stop)
-			pthread_cond_timedwait(&l->cv, &l->mu, &ts);
-	}
-	pthread_mutex_unlock(&l->mu);
-	return NULL;
-}
-
-static int parse_list(const char *s, struct role *ro)
-{
-	ro->n = 0;
-	while (s && *s) {
-		const char *e = strchr(s, ',');
-		size_t n = e ? (size_t)(e - s) : strlen(s);
-		char host[KVP_ADDR_MAX];
-		uint16_t port;
-		if (ro->n == LB_MAX_REPLICAS || n == 0 || n >= KVP_ADDR_MAX)
-			return -EINVAL;
-		memcpy(ro->r[ro->n].addr, s, n);
-		ro->r[ro->n].addr[n] = 0;
-		if (kvp_addr_parse(ro->r[ro->n].addr, host, sizeof(host), &port) || port == 0)
-			return -EINVAL;
-		ro->r[ro->n].up = 1; /* until a check says otherwise */
-		ro->n++;
-		s = e ? e + 1 : NULL;
-	}
-	return ro->n ? 0 : -EINVAL;
-}
-
 /* Ends the workers started so far and the health thread (when started). */
 static void lb_join(struct lb *l, int health)
 {
@@ -962,9 +623,9 @@ int lb_create(const struct lb_opts *o, struct lb **out)
 	l->o.workers = o->workers ? o->workers : LB_WORKERS;
 	l->o.queue = o->queue ? o->queue : LB_QUEUE;
 	l->secret = *o->secret;
-	int rc = parse_list(o->prefill, &l->pf);
+	int rc = lb_parse_list(o->prefill, &l->pf);
 	if (!rc)
-		rc = parse_list(o->decode, &l->dc);
+		rc = lb_parse_list(o->decode, &l->dc);
 	if (!rc)
 		rc = kvp_pool_create(&l->secret, CONNECT_TIMEOUT_MS, &l->pool);
 	if (!rc && !(l->workers = calloc((size_t)l->o.workers, sizeof(*l->workers)))) {
@@ -992,7 +653,7 @@ int lb_create(const struct lb_opts *o, struct lb **out)
 		l->nworkers += !rc;
 	}
 	if (!rc)
-		rc = -pthread_create(&l->health, NULL, health_main, l);
+		rc = -pthread_create(&l->health, NULL, lb_health_main, l);
 	if (rc) {
 		lb_join(l, 0);
 		lb_free(l);
