@@ -184,62 +184,20 @@ int64_t kvi_gguf_find_kv(const struct kvi_gguf *g, const char *key)
 
 int kvi_gguf_int_at(const uint8_t *p, uint32_t t, int *neg, uint64_t *mag)
 {
-	int64_t s = 0;
-	uint64_t u = 0;
-	int is_signed = 1;
-	switch (t) {
-	case KVI_GGUF_U8: {
-		is_signed = 0;
-		u = p[0];
-		break;
-	}
-	case KVI_GGUF_I8: {
-		int8_t v;
-		memcpy(&v, p, 1);
-		s = v;
-		break;
-	}
-	case KVI_GGUF_U16: {
-		uint16_t v;
-		memcpy(&v, p, 2);
-		is_signed = 0;
-		u = v;
-		break;
-	}
-	case KVI_GGUF_I16: {
-		int16_t v;
-		memcpy(&v, p, 2);
-		s = v;
-		break;
-	}
-	case KVI_GGUF_U32: {
-		uint32_t v;
-		memcpy(&v, p, 4);
-		is_signed = 0;
-		u = v;
-		break;
-	}
-	case KVI_GGUF_I32: {
-		int32_t v;
-		memcpy(&v, p, 4);
-		s = v;
-		break;
-	}
-	case KVI_GGUF_U64: {
-		is_signed = 0;
-		memcpy(&u, p, 8);
-		break;
-	}
-	case KVI_GGUF_I64: {
-		memcpy(&s, p, 8);
-		break;
-	}
-	default:
+	int is_signed =
+	    t == KVI_GGUF_I8 || t == KVI_GGUF_I16 || t == KVI_GGUF_I32 || t == KVI_GGUF_I64;
+	if (!is_signed && t != KVI_GGUF_U8 && t != KVI_GGUF_U16 && t != KVI_GGUF_U32 &&
+	    t != KVI_GGUF_U64)
 		return -EINVAL;
-	}
+	size_t sz = kvi_gguf_scalar_size(t);
+	uint64_t u = 0;
+	memcpy(&u, p, sz); /* little-endian, as the file and the rest of this parser */
+	if (is_signed && sz < 8 && ((u >> (sz * 8 - 1)) & 1))
+		u |= ~0ull << (sz * 8); /* sign-extend */
 	if (is_signed) {
+		int64_t s = (int64_t)u;
 		*neg = s < 0;
-		*mag = s < 0 ? (uint64_t)0 - (uint64_t)s : (uint64_t)s;
+		*mag = s < 0 ? (uint64_t)0 - u : u;
 	} else {
 		*neg = 0;
 		*mag = u;
