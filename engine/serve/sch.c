@@ -18,7 +18,6 @@
 #include "model.h"
 #include "sample.h"
 #include "gguf.h"
-#include "ktime.h"
 #include "tok.h"
 
 void sch_opts_default(struct sch_opts *o)
@@ -302,15 +301,14 @@ static void *sch_main(void *arg)
 			pthread_mutex_unlock(&s->mu);
 			if (s->kx)
 				kvx_flush(s->kx); /* idle: drop the save references */
-			int parked = sch_parked_expire(s, 0);
+			struct timespec next;
+			int parked = sch_parked_expire(s, 0, &next);
 			publish(s, 0);
 			pthread_mutex_lock(&s->mu);
 			if (s->stop || s->inq || s->calls)
 				break;
-			if (parked) { /* wake to expire them */
-				struct timespec t;
-				kvfs_deadline(&t, CLOCK_MONOTONIC, SCH_PARK_CHECK_MS);
-				pthread_cond_timedwait(&s->cv, &s->mu, &t);
+			if (parked) { /* wake when the first of them expires */
+				pthread_cond_timedwait(&s->cv, &s->mu, &next);
 			} else {
 				pthread_cond_wait(&s->cv, &s->mu);
 			}
@@ -329,7 +327,7 @@ static void *sch_main(void *arg)
 		if (stop)
 			break;
 		sch_run_calls(s); /* hand-overs to park, NCCL joins */
-		sch_parked_expire(s, 0);
+		sch_parked_expire(s, 0, NULL);
 		/* 1. cancelled requests leave now, freeing their KV */
 		for (int i = 0; i < s->nrun; i++)
 			if (atomic_load(&s->run[i]->cancelled))
@@ -383,7 +381,7 @@ static void *sch_main(void *arg)
 		req_end(r, NULL, -ESHUTDOWN, "server shutting down");
 		req_report(r);
 	}
-	sch_parked_expire(s, 1);
+	sch_parked_expire(s, 1, NULL);
 	pthread_mutex_lock(&s->mu);
 	sch_fail_calls_locked(s, -EAGAIN);
 	pthread_mutex_unlock(&s->mu);

@@ -15,9 +15,6 @@
 #include "kvx.h"
 #include "sch.h"
 
-/* How often an idle scheduler with parked prompts wakes to expire them (SCH_PARK_MS). */
-#define SCH_PARK_CHECK_MS 1000
-
 enum req_state { RS_WAIT = 0, RS_PREFILL, RS_DECODE };
 
 /* One request. Created in submit, freed in release (after gw_job_finish and the client's end);
@@ -126,8 +123,9 @@ void sch_run_calls(struct sch *s);
 /* Fails every queued call with rc (the thread is stopping). Under s->mu. */
 void sch_fail_calls_locked(struct sch *s, int rc);
 /* Drops parked and pending prompts past their expiry (all of them with all != 0); returns how
- * many remain. Not under s->mu. */
-int sch_parked_expire(struct sch *s, int all);
+ * many remain, and when one does, *next = the earliest expiry among them (CLOCK_MONOTONIC;
+ * next may be NULL). Not under s->mu. */
+int sch_parked_expire(struct sch *s, int all, struct timespec *next);
 /* Takes the parked prompt of r->ticket into r->seq (empty) when its tokens are r's, loading
  * or computing the blocks before its first_block; 1 when taken, 0 when not (r->seq is then
  * empty again), or -errno (engine error). */
