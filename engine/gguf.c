@@ -166,6 +166,61 @@ uint64_t kvi_gguf_hash(const char *s)
 	return h;
 }
 
+/* ---- key lookup and integer values: the parser reads general.alignment with them ---- */
+
+int64_t kvi_gguf_find_kv(const struct kvi_gguf *g, const char *key)
+{
+	if (!g->kv_hash)
+		return -ENOENT;
+	size_t h = kvi_gguf_hash(key) & g->kv_hmask;
+	while (g->kv_hash[h]) {
+		size_t i = g->kv_hash[h] - 1;
+		if (!strcmp(g->kvs[i].key, key))
+			return (int64_t)i;
+		h = (h + 1) & g->kv_hmask;
+	}
+	return -ENOENT;
+}
+
+int kvi_gguf_int_at(const uint8_t *p, uint32_t t, int *neg, uint64_t *mag)
+{
+	int is_signed =
+	    t == KVI_GGUF_I8 || t == KVI_GGUF_I16 || t == KVI_GGUF_I32 || t == KVI_GGUF_I64;
+	if (!is_signed && t != KVI_GGUF_U8 && t != KVI_GGUF_U16 && t != KVI_GGUF_U32 &&
+	    t != KVI_GGUF_U64)
+		return -EINVAL;
+	size_t sz = kvi_gguf_scalar_size(t);
+	uint64_t u = 0;
+	memcpy(&u, p, sz); /* little-endian, as the file and the rest of this parser */
+	if (is_signed && sz < 8 && ((u >> (sz * 8 - 1)) & 1))
+		u |= ~0ull << (sz * 8); /* sign-extend */
+	if (is_signed) {
+		int64_t s = (int64_t)u;
+		*neg = s < 0;
+		*mag = s < 0 ? (uint64_t)0 - u : u;
+	} else {
+		*neg = 0;
+		*mag = u;
+	}
+	return 0;
+}
+
+int kvi_gguf_get_u32(const struct kvi_gguf *g, const char *key, uint32_t *out)
+{
+	int64_t i = kvi_gguf_find_kv(g, key);
+	if (i < 0)
+		return (int)i;
+	int neg;
+	uint64_t m;
+	int ret = kvi_gguf_int_at(g->base + g->kvs[i].off, g->kvs[i].type, &neg, &m);
+	if (ret)
+		return ret;
+	if (neg || m > UINT32_MAX)
+		return -ERANGE;
+	*out = (uint32_t)m;
+	return 0;
+}
+
 /* Builds an index+1 hash over n names; returns -EEXIST naming the first duplicate. */
 static int build_hash(struct rd *r, uint32_t **tab, size_t *mask, size_t n,
 		      const char *(*name_of)(const void *, size_t), const void *arr,

@@ -1,4 +1,5 @@
-/* gguf_impl — private to gguf.c / gguf_meta.c: the parsed-file structure. Offsets point into
+/* gguf_impl — private to gguf.c / gguf_meta.c: the parsed-file structure and the parser's
+ * helpers gguf_meta.c uses (gguf_meta.c -> gguf.c, never the reverse). Offsets point into
  * base[0..len); every one was bounds-checked by the parser, so accessors read without checks. */
 #ifndef KVFS_KVI_GGUF_IMPL_H
 #define KVFS_KVI_GGUF_IMPL_H
@@ -38,5 +39,7 @@ struct kvi_gguf {
 size_t kvi_gguf_scalar_size(uint32_t t);
 /* FNV-1a of a NUL-terminated name (the key / tensor-name hash tables). */
 uint64_t kvi_gguf_hash(const char *s);
+/* Integer value of a scalar of type t at p, as sign + magnitude. -EINVAL if not an integer. */
+int kvi_gguf_int_at(const uint8_t *p, uint32_t t, int *neg, uint64_t *mag);
 
 #endif

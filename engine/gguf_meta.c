@@ -1,5 +1,7 @@
 /* gguf_meta — typed access to a parsed GGUF's metadata and tensor table. Every value offset was
- * validated at open, so these only check types and indexes. */
+ * validated at open, so these only check types and indexes. Layering: this file calls gguf.c
+ * (the parser, which owns the key lookup and integer decoding it needs itself for
+ * general.alignment), never the reverse. */
 #include "gguf.h"
 #include "gguf_impl.h"
 
@@ -21,86 +23,6 @@ enum kvi_gguf_type kvi_gguf_kv_type(const struct kvi_gguf *g, size_t i)
 	return i < g->n_kv ? (enum kvi_gguf_type)g->kvs[i].type : (enum kvi_gguf_type) - 1;
 }
 
-int64_t kvi_gguf_find_kv(const struct kvi_gguf *g, const char *key)
-{
-	if (!g->kv_hash)
-		return -ENOENT;
-	size_t h = kvi_gguf_hash(key) & g->kv_hmask;
-	while (g->kv_hash[h]) {
-		size_t i = g->kv_hash[h] - 1;
-		if (!strcmp(g->kvs[i].key, key))
-			return (int64_t)i;
-		h = (h + 1) & g->kv_hmask;
-	}
-	return -ENOENT;
-}
-
-/* Integer value of a scalar of type t at p, as sign + magnitude. -EINVAL if not an integer. */
-static int int_at(const uint8_t *p, uint32_t t, int *neg, uint64_t *mag)
-{
-	int64_t s = 0;
-	uint64_t u = 0;
-	int is_signed = 1;
-	switch (t) {
-	case KVI_GGUF_U8: {
-		is_signed = 0;
-		u = p[0];
-		break;
-	}
-	case KVI_GGUF_I8: {
-		int8_t v;
-		memcpy(&v, p, 1);
-		s = v;
-		break;
-	}
-	case KVI_GGUF_U16: {
-		uint16_t v;
-		memcpy(&v, p, 2);
-		is_signed = 0;
-		u = v;
-		break;
-	}
-	case KVI_GGUF_I16: {
-		int16_t v;
-		memcpy(&v, p, 2);
-		s = v;
-		break;
-	}
-	case KVI_GGUF_U32: {
-		uint32_t v;
-		memcpy(&v, p, 4);
-		is_signed = 0;
-		u = v;
-		break;
-	}
-	case KVI_GGUF_I32: {
-		int32_t v;
-		memcpy(&v, p, 4);
-		s = v;
-		break;
-	}
-	case KVI_GGUF_U64: {
-		is_signed = 0;
-		memcpy(&u, p, 8);
-		break;
-	}
-	case KVI_GGUF_I64: {
-		memcpy(&s, p, 8);
-		break;
-	}
-	default:
-		return -EINVAL;
-	}
-	if (is_signed) {
-		*neg = s < 0;
-		*mag = s < 0 ? (uint64_t)0 - (uint64_t)s : (uint64_t)s;
-	} else {
-		*neg = 0;
-		*mag = u;
-	}
-	return 0;
-}
-
 static const struct kv *find(const struct kvi_gguf *g, const char *key)
 {
 	int64_t i = kvi_gguf_find_kv(g, key);
@@ -112,20 +34,7 @@ static int get_int(const struct kvi_gguf *g, const char *key, int *neg, uint64_t
 	const struct kv *kv = find(g, key);
 	if (!kv)
 		return -ENOENT;
-	return int_at(g->base + kv->off, kv->type, neg, mag);
-}
-
-int kvi_gguf_get_u32(const struct kvi_gguf *g, const char *key, uint32_t *out)
-{
-	int neg;
-	uint64_t m;
-	int ret = get_int(g, key, &neg, &m);
-	if (ret)
-		return ret;
-	if (neg || m > UINT32_MAX)
-		return -ERANGE;
-	*out = (uint32_t)m;
-	return 0;
+	return kvi_gguf_int_at(g->base + kv->off, kv->type, neg, mag);
 }
 
 int kvi_gguf_get_u64(const struct kvi_gguf *g, const char *key, uint64_t *out)
@@ -283,7 +192,7 @@ int kvi_gguf_arr_i32(const struct kvi_gguf *g, int64_t kvi, uint64_t i, int32_t 
 	size_t esz = kvi_gguf_scalar_size(kv->arr_type);
 	int neg;
 	uint64_t m;
-	if (!esz || int_at(g->base + kv->off + i * esz, kv->arr_type, &neg, &m))
+	if (!esz || kvi_gguf_int_at(g->base + kv->off + i * esz, kv->arr_type, &neg, &m))
 		return -EINVAL;
 	return to_i32(neg, m, out);
 }

@@ -22,40 +22,11 @@
 void kvx_opts_default(struct kvx_opts *o)
 {
 	memset(o, 0, sizeof(*o));
-	o->queue_depth = 64;
-	o->save_slots = 256;
+	o->queue_depth = KVX_QUEUE_DEPTH_DEFAULT;
+	o->save_slots = KVX_SAVE_SLOTS_DEFAULT;
 	o->load_enable = 1;
 	o->save_enable = 1;
-	o->known_ttl_ms = 60000;
-}
-
-uint64_t kvx_now_ns(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
-
-/* ---- known set: recently seen present blocks (a probe saved, never a load skipped) ---- */
-
-static uint64_t hkey(const uint8_t h[KVB_HASH])
-{
-	uint64_t k;
-	memcpy(&k, h, 8);
-	return k | 1; /* 0 marks an empty entry */
-}
-
-void kvx_known_add(struct kvx *x, const uint8_t h[KVB_HASH])
-{
-	uint64_t k = hkey(h);
-	x->known[k & (uint64_t)(x->known_cap - 1)] = (struct kvx_known){k, kvx_now_ns() / 1000000};
-}
-
-int kvx_known_has(struct kvx *x, const uint8_t h[KVB_HASH])
-{
-	uint64_t k = hkey(h);
-	const struct kvx_known *e = &x->known[k & (uint64_t)(x->known_cap - 1)];
-	return e->key == k && kvx_now_ns() / 1000000 < e->t_ms + (uint64_t)x->o.known_ttl_ms;
+	o->known_ttl_ms = KVX_KNOWN_TTL_MS;
 }
 
 /* ---- lifecycle ---- */
@@ -95,8 +66,9 @@ int kvx_create(struct kvi_engine *e, const struct kvi_model *m, const struct kvx
 int kvx_create_kv(struct kvi_kv *kv, const struct kvi_model *m, const struct kvx_opts *o,
 		  struct kvx **out)
 {
-	if (!kv || !m || !o || !o->dir || !out || o->queue_depth < 1 || o->queue_depth > 4096 ||
-	    o->save_slots < 1 || o->save_slots > 65536)
+	if (!kv || !m || !o || !o->dir || !out || o->queue_depth < 1 ||
+	    o->queue_depth > KVX_QUEUE_DEPTH_MAX || o->save_slots < 1 ||
+	    o->save_slots > KVX_SAVE_SLOTS_MAX)
 		return -EINVAL;
 	const struct kvi_kv_geom *kg = kvi_kv_geom(kv);
 	if (kg->block_tokens > KVB_MAX_TOKENS) {
@@ -137,7 +109,7 @@ int kvx_create_kv(struct kvi_kv *kv, const struct kvi_model *m, const struct kvx
 		goto fail;
 	}
 	x->is_kvfs = kvx_dir_on_kvfs(x->dir);
-	x->known_cap = 4096;
+	x->known_cap = KVX_KNOWN_CAP;
 	x->known = calloc((size_t)x->known_cap, sizeof(*x->known));
 	x->nslots = o->save_slots;
 	x->slots = calloc((size_t)x->nslots, sizeof(*x->slots));
@@ -353,7 +325,7 @@ static int read_blocks(struct kvx *x, struct ld *l, struct iovec (*iov)[3], int 
 			if (!s)
 				break;
 			io_uring_prep_openat(s, x->dirfd, l[next].rel, O_RDONLY | O_CLOEXEC, 0);
-			io_uring_sqe_set_data64(s, ((uint64_t)next << 2) | OP_OPEN);
+			io_uring_sqe_set_data64(s, ((uint64_t)next << KVX_OP_BITS) | OP_OPEN);
 			/* straight to a worker: an inline attempt on a network/FUSE file
 			 * would only fail with EAGAIN first */
 			io_uring_sqe_set_flags(s, IOSQE_ASYNC);
@@ -376,7 +348,8 @@ static int read_blocks(struct kvx *x, struct ld *l, struct iovec (*iov)[3], int 
 		{
 			seen++;
 			uint64_t ud = io_uring_cqe_get_data64(c);
-			int i = (int)(ud >> 2), op = (int)(ud & 3), res = c->res;
+			int i = (int)(ud >> KVX_OP_BITS), op = (int)(ud & KVX_OP_MASK),
+			    res = c->res;
 			if (op == OP_CLOSE) {
 				closing--;
 				continue;
@@ -407,7 +380,8 @@ static int read_blocks(struct kvx *x, struct ld *l, struct iovec (*iov)[3], int 
 					finish(x, b, -EBUSY, &closing);
 				} else {
 					prep_read(s, b, iov[i], want);
-					io_uring_sqe_set_data64(s, ((uint64_t)i << 2) | OP_READ);
+					io_uring_sqe_set_data64(s, ((uint64_t)i << KVX_OP_BITS) |
+								       OP_READ);
 					io_uring_sqe_set_flags(s, IOSQE_ASYNC);
 				}
 			}

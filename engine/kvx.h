@@ -44,8 +44,8 @@
 
 struct kvx_opts {
 	const char *dir;  /* cache directory (must exist); copied */
-	int queue_depth;  /* io_uring entries and reads in flight; default 64 */
-	int save_slots;	  /* blocks queued or being written at once; default 256 */
+	int queue_depth;  /* io_uring entries and reads in flight; default 64, 1..4096 */
+	int save_slots;	  /* blocks queued or being written at once; default 256, 1..65536 */
 	int load_enable;  /* default 1 */
 	int save_enable;  /* default 1 */
 	int known_ttl_ms; /* how long a block seen present is trusted without a probe; 60000 */

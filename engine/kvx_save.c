@@ -274,7 +274,7 @@ static void run_pipeline(struct writer *w, int nj)
 		}
 		io_uring_prep_openat(s, x->dirfd, j->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
 				     0644);
-		io_uring_sqe_set_data64(s, ((uint64_t)i << 2) | W_OPEN);
+		io_uring_sqe_set_data64(s, ((uint64_t)i << KVX_OP_BITS) | W_OPEN);
 		live++;
 	}
 	while (live > 0) {
@@ -289,7 +289,8 @@ static void run_pipeline(struct writer *w, int nj)
 		{
 			seen++;
 			uint64_t ud = io_uring_cqe_get_data64(c);
-			int i = (int)(ud >> 2), op = (int)(ud & 3), res = c->res;
+			int i = (int)(ud >> KVX_OP_BITS), op = (int)(ud & KVX_OP_MASK),
+			    res = c->res;
 			struct wjob *j = &w->jobs[i];
 			int next = -1; /* W_WRITE or W_CLOSE to issue */
 			if (op == W_OPEN) {
@@ -336,7 +337,7 @@ static void run_pipeline(struct writer *w, int nj)
 				prep_write(x, s, j);
 			else
 				io_uring_prep_close(s, j->fd);
-			io_uring_sqe_set_data64(s, ((uint64_t)i << 2) | (uint64_t)next);
+			io_uring_sqe_set_data64(s, ((uint64_t)i << KVX_OP_BITS) | (uint64_t)next);
 		}
 		io_uring_cq_advance(&w->ring, seen);
 	}

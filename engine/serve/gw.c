@@ -1,6 +1,5 @@
 #define KVFS_LOG_TAG "gateway"
 #include "gw.h"
-#include "ktime.h"
 #include "metrics.h"
 
 #include <arpa/inet.h>
@@ -12,7 +11,9 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "log.h"
 
@@ -20,6 +21,9 @@
 enum gw_outcome { GW_OK, GW_CLIENT_ERR, GW_SERVER_ERR, GW_CANCELLED, GW_OUT_N };
 static const char *const outcome_names[GW_OUT_N] = {"ok", "client_error", "server_error",
 						    "cancelled"};
+
+/* Bytes libmicrohttpd asks a streamed response for at a time. */
+#define GW_STREAM_BLOCK 16384
 
 #define NB_TTFT 13
 #define NB_ITL	12
@@ -48,8 +52,10 @@ struct gw {
 };
 
 struct gw_job {
-	pthread_mutex_t mu; /* protects every field below */
-	pthread_cond_t cv;
+	pthread_mutex_t mu; /* protects every field below but efd */
+	/* news for the connection thread (tokens, prompt, end): an eventfd it polls together with
+	 * its client's socket, so it wakes at once for either. Set at creation, closed at free. */
+	int efd;
 	int refs;
 	struct gw *g;
 	uint64_t id;
@@ -78,6 +84,14 @@ static int64_t now_ns(void)
 	return ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* Wakes j's connection thread (wait_news). Any thread, with or without j->mu. */
+static void job_wake(struct gw_job *j)
+{
+	uint64_t one = 1;
+	/* cannot fail but at a counter of 2^64 - 2, which a read resets long before */
+	(void)!write(j->efd, &one, sizeof(one));
+}
+
 static void job_unref(struct gw_job *j)
 {
 	pthread_mutex_lock(&j->mu);
@@ -92,7 +106,7 @@ static void job_unref(struct gw_job *j)
 	free(j->prompt);
 	free(j->raw);
 	pthread_mutex_destroy(&j->mu);
-	pthread_cond_destroy(&j->cv);
+	close(j->efd);
 	free(j);
 	/* Last: once live is 0, gw_stop may free g. */
 	pthread_mutex_lock(&g->mu);
@@ -120,7 +134,7 @@ void gw_job_prompt(struct gw_job *j, int prompt_tokens, int cached_tokens)
 	j->prompt_tokens = prompt_tokens;
 	j->cached_tokens = cached_tokens;
 	j->prompted = 1;
-	pthread_cond_broadcast(&j->cv);
+	job_wake(j);
 	pthread_mutex_unlock(&j->mu);
 }
 
@@ -192,7 +206,7 @@ void gw_job_token(struct gw_job *j, const char *piece, size_t len)
 	} else {
 		j->visible = j->rawlen - holdback(j);
 	}
-	pthread_cond_broadcast(&j->cv);
+	job_wake(j);
 	pthread_mutex_unlock(&j->mu);
 	if (cancel && g->be.cancel)
 		g->be.cancel(g->be.ctx, j);
@@ -213,7 +227,7 @@ void gw_job_finish(struct gw_job *j, const char *finish_reason, int err, const c
 			j->visible = j->rawlen;
 		}
 	}
-	pthread_cond_broadcast(&j->cv);
+	job_wake(j);
 	pthread_mutex_unlock(&j->mu);
 	job_unref(j);
 }
@@ -251,17 +265,6 @@ static enum MHD_Result send_error(struct gw *g, struct MHD_Connection *c, unsign
 	return send_text(c, status, "application/json", oai_error_json(msg, type, param, code));
 }
 
-/* 1 when the client has hung up (checked while we wait for tokens). */
-static int client_gone(struct MHD_Connection *c)
-{
-	const union MHD_ConnectionInfo *ci =
-	    MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-	if (!ci)
-		return 0;
-	struct pollfd p = {.fd = ci->connect_fd, .events = POLLRDHUP};
-	return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
-}
-
 static void cancel_job(struct gw_job *j)
 {
 	pthread_mutex_lock(&j->mu);
@@ -275,12 +278,25 @@ static void cancel_job(struct gw_job *j)
 	}
 }
 
-/* Waits up to 100 ms for news on j. Called with j->mu held. */
-static void wait_news(struct gw_job *j)
+/* Sleeps until there is news on j (job_wake) or the client of connection c hangs up (its
+ * socket reads shut down: libmicrohttpd does not tell while the handler waits, so the socket
+ * is polled for POLLRDHUP beside the job's eventfd; gw_stop shuts the sockets down, which
+ * wakes this too). Returns 1 when the client is gone, after which the caller re-checks
+ * its condition first. Called and returns with j->mu held; no timeout. */
+static int wait_news(struct gw_job *j, struct MHD_Connection *c)
 {
-	struct timespec ts;
-	kvfs_deadline(&ts, CLOCK_REALTIME, 100);
-	pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+	const union MHD_ConnectionInfo *ci =
+	    MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+	struct pollfd p[2] = {{.fd = j->efd, .events = POLLIN},
+			      {.fd = ci ? ci->connect_fd : -1, .events = POLLRDHUP}};
+	pthread_mutex_unlock(&j->mu);
+	int n = poll(p, 2, -1); /* -1 (EINTR): the caller re-checks and waits again */
+	if (n > 0 && (p[0].revents & POLLIN)) {
+		uint64_t v;
+		(void)!read(j->efd, &v, sizeof(v)); /* nonblocking: resets the counter */
+	}
+	pthread_mutex_lock(&j->mu);
+	return n > 0 && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
 /* The HTTP status, error type and code of a job that ended with err: what a worker refuses
@@ -382,14 +398,11 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 		}
 		pthread_mutex_lock(&j->mu);
 		while (j->emitted == j->visible && !j->done && !j->stopped) {
-			wait_news(j);
-			if (j->emitted == j->visible && !j->done && !j->stopped) {
+			if (wait_news(j, s->c) && j->emitted == j->visible && !j->done &&
+			    !j->stopped) {
 				pthread_mutex_unlock(&j->mu);
-				if (client_gone(s->c)) {
-					cancel_job(j);
-					return MHD_CONTENT_READER_END_WITH_ERROR;
-				}
-				pthread_mutex_lock(&j->mu);
+				cancel_job(j);
+				return MHD_CONTENT_READER_END_WITH_ERROR;
 			}
 		}
 		struct gw *g = j->g;
@@ -461,8 +474,13 @@ static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat
 		return send_error(g, c, 400, err, "invalid_request_error", param,
 				  rc == -E2BIG ? "context_length_exceeded" : NULL);
 	}
+	if ((j->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) {
+		oai_request_free(&j->req);
+		free(j);
+		return send_error(g, c, 503, "out of file descriptors", "server_error", NULL,
+				  "overloaded");
+	}
 	pthread_mutex_init(&j->mu, NULL);
-	pthread_cond_init(&j->cv, NULL);
 	j->refs = 2; /* the connection's and the backend's */
 	j->g = g;
 	pthread_mutex_lock(&g->mu);
@@ -507,16 +525,13 @@ static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat
 	 * for a client that hangs up. */
 	pthread_mutex_lock(&j->mu);
 	while (!j->done && !j->stopped && (!j->req.stream || !j->prompted)) {
-		wait_news(j);
-		if (!j->done && !j->stopped && (!j->req.stream || !j->prompted)) {
+		if (wait_news(j, c) && !j->done && !j->stopped &&
+		    (!j->req.stream || !j->prompted)) {
 			pthread_mutex_unlock(&j->mu);
-			if (client_gone(c)) {
-				cancel_job(j);
-				account(j);
-				job_unref(j);
-				return MHD_NO;
-			}
-			pthread_mutex_lock(&j->mu);
+			cancel_job(j);
+			account(j);
+			job_unref(j);
+			return MHD_NO;
 		}
 	}
 	int jerr = j->stopped ? 0 : j->err;
@@ -543,7 +558,7 @@ static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat
 		s->j = j;
 		s->c = c;
 		struct MHD_Response *r = MHD_create_response_from_callback(
-		    MHD_SIZE_UNKNOWN, 16384, stream_read, s, stream_free);
+		    MHD_SIZE_UNKNOWN, GW_STREAM_BLOCK, stream_read, s, stream_free);
 		if (!r) {
 			stream_free(s);
 			return MHD_NO;
@@ -734,8 +749,8 @@ int gw_start(const struct gw_opts *o, const struct gw_backend *be, struct gw **o
 	g->d = MHD_start_daemon(
 	    MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG, 0,
 	    NULL, NULL, handler, g, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_NOTIFY_COMPLETED,
-	    completed, g, MHD_OPTION_CONNECTION_LIMIT, 512u, MHD_OPTION_CONNECTION_TIMEOUT, 30u,
-	    MHD_OPTION_END);
+	    completed, g, MHD_OPTION_CONNECTION_LIMIT, (unsigned)GW_MAX_CONNECTIONS,
+	    MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)GW_CONN_TIMEOUT_S, MHD_OPTION_END);
 	if (!g->d) {
 		klog_error("cannot listen on %s:%u", o->host ? o->host : "127.0.0.1", o->port);
 		pthread_cond_destroy(&g->idle);

@@ -11,8 +11,15 @@
  * Stop strings are applied here, on text: generation stops at the first stop string, which is
  * not returned; streamed text is held back while it could still be the start of one.
  *
- * Threading: one thread per HTTP connection (libmicrohttpd). Backends deliver tokens from any
- * thread through gw_job_*; a job is reference-counted between the connection and the backend.
+ * Threading: one thread per HTTP connection (libmicrohttpd), at most GW_MAX_CONNECTIONS. Backends
+ * deliver tokens from any thread through gw_job_*; a job is reference-counted between the
+ * connection and the backend.
+ *
+ * What blocks: a connection thread waits for its job (the end, or a stream's next tokens) in
+ * poll() on the job's eventfd and its client's socket, with no timeout: gw_job_* wake it at
+ * once, and so does the client hanging up (the job is then cancelled in the backend). The
+ * gw_job_* calls never block but on the job's mutex. gw_stop blocks until every connection
+ * has ended and the backend has finished every job it took.
  */
 #ifndef KVFS_GW_H
 #define KVFS_GW_H
@@ -22,6 +29,11 @@
 #include <stdio.h>
 
 #include "oai.h"
+
+/* HTTP connections at once (libmicrohttpd's limit); more are refused by the server. */
+#define GW_MAX_CONNECTIONS 512
+/* An idle HTTP connection is closed after this long. */
+#define GW_CONN_TIMEOUT_S 30
 
 struct gw;
 struct gw_job;

@@ -24,6 +24,7 @@ struct gwm_cfg {
 	char policy[CFG_STR_MAX];
 	char handoff[CFG_STR_MAX];
 	int64_t local_prefill;
+	int64_t workers, queue;
 	char host[CFG_STR_MAX];
 	int64_t port;
 	char port_file[CFG_STR_MAX];
@@ -43,6 +44,10 @@ static const struct cfg_opt gwm_opts[] = {
      "prompt KV to the decode worker: fs (through the kv dir) or direct (prefill -> decode)"},
     {"local-prefill", CFG_INT, GOFF(local_prefill), 0, 1 << 20, "0",
      "prompts of at most N tokens (bytes / 4 + 1) skip the prefill workers: 0 = never"},
+    {"workers", CFG_INT, GOFF(workers), 1, LB_WORKERS_MAX, "64",
+     "requests run at once (one thread each); more wait in the queue"},
+    {"queue", CFG_INT, GOFF(queue), 1, LB_QUEUE_MAX, "448",
+     "requests waiting for a worker; past it the gateway answers 503 overloaded"},
     {"host", CFG_STR, GOFF(host), 0, 0, "127.0.0.1", "listen address"},
     {"port", CFG_INT, GOFF(port), 0, 65535, "8080", "listen port, 0 = ephemeral"},
     {"port-file", CFG_STR, GOFF(port_file), 0, 0, NULL, "write the bound port here"},
@@ -80,7 +85,9 @@ int kvinfer_cmd_gateway(int argc, char **argv)
 			     .secret = &sec,
 			     .policy = pol,
 			     .handoff = ho,
-			     .local_prefill = (int)c.local_prefill};
+			     .local_prefill = (int)c.local_prefill,
+			     .workers = (int)c.workers,
+			     .queue = (int)c.queue};
 	struct lb *l = NULL;
 	if ((rc = lb_create(&lo, &l))) {
 		fprintf(stderr, "kvinfer gateway: bad --prefill/--decode list: %s\n",

@@ -1,8 +1,7 @@
-/* lb — prefill/decode load balancers and the request pipeline of the disaggregated gateway
- * (see lb.h). */
+/* lb — the request pipeline, worker pool and gw_backend of the disaggregated gateway (see
+ * lb.h); the replica table is in lb_replica.c. */
 #define KVFS_LOG_TAG "lb"
 #include "lb.h"
-#include "ktime.h"
 #include "oai.h"
 
 #include <errno.h>
@@ -15,158 +14,16 @@
 #include <unistd.h>
 
 #include "kvw.h"
-#include "lbp.h"
+#include "lb_int.h"
 #include "log.h"
 #include "metrics.h"
-#include "sample.h"
 
-#define RPC_TIMEOUT_MS	   600000 /* a long prompt on a slow CPU */
-#define STATUS_TIMEOUT_MS  1000
-#define CONNECT_TIMEOUT_MS 2000
-/* A replica that has failed its health checks this long is taken as hung (stopped, not
- * answering): the calls and streams this gateway has in flight there are broken, so their
- * requests fail or retry instead of waiting out RPC_TIMEOUT_MS or forever. */
-#define HUNG_MS 3000
-/* The prefix index: 2^18 prompt blocks (of 256 bytes) remembered, 3 MiB. */
-#define LB_INDEX_BITS 18
-
-/* How a request's KV reached its decode worker, for /metrics. */
-enum ho_kind { HO_FS = 0, HO_DIRECT = 1, HO_FALLBACK = 2, HO_LOCAL = 3, HO_N };
 static const char *const ho_names[HO_N] = {"fs", "direct", "fallback", "local"};
-
-struct replica {
-	char addr[KVP_ADDR_MAX];
-	uint64_t id;	     /* lbp_id(addr) */
-	int up;		     /* last health check or call succeeded */
-	int queued_tokens;   /* reported */
-	int running;	     /* reported */
-	int kv_free;	     /* reported */
-	uint32_t computed;   /* reported: prompt tokens computed there */
-	int inflight;	     /* this gateway's requests there */
-	int64_t down_ms;     /* monotonic ms when it was last seen going down; 0 while up */
-	int broken;	     /* its in-flight requests were broken for this down spell */
-	int inflight_tokens; /* their estimated prompt tokens (prefill) */
-	uint64_t picks, failures;
-};
-
-struct role {
-	struct replica r[LB_MAX_REPLICAS];
-	int n;
-	unsigned rr;
-};
-
-struct lb {
-	struct lb_opts o;
-	struct kvp_secret secret;
-	struct kvp_pool *pool;
-	pthread_mutex_t mu; /* guards pf, dc, stop, counters */
-	pthread_cond_t cv;
-	struct role pf, dc;
-	struct lbp_index index; /* prompt blocks -> the prefill replica that computed them */
-	int stop;
-	pthread_t health;
-	atomic_int threads;  /* request threads alive */
-	struct lreq *active; /* requests whose thread runs; guarded by mu */
-	int stopping;	     /* lb_stop: no new requests; guarded by mu */
-	uint64_t retries;
-	uint64_t nonce;		 /* tickets of direct hand-overs: nonce + job id */
-	uint64_t handoffs[HO_N]; /* by enum ho_kind; guarded by mu */
-};
-
-/* One request: referenced by its thread and by the gateway job (dropped in release). */
-struct lreq {
-	struct lb *l;
-	atomic_int refs;
-	struct lreq *prev, *next; /* l->active */
-	struct gw_job *job;
-	char *prompt;
-	char *salt;
-	int chat;
-	struct kvi_sample_params sp;
-	pthread_mutex_t mu;	   /* guards fd, dec, cancelled */
-	int fd;			   /* the decode connection, -1 when none */
-	const struct replica *dec; /* the decode replica of fd */
-	int cancelled;
-};
-
-int lb_handoff_parse(const char *s)
-{
-	if (!strcmp(s, "fs"))
-		return LB_HANDOFF_FS;
-	if (!strcmp(s, "direct"))
-		return LB_HANDOFF_DIRECT;
-	return -EINVAL;
-}
-
-/* The balancer's view of a stage, for lbp: rebuilt per pick (at most LB_MAX_REPLICAS
- * entries) from the replica table. Caller holds l->mu. */
-static int pick(struct lb *l, struct role *ro, int prefill, const struct lbp_req *q,
-		const unsigned char *skip)
-{
-	struct lbp_load v[LB_MAX_REPLICAS];
-	for (int i = 0; i < ro->n; i++) {
-		const struct replica *r = &ro->r[i];
-		v[i] = (struct lbp_load){.id = r->id,
-					 .up = r->up,
-					 .queued_tokens = r->queued_tokens,
-					 .inflight_tokens = r->inflight_tokens,
-					 .inflight = r->inflight,
-					 .kv_free = r->kv_free};
-	}
-	struct lbp_set set = {.r = v, .n = ro->n, .rr = ro->rr};
-	int i = prefill ? lbp_pick_prefill(l->o.policy, &set, q, &l->index, skip)
-			: lbp_pick_decode(l->o.policy, &set, q, skip);
-	ro->rr = set.rr;
-	return i;
-}
-
-/* What a pick knows of a request: the gateway does not tokenize, so tokens are estimated as
- * bytes / 4 + 1 and blocks are LBP_BLOCK_BYTES of rendered prompt (lbp.h). blk: room for
- * LB_MAX_BLOCKS. */
-#define LB_MAX_BLOCKS 2048
-static struct lbp_req req_of(const struct lreq *q, uint64_t *blk)
-{
-	size_t plen = strlen(q->prompt);
-	int est = (int)(plen / 4) + 1, out = q->sp.max_tokens > 0 ? q->sp.max_tokens : 0;
-	return (struct lbp_req){.key = lbp_hash(q->prompt, plen, LBP_SEED),
-				.est_tokens = est,
-				.kv_blocks = (est + out + LB_BLOCK_TOKENS - 1) / LB_BLOCK_TOKENS,
-				.block = blk,
-				.nblocks =
-				    blk ? lbp_text_blocks(q->prompt, plen, blk, LB_MAX_BLOCKS) : 0};
-}
 
 static int transport_err(int rc)
 {
 	return rc == -ECONNRESET || rc == -ECONNABORTED || rc == -ECONNREFUSED ||
 	       rc == -ETIMEDOUT || rc == -EPIPE || rc == -EHOSTUNREACH || rc == -ENOTCONN;
-}
-
-static int64_t mono_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-/* Caller holds l->mu. */
-static void set_down(struct replica *r)
-{
-	if (r->up || !r->down_ms) {
-		r->down_ms = mono_ms();
-		r->broken = 0;
-	}
-	r->up = 0;
-}
-
-static void mark_down(struct lb *l, struct replica *r)
-{
-	pthread_mutex_lock(&l->mu);
-	if (r->up)
-		klog_warn("replica %s is down", r->addr);
-	set_down(r);
-	r->failures++;
-	pthread_mutex_unlock(&l->mu);
 }
 
 /* ---- prefill ------------------------------------------------------------------------- */
@@ -200,8 +57,22 @@ static int pf_parse(uint8_t *body, uint32_t len, struct pf_result *p)
 	return 0;
 }
 
+/* A PREFILL call to r has started. lb_stop breaks the prefill connections after setting
+ * stopping, which a call started before then does not outlive; one started after (picked
+ * before the stop, sent after the break) is broken here, so no call waits out RPC_TIMEOUT_MS
+ * while lb_stop waits for it. */
+static void pf_call_started(struct lb *l, const struct replica *r)
+{
+	pthread_mutex_lock(&l->mu);
+	int stopping = l->stopping;
+	pthread_mutex_unlock(&l->mu);
+	if (stopping)
+		kvp_pool_abort(l->pool, r->addr); /* addr is immutable after lb_create */
+}
+
 /* Runs the prompt on a prefill replica, retrying others on transport failures. peer: the
- * decode replica to hand the KV to directly under ticket, or NULL. */
+ * decode replica to hand the KV to directly under ticket, or NULL. Blocks for the PREFILL
+ * (up to RPC_TIMEOUT_MS per replica tried, cut short by lb_stop: -ESHUTDOWN). */
 static int do_prefill(struct lreq *q, struct pf_result *res, const char *peer, uint64_t ticket)
 {
 	struct lb *l = q->l;
@@ -223,11 +94,11 @@ static int do_prefill(struct lreq *q, struct pf_result *res, const char *peer, u
 	unsigned char skip[LB_MAX_REPLICAS] = {0};
 	int rc = -EAGAIN;
 	uint64_t *blk = malloc(LB_MAX_BLOCKS * sizeof(*blk));
-	struct lbp_req pq = req_of(q, blk);
+	struct lbp_req pq = lb_req_of(q, blk); /* no blocks without memory: policies still work */
 	int est = pq.est_tokens;
 	for (;;) {
 		pthread_mutex_lock(&l->mu);
-		int i = l->stopping ? -1 : pick(l, &l->pf, 1, &pq, skip);
+		int i = l->stopping ? -1 : lb_pick(l, &l->pf, 1, &pq, skip);
 		if (l->stopping)
 			rc = -ESHUTDOWN;
 		if (i >= 0) {
@@ -245,13 +116,18 @@ static int do_prefill(struct lreq *q, struct pf_result *res, const char *peer, u
 		uint32_t blen = 0;
 		rc = kvp_pool_get(l->pool, r->addr, &c);
 		if (!rc) {
-			rc = kvp_call(c, KVW_OP_PREFILL, w.p, w.len, NULL, 0, RPC_TIMEOUT_MS, &body,
-				      &blen);
+			struct kvp_call *k = NULL;
+			rc = kvp_call_start(c, KVW_OP_PREFILL, w.p, w.len, NULL, 0, &k);
+			if (!rc) {
+				pf_call_started(l, r);
+				rc = kvp_call_wait(k, RPC_TIMEOUT_MS, &body, &blen);
+			}
 			kvp_pool_put(l->pool, c);
 		}
 		pthread_mutex_lock(&l->mu);
 		r->inflight--;
 		r->inflight_tokens -= est;
+		int stopping = l->stopping;
 		pthread_mutex_unlock(&l->mu);
 		if (!rc) {
 			rc = pf_parse(body, blen, res);
@@ -259,9 +135,13 @@ static int do_prefill(struct lreq *q, struct pf_result *res, const char *peer, u
 				free(body);
 			break;
 		}
+		if (stopping && transport_err(rc)) {
+			rc = -ESHUTDOWN; /* lb_stop broke the call: the replica is not at fault */
+			break;
+		}
 		if (!transport_err(rc))
 			break; /* the replica refused the request itself (too long, bad) */
-		mark_down(l, r);
+		lb_mark_down(l, r);
 		skip[i] = 1;
 		pthread_mutex_lock(&l->mu);
 		l->retries++;
@@ -396,14 +276,14 @@ static int prefill_then(struct lreq *q, struct kvp_wbuf *w, struct pf_result *pr
 {
 	struct lb *l = q->l;
 	unsigned char skip[LB_MAX_REPLICAS] = {0};
-	struct lbp_req dq = req_of(q, NULL);
+	struct lbp_req dq = lb_req_of(q, NULL);
 	char peer_addr[KVP_ADDR_MAX] = "";
 	uint64_t ticket = 0;
 	*peer = -1;
 	if (l->o.handoff == LB_HANDOFF_DIRECT) {
 		/* the decode replica first: the prefill worker sends it the KV */
 		pthread_mutex_lock(&l->mu);
-		*peer = pick(l, &l->dc, 0, &dq, skip);
+		*peer = lb_pick(l, &l->dc, 0, &dq, skip);
 		if (*peer >= 0)
 			snprintf(peer_addr, sizeof(peer_addr), "%s", l->dc.r[*peer].addr);
 		pthread_mutex_unlock(&l->mu);
@@ -431,14 +311,14 @@ static int prefill_then(struct lreq *q, struct kvp_wbuf *w, struct pf_result *pr
 	return 0;
 }
 
-static void *req_main(void *arg)
+/* Runs request q to its gw_job_finish, on a worker. */
+static void req_run(struct lreq *q)
 {
-	struct lreq *q = arg;
 	struct lb *l = q->l;
 	struct pf_result pr = {0};
 	unsigned char skip[LB_MAX_REPLICAS] = {0};
 	int ntok = 0, peer = -1, rc;
-	struct lbp_req dq = req_of(q, NULL);
+	struct lbp_req dq = lb_req_of(q, NULL);
 	struct kvp_wbuf w;
 	kvp_w_init(&w);
 	uint16_t op = KVW_OP_DECODE;
@@ -457,7 +337,7 @@ static void *req_main(void *arg)
 		/* the KV is parked at the peer: go there unless it is down since */
 		int i = peer >= 0 && pr.handed && l->dc.r[peer].up && !skip[peer]
 			    ? peer
-			    : pick(l, &l->dc, 0, &dq, skip);
+			    : lb_pick(l, &l->dc, 0, &dq, skip);
 		if (i >= 0) {
 			l->dc.r[i].inflight++;
 			l->dc.r[i].picks++;
@@ -472,7 +352,7 @@ static void *req_main(void *arg)
 		pthread_mutex_unlock(&l->mu);
 		if (rc == 0)
 			break;
-		mark_down(l, r);
+		lb_mark_down(l, r);
 		if (ntok > 0) /* the client saw tokens: no silent retry */
 			break;
 		skip[i] = 1;
@@ -487,16 +367,65 @@ out:
 	kvp_w_free(&w);
 	free(pr.toks);
 	free(pr.body);
-	pthread_mutex_lock(&l->mu);
+}
+
+/* ---- the worker pool ------------------------------------------------------------------ */
+
+static void lq_push(struct lq_list *ls, struct lreq *q)
+{
+	q->next = NULL;
+	q->prev = ls->tail;
+	if (ls->tail)
+		ls->tail->next = q;
+	else
+		ls->head = q;
+	ls->tail = q;
+	ls->n++;
+}
+
+static void lq_remove(struct lq_list *ls, struct lreq *q)
+{
 	if (q->prev)
 		q->prev->next = q->next;
 	else
-		l->active = q->next;
+		ls->head = q->next;
 	if (q->next)
 		q->next->prev = q->prev;
+	else
+		ls->tail = q->prev;
+	q->prev = q->next = NULL;
+	ls->n--;
+}
+
+/* A worker: takes the oldest queued request, runs it, repeats; ends at lb_destroy once the
+ * queue is empty (lb_stop has emptied it by then). */
+static void *worker_main(void *arg)
+{
+	struct lb *l = arg;
+	pthread_mutex_lock(&l->mu);
+	for (;;) {
+		while (!l->queue.head && !l->stop)
+			pthread_cond_wait(&l->work_cv, &l->mu);
+		struct lreq *q = l->queue.head;
+		if (!q)
+			break;
+		l->idle--;
+		lq_remove(&l->queue, q);
+		q->state = LQ_RUNNING;
+		lq_push(&l->active, q);
+		pthread_mutex_unlock(&l->mu);
+		req_run(q);
+		pthread_mutex_lock(&l->mu);
+		lq_remove(&l->active, q);
+		q->state = LQ_DONE;
+		l->idle++;
+		if (!l->active.n)
+			pthread_cond_broadcast(&l->idle_cv);
+		pthread_mutex_unlock(&l->mu);
+		lreq_put(q); /* the queue's reference, which this worker held */
+		pthread_mutex_lock(&l->mu);
+	}
 	pthread_mutex_unlock(&l->mu);
-	lreq_put(q);
-	atomic_fetch_sub(&l->threads, 1);
 	return NULL;
 }
 
@@ -529,41 +458,23 @@ static int be_submit(void *ctx, struct gw_job *job, const struct gw_req *g)
 	q->sp.top_k = o->top_k;
 	q->sp.seed = o->has_seed ? o->seed : g->id * 0x9E3779B97F4A7C15ULL;
 	q->sp.max_tokens = o->max_tokens;
-	pthread_mutex_lock(&l->mu);
-	if (l->stopping) {
-		pthread_mutex_unlock(&l->mu);
-		lreq_put(q);
-		return -EAGAIN;
-	}
-	atomic_fetch_add(&q->refs, 1); /* the thread's */
-	q->next = l->active;
-	if (l->active)
-		l->active->prev = q;
-	l->active = q;
-	atomic_fetch_add(&l->threads, 1);
-	pthread_mutex_unlock(&l->mu);
+	/* backend data before the request is visible to a worker: cancel and release find it */
 	gw_job_set_backend_data(job, q);
-	pthread_t t;
-	pthread_attr_t a;
-	pthread_attr_init(&a);
-	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-	int rc = -pthread_create(&t, &a, req_main, q);
-	pthread_attr_destroy(&a);
-	if (rc) {
-		pthread_mutex_lock(&l->mu);
-		if (q->prev)
-			q->prev->next = q->next;
-		else
-			l->active = q->next;
-		if (q->next)
-			q->next->prev = q->prev;
+	pthread_mutex_lock(&l->mu);
+	/* waiting for a busy worker: what the idle ones will not take at once */
+	int full = l->queue.n - l->idle >= l->o.queue;
+	if (l->stopping || full) {
 		pthread_mutex_unlock(&l->mu);
-		atomic_fetch_sub(&l->threads, 1);
-		gw_job_set_backend_data(job, NULL);
-		lreq_put(q);
-		lreq_put(q);
+		if (full)
+			klog_debug("request queue full (%d waiting): refused", l->o.queue);
+		return -EAGAIN; /* release drops the job's reference, the only one */
 	}
-	return rc;
+	atomic_fetch_add(&q->refs, 1); /* the queue's, then its worker's */
+	q->state = LQ_QUEUED;
+	lq_push(&l->queue, q);
+	pthread_cond_signal(&l->work_cv);
+	pthread_mutex_unlock(&l->mu);
+	return 0;
 }
 
 static void be_cancel(void *ctx, struct gw_job *job)
@@ -572,6 +483,19 @@ static void be_cancel(void *ctx, struct gw_job *job)
 	struct lreq *q = gw_job_backend_data(job);
 	if (!q)
 		return;
+	struct lb *l = q->l;
+	pthread_mutex_lock(&l->mu);
+	int queued = q->state == LQ_QUEUED;
+	if (queued) { /* no worker has it: end it here, freeing its place in the queue */
+		lq_remove(&l->queue, q);
+		q->state = LQ_DONE;
+	}
+	pthread_mutex_unlock(&l->mu);
+	if (queued) {
+		gw_job_finish(job, NULL, -ECANCELED, "cancelled");
+		lreq_put(q); /* the queue's reference */
+		return;
+	}
 	pthread_mutex_lock(&q->mu);
 	q->cancelled = 1;
 	if (q->fd >= 0) /* the decode worker sees the close and frees the KV */
@@ -627,6 +551,12 @@ static void be_metrics(void *ctx, struct met_out *o)
 	struct lb *l = ctx;
 	pthread_mutex_lock(&l->mu);
 	replica_families(l, o);
+	met_out_family(o, "lb_requests_running", "gauge",
+		       "Requests a worker of the pool runs (at most --workers)");
+	met_out_sample(o, "lb_requests_running", NULL, (double)l->active.n);
+	met_out_family(o, "lb_requests_queued", "gauge",
+		       "Requests waiting for a worker (at most --queue; past it: 503 overloaded)");
+	met_out_sample(o, "lb_requests_queued", NULL, (double)l->queue.n);
 	met_out_family(o, "lb_retries_total", "counter",
 		       "Requests retried on another replica after a transport error");
 	met_out_sample(o, "lb_retries_total", NULL, (double)l->retries);
@@ -663,157 +593,55 @@ void lb_backend(struct lb *l, struct gw_backend *out)
 	out->healthy = be_healthy;
 }
 
-/* ---- health -------------------------------------------------------------------------- */
-
-/* One STATUS poll per replica. The calls are all started before any is waited for: polled one
- * after the other, a replica slow to answer (a busy worker on a loaded machine, up to
- * STATUS_TIMEOUT_MS) held back every later replica's refresh, which then kept showing the
- * load of a burst long finished while still up. A replica that does not answer is marked down
- * and its reported load cleared, so no old figure outlives the answer it came from. */
-struct probe {
-	struct replica *r;
-	struct kvp_client *c;
-	struct kvp_call *k;
-	int rc;
-};
-
-static void probe_apply(struct lb *l, struct probe *p, uint8_t *body, uint32_t len)
+/* Ends the workers started so far and the health thread (when started). */
+static void lb_join(struct lb *l, int health)
 {
-	struct kvw_status st = {0};
-	int rc = p->rc;
-	if (!rc)
-		rc = kvw_status_dec(body, len, &st);
-	int running = (int)st.running, queued = (int)st.queued_tokens;
-	int kv_free = (int)st.kv_free;
-	uint32_t computed = st.prompt_computed;
 	pthread_mutex_lock(&l->mu);
-	struct replica *r = p->r;
-	if (!rc && !r->up)
-		klog_info("replica %s is up", r->addr);
-	if (rc) {
-		if (r->up)
-			klog_warn("replica %s does not answer its health check: %s", r->addr,
-				  kvp_strerror(rc));
-		set_down(r);
-	} else {
-		r->up = 1;
-		r->down_ms = 0;
-	}
-	r->running = rc ? 0 : running;
-	r->queued_tokens = rc ? 0 : queued;
-	r->kv_free = rc ? 0 : kv_free;
-	if (!rc)
-		r->computed = computed;
+	l->stop = 1;
+	pthread_cond_signal(&l->cv);
+	pthread_cond_broadcast(&l->work_cv);
 	pthread_mutex_unlock(&l->mu);
+	if (health)
+		pthread_join(l->health, NULL);
+	for (int i = 0; i < l->nworkers; i++)
+		pthread_join(l->workers[i], NULL);
 }
 
-static void check_all(struct lb *l)
+static void lb_free(struct lb *l)
 {
-	struct probe ps[2 * LB_MAX_REPLICAS];
-	int n = 0;
-	for (int i = 0; i < l->pf.n; i++)
-		ps[n++] = (struct probe){.r = &l->pf.r[i]};
-	for (int i = 0; i < l->dc.n; i++)
-		ps[n++] = (struct probe){.r = &l->dc.r[i]};
-	/* addr is set once in lb_create and never written after: no lock needed to read it */
-	for (int i = 0; i < n; i++) {
-		struct probe *p = &ps[i];
-		p->rc = kvp_pool_get(l->pool, p->r->addr, &p->c);
-		if (!p->rc)
-			p->rc = kvp_call_start(p->c, KVW_OP_STATUS, NULL, 0, NULL, 0, &p->k);
-	}
-	for (int i = 0; i < n; i++) {
-		struct probe *p = &ps[i];
-		uint8_t *body = NULL;
-		uint32_t len = 0;
-		if (p->k)
-			p->rc = kvp_call_wait(p->k, STATUS_TIMEOUT_MS, &body, &len);
-		if (p->c)
-			kvp_pool_put(l->pool, p->c);
-		probe_apply(l, p, body, len);
-		free(body);
-	}
-}
-
-/* Breaks what this gateway has in flight on replicas down for HUNG_MS: the prefill calls on
- * the pooled connection, the decode streams of the requests there. Caller holds l->mu. */
-static void break_hung(struct lb *l)
-{
-	struct role *roles[2] = {&l->pf, &l->dc};
-	int64_t now = mono_ms();
-	for (int k = 0; k < 2; k++)
-		for (int i = 0; i < roles[k]->n; i++) {
-			struct replica *r = &roles[k]->r[i];
-			if (r->up || !r->down_ms || r->broken || now - r->down_ms < HUNG_MS)
-				continue;
-			r->broken = 1;
-			if (r->inflight)
-				klog_warn("replica %s down for %d ms: breaking %d requests there",
-					  r->addr, HUNG_MS, r->inflight);
-			kvp_pool_abort(l->pool, r->addr);
-			for (struct lreq *q = l->active; q; q = q->next) {
-				pthread_mutex_lock(&q->mu);
-				if (q->dec == r && q->fd >= 0)
-					shutdown(q->fd, SHUT_RDWR);
-				pthread_mutex_unlock(&q->mu);
-			}
-		}
-}
-
-static void *health_main(void *arg)
-{
-	struct lb *l = arg;
-	pthread_mutex_lock(&l->mu);
-	while (!l->stop) {
-		pthread_mutex_unlock(&l->mu);
-		check_all(l);
-		pthread_mutex_lock(&l->mu);
-		break_hung(l);
-		struct timespec ts;
-		kvfs_deadline(&ts, CLOCK_REALTIME, 200);
-		if (!l->stop)
-			pthread_cond_timedwait(&l->cv, &l->mu, &ts);
-	}
-	pthread_mutex_unlock(&l->mu);
-	return NULL;
-}
-
-static int parse_list(const char *s, struct role *ro)
-{
-	ro->n = 0;
-	while (s && *s) {
-		const char *e = strchr(s, ',');
-		size_t n = e ? (size_t)(e - s) : strlen(s);
-		char host[KVP_ADDR_MAX];
-		uint16_t port;
-		if (ro->n == LB_MAX_REPLICAS || n == 0 || n >= KVP_ADDR_MAX)
-			return -EINVAL;
-		memcpy(ro->r[ro->n].addr, s, n);
-		ro->r[ro->n].addr[n] = 0;
-		if (kvp_addr_parse(ro->r[ro->n].addr, host, sizeof(host), &port) || port == 0)
-			return -EINVAL;
-		ro->r[ro->n].up = 1; /* until a check says otherwise */
-		ro->r[ro->n].id = lbp_id(ro->r[ro->n].addr);
-		ro->n++;
-		s = e ? e + 1 : NULL;
-	}
-	return ro->n ? 0 : -EINVAL;
+	kvp_pool_destroy(l->pool);
+	lbp_index_free(&l->index);
+	pthread_mutex_destroy(&l->mu);
+	pthread_cond_destroy(&l->cv);
+	pthread_cond_destroy(&l->work_cv);
+	pthread_cond_destroy(&l->idle_cv);
+	free(l->workers);
+	free(l);
 }
 
 int lb_create(const struct lb_opts *o, struct lb **out)
 {
+	if (o->workers < 0 || o->workers > LB_WORKERS_MAX || o->queue < 0 ||
+	    o->queue > LB_QUEUE_MAX)
+		return -EINVAL;
 	struct lb *l = calloc(1, sizeof(*l));
 	if (!l)
 		return -ENOMEM;
 	l->o = *o;
+	l->o.workers = o->workers ? o->workers : LB_WORKERS;
+	l->o.queue = o->queue ? o->queue : LB_QUEUE;
 	l->secret = *o->secret;
-	int rc = parse_list(o->prefill, &l->pf);
+	int rc = lb_parse_list(o->prefill, &l->pf);
 	if (!rc)
-		rc = parse_list(o->decode, &l->dc);
-	if (!rc && o->policy == LB_PREFIX)
+		rc = lb_parse_list(o->decode, &l->dc);
+	if (!rc && l->o.policy == LB_PREFIX)
 		rc = lbp_index_init(&l->index, LB_INDEX_BITS);
 	if (!rc)
 		rc = kvp_pool_create(&l->secret, CONNECT_TIMEOUT_MS, &l->pool);
+	if (!rc && !(l->workers = calloc((size_t)l->o.workers, sizeof(*l->workers)))) {
+		kvp_pool_destroy(l->pool);
+		rc = -ENOMEM;
+	}
 	if (rc) {
 		lbp_index_free(&l->index);
 		free(l);
@@ -821,6 +649,8 @@ int lb_create(const struct lb_opts *o, struct lb **out)
 	}
 	pthread_mutex_init(&l->mu, NULL);
 	pthread_cond_init(&l->cv, NULL);
+	pthread_cond_init(&l->work_cv, NULL);
+	pthread_cond_init(&l->idle_cv, NULL);
 	/* tickets must not repeat across gateway restarts while a decode worker still holds
 	 * one: the clock and pid are enough for that (a ticket lives SCH_PARK_MS) */
 	struct timespec now;
@@ -828,10 +658,16 @@ int lb_create(const struct lb_opts *o, struct lb **out)
 	l->nonce = ((uint64_t)now.tv_sec * 1000000000ULL + (uint64_t)now.tv_nsec) ^
 		   ((uint64_t)getpid() << 40);
 	l->nonce *= 0x9E3779B97F4A7C15ULL;
-	if ((rc = -pthread_create(&l->health, NULL, health_main, l))) {
-		kvp_pool_destroy(l->pool);
-		lbp_index_free(&l->index);
-		free(l);
+	l->idle = l->o.workers; /* before any worker exists: no lock needed */
+	while (!rc && l->nworkers < l->o.workers) {
+		rc = -pthread_create(&l->workers[l->nworkers], NULL, worker_main, l);
+		l->nworkers += !rc;
+	}
+	if (!rc)
+		rc = -pthread_create(&l->health, NULL, lb_health_main, l);
+	if (rc) {
+		lb_join(l, 0);
+		lb_free(l);
 		return rc;
 	}
 	*out = l;
@@ -842,19 +678,31 @@ void lb_stop(struct lb *l)
 {
 	pthread_mutex_lock(&l->mu);
 	l->stopping = 1;
-	for (struct lreq *q = l->active; q; q = q->next) {
+	struct lreq *queued = l->queue.head; /* ended here, below: no worker has them */
+	for (struct lreq *q = queued; q; q = q->next)
+		q->state = LQ_DONE;
+	l->queue = (struct lq_list){0};
+	for (struct lreq *q = l->active.head; q; q = q->next) {
 		pthread_mutex_lock(&q->mu);
 		q->cancelled = 1;
-		if (q->fd >= 0)
+		if (q->fd >= 0) /* a decode stream: its worker sees the close */
 			shutdown(q->fd, SHUT_RDWR);
 		pthread_mutex_unlock(&q->mu);
 	}
 	pthread_mutex_unlock(&l->mu);
-	/* a prefill call in flight ends by itself (bounded by its RPC timeout) */
-	while (atomic_load(&l->threads) > 0) {
-		struct timespec ts = {0, 10 * 1000000L};
-		nanosleep(&ts, NULL);
+	while (queued) {
+		struct lreq *q = queued;
+		queued = q->next;
+		gw_job_finish(q->job, NULL, -ECANCELED, "the gateway is stopping");
+		lreq_put(q);
 	}
+	/* PREFILL calls in flight (RPC_TIMEOUT_MS) fail now: see pf_call_started */
+	for (int i = 0; i < l->pf.n; i++)
+		kvp_pool_abort(l->pool, l->pf.r[i].addr);
+	pthread_mutex_lock(&l->mu);
+	while (l->active.n)
+		pthread_cond_wait(&l->idle_cv, &l->mu);
+	pthread_mutex_unlock(&l->mu);
 }
 
 void lb_destroy(struct lb *l)
@@ -862,18 +710,6 @@ void lb_destroy(struct lb *l)
 	if (!l)
 		return;
 	lb_stop(l);
-	pthread_mutex_lock(&l->mu);
-	l->stop = 1;
-	pthread_cond_signal(&l->cv);
-	pthread_mutex_unlock(&l->mu);
-	pthread_join(l->health, NULL);
-	while (atomic_load(&l->threads) > 0) {
-		struct timespec ts = {0, 10 * 1000000L};
-		nanosleep(&ts, NULL);
-	}
-	kvp_pool_destroy(l->pool);
-	lbp_index_free(&l->index);
-	pthread_mutex_destroy(&l->mu);
-	pthread_cond_destroy(&l->cv);
-	free(l);
+	lb_join(l, 1);
+	lb_free(l);
 }

@@ -1,22 +1,41 @@
 /* lb — the disaggregated backend of the gateway: load balancers over `kvinfer prefill` and
  * `kvinfer decode` replicas (kvw.h protocol), as a struct gw_backend.
  *
- * Per request (one thread each): pick a prefill replica, PREFILL (the prompt's blocks are then
- * in the shared kv dir, the last one comes back in the reply — or, with LB_HANDOFF_DIRECT, the
- * prefill worker handed all of them to the decode replica picked first), DECODE on
- * a connection of its own and relay its token frames to the gateway job. A replica whose call
- * fails at the transport level is marked down and the request retried on another one, as long
+ * Per request (on one of a fixed pool of worker threads): pick a prefill replica, PREFILL (the
+ * prompt's blocks are then in the shared kv dir, the last one comes back in the reply — or, with
+ * LB_HANDOFF_DIRECT, the prefill worker handed all of them to the decode replica picked first),
+ * DECODE on a connection of its own and relay its token frames to the gateway job. A replica whose
+ * call fails at the transport level is marked down and the request retried on another one, as long
  * as no token reached the client; after that the request ends with an error event. Cancelling
  * shuts the decode connection down, which the decode worker sees as a cancel (its KV is freed).
  *
- * Policies: engine/serve/lbp.h decides (rr, least, cache, prefix), from the replicas' STATUS
+ * Policies: engine/serve/lbp.h decides (rr, least, cache, prefix, chash), from the replicas' STATUS
  * reports and this gateway's own in-flight counts; with prefix the gateway remembers which
  * prefill replica computed each block of rendered prompt (2^LB_INDEX_BITS blocks).
  * Health: a thread polls STATUS on every replica every 200 ms, all concurrently (a slow one
  * does not delay the others' refresh); a replica that fails it is skipped until it answers
  * again, and its reported load reads 0 meanwhile.
  *
- * Threading: the backend callbacks are thread-safe; one mutex guards the replica table.
+ * Requests and the pool: lb_opts.workers threads (started by lb_create) each run one request
+ * at a time from start to finish (its PREFILL, then its decode stream); a request that finds
+ * every worker busy waits in a FIFO of at most lb_opts.queue requests. When the queue is full,
+ * submit refuses at once with -EAGAIN (the gateway answers 503, "overloaded"): the threads and
+ * memory this backend uses are bounded whatever the offered load. A request cancelled while
+ * queued (the client left) is finished at once and frees its place.
+ *
+ * What blocks, and for how long:
+ *   submit, cancel, release, metrics, healthy: never (a mutex held for list updates only).
+ *   lb_stop: finishes the queued requests at once (-ECANCELED), cancels the running ones and
+ *            breaks their connections (the PREFILL calls and decode streams fail at once), then
+ *            waits on a condition variable until every worker is idle: bounded by the
+ *            connection being opened at that moment (2 x CONNECT_TIMEOUT_MS, 4 s) and the
+ *            time the gateway takes to consume a finish — no RPC timeout is waited out.
+ *   lb_destroy: lb_stop, then joins the workers (idle by then) and the health thread, which
+ *            ends after its current round of STATUS polls (at most STATUS_TIMEOUT_MS, 1 s,
+ *            plus a connect).
+ *
+ * Threading: the backend callbacks are thread-safe; one mutex guards the replica table, the
+ * queue and the list of running requests (lock order: lb, then a request's own mutex).
  */
 #ifndef KVFS_LB_H
 #define KVFS_LB_H
@@ -38,6 +57,12 @@
 enum lb_handoff { LB_HANDOFF_FS = 0, LB_HANDOFF_DIRECT = 1 };
 
 #define LB_MAX_REPLICAS 16
+/* The pool's defaults: workers + queue = the gateway's HTTP connections, so the queue, not the
+ * HTTP server, answers an overload. */
+#define LB_WORKERS     64
+#define LB_WORKERS_MAX 1024
+#define LB_QUEUE       (GW_MAX_CONNECTIONS - LB_WORKERS)
+#define LB_QUEUE_MAX   65536
 
 struct lb_opts {
 	const char *prefill; /* comma-separated host:port list */
@@ -49,15 +74,21 @@ struct lb_opts {
 	 * replicas: the decode replica computes them itself (KVW_OP_GENERATE), saving a hop and
 	 * a hand-over that cost more than computing a short prompt. 0 = never. */
 	int local_prefill;
+	/* worker threads: requests run at once (0 = LB_WORKERS, at most LB_WORKERS_MAX) */
+	int workers;
+	/* requests waiting for a worker before submit refuses (0 = LB_QUEUE, <= LB_QUEUE_MAX) */
+	int queue;
 };
 
 struct lb;
 
-/* Parses the address lists (1..LB_MAX_REPLICAS each) and starts the health thread. Returns 0,
- * -EINVAL (bad list), -ENOMEM. */
+/* Parses the address lists (1..LB_MAX_REPLICAS each), starts the workers and the health
+ * thread. Returns 0, -EINVAL (bad list, workers or queue out of range), -ENOMEM, -EAGAIN (no
+ * thread). */
 int lb_create(const struct lb_opts *o, struct lb **out);
-/* Refuses new requests, cancels the running ones (each is finished) and waits for their
- * threads. Call before gw_stop, so no job is finished while the gateway is freed. */
+/* Refuses new requests, finishes the queued ones, cancels the running ones (each is finished)
+ * and waits until no worker runs one (see above for how long). Call before gw_stop, so no job
+ * is finished while the gateway is freed. Idempotent. */
 void lb_stop(struct lb *l);
 /* lb_stop, then frees. After gw_stop. */
 void lb_destroy(struct lb *l);

@@ -18,16 +18,15 @@
 #include "model.h"
 #include "sample.h"
 #include "gguf.h"
-#include "ktime.h"
 #include "tok.h"
 
 void sch_opts_default(struct sch_opts *o)
 {
 	memset(o, 0, sizeof(*o));
 	o->threads = 1;
-	o->max_seqs = 16;
-	o->prefill_chunk = 256;
-	o->block_tokens = 64;
+	o->max_seqs = SCH_MAX_SEQS;
+	o->prefill_chunk = SCH_PREFILL_CHUNK;
+	o->block_tokens = SCH_BLOCK_TOKENS;
 }
 
 const char *sch_model_arch(const struct sch *s)
@@ -222,14 +221,6 @@ static void prefill_done(struct sch *s, struct sch_req *r, int32_t first)
 	req_end(r, "stop", 0, NULL);
 }
 
-int sch_eng_prefill(struct sch *s, struct kvi_seq *seq, const int32_t *toks, int n,
-		    float *logits_last)
-{
-	atomic_fetch_add(&s->c_prefill_tokens, (unsigned long long)n);
-	return s->de ? kvi_dev_engine_prefill(s->de, seq, toks, n, logits_last)
-		     : kvi_engine_prefill(s->e, seq, toks, n, logits_last);
-}
-
 /* One prefill chunk of r; returns 1 when r ended, 0 otherwise. */
 static int prefill_step(struct sch *s, struct sch_req *r)
 {
@@ -310,15 +301,14 @@ static void *sch_main(void *arg)
 			pthread_mutex_unlock(&s->mu);
 			if (s->kx)
 				kvx_flush(s->kx); /* idle: drop the save references */
-			int parked = sch_parked_expire(s, 0);
+			struct timespec next;
+			int parked = sch_parked_expire(s, 0, &next);
 			publish(s, 0);
 			pthread_mutex_lock(&s->mu);
 			if (s->stop || s->inq || s->calls)
 				break;
-			if (parked) { /* wake to expire them */
-				struct timespec t;
-				kvfs_deadline(&t, CLOCK_MONOTONIC, 1000);
-				pthread_cond_timedwait(&s->cv, &s->mu, &t);
+			if (parked) { /* wake when the first of them expires */
+				pthread_cond_timedwait(&s->cv, &s->mu, &next);
 			} else {
 				pthread_cond_wait(&s->cv, &s->mu);
 			}
@@ -337,7 +327,7 @@ static void *sch_main(void *arg)
 		if (stop)
 			break;
 		sch_run_calls(s); /* hand-overs to park, NCCL joins */
-		sch_parked_expire(s, 0);
+		sch_parked_expire(s, 0, NULL);
 		/* 1. cancelled requests leave now, freeing their KV */
 		for (int i = 0; i < s->nrun; i++)
 			if (atomic_load(&s->run[i]->cancelled))
@@ -391,7 +381,7 @@ static void *sch_main(void *arg)
 		req_end(r, NULL, -ESHUTDOWN, "server shutting down");
 		req_report(r);
 	}
-	sch_parked_expire(s, 1);
+	sch_parked_expire(s, 1, NULL);
 	pthread_mutex_lock(&s->mu);
 	sch_fail_calls_locked(s, -EAGAIN);
 	pthread_mutex_unlock(&s->mu);
@@ -630,11 +620,11 @@ int sch_create(const struct sch_opts *o, struct sch **out)
 	if (s->o.threads < 1)
 		s->o.threads = 1;
 	if (s->o.max_seqs < 1)
-		s->o.max_seqs = 16;
+		s->o.max_seqs = SCH_MAX_SEQS;
 	if (s->o.prefill_chunk < 1)
-		s->o.prefill_chunk = 256;
+		s->o.prefill_chunk = SCH_PREFILL_CHUNK;
 	if (s->o.block_tokens < 1)
-		s->o.block_tokens = 64;
+		s->o.block_tokens = SCH_BLOCK_TOKENS;
 	pthread_mutex_init(&s->mu, NULL);
 	/* the idle wait for parked prompts' expiry is timed on CLOCK_MONOTONIC */
 	pthread_condattr_t ca;
@@ -655,7 +645,8 @@ int sch_create(const struct sch_opts *o, struct sch **out)
 		goto fail;
 	}
 	if (s->o.max_ctx <= 0)
-		s->o.max_ctx = s->m->cfg.n_ctx_train < 2048 ? s->m->cfg.n_ctx_train : 2048;
+		s->o.max_ctx =
+		    s->m->cfg.n_ctx_train < SCH_MAX_CTX ? s->m->cfg.n_ctx_train : SCH_MAX_CTX;
 	struct kvi_engine_opts eo;
 	kvi_engine_opts_default(&eo);
 	eo.threads = s->o.threads;

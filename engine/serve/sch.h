@@ -44,6 +44,12 @@ struct sch_opts {
 	int ignore_eos;	    /* generate max_tokens even past end-of-generation tokens */
 };
 
+/* sch_opts defaults (also for values < 1 passed to sch_create) */
+#define SCH_MAX_SEQS	  16
+#define SCH_MAX_CTX	  2048 /* capped by the model's training context */
+#define SCH_PREFILL_CHUNK 256
+#define SCH_BLOCK_TOKENS  64
+
 void sch_opts_default(struct sch_opts *o);
 
 struct sch;

@@ -1,4 +1,6 @@
-/* sch internals shared by sch.c (the scheduler) and sch_park.c (direct hand-over, NCCL). */
+/* sch internals shared by sch.c (the scheduler) and sch_park.c (direct hand-over, NCCL).
+ * Layering: sch.c calls sch_park.c (parking, calls onto the scheduler thread), never the
+ * reverse; what both need lives here. */
 #ifndef KVFS_SCH_INT_H
 #define KVFS_SCH_INT_H
 
@@ -121,15 +123,22 @@ void sch_run_calls(struct sch *s);
 /* Fails every queued call with rc (the thread is stopping). Under s->mu. */
 void sch_fail_calls_locked(struct sch *s, int rc);
 /* Drops parked and pending prompts past their expiry (all of them with all != 0); returns how
- * many remain. Not under s->mu. */
-int sch_parked_expire(struct sch *s, int all);
+ * many remain, and when one does, *next = the earliest expiry among them (CLOCK_MONOTONIC;
+ * next may be NULL). Not under s->mu. */
+int sch_parked_expire(struct sch *s, int all, struct timespec *next);
 /* Takes the parked prompt of r->ticket into r->seq (empty) when its tokens are r's, loading
  * or computing the blocks before its first_block; 1 when taken, 0 when not (r->seq is then
  * empty again), or -errno (engine error). */
 int sch_parked_claim(struct sch *s, struct sch_req *r);
-/* sch.c: a prefill pass of either engine (fwd.h contract). */
-int sch_eng_prefill(struct sch *s, struct kvi_seq *seq, const int32_t *toks, int n,
-		    float *logits_last);
+/* A prefill pass of either engine (fwd.h contract). Here, not in sch.c, so that sch_park.c
+ * (which computes the blocks a parked prompt lacks) does not call back into sch.c. */
+static inline int sch_eng_prefill(struct sch *s, struct kvi_seq *seq, const int32_t *toks, int n,
+				  float *logits_last)
+{
+	atomic_fetch_add(&s->c_prefill_tokens, (unsigned long long)n);
+	return s->de ? kvi_dev_engine_prefill(s->de, seq, toks, n, logits_last)
+		     : kvi_engine_prefill(s->e, seq, toks, n, logits_last);
+}
 /* The KV of a finished prefill as a hand-over (SCH_PREFILL with handoff). 0 or -errno. */
 int sch_handoff_run(struct sch *s, struct sch_req *r, int32_t first);
 

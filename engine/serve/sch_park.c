@@ -87,7 +87,14 @@ static int expired(const struct timespec *now, const struct timespec *t)
 	return now->tv_sec > t->tv_sec || (now->tv_sec == t->tv_sec && now->tv_nsec >= t->tv_nsec);
 }
 
-int sch_parked_expire(struct sch *s, int all)
+/* *next = the earlier of *next and t (the first time: t). */
+static void earliest(struct timespec *next, int first, const struct timespec *t)
+{
+	if (next && (first || expired(next, t)))
+		*next = *t;
+}
+
+int sch_parked_expire(struct sch *s, int all, struct timespec *next)
 {
 	struct timespec now;
 	clock_gettime(CLOCK_MONOTONIC, &now);
@@ -103,7 +110,7 @@ int sch_parked_expire(struct sch *s, int all)
 			s->pend_bytes -= p->len;
 			pend_free(p);
 		} else {
-			left++;
+			earliest(next, !left++, &p->expires);
 			pp = &p->next;
 		}
 	}
@@ -117,7 +124,7 @@ int sch_parked_expire(struct sch *s, int all)
 			*pp = p->next;
 			parked_free(s, p);
 		} else {
-			left++;
+			earliest(next, !left++, &p->expires);
 			pp = &p->next;
 		}
 	}

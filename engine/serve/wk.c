@@ -71,25 +71,6 @@ static void wr_done(struct wreq *w)
 	free(w);
 }
 
-/* The PREFILL reply (kvw.h). 0, or the encoding's error (nothing sent). */
-int wk_pf_reply(struct kvp_conn *c, const struct kvp_hdr *h, const int32_t *toks, int n, int cached,
-		int32_t first, int handed, const void *blk, size_t blen)
-{
-	struct kvw_prefilled p = {.n = (uint32_t)n,
-				  .toks = toks,
-				  .cached = (uint32_t)cached,
-				  .first = first,
-				  .handed = (uint8_t)handed,
-				  .blen = (uint32_t)blen};
-	struct kvp_wbuf b;
-	kvp_w_init(&b);
-	int rc = kvw_prefilled_enc(&b, &p);
-	if (!rc)
-		kvp_reply(c, h, 0, b.p, b.len, blk, blen);
-	kvp_w_free(&b);
-	return rc;
-}
-
 static void pf_prefilled(void *u, const int32_t *toks, int n, int cached, int32_t first,
 			 const void *blk, size_t blen)
 {
@@ -189,9 +170,10 @@ static void wk_small_reply(struct wk *k, struct kvp_conn *c, const struct kvp_hd
 	kvp_w_free(&b);
 }
 
-static int wk_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, uint8_t *body)
+/* Control ops: STATUS, and on a decode worker HELLO, NCCL_ID and KV_PUT. 1 when h is none of
+ * them (body untouched); else body is freed and the handler's result returned. */
+static int wk_control(struct wk *k, struct kvp_conn *c, const struct kvp_hdr *h, uint8_t *body)
 {
-	struct wk *k = ctx;
 	if (h->op == KVW_OP_STATUS ||
 	    (k->mode == SCH_DECODE && (h->op == KVW_OP_HELLO || h->op == KVW_OP_NCCL_ID))) {
 		int rc = kvw_empty_dec(body, h->len);
@@ -208,37 +190,50 @@ static int wk_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, ui
 		kvp_reply(c, h, rc, NULL, 0, NULL, 0);
 		return rc == -EBADMSG ? -1 : 0;
 	}
-	int want = k->mode == SCH_PREFILL ? KVW_OP_PREFILL : KVW_OP_DECODE;
-	int gen = k->mode == SCH_DECODE && h->op == KVW_OP_GENERATE; /* computed here: SCH_FULL */
-	if (h->op != want && !gen) {
-		free(body);
-		kvp_reply(c, h, -EOPNOTSUPP, NULL, 0, NULL, 0);
-		return 0;
+	return 1;
+}
+
+/* A request's state for the scheduler's callbacks, holding a reference on c; NULL: -ENOMEM. A
+ * PREFILL naming a decode worker (q->peer) also learns what is known of that peer, which may
+ * block up to CONNECT_TIMEOUT_MS on first contact (wk_peer_get). */
+static struct wreq *wreq_new(struct wk *k, struct kvp_conn *c, const struct kvp_hdr *h, int gen,
+			     const struct kvw_prompt *q, struct sch_job *j)
+{
+	struct wreq *w = calloc(1, sizeof(*w));
+	if (!w)
+		return NULL;
+	w->k = k;
+	w->c = c;
+	w->h = *h;
+	if (!gen && k->mode == SCH_PREFILL && q->peer[0]) {
+		memcpy(w->peer, q->peer_buf, sizeof(w->peer));
+		w->ticket = q->ticket;
+		wk_peer_get(k, w->peer, &w->pi);
+		j->handoff = w->pi.c ? SCH_HANDOFF_DEVICE : SCH_HANDOFF_BYTES;
+		j->handoff_skip_cached = w->pi.shared;
 	}
+	kvp_conn_ref(c);
+	return w;
+}
+
+/* PREFILL (prefill worker), DECODE or GENERATE (decode worker; gen): decodes the body and hands
+ * the job to the scheduler, whose sink answers it. Frees body; -1 on a malformed body. */
+static int wk_job_start(struct wk *k, struct kvp_conn *c, const struct kvp_hdr *h, uint8_t *body,
+			int gen)
+{
+	static const struct sch_sink pf = {
+	    .prefilled = pf_prefilled, .handoff = wk_pf_handoff, .finish = pf_finish};
+	static const struct sch_sink dc = {.token = dc_token, .finish = dc_finish};
+	static const struct sch_sink dg = {
+	    .prompt = dc_prompt, .token = dc_token, .finish = dc_finish};
 	struct sch_job j = {.mode = gen ? SCH_FULL : k->mode};
 	struct kvw_prompt q = {0};
 	struct kvw_decode d = {0};
 	int rc = job_dec(k, h, body, gen, &j, &q, &d);
-	struct wreq *w = rc ? NULL : calloc(1, sizeof(*w));
+	struct wreq *w = rc ? NULL : wreq_new(k, c, h, gen, &q, &j);
 	if (!rc && !w)
 		rc = -ENOMEM;
 	if (!rc) {
-		static const struct sch_sink pf = {
-		    .prefilled = pf_prefilled, .handoff = wk_pf_handoff, .finish = pf_finish};
-		static const struct sch_sink dc = {.token = dc_token, .finish = dc_finish};
-		static const struct sch_sink dg = {
-		    .prompt = dc_prompt, .token = dc_token, .finish = dc_finish};
-		w->k = k;
-		w->c = c;
-		w->h = *h;
-		if (!gen && k->mode == SCH_PREFILL && q.peer[0]) {
-			memcpy(w->peer, q.peer_buf, sizeof(w->peer));
-			w->ticket = q.ticket;
-			wk_peer_get(k, w->peer, &w->pi);
-			j.handoff = w->pi.c ? SCH_HANDOFF_DEVICE : SCH_HANDOFF_BYTES;
-			j.handoff_skip_cached = w->pi.shared;
-		}
-		kvp_conn_ref(c);
 		rc = sch_submit(k->s, &j, gen ? &dg : k->mode == SCH_PREFILL ? &pf : &dc, w, &w->r);
 		if (rc) {
 			kvp_conn_unref(c);
@@ -251,6 +246,23 @@ static int wk_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, ui
 	kvw_decode_free(&d);
 	free(body);
 	return rc == -EBADMSG ? -1 : 0;
+}
+
+/* kvp_server's handler (one of its connection threads): dispatches one request frame. */
+static int wk_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, uint8_t *body)
+{
+	struct wk *k = ctx;
+	int rc = wk_control(k, c, h, body);
+	if (rc <= 0)
+		return rc;
+	int want = k->mode == SCH_PREFILL ? KVW_OP_PREFILL : KVW_OP_DECODE;
+	int gen = k->mode == SCH_DECODE && h->op == KVW_OP_GENERATE; /* computed here: SCH_FULL */
+	if (h->op != want && !gen) {
+		free(body);
+		kvp_reply(c, h, -EOPNOTSUPP, NULL, 0, NULL, 0);
+		return 0;
+	}
+	return wk_job_start(k, c, h, body, gen);
 }
 
 static int run_worker(int argc, char **argv, enum sch_mode mode, const char *name)
@@ -319,7 +331,7 @@ static int run_worker(int argc, char **argv, enum sch_mode mode, const char *nam
 	if (c.nccl && !sch_nccl_capable(k.s))
 		klog_warn("--nccl: this engine cannot (needs --device cuda and NCCL): bytes");
 	/* a decode worker takes a whole prompt's KV in one KVW_OP_KV_PUT frame */
-	size_t kvmax = mode == SCH_DECODE ? sch_handoff_max_bytes(k.s) + 4096 : 0;
+	size_t kvmax = mode == SCH_DECODE ? sch_handoff_max_bytes(k.s) + WK_KV_PUT_HDR_ROOM : 0;
 	struct kvp_server_opts ko = {
 	    .name = name,
 	    .host = host,

@@ -17,6 +17,27 @@
 
 _Static_assert(KVK_NCCL_ID_BYTES == KVW_NCCL_ID_BYTES, "kvw carries an NCCL id");
 
+/* The PREFILL reply (kvw.h), here because both the hand-over and wk.c's plain prefill
+ * answer with it (wk.c calls this file, never the reverse). 0, or the encoding's error (nothing
+ * sent). */
+int wk_pf_reply(struct kvp_conn *c, const struct kvp_hdr *h, const int32_t *toks, int n, int cached,
+		int32_t first, int handed, const void *blk, size_t blen)
+{
+	struct kvw_prefilled p = {.n = (uint32_t)n,
+				  .toks = toks,
+				  .cached = (uint32_t)cached,
+				  .first = first,
+				  .handed = (uint8_t)handed,
+				  .blen = (uint32_t)blen};
+	struct kvp_wbuf b;
+	kvp_w_init(&b);
+	int rc = kvw_prefilled_enc(&b, &p);
+	if (!rc)
+		kvp_reply(c, h, 0, b.p, b.len, blk, blen);
+	kvp_w_free(&b);
+	return rc;
+}
+
 /* ---- direct hand-over, prefill side ---------------------------------------------------- */
 
 /* The KVW_OP_KV_PUT body: everything but the bytes of the KV. */
@@ -184,7 +205,7 @@ static int put_nccl(struct wreq *w, struct sch *s, const struct sch_handoff *h)
 	 * fails at once on the aborted communicator) until its watchdog fires, and this scheduler
 	 * in the wait for that reply: both stalled PUT_TIMEOUT_MS. */
 	if (!peer_current(w->k, w->pi.c))
-		return -ESTALE;
+		return -ENOTCONN; /* the communicator is no longer connected to the peer */
 	struct kvp_wbuf b;
 	kvp_w_init(&b);
 	put_header(&b, w, h, 1);

@@ -13,6 +13,9 @@
 #define PUT_TIMEOUT_MS	   30000 /* a decode worker parks a hand-over at its next step */
 #define CONNECT_TIMEOUT_MS 2000
 #define WK_MAX_COMMS	   64
+/* Room for a KVW_OP_KV_PUT's fields on top of the KV bytes it carries (a decode worker's
+ * frame limit) */
+#define WK_KV_PUT_HDR_ROOM 4096
 
 /* Decode side: an NCCL communicator a prefill worker set up (KVW_OP_NCCL_ID). */
 struct wk_comm {
@@ -58,7 +61,10 @@ struct wreq {
 	struct wk_peer pi; /* what is known of peer */
 };
 
-/* The PREFILL reply (kvw.h). 0, or the encoding's error (nothing sent). */
+/* Layering: wk.c (the worker process, request dispatch) calls wk_handoff.c (hand-overs and
+ * the PREFILL reply), never the reverse.
+ *
+ * wk_handoff.c. The PREFILL reply (kvw.h). 0, or the encoding's error (nothing sent). */
 int wk_pf_reply(struct kvp_conn *c, const struct kvp_hdr *h, const int32_t *toks, int n, int cached,
 		int32_t first, int handed, const void *blk, size_t blen);
 

@@ -1,0 +1,122 @@
+/* lb internals shared by lb.c (the request pipeline, the worker pool, the backend) and
+ * lb_replica.c (the replica table: address lists, picking, up/down state, the health thread).
+ * Layering: lb.c calls lb_replica.c, never the reverse. */
+#ifndef KVFS_LB_INT_H
+#define KVFS_LB_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "lb.h"
+#include "lbp.h"
+#include "sample.h"
+
+#define RPC_TIMEOUT_MS	   600000 /* a long prompt on a slow CPU */
+#define STATUS_TIMEOUT_MS  1000
+#define CONNECT_TIMEOUT_MS 2000
+/* A replica that has failed its health checks this long is taken as hung (stopped, not
+ * answering): the calls and streams this gateway has in flight there are broken, so their
+ * requests fail or retry instead of waiting out RPC_TIMEOUT_MS or forever. */
+#define HUNG_MS		 3000
+#define HEALTH_PERIOD_MS 200 /* STATUS polls, lb.h */
+/* The prefix index (policy prefix): 2^18 prompt blocks of 256 bytes remembered, 3 MiB. */
+#define LB_INDEX_BITS 18
+/* Prompt blocks a pick looks at: 512 KiB of rendered prompt. */
+#define LB_MAX_BLOCKS 2048
+
+/* How a request's KV reached its decode worker, for /metrics. */
+enum ho_kind { HO_FS = 0, HO_DIRECT = 1, HO_FALLBACK = 2, HO_LOCAL = 3, HO_N };
+
+struct replica {
+	char addr[KVP_ADDR_MAX];
+	uint64_t id;	     /* lbp_id(addr): its rendezvous identity */
+	int up;		     /* last health check or call succeeded */
+	int queued_tokens;   /* reported */
+	int running;	     /* reported */
+	int kv_free;	     /* reported */
+	uint32_t computed;   /* reported: prompt tokens computed there */
+	int inflight;	     /* this gateway's requests there */
+	int64_t down_ms;     /* monotonic ms when it was last seen going down; 0 while up */
+	int broken;	     /* its in-flight requests were broken for this down spell */
+	int inflight_tokens; /* their estimated prompt tokens (prefill) */
+	uint64_t picks, failures;
+};
+
+struct role {
+	struct replica r[LB_MAX_REPLICAS];
+	int n;
+	unsigned rr;
+};
+
+/* Where a request is: queued for a worker, run by one, or ended (finished, or taken out of
+ * the queue by a cancel or lb_stop). Moves only forward, under lb.mu. */
+enum lq_state { LQ_QUEUED = 0, LQ_RUNNING = 1, LQ_DONE = 2 };
+
+/* A FIFO of requests through their prev/next links (a request is on one list at a time). */
+struct lq_list {
+	struct lreq *head, *tail;
+	int n;
+};
+
+struct lb {
+	struct lb_opts o;
+	struct kvp_secret secret;
+	struct kvp_pool *pool;
+	pthread_mutex_t mu;	/* guards pf, dc, stop, stopping, queue, active, counters */
+	pthread_cond_t cv;	/* health: stop */
+	pthread_cond_t work_cv; /* workers: queue not empty, or stop */
+	pthread_cond_t idle_cv; /* lb_stop: active emptied */
+	struct role pf, dc;
+	struct lbp_index index; /* prompt blocks -> the prefill replica that computed them */
+	int stop;		/* lb_destroy: the health thread and the workers end */
+	pthread_t health;
+	pthread_t *workers; /* o.workers of them, started in lb_create */
+	int nworkers;
+	/* workers not running a request (also one not yet scheduled after its creation): each
+	 * takes one of the queue's first */
+	int idle;
+	struct lq_list queue;  /* LQ_QUEUED, at most o.queue */
+	struct lq_list active; /* LQ_RUNNING */
+	int stopping;	       /* lb_stop: no new requests */
+	uint64_t retries;
+	uint64_t nonce;		 /* tickets of direct hand-overs: nonce + job id */
+	uint64_t handoffs[HO_N]; /* by enum ho_kind; guarded by mu */
+};
+
+/* One request: referenced by the queue or its worker (one reference, passed along) and by the
+ * gateway job (dropped in release). */
+struct lreq {
+	struct lb *l;
+	atomic_int refs;
+	enum lq_state state;	  /* guarded by l->mu */
+	struct lreq *prev, *next; /* on l->queue or l->active; guarded by l->mu */
+	struct gw_job *job;
+	char *prompt;
+	char *salt;
+	int chat;
+	struct kvi_sample_params sp;
+	pthread_mutex_t mu;	   /* guards fd, dec, cancelled */
+	int fd;			   /* the decode connection, -1 when none */
+	const struct replica *dec; /* the decode replica of fd */
+	int cancelled;
+};
+
+/* ---- lb_replica.c ---- */
+/* What a pick knows of request q: the gateway does not tokenize, so its tokens are estimated
+ * as bytes / 4 + 1 and its blocks are LBP_BLOCK_BYTES of rendered prompt (lbp.h). blk: room
+ * for LB_MAX_BLOCKS hashes, or NULL for none (decode picks). */
+struct lbp_req lb_req_of(const struct lreq *q, uint64_t *blk);
+/* Index of the replica of ro for request q by the policy (engine/serve/lbp.h), or -1 when
+ * none is up and not in skip. Caller holds l->mu. */
+int lb_pick(struct lb *l, struct role *ro, int prefill, const struct lbp_req *q,
+	    const unsigned char *skip);
+/* A call to r failed at the transport level: r is down (skipped until a health check says
+ * otherwise) and the failure counted. Takes l->mu. */
+void lb_mark_down(struct lb *l, struct replica *r);
+/* Parses a comma-separated host:port list into ro (1..LB_MAX_REPLICAS). 0 or -EINVAL. */
+int lb_parse_list(const char *s, struct role *ro);
+/* The health thread (lb.h): STATUS rounds every HEALTH_PERIOD_MS until l->stop. */
+void *lb_health_main(void *arg);
+
+#endif
