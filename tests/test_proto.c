@@ -235,9 +235,8 @@ static void test_auth_and_calls(void **state)
 	kvp_client_close(c);
 
 	/* Raw garbage and an oversized frame from an authenticated peer: closed, server lives. */
-	int fd = kvp_connect(addr, 1000);
-	assert_true(fd >= 0);
-	assert_int_equal(kvp_auth_client(fd, &good, 1000), 0);
+	struct kvp_sock *rk;
+	assert_int_equal(kvp_sock_open(addr, &good, 1000, &rk), 0);
 	struct kvp_hdr h = {.op = 0x10, .id = 1};
 	uint8_t big[16];
 	memset(big, 0, sizeof(big));
@@ -246,12 +245,12 @@ static void test_auth_and_calls(void **state)
 	h.len = (2u << 20); /* over this server's 1 MiB max */
 	uint8_t hb[KVP_HDR_SIZE];
 	kvp_hdr_encode(&h, hb);
-	assert_int_equal(write(fd, hb, sizeof(hb)), (ssize_t)sizeof(hb));
+	assert_int_equal(kvp_sock_write(rk, hb, sizeof(hb)), 0);
 	char tmp;
-	assert_int_equal(read(fd, &tmp, 1), 0); /* server closed it */
-	close(fd);
+	assert_int_equal(kvp_sock_read(rk, &tmp, 1, 5000), 0); /* server closed it */
+	kvp_sock_close(rk);
 
-	fd = kvp_connect(addr, 1000);
+	int fd = kvp_connect(addr, 1000);
 	assert_int_equal(write(fd, "GET / HTTP/1.0\r\n\r\n", 18), 18); /* no handshake at all */
 	uint8_t junk[256];
 	ssize_t n;
