@@ -110,6 +110,8 @@ static SSL_CTX *make_ctx(int server)
 			    SSL_OP_ENABLE_KTLS | SSL_OP_IGNORE_UNEXPECTED_EOF | SSL_OP_NO_TICKET);
 	SSL_CTX_set_mode(c, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
 	SSL_CTX_set_num_tickets(c, 0);
+	/* No read-ahead: with it OpenSSL memmoves the unread rest of its buffer forward as records
+	 * are consumed; measured slower (store read 0.5x plaintext instead of 0.85x). */
 	if (server)
 		SSL_CTX_set_psk_find_session_callback(c, find_psk_cb);
 	else
