@@ -1,8 +1,9 @@
 /* kvp frames — the framing layer every kvfs process speaks (storage daemons, clients, and the
- * inference engine's gateway <-> worker RPC): frames, body encoding, authentication, a
- * pipelined RPC client, a connection pool and a connection server. It knows no op beyond the
- * handshake; fs/proto/kvp.h defines the filesystem's ops on top of it, engine/serve/kvw.h the
- * engine's. docs/protocol.md is the byte-level specification, this header its C contract.
+ * inference engine's gateway <-> worker RPC): frames, body encoding, the TLS transport
+ * (kvp_sock), a pipelined RPC client, a connection pool and a connection server. It knows no
+ * op beyond the plaintext handshake's; fs/proto/kvp.h defines the filesystem's ops on top of
+ * it, engine/serve/kvw.h the engine's. docs/protocol.md is the byte-level specification, this
+ * header its C contract.
  *
  * Frame: a 32-byte header, then `len` body bytes. All integers little-endian.
  *   u32 magic "KVFS" (0x5346564B) | u16 version (1) | u16 op | u64 id | i32 status |
