@@ -27,6 +27,7 @@
 #include "kvc.h"
 #include "kvc_int.h" /* kvc__node_mark_bad: a node a timeout put on the bad list */
 #include "kvp.h"
+#include "sock_tutil.h"
 
 #define NNODES 11
 #define NFILES 500
@@ -741,13 +742,6 @@ static void hdr_bytes(uint8_t *out, uint16_t op, uint32_t len, uint32_t magic)
 		memcpy(out, &magic, 4);
 }
 
-static int authed(const char *addr, const struct kvp_secret *s)
-{
-	int fd = raw_connect(addr);
-	assert_int_equal(kvp_auth_client(fd, s, 3000), 0);
-	return fd;
-}
-
 static void still_serves(struct kvh_cluster *cl, const char *node)
 {
 	struct kvc_statfs st;
@@ -781,48 +775,47 @@ static void attack(const char *addr, const struct kvp_secret *good, uint16_t op)
 	/* 3. the wrong secret */
 	struct kvp_secret bad;
 	assert_int_equal(kvp_secret_from_string("not-the-cluster-secret", &bad), 0);
-	fd = raw_connect(addr);
-	assert_int_equal(kvp_auth_client(fd, &bad, 3000), -EACCES);
-	close(fd);
+	struct kvp_sock *k = NULL;
+	assert_int_equal(kvp_sock_open(addr, &bad, 3000, &k), -EACCES);
 	/* 4. authenticated, then garbage bytes */
-	fd = authed(addr, good);
-	send(fd, junk, sizeof(junk), MSG_NOSIGNAL);
-	assert_int_equal(closed_by_peer(fd), 0);
-	close(fd);
+	k = sock_authed(addr, good);
+	assert_int_equal(kvp_sock_write(k, junk, sizeof(junk)), 0);
+	assert_true(sock_closed(k));
+	kvp_sock_close(k);
 	/* 5. a truncated header, then end of stream */
-	fd = authed(addr, good);
+	k = sock_authed(addr, good);
 	hdr_bytes(h, op, 0, KVP_MAGIC);
-	send(fd, h, 13, MSG_NOSIGNAL);
-	shutdown(fd, SHUT_WR);
-	assert_int_equal(closed_by_peer(fd), 0);
-	close(fd);
+	assert_int_equal(kvp_sock_write(k, h, 13), 0);
+	shutdown(kvp_sock_fd(k), SHUT_WR);
+	assert_true(sock_closed(k));
+	kvp_sock_close(k);
 	/* 6. an oversized length */
-	fd = authed(addr, good);
+	k = sock_authed(addr, good);
 	hdr_bytes(h, op, KVP_MAX_BODY + 1, KVP_MAGIC);
-	send(fd, h, sizeof(h), MSG_NOSIGNAL);
-	assert_int_equal(closed_by_peer(fd), 0);
-	close(fd);
+	assert_int_equal(kvp_sock_write(k, h, sizeof(h)), 0);
+	assert_true(sock_closed(k));
+	kvp_sock_close(k);
 	/* 7. a valid header, a truncated body */
-	fd = authed(addr, good);
+	k = sock_authed(addr, good);
 	hdr_bytes(h, op, 200, KVP_MAGIC);
-	send(fd, h, sizeof(h), MSG_NOSIGNAL);
-	send(fd, junk, 20, MSG_NOSIGNAL);
-	shutdown(fd, SHUT_WR);
-	assert_int_equal(closed_by_peer(fd), 0);
-	close(fd);
+	assert_int_equal(kvp_sock_write(k, h, sizeof(h)), 0);
+	assert_int_equal(kvp_sock_write(k, junk, 20), 0);
+	shutdown(kvp_sock_fd(k), SHUT_WR);
+	assert_true(sock_closed(k));
+	kvp_sock_close(k);
 	/* 8. a complete frame whose body does not parse */
-	fd = authed(addr, good);
+	k = sock_authed(addr, good);
 	hdr_bytes(h, op, 3, KVP_MAGIC);
-	send(fd, h, sizeof(h), MSG_NOSIGNAL);
-	send(fd, junk, 3, MSG_NOSIGNAL);
-	assert_int_equal(closed_by_peer(fd), 0);
-	close(fd);
+	assert_int_equal(kvp_sock_write(k, h, sizeof(h)), 0);
+	assert_int_equal(kvp_sock_write(k, junk, 3), 0);
+	assert_true(sock_closed(k));
+	kvp_sock_close(k);
 	/* 9. bad magic */
-	fd = authed(addr, good);
+	k = sock_authed(addr, good);
 	hdr_bytes(h, op, 0, 0xdeadbeef);
-	send(fd, h, sizeof(h), MSG_NOSIGNAL);
-	assert_int_equal(closed_by_peer(fd), 0);
-	close(fd);
+	assert_int_equal(kvp_sock_write(k, h, sizeof(h)), 0);
+	assert_true(sock_closed(k));
+	kvp_sock_close(k);
 }
 
 static void test_hostile_frames(void **state)

@@ -567,7 +567,7 @@ static void test_local_prefill(void **state)
 }
 
 /* Reads DECODE events from fd until the finish; returns its error, and *ntok tokens seen. */
-static int decode_events(int fd, int *ntok)
+static int decode_events(struct kvp_sock *fd, int *ntok)
 {
 	for (;;) {
 		struct kvp_hdr rh;
@@ -590,14 +590,13 @@ static int decode_events(int fd, int *ntok)
 	}
 }
 
-/* Connects to worker w and sends it one frame of op with body b; returns the fd. */
-static int send_frame(int w, uint16_t op, const struct kvp_wbuf *b)
+/* Connects to worker w and sends it one frame of op with body b; returns the connection. */
+static struct kvp_sock *send_frame(int w, uint16_t op, const struct kvp_wbuf *b)
 {
 	char addr[64];
 	snprintf(addr, sizeof(addr), "127.0.0.1:%u", wport[w]);
-	int fd = kvp_connect(addr, 2000);
-	assert_true(fd >= 0);
-	assert_int_equal(kvp_auth_client(fd, &secret, 2000), 0);
+	struct kvp_sock *fd = NULL;
+	assert_int_equal(kvp_sock_open(addr, &secret, 2000, &fd), 0);
 	struct kvp_hdr h = {.op = op, .id = 1};
 	assert_int_equal(kvp_send(fd, &h, b->p, b->len, NULL, 0), 0);
 	return fd;
@@ -615,7 +614,7 @@ static void w_params(struct kvp_wbuf *w, uint32_t max_tokens)
 
 /* A DECODE of the 20 tokens 1 + i % 7 (put_first's), first token 5, no block, to worker w;
  * returns the connection. */
-static int decode_send(int w, uint64_t ticket, uint32_t max_tokens)
+static struct kvp_sock *decode_send(int w, uint64_t ticket, uint32_t max_tokens)
 {
 	struct kvp_wbuf b;
 	kvp_w_init(&b);
@@ -628,7 +627,7 @@ static int decode_send(int w, uint64_t ticket, uint32_t max_tokens)
 	kvp_w_u32(&b, 0); /* no block */
 	kvp_w_u64(&b, ticket);
 	assert_int_equal(b.err, 0);
-	int fd = send_frame(w, KVW_OP_DECODE, &b);
+	struct kvp_sock *fd = send_frame(w, KVW_OP_DECODE, &b);
 	kvp_w_free(&b);
 	return fd;
 }
@@ -643,10 +642,10 @@ static void test_parked_prefix_computed(void **state)
 	/* 20 tokens 1 + i % 7 (put_first's), first block from the kv dir (absent), block 2 here */
 	assert_int_equal(put_first(W_DS, 4242, 20, 1, (uint32_t)block_bytes, 1, 0, 0, block_bytes),
 			 0);
-	int fd = decode_send(W_DS, 4242, 3);
+	struct kvp_sock *fd = decode_send(W_DS, 4242, 3);
 	int ntok = 0;
 	assert_int_equal(decode_events(fd, &ntok), 0);
-	close(fd);
+	kvp_sock_close(fd);
 	assert_int_equal(ntok, 3);
 	settle(G_SHARED, W_DS, &c1, &f1);
 	assert_true(c1 == c0 + 16); /* block 1 computed, block 2 handed over */
@@ -694,10 +693,10 @@ static void test_parked_idle(void **state)
 static void test_max_tokens_huge(void **state)
 {
 	(void)state;
-	int fd = decode_send(W_D, 0, 0x7fffffffu);
+	struct kvp_sock *fd = decode_send(W_D, 0, 0x7fffffffu);
 	int ntok = 0;
 	assert_int_equal(decode_events(fd, &ntok), -E2BIG);
-	close(fd);
+	kvp_sock_close(fd);
 	assert_int_equal(ntok, 0);
 	struct kvp_wbuf b;
 	kvp_w_init(&b);
@@ -710,7 +709,7 @@ static void test_max_tokens_huge(void **state)
 	fd = send_frame(W_DS, KVW_OP_GENERATE, &b);
 	kvp_w_free(&b);
 	assert_int_equal(decode_events(fd, &ntok), -E2BIG);
-	close(fd);
+	kvp_sock_close(fd);
 	assert_int_equal(ntok, 0);
 }
 

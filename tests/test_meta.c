@@ -25,6 +25,7 @@
 #include "kvp.h"
 
 #include "meta_tutil.h"
+#include "sock_tutil.h"
 
 /* ---- fixture: one daemon with 12 heartbeating nodes for most tests ---- */
 
@@ -539,14 +540,6 @@ static void send_raw(int fd, uint16_t op, uint32_t len, const void *body, size_t
 		assert_int_equal(write(fd, body, body_len), (ssize_t)body_len);
 }
 
-static int authed(void)
-{
-	int fd = kvp_connect(g_d.addr, TMO);
-	assert_true(fd >= 0);
-	assert_int_equal(kvp_auth_client(fd, &g_secret, TMO), 0);
-	return fd;
-}
-
 static void test_bad_frames(void **state)
 {
 	(void)state;
@@ -563,31 +556,30 @@ static void test_bad_frames(void **state)
 	/* An unauthenticated peer cannot send a request. */
 	fd = kvp_connect(g_d.addr, TMO);
 	uint8_t junk[KVP_HDR_SIZE + 64];
-	assert_true(read(fd, junk, KVP_HDR_SIZE + 32) > 0); /* HELLO */
 	send_raw(fd, KVP_OP_STATFS, 0, NULL, 0);
 	assert_true(conn_closed(fd));
 	close(fd);
 
 	/* Garbage header, oversized length, truncated and over-long bodies. */
-	fd = authed();
+	struct kvp_sock *k = sock_authed(g_d.addr, &g_secret);
 	memset(junk, 0xA5, sizeof(junk));
-	assert_int_equal(write(fd, junk, sizeof(junk)), (ssize_t)sizeof(junk));
-	assert_true(conn_closed(fd));
-	close(fd);
-	fd = authed();
-	send_raw(fd, KVP_OP_COMMIT, KVP_MAX_BODY + 1, NULL, 0);
-	assert_true(conn_closed(fd));
-	close(fd);
-	fd = authed();
+	assert_int_equal(kvp_sock_write(k, junk, sizeof(junk)), 0);
+	assert_true(sock_closed(k));
+	kvp_sock_close(k);
+	k = sock_authed(g_d.addr, &g_secret);
+	sock_send_raw(k, KVP_OP_COMMIT, KVP_MAX_BODY + 1, NULL, 0);
+	assert_true(sock_closed(k));
+	kvp_sock_close(k);
+	k = sock_authed(g_d.addr, &g_secret);
 	uint8_t body[64] = {1, 0, 0, 0, 0, 0, 0, 0, 200, 0}; /* LOOKUP: name length 200, 2 bytes */
-	send_raw(fd, KVP_OP_LOOKUP, 12, body, 12);
-	assert_true(conn_closed(fd));
-	close(fd);
-	fd = authed();
-	send_raw(fd, KVP_OP_GETATTR, 9, body, 9); /* one byte too many */
-	assert_true(conn_closed(fd));
-	close(fd);
-	fd = authed();
+	sock_send_raw(k, KVP_OP_LOOKUP, 12, body, 12);
+	assert_true(sock_closed(k));
+	kvp_sock_close(k);
+	k = sock_authed(g_d.addr, &g_secret);
+	sock_send_raw(k, KVP_OP_GETATTR, 9, body, 9); /* one byte too many */
+	assert_true(sock_closed(k));
+	kvp_sock_close(k);
+	k = sock_authed(g_d.addr, &g_secret);
 	/* COMMIT claiming 65536 stripes of 255 slots in a short body. */
 	struct kvp_wbuf w;
 	kvp_w_init(&w);
@@ -601,15 +593,15 @@ static void test_bad_frames(void **state)
 	kvp_w_u8(&w, 55);
 	kvp_w_u8(&w, 0);
 	kvp_w_u32(&w, 65536);
-	send_raw(fd, KVP_OP_COMMIT, (uint32_t)w.len, w.p, w.len);
+	sock_send_raw(k, KVP_OP_COMMIT, (uint32_t)w.len, w.p, w.len);
 	kvp_w_free(&w);
-	assert_true(conn_closed(fd));
-	close(fd);
-	fd = authed();
+	assert_true(sock_closed(k));
+	kvp_sock_close(k);
+	k = sock_authed(g_d.addr, &g_secret);
 	uint8_t tb[4] = {0xFF, 0xFF, 0xFF, 0xFF}; /* TOUCH n = 4G, no entries */
-	send_raw(fd, KVP_OP_TOUCH, 4, tb, 4);
-	assert_true(conn_closed(fd));
-	close(fd);
+	sock_send_raw(k, KVP_OP_TOUCH, 4, tb, 4);
+	assert_true(sock_closed(k));
+	kvp_sock_close(k);
 
 	/* A well-formed frame with an op meta does not serve is answered, not fatal. */
 	c = connect_to(&g_d);

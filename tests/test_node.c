@@ -25,6 +25,7 @@
 #include "kvec.h"
 #include "kvp.h"
 #include "node_index.h"
+#include "sock_tutil.h"
 
 #define SECRET	     "test-cluster-secret-0123456789"
 #define CALL_MS	     20000
@@ -752,30 +753,6 @@ static void test_crash_restart(void **state)
 	assert_int_equal(node_stop(&np, SIGTERM), 0);
 }
 
-/* Raw authenticated socket for sending hand-made frames. */
-static int raw_conn(void)
-{
-	int fd = kvp_connect(g_node.addr, 5000);
-	assert_true(fd >= 0);
-	assert_int_equal(kvp_auth_client(fd, &g_sec, 5000), 0);
-	struct timeval tv = {.tv_sec = 5};
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	return fd;
-}
-
-/* 1 if the peer closed the connection (EOF or reset) within the receive timeout. */
-static int closed_by_peer(int fd)
-{
-	uint8_t b[256];
-	for (;;) {
-		ssize_t n = recv(fd, b, sizeof(b), 0);
-		if (n == 0 || (n < 0 && errno == ECONNRESET))
-			return 1;
-		if (n < 0)
-			return 0;
-	}
-}
-
 /* A peer that pipelines GETs and never reads the replies: with one completion worker, its
  * replies held that worker in a blocked send for as long as the connection stayed open, so
  * every other client's requests went unanswered. The reply timeout closes that connection. */
@@ -791,9 +768,7 @@ static void test_slow_reader(void **state)
 	fill(d, SZ, 77);
 	assert_int_equal(put(good, 0x7000, d, SZ), 0);
 
-	int fd = kvp_connect(np.addr, 5000);
-	assert_true(fd >= 0);
-	assert_int_equal(kvp_auth_client(fd, &g_sec, 5000), 0);
+	struct kvp_sock *k = sock_authed(np.addr, &g_sec);
 	for (int i = 0; i < NGET; i++) {
 		struct kvp_wbuf w;
 		kvp_w_init(&w);
@@ -801,7 +776,7 @@ static void test_slow_reader(void **state)
 		kvp_w_u32(&w, 0);
 		kvp_w_u32(&w, LEN_TO_END);
 		struct kvp_hdr h = {.op = KVP_OP_GET, .id = (uint64_t)i + 1};
-		assert_int_equal(kvp_send(fd, &h, w.p, w.len, NULL, 0), 0);
+		assert_int_equal(kvp_send(k, &h, w.p, w.len, NULL, 0), 0);
 		kvp_w_free(&w);
 	}
 	usleep(300000); /* the worker is now blocked on the full socket */
@@ -817,17 +792,15 @@ static void test_slow_reader(void **state)
 	free(g);
 
 	/* The stalled connection was closed: what it can read ends in EOF, short of all replies. */
-	struct timeval tv = {.tv_sec = 5};
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 	size_t cap = 1 << 20, got = 0;
 	uint8_t *b = malloc(cap);
-	ssize_t n;
-	while ((n = recv(fd, b, cap, 0)) > 0)
+	long n;
+	while ((n = kvp_sock_read(k, b, cap, 5000)) > 0)
 		got += (size_t)n;
-	assert_true(n == 0 || (n < 0 && errno == ECONNRESET));
+	assert_true(n == 0 || n == -ECONNRESET);
 	assert_true(got < (size_t)NGET * SZ);
 	free(b);
-	close(fd);
+	kvp_sock_close(k);
 
 	kvp_client_close(good);
 	free(d);
@@ -844,31 +817,31 @@ static void test_auth_and_bad_frames(void **state)
 
 	uint8_t hb[KVP_HDR_SIZE];
 	/* Garbage instead of a header. */
-	int fd = raw_conn();
+	struct kvp_sock *k = sock_authed(g_node.addr, &g_sec);
 	memset(hb, 0xA5, sizeof(hb));
-	assert_int_equal(send(fd, hb, sizeof(hb), MSG_NOSIGNAL), (ssize_t)sizeof(hb));
-	assert_true(closed_by_peer(fd));
-	close(fd);
+	assert_int_equal(kvp_sock_write(k, hb, sizeof(hb)), 0);
+	assert_true(sock_closed(k));
+	kvp_sock_close(k);
 	/* A header announcing more than any peer accepts. */
-	fd = raw_conn();
+	k = sock_authed(g_node.addr, &g_sec);
 	struct kvp_hdr h = {.magic = KVP_MAGIC,
 			    .version = KVP_VERSION,
 			    .op = KVP_OP_PUT,
 			    .id = 1,
 			    .len = KVP_MAX_BODY + 1};
 	kvp_hdr_encode(&h, hb);
-	assert_int_equal(send(fd, hb, sizeof(hb), MSG_NOSIGNAL), (ssize_t)sizeof(hb));
-	assert_true(closed_by_peer(fd));
-	close(fd);
+	assert_int_equal(kvp_sock_write(k, hb, sizeof(hb)), 0);
+	assert_true(sock_closed(k));
+	kvp_sock_close(k);
 	/* A truncated frame: header promises 100 bytes, 10 arrive, then the writer hangs up. */
-	fd = raw_conn();
+	k = sock_authed(g_node.addr, &g_sec);
 	h.len = 100;
 	kvp_hdr_encode(&h, hb);
-	assert_int_equal(send(fd, hb, sizeof(hb), MSG_NOSIGNAL), (ssize_t)sizeof(hb));
-	assert_int_equal(send(fd, hb, 10, MSG_NOSIGNAL), 10);
-	shutdown(fd, SHUT_WR);
-	assert_true(closed_by_peer(fd));
-	close(fd);
+	assert_int_equal(kvp_sock_write(k, hb, sizeof(hb)), 0);
+	assert_int_equal(kvp_sock_write(k, hb, 10), 0);
+	shutdown(kvp_sock_fd(k), SHUT_WR);
+	assert_true(sock_closed(k));
+	kvp_sock_close(k);
 	/* Well-framed bodies that do not parse: PUT whose len disagrees with its data, GET one
 	 * byte short, DEL whose count disagrees with its ids, VERIFY one byte long. */
 	uint8_t body[64] = {0};
@@ -881,34 +854,34 @@ static void test_auth_and_bad_frames(void **state)
 		     {KVP_OP_DEL, 4 + 16, 3},
 		     {KVP_OP_VERIFY, 9, 0}};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		fd = raw_conn();
+		k = sock_authed(g_node.addr, &g_sec);
 		memset(body, 0, sizeof(body));
 		if (cases[i].op == KVP_OP_PUT)
 			body[12] = (uint8_t)cases[i].put_len;
 		if (cases[i].op == KVP_OP_DEL)
 			body[0] = (uint8_t)cases[i].put_len;
 		struct kvp_hdr q = {.op = cases[i].op, .id = 9};
-		assert_int_equal(kvp_send(fd, &q, body, cases[i].len, NULL, 0), 0);
-		assert_true(closed_by_peer(fd));
-		close(fd);
+		assert_int_equal(kvp_send(k, &q, body, cases[i].len, NULL, 0), 0);
+		assert_true(sock_closed(k));
+		kvp_sock_close(k);
 	}
 	/* An op a node does not serve is answered with an error; the connection stays. */
-	fd = raw_conn();
+	k = sock_authed(g_node.addr, &g_sec);
 	struct kvp_hdr q = {.op = KVP_OP_LOOKUP, .id = 11};
-	assert_int_equal(kvp_send(fd, &q, NULL, 0, NULL, 0), 0);
+	assert_int_equal(kvp_send(k, &q, NULL, 0, NULL, 0), 0);
 	struct kvp_hdr rh;
 	uint8_t *rb = NULL;
-	assert_int_equal(kvp_recv(fd, &rh, &rb, KVP_MAX_BODY), 0);
+	assert_int_equal(kvp_recv(k, &rh, &rb, KVP_MAX_BODY), 0);
 	assert_int_equal(rh.id, 11);
 	assert_int_equal(rh.status, -EOPNOTSUPP);
 	q.op = KVP_OP_STAT;
 	q.id = 12;
-	assert_int_equal(kvp_send(fd, &q, NULL, 0, NULL, 0), 0);
-	assert_int_equal(kvp_recv(fd, &rh, &rb, KVP_MAX_BODY), 0);
+	assert_int_equal(kvp_send(k, &q, NULL, 0, NULL, 0), 0);
+	assert_int_equal(kvp_recv(k, &rh, &rb, KVP_MAX_BODY), 0);
 	assert_int_equal(rh.status, 0);
 	assert_int_equal(rh.len, 40);
 	free(rb);
-	close(fd);
+	kvp_sock_close(k);
 	/* The shared client was never disturbed. */
 	struct nstat st;
 	stat_node(g_cl, &st);

@@ -235,9 +235,8 @@ static void test_auth_and_calls(void **state)
 	kvp_client_close(c);
 
 	/* Raw garbage and an oversized frame from an authenticated peer: closed, server lives. */
-	int fd = kvp_connect(addr, 1000);
-	assert_true(fd >= 0);
-	assert_int_equal(kvp_auth_client(fd, &good, 1000), 0);
+	struct kvp_sock *rk;
+	assert_int_equal(kvp_sock_open(addr, &good, 1000, &rk), 0);
 	struct kvp_hdr h = {.op = 0x10, .id = 1};
 	uint8_t big[16];
 	memset(big, 0, sizeof(big));
@@ -246,12 +245,12 @@ static void test_auth_and_calls(void **state)
 	h.len = (2u << 20); /* over this server's 1 MiB max */
 	uint8_t hb[KVP_HDR_SIZE];
 	kvp_hdr_encode(&h, hb);
-	assert_int_equal(write(fd, hb, sizeof(hb)), (ssize_t)sizeof(hb));
+	assert_int_equal(kvp_sock_write(rk, hb, sizeof(hb)), 0);
 	char tmp;
-	assert_int_equal(read(fd, &tmp, 1), 0); /* server closed it */
-	close(fd);
+	assert_int_equal(kvp_sock_read(rk, &tmp, 1, 5000), 0); /* server closed it */
+	kvp_sock_close(rk);
 
-	fd = kvp_connect(addr, 1000);
+	int fd = kvp_connect(addr, 1000);
 	assert_int_equal(write(fd, "GET / HTTP/1.0\r\n\r\n", 18), 18); /* no handshake at all */
 	uint8_t junk[256];
 	ssize_t n;
@@ -316,6 +315,98 @@ static void test_auth_and_calls(void **state)
 	assert_int_equal(kvp_client_open(addr, &good, 500, &c), -ECONNREFUSED);
 }
 
+/* Both transports, and ends that disagree: a TLS client against a plaintext server fails at
+ * once with -EPROTO (and a log line naming the cause); a plaintext client against a TLS server
+ * gets no HELLO and times out. */
+static void test_transport_modes(void **state)
+{
+	(void)state;
+	struct kvp_secret tls = secret("0123456789abcdef-cluster"), plain = tls;
+	plain.insecure_plaintext = 1;
+	char taddr[64], paddr[64];
+	struct kvp_server *ts = start_echo(&tls, taddr), *ps = start_echo(&plain, paddr);
+
+	struct kvp_sock *k;
+	assert_int_equal(kvp_sock_open(taddr, &tls, 2000, &k), 0);
+	assert_int_equal(kvp_sock_tls(k), 1);
+	print_message("kernel TLS for sends: %s\n",
+		      kvp_sock_ktls_send(k) ? "active" : "not offered by this kernel");
+	kvp_sock_close(k);
+	assert_int_equal(kvp_sock_open(paddr, &plain, 2000, &k), 0);
+	assert_int_equal(kvp_sock_tls(k), 0);
+	kvp_sock_close(k);
+
+	struct kvp_client *c;
+	assert_int_equal(kvp_client_open(paddr, &tls, 2000, &c), -EPROTO);
+	assert_int_equal(kvp_client_open(taddr, &plain, 500, &c), -ETIMEDOUT);
+	assert_int_equal(kvp_client_open(paddr, &plain, 2000, &c), 0);
+	uint8_t *b;
+	uint32_t len;
+	assert_int_equal(kvp_call(c, 0x10, "ab", 2, NULL, 0, 2000, &b, &len), 0);
+	assert_memory_equal(b, "ba", 2);
+	free(b);
+	kvp_client_close(c);
+	kvp_server_stop(ts);
+	kvp_server_stop(ps);
+}
+
+struct hammer {
+	struct kvp_client *c;
+	int seed, bad;
+};
+
+static void *hammer_main(void *arg)
+{
+	struct hammer *h = arg;
+	enum { SZ = 200000 };
+	uint8_t *d = malloc(SZ);
+	for (int i = 0; i < 30 && !h->bad; i++) {
+		size_t n = 1 + (size_t)((h->seed * 7919 + i * 104729) % SZ);
+		for (size_t j = 0; j < n; j++)
+			d[j] = (uint8_t)(j * 31 + (size_t)h->seed + (size_t)i);
+		uint8_t *b = NULL;
+		uint32_t len = 0;
+		/* body and bulk split unevenly: coalesced header + body, then a bulk of records */
+		size_t body = n / 3;
+		if (kvp_call(h->c, 0x10, d, body, d + body, n - body, 5000, &b, &len) || len != n) {
+			h->bad = 1;
+		} else {
+			for (size_t j = 0; j < n && !h->bad; j++)
+				h->bad = b[j] != d[n - 1 - j];
+		}
+		free(b);
+	}
+	free(d);
+	return NULL;
+}
+
+/* Several threads send through one TLS client while its reader thread decrypts replies: the
+ * connection's OpenSSL object is shared by the reader and the senders (under its lock), and
+ * every reply comes back whole and in order of bytes. */
+static void test_tls_concurrent(void **state)
+{
+	(void)state;
+	struct kvp_secret tls = secret("0123456789abcdef-cluster");
+	char addr[64];
+	struct kvp_server *s = start_echo(&tls, addr);
+	struct kvp_client *c;
+	assert_int_equal(kvp_client_open(addr, &tls, 2000, &c), 0);
+	enum { NT = 6 };
+	struct hammer h[NT];
+	pthread_t th[NT];
+	for (int i = 0; i < NT; i++) {
+		h[i] = (struct hammer){.c = c, .seed = i + 1};
+		assert_int_equal(pthread_create(&th[i], NULL, hammer_main, &h[i]), 0);
+	}
+	for (int i = 0; i < NT; i++) {
+		pthread_join(th[i], NULL);
+		assert_int_equal(h[i].bad, 0);
+	}
+	assert_true(kvp_client_alive(c));
+	kvp_client_close(c);
+	kvp_server_stop(s);
+}
+
 static void test_addr_parse(void **state)
 {
 	(void)state;
@@ -334,10 +425,9 @@ static void test_addr_parse(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_codec_roundtrip),
-	    cmocka_unit_test(test_header_checks),
-	    cmocka_unit_test(test_addr_parse),
-	    cmocka_unit_test(test_auth_and_calls),
+	    cmocka_unit_test(test_codec_roundtrip), cmocka_unit_test(test_header_checks),
+	    cmocka_unit_test(test_addr_parse),	    cmocka_unit_test(test_auth_and_calls),
+	    cmocka_unit_test(test_transport_modes), cmocka_unit_test(test_tls_concurrent),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

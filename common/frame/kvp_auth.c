@@ -1,9 +1,9 @@
-/* Challenge-response authentication on the cluster secret (HMAC-SHA256, OpenSSL).
- * Both sides contribute a random nonce and both prove the secret, so neither a client without
- * it nor a server impersonating the cluster gets past the handshake; MACs are compared in
- * constant time. docs/protocol.md gives the exact bytes. */
+/* The cluster secret, and the insecure plaintext mode's handshake: challenge-response on the
+ * secret (HMAC-SHA256). Both sides contribute a random nonce and both prove the secret; MACs
+ * are compared in constant time. It authenticates the start of a connection only: nothing
+ * protects the frames after it (docs/protocol.md, "Insecure plaintext mode"). */
 #define KVFS_LOG_TAG "auth"
-#include "kvp_frame.h"
+#include "kvp_int.h"
 #include "log.h"
 
 #include <errno.h>
@@ -12,9 +12,8 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/time.h>
 
 #define NONCE 32
 #define MAC   32
@@ -30,6 +29,12 @@ int kvp_secret_from_string(const char *text, struct kvp_secret *s)
 	}
 	memcpy(s->key, text, n);
 	s->len = n;
+	const char *pt = getenv("KVFS_INSECURE_PLAINTEXT");
+	s->insecure_plaintext = pt && strcmp(pt, "1") == 0;
+	if (s->insecure_plaintext)
+		klog_warn("KVFS_INSECURE_PLAINTEXT=1: cluster connections are NOT encrypted and "
+			  "frames are NOT integrity-protected; anyone on the network path can read "
+			  "and change them. Every peer must run the same way.");
 	return 0;
 }
 
@@ -63,19 +68,13 @@ static void mac(const struct kvp_secret *s, const char *label, const uint8_t *a,
 	HMAC(EVP_sha256(), s->key, (int)s->len, msg, ll + 2 * NONCE, out, &outlen);
 }
 
-static void set_timeout(int fd, int ms)
-{
-	struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-}
-
 /* Receives one handshake frame of exactly `want` body bytes and opcode op. */
-static int recv_exact(int fd, uint16_t op, uint8_t *out, size_t want, int32_t *status)
+static int recv_exact(struct kvp_sock *k, uint16_t op, uint8_t *out, size_t want, int32_t *status,
+		      int64_t dl)
 {
 	struct kvp_hdr h;
 	uint8_t *body = NULL;
-	int rc = kvp_recv(fd, &h, &body, 256);
+	int rc = kvp_recv_dl(k, &h, &body, 256, dl);
 	if (rc)
 		return rc;
 	*status = h.status;
@@ -91,18 +90,17 @@ static int recv_exact(int fd, uint16_t op, uint8_t *out, size_t want, int32_t *s
 	return rc;
 }
 
-int kvp_auth_server(int fd, const struct kvp_secret *s, int timeout_ms)
+int kvp_auth_server(struct kvp_sock *k, const struct kvp_secret *s, int64_t dl)
 {
 	uint8_t ns[NONCE], in[NONCE + MAC], expect[MAC], ms[MAC];
 	int32_t st = 0;
-	set_timeout(fd, timeout_ms);
 	if (RAND_bytes(ns, NONCE) != 1)
 		return -EIO;
 	struct kvp_hdr h = {.op = KVP_OP_HELLO, .id = 0};
-	int rc = kvp_send(fd, &h, ns, NONCE, NULL, 0);
+	int rc = kvp_send_dl(k, &h, ns, NONCE, NULL, 0, dl);
 	if (rc)
 		return rc;
-	rc = recv_exact(fd, KVP_OP_AUTH, in, sizeof(in), &st);
+	rc = recv_exact(k, KVP_OP_AUTH, in, sizeof(in), &st, dl);
 	if (rc)
 		return rc;
 	if (st)
@@ -111,31 +109,32 @@ int kvp_auth_server(int fd, const struct kvp_secret *s, int timeout_ms)
 	struct kvp_hdr r = {.op = KVP_OP_AUTH, .flags = KVP_F_RESP};
 	if (CRYPTO_memcmp(expect, in + NONCE, MAC) != 0) {
 		r.status = -EACCES;
-		kvp_send(fd, &r, NULL, 0, NULL, 0);
+		kvp_send_dl(k, &r, NULL, 0, NULL, 0, dl);
 		return -EACCES;
 	}
 	mac(s, "kvfs-v1-server", in, ns, ms);
-	rc = kvp_send(fd, &r, ms, MAC, NULL, 0);
-	set_timeout(fd, 0);
-	return rc;
+	return kvp_send_dl(k, &r, ms, MAC, NULL, 0, dl);
 }
 
-int kvp_auth_client(int fd, const struct kvp_secret *s, int timeout_ms)
+int kvp_auth_client(struct kvp_sock *k, const struct kvp_secret *s, int64_t dl)
 {
 	uint8_t ns[NONCE], out[NONCE + MAC], got[MAC], expect[MAC];
 	int32_t st = 0;
-	set_timeout(fd, timeout_ms);
-	int rc = recv_exact(fd, KVP_OP_HELLO, ns, NONCE, &st);
+	int rc = recv_exact(k, KVP_OP_HELLO, ns, NONCE, &st, dl);
+	if (rc == -ETIMEDOUT)
+		klog_warn(
+		    "no plaintext HELLO from the server: is it running TLS (the default) while "
+		    "this process has KVFS_INSECURE_PLAINTEXT=1?");
 	if (rc)
 		return rc;
 	if (st || RAND_bytes(out, NONCE) != 1)
 		return -EPROTO;
 	mac(s, "kvfs-v1-client", ns, out, out + NONCE);
 	struct kvp_hdr h = {.op = KVP_OP_AUTH};
-	rc = kvp_send(fd, &h, out, sizeof(out), NULL, 0);
+	rc = kvp_send_dl(k, &h, out, sizeof(out), NULL, 0, dl);
 	if (rc)
 		return rc;
-	rc = recv_exact(fd, KVP_OP_AUTH, got, MAC, &st);
+	rc = recv_exact(k, KVP_OP_AUTH, got, MAC, &st, dl);
 	if (rc == -ECONNRESET && st == 0)
 		return -EACCES; /* server hung up on our proof */
 	if (rc)
@@ -145,6 +144,5 @@ int kvp_auth_client(int fd, const struct kvp_secret *s, int timeout_ms)
 	mac(s, "kvfs-v1-server", out, ns, expect);
 	if (CRYPTO_memcmp(expect, got, MAC) != 0)
 		return -EACCES;
-	set_timeout(fd, 0);
 	return 0;
 }

@@ -28,9 +28,9 @@ struct kvp_call {
 };
 
 struct kvp_client {
-	int fd;
+	struct kvp_sock *sk;
 	char addr[KVP_ADDR_MAX];
-	pthread_mutex_t send_mu; /* serialises frames on fd */
+	pthread_mutex_t send_mu; /* serialises frames on sk */
 	pthread_mutex_t mu;	 /* protects bucket, next_id */
 	pthread_cond_t cv;	 /* signalled when any call completes or the connection fails */
 	struct kvp_call *bucket[NBUCKET];
@@ -61,7 +61,7 @@ static void *reader_main(void *arg)
 	for (;;) {
 		struct kvp_hdr h;
 		uint8_t *body;
-		int rc = kvp_recv(c->fd, &h, &body, KVP_MAX_BODY);
+		int rc = kvp_recv(c->sk, &h, &body, KVP_MAX_BODY);
 		if (rc == 0 && !(h.flags & KVP_F_RESP))
 			rc = -EPROTO;
 		if (rc) {
@@ -95,21 +95,19 @@ int kvp_client_open(const char *addr, const struct kvp_secret *s, int timeout_ms
 {
 	if (strlen(addr) >= KVP_ADDR_MAX)
 		return -EINVAL;
-	int fd = kvp_connect(addr, timeout_ms);
-	if (fd < 0)
-		return fd;
-	int rc = kvp_auth_client(fd, s, timeout_ms);
+	struct kvp_sock *sk;
+	int rc = kvp_sock_open(addr, s, timeout_ms, &sk);
 	if (rc) {
-		klog_warn("handshake with %s failed: %s", addr, kvp_strerror(rc));
-		close(fd);
+		if (rc != -ECONNREFUSED)
+			klog_warn("handshake with %s failed: %s", addr, kvp_strerror(rc));
 		return rc;
 	}
 	struct kvp_client *c = calloc(1, sizeof(*c));
 	if (!c) {
-		close(fd);
+		kvp_sock_close(sk);
 		return -ENOMEM;
 	}
-	c->fd = fd;
+	c->sk = sk;
 	strcpy(c->addr, addr);
 	kvp_client_set_send_timeout(c, KVP_SEND_TIMEOUT_MS);
 	pthread_mutex_init(&c->send_mu, NULL);
@@ -123,7 +121,7 @@ int kvp_client_open(const char *addr, const struct kvp_secret *s, int timeout_ms
 	atomic_store(&c->alive, 1);
 	rc = pthread_create(&c->reader, NULL, reader_main, c);
 	if (rc) {
-		close(fd);
+		kvp_sock_close(sk);
 		free(c);
 		return -rc;
 	}
@@ -133,9 +131,7 @@ int kvp_client_open(const char *addr, const struct kvp_secret *s, int timeout_ms
 
 void kvp_client_set_send_timeout(struct kvp_client *c, int ms)
 {
-	/* After the handshake, which clears its own timeouts. */
-	struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
-	setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	kvp_sock_set_send_timeout(c->sk, ms);
 }
 
 void kvp_client_close(struct kvp_client *c)
@@ -143,10 +139,10 @@ void kvp_client_close(struct kvp_client *c)
 	if (!c)
 		return;
 	atomic_store(&c->alive, 0);
-	shutdown(c->fd, SHUT_RDWR);
+	kvp_sock_shutdown(c->sk);
 	pthread_join(c->reader, NULL);
 	fail_all(c, -ECONNABORTED);
-	close(c->fd);
+	kvp_sock_close(c->sk);
 	pthread_mutex_destroy(&c->send_mu);
 	pthread_mutex_destroy(&c->mu);
 	pthread_cond_destroy(&c->cv);
@@ -189,11 +185,11 @@ int kvp_call_start(struct kvp_client *c, uint16_t op, const void *body, size_t b
 
 	struct kvp_hdr h = {.op = op, .id = k->id};
 	pthread_mutex_lock(&c->send_mu);
-	int rc = kvp_send(c->fd, &h, body, body_len, bulk, bulk_len);
+	int rc = kvp_send(c->sk, &h, body, body_len, bulk, bulk_len);
 	pthread_mutex_unlock(&c->send_mu);
 	if (rc) {
 		atomic_store(&c->alive, 0);
-		shutdown(c->fd, SHUT_RDWR);
+		kvp_sock_shutdown(c->sk);
 		pthread_mutex_lock(&c->mu);
 		unlink_call(c, k);
 		pthread_mutex_unlock(&c->mu);
@@ -362,7 +358,7 @@ void kvp_pool_abort(struct kvp_pool *p, const char *addr)
 	/* Only shut down: the reader fails the calls and the client is freed as any failed
 	 * one (a client in e->c is not closed while p->mu is held). */
 	if (e && e->c && kvp_client_alive(e->c))
-		shutdown(e->c->fd, SHUT_RDWR);
+		kvp_sock_shutdown(e->c->sk);
 	pthread_mutex_unlock(&p->mu);
 }
 

@@ -1,8 +1,9 @@
 /* kvp frames — the framing layer every kvfs process speaks (storage daemons, clients, and the
- * inference engine's gateway <-> worker RPC): frames, body encoding, authentication, a
- * pipelined RPC client, a connection pool and a connection server. It knows no op beyond the
- * handshake; fs/proto/kvp.h defines the filesystem's ops on top of it, engine/serve/kvw.h the
- * engine's. docs/protocol.md is the byte-level specification, this header its C contract.
+ * inference engine's gateway <-> worker RPC): frames, body encoding, the TLS transport
+ * (kvp_sock), a pipelined RPC client, a connection pool and a connection server. It knows no
+ * op beyond the plaintext handshake's; fs/proto/kvp.h defines the filesystem's ops on top of
+ * it, engine/serve/kvw.h the engine's. docs/protocol.md is the byte-level specification, this
+ * header its C contract.
  *
  * Frame: a 32-byte header, then `len` body bytes. All integers little-endian.
  *   u32 magic "KVFS" (0x5346564B) | u16 version (1) | u16 op | u64 id | i32 status |
@@ -32,7 +33,7 @@
 
 #define KVP_F_RESP 1u
 
-/* The handshake's ops (docs/protocol.md, "Authentication"). */
+/* The plaintext handshake's ops (docs/protocol.md, "Insecure plaintext mode"). */
 enum kvp_frame_op {
 	KVP_OP_HELLO = 0x01, /* server -> client: 32-byte nonce_s */
 	KVP_OP_AUTH = 0x02,  /* -> 32-byte nonce_c, 32-byte mac_c  <- 32-byte mac_s */
@@ -102,32 +103,86 @@ int kvp_r_end(const struct kvp_rbuf *r);
 int kvp_addr_parse(const char *addr, char *host, size_t hostcap, uint16_t *port);
 /* Listening TCP socket on host:port (port 0 = ephemeral); *bound gets the port. Returns fd. */
 int kvp_listen(const char *host, uint16_t port, uint16_t *bound);
-/* Connected TCP socket (TCP_NODELAY), failing after timeout_ms. Returns fd. */
+/* Connected blocking TCP socket (TCP_NODELAY), failing after timeout_ms. Returns fd. A bare
+ * socket: kvp_sock_open is how a process talks to the cluster. */
 int kvp_connect(const char *addr, int timeout_ms);
-/* Sends one frame: header, then body (may be NULL), then bulk (may be NULL), with no copy.
- * h->len is set from body_len + bulk_len. Handles short writes; not thread-safe per fd. */
-int kvp_send(int fd, struct kvp_hdr *h, const void *body, size_t body_len, const void *bulk,
-	     size_t bulk_len);
-/* Receives one frame: checks the header, then reads the body into a malloc'd buffer (*body,
- * caller frees; NULL when len is 0). -ECONNRESET on EOF, -EPROTO/-EMSGSIZE on a bad header. */
-int kvp_recv(int fd, struct kvp_hdr *h, uint8_t **body, uint32_t max_body);
 
-/* ---- authentication: HMAC-SHA256 challenge-response on the cluster secret ---- */
+/* ---- the cluster secret ---- */
 struct kvp_secret {
 	uint8_t key[64];
 	size_t len; /* 16..64 bytes */
+	/* 1: talk plaintext with the HMAC handshake (no confidentiality, no per-frame integrity:
+	 * anyone on the path can read and change frames). Set from the environment variable
+	 * KVFS_INSECURE_PLAINTEXT=1 by kvp_secret_load/_from_string, which log a warning. Both
+	 * ends must agree; a TLS end and a plaintext end fail their handshake. */
+	int insecure_plaintext;
 };
 /* Reads the secret from a file (its bytes, trailing newline stripped; 16..64 bytes).
  * -EINVAL with a log line naming the problem. */
 int kvp_secret_load(const char *path, struct kvp_secret *s);
 int kvp_secret_from_string(const char *text, struct kvp_secret *s);
-/* Run on a freshly accepted/connected fd before any other frame. Both sides prove the secret;
- * the server also learns the client proved it. -EACCES when the peer fails, -ETIMEDOUT,
- * -EPROTO on a malformed handshake. timeout_ms bounds the whole exchange. */
-int kvp_auth_server(int fd, const struct kvp_secret *s, int timeout_ms);
-int kvp_auth_client(int fd, const struct kvp_secret *s, int timeout_ms);
 
-/* ---- pipelined RPC client: one authenticated connection and a reader thread ---- */
+/* ---- kvp_sock: one cluster connection (docs/protocol.md, "Transport") ----
+ * By default TLS 1.3 with an external PSK derived from the cluster secret (HKDF-SHA256), cipher
+ * TLS_AES_128_GCM_SHA256, (EC)DHE key exchange; kernel TLS is requested and used where the
+ * kernel offers it. Both ends prove the secret in the handshake; afterwards a changed, dropped,
+ * replayed, reordered or injected byte fails the record's AEAD tag and the connection. With
+ * secret->insecure_plaintext, the HMAC challenge-response handshake and plaintext frames.
+ *
+ * Threading: one thread may read while another writes (the reader and the senders of a
+ * pipelined client): every OpenSSL call on the connection is made under its own lock over a
+ * non-blocking socket, and waiting for the socket happens outside that lock. Two concurrent
+ * writers must serialise themselves (frames must not interleave); so must two readers.
+ * A process using TLS ignores SIGPIPE (set at first use if it was SIG_DFL): OpenSSL writes
+ * with write(2), and a peer's reset must be an error, not the death of the process. */
+struct kvp_sock;
+/* Connects and runs the client handshake, the whole of both within timeout_ms. -EACCES: the
+ * server refused our secret or proved a different one; -EPROTO: the peer does not speak our
+ * transport (logged: e.g. a TLS client against a plaintext server); -ETIMEDOUT; -ECONNREFUSED. */
+int kvp_sock_open(const char *addr, const struct kvp_secret *s, int timeout_ms,
+		  struct kvp_sock **out);
+/* Server side on an accepted fd: the handshake within timeout_ms for the whole exchange, so a
+ * peer trickling bytes is cut off at the deadline. On success *out owns fd; on failure the
+ * caller still does. Errors as kvp_sock_open. */
+int kvp_sock_accept(int fd, const struct kvp_secret *s, int timeout_ms, struct kvp_sock **out);
+/* Frees the TLS state and closes the fd. NULL is a no-op. Not concurrent with any other call. */
+void kvp_sock_close(struct kvp_sock *k);
+/* shutdown(2) both ways: any thread blocked on k returns an error. Thread-safe. */
+void kvp_sock_shutdown(struct kvp_sock *k);
+/* The socket, for shutdown(2) (a half-close) and poll(2): never read or write it directly. */
+int kvp_sock_fd(const struct kvp_sock *k);
+/* A send that makes no progress for ms fails with -EAGAIN (<= 0: wait forever, the default). */
+void kvp_sock_set_send_timeout(struct kvp_sock *k, int ms);
+/* 1 when the kernel encrypts this connection's sends (kTLS), else 0. */
+int kvp_sock_ktls_send(const struct kvp_sock *k);
+/* 1 when TLS protects this connection. */
+int kvp_sock_tls(const struct kvp_sock *k);
+/* Raw bytes inside the connection, for tests that forge frames: writes all n bytes (0 or
+ * -errno); reads up to n bytes waiting at most timeout_ms (< 0: forever): a count, 0 at the
+ * end of the stream, -ETIMEDOUT, -EBADMSG for a record that fails its check, or -errno. */
+int kvp_sock_write(struct kvp_sock *k, const void *p, size_t n);
+long kvp_sock_read(struct kvp_sock *k, void *p, size_t n, int timeout_ms);
+
+/* Sends one frame: header, then body (may be NULL), then bulk (may be NULL). h->len is set
+ * from body_len + bulk_len. Serialise concurrent senders on one k. */
+int kvp_send(struct kvp_sock *k, struct kvp_hdr *h, const void *body, size_t body_len,
+	     const void *bulk, size_t bulk_len);
+/* Receives one frame: checks the header, then reads the body into a malloc'd buffer (*body,
+ * caller frees; NULL when len is 0). Waits forever for it (until kvp_sock_shutdown).
+ * -ECONNRESET on EOF, -EPROTO/-EMSGSIZE on a bad header, -EBADMSG on a record failing its
+ * integrity check. */
+int kvp_recv(struct kvp_sock *k, struct kvp_hdr *h, uint8_t **body, uint32_t max_body);
+
+/* Counters a server keeps for its daemon's /metrics (kvp_server_opts.conn_stats). */
+struct kvp_conn_stats {
+	_Atomic uint64_t accepted;   /* connections accepted */
+	_Atomic uint64_t refused;    /* closed at once: over the unauthenticated caps */
+	_Atomic uint64_t hs_failed;  /* handshakes failed: wrong secret, not our protocol */
+	_Atomic uint64_t hs_timeout; /* handshakes not done within the deadline */
+	_Atomic uint64_t accept_err; /* accept() failed (EMFILE, ENFILE, ENOBUFS ...) */
+};
+
+/* ---- pipelined RPC client: one kvp_sock and a reader thread ---- */
 struct kvp_client;
 struct kvp_call;
 
@@ -173,7 +228,9 @@ void kvp_pool_put(struct kvp_pool *p, struct kvp_client *c);
  * answering: its calls would otherwise wait out their whole timeouts. */
 void kvp_pool_abort(struct kvp_pool *p, const char *addr);
 
-/* ---- server: an accept thread and one thread per authenticated connection ---- */
+/* ---- server: an accept thread and one thread per connection (handshake, then requests) ----
+ * The accept loop wakes at least every 100 ms to join finished connections, so descriptors
+ * come back even while accept() fails (EMFILE); it then sleeps instead of spinning. */
 struct kvp_server;
 struct kvp_conn;
 
@@ -205,6 +262,12 @@ struct kvp_server_opts {
 	void (*on_reply)(void *stats_ctx, const struct kvp_hdr *req, int32_t status,
 			 size_t reply_bytes, uint64_t ns);
 	void *stats_ctx;
+	/* Optional counters (may be NULL), owned by the daemon, must outlive the server. */
+	struct kvp_conn_stats *conn_stats;
+	/* Connections still in their handshake, at most (0: 256) in all and (0: 64) from one
+	 * source address; one more is closed at once. With the handshake deadline they bound what
+	 * idle or trickling peers can hold: descriptors, threads. */
+	int max_unauth, max_unauth_per_addr;
 };
 int kvp_server_start(const struct kvp_server_opts *o, struct kvp_server **out);
 uint16_t kvp_server_port(const struct kvp_server *s);

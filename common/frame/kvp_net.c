@@ -1,5 +1,11 @@
-/* Sockets and framed I/O. Loopback-or-LAN TCP; frames are written with one writev. */
-#include "kvp_frame.h"
+/* Sockets and framed I/O over a kvp_sock: non-blocking sockets, waits in poll(2) outside the
+ * connection's lock, TLS records or (insecure mode) plain bytes underneath. */
+#define KVFS_LOG_TAG "net"
+#include "kvp_int.h"
+#include "log.h"
+
+#include <openssl/err.h>
+#include <time.h>
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -115,32 +121,150 @@ fail:
 	return rc;
 }
 
-int kvp_send(int fd, struct kvp_hdr *h, const void *body, size_t body_len, const void *bulk,
-	     size_t bulk_len)
+int64_t kvp_now_ms(void)
 {
-	if (body_len + bulk_len > UINT32_MAX)
-		return -EMSGSIZE;
-	uint8_t hb[KVP_HDR_SIZE];
-	h->magic = KVP_MAGIC;
-	h->version = KVP_VERSION;
-	h->reserved = 0;
-	h->len = (uint32_t)(body_len + bulk_len);
-	kvp_hdr_encode(h, hb);
-	struct iovec iov[3] = {
-	    {hb, sizeof(hb)}, {(void *)body, body_len}, {(void *)bulk, bulk_len}};
-	struct iovec *v = iov;
-	int n = 3;
-	while (n > 0) {
-		/* MSG_NOSIGNAL: a peer that hung up is an error return, never a SIGPIPE. */
-		struct msghdr mh = {.msg_iov = v, .msg_iovlen = (size_t)n};
-		ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL);
-		if (w < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* io_once: would block, *want says on what. Below every -errno, and no count. */
+#define IO_WAIT (-4096L - 1)
+
+/* One non-blocking read or write: a count (0: end of stream on a read), IO_WAIT, or -errno. */
+static long io_once(struct kvp_sock *k, int wr, void *p, size_t n, short *want)
+{
+	if (!k->ssl) {
+		ssize_t r = wr ? send(k->fd, p, n, MSG_NOSIGNAL) : read(k->fd, p, n);
+		if (r >= 0)
+			return r;
+		if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+			*want = wr ? POLLOUT : POLLIN;
+			return IO_WAIT;
 		}
+		return -errno;
+	}
+	size_t done = 0;
+	pthread_mutex_lock(&k->io_mu);
+	ERR_clear_error();
+	int r = wr ? SSL_write_ex(k->ssl, p, n, &done) : SSL_read_ex(k->ssl, p, n, &done);
+	int e = r > 0 ? SSL_ERROR_NONE : SSL_get_error(k->ssl, r);
+	int saved = errno;
+	unsigned long ee = e == SSL_ERROR_SSL ? ERR_peek_error() : 0;
+	ERR_clear_error();
+	pthread_mutex_unlock(&k->io_mu);
+	switch (e) {
+	case SSL_ERROR_NONE:
+		return (long)done;
+	case SSL_ERROR_WANT_READ:
+		*want = POLLIN;
+		return IO_WAIT;
+	case SSL_ERROR_WANT_WRITE:
+		*want = POLLOUT;
+		return IO_WAIT;
+	case SSL_ERROR_ZERO_RETURN:
+		return wr ? -EPIPE : 0;
+	case SSL_ERROR_SYSCALL:
+		if (saved == EAGAIN || saved == EINTR) {
+			*want = wr ? POLLOUT : POLLIN;
+			return IO_WAIT;
+		}
+		return saved ? -saved : (wr ? -EPIPE : 0);
+	default:
+		/* A record that fails its tag (changed, replayed, reordered, injected), or an
+		 * alert. The connection is over: TLS state cannot resynchronise. */
+		if (!wr)
+			klog_debug("TLS record refused: %s", ERR_reason_error_string(ee));
+		return -EBADMSG;
+	}
+}
+
+/* Waits for the socket; timeout_ms < 0 = forever. 0, -ETIMEDOUT or -errno. */
+static int io_wait(struct kvp_sock *k, short ev, int timeout_ms)
+{
+	struct pollfd pfd = {.fd = k->fd, .events = ev};
+	for (;;) {
+		int r = poll(&pfd, 1, timeout_ms);
+		if (r > 0)
+			return 0;
+		if (r == 0)
+			return -ETIMEDOUT;
+		if (errno != EINTR)
+			return -errno;
+	}
+}
+
+static int left_ms(int64_t deadline)
+{
+	if (deadline < 0)
+		return -1;
+	int64_t l = deadline - kvp_now_ms();
+	return l < 0 ? 0 : (int)(l > 1 << 30 ? 1 << 30 : l);
+}
+
+int kvp_io_read(struct kvp_sock *k, void *p, size_t n, int64_t deadline)
+{
+	size_t got = 0;
+	while (got < n) {
+		short want = 0;
+		long r = io_once(k, 0, (char *)p + got, n - got, &want);
+		if (r == 0)
+			return -ECONNRESET;
+		if (r == IO_WAIT) {
+			int rc = io_wait(k, want, left_ms(deadline));
+			if (rc)
+				return rc;
+			continue;
+		}
+		if (r < 0)
+			return (int)r;
+		got += (size_t)r;
+	}
+	return 0;
+}
+
+/* TLS has no writev: a header and a small body go out as one record instead of two. */
+#define COALESCE_MAX 16384
+/* Bounds how long one SSL_write holds the lock a reader on the same connection waits for. */
+#define WRITE_SLICE (256u << 10)
+
+int kvp_io_writev(struct kvp_sock *k, struct iovec *v, int n, int64_t deadline)
+{
+	while (n > 0 && v->iov_len == 0) {
+		v++;
+		n--;
+	}
+	while (n > 0) {
+		short want = 0;
+		long w;
+		if (!k->ssl) {
+			struct msghdr mh = {.msg_iov = v, .msg_iovlen = (size_t)n};
+			ssize_t r = sendmsg(k->fd, &mh, MSG_NOSIGNAL);
+			if (r >= 0)
+				w = r;
+			else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+				w = IO_WAIT, want = POLLOUT;
+			else
+				w = -errno;
+		} else {
+			size_t len = v->iov_len < WRITE_SLICE ? v->iov_len : WRITE_SLICE;
+			w = io_once(k, 1, v->iov_base, len, &want);
+		}
+		if (w == IO_WAIT) {
+			int t = deadline >= 0		 ? left_ms(deadline)
+				: k->send_timeout_ms > 0 ? k->send_timeout_ms
+							 : -1;
+			int rc = io_wait(k, want, t);
+			if (rc == -ETIMEDOUT && deadline < 0)
+				return -EAGAIN; /* no progress for the send timeout */
+			if (rc)
+				return rc;
+			continue;
+		}
+		if (w < 0)
+			return (int)w;
 		while (n > 0 && (size_t)w >= v->iov_len) {
-			w -= (ssize_t)v->iov_len;
+			w -= (long)v->iov_len;
 			v++;
 			n--;
 		}
@@ -152,30 +276,39 @@ int kvp_send(int fd, struct kvp_hdr *h, const void *body, size_t body_len, const
 	return 0;
 }
 
-static int read_full(int fd, void *buf, size_t n)
+int kvp_send_dl(struct kvp_sock *k, struct kvp_hdr *h, const void *body, size_t body_len,
+		const void *bulk, size_t bulk_len, int64_t deadline)
 {
-	size_t got = 0;
-	while (got < n) {
-		ssize_t r = read(fd, (char *)buf + got, n - got);
-		if (r == 0)
-			return -ECONNRESET;
-		if (r < 0) {
-			if (errno == EINTR)
-				continue;
-			if (errno == EAGAIN || errno == EWOULDBLOCK)
-				return -ETIMEDOUT;
-			return -errno;
-		}
-		got += (size_t)r;
+	if (body_len + bulk_len > UINT32_MAX)
+		return -EMSGSIZE;
+	uint8_t hb[KVP_HDR_SIZE + COALESCE_MAX];
+	h->magic = KVP_MAGIC;
+	h->version = KVP_VERSION;
+	h->reserved = 0;
+	h->len = (uint32_t)(body_len + bulk_len);
+	kvp_hdr_encode(h, hb);
+	struct iovec iov[3] = {
+	    {hb, KVP_HDR_SIZE}, {(void *)body, body_len}, {(void *)bulk, bulk_len}};
+	if (k->ssl && body_len && body_len <= COALESCE_MAX) {
+		memcpy(hb + KVP_HDR_SIZE, body, body_len);
+		iov[0].iov_len += body_len;
+		iov[1].iov_len = 0;
 	}
-	return 0;
+	return kvp_io_writev(k, iov, 3, deadline);
 }
 
-int kvp_recv(int fd, struct kvp_hdr *h, uint8_t **body, uint32_t max_body)
+int kvp_send(struct kvp_sock *k, struct kvp_hdr *h, const void *body, size_t body_len,
+	     const void *bulk, size_t bulk_len)
+{
+	return kvp_send_dl(k, h, body, body_len, bulk, bulk_len, -1);
+}
+
+int kvp_recv_dl(struct kvp_sock *k, struct kvp_hdr *h, uint8_t **body, uint32_t max_body,
+		int64_t deadline)
 {
 	uint8_t hb[KVP_HDR_SIZE];
 	*body = NULL;
-	int rc = read_full(fd, hb, sizeof(hb));
+	int rc = kvp_io_read(k, hb, sizeof(hb), deadline);
 	if (rc)
 		return rc;
 	rc = kvp_hdr_decode(hb, h, max_body);
@@ -186,11 +319,136 @@ int kvp_recv(int fd, struct kvp_hdr *h, uint8_t **body, uint32_t max_body)
 	uint8_t *b = malloc(h->len);
 	if (!b)
 		return -ENOMEM;
-	rc = read_full(fd, b, h->len);
+	rc = kvp_io_read(k, b, h->len, deadline);
 	if (rc) {
 		free(b);
 		return rc;
 	}
 	*body = b;
 	return 0;
+}
+
+int kvp_recv(struct kvp_sock *k, struct kvp_hdr *h, uint8_t **body, uint32_t max_body)
+{
+	return kvp_recv_dl(k, h, body, max_body, -1);
+}
+
+int kvp_sock_write(struct kvp_sock *k, const void *p, size_t n)
+{
+	struct iovec v = {(void *)p, n};
+	return kvp_io_writev(k, &v, 1, -1);
+}
+
+long kvp_sock_read(struct kvp_sock *k, void *p, size_t n, int timeout_ms)
+{
+	int64_t dl = timeout_ms < 0 ? -1 : kvp_now_ms() + timeout_ms;
+	for (;;) {
+		short want = 0;
+		long r = io_once(k, 0, p, n, &want);
+		if (r != IO_WAIT)
+			return r;
+		int rc = io_wait(k, want, left_ms(dl));
+		if (rc)
+			return rc;
+	}
+}
+
+/* ---- connection objects ---- */
+
+static int sock_new(int fd, struct kvp_sock **out)
+{
+	struct kvp_sock *k = calloc(1, sizeof(*k));
+	if (!k)
+		return -ENOMEM;
+	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+	k->fd = fd;
+	pthread_mutex_init(&k->io_mu, NULL);
+	*out = k;
+	return 0;
+}
+
+static void sock_free(struct kvp_sock *k, int close_fd)
+{
+	if (k->ssl)
+		SSL_free(k->ssl);
+	if (close_fd)
+		close(k->fd);
+	pthread_mutex_destroy(&k->io_mu);
+	free(k);
+}
+
+static int handshake(struct kvp_sock *k, const struct kvp_secret *s, int server, int64_t dl)
+{
+	if (s->insecure_plaintext)
+		return server ? kvp_auth_server(k, s, dl) : kvp_auth_client(k, s, dl);
+	return kvp_tls_handshake(k, s, server, dl);
+}
+
+int kvp_sock_open(const char *addr, const struct kvp_secret *s, int timeout_ms,
+		  struct kvp_sock **out)
+{
+	int64_t dl = kvp_now_ms() + timeout_ms;
+	int fd = kvp_connect(addr, timeout_ms);
+	if (fd < 0)
+		return fd;
+	struct kvp_sock *k;
+	int rc = sock_new(fd, &k);
+	if (rc) {
+		close(fd);
+		return rc;
+	}
+	rc = handshake(k, s, 0, dl);
+	if (rc) {
+		sock_free(k, 1);
+		return rc;
+	}
+	*out = k;
+	return 0;
+}
+
+int kvp_sock_accept(int fd, const struct kvp_secret *s, int timeout_ms, struct kvp_sock **out)
+{
+	int64_t dl = kvp_now_ms() + timeout_ms;
+	struct kvp_sock *k;
+	int rc = sock_new(fd, &k);
+	if (rc)
+		return rc;
+	rc = handshake(k, s, 1, dl);
+	if (rc) {
+		sock_free(k, 0);
+		return rc;
+	}
+	*out = k;
+	return 0;
+}
+
+void kvp_sock_close(struct kvp_sock *k)
+{
+	if (k)
+		sock_free(k, 1);
+}
+
+void kvp_sock_shutdown(struct kvp_sock *k)
+{
+	shutdown(k->fd, SHUT_RDWR);
+}
+
+int kvp_sock_fd(const struct kvp_sock *k)
+{
+	return k->fd;
+}
+
+void kvp_sock_set_send_timeout(struct kvp_sock *k, int ms)
+{
+	k->send_timeout_ms = ms;
+}
+
+int kvp_sock_ktls_send(const struct kvp_sock *k)
+{
+	return k->ktls_send;
+}
+
+int kvp_sock_tls(const struct kvp_sock *k)
+{
+	return k->ssl != NULL;
 }

@@ -1,9 +1,15 @@
 /* Connection server: an accept thread, one thread per connection. Each connection first runs
- * the authentication handshake; then every frame is checked and handed to the handler. A bad
- * frame or a failed handshake closes that connection and is logged; the daemon goes on. */
+ * the handshake (TLS, or the insecure plaintext one) under one deadline for the whole exchange;
+ * then every frame is checked and handed to the handler. A bad frame or a failed handshake
+ * closes that connection and is logged; the daemon goes on. Connections still in their
+ * handshake are capped in all and per source address, so peers that connect and say nothing
+ * cannot take every descriptor; the accept loop reaps finished connections on every pass, so
+ * descriptors come back even while accept() fails. */
 #define KVFS_LOG_TAG "server"
 #include "kvp_frame.h"
 #include "log.h"
+
+#include <poll.h>
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -17,10 +23,18 @@
 #include <time.h>
 #include <unistd.h>
 
-#define AUTH_TIMEOUT_MS 5000
+#define AUTH_TIMEOUT_MS	     5000
+#define MAX_UNAUTH	     256
+#define MAX_UNAUTH_PER_ADDR  64
+#define REAP_EVERY_MS	     100
+#define ACCEPT_ERR_PAUSE_MS  100
+#define ACCEPT_ERR_LOG_EVERY 10000
 
 struct kvp_conn {
 	int fd;
+	struct kvp_sock *sk; /* set by its thread once the handshake is done, before any reply */
+	uint32_t ip;	     /* source address, network order */
+	atomic_int authed;   /* the handshake succeeded (or the connection is over) */
 	atomic_int refs;
 	atomic_int closed;
 	atomic_int finished; /* its thread has ended and may be joined */
@@ -55,7 +69,10 @@ void kvp_conn_ref(struct kvp_conn *c)
 void kvp_conn_unref(struct kvp_conn *c)
 {
 	if (atomic_fetch_sub(&c->refs, 1) == 1) {
-		close(c->fd);
+		if (c->sk)
+			kvp_sock_close(c->sk);
+		else
+			close(c->fd);
 		pthread_mutex_destroy(&c->send_mu);
 		free(c);
 	}
@@ -82,8 +99,9 @@ int kvp_reply(struct kvp_conn *c, const struct kvp_hdr *req, int32_t status, con
 		bulk_len = 0;
 	}
 	pthread_mutex_lock(&c->send_mu);
-	int rc =
-	    atomic_load(&c->closed) ? -EPIPE : kvp_send(c->fd, &h, body, body_len, bulk, bulk_len);
+	int rc = atomic_load(&c->closed) || !c->sk
+		     ? -EPIPE
+		     : kvp_send(c->sk, &h, body, body_len, bulk, bulk_len);
 	pthread_mutex_unlock(&c->send_mu);
 	if (rc && rc != -EPIPE) {
 		if (!atomic_exchange(&c->closed, 1) && rc == -EAGAIN)
@@ -104,21 +122,28 @@ static void *conn_main(void *arg)
 	struct kvp_conn *c = arg;
 	struct kvp_server *s = c->srv;
 	uint32_t max = s->o.max_body ? s->o.max_body : KVP_MAX_BODY;
-	int rc = kvp_auth_server(c->fd, s->o.secret, AUTH_TIMEOUT_MS);
+	struct kvp_conn_stats *cs = s->o.conn_stats;
+	struct kvp_sock *sk = NULL;
+	int rc = kvp_sock_accept(c->fd, s->o.secret, AUTH_TIMEOUT_MS, &sk);
 	if (rc) {
+		if (cs)
+			atomic_fetch_add(rc == -ETIMEDOUT ? &cs->hs_timeout : &cs->hs_failed, 1);
 		if (!atomic_load(&s->stopping))
 			klog_warn("%s: refused peer %s: %s", s->name, c->peer, kvp_strerror(rc));
+		atomic_store(&c->authed, 1);
 		goto out;
 	}
-	/* After the handshake, which sets and clears its own timeouts: a reply blocked this long
-	 * without sending a byte fails with EAGAIN and closes the connection (kvp_reply). */
-	int ms = c->send_timeout_ms;
-	struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
-	setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	/* A reply blocked this long without sending a byte fails with EAGAIN and closes the
+	 * connection (kvp_reply). */
+	kvp_sock_set_send_timeout(sk, c->send_timeout_ms);
+	pthread_mutex_lock(&c->send_mu);
+	c->sk = sk;
+	pthread_mutex_unlock(&c->send_mu);
+	atomic_store(&c->authed, 1);
 	while (!atomic_load(&s->stopping)) {
 		struct kvp_hdr h;
 		uint8_t *body;
-		rc = kvp_recv(c->fd, &h, &body, max);
+		rc = kvp_recv(c->sk, &h, &body, max);
 		if (rc == -ECONNRESET)
 			break;
 		if (rc) {
@@ -170,22 +195,80 @@ static void reap(struct kvp_server *s, int all)
 	}
 }
 
+/* 1 when one more connection from ip would pass a cap on those still in their handshake.
+ * Called with s->mu held. */
+static int unauth_room(struct kvp_server *s, uint32_t ip)
+{
+	int all = 0, same = 0;
+	for (struct kvp_conn *c = s->conns; c; c = c->next) {
+		if (atomic_load(&c->authed))
+			continue;
+		all++;
+		same += c->ip == ip;
+	}
+	int max = s->o.max_unauth > 0 ? s->o.max_unauth : MAX_UNAUTH;
+	int per = s->o.max_unauth_per_addr > 0 ? s->o.max_unauth_per_addr : MAX_UNAUTH_PER_ADDR;
+	return all < max && same < per;
+}
+
 static void *accept_main(void *arg)
 {
 	struct kvp_server *s = arg;
+	struct kvp_conn_stats *cs = s->o.conn_stats;
+	int64_t last_err_log = -ACCEPT_ERR_LOG_EVERY, last_refuse_log = -ACCEPT_ERR_LOG_EVERY;
 	while (!atomic_load(&s->stopping)) {
+		/* Reap on every pass, not only after an accept: when accept() fails for want of
+		 * descriptors, the finished connections are what gives them back. */
+		pthread_mutex_lock(&s->mu);
+		reap(s, 0);
+		pthread_mutex_unlock(&s->mu);
+		struct pollfd pfd = {.fd = s->lfd, .events = POLLIN};
+		if (poll(&pfd, 1, REAP_EVERY_MS) <= 0)
+			continue;
 		struct sockaddr_in sa;
 		socklen_t sl = sizeof(sa);
 		int fd = accept4(s->lfd, (struct sockaddr *)&sa, &sl, SOCK_CLOEXEC);
 		if (fd < 0) {
-			if (errno == EINTR || errno == ECONNABORTED)
+			if (errno == EINTR || errno == ECONNABORTED || errno == EAGAIN)
 				continue;
-			if (!atomic_load(&s->stopping)) {
-				klog_error("%s: accept: %s", s->name, strerror(errno));
-				usleep(100000);
-				continue;
+			if (atomic_load(&s->stopping))
+				break;
+			if (cs)
+				atomic_fetch_add(&cs->accept_err, 1);
+			struct timespec ts;
+			clock_gettime(CLOCK_MONOTONIC, &ts);
+			int64_t now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+			if (now - last_err_log >= ACCEPT_ERR_LOG_EVERY) {
+				klog_error("%s: accept: %s (pausing; reaping finished connections)",
+					   s->name, strerror(errno));
+				last_err_log = now;
 			}
-			break;
+			/* The listening socket stays readable: without a pause this spins. */
+			usleep(ACCEPT_ERR_PAUSE_MS * 1000);
+			continue;
+		}
+		if (cs)
+			atomic_fetch_add(&cs->accepted, 1);
+		pthread_mutex_lock(&s->mu);
+		int room = unauth_room(s, sa.sin_addr.s_addr);
+		pthread_mutex_unlock(&s->mu);
+		if (!room) {
+			if (cs)
+				atomic_fetch_add(&cs->refused, 1);
+			struct timespec ts;
+			clock_gettime(CLOCK_MONOTONIC, &ts);
+			int64_t now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+			if (now - last_refuse_log >= ACCEPT_ERR_LOG_EVERY) {
+				char ip[INET_ADDRSTRLEN] = "?";
+				inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof(ip));
+				klog_warn(
+				    "%s: too many connections in their handshake (from %s or in "
+				    "all): closing new ones",
+				    s->name, ip);
+				last_refuse_log = now;
+			}
+			close(fd);
+			continue;
 		}
 		int one = 1, buf = 4 << 20;
 		setsockopt(fd, IPPROTO_TCP, 1 /* TCP_NODELAY */, &one, sizeof(one));
@@ -197,6 +280,7 @@ static void *accept_main(void *arg)
 			continue;
 		}
 		c->fd = fd;
+		c->ip = sa.sin_addr.s_addr;
 		c->srv = s;
 		c->on_reply = s->o.on_reply;
 		c->stats_ctx = s->o.stats_ctx;
@@ -208,7 +292,6 @@ static void *accept_main(void *arg)
 		inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof(ip));
 		snprintf(c->peer, sizeof(c->peer), "%s:%u", ip, ntohs(sa.sin_port));
 		pthread_mutex_lock(&s->mu);
-		reap(s, 0);
 		if (pthread_create(&c->th, NULL, conn_main, c) != 0) {
 			pthread_mutex_unlock(&s->mu);
 			klog_error("%s: cannot start a connection thread", s->name);

@@ -160,25 +160,25 @@ static int decode_on(struct lreq *q, struct replica *r, uint16_t op, const struc
 		     int *ntok)
 {
 	struct lb *l = q->l;
-	int fd = kvp_connect(r->addr, CONNECT_TIMEOUT_MS);
-	if (fd < 0)
-		return fd;
-	int rc = kvp_auth_client(fd, &l->secret, CONNECT_TIMEOUT_MS);
+	struct kvp_sock *sk;
+	int rc = kvp_sock_open(r->addr, &l->secret, CONNECT_TIMEOUT_MS, &sk);
+	if (rc)
+		return rc;
 	pthread_mutex_lock(&q->mu);
 	if (q->cancelled)
 		rc = -ECANCELED;
 	else
-		q->fd = fd;
+		q->sk = sk;
 	q->dec = r;
 	pthread_mutex_unlock(&q->mu);
 	struct kvp_hdr h = {.op = op, .id = gw_job_id(q->job)};
 	int refused = 0;
 	if (!rc)
-		rc = kvp_send(fd, &h, w->p, w->len, NULL, 0);
+		rc = kvp_send(sk, &h, w->p, w->len, NULL, 0);
 	while (!rc) {
 		struct kvp_hdr rh;
 		uint8_t *body = NULL;
-		rc = kvp_recv(fd, &rh, &body, KVP_MAX_BODY);
+		rc = kvp_recv(sk, &rh, &body, KVP_MAX_BODY);
 		if (rc)
 			break;
 		if (rh.status) {
@@ -211,18 +211,18 @@ static int decode_on(struct lreq *q, struct replica *r, uint16_t op, const struc
 		int err = ev.err;
 		const char *reason = ev.reason, *msg = ev.msg;
 		pthread_mutex_lock(&q->mu);
-		q->fd = -1;
+		q->sk = NULL;
 		pthread_mutex_unlock(&q->mu);
-		close(fd);
+		kvp_sock_close(sk);
 		gw_job_finish(q->job, err ? NULL : (!strcmp(reason, "length") ? "length" : "stop"),
 			      err, err ? msg : NULL);
 		return 0;
 	}
 	pthread_mutex_lock(&q->mu);
-	q->fd = -1;
+	q->sk = NULL;
 	int cancelled = q->cancelled;
 	pthread_mutex_unlock(&q->mu);
-	close(fd);
+	kvp_sock_close(sk);
 	if (refused) {
 		gw_job_finish(q->job, NULL, refused, "decode worker refused the request");
 		return 0;
@@ -442,7 +442,7 @@ static int be_submit(void *ctx, struct gw_job *job, const struct gw_req *g)
 	atomic_init(&q->refs, 1);
 	q->l = l;
 	q->job = job;
-	q->fd = -1;
+	q->sk = NULL;
 	q->chat = o->chat;
 	q->prompt = strdup(g->prompt);
 	q->salt = o->salt ? strdup(o->salt) : NULL;
@@ -498,8 +498,8 @@ static void be_cancel(void *ctx, struct gw_job *job)
 	}
 	pthread_mutex_lock(&q->mu);
 	q->cancelled = 1;
-	if (q->fd >= 0) /* the decode worker sees the close and frees the KV */
-		shutdown(q->fd, SHUT_RDWR);
+	if (q->sk) /* the decode worker sees the close and frees the KV */
+		kvp_sock_shutdown(q->sk);
 	pthread_mutex_unlock(&q->mu);
 }
 
@@ -685,8 +685,8 @@ void lb_stop(struct lb *l)
 	for (struct lreq *q = l->active.head; q; q = q->next) {
 		pthread_mutex_lock(&q->mu);
 		q->cancelled = 1;
-		if (q->fd >= 0) /* a decode stream: its worker sees the close */
-			shutdown(q->fd, SHUT_RDWR);
+		if (q->sk) /* a decode stream: its worker sees the close */
+			kvp_sock_shutdown(q->sk);
 		pthread_mutex_unlock(&q->mu);
 	}
 	pthread_mutex_unlock(&l->mu);

@@ -96,9 +96,9 @@ struct lreq {
 	char *salt;
 	int chat;
 	struct kvi_sample_params sp;
-	pthread_mutex_t mu;	   /* guards fd, dec, cancelled */
-	int fd;			   /* the decode connection, -1 when none */
-	const struct replica *dec; /* the decode replica of fd */
+	pthread_mutex_t mu;	   /* guards sk, dec, cancelled */
+	struct kvp_sock *sk;	   /* the decode connection, NULL when none */
+	const struct replica *dec; /* the decode replica of sk */
 	int cancelled;
 };
 

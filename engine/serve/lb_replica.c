@@ -173,8 +173,8 @@ static void break_hung(struct lb *l)
 			kvp_pool_abort(l->pool, r->addr);
 			for (struct lreq *q = l->active.head; q; q = q->next) {
 				pthread_mutex_lock(&q->mu);
-				if (q->dec == r && q->fd >= 0)
-					shutdown(q->fd, SHUT_RDWR);
+				if (q->dec == r && q->sk)
+					kvp_sock_shutdown(q->sk);
 				pthread_mutex_unlock(&q->mu);
 			}
 		}

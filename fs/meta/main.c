@@ -207,7 +207,8 @@ int main(int argc, char **argv)
 				     .handler = meta_handle,
 				     .ctx = m,
 				     .on_reply = meta_metrics_on_reply,
-				     .stats_ctx = mm};
+				     .stats_ctx = mm,
+				     .conn_stats = meta_metrics_conn_stats(mm)};
 	struct kvp_server *srv;
 	rc = kvp_server_start(&so, &srv);
 	if (rc) {

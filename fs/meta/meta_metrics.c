@@ -1,6 +1,7 @@
 /* kvfs-meta metrics: see meta_metrics.h. */
 #define KVFS_LOG_TAG "meta"
 #include "meta_metrics.h"
+#include "kvp_conn_metrics.h"
 #include "log.h"
 #include "metrics.h"
 
@@ -66,7 +67,13 @@ struct meta_metrics {
 	char self[KVP_ADDR_MAX + 8];
 	struct kvp_client *cl; /* used only by the collector, which the registry serialises */
 	struct met_counter *scrape_errors;
+	struct kvp_conn_stats conn;
 };
+
+struct kvp_conn_stats *meta_metrics_conn_stats(struct meta_metrics *mm)
+{
+	return &mm->conn;
+}
 
 void meta_metrics_on_reply(void *ctx, const struct kvp_hdr *req, int32_t status, size_t reply_bytes,
 			   uint64_t ns)
@@ -260,6 +267,7 @@ static void collect(void *ctx, struct met_out *o)
 	bad += collect_nodes(mm, o) != 0;
 	bad += collect_mstatus(mm, o) != 0;
 	met_counter_add(mm->scrape_errors, (uint64_t)bad);
+	kvp_conn_stats_collect(o, "kvfs_meta", &mm->conn);
 }
 
 int meta_metrics_create(const struct kvp_secret *secret, struct meta_metrics **out)

@@ -27,6 +27,8 @@ int meta_metrics_serve(struct meta_metrics *mm, const char *self, const char *li
 		       const char *addr_file);
 /* Stops HTTP, closes the loopback connection, frees. NULL is a no-op. */
 void meta_metrics_free(struct meta_metrics *mm);
+/* The connection counters for kvp_server_opts.conn_stats; they live as long as mm. */
+struct kvp_conn_stats *meta_metrics_conn_stats(struct meta_metrics *mm);
 void meta_metrics_on_reply(void *ctx, const struct kvp_hdr *req, int32_t status, size_t reply_bytes,
 			   uint64_t ns);
 

@@ -289,7 +289,8 @@ int main(int argc, char **argv)
 				    .handler = handle,
 				    .ctx = &n,
 				    .on_reply = node_metrics_on_reply,
-				    .stats_ctx = nm};
+				    .stats_ctx = nm,
+				    .conn_stats = node_metrics_conn_stats(nm)};
 	rc = kvp_server_start(&o, &srv);
 	if (rc) {
 		node_metrics_stop(nm);

@@ -1,6 +1,7 @@
 /* kvfs-node metrics: see node_metrics.h. */
 #define KVFS_LOG_TAG "node"
 #include "node_metrics.h"
+#include "kvp_conn_metrics.h"
 #include "log.h"
 #include "metrics.h"
 #include "node_store.h"
@@ -17,7 +18,13 @@ struct node_metrics {
 	struct node_store *s;
 	struct met_ops *ops;
 	struct met_counter *rx, *tx, *put_bytes, *get_bytes;
+	struct kvp_conn_stats conn;
 };
+
+struct kvp_conn_stats *node_metrics_conn_stats(struct node_metrics *m)
+{
+	return &m->conn;
+}
 
 static int op_index(uint16_t op)
 {
@@ -79,6 +86,7 @@ static void collect(void *ctx, struct met_out *o)
 	met_out_family(o, "kvfs_node_crc_errors_total", "counter",
 		       "Stored chunks found failing their CRC32C on read since start");
 	met_out_sample(o, "kvfs_node_crc_errors_total", NULL, (double)st.crc_errors);
+	kvp_conn_stats_collect(o, "kvfs_node", &m->conn);
 }
 
 int node_metrics_start(struct node_store *s, const char *listen, const char *addr_file,

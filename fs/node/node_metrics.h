@@ -25,6 +25,8 @@ int node_metrics_start(struct node_store *s, const char *listen, const char *add
 void node_metrics_stop(struct node_metrics *m);
 /* Frees everything (stops HTTP first if still running). NULL is a no-op. */
 void node_metrics_free(struct node_metrics *m);
+/* The connection counters for kvp_server_opts.conn_stats; they live as long as m. */
+struct kvp_conn_stats *node_metrics_conn_stats(struct node_metrics *m);
 void node_metrics_on_reply(void *ctx, const struct kvp_hdr *req, int32_t status, size_t reply_bytes,
 			   uint64_t ns);
 
