@@ -1,5 +1,6 @@
 #define KVFS_LOG_TAG "gateway"
 #include "gw.h"
+#include "gw_auth.h"
 #include "ktime.h"
 #include "metrics.h"
 
@@ -40,7 +41,8 @@ struct gw {
 	struct met_reg *reg;
 	struct met_counter *req[GW_OUT_N]; /* kvfs_requests_total{outcome} */
 	struct met_counter *prompt_tokens, *cached_tokens, *gen_tokens, *cache_queries, *cache_hits;
-	struct met_gauge *running; /* jobs in flight */
+	struct met_counter *unauthorized; /* 401s: a /v1 request without a valid key */
+	struct met_gauge *running;	  /* jobs in flight */
 	struct met_hist *ttft, *itl;
 	pthread_mutex_t mu; /* protects everything below */
 	int live; /* jobs not yet freed: gw_stop waits for 0, a backend may hold the last ref */
@@ -224,6 +226,7 @@ struct conn {
 	char *body;
 	size_t len, cap;
 	int too_big;
+	char tenant[GW_TENANT_MAX + 1]; /* a /v1 request's, once its key was checked */
 };
 
 static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, const char *ctype,
@@ -447,6 +450,57 @@ static void stream_free(void *cls)
 	free(s);
 }
 
+/* Replaces the client's cache_salt / user by the tenant's salt (gw_auth.h): a client narrows
+ * its cache within its tenant and can never name another's. */
+static int tenant_salt(struct gw *g, const struct conn *cc, struct oai_request *r)
+{
+	if (!g->o.auth)
+		return 0;
+	char buf[GW_SALT_HEX];
+	const char *salt;
+	int rc = gw_auth_salt(g->o.auth, cc->tenant, r->salt, buf, &salt);
+	if (rc)
+		return rc;
+	if (salt == r->salt)
+		return 0;
+	char *s = strdup(salt);
+	if (!s)
+		return -ENOMEM;
+	free(r->salt);
+	r->salt = s;
+	return 0;
+}
+
+/* The first call of a /v1 request: 0 when it may go on (cc->tenant set), else the 401 is
+ * queued (the body is never read) and its MHD result is in *ret. */
+static int authorize(struct gw *g, struct MHD_Connection *c, struct conn *cc, enum MHD_Result *ret)
+{
+	if (!g->o.auth)
+		return 0;
+	const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+	if (gw_auth_check(g->o.auth, h, cc->tenant) == 0)
+		return 0;
+	met_counter_add(g->unauthorized, 1);
+	met_counter_add(g->req[GW_CLIENT_ERR], 1);
+	char *body = oai_error_json(h ? "Incorrect API key provided."
+				      : "You didn't provide an API key. Send it as "
+					"'Authorization: Bearer YOUR_KEY'.",
+				    "invalid_request_error", NULL, "invalid_api_key");
+	struct MHD_Response *r =
+	    body ? MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE)
+		 : NULL;
+	if (!r) {
+		free(body);
+		*ret = MHD_NO;
+		return -EACCES;
+	}
+	MHD_add_response_header(r, "Content-Type", "application/json");
+	MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+	*ret = MHD_queue_response(c, 401, r);
+	MHD_destroy_response(r);
+	return -EACCES;
+}
+
 static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat, struct conn *cc)
 {
 	char err[256];
@@ -460,6 +514,12 @@ static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat
 		free(j);
 		return send_error(g, c, 400, err, "invalid_request_error", param,
 				  rc == -E2BIG ? "context_length_exceeded" : NULL);
+	}
+	if ((rc = tenant_salt(g, cc, &j->req))) {
+		oai_request_free(&j->req);
+		free(j);
+		return send_error(g, c, 500, "cannot derive the cache salt", "server_error", NULL,
+				  NULL);
 	}
 	pthread_mutex_init(&j->mu, NULL);
 	pthread_cond_init(&j->cv, NULL);
@@ -589,6 +649,9 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
 		if (!cc)
 			return MHD_NO;
 		*con_cls = cc;
+		enum MHD_Result ret;
+		if (strncmp(url, "/v1/", 4) == 0 && authorize(g, c, cc, &ret))
+			return ret;
 		return MHD_YES;
 	}
 	if (*upload_size) {
@@ -665,6 +728,9 @@ static int metrics_init(struct gw *g)
 		    "HTTP requests answered, by outcome (cancelled: the client left first)", lab);
 		ok &= g->req[i] != NULL;
 	}
+	g->unauthorized =
+	    met_counter_new(r, "kvfs_gateway_unauthorized_total",
+			    "/v1 requests refused (401) for a missing or unknown API key", NULL);
 	g->running = met_gauge_new(r, "kvfs_requests_running",
 				   "Completion requests the backend is working on", NULL);
 	g->prompt_tokens =
@@ -682,8 +748,8 @@ static int metrics_init(struct gw *g)
 			 "Time from a request's arrival to its first token", NULL, ttft_b, NB_TTFT);
 	g->itl = met_hist_new(r, "inter_token_latency_seconds",
 			      "Time between two tokens of one request", NULL, itl_b, NB_ITL);
-	ok &= g->running && g->prompt_tokens && g->gen_tokens && g->cached_tokens &&
-	      g->cache_queries && g->cache_hits && g->ttft && g->itl;
+	ok &= g->running && g->unauthorized && g->prompt_tokens && g->gen_tokens &&
+	      g->cached_tokens && g->cache_queries && g->cache_hits && g->ttft && g->itl;
 	if (ok && g->be.metrics)
 		ok = met_collector_add(r, g->be.metrics, g->be.ctx) == 0;
 	if (!ok) {

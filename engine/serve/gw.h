@@ -24,6 +24,7 @@
 #include "oai.h"
 
 struct gw;
+struct gw_auth;
 struct gw_job;
 struct met_out;
 
@@ -63,6 +64,11 @@ struct gw_opts {
 	const char *chat_template; /* "chatml", "llama3", "plain" (default) */
 	size_t max_body;	   /* default 1 MiB */
 	struct oai_limits limits;  /* zeros = defaults (64 KiB prompt, 4096 tokens, 16, 64) */
+	/* API keys and tenant salts (gw_auth.h): every /v1 route needs a key the set knows (401
+	 * otherwise) and a request's salt is derived from its tenant. NULL: no keys, the
+	 * client's salt as sent (tests of the HTTP side only; the daemons always pass one). Not
+	 * owned; must outlive the gateway. */
+	struct gw_auth *auth;
 };
 
 /* Starts listening. Returns 0, -EADDRINUSE, -EINVAL, -ENOMEM. The backend must outlive it. */

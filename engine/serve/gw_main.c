@@ -11,6 +11,7 @@
 
 #include "cfg.h"
 #include "gw.h"
+#include "gw_auth.h"
 #include "kvinfer_cli.h"
 #include "lb.h"
 #include "log.h"
@@ -30,6 +31,9 @@ struct gwm_cfg {
 	char model_id[CFG_STR_MAX];
 	char tmpl[CFG_STR_MAX];
 	int64_t max_tokens;
+	char api_keys[CFG_STR_MAX];
+	char tenant_secret[CFG_STR_MAX];
+	int open_gateway;
 };
 
 #define GOFF(f) offsetof(struct gwm_cfg, f)
@@ -48,6 +52,12 @@ static const struct cfg_opt gwm_opts[] = {
     {"model-id", CFG_STR, GOFF(model_id), 0, 0, "kvinfer", "model name in the API"},
     {"chat-template", CFG_STR, GOFF(tmpl), 0, 0, "plain", "chatml, llama3 or plain"},
     {"max-tokens", CFG_INT, GOFF(max_tokens), 1, 1 << 20, "4096", "largest max_tokens"},
+    {"api-keys", CFG_STR, GOFF(api_keys), 0, 0, NULL,
+     "API key file: '<key> <tenant>' lines (docs/serving.md); reread on SIGHUP"},
+    {"tenant-secret-file", CFG_STR, GOFF(tenant_secret), 0, 0, NULL,
+     "secret the tenants' cache salts are derived from (16..4096 bytes)"},
+    {"open-gateway", CFG_BOOL, GOFF(open_gateway), 0, 0, "false",
+     "no API keys: anyone who reaches the port may call /v1, with one shared cache"},
     CFG_END,
 };
 
@@ -71,8 +81,13 @@ int kvinfer_cmd_gateway(int argc, char **argv)
 	sigemptyset(&sigs);
 	sigaddset(&sigs, SIGINT);
 	sigaddset(&sigs, SIGTERM);
+	sigaddset(&sigs, SIGHUP); /* reload the API keys */
 	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 	signal(SIGPIPE, SIG_IGN);
+	struct gw_auth *auth = NULL;
+	if (gw_auth_from_options(c.api_keys, c.tenant_secret, c.open_gateway, "kvinfer gateway",
+				 &auth))
+		return 2;
 	struct lb_opts lo = {.prefill = c.prefill,
 			     .decode = c.decode,
 			     .secret = &sec,
@@ -83,6 +98,7 @@ int kvinfer_cmd_gateway(int argc, char **argv)
 	if ((rc = lb_create(&lo, &l))) {
 		fprintf(stderr, "kvinfer gateway: bad --prefill/--decode list: %s\n",
 			strerror(-rc));
+		gw_auth_destroy(auth);
 		return 2;
 	}
 	struct gw_backend be;
@@ -93,8 +109,10 @@ int kvinfer_cmd_gateway(int argc, char **argv)
 	go.model_id = c.model_id;
 	go.chat_template = c.tmpl;
 	go.limits.max_tokens = (int)c.max_tokens;
+	go.auth = auth;
 	struct gw *g = NULL;
 	if ((rc = gw_start(&go, &be, &g))) {
+		gw_auth_destroy(auth);
 		fprintf(stderr, "kvinfer gateway: listen: %s\n", strerror(-rc));
 		lb_destroy(l);
 		return 1;
@@ -108,10 +126,10 @@ int kvinfer_cmd_gateway(int argc, char **argv)
 			fclose(f);
 		}
 	}
-	int sig = 0;
-	sigwait(&sigs, &sig);
+	klog_info("signal %d: stopping", gw_auth_sigwait(auth, &sigs));
 	lb_stop(l); /* every job finished while the gateway still exists */
 	gw_stop(g);
+	gw_auth_destroy(auth);
 	lb_destroy(l);
 	return 0;
 }

@@ -11,6 +11,7 @@
 
 #include "cfg.h"
 #include "gw.h"
+#include "gw_auth.h"
 #include "kvinfer_cli.h"
 #include "log.h"
 #include "sch.h"
@@ -30,6 +31,9 @@ struct serve_cfg {
 	char device[CFG_STR_MAX];
 	int no_cache, ignore_eos;
 	int64_t max_tokens;
+	char api_keys[CFG_STR_MAX];
+	char tenant_secret[CFG_STR_MAX];
+	int open_gateway;
 };
 
 #define SOFF(f) offsetof(struct serve_cfg, f)
@@ -54,6 +58,12 @@ static const struct cfg_opt serve_opts[] = {
      "generate max_tokens even past end tokens (benchmarks)"},
     {"isa", CFG_STR, SOFF(isa), 0, 0, "auto", "matmul kernels: auto, avx2, scalar"},
     {"device", CFG_STR, SOFF(device), 0, 0, "cpu", KVINFER_DEVICE_HELP},
+    {"api-keys", CFG_STR, SOFF(api_keys), 0, 0, NULL,
+     "API key file: '<key> <tenant>' lines (docs/serving.md); reread on SIGHUP"},
+    {"tenant-secret-file", CFG_STR, SOFF(tenant_secret), 0, 0, NULL,
+     "secret the tenants' cache salts are derived from (16..4096 bytes)"},
+    {"open-gateway", CFG_BOOL, SOFF(open_gateway), 0, 0, "false",
+     "no API keys: anyone who reaches the port may call /v1, with one shared cache"},
     CFG_END,
 };
 
@@ -79,8 +89,13 @@ int kvinfer_cmd_serve(int argc, char **argv)
 	sigemptyset(&sigs);
 	sigaddset(&sigs, SIGINT);
 	sigaddset(&sigs, SIGTERM);
+	sigaddset(&sigs, SIGHUP); /* reload the API keys */
 	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 	signal(SIGPIPE, SIG_IGN);
+	struct gw_auth *auth = NULL;
+	if (gw_auth_from_options(c.api_keys, c.tenant_secret, c.open_gateway, "kvinfer serve",
+				 &auth))
+		return 2;
 
 	struct sch_opts so;
 	sch_opts_default(&so);
@@ -97,6 +112,7 @@ int kvinfer_cmd_serve(int argc, char **argv)
 	struct sch *s = NULL;
 	if ((rc = sch_create(&so, &s))) {
 		fprintf(stderr, "kvinfer serve: %s\n", strerror(-rc));
+		gw_auth_destroy(auth);
 		return 1;
 	}
 	struct gw_backend be;
@@ -107,8 +123,10 @@ int kvinfer_cmd_serve(int argc, char **argv)
 	go.model_id = c.model_id;
 	go.chat_template = c.tmpl;
 	go.limits.max_tokens = (int)c.max_tokens;
+	go.auth = auth;
 	struct gw *g = NULL;
 	if ((rc = gw_start(&go, &be, &g))) {
+		gw_auth_destroy(auth);
 		fprintf(stderr, "kvinfer serve: listen %s:%d: %s\n", c.host, (int)c.port,
 			strerror(-rc));
 		sch_destroy(s);
@@ -124,11 +142,11 @@ int kvinfer_cmd_serve(int argc, char **argv)
 			fclose(f);
 		}
 	}
-	int sig = 0;
-	sigwait(&sigs, &sig);
+	int sig = gw_auth_sigwait(auth, &sigs);
 	klog_info("signal %d: stopping", sig);
 	sch_stop(s); /* every job finished while the gateway still exists */
 	gw_stop(g);
+	gw_auth_destroy(auth);
 	sch_destroy(s);
 	return 0;
 }
