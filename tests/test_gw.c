@@ -329,6 +329,20 @@ static void test_errors(void **state)
 		cJSON_Delete(o);
 		free(b);
 	}
+	/* A member named twice is a 400 naming it, not first-wins (a proxy may read the last). */
+	{
+		char *b;
+		assert_int_equal(http("POST", "/v1/completions",
+				      "{\"prompt\":\"a\",\"max_tokens\":1,\"max_tokens\":4000}",
+				      &b),
+				 400);
+		cJSON *o = json(b), *e = cJSON_GetObjectItem(o, "error");
+		assert_string_equal(cJSON_GetObjectItem(e, "param")->valuestring, "max_tokens");
+		assert_non_null(
+		    strstr(cJSON_GetObjectItem(e, "message")->valuestring, "max_tokens"));
+		cJSON_Delete(o);
+		free(b);
+	}
 	/* Oversize body (the test gateway allows 4096 bytes). */
 	char *big = malloc(10000);
 	memset(big, ' ', 9999);
