@@ -21,6 +21,10 @@
 
 #include <cmocka.h>
 
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <sys/wait.h>
+
 #include "gw.h"
 #include "http_tutil.h"
 #include "metrics.h"
@@ -482,6 +486,149 @@ static void test_metrics_well_formed(void **state)
 	free(b);
 }
 
+/* Value of one sample in port's /metrics, or -1. */
+static double metric_at(uint16_t p, const char *name)
+{
+	char *b;
+	double v = -1;
+	if (htu_request(p, 1, "GET", "/metrics", NULL, &b) == 200) {
+		size_t nl = strlen(name);
+		for (char *q = b; q && *q; q = strchr(q, '\n'), q = q ? q + 1 : NULL)
+			if (!strncmp(q, name, nl) && q[nl] == ' ') {
+				v = strtod(q + nl + 1, NULL);
+				break;
+			}
+	}
+	free(b);
+	return v;
+}
+
+/* A TCP connection to 127.0.0.1:port from source address src, or -1. */
+static int connect_from(const char *src, uint16_t p)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in s = {.sin_family = AF_INET},
+			   d = {.sin_family = AF_INET, .sin_port = htons(p)};
+	inet_pton(AF_INET, src, &s.sin_addr);
+	inet_pton(AF_INET, "127.0.0.1", &d.sin_addr);
+	if (fd < 0 || bind(fd, (struct sockaddr *)&s, sizeof(s)) ||
+	    connect(fd, (struct sockaddr *)&d, sizeof(d))) {
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* 512 idle connections from one address (127.0.0.2) do not keep /health or a real client
+ * (127.0.0.1) out: that address gets 64, the rest are closed at accept and counted. With one
+ * limit of 512 for everyone (before), /health got no answer until the idle ones timed out. */
+static void test_idle_flood(void **state)
+{
+	(void)state;
+	enum { N = 512 };
+	static int fds[N];
+	double refused0 = metric_at(port, "kvfs_gateway_connections_refused_total{reason="
+					  "\"per_address\"}");
+	for (int i = 0; i < N; i++)
+		assert_true((fds[i] = connect_from("127.0.0.2", port)) >= 0);
+	char *b;
+	assert_int_equal(http("GET", "/health", NULL, &b), 200);
+	free(b);
+	assert_int_equal(
+	    http("POST", "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":2}", &b), 200);
+	free(b);
+	/* MHD accepts them in order: by now all were accepted or refused */
+	double refused = 0;
+	for (int i = 0; i < 100; i++) {
+		refused = metric_at(port, "kvfs_gateway_connections_refused_total{reason="
+					  "\"per_address\"}");
+		if (refused - refused0 >= N - 64)
+			break;
+		usleep(20000);
+	}
+	assert_true(refused - refused0 == N - 64);
+	assert_true(metric_at(port, "kvfs_gateway_connections_open") >= 64);
+	for (int i = 0; i < N; i++)
+		close(fds[i]);
+	/* and they are given back when the address leaves */
+	double open = 0;
+	for (int i = 0; i < 200; i++) {
+		open = metric_at(port, "kvfs_gateway_connections_open");
+		if (open <= 2) /* the scrape's own connection, and one closing */
+			break;
+		usleep(20000);
+	}
+	assert_true(open <= 2);
+}
+
+/* HTTPS: a self-signed certificate made with openssl; /health and a completion over TLS,
+ * a plain-HTTP request to the TLS port gets no HTTP answer; a key that is not PEM is refused. */
+static void test_tls(void **state)
+{
+	(void)state;
+	char dir[] = "/tmp/test_gw_tls.XXXXXX", cmd[1024], cert[64], key[64];
+	assert_non_null(mkdtemp(dir));
+	snprintf(cert, sizeof(cert), "%s/cert.pem", dir);
+	snprintf(key, sizeof(key), "%s/key.pem", dir);
+	snprintf(cmd, sizeof(cmd),
+		 "openssl req -x509 -newkey rsa:2048 -nodes -keyout %s -out %s -days 1 "
+		 "-subj /CN=127.0.0.1 >/dev/null 2>&1",
+		 key, cert);
+	if (system(cmd) != 0) {
+		fprintf(stderr, "openssl cannot make a certificate here: test_tls skipped\n");
+		skip();
+	}
+	struct gw_opts o = {
+	    .model_id = "tls-model", .max_body = 4096, .tls_cert = cert, .tls_key = key};
+	struct gw_backend be = {.submit = be_submit, .cancel = be_cancel, .release = be_release};
+	struct gw *tg = NULL;
+	assert_int_equal(gw_start(&o, &be, &tg), 0);
+	uint16_t tp = gw_port(tg);
+
+	SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+	assert_non_null(ctx);
+	assert_int_equal(SSL_CTX_load_verify_locations(ctx, cert, NULL), 1);
+	SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+	static const char *const reqs[] = {
+	    "GET /health HTTP/1.0\r\nHost: x\r\n\r\n",
+	    "POST /v1/completions HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\n"
+	    "Content-Length: 30\r\n\r\n{\"prompt\":\"hi\",\"max_tokens\":3}"};
+	for (int i = 0; i < 2; i++) {
+		int fd = htu_connect(tp);
+		assert_true(fd >= 0);
+		SSL *ssl = SSL_new(ctx);
+		SSL_set_fd(ssl, fd);
+		assert_int_equal(SSL_connect(ssl), 1); /* the certificate verifies */
+		assert_int_equal(SSL_write(ssl, reqs[i], (int)strlen(reqs[i])),
+				 (int)strlen(reqs[i]));
+		char buf[8192];
+		int len = 0, r;
+		while ((r = SSL_read(ssl, buf + len, (int)sizeof(buf) - 1 - len)) > 0)
+			len += r;
+		buf[len] = 0;
+		assert_non_null(strstr(buf, "HTTP/1.0 200") ? strstr(buf, "HTTP/1.0 200")
+							    : strstr(buf, "HTTP/1.1 200"));
+		if (i == 1)
+			assert_non_null(strstr(buf, "w0 w1 w2"));
+		SSL_free(ssl);
+		close(fd);
+	}
+	SSL_CTX_free(ctx);
+	char *b;
+	assert_true(htu_request(tp, 1, "GET", "/health", NULL, &b) != 200);
+	free(b);
+	gw_stop(tg);
+
+	FILE *f = fopen(key, "w");
+	fputs("not a key\n", f);
+	fclose(f);
+	tg = NULL;
+	assert_int_equal(gw_start(&o, &be, &tg), -EINVAL);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -493,6 +640,8 @@ int main(void)
 	    cmocka_unit_test(test_disconnect_cancels),
 	    cmocka_unit_test(test_concurrent_and_metrics),
 	    cmocka_unit_test(test_metrics_well_formed),
+	    cmocka_unit_test(test_idle_flood),
+	    cmocka_unit_test(test_tls),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,6 +1,7 @@
 #define KVFS_LOG_TAG "gateway"
 #include "gw.h"
 #include "gw_auth.h"
+#include "gw_net.h"
 #include "ktime.h"
 #include "metrics.h"
 
@@ -34,6 +35,8 @@ struct gw {
 	struct oai_limits lim;
 	struct gw_backend be;
 	struct MHD_Daemon *d;
+	struct gw_net *net;	  /* connection limits */
+	char *tls_cert, *tls_key; /* PEM, NULL for plain HTTP; MHD reads them while it runs */
 	uint16_t port;
 	atomic_ullong next_id;
 	/* /metrics: the families below, then the backend's (a collector). Updates take no lock,
@@ -760,6 +763,33 @@ static int metrics_init(struct gw *g)
 	return 0;
 }
 
+/* Frees what gw_start made before the daemon (metrics, limits, TLS files) and g. */
+static void gw_free(struct gw *g)
+{
+	gw_net_destroy(g->net);
+	free(g->tls_cert);
+	free(g->tls_key);
+	met_reg_destroy(g->reg);
+	free(g);
+}
+
+/* The connection limits and the TLS files. 0 or a negative errno (logged). */
+static int listen_prepare(struct gw *g, const struct gw_opts *o)
+{
+	int rc = gw_net_create(o->max_conns ? o->max_conns : 512,
+			       o->max_conns_per_address ? o->max_conns_per_address : 64, g->reg,
+			       &g->net);
+	if (rc)
+		return rc;
+	if (!o->tls_cert != !o->tls_key) {
+		klog_error("HTTPS needs both a certificate and its key");
+		return -EINVAL;
+	}
+	if (o->tls_cert)
+		rc = gw_net_tls_load(o->tls_cert, o->tls_key, &g->tls_cert, &g->tls_key);
+	return rc;
+}
+
 int gw_start(const struct gw_opts *o, const struct gw_backend *be, struct gw **out)
 {
 	if (!be || !be->submit)
@@ -792,23 +822,45 @@ int gw_start(const struct gw_opts *o, const struct gw_backend *be, struct gw **o
 		free(g);
 		return -ENOMEM;
 	}
+	int rc = listen_prepare(g, o);
+	if (rc) {
+		gw_free(g);
+		return rc;
+	}
 	pthread_mutex_init(&g->mu, NULL);
 	pthread_cond_init(&g->idle, NULL);
 	/* A connection idle 30 s is closed: with 512 threads at most, idle sockets (a client
 	 * that connected and sends nothing) held every slot for the old 600 s. A request being
 	 * served is never idle to MHD: its thread is inside our handler or stream reader. */
-	g->d = MHD_start_daemon(
-	    MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG, 0,
-	    NULL, NULL, handler, g, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_NOTIFY_COMPLETED,
-	    completed, g, MHD_OPTION_CONNECTION_LIMIT, 512u, MHD_OPTION_CONNECTION_TIMEOUT, 30u,
-	    MHD_OPTION_END);
+	struct MHD_OptionItem opts[] = {
+	    {MHD_OPTION_SOCK_ADDR, 0, &sa},
+	    {MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)completed, g},
+	    {MHD_OPTION_CONNECTION_LIMIT, (intptr_t)gw_net_mhd_limit(g->net), NULL},
+	    {MHD_OPTION_CONNECTION_TIMEOUT, 30, NULL},
+	    {MHD_OPTION_END, 0, NULL},
+	    {MHD_OPTION_END, 0, NULL},
+	    {MHD_OPTION_END, 0, NULL},
+	};
+	/* poll(), not select(): past descriptor 1023 (a busy engine process, a flood of
+	 * connections) select() cannot watch a socket and MHD refuses it. */
+	unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
+			 MHD_USE_POLL | MHD_USE_ERROR_LOG;
+	if (g->tls_cert) {
+		flags |= MHD_USE_TLS;
+		opts[4] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, g->tls_cert};
+		opts[5] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, g->tls_key};
+	}
+	g->d = MHD_start_daemon(flags, 0, gw_net_accept, g->net, handler, g,
+				MHD_OPTION_NOTIFY_CONNECTION, gw_net_notify, g->net,
+				MHD_OPTION_ARRAY, opts, MHD_OPTION_END);
 	if (!g->d) {
-		klog_error("cannot listen on %s:%u", o->host ? o->host : "127.0.0.1", o->port);
+		klog_error("cannot listen on %s:%u%s", o->host ? o->host : "127.0.0.1", o->port,
+			   g->tls_cert ? " with TLS (is the key the certificate's?)" : "");
+		rc = g->tls_cert ? -EINVAL : -EADDRINUSE;
 		pthread_cond_destroy(&g->idle);
 		pthread_mutex_destroy(&g->mu);
-		met_reg_destroy(g->reg);
-		free(g);
-		return -EADDRINUSE;
+		gw_free(g);
+		return rc;
 	}
 	const union MHD_DaemonInfo *di = MHD_get_daemon_info(g->d, MHD_DAEMON_INFO_BIND_PORT);
 	g->port = di ? di->port : o->port;
@@ -834,6 +886,5 @@ void gw_stop(struct gw *g)
 	pthread_mutex_unlock(&g->mu);
 	pthread_cond_destroy(&g->idle);
 	pthread_mutex_destroy(&g->mu);
-	met_reg_destroy(g->reg);
-	free(g);
+	gw_free(g);
 }

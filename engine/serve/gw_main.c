@@ -34,6 +34,8 @@ struct gwm_cfg {
 	char api_keys[CFG_STR_MAX];
 	char tenant_secret[CFG_STR_MAX];
 	int open_gateway;
+	char tls_cert[CFG_STR_MAX], tls_key[CFG_STR_MAX];
+	int64_t max_conns, max_conns_per_address;
 };
 
 #define GOFF(f) offsetof(struct gwm_cfg, f)
@@ -58,6 +60,13 @@ static const struct cfg_opt gwm_opts[] = {
      "secret the tenants' cache salts are derived from (16..4096 bytes)"},
     {"open-gateway", CFG_BOOL, GOFF(open_gateway), 0, 0, "false",
      "no API keys: anyone who reaches the port may call /v1, with one shared cache"},
+    {"tls-cert", CFG_STR, GOFF(tls_cert), 0, 0, NULL,
+     "serve HTTPS with this PEM certificate chain (and --tls-key)"},
+    {"tls-key", CFG_STR, GOFF(tls_key), 0, 0, NULL, "the PEM private key of --tls-cert"},
+    {"max-conns", CFG_INT, GOFF(max_conns), 1, 100000, "512",
+     "HTTP connections at most (one thread each); loopback has 16 more"},
+    {"max-conns-per-address", CFG_INT, GOFF(max_conns_per_address), 1, 100000, "64",
+     "HTTP connections at most from one client address"},
     CFG_END,
 };
 
@@ -110,6 +119,10 @@ int kvinfer_cmd_gateway(int argc, char **argv)
 	go.chat_template = c.tmpl;
 	go.limits.max_tokens = (int)c.max_tokens;
 	go.auth = auth;
+	go.tls_cert = c.tls_cert[0] ? c.tls_cert : NULL;
+	go.tls_key = c.tls_key[0] ? c.tls_key : NULL;
+	go.max_conns = (unsigned)c.max_conns;
+	go.max_conns_per_address = (unsigned)c.max_conns_per_address;
 	struct gw *g = NULL;
 	if ((rc = gw_start(&go, &be, &g))) {
 		gw_auth_destroy(auth);
@@ -117,8 +130,9 @@ int kvinfer_cmd_gateway(int argc, char **argv)
 		lb_destroy(l);
 		return 1;
 	}
-	klog_info("gateway on http://%s:%u, policy %s, handoff %s; prefill %s; decode %s", c.host,
-		  gw_port(g), c.policy, c.handoff, c.prefill, c.decode);
+	klog_info("gateway on %s://%s:%u, policy %s, handoff %s; prefill %s; decode %s",
+		  go.tls_cert ? "https" : "http", c.host, gw_port(g), c.policy, c.handoff,
+		  c.prefill, c.decode);
 	if (c.port_file[0]) {
 		FILE *f = fopen(c.port_file, "w");
 		if (f) {

@@ -34,6 +34,8 @@ struct serve_cfg {
 	char api_keys[CFG_STR_MAX];
 	char tenant_secret[CFG_STR_MAX];
 	int open_gateway;
+	char tls_cert[CFG_STR_MAX], tls_key[CFG_STR_MAX];
+	int64_t max_conns, max_conns_per_address;
 };
 
 #define SOFF(f) offsetof(struct serve_cfg, f)
@@ -64,6 +66,13 @@ static const struct cfg_opt serve_opts[] = {
      "secret the tenants' cache salts are derived from (16..4096 bytes)"},
     {"open-gateway", CFG_BOOL, SOFF(open_gateway), 0, 0, "false",
      "no API keys: anyone who reaches the port may call /v1, with one shared cache"},
+    {"tls-cert", CFG_STR, SOFF(tls_cert), 0, 0, NULL,
+     "serve HTTPS with this PEM certificate chain (and --tls-key)"},
+    {"tls-key", CFG_STR, SOFF(tls_key), 0, 0, NULL, "the PEM private key of --tls-cert"},
+    {"max-conns", CFG_INT, SOFF(max_conns), 1, 100000, "512",
+     "HTTP connections at most (one thread each); loopback has 16 more"},
+    {"max-conns-per-address", CFG_INT, SOFF(max_conns_per_address), 1, 100000, "64",
+     "HTTP connections at most from one client address"},
     CFG_END,
 };
 
@@ -124,6 +133,10 @@ int kvinfer_cmd_serve(int argc, char **argv)
 	go.chat_template = c.tmpl;
 	go.limits.max_tokens = (int)c.max_tokens;
 	go.auth = auth;
+	go.tls_cert = c.tls_cert[0] ? c.tls_cert : NULL;
+	go.tls_key = c.tls_key[0] ? c.tls_key : NULL;
+	go.max_conns = (unsigned)c.max_conns;
+	go.max_conns_per_address = (unsigned)c.max_conns_per_address;
 	struct gw *g = NULL;
 	if ((rc = gw_start(&go, &be, &g))) {
 		gw_auth_destroy(auth);
@@ -132,8 +145,8 @@ int kvinfer_cmd_serve(int argc, char **argv)
 		sch_destroy(s);
 		return 1;
 	}
-	klog_info("serving %s (%s) on http://%s:%u; cache %s; %d threads, %d sequences", c.model,
-		  sch_model_arch(s), c.host, gw_port(g),
+	klog_info("serving %s (%s) on %s://%s:%u; cache %s; %d threads, %d sequences", c.model,
+		  sch_model_arch(s), go.tls_cert ? "https" : "http", c.host, gw_port(g),
 		  so.kv_dir && so.kv_dir[0] ? so.kv_dir : "off", so.threads, so.max_seqs);
 	if (c.port_file[0]) {
 		FILE *f = fopen(c.port_file, "w");
