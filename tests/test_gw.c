@@ -26,6 +26,7 @@
 #include <sys/wait.h>
 
 #include "gw.h"
+#include "gw_auth.h"
 #include "http_tutil.h"
 #include "metrics.h"
 #include "prom_parse.h"
@@ -629,6 +630,99 @@ static void test_tls(void **state)
 	assert_int_equal(system(cmd), 0);
 }
 
+/* gw_auth without HTTP: the key file's format and its errors, checks of Authorization values,
+ * reload keeping the old keys on a bad file, and the salt against `openssl dgst -hmac`. */
+static void test_auth_keys(void **state)
+{
+	(void)state;
+	struct gw_keyset *ks;
+	char err[160];
+	static const struct {
+		const char *text;
+		int ok, n;
+	} files[] = {
+	    {"", 1, 0},
+	    {"# only a comment\n\n   \n", 1, 0},
+	    {"key-aaaaaaaaaaaaaaaa alice\nkey-bbbbbbbbbbbbbbbb bob\n", 1, 2},
+	    {"  key-aaaaaaaaaaaaaaaa\talice  \r\nkey-cccccccccccccccc alice", 1, 2},
+	    {"short alice\n", 0, 0},					/* key too short */
+	    {"key-aaaaaaaaaaaaaaaa\n", 0, 0},				/* no tenant */
+	    {"key-aaaaaaaaaaaaaaaa ali ce\n", 0, 0},			/* two words */
+	    {"key-aaaaaaaaaaaaaaaa al/ice\n", 0, 0},			/* bad tenant character */
+	    {"key-aaaa\"aaaaaaaaaaaa alice\n", 0, 0},			/* bad key character */
+	    {"key-aaaaaaaaaaaaaaaa a\nkey-aaaaaaaaaaaaaaaa b\n", 0, 0}, /* key twice */
+	};
+	for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+		int rc =
+		    gw_keyset_parse(files[i].text, strlen(files[i].text), &ks, err, sizeof(err));
+		if (!files[i].ok) {
+			assert_int_equal(rc, -EINVAL);
+			assert_non_null(strstr(err, "line "));
+			continue;
+		}
+		assert_int_equal(rc, 0);
+		assert_int_equal(gw_keyset_count(ks), files[i].n);
+		gw_keyset_free(ks);
+	}
+	char dir[] = "/tmp/test_gw_auth.XXXXXX", keys[64], sec[64];
+	assert_non_null(mkdtemp(dir));
+	snprintf(keys, sizeof(keys), "%s/keys", dir);
+	snprintf(sec, sizeof(sec), "%s/secret", dir);
+	FILE *f = fopen(keys, "w");
+	fputs("key-aaaaaaaaaaaaaaaa alice\nkey-bbbbbbbbbbbbbbbb bob\n", f);
+	fclose(f);
+	f = fopen(sec, "w");
+	fputs("unit-tenant-secret-0123\n", f);
+	fclose(f);
+	struct gw_auth *a;
+	struct gw_auth_opts o = {.keys_path = keys, .secret_path = sec};
+	assert_int_equal(gw_auth_create(&o, &a), 0);
+	char t[GW_TENANT_MAX + 1];
+	assert_int_equal(gw_auth_check(a, "Bearer key-aaaaaaaaaaaaaaaa", t), 0);
+	assert_string_equal(t, "alice");
+	assert_int_equal(gw_auth_check(a, "bearer   key-bbbbbbbbbbbbbbbb ", t), 0);
+	assert_string_equal(t, "bob");
+	assert_int_equal(gw_auth_check(a, NULL, t), -EACCES);
+	assert_int_equal(gw_auth_check(a, "Bearer", t), -EACCES);
+	assert_int_equal(gw_auth_check(a, "Basic key-aaaaaaaaaaaaaaaa", t), -EACCES);
+	assert_int_equal(gw_auth_check(a, "Bearer key-aaaaaaaaaaaaaaab", t), -EACCES);
+	assert_int_equal(gw_auth_check(a, "Bearer key-aaaaaaaaaaaaaaaa2", t), -EACCES);
+	/* salt = hex(HMAC-SHA256(secret, tenant [|| 0 || cache_salt])), as openssl computes it */
+	char buf[GW_SALT_HEX];
+	const char *salt;
+	assert_int_equal(gw_auth_salt(a, "alice", NULL, buf, &salt), 0);
+	assert_string_equal(salt,
+			    "7ab8a81e6d4d00c0cbe7870b09e1ef56805fe6a85a98043389609123c7e417a3");
+	assert_int_equal(gw_auth_salt(a, "alice", "x", buf, &salt), 0);
+	assert_string_equal(salt,
+			    "a9591a60a77b4ef28f381d775cadba5f65d357b7485c51504fb0524134c71189");
+	/* reload: a bad file keeps the keys in force, a good one replaces them */
+	f = fopen(keys, "w");
+	fputs("key-cccccccccccccccc carol\nbroken\n", f);
+	fclose(f);
+	assert_int_equal(gw_auth_reload(a), -EINVAL);
+	assert_int_equal(gw_auth_check(a, "Bearer key-aaaaaaaaaaaaaaaa", t), 0);
+	f = fopen(keys, "w");
+	fputs("key-cccccccccccccccc carol\n", f);
+	fclose(f);
+	assert_int_equal(gw_auth_reload(a), 0);
+	assert_int_equal(gw_auth_check(a, "Bearer key-aaaaaaaaaaaaaaaa", t), -EACCES);
+	assert_int_equal(gw_auth_check(a, "Bearer key-cccccccccccccccc", t), 0);
+	assert_string_equal(t, "carol");
+	gw_auth_destroy(a);
+	/* keys need a secret; open excludes keys; a short secret is refused */
+	struct gw_auth_opts nosec = {.keys_path = keys}, both = {.keys_path = keys, .open = 1};
+	assert_int_equal(gw_auth_create(&nosec, &a), -EINVAL);
+	assert_int_equal(gw_auth_create(&both, &a), -EINVAL);
+	f = fopen(sec, "w");
+	fputs("short\n", f);
+	fclose(f);
+	assert_int_equal(gw_auth_create(&o, &a), -EINVAL);
+	char cmd[128];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -642,6 +736,7 @@ int main(void)
 	    cmocka_unit_test(test_metrics_well_formed),
 	    cmocka_unit_test(test_idle_flood),
 	    cmocka_unit_test(test_tls),
+	    cmocka_unit_test(test_auth_keys),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
