@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <time.h>
 
 #include "log.h"
 
@@ -39,7 +41,26 @@ struct gw_auth {
 	int open;
 	pthread_rwlock_t lock; /* protects keys */
 	struct gw_keyset *keys;
+	/* The key file as last loaded (inode, mtime): gw_auth_sigwait's thread only. */
+	dev_t dev;
+	ino_t ino;
+	struct timespec mtime;
 };
+
+/* 1 when the key file is not the one last loaded (edited in place, or renamed over); records
+ * what it is now. A file that cannot be stat'ed counts as unchanged (a reload would fail). */
+static int keys_changed(struct gw_auth *a)
+{
+	struct stat st;
+	if (stat(a->keys_path, &st))
+		return 0;
+	int ch = st.st_dev != a->dev || st.st_ino != a->ino ||
+		 st.st_mtim.tv_sec != a->mtime.tv_sec || st.st_mtim.tv_nsec != a->mtime.tv_nsec;
+	a->dev = st.st_dev;
+	a->ino = st.st_ino;
+	a->mtime = st.st_mtim;
+	return ch;
+}
 
 static int key_char(int c)
 {
@@ -253,8 +274,10 @@ int gw_auth_create(const struct gw_auth_opts *o, struct gw_auth **out)
 		rc = load_secret(o->secret_path, &a->secret, &a->secret_len);
 	if (!rc && o->keys_path && !(a->keys_path = strdup(o->keys_path)))
 		rc = -ENOMEM;
-	if (!rc && o->keys_path)
+	if (!rc && o->keys_path) {
+		keys_changed(a); /* before the read: a change during it is seen next time */
 		rc = load_keys(o->keys_path, &a->keys);
+	}
 	if (rc) {
 		gw_auth_destroy(a);
 		return rc;
@@ -410,11 +433,19 @@ int gw_auth_from_options(const char *keys, const char *secret, int open, const c
 int gw_auth_sigwait(struct gw_auth *a, const sigset_t *sigs)
 {
 	for (;;) {
-		int sig = 0;
-		if (sigwait(sigs, &sig))
+		struct timespec tick = {1, 0};
+		int sig = sigtimedwait(sigs, NULL, &tick);
+		if (sig < 0) {
+			/* each second: reload a key file that changed (a failed parse is logged
+			 * once per change, and the keys in force stay) */
+			if (errno == EAGAIN && !a->open && keys_changed(a))
+				gw_auth_reload(a);
 			continue;
+		}
 		if (sig != SIGHUP)
 			return sig;
+		if (!a->open)
+			keys_changed(a);
 		gw_auth_reload(a);
 	}
 }

@@ -7,7 +7,8 @@
  *
  * key: 16..128 characters of [A-Za-z0-9._~+/=-]; tenant: 1..64 characters of
  * [A-Za-z0-9._@-]. A tenant may have several keys (rotation); a key appears once. A request
- * proves its tenant with `Authorization: Bearer <key>`.
+ * proves its tenant with `Authorization: Bearer <key>`. The file is reread on SIGHUP and when it
+ * changes (gw_auth_sigwait).
  *
  * A tenant's cache salt is derived on the server, never taken from the client:
  *     salt = hex(HMAC-SHA256(secret, tenant))                      no cache_salt / user
@@ -73,8 +74,9 @@ int gw_auth_salt(const struct gw_auth *a, const char *tenant, const char *client
  * prefixed with prog. 0 or a negative errno. */
 int gw_auth_from_options(const char *keys, const char *secret, int open, const char *prog,
 			 struct gw_auth **out);
-/* sigwait on sigs (which must hold SIGHUP and be blocked in every thread), reloading the keys
- * on each SIGHUP; returns the first other signal. */
+/* Waits for a signal of sigs (which must hold SIGHUP and be blocked in every thread),
+ * reloading the keys on each SIGHUP and, checked every second, whenever the key file's mtime or
+ * inode changed (an edit, or a new file renamed over it); returns the first other signal. */
 int gw_auth_sigwait(struct gw_auth *a, const sigset_t *sigs);
 
 /* ---- the key file parser (pure; the fuzz target's entry) ---- */

@@ -55,7 +55,7 @@ static const struct cfg_opt gwm_opts[] = {
     {"chat-template", CFG_STR, GOFF(tmpl), 0, 0, "plain", "chatml, llama3 or plain"},
     {"max-tokens", CFG_INT, GOFF(max_tokens), 1, 1 << 20, "4096", "largest max_tokens"},
     {"api-keys", CFG_STR, GOFF(api_keys), 0, 0, NULL,
-     "API key file: '<key> <tenant>' lines (docs/serving.md); reread on SIGHUP"},
+     "API key file: '<key> <tenant>' lines (docs/serving.md); reread on SIGHUP or a change"},
     {"tenant-secret-file", CFG_STR, GOFF(tenant_secret), 0, 0, NULL,
      "secret the tenants' cache salts are derived from (16..4096 bytes)"},
     {"open-gateway", CFG_BOOL, GOFF(open_gateway), 0, 0, "false",

@@ -61,7 +61,7 @@ static const struct cfg_opt serve_opts[] = {
     {"isa", CFG_STR, SOFF(isa), 0, 0, "auto", "matmul kernels: auto, avx2, scalar"},
     {"device", CFG_STR, SOFF(device), 0, 0, "cpu", KVINFER_DEVICE_HELP},
     {"api-keys", CFG_STR, SOFF(api_keys), 0, 0, NULL,
-     "API key file: '<key> <tenant>' lines (docs/serving.md); reread on SIGHUP"},
+     "API key file: '<key> <tenant>' lines (docs/serving.md); reread on SIGHUP or a change"},
     {"tenant-secret-file", CFG_STR, SOFF(tenant_secret), 0, 0, NULL,
      "secret the tenants' cache salts are derived from (16..4096 bytes)"},
     {"open-gateway", CFG_BOOL, SOFF(open_gateway), 0, 0, "false",
