@@ -23,15 +23,22 @@ int htu_connect(uint16_t port)
 
 int htu_send(int fd, int version, const char *method, const char *path, const char *body)
 {
+	return htu_send_h(fd, version, method, path, NULL, body);
+}
+
+int htu_send_h(int fd, int version, const char *method, const char *path, const char *headers,
+	       const char *body)
+{
 	size_t bl = body ? strlen(body) : 0;
-	char *req = malloc(bl + 512);
+	char *req = malloc(bl + 1024);
 	if (!req)
 		return -1;
-	int n = snprintf(req, 512,
-			 "%s %s HTTP/1.%d\r\nHost: x\r\n%sContent-Type: application/json\r\n"
+	int n = snprintf(req, 1024,
+			 "%s %s HTTP/1.%d\r\nHost: x\r\n%s%sContent-Type: application/json\r\n"
 			 "Content-Length: %zu\r\n\r\n",
-			 method, path, version ? 1 : 0, version ? "Connection: close\r\n" : "", bl);
-	if (n < 0 || n >= 512) {
+			 method, path, version ? 1 : 0, version ? "Connection: close\r\n" : "",
+			 headers ? headers : "", bl);
+	if (n < 0 || n >= 1024) {
 		free(req);
 		return -1;
 	}
@@ -79,10 +86,16 @@ int htu_recv(int fd, char **out)
 int htu_request(uint16_t port, int version, const char *method, const char *path, const char *body,
 		char **out)
 {
+	return htu_request_h(port, version, method, path, NULL, body, out);
+}
+
+int htu_request_h(uint16_t port, int version, const char *method, const char *path,
+		  const char *headers, const char *body, char **out)
+{
 	*out = NULL;
 	int fd = htu_connect(port);
 	if (fd < 0)
 		return -1;
-	htu_send(fd, version, method, path, body);
+	htu_send_h(fd, version, method, path, headers, body);
 	return htu_recv(fd, out);
 }

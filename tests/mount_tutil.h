@@ -53,4 +53,7 @@ void test_replace_other_mount(void **state);
 void test_replace_append(void **state);
 void test_replace_killed(void **state);
 
+/* test_mount_perm.c: allow-other with two unprivileged users (owners and modes enforced). */
+void test_allow_other_perms(void **state);
+
 #endif

@@ -21,7 +21,12 @@
 
 #include <cmocka.h>
 
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <sys/wait.h>
+
 #include "gw.h"
+#include "gw_auth.h"
 #include "http_tutil.h"
 #include "metrics.h"
 #include "prom_parse.h"
@@ -329,6 +334,20 @@ static void test_errors(void **state)
 		cJSON_Delete(o);
 		free(b);
 	}
+	/* A member named twice is a 400 naming it, not first-wins (a proxy may read the last). */
+	{
+		char *b;
+		assert_int_equal(http("POST", "/v1/completions",
+				      "{\"prompt\":\"a\",\"max_tokens\":1,\"max_tokens\":4000}",
+				      &b),
+				 400);
+		cJSON *o = json(b), *e = cJSON_GetObjectItem(o, "error");
+		assert_string_equal(cJSON_GetObjectItem(e, "param")->valuestring, "max_tokens");
+		assert_non_null(
+		    strstr(cJSON_GetObjectItem(e, "message")->valuestring, "max_tokens"));
+		cJSON_Delete(o);
+		free(b);
+	}
 	/* Oversize body (the test gateway allows 4096 bytes). */
 	char *big = malloc(10000);
 	memset(big, ' ', 9999);
@@ -468,6 +487,242 @@ static void test_metrics_well_formed(void **state)
 	free(b);
 }
 
+/* Value of one sample in port's /metrics, or -1. */
+static double metric_at(uint16_t p, const char *name)
+{
+	char *b;
+	double v = -1;
+	if (htu_request(p, 1, "GET", "/metrics", NULL, &b) == 200) {
+		size_t nl = strlen(name);
+		for (char *q = b; q && *q; q = strchr(q, '\n'), q = q ? q + 1 : NULL)
+			if (!strncmp(q, name, nl) && q[nl] == ' ') {
+				v = strtod(q + nl + 1, NULL);
+				break;
+			}
+	}
+	free(b);
+	return v;
+}
+
+/* A TCP connection to 127.0.0.1:port from source address src, or -1. */
+static int connect_from(const char *src, uint16_t p)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in s = {.sin_family = AF_INET},
+			   d = {.sin_family = AF_INET, .sin_port = htons(p)};
+	inet_pton(AF_INET, src, &s.sin_addr);
+	inet_pton(AF_INET, "127.0.0.1", &d.sin_addr);
+	if (fd < 0 || bind(fd, (struct sockaddr *)&s, sizeof(s)) ||
+	    connect(fd, (struct sockaddr *)&d, sizeof(d))) {
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* 512 idle connections from one address (127.0.0.2) do not keep /health or a real client
+ * (127.0.0.1) out: that address gets 64, the rest are closed at accept and counted. With one
+ * limit of 512 for everyone (before), /health got no answer until the idle ones timed out. */
+static void test_idle_flood(void **state)
+{
+	(void)state;
+	enum { N = 512 };
+	static int fds[N];
+	double refused0 = metric_at(port, "kvfs_gateway_connections_refused_total{reason="
+					  "\"per_address\"}");
+	for (int i = 0; i < N; i++)
+		assert_true((fds[i] = connect_from("127.0.0.2", port)) >= 0);
+	char *b;
+	assert_int_equal(http("GET", "/health", NULL, &b), 200);
+	free(b);
+	assert_int_equal(
+	    http("POST", "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":2}", &b), 200);
+	free(b);
+	/* MHD accepts them in order: by now all were accepted or refused */
+	double refused = 0;
+	for (int i = 0; i < 100; i++) {
+		refused = metric_at(port, "kvfs_gateway_connections_refused_total{reason="
+					  "\"per_address\"}");
+		if (refused - refused0 >= N - 64)
+			break;
+		usleep(20000);
+	}
+	assert_true(refused - refused0 == N - 64);
+	assert_true(metric_at(port, "kvfs_gateway_connections_open") >= 64);
+	for (int i = 0; i < N; i++)
+		close(fds[i]);
+	/* and they are given back when the address leaves */
+	double open = 0;
+	for (int i = 0; i < 200; i++) {
+		open = metric_at(port, "kvfs_gateway_connections_open");
+		if (open <= 2) /* the scrape's own connection, and one closing */
+			break;
+		usleep(20000);
+	}
+	assert_true(open <= 2);
+}
+
+/* HTTPS: a self-signed certificate made with openssl; /health and a completion over TLS,
+ * a plain-HTTP request to the TLS port gets no HTTP answer; a key that is not PEM is refused. */
+static void test_tls(void **state)
+{
+	(void)state;
+	char dir[] = "/tmp/test_gw_tls.XXXXXX", cmd[1024], cert[64], key[64];
+	assert_non_null(mkdtemp(dir));
+	snprintf(cert, sizeof(cert), "%s/cert.pem", dir);
+	snprintf(key, sizeof(key), "%s/key.pem", dir);
+	snprintf(cmd, sizeof(cmd),
+		 "openssl req -x509 -newkey rsa:2048 -nodes -keyout %s -out %s -days 1 "
+		 "-subj /CN=127.0.0.1 >/dev/null 2>&1",
+		 key, cert);
+	if (system(cmd) != 0) {
+		fprintf(stderr, "openssl cannot make a certificate here: test_tls skipped\n");
+		skip();
+	}
+	struct gw_opts o = {
+	    .model_id = "tls-model", .max_body = 4096, .tls_cert = cert, .tls_key = key};
+	struct gw_backend be = {.submit = be_submit, .cancel = be_cancel, .release = be_release};
+	struct gw *tg = NULL;
+	assert_int_equal(gw_start(&o, &be, &tg), 0);
+	uint16_t tp = gw_port(tg);
+
+	SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+	assert_non_null(ctx);
+	assert_int_equal(SSL_CTX_load_verify_locations(ctx, cert, NULL), 1);
+	SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+	static const char *const reqs[] = {
+	    "GET /health HTTP/1.0\r\nHost: x\r\n\r\n",
+	    "POST /v1/completions HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\n"
+	    "Content-Length: 30\r\n\r\n{\"prompt\":\"hi\",\"max_tokens\":3}"};
+	for (int i = 0; i < 2; i++) {
+		int fd = htu_connect(tp);
+		assert_true(fd >= 0);
+		SSL *ssl = SSL_new(ctx);
+		SSL_set_fd(ssl, fd);
+		assert_int_equal(SSL_connect(ssl), 1); /* the certificate verifies */
+		assert_int_equal(SSL_write(ssl, reqs[i], (int)strlen(reqs[i])),
+				 (int)strlen(reqs[i]));
+		char buf[8192];
+		int len = 0, r;
+		while ((r = SSL_read(ssl, buf + len, (int)sizeof(buf) - 1 - len)) > 0)
+			len += r;
+		buf[len] = 0;
+		assert_non_null(strstr(buf, "HTTP/1.0 200") ? strstr(buf, "HTTP/1.0 200")
+							    : strstr(buf, "HTTP/1.1 200"));
+		if (i == 1)
+			assert_non_null(strstr(buf, "w0 w1 w2"));
+		SSL_free(ssl);
+		close(fd);
+	}
+	SSL_CTX_free(ctx);
+	char *b;
+	assert_true(htu_request(tp, 1, "GET", "/health", NULL, &b) != 200);
+	free(b);
+	gw_stop(tg);
+
+	FILE *f = fopen(key, "w");
+	fputs("not a key\n", f);
+	fclose(f);
+	tg = NULL;
+	assert_int_equal(gw_start(&o, &be, &tg), -EINVAL);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	assert_int_equal(system(cmd), 0);
+}
+
+/* gw_auth without HTTP: the key file's format and its errors, checks of Authorization values,
+ * reload keeping the old keys on a bad file, and the salt against `openssl dgst -hmac`. */
+static void test_auth_keys(void **state)
+{
+	(void)state;
+	struct gw_keyset *ks;
+	char err[160];
+	static const struct {
+		const char *text;
+		int ok, n;
+	} files[] = {
+	    {"", 1, 0},
+	    {"# only a comment\n\n   \n", 1, 0},
+	    {"key-aaaaaaaaaaaaaaaa alice\nkey-bbbbbbbbbbbbbbbb bob\n", 1, 2},
+	    {"  key-aaaaaaaaaaaaaaaa\talice  \r\nkey-cccccccccccccccc alice", 1, 2},
+	    {"short alice\n", 0, 0},					/* key too short */
+	    {"key-aaaaaaaaaaaaaaaa\n", 0, 0},				/* no tenant */
+	    {"key-aaaaaaaaaaaaaaaa ali ce\n", 0, 0},			/* two words */
+	    {"key-aaaaaaaaaaaaaaaa al/ice\n", 0, 0},			/* bad tenant character */
+	    {"key-aaaa\"aaaaaaaaaaaa alice\n", 0, 0},			/* bad key character */
+	    {"key-aaaaaaaaaaaaaaaa a\nkey-aaaaaaaaaaaaaaaa b\n", 0, 0}, /* key twice */
+	};
+	for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+		int rc =
+		    gw_keyset_parse(files[i].text, strlen(files[i].text), &ks, err, sizeof(err));
+		if (!files[i].ok) {
+			assert_int_equal(rc, -EINVAL);
+			assert_non_null(strstr(err, "line "));
+			continue;
+		}
+		assert_int_equal(rc, 0);
+		assert_int_equal(gw_keyset_count(ks), files[i].n);
+		gw_keyset_free(ks);
+	}
+	char dir[] = "/tmp/test_gw_auth.XXXXXX", keys[64], sec[64];
+	assert_non_null(mkdtemp(dir));
+	snprintf(keys, sizeof(keys), "%s/keys", dir);
+	snprintf(sec, sizeof(sec), "%s/secret", dir);
+	FILE *f = fopen(keys, "w");
+	fputs("key-aaaaaaaaaaaaaaaa alice\nkey-bbbbbbbbbbbbbbbb bob\n", f);
+	fclose(f);
+	f = fopen(sec, "w");
+	fputs("unit-tenant-secret-0123\n", f);
+	fclose(f);
+	struct gw_auth *a;
+	struct gw_auth_opts o = {.keys_path = keys, .secret_path = sec};
+	assert_int_equal(gw_auth_create(&o, &a), 0);
+	char t[GW_TENANT_MAX + 1];
+	assert_int_equal(gw_auth_check(a, "Bearer key-aaaaaaaaaaaaaaaa", t), 0);
+	assert_string_equal(t, "alice");
+	assert_int_equal(gw_auth_check(a, "bearer   key-bbbbbbbbbbbbbbbb ", t), 0);
+	assert_string_equal(t, "bob");
+	assert_int_equal(gw_auth_check(a, NULL, t), -EACCES);
+	assert_int_equal(gw_auth_check(a, "Bearer", t), -EACCES);
+	assert_int_equal(gw_auth_check(a, "Basic key-aaaaaaaaaaaaaaaa", t), -EACCES);
+	assert_int_equal(gw_auth_check(a, "Bearer key-aaaaaaaaaaaaaaab", t), -EACCES);
+	assert_int_equal(gw_auth_check(a, "Bearer key-aaaaaaaaaaaaaaaa2", t), -EACCES);
+	/* salt = hex(HMAC-SHA256(secret, tenant [|| 0 || cache_salt])), as openssl computes it */
+	char buf[GW_SALT_HEX];
+	const char *salt;
+	assert_int_equal(gw_auth_salt(a, "alice", NULL, buf, &salt), 0);
+	assert_string_equal(salt,
+			    "7ab8a81e6d4d00c0cbe7870b09e1ef56805fe6a85a98043389609123c7e417a3");
+	assert_int_equal(gw_auth_salt(a, "alice", "x", buf, &salt), 0);
+	assert_string_equal(salt,
+			    "a9591a60a77b4ef28f381d775cadba5f65d357b7485c51504fb0524134c71189");
+	/* reload: a bad file keeps the keys in force, a good one replaces them */
+	f = fopen(keys, "w");
+	fputs("key-cccccccccccccccc carol\nbroken\n", f);
+	fclose(f);
+	assert_int_equal(gw_auth_reload(a), -EINVAL);
+	assert_int_equal(gw_auth_check(a, "Bearer key-aaaaaaaaaaaaaaaa", t), 0);
+	f = fopen(keys, "w");
+	fputs("key-cccccccccccccccc carol\n", f);
+	fclose(f);
+	assert_int_equal(gw_auth_reload(a), 0);
+	assert_int_equal(gw_auth_check(a, "Bearer key-aaaaaaaaaaaaaaaa", t), -EACCES);
+	assert_int_equal(gw_auth_check(a, "Bearer key-cccccccccccccccc", t), 0);
+	assert_string_equal(t, "carol");
+	gw_auth_destroy(a);
+	/* keys need a secret; open excludes keys; a short secret is refused */
+	struct gw_auth_opts nosec = {.keys_path = keys}, both = {.keys_path = keys, .open = 1};
+	assert_int_equal(gw_auth_create(&nosec, &a), -EINVAL);
+	assert_int_equal(gw_auth_create(&both, &a), -EINVAL);
+	f = fopen(sec, "w");
+	fputs("short\n", f);
+	fclose(f);
+	assert_int_equal(gw_auth_create(&o, &a), -EINVAL);
+	char cmd[128];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -479,6 +734,9 @@ int main(void)
 	    cmocka_unit_test(test_disconnect_cancels),
 	    cmocka_unit_test(test_concurrent_and_metrics),
 	    cmocka_unit_test(test_metrics_well_formed),
+	    cmocka_unit_test(test_idle_flood),
+	    cmocka_unit_test(test_tls),
+	    cmocka_unit_test(test_auth_keys),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -255,6 +255,7 @@ static int setup(void **state)
 		snprintf(log, sizeof(log), "%s/glog%d", tmpdir, i);
 		char *argv[] = {bin,
 				"gateway",
+				"--open-gateway",
 				"--prefill",
 				pl,
 				"--decode",
@@ -852,9 +853,20 @@ static void test_bad_prefill_reply(void **state)
 	snprintf(log, sizeof(log), "%s/glog-bad", tmpdir);
 	snprintf(pl, sizeof(pl), "127.0.0.1:%u", kvp_server_port(srv));
 	snprintf(dl, sizeof(dl), "127.0.0.1:%u", wport[W_D]);
-	char *argv[] = {
-	    bin,      "gateway", "--prefill",	pl, "--decode", dl, "--secret-file", sec,
-	    "--port", "0",	 "--port-file", pf, NULL};
+	char *argv[] = {bin,
+			"gateway",
+			"--open-gateway",
+			"--prefill",
+			pl,
+			"--decode",
+			dl,
+			"--secret-file",
+			sec,
+			"--port",
+			"0",
+			"--port-file",
+			pf,
+			NULL};
 	pid_t g = ptu_spawn(argv, log);
 	uint16_t port = ptu_wait_port(pf);
 	assert_true(port != 0);

@@ -187,6 +187,7 @@ static int setup(void **state)
 		snprintf(log, sizeof(log), "%s/glog%d", tmpdir, i);
 		char *argv[] = {bin,
 				"gateway",
+				"--open-gateway",
 				"--prefill",
 				pl,
 				"--decode",

@@ -914,6 +914,7 @@ int main(int argc, char **argv)
 		return 77;
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_lifecycle),
+	    cmocka_unit_test(test_allow_other_perms),
 	    cmocka_unit_test(test_refused),
 	    cmocka_unit_test(test_status),
 	    cmocka_unit_test(test_killed_writer),

@@ -56,6 +56,53 @@ static void test_completion_ok(void **state)
 	oai_request_free(&r);
 }
 
+/* A member named twice in one object, at any depth, is a 400 naming it (not first-wins); the
+ * same name in two different objects is fine. */
+static void test_duplicate_keys(void **state)
+{
+	(void)state;
+	struct oai_request r;
+	const char *param;
+	char err[256];
+	static const struct {
+		const char *body, *key;
+	} dups[] = {
+	    {"{\"prompt\":\"a\",\"max_tokens\":1,\"max_tokens\":4000}", "max_tokens"},
+	    {"{\"max_tokens\":1,\"prompt\":\"a\",\"max_tokens\":1}", "max_tokens"},
+	    {"{\"prompt\":\"a\",\"user\":\"x\",\"user\":\"y\"}", "user"},
+	    {"{\"prompt\":\"a\",\"stream_options\":{\"include_usage\":true,"
+	     "\"include_usage\":false}}",
+	     "include_usage"},
+	    {"{\"prompt\":\"a\",\"x\":[{\"k\":1},{\"k\":1,\"k\":2}]}", "k"},
+	    /* names compare after unescaping: \u0075ser is user */
+	    {"{\"prompt\":\"a\",\"user\":\"x\",\"\\u0075ser\":\"y\"}", "user"},
+	};
+	for (size_t i = 0; i < sizeof(dups) / sizeof(dups[0]); i++) {
+		int rc = oai_parse_request(dups[i].body, strlen(dups[i].body), 0, &LIM, &r, err,
+					   sizeof(err), &param);
+		assert_int_equal(rc, -EINVAL);
+		assert_non_null(param);
+		assert_string_equal(param, dups[i].key);
+		assert_non_null(strstr(err, dups[i].key));
+	}
+	assert_int_equal(parse("{\"prompt\":\"a\",\"x\":{\"prompt\":1},\"y\":[{\"k\":1},"
+			       "{\"k\":2}]}",
+			       0, &r, &param),
+			 0);
+	oai_request_free(&r);
+	/* many members: sorted, not compared pairwise (this would take minutes at n^2) */
+	size_t n = 100000, cap = n * 16 + 64, off = 0;
+	char *big = malloc(cap);
+	off += (size_t)snprintf(big + off, cap - off, "{\"prompt\":\"a\"");
+	for (size_t i = 0; i < n; i++)
+		off += (size_t)snprintf(big + off, cap - off, ",\"k%zu\":0", i);
+	snprintf(big + off, cap - off, ",\"k7\":1}");
+	assert_int_equal(oai_parse_request(big, strlen(big), 0, &LIM, &r, err, sizeof(err), &param),
+			 -EINVAL);
+	assert_string_equal(param, "k7");
+	free(big);
+}
+
 static void test_bad_requests(void **state)
 {
 	(void)state;
@@ -297,9 +344,9 @@ static void test_utf8(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_completion_ok), cmocka_unit_test(test_bad_requests),
-	    cmocka_unit_test(test_chat),	  cmocka_unit_test(test_responses_parse),
-	    cmocka_unit_test(test_utf8),
+	    cmocka_unit_test(test_completion_ok),   cmocka_unit_test(test_bad_requests),
+	    cmocka_unit_test(test_duplicate_keys),  cmocka_unit_test(test_chat),
+	    cmocka_unit_test(test_responses_parse), cmocka_unit_test(test_utf8),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

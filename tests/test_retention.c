@@ -193,7 +193,7 @@ static void test_old_db_upgrade(void **state)
 		ik[1 + i] = (uint8_t)(set.ino >> (56 - 8 * i));
 	v = rocksdb_get(db, ro, (const char *)ik, sizeof(ik), &vl, &err);
 	assert_non_null(v);
-	assert_int_equal(vl, INO_V1_LEN + 8);
+	assert_int_equal(vl, INO_V1_LEN + 8 + 8); /* version 3: + access_ns + uid, gid */
 	int64_t own = 0;
 	for (int i = 7; i >= 0; i--)
 		own = (int64_t)((uint64_t)own << 8 | (uint8_t)v[INO_V1_LEN + (size_t)i]);
@@ -230,6 +230,8 @@ static void test_old_db_upgrade(void **state)
 	assert_int_equal(kvc_resolve(c, "/mid/set", &a), 0);
 	assert_true(a.atime_ns == T2020_NS);
 	assert_true(a.access_ns == a.ctime_ns);
+	/* a record from before owners were kept has none (the mount shows its own user) */
+	assert_true(a.uid == KVP_OWNER_NONE && a.gid == KVP_OWNER_NONE);
 	int64_t end = rt_now_ms() + 10000;
 	while (kvc_resolve(c, "/cold/f", &a) == 0 && rt_now_ms() < end)
 		rt_sleep_ms(200);

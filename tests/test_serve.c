@@ -10,6 +10,7 @@
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -55,16 +56,34 @@ static int connect_port(void)
 	return htu_connect(port);
 }
 
+/* API keys (the key file setup_keys writes): every request is tenant alice's unless a test
+ * picks another key. */
+#define KEY_ALICE "alice-key-0123456789abcdef"
+#define KEY_BOB	  "bob-key-0123456789abcdef"
+#define KEY_CAROL "carol-key-0123456789abcdef" /* added by test_key_reload */
+static const char *cur_key = KEY_ALICE;
+static char keyfile[300], tsecret[300];
+
+/* The Authorization header of cur_key ("" when NULL). */
+static const char *auth_hdr(void)
+{
+	static __thread char h[128];
+	if (!cur_key)
+		return "";
+	snprintf(h, sizeof(h), "Authorization: Bearer %s\r\n", cur_key);
+	return h;
+}
+
 static int send_req(int fd, const char *method, const char *path, const char *body)
 {
-	return htu_send(fd, 0, method, path, body);
+	return htu_send_h(fd, 0, method, path, auth_hdr(), body);
 }
 
 /* One HTTP/1.0 request (no chunked encoding: the body ends at EOF); returns the status and
  * the body (malloc'd), -1 when the server cannot be reached. */
 static int http(const char *method, const char *path, const char *body, char **out)
 {
-	return htu_request(port, 0, method, path, body, out);
+	return htu_request_h(port, 0, method, path, auth_hdr(), body, out);
 }
 
 static cJSON *json(const char *s)
@@ -111,6 +130,24 @@ static int run_cmd(char *const argv[])
 	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+static int write_file(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+	if (!f)
+		return -1;
+	fputs(text, f);
+	return fclose(f);
+}
+
+/* The key file (alice, bob) and the tenant secret, in tmpdir. */
+static int setup_keys(void)
+{
+	snprintf(keyfile, sizeof(keyfile), "%s/keys", tmpdir);
+	snprintf(tsecret, sizeof(tsecret), "%s/tenant-secret", tmpdir);
+	return write_file(keyfile, "# test keys\n" KEY_ALICE " alice\n\n" KEY_BOB " bob\n") ||
+	       write_file(tsecret, "tenant-secret-for-test-serve-0123\n");
+}
+
 static int setup(void **state)
 {
 	(void)state;
@@ -126,6 +163,8 @@ static int setup(void **state)
 	snprintf(portf, sizeof(portf), "%s/port", tmpdir);
 	snprintf(logf, sizeof(logf), "%s/log", tmpdir);
 	mkdir(kvdir, 0755);
+	if (setup_keys())
+		return -1;
 	char *sargv[] = {synth, "--preset", "small", "-o", model, NULL};
 	if (run_cmd(sargv)) {
 		fprintf(stderr, "cannot run %s\n", synth);
@@ -136,7 +175,8 @@ static int setup(void **state)
 		freopen(logf, "w", stderr);
 		execl(bin, bin, "serve", "-m", model, "--kv-dir", kvdir, "--port", "0",
 		      "--port-file", portf, "-t", "1", "--block-tokens", "16", "--ignore-eos",
-		      "--max-seqs", "24", "--ctx", "4096", (char *)NULL);
+		      "--max-seqs", "24", "--ctx", "4096", "--api-keys", keyfile,
+		      "--tenant-secret-file", tsecret, (char *)NULL);
 		_exit(127);
 	}
 	for (int i = 0; i < 200 && !port; i++) {
@@ -462,8 +502,9 @@ static int setup_disagg(void **state)
 	if (gateway == 0) {
 		if (!freopen(logf, "w", stderr))
 			_exit(126);
-		execl(bin, bin, "gateway", "--prefill", pl, "--decode", dl, "--secret-file", secret,
-		      "--policy", "least", "--port", "0", "--port-file", pf, (char *)NULL);
+		execl(bin, bin, "gateway", "--api-keys", keyfile, "--tenant-secret-file", tsecret,
+		      "--prefill", pl, "--decode", dl, "--secret-file", secret, "--policy", "least",
+		      "--port", "0", "--port-file", pf, (char *)NULL);
 		_exit(127);
 	}
 	port = wait_port(pf);
@@ -631,8 +672,9 @@ static void check_sim_decisions(const char *policy)
 	if (g == 0) {
 		if (!freopen(logf, "w", stderr))
 			_exit(126);
-		execl(bin, bin, "gateway", "--prefill", pl, "--decode", dl, "--secret-file", secret,
-		      "--policy", policy, "--port", "0", "--port-file", pf, (char *)NULL);
+		execl(bin, bin, "gateway", "--api-keys", keyfile, "--tenant-secret-file", tsecret,
+		      "--prefill", pl, "--decode", dl, "--secret-file", secret, "--policy", policy,
+		      "--port", "0", "--port-file", pf, (char *)NULL);
 		_exit(127);
 	}
 	uint16_t main_port = port;
@@ -752,13 +794,180 @@ static void test_disagg_kill_decode(void **state)
 	}
 }
 
+/* cached_tokens of a greedy completion of prompt sent with key and extra JSON members
+ * (",\"user\":\"x\"" or ""). */
+static int cached_as(const char *key, const char *prompt, const char *extra)
+{
+	char body[2048], *b;
+	snprintf(body, sizeof(body), "{\"prompt\":\"%s\",\"max_tokens\":2,\"temperature\":0%s}",
+		 prompt, extra);
+	const char *saved = cur_key;
+	cur_key = key;
+	int st = http("POST", "/v1/completions", body, &b);
+	cur_key = saved;
+	if (st != 200)
+		fail_msg("status %d: %s", st, b ? b : "");
+	cJSON *o = json(b);
+	cJSON *d = cJSON_GetObjectItem(cJSON_GetObjectItem(o, "usage"), "prompt_tokens_details");
+	int c = cJSON_GetObjectItem(d, "cached_tokens")->valueint;
+	cJSON_Delete(o);
+	free(b);
+	return c;
+}
+
+/* A 401 in OpenAI's error format for path, sent with key (NULL: no Authorization). */
+static void expect_401(const char *key, const char *method, const char *path, const char *body)
+{
+	char *b;
+	const char *saved = cur_key;
+	cur_key = key;
+	int st = http(method, path, body, &b);
+	cur_key = saved;
+	assert_int_equal(st, 401);
+	cJSON *o = json(b), *e = cJSON_GetObjectItem(o, "error");
+	assert_non_null(e);
+	assert_true(cJSON_IsString(cJSON_GetObjectItem(e, "message")));
+	assert_string_equal(cJSON_GetObjectItem(e, "type")->valuestring, "invalid_request_error");
+	assert_non_null(cJSON_GetObjectItem(e, "param"));
+	assert_string_equal(cJSON_GetObjectItem(e, "code")->valuestring, "invalid_api_key");
+	cJSON_Delete(o);
+	free(b);
+}
+
+/* Every /v1 route needs a key the key file holds; /health and /metrics do not. */
+static void test_api_keys_required(void **state)
+{
+	(void)state;
+	double before = metric("kvfs_gateway_unauthorized_total");
+	const char *body = "{\"prompt\":\"hi\",\"max_tokens\":1}";
+	expect_401(NULL, "POST", "/v1/completions", body);
+	expect_401("wrong-key-0123456789abcdef", "POST", "/v1/completions", body);
+	expect_401(KEY_ALICE "x", "POST", "/v1/chat/completions", body);
+	expect_401(NULL, "GET", "/v1/models", NULL);
+	/* the other tenant's name is not a key */
+	expect_401("alice", "GET", "/v1/models", NULL);
+	assert_true(metric("kvfs_gateway_unauthorized_total") >= before + 5);
+	char *b;
+	const char *saved = cur_key;
+	cur_key = NULL;
+	assert_int_equal(http("GET", "/health", NULL, &b), 200);
+	free(b);
+	cur_key = saved;
+	assert_int_equal(http("GET", "/v1/models", NULL, &b), 200);
+	free(b);
+}
+
+/* Waits until the server published more than n KV blocks (the save is in the background). */
+static void wait_saved(double n)
+{
+	for (int i = 0; i < 200 && metric("kvx_saved_blocks_total") <= n; i++)
+		sleep_ms(20);
+	assert_true(metric("kvx_saved_blocks_total") > n);
+}
+
+/* Tenant bob sends the very prompt and user / cache_salt alice used: he gets no cached token,
+ * and the server counts no prefix-cache hit for him (so his request cannot be faster for
+ * alice's: it computes every token). alice gets her hit; a cache_salt narrows within a tenant. */
+static void tenant_probe(const char *prompt, int embedded)
+{
+	double saved0 = embedded ? metric("kvx_saved_blocks_total") : 0;
+	assert_int_equal(cached_as(KEY_ALICE, prompt, ",\"user\":\"alice\""), 0);
+	if (embedded)
+		wait_saved(saved0);
+	/* the same tenant and salt hit */
+	int hit = cached_as(KEY_ALICE, prompt, ",\"user\":\"alice\"");
+	assert_true(hit >= 16 && hit % 16 == 0);
+	double hits = metric("prefix_cache_hits");
+	double kvx_hits = embedded ? metric("kvx_hit_blocks_total") : 0;
+	/* bob, naming alice's salt (as user; cache_salt is the same field) or none. Each probe
+	 * leaves bob's own blocks behind, so each uses a salt bob has not used before. */
+	assert_int_equal(cached_as(KEY_BOB, prompt, ",\"user\":\"alice\""), 0);
+	assert_int_equal(cached_as(KEY_BOB, prompt, ""), 0);
+	assert_true(metric("prefix_cache_hits") == hits); /* no hit was counted for bob */
+	if (embedded) /* nor loaded from the cache by the engine */
+		assert_true(metric("kvx_hit_blocks_total") == kvx_hits);
+	/* a different salt within alice's tenant narrows: no hit either */
+	assert_int_equal(cached_as(KEY_ALICE, prompt, ",\"cache_salt\":\"other\""), 0);
+	assert_true(metric("prefix_cache_hits") == hits);
+	assert_true(cached_as(KEY_ALICE, prompt, ",\"cache_salt\":\"alice\"") >= hit);
+}
+
+static void test_tenants_isolated(void **state)
+{
+	(void)state;
+	tenant_probe("Tenant probe, embedded: the quick brown fox jumps over the lazy dog, then "
+		     "the dog chases the fox around the farm until both are tired and sleep.",
+		     1);
+}
+
+/* SIGHUP rereads the key file: a new key works, a removed one is refused. */
+/* Rewrites the key file keeping its inode and mtime: only a SIGHUP makes the server see it. */
+static void write_keys_quietly(const char *text)
+{
+	struct stat st;
+	assert_int_equal(stat(keyfile, &st), 0);
+	assert_int_equal(write_file(keyfile, text), 0);
+	struct timespec ts[2] = {st.st_atim, st.st_mtim};
+	assert_int_equal(utimensat(AT_FDCWD, keyfile, ts, 0), 0);
+}
+
+/* Status of GET /v1/models with key, polled up to ms until it is want; the last status. */
+static int models_status(const char *key, int want, int ms)
+{
+	const char *saved = cur_key;
+	int st = 0;
+	cur_key = key;
+	for (int t = 0; t <= ms; t += 20) {
+		char *b = NULL;
+		st = http("GET", "/v1/models", NULL, &b);
+		free(b);
+		if (st == want)
+			break;
+		sleep_ms(20);
+	}
+	cur_key = saved;
+	return st;
+}
+
+/* SIGHUP rereads the key file: a new key works, a removed one is refused, a broken file keeps
+ * the keys in force. An edited file is also reread without a signal (checked each second). */
+static void test_key_reload(void **state)
+{
+	(void)state;
+	expect_401(KEY_CAROL, "GET", "/v1/models", NULL);
+	write_keys_quietly(KEY_ALICE " alice\n" KEY_CAROL " carol\n");
+	sleep_ms(1500); /* unchanged mtime: no reload without the signal */
+	assert_int_equal(models_status(KEY_CAROL, 200, 0), 401);
+	kill(server, SIGHUP);
+	assert_int_equal(models_status(KEY_CAROL, 200, 2000), 200);
+	expect_401(KEY_BOB, "GET", "/v1/models", NULL);
+	write_keys_quietly("short alice\n");
+	kill(server, SIGHUP);
+	sleep_ms(200);
+	assert_int_equal(models_status(KEY_CAROL, 200, 0), 200);
+	/* an edit, no signal: alice and bob again (the next groups use them) */
+	assert_int_equal(setup_keys(), 0);
+	assert_int_equal(models_status(KEY_BOB, 200, 5000), 200);
+	assert_int_equal(models_status(KEY_CAROL, 401, 0), 401);
+}
+
+static void test_disagg_tenants(void **state)
+{
+	(void)state;
+	expect_401(NULL, "POST", "/v1/completions", "{\"prompt\":\"hi\"}");
+	tenant_probe("Tenant probe, disaggregated: a long walk along the river in the morning, "
+		     "past the mill and the old bridge, to the market where bread is sold.",
+		     0);
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_cached_and_stream),	cmocka_unit_test(test_chat),
 	    cmocka_unit_test(test_concurrent),		cmocka_unit_test(test_errors_keep_serving),
-	    cmocka_unit_test(test_disconnect_frees_kv),
+	    cmocka_unit_test(test_disconnect_frees_kv), cmocka_unit_test(test_api_keys_required),
+	    cmocka_unit_test(test_tenants_isolated),	cmocka_unit_test(test_key_reload),
 	};
 	int rc = cmocka_run_group_tests(tests, setup, teardown);
 	const struct CMUnitTest disagg[] = {
@@ -769,6 +978,7 @@ int main(void)
 	    cmocka_unit_test(test_disagg_sim_decisions_prefix),
 	    cmocka_unit_test(test_disagg_sim_decisions_chash),
 	    cmocka_unit_test(test_disagg_kill_decode),
+	    cmocka_unit_test(test_disagg_tenants),
 	};
 	/* the disaggregated group reuses the first one's model and temp dir */
 	return rc | cmocka_run_group_tests(disagg, setup_disagg, teardown_disagg);

@@ -164,7 +164,7 @@ if [ -x "$build/bin/kvinfer" ] && [ -x "$build/tools/kvinfer-synth" ] &&
 	pf=127.0.0.1:$(cat "$state/prefill0.port"),127.0.0.1:$(cat "$state/prefill1.port")
 	dc=127.0.0.1:$(cat "$state/decode0.port"),127.0.0.1:$(cat "$state/decode1.port")
 	rm -f "$state/gateway.port"
-	"$build/bin/kvinfer" gateway --prefill "$pf" --decode "$dc" --secret-file "$state/secret" \
+	"$build/bin/kvinfer" gateway --open-gateway --prefill "$pf" --decode "$dc" --secret-file "$state/secret" \
 		--policy cache --port 0 --port-file "$state/gateway.port" >"$state/gateway.log" 2>&1 &
 	echo $! >>"$state/serve.pids"
 	wait_port "$state/gateway.port"

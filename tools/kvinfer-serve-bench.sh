@@ -48,7 +48,7 @@ echo "preset $preset (q8_0), $requests requests, $conc concurrent, $prefixes pre
 
 run_embedded() { # label, extra flags
 	rm -f "$work/port"
-	"$K" serve "${common[@]}" --port 0 --port-file "$work/port" "${@:2}" 2>"$work/$1.log" &
+	"$K" serve --open-gateway "${common[@]}" --port 0 --port-file "$work/port" "${@:2}" 2>"$work/$1.log" &
 	pids+=($!)
 	wait_file "$work/port"
 	"$L" --port "$(cat "$work/port")" --label "$1" "${load[@]}" | tee -a "$work/results"
@@ -76,7 +76,7 @@ for pol in $policies; do for ho in $handoffs; do
 		pids+=($!)
 	done
 	for f in wpp0 wpp1 wpd0 wpd1; do wait_file "$work/$f"; done
-	"$K" gateway --prefill "127.0.0.1:$(cat "$work/wpp0"),127.0.0.1:$(cat "$work/wpp1")" \
+	"$K" gateway --open-gateway --prefill "127.0.0.1:$(cat "$work/wpp0"),127.0.0.1:$(cat "$work/wpp1")" \
 		--decode "127.0.0.1:$(cat "$work/wpd0"),127.0.0.1:$(cat "$work/wpd1")" \
 		--secret-file "$work/secret" --policy "$pol" --handoff "$ho" ${GW_ARGS:-} --port 0 \
 		--port-file "$work/gport" 2>"$work/gw-$pol-$ho.log" &

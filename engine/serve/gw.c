@@ -1,5 +1,8 @@
 #define KVFS_LOG_TAG "gateway"
 #include "gw.h"
+#include "gw_auth.h"
+#include "gw_net.h"
+#include "ktime.h"
 #include "metrics.h"
 
 #include <arpa/inet.h>
@@ -37,6 +40,8 @@ struct gw {
 	struct oai_limits lim;
 	struct gw_backend be;
 	struct MHD_Daemon *d;
+	struct gw_net *net;	  /* connection limits */
+	char *tls_cert, *tls_key; /* PEM, NULL for plain HTTP; MHD reads them while it runs */
 	uint16_t port;
 	atomic_ullong next_id;
 	/* /metrics: the families below, then the backend's (a collector). Updates take no lock,
@@ -44,7 +49,8 @@ struct gw {
 	struct met_reg *reg;
 	struct met_counter *req[GW_OUT_N]; /* kvfs_requests_total{outcome} */
 	struct met_counter *prompt_tokens, *cached_tokens, *gen_tokens, *cache_queries, *cache_hits;
-	struct met_gauge *running; /* jobs in flight */
+	struct met_counter *unauthorized; /* 401s: a /v1 request without a valid key */
+	struct met_gauge *running;	  /* jobs in flight */
 	struct met_hist *ttft, *itl;
 	pthread_mutex_t mu; /* protects everything below */
 	int live; /* jobs not yet freed: gw_stop waits for 0, a backend may hold the last ref */
@@ -238,6 +244,7 @@ struct conn {
 	char *body;
 	size_t len, cap;
 	int too_big;
+	char tenant[GW_TENANT_MAX + 1]; /* a /v1 request's, once its key was checked */
 };
 
 static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, const char *ctype,
@@ -460,6 +467,57 @@ static void stream_free(void *cls)
 	free(s);
 }
 
+/* Replaces the client's cache_salt / user by the tenant's salt (gw_auth.h): a client narrows
+ * its cache within its tenant and can never name another's. */
+static int tenant_salt(struct gw *g, const struct conn *cc, struct oai_request *r)
+{
+	if (!g->o.auth)
+		return 0;
+	char buf[GW_SALT_HEX];
+	const char *salt;
+	int rc = gw_auth_salt(g->o.auth, cc->tenant, r->salt, buf, &salt);
+	if (rc)
+		return rc;
+	if (salt == r->salt)
+		return 0;
+	char *s = strdup(salt);
+	if (!s)
+		return -ENOMEM;
+	free(r->salt);
+	r->salt = s;
+	return 0;
+}
+
+/* The first call of a /v1 request: 0 when it may go on (cc->tenant set), else the 401 is
+ * queued (the body is never read) and its MHD result is in *ret. */
+static int authorize(struct gw *g, struct MHD_Connection *c, struct conn *cc, enum MHD_Result *ret)
+{
+	if (!g->o.auth)
+		return 0;
+	const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+	if (gw_auth_check(g->o.auth, h, cc->tenant) == 0)
+		return 0;
+	met_counter_add(g->unauthorized, 1);
+	met_counter_add(g->req[GW_CLIENT_ERR], 1);
+	char *body = oai_error_json(h ? "Incorrect API key provided."
+				      : "You didn't provide an API key. Send it as "
+					"'Authorization: Bearer YOUR_KEY'.",
+				    "invalid_request_error", NULL, "invalid_api_key");
+	struct MHD_Response *r =
+	    body ? MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE)
+		 : NULL;
+	if (!r) {
+		free(body);
+		*ret = MHD_NO;
+		return -EACCES;
+	}
+	MHD_add_response_header(r, "Content-Type", "application/json");
+	MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+	*ret = MHD_queue_response(c, 401, r);
+	MHD_destroy_response(r);
+	return -EACCES;
+}
+
 static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat, struct conn *cc)
 {
 	char err[256];
@@ -473,6 +531,12 @@ static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat
 		free(j);
 		return send_error(g, c, 400, err, "invalid_request_error", param,
 				  rc == -E2BIG ? "context_length_exceeded" : NULL);
+	}
+	if ((rc = tenant_salt(g, cc, &j->req))) {
+		oai_request_free(&j->req);
+		free(j);
+		return send_error(g, c, 500, "cannot derive the cache salt", "server_error", NULL,
+				  NULL);
 	}
 	if ((j->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) {
 		oai_request_free(&j->req);
@@ -520,9 +584,9 @@ static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat
 				  rc == -E2BIG ? "context_length_exceeded" : NULL);
 	}
 
-	/* Wait for the end (not streaming), or until the prompt was taken (streaming: a request
-	 * a worker refuses gets its error status instead of a 200 and an error event), watching
-	 * for a client that hangs up. */
+	/* Wait for the end (not streaming), or until the prompt was taken (streaming: a
+	 * request a worker refuses gets its error status instead of a 200 and an error
+	 * event), watching for a client that hangs up. */
 	pthread_mutex_lock(&j->mu);
 	while (!j->done && !j->stopped && (!j->req.stream || !j->prompted)) {
 		if (wait_news(j, c) && !j->done && !j->stopped &&
@@ -604,6 +668,9 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
 		if (!cc)
 			return MHD_NO;
 		*con_cls = cc;
+		enum MHD_Result ret;
+		if (strncmp(url, "/v1/", 4) == 0 && authorize(g, c, cc, &ret))
+			return ret;
 		return MHD_YES;
 	}
 	if (*upload_size) {
@@ -680,6 +747,9 @@ static int metrics_init(struct gw *g)
 		    "HTTP requests answered, by outcome (cancelled: the client left first)", lab);
 		ok &= g->req[i] != NULL;
 	}
+	g->unauthorized =
+	    met_counter_new(r, "kvfs_gateway_unauthorized_total",
+			    "/v1 requests refused (401) for a missing or unknown API key", NULL);
 	g->running = met_gauge_new(r, "kvfs_requests_running",
 				   "Completion requests the backend is working on", NULL);
 	g->prompt_tokens =
@@ -697,8 +767,8 @@ static int metrics_init(struct gw *g)
 			 "Time from a request's arrival to its first token", NULL, ttft_b, NB_TTFT);
 	g->itl = met_hist_new(r, "inter_token_latency_seconds",
 			      "Time between two tokens of one request", NULL, itl_b, NB_ITL);
-	ok &= g->running && g->prompt_tokens && g->gen_tokens && g->cached_tokens &&
-	      g->cache_queries && g->cache_hits && g->ttft && g->itl;
+	ok &= g->running && g->unauthorized && g->prompt_tokens && g->gen_tokens &&
+	      g->cached_tokens && g->cache_queries && g->cache_hits && g->ttft && g->itl;
 	if (ok && g->be.metrics)
 		ok = met_collector_add(r, g->be.metrics, g->be.ctx) == 0;
 	if (!ok) {
@@ -707,6 +777,33 @@ static int metrics_init(struct gw *g)
 		return -ENOMEM;
 	}
 	return 0;
+}
+
+/* Frees what gw_start made before the daemon (metrics, limits, TLS files) and g. */
+static void gw_free(struct gw *g)
+{
+	gw_net_destroy(g->net);
+	free(g->tls_cert);
+	free(g->tls_key);
+	met_reg_destroy(g->reg);
+	free(g);
+}
+
+/* The connection limits and the TLS files. 0 or a negative errno (logged). */
+static int listen_prepare(struct gw *g, const struct gw_opts *o)
+{
+	int rc = gw_net_create(o->max_conns ? o->max_conns : 512,
+			       o->max_conns_per_address ? o->max_conns_per_address : 64, g->reg,
+			       &g->net);
+	if (rc)
+		return rc;
+	if (!o->tls_cert != !o->tls_key) {
+		klog_error("HTTPS needs both a certificate and its key");
+		return -EINVAL;
+	}
+	if (o->tls_cert)
+		rc = gw_net_tls_load(o->tls_cert, o->tls_key, &g->tls_cert, &g->tls_key);
+	return rc;
 }
 
 int gw_start(const struct gw_opts *o, const struct gw_backend *be, struct gw **out)
@@ -741,23 +838,46 @@ int gw_start(const struct gw_opts *o, const struct gw_backend *be, struct gw **o
 		free(g);
 		return -ENOMEM;
 	}
+	int rc = listen_prepare(g, o);
+	if (rc) {
+		gw_free(g);
+		return rc;
+	}
 	pthread_mutex_init(&g->mu, NULL);
 	pthread_cond_init(&g->idle, NULL);
-	/* A connection idle 30 s is closed: with 512 threads at most, idle sockets (a client
-	 * that connected and sends nothing) held every slot for the old 600 s. A request being
-	 * served is never idle to MHD: its thread is inside our handler or stream reader. */
-	g->d = MHD_start_daemon(
-	    MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG, 0,
-	    NULL, NULL, handler, g, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_NOTIFY_COMPLETED,
-	    completed, g, MHD_OPTION_CONNECTION_LIMIT, (unsigned)GW_MAX_CONNECTIONS,
-	    MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)GW_CONN_TIMEOUT_S, MHD_OPTION_END);
+	/* A connection idle 30 s is closed: with 512 threads at most, idle sockets (a
+	 * client that connected and sends nothing) held every slot for the old 600 s. A
+	 * request being served is never idle to MHD: its thread is inside our handler or
+	 * stream reader. */
+	struct MHD_OptionItem opts[] = {
+	    {MHD_OPTION_SOCK_ADDR, 0, &sa},
+	    {MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)completed, g},
+	    {MHD_OPTION_CONNECTION_LIMIT, (intptr_t)gw_net_mhd_limit(g->net), NULL},
+	    {MHD_OPTION_CONNECTION_TIMEOUT, GW_CONN_TIMEOUT_S, NULL},
+	    {MHD_OPTION_END, 0, NULL},
+	    {MHD_OPTION_END, 0, NULL},
+	    {MHD_OPTION_END, 0, NULL},
+	};
+	/* poll(), not select(): past descriptor 1023 (a busy engine process, a flood of
+	 * connections) select() cannot watch a socket and MHD refuses it. */
+	unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
+			 MHD_USE_POLL | MHD_USE_ERROR_LOG;
+	if (g->tls_cert) {
+		flags |= MHD_USE_TLS;
+		opts[4] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, g->tls_cert};
+		opts[5] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, g->tls_key};
+	}
+	g->d = MHD_start_daemon(flags, 0, gw_net_accept, g->net, handler, g,
+				MHD_OPTION_NOTIFY_CONNECTION, gw_net_notify, g->net,
+				MHD_OPTION_ARRAY, opts, MHD_OPTION_END);
 	if (!g->d) {
-		klog_error("cannot listen on %s:%u", o->host ? o->host : "127.0.0.1", o->port);
+		klog_error("cannot listen on %s:%u%s", o->host ? o->host : "127.0.0.1", o->port,
+			   g->tls_cert ? " with TLS (is the key the certificate's?)" : "");
+		rc = g->tls_cert ? -EINVAL : -EADDRINUSE;
 		pthread_cond_destroy(&g->idle);
 		pthread_mutex_destroy(&g->mu);
-		met_reg_destroy(g->reg);
-		free(g);
-		return -EADDRINUSE;
+		gw_free(g);
+		return rc;
 	}
 	const union MHD_DaemonInfo *di = MHD_get_daemon_info(g->d, MHD_DAEMON_INFO_BIND_PORT);
 	g->port = di ? di->port : o->port;
@@ -783,6 +903,5 @@ void gw_stop(struct gw *g)
 	pthread_mutex_unlock(&g->mu);
 	pthread_cond_destroy(&g->idle);
 	pthread_mutex_destroy(&g->mu);
-	met_reg_destroy(g->reg);
-	free(g);
+	gw_free(g);
 }

@@ -36,6 +36,7 @@
 #define GW_CONN_TIMEOUT_S 30
 
 struct gw;
+struct gw_auth;
 struct gw_job;
 struct met_out;
 
@@ -75,9 +76,21 @@ struct gw_opts {
 	const char *chat_template; /* "chatml", "llama3", "plain" (default) */
 	size_t max_body;	   /* default 1 MiB */
 	struct oai_limits limits;  /* zeros = defaults (64 KiB prompt, 4096 tokens, 16, 64) */
+	/* API keys and tenant salts (gw_auth.h): every /v1 route needs a key the set knows (401
+	 * otherwise) and a request's salt is derived from its tenant. NULL: no keys, the
+	 * client's salt as sent (tests of the HTTP side only; the daemons always pass one). Not
+	 * owned; must outlive the gateway. */
+	struct gw_auth *auth;
+	/* Connections (gw_net.h): at most max_conns in all (0 = 512) and max_conns_per_address
+	 * from one source address (0 = 64); loopback has a small reserve past max_conns. */
+	unsigned max_conns, max_conns_per_address;
+	/* HTTPS: PEM files of the certificate chain and its key; both NULL = plain HTTP. */
+	const char *tls_cert, *tls_key;
 };
 
-/* Starts listening. Returns 0, -EADDRINUSE, -EINVAL, -ENOMEM. The backend must outlive it. */
+/* Starts listening. Returns 0, -EADDRINUSE, -EINVAL (also a bad TLS file), -ENOENT / -EACCES
+ * (a TLS file), -ENOTSUP (TLS asked, libmicrohttpd has none), -ENOMEM. The backend must
+ * outlive it. */
 int gw_start(const struct gw_opts *o, const struct gw_backend *be, struct gw **out);
 uint16_t gw_port(const struct gw *g);
 /* Stops accepting, cancels what is running, waits for connections to end and for the backend

@@ -11,6 +11,7 @@
 
 #include "cfg.h"
 #include "gw.h"
+#include "gw_auth.h"
 #include "kvinfer_cli.h"
 #include "lb.h"
 #include "log.h"
@@ -31,6 +32,11 @@ struct gwm_cfg {
 	char model_id[CFG_STR_MAX];
 	char tmpl[CFG_STR_MAX];
 	int64_t max_tokens;
+	char api_keys[CFG_STR_MAX];
+	char tenant_secret[CFG_STR_MAX];
+	int open_gateway;
+	char tls_cert[CFG_STR_MAX], tls_key[CFG_STR_MAX];
+	int64_t max_conns, max_conns_per_address;
 };
 
 #define GOFF(f) offsetof(struct gwm_cfg, f)
@@ -54,6 +60,19 @@ static const struct cfg_opt gwm_opts[] = {
     {"model-id", CFG_STR, GOFF(model_id), 0, 0, "kvinfer", "model name in the API"},
     {"chat-template", CFG_STR, GOFF(tmpl), 0, 0, "plain", "chatml, llama3 or plain"},
     {"max-tokens", CFG_INT, GOFF(max_tokens), 1, 1 << 20, "4096", "largest max_tokens"},
+    {"api-keys", CFG_STR, GOFF(api_keys), 0, 0, NULL,
+     "API key file: '<key> <tenant>' lines (docs/serving.md); reread on SIGHUP or a change"},
+    {"tenant-secret-file", CFG_STR, GOFF(tenant_secret), 0, 0, NULL,
+     "secret the tenants' cache salts are derived from (16..4096 bytes)"},
+    {"open-gateway", CFG_BOOL, GOFF(open_gateway), 0, 0, "false",
+     "no API keys: anyone who reaches the port may call /v1, with one shared cache"},
+    {"tls-cert", CFG_STR, GOFF(tls_cert), 0, 0, NULL,
+     "serve HTTPS with this PEM certificate chain (and --tls-key)"},
+    {"tls-key", CFG_STR, GOFF(tls_key), 0, 0, NULL, "the PEM private key of --tls-cert"},
+    {"max-conns", CFG_INT, GOFF(max_conns), 1, 100000, "512",
+     "HTTP connections at most (one thread each); loopback has 16 more"},
+    {"max-conns-per-address", CFG_INT, GOFF(max_conns_per_address), 1, 100000, "64",
+     "HTTP connections at most from one client address"},
     CFG_END,
 };
 
@@ -78,8 +97,13 @@ int kvinfer_cmd_gateway(int argc, char **argv)
 	sigemptyset(&sigs);
 	sigaddset(&sigs, SIGINT);
 	sigaddset(&sigs, SIGTERM);
+	sigaddset(&sigs, SIGHUP); /* reload the API keys */
 	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 	signal(SIGPIPE, SIG_IGN);
+	struct gw_auth *auth = NULL;
+	if (gw_auth_from_options(c.api_keys, c.tenant_secret, c.open_gateway, "kvinfer gateway",
+				 &auth))
+		return 2;
 	struct lb_opts lo = {.prefill = c.prefill,
 			     .decode = c.decode,
 			     .secret = &sec,
@@ -92,6 +116,7 @@ int kvinfer_cmd_gateway(int argc, char **argv)
 	if ((rc = lb_create(&lo, &l))) {
 		fprintf(stderr, "kvinfer gateway: bad --prefill/--decode list: %s\n",
 			strerror(-rc));
+		gw_auth_destroy(auth);
 		return 2;
 	}
 	struct gw_backend be;
@@ -102,14 +127,21 @@ int kvinfer_cmd_gateway(int argc, char **argv)
 	go.model_id = c.model_id;
 	go.chat_template = c.tmpl;
 	go.limits.max_tokens = (int)c.max_tokens;
+	go.auth = auth;
+	go.tls_cert = c.tls_cert[0] ? c.tls_cert : NULL;
+	go.tls_key = c.tls_key[0] ? c.tls_key : NULL;
+	go.max_conns = (unsigned)c.max_conns;
+	go.max_conns_per_address = (unsigned)c.max_conns_per_address;
 	struct gw *g = NULL;
 	if ((rc = gw_start(&go, &be, &g))) {
+		gw_auth_destroy(auth);
 		fprintf(stderr, "kvinfer gateway: listen: %s\n", strerror(-rc));
 		lb_destroy(l);
 		return 1;
 	}
-	klog_info("gateway on http://%s:%u, policy %s, handoff %s; prefill %s; decode %s", c.host,
-		  gw_port(g), c.policy, c.handoff, c.prefill, c.decode);
+	klog_info("gateway on %s://%s:%u, policy %s, handoff %s; prefill %s; decode %s",
+		  go.tls_cert ? "https" : "http", c.host, gw_port(g), c.policy, c.handoff,
+		  c.prefill, c.decode);
 	if (c.port_file[0]) {
 		FILE *f = fopen(c.port_file, "w");
 		if (f) {
@@ -117,10 +149,10 @@ int kvinfer_cmd_gateway(int argc, char **argv)
 			fclose(f);
 		}
 	}
-	int sig = 0;
-	sigwait(&sigs, &sig);
+	klog_info("signal %d: stopping", gw_auth_sigwait(auth, &sigs));
 	lb_stop(l); /* every job finished while the gateway still exists */
 	gw_stop(g);
+	gw_auth_destroy(auth);
 	lb_destroy(l);
 	return 0;
 }

@@ -382,6 +382,62 @@ static int parse_object(const cJSON *o, int chat, const struct oai_limits *lim,
 	return parse_salt(o, r, e);
 }
 
+static int cmp_key(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* A member name that appears twice in one object, anywhere in the tree, or NULL (also when
+ * out of memory: -ENOMEM in *rc). JSON leaves duplicates undefined; cJSON keeps both and its
+ * lookups take the first, while other parsers (a proxy, a logger) take the last, so a body
+ * whose meaning depends on the reader is refused. Sorting the names makes an object of n
+ * members cost n log n, not n^2 (a 1 MiB body holds ~150k members). */
+static const char *dup_key(const cJSON *o, int *rc)
+{
+	int n = 0;
+	for (const cJSON *c = o->child; c; c = c->next)
+		n++;
+	if (cJSON_IsObject(o) && n > 1) {
+		const char **names = malloc(sizeof(*names) * (size_t)n);
+		if (!names) {
+			*rc = -ENOMEM;
+			return NULL;
+		}
+		int i = 0;
+		for (const cJSON *c = o->child; c; c = c->next)
+			names[i++] = c->string ? c->string : "";
+		qsort(names, (size_t)n, sizeof(*names), cmp_key);
+		const char *d = NULL;
+		for (i = 1; i < n && !d; i++)
+			if (!strcmp(names[i - 1], names[i]))
+				d = names[i];
+		free(names);
+		if (d)
+			return d;
+	}
+	for (const cJSON *c = o->child; c; c = c->next) {
+		const char *d = dup_key(c, rc);
+		if (d || *rc)
+			return d;
+	}
+	return NULL;
+}
+
+/* Refuses a body with a duplicate member; its name goes to *param through a per-thread
+ * buffer (the cJSON tree is freed before the caller reads it). */
+static int check_dups(const cJSON *o, const struct perr *e)
+{
+	static _Thread_local char name[64];
+	int rc = 0;
+	const char *d = dup_key(o, &rc);
+	if (rc)
+		return rc;
+	if (!d)
+		return 0;
+	snprintf(name, sizeof(name), "%s", d);
+	return bad(e, name, -EINVAL, "'%s' appears twice in one object", name);
+}
+
 int oai_parse_request(const char *body, size_t len, int chat, const struct oai_limits *lim,
 		      struct oai_request *r, char *err, size_t errlen, const char **param)
 {
@@ -403,7 +459,9 @@ int oai_parse_request(const char *body, size_t len, int chat, const struct oai_l
 	cJSON *o = cJSON_ParseWithLength(body, len);
 	if (!o)
 		return bad(&e, NULL, -EINVAL, "request body is not valid JSON%s", NULL);
-	int rc = parse_object(o, chat, lim, r, &e);
+	int rc = check_dups(o, &e);
+	if (!rc)
+		rc = parse_object(o, chat, lim, r, &e);
 	cJSON_Delete(o);
 	if (rc)
 		oai_request_free(r);

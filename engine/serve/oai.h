@@ -53,7 +53,9 @@ struct oai_limits {
 /* Parses body (len bytes, need not be NUL-terminated). On success fills *out (free with
  * oai_request_free) and returns 0. On failure returns -EINVAL (bad JSON, type or value),
  * or -E2BIG (prompt past the limit), writes a message into err naming the problem, and sets
- * *param (may be NULL) to the offending field's name (static string) for the error JSON. */
+ * *param (may be NULL) to the offending field's name for the error JSON (a static string, or
+ * a per-thread buffer valid until this thread's next call). A member named twice in one object,
+ * at any depth, is -EINVAL naming it: duplicates mean different things to different readers. */
 int oai_parse_request(const char *body, size_t len, int chat, const struct oai_limits *lim,
 		      struct oai_request *out, char *err, size_t errlen, const char **param);
 void oai_request_free(struct oai_request *r);

@@ -11,6 +11,7 @@
 
 #include "cfg.h"
 #include "gw.h"
+#include "gw_auth.h"
 #include "kvinfer_cli.h"
 #include "log.h"
 #include "sch.h"
@@ -30,6 +31,11 @@ struct serve_cfg {
 	char device[CFG_STR_MAX];
 	int no_cache, ignore_eos;
 	int64_t max_tokens;
+	char api_keys[CFG_STR_MAX];
+	char tenant_secret[CFG_STR_MAX];
+	int open_gateway;
+	char tls_cert[CFG_STR_MAX], tls_key[CFG_STR_MAX];
+	int64_t max_conns, max_conns_per_address;
 };
 
 #define SOFF(f) offsetof(struct serve_cfg, f)
@@ -54,6 +60,19 @@ static const struct cfg_opt serve_opts[] = {
      "generate max_tokens even past end tokens (benchmarks)"},
     {"isa", CFG_STR, SOFF(isa), 0, 0, "auto", "matmul kernels: auto, avx2, scalar"},
     {"device", CFG_STR, SOFF(device), 0, 0, "cpu", KVINFER_DEVICE_HELP},
+    {"api-keys", CFG_STR, SOFF(api_keys), 0, 0, NULL,
+     "API key file: '<key> <tenant>' lines (docs/serving.md); reread on SIGHUP or a change"},
+    {"tenant-secret-file", CFG_STR, SOFF(tenant_secret), 0, 0, NULL,
+     "secret the tenants' cache salts are derived from (16..4096 bytes)"},
+    {"open-gateway", CFG_BOOL, SOFF(open_gateway), 0, 0, "false",
+     "no API keys: anyone who reaches the port may call /v1, with one shared cache"},
+    {"tls-cert", CFG_STR, SOFF(tls_cert), 0, 0, NULL,
+     "serve HTTPS with this PEM certificate chain (and --tls-key)"},
+    {"tls-key", CFG_STR, SOFF(tls_key), 0, 0, NULL, "the PEM private key of --tls-cert"},
+    {"max-conns", CFG_INT, SOFF(max_conns), 1, 100000, "512",
+     "HTTP connections at most (one thread each); loopback has 16 more"},
+    {"max-conns-per-address", CFG_INT, SOFF(max_conns_per_address), 1, 100000, "64",
+     "HTTP connections at most from one client address"},
     CFG_END,
 };
 
@@ -79,8 +98,13 @@ int kvinfer_cmd_serve(int argc, char **argv)
 	sigemptyset(&sigs);
 	sigaddset(&sigs, SIGINT);
 	sigaddset(&sigs, SIGTERM);
+	sigaddset(&sigs, SIGHUP); /* reload the API keys */
 	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 	signal(SIGPIPE, SIG_IGN);
+	struct gw_auth *auth = NULL;
+	if (gw_auth_from_options(c.api_keys, c.tenant_secret, c.open_gateway, "kvinfer serve",
+				 &auth))
+		return 2;
 
 	struct sch_opts so;
 	sch_opts_default(&so);
@@ -97,6 +121,7 @@ int kvinfer_cmd_serve(int argc, char **argv)
 	struct sch *s = NULL;
 	if ((rc = sch_create(&so, &s))) {
 		fprintf(stderr, "kvinfer serve: %s\n", strerror(-rc));
+		gw_auth_destroy(auth);
 		return 1;
 	}
 	struct gw_backend be;
@@ -107,15 +132,21 @@ int kvinfer_cmd_serve(int argc, char **argv)
 	go.model_id = c.model_id;
 	go.chat_template = c.tmpl;
 	go.limits.max_tokens = (int)c.max_tokens;
+	go.auth = auth;
+	go.tls_cert = c.tls_cert[0] ? c.tls_cert : NULL;
+	go.tls_key = c.tls_key[0] ? c.tls_key : NULL;
+	go.max_conns = (unsigned)c.max_conns;
+	go.max_conns_per_address = (unsigned)c.max_conns_per_address;
 	struct gw *g = NULL;
 	if ((rc = gw_start(&go, &be, &g))) {
+		gw_auth_destroy(auth);
 		fprintf(stderr, "kvinfer serve: listen %s:%d: %s\n", c.host, (int)c.port,
 			strerror(-rc));
 		sch_destroy(s);
 		return 1;
 	}
-	klog_info("serving %s (%s) on http://%s:%u; cache %s; %d threads, %d sequences", c.model,
-		  sch_model_arch(s), c.host, gw_port(g),
+	klog_info("serving %s (%s) on %s://%s:%u; cache %s; %d threads, %d sequences", c.model,
+		  sch_model_arch(s), go.tls_cert ? "https" : "http", c.host, gw_port(g),
 		  so.kv_dir && so.kv_dir[0] ? so.kv_dir : "off", so.threads, so.max_seqs);
 	if (c.port_file[0]) {
 		FILE *f = fopen(c.port_file, "w");
@@ -124,11 +155,11 @@ int kvinfer_cmd_serve(int argc, char **argv)
 			fclose(f);
 		}
 	}
-	int sig = 0;
-	sigwait(&sigs, &sig);
+	int sig = gw_auth_sigwait(auth, &sigs);
 	klog_info("signal %d: stopping", sig);
 	sch_stop(s); /* every job finished while the gateway still exists */
 	gw_stop(g);
+	gw_auth_destroy(auth);
 	sch_destroy(s);
 	return 0;
 }

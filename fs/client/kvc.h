@@ -56,6 +56,9 @@ int kvc_setattr(struct kvc *c, uint64_t ino, uint32_t valid, uint32_t mode, int6
 		int64_t atime_ns, struct kvp_attr *out);
 int kvc_mkdir(struct kvc *c, uint64_t parent, const char *name, uint32_t mode,
 	      struct kvp_attr *out);
+/* kvc_mkdir recording an owner (uid, gid; KVP_OWNER_NONE = none, as kvc_mkdir). */
+int kvc_mkdir_owned(struct kvc *c, uint64_t parent, const char *name, uint32_t mode, uint32_t uid,
+		    uint32_t gid, struct kvp_attr *out);
 int kvc_rmdir(struct kvc *c, uint64_t parent, const char *name);
 int kvc_unlink(struct kvc *c, uint64_t parent, const char *name);
 int kvc_rename(struct kvc *c, uint64_t parent, const char *name, uint64_t newparent,
@@ -109,6 +112,9 @@ ssize_t kvc_write(struct kvc_writer *w, const void *buf, size_t len, uint64_t of
 /* Sets the file's size (grow with zeros or shrink); for truncate while the file is new. */
 int kvc_writer_truncate(struct kvc_writer *w, uint64_t size);
 uint64_t kvc_writer_size(const struct kvc_writer *w);
+/* The owner kvc_commit records for the file (default KVP_OWNER_NONE: none). A commit that
+ * replaces a file which has an owner keeps that owner. */
+void kvc_writer_set_owner(struct kvc_writer *w, uint32_t uid, uint32_t gid);
 /* Encodes, stores and publishes; frees w whatever the result. *out may be NULL. */
 int kvc_commit(struct kvc_writer *w, struct kvp_attr *out);
 /* Drops an unfinished file; frees w. NULL is a no-op. */

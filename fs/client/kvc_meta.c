@@ -265,6 +265,12 @@ int kvc_setattr(struct kvc *c, uint64_t ino, uint32_t valid, uint32_t mode, int6
  * indistinguishable; for a cache filesystem that is acceptable. */
 int kvc_mkdir(struct kvc *c, uint64_t parent, const char *name, uint32_t mode, struct kvp_attr *out)
 {
+	return kvc_mkdir_owned(c, parent, name, mode, KVP_OWNER_NONE, KVP_OWNER_NONE, out);
+}
+
+int kvc_mkdir_owned(struct kvc *c, uint64_t parent, const char *name, uint32_t mode, uint32_t uid,
+		    uint32_t gid, struct kvp_attr *out)
+{
 	int rc = name_ok(name);
 	if (rc)
 		return rc;
@@ -273,6 +279,10 @@ int kvc_mkdir(struct kvc *c, uint64_t parent, const char *name, uint32_t mode, s
 	kvp_w_u64(&w, parent);
 	kvp_w_cstr(&w, name);
 	kvp_w_u32(&w, mode);
+	if (uid != KVP_OWNER_NONE) { /* optional: an older meta parses none */
+		kvp_w_u32(&w, uid);
+		kvp_w_u32(&w, gid);
+	}
 	int retried;
 	rc = attr_call(c, KVP_OP_MKDIR, &w, KVC_META_ATTEMPTS, out, &retried);
 	if (rc == -EEXIST && retried) {

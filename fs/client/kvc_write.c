@@ -22,6 +22,7 @@ struct kvc_writer {
 	char name[KVP_NAME_MAX + 1];
 	uint32_t mode;
 	int replace;
+	uint32_t uid, gid; /* owner to record; KVP_OWNER_NONE = none */
 	uint8_t *buf;
 	uint64_t size;
 	uint64_t cap; /* bytes allocated, all charged to c->buffered */
@@ -50,8 +51,15 @@ int kvc_create(struct kvc *c, uint64_t parent, const char *name, uint32_t mode, 
 	memcpy(w->name, name, n + 1);
 	w->mode = (mode & 07777) | S_IFREG;
 	w->replace = replace;
+	w->uid = w->gid = KVP_OWNER_NONE;
 	*out = w;
 	return 0;
+}
+
+void kvc_writer_set_owner(struct kvc_writer *w, uint32_t uid, uint32_t gid)
+{
+	w->uid = uid;
+	w->gid = gid;
 }
 
 static int grow(struct kvc_writer *w, uint64_t need)
@@ -333,6 +341,10 @@ static int send_commit(struct kvc *c, const struct kvc_writer *w, const struct k
 		kvp_w_u32(&b, slots[i].node_id);
 		kvp_w_u64(&b, slots[i].chunk_id);
 		kvp_w_u32(&b, slots[i].crc);
+	}
+	if (w->uid != KVP_OWNER_NONE) { /* optional: an older meta parses none */
+		kvp_w_u32(&b, w->uid);
+		kvp_w_u32(&b, w->gid);
 	}
 	/* No blind retry: a replace COMMIT applied twice would replace our own file and free
 	 * the chunks both versions share. After a lost answer, look before resending. */

@@ -197,7 +197,7 @@ void mdb_inode_put(rocksdb_writebatch_t *b, const struct mino *in)
 	uint8_t k[MK_MAX];
 	struct kvp_wbuf w;
 	kvp_w_init(&w);
-	kvp_w_u8(&w, 2); /* record version: 1 had no access_ns */
+	kvp_w_u8(&w, 3); /* record version: 1 had no access_ns, 2 no owner */
 	kvp_w_u32(&w, in->mode);
 	kvp_w_u32(&w, in->nlink);
 	kvp_w_u64(&w, in->size);
@@ -210,6 +210,8 @@ void mdb_inode_put(rocksdb_writebatch_t *b, const struct mino *in)
 	kvp_w_u32(&w, in->nstripes);
 	kvp_w_u64(&w, in->parent);
 	kvp_w_i64(&w, in->access_ns);
+	kvp_w_u32(&w, in->uid);
+	kvp_w_u32(&w, in->gid);
 	/* A failed allocation leaves w.p NULL; the put is then skipped and the write below it
 	 * would miss a key, so abort loudly rather than commit a partial batch. */
 	if (w.err)
@@ -218,7 +220,8 @@ void mdb_inode_put(rocksdb_writebatch_t *b, const struct mino *in)
 	kvp_w_free(&w);
 }
 
-/* Decodes an inode record of version 1 (access_ns = atime_ns: A was keyed by it) or 2. */
+/* Decodes an inode record of version 1 (access_ns = atime_ns: A was keyed by it), 2 (no owner)
+ * or 3. */
 static int inode_decode(uint64_t ino, const char *v, size_t vl, struct mino *out, uint8_t *ver)
 {
 	struct kvp_rbuf r;
@@ -237,8 +240,10 @@ static int inode_decode(uint64_t ino, const char *v, size_t vl, struct mino *out
 	out->nstripes = kvp_r_u32(&r);
 	out->parent = kvp_r_u64(&r);
 	out->access_ns = *ver >= 2 ? kvp_r_i64(&r) : out->atime_ns;
+	out->uid = *ver >= 3 ? kvp_r_u32(&r) : KVP_OWNER_NONE;
+	out->gid = *ver >= 3 ? kvp_r_u32(&r) : KVP_OWNER_NONE;
 	int rc = kvp_r_end(&r);
-	if (rc || *ver < 1 || *ver > 2) {
+	if (rc || *ver < 1 || *ver > 3) {
 		klog_error("inode %llu: corrupt record", (unsigned long long)ino);
 		return -EIO;
 	}
@@ -542,6 +547,8 @@ void mino_to_attr(const struct mino *in, struct kvp_attr *a)
 	a->atime_ns = in->atime_ns;
 	a->ctime_ns = in->ctime_ns;
 	a->access_ns = in->access_ns;
+	a->uid = in->uid;
+	a->gid = in->gid;
 	a->chunk_size = in->chunk_size;
 	a->k = in->k;
 	a->m = in->m;
@@ -568,7 +575,9 @@ static int db_init(struct meta *m)
 			    .atime_ns = now,
 			    .ctime_ns = now,
 			    .parent = KVP_ROOT_INO,
-			    .access_ns = now};
+			    .access_ns = now,
+			    .uid = KVP_OWNER_NONE,
+			    .gid = KVP_OWNER_NONE};
 	mdb_inode_put(b, &root);
 	mdb_counter_put(b, MC_INO_LIMIT, KVP_ROOT_INO + 1);
 	mdb_counter_put(b, MC_CHUNK_LIMIT, 1);

@@ -459,7 +459,15 @@ int mfile_commit(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 			  .m = q->m,
 			  .nstripes = q->nstripes,
 			  .parent = q->parent,
-			  .access_ns = now};
+			  .access_ns = now,
+			  .uid = q->uid,
+			  .gid = q->gid};
+	/* A file written over keeps its owner (as open(O_TRUNC) would): the writer was allowed
+	 * to write it, not to take it. */
+	if (replaced && old.uid != KVP_OWNER_NONE) {
+		f.uid = old.uid;
+		f.gid = old.gid;
+	}
 	mdb_inode_put(b, &f);
 	mdir_entry_put(b, q->parent, &q->name, ino, f.mode);
 	for (uint32_t s = 0; s < q->nstripes; s++) {

@@ -74,6 +74,7 @@ struct mino {
 	uint32_t nstripes;
 	uint64_t parent;
 	int64_t access_ns;
+	uint32_t uid, gid; /* KVP_OWNER_NONE: none recorded (records before version 3) */
 };
 
 #define MREP_THREADS	 4 /* chunks a repair job rebuilds at once */

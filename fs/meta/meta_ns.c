@@ -242,7 +242,9 @@ int mns_mkdir(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 			  .atime_ns = now,
 			  .ctime_ns = now,
 			  .parent = q->parent,
-			  .access_ns = now};
+			  .access_ns = now,
+			  .uid = q->uid,
+			  .gid = q->gid};
 	p.nlink++;
 	p.mtime_ns = p.ctime_ns = now;
 	mdb_inode_put(b, &d);

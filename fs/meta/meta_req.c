@@ -26,12 +26,22 @@ static const uint8_t *rarray(struct kvp_rbuf *r, uint64_t n, size_t each)
 	return kvp_r_bytes(r, (size_t)n * each);
 }
 
+/* The optional trailing owner of MKDIR / COMMIT: an older client sends none. */
+static void rowner(struct kvp_rbuf *r, struct mreq *q)
+{
+	if (!r->err && r->off < r->len) {
+		q->uid = kvp_r_u32(r);
+		q->gid = kvp_r_u32(r);
+	}
+}
+
 int mreq_parse(uint16_t op, const uint8_t *body, size_t len, struct mreq *q)
 {
 	struct kvp_rbuf r;
 	memset(q, 0, sizeof(*q));
 	q->op = op;
 	q->name.p = q->newname.p = q->addr.p = "";
+	q->uid = q->gid = KVP_OWNER_NONE;
 	kvp_r_init(&r, body, len);
 	switch (op) {
 	case KVP_OP_HEARTBEAT:
@@ -60,6 +70,7 @@ int mreq_parse(uint16_t op, const uint8_t *body, size_t len, struct mreq *q)
 		q->parent = kvp_r_u64(&r);
 		rstr(&r, &q->name);
 		q->mode = kvp_r_u32(&r);
+		rowner(&r, q);
 		break;
 	case KVP_OP_RENAME:
 		q->parent = kvp_r_u64(&r);
@@ -88,6 +99,7 @@ int mreq_parse(uint16_t op, const uint8_t *body, size_t len, struct mreq *q)
 		q->flags = kvp_r_u8(&r);
 		q->nstripes = kvp_r_u32(&r);
 		q->slots = rarray(&r, (uint64_t)q->nstripes * (q->k + q->m), MREQ_SLOT_SIZE);
+		rowner(&r, q);
 		break;
 	case KVP_OP_ABORT:
 		q->write_id = kvp_r_u64(&r);

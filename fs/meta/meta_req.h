@@ -42,6 +42,7 @@ struct mreq {
 	struct mreq_str newname;
 	uint32_t flags;		       /* RENAME flags, COMMIT and ALLOC flags (u8) */
 	uint32_t mode;		       /* MKDIR, COMMIT, SETATTR */
+	uint32_t uid, gid;	       /* MKDIR, COMMIT: KVP_OWNER_NONE when not sent */
 	uint32_t max;		       /* READDIR */
 	uint32_t valid;		       /* SETATTR */
 	int64_t mtime_ns, atime_ns;    /* SETATTR */

@@ -136,6 +136,7 @@ struct mnt_wfile {
 	int set_mode;		    /* lock; chmod while writing: apply after commit */
 	int64_t mtime_ns, atime_ns; /* lock; 0 = not set while writing */
 	int64_t ctime_ns;	    /* creation */
+	uint32_t uid, gid;	    /* owner (KVP_OWNER_NONE: the mount's user), set at creation */
 	struct kvp_attr attr;	    /* lock; after a successful commit */
 	/* A replacement: the inode table whose entry for nodeid counts this writer as
 	 * "replacing" (uncounted when the writer is freed), and the replaced file's attributes. */
@@ -282,8 +283,12 @@ void mnt_proc_close_info(const struct mnt *m, pid_t tid, pid_t owner, uint64_t n
 /* ---- namespace (mount_ops.c) ---- */
 extern const struct fuse_lowlevel_ops mnt_ops;
 /* Metadata attributes -> struct stat as the mount reports them (st_blocks from stored bytes,
- * directories with size 0, owner = the mounting user). */
+ * directories with size 0, owner: mnt_owner). */
 void mnt_attr_to_stat(const struct mnt *m, const struct kvp_attr *a, struct stat *st);
+/* st_uid / st_gid of a: with allow_other, the owner recorded at creation (the kernel checks
+ * modes against it: default_permissions); otherwise, or when none was recorded, the mounting
+ * user, so a single-user mount reads as before owners were kept. */
+void mnt_owner(const struct mnt *m, const struct kvp_attr *a, struct stat *st);
 /* Meta calls that may be retried while the metadata server is away. The budget is wall-clock:
  * --meta-retry from the request's start (mnt_retry_start, CLOCK_MONOTONIC), counting the time
  * the failed calls themselves take (libkvfs retries a refused connection for ~5.5 s, an

@@ -130,6 +130,7 @@ static struct mnt_wfile *wfile_new(struct kvc_writer *w, uint64_t nodeid, uint64
 	snprintf(wf->name, sizeof(wf->name), "%s", name);
 	wf->mode = S_IFREG | (mode & 07777);
 	wf->ctime_ns = mnt_now_ns();
+	wf->uid = wf->gid = KVP_OWNER_NONE;
 	return wf;
 }
 
@@ -165,8 +166,8 @@ static void wfile_stat_locked(struct mnt *m, struct mnt_wfile *wf, struct stat *
 	st->st_ino = wf->nodeid;
 	st->st_mode = wf->mode;
 	st->st_nlink = 1;
-	st->st_uid = m->uid;
-	st->st_gid = m->gid;
+	struct kvp_attr own = {.uid = wf->uid, .gid = wf->gid};
+	mnt_owner(m, &own, st);
 	st->st_size = wf->w ? (off_t)kvc_writer_size(wf->w) : 0;
 	st->st_blksize = 1 << 20;
 	int64_t mt = wf->mtime_ns ? wf->mtime_ns : wf->ctime_ns;
@@ -380,8 +381,15 @@ void mnt_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode
 		fuse_reply_err(req, -rc);
 		return;
 	}
+	/* The creator owns the file: what the kernel checks under allow_other. */
+	const struct fuse_ctx *cx = fuse_req_ctx(req);
+	kvc_writer_set_owner(w, cx->uid, cx->gid);
 	uint64_t nodeid = MNT_TEMP_BASE | atomic_fetch_add(&m->next_temp, 1);
 	struct mnt_wfile *wf = wfile_new(w, nodeid, pino, name, mode);
+	if (wf) {
+		wf->uid = cx->uid;
+		wf->gid = cx->gid;
+	}
 	struct fh *h = fh_new(m, FH_WRITE);
 	if (!wf || !h ||
 	    mnt_itab_ref(m->itab, nodeid, 0, S_IFREG | (mode & 07777), pino, name, wf)) {
@@ -436,6 +444,8 @@ static int cand_convert(struct mnt *m, struct fh *h)
 	}
 	wf->handles = 1;
 	wf->old = a;
+	wf->uid = a.uid; /* written over: the owner stays (meta keeps it too) */
+	wf->gid = a.gid;
 	wf->repl_itab = m->itab;
 	/* After the commit, the writer's own stat must find the new file, so the kernel must not
 	 * keep the name leading to this node id (whose getattr then answers the old file). Drop

@@ -348,7 +348,7 @@ static int serve(struct mnt *m, const struct kvp_secret *secret, int wfd)
 	}
 	char fsopts[512];
 	snprintf(fsopts, sizeof(fsopts), "fsname=kvfs:%s,subtype=kvfs,max_read=%u%s", m->meta_addr,
-		 1u << 20, m->cfg.allow_other ? ",allow_other" : "");
+		 1u << 20, m->cfg.allow_other ? ",allow_other,default_permissions" : "");
 	char *fargv[] = {"kvfs-mount", "-o", fsopts, m->cfg.debug ? "-d" : NULL, NULL};
 	struct fuse_args fa = FUSE_ARGS_INIT(m->cfg.debug ? 4 : 3, fargv);
 	const struct fuse_lowlevel_ops *ops = &mnt_ops;

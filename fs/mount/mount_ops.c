@@ -32,14 +32,20 @@ static void ns_to_ts(int64_t ns, struct timespec *t)
 	}
 }
 
+void mnt_owner(const struct mnt *m, const struct kvp_attr *a, struct stat *st)
+{
+	int own = m->cfg.allow_other && a->uid != KVP_OWNER_NONE;
+	st->st_uid = own ? (uid_t)a->uid : m->uid;
+	st->st_gid = own ? (gid_t)a->gid : m->gid;
+}
+
 void mnt_attr_to_stat(const struct mnt *m, const struct kvp_attr *a, struct stat *st)
 {
 	memset(st, 0, sizeof(*st));
 	st->st_ino = a->ino;
 	st->st_mode = a->mode;
 	st->st_nlink = a->nlink ? a->nlink : 1;
-	st->st_uid = m->uid;
-	st->st_gid = m->gid;
+	mnt_owner(m, a, st);
 	if (S_ISREG(a->mode)) {
 		st->st_size = (off_t)a->size;
 		/* What the cluster really stores (data + parity of every stripe), so `du` shows
@@ -322,10 +328,16 @@ static void mnt_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int t
 		fuse_reply_err(req, EROFS);
 		return;
 	}
-	if ((to_set & FUSE_SET_ATTR_UID && attr->st_uid != m->uid) ||
-	    (to_set & FUSE_SET_ATTR_GID && attr->st_gid != m->gid)) {
-		fuse_reply_err(req, EPERM); /* every file belongs to the mounting user */
-		return;
+	if (to_set & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) {
+		/* Owners are set at creation only: a chown to the owner it has is a no-op. */
+		rc = getattr_of(m, ino, &st, &to);
+		if (!rc && ((to_set & FUSE_SET_ATTR_UID && attr->st_uid != st.st_uid) ||
+			    (to_set & FUSE_SET_ATTR_GID && attr->st_gid != st.st_gid)))
+			rc = -EPERM;
+		if (rc) {
+			fuse_reply_err(req, -rc);
+			return;
+		}
 	}
 	/* A file being written: through its handle, or a new file by its node id. */
 	struct mnt_wfile *wf = mnt_fh_writer(fi);
@@ -589,7 +601,9 @@ static void mnt_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 		return;
 	}
 	struct kvp_attr a;
-	if ((rc = kvc_mkdir(m->c, parent, name, S_IFDIR | (mode & 07777), &a))) {
+	const struct fuse_ctx *cx = fuse_req_ctx(req);
+	if ((rc = kvc_mkdir_owned(m->c, parent, name, S_IFDIR | (mode & 07777), cx->uid, cx->gid,
+				  &a))) {
 		fuse_reply_err(req, -rc);
 		return;
 	}

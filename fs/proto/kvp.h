@@ -16,7 +16,7 @@
 #define KVP_NAME_MAX 255
 
 /* Opcodes. Body layouts: "->" request, "<-" response body when status is 0. `str` is u16 length
- * + bytes (no NUL), `attr` is struct kvp_attr as encoded by kvp_w_attr (72 bytes), `slot` is
+ * + bytes (no NUL), `attr` is struct kvp_attr as encoded by kvp_w_attr (80 bytes), `slot` is
  * (u32 node_id, u64 chunk_id, u32 crc32c). Enum values only ever grow. */
 enum kvp_op {
 	/* 0x01-0x0F: the handshake, enum kvp_frame_op in kvp_frame.h */
@@ -46,7 +46,7 @@ enum kvp_op {
 	KVP_OP_GETATTR = 0x31, /* -> u64 ino  <- attr */
 	KVP_OP_READDIR = 0x32, /* -> u64 ino, str start_after ("" = first), u32 max
 				* <- u32 n, n x (str name, attr), u8 eof; names in byte order */
-	KVP_OP_MKDIR = 0x33,   /* -> u64 parent, str name, u32 mode  <- attr */
+	KVP_OP_MKDIR = 0x33,   /* -> u64 parent, str name, u32 mode [, u32 uid, u32 gid]  <- attr */
 	KVP_OP_RMDIR = 0x34,   /* -> u64 parent, str name  <- (empty); -ENOTEMPTY */
 	KVP_OP_UNLINK = 0x35,  /* -> u64 parent, str name  <- (empty); chunks freed in background */
 	KVP_OP_RENAME = 0x36,  /* -> u64 parent, str name, u64 newparent, str newname, u32 flags
@@ -64,6 +64,7 @@ enum kvp_op {
 	KVP_OP_COMMIT = 0x38,  /* -> u64 parent, str name, u32 mode, u64 write_id, u64 size,
 				*    u32 chunk_size, u8 k, u8 m, u8 flags (1 = replace an existing
 				*    regular file), u32 nstripes, nstripes x (k+m) x slot
+				*    [, u32 uid, u32 gid: the owner; a replaced file's owner stays]
 				*    A slot with node_id 0 was not stored (its node failed or none
 				*    was placed): the stripe is marked for repair; every stripe needs
 				*    at least min_stored slots with a node.
@@ -157,10 +158,15 @@ struct kvp_attr {
 	/* Last access by kvfs's own clock (creation, TOUCH, never past meta's now; a SETATTR
 	 * atime only moves it forward, to at most now): what retention and LRU eviction go by. */
 	int64_t access_ns;
+	/* Owner, as the creating client said (MKDIR / COMMIT); KVP_OWNER_NONE when none was
+	 * recorded (files made before owners were kept, or by a client that sends none): the
+	 * mount then shows its own user. */
+	uint32_t uid, gid;
 };
-#define KVP_ATTR_SIZE 72
+#define KVP_ATTR_SIZE  80
+#define KVP_OWNER_NONE 0xFFFFFFFFu
 
-/* ---- struct kvp_attr in bodies (72 bytes, docs/protocol.md) ---- */
+/* ---- struct kvp_attr in bodies (80 bytes, docs/protocol.md) ---- */
 void kvp_w_attr(struct kvp_wbuf *w, const struct kvp_attr *a);
 void kvp_r_attr(struct kvp_rbuf *r, struct kvp_attr *a);
 

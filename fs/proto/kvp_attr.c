@@ -17,6 +17,8 @@ void kvp_w_attr(struct kvp_wbuf *w, const struct kvp_attr *a)
 	kvp_w_u8(w, a->m);
 	kvp_w_u16(w, 0);
 	kvp_w_i64(w, a->access_ns);
+	kvp_w_u32(w, a->uid);
+	kvp_w_u32(w, a->gid);
 }
 
 void kvp_r_attr(struct kvp_rbuf *r, struct kvp_attr *a)
@@ -34,4 +36,6 @@ void kvp_r_attr(struct kvp_rbuf *r, struct kvp_attr *a)
 	a->m = kvp_r_u8(r);
 	(void)kvp_r_u16(r);
 	a->access_ns = kvp_r_i64(r);
+	a->uid = kvp_r_u32(r);
+	a->gid = kvp_r_u32(r);
 }
