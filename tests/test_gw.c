@@ -122,7 +122,7 @@ static int http(const char *method, const char *path, const char *body, char **o
 static int setup(void **state)
 {
 	(void)state;
-	struct gw_opts o = {.model_id = "test-model", .max_body = 4096};
+	struct gw_opts o = {.model_id = "test-model,alias-b", .max_body = 4096};
 	struct gw_backend be = {
 	    .submit = be_submit, .cancel = be_cancel, .release = be_release, .metrics = be_metrics};
 	assert_int_equal(gw_start(&o, &be, &gw), 0);
@@ -165,6 +165,68 @@ static void test_basic_endpoints(void **state)
 	free(b);
 	assert_int_equal(http("GET", "/v1/completions", NULL, &b), 405);
 	free(b);
+}
+
+/* The string member key of the JSON object o, or "" (for assertions). */
+static const char *jstr(const cJSON *o, const char *key)
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+	return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+/* Models as OpenAI's clients see them: every --model-id alias is listed and retrievable; a
+ * request names one (echoed in the response) or none (the first); any other name, and a
+ * retrieve of one, is a 404 model_not_found; response ids are random, never cmpl-1. */
+static void test_models(void **state)
+{
+	(void)state;
+	char *b;
+	assert_int_equal(http("GET", "/v1/models", NULL, &b), 200);
+	cJSON *o = json(b), *d = cJSON_GetObjectItem(o, "data");
+	assert_int_equal(cJSON_GetArraySize(d), 2);
+	assert_string_equal(jstr(cJSON_GetArrayItem(d, 1), "id"), "alias-b");
+	assert_string_equal(jstr(cJSON_GetArrayItem(d, 1), "object"), "model");
+	cJSON_Delete(o);
+	free(b);
+	assert_int_equal(http("GET", "/v1/models/alias-b", NULL, &b), 200);
+	o = json(b);
+	assert_string_equal(jstr(o, "id"), "alias-b");
+	assert_string_equal(jstr(o, "object"), "model");
+	cJSON_Delete(o);
+	free(b);
+	static const char *const nf[][3] = {
+	    {"GET", "/v1/models/gpt-4", NULL},
+	    {"POST", "/v1/completions", "{\"model\":\"gpt-4\",\"prompt\":\"a\"}"},
+	    {"POST", "/v1/chat/completions",
+	     "{\"model\":\"gpt-4\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}"},
+	};
+	int subs = atomic_load(&submits);
+	for (size_t i = 0; i < sizeof(nf) / sizeof(nf[0]); i++) {
+		assert_int_equal(http(nf[i][0], nf[i][1], nf[i][2], &b), 404);
+		o = json(b);
+		cJSON *e = cJSON_GetObjectItem(o, "error");
+		assert_string_equal(jstr(e, "code"), "model_not_found");
+		assert_string_equal(jstr(e, "type"), "invalid_request_error");
+		assert_string_equal(jstr(e, "param"), "model");
+		assert_non_null(strstr(jstr(e, "message"), "gpt-4"));
+		cJSON_Delete(o);
+		free(b);
+	}
+	assert_int_equal(atomic_load(&submits), subs); /* nothing reached the backend */
+	char ids[2][64];
+	for (int i = 0; i < 2; i++) {
+		const char *req = i ? "{\"model\":\"alias-b\",\"prompt\":\"a\",\"max_tokens\":1}"
+				    : "{\"prompt\":\"a\",\"max_tokens\":1}";
+		assert_int_equal(http("POST", "/v1/completions", req, &b), 200);
+		o = json(b);
+		assert_string_equal(jstr(o, "model"), i ? "alias-b" : "test-model");
+		snprintf(ids[i], sizeof(ids[i]), "%s", jstr(o, "id"));
+		cJSON_Delete(o);
+		free(b);
+		assert_int_equal(strlen(ids[i]), strlen("cmpl-") + 24);
+		assert_int_equal(strspn(ids[i] + 5, "0123456789abcdef"), 24);
+	}
+	assert_string_not_equal(ids[0], ids[1]);
 }
 
 static void test_completion(void **state)
@@ -472,6 +534,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_basic_endpoints),
+	    cmocka_unit_test(test_models),
 	    cmocka_unit_test(test_completion),
 	    cmocka_unit_test(test_stream),
 	    cmocka_unit_test(test_chat_stream_role),

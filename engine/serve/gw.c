@@ -12,6 +12,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 #include "log.h"
@@ -28,8 +29,15 @@ static const double ttft_b[NB_TTFT] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 static const double itl_b[NB_ITL] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
 				     0.1,   0.25,   0.5,   1,	 2.5,	5};
 
+/* Names the API answers to (--model-id a,b,...): the first is the default. */
+#define GW_MAX_MODELS 8
+
 struct gw {
 	struct gw_opts o;
+	char *model_buf; /* the --model-id list, split in place into models[] */
+	const char *models[GW_MAX_MODELS];
+	int n_models;
+	int64_t created; /* /v1/models' "created": when the gateway started */
 	struct oai_limits lim;
 	struct gw_backend be;
 	struct MHD_Daemon *d;
@@ -54,6 +62,7 @@ struct gw_job {
 	struct gw *g;
 	uint64_t id;
 	char idstr[48];
+	const char *model; /* the name the request asked for (one of g->models) */
 	int64_t created;
 	struct oai_request req;
 	char *prompt;
@@ -377,7 +386,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 		s->off = s->len = 0;
 		if (j->req.chat && !s->role_sent) {
 			s->role_sent = 1;
-			stream_put(s, oai_chunk_role_json(j->idstr, j->g->o.model_id, j->created));
+			stream_put(s, oai_chunk_role_json(j->idstr, j->model, j->created));
 			continue;
 		}
 		pthread_mutex_lock(&j->mu);
@@ -392,13 +401,12 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 				pthread_mutex_lock(&j->mu);
 			}
 		}
-		struct gw *g = j->g;
 		if (j->emitted < j->visible) {
 			char *piece = strndup(j->raw + j->emitted, j->visible - j->emitted);
 			j->emitted = j->visible;
 			pthread_mutex_unlock(&j->mu);
 			if (piece)
-				stream_put(s, oai_chunk_json(j->req.chat, j->idstr, g->o.model_id,
+				stream_put(s, oai_chunk_json(j->req.chat, j->idstr, j->model,
 							     j->created, piece, NULL, NULL));
 			free(piece);
 			continue;
@@ -415,11 +423,10 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 			job_status(err, &type, &code);
 			stream_put(s, oai_error_json(msg, type, NULL, code));
 		} else {
-			stream_put(s,
-				   oai_chunk_json(j->req.chat, j->idstr, g->o.model_id, j->created,
-						  j->req.chat ? NULL : "", fin, NULL));
+			stream_put(s, oai_chunk_json(j->req.chat, j->idstr, j->model, j->created,
+						     j->req.chat ? NULL : "", fin, NULL));
 			if (j->req.include_usage)
-				stream_put(s, oai_chunk_json(j->req.chat, j->idstr, g->o.model_id,
+				stream_put(s, oai_chunk_json(j->req.chat, j->idstr, j->model,
 							     j->created, NULL, NULL, &u));
 		}
 		size_t need = s->len + 16;
@@ -447,6 +454,43 @@ static void stream_free(void *cls)
 	free(s);
 }
 
+/* The served name `name` equals, or NULL. A request without a model gets the first (the
+ * default), which OpenAI would refuse: kept for curl users and scripts. */
+static const char *model_find(const struct gw *g, const char *name)
+{
+	if (!name)
+		return g->models[0];
+	for (int i = 0; i < g->n_models; i++)
+		if (strcmp(g->models[i], name) == 0)
+			return g->models[i];
+	return NULL;
+}
+
+static enum MHD_Result send_model_not_found(struct gw *g, struct MHD_Connection *c,
+					    const char *name)
+{
+	char msg[384];
+	snprintf(msg, sizeof(msg), "The model '%.300s' does not exist", name);
+	return send_error(g, c, 404, msg, "invalid_request_error", "model", "model_not_found");
+}
+
+/* A response id unique across processes and restarts, as OpenAI's are: 96 random bits
+ * ("chatcmpl-" + 24 hex digits). A counter restarted at 1 with every process, and clients
+ * that key logs or caches on ids mixed answers up. */
+static void job_make_id(struct gw_job *j, int chat)
+{
+	unsigned char r[12];
+	if (getrandom(r, sizeof(r), 0) != (ssize_t)sizeof(r)) {
+		/* No entropy (never on Linux >= 3.17 after boot): time and counter still differ. */
+		uint64_t t = (uint64_t)now_ns() ^ (j->id << 40);
+		memcpy(r, &t, 8);
+		memcpy(r + 8, &j->id, 4);
+	}
+	int n = snprintf(j->idstr, sizeof(j->idstr), "%s-", chat ? "chatcmpl" : "cmpl");
+	for (size_t i = 0; i < sizeof(r); i++)
+		n += snprintf(j->idstr + n, sizeof(j->idstr) - (size_t)n, "%02x", r[i]);
+}
+
 static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat, struct conn *cc)
 {
 	char err[256];
@@ -461,6 +505,14 @@ static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat
 		return send_error(g, c, 400, err, "invalid_request_error", param,
 				  rc == -E2BIG ? "context_length_exceeded" : NULL);
 	}
+	const char *model = model_find(g, j->req.model);
+	if (!model) {
+		enum MHD_Result ret = send_model_not_found(g, c, j->req.model);
+		oai_request_free(&j->req);
+		free(j);
+		return ret;
+	}
+	j->model = model;
 	pthread_mutex_init(&j->mu, NULL);
 	pthread_cond_init(&j->cv, NULL);
 	j->refs = 2; /* the connection's and the backend's */
@@ -469,8 +521,7 @@ static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat
 	g->live++;
 	pthread_mutex_unlock(&g->mu);
 	j->id = atomic_fetch_add(&g->next_id, 1);
-	snprintf(j->idstr, sizeof(j->idstr), "%s-%llu", chat ? "chatcmpl" : "cmpl",
-		 (unsigned long long)j->id);
+	job_make_id(j, chat);
 	j->created = (int64_t)time(NULL);
 	j->t0 = now_ns();
 	if (chat) {
@@ -556,8 +607,7 @@ static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat
 	}
 
 	struct oai_usage u = {j->prompt_tokens, j->ntokens, j->cached_tokens};
-	char *body =
-	    oai_response_json(chat, j->idstr, g->o.model_id, j->created, j->raw, j->finish, &u);
+	char *body = oai_response_json(chat, j->idstr, j->model, j->created, j->raw, j->finish, &u);
 	pthread_mutex_unlock(&j->mu);
 	account(j);
 	job_unref(j);
@@ -621,10 +671,14 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
 					  NULL);
 		return generate(g, c, url[4] == 'c' && url[5] == 'h', cc);
 	}
-	if (strcmp(url, "/v1/models") == 0 && get) {
-		const char *ids[1] = {g->o.model_id};
+	if (strcmp(url, "/v1/models") == 0 && get)
 		return send_text(c, 200, "application/json",
-				 oai_models_json(ids, 1, (int64_t)time(NULL)));
+				 oai_models_json(g->models, g->n_models, g->created));
+	if (strncmp(url, "/v1/models/", 11) == 0 && get) {
+		const char *m = model_find(g, url + 11);
+		if (!m)
+			return send_model_not_found(g, c, url + 11);
+		return send_text(c, 200, "application/json", oai_model_json(m, g->created));
 	}
 	if (strcmp(url, "/health") == 0 && get) {
 		int ok = !g->be.healthy || g->be.healthy(g->be.ctx);
@@ -694,6 +748,28 @@ static int metrics_init(struct gw *g)
 	return 0;
 }
 
+/* Splits --model-id's comma-separated names into g->models. -EINVAL: an empty name or more
+ * than GW_MAX_MODELS; -ENOMEM. */
+static int models_init(struct gw *g)
+{
+	g->created = (int64_t)time(NULL);
+	if (!(g->model_buf = strdup(g->o.model_id ? g->o.model_id : "kvfs")))
+		return -ENOMEM;
+	char *save = NULL;
+	for (char *t = strtok_r(g->model_buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+		if (g->n_models == GW_MAX_MODELS)
+			goto bad;
+		g->models[g->n_models++] = t;
+	}
+	if (g->n_models == 0)
+		goto bad;
+	g->o.model_id = g->models[0];
+	return 0;
+bad:
+	free(g->model_buf);
+	return -EINVAL;
+}
+
 int gw_start(const struct gw_opts *o, const struct gw_backend *be, struct gw **out)
 {
 	if (!be || !be->submit)
@@ -704,8 +780,10 @@ int gw_start(const struct gw_opts *o, const struct gw_backend *be, struct gw **o
 	g->o = *o;
 	if (!g->o.max_body)
 		g->o.max_body = 1 << 20;
-	if (!g->o.model_id)
-		g->o.model_id = "kvfs";
+	if (models_init(g)) {
+		free(g);
+		return -EINVAL;
+	}
 	g->lim = o->limits;
 	if (!g->lim.max_prompt_bytes)
 		g->lim.max_prompt_bytes = 64 << 10;
@@ -719,10 +797,12 @@ int gw_start(const struct gw_opts *o, const struct gw_backend *be, struct gw **o
 	atomic_init(&g->next_id, 1);
 	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(o->port)};
 	if (inet_pton(AF_INET, o->host ? o->host : "127.0.0.1", &sa.sin_addr) != 1) {
+		free(g->model_buf);
 		free(g);
 		return -EINVAL;
 	}
 	if (metrics_init(g)) {
+		free(g->model_buf);
 		free(g);
 		return -ENOMEM;
 	}
@@ -741,6 +821,7 @@ int gw_start(const struct gw_opts *o, const struct gw_backend *be, struct gw **o
 		pthread_cond_destroy(&g->idle);
 		pthread_mutex_destroy(&g->mu);
 		met_reg_destroy(g->reg);
+		free(g->model_buf);
 		free(g);
 		return -EADDRINUSE;
 	}
@@ -769,5 +850,6 @@ void gw_stop(struct gw *g)
 	pthread_cond_destroy(&g->idle);
 	pthread_mutex_destroy(&g->mu);
 	met_reg_destroy(g->reg);
+	free(g->model_buf);
 	free(g);
 }

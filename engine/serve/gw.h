@@ -3,7 +3,8 @@
  * talking to worker processes).
  *
  * Endpoints: POST /v1/completions, POST /v1/chat/completions (stream: true as server-sent
- * events ending in `data: [DONE]`), GET /v1/models, GET /health, GET /metrics (Prometheus).
+ * events ending in `data: [DONE]`), GET /v1/models, GET /v1/models/{id}, GET /health,
+ * GET /metrics (Prometheus). Response ids are random (96 bits), unique across restarts.
  * Every error is an OpenAI error JSON with its HTTP status; bodies past max_body, malformed
  * JSON and wrong types are 400s and the gateway keeps serving. A client that disconnects has
  * its request cancelled in the backend (which frees its KV).
@@ -57,15 +58,19 @@ struct gw_backend {
 };
 
 struct gw_opts {
-	const char *host;	   /* listen address; default 127.0.0.1 */
-	uint16_t port;		   /* 0 = ephemeral */
-	const char *model_id;	   /* what /v1/models lists and responses name */
+	const char *host; /* listen address; default 127.0.0.1 */
+	uint16_t port;	  /* 0 = ephemeral */
+	/* The names the API serves, comma-separated ("llama,gpt-3.5-turbo"): /v1/models lists
+	 * them all, a request names one of them (its response echoes it) or none (the first);
+	 * any other name is a 404 model_not_found. At most 8. Default "kvfs". */
+	const char *model_id;
 	const char *chat_template; /* "chatml", "llama3", "plain" (default) */
 	size_t max_body;	   /* default 1 MiB */
 	struct oai_limits limits;  /* zeros = defaults (64 KiB prompt, 4096 tokens, 16, 64) */
 };
 
-/* Starts listening. Returns 0, -EADDRINUSE, -EINVAL, -ENOMEM. The backend must outlive it. */
+/* Starts listening. Returns 0, -EADDRINUSE, -EINVAL (bad host or model list), -ENOMEM. The backend
+ * must outlive it. */
 int gw_start(const struct gw_opts *o, const struct gw_backend *be, struct gw **out);
 uint16_t gw_port(const struct gw *g);
 /* Stops accepting, cancels what is running, waits for connections to end and for the backend

@@ -605,18 +605,27 @@ char *oai_chunk_role_json(const char *id, const char *model, int64_t created)
 	return print(o);
 }
 
+static cJSON *model_obj(const char *id, int64_t created)
+{
+	cJSON *m = cJSON_CreateObject();
+	cJSON_AddStringToObject(m, "id", id);
+	cJSON_AddStringToObject(m, "object", "model");
+	cJSON_AddNumberToObject(m, "created", (double)created);
+	cJSON_AddStringToObject(m, "owned_by", "kvfs");
+	return m;
+}
+
 char *oai_models_json(const char *const *ids, int n, int64_t created)
 {
 	cJSON *o = cJSON_CreateObject();
 	cJSON_AddStringToObject(o, "object", "list");
 	cJSON *d = cJSON_AddArrayToObject(o, "data");
-	for (int i = 0; i < n; i++) {
-		cJSON *m = cJSON_CreateObject();
-		cJSON_AddStringToObject(m, "id", ids[i]);
-		cJSON_AddStringToObject(m, "object", "model");
-		cJSON_AddNumberToObject(m, "created", (double)created);
-		cJSON_AddStringToObject(m, "owned_by", "kvfs");
-		cJSON_AddItemToArray(d, m);
-	}
+	for (int i = 0; i < n; i++)
+		cJSON_AddItemToArray(d, model_obj(ids[i], created));
 	return print(o);
+}
+
+char *oai_model_json(const char *id, int64_t created)
+{
+	return print(model_obj(id, created));
 }

@@ -94,5 +94,7 @@ char *oai_chunk_role_json(const char *id, const char *model, int64_t created);
 
 /* GET /v1/models: {"object":"list","data":[{"id","object":"model","created","owned_by"}]} */
 char *oai_models_json(const char *const *ids, int n, int64_t created);
+/* GET /v1/models/{id}: one model object, {"id","object":"model","created","owned_by"}. */
+char *oai_model_json(const char *id, int64_t created);
 
 #endif
