@@ -512,8 +512,8 @@ static void test_metrics_well_formed(void **state)
 	(void)state;
 	static const char *const fams[] = {
 	    "kvfs_requests_total",     "kvfs_requests_running",	      "prompt_tokens_total",
-	    "generation_tokens_total", "cached_tokens_total",	      "prefix_cache_queries",
-	    "prefix_cache_hits",       "time_to_first_token_seconds", "inter_token_latency_seconds",
+	    "generation_tokens_total", "cached_tokens_total",	      "prefix_cache_queries_total",
+	    "prefix_cache_hits_total", "time_to_first_token_seconds", "inter_token_latency_seconds",
 	    "kvfs_replica_load"};
 	char *b, why[2048];
 	assert_int_equal(http("GET", "/metrics", NULL, &b), 200);
@@ -526,6 +526,49 @@ static void test_metrics_well_formed(void **state)
 	assert_int_equal(prom_parse(b, &d), 0);
 	double v;
 	assert_int_equal(prom_get(&d, "kvfs_replica_load", "replica=\"test\"", &v), 0);
+	assert_int_equal(prom_get(&d, "prefix_cache_hits_total", "", &v), 0);
+	assert_null(strstr(b, "vllm:"));
+	prom_free(&d);
+	free(b);
+}
+
+/* vLLM's names for the same quantities, on /metrics/vllm (promtool lints the ':' vLLM's names
+ * carry, so they are kept off /metrics): same meaning, same buckets as vLLM's. */
+static void test_metrics_vllm(void **state)
+{
+	(void)state;
+	static const char *const fams[] = {
+	    "vllm:prompt_tokens_total",		"vllm:generation_tokens_total",
+	    "vllm:prefix_cache_queries_total",	"vllm:prefix_cache_hits_total",
+	    "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds"};
+	char *b;
+	assert_int_equal(http("GET", "/metrics/vllm", NULL, &b), 200);
+	struct prom_doc d;
+	if (prom_parse(b, &d))
+		fail_msg("/metrics/vllm: %s\n%s", d.err, b);
+	for (size_t i = 0; i < sizeof(fams) / sizeof(fams[0]); i++)
+		if (prom_family_once(b, fams[i]))
+			fail_msg("%s: not one HELP and one TYPE\n%s", fams[i], b);
+	double hits, q, tq, th, v;
+	assert_int_equal(prom_get(&d, "vllm:prefix_cache_hits_total", "", &hits), 0);
+	assert_int_equal(prom_get(&d, "vllm:prefix_cache_queries_total", "", &q), 0);
+	assert_true(hits > 0 && q > 0);
+	/* vLLM's first and last TTFT buckets, and its ITL's */
+	assert_int_equal(
+	    prom_get(&d, "vllm:time_to_first_token_seconds_bucket", "le=\"0.001\"", &v), 0);
+	assert_int_equal(prom_get(&d, "vllm:time_to_first_token_seconds_bucket", "le=\"2560\"", &v),
+			 0);
+	assert_int_equal(
+	    prom_get(&d, "vllm:inter_token_latency_seconds_bucket", "le=\"0.075\"", &v), 0);
+	assert_null(strstr(b, "kvfs_requests_total"));
+	prom_free(&d);
+	free(b);
+	/* the same counts as the plain page's */
+	assert_int_equal(http("GET", "/metrics", NULL, &b), 200);
+	assert_int_equal(prom_parse(b, &d), 0);
+	assert_int_equal(prom_get(&d, "prefix_cache_hits_total", "", &th), 0);
+	assert_int_equal(prom_get(&d, "prefix_cache_queries_total", "", &tq), 0);
+	assert_true(th >= hits && tq >= q);
 	prom_free(&d);
 	free(b);
 }
@@ -542,6 +585,7 @@ int main(void)
 	    cmocka_unit_test(test_disconnect_cancels),
 	    cmocka_unit_test(test_concurrent_and_metrics),
 	    cmocka_unit_test(test_metrics_well_formed),
+	    cmocka_unit_test(test_metrics_vllm),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -18,6 +18,8 @@ PKGS=(
 	# what the docs, the demo and the tests run: getfattr (docs/operations.md, the demo's
 	# xattrs), python3 (test_mount's subprocess writers), rsync and tar (user-tools tests)
 	attr python3 rsync tar
+	# promtool (`promtool check metrics` on every daemon's /metrics in the tests)
+	prometheus
 )
 
 missing=()

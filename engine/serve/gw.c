@@ -28,6 +28,16 @@ static const double ttft_b[NB_TTFT] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 				       1,     2.5,  5,	   10,	 30,  60};
 static const double itl_b[NB_ITL] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
 				     0.1,   0.25,   0.5,   1,	 2.5,	5};
+/* vLLM's buckets for the same histograms (vllm/v1/metrics/loggers.py), so that dashboards
+ * built for vLLM read the vllm: families unchanged. */
+#define NB_VTTFT 22
+#define NB_VITL	 19
+static const double vllm_ttft_b[NB_VTTFT] = {0.001, 0.005, 0.01, 0.02,	0.04,  0.06,  0.08, 0.1,
+					     0.25,  0.5,   0.75, 1.0,	2.5,   5.0,   7.5,  10.0,
+					     20.0,  40.0,  80.0, 160.0, 640.0, 2560.0};
+static const double vllm_itl_b[NB_VITL] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
+					   0.3,	 0.4,	0.5,  0.75,  1.0, 2.5,	5.0,
+					   7.5,	 10.0,	20.0, 40.0,  80.0};
 
 /* Names the API answers to (--model-id a,b,...): the first is the default. */
 #define GW_MAX_MODELS 8
@@ -50,6 +60,9 @@ struct gw {
 	struct met_counter *prompt_tokens, *cached_tokens, *gen_tokens, *cache_queries, *cache_hits;
 	struct met_gauge *running; /* jobs in flight */
 	struct met_hist *ttft, *itl;
+	/* The same quantities under vLLM's names and buckets (docs/serving.md, "Metrics"). */
+	struct met_counter *v_prompt, *v_gen, *v_queries, *v_hits;
+	struct met_hist *v_ttft, *v_itl;
 	pthread_mutex_t mu; /* protects everything below */
 	int live; /* jobs not yet freed: gw_stop waits for 0, a backend may hold the last ref */
 	pthread_cond_t idle;
@@ -180,8 +193,10 @@ void gw_job_token(struct gw_job *j, const char *piece, size_t len)
 	if (!j->t_first) {
 		j->t_first = t;
 		met_hist_observe_ns(g->ttft, (uint64_t)(t - j->t0));
+		met_hist_observe_ns(g->v_ttft, (uint64_t)(t - j->t0));
 	} else {
 		met_hist_observe_ns(g->itl, (uint64_t)(t - j->t_last));
+		met_hist_observe_ns(g->v_itl, (uint64_t)(t - j->t_last));
 	}
 	j->t_last = t;
 	/* A stop string can only start in the not-yet-final tail. */
@@ -335,6 +350,10 @@ static void account(struct gw_job *j)
 	met_counter_add(g->gen_tokens, (uint64_t)j->ntokens);
 	met_counter_add(g->cache_queries, (uint64_t)j->prompt_tokens);
 	met_counter_add(g->cache_hits, (uint64_t)j->cached_tokens);
+	met_counter_add(g->v_prompt, (uint64_t)j->prompt_tokens);
+	met_counter_add(g->v_gen, (uint64_t)j->ntokens);
+	met_counter_add(g->v_queries, (uint64_t)j->prompt_tokens);
+	met_counter_add(g->v_hits, (uint64_t)j->cached_tokens);
 	/* Last: a scrape that sees the request gone sees its counts (atomic read-modify-writes
 	 * are ordered on the platforms we build for; tests wait on this gauge). */
 	met_gauge_add(g->running, -1);
@@ -615,11 +634,11 @@ static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat
 }
 
 /* The exposition text (malloc'd), or NULL when it cannot be written. */
-static char *metrics_text(struct gw *g)
+static char *metrics_text(struct gw *g, enum met_page page)
 {
 	char *text = NULL;
 	size_t len;
-	int rc = met_render(g->reg, &text, &len);
+	int rc = met_render_page(g->reg, page, &text, &len);
 	if (rc) {
 		klog_error("/metrics: %s", strerror(-rc));
 		return NULL;
@@ -687,7 +706,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
 		    strdup(ok ? "{\"status\":\"ok\"}" : "{\"status\":\"unavailable\"}"));
 	}
 	if (strcmp(url, "/metrics") == 0 && get)
-		return send_text(c, 200, "text/plain; version=0.0.4", metrics_text(g));
+		return send_text(c, 200, "text/plain; version=0.0.4",
+				 metrics_text(g, MET_PAGE_PLAIN));
+	if (strcmp(url, "/metrics/vllm") == 0 && get)
+		return send_text(c, 200, "text/plain; version=0.0.4", metrics_text(g, MET_PAGE_NS));
 	return send_error(g, c, 404, "no such endpoint", "invalid_request_error", NULL, NULL);
 }
 
@@ -701,6 +723,33 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
 		free(cc);
 		*con_cls = NULL;
 	}
+}
+
+/* vLLM's families for what the gateway measures, with vLLM's meaning: tokens of finished
+ * requests (prompt, generated, prefix-cache queries and hits) and per-token latencies
+ * measured from the request's arrival at the gateway. 0 or -ENOMEM. */
+static int metrics_init_vllm(struct gw *g)
+{
+	struct met_reg *r = g->reg;
+	g->v_prompt = met_counter_new(r, "vllm:prompt_tokens_total",
+				      "Number of prefill tokens processed.", NULL);
+	g->v_gen = met_counter_new(r, "vllm:generation_tokens_total",
+				   "Number of generation tokens processed.", NULL);
+	g->v_queries =
+	    met_counter_new(r, "vllm:prefix_cache_queries_total",
+			    "Prefix cache queries, in terms of number of queried tokens.", NULL);
+	g->v_hits =
+	    met_counter_new(r, "vllm:prefix_cache_hits_total",
+			    "Prefix cache hits, in terms of number of cached tokens.", NULL);
+	g->v_ttft = met_hist_new(r, "vllm:time_to_first_token_seconds",
+				 "Histogram of time to first token in seconds.", NULL, vllm_ttft_b,
+				 NB_VTTFT);
+	g->v_itl =
+	    met_hist_new(r, "vllm:inter_token_latency_seconds",
+			 "Histogram of inter-token latency in seconds.", NULL, vllm_itl_b, NB_VITL);
+	return g->v_prompt && g->v_gen && g->v_queries && g->v_hits && g->v_ttft && g->v_itl
+		   ? 0
+		   : -ENOMEM;
 }
 
 /* Registers the gateway's families, in the order /metrics shows them, and the backend's
@@ -727,9 +776,9 @@ static int metrics_init(struct gw *g)
 					"Tokens generated for finished requests", NULL);
 	g->cached_tokens = met_counter_new(r, "cached_tokens_total",
 					   "Prompt tokens whose KV came from the cache", NULL);
-	g->cache_queries = met_counter_new(r, "prefix_cache_queries",
+	g->cache_queries = met_counter_new(r, "prefix_cache_queries_total",
 					   "Prompt tokens looked up in the prefix cache", NULL);
-	g->cache_hits = met_counter_new(r, "prefix_cache_hits",
+	g->cache_hits = met_counter_new(r, "prefix_cache_hits_total",
 					"Prompt tokens found in the prefix cache", NULL);
 	g->ttft =
 	    met_hist_new(r, "time_to_first_token_seconds",
@@ -738,6 +787,9 @@ static int metrics_init(struct gw *g)
 			      "Time between two tokens of one request", NULL, itl_b, NB_ITL);
 	ok &= g->running && g->prompt_tokens && g->gen_tokens && g->cached_tokens &&
 	      g->cache_queries && g->cache_hits && g->ttft && g->itl;
+	ok &= metrics_init_vllm(g) == 0;
+	if (ok && g->be.metrics_register)
+		ok = g->be.metrics_register(g->be.ctx, r) == 0;
 	if (ok && g->be.metrics)
 		ok = met_collector_add(r, g->be.metrics, g->be.ctx) == 0;
 	if (!ok) {

@@ -27,6 +27,7 @@
 struct gw;
 struct gw_job;
 struct met_out;
+struct met_reg;
 
 /* What the gateway hands a backend for one request. Valid until gw_job_finish. */
 struct gw_req {
@@ -55,6 +56,10 @@ struct gw_backend {
 	void (*metrics)(void *ctx, struct met_out *out);
 	/* 1 when at least one replica can serve. May be NULL (always healthy). */
 	int (*healthy)(void *ctx);
+	/* Registers the backend's own metrics (histograms it observes itself) in the gateway's
+	 * registry, once, in gw_start before any request; 0 or a negative errno (gw_start then
+	 * fails with -ENOMEM). May be NULL. */
+	int (*metrics_register)(void *ctx, struct met_reg *r);
 };
 
 struct gw_opts {

@@ -157,9 +157,17 @@ static int attach_handover(struct sch *s, struct sch_req *r, int cached)
 	return ok;
 }
 
+static int64_t mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
 /* Admits r: its sequence, the cached prefix, and the prompt accounting. 0 or -errno. */
 static int admit(struct sch *s, struct sch_req *r)
 {
+	met_hist_observe_ns(s->h_queue, (uint64_t)(mono_ns() - r->t_submit));
 	int rc = kvi_seq_create(eng_kv(s), &r->seq);
 	if (rc)
 		return rc;
@@ -409,6 +417,7 @@ int sch_submit(struct sch *s, const struct sch_job *j, const struct sch_sink *k,
 	r->s = s;
 	r->k = *k;
 	r->u = u;
+	r->t_submit = mono_ns();
 	r->mode = j->mode;
 	r->sp = j->sp;
 	r->first = j->first;
@@ -588,9 +597,15 @@ static void be_metrics(void *ctx, struct met_out *o)
 		atomic_load(&s->g_running));
 	out_one(o, "num_requests_waiting", "gauge", "Requests waiting for a batch slot",
 		atomic_load(&s->g_waiting));
-	out_one(o, "kv_blocks_used", "gauge", "KV cache blocks in use", atomic_load(&s->g_kv_used));
-	out_one(o, "kv_blocks_total", "gauge", "KV cache blocks in the pool",
-		atomic_load(&s->g_kv_total));
+	int used = atomic_load(&s->g_kv_used), total = atomic_load(&s->g_kv_total);
+	out_one(o, "kv_blocks_used", "gauge", "KV cache blocks in use", used);
+	out_one(o, "kv_blocks_capacity", "gauge", "KV cache blocks in the pool", total);
+	out_one(o, "vllm:num_requests_running", "gauge",
+		"Number of requests in model execution batches.", atomic_load(&s->g_running));
+	out_one(o, "vllm:num_requests_waiting", "gauge",
+		"Number of requests waiting to be processed.", atomic_load(&s->g_waiting));
+	out_one(o, "vllm:kv_cache_usage_perc", "gauge",
+		"KV-cache usage. 1 means 100 percent usage.", total ? (double)used / total : 0);
 	out_one(o, "scheduler_steps_total", "counter", "Engine steps the scheduler ran",
 		(double)atomic_load(&s->c_steps));
 	out_one(o, "prefill_tokens_computed_total", "counter",
@@ -608,6 +623,38 @@ static void be_metrics(void *ctx, struct met_out *o)
 	}
 }
 
+/* vLLM's request_latency_buckets, which its queue-time histogram uses. */
+static const double vllm_req_b[] = {0.3,  0.5,	 0.8,	1.0,   1.5,   2.0,    2.5,
+				    5.0,  10.0,	 15.0,	20.0,  30.0,  40.0,   50.0,
+				    60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+
+static int be_metrics_register(void *ctx, struct met_reg *r)
+{
+	struct sch *s = ctx;
+	s->h_queue = met_hist_new(r, "vllm:request_queue_time_seconds",
+				  "Histogram of time spent in WAITING phase for request.", NULL,
+				  vllm_req_b, (int)(sizeof(vllm_req_b) / sizeof(vllm_req_b[0])));
+	return s->h_queue ? 0 : -ENOMEM;
+}
+
+int sch_metrics_serve(struct sch *s, const char *listen, const char *addr_file)
+{
+	if (!listen || !*listen)
+		return 0;
+	int rc = met_reg_create(&s->mreg);
+	if (rc)
+		return rc;
+	if ((rc = be_metrics_register(s, s->mreg)) ||
+	    (rc = met_collector_add(s->mreg, be_metrics, s)) ||
+	    (rc = met_http_serve(s->mreg, listen, addr_file, &s->mhttp))) {
+		met_reg_destroy(s->mreg);
+		s->mreg = NULL;
+		s->h_queue = NULL;
+		return rc;
+	}
+	return 0;
+}
+
 void sch_backend(struct sch *s, struct gw_backend *out)
 {
 	memset(out, 0, sizeof(*out));
@@ -616,6 +663,7 @@ void sch_backend(struct sch *s, struct gw_backend *out)
 	out->cancel = be_cancel;
 	out->release = be_release;
 	out->metrics = be_metrics;
+	out->metrics_register = be_metrics_register;
 }
 
 /* ---- lifecycle ----------------------------------------------------------------------- */
@@ -733,6 +781,8 @@ void sch_destroy(struct sch *s)
 	if (!s)
 		return;
 	sch_stop(s);
+	met_http_stop(s->mhttp); /* its collector reads s */
+	met_reg_destroy(s->mreg);
 	kvx_destroy(s->kx);
 	kvi_engine_destroy(s->e);
 	kvi_dev_engine_destroy(s->de);

@@ -188,6 +188,12 @@ void sch_stop(struct sch *s);
 void sch_destroy(struct sch *s);
 /* The embedded backend to pass to gw_start (SCH_FULL requests); valid while s lives. */
 void sch_backend(struct sch *s, struct gw_backend *out);
+/* A worker's own GET /metrics on listen ("HOST:PORT"; empty or NULL: none, returns 0): the
+ * scheduler's families (sch_backend's collector and vllm:request_queue_time_seconds), served
+ * until sch_destroy; "HOST:PORT\n" written to addr_file when non-empty. Call once, before
+ * submitting, and not for a scheduler passed to gw_start (it registers the same families in
+ * the gateway's registry). 0 or a negative errno (-EADDRINUSE, -EINVAL, -ENOMEM). */
+int sch_metrics_serve(struct sch *s, const char *listen, const char *addr_file);
 /* Model architecture name, for logs. */
 const char *sch_model_arch(const struct sch *s);
 

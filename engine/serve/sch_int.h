@@ -43,9 +43,10 @@ struct sch_req {
 	int32_t first; /* SCH_DECODE: the handed-over first token */
 	void *blk;     /* SCH_DECODE: the handed-over last block */
 	size_t blen;
-	int handoff;	 /* SCH_PREFILL: enum sch_handoff_kind */
-	int skip_cached; /* SCH_PREFILL: hand over the blocks after the cached prefix only */
-	uint64_t ticket; /* SCH_DECODE: a parked prompt to claim, or 0 */
+	int handoff;	  /* SCH_PREFILL: enum sch_handoff_kind */
+	int skip_cached;  /* SCH_PREFILL: hand over the blocks after the cached prefix only */
+	uint64_t ticket;  /* SCH_DECODE: a parked prompt to claim, or 0 */
+	int64_t t_submit; /* CLOCK_MONOTONIC ns at sch_submit: queue time at admission */
 };
 
 /* A function run on the scheduler thread between steps (sch_call); the caller waits. */
@@ -108,6 +109,12 @@ struct sch {
 	atomic_int g_waiting, g_running, g_kv_used, g_kv_total, g_queued, g_wait_tokens;
 	void *blkbuf; /* one block, for SCH_PREFILL hand-overs */
 	atomic_ullong c_steps, c_decode_tokens, c_prefill_tokens;
+	/* vllm:request_queue_time_seconds, once registered (sch_metrics_register / _serve; NULL
+	 * before: observing it is then a no-op), and a worker's own /metrics (sch_metrics_serve).
+	 */
+	struct met_hist *h_queue;
+	struct met_reg *mreg;
+	struct met_http *mhttp;
 };
 
 /* The engine's KV pool, whichever engine it is. */
