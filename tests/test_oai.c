@@ -82,6 +82,28 @@ static void test_bad_requests(void **state)
 	    {"{\"prompt\":\"a\",\"n\":2}", 0, -EINVAL, "n"},
 	    {"{\"prompt\":\"a\",\"user\":7}", 0, -EINVAL, "user"},
 	    {"{\"prompt\":\"a\",\"model\":[]}", 0, -EINVAL, "model"},
+	    /* OpenAI's parameters this server does not implement: refused, never ignored */
+	    {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":"
+	     "\"function\",\"function\":{\"name\":\"f\"}}]}",
+	     1, -EINVAL, "tools"},
+	    {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"auto\"}", 1,
+	     -EINVAL, "tool_choice"},
+	    {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{"
+	     "\"type\":\"json_object\"}}",
+	     1, -EINVAL, "response_format"},
+	    {"{\"prompt\":\"a\",\"suffix\":\"end\"}", 0, -EINVAL, "suffix"},
+	    {"{\"prompt\":\"a\",\"best_of\":3}", 0, -EINVAL, "best_of"},
+	    {"{\"prompt\":\"a\",\"service_tier\":\"flex\"}", 0, -EINVAL, "service_tier"},
+	    {"{\"prompt\":\"a\",\"store\":true}", 0, -EINVAL, "store"},
+	    {"{\"prompt\":\"a\",\"metadata\":{\"k\":\"v\"}}", 0, -EINVAL, "metadata"},
+	    {"{\"prompt\":\"a\",\"modalities\":[\"text\",\"audio\"]}", 0, -EINVAL, "modalities"},
+	    {"{\"prompt\":\"a\",\"reasoning_effort\":\"high\"}", 0, -EINVAL, "reasoning_effort"},
+	    {"{\"prompt\":\"a\",\"parallel_tool_calls\":true}", 0, -EINVAL, "parallel_tool_calls"},
+	    /* their neutral values ask for nothing: accepted */
+	    {"{\"prompt\":\"a\",\"tools\":[],\"store\":false,\"metadata\":{},\"best_of\":1,"
+	     "\"service_tier\":\"auto\",\"modalities\":[\"text\"],\"suffix\":null,"
+	     "\"tool_choice\":\"none\"}",
+	     0, 0, NULL},
 	    {"{\"messages\":[]}", 1, -EINVAL, "messages"},
 	    {"{\"messages\":\"hi\"}", 1, -EINVAL, "messages"},
 	    {"{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", 1, -EINVAL, "messages"},
@@ -95,6 +117,8 @@ static void test_bad_requests(void **state)
 		int rc = parse(cases[i].body, cases[i].chat, &r, &param);
 		if (rc != cases[i].rc)
 			fail_msg("case %zu (%s): rc %d", i, cases[i].body, rc);
+		if (!rc)
+			oai_request_free(&r);
 		if (cases[i].param)
 			assert_string_equal(param, cases[i].param);
 	}

@@ -543,6 +543,25 @@ static void test_disagg_worker_metrics(void **state)
 	free(checked_page(addr, "/metrics/vllm"));
 }
 
+/* An over-long request is a 400 context_length_exceeded whose message says why, in both
+ * forms (the disaggregated one said only "prefill failed"). */
+static void test_too_long_says_why(void **state)
+{
+	(void)state;
+	char *b;
+	assert_int_equal(http("POST", "/v1/completions",
+			      "{\"prompt\":\"hi there\",\"max_tokens\":4095,\"temperature\":0}",
+			      &b),
+			 400);
+	cJSON *o = json(b), *e = cJSON_GetObjectItem(o, "error");
+	assert_string_equal(cJSON_GetObjectItem(e, "code")->valuestring, "context_length_exceeded");
+	const char *msg = cJSON_GetObjectItem(e, "message")->valuestring;
+	if (!strstr(msg, "context"))
+		fail_msg("message does not say why: %s", msg);
+	cJSON_Delete(o);
+	free(b);
+}
+
 static void stop_pid(pid_t *p)
 {
 	if (*p > 0) {
@@ -759,6 +778,7 @@ int main(void)
 	    cmocka_unit_test(test_cached_and_stream),	cmocka_unit_test(test_chat),
 	    cmocka_unit_test(test_concurrent),		cmocka_unit_test(test_errors_keep_serving),
 	    cmocka_unit_test(test_disconnect_frees_kv), cmocka_unit_test(test_promtool_embedded),
+	    cmocka_unit_test(test_too_long_says_why),
 	};
 	int rc = cmocka_run_group_tests(tests, setup, teardown);
 	const struct CMUnitTest disagg[] = {
@@ -766,6 +786,7 @@ int main(void)
 	    cmocka_unit_test(test_disagg_concurrent),
 	    cmocka_unit_test(test_disagg_load_returns_to_zero),
 	    cmocka_unit_test(test_disagg_worker_metrics),
+	    cmocka_unit_test(test_too_long_says_why),
 	    cmocka_unit_test(test_disagg_cache_policy),
 	    cmocka_unit_test(test_disagg_kill_decode),
 	};

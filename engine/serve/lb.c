@@ -426,6 +426,25 @@ static void w_decode(struct kvp_wbuf *w, const struct lreq *q, const struct pf_r
 	kvw_decode_enc(w, &m); /* errors are sticky in w */
 }
 
+/* What the client is told when no prefill replica computed its prompt: the worker's reason,
+ * which the protocol carries as an errno (kvw.h: PREFILL's errors). */
+static const char *prefill_refusal(int rc)
+{
+	switch (rc) {
+	case -E2BIG:
+		return "the prompt's tokens plus max_tokens exceed the model's context (refused by "
+		       "the prefill worker)";
+	case -EINVAL:
+		return "the prefill worker refused the request as invalid (bad sampling parameters "
+		       "or prompt)";
+	case -EAGAIN:
+		return "no prefill replica is up";
+	case -ESHUTDOWN:
+		return "the gateway is shutting down";
+	}
+	return "prefill failed";
+}
+
 /* PREFILL (a direct hand-over to a decode replica picked now, with LB_HANDOFF_DIRECT), then
  * the DECODE body into w. 0, or the request was finished here (1). */
 static int prefill_then(struct lreq *q, struct kvp_wbuf *w, struct pf_result *pr, int *peer)
@@ -454,8 +473,7 @@ static int prefill_then(struct lreq *q, struct kvp_wbuf *w, struct pf_result *pr
 		return 1;
 	}
 	if (rc) {
-		gw_job_finish(q->job, NULL, rc,
-			      rc == -EAGAIN ? "no prefill replica is up" : "prefill failed");
+		gw_job_finish(q->job, NULL, rc, prefill_refusal(rc));
 		return 1;
 	}
 	gw_job_prompt(q->job, pr->n, pr->cached);

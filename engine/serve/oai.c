@@ -353,6 +353,70 @@ static int parse_salt(const cJSON *o, struct oai_request *r, const struct perr *
 	return 0;
 }
 
+/* Parameters OpenAI defines that this server does not implement: present with anything but
+ * their neutral value (null, false, 0, "", an empty array or object, or the value listed), a
+ * request is refused with a 400 naming the parameter, never answered as if it were absent.
+ * neutral: a string value that also means "nothing asked" (service_tier "auto"), or NULL. */
+static const struct refused {
+	const char *name;
+	const char *neutral;
+} refused[] = {
+    {"tools", NULL},
+    {"tool_choice", "none"},
+    {"functions", NULL},
+    {"function_call", "none"},
+    {"parallel_tool_calls", NULL},
+    {"response_format", NULL},
+    {"service_tier", "auto"},
+    {"store", NULL},
+    {"metadata", NULL},
+    {"modalities", NULL},
+    {"audio", NULL},
+    {"prediction", NULL},
+    {"reasoning_effort", NULL},
+    {"web_search_options", NULL},
+    {"verbosity", NULL},
+    {"suffix", NULL},
+    {"best_of", NULL},
+    {"logprobs", NULL},
+    {"top_logprobs", NULL},
+    {"echo", NULL},
+    {"presence_penalty", NULL},
+    {"frequency_penalty", NULL},
+    {"logit_bias", NULL},
+};
+
+/* Whether v asks for nothing: null, false, 0, "", [], {}, the entry's neutral string, or
+ * best_of 1 and modalities ["text"] (what every request gets anyway). */
+static int neutral_value(const struct refused *f, const cJSON *v)
+{
+	if (cJSON_IsNull(v) || cJSON_IsFalse(v))
+		return 1;
+	if (cJSON_IsNumber(v))
+		return v->valuedouble == 0 ||
+		       (strcmp(f->name, "best_of") == 0 && v->valuedouble == 1);
+	if (cJSON_IsString(v))
+		return !*v->valuestring ||
+		       (f->neutral && strcmp(v->valuestring, f->neutral) == 0) ||
+		       (strcmp(f->name, "service_tier") == 0 &&
+			strcmp(v->valuestring, "default") == 0);
+	if (cJSON_IsArray(v) && strcmp(f->name, "modalities") == 0 && cJSON_GetArraySize(v) == 1 &&
+	    cJSON_IsString(v->child) && strcmp(v->child->valuestring, "text") == 0)
+		return 1;
+	return (cJSON_IsArray(v) || cJSON_IsObject(v)) && !v->child;
+}
+
+static int parse_refused(const cJSON *o, const struct perr *e)
+{
+	for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+		const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, refused[i].name);
+		if (v && !neutral_value(&refused[i], v))
+			return bad(e, refused[i].name, -EINVAL,
+				   "'%s' is not supported by this server", refused[i].name);
+	}
+	return 0;
+}
+
 /* The request object's members, in the order their errors are reported. */
 static int parse_object(const cJSON *o, int chat, const struct oai_limits *lim,
 			struct oai_request *r, const struct perr *e)
@@ -378,6 +442,8 @@ static int parse_object(const cJSON *o, int chat, const struct oai_limits *lim,
 	    (!cJSON_IsObject(so) || opt_bool(so, "include_usage", &r->include_usage)))
 		return bad_type(e, "stream_options");
 	if ((rc = parse_stop(o, r, e)))
+		return rc;
+	if ((rc = parse_refused(o, e)))
 		return rc;
 	return parse_salt(o, r, e);
 }

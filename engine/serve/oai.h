@@ -3,8 +3,10 @@
  * (server-sent events), model lists and errors in OpenAI's error format.
  *
  * Everything here is pure (cJSON inside, no I/O) and thread-safe. Request bodies are untrusted:
- * every field is type-checked and bounded; an unknown field is ignored, as OpenAI's clients
- * send many; a wrong type or out-of-range value is an error naming the field.
+ * every field is type-checked and bounded; a wrong type or out-of-range value is an error
+ * naming the field. A parameter OpenAI defines that the server does not implement (tools,
+ * response_format, logprobs, ...) is refused the same way unless it has its neutral value
+ * (null, false, 0, empty): never silently ignored. A field OpenAI does not define is ignored.
  */
 #ifndef KVFS_OAI_H
 #define KVFS_OAI_H
