@@ -46,6 +46,17 @@ static void test_completion_ok(void **state)
 	assert_string_equal(r.salt, "tenant");
 	oai_request_free(&r);
 
+	/* penalties and logit_bias */
+	assert_int_equal(parse("{\"prompt\":\"a\",\"presence_penalty\":-1.5,"
+			       "\"frequency_penalty\":0.5,\"logit_bias\":{\"7\":-100,\"42\":3.5}}",
+			       0, &r, &param),
+			 0);
+	assert_true(r.presence_penalty == -1.5 && r.frequency_penalty == 0.5);
+	assert_int_equal(r.n_bias, 2);
+	assert_true(r.bias[0].id == 7 && r.bias[0].bias == -100);
+	assert_true(r.bias[1].id == 42 && r.bias[1].bias == 3.5);
+	oai_request_free(&r);
+
 	/* Defaults, prompt as a one-element array, cache_salt wins over user. */
 	assert_int_equal(
 	    parse("{\"prompt\":[\"hi\"],\"cache_salt\":\"s\",\"user\":\"u\"}", 0, &r, &param), 0);
@@ -99,6 +110,13 @@ static void test_bad_requests(void **state)
 	    {"{\"prompt\":\"a\",\"modalities\":[\"text\",\"audio\"]}", 0, -EINVAL, "modalities"},
 	    {"{\"prompt\":\"a\",\"reasoning_effort\":\"high\"}", 0, -EINVAL, "reasoning_effort"},
 	    {"{\"prompt\":\"a\",\"parallel_tool_calls\":true}", 0, -EINVAL, "parallel_tool_calls"},
+	    {"{\"prompt\":\"a\",\"presence_penalty\":2.5}", 0, -EINVAL, "presence_penalty"},
+	    {"{\"prompt\":\"a\",\"frequency_penalty\":\"x\"}", 0, -EINVAL, "frequency_penalty"},
+	    {"{\"prompt\":\"a\",\"logit_bias\":[1]}", 0, -EINVAL, "logit_bias"},
+	    {"{\"prompt\":\"a\",\"logit_bias\":{\"x\":1}}", 0, -EINVAL, "logit_bias"},
+	    {"{\"prompt\":\"a\",\"logit_bias\":{\"-1\":1}}", 0, -EINVAL, "logit_bias"},
+	    {"{\"prompt\":\"a\",\"logit_bias\":{\"5\":101}}", 0, -EINVAL, "logit_bias"},
+	    {"{\"prompt\":\"a\",\"logit_bias\":{\"5\":\"1\"}}", 0, -EINVAL, "logit_bias"},
 	    /* their neutral values ask for nothing: accepted */
 	    {"{\"prompt\":\"a\",\"tools\":[],\"store\":false,\"metadata\":{},\"best_of\":1,"
 	     "\"service_tier\":\"auto\",\"modalities\":[\"text\"],\"suffix\":null,"

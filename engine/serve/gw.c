@@ -318,6 +318,7 @@ static unsigned job_status(int err, const char **type, const char **code)
 		*code = "context_length_exceeded";
 		return 400;
 	case -EINVAL:
+	case -ERANGE:
 		return 400;
 	case -EAGAIN:
 		*type = "server_error";
@@ -565,6 +566,11 @@ static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat
 		if (rc == -EAGAIN)
 			return send_error(g, c, 503, "no replica can take the request now",
 					  "server_error", NULL, "overloaded");
+		if (rc == -ERANGE)
+			return send_error(
+			    g, c, 400,
+			    "'logit_bias' names a token id outside the model's vocabulary",
+			    "invalid_request_error", "logit_bias", NULL);
 		return send_error(g, c, 400,
 				  rc == -E2BIG ? "prompt is longer than the model's context"
 					       : "the request cannot be served",
@@ -599,7 +605,11 @@ static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat
 		const char *type, *code;
 		unsigned st = job_status(jerr, &type, &code);
 		return send_text(c, st, "application/json",
-				 oai_error_json(msg, type, st < 500 ? "prompt" : NULL, code));
+				 oai_error_json(msg, type,
+						st >= 500	  ? NULL
+						: jerr == -ERANGE ? "logit_bias"
+								  : "prompt",
+						code));
 	}
 	if (j->req.stream) {
 		pthread_mutex_unlock(&j->mu);

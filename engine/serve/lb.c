@@ -18,6 +18,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "sample.h"
+#include "sch.h"
 
 #define RPC_TIMEOUT_MS	   600000 /* a long prompt on a slow CPU */
 #define STATUS_TIMEOUT_MS  1000
@@ -437,6 +438,8 @@ static const char *prefill_refusal(int rc)
 	case -EINVAL:
 		return "the prefill worker refused the request as invalid (bad sampling parameters "
 		       "or prompt)";
+	case -ERANGE:
+		return "'logit_bias' names a token id outside the model's vocabulary";
 	case -EAGAIN:
 		return "no prefill replica is up";
 	case -ESHUTDOWN:
@@ -574,12 +577,7 @@ static int be_submit(void *ctx, struct gw_job *job, const struct gw_req *g)
 		lreq_put(q);
 		return rc;
 	}
-	kvi_sample_params_default(&q->sp);
-	q->sp.temp = (float)o->temperature;
-	q->sp.top_p = (float)o->top_p;
-	q->sp.top_k = o->top_k;
-	q->sp.seed = o->has_seed ? o->seed : g->id * 0x9E3779B97F4A7C15ULL;
-	q->sp.max_tokens = o->max_tokens;
+	sch_sample_params(o, g->id, &q->sp);
 	pthread_mutex_lock(&l->mu);
 	if (l->stopping) {
 		pthread_mutex_unlock(&l->mu);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 
 static int fail(char *err, size_t errlen, const char **param, const char *p, int rc,
@@ -272,6 +273,8 @@ static const struct field {
     {"top_p", FK_REAL, 0, 1, offsetof(struct oai_request, top_p)},
     {"top_k", FK_INT, 0, 1000000, offsetof(struct oai_request, top_k)},
     {"seed", FK_SEED, -9.2e18, 9.2e18, offsetof(struct oai_request, seed)},
+    {"presence_penalty", FK_REAL, -2, 2, offsetof(struct oai_request, presence_penalty)},
+    {"frequency_penalty", FK_REAL, -2, 2, offsetof(struct oai_request, frequency_penalty)},
     {"n", FK_ONE, 1, 1, 0},
     {"stream", FK_BOOL, 0, 0, offsetof(struct oai_request, stream)},
 };
@@ -337,6 +340,38 @@ static int parse_stop(const cJSON *o, struct oai_request *r, const struct perr *
 	return 0;
 }
 
+/* "logit_bias": an object of at most OAI_MAX_BIAS "token id": bias, each id a decimal integer
+ * >= 0 and each bias a number in [-100, 100]. */
+static int parse_logit_bias(const cJSON *o, struct oai_request *r, const struct perr *e)
+{
+	static const char *const p = "logit_bias";
+	const cJSON *lb = cJSON_GetObjectItemCaseSensitive(o, p);
+	if (!lb || cJSON_IsNull(lb))
+		return 0;
+	if (!cJSON_IsObject(lb))
+		return bad_type(e, p);
+	if (cJSON_GetArraySize(lb) > OAI_MAX_BIAS)
+		return bad(e, p, -EINVAL, "'logit_bias' has more than 64 entries%s", NULL);
+	const cJSON *v;
+	cJSON_ArrayForEach(v, lb)
+	{
+		const char *k = v->string;
+		char *end;
+		long id = strtol(k, &end, 10);
+		if (!*k || *end || id < 0 || id > INT32_MAX || k[0] == '-' || k[0] == '+' ||
+		    k[0] == ' ')
+			return bad(e, p, -EINVAL, "'logit_bias' keys must be token ids, not '%s'",
+				   k);
+		if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < -100 ||
+		    v->valuedouble > 100)
+			return bad(e, p, -EINVAL,
+				   "'logit_bias' values must be numbers in [-100, 100]%s", NULL);
+		r->bias[r->n_bias].id = (int32_t)id;
+		r->bias[r->n_bias++].bias = v->valuedouble;
+	}
+	return 0;
+}
+
 /* The tenant's cache salt: "cache_salt", else "user"; at most OAI_MAX_SALT bytes. */
 static int parse_salt(const cJSON *o, struct oai_request *r, const struct perr *e)
 {
@@ -381,9 +416,6 @@ static const struct refused {
     {"logprobs", NULL},
     {"top_logprobs", NULL},
     {"echo", NULL},
-    {"presence_penalty", NULL},
-    {"frequency_penalty", NULL},
-    {"logit_bias", NULL},
 };
 
 /* Whether v asks for nothing: null, false, 0, "", [], {}, the entry's neutral string, or
@@ -443,7 +475,7 @@ static int parse_object(const cJSON *o, int chat, const struct oai_limits *lim,
 		return bad_type(e, "stream_options");
 	if ((rc = parse_stop(o, r, e)))
 		return rc;
-	if ((rc = parse_refused(o, e)))
+	if ((rc = parse_refused(o, e)) || (rc = parse_logit_bias(o, r, e)))
 		return rc;
 	return parse_salt(o, r, e);
 }

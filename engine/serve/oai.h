@@ -15,6 +15,8 @@
 #include <stdint.h>
 
 #define OAI_MAX_STOP 4
+/* Most logit_bias entries (KVI_SAMPLE_MAX_BIAS). */
+#define OAI_MAX_BIAS 64
 /* Longest cache salt ("cache_salt" or "user"), in bytes: what the worker protocol carries
  * (KVW_SALT_MAX with its NUL). */
 #define OAI_MAX_SALT 255
@@ -38,6 +40,13 @@ struct oai_request {
 	uint64_t seed;
 	char *stop[OAI_MAX_STOP];
 	int n_stop;
+	double presence_penalty;  /* -2..2, default 0 */
+	double frequency_penalty; /* -2..2, default 0 */
+	struct {
+		int32_t id;
+		double bias;  /* -100..100 */
+	} bias[OAI_MAX_BIAS]; /* logit_bias: token id -> bias (ids checked by the backend) */
+	int n_bias;
 	int stream;
 	int include_usage; /* stream_options.include_usage */
 	/* Cache salt (tenant): "cache_salt" if given, else "user", else NULL. Requests with

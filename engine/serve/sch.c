@@ -173,6 +173,8 @@ static int admit(struct sch *s, struct sch_req *r)
 		return rc;
 	if ((rc = kvi_sampler_create(&r->sp, s->n_vocab, &r->smp)))
 		return rc;
+	if (r->mode == SCH_DECODE) /* the prefill worker drew the first token */
+		kvi_sampler_skip_draw(r->smp);
 	if (r->ticket && (rc = sch_parked_claim(s, r)) < 0)
 		return rc;
 	if (rc == 1) { /* handed over directly */
@@ -424,7 +426,11 @@ int sch_submit(struct sch *s, const struct sch_job *j, const struct sch_sink *k,
 	r->ticket = j->mode == SCH_DECODE ? j->ticket : 0;
 	r->handoff = j->mode == SCH_PREFILL ? j->handoff : 0;
 	r->skip_cached = r->handoff && j->handoff_skip_cached;
-	int rc = -EINVAL;
+	int rc = -ERANGE; /* a logit_bias naming a token the vocabulary lacks */
+	for (int i = 0; i < r->sp.n_bias; i++)
+		if (r->sp.bias[i].id < 0 || r->sp.bias[i].id >= s->n_vocab)
+			goto fail;
+	rc = -EINVAL;
 	if (r->handoff && (r->handoff > SCH_HANDOFF_DEVICE || !k->handoff ||
 			   (r->handoff == SCH_HANDOFF_DEVICE && !sch_nccl_capable(s))))
 		goto fail;
@@ -546,6 +552,21 @@ static void gj_finish(void *u, const char *reason, int err, const char *msg)
 	gw_job_finish(u, reason, err, msg);
 }
 
+void sch_sample_params(const struct oai_request *o, uint64_t id, struct kvi_sample_params *sp)
+{
+	kvi_sample_params_default(sp);
+	sp->temp = (float)o->temperature;
+	sp->top_p = (float)o->top_p;
+	sp->top_k = o->top_k;
+	sp->seed = o->has_seed ? o->seed : id * 0x9E3779B97F4A7C15ULL;
+	sp->max_tokens = o->max_tokens;
+	sp->presence_penalty = (float)o->presence_penalty;
+	sp->frequency_penalty = (float)o->frequency_penalty;
+	sp->n_bias = o->n_bias < KVI_SAMPLE_MAX_BIAS ? o->n_bias : KVI_SAMPLE_MAX_BIAS;
+	for (int i = 0; i < sp->n_bias; i++)
+		sp->bias[i] = (struct kvi_logit_bias){o->bias[i].id, (float)o->bias[i].bias};
+}
+
 static int be_submit(void *ctx, struct gw_job *job, const struct gw_req *q)
 {
 	struct sch *s = ctx;
@@ -554,12 +575,7 @@ static int be_submit(void *ctx, struct gw_job *job, const struct gw_req *q)
 	    .prompt = gj_prompt, .token = gj_token, .finish = gj_finish};
 	struct sch_job j = {
 	    .mode = SCH_FULL, .prompt = q->prompt, .parse_special = o->chat, .salt = o->salt};
-	kvi_sample_params_default(&j.sp);
-	j.sp.temp = (float)o->temperature;
-	j.sp.top_p = (float)o->top_p;
-	j.sp.top_k = o->top_k;
-	j.sp.seed = o->has_seed ? o->seed : q->id * 0x9E3779B97F4A7C15ULL;
-	j.sp.max_tokens = o->max_tokens;
+	sch_sample_params(o, q->id, &j.sp);
 	struct sch_req *r = NULL;
 	int rc = sch_submit(s, &j, &sink, job, &r);
 	if (rc)

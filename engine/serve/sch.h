@@ -113,7 +113,8 @@ struct sch_job {
 
 /* Queues a request. Returns 0 and *out (free with sch_req_free after finish ran and no
  * sch_cancel can come any more), or -E2BIG (prompt + max_tokens > max_ctx), -EINVAL (empty or
- * untokenizable prompt, bad ids), -ENOMEM, -EAGAIN (stopping). Nothing is reported on error. */
+ * untokenizable prompt, bad ids), -ERANGE (a logit_bias token id outside the vocabulary),
+ * -ENOMEM, -EAGAIN (stopping). Nothing is reported on error. */
 int sch_submit(struct sch *s, const struct sch_job *j, const struct sch_sink *k, void *u,
 	       struct sch_req **out);
 /* Ends the request at the next step (finish with -ECANCELED) and frees its KV. Thread-safe;
@@ -186,6 +187,9 @@ int sch_create(const struct sch_opts *o, struct sch **out);
 void sch_stop(struct sch *s);
 /* sch_stop, then frees. After gw_stop. */
 void sch_destroy(struct sch *s);
+/* A request's sampling parameters (temperature, top_p, top_k, seed, max_tokens, penalties,
+ * logit_bias); a request without a seed gets one derived from id. For both backends. */
+void sch_sample_params(const struct oai_request *o, uint64_t id, struct kvi_sample_params *sp);
 /* The embedded backend to pass to gw_start (SCH_FULL requests); valid while s lives. */
 void sch_backend(struct sch *s, struct gw_backend *out);
 /* A worker's own GET /metrics on listen ("HOST:PORT"; empty or NULL: none, returns 0): the

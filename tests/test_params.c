@@ -1,0 +1,294 @@
+/* OpenAI request parameters honoured end to end, on a real (synthetic) model, in both forms:
+ * `kvinfer serve` (embedded) and `kvinfer gateway` with one prefill and one decode worker
+ * (disaggregated). Each test sends the same request to both and checks what the parameter
+ * means (logit_bias forces or bans tokens, penalties change a greedy answer, a seed makes
+ * sampling repeatable) and that both forms answer alike, so the parameter crossed the worker
+ * protocol too. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "http_tutil.h"
+
+enum { EMB, DIS, NFORM };
+static const char *const form_name[NFORM] = {"embedded", "disaggregated"};
+static char tmpdir[256];
+static pid_t pids[4] = {-1, -1, -1, -1}; /* serve, prefill, decode, gateway */
+static uint16_t ports[NFORM];
+
+static void sleep_ms(int ms)
+{
+	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+	nanosleep(&ts, NULL);
+}
+
+static uint16_t wait_port(const char *path)
+{
+	for (int i = 0; i < 300; i++) {
+		FILE *f = fopen(path, "r");
+		unsigned p = 0;
+		int ok = f && fscanf(f, "%u", &p) == 1;
+		if (f)
+			fclose(f);
+		if (ok && p)
+			return (uint16_t)p;
+		sleep_ms(50);
+	}
+	return 0;
+}
+
+/* Starts argv (NULL-terminated) with stderr into tmpdir/<log>; returns the pid. */
+static pid_t spawn(const char *log, char *const argv[])
+{
+	char path[600];
+	snprintf(path, sizeof(path), "%s/%s", tmpdir, log);
+	pid_t p = fork();
+	if (p == 0) {
+		if (!freopen(path, "w", stderr))
+			_exit(126);
+		execv(argv[0], argv);
+		_exit(127);
+	}
+	return p;
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	const char *bd = getenv("KVFS_BUILD_DIR");
+	char synth[512], bin[512], model[512], kv[2][512], secret[512], pf[4][600];
+	snprintf(synth, sizeof(synth), "%s/tools/kvinfer-synth", bd ? bd : "build");
+	snprintf(bin, sizeof(bin), "%s/bin/kvinfer", bd ? bd : "build");
+	snprintf(tmpdir, sizeof(tmpdir), "/tmp/test_params.XXXXXX");
+	if (!mkdtemp(tmpdir))
+		return -1;
+	snprintf(model, sizeof(model), "%s/m.gguf", tmpdir);
+	snprintf(secret, sizeof(secret), "%s/secret", tmpdir);
+	for (int i = 0; i < 2; i++) {
+		snprintf(kv[i], sizeof(kv[i]), "%s/kv%d", tmpdir, i);
+		mkdir(kv[i], 0755);
+	}
+	for (int i = 0; i < 4; i++)
+		snprintf(pf[i], sizeof(pf[i]), "%s/port%d", tmpdir, i);
+	FILE *f = fopen(secret, "w");
+	if (!f)
+		return -1;
+	fputs("test-params-secret-0123456789abcdef\n", f);
+	fclose(f);
+	char *sargv[] = {synth, "--preset", "small", "-o", model, NULL};
+	pid_t s = spawn("synth.log", sargv);
+	int st = 0;
+	if (s < 0 || waitpid(s, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st))
+		return -1;
+#define WK(cmd, kvd, portf)                                                                        \
+	bin, cmd, "-m", model, "--kv-dir", kvd, "-t", "1", "--block-tokens", "16", "--ignore-eos", \
+	    "--ctx", "1024", "--port-file", portf
+	char *serve[] = {WK("serve", kv[0], pf[0]), "--port", "0", NULL};
+	char *pre[] = {WK("prefill", kv[1], pf[1]), "--secret-file", secret, NULL};
+	char *dec[] = {WK("decode", kv[1], pf[2]), "--secret-file", secret, NULL};
+#undef WK
+	pids[0] = spawn("serve.log", serve);
+	pids[1] = spawn("prefill.log", pre);
+	pids[2] = spawn("decode.log", dec);
+	uint16_t wp[3];
+	for (int i = 0; i < 3; i++)
+		if (!(wp[i] = wait_port(pf[i])))
+			return -1;
+	char pl[64], dl[64];
+	snprintf(pl, sizeof(pl), "127.0.0.1:%u", wp[1]);
+	snprintf(dl, sizeof(dl), "127.0.0.1:%u", wp[2]);
+	char *gw[] = {bin,
+		      "gateway",
+		      "--prefill",
+		      pl,
+		      "--decode",
+		      dl,
+		      "--secret-file",
+		      secret,
+		      "--port",
+		      "0",
+		      "--port-file",
+		      pf[3],
+		      "--max-tokens",
+		      "1000",
+		      NULL};
+	pids[3] = spawn("gateway.log", gw);
+	ports[EMB] = wp[0];
+	ports[DIS] = wait_port(pf[3]);
+	return ports[DIS] ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	for (int i = 3; i >= 0; i--)
+		if (pids[i] > 0) {
+			kill(pids[i], SIGTERM);
+			waitpid(pids[i], NULL, 0);
+			pids[i] = -1;
+		}
+	if (!getenv("KVFS_TEST_KEEP")) {
+		char cmd[300];
+		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
+		if (system(cmd) != 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* POST body to path on form; returns the status and the parsed JSON in *out. */
+static int post(int form, const char *path, const char *body, cJSON **out)
+{
+	char *b = NULL;
+	int st = htu_request(ports[form], 0, "POST", path, body, &b);
+	*out = b ? cJSON_Parse(b) : NULL;
+	if (!*out)
+		fail_msg("%s %s: status %d, not JSON: %s", form_name[form], path, st, b ? b : "");
+	free(b);
+	return st;
+}
+
+/* A completion's text (malloc'd), the request asserted to succeed. fmt is the JSON body. */
+static char *complete(int form, const char *fmt, ...)
+{
+	char body[2048];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(body, sizeof(body), fmt, ap);
+	va_end(ap);
+	cJSON *o;
+	int st = post(form, "/v1/completions", body, &o);
+	if (st != 200) {
+		char *s = cJSON_PrintUnformatted(o);
+		fail_msg("%s: %d %s for %s", form_name[form], st, s, body);
+	}
+	cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+	char *t = strdup(cJSON_GetObjectItem(c0, "text")->valuestring);
+	cJSON_Delete(o);
+	return t;
+}
+
+static void expect_400(int form, const char *body, const char *param)
+{
+	cJSON *o;
+	int st = post(form, "/v1/completions", body, &o);
+	cJSON *e = cJSON_GetObjectItem(o, "error");
+	cJSON *p = e ? cJSON_GetObjectItem(e, "param") : NULL;
+	if (st != 400 || !cJSON_IsString(p) || strcmp(p->valuestring, param) != 0) {
+		char *s = cJSON_PrintUnformatted(o);
+		fail_msg("%s: %s -> %d %s, expected 400 naming %s", form_name[form], body, st, s,
+			 param);
+	}
+	cJSON_Delete(o);
+}
+
+#define PROMPT "The quick brown fox jumps over the lazy dog"
+
+/* logit_bias +100 on a token forces it (every greedy token is that one), -100 bans it; an id
+ * outside the vocabulary is a 400 naming logit_bias. */
+static void test_logit_bias(void **state)
+{
+	(void)state;
+	char *forced[NFORM];
+	for (int f = 0; f < NFORM; f++) {
+		char *one =
+		    complete(f, "{\"prompt\":\"" PROMPT "\",\"max_tokens\":1,\"temperature\":0,"
+				"\"logit_bias\":{\"77\":100}}");
+		forced[f] =
+		    complete(f, "{\"prompt\":\"" PROMPT "\",\"max_tokens\":4,\"temperature\":0,"
+				"\"logit_bias\":{\"77\":100}}");
+		char four[256];
+		snprintf(four, sizeof(four), "%s%s%s%s", one, one, one, one);
+		assert_true(strlen(one) > 0);
+		assert_string_equal(forced[f], four);
+		/* -100 bans: with 77 banned, 78 (second by its own +99) is chosen */
+		char *p78 = complete(f, "{\"prompt\":\"" PROMPT "\",\"max_tokens\":1,"
+					"\"temperature\":0,\"logit_bias\":{\"78\":100}}");
+		char *both =
+		    complete(f, "{\"prompt\":\"" PROMPT "\",\"max_tokens\":1,"
+				"\"temperature\":0,\"logit_bias\":{\"77\":100,\"78\":99}}");
+		char *ban =
+		    complete(f, "{\"prompt\":\"" PROMPT "\",\"max_tokens\":1,"
+				"\"temperature\":0,\"logit_bias\":{\"77\":-100,\"78\":99}}");
+		assert_string_not_equal(one, p78);
+		assert_string_equal(both, one);
+		assert_string_equal(ban, p78);
+		free(p78);
+		free(both);
+		free(ban);
+		free(one);
+		expect_400(f, "{\"prompt\":\"a\",\"logit_bias\":{\"99999999\":5}}", "logit_bias");
+	}
+	assert_string_equal(forced[EMB], forced[DIS]);
+	free(forced[EMB]);
+	free(forced[DIS]);
+}
+
+/* frequency/presence penalties change a greedy answer that repeats itself, the same way in
+ * both forms. */
+static void test_penalties(void **state)
+{
+	(void)state;
+	char *pen[NFORM][2];
+	for (int f = 0; f < NFORM; f++) {
+		char *plain =
+		    complete(f, "{\"prompt\":\"" PROMPT "\",\"max_tokens\":24,\"temperature\":0}");
+		pen[f][0] = complete(f, "{\"prompt\":\"" PROMPT "\",\"max_tokens\":24,"
+					"\"temperature\":0,\"frequency_penalty\":2}");
+		pen[f][1] = complete(f, "{\"prompt\":\"" PROMPT "\",\"max_tokens\":24,"
+					"\"temperature\":0,\"presence_penalty\":2}");
+		assert_string_not_equal(pen[f][0], plain);
+		assert_string_not_equal(pen[f][1], plain);
+		free(plain);
+	}
+	for (int i = 0; i < 2; i++) {
+		assert_string_equal(pen[EMB][i], pen[DIS][i]);
+		free(pen[EMB][i]);
+		free(pen[DIS][i]);
+	}
+}
+
+/* A seed makes sampling at temperature 1 repeatable, in both forms alike. */
+static void test_seed(void **state)
+{
+	(void)state;
+	char *t[NFORM][3];
+	for (int f = 0; f < NFORM; f++)
+		for (int i = 0; i < 3; i++)
+			t[f][i] = complete(f,
+					   "{\"prompt\":\"" PROMPT "\",\"max_tokens\":16,"
+					   "\"temperature\":1,\"top_p\":1,\"seed\":%d}",
+					   i < 2 ? 7 : 8);
+	for (int f = 0; f < NFORM; f++) {
+		assert_string_equal(t[f][0], t[f][1]);
+		assert_string_not_equal(t[f][0], t[f][2]);
+	}
+	assert_string_equal(t[EMB][0], t[DIS][0]);
+	for (int f = 0; f < NFORM; f++)
+		for (int i = 0; i < 3; i++)
+			free(t[f][i]);
+}
+
+int main(void)
+{
+	signal(SIGPIPE, SIG_IGN);
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_logit_bias),
+	    cmocka_unit_test(test_penalties),
+	    cmocka_unit_test(test_seed),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
