@@ -282,6 +282,56 @@ static void test_seed(void **state)
 			free(t[f][i]);
 }
 
+/* The streamed text of a completion (malloc'd): every chunk's choices[0].text, to [DONE]. */
+static char *complete_stream(int form, const char *body)
+{
+	char *b = NULL;
+	assert_int_equal(htu_request(ports[form], 0, "POST", "/v1/completions", body, &b), 200);
+	char *text = calloc(1, strlen(b) + 1);
+	int done = 0;
+	for (char *p = b; (p = strstr(p, "data: "));) {
+		p += 6;
+		char *end = strstr(p, "\n\n");
+		assert_non_null(end);
+		*end = 0;
+		if (strcmp(p, "[DONE]") == 0) {
+			done = 1;
+			break;
+		}
+		cJSON *e = cJSON_Parse(p);
+		assert_non_null(e);
+		cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(e, "choices"), 0);
+		if (c0)
+			strcat(text, cJSON_GetObjectItem(c0, "text")->valuestring);
+		cJSON_Delete(e);
+		p = end + 1;
+	}
+	assert_true(done);
+	free(b);
+	return text;
+}
+
+/* echo: the prompt comes back before the completion, streamed or not, in both forms. */
+static void test_echo(void **state)
+{
+	(void)state;
+	for (int f = 0; f < NFORM; f++) {
+		char *plain =
+		    complete(f, "{\"prompt\":\"" PROMPT "\",\"max_tokens\":6,\"temperature\":0}");
+		char *echo = complete(f, "{\"prompt\":\"" PROMPT "\",\"max_tokens\":6,"
+					 "\"temperature\":0,\"echo\":true}");
+		char want[1024];
+		snprintf(want, sizeof(want), "%s%s", PROMPT, plain);
+		assert_string_equal(echo, want);
+		char *st = complete_stream(f, "{\"prompt\":\"" PROMPT "\",\"max_tokens\":6,"
+					      "\"temperature\":0,\"echo\":true,\"stream\":true}");
+		assert_string_equal(st, want);
+		free(st);
+		free(echo);
+		free(plain);
+	}
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -289,6 +339,7 @@ int main(void)
 	    cmocka_unit_test(test_logit_bias),
 	    cmocka_unit_test(test_penalties),
 	    cmocka_unit_test(test_seed),
+	    cmocka_unit_test(test_echo),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -404,9 +404,13 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 		if (s->finished)
 			return MHD_CONTENT_READER_END_OF_STREAM;
 		s->off = s->len = 0;
-		if (j->req.chat && !s->role_sent) {
+		if (!s->role_sent) { /* the first chunk: chat's role, or the echoed prompt */
 			s->role_sent = 1;
-			stream_put(s, oai_chunk_role_json(j->idstr, j->model, j->created));
+			if (j->req.chat)
+				stream_put(s, oai_chunk_role_json(j->idstr, j->model, j->created));
+			else if (j->req.echo)
+				stream_put(s, oai_chunk_json(0, j->idstr, j->model, j->created,
+							     j->req.prompt, NULL, NULL));
 			continue;
 		}
 		pthread_mutex_lock(&j->mu);
@@ -509,6 +513,20 @@ static void job_make_id(struct gw_job *j, int chat)
 	int n = snprintf(j->idstr, sizeof(j->idstr), "%s-", chat ? "chatcmpl" : "cmpl");
 	for (size_t i = 0; i < sizeof(r); i++)
 		n += snprintf(j->idstr + n, sizeof(j->idstr) - (size_t)n, "%02x", r[i]);
+}
+
+/* echo: the prompt, then the completion (malloc'd, or NULL). Called with j->mu held. */
+static char *echo_text(const struct gw_job *j)
+{
+	size_t pl = strlen(j->req.prompt), rl = j->raw ? strlen(j->raw) : 0;
+	char *t = malloc(pl + rl + 1);
+	if (t) {
+		memcpy(t, j->req.prompt, pl);
+		if (rl)
+			memcpy(t + pl, j->raw, rl);
+		t[pl + rl] = 0;
+	}
+	return t;
 }
 
 static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat, struct conn *cc)
@@ -636,7 +654,10 @@ static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat
 	}
 
 	struct oai_usage u = {j->prompt_tokens, j->ntokens, j->cached_tokens};
-	char *body = oai_response_json(chat, j->idstr, j->model, j->created, j->raw, j->finish, &u);
+	char *echoed = !chat && j->req.echo ? echo_text(j) : NULL;
+	char *body = oai_response_json(chat, j->idstr, j->model, j->created,
+				       echoed ? echoed : j->raw, j->finish, &u);
+	free(echoed);
 	pthread_mutex_unlock(&j->mu);
 	account(j);
 	job_unref(j);

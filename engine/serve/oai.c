@@ -277,6 +277,7 @@ static const struct field {
     {"frequency_penalty", FK_REAL, -2, 2, offsetof(struct oai_request, frequency_penalty)},
     {"n", FK_ONE, 1, 1, 0},
     {"stream", FK_BOOL, 0, 0, offsetof(struct oai_request, stream)},
+    {"echo", FK_BOOL, 0, 0, offsetof(struct oai_request, echo)},
 };
 
 static int parse_field(const cJSON *o, const struct field *f, struct oai_request *r,
@@ -415,7 +416,6 @@ static const struct refused {
     {"best_of", NULL},
     {"logprobs", NULL},
     {"top_logprobs", NULL},
-    {"echo", NULL},
 };
 
 /* Whether v asks for nothing: null, false, 0, "", [], {}, the entry's neutral string, or

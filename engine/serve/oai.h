@@ -47,6 +47,7 @@ struct oai_request {
 		double bias;  /* -100..100 */
 	} bias[OAI_MAX_BIAS]; /* logit_bias: token id -> bias (ids checked by the backend) */
 	int n_bias;
+	int echo; /* completions: the prompt comes back before the completion */
 	int stream;
 	int include_usage; /* stream_options.include_usage */
 	/* Cache salt (tenant): "cache_salt" if given, else "user", else NULL. Requests with
