@@ -2,6 +2,7 @@
  * rendering, and that every response we write parses back with the fields clients read. */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -185,6 +186,56 @@ static void test_chat(void **state)
 	oai_request_free(&r);
 }
 
+/* Several choices and logprobs in OpenAI's shapes; a banned token's -inf is written -9999
+ * (JSON has no infinity), text offsets count from the echoed prompt. */
+static void test_choices_logprobs(void **state)
+{
+	(void)state;
+	struct oai_usage u = {.prompt_tokens = 2, .completion_tokens = 2};
+	struct oai_lp_entry e[2] = {
+	    {.token = "he", .logprob = -0.5f, .text_offset = 0, .n_top = 2},
+	    {.token = "y", .logprob = -INFINITY, .text_offset = 2, .n_top = 1},
+	};
+	e[0].top[0].token = "he", e[0].top[0].logprob = -0.5f;
+	e[0].top[1].token = "ha", e[0].top[1].logprob = -1.5f;
+	e[1].top[0].token = "!", e[1].top[0].logprob = -0.1f;
+	struct oai_choice ch[2] = {
+	    {.index = 0, .text = "hey", .finish_reason = "length", .has_lp = 1, .lp = e, .n_lp = 2},
+	    {.index = 1, .text = "ho", .finish_reason = "stop"},
+	};
+	char *s = oai_response_choices_json(1, "i", "m", 1, ch, 2, &u);
+	cJSON *o = cJSON_Parse(s), *arr = cJSON_GetObjectItem(o, "choices");
+	assert_int_equal(cJSON_GetArraySize(arr), 2);
+	cJSON *c1 = cJSON_GetArrayItem(arr, 1);
+	assert_int_equal(cJSON_GetObjectItem(c1, "index")->valueint, 1);
+	assert_true(cJSON_IsNull(cJSON_GetObjectItem(c1, "logprobs")));
+	cJSON *content = cJSON_GetObjectItem(
+	    cJSON_GetObjectItem(cJSON_GetArrayItem(arr, 0), "logprobs"), "content");
+	assert_int_equal(cJSON_GetArraySize(content), 2);
+	cJSON *t1 = cJSON_GetArrayItem(content, 1);
+	assert_true(cJSON_GetObjectItem(t1, "logprob")->valuedouble == -9999);
+	assert_int_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(t1, "bytes"), 0)->valueint, 'y');
+	cJSON *top0 = cJSON_GetObjectItem(cJSON_GetArrayItem(content, 0), "top_logprobs");
+	assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(top0, 1), "token")->valuestring,
+			    "ha");
+	cJSON_Delete(o);
+	free(s);
+
+	ch[0].lp_base = 5; /* completions, after a 5-byte echoed prompt */
+	s = oai_response_choices_json(0, "i", "m", 1, ch, 1, &u);
+	o = cJSON_Parse(s);
+	cJSON *lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0),
+					"logprobs");
+	assert_string_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "tokens"), 1)->valuestring,
+			    "y");
+	assert_int_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "text_offset"), 1)->valueint,
+			 7);
+	cJSON *tops = cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "top_logprobs"), 0);
+	assert_true(cJSON_GetObjectItem(tops, "ha")->valuedouble == -1.5);
+	cJSON_Delete(o);
+	free(s);
+}
+
 static void test_responses_parse(void **state)
 {
 	(void)state;
@@ -341,7 +392,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_completion_ok), cmocka_unit_test(test_bad_requests),
 	    cmocka_unit_test(test_chat),	  cmocka_unit_test(test_responses_parse),
-	    cmocka_unit_test(test_utf8),
+	    cmocka_unit_test(test_utf8),	  cmocka_unit_test(test_choices_logprobs),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,6 +6,7 @@
  * protocol too. */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -332,14 +333,135 @@ static void test_echo(void **state)
 	}
 }
 
+static cJSON *post_ok(int form, const char *path, const char *body)
+{
+	cJSON *o;
+	int st = post(form, path, body, &o);
+	if (st != 200) {
+		char *t = cJSON_PrintUnformatted(o);
+		fail_msg("%s %s: %d %s", form_name[form], path, st, t);
+	}
+	return o;
+}
+
+/* Checks one OpenAI chat logprobs entry list against the text: the tokens spell it, each
+ * has n_top alternatives, most likely first, and greedy means the token is the first. */
+static void check_chat_logprobs(const cJSON *content, const char *text, int n_top, int ntok)
+{
+	assert_int_equal(cJSON_GetArraySize(content), ntok);
+	char spelled[4096] = "";
+	const cJSON *t;
+	cJSON_ArrayForEach(t, content)
+	{
+		const char *tok = cJSON_GetObjectItem(t, "token")->valuestring;
+		double lp = cJSON_GetObjectItem(t, "logprob")->valuedouble;
+		assert_true(lp <= 0);
+		assert_true(cJSON_IsArray(cJSON_GetObjectItem(t, "bytes")));
+		strcat(spelled, tok);
+		const cJSON *top = cJSON_GetObjectItem(t, "top_logprobs");
+		assert_int_equal(cJSON_GetArraySize(top), n_top);
+		double prev = 0;
+		for (int k = 0; k < n_top; k++) {
+			const cJSON *x = cJSON_GetArrayItem(top, k);
+			double v = cJSON_GetObjectItem(x, "logprob")->valuedouble;
+			assert_true(v <= prev + 1e-6);
+			prev = v;
+		}
+		if (n_top) { /* greedy: the chosen token is the most likely */
+			const cJSON *x0 = cJSON_GetArrayItem(top, 0);
+			assert_true(fabs(cJSON_GetObjectItem(x0, "logprob")->valuedouble - lp) <
+				    1e-5);
+		}
+	}
+	assert_string_equal(spelled, text);
+}
+
+/* logprobs: OpenAI's shapes (chat: content[] of token/logprob/bytes/top_logprobs;
+ * completions: tokens/token_logprobs/top_logprobs/text_offset), streamed too, embedded; the
+ * disaggregated form refuses them, naming logprobs (its worker protocol carries no
+ * log-probabilities yet). */
+static void test_logprobs(void **state)
+{
+	(void)state;
+	cJSON *o =
+	    post_ok(EMB, "/v1/chat/completions",
+		    "{\"messages\":[{\"role\":\"user\",\"content\":\"" PROMPT "\"}],"
+		    "\"max_tokens\":5,\"temperature\":0,\"logprobs\":true,\"top_logprobs\":3}");
+	cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+	const char *text =
+	    cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "message"), "content")->valuestring;
+	cJSON *lp = cJSON_GetObjectItem(c0, "logprobs");
+	check_chat_logprobs(cJSON_GetObjectItem(lp, "content"), text, 3, 5);
+	cJSON_Delete(o);
+
+	o = post_ok(EMB, "/v1/completions",
+		    "{\"prompt\":\"" PROMPT
+		    "\",\"max_tokens\":6,\"temperature\":0,\"logprobs\":2}");
+	c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+	text = cJSON_GetObjectItem(c0, "text")->valuestring;
+	lp = cJSON_GetObjectItem(c0, "logprobs");
+	cJSON *toks = cJSON_GetObjectItem(lp, "tokens"),
+	      *offs = cJSON_GetObjectItem(lp, "text_offset");
+	cJSON *tlp = cJSON_GetObjectItem(lp, "token_logprobs"),
+	      *top = cJSON_GetObjectItem(lp, "top_logprobs");
+	assert_int_equal(cJSON_GetArraySize(toks), 6);
+	assert_int_equal(cJSON_GetArraySize(tlp), 6);
+	assert_int_equal(cJSON_GetArraySize(top), 6);
+	size_t off = 0;
+	for (int i = 0; i < 6; i++) {
+		const char *t = cJSON_GetArrayItem(toks, i)->valuestring;
+		assert_int_equal(cJSON_GetArrayItem(offs, i)->valueint, (int)off);
+		assert_memory_equal(text + off, t, strlen(t));
+		off += strlen(t);
+		assert_true(cJSON_GetArraySize(cJSON_GetArrayItem(top, i)) >= 1);
+		assert_true(cJSON_GetArrayItem(tlp, i)->valuedouble <= 0);
+	}
+	assert_int_equal(off, strlen(text));
+	cJSON_Delete(o);
+
+	/* streamed chat: each chunk's logprobs spell that chunk's text */
+	char *b = NULL;
+	assert_int_equal(htu_request(ports[EMB], 0, "POST", "/v1/chat/completions",
+				     "{\"messages\":[{\"role\":\"user\",\"content\":\"" PROMPT
+				     "\"}],\"max_tokens\":5,\"temperature\":0,\"logprobs\":true,"
+				     "\"stream\":true}",
+				     &b),
+			 200);
+	int ntok = 0;
+	for (char *p = b; (p = strstr(p, "data: "));) {
+		p += 6;
+		char *end = strstr(p, "\n\n");
+		*end = 0;
+		if (strcmp(p, "[DONE]") == 0)
+			break;
+		cJSON *e = cJSON_Parse(p);
+		cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(e, "choices"), 0);
+		cJSON *d = ch ? cJSON_GetObjectItem(ch, "delta") : NULL;
+		cJSON *content = d ? cJSON_GetObjectItem(d, "content") : NULL;
+		cJSON *l = ch ? cJSON_GetObjectItem(ch, "logprobs") : NULL;
+		if (cJSON_IsString(content) && *content->valuestring) {
+			cJSON *lc = cJSON_GetObjectItem(l, "content");
+			check_chat_logprobs(lc, content->valuestring, 0, cJSON_GetArraySize(lc));
+			ntok += cJSON_GetArraySize(lc);
+		}
+		cJSON_Delete(e);
+		p = end + 1;
+	}
+	assert_int_equal(ntok, 5);
+	free(b);
+
+	expect_400(DIS, "{\"prompt\":\"a\",\"logprobs\":1}", "logprobs");
+	expect_400(EMB, "{\"prompt\":\"a\",\"logprobs\":1,\"echo\":true}", "echo");
+	expect_400(EMB, "{\"prompt\":\"a\",\"logprobs\":6}", "logprobs");
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_logit_bias),
-	    cmocka_unit_test(test_penalties),
-	    cmocka_unit_test(test_seed),
-	    cmocka_unit_test(test_echo),
+	    cmocka_unit_test(test_logit_bias), cmocka_unit_test(test_penalties),
+	    cmocka_unit_test(test_seed),       cmocka_unit_test(test_echo),
+	    cmocka_unit_test(test_logprobs),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

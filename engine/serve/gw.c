@@ -91,7 +91,25 @@ struct gw_job {
 	char finish[16];
 	int64_t t0, t_first, t_last;
 	void *bdata;
+	/* req.logprobs: one record per generated token, its text starting at raw + off */
+	struct lp_rec {
+		size_t off;
+		char *token;
+		float logprob;
+		int n_top;
+		char *top_token[OAI_MAX_TOP_LOGPROBS];
+		float top_logprob[OAI_MAX_TOP_LOGPROBS];
+	} * lps;
+	int n_lps, cap_lps;
+	int lp_emitted; /* records already streamed */
 };
+
+static void lp_rec_free(struct lp_rec *r)
+{
+	free(r->token);
+	for (int k = 0; k < r->n_top; k++)
+		free(r->top_token[k]);
+}
 
 static int64_t now_ns(void)
 {
@@ -113,6 +131,9 @@ static void job_unref(struct gw_job *j)
 	oai_request_free(&j->req);
 	free(j->prompt);
 	free(j->raw);
+	for (int i = 0; i < j->n_lps; i++)
+		lp_rec_free(&j->lps[i]);
+	free(j->lps);
 	pthread_mutex_destroy(&j->mu);
 	pthread_cond_destroy(&j->cv);
 	free(j);
@@ -161,6 +182,65 @@ static size_t holdback(const struct gw_job *j)
 			}
 	}
 	return best;
+}
+
+void gw_job_logprob(struct gw_job *j, const struct gw_logprob *lp)
+{
+	pthread_mutex_lock(&j->mu);
+	if (j->stopped || j->done || !j->req.logprobs)
+		goto out;
+	if (j->n_lps == j->cap_lps) {
+		int cap = j->cap_lps ? 2 * j->cap_lps : 32;
+		struct lp_rec *n = realloc(j->lps, (size_t)cap * sizeof(*n));
+		if (!n)
+			goto out;
+		j->lps = n;
+		j->cap_lps = cap;
+	}
+	struct lp_rec *r = &j->lps[j->n_lps];
+	memset(r, 0, sizeof(*r));
+	r->off = j->rawlen;
+	r->logprob = lp->logprob;
+	r->token = strdup(lp->token ? lp->token : "");
+	int ok = r->token != NULL;
+	for (int k = 0; k < lp->n_top && k < OAI_MAX_TOP_LOGPROBS; k++, r->n_top++) {
+		r->top_token[k] = strdup(lp->top_token[k] ? lp->top_token[k] : "");
+		r->top_logprob[k] = lp->top_logprob[k];
+		ok &= r->top_token[k] != NULL;
+	}
+	if (ok)
+		j->n_lps++;
+	else
+		lp_rec_free(r);
+out:
+	pthread_mutex_unlock(&j->mu);
+}
+
+/* The records [from, n_lps) whose text starts before end, as the writer's entries (pointing
+ * into j's records: valid until the job is freed), offsets from base. Returns the count (0 and
+ * NULL when none or out of memory). Called with j->mu held. */
+static int lp_entries(const struct gw_job *j, int from, size_t end, size_t base,
+		      struct oai_lp_entry **out)
+{
+	int n = 0;
+	while (from + n < j->n_lps && j->lps[from + n].off < end)
+		n++;
+	*out = n ? calloc((size_t)n, sizeof(**out)) : NULL;
+	if (!*out)
+		return 0;
+	for (int i = 0; i < n; i++) {
+		const struct lp_rec *r = &j->lps[from + i];
+		struct oai_lp_entry *e = &(*out)[i];
+		e->token = r->token;
+		e->logprob = r->logprob;
+		e->text_offset = (int)(r->off - base);
+		e->n_top = r->n_top;
+		for (int k = 0; k < r->n_top; k++) {
+			e->top[k].token = r->top_token[k];
+			e->top[k].logprob = r->top_logprob[k];
+		}
+	}
+	return n;
 }
 
 void gw_job_token(struct gw_job *j, const char *piece, size_t len)
@@ -407,7 +487,8 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 		if (!s->role_sent) { /* the first chunk: chat's role, or the echoed prompt */
 			s->role_sent = 1;
 			if (j->req.chat)
-				stream_put(s, oai_chunk_role_json(j->idstr, j->model, j->created));
+				stream_put(s,
+					   oai_chunk_role_json(j->idstr, j->model, j->created, 0));
 			else if (j->req.echo)
 				stream_put(s, oai_chunk_json(0, j->idstr, j->model, j->created,
 							     j->req.prompt, NULL, NULL));
@@ -426,13 +507,21 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 			}
 		}
 		if (j->emitted < j->visible) {
-			char *piece = strndup(j->raw + j->emitted, j->visible - j->emitted);
+			struct oai_choice ch = {.has_lp = j->req.logprobs};
+			ch.text = strndup(j->raw + j->emitted, j->visible - j->emitted);
+			/* a token whose text is still held back is reported with that text */
+			if (ch.has_lp) {
+				ch.n_lp = lp_entries(j, j->lp_emitted, j->visible, j->emitted,
+						     (struct oai_lp_entry **)&ch.lp);
+				j->lp_emitted += ch.n_lp;
+			}
 			j->emitted = j->visible;
 			pthread_mutex_unlock(&j->mu);
-			if (piece)
-				stream_put(s, oai_chunk_json(j->req.chat, j->idstr, j->model,
-							     j->created, piece, NULL, NULL));
-			free(piece);
+			if (ch.text)
+				stream_put(s, oai_chunk_choice_json(j->req.chat, j->idstr, j->model,
+								    j->created, &ch, NULL));
+			free((char *)ch.text);
+			free((void *)ch.lp);
 			continue;
 		}
 		/* Done (or stopped) and everything emitted: final events. */
@@ -551,6 +640,14 @@ static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat
 		return ret;
 	}
 	j->model = model;
+	if (j->req.logprobs && !(g->be.caps & GW_CAP_LOGPROBS)) {
+		oai_request_free(&j->req);
+		free(j);
+		return send_error(g, c, 400,
+				  "'logprobs' is not supported by this server's backend (the "
+				  "disaggregated gateway) yet",
+				  "invalid_request_error", "logprobs", NULL);
+	}
 	pthread_mutex_init(&j->mu, NULL);
 	pthread_cond_init(&j->cv, NULL);
 	j->refs = 2; /* the connection's and the backend's */
@@ -655,8 +752,13 @@ static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat
 
 	struct oai_usage u = {j->prompt_tokens, j->ntokens, j->cached_tokens};
 	char *echoed = !chat && j->req.echo ? echo_text(j) : NULL;
-	char *body = oai_response_json(chat, j->idstr, j->model, j->created,
-				       echoed ? echoed : j->raw, j->finish, &u);
+	struct oai_choice ch = {.text = echoed ? echoed : j->raw,
+				.finish_reason = j->finish,
+				.has_lp = j->req.logprobs};
+	if (ch.has_lp)
+		ch.n_lp = lp_entries(j, 0, j->rawlen, 0, (struct oai_lp_entry **)&ch.lp);
+	char *body = oai_response_choices_json(chat, j->idstr, j->model, j->created, &ch, 1, &u);
+	free((void *)ch.lp);
 	free(echoed);
 	pthread_mutex_unlock(&j->mu);
 	account(j);

@@ -36,8 +36,23 @@ struct gw_req {
 	const char *prompt;	       /* completions: the prompt; chat: the rendered template */
 };
 
+/* What a backend does beyond generating text from a text prompt (gw_backend.caps); a request
+ * asking for more is refused by the gateway with a 400 naming the parameter. */
+#define GW_CAP_LOGPROBS 1u /* gw_job_logprob before each token */
+
+/* One generated token's log-probability and its most likely alternatives (texts valid during
+ * the call). */
+struct gw_logprob {
+	const char *token;
+	float logprob;
+	int n_top;
+	const char *top_token[OAI_MAX_TOP_LOGPROBS];
+	float top_logprob[OAI_MAX_TOP_LOGPROBS];
+};
+
 struct gw_backend {
 	void *ctx;
+	unsigned caps; /* GW_CAP_* */
 	/* Starts generating for job; returns 0, or -EAGAIN (no replica can take it: 503),
 	 * -E2BIG / -EINVAL (prompt too long or bad: 400) with nothing started. After 0 the backend
 	 * owns a reference: it reports tokens with gw_job_token and ends with exactly one
@@ -89,6 +104,9 @@ void *gw_job_backend_data(const struct gw_job *j);
 uint64_t gw_job_id(const struct gw_job *j);
 /* Prompt accounting, once known (after tokenization / prefill). */
 void gw_job_prompt(struct gw_job *j, int prompt_tokens, int cached_tokens);
+/* A request with oai->logprobs: the next token's log-probability, called before its
+ * gw_job_token (copied). */
+void gw_job_logprob(struct gw_job *j, const struct gw_logprob *lp);
 /* One generated token's text (may be empty for a partial UTF-8 sequence). */
 void gw_job_token(struct gw_job *j, const char *piece, size_t len);
 /* Ends the job: finish_reason "stop" or "length" when err == 0; otherwise err (negative

@@ -341,6 +341,49 @@ static int parse_stop(const cJSON *o, struct oai_request *r, const struct perr *
 	return 0;
 }
 
+/* Chat: "logprobs" (bool) and "top_logprobs" (0..20, only with logprobs); completions:
+ * "logprobs" (0..5 alternatives). echo with logprobs would need the prompt's, not computed. */
+static int parse_logprobs(const cJSON *o, struct oai_request *r, const struct perr *e)
+{
+	const cJSON *lp = cJSON_GetObjectItemCaseSensitive(o, "logprobs");
+	const cJSON *top = cJSON_GetObjectItemCaseSensitive(o, "top_logprobs");
+	int has_top = top && !cJSON_IsNull(top);
+	if (r->chat) {
+		if (opt_bool(o, "logprobs", &r->logprobs))
+			return bad_type(e, "logprobs");
+		if (!has_top)
+			return 0;
+		if (!cJSON_IsNumber(top) || top->valuedouble != floor(top->valuedouble) ||
+		    top->valuedouble < 0 || top->valuedouble > OAI_MAX_TOP_LOGPROBS)
+			return bad(e, "top_logprobs", -EINVAL,
+				   "'top_logprobs' must be an integer between 0 and 20%s", NULL);
+		if (!r->logprobs)
+			return bad(e, "top_logprobs", -EINVAL,
+				   "'top_logprobs' needs 'logprobs': true%s", NULL);
+		r->top_logprobs = (int)top->valuedouble;
+		return 0;
+	}
+	if (has_top)
+		return bad(
+		    e, "top_logprobs", -EINVAL,
+		    "'top_logprobs' is a chat parameter: completions take 'logprobs': 0..5%s",
+		    NULL);
+	if (!lp || cJSON_IsNull(lp))
+		return 0;
+	if (!cJSON_IsNumber(lp) || lp->valuedouble != floor(lp->valuedouble) ||
+	    lp->valuedouble < 0 || lp->valuedouble > 5)
+		return bad(e, "logprobs", -EINVAL,
+			   "'logprobs' must be an integer between 0 and 5%s", NULL);
+	r->logprobs = 1;
+	r->top_logprobs = (int)lp->valuedouble;
+	if (r->echo)
+		return bad(e, "echo", -EINVAL,
+			   "'echo' with 'logprobs' (the prompt's log-probabilities) is not "
+			   "supported%s",
+			   NULL);
+	return 0;
+}
+
 /* "logit_bias": an object of at most OAI_MAX_BIAS "token id": bias, each id a decimal integer
  * >= 0 and each bias a number in [-100, 100]. */
 static int parse_logit_bias(const cJSON *o, struct oai_request *r, const struct perr *e)
@@ -414,8 +457,6 @@ static const struct refused {
     {"verbosity", NULL},
     {"suffix", NULL},
     {"best_of", NULL},
-    {"logprobs", NULL},
-    {"top_logprobs", NULL},
 };
 
 /* Whether v asks for nothing: null, false, 0, "", [], {}, the entry's neutral string, or
@@ -475,7 +516,8 @@ static int parse_object(const cJSON *o, int chat, const struct oai_limits *lim,
 		return bad_type(e, "stream_options");
 	if ((rc = parse_stop(o, r, e)))
 		return rc;
-	if ((rc = parse_refused(o, e)) || (rc = parse_logit_bias(o, r, e)))
+	if ((rc = parse_refused(o, e)) || (rc = parse_logit_bias(o, r, e)) ||
+	    (rc = parse_logprobs(o, r, e)))
 		return rc;
 	return parse_salt(o, r, e);
 }
@@ -644,44 +686,134 @@ static cJSON *head(int chat, int chunk, const char *id, const char *model, int64
 	return o;
 }
 
-char *oai_response_json(int chat, const char *id, const char *model, int64_t created,
-			const char *text, const char *finish_reason, const struct oai_usage *u)
+/* A token's bytes as OpenAI's "bytes": the UTF-8 (or raw) bytes of its text. */
+static cJSON *token_bytes(const char *t)
+{
+	cJSON *a = cJSON_CreateArray();
+	for (const unsigned char *p = (const unsigned char *)t; *p; p++)
+		cJSON_AddItemToArray(a, cJSON_CreateNumber(*p));
+	return a;
+}
+
+/* A logprob that JSON can carry: -inf (a token banned by logit_bias) as -9999, as OpenAI does
+ * for tokens it never samples. */
+static double lp_num(float lp)
+{
+	return isfinite(lp) ? lp : -9999.0;
+}
+
+/* chat: {"content": [{"token","logprob","bytes","top_logprobs":[...]}], "refusal": null} */
+static cJSON *chat_logprobs(const struct oai_lp_entry *e, int n)
+{
+	cJSON *o = cJSON_CreateObject(), *content = cJSON_AddArrayToObject(o, "content");
+	for (int i = 0; i < n; i++) {
+		cJSON *t = cJSON_CreateObject();
+		add_text(t, "token", e[i].token);
+		cJSON_AddNumberToObject(t, "logprob", lp_num(e[i].logprob));
+		cJSON_AddItemToObject(t, "bytes", token_bytes(e[i].token));
+		cJSON *top = cJSON_AddArrayToObject(t, "top_logprobs");
+		for (int k = 0; k < e[i].n_top; k++) {
+			cJSON *x = cJSON_CreateObject();
+			add_text(x, "token", e[i].top[k].token);
+			cJSON_AddNumberToObject(x, "logprob", lp_num(e[i].top[k].logprob));
+			cJSON_AddItemToObject(x, "bytes", token_bytes(e[i].top[k].token));
+			cJSON_AddItemToArray(top, x);
+		}
+		cJSON_AddItemToArray(content, t);
+	}
+	cJSON_AddNullToObject(o, "refusal");
+	return o;
+}
+
+/* completions: {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}
+ * (offsets from base: the echoed prompt's length, or 0). */
+static cJSON *text_logprobs(const struct oai_lp_entry *e, int n, int base)
+{
+	cJSON *o = cJSON_CreateObject();
+	cJSON *toks = cJSON_AddArrayToObject(o, "tokens");
+	cJSON *lps = cJSON_AddArrayToObject(o, "token_logprobs");
+	cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs");
+	cJSON *offs = cJSON_AddArrayToObject(o, "text_offset");
+	for (int i = 0; i < n; i++) {
+		cJSON *t = cJSON_CreateObject();
+		add_text(t, "t", e[i].token);
+		cJSON *ts = cJSON_DetachItemFromObject(t, "t");
+		cJSON_Delete(t);
+		cJSON_AddItemToArray(toks, ts ? ts : cJSON_CreateString(""));
+		cJSON_AddItemToArray(lps, cJSON_CreateNumber(lp_num(e[i].logprob)));
+		cJSON *top = cJSON_CreateObject();
+		for (int k = 0; k < e[i].n_top; k++)
+			if (!cJSON_GetObjectItemCaseSensitive(top, e[i].top[k].token))
+				cJSON_AddNumberToObject(top, e[i].top[k].token,
+							lp_num(e[i].top[k].logprob));
+		cJSON_AddItemToArray(tops, top);
+		cJSON_AddItemToArray(offs, cJSON_CreateNumber(base + e[i].text_offset));
+	}
+	return o;
+}
+
+static void add_choice_logprobs(cJSON *c, int chat, const struct oai_choice *ch)
+{
+	if (!ch->has_lp)
+		cJSON_AddNullToObject(c, "logprobs");
+	else
+		cJSON_AddItemToObject(c, "logprobs",
+				      chat ? chat_logprobs(ch->lp, ch->n_lp)
+					   : text_logprobs(ch->lp, ch->n_lp, ch->lp_base));
+}
+
+char *oai_response_choices_json(int chat, const char *id, const char *model, int64_t created,
+				const struct oai_choice *chs, int n, const struct oai_usage *u)
 {
 	cJSON *o = head(chat, 0, id, model, created);
-	cJSON *ch = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
-	cJSON_AddItemToArray(ch, c);
-	cJSON_AddNumberToObject(c, "index", 0);
-	if (chat) {
-		cJSON *m = cJSON_AddObjectToObject(c, "message");
-		cJSON_AddStringToObject(m, "role", "assistant");
-		add_text(m, "content", text ? text : "");
-	} else {
-		add_text(c, "text", text ? text : "");
-		cJSON_AddNullToObject(c, "logprobs");
+	cJSON *arr = cJSON_AddArrayToObject(o, "choices");
+	for (int i = 0; i < n; i++) {
+		const struct oai_choice *ch = &chs[i];
+		cJSON *c = cJSON_CreateObject();
+		cJSON_AddItemToArray(arr, c);
+		cJSON_AddNumberToObject(c, "index", ch->index);
+		if (chat) {
+			cJSON *m = cJSON_AddObjectToObject(c, "message");
+			cJSON_AddStringToObject(m, "role", "assistant");
+			add_text(m, "content", ch->text ? ch->text : "");
+		} else {
+			add_text(c, "text", ch->text ? ch->text : "");
+		}
+		add_choice_logprobs(c, chat, ch);
+		cJSON_AddStringToObject(c, "finish_reason",
+					ch->finish_reason ? ch->finish_reason : "stop");
 	}
-	cJSON_AddStringToObject(c, "finish_reason", finish_reason ? finish_reason : "stop");
 	add_usage(o, u);
 	return print(o);
 }
 
-char *oai_chunk_json(int chat, const char *id, const char *model, int64_t created, const char *text,
-		     const char *finish_reason, const struct oai_usage *u)
+char *oai_response_json(int chat, const char *id, const char *model, int64_t created,
+			const char *text, const char *finish_reason, const struct oai_usage *u)
+{
+	struct oai_choice c = {.text = text, .finish_reason = finish_reason};
+	return oai_response_choices_json(chat, id, model, created, &c, 1, u);
+}
+
+char *oai_chunk_choice_json(int chat, const char *id, const char *model, int64_t created,
+			    const struct oai_choice *ch, const struct oai_usage *u)
 {
 	cJSON *o = head(chat, 1, id, model, created);
-	cJSON *ch = cJSON_AddArrayToObject(o, "choices");
-	if (text || finish_reason) {
+	cJSON *arr = cJSON_AddArrayToObject(o, "choices");
+	if (ch && (ch->text || ch->finish_reason)) {
 		cJSON *c = cJSON_CreateObject();
-		cJSON_AddItemToArray(ch, c);
-		cJSON_AddNumberToObject(c, "index", 0);
+		cJSON_AddItemToArray(arr, c);
+		cJSON_AddNumberToObject(c, "index", ch->index);
 		if (chat) {
 			cJSON *d = cJSON_AddObjectToObject(c, "delta");
-			if (text)
-				add_text(d, "content", text);
+			if (ch->text)
+				add_text(d, "content", ch->text);
 		} else {
-			add_text(c, "text", text ? text : "");
+			add_text(c, "text", ch->text ? ch->text : "");
 		}
-		if (finish_reason)
-			cJSON_AddStringToObject(c, "finish_reason", finish_reason);
+		if (ch->has_lp)
+			add_choice_logprobs(c, chat, ch);
+		if (ch->finish_reason)
+			cJSON_AddStringToObject(c, "finish_reason", ch->finish_reason);
 		else
 			cJSON_AddNullToObject(c, "finish_reason");
 	}
@@ -690,12 +822,19 @@ char *oai_chunk_json(int chat, const char *id, const char *model, int64_t create
 	return print(o);
 }
 
-char *oai_chunk_role_json(const char *id, const char *model, int64_t created)
+char *oai_chunk_json(int chat, const char *id, const char *model, int64_t created, const char *text,
+		     const char *finish_reason, const struct oai_usage *u)
+{
+	struct oai_choice c = {.text = text, .finish_reason = finish_reason};
+	return oai_chunk_choice_json(chat, id, model, created, &c, u);
+}
+
+char *oai_chunk_role_json(const char *id, const char *model, int64_t created, int index)
 {
 	cJSON *o = head(1, 1, id, model, created);
 	cJSON *ch = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
 	cJSON_AddItemToArray(ch, c);
-	cJSON_AddNumberToObject(c, "index", 0);
+	cJSON_AddNumberToObject(c, "index", index);
 	cJSON *d = cJSON_AddObjectToObject(c, "delta");
 	cJSON_AddStringToObject(d, "role", "assistant");
 	cJSON_AddStringToObject(d, "content", "");

@@ -48,6 +48,10 @@ struct oai_request {
 	} bias[OAI_MAX_BIAS]; /* logit_bias: token id -> bias (ids checked by the backend) */
 	int n_bias;
 	int echo; /* completions: the prompt comes back before the completion */
+	/* Log-probabilities of the generated tokens: chat "logprobs": true (and "top_logprobs"
+	 * 0..20 alternatives), completions "logprobs": 0..5 (alternatives). */
+	int logprobs;
+	int top_logprobs;
 	int stream;
 	int include_usage; /* stream_options.include_usage */
 	/* Cache salt (tenant): "cache_salt" if given, else "user", else NULL. Requests with
@@ -102,7 +106,41 @@ char *oai_chunk_json(int chat, const char *id, const char *model, int64_t create
 /* The first chunk of a chat stream: delta {"role":"assistant","content":""}. OpenAI's clients
  * (the openai npm package's stream helper) take the message's role from it and fail without
  * it ("missing role for choice 0"). */
-char *oai_chunk_role_json(const char *id, const char *model, int64_t created);
+char *oai_chunk_role_json(const char *id, const char *model, int64_t created, int index);
+
+/* ---- several choices (n, several prompts) and log-probabilities ---- */
+#define OAI_MAX_TOP_LOGPROBS 20
+
+/* One generated token's log-probability and its most likely alternatives. */
+struct oai_lp_entry {
+	const char *token; /* its text (bytes that are not UTF-8 are written as U+FFFD) */
+	float logprob;	   /* -inf is written as -9999 */
+	int text_offset;   /* where its text starts in the choice's text */
+	int n_top;
+	struct {
+		const char *token;
+		float logprob;
+	} top[OAI_MAX_TOP_LOGPROBS];
+};
+
+struct oai_choice {
+	int index;
+	const char *text;
+	const char *finish_reason; /* NULL: "stop" in a response, null in a chunk */
+	int has_lp;		   /* write "logprobs" (else null / absent in a chunk) */
+	const struct oai_lp_entry *lp;
+	int n_lp;
+	int lp_base; /* completions: added to every text_offset (the echoed prompt's length) */
+};
+
+/* A whole response with n choices; logprobs in OpenAI's chat shape ({"content": [{token,
+ * logprob, bytes, top_logprobs}]}) or completions shape ({tokens, token_logprobs,
+ * top_logprobs, text_offset}). */
+char *oai_response_choices_json(int chat, const char *id, const char *model, int64_t created,
+				const struct oai_choice *c, int n, const struct oai_usage *u);
+/* One streaming chunk for choice c (NULL: none, e.g. the final usage chunk). */
+char *oai_chunk_choice_json(int chat, const char *id, const char *model, int64_t created,
+			    const struct oai_choice *c, const struct oai_usage *u);
 
 /* GET /v1/models: {"object":"list","data":[{"id","object":"model","created","owned_by"}]} */
 char *oai_models_json(const char *const *ids, int n, int64_t created);

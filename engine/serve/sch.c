@@ -93,9 +93,31 @@ static void emit_piece(struct sch *s, struct sch_req *r, int32_t t)
 	r->k.token(r->u, t, buf, (size_t)ok);
 }
 
-/* Records sampled token t of r; returns 1 when r has ended. */
-static int take_token(struct sch *s, struct sch_req *r, int32_t t)
+/* r asked for log-probabilities: t's under logits, and the alternatives', to the sink. Before
+ * kvi_sampler_accept (the penalties as they were when t was sampled). */
+static void report_logprob(struct sch *s, struct sch_req *r, int32_t t, const float *logits)
 {
+	enum { TXT = 128 };
+	struct gw_logprob lp = {.n_top = r->logprobs - 1};
+	int32_t ids[OAI_MAX_TOP_LOGPROBS];
+	char txt[OAI_MAX_TOP_LOGPROBS + 1][TXT];
+	lp.logprob = kvi_sampler_logprobs(r->smp, logits, t, lp.n_top, ids, lp.top_logprob);
+	for (int i = 0; i <= lp.n_top; i++) {
+		int k = kvi_tok_decode_piece(s->tok, i ? ids[i - 1] : t, 0, txt[i], TXT - 1);
+		txt[i][k > 0 && k < TXT ? k : 0] = 0;
+		if (i)
+			lp.top_token[i - 1] = txt[i];
+	}
+	lp.token = txt[0];
+	r->k.logprob(r->u, &lp);
+}
+
+/* Records sampled token t of r (logits: what it was sampled from, NULL when another worker
+ * sampled it); returns 1 when r has ended. */
+static int take_token(struct sch *s, struct sch_req *r, int32_t t, const float *logits)
+{
+	if (r->logprobs && logits && r->k.logprob)
+		report_logprob(s, r, t, logits);
 	int stop = kvi_sampler_accept(r->smp, t);
 	if (!s->o.ignore_eos && kvi_tok_is_eog(s->tok, t)) {
 		req_end(r, "stop", 0, NULL);
@@ -182,7 +204,7 @@ static int admit(struct sch *s, struct sch_req *r)
 		r->st = RS_DECODE;
 		if (r->k.prompt)
 			r->k.prompt(r->u, r->n, r->n);
-		take_token(s, r, r->first);
+		take_token(s, r, r->first, NULL);
 		return 0;
 	}
 	int cached = 0;
@@ -196,7 +218,7 @@ static int admit(struct sch *s, struct sch_req *r)
 	if (r->mode == SCH_DECODE && attach_handover(s, r, cached)) {
 		r->pos = r->n;
 		r->st = RS_DECODE;
-		take_token(s, r, r->first);
+		take_token(s, r, r->first, NULL);
 	}
 	return 0;
 }
@@ -256,7 +278,9 @@ static int prefill_step(struct sch *s, struct sch_req *r)
 	r->pos += n;
 	if (!last)
 		return 0;
-	int32_t t = kvi_sampler_sample(r->smp, s->logits);
+	/* SCH_DECODE after a cache miss takes the prefill worker's token (the same when greedy;
+	 * its draw was skipped at admission) */
+	int32_t t = r->mode == SCH_DECODE ? r->first : kvi_sampler_sample(r->smp, s->logits);
 	if (r->mode == SCH_PREFILL) {
 		prefill_done(s, r, t);
 		return 1;
@@ -264,8 +288,7 @@ static int prefill_step(struct sch *s, struct sch_req *r)
 	if (s->kx)
 		kvx_save(s->kx, r->seq, r->toks, r->n, r->salt);
 	r->st = RS_DECODE;
-	/* SCH_DECODE after a cache miss: the prefill worker's token (the same when greedy) */
-	return take_token(s, r, r->mode == SCH_DECODE ? r->first : t);
+	return take_token(s, r, t, s->logits);
 }
 
 static void decode_step(struct sch *s)
@@ -292,8 +315,8 @@ static void decode_step(struct sch *s)
 				rc == -ENOSPC ? "KV memory full" : "decode failed");
 			continue;
 		}
-		take_token(s, rs[i],
-			   kvi_sampler_sample(rs[i]->smp, s->logits + (size_t)i * s->n_vocab));
+		const float *lg = s->logits + (size_t)i * s->n_vocab;
+		take_token(s, rs[i], kvi_sampler_sample(rs[i]->smp, lg), lg);
 	}
 }
 
@@ -420,6 +443,10 @@ int sch_submit(struct sch *s, const struct sch_job *j, const struct sch_sink *k,
 	r->k = *k;
 	r->u = u;
 	r->t_submit = mono_ns();
+	r->logprobs =
+	    j->mode == SCH_FULL && j->logprobs > 0 && j->logprobs <= OAI_MAX_TOP_LOGPROBS + 1
+		? j->logprobs
+		: 0;
 	r->mode = j->mode;
 	r->sp = j->sp;
 	r->first = j->first;
@@ -547,6 +574,10 @@ static void gj_token(void *u, int32_t id, const char *piece, size_t len)
 	(void)id;
 	gw_job_token(u, piece, len);
 }
+static void gj_logprob(void *u, const struct gw_logprob *lp)
+{
+	gw_job_logprob(u, lp);
+}
 static void gj_finish(void *u, const char *reason, int err, const char *msg)
 {
 	gw_job_finish(u, reason, err, msg);
@@ -572,10 +603,11 @@ static int be_submit(void *ctx, struct gw_job *job, const struct gw_req *q)
 	struct sch *s = ctx;
 	const struct oai_request *o = q->oai;
 	static const struct sch_sink sink = {
-	    .prompt = gj_prompt, .token = gj_token, .finish = gj_finish};
+	    .prompt = gj_prompt, .token = gj_token, .logprob = gj_logprob, .finish = gj_finish};
 	struct sch_job j = {
 	    .mode = SCH_FULL, .prompt = q->prompt, .parse_special = o->chat, .salt = o->salt};
 	sch_sample_params(o, q->id, &j.sp);
+	j.logprobs = o->logprobs ? 1 + o->top_logprobs : 0;
 	struct sch_req *r = NULL;
 	int rc = sch_submit(s, &j, &sink, job, &r);
 	if (rc)
@@ -680,6 +712,7 @@ void sch_backend(struct sch *s, struct gw_backend *out)
 	out->release = be_release;
 	out->metrics = be_metrics;
 	out->metrics_register = be_metrics_register;
+	out->caps = GW_CAP_LOGPROBS;
 }
 
 /* ---- lifecycle ----------------------------------------------------------------------- */

@@ -74,6 +74,9 @@ enum sch_handoff_kind {
 struct sch_sink {
 	void (*prompt)(void *u, int prompt_tokens, int cached_tokens); /* may be NULL */
 	void (*token)(void *u, int32_t id, const char *piece, size_t len);
+	/* sch_job.logprobs: the next token's log-probability, before its token call (texts
+	 * valid during the call). May be NULL. */
+	void (*logprob)(void *u, const struct gw_logprob *lp);
 	/* SCH_PREFILL only, before finish("stop"): the prompt's tokens, the cached prefix, the
 	 * first sampled token and the KV block holding the prompt's last token (blen bytes, the
 	 * kv.h export layout); every full block before it is published in the kv dir. */
@@ -103,8 +106,9 @@ struct sch_job {
 	size_t blen;
 	const char *salt; /* may be NULL */
 	struct kvi_sample_params sp;
-	int handoff; /* PREFILL: enum sch_handoff_kind; the full blocks are still saved in
-		      * the kv dir (for later prompts), but not waited for */
+	int logprobs; /* FULL: 0 = off, else 1 + the alternatives wanted (0..20) per token */
+	int handoff;  /* PREFILL: enum sch_handoff_kind; the full blocks are still saved in
+		       * the kv dir (for later prompts), but not waited for */
 	int handoff_skip_cached; /* PREFILL: the decode worker has this kv dir: the blocks
 				  * loaded from it are not sent (sch_handoff.first_block) */
 	uint64_t ticket; /* DECODE: the KV parked under this ticket (sch_park) is the prompt's,

@@ -47,6 +47,7 @@ struct sch_req {
 	int skip_cached;  /* SCH_PREFILL: hand over the blocks after the cached prefix only */
 	uint64_t ticket;  /* SCH_DECODE: a parked prompt to claim, or 0 */
 	int64_t t_submit; /* CLOCK_MONOTONIC ns at sch_submit: queue time at admission */
+	int logprobs;	  /* sch_job.logprobs */
 };
 
 /* A function run on the scheduler thread between steps (sch_call); the caller waits. */

@@ -1,13 +1,14 @@
 // The official `openai` npm client (v6, pinned in package.json) against a kvinfer gateway:
 // what a real client sees, not what our own parsers accept.
-//   node openai_client.mjs BASE_URL MODEL_ID [CTX]
+//   node openai_client.mjs BASE_URL MODEL_ID CTX FORM
+// FORM: embedded or disaggregated (the latter refuses logprobs).
 // BASE_URL: http://127.0.0.1:PORT/v1. Exits 0 when every check passes; prints each check.
 import assert from 'node:assert/strict';
 import OpenAI, { BadRequestError, NotFoundError } from 'openai';
 
-const [baseURL, model, ctxArg] = process.argv.slice(2);
-if (!baseURL || !model) {
-  console.error('usage: node openai_client.mjs BASE_URL MODEL_ID [CTX]');
+const [baseURL, model, ctxArg, form] = process.argv.slice(2);
+if (!baseURL || !model || !['embedded', 'disaggregated'].includes(form)) {
+  console.error('usage: node openai_client.mjs BASE_URL MODEL_ID CTX embedded|disaggregated');
   process.exit(2);
 }
 const ctx = Number(ctxArg || 4096);
@@ -120,11 +121,30 @@ await check('n = 2 is refused, naming n', async () => {
     () => client.chat.completions.create({ model, messages, ...greedy, n: 2 }), 'n');
 });
 
-await check('logprobs are refused, naming logprobs', async () => {
-  await refused(BadRequestError,
-    () => client.chat.completions.create({ model, messages, ...greedy, logprobs: true }),
-    'logprobs');
-});
+if (form === 'embedded') {
+  await check('logprobs (chat and completions)', async () => {
+    const r = await client.chat.completions.create({ model, messages, ...greedy,
+      logprobs: true, top_logprobs: 2 });
+    const lp = r.choices[0].logprobs.content;
+    assert.equal(lp.length, 8);
+    assert.equal(lp.map((t) => t.token).join(''), r.choices[0].message.content);
+    for (const t of lp) {
+      assert.ok(t.logprob <= 0);
+      assert.equal(t.top_logprobs.length, 2);
+      assert.equal(t.top_logprobs[0].token, t.token); // greedy
+    }
+    const c = await client.completions.create({ model, prompt: 'The cache', ...greedy,
+      logprobs: 1 });
+    assert.equal(c.choices[0].logprobs.tokens.length, 8);
+    assert.equal(c.choices[0].logprobs.tokens.join(''), c.choices[0].text);
+  });
+} else {
+  await check('logprobs are refused, naming logprobs', async () => {
+    await refused(BadRequestError,
+      () => client.chat.completions.create({ model, messages, ...greedy, logprobs: true }),
+      'logprobs');
+  });
+}
 
 await check('tools are refused, naming tools', async () => {
   await refused(BadRequestError, () => client.chat.completions.create({

@@ -49,7 +49,7 @@ echo "== embedded: kvinfer serve"
 	--model-id "$MODELS" 2>"$TMP/serve.log" &
 PIDS+=($!)
 wait_file "$TMP/port"
-node "$HERE/openai_client.mjs" "http://127.0.0.1:$(cat "$TMP/port")/v1" gpt-kvfs 4096
+node "$HERE/openai_client.mjs" "http://127.0.0.1:$(cat "$TMP/port")/v1" gpt-kvfs 4096 embedded
 
 echo "== disaggregated: kvinfer gateway + prefill + decode"
 printf 'openai-client-test-secret-0123456789\n' >"$TMP/secret"
@@ -66,4 +66,4 @@ wait_file "$TMP/dport"
 	2>"$TMP/gateway.log" &
 PIDS+=($!)
 wait_file "$TMP/gport"
-node "$HERE/openai_client.mjs" "http://127.0.0.1:$(cat "$TMP/gport")/v1" kvfs-small 4096
+node "$HERE/openai_client.mjs" "http://127.0.0.1:$(cat "$TMP/gport")/v1" kvfs-small 4096 disaggregated
