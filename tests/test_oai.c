@@ -47,6 +47,24 @@ static void test_completion_ok(void **state)
 	assert_string_equal(r.salt, "tenant");
 	oai_request_free(&r);
 
+	/* prompts: a list of strings, token ids, lists of token ids; n */
+	assert_int_equal(parse("{\"prompt\":[\"a\",\"bc\"],\"n\":3}", 0, &r, &param), 0);
+	assert_int_equal(r.n_prompts, 2);
+	assert_int_equal(r.n, 3);
+	assert_string_equal(r.prompts[1].text, "bc");
+	assert_string_equal(r.prompt, "a");
+	oai_request_free(&r);
+	assert_int_equal(parse("{\"prompt\":[5,6,7]}", 0, &r, &param), 0);
+	assert_int_equal(r.n_prompts, 1);
+	assert_null(r.prompts[0].text);
+	assert_int_equal(r.prompts[0].n_toks, 3);
+	assert_int_equal(r.prompts[0].toks[2], 7);
+	oai_request_free(&r);
+	assert_int_equal(parse("{\"prompt\":[[5],[6,7]]}", 0, &r, &param), 0);
+	assert_int_equal(r.n_prompts, 2);
+	assert_int_equal(r.prompts[1].n_toks, 2);
+	oai_request_free(&r);
+
 	/* penalties and logit_bias */
 	assert_int_equal(parse("{\"prompt\":\"a\",\"presence_penalty\":-1.5,"
 			       "\"frequency_penalty\":0.5,\"logit_bias\":{\"7\":-100,\"42\":3.5}}",
@@ -80,7 +98,19 @@ static void test_bad_requests(void **state)
 	    {"{", 0, -EINVAL, NULL},
 	    {"[1,2]", 0, -EINVAL, NULL},
 	    {"{\"prompt\":5}", 0, -EINVAL, "prompt"},
-	    {"{\"prompt\":[\"a\",\"b\"]}", 0, -EINVAL, "prompt"},
+	    {"{\"prompt\":[]}", 0, -EINVAL, "prompt"},
+	    {"{\"prompt\":[1,\"b\"]}", 0, -EINVAL, "prompt"},
+	    {"{\"prompt\":[[1,2],[-1]]}", 0, -EINVAL, "prompt"},
+	    {"{\"prompt\":[[1,2],[]]}", 0, -EINVAL, "prompt"},
+	    {"{\"prompt\":[1.5]}", 0, -EINVAL, "prompt"},
+	    {"{\"prompt\":[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\",\"j\","
+	     "\"k\",\"l\",\"m\",\"n\",\"o\",\"p\",\"q\"]}",
+	     0, -EINVAL, "prompt"},
+	    {"{\"prompt\":[\"a\",\"b\"],\"n\":9}", 0, -EINVAL, "n"},
+	    {"{\"prompt\":\"a\",\"n\":17}", 0, -EINVAL, "n"},
+	    {"{\"prompt\":\"a\",\"n\":2,\"stream\":true}", 0, -EINVAL, "n"},
+	    {"{\"prompt\":[\"a\",\"b\"],\"stream\":true}", 0, -EINVAL, "prompt"},
+	    {"{\"prompt\":[1,2],\"echo\":true}", 0, -EINVAL, "echo"},
 	    {"{}", 0, -EINVAL, "prompt"},
 	    {"{\"prompt\":\"a\",\"max_tokens\":0}", 0, -EINVAL, "max_tokens"},
 	    {"{\"prompt\":\"a\",\"max_tokens\":513}", 0, -EINVAL, "max_tokens"},
@@ -91,7 +121,6 @@ static void test_bad_requests(void **state)
 	    {"{\"prompt\":\"a\",\"stream\":\"yes\"}", 0, -EINVAL, "stream"},
 	    {"{\"prompt\":\"a\",\"stop\":5}", 0, -EINVAL, "stop"},
 	    {"{\"prompt\":\"a\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", 0, -EINVAL, "stop"},
-	    {"{\"prompt\":\"a\",\"n\":2}", 0, -EINVAL, "n"},
 	    {"{\"prompt\":\"a\",\"user\":7}", 0, -EINVAL, "user"},
 	    {"{\"prompt\":\"a\",\"model\":[]}", 0, -EINVAL, "model"},
 	    /* OpenAI's parameters this server does not implement: refused, never ignored */

@@ -455,13 +455,112 @@ static void test_logprobs(void **state)
 	expect_400(EMB, "{\"prompt\":\"a\",\"logprobs\":6}", "logprobs");
 }
 
+/* The choices of a response: texts into t[0..max) (malloc'd), usage into *pt / *ct; returns
+ * how many, checking that index i is the i-th. */
+static int choices(cJSON *o, char **t, int max, int *pt, int *ct)
+{
+	cJSON *arr = cJSON_GetObjectItem(o, "choices"), *u = cJSON_GetObjectItem(o, "usage");
+	int n = cJSON_GetArraySize(arr);
+	assert_true(n <= max);
+	for (int i = 0; i < n; i++) {
+		cJSON *c = cJSON_GetArrayItem(arr, i);
+		assert_int_equal(cJSON_GetObjectItem(c, "index")->valueint, i);
+		cJSON *m = cJSON_GetObjectItem(c, "message");
+		t[i] = strdup(cJSON_GetObjectItem(m ? m : c, m ? "content" : "text")->valuestring);
+	}
+	*pt = cJSON_GetObjectItem(u, "prompt_tokens")->valueint;
+	*ct = cJSON_GetObjectItem(u, "completion_tokens")->valueint;
+	return n;
+}
+
+/* n = 2: two choices under one id; greedy, each is the n = 1 answer; sampled with a seed,
+ * they differ from each other and repeat; the prompt counts once in usage. Both forms. */
+static void test_n(void **state)
+{
+	(void)state;
+	for (int f = 0; f < NFORM; f++) {
+		char *one, *t[2];
+		int pt, ct, pt1;
+		cJSON *o =
+		    post_ok(f, "/v1/completions",
+			    "{\"prompt\":\"" PROMPT "\",\"max_tokens\":8,\"temperature\":0}");
+		assert_int_equal(choices(o, &one, 1, &pt1, &ct), 1);
+		cJSON_Delete(o);
+		o = post_ok(f, "/v1/completions",
+			    "{\"prompt\":\"" PROMPT
+			    "\",\"max_tokens\":8,\"temperature\":0,\"n\":2}");
+		assert_int_equal(choices(o, t, 2, &pt, &ct), 2);
+		cJSON_Delete(o);
+		assert_string_equal(t[0], one);
+		assert_string_equal(t[1], one);
+		assert_int_equal(ct, 16);
+		assert_int_equal(pt, pt1); /* once, not twice */
+		free(t[0]), free(t[1]), free(one);
+
+		char *s[2][3];
+		for (int k = 0; k < 2; k++) {
+			o = post_ok(f, "/v1/chat/completions",
+				    "{\"messages\":[{\"role\":\"user\",\"content\":\"" PROMPT
+				    "\"}],\"max_tokens\":12,\"temperature\":1,\"seed\":5,\"n\":3}");
+			assert_int_equal(choices(o, s[k], 3, &pt, &ct), 3);
+			cJSON_Delete(o);
+		}
+		assert_string_not_equal(s[0][0], s[0][1]);
+		assert_string_not_equal(s[0][1], s[0][2]);
+		for (int i = 0; i < 3; i++) {
+			assert_string_equal(s[0][i], s[1][i]);
+			free(s[0][i]), free(s[1][i]);
+		}
+	}
+}
+
+/* Completions prompts as a list of strings (both forms) and as token ids (embedded; the
+ * disaggregated form refuses them naming prompt): one choice per prompt, in order. */
+static void test_prompt_lists(void **state)
+{
+	(void)state;
+	for (int f = 0; f < NFORM; f++) {
+		char *a =
+		    complete(f, "{\"prompt\":\"alpha beta\",\"max_tokens\":5,\"temperature\":0}");
+		char *b =
+		    complete(f, "{\"prompt\":\"" PROMPT "\",\"max_tokens\":5,\"temperature\":0}");
+		cJSON *o = post_ok(f, "/v1/completions",
+				   "{\"prompt\":[\"alpha beta\",\"" PROMPT "\"],\"max_tokens\":5,"
+				   "\"temperature\":0}");
+		char *t[2];
+		int pt, ct;
+		assert_int_equal(choices(o, t, 2, &pt, &ct), 2);
+		cJSON_Delete(o);
+		assert_string_equal(t[0], a);
+		assert_string_equal(t[1], b);
+		assert_int_equal(ct, 10);
+		free(t[0]), free(t[1]), free(a), free(b);
+	}
+	/* token ids, taken as they are (no BOS added): 3 + 3 prompt tokens */
+	cJSON *o =
+	    post_ok(EMB, "/v1/completions",
+		    "{\"prompt\":[[11,12,13],[11,12,13]],\"max_tokens\":4,\"temperature\":0}");
+	char *t[2];
+	int pt, ct;
+	assert_int_equal(choices(o, t, 2, &pt, &ct), 2);
+	cJSON_Delete(o);
+	assert_int_equal(pt, 6);
+	assert_string_equal(t[0], t[1]);
+	char *one = complete(EMB, "{\"prompt\":[11,12,13],\"max_tokens\":4,\"temperature\":0}");
+	assert_string_equal(one, t[0]);
+	free(one), free(t[0]), free(t[1]);
+	expect_400(EMB, "{\"prompt\":[99999999],\"max_tokens\":4}", "prompt");
+	expect_400(DIS, "{\"prompt\":[11,12,13],\"max_tokens\":4}", "prompt");
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_logit_bias), cmocka_unit_test(test_penalties),
-	    cmocka_unit_test(test_seed),       cmocka_unit_test(test_echo),
-	    cmocka_unit_test(test_logprobs),
+	    cmocka_unit_test(test_logit_bias),	 cmocka_unit_test(test_penalties),
+	    cmocka_unit_test(test_seed),	 cmocka_unit_test(test_echo),
+	    cmocka_unit_test(test_logprobs),	 cmocka_unit_test(test_n),
+	    cmocka_unit_test(test_prompt_lists),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

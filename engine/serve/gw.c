@@ -91,6 +91,10 @@ struct gw_job {
 	char finish[16];
 	int64_t t0, t_first, t_last;
 	void *bdata;
+	int index;	     /* the choice's index in the response */
+	int first_of_prompt; /* the first choice of its prompt (counts its prompt tokens) */
+	const int32_t *toks; /* a prompt of token ids (in req), or NULL */
+	int n_toks;
 	/* req.logprobs: one record per generated token, its text starting at raw + off */
 	struct lp_rec {
 		size_t off;
@@ -418,7 +422,7 @@ static void account(struct gw_job *j)
 	pthread_mutex_lock(&j->mu);
 	int cancelled = j->cancelled, err = j->stopped ? 0 : j->err;
 	pthread_mutex_unlock(&j->mu);
-	if (cancelled)
+	if (cancelled || j->index > 0) /* a request is counted once, by its first choice */
 		;
 	else if (err && job_status(err, &type, &code) < 500)
 		met_counter_add(g->req[GW_CLIENT_ERR], 1);
@@ -426,15 +430,18 @@ static void account(struct gw_job *j)
 		met_counter_add(g->req[GW_SERVER_ERR], 1);
 	else
 		met_counter_add(g->req[GW_OK], 1);
-	met_counter_add(g->prompt_tokens, (uint64_t)j->prompt_tokens);
-	met_counter_add(g->cached_tokens, (uint64_t)j->cached_tokens);
+	/* the choices of one prompt share its tokens: counted once */
+	uint64_t pt = j->first_of_prompt ? (uint64_t)j->prompt_tokens : 0;
+	uint64_t ct = j->first_of_prompt ? (uint64_t)j->cached_tokens : 0;
+	met_counter_add(g->prompt_tokens, pt);
+	met_counter_add(g->cached_tokens, ct);
 	met_counter_add(g->gen_tokens, (uint64_t)j->ntokens);
-	met_counter_add(g->cache_queries, (uint64_t)j->prompt_tokens);
-	met_counter_add(g->cache_hits, (uint64_t)j->cached_tokens);
-	met_counter_add(g->v_prompt, (uint64_t)j->prompt_tokens);
+	met_counter_add(g->cache_queries, pt);
+	met_counter_add(g->cache_hits, ct);
+	met_counter_add(g->v_prompt, pt);
 	met_counter_add(g->v_gen, (uint64_t)j->ntokens);
-	met_counter_add(g->v_queries, (uint64_t)j->prompt_tokens);
-	met_counter_add(g->v_hits, (uint64_t)j->cached_tokens);
+	met_counter_add(g->v_queries, pt);
+	met_counter_add(g->v_hits, ct);
 	/* Last: a scrape that sees the request gone sees its counts (atomic read-modify-writes
 	 * are ordered on the platforms we build for; tests wait on this gauge). */
 	met_gauge_add(g->running, -1);
@@ -618,11 +625,199 @@ static char *echo_text(const struct gw_job *j)
 	return t;
 }
 
+/* The answer to a backend's submit failure (nothing started). */
+static enum MHD_Result send_submit_error(struct gw *g, struct MHD_Connection *c, int rc)
+{
+	if (rc == -EAGAIN)
+		return send_error(g, c, 503, "no replica can take the request now", "server_error",
+				  NULL, "overloaded");
+	if (rc == -ERANGE)
+		return send_error(g, c, 400,
+				  "'logit_bias' names a token id outside the model's vocabulary",
+				  "invalid_request_error", "logit_bias", NULL);
+	return send_error(g, c, 400,
+			  rc == -E2BIG ? "prompt is longer than the model's context"
+				       : "the request cannot be served (a token id outside the "
+					 "vocabulary, or an empty prompt)",
+			  "invalid_request_error", "prompt",
+			  rc == -E2BIG ? "context_length_exceeded" : NULL);
+}
+
+/* What the backend cannot do of what r asks (gw_backend.caps): a 400 naming the parameter,
+ * or 0 when it can do all. */
+static enum MHD_Result refuse_beyond_caps(struct gw *g, struct MHD_Connection *c,
+					  const struct oai_request *r, int *refused)
+{
+	*refused = 1;
+	if (r->logprobs && !(g->be.caps & GW_CAP_LOGPROBS))
+		return send_error(g, c, 400,
+				  "'logprobs' is not supported by this server's backend (the "
+				  "disaggregated gateway) yet",
+				  "invalid_request_error", "logprobs", NULL);
+	for (int i = 0; !r->chat && i < r->n_prompts; i++)
+		if (r->prompts[i].toks && !(g->be.caps & GW_CAP_TOKEN_PROMPTS))
+			return send_error(g, c, 400,
+					  "a 'prompt' of token ids is not supported by this "
+					  "server's backend (the disaggregated gateway) yet",
+					  "invalid_request_error", "prompt", NULL);
+	*refused = 0;
+	return MHD_YES;
+}
+
+/* Makes j (its request parsed) choice `index` of its request: ids (first's, when given: one
+ * response id for every choice), its prompt (choice index / n's; chat: the rendered
+ * messages) and, for the k-th choice of a prompt with a seed, seed + k * golden ratio, so that
+ * choices differ and each is repeatable. Takes g->live and sets refs 2. 0 or -ENOMEM. */
+static int job_init(struct gw *g, struct gw_job *j, int chat, int index, const char *model,
+		    const struct gw_job *first)
+{
+	pthread_mutex_init(&j->mu, NULL);
+	pthread_cond_init(&j->cv, NULL);
+	j->refs = 2; /* the connection's and the backend's */
+	j->g = g;
+	pthread_mutex_lock(&g->mu);
+	g->live++;
+	pthread_mutex_unlock(&g->mu);
+	j->id = atomic_fetch_add(&g->next_id, 1);
+	j->index = index;
+	j->model = model;
+	if (first) {
+		memcpy(j->idstr, first->idstr, sizeof(j->idstr));
+		j->created = first->created;
+	} else {
+		job_make_id(j, chat);
+		j->created = (int64_t)time(NULL);
+	}
+	j->t0 = now_ns();
+	int k = index % j->req.n, p = index / j->req.n;
+	j->first_of_prompt = k == 0;
+	if (k && j->req.has_seed)
+		j->req.seed += (uint64_t)k * 0x9E3779B97F4A7C15ULL;
+	if (chat)
+		return oai_render_chat(&j->req, g->o.chat_template, &j->prompt);
+	j->req.prompt = j->req.prompts[p].text;
+	j->toks = j->req.prompts[p].toks;
+	j->n_toks = j->req.prompts[p].n_toks;
+	j->prompt = strdup(j->req.prompt ? j->req.prompt : "");
+	return j->prompt ? 0 : -ENOMEM;
+}
+
+/* Submits js[0..n); on a failure cancels those already submitted and drops them. 0 or the
+ * backend's error. */
+static int submit_all(struct gw *g, struct gw_job **js, int n)
+{
+	for (int i = 0; i < n; i++) {
+		struct gw_job *j = js[i];
+		struct gw_req req = {.id = j->id,
+				     .oai = &j->req,
+				     .prompt = j->prompt,
+				     .toks = j->toks,
+				     .n_toks = j->n_toks,
+				     .index = j->index};
+		met_gauge_add(g->running, 1);
+		int rc = g->be.submit(g->be.ctx, j, &req);
+		if (!rc)
+			continue;
+		met_gauge_add(g->running, -1);
+		j->refs = 1;
+		job_unref(j);
+		js[i] = NULL;
+		for (int k = i + 1; k < n; k++) {
+			js[k]->refs = 1;
+			job_unref(js[k]);
+			js[k] = NULL;
+		}
+		for (int k = 0; k < i; k++) {
+			cancel_job(js[k]);
+			account(js[k]);
+			job_unref(js[k]);
+			js[k] = NULL;
+		}
+		return rc;
+	}
+	return 0;
+}
+
+/* Several choices, answered whole: waits for every job (cancelling all when the client
+ * leaves), then one response with every choice, or the first failure's error. Drops the
+ * connection's references. */
+static enum MHD_Result answer_many(struct MHD_Connection *c, int chat, struct gw_job **js, int n)
+{
+	for (int i = 0; i < n; i++) {
+		struct gw_job *j = js[i];
+		pthread_mutex_lock(&j->mu);
+		while (!j->done && !j->stopped) {
+			wait_news(j);
+			if (j->done || j->stopped)
+				break;
+			pthread_mutex_unlock(&j->mu);
+			if (client_gone(c)) {
+				for (int k = 0; k < n; k++) {
+					cancel_job(js[k]);
+					account(js[k]);
+					job_unref(js[k]);
+				}
+				return MHD_NO;
+			}
+			pthread_mutex_lock(&j->mu);
+		}
+		pthread_mutex_unlock(&j->mu);
+	}
+	struct oai_choice ch[OAI_MAX_CHOICES] = {0};
+	char *echoed[OAI_MAX_CHOICES] = {0};
+	struct oai_usage u = {0};
+	int err = 0;
+	char msg[256] = "";
+	for (int i = 0; i < n; i++) {
+		struct gw_job *j = js[i];
+		pthread_mutex_lock(&j->mu);
+		int e = j->stopped ? 0 : j->err;
+		if (e && !err) {
+			err = e;
+			snprintf(msg, sizeof(msg), "%s", j->errmsg);
+		}
+		if (j->first_of_prompt) { /* the choices of one prompt share its tokens */
+			u.prompt_tokens += j->prompt_tokens;
+			u.cached_tokens += j->cached_tokens;
+		}
+		u.completion_tokens += j->ntokens;
+		echoed[i] = !chat && j->req.echo ? echo_text(j) : NULL;
+		ch[i] = (struct oai_choice){.index = j->index,
+					    .text = echoed[i] ? echoed[i] : j->raw,
+					    .finish_reason = j->finish,
+					    .has_lp = j->req.logprobs};
+		if (ch[i].has_lp)
+			ch[i].n_lp =
+			    lp_entries(j, 0, j->rawlen, 0, (struct oai_lp_entry **)&ch[i].lp);
+		pthread_mutex_unlock(&j->mu);
+	}
+	/* the jobs are done: their texts no longer change */
+	char *body = err ? NULL
+			 : oai_response_choices_json(chat, js[0]->idstr, js[0]->model,
+						     js[0]->created, ch, n, &u);
+	for (int i = 0; i < n; i++) {
+		free((void *)ch[i].lp);
+		free(echoed[i]);
+		account(js[i]);
+		job_unref(js[i]);
+	}
+	if (!err)
+		return send_text(c, 200, "application/json", body);
+	const char *type, *code;
+	unsigned st = job_status(err, &type, &code);
+	return send_text(c, st, "application/json",
+			 oai_error_json(msg, type,
+					st >= 500	 ? NULL
+					: err == -ERANGE ? "logit_bias"
+							 : "prompt",
+					code));
+}
+
 static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat, struct conn *cc)
 {
 	char err[256];
 	const char *param = NULL;
-	struct gw_job *j = calloc(1, sizeof(*j));
+	struct gw_job *js[OAI_MAX_CHOICES] = {0}, *j = calloc(1, sizeof(*j));
 	if (!j)
 		return send_error(g, c, 500, "out of memory", "server_error", NULL, NULL);
 	int rc =
@@ -633,65 +828,40 @@ static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat
 				  rc == -E2BIG ? "context_length_exceeded" : NULL);
 	}
 	const char *model = model_find(g, j->req.model);
-	if (!model) {
-		enum MHD_Result ret = send_model_not_found(g, c, j->req.model);
+	int refused = 0;
+	enum MHD_Result ret = model ? refuse_beyond_caps(g, c, &j->req, &refused)
+				    : send_model_not_found(g, c, j->req.model);
+	if (!model || refused) {
 		oai_request_free(&j->req);
 		free(j);
 		return ret;
 	}
-	j->model = model;
-	if (j->req.logprobs && !(g->be.caps & GW_CAP_LOGPROBS)) {
-		oai_request_free(&j->req);
-		free(j);
-		return send_error(g, c, 400,
-				  "'logprobs' is not supported by this server's backend (the "
-				  "disaggregated gateway) yet",
-				  "invalid_request_error", "logprobs", NULL);
-	}
-	pthread_mutex_init(&j->mu, NULL);
-	pthread_cond_init(&j->cv, NULL);
-	j->refs = 2; /* the connection's and the backend's */
-	j->g = g;
-	pthread_mutex_lock(&g->mu);
-	g->live++;
-	pthread_mutex_unlock(&g->mu);
-	j->id = atomic_fetch_add(&g->next_id, 1);
-	job_make_id(j, chat);
-	j->created = (int64_t)time(NULL);
-	j->t0 = now_ns();
-	if (chat) {
-		rc = oai_render_chat(&j->req, g->o.chat_template, &j->prompt);
-	} else {
-		j->prompt = strdup(j->req.prompt);
-		rc = j->prompt ? 0 : -ENOMEM;
-	}
+	/* one job a choice, each with its own copy of the request (parsed again: it parsed) */
+	int n = j->req.n * (chat ? 1 : j->req.n_prompts);
+	js[0] = j;
+	for (int i = 1; i < n && rc == 0; i++)
+		if (!(js[i] = calloc(1, sizeof(*js[i]))) ||
+		    oai_parse_request(cc->body, cc->len, chat, &g->lim, &js[i]->req, NULL, 0, NULL))
+			rc = -ENOMEM;
+	for (int i = 0; i < n && rc == 0; i++)
+		rc = js[i] ? job_init(g, js[i], chat, i, model, i ? js[0] : NULL) : -ENOMEM;
 	if (rc) {
-		j->refs = 1;
-		job_unref(j);
-		return send_error(g, c, 500, "cannot render the prompt", "server_error", NULL,
+		for (int i = 0; i < n; i++) {
+			if (js[i] && js[i]->g) {
+				js[i]->refs = 1;
+				job_unref(js[i]);
+			} else if (js[i]) {
+				oai_request_free(&js[i]->req);
+				free(js[i]);
+			}
+		}
+		return send_error(g, c, 500, "cannot prepare the request", "server_error", NULL,
 				  NULL);
 	}
-	struct gw_req req = {.id = j->id, .oai = &j->req, .prompt = j->prompt};
-	met_gauge_add(g->running, 1);
-	rc = g->be.submit(g->be.ctx, j, &req);
-	if (rc) {
-		met_gauge_add(g->running, -1);
-		j->refs = 1;
-		job_unref(j);
-		if (rc == -EAGAIN)
-			return send_error(g, c, 503, "no replica can take the request now",
-					  "server_error", NULL, "overloaded");
-		if (rc == -ERANGE)
-			return send_error(
-			    g, c, 400,
-			    "'logit_bias' names a token id outside the model's vocabulary",
-			    "invalid_request_error", "logit_bias", NULL);
-		return send_error(g, c, 400,
-				  rc == -E2BIG ? "prompt is longer than the model's context"
-					       : "the request cannot be served",
-				  "invalid_request_error", "prompt",
-				  rc == -E2BIG ? "context_length_exceeded" : NULL);
-	}
+	if ((rc = submit_all(g, js, n)))
+		return send_submit_error(g, c, rc);
+	if (n > 1)
+		return answer_many(c, chat, js, n);
 
 	/* Wait for the end (not streaming), or until the prompt was taken (streaming: a request
 	 * a worker refuses gets its error status instead of a 200 and an error event), watching

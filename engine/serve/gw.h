@@ -34,11 +34,17 @@ struct gw_req {
 	uint64_t id;
 	const struct oai_request *oai; /* sampling parameters, salt, max_tokens */
 	const char *prompt;	       /* completions: the prompt; chat: the rendered template */
+	/* A completions prompt given as token ids (GW_CAP_TOKEN_PROMPTS): the ids, and prompt
+	 * is "". NULL for a text prompt. */
+	const int32_t *toks;
+	int n_toks;
+	int index; /* the choice this job answers (n > 1, several prompts): 0.. */
 };
 
 /* What a backend does beyond generating text from a text prompt (gw_backend.caps); a request
  * asking for more is refused by the gateway with a 400 naming the parameter. */
-#define GW_CAP_LOGPROBS 1u /* gw_job_logprob before each token */
+#define GW_CAP_LOGPROBS	     1u /* gw_job_logprob before each token */
+#define GW_CAP_TOKEN_PROMPTS 2u /* gw_req.toks */
 
 /* One generated token's log-probability and its most likely alternatives (texts valid during
  * the call). */

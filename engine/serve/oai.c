@@ -222,18 +222,60 @@ static int parse_messages(const cJSON *o, const struct oai_limits *lim, struct o
 	return 0;
 }
 
-/* Completions: "prompt", a string or an array holding exactly one string. */
+/* A list of token ids: integers in [0, INT32_MAX], at least one. */
+static int token_list(const cJSON *a, struct oai_prompt *p)
+{
+	int n = cJSON_GetArraySize(a);
+	if (n < 1 || !(p->toks = malloc((size_t)n * sizeof(int32_t))))
+		return n < 1 ? -EINVAL : -ENOMEM;
+	const cJSON *t;
+	cJSON_ArrayForEach(t, a)
+	{
+		if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) ||
+		    t->valuedouble < 0 || t->valuedouble > INT32_MAX)
+			return -EINVAL;
+		p->toks[p->n_toks++] = (int32_t)t->valuedouble;
+	}
+	return 0;
+}
+
+/* Completions: "prompt", a string, a list of strings, a list of token ids, or a list of such
+ * lists; *bytes: its size (4 bytes a token id). */
 static int parse_prompt(const cJSON *o, struct oai_request *r, size_t *bytes, const struct perr *e)
 {
 	const cJSON *pr = cJSON_GetObjectItemCaseSensitive(o, "prompt");
-	if (cJSON_IsArray(pr) && cJSON_GetArraySize(pr) == 1)
-		pr = cJSON_GetArrayItem(pr, 0);
-	if (!cJSON_IsString(pr))
+	int tokens = cJSON_IsArray(pr) && cJSON_IsNumber(pr->child); /* one list of ids */
+	int n = cJSON_IsString(pr) || tokens ? 1 : cJSON_IsArray(pr) ? cJSON_GetArraySize(pr) : 0;
+	if (n < 1 || n > OAI_MAX_PROMPTS)
 		return bad(e, "prompt", -EINVAL,
-			   "'prompt' must be a string (or an array of one string)%s", NULL);
-	if (!(r->prompt = dup_str(pr->valuestring)))
+			   "'prompt' must be a string, token ids, or a list of 1 to 16 of them%s",
+			   NULL);
+	if (!(r->prompts = calloc((size_t)n, sizeof(*r->prompts))))
 		return -ENOMEM;
-	*bytes = strlen(r->prompt);
+	r->n_prompts = n;
+	for (int i = 0; i < n; i++) {
+		const cJSON *p = cJSON_IsString(pr) || tokens ? pr : cJSON_GetArrayItem(pr, i);
+		struct oai_prompt *dst = &r->prompts[i];
+		int rc = 0;
+		if (cJSON_IsString(p)) {
+			rc = (dst->text = dup_str(p->valuestring)) ? 0 : -ENOMEM;
+			*bytes += dst->text ? strlen(dst->text) : 0;
+		} else if (cJSON_IsArray(p)) {
+			rc = token_list(p, dst);
+			*bytes += 4 * (size_t)dst->n_toks;
+		} else {
+			rc = -EINVAL;
+		}
+		if (rc == -ENOMEM)
+			return rc;
+		if (rc)
+			return bad(
+			    e, "prompt", -EINVAL,
+			    "'prompt' must be a string, token ids (integers >= 0), or a list "
+			    "of them%s",
+			    NULL);
+	}
+	r->prompt = r->prompts[0].text;
 	return 0;
 }
 
@@ -261,7 +303,6 @@ enum fkind {
 	FK_INT,	 /* an integer in [lo, hi] into an int */
 	FK_SEED, /* an integer in [lo, hi] into seed, setting has_seed */
 	FK_BOOL, /* true or false into an int */
-	FK_ONE,	 /* only the value 1 is accepted (n) */
 };
 static const struct field {
 	const char *name;
@@ -275,7 +316,7 @@ static const struct field {
     {"seed", FK_SEED, -9.2e18, 9.2e18, offsetof(struct oai_request, seed)},
     {"presence_penalty", FK_REAL, -2, 2, offsetof(struct oai_request, presence_penalty)},
     {"frequency_penalty", FK_REAL, -2, 2, offsetof(struct oai_request, frequency_penalty)},
-    {"n", FK_ONE, 1, 1, 0},
+    {"n", FK_INT, 1, OAI_MAX_CHOICES, offsetof(struct oai_request, n)},
     {"stream", FK_BOOL, 0, 0, offsetof(struct oai_request, stream)},
     {"echo", FK_BOOL, 0, 0, offsetof(struct oai_request, echo)},
 };
@@ -289,10 +330,6 @@ static int parse_field(const cJSON *o, const struct field *f, struct oai_request
 	switch (f->kind) {
 	case FK_BOOL:
 		return opt_bool(o, f->name, (int *)at) ? bad_type(e, f->name) : 0;
-	case FK_ONE:
-		return opt_number(o, f->name, f->lo, f->hi, &d, NULL)
-			   ? bad(e, f->name, -EINVAL, "only n = 1 is supported%s", NULL)
-			   : 0;
 	case FK_REAL:
 		return opt_number(o, f->name, f->lo, f->hi, (double *)at, NULL)
 			   ? bad_range(e, f->name)
@@ -381,6 +418,24 @@ static int parse_logprobs(const cJSON *o, struct oai_request *r, const struct pe
 			   "'echo' with 'logprobs' (the prompt's log-probabilities) is not "
 			   "supported%s",
 			   NULL);
+	return 0;
+}
+
+/* n × prompts choices: at most OAI_MAX_CHOICES, and one at a time when streamed; echo needs
+ * prompt text. */
+static int check_choices(const struct oai_request *r, const struct perr *e)
+{
+	int np = r->chat ? 1 : r->n_prompts;
+	if (r->n * np > OAI_MAX_CHOICES)
+		return bad(e, "n", -EINVAL, "'n' times the prompts is more than 16 choices%s",
+			   NULL);
+	if (r->stream && r->n * np > 1)
+		return bad(e, np > 1 ? "prompt" : "n", -EINVAL,
+			   "streaming several choices is not supported: use stream: false%s", NULL);
+	for (int i = 0; !r->chat && r->echo && i < np; i++)
+		if (!r->prompts[i].text)
+			return bad(e, "echo", -EINVAL,
+				   "'echo' needs a text prompt, not token ids%s", NULL);
 	return 0;
 }
 
@@ -517,7 +572,7 @@ static int parse_object(const cJSON *o, int chat, const struct oai_limits *lim,
 	if ((rc = parse_stop(o, r, e)))
 		return rc;
 	if ((rc = parse_refused(o, e)) || (rc = parse_logit_bias(o, r, e)) ||
-	    (rc = parse_logprobs(o, r, e)))
+	    (rc = parse_logprobs(o, r, e)) || (rc = check_choices(r, e)))
 		return rc;
 	return parse_salt(o, r, e);
 }
@@ -529,6 +584,7 @@ int oai_parse_request(const char *body, size_t len, int chat, const struct oai_l
 	r->chat = chat;
 	r->temperature = 1.0;
 	r->top_p = 1.0;
+	r->n = 1;
 	r->max_tokens = lim->default_max_tokens;
 	if (param)
 		*param = NULL;
@@ -553,7 +609,11 @@ int oai_parse_request(const char *body, size_t len, int chat, const struct oai_l
 void oai_request_free(struct oai_request *r)
 {
 	free(r->model);
-	free(r->prompt);
+	for (int i = 0; i < r->n_prompts; i++) {
+		free(r->prompts[i].text);
+		free(r->prompts[i].toks);
+	}
+	free(r->prompts);
 	for (int i = 0; i < r->n_messages; i++) {
 		free(r->messages[i].role);
 		free(r->messages[i].content);

@@ -26,10 +26,26 @@ struct oai_message {
 	char *content;
 };
 
+/* Most choices per request (n, or n × prompts), and most prompts in one completions request. */
+#define OAI_MAX_CHOICES 16
+#define OAI_MAX_PROMPTS 16
+
+/* One completions prompt: text, or token ids (text NULL). */
+struct oai_prompt {
+	char *text;
+	int32_t *toks;
+	int n_toks;
+};
+
 struct oai_request {
 	int chat;    /* 1: chat completions (messages), 0: completions (prompt) */
 	char *model; /* may be NULL */
+	/* completions: "prompt" as a string, a list of strings, token ids or a list of token id
+	 * lists (1..OAI_MAX_PROMPTS); prompt is prompts[0].text (NULL for token ids). */
+	struct oai_prompt *prompts;
+	int n_prompts;
 	char *prompt;
+	int n; /* choices per prompt, 1..OAI_MAX_CHOICES; n × n_prompts <= OAI_MAX_CHOICES */
 	struct oai_message *messages;
 	int n_messages;
 	int max_tokens;	    /* default: the limit's default_max_tokens */

@@ -464,10 +464,12 @@ int sch_submit(struct sch *s, const struct sch_job *j, const struct sch_sink *k,
 	rc = -ENOMEM;
 	if (j->salt && !(r->salt = strdup(j->salt)))
 		goto fail;
-	if (j->mode == SCH_DECODE) {
-		rc = -EINVAL;
-		if (j->n < 1 || j->n > s->o.max_ctx || j->first < 0 || j->first >= s->n_vocab)
+	if (j->mode == SCH_DECODE || (j->mode == SCH_FULL && j->toks)) {
+		rc = j->mode == SCH_FULL && j->n > s->o.max_ctx ? -E2BIG : -EINVAL;
+		if (j->n < 1 || j->n > s->o.max_ctx ||
+		    (j->mode == SCH_DECODE && (j->first < 0 || j->first >= s->n_vocab)))
 			goto fail;
+		rc = -EINVAL;
 		for (int i = 0; i < j->n; i++)
 			if (j->toks[i] < 0 || j->toks[i] >= s->n_vocab)
 				goto fail;
@@ -608,6 +610,8 @@ static int be_submit(void *ctx, struct gw_job *job, const struct gw_req *q)
 	    .mode = SCH_FULL, .prompt = q->prompt, .parse_special = o->chat, .salt = o->salt};
 	sch_sample_params(o, q->id, &j.sp);
 	j.logprobs = o->logprobs ? 1 + o->top_logprobs : 0;
+	j.toks = q->toks; /* a prompt of token ids */
+	j.n = q->n_toks;
 	struct sch_req *r = NULL;
 	int rc = sch_submit(s, &j, &sink, job, &r);
 	if (rc)
@@ -712,7 +716,7 @@ void sch_backend(struct sch *s, struct gw_backend *out)
 	out->release = be_release;
 	out->metrics = be_metrics;
 	out->metrics_register = be_metrics_register;
-	out->caps = GW_CAP_LOGPROBS;
+	out->caps = GW_CAP_LOGPROBS | GW_CAP_TOKEN_PROMPTS;
 }
 
 /* ---- lifecycle ----------------------------------------------------------------------- */

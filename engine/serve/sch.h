@@ -97,9 +97,10 @@ enum sch_mode {
 
 struct sch_job {
 	enum sch_mode mode;
-	const char *prompt;  /* FULL, PREFILL: the text (NUL-terminated) */
-	int parse_special;   /* control-token texts become tokens (chat templates) */
-	const int32_t *toks; /* DECODE: the prompt's token ids (copied) */
+	const char *prompt; /* FULL, PREFILL: the text (NUL-terminated) */
+	int parse_special;  /* control-token texts become tokens (chat templates) */
+	const int32_t
+	    *toks; /* DECODE, and FULL instead of prompt: the prompt's token ids (copied) */
 	int n;
 	int32_t first;	 /* DECODE: the first token, sampled by the prefill worker */
 	const void *blk; /* DECODE: the block holding the prompt's last token, or NULL */

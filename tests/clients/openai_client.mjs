@@ -116,9 +116,12 @@ await check('an over-long request is BadRequestError context_length_exceeded', a
   assert.match(e.message, /context/);
 });
 
-await check('n = 2 is refused, naming n', async () => {
-  await refused(BadRequestError,
-    () => client.chat.completions.create({ model, messages, ...greedy, n: 2 }), 'n');
+await check('n = 2: two choices, each the greedy answer', async () => {
+  const r = await client.chat.completions.create({ model, messages, ...greedy, n: 2 });
+  assert.equal(r.choices.length, 2);
+  assert.deepEqual(r.choices.map((c) => c.index), [0, 1]);
+  for (const c of r.choices) assert.equal(c.message.content, answer);
+  assert.equal(r.usage.completion_tokens, 16);
 });
 
 if (form === 'embedded') {
