@@ -7,6 +7,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -553,6 +554,81 @@ static void test_prompt_lists(void **state)
 	expect_400(DIS, "{\"prompt\":[11,12,13],\"max_tokens\":4}", "prompt");
 }
 
+/* The value of the unlabelled sample name on form's /metrics, or -1. */
+static double metric(int form, const char *name)
+{
+	char *b = NULL;
+	double v = -1;
+	if (htu_request(ports[form], 0, "GET", "/metrics", NULL, &b) == 200) {
+		size_t n = strlen(name);
+		for (char *p = b; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+			if (!strncmp(p, name, n) && p[n] == ' ')
+				v = strtod(p + n + 1, NULL);
+	}
+	free(b);
+	return v;
+}
+
+struct poll_arg {
+	volatile int stop;
+	double max;
+};
+
+static void *poll_blocks(void *arg)
+{
+	struct poll_arg *a = arg;
+	while (!a->stop) {
+		double v = metric(EMB, "kv_blocks_used");
+		a->max = v > a->max ? v : a->max;
+	}
+	return NULL;
+}
+
+/* A long prompt no earlier request cached: tag makes it unique. */
+static void long_prompt(char *buf, size_t cap, int tag)
+{
+	int n = snprintf(buf, cap, "{\"prompt\":\"%d", tag);
+	for (int i = 0; i < 15; i++)
+		n += snprintf(buf + n, cap - (size_t)n, " the quick brown fox %d", i);
+	snprintf(buf + n, cap - (size_t)n, "\",\"temperature\":0,\"max_tokens\":100}");
+}
+
+/* The largest kv_blocks_used seen while request body (completions) runs, and the prompt
+ * tokens the scheduler computed for it. */
+static void measure(const char *body, double *blocks, double *computed)
+{
+	double c0 = metric(EMB, "prefill_tokens_computed_total");
+	struct poll_arg a = {0};
+	pthread_t t;
+	pthread_create(&t, NULL, poll_blocks, &a);
+	cJSON_Delete(post_ok(EMB, "/v1/completions", body));
+	a.stop = 1;
+	pthread_join(t, NULL);
+	*blocks = a.max;
+	*computed = metric(EMB, "prefill_tokens_computed_total") - c0;
+}
+
+/* n = 2 embedded forks the prompt's KV: the prompt is computed once (prefill tokens computed
+ * as for n = 1) and its blocks are shared (kv_blocks_used well under twice n = 1's: one
+ * prompt's blocks plus each choice's own), as the issue's bar asks. */
+static void test_n_shares_kv(void **state)
+{
+	(void)state;
+	char body[4096], b2[4200];
+	double blk1, cmp1, blk2, cmp2;
+	long_prompt(body, sizeof(body), 1000 + (int)getpid() % 1000);
+	measure(body, &blk1, &cmp1);
+	long_prompt(body, sizeof(body), 2000 + (int)getpid() % 1000);
+	snprintf(b2, sizeof(b2), "%.*s,\"n\":2}", (int)strlen(body) - 1, body);
+	measure(b2, &blk2, &cmp2);
+	print_message("n=1: %.0f prompt tokens computed, %.0f blocks at most; n=2: %.0f, %.0f\n",
+		      cmp1, blk1, cmp2, blk2);
+	assert_true(cmp1 > 100);
+	assert_true(cmp2 == cmp1);
+	assert_true(blk1 > 0);
+	assert_true(blk2 < 1.5 * blk1);
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -560,7 +636,7 @@ int main(void)
 	    cmocka_unit_test(test_logit_bias),	 cmocka_unit_test(test_penalties),
 	    cmocka_unit_test(test_seed),	 cmocka_unit_test(test_echo),
 	    cmocka_unit_test(test_logprobs),	 cmocka_unit_test(test_n),
-	    cmocka_unit_test(test_prompt_lists),
+	    cmocka_unit_test(test_prompt_lists), cmocka_unit_test(test_n_shares_kv),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -708,12 +708,15 @@ static int submit_all(struct gw *g, struct gw_job **js, int n)
 {
 	for (int i = 0; i < n; i++) {
 		struct gw_job *j = js[i];
+		int k = j->index % j->req.n;
 		struct gw_req req = {.id = j->id,
 				     .oai = &j->req,
 				     .prompt = j->prompt,
 				     .toks = j->toks,
 				     .n_toks = j->n_toks,
-				     .index = j->index};
+				     .index = j->index,
+				     .n_forks = k == 0 ? j->req.n - 1 : 0,
+				     .first = k ? js[i - k] : NULL};
 		met_gauge_add(g->running, 1);
 		int rc = g->be.submit(g->be.ctx, j, &req);
 		if (!rc)

@@ -39,6 +39,14 @@ struct gw_req {
 	const int32_t *toks;
 	int n_toks;
 	int index; /* the choice this job answers (n > 1, several prompts): 0.. */
+	/* n > 1: the choices of one prompt. The first is submitted with n_forks = n - 1, then
+	 * the others right after it, each with first = the first's job (submitted: its backend
+	 * data is set). A backend may compute the prompt once and fork its KV for the others,
+	 * holding the first until its followers were submitted; when one cannot be, the gateway
+	 * cancels the first (and the followers submitted). A backend that does not fork serves
+	 * each as a request of its own. */
+	int n_forks;
+	struct gw_job *first;
 };
 
 /* What a backend does beyond generating text from a text prompt (gw_backend.caps); a request

@@ -37,8 +37,9 @@ const char *sch_model_arch(const struct sch *s)
 
 void sch_req_free(struct sch_req *r)
 {
-	if (!r)
+	if (!r || atomic_fetch_sub(&r->refs, 1) != 1)
 		return;
+	sch_req_free(r->parent);
 	free(r->toks);
 	free(r->salt);
 	free(r->blk);
@@ -187,16 +188,30 @@ static int64_t mono_ns(void)
 }
 
 /* Admits r: its sequence, the cached prefix, and the prompt accounting. 0 or -errno. */
+static int admit_seq(struct sch *s, struct sch_req *r);
+
 static int admit(struct sch *s, struct sch_req *r)
 {
 	met_hist_observe_ns(s->h_queue, (uint64_t)(mono_ns() - r->t_submit));
-	int rc = kvi_seq_create(eng_kv(s), &r->seq);
+	int rc = kvi_sampler_create(&r->sp, s->n_vocab, &r->smp);
 	if (rc)
-		return rc;
-	if ((rc = kvi_sampler_create(&r->sp, s->n_vocab, &r->smp)))
 		return rc;
 	if (r->mode == SCH_DECODE) /* the prefill worker drew the first token */
 		kvi_sampler_skip_draw(r->smp);
+	if (r->parent && !r->parent->finished && r->parent->st == RS_PREFILL) {
+		r->st = RS_FORK; /* fork_children gives it a sequence */
+		return 0;
+	}
+	return admit_seq(s, r);
+}
+
+/* Admits r's sequence: the parked hand-over, or the cached prefix (then prefill). 0 or
+ * -errno. */
+static int admit_seq(struct sch *s, struct sch_req *r)
+{
+	int rc = kvi_seq_create(eng_kv(s), &r->seq);
+	if (rc)
+		return rc;
 	if (r->ticket && (rc = sch_parked_claim(s, r)) < 0)
 		return rc;
 	if (rc == 1) { /* handed over directly */
@@ -263,6 +278,8 @@ int sch_eng_prefill(struct sch *s, struct kvi_seq *seq, const int32_t *toks, int
 }
 
 /* One prefill chunk of r; returns 1 when r ended, 0 otherwise. */
+static void fork_children(struct sch *s, struct sch_req *p, const float *logits);
+
 static int prefill_step(struct sch *s, struct sch_req *r)
 {
 	int n = r->n - r->pos;
@@ -288,7 +305,45 @@ static int prefill_step(struct sch *s, struct sch_req *r)
 	if (s->kx)
 		kvx_save(s->kx, r->seq, r->toks, r->n, r->salt);
 	r->st = RS_DECODE;
+	fork_children(s, r, s->logits); /* before r's token: it may end r */
 	return take_token(s, r, t, s->logits);
+}
+
+/* Gives every request waiting in RS_FORK on p (whose prompt was just computed, logits its
+ * last position's) a sequence sharing p's blocks, and its own first token. */
+static void fork_children(struct sch *s, struct sch_req *p, const float *logits)
+{
+	for (int i = 0; i < s->nrun; i++) {
+		struct sch_req *c = s->run[i];
+		if (c->st != RS_FORK || c->parent != p || c->finished)
+			continue;
+		int rc = kvi_seq_fork(p->seq, &c->seq);
+		if (rc) {
+			req_end(c, NULL, rc, "cannot fork the prompt's KV");
+			continue;
+		}
+		c->pos = c->n;
+		c->cached = p->cached;
+		c->st = RS_DECODE;
+		if (c->k.prompt)
+			c->k.prompt(c->u, c->n, p->cached);
+		take_token(s, c, kvi_sampler_sample(c->smp, logits), logits);
+	}
+}
+
+/* Requests in RS_FORK whose parent ended (or got past its prefill) before forking them
+ * compute their prompt themselves. */
+static void fork_orphans(struct sch *s)
+{
+	for (int i = 0; i < s->nrun; i++) {
+		struct sch_req *c = s->run[i];
+		if (c->st != RS_FORK || c->finished ||
+		    (!c->parent->finished && c->parent->st == RS_PREFILL))
+			continue;
+		int rc = admit_seq(s, c);
+		if (rc)
+			req_end(c, NULL, rc, "cannot admit the request");
+	}
 }
 
 static void decode_step(struct sch *s)
@@ -389,7 +444,8 @@ static void *sch_main(void *arg)
 			}
 		}
 		/* 2. admit */
-		while (wait && s->nrun < s->o.max_seqs) {
+		/* a parent waits for its fork children to be queued behind it (microseconds) */
+		while (wait && s->nrun < s->o.max_seqs && atomic_load(&wait->pending_forks) <= 0) {
 			struct sch_req *r = wait;
 			wait = r->next;
 			nwait--;
@@ -403,6 +459,7 @@ static void *sch_main(void *arg)
 		wait_tail = &wait;
 		for (struct sch_req *r = wait; r; r = r->next)
 			wait_tail = &r->next;
+		fork_orphans(s);
 		/* 3. one prefill chunk, oldest first; 4. one decode step for the rest */
 		for (int i = 0; i < s->nrun; i++)
 			if (s->run[i]->st == RS_PREFILL) {
@@ -443,6 +500,8 @@ int sch_submit(struct sch *s, const struct sch_job *j, const struct sch_sink *k,
 	r->k = *k;
 	r->u = u;
 	r->t_submit = mono_ns();
+	atomic_init(&r->refs, 1);
+	atomic_init(&r->pending_forks, j->mode == SCH_FULL ? j->forks : 0);
 	r->logprobs =
 	    j->mode == SCH_FULL && j->logprobs > 0 && j->logprobs <= OAI_MAX_TOP_LOGPROBS + 1
 		? j->logprobs
@@ -464,7 +523,15 @@ int sch_submit(struct sch *s, const struct sch_job *j, const struct sch_sink *k,
 	rc = -ENOMEM;
 	if (j->salt && !(r->salt = strdup(j->salt)))
 		goto fail;
-	if (j->mode == SCH_DECODE || (j->mode == SCH_FULL && j->toks)) {
+	if (j->mode == SCH_FULL && j->fork_of) { /* the parent's prompt, its KV once computed */
+		rc = -ENOMEM;
+		if (!(r->toks = malloc((size_t)j->fork_of->n * sizeof(int32_t))))
+			goto fail;
+		memcpy(r->toks, j->fork_of->toks, (size_t)j->fork_of->n * sizeof(int32_t));
+		r->n = j->fork_of->n;
+		atomic_fetch_add(&j->fork_of->refs, 1);
+		r->parent = j->fork_of;
+	} else if (j->mode == SCH_DECODE || (j->mode == SCH_FULL && j->toks)) {
 		rc = j->mode == SCH_FULL && j->n > s->o.max_ctx ? -E2BIG : -EINVAL;
 		if (j->n < 1 || j->n > s->o.max_ctx ||
 		    (j->mode == SCH_DECODE && (j->first < 0 || j->first >= s->n_vocab)))
@@ -516,10 +583,18 @@ int sch_submit(struct sch *s, const struct sch_job *j, const struct sch_sink *k,
 	*out = r; /* before the scheduler can see it: finish may free it */
 	*s->inq_tail = r;
 	s->inq_tail = &r->next;
+	if (j->mode == SCH_FULL && j->fork_of)
+		atomic_fetch_sub(&j->fork_of->pending_forks, 1);
 	pthread_cond_signal(&s->cv);
 	pthread_mutex_unlock(&s->mu);
 	return 0;
 fail:
+	if (j->mode == SCH_FULL && j->fork_of) { /* the parent is cancelled by the caller */
+		pthread_mutex_lock(&s->mu);
+		atomic_fetch_sub(&j->fork_of->pending_forks, 1);
+		pthread_cond_signal(&s->cv);
+		pthread_mutex_unlock(&s->mu);
+	}
 	sch_req_free(r);
 	return rc;
 }
@@ -612,6 +687,8 @@ static int be_submit(void *ctx, struct gw_job *job, const struct gw_req *q)
 	j.logprobs = o->logprobs ? 1 + o->top_logprobs : 0;
 	j.toks = q->toks; /* a prompt of token ids */
 	j.n = q->n_toks;
+	j.forks = q->n_forks; /* n > 1: the others fork this one's prompt KV */
+	j.fork_of = q->first ? gw_job_backend_data(q->first) : NULL;
 	struct sch_req *r = NULL;
 	int rc = sch_submit(s, &j, &sink, job, &r);
 	if (rc)

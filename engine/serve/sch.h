@@ -108,8 +108,13 @@ struct sch_job {
 	const char *salt; /* may be NULL */
 	struct kvi_sample_params sp;
 	int logprobs; /* FULL: 0 = off, else 1 + the alternatives wanted (0..20) per token */
-	int handoff;  /* PREFILL: enum sch_handoff_kind; the full blocks are still saved in
-		       * the kv dir (for later prompts), but not waited for */
+	/* FULL, n > 1: forks = the requests to be submitted next with fork_of = this one (it is
+	 * not admitted before); fork_of = a request submitted so, whose prompt (and its KV, once
+	 * computed: kvi_seq_fork, blocks shared) this request takes instead of prompt/toks. */
+	int forks;
+	struct sch_req *fork_of;
+	int handoff; /* PREFILL: enum sch_handoff_kind; the full blocks are still saved in
+		      * the kv dir (for later prompts), but not waited for */
 	int handoff_skip_cached; /* PREFILL: the decode worker has this kv dir: the blocks
 				  * loaded from it are not sent (sch_handoff.first_block) */
 	uint64_t ticket; /* DECODE: the KV parked under this ticket (sch_park) is the prompt's,

@@ -13,7 +13,8 @@
 #include "kvx.h"
 #include "sch.h"
 
-enum req_state { RS_WAIT = 0, RS_PREFILL, RS_DECODE };
+/* RS_FORK: admitted, waiting for its parent's prefill to fork the prompt's KV from. */
+enum req_state { RS_WAIT = 0, RS_PREFILL, RS_DECODE, RS_FORK };
 
 /* One request. Created in submit, freed in release (after gw_job_finish and the client's end);
  * the scheduler thread stops touching it at gw_job_finish. */
@@ -48,6 +49,10 @@ struct sch_req {
 	uint64_t ticket;  /* SCH_DECODE: a parked prompt to claim, or 0 */
 	int64_t t_submit; /* CLOCK_MONOTONIC ns at sch_submit: queue time at admission */
 	int logprobs;	  /* sch_job.logprobs */
+	atomic_int refs;  /* the submitter's, and one per fork child (sch_req_free) */
+	/* sch_job.fork_of (a reference), whose prompt KV this request forks once computed */
+	struct sch_req *parent;
+	atomic_int pending_forks; /* children not yet submitted: not admitted before 0 */
 };
 
 /* A function run on the scheduler thread between steps (sch_call); the caller waits. */
