@@ -377,7 +377,8 @@ static void cancel_job(struct gw_job *j)
 	j->cancelled = 1;
 	pthread_mutex_unlock(&j->mu);
 	if (!already) {
-		met_counter_add(j->g->req[GW_CANCELLED], 1);
+		if (j->index == 0) /* a request is counted once */
+			met_counter_add(j->g->req[GW_CANCELLED], 1);
 		if (j->g->be.cancel)
 			j->g->be.cancel(j->g->be.ctx, j);
 	}

@@ -9,6 +9,10 @@
  * JSON and wrong types are 400s and the gateway keeps serving. A client that disconnects has
  * its request cancelled in the backend (which frees its KV).
  *
+ * A request with several choices (n, a list of prompts) is one job per choice, each with its
+ * own copy of the parsed request, answered together (not streamed); the request is counted
+ * once in kvfs_requests_total, each prompt's tokens once.
+ *
  * Stop strings are applied here, on text: generation stops at the first stop string, which is
  * not returned; streamed text is held back while it could still be the start of one.
  *
