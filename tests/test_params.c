@@ -629,6 +629,35 @@ static void test_n_shares_kv(void **state)
 	assert_true(blk2 < 1.5 * blk1);
 }
 
+/* A client that leaves an n = 3 request mid-generation: every choice is cancelled and every
+ * block freed (the forked children's and the shared prompt's), and the server goes on. */
+static void test_n_cancel(void **state)
+{
+	(void)state;
+	char body[4096], b3[4200];
+	for (int round = 0; round < 2; round++) {
+		long_prompt(body, sizeof(body), 3000 + round * 7 + (int)getpid() % 1000);
+		snprintf(b3, sizeof(b3), "%.*s,\"n\":3}", (int)strlen(body) - 1, body);
+		int fd = htu_connect(ports[EMB]);
+		assert_true(fd >= 0);
+		assert_int_equal(htu_send(fd, 0, "POST", "/v1/completions", b3), 0);
+		sleep_ms(round ? 5 : 150); /* before the fork, and after it */
+		close(fd);
+		double used = -1, running = -1;
+		for (int i = 0; i < 200; i++) {
+			used = metric(EMB, "kv_blocks_used");
+			running = metric(EMB, "kvfs_requests_running");
+			if (used == 0 && running == 0)
+				break;
+			sleep_ms(20);
+		}
+		assert_true(running == 0);
+		assert_true(used == 0);
+	}
+	char *t = complete(EMB, "{\"prompt\":\"still\",\"max_tokens\":2,\"n\":2}");
+	free(t);
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -637,6 +666,7 @@ int main(void)
 	    cmocka_unit_test(test_seed),	 cmocka_unit_test(test_echo),
 	    cmocka_unit_test(test_logprobs),	 cmocka_unit_test(test_n),
 	    cmocka_unit_test(test_prompt_lists), cmocka_unit_test(test_n_shares_kv),
+	    cmocka_unit_test(test_n_cancel),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
