@@ -108,8 +108,6 @@ static void test_bad_requests(void **state)
 	     0, -EINVAL, "prompt"},
 	    {"{\"prompt\":[\"a\",\"b\"],\"n\":9}", 0, -EINVAL, "n"},
 	    {"{\"prompt\":\"a\",\"n\":17}", 0, -EINVAL, "n"},
-	    {"{\"prompt\":\"a\",\"n\":2,\"stream\":true}", 0, -EINVAL, "n"},
-	    {"{\"prompt\":[\"a\",\"b\"],\"stream\":true}", 0, -EINVAL, "prompt"},
 	    {"{\"prompt\":[1,2],\"echo\":true}", 0, -EINVAL, "echo"},
 	    {"{}", 0, -EINVAL, "prompt"},
 	    {"{\"prompt\":\"a\",\"max_tokens\":0}", 0, -EINVAL, "max_tokens"},

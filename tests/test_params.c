@@ -658,6 +658,79 @@ static void test_n_cancel(void **state)
 	free(t);
 }
 
+/* Streaming several choices: chunks of the choices interleave, each naming its index; each
+ * choice starts with its role (chat), ends with its finish_reason, and spells the non-streamed
+ * answer; one usage chunk counts them all. Both forms, n = 2 and two prompts. */
+static void test_stream_choices(void **state)
+{
+	(void)state;
+	static const char *const req[2][2] = {
+	    {"/v1/chat/completions",
+	     "{\"messages\":[{\"role\":\"user\",\"content\":\"" PROMPT "\"}],\"max_tokens\":6,"
+	     "\"temperature\":0,\"n\":2%s}"},
+	    {"/v1/completions", "{\"prompt\":[\"alpha beta\",\"" PROMPT "\"],\"max_tokens\":6,"
+				"\"temperature\":0%s}"},
+	};
+	for (int f = 0; f < NFORM; f++)
+		for (int r = 0; r < 2; r++) {
+			char body[1024], *want[2], *b = NULL;
+			int pt, ct;
+			snprintf(body, sizeof(body), req[r][1], "");
+			cJSON *o = post_ok(f, req[r][0], body);
+			assert_int_equal(choices(o, want, 2, &pt, &ct), 2);
+			cJSON_Delete(o);
+			snprintf(body, sizeof(body), req[r][1],
+				 ",\"stream\":true,\"stream_options\":{\"include_usage\":true}");
+			assert_int_equal(htu_request(ports[f], 0, "POST", req[r][0], body, &b),
+					 200);
+			char got[2][1024] = {"", ""};
+			int roles[2] = {0, 0}, fins[2] = {0, 0}, usage = 0, done = 0;
+			for (char *p = b; (p = strstr(p, "data: "));) {
+				p += 6;
+				char *end = strstr(p, "\n\n");
+				*end = 0;
+				if (strcmp(p, "[DONE]") == 0) {
+					done = 1;
+					break;
+				}
+				cJSON *e = cJSON_Parse(p);
+				assert_non_null(e);
+				assert_null(cJSON_GetObjectItem(e, "error"));
+				cJSON *u = cJSON_GetObjectItem(e, "usage");
+				if (cJSON_IsObject(u)) {
+					usage++;
+					assert_int_equal(
+					    cJSON_GetObjectItem(u, "completion_tokens")->valueint,
+					    ct);
+				}
+				cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(e, "choices"), 0);
+				if (c) {
+					int i = cJSON_GetObjectItem(c, "index")->valueint;
+					assert_true(i == 0 || i == 1);
+					cJSON *d = cJSON_GetObjectItem(c, "delta");
+					cJSON *t = d ? cJSON_GetObjectItem(d, "content")
+						     : cJSON_GetObjectItem(c, "text");
+					roles[i] += d && cJSON_GetObjectItem(d, "role") != NULL;
+					if (cJSON_IsString(t))
+						strcat(got[i], t->valuestring);
+					fins[i] +=
+					    cJSON_IsString(cJSON_GetObjectItem(c, "finish_reason"));
+				}
+				cJSON_Delete(e);
+				p = end + 1;
+			}
+			free(b);
+			assert_true(done);
+			assert_int_equal(usage, 1);
+			for (int i = 0; i < 2; i++) {
+				assert_string_equal(got[i], want[i]);
+				assert_int_equal(fins[i], 1);
+				assert_int_equal(roles[i], r == 0 ? 1 : 0);
+				free(want[i]);
+			}
+		}
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -666,7 +739,7 @@ int main(void)
 	    cmocka_unit_test(test_seed),	 cmocka_unit_test(test_echo),
 	    cmocka_unit_test(test_logprobs),	 cmocka_unit_test(test_n),
 	    cmocka_unit_test(test_prompt_lists), cmocka_unit_test(test_n_shares_kv),
-	    cmocka_unit_test(test_n_cancel),
+	    cmocka_unit_test(test_n_cancel),	 cmocka_unit_test(test_stream_choices),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -84,8 +84,9 @@ struct gw_job {
 	size_t visible; /* bytes of raw that are final (not a possible stop-string prefix) */
 	size_t emitted; /* bytes streamed so far */
 	int ntokens, prompt_tokens, cached_tokens;
-	int done, stopped, cancelled, final_sent;
-	int prompted; /* gw_job_prompt has run: the prompt was taken */
+	int done, stopped, cancelled;
+	int role_sent, final_sent; /* streaming: its first and its last chunk are queued */
+	int prompted;		   /* gw_job_prompt has run: the prompt was taken */
 	int err;
 	char errmsg[256];
 	char finish[16];
@@ -384,6 +385,17 @@ static void cancel_job(struct gw_job *j)
 	}
 }
 
+/* cancel_job unless j is over (done, or cut by a stop string): an answered request is
+ * counted as what it was, not as cancelled. */
+static void cancel_running(struct gw_job *j)
+{
+	pthread_mutex_lock(&j->mu);
+	int over = j->done || j->stopped;
+	pthread_mutex_unlock(&j->mu);
+	if (!over)
+		cancel_job(j);
+}
+
 /* Waits up to 100 ms for news on j. Called with j->mu held. */
 static void wait_news(struct gw_job *j)
 {
@@ -448,14 +460,25 @@ static void account(struct gw_job *j)
 	met_gauge_add(g->running, -1);
 }
 
-/* Streaming: the SSE bytes not yet handed to MHD. */
+/* Cancels what is still running of js[0..n), counts and drops the connection's references. */
+static void drop_all(struct gw_job **js, int n)
+{
+	for (int i = 0; i < n; i++) {
+		cancel_running(js[i]);
+		account(js[i]);
+		job_unref(js[i]);
+	}
+}
+
+/* Streaming: the SSE bytes not yet handed to MHD, for the jobs of one request (its choices,
+ * interleaved as their tokens come, each chunk naming its choice's index). */
 struct stream {
-	struct gw_job *j;
+	struct gw_job *js[OAI_MAX_CHOICES];
+	int n;
 	struct MHD_Connection *c;
 	char *out;
 	size_t len, off;
-	int role_sent; /* chat: the first chunk, the assistant's role, is queued */
-	int finished;  /* [DONE] queued */
+	int finished; /* [DONE] queued */
 };
 
 /* Appends one event and frees json. */
@@ -477,11 +500,98 @@ static void stream_put(struct stream *s, char *json)
 	free(json);
 }
 
+/* Queues what job j has new: its first chunk (chat's role, or the echoed prompt), text, or
+ * its final chunk (finish_reason, or an error event: *err set). 1 when something was
+ * queued. */
+static int stream_job(struct stream *s, struct gw_job *j, int *err)
+{
+	const struct oai_request *q = &j->req;
+	if (!j->role_sent) {
+		j->role_sent = 1;
+		if (q->chat)
+			stream_put(s,
+				   oai_chunk_role_json(j->idstr, j->model, j->created, j->index));
+		else if (q->echo) {
+			struct oai_choice ch = {.index = j->index, .text = q->prompt};
+			stream_put(
+			    s, oai_chunk_choice_json(0, j->idstr, j->model, j->created, &ch, NULL));
+		}
+		return q->chat || q->echo;
+	}
+	pthread_mutex_lock(&j->mu);
+	if (j->emitted < j->visible) {
+		struct oai_choice ch = {.index = j->index, .has_lp = q->logprobs};
+		ch.text = strndup(j->raw + j->emitted, j->visible - j->emitted);
+		/* a token whose text is still held back is reported with that text */
+		if (ch.has_lp) {
+			ch.n_lp = lp_entries(j, j->lp_emitted, j->visible, j->emitted,
+					     (struct oai_lp_entry **)&ch.lp);
+			j->lp_emitted += ch.n_lp;
+		}
+		j->emitted = j->visible;
+		pthread_mutex_unlock(&j->mu);
+		if (ch.text)
+			stream_put(s, oai_chunk_choice_json(q->chat, j->idstr, j->model, j->created,
+							    &ch, NULL));
+		free((char *)ch.text);
+		free((void *)ch.lp);
+		return 1;
+	}
+	if (!(j->done || j->stopped) || j->final_sent) {
+		pthread_mutex_unlock(&j->mu);
+		return 0;
+	}
+	/* done (or stopped) and everything emitted: its final chunk */
+	j->final_sent = 1;
+	int e = j->stopped ? 0 : j->err;
+	char msg[256], fin[16];
+	snprintf(msg, sizeof(msg), "%s", j->errmsg);
+	snprintf(fin, sizeof(fin), "%s", j->finish);
+	pthread_mutex_unlock(&j->mu);
+	if (e) {
+		const char *type, *code;
+		job_status(e, &type, &code);
+		stream_put(s, oai_error_json(msg, type, NULL, code));
+		*err = e;
+	} else {
+		struct oai_choice ch = {
+		    .index = j->index, .text = q->chat ? NULL : "", .finish_reason = fin};
+		stream_put(
+		    s, oai_chunk_choice_json(q->chat, j->idstr, j->model, j->created, &ch, NULL));
+	}
+	return 1;
+}
+
+/* The usage chunk (stream_options.include_usage) and [DONE]. */
+static void stream_end(struct stream *s, int err)
+{
+	struct gw_job *j0 = s->js[0];
+	if (!err && j0->req.include_usage) {
+		struct oai_usage u = {0};
+		for (int i = 0; i < s->n; i++) {
+			struct gw_job *j = s->js[i];
+			pthread_mutex_lock(&j->mu);
+			u.prompt_tokens += j->first_of_prompt ? j->prompt_tokens : 0;
+			u.cached_tokens += j->first_of_prompt ? j->cached_tokens : 0;
+			u.completion_tokens += j->ntokens;
+			pthread_mutex_unlock(&j->mu);
+		}
+		stream_put(s, oai_chunk_choice_json(j0->req.chat, j0->idstr, j0->model, j0->created,
+						    NULL, &u));
+	}
+	char *o = realloc(s->out, s->len + 16);
+	if (o) {
+		s->out = o;
+		memcpy(s->out + s->len, "data: [DONE]\n\n", 14);
+		s->len += 14;
+	}
+	s->finished = 1;
+}
+
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
 	(void)pos;
 	struct stream *s = cls;
-	struct gw_job *j = s->j;
 	for (;;) {
 		if (s->off < s->len) {
 			size_t n = s->len - s->off < max ? s->len - s->off : max;
@@ -492,85 +602,44 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 		if (s->finished)
 			return MHD_CONTENT_READER_END_OF_STREAM;
 		s->off = s->len = 0;
-		if (!s->role_sent) { /* the first chunk: chat's role, or the echoed prompt */
-			s->role_sent = 1;
-			if (j->req.chat)
-				stream_put(s,
-					   oai_chunk_role_json(j->idstr, j->model, j->created, 0));
-			else if (j->req.echo)
-				stream_put(s, oai_chunk_json(0, j->idstr, j->model, j->created,
-							     j->req.prompt, NULL, NULL));
+		int queued = 0, err = 0, waiting = -1;
+		for (int i = 0; i < s->n && !err; i++) {
+			queued |= stream_job(s, s->js[i], &err);
+			if (waiting < 0 && !s->js[i]->final_sent)
+				waiting = i;
+		}
+		if (err) { /* one choice failed: the others end with it */
+			for (int i = 0; i < s->n; i++)
+				cancel_running(s->js[i]);
+			stream_end(s, err);
 			continue;
 		}
+		if (waiting < 0) {
+			stream_end(s, 0);
+			continue;
+		}
+		if (queued)
+			continue;
+		/* nothing new: wait for the first unfinished choice (the choices of a forked
+		 * prompt decode in the same steps), watching for a client that hangs up */
+		struct gw_job *j = s->js[waiting];
 		pthread_mutex_lock(&j->mu);
-		while (j->emitted == j->visible && !j->done && !j->stopped) {
+		if (j->emitted == j->visible && !j->done && !j->stopped)
 			wait_news(j);
-			if (j->emitted == j->visible && !j->done && !j->stopped) {
-				pthread_mutex_unlock(&j->mu);
-				if (client_gone(s->c)) {
-					cancel_job(j);
-					return MHD_CONTENT_READER_END_WITH_ERROR;
-				}
-				pthread_mutex_lock(&j->mu);
-			}
-		}
-		if (j->emitted < j->visible) {
-			struct oai_choice ch = {.has_lp = j->req.logprobs};
-			ch.text = strndup(j->raw + j->emitted, j->visible - j->emitted);
-			/* a token whose text is still held back is reported with that text */
-			if (ch.has_lp) {
-				ch.n_lp = lp_entries(j, j->lp_emitted, j->visible, j->emitted,
-						     (struct oai_lp_entry **)&ch.lp);
-				j->lp_emitted += ch.n_lp;
-			}
-			j->emitted = j->visible;
-			pthread_mutex_unlock(&j->mu);
-			if (ch.text)
-				stream_put(s, oai_chunk_choice_json(j->req.chat, j->idstr, j->model,
-								    j->created, &ch, NULL));
-			free((char *)ch.text);
-			free((void *)ch.lp);
-			continue;
-		}
-		/* Done (or stopped) and everything emitted: final events. */
-		struct oai_usage u = {j->prompt_tokens, j->ntokens, j->cached_tokens};
-		int err = j->stopped ? 0 : j->err;
-		char msg[256], fin[16];
-		snprintf(msg, sizeof(msg), "%s", j->errmsg);
-		snprintf(fin, sizeof(fin), "%s", j->finish);
+		int idle = j->emitted == j->visible && !j->done && !j->stopped;
 		pthread_mutex_unlock(&j->mu);
-		if (err) {
-			const char *type, *code;
-			job_status(err, &type, &code);
-			stream_put(s, oai_error_json(msg, type, NULL, code));
-		} else {
-			stream_put(s, oai_chunk_json(j->req.chat, j->idstr, j->model, j->created,
-						     j->req.chat ? NULL : "", fin, NULL));
-			if (j->req.include_usage)
-				stream_put(s, oai_chunk_json(j->req.chat, j->idstr, j->model,
-							     j->created, NULL, NULL, &u));
+		if (idle && client_gone(s->c)) {
+			for (int i = 0; i < s->n; i++)
+				cancel_running(s->js[i]);
+			return MHD_CONTENT_READER_END_WITH_ERROR;
 		}
-		size_t need = s->len + 16;
-		char *o = realloc(s->out, need);
-		if (o) {
-			s->out = o;
-			memcpy(s->out + s->len, "data: [DONE]\n\n", 14);
-			s->len += 14;
-		}
-		s->finished = 1;
 	}
 }
 
 static void stream_free(void *cls)
 {
 	struct stream *s = cls;
-	pthread_mutex_lock(&s->j->mu);
-	int done = s->j->done || s->j->stopped;
-	pthread_mutex_unlock(&s->j->mu);
-	if (!done)
-		cancel_job(s->j);
-	account(s->j);
-	job_unref(s->j);
+	drop_all(s->js, s->n);
 	free(s->out);
 	free(s);
 }
@@ -756,11 +825,7 @@ static enum MHD_Result answer_many(struct MHD_Connection *c, int chat, struct gw
 				break;
 			pthread_mutex_unlock(&j->mu);
 			if (client_gone(c)) {
-				for (int k = 0; k < n; k++) {
-					cancel_job(js[k]);
-					account(js[k]);
-					job_unref(js[k]);
-				}
+				drop_all(js, n);
 				return MHD_NO;
 			}
 			pthread_mutex_lock(&j->mu);
@@ -864,7 +929,7 @@ static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat
 	}
 	if ((rc = submit_all(g, js, n)))
 		return send_submit_error(g, c, rc);
-	if (n > 1)
+	if (n > 1 && !j->req.stream)
 		return answer_many(c, chat, js, n);
 
 	/* Wait for the end (not streaming), or until the prompt was taken (streaming: a request
@@ -876,9 +941,7 @@ static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat
 		if (!j->done && !j->stopped && (!j->req.stream || !j->prompted)) {
 			pthread_mutex_unlock(&j->mu);
 			if (client_gone(c)) {
-				cancel_job(j);
-				account(j);
-				job_unref(j);
+				drop_all(js, n);
 				return MHD_NO;
 			}
 			pthread_mutex_lock(&j->mu);
@@ -889,8 +952,7 @@ static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat
 	snprintf(msg, sizeof(msg), "%s", j->errmsg);
 	if (jerr && (!j->req.stream || j->ntokens == 0)) {
 		pthread_mutex_unlock(&j->mu);
-		account(j);
-		job_unref(j);
+		drop_all(js, n);
 		const char *type, *code;
 		unsigned st = job_status(jerr, &type, &code);
 		return send_text(c, st, "application/json",
@@ -904,12 +966,11 @@ static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat
 		pthread_mutex_unlock(&j->mu);
 		struct stream *s = calloc(1, sizeof(*s));
 		if (!s) {
-			cancel_job(j);
-			account(j);
-			job_unref(j);
+			drop_all(js, n);
 			return MHD_NO;
 		}
-		s->j = j;
+		memcpy(s->js, js, (size_t)n * sizeof(*js));
+		s->n = n;
 		s->c = c;
 		struct MHD_Response *r = MHD_create_response_from_callback(
 		    MHD_SIZE_UNKNOWN, 16384, stream_read, s, stream_free);

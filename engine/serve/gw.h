@@ -10,7 +10,8 @@
  * its request cancelled in the backend (which frees its KV).
  *
  * A request with several choices (n, a list of prompts) is one job per choice, each with its
- * own copy of the parsed request, answered together (not streamed); the request is counted
+ * own copy of the parsed request, answered together or streamed interleaved (each chunk names
+ * its choice's index); the request is counted
  * once in kvfs_requests_total, each prompt's tokens once.
  *
  * Stop strings are applied here, on text: generation stops at the first stop string, which is

@@ -421,17 +421,13 @@ static int parse_logprobs(const cJSON *o, struct oai_request *r, const struct pe
 	return 0;
 }
 
-/* n × prompts choices: at most OAI_MAX_CHOICES, and one at a time when streamed; echo needs
- * prompt text. */
+/* n × prompts choices: at most OAI_MAX_CHOICES; echo needs prompt text. */
 static int check_choices(const struct oai_request *r, const struct perr *e)
 {
 	int np = r->chat ? 1 : r->n_prompts;
 	if (r->n * np > OAI_MAX_CHOICES)
 		return bad(e, "n", -EINVAL, "'n' times the prompts is more than 16 choices%s",
 			   NULL);
-	if (r->stream && r->n * np > 1)
-		return bad(e, np > 1 ? "prompt" : "n", -EINVAL,
-			   "streaming several choices is not supported: use stream: false%s", NULL);
 	for (int i = 0; !r->chat && r->echo && i < np; i++)
 		if (!r->prompts[i].text)
 			return bad(e, "echo", -EINVAL,

@@ -92,6 +92,16 @@ await check('chat.completions.stream(...).finalChatCompletion()', async () => {
   assert.equal(fin.choices[0].message.content, answer);
 });
 
+await check('n = 2 streamed: finalChatCompletion() has both choices', async () => {
+  const fin = await client.chat.completions.stream({ model, messages, ...greedy, n: 2 })
+    .finalChatCompletion();
+  assert.equal(fin.choices.length, 2);
+  for (const c of fin.choices) {
+    assert.equal(c.message.role, 'assistant');
+    assert.equal(c.message.content, answer);
+  }
+});
+
 await check('completion stream', async () => {
   const s = await client.completions.create({ model, prompt: 'The cache', ...greedy,
     stream: true });
