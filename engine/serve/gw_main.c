@@ -96,7 +96,9 @@ int kvinfer_cmd_gateway(int argc, char **argv)
 	go.limits.max_tokens = (int)c.max_tokens;
 	struct gw *g = NULL;
 	if ((rc = gw_start(&go, &be, &g))) {
-		fprintf(stderr, "kvinfer gateway: listen: %s\n", strerror(-rc));
+		fprintf(stderr, "kvinfer gateway: %s\n",
+			rc == -EINVAL ? "bad --host, or --model-id not 1 to 8 comma-separated names"
+				      : strerror(-rc));
 		lb_destroy(l);
 		return 1;
 	}

@@ -111,7 +111,8 @@ int kvinfer_cmd_serve(int argc, char **argv)
 	struct gw *g = NULL;
 	if ((rc = gw_start(&go, &be, &g))) {
 		fprintf(stderr, "kvinfer serve: listen %s:%d: %s\n", c.host, (int)c.port,
-			strerror(-rc));
+			rc == -EINVAL ? "bad --host, or --model-id not 1 to 8 comma-separated names"
+				      : strerror(-rc));
 		sch_destroy(s);
 		return 1;
 	}
