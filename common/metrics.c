@@ -78,7 +78,17 @@ struct met_out {
 	size_t len, cap;
 	int err;
 	const char *family; /* a collector's current family, to check sample names */
+	enum met_page page;
+	int skip; /* the current family is not on this page */
 };
+
+/* Whether a family belongs on page: vLLM-style "ns:name" families have a page of their own
+ * (promtool lints a ':' in a name; Prometheus reserves it for recording rules). */
+static int on_page(enum met_page page, const char *name)
+{
+	int ns = strchr(name, ':') != NULL;
+	return page == MET_PAGE_ALL || (page == MET_PAGE_NS) == ns;
+}
 
 static void out_printf(struct met_out *o, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
@@ -481,7 +491,9 @@ void met_out_family(struct met_out *o, const char *name, const char *type, const
 		return;
 	}
 	o->family = name;
-	out_header(o, name, type, help);
+	o->skip = !on_page(o->page, name);
+	if (!o->skip)
+		out_header(o, name, type, help);
 }
 
 void met_out_sample(struct met_out *o, const char *name, const char *const labels[], double v)
@@ -490,6 +502,8 @@ void met_out_sample(struct met_out *o, const char *name, const char *const label
 		o->err = o->err ? o->err : -EINVAL;
 		return;
 	}
+	if (o->skip)
+		return;
 	char *lab = render_labels(labels);
 	if (!lab) {
 		o->err = o->err ? o->err : -EINVAL;
@@ -523,10 +537,17 @@ static void render_hist(struct met_out *o, const char *name, const struct met_hi
 
 int met_render(struct met_reg *r, char **text, size_t *len)
 {
-	struct met_out o = {0};
+	return met_render_page(r, MET_PAGE_ALL, text, len);
+}
+
+int met_render_page(struct met_reg *r, enum met_page page, char **text, size_t *len)
+{
+	struct met_out o = {.page = page};
 	out_printf(&o, "%s", "");
 	pthread_mutex_lock(&r->mu);
 	for (struct met_family *f = r->fams; f; f = f->next) {
+		if (!on_page(page, f->name))
+			continue;
 		out_header(&o, f->name, type_names[f->type], f->help);
 		for (struct met_series *s = f->first; s; s = s->next) {
 			if (f->type == MET_HIST) {

@@ -80,8 +80,19 @@ void met_out_sample(struct met_out *o, const char *name, const char *const label
 
 /* The whole exposition text, malloc'd and NUL-terminated (caller frees); *len its length. */
 int met_render(struct met_reg *r, char **text, size_t *len);
+/* Which families a page shows. Names with a namespace ("vllm:…", as vLLM's dashboards expect)
+ * go on a page of their own: promtool lints the ':' (reserved for recording rules), so GET
+ * /metrics stays lint-free and GET /metrics/vllm serves the others. */
+enum met_page {
+	MET_PAGE_ALL = 0,
+	MET_PAGE_PLAIN = 1, /* names without ':' (GET /metrics) */
+	MET_PAGE_NS = 2,    /* names with ':' (GET /metrics/vllm) */
+};
+/* met_render of the families on page only. */
+int met_render_page(struct met_reg *r, enum met_page page, char **text, size_t *len);
 
-/* ---- HTTP: GET /metrics answers the exposition text; any other path 404, other methods 405.
+/* ---- HTTP: GET /metrics answers the exposition text (MET_PAGE_PLAIN), GET /metrics/vllm the
+ * namespaced families (MET_PAGE_NS); any other path 404, other methods 405.
  * One internal polling thread (libmicrohttpd). ---- */
 /* listen is "HOST:PORT" (IPv4 literal or localhost; port 0 = ephemeral). */
 int met_http_start(struct met_reg *r, const char *listen, struct met_http **out);

@@ -49,13 +49,14 @@ static mhd_ret handler(void *cls, struct MHD_Connection *c, const char *url, con
 		*upload_size = 0;
 		return MHD_YES;
 	}
-	if (strcmp(url, "/metrics") != 0)
+	int vllm = strcmp(url, "/metrics/vllm") == 0;
+	if (strcmp(url, "/metrics") != 0 && !vllm)
 		return send_static(c, MHD_HTTP_NOT_FOUND, "not found: try /metrics\n");
 	if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
 		return send_static(c, MHD_HTTP_METHOD_NOT_ALLOWED, "use GET\n");
 	char *text = NULL;
 	size_t len = 0;
-	int rc = met_render(h->r, &text, &len);
+	int rc = met_render_page(h->r, vllm ? MET_PAGE_NS : MET_PAGE_PLAIN, &text, &len);
 	if (rc) {
 		klog_warn("cannot render metrics: %s", strerror(-rc));
 		return send_static(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "cannot render metrics\n");

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 struct cand {
 	float logit;
@@ -17,7 +18,14 @@ struct kvi_sampler {
 	uint64_t rng;
 	struct cand *c; /* n_vocab */
 	float *prob;	/* n_vocab */
+	float *adj;	/* n_vocab: the adjusted logits, when the request adjusts them */
+	int *counts;	/* n_vocab: times each token was generated, when penalties are on */
 };
+
+static int adjusts(const struct kvi_sample_params *p)
+{
+	return p->n_bias > 0 || p->presence_penalty != 0 || p->frequency_penalty != 0;
+}
 
 void kvi_sample_params_default(struct kvi_sample_params *p)
 {
@@ -26,8 +34,12 @@ void kvi_sample_params_default(struct kvi_sample_params *p)
 
 int kvi_sampler_create(const struct kvi_sample_params *p, int n_vocab, struct kvi_sampler **out)
 {
-	if (!p || n_vocab < 1 || p->n_stop < 0 || p->n_stop > KVI_SAMPLE_MAX_STOP)
+	if (!p || n_vocab < 1 || p->n_stop < 0 || p->n_stop > KVI_SAMPLE_MAX_STOP ||
+	    p->n_bias < 0 || p->n_bias > KVI_SAMPLE_MAX_BIAS)
 		return -EINVAL;
+	for (int i = 0; i < p->n_bias; i++)
+		if (p->bias[i].id < 0 || p->bias[i].id >= n_vocab || !isfinite(p->bias[i].bias))
+			return -EINVAL;
 	struct kvi_sampler *s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;
@@ -36,7 +48,11 @@ int kvi_sampler_create(const struct kvi_sample_params *p, int n_vocab, struct kv
 	s->rng = p->seed ^ 0x9e3779b97f4a7c15ull;
 	s->c = malloc((size_t)n_vocab * sizeof(*s->c));
 	s->prob = malloc((size_t)n_vocab * sizeof(float));
-	if (!s->c || !s->prob) {
+	s->adj = malloc((size_t)n_vocab * sizeof(float));
+	if (p->presence_penalty != 0 || p->frequency_penalty != 0)
+		s->counts = calloc((size_t)n_vocab, sizeof(int));
+	if (!s->c || !s->prob || !s->adj ||
+	    ((p->presence_penalty != 0 || p->frequency_penalty != 0) && !s->counts)) {
 		kvi_sampler_destroy(s);
 		return -ENOMEM;
 	}
@@ -50,6 +66,8 @@ void kvi_sampler_destroy(struct kvi_sampler *s)
 		return;
 	free(s->c);
 	free(s->prob);
+	free(s->adj);
+	free(s->counts);
 	free(s);
 }
 
@@ -100,9 +118,60 @@ static int32_t argmax(const float *l, int n)
 	return best;
 }
 
+/* logits with the request's bias and penalties applied (s->adj), or logits themselves. */
+static const float *adjusted(struct kvi_sampler *s, const float *logits)
+{
+	if (!adjusts(&s->p))
+		return logits;
+	int V = s->n_vocab;
+	memcpy(s->adj, logits, (size_t)V * sizeof(float));
+	for (int i = 0; i < s->p.n_bias; i++)
+		s->adj[s->p.bias[i].id] += s->p.bias[i].bias;
+	if (s->counts)
+		for (int i = 0; i < V; i++)
+			if (s->counts[i])
+				s->adj[i] -= (float)s->counts[i] * s->p.frequency_penalty +
+					     s->p.presence_penalty;
+	return s->adj;
+}
+
+float kvi_sampler_logprobs(struct kvi_sampler *s, const float *logits, int32_t tok, int n_top,
+			   int32_t *top_id, float *top_lp)
+{
+	int V = s->n_vocab;
+	const float *l = adjusted(s, logits);
+	float mx = l[0];
+	for (int i = 1; i < V; i++)
+		mx = l[i] > mx ? l[i] : mx;
+	double sum = 0;
+	for (int i = 0; i < V; i++)
+		sum += exp((double)l[i] - mx);
+	float lse = mx + (float)log(sum);
+	n_top = n_top < 0 ? 0 : n_top > 20 ? 20 : n_top > V ? V : n_top;
+	/* the n_top best by insertion: n_top is small */
+	for (int k = 0; k < n_top; k++)
+		top_id[k] = -1;
+	for (int i = 0; i < V; i++) {
+		struct cand x = {l[i], i};
+		int k = n_top;
+		while (k > 0 && (top_id[k - 1] < 0 ||
+				 before(&x, &(struct cand){l[top_id[k - 1]], top_id[k - 1]})))
+			k--;
+		if (k == n_top)
+			continue;
+		for (int m = n_top - 1; m > k; m--)
+			top_id[m] = top_id[m - 1];
+		top_id[k] = i;
+	}
+	for (int k = 0; k < n_top; k++)
+		top_lp[k] = l[top_id[k]] - lse;
+	return tok >= 0 && tok < V ? l[tok] - lse : -INFINITY;
+}
+
 int32_t kvi_sampler_sample(struct kvi_sampler *s, const float *logits)
 {
 	int V = s->n_vocab;
+	logits = adjusted(s, logits);
 	if (s->p.temp <= 0)
 		return argmax(logits, V);
 	int k = s->p.top_k > 0 && s->p.top_k < V ? s->p.top_k : V;
@@ -155,6 +224,12 @@ int32_t kvi_sampler_sample(struct kvi_sampler *s, const float *logits)
 	return c[n - 1].id;
 }
 
+void kvi_sampler_skip_draw(struct kvi_sampler *s)
+{
+	if (s->p.temp > 0)
+		(void)next_u64(&s->rng);
+}
+
 int kvi_sampler_is_stop(const struct kvi_sampler *s, int32_t tok)
 {
 	for (int i = 0; i < s->p.n_stop; i++)
@@ -166,6 +241,8 @@ int kvi_sampler_is_stop(const struct kvi_sampler *s, int32_t tok)
 int kvi_sampler_accept(struct kvi_sampler *s, int32_t tok)
 {
 	s->count++;
+	if (s->counts && tok >= 0 && tok < s->n_vocab)
+		s->counts[tok]++;
 	if (kvi_sampler_is_stop(s, tok))
 		return 1;
 	return s->p.max_tokens > 0 && s->count >= s->p.max_tokens;

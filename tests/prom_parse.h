@@ -36,11 +36,14 @@ double prom_sum(const struct prom_doc *doc, const char *name, const char *part, 
 int prom_family_once(const char *text, const char *name);
 
 /* Runs `promtool check metrics` on text, when promtool is on PATH (Debian: apt-get install
- * prometheus). 0: it found nothing but counters named without _total (tolerated: names are
- * kept); 1: promtool is not installed (the caller says it skipped the check); -EINVAL: a parse
+ * prometheus). 0: it found nothing; 1: promtool is not installed (the caller says it skipped
+ * the check); -EINVAL: a parse
  * error or another lint problem, promtool's words in why (n bytes); another negative errno when
  * it could not be run. */
 int prom_promtool(const char *text, char *why, size_t n);
+/* prom_promtool, ignoring the complaint lines that contain tolerated (NULL: none), e.g. "should
+ * not contain ':'" for vLLM's namespaced names on /metrics/vllm. */
+int prom_promtool_except(const char *text, const char *tolerated, char *why, size_t n);
 
 /* Checks a whole /metrics page for a test: prom_parse, each of fams[0..n) declared by exactly
  * one HELP and one TYPE (prom_family_once), then prom_promtool. 0, or a negative errno with why

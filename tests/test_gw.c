@@ -127,7 +127,7 @@ static int http(const char *method, const char *path, const char *body, char **o
 static int setup(void **state)
 {
 	(void)state;
-	struct gw_opts o = {.model_id = "test-model", .max_body = 4096};
+	struct gw_opts o = {.model_id = "test-model,alias-b", .max_body = 4096};
 	struct gw_backend be = {
 	    .submit = be_submit, .cancel = be_cancel, .release = be_release, .metrics = be_metrics};
 	assert_int_equal(gw_start(&o, &be, &gw), 0);
@@ -170,6 +170,68 @@ static void test_basic_endpoints(void **state)
 	free(b);
 	assert_int_equal(http("GET", "/v1/completions", NULL, &b), 405);
 	free(b);
+}
+
+/* The string member key of the JSON object o, or "" (for assertions). */
+static const char *jstr(const cJSON *o, const char *key)
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+	return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+/* Models as OpenAI's clients see them: every --model-id alias is listed and retrievable; a
+ * request names one (echoed in the response) or none (the first); any other name, and a
+ * retrieve of one, is a 404 model_not_found; response ids are random, never cmpl-1. */
+static void test_models(void **state)
+{
+	(void)state;
+	char *b;
+	assert_int_equal(http("GET", "/v1/models", NULL, &b), 200);
+	cJSON *o = json(b), *d = cJSON_GetObjectItem(o, "data");
+	assert_int_equal(cJSON_GetArraySize(d), 2);
+	assert_string_equal(jstr(cJSON_GetArrayItem(d, 1), "id"), "alias-b");
+	assert_string_equal(jstr(cJSON_GetArrayItem(d, 1), "object"), "model");
+	cJSON_Delete(o);
+	free(b);
+	assert_int_equal(http("GET", "/v1/models/alias-b", NULL, &b), 200);
+	o = json(b);
+	assert_string_equal(jstr(o, "id"), "alias-b");
+	assert_string_equal(jstr(o, "object"), "model");
+	cJSON_Delete(o);
+	free(b);
+	static const char *const nf[][3] = {
+	    {"GET", "/v1/models/gpt-4", NULL},
+	    {"POST", "/v1/completions", "{\"model\":\"gpt-4\",\"prompt\":\"a\"}"},
+	    {"POST", "/v1/chat/completions",
+	     "{\"model\":\"gpt-4\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}"},
+	};
+	int subs = atomic_load(&submits);
+	for (size_t i = 0; i < sizeof(nf) / sizeof(nf[0]); i++) {
+		assert_int_equal(http(nf[i][0], nf[i][1], nf[i][2], &b), 404);
+		o = json(b);
+		cJSON *e = cJSON_GetObjectItem(o, "error");
+		assert_string_equal(jstr(e, "code"), "model_not_found");
+		assert_string_equal(jstr(e, "type"), "invalid_request_error");
+		assert_string_equal(jstr(e, "param"), "model");
+		assert_non_null(strstr(jstr(e, "message"), "gpt-4"));
+		cJSON_Delete(o);
+		free(b);
+	}
+	assert_int_equal(atomic_load(&submits), subs); /* nothing reached the backend */
+	char ids[2][64];
+	for (int i = 0; i < 2; i++) {
+		const char *req = i ? "{\"model\":\"alias-b\",\"prompt\":\"a\",\"max_tokens\":1}"
+				    : "{\"prompt\":\"a\",\"max_tokens\":1}";
+		assert_int_equal(http("POST", "/v1/completions", req, &b), 200);
+		o = json(b);
+		assert_string_equal(jstr(o, "model"), i ? "alias-b" : "test-model");
+		snprintf(ids[i], sizeof(ids[i]), "%s", jstr(o, "id"));
+		cJSON_Delete(o);
+		free(b);
+		assert_int_equal(strlen(ids[i]), strlen("cmpl-") + 24);
+		assert_int_equal(strspn(ids[i] + 5, "0123456789abcdef"), 24);
+	}
+	assert_string_not_equal(ids[0], ids[1]);
 }
 
 static void test_completion(void **state)
@@ -348,6 +410,19 @@ static void test_errors(void **state)
 		cJSON_Delete(o);
 		free(b);
 	}
+	/* A parameter OpenAI defines and the server does not do: a 400 naming it, not ignored. */
+	char *tb;
+	assert_int_equal(http("POST", "/v1/chat/completions",
+			      "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+			      "\"response_format\":{\"type\":\"json_object\"}}",
+			      &tb),
+			 400);
+	cJSON *to = json(tb);
+	cJSON *te = cJSON_GetObjectItem(to, "error");
+	assert_string_equal(jstr(te, "param"), "response_format");
+	assert_non_null(strstr(jstr(te, "message"), "'response_format' is not supported"));
+	cJSON_Delete(to);
+	free(tb);
 	/* Oversize body (the test gateway allows 4096 bytes). */
 	char *big = malloc(10000);
 	memset(big, ' ', 9999);
@@ -469,8 +544,8 @@ static void test_metrics_well_formed(void **state)
 	(void)state;
 	static const char *const fams[] = {
 	    "kvfs_requests_total",     "kvfs_requests_running",	      "prompt_tokens_total",
-	    "generation_tokens_total", "cached_tokens_total",	      "prefix_cache_queries",
-	    "prefix_cache_hits",       "time_to_first_token_seconds", "inter_token_latency_seconds",
+	    "generation_tokens_total", "cached_tokens_total",	      "prefix_cache_queries_total",
+	    "prefix_cache_hits_total", "time_to_first_token_seconds", "inter_token_latency_seconds",
 	    "kvfs_replica_load"};
 	char *b, why[2048];
 	assert_int_equal(http("GET", "/metrics", NULL, &b), 200);
@@ -483,6 +558,49 @@ static void test_metrics_well_formed(void **state)
 	assert_int_equal(prom_parse(b, &d), 0);
 	double v;
 	assert_int_equal(prom_get(&d, "kvfs_replica_load", "replica=\"test\"", &v), 0);
+	assert_int_equal(prom_get(&d, "prefix_cache_hits_total", "", &v), 0);
+	assert_null(strstr(b, "vllm:"));
+	prom_free(&d);
+	free(b);
+}
+
+/* vLLM's names for the same quantities, on /metrics/vllm (promtool lints the ':' vLLM's names
+ * carry, so they are kept off /metrics): same meaning, same buckets as vLLM's. */
+static void test_metrics_vllm(void **state)
+{
+	(void)state;
+	static const char *const fams[] = {
+	    "vllm:prompt_tokens_total",		"vllm:generation_tokens_total",
+	    "vllm:prefix_cache_queries_total",	"vllm:prefix_cache_hits_total",
+	    "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds"};
+	char *b;
+	assert_int_equal(http("GET", "/metrics/vllm", NULL, &b), 200);
+	struct prom_doc d;
+	if (prom_parse(b, &d))
+		fail_msg("/metrics/vllm: %s\n%s", d.err, b);
+	for (size_t i = 0; i < sizeof(fams) / sizeof(fams[0]); i++)
+		if (prom_family_once(b, fams[i]))
+			fail_msg("%s: not one HELP and one TYPE\n%s", fams[i], b);
+	double hits, q, tq, th, v;
+	assert_int_equal(prom_get(&d, "vllm:prefix_cache_hits_total", "", &hits), 0);
+	assert_int_equal(prom_get(&d, "vllm:prefix_cache_queries_total", "", &q), 0);
+	assert_true(hits > 0 && q > 0);
+	/* vLLM's first and last TTFT buckets, and its ITL's */
+	assert_int_equal(
+	    prom_get(&d, "vllm:time_to_first_token_seconds_bucket", "le=\"0.001\"", &v), 0);
+	assert_int_equal(prom_get(&d, "vllm:time_to_first_token_seconds_bucket", "le=\"2560\"", &v),
+			 0);
+	assert_int_equal(
+	    prom_get(&d, "vllm:inter_token_latency_seconds_bucket", "le=\"0.075\"", &v), 0);
+	assert_null(strstr(b, "kvfs_requests_total"));
+	prom_free(&d);
+	free(b);
+	/* the same counts as the plain page's */
+	assert_int_equal(http("GET", "/metrics", NULL, &b), 200);
+	assert_int_equal(prom_parse(b, &d), 0);
+	assert_int_equal(prom_get(&d, "prefix_cache_hits_total", "", &th), 0);
+	assert_int_equal(prom_get(&d, "prefix_cache_queries_total", "", &tq), 0);
+	assert_true(th >= hits && tq >= q);
 	prom_free(&d);
 	free(b);
 }
@@ -727,6 +845,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_basic_endpoints),
+	    cmocka_unit_test(test_models),
 	    cmocka_unit_test(test_completion),
 	    cmocka_unit_test(test_stream),
 	    cmocka_unit_test(test_chat_stream_role),
@@ -737,6 +856,7 @@ int main(void)
 	    cmocka_unit_test(test_idle_flood),
 	    cmocka_unit_test(test_tls),
 	    cmocka_unit_test(test_auth_keys),
+	    cmocka_unit_test(test_metrics_vllm),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

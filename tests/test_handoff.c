@@ -603,7 +603,7 @@ static struct kvp_sock *send_frame(int w, uint16_t op, const struct kvp_wbuf *b)
 	return fd;
 }
 
-/* The params field: greedy, seed 1, max_tokens. */
+/* The params field: greedy, seed 1, max_tokens, no penalties, no logit_bias. */
 static void w_params(struct kvp_wbuf *w, uint32_t max_tokens)
 {
 	kvp_w_u32(w, 0); /* temp 0: greedy */
@@ -611,6 +611,9 @@ static void w_params(struct kvp_wbuf *w, uint32_t max_tokens)
 	kvp_w_u32(w, 0);
 	kvp_w_u64(w, 1);
 	kvp_w_u32(w, max_tokens);
+	kvp_w_u32(w, 0); /* presence_penalty 0.0f */
+	kvp_w_u32(w, 0); /* frequency_penalty 0.0f */
+	kvp_w_u32(w, 0); /* n_bias */
 }
 
 /* A DECODE of the 20 tokens 1 + i % 7 (put_first's), first token 5, no block, to worker w;

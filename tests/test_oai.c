@@ -2,6 +2,7 @@
  * rendering, and that every response we write parses back with the fields clients read. */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -44,6 +45,35 @@ static void test_completion_ok(void **state)
 	assert_string_equal(r.stop[0], "\n");
 	assert_true(r.stream && r.include_usage);
 	assert_string_equal(r.salt, "tenant");
+	oai_request_free(&r);
+
+	/* prompts: a list of strings, token ids, lists of token ids; n */
+	assert_int_equal(parse("{\"prompt\":[\"a\",\"bc\"],\"n\":3}", 0, &r, &param), 0);
+	assert_int_equal(r.n_prompts, 2);
+	assert_int_equal(r.n, 3);
+	assert_string_equal(r.prompts[1].text, "bc");
+	assert_string_equal(r.prompt, "a");
+	oai_request_free(&r);
+	assert_int_equal(parse("{\"prompt\":[5,6,7]}", 0, &r, &param), 0);
+	assert_int_equal(r.n_prompts, 1);
+	assert_null(r.prompts[0].text);
+	assert_int_equal(r.prompts[0].n_toks, 3);
+	assert_int_equal(r.prompts[0].toks[2], 7);
+	oai_request_free(&r);
+	assert_int_equal(parse("{\"prompt\":[[5],[6,7]]}", 0, &r, &param), 0);
+	assert_int_equal(r.n_prompts, 2);
+	assert_int_equal(r.prompts[1].n_toks, 2);
+	oai_request_free(&r);
+
+	/* penalties and logit_bias */
+	assert_int_equal(parse("{\"prompt\":\"a\",\"presence_penalty\":-1.5,"
+			       "\"frequency_penalty\":0.5,\"logit_bias\":{\"7\":-100,\"42\":3.5}}",
+			       0, &r, &param),
+			 0);
+	assert_true(r.presence_penalty == -1.5 && r.frequency_penalty == 0.5);
+	assert_int_equal(r.n_bias, 2);
+	assert_true(r.bias[0].id == 7 && r.bias[0].bias == -100);
+	assert_true(r.bias[1].id == 42 && r.bias[1].bias == 3.5);
 	oai_request_free(&r);
 
 	/* Defaults, prompt as a one-element array, cache_salt wins over user. */
@@ -115,7 +145,17 @@ static void test_bad_requests(void **state)
 	    {"{", 0, -EINVAL, NULL},
 	    {"[1,2]", 0, -EINVAL, NULL},
 	    {"{\"prompt\":5}", 0, -EINVAL, "prompt"},
-	    {"{\"prompt\":[\"a\",\"b\"]}", 0, -EINVAL, "prompt"},
+	    {"{\"prompt\":[]}", 0, -EINVAL, "prompt"},
+	    {"{\"prompt\":[1,\"b\"]}", 0, -EINVAL, "prompt"},
+	    {"{\"prompt\":[[1,2],[-1]]}", 0, -EINVAL, "prompt"},
+	    {"{\"prompt\":[[1,2],[]]}", 0, -EINVAL, "prompt"},
+	    {"{\"prompt\":[1.5]}", 0, -EINVAL, "prompt"},
+	    {"{\"prompt\":[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\",\"j\","
+	     "\"k\",\"l\",\"m\",\"n\",\"o\",\"p\",\"q\"]}",
+	     0, -EINVAL, "prompt"},
+	    {"{\"prompt\":[\"a\",\"b\"],\"n\":9}", 0, -EINVAL, "n"},
+	    {"{\"prompt\":\"a\",\"n\":17}", 0, -EINVAL, "n"},
+	    {"{\"prompt\":[1,2],\"echo\":true}", 0, -EINVAL, "echo"},
 	    {"{}", 0, -EINVAL, "prompt"},
 	    {"{\"prompt\":\"a\",\"max_tokens\":0}", 0, -EINVAL, "max_tokens"},
 	    {"{\"prompt\":\"a\",\"max_tokens\":513}", 0, -EINVAL, "max_tokens"},
@@ -126,9 +166,37 @@ static void test_bad_requests(void **state)
 	    {"{\"prompt\":\"a\",\"stream\":\"yes\"}", 0, -EINVAL, "stream"},
 	    {"{\"prompt\":\"a\",\"stop\":5}", 0, -EINVAL, "stop"},
 	    {"{\"prompt\":\"a\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", 0, -EINVAL, "stop"},
-	    {"{\"prompt\":\"a\",\"n\":2}", 0, -EINVAL, "n"},
 	    {"{\"prompt\":\"a\",\"user\":7}", 0, -EINVAL, "user"},
 	    {"{\"prompt\":\"a\",\"model\":[]}", 0, -EINVAL, "model"},
+	    /* OpenAI's parameters this server does not implement: refused, never ignored */
+	    {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":"
+	     "\"function\",\"function\":{\"name\":\"f\"}}]}",
+	     1, -EINVAL, "tools"},
+	    {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"auto\"}", 1,
+	     -EINVAL, "tool_choice"},
+	    {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{"
+	     "\"type\":\"json_object\"}}",
+	     1, -EINVAL, "response_format"},
+	    {"{\"prompt\":\"a\",\"suffix\":\"end\"}", 0, -EINVAL, "suffix"},
+	    {"{\"prompt\":\"a\",\"best_of\":3}", 0, -EINVAL, "best_of"},
+	    {"{\"prompt\":\"a\",\"service_tier\":\"flex\"}", 0, -EINVAL, "service_tier"},
+	    {"{\"prompt\":\"a\",\"store\":true}", 0, -EINVAL, "store"},
+	    {"{\"prompt\":\"a\",\"metadata\":{\"k\":\"v\"}}", 0, -EINVAL, "metadata"},
+	    {"{\"prompt\":\"a\",\"modalities\":[\"text\",\"audio\"]}", 0, -EINVAL, "modalities"},
+	    {"{\"prompt\":\"a\",\"reasoning_effort\":\"high\"}", 0, -EINVAL, "reasoning_effort"},
+	    {"{\"prompt\":\"a\",\"parallel_tool_calls\":true}", 0, -EINVAL, "parallel_tool_calls"},
+	    {"{\"prompt\":\"a\",\"presence_penalty\":2.5}", 0, -EINVAL, "presence_penalty"},
+	    {"{\"prompt\":\"a\",\"frequency_penalty\":\"x\"}", 0, -EINVAL, "frequency_penalty"},
+	    {"{\"prompt\":\"a\",\"logit_bias\":[1]}", 0, -EINVAL, "logit_bias"},
+	    {"{\"prompt\":\"a\",\"logit_bias\":{\"x\":1}}", 0, -EINVAL, "logit_bias"},
+	    {"{\"prompt\":\"a\",\"logit_bias\":{\"-1\":1}}", 0, -EINVAL, "logit_bias"},
+	    {"{\"prompt\":\"a\",\"logit_bias\":{\"5\":101}}", 0, -EINVAL, "logit_bias"},
+	    {"{\"prompt\":\"a\",\"logit_bias\":{\"5\":\"1\"}}", 0, -EINVAL, "logit_bias"},
+	    /* their neutral values ask for nothing: accepted */
+	    {"{\"prompt\":\"a\",\"tools\":[],\"store\":false,\"metadata\":{},\"best_of\":1,"
+	     "\"service_tier\":\"auto\",\"modalities\":[\"text\"],\"suffix\":null,"
+	     "\"tool_choice\":\"none\"}",
+	     0, 0, NULL},
 	    {"{\"messages\":[]}", 1, -EINVAL, "messages"},
 	    {"{\"messages\":\"hi\"}", 1, -EINVAL, "messages"},
 	    {"{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", 1, -EINVAL, "messages"},
@@ -142,6 +210,8 @@ static void test_bad_requests(void **state)
 		int rc = parse(cases[i].body, cases[i].chat, &r, &param);
 		if (rc != cases[i].rc)
 			fail_msg("case %zu (%s): rc %d", i, cases[i].body, rc);
+		if (!rc)
+			oai_request_free(&r);
 		if (cases[i].param)
 			assert_string_equal(param, cases[i].param);
 	}
@@ -188,6 +258,56 @@ static void test_chat(void **state)
 	free(s);
 	assert_int_equal(oai_render_chat(&r, "nope", &s), -EINVAL);
 	oai_request_free(&r);
+}
+
+/* Several choices and logprobs in OpenAI's shapes; a banned token's -inf is written -9999
+ * (JSON has no infinity), text offsets count from the echoed prompt. */
+static void test_choices_logprobs(void **state)
+{
+	(void)state;
+	struct oai_usage u = {.prompt_tokens = 2, .completion_tokens = 2};
+	struct oai_lp_entry e[2] = {
+	    {.token = "he", .logprob = -0.5f, .text_offset = 0, .n_top = 2},
+	    {.token = "y", .logprob = -INFINITY, .text_offset = 2, .n_top = 1},
+	};
+	e[0].top[0].token = "he", e[0].top[0].logprob = -0.5f;
+	e[0].top[1].token = "ha", e[0].top[1].logprob = -1.5f;
+	e[1].top[0].token = "!", e[1].top[0].logprob = -0.1f;
+	struct oai_choice ch[2] = {
+	    {.index = 0, .text = "hey", .finish_reason = "length", .has_lp = 1, .lp = e, .n_lp = 2},
+	    {.index = 1, .text = "ho", .finish_reason = "stop"},
+	};
+	char *s = oai_response_choices_json(1, "i", "m", 1, ch, 2, &u);
+	cJSON *o = cJSON_Parse(s), *arr = cJSON_GetObjectItem(o, "choices");
+	assert_int_equal(cJSON_GetArraySize(arr), 2);
+	cJSON *c1 = cJSON_GetArrayItem(arr, 1);
+	assert_int_equal(cJSON_GetObjectItem(c1, "index")->valueint, 1);
+	assert_true(cJSON_IsNull(cJSON_GetObjectItem(c1, "logprobs")));
+	cJSON *content = cJSON_GetObjectItem(
+	    cJSON_GetObjectItem(cJSON_GetArrayItem(arr, 0), "logprobs"), "content");
+	assert_int_equal(cJSON_GetArraySize(content), 2);
+	cJSON *t1 = cJSON_GetArrayItem(content, 1);
+	assert_true(cJSON_GetObjectItem(t1, "logprob")->valuedouble == -9999);
+	assert_int_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(t1, "bytes"), 0)->valueint, 'y');
+	cJSON *top0 = cJSON_GetObjectItem(cJSON_GetArrayItem(content, 0), "top_logprobs");
+	assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(top0, 1), "token")->valuestring,
+			    "ha");
+	cJSON_Delete(o);
+	free(s);
+
+	ch[0].lp_base = 5; /* completions, after a 5-byte echoed prompt */
+	s = oai_response_choices_json(0, "i", "m", 1, ch, 1, &u);
+	o = cJSON_Parse(s);
+	cJSON *lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0),
+					"logprobs");
+	assert_string_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "tokens"), 1)->valuestring,
+			    "y");
+	assert_int_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "text_offset"), 1)->valueint,
+			 7);
+	cJSON *tops = cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "top_logprobs"), 0);
+	assert_true(cJSON_GetObjectItem(tops, "ha")->valuedouble == -1.5);
+	cJSON_Delete(o);
+	free(s);
 }
 
 static void test_responses_parse(void **state)
@@ -344,9 +464,10 @@ static void test_utf8(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_completion_ok),   cmocka_unit_test(test_bad_requests),
-	    cmocka_unit_test(test_duplicate_keys),  cmocka_unit_test(test_chat),
-	    cmocka_unit_test(test_responses_parse), cmocka_unit_test(test_utf8),
+	    cmocka_unit_test(test_completion_ok),    cmocka_unit_test(test_bad_requests),
+	    cmocka_unit_test(test_duplicate_keys),   cmocka_unit_test(test_chat),
+	    cmocka_unit_test(test_responses_parse),  cmocka_unit_test(test_utf8),
+	    cmocka_unit_test(test_choices_logprobs),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

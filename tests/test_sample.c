@@ -106,6 +106,72 @@ static void test_top_k_top_p(void **st)
 	kvi_sampler_destroy(s);
 }
 
+/* OpenAI's adjustments: logit_bias is added before anything else (greedy included); each
+ * token generated c times loses c * frequency_penalty + presence_penalty; a bad bias id is
+ * refused at creation. */
+static void test_bias_and_penalties(void **st)
+{
+	(void)st;
+	float l[4] = {1.0f, 3.0f, 2.5f, 0};
+	struct kvi_sample_params sp;
+	kvi_sample_params_default(&sp);
+	sp.n_bias = 1;
+	sp.bias[0] = (struct kvi_logit_bias){3, 100};
+	struct kvi_sampler *s = NULL;
+	assert_int_equal(kvi_sampler_create(&sp, 4, &s), 0);
+	assert_int_equal(kvi_sampler_sample(s, l), 3);
+	kvi_sampler_destroy(s);
+	sp.bias[0] = (struct kvi_logit_bias){1, -100}; /* the best is banned: the next wins */
+	assert_int_equal(kvi_sampler_create(&sp, 4, &s), 0);
+	assert_int_equal(kvi_sampler_sample(s, l), 2);
+	kvi_sampler_destroy(s);
+	sp.bias[0].id = 4; /* outside the vocabulary */
+	assert_int_equal(kvi_sampler_create(&sp, 4, &s), -EINVAL);
+
+	/* frequency 0.3: token 1 (3.0) after one use is 2.7 > 2.5, after two 2.4 < 2.5 */
+	kvi_sample_params_default(&sp);
+	sp.frequency_penalty = 0.3f;
+	assert_int_equal(kvi_sampler_create(&sp, 4, &s), 0);
+	int32_t seq[3];
+	for (int i = 0; i < 3; i++)
+		kvi_sampler_accept(s, seq[i] = kvi_sampler_sample(s, l));
+	assert_int_equal(seq[0], 1);
+	assert_int_equal(seq[1], 1);
+	assert_int_equal(seq[2], 2);
+	kvi_sampler_destroy(s);
+	/* presence 0.6: once is enough to lose to token 2 */
+	kvi_sample_params_default(&sp);
+	sp.presence_penalty = 0.6f;
+	assert_int_equal(kvi_sampler_create(&sp, 4, &s), 0);
+	kvi_sampler_accept(s, kvi_sampler_sample(s, l));
+	assert_int_equal(kvi_sampler_sample(s, l), 2);
+	kvi_sampler_destroy(s);
+}
+
+/* Log-probabilities: log_softmax of the adjusted logits, the best n first. */
+static void test_logprobs(void **st)
+{
+	(void)st;
+	float l[5] = {1.0f, 3.0f, 2.5f, 0, -1};
+	struct kvi_sampler *s = mk(0.7f, 40, 0.9f, 1, 5);
+	double z = 0;
+	for (int i = 0; i < 5; i++)
+		z += exp(l[i]);
+	int32_t id[5];
+	float lp[5];
+	float own = kvi_sampler_logprobs(s, l, 2, 5, id, lp);
+	assert_true(fabs(own - (2.5 - log(z))) < 1e-5);
+	static const int32_t order[5] = {1, 2, 0, 3, 4};
+	double sum = 0;
+	for (int i = 0; i < 5; i++) {
+		assert_int_equal(id[i], order[i]);
+		assert_true(fabs(lp[i] - (l[order[i]] - log(z))) < 1e-5);
+		sum += exp(lp[i]);
+	}
+	assert_true(fabs(sum - 1) < 1e-5);
+	kvi_sampler_destroy(s);
+}
+
 static void test_stop_and_max(void **st)
 {
 	(void)st;
@@ -142,6 +208,8 @@ int main(void)
 	    cmocka_unit_test(test_temperature_distribution),
 	    cmocka_unit_test(test_top_k_top_p),
 	    cmocka_unit_test(test_stop_and_max),
+	    cmocka_unit_test(test_bias_and_penalties),
+	    cmocka_unit_test(test_logprobs),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -295,7 +295,7 @@ static void test_cached_and_stream(void **state)
 	assert_int_equal(n3, 12);
 	assert_string_equal(a, c); /* streamed = not streamed */
 	assert_true(c3 >= 16);
-	assert_true(metric("prefix_cache_hits") >= c2 + c3);
+	assert_true(metric("prefix_cache_hits_total") >= c2 + c3);
 	free(a);
 	free(b);
 	free(c);
@@ -481,9 +481,12 @@ static int setup_disagg(void **state)
 		if (workers[i] == 0) {
 			if (!freopen(logf, "w", stderr))
 				_exit(126);
+			char maf[600];
+			snprintf(maf, sizeof(maf), "%s/wmaddr%d", tmpdir, i);
 			execl(bin, bin, i < 2 ? "prefill" : "decode", "-m", model, "--kv-dir",
 			      kvdir, "--secret-file", secret, "--port-file", pf, "-t", "1",
 			      "--block-tokens", "16", "--ignore-eos", "--ctx", "4096",
+			      "--metrics-listen", "127.0.0.1:0", "--metrics-addr-file", maf,
 			      (char *)NULL);
 			_exit(127);
 		}
@@ -509,6 +512,98 @@ static int setup_disagg(void **state)
 	}
 	port = wait_port(pf);
 	return port ? 0 : -1;
+}
+
+/* GET http://addr<path>, checked: well-formed (prom_parse), and `promtool check metrics`
+ * silent when promtool is installed. Returns the page (caller frees). */
+static char *checked_page(const char *addr, const char *path)
+{
+	char *b = NULL, why[2048];
+	int st = prom_http_get(addr, path, &b);
+	if (st != 200)
+		fail_msg("GET http://%s%s: %d", addr, path, st);
+	struct prom_doc d;
+	if (prom_parse(b, &d))
+		fail_msg("http://%s%s: %s\n%s", addr, path, d.err, b);
+	prom_free(&d);
+	/* vLLM's names carry a ':', which promtool lints (and vLLM's own pages fail): that lint
+	 * only is tolerated on /metrics/vllm. */
+	int rc = prom_promtool_except(b, strstr(path, "vllm") ? "should not contain ':'" : NULL,
+				      why, sizeof(why));
+	if (rc < 0)
+		fail_msg("promtool check metrics on http://%s%s:\n%s", addr, path, why);
+	if (rc == 1)
+		print_message("promtool not installed: skipping `promtool check metrics`\n");
+	return b;
+}
+
+/* The gateway's /metrics pass promtool in both forms: test_promtool_embedded here and
+ * test_disagg_worker_metrics for the disaggregated gateway and its workers. */
+static void test_promtool_embedded(void **state)
+{
+	(void)state;
+	char addr[32];
+	snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
+	char *b = checked_page(addr, "/metrics");
+	assert_non_null(strstr(b, "\nkv_blocks_capacity "));
+	free(b);
+	b = checked_page(addr, "/metrics/vllm");
+	assert_non_null(strstr(b, "\nvllm:request_queue_time_seconds_count "));
+	assert_non_null(strstr(b, "\nvllm:num_requests_running "));
+	assert_non_null(strstr(b, "\nvllm:time_to_first_token_seconds_count "));
+	free(b);
+}
+
+/* Prefill and decode workers serve /metrics (--metrics-listen) like every daemon: the
+ * scheduler's families, promtool-clean, and vLLM's on /metrics/vllm; every worker has queued
+ * requests by now (test_disagg_concurrent ran), so each queue-time histogram counted some. */
+static void test_disagg_worker_metrics(void **state)
+{
+	(void)state;
+	for (int i = 0; i < 4; i++) {
+		char path[600], addr[64] = "";
+		snprintf(path, sizeof(path), "%s/wmaddr%d", tmpdir, i);
+		FILE *f = fopen(path, "r");
+		assert_non_null(f);
+		assert_non_null(fgets(addr, sizeof(addr), f));
+		fclose(f);
+		addr[strcspn(addr, "\n")] = 0;
+		char *b = checked_page(addr, "/metrics");
+		assert_non_null(strstr(b, "\nnum_requests_running "));
+		assert_non_null(strstr(b, "\nkv_blocks_used "));
+		free(b);
+		b = checked_page(addr, "/metrics/vllm");
+		struct prom_doc d;
+		assert_int_equal(prom_parse(b, &d), 0);
+		double n = 0;
+		assert_int_equal(prom_get(&d, "vllm:request_queue_time_seconds_count", "", &n), 0);
+		assert_true(n > 0);
+		prom_free(&d);
+		free(b);
+	}
+	char addr[32];
+	snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
+	free(checked_page(addr, "/metrics"));
+	free(checked_page(addr, "/metrics/vllm"));
+}
+
+/* An over-long request is a 400 context_length_exceeded whose message says why, in both
+ * forms (the disaggregated one said only "prefill failed"). */
+static void test_too_long_says_why(void **state)
+{
+	(void)state;
+	char *b;
+	assert_int_equal(http("POST", "/v1/completions",
+			      "{\"prompt\":\"hi there\",\"max_tokens\":4095,\"temperature\":0}",
+			      &b),
+			 400);
+	cJSON *o = json(b), *e = cJSON_GetObjectItem(o, "error");
+	assert_string_equal(cJSON_GetObjectItem(e, "code")->valuestring, "context_length_exceeded");
+	const char *msg = cJSON_GetObjectItem(e, "message")->valuestring;
+	if (!strstr(msg, "context"))
+		fail_msg("message does not say why: %s", msg);
+	cJSON_Delete(o);
+	free(b);
 }
 
 static void stop_pid(pid_t *p)
@@ -968,6 +1063,7 @@ int main(void)
 	    cmocka_unit_test(test_concurrent),		cmocka_unit_test(test_errors_keep_serving),
 	    cmocka_unit_test(test_disconnect_frees_kv), cmocka_unit_test(test_api_keys_required),
 	    cmocka_unit_test(test_tenants_isolated),	cmocka_unit_test(test_key_reload),
+	    cmocka_unit_test(test_promtool_embedded),	cmocka_unit_test(test_too_long_says_why),
 	};
 	int rc = cmocka_run_group_tests(tests, setup, teardown);
 	const struct CMUnitTest disagg[] = {
@@ -977,6 +1073,8 @@ int main(void)
 	    cmocka_unit_test(test_disagg_sim_decisions_cache),
 	    cmocka_unit_test(test_disagg_sim_decisions_prefix),
 	    cmocka_unit_test(test_disagg_sim_decisions_chash),
+	    cmocka_unit_test(test_disagg_worker_metrics),
+	    cmocka_unit_test(test_too_long_says_why),
 	    cmocka_unit_test(test_disagg_kill_decode),
 	    cmocka_unit_test(test_disagg_tenants),
 	};

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs every Debian package kvfs builds, tests, benchmarks or demonstrates with.
-# Idempotent: when all are present it does nothing (no apt-get update, no network).
+# Idempotent: when all are present it does nothing (no apt-get update, no network; npm ci
+# in tests/clients only while its node_modules is missing).
 set -euo pipefail
 
 PKGS=(
@@ -20,7 +21,22 @@ PKGS=(
 	attr python3 rsync tar
 	# lb-sim's plots (docs/balancing.md)
 	gnuplot-nox
+	# promtool (`promtool check metrics` on every daemon's /metrics in the tests)
+	prometheus
+	# the official openai client's test (tests/clients, ctest test_openai_client)
+	nodejs npm
 )
+
+# The openai npm package at the version package-lock.json pins (registry.npmjs.org), once.
+clients_ci() {
+	local dir
+	dir="$(cd "$(dirname "$0")/.." && pwd)/tests/clients"
+	if [ -f "$dir/package-lock.json" ] && [ ! -d "$dir/node_modules/openai" ] &&
+		command -v npm >/dev/null; then
+		echo "install-deps: npm ci in tests/clients"
+		(cd "$dir" && npm ci --no-audit --no-fund)
+	fi
+}
 
 missing=()
 for p in "${PKGS[@]}"; do
@@ -30,6 +46,7 @@ for p in "${PKGS[@]}"; do
 done
 
 if [ ${#missing[@]} -eq 0 ]; then
+	clients_ci
 	exit 0
 fi
 
@@ -41,3 +58,4 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+clients_ci

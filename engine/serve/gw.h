@@ -3,10 +3,16 @@
  * talking to worker processes).
  *
  * Endpoints: POST /v1/completions, POST /v1/chat/completions (stream: true as server-sent
- * events ending in `data: [DONE]`), GET /v1/models, GET /health, GET /metrics (Prometheus).
+ * events ending in `data: [DONE]`), GET /v1/models, GET /v1/models/{id}, GET /health,
+ * GET /metrics (Prometheus). Response ids are random (96 bits), unique across restarts.
  * Every error is an OpenAI error JSON with its HTTP status; bodies past max_body, malformed
  * JSON and wrong types are 400s and the gateway keeps serving. A client that disconnects has
  * its request cancelled in the backend (which frees its KV).
+ *
+ * A request with several choices (n, a list of prompts) is one job per choice, each with its
+ * own copy of the parsed request, answered together or streamed interleaved (each chunk names
+ * its choice's index); the request is counted
+ * once in kvfs_requests_total, each prompt's tokens once.
  *
  * Stop strings are applied here, on text: generation stops at the first stop string, which is
  * not returned; streamed text is held back while it could still be the start of one.
@@ -39,16 +45,46 @@ struct gw;
 struct gw_auth;
 struct gw_job;
 struct met_out;
+struct met_reg;
 
 /* What the gateway hands a backend for one request. Valid until gw_job_finish. */
 struct gw_req {
 	uint64_t id;
 	const struct oai_request *oai; /* sampling parameters, salt, max_tokens */
 	const char *prompt;	       /* completions: the prompt; chat: the rendered template */
+	/* A completions prompt given as token ids (GW_CAP_TOKEN_PROMPTS): the ids, and prompt
+	 * is "". NULL for a text prompt. */
+	const int32_t *toks;
+	int n_toks;
+	int index; /* the choice this job answers (n > 1, several prompts): 0.. */
+	/* n > 1: the choices of one prompt. The first is submitted with n_forks = n - 1, then
+	 * the others right after it, each with first = the first's job (submitted: its backend
+	 * data is set). A backend may compute the prompt once and fork its KV for the others,
+	 * holding the first until its followers were submitted; when one cannot be, the gateway
+	 * cancels the first (and the followers submitted). A backend that does not fork serves
+	 * each as a request of its own. */
+	int n_forks;
+	struct gw_job *first;
+};
+
+/* What a backend does beyond generating text from a text prompt (gw_backend.caps); a request
+ * asking for more is refused by the gateway with a 400 naming the parameter. */
+#define GW_CAP_LOGPROBS	     1u /* gw_job_logprob before each token */
+#define GW_CAP_TOKEN_PROMPTS 2u /* gw_req.toks */
+
+/* One generated token's log-probability and its most likely alternatives (texts valid during
+ * the call). */
+struct gw_logprob {
+	const char *token;
+	float logprob;
+	int n_top;
+	const char *top_token[OAI_MAX_TOP_LOGPROBS];
+	float top_logprob[OAI_MAX_TOP_LOGPROBS];
 };
 
 struct gw_backend {
 	void *ctx;
+	unsigned caps; /* GW_CAP_* */
 	/* Starts generating for job; returns 0, or -EAGAIN (no replica can take it: 503),
 	 * -E2BIG / -EINVAL (prompt too long or bad: 400) with nothing started. After 0 the backend
 	 * owns a reference: it reports tokens with gw_job_token and ends with exactly one
@@ -67,12 +103,19 @@ struct gw_backend {
 	void (*metrics)(void *ctx, struct met_out *out);
 	/* 1 when at least one replica can serve. May be NULL (always healthy). */
 	int (*healthy)(void *ctx);
+	/* Registers the backend's own metrics (histograms it observes itself) in the gateway's
+	 * registry, once, in gw_start before any request; 0 or a negative errno (gw_start then
+	 * fails with -ENOMEM). May be NULL. */
+	int (*metrics_register)(void *ctx, struct met_reg *r);
 };
 
 struct gw_opts {
-	const char *host;	   /* listen address; default 127.0.0.1 */
-	uint16_t port;		   /* 0 = ephemeral */
-	const char *model_id;	   /* what /v1/models lists and responses name */
+	const char *host; /* listen address; default 127.0.0.1 */
+	uint16_t port;	  /* 0 = ephemeral */
+	/* The names the API serves, comma-separated ("llama,gpt-3.5-turbo"): /v1/models lists
+	 * them all, a request names one of them (its response echoes it) or none (the first);
+	 * any other name is a 404 model_not_found. At most 8. Default "kvfs". */
+	const char *model_id;
 	const char *chat_template; /* "chatml", "llama3", "plain" (default) */
 	size_t max_body;	   /* default 1 MiB */
 	struct oai_limits limits;  /* zeros = defaults (64 KiB prompt, 4096 tokens, 16, 64) */
@@ -88,9 +131,9 @@ struct gw_opts {
 	const char *tls_cert, *tls_key;
 };
 
-/* Starts listening. Returns 0, -EADDRINUSE, -EINVAL (also a bad TLS file), -ENOENT / -EACCES
- * (a TLS file), -ENOTSUP (TLS asked, libmicrohttpd has none), -ENOMEM. The backend must
- * outlive it. */
+/* Starts listening. Returns 0, -EADDRINUSE, -EINVAL (bad host or model list, also a bad TLS
+ * file), -ENOENT / -EACCES (a TLS file), -ENOTSUP (TLS asked, libmicrohttpd has none),
+ * -ENOMEM. The backend must outlive it. */
 int gw_start(const struct gw_opts *o, const struct gw_backend *be, struct gw **out);
 uint16_t gw_port(const struct gw *g);
 /* Stops accepting, cancels what is running, waits for connections to end and for the backend
@@ -104,6 +147,9 @@ void *gw_job_backend_data(const struct gw_job *j);
 uint64_t gw_job_id(const struct gw_job *j);
 /* Prompt accounting, once known (after tokenization / prefill). */
 void gw_job_prompt(struct gw_job *j, int prompt_tokens, int cached_tokens);
+/* A request with oai->logprobs: the next token's log-probability, called before its
+ * gw_job_token (copied). */
+void gw_job_logprob(struct gw_job *j, const struct gw_logprob *lp);
 /* One generated token's text (may be empty for a partial UTF-8 sequence). */
 void gw_job_token(struct gw_job *j, const char *piece, size_t len);
 /* Ends the job: finish_reason "stop" or "length" when err == 0; otherwise err (negative

@@ -57,7 +57,8 @@ static const struct cfg_opt gwm_opts[] = {
     {"host", CFG_STR, GOFF(host), 0, 0, "127.0.0.1", "listen address"},
     {"port", CFG_INT, GOFF(port), 0, 65535, "8080", "listen port, 0 = ephemeral"},
     {"port-file", CFG_STR, GOFF(port_file), 0, 0, NULL, "write the bound port here"},
-    {"model-id", CFG_STR, GOFF(model_id), 0, 0, "kvinfer", "model name in the API"},
+    {"model-id", CFG_STR, GOFF(model_id), 0, 0, "kvinfer",
+     "model names the API serves, comma-separated (the first is the default)"},
     {"chat-template", CFG_STR, GOFF(tmpl), 0, 0, "plain", "chatml, llama3 or plain"},
     {"max-tokens", CFG_INT, GOFF(max_tokens), 1, 1 << 20, "4096", "largest max_tokens"},
     {"api-keys", CFG_STR, GOFF(api_keys), 0, 0, NULL,
@@ -135,7 +136,11 @@ int kvinfer_cmd_gateway(int argc, char **argv)
 	struct gw *g = NULL;
 	if ((rc = gw_start(&go, &be, &g))) {
 		gw_auth_destroy(auth);
-		fprintf(stderr, "kvinfer gateway: listen: %s\n", strerror(-rc));
+		fprintf(
+		    stderr, "kvinfer gateway: %s\n",
+		    rc == -EINVAL
+			? "bad --host, TLS files, or --model-id not 1 to 8 comma-separated names"
+			: strerror(-rc));
 		lb_destroy(l);
 		return 1;
 	}

@@ -390,6 +390,16 @@ void kvw_w_params(struct kvp_wbuf *w, const struct kvi_sample_params *p)
 	kvp_w_u32(w, (uint32_t)p->top_k);
 	kvp_w_u64(w, p->seed);
 	kvp_w_u32(w, (uint32_t)p->max_tokens);
+	kvp_w_u32(w, f2u(p->presence_penalty));
+	kvp_w_u32(w, f2u(p->frequency_penalty));
+	int nb = p->n_bias < 0			   ? 0
+		 : p->n_bias > KVI_SAMPLE_MAX_BIAS ? KVI_SAMPLE_MAX_BIAS
+						   : p->n_bias;
+	kvp_w_u32(w, (uint32_t)nb);
+	for (int i = 0; i < nb; i++) {
+		kvp_w_u32(w, (uint32_t)p->bias[i].id);
+		kvp_w_u32(w, f2u(p->bias[i].bias));
+	}
 }
 
 void kvw_r_params(struct kvp_rbuf *r, struct kvi_sample_params *p)
@@ -402,4 +412,17 @@ void kvw_r_params(struct kvp_rbuf *r, struct kvi_sample_params *p)
 	p->max_tokens = (int)kvp_r_u32(r);
 	if (p->max_tokens < 0)
 		p->max_tokens = 0;
+	p->presence_penalty = u2f(kvp_r_u32(r));
+	p->frequency_penalty = u2f(kvp_r_u32(r));
+	uint32_t nb = kvp_r_u32(r);
+	if (nb > KVI_SAMPLE_MAX_BIAS) {
+		r->err = r->err ? r->err : -EBADMSG;
+		return;
+	}
+	for (uint32_t i = 0; i < nb && !r->err; i++) {
+		p->bias[i].id = (int32_t)kvp_r_u32(r);
+		p->bias[i].bias = u2f(kvp_r_u32(r));
+	}
+	p->n_bias = r->err ? 0 : (int)nb;
+	/* the sampler refuses a bad id or bias (kvi_sampler_create: -EINVAL) */
 }

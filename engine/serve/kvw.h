@@ -48,7 +48,9 @@
  *                  <- u32 session, 128 bytes: an NCCL unique id; the decode worker then joins
  *                     it as rank 0, the caller as rank 1. -EOPNOTSUPP without a cuda engine
  *                     and NCCL.
- *   params = u32 temp (f32 bits), u32 top_p (f32 bits), u32 top_k, u64 seed, u32 max_tokens
+ *   params = u32 temp (f32 bits), u32 top_p (f32 bits), u32 top_k, u64 seed, u32 max_tokens,
+ *            u32 presence_penalty (f32 bits), u32 frequency_penalty (f32 bits), u32 n_bias
+ *            (<= KVI_SAMPLE_MAX_BIAS), n_bias x (u32 token id, u32 bias (f32 bits))
  */
 #ifndef KVFS_KVW_H
 #define KVFS_KVW_H

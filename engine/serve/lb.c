@@ -17,6 +17,8 @@
 #include "lb_int.h"
 #include "log.h"
 #include "metrics.h"
+#include "sample.h"
+#include "sch.h"
 
 static const char *const ho_names[HO_N] = {"fs", "direct", "fallback", "local"};
 
@@ -270,6 +272,27 @@ static void w_decode(struct kvp_wbuf *w, const struct lreq *q, const struct pf_r
 	kvw_decode_enc(w, &m); /* errors are sticky in w */
 }
 
+/* What the client is told when no prefill replica computed its prompt: the worker's reason,
+ * which the protocol carries as an errno (kvw.h: PREFILL's errors). */
+static const char *prefill_refusal(int rc)
+{
+	switch (rc) {
+	case -E2BIG:
+		return "the prompt's tokens plus max_tokens exceed the model's context (refused by "
+		       "the prefill worker)";
+	case -EINVAL:
+		return "the prefill worker refused the request as invalid (bad sampling parameters "
+		       "or prompt)";
+	case -ERANGE:
+		return "'logit_bias' names a token id outside the model's vocabulary";
+	case -EAGAIN:
+		return "no prefill replica is up";
+	case -ESHUTDOWN:
+		return "the gateway is shutting down";
+	}
+	return "prefill failed";
+}
+
 /* PREFILL (a direct hand-over to a decode replica picked now, with LB_HANDOFF_DIRECT), then
  * the DECODE body into w. 0, or the request was finished here (1). */
 static int prefill_then(struct lreq *q, struct kvp_wbuf *w, struct pf_result *pr, int *peer)
@@ -299,8 +322,7 @@ static int prefill_then(struct lreq *q, struct kvp_wbuf *w, struct pf_result *pr
 		return 1;
 	}
 	if (rc) {
-		gw_job_finish(q->job, NULL, rc,
-			      rc == -EAGAIN ? "no prefill replica is up" : "prefill failed");
+		gw_job_finish(q->job, NULL, rc, prefill_refusal(rc));
 		return 1;
 	}
 	gw_job_prompt(q->job, pr->n, pr->cached);
@@ -452,12 +474,7 @@ static int be_submit(void *ctx, struct gw_job *job, const struct gw_req *g)
 		lreq_put(q);
 		return rc;
 	}
-	kvi_sample_params_default(&q->sp);
-	q->sp.temp = (float)o->temperature;
-	q->sp.top_p = (float)o->top_p;
-	q->sp.top_k = o->top_k;
-	q->sp.seed = o->has_seed ? o->seed : g->id * 0x9E3779B97F4A7C15ULL;
-	q->sp.max_tokens = o->max_tokens;
+	sch_sample_params(o, g->id, &q->sp);
 	/* backend data before the request is visible to a worker: cancel and release find it */
 	gw_job_set_backend_data(job, q);
 	pthread_mutex_lock(&l->mu);

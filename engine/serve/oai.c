@@ -1,4 +1,5 @@
 #include "oai.h"
+#include "oai_int.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -6,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 
 static int fail(char *err, size_t errlen, const char **param, const char *p, int rc,
@@ -54,7 +56,7 @@ static int utf8_valid(const char *s, size_t n)
 /* Adds text as a JSON string. Generated text can hold bytes that are not UTF-8 (a byte-level
  * token sampled on its own); each such byte becomes U+FFFD, so the response stays valid JSON,
  * which must be UTF-8 (RFC 8259). */
-static void add_text(cJSON *o, const char *key, const char *text)
+void oai_add_text(cJSON *o, const char *key, const char *text)
 {
 	size_t n = strlen(text);
 	if (utf8_valid(text, n)) {
@@ -221,18 +223,60 @@ static int parse_messages(const cJSON *o, const struct oai_limits *lim, struct o
 	return 0;
 }
 
-/* Completions: "prompt", a string or an array holding exactly one string. */
+/* A list of token ids: integers in [0, INT32_MAX], at least one. */
+static int token_list(const cJSON *a, struct oai_prompt *p)
+{
+	int n = cJSON_GetArraySize(a);
+	if (n < 1 || !(p->toks = malloc((size_t)n * sizeof(int32_t))))
+		return n < 1 ? -EINVAL : -ENOMEM;
+	const cJSON *t;
+	cJSON_ArrayForEach(t, a)
+	{
+		if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) ||
+		    t->valuedouble < 0 || t->valuedouble > INT32_MAX)
+			return -EINVAL;
+		p->toks[p->n_toks++] = (int32_t)t->valuedouble;
+	}
+	return 0;
+}
+
+/* Completions: "prompt", a string, a list of strings, a list of token ids, or a list of such
+ * lists; *bytes: its size (4 bytes a token id). */
 static int parse_prompt(const cJSON *o, struct oai_request *r, size_t *bytes, const struct perr *e)
 {
 	const cJSON *pr = cJSON_GetObjectItemCaseSensitive(o, "prompt");
-	if (cJSON_IsArray(pr) && cJSON_GetArraySize(pr) == 1)
-		pr = cJSON_GetArrayItem(pr, 0);
-	if (!cJSON_IsString(pr))
+	int tokens = cJSON_IsArray(pr) && cJSON_IsNumber(pr->child); /* one list of ids */
+	int n = cJSON_IsString(pr) || tokens ? 1 : cJSON_IsArray(pr) ? cJSON_GetArraySize(pr) : 0;
+	if (n < 1 || n > OAI_MAX_PROMPTS)
 		return bad(e, "prompt", -EINVAL,
-			   "'prompt' must be a string (or an array of one string)%s", NULL);
-	if (!(r->prompt = dup_str(pr->valuestring)))
+			   "'prompt' must be a string, token ids, or a list of 1 to 16 of them%s",
+			   NULL);
+	if (!(r->prompts = calloc((size_t)n, sizeof(*r->prompts))))
 		return -ENOMEM;
-	*bytes = strlen(r->prompt);
+	r->n_prompts = n;
+	for (int i = 0; i < n; i++) {
+		const cJSON *p = cJSON_IsString(pr) || tokens ? pr : cJSON_GetArrayItem(pr, i);
+		struct oai_prompt *dst = &r->prompts[i];
+		int rc = 0;
+		if (cJSON_IsString(p)) {
+			rc = (dst->text = dup_str(p->valuestring)) ? 0 : -ENOMEM;
+			*bytes += dst->text ? strlen(dst->text) : 0;
+		} else if (cJSON_IsArray(p)) {
+			rc = token_list(p, dst);
+			*bytes += 4 * (size_t)dst->n_toks;
+		} else {
+			rc = -EINVAL;
+		}
+		if (rc == -ENOMEM)
+			return rc;
+		if (rc)
+			return bad(
+			    e, "prompt", -EINVAL,
+			    "'prompt' must be a string, token ids (integers >= 0), or a list "
+			    "of them%s",
+			    NULL);
+	}
+	r->prompt = r->prompts[0].text;
 	return 0;
 }
 
@@ -260,7 +304,6 @@ enum fkind {
 	FK_INT,	 /* an integer in [lo, hi] into an int */
 	FK_SEED, /* an integer in [lo, hi] into seed, setting has_seed */
 	FK_BOOL, /* true or false into an int */
-	FK_ONE,	 /* only the value 1 is accepted (n) */
 };
 static const struct field {
 	const char *name;
@@ -272,8 +315,11 @@ static const struct field {
     {"top_p", FK_REAL, 0, 1, offsetof(struct oai_request, top_p)},
     {"top_k", FK_INT, 0, 1000000, offsetof(struct oai_request, top_k)},
     {"seed", FK_SEED, -9.2e18, 9.2e18, offsetof(struct oai_request, seed)},
-    {"n", FK_ONE, 1, 1, 0},
+    {"presence_penalty", FK_REAL, -2, 2, offsetof(struct oai_request, presence_penalty)},
+    {"frequency_penalty", FK_REAL, -2, 2, offsetof(struct oai_request, frequency_penalty)},
+    {"n", FK_INT, 1, OAI_MAX_CHOICES, offsetof(struct oai_request, n)},
     {"stream", FK_BOOL, 0, 0, offsetof(struct oai_request, stream)},
+    {"echo", FK_BOOL, 0, 0, offsetof(struct oai_request, echo)},
 };
 
 static int parse_field(const cJSON *o, const struct field *f, struct oai_request *r,
@@ -285,10 +331,6 @@ static int parse_field(const cJSON *o, const struct field *f, struct oai_request
 	switch (f->kind) {
 	case FK_BOOL:
 		return opt_bool(o, f->name, (int *)at) ? bad_type(e, f->name) : 0;
-	case FK_ONE:
-		return opt_number(o, f->name, f->lo, f->hi, &d, NULL)
-			   ? bad(e, f->name, -EINVAL, "only n = 1 is supported%s", NULL)
-			   : 0;
 	case FK_REAL:
 		return opt_number(o, f->name, f->lo, f->hi, (double *)at, NULL)
 			   ? bad_range(e, f->name)
@@ -337,6 +379,95 @@ static int parse_stop(const cJSON *o, struct oai_request *r, const struct perr *
 	return 0;
 }
 
+/* Chat: "logprobs" (bool) and "top_logprobs" (0..20, only with logprobs); completions:
+ * "logprobs" (0..5 alternatives). echo with logprobs would need the prompt's, not computed. */
+static int parse_logprobs(const cJSON *o, struct oai_request *r, const struct perr *e)
+{
+	const cJSON *lp = cJSON_GetObjectItemCaseSensitive(o, "logprobs");
+	const cJSON *top = cJSON_GetObjectItemCaseSensitive(o, "top_logprobs");
+	int has_top = top && !cJSON_IsNull(top);
+	if (r->chat) {
+		if (opt_bool(o, "logprobs", &r->logprobs))
+			return bad_type(e, "logprobs");
+		if (!has_top)
+			return 0;
+		if (!cJSON_IsNumber(top) || top->valuedouble != floor(top->valuedouble) ||
+		    top->valuedouble < 0 || top->valuedouble > OAI_MAX_TOP_LOGPROBS)
+			return bad(e, "top_logprobs", -EINVAL,
+				   "'top_logprobs' must be an integer between 0 and 20%s", NULL);
+		if (!r->logprobs)
+			return bad(e, "top_logprobs", -EINVAL,
+				   "'top_logprobs' needs 'logprobs': true%s", NULL);
+		r->top_logprobs = (int)top->valuedouble;
+		return 0;
+	}
+	if (has_top)
+		return bad(
+		    e, "top_logprobs", -EINVAL,
+		    "'top_logprobs' is a chat parameter: completions take 'logprobs': 0..5%s",
+		    NULL);
+	if (!lp || cJSON_IsNull(lp))
+		return 0;
+	if (!cJSON_IsNumber(lp) || lp->valuedouble != floor(lp->valuedouble) ||
+	    lp->valuedouble < 0 || lp->valuedouble > 5)
+		return bad(e, "logprobs", -EINVAL,
+			   "'logprobs' must be an integer between 0 and 5%s", NULL);
+	r->logprobs = 1;
+	r->top_logprobs = (int)lp->valuedouble;
+	if (r->echo)
+		return bad(e, "echo", -EINVAL,
+			   "'echo' with 'logprobs' (the prompt's log-probabilities) is not "
+			   "supported%s",
+			   NULL);
+	return 0;
+}
+
+/* n × prompts choices: at most OAI_MAX_CHOICES; echo needs prompt text. */
+static int check_choices(const struct oai_request *r, const struct perr *e)
+{
+	int np = r->chat ? 1 : r->n_prompts;
+	if (r->n * np > OAI_MAX_CHOICES)
+		return bad(e, "n", -EINVAL, "'n' times the prompts is more than 16 choices%s",
+			   NULL);
+	for (int i = 0; !r->chat && r->echo && i < np; i++)
+		if (!r->prompts[i].text)
+			return bad(e, "echo", -EINVAL,
+				   "'echo' needs a text prompt, not token ids%s", NULL);
+	return 0;
+}
+
+/* "logit_bias": an object of at most OAI_MAX_BIAS "token id": bias, each id a decimal integer
+ * >= 0 and each bias a number in [-100, 100]. */
+static int parse_logit_bias(const cJSON *o, struct oai_request *r, const struct perr *e)
+{
+	static const char *const p = "logit_bias";
+	const cJSON *lb = cJSON_GetObjectItemCaseSensitive(o, p);
+	if (!lb || cJSON_IsNull(lb))
+		return 0;
+	if (!cJSON_IsObject(lb))
+		return bad_type(e, p);
+	if (cJSON_GetArraySize(lb) > OAI_MAX_BIAS)
+		return bad(e, p, -EINVAL, "'logit_bias' has more than 64 entries%s", NULL);
+	const cJSON *v;
+	cJSON_ArrayForEach(v, lb)
+	{
+		const char *k = v->string;
+		char *end;
+		long id = strtol(k, &end, 10);
+		if (!*k || *end || id < 0 || id > INT32_MAX || k[0] == '-' || k[0] == '+' ||
+		    k[0] == ' ')
+			return bad(e, p, -EINVAL, "'logit_bias' keys must be token ids, not '%s'",
+				   k);
+		if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < -100 ||
+		    v->valuedouble > 100)
+			return bad(e, p, -EINVAL,
+				   "'logit_bias' values must be numbers in [-100, 100]%s", NULL);
+		r->bias[r->n_bias].id = (int32_t)id;
+		r->bias[r->n_bias++].bias = v->valuedouble;
+	}
+	return 0;
+}
+
 /* The tenant's cache salt: "cache_salt", else "user"; at most OAI_MAX_SALT bytes. */
 static int parse_salt(const cJSON *o, struct oai_request *r, const struct perr *e)
 {
@@ -350,6 +481,64 @@ static int parse_salt(const cJSON *o, struct oai_request *r, const struct perr *
 	}
 	if (r->salt && strlen(r->salt) > OAI_MAX_SALT)
 		return bad(e, p, -EINVAL, "'%s' is longer than 255 bytes", p);
+	return 0;
+}
+
+/* Parameters OpenAI defines that this server does not implement: present with anything but
+ * their neutral value (null, false, 0, "", an empty array or object, or the value listed), a
+ * request is refused with a 400 naming the parameter, never answered as if it were absent.
+ * neutral: a string value that also means "nothing asked" (service_tier "auto"), or NULL. */
+static const struct refused {
+	const char *name;
+	const char *neutral;
+} refused[] = {
+    {"tools", NULL},
+    {"tool_choice", "none"},
+    {"functions", NULL},
+    {"function_call", "none"},
+    {"parallel_tool_calls", NULL},
+    {"response_format", NULL},
+    {"service_tier", "auto"},
+    {"store", NULL},
+    {"metadata", NULL},
+    {"modalities", NULL},
+    {"audio", NULL},
+    {"prediction", NULL},
+    {"reasoning_effort", NULL},
+    {"web_search_options", NULL},
+    {"verbosity", NULL},
+    {"suffix", NULL},
+    {"best_of", NULL},
+};
+
+/* Whether v asks for nothing: null, false, 0, "", [], {}, the entry's neutral string, or
+ * best_of 1 and modalities ["text"] (what every request gets anyway). */
+static int neutral_value(const struct refused *f, const cJSON *v)
+{
+	if (cJSON_IsNull(v) || cJSON_IsFalse(v))
+		return 1;
+	if (cJSON_IsNumber(v))
+		return v->valuedouble == 0 ||
+		       (strcmp(f->name, "best_of") == 0 && v->valuedouble == 1);
+	if (cJSON_IsString(v))
+		return !*v->valuestring ||
+		       (f->neutral && strcmp(v->valuestring, f->neutral) == 0) ||
+		       (strcmp(f->name, "service_tier") == 0 &&
+			strcmp(v->valuestring, "default") == 0);
+	if (cJSON_IsArray(v) && strcmp(f->name, "modalities") == 0 && cJSON_GetArraySize(v) == 1 &&
+	    cJSON_IsString(v->child) && strcmp(v->child->valuestring, "text") == 0)
+		return 1;
+	return (cJSON_IsArray(v) || cJSON_IsObject(v)) && !v->child;
+}
+
+static int parse_refused(const cJSON *o, const struct perr *e)
+{
+	for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+		const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, refused[i].name);
+		if (v && !neutral_value(&refused[i], v))
+			return bad(e, refused[i].name, -EINVAL,
+				   "'%s' is not supported by this server", refused[i].name);
+	}
 	return 0;
 }
 
@@ -378,6 +567,9 @@ static int parse_object(const cJSON *o, int chat, const struct oai_limits *lim,
 	    (!cJSON_IsObject(so) || opt_bool(so, "include_usage", &r->include_usage)))
 		return bad_type(e, "stream_options");
 	if ((rc = parse_stop(o, r, e)))
+		return rc;
+	if ((rc = parse_refused(o, e)) || (rc = parse_logit_bias(o, r, e)) ||
+	    (rc = parse_logprobs(o, r, e)) || (rc = check_choices(r, e)))
 		return rc;
 	return parse_salt(o, r, e);
 }
@@ -445,6 +637,7 @@ int oai_parse_request(const char *body, size_t len, int chat, const struct oai_l
 	r->chat = chat;
 	r->temperature = 1.0;
 	r->top_p = 1.0;
+	r->n = 1;
 	r->max_tokens = lim->default_max_tokens;
 	if (param)
 		*param = NULL;
@@ -471,7 +664,11 @@ int oai_parse_request(const char *body, size_t len, int chat, const struct oai_l
 void oai_request_free(struct oai_request *r)
 {
 	free(r->model);
-	free(r->prompt);
+	for (int i = 0; i < r->n_prompts; i++) {
+		free(r->prompts[i].text);
+		free(r->prompts[i].toks);
+	}
+	free(r->prompts);
 	for (int i = 0; i < r->n_messages; i++) {
 		free(r->messages[i].role);
 		free(r->messages[i].content);
@@ -557,124 +754,4 @@ int oai_render_chat(const struct oai_request *r, const char *tmpl, char **out)
 	}
 	*out = b.p;
 	return 0;
-}
-
-static char *print(cJSON *o)
-{
-	char *s = o ? cJSON_PrintUnformatted(o) : NULL;
-	cJSON_Delete(o);
-	return s;
-}
-
-char *oai_error_json(const char *message, const char *type, const char *param, const char *code)
-{
-	cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
-	cJSON_AddStringToObject(e, "message", message ? message : "");
-	cJSON_AddStringToObject(e, "type", type ? type : "invalid_request_error");
-	if (param)
-		cJSON_AddStringToObject(e, "param", param);
-	else
-		cJSON_AddNullToObject(e, "param");
-	if (code)
-		cJSON_AddStringToObject(e, "code", code);
-	else
-		cJSON_AddNullToObject(e, "code");
-	return print(o);
-}
-
-static void add_usage(cJSON *o, const struct oai_usage *u)
-{
-	cJSON *us = cJSON_AddObjectToObject(o, "usage");
-	cJSON_AddNumberToObject(us, "prompt_tokens", u->prompt_tokens);
-	cJSON_AddNumberToObject(us, "completion_tokens", u->completion_tokens);
-	cJSON_AddNumberToObject(us, "total_tokens", u->prompt_tokens + u->completion_tokens);
-	cJSON *d = cJSON_AddObjectToObject(us, "prompt_tokens_details");
-	cJSON_AddNumberToObject(d, "cached_tokens", u->cached_tokens);
-}
-
-static cJSON *head(int chat, int chunk, const char *id, const char *model, int64_t created)
-{
-	cJSON *o = cJSON_CreateObject();
-	cJSON_AddStringToObject(o, "id", id);
-	cJSON_AddStringToObject(o, "object",
-				chat ? (chunk ? "chat.completion.chunk" : "chat.completion")
-				     : "text_completion");
-	cJSON_AddNumberToObject(o, "created", (double)created);
-	cJSON_AddStringToObject(o, "model", model ? model : "");
-	return o;
-}
-
-char *oai_response_json(int chat, const char *id, const char *model, int64_t created,
-			const char *text, const char *finish_reason, const struct oai_usage *u)
-{
-	cJSON *o = head(chat, 0, id, model, created);
-	cJSON *ch = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
-	cJSON_AddItemToArray(ch, c);
-	cJSON_AddNumberToObject(c, "index", 0);
-	if (chat) {
-		cJSON *m = cJSON_AddObjectToObject(c, "message");
-		cJSON_AddStringToObject(m, "role", "assistant");
-		add_text(m, "content", text ? text : "");
-	} else {
-		add_text(c, "text", text ? text : "");
-		cJSON_AddNullToObject(c, "logprobs");
-	}
-	cJSON_AddStringToObject(c, "finish_reason", finish_reason ? finish_reason : "stop");
-	add_usage(o, u);
-	return print(o);
-}
-
-char *oai_chunk_json(int chat, const char *id, const char *model, int64_t created, const char *text,
-		     const char *finish_reason, const struct oai_usage *u)
-{
-	cJSON *o = head(chat, 1, id, model, created);
-	cJSON *ch = cJSON_AddArrayToObject(o, "choices");
-	if (text || finish_reason) {
-		cJSON *c = cJSON_CreateObject();
-		cJSON_AddItemToArray(ch, c);
-		cJSON_AddNumberToObject(c, "index", 0);
-		if (chat) {
-			cJSON *d = cJSON_AddObjectToObject(c, "delta");
-			if (text)
-				add_text(d, "content", text);
-		} else {
-			add_text(c, "text", text ? text : "");
-		}
-		if (finish_reason)
-			cJSON_AddStringToObject(c, "finish_reason", finish_reason);
-		else
-			cJSON_AddNullToObject(c, "finish_reason");
-	}
-	if (u)
-		add_usage(o, u);
-	return print(o);
-}
-
-char *oai_chunk_role_json(const char *id, const char *model, int64_t created)
-{
-	cJSON *o = head(1, 1, id, model, created);
-	cJSON *ch = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
-	cJSON_AddItemToArray(ch, c);
-	cJSON_AddNumberToObject(c, "index", 0);
-	cJSON *d = cJSON_AddObjectToObject(c, "delta");
-	cJSON_AddStringToObject(d, "role", "assistant");
-	cJSON_AddStringToObject(d, "content", "");
-	cJSON_AddNullToObject(c, "finish_reason");
-	return print(o);
-}
-
-char *oai_models_json(const char *const *ids, int n, int64_t created)
-{
-	cJSON *o = cJSON_CreateObject();
-	cJSON_AddStringToObject(o, "object", "list");
-	cJSON *d = cJSON_AddArrayToObject(o, "data");
-	for (int i = 0; i < n; i++) {
-		cJSON *m = cJSON_CreateObject();
-		cJSON_AddStringToObject(m, "id", ids[i]);
-		cJSON_AddStringToObject(m, "object", "model");
-		cJSON_AddNumberToObject(m, "created", (double)created);
-		cJSON_AddStringToObject(m, "owned_by", "kvfs");
-		cJSON_AddItemToArray(d, m);
-	}
-	return print(o);
 }

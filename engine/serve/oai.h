@@ -3,8 +3,10 @@
  * (server-sent events), model lists and errors in OpenAI's error format.
  *
  * Everything here is pure (cJSON inside, no I/O) and thread-safe. Request bodies are untrusted:
- * every field is type-checked and bounded; an unknown field is ignored, as OpenAI's clients
- * send many; a wrong type or out-of-range value is an error naming the field.
+ * every field is type-checked and bounded; a wrong type or out-of-range value is an error
+ * naming the field. A parameter OpenAI defines that the server does not implement (tools,
+ * response_format, logprobs, ...) is refused the same way unless it has its neutral value
+ * (null, false, 0, empty): never silently ignored. A field OpenAI does not define is ignored.
  */
 #ifndef KVFS_OAI_H
 #define KVFS_OAI_H
@@ -13,6 +15,8 @@
 #include <stdint.h>
 
 #define OAI_MAX_STOP 4
+/* Most logit_bias entries (KVI_SAMPLE_MAX_BIAS). */
+#define OAI_MAX_BIAS 64
 /* Longest cache salt ("cache_salt" or "user"), in bytes: what the worker protocol carries
  * (KVW_SALT_MAX with its NUL). */
 #define OAI_MAX_SALT 255
@@ -22,10 +26,26 @@ struct oai_message {
 	char *content;
 };
 
+/* Most choices per request (n, or n × prompts), and most prompts in one completions request. */
+#define OAI_MAX_CHOICES 16
+#define OAI_MAX_PROMPTS 16
+
+/* One completions prompt: text, or token ids (text NULL). */
+struct oai_prompt {
+	char *text;
+	int32_t *toks;
+	int n_toks;
+};
+
 struct oai_request {
 	int chat;    /* 1: chat completions (messages), 0: completions (prompt) */
 	char *model; /* may be NULL */
+	/* completions: "prompt" as a string, a list of strings, token ids or a list of token id
+	 * lists (1..OAI_MAX_PROMPTS); prompt is prompts[0].text (NULL for token ids). */
+	struct oai_prompt *prompts;
+	int n_prompts;
 	char *prompt;
+	int n; /* choices per prompt, 1..OAI_MAX_CHOICES; n × n_prompts <= OAI_MAX_CHOICES */
 	struct oai_message *messages;
 	int n_messages;
 	int max_tokens;	    /* default: the limit's default_max_tokens */
@@ -36,6 +56,18 @@ struct oai_request {
 	uint64_t seed;
 	char *stop[OAI_MAX_STOP];
 	int n_stop;
+	double presence_penalty;  /* -2..2, default 0 */
+	double frequency_penalty; /* -2..2, default 0 */
+	struct {
+		int32_t id;
+		double bias;  /* -100..100 */
+	} bias[OAI_MAX_BIAS]; /* logit_bias: token id -> bias (ids checked by the backend) */
+	int n_bias;
+	int echo; /* completions: the prompt comes back before the completion */
+	/* Log-probabilities of the generated tokens: chat "logprobs": true (and "top_logprobs"
+	 * 0..20 alternatives), completions "logprobs": 0..5 (alternatives). */
+	int logprobs;
+	int top_logprobs;
 	int stream;
 	int include_usage; /* stream_options.include_usage */
 	/* Cache salt (tenant): "cache_salt" if given, else "user", else NULL. Requests with
@@ -92,9 +124,45 @@ char *oai_chunk_json(int chat, const char *id, const char *model, int64_t create
 /* The first chunk of a chat stream: delta {"role":"assistant","content":""}. OpenAI's clients
  * (the openai npm package's stream helper) take the message's role from it and fail without
  * it ("missing role for choice 0"). */
-char *oai_chunk_role_json(const char *id, const char *model, int64_t created);
+char *oai_chunk_role_json(const char *id, const char *model, int64_t created, int index);
+
+/* ---- several choices (n, several prompts) and log-probabilities ---- */
+#define OAI_MAX_TOP_LOGPROBS 20
+
+/* One generated token's log-probability and its most likely alternatives. */
+struct oai_lp_entry {
+	const char *token; /* its text (bytes that are not UTF-8 are written as U+FFFD) */
+	float logprob;	   /* -inf is written as -9999 */
+	int text_offset;   /* where its text starts in the choice's text */
+	int n_top;
+	struct {
+		const char *token;
+		float logprob;
+	} top[OAI_MAX_TOP_LOGPROBS];
+};
+
+struct oai_choice {
+	int index;
+	const char *text;
+	const char *finish_reason; /* NULL: "stop" in a response, null in a chunk */
+	int has_lp;		   /* write "logprobs" (else null / absent in a chunk) */
+	const struct oai_lp_entry *lp;
+	int n_lp;
+	int lp_base; /* completions: added to every text_offset (the echoed prompt's length) */
+};
+
+/* A whole response with n choices; logprobs in OpenAI's chat shape ({"content": [{token,
+ * logprob, bytes, top_logprobs}]}) or completions shape ({tokens, token_logprobs,
+ * top_logprobs, text_offset}). */
+char *oai_response_choices_json(int chat, const char *id, const char *model, int64_t created,
+				const struct oai_choice *c, int n, const struct oai_usage *u);
+/* One streaming chunk for choice c (NULL: none, e.g. the final usage chunk). */
+char *oai_chunk_choice_json(int chat, const char *id, const char *model, int64_t created,
+			    const struct oai_choice *c, const struct oai_usage *u);
 
 /* GET /v1/models: {"object":"list","data":[{"id","object":"model","created","owned_by"}]} */
 char *oai_models_json(const char *const *ids, int n, int64_t created);
+/* GET /v1/models/{id}: one model object, {"id","object":"model","created","owned_by"}. */
+char *oai_model_json(const char *id, int64_t created);
 
 #endif

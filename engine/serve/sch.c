@@ -36,8 +36,9 @@ const char *sch_model_arch(const struct sch *s)
 
 void sch_req_free(struct sch_req *r)
 {
-	if (!r)
+	if (!r || atomic_fetch_sub(&r->refs, 1) != 1)
 		return;
+	sch_req_free(r->parent);
 	free(r->toks);
 	free(r->salt);
 	free(r->blk);
@@ -92,9 +93,31 @@ static void emit_piece(struct sch *s, struct sch_req *r, int32_t t)
 	r->k.token(r->u, t, buf, (size_t)ok);
 }
 
-/* Records sampled token t of r; returns 1 when r has ended. */
-static int take_token(struct sch *s, struct sch_req *r, int32_t t)
+/* r asked for log-probabilities: t's under logits, and the alternatives', to the sink. Before
+ * kvi_sampler_accept (the penalties as they were when t was sampled). */
+static void report_logprob(struct sch *s, struct sch_req *r, int32_t t, const float *logits)
 {
+	enum { TXT = 128 };
+	struct gw_logprob lp = {.n_top = r->logprobs - 1};
+	int32_t ids[OAI_MAX_TOP_LOGPROBS];
+	char txt[OAI_MAX_TOP_LOGPROBS + 1][TXT];
+	lp.logprob = kvi_sampler_logprobs(r->smp, logits, t, lp.n_top, ids, lp.top_logprob);
+	for (int i = 0; i <= lp.n_top; i++) {
+		int k = kvi_tok_decode_piece(s->tok, i ? ids[i - 1] : t, 0, txt[i], TXT - 1);
+		txt[i][k > 0 && k < TXT ? k : 0] = 0;
+		if (i)
+			lp.top_token[i - 1] = txt[i];
+	}
+	lp.token = txt[0];
+	r->k.logprob(r->u, &lp);
+}
+
+/* Records sampled token t of r (logits: what it was sampled from, NULL when another worker
+ * sampled it); returns 1 when r has ended. */
+static int take_token(struct sch *s, struct sch_req *r, int32_t t, const float *logits)
+{
+	if (r->logprobs && logits && r->k.logprob)
+		report_logprob(s, r, t, logits);
 	int stop = kvi_sampler_accept(r->smp, t);
 	if (!s->o.ignore_eos && kvi_tok_is_eog(s->tok, t)) {
 		req_end(r, "stop", 0, NULL);
@@ -156,13 +179,37 @@ static int attach_handover(struct sch *s, struct sch_req *r, int cached)
 	return ok;
 }
 
+static int64_t mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
 /* Admits r: its sequence, the cached prefix, and the prompt accounting. 0 or -errno. */
+static int admit_seq(struct sch *s, struct sch_req *r);
+
 static int admit(struct sch *s, struct sch_req *r)
+{
+	met_hist_observe_ns(s->h_queue, (uint64_t)(mono_ns() - r->t_submit));
+	int rc = kvi_sampler_create(&r->sp, s->n_vocab, &r->smp);
+	if (rc)
+		return rc;
+	if (r->mode == SCH_DECODE) /* the prefill worker drew the first token */
+		kvi_sampler_skip_draw(r->smp);
+	if (r->parent && !r->parent->finished && r->parent->st == RS_PREFILL) {
+		r->st = RS_FORK; /* fork_children gives it a sequence */
+		return 0;
+	}
+	return admit_seq(s, r);
+}
+
+/* Admits r's sequence: the parked hand-over, or the cached prefix (then prefill). 0 or
+ * -errno. */
+static int admit_seq(struct sch *s, struct sch_req *r)
 {
 	int rc = kvi_seq_create(eng_kv(s), &r->seq);
 	if (rc)
-		return rc;
-	if ((rc = kvi_sampler_create(&r->sp, s->n_vocab, &r->smp)))
 		return rc;
 	if (r->ticket && (rc = sch_parked_claim(s, r)) < 0)
 		return rc;
@@ -171,7 +218,7 @@ static int admit(struct sch *s, struct sch_req *r)
 		r->st = RS_DECODE;
 		if (r->k.prompt)
 			r->k.prompt(r->u, r->n, r->n);
-		take_token(s, r, r->first);
+		take_token(s, r, r->first, NULL);
 		return 0;
 	}
 	int cached = 0;
@@ -185,7 +232,7 @@ static int admit(struct sch *s, struct sch_req *r)
 	if (r->mode == SCH_DECODE && attach_handover(s, r, cached)) {
 		r->pos = r->n;
 		r->st = RS_DECODE;
-		take_token(s, r, r->first);
+		take_token(s, r, r->first, NULL);
 	}
 	return 0;
 }
@@ -222,6 +269,8 @@ static void prefill_done(struct sch *s, struct sch_req *r, int32_t first)
 }
 
 /* One prefill chunk of r; returns 1 when r ended, 0 otherwise. */
+static void fork_children(struct sch *s, struct sch_req *p, const float *logits);
+
 static int prefill_step(struct sch *s, struct sch_req *r)
 {
 	int n = r->n - r->pos;
@@ -237,7 +286,9 @@ static int prefill_step(struct sch *s, struct sch_req *r)
 	r->pos += n;
 	if (!last)
 		return 0;
-	int32_t t = kvi_sampler_sample(r->smp, s->logits);
+	/* SCH_DECODE after a cache miss takes the prefill worker's token (the same when greedy;
+	 * its draw was skipped at admission) */
+	int32_t t = r->mode == SCH_DECODE ? r->first : kvi_sampler_sample(r->smp, s->logits);
 	if (r->mode == SCH_PREFILL) {
 		prefill_done(s, r, t);
 		return 1;
@@ -245,8 +296,45 @@ static int prefill_step(struct sch *s, struct sch_req *r)
 	if (s->kx)
 		kvx_save(s->kx, r->seq, r->toks, r->n, r->salt);
 	r->st = RS_DECODE;
-	/* SCH_DECODE after a cache miss: the prefill worker's token (the same when greedy) */
-	return take_token(s, r, r->mode == SCH_DECODE ? r->first : t);
+	fork_children(s, r, s->logits); /* before r's token: it may end r */
+	return take_token(s, r, t, s->logits);
+}
+
+/* Gives every request waiting in RS_FORK on p (whose prompt was just computed, logits its
+ * last position's) a sequence sharing p's blocks, and its own first token. */
+static void fork_children(struct sch *s, struct sch_req *p, const float *logits)
+{
+	for (int i = 0; i < s->nrun; i++) {
+		struct sch_req *c = s->run[i];
+		if (c->st != RS_FORK || c->parent != p || c->finished)
+			continue;
+		int rc = kvi_seq_fork(p->seq, &c->seq);
+		if (rc) {
+			req_end(c, NULL, rc, "cannot fork the prompt's KV");
+			continue;
+		}
+		c->pos = c->n;
+		c->cached = p->cached;
+		c->st = RS_DECODE;
+		if (c->k.prompt)
+			c->k.prompt(c->u, c->n, p->cached);
+		take_token(s, c, kvi_sampler_sample(c->smp, logits), logits);
+	}
+}
+
+/* Requests in RS_FORK whose parent ended (or got past its prefill) before forking them
+ * compute their prompt themselves. */
+static void fork_orphans(struct sch *s)
+{
+	for (int i = 0; i < s->nrun; i++) {
+		struct sch_req *c = s->run[i];
+		if (c->st != RS_FORK || c->finished ||
+		    (!c->parent->finished && c->parent->st == RS_PREFILL))
+			continue;
+		int rc = admit_seq(s, c);
+		if (rc)
+			req_end(c, NULL, rc, "cannot admit the request");
+	}
 }
 
 static void decode_step(struct sch *s)
@@ -273,8 +361,8 @@ static void decode_step(struct sch *s)
 				rc == -ENOSPC ? "KV memory full" : "decode failed");
 			continue;
 		}
-		take_token(s, rs[i],
-			   kvi_sampler_sample(rs[i]->smp, s->logits + (size_t)i * s->n_vocab));
+		const float *lg = s->logits + (size_t)i * s->n_vocab;
+		take_token(s, rs[i], kvi_sampler_sample(rs[i]->smp, lg), lg);
 	}
 }
 
@@ -346,7 +434,8 @@ static void *sch_main(void *arg)
 			}
 		}
 		/* 2. admit */
-		while (wait && s->nrun < s->o.max_seqs) {
+		/* a parent waits for its fork children to be queued behind it (microseconds) */
+		while (wait && s->nrun < s->o.max_seqs && atomic_load(&wait->pending_forks) <= 0) {
 			struct sch_req *r = wait;
 			wait = r->next;
 			nwait--;
@@ -360,6 +449,7 @@ static void *sch_main(void *arg)
 		wait_tail = &wait;
 		for (struct sch_req *r = wait; r; r = r->next)
 			wait_tail = &r->next;
+		fork_orphans(s);
 		/* 3. one prefill chunk, oldest first; 4. one decode step for the rest */
 		for (int i = 0; i < s->nrun; i++)
 			if (s->run[i]->st == RS_PREFILL) {
@@ -399,23 +489,44 @@ int sch_submit(struct sch *s, const struct sch_job *j, const struct sch_sink *k,
 	r->s = s;
 	r->k = *k;
 	r->u = u;
+	r->t_submit = mono_ns();
+	atomic_init(&r->refs, 1);
+	atomic_init(&r->pending_forks, j->mode == SCH_FULL ? j->forks : 0);
+	r->logprobs =
+	    j->mode == SCH_FULL && j->logprobs > 0 && j->logprobs <= OAI_MAX_TOP_LOGPROBS + 1
+		? j->logprobs
+		: 0;
 	r->mode = j->mode;
 	r->sp = j->sp;
 	r->first = j->first;
 	r->ticket = j->mode == SCH_DECODE ? j->ticket : 0;
 	r->handoff = j->mode == SCH_PREFILL ? j->handoff : 0;
 	r->skip_cached = r->handoff && j->handoff_skip_cached;
-	int rc = -EINVAL;
+	int rc = -ERANGE; /* a logit_bias naming a token the vocabulary lacks */
+	for (int i = 0; i < r->sp.n_bias; i++)
+		if (r->sp.bias[i].id < 0 || r->sp.bias[i].id >= s->n_vocab)
+			goto fail;
+	rc = -EINVAL;
 	if (r->handoff && (r->handoff > SCH_HANDOFF_DEVICE || !k->handoff ||
 			   (r->handoff == SCH_HANDOFF_DEVICE && !sch_nccl_capable(s))))
 		goto fail;
 	rc = -ENOMEM;
 	if (j->salt && !(r->salt = strdup(j->salt)))
 		goto fail;
-	if (j->mode == SCH_DECODE) {
-		rc = -EINVAL;
-		if (j->n < 1 || j->n > s->o.max_ctx || j->first < 0 || j->first >= s->n_vocab)
+	if (j->mode == SCH_FULL && j->fork_of) { /* the parent's prompt, its KV once computed */
+		rc = -ENOMEM;
+		if (!(r->toks = malloc((size_t)j->fork_of->n * sizeof(int32_t))))
 			goto fail;
+		memcpy(r->toks, j->fork_of->toks, (size_t)j->fork_of->n * sizeof(int32_t));
+		r->n = j->fork_of->n;
+		atomic_fetch_add(&j->fork_of->refs, 1);
+		r->parent = j->fork_of;
+	} else if (j->mode == SCH_DECODE || (j->mode == SCH_FULL && j->toks)) {
+		rc = j->mode == SCH_FULL && j->n > s->o.max_ctx ? -E2BIG : -EINVAL;
+		if (j->n < 1 || j->n > s->o.max_ctx ||
+		    (j->mode == SCH_DECODE && (j->first < 0 || j->first >= s->n_vocab)))
+			goto fail;
+		rc = -EINVAL;
 		for (int i = 0; i < j->n; i++)
 			if (j->toks[i] < 0 || j->toks[i] >= s->n_vocab)
 				goto fail;
@@ -462,10 +573,18 @@ int sch_submit(struct sch *s, const struct sch_job *j, const struct sch_sink *k,
 	*out = r; /* before the scheduler can see it: finish may free it */
 	*s->inq_tail = r;
 	s->inq_tail = &r->next;
+	if (j->mode == SCH_FULL && j->fork_of)
+		atomic_fetch_sub(&j->fork_of->pending_forks, 1);
 	pthread_cond_signal(&s->cv);
 	pthread_mutex_unlock(&s->mu);
 	return 0;
 fail:
+	if (j->mode == SCH_FULL && j->fork_of) { /* the parent is cancelled by the caller */
+		pthread_mutex_lock(&s->mu);
+		atomic_fetch_sub(&j->fork_of->pending_forks, 1);
+		pthread_cond_signal(&s->cv);
+		pthread_mutex_unlock(&s->mu);
+	}
 	sch_req_free(r);
 	return rc;
 }
@@ -522,9 +641,28 @@ static void gj_token(void *u, int32_t id, const char *piece, size_t len)
 	(void)id;
 	gw_job_token(u, piece, len);
 }
+static void gj_logprob(void *u, const struct gw_logprob *lp)
+{
+	gw_job_logprob(u, lp);
+}
 static void gj_finish(void *u, const char *reason, int err, const char *msg)
 {
 	gw_job_finish(u, reason, err, msg);
+}
+
+void sch_sample_params(const struct oai_request *o, uint64_t id, struct kvi_sample_params *sp)
+{
+	kvi_sample_params_default(sp);
+	sp->temp = (float)o->temperature;
+	sp->top_p = (float)o->top_p;
+	sp->top_k = o->top_k;
+	sp->seed = o->has_seed ? o->seed : id * 0x9E3779B97F4A7C15ULL;
+	sp->max_tokens = o->max_tokens;
+	sp->presence_penalty = (float)o->presence_penalty;
+	sp->frequency_penalty = (float)o->frequency_penalty;
+	sp->n_bias = o->n_bias < KVI_SAMPLE_MAX_BIAS ? o->n_bias : KVI_SAMPLE_MAX_BIAS;
+	for (int i = 0; i < sp->n_bias; i++)
+		sp->bias[i] = (struct kvi_logit_bias){o->bias[i].id, (float)o->bias[i].bias};
 }
 
 static int be_submit(void *ctx, struct gw_job *job, const struct gw_req *q)
@@ -532,15 +670,15 @@ static int be_submit(void *ctx, struct gw_job *job, const struct gw_req *q)
 	struct sch *s = ctx;
 	const struct oai_request *o = q->oai;
 	static const struct sch_sink sink = {
-	    .prompt = gj_prompt, .token = gj_token, .finish = gj_finish};
+	    .prompt = gj_prompt, .token = gj_token, .logprob = gj_logprob, .finish = gj_finish};
 	struct sch_job j = {
 	    .mode = SCH_FULL, .prompt = q->prompt, .parse_special = o->chat, .salt = o->salt};
-	kvi_sample_params_default(&j.sp);
-	j.sp.temp = (float)o->temperature;
-	j.sp.top_p = (float)o->top_p;
-	j.sp.top_k = o->top_k;
-	j.sp.seed = o->has_seed ? o->seed : q->id * 0x9E3779B97F4A7C15ULL;
-	j.sp.max_tokens = o->max_tokens;
+	sch_sample_params(o, q->id, &j.sp);
+	j.logprobs = o->logprobs ? 1 + o->top_logprobs : 0;
+	j.toks = q->toks; /* a prompt of token ids */
+	j.n = q->n_toks;
+	j.forks = q->n_forks; /* n > 1: the others fork this one's prompt KV */
+	j.fork_of = q->first ? gw_job_backend_data(q->first) : NULL;
 	struct sch_req *r = NULL;
 	int rc = sch_submit(s, &j, &sink, job, &r);
 	if (rc)
@@ -578,9 +716,15 @@ static void be_metrics(void *ctx, struct met_out *o)
 		atomic_load(&s->g_running));
 	out_one(o, "num_requests_waiting", "gauge", "Requests waiting for a batch slot",
 		atomic_load(&s->g_waiting));
-	out_one(o, "kv_blocks_used", "gauge", "KV cache blocks in use", atomic_load(&s->g_kv_used));
-	out_one(o, "kv_blocks_total", "gauge", "KV cache blocks in the pool",
-		atomic_load(&s->g_kv_total));
+	int used = atomic_load(&s->g_kv_used), total = atomic_load(&s->g_kv_total);
+	out_one(o, "kv_blocks_used", "gauge", "KV cache blocks in use", used);
+	out_one(o, "kv_blocks_capacity", "gauge", "KV cache blocks in the pool", total);
+	out_one(o, "vllm:num_requests_running", "gauge",
+		"Number of requests in model execution batches.", atomic_load(&s->g_running));
+	out_one(o, "vllm:num_requests_waiting", "gauge",
+		"Number of requests waiting to be processed.", atomic_load(&s->g_waiting));
+	out_one(o, "vllm:kv_cache_usage_perc", "gauge",
+		"KV-cache usage. 1 means 100 percent usage.", total ? (double)used / total : 0);
 	out_one(o, "scheduler_steps_total", "counter", "Engine steps the scheduler ran",
 		(double)atomic_load(&s->c_steps));
 	out_one(o, "prefill_tokens_computed_total", "counter",
@@ -598,6 +742,38 @@ static void be_metrics(void *ctx, struct met_out *o)
 	}
 }
 
+/* vLLM's request_latency_buckets, which its queue-time histogram uses. */
+static const double vllm_req_b[] = {0.3,  0.5,	 0.8,	1.0,   1.5,   2.0,    2.5,
+				    5.0,  10.0,	 15.0,	20.0,  30.0,  40.0,   50.0,
+				    60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+
+static int be_metrics_register(void *ctx, struct met_reg *r)
+{
+	struct sch *s = ctx;
+	s->h_queue = met_hist_new(r, "vllm:request_queue_time_seconds",
+				  "Histogram of time spent in WAITING phase for request.", NULL,
+				  vllm_req_b, (int)(sizeof(vllm_req_b) / sizeof(vllm_req_b[0])));
+	return s->h_queue ? 0 : -ENOMEM;
+}
+
+int sch_metrics_serve(struct sch *s, const char *listen, const char *addr_file)
+{
+	if (!listen || !*listen)
+		return 0;
+	int rc = met_reg_create(&s->mreg);
+	if (rc)
+		return rc;
+	if ((rc = be_metrics_register(s, s->mreg)) ||
+	    (rc = met_collector_add(s->mreg, be_metrics, s)) ||
+	    (rc = met_http_serve(s->mreg, listen, addr_file, &s->mhttp))) {
+		met_reg_destroy(s->mreg);
+		s->mreg = NULL;
+		s->h_queue = NULL;
+		return rc;
+	}
+	return 0;
+}
+
 void sch_backend(struct sch *s, struct gw_backend *out)
 {
 	memset(out, 0, sizeof(*out));
@@ -606,6 +782,8 @@ void sch_backend(struct sch *s, struct gw_backend *out)
 	out->cancel = be_cancel;
 	out->release = be_release;
 	out->metrics = be_metrics;
+	out->metrics_register = be_metrics_register;
+	out->caps = GW_CAP_LOGPROBS | GW_CAP_TOKEN_PROMPTS;
 }
 
 /* ---- lifecycle ----------------------------------------------------------------------- */
@@ -724,6 +902,8 @@ void sch_destroy(struct sch *s)
 	if (!s)
 		return;
 	sch_stop(s);
+	met_http_stop(s->mhttp); /* its collector reads s */
+	met_reg_destroy(s->mreg);
 	kvx_destroy(s->kx);
 	kvi_engine_destroy(s->e);
 	kvi_dev_engine_destroy(s->de);

@@ -80,6 +80,9 @@ enum sch_handoff_kind {
 struct sch_sink {
 	void (*prompt)(void *u, int prompt_tokens, int cached_tokens); /* may be NULL */
 	void (*token)(void *u, int32_t id, const char *piece, size_t len);
+	/* sch_job.logprobs: the next token's log-probability, before its token call (texts
+	 * valid during the call). May be NULL. */
+	void (*logprob)(void *u, const struct gw_logprob *lp);
 	/* SCH_PREFILL only, before finish("stop"): the prompt's tokens, the cached prefix, the
 	 * first sampled token and the KV block holding the prompt's last token (blen bytes, the
 	 * kv.h export layout); every full block before it is published in the kv dir. */
@@ -100,15 +103,22 @@ enum sch_mode {
 
 struct sch_job {
 	enum sch_mode mode;
-	const char *prompt;  /* FULL, PREFILL: the text (NUL-terminated) */
-	int parse_special;   /* control-token texts become tokens (chat templates) */
-	const int32_t *toks; /* DECODE: the prompt's token ids (copied) */
+	const char *prompt; /* FULL, PREFILL: the text (NUL-terminated) */
+	int parse_special;  /* control-token texts become tokens (chat templates) */
+	const int32_t
+	    *toks; /* DECODE, and FULL instead of prompt: the prompt's token ids (copied) */
 	int n;
 	int32_t first;	 /* DECODE: the first token, sampled by the prefill worker */
 	const void *blk; /* DECODE: the block holding the prompt's last token, or NULL */
 	size_t blen;
 	const char *salt; /* may be NULL */
 	struct kvi_sample_params sp;
+	int logprobs; /* FULL: 0 = off, else 1 + the alternatives wanted (0..20) per token */
+	/* FULL, n > 1: forks = the requests to be submitted next with fork_of = this one (it is
+	 * not admitted before); fork_of = a request submitted so, whose prompt (and its KV, once
+	 * computed: kvi_seq_fork, blocks shared) this request takes instead of prompt/toks. */
+	int forks;
+	struct sch_req *fork_of;
 	int handoff; /* PREFILL: enum sch_handoff_kind; the full blocks are still saved in
 		      * the kv dir (for later prompts), but not waited for */
 	int handoff_skip_cached; /* PREFILL: the decode worker has this kv dir: the blocks
@@ -119,7 +129,8 @@ struct sch_job {
 
 /* Queues a request. Returns 0 and *out (free with sch_req_free after finish ran and no
  * sch_cancel can come any more), or -E2BIG (prompt + max_tokens > max_ctx), -EINVAL (empty or
- * untokenizable prompt, bad ids), -ENOMEM, -EAGAIN (stopping). Nothing is reported on error. */
+ * untokenizable prompt, bad ids), -ERANGE (a logit_bias token id outside the vocabulary),
+ * -ENOMEM, -EAGAIN (stopping). Nothing is reported on error. */
 int sch_submit(struct sch *s, const struct sch_job *j, const struct sch_sink *k, void *u,
 	       struct sch_req **out);
 /* Ends the request at the next step (finish with -ECANCELED) and frees its KV. Thread-safe;
@@ -192,8 +203,17 @@ int sch_create(const struct sch_opts *o, struct sch **out);
 void sch_stop(struct sch *s);
 /* sch_stop, then frees. After gw_stop. */
 void sch_destroy(struct sch *s);
+/* A request's sampling parameters (temperature, top_p, top_k, seed, max_tokens, penalties,
+ * logit_bias); a request without a seed gets one derived from id. For both backends. */
+void sch_sample_params(const struct oai_request *o, uint64_t id, struct kvi_sample_params *sp);
 /* The embedded backend to pass to gw_start (SCH_FULL requests); valid while s lives. */
 void sch_backend(struct sch *s, struct gw_backend *out);
+/* A worker's own GET /metrics on listen ("HOST:PORT"; empty or NULL: none, returns 0): the
+ * scheduler's families (sch_backend's collector and vllm:request_queue_time_seconds), served
+ * until sch_destroy; "HOST:PORT\n" written to addr_file when non-empty. Call once, before
+ * submitting, and not for a scheduler passed to gw_start (it registers the same families in
+ * the gateway's registry). 0 or a negative errno (-EADDRINUSE, -EINVAL, -ENOMEM). */
+int sch_metrics_serve(struct sch *s, const char *listen, const char *addr_file);
 /* Model architecture name, for logs. */
 const char *sch_model_arch(const struct sch *s);
 

@@ -15,7 +15,8 @@
 #include "kvx.h"
 #include "sch.h"
 
-enum req_state { RS_WAIT = 0, RS_PREFILL, RS_DECODE };
+/* RS_FORK: admitted, waiting for its parent's prefill to fork the prompt's KV from. */
+enum req_state { RS_WAIT = 0, RS_PREFILL, RS_DECODE, RS_FORK };
 
 /* One request. Created in submit, freed in release (after gw_job_finish and the client's end);
  * the scheduler thread stops touching it at gw_job_finish. */
@@ -45,9 +46,15 @@ struct sch_req {
 	int32_t first; /* SCH_DECODE: the handed-over first token */
 	void *blk;     /* SCH_DECODE: the handed-over last block */
 	size_t blen;
-	int handoff;	 /* SCH_PREFILL: enum sch_handoff_kind */
-	int skip_cached; /* SCH_PREFILL: hand over the blocks after the cached prefix only */
-	uint64_t ticket; /* SCH_DECODE: a parked prompt to claim, or 0 */
+	int handoff;	  /* SCH_PREFILL: enum sch_handoff_kind */
+	int skip_cached;  /* SCH_PREFILL: hand over the blocks after the cached prefix only */
+	uint64_t ticket;  /* SCH_DECODE: a parked prompt to claim, or 0 */
+	int64_t t_submit; /* CLOCK_MONOTONIC ns at sch_submit: queue time at admission */
+	int logprobs;	  /* sch_job.logprobs */
+	atomic_int refs;  /* the submitter's, and one per fork child (sch_req_free) */
+	/* sch_job.fork_of (a reference), whose prompt KV this request forks once computed */
+	struct sch_req *parent;
+	atomic_int pending_forks; /* children not yet submitted: not admitted before 0 */
 };
 
 /* A function run on the scheduler thread between steps (sch_call); the caller waits. */
@@ -110,6 +117,12 @@ struct sch {
 	atomic_int g_waiting, g_running, g_kv_used, g_kv_total, g_queued, g_wait_tokens;
 	void *blkbuf; /* one block, for SCH_PREFILL hand-overs */
 	atomic_ullong c_steps, c_decode_tokens, c_prefill_tokens;
+	/* vllm:request_queue_time_seconds, once registered (sch_metrics_register / _serve; NULL
+	 * before: observing it is then a no-op), and a worker's own /metrics (sch_metrics_serve).
+	 */
+	struct met_hist *h_queue;
+	struct met_reg *mreg;
+	struct met_http *mhttp;
 };
 
 /* The engine's KV pool, whichever engine it is. */

@@ -53,7 +53,8 @@ static const struct cfg_opt serve_opts[] = {
     {"prefill-chunk", CFG_INT, SOFF(chunk), 1, 1 << 16, "256",
      "uncached prompt tokens per scheduler step"},
     {"block-tokens", CFG_INT, SOFF(block_tokens), 1, 4096, "64", "KV block size B"},
-    {"model-id", CFG_STR, SOFF(model_id), 0, 0, "kvinfer", "model name in the API"},
+    {"model-id", CFG_STR, SOFF(model_id), 0, 0, "kvinfer",
+     "model names the API serves, comma-separated (the first is the default)"},
     {"chat-template", CFG_STR, SOFF(tmpl), 0, 0, "plain", "chatml, llama3 or plain"},
     {"max-tokens", CFG_INT, SOFF(max_tokens), 1, 1 << 20, "4096", "largest max_tokens"},
     {"ignore-eos", CFG_BOOL, SOFF(ignore_eos), 0, 0, "false",
@@ -141,7 +142,8 @@ int kvinfer_cmd_serve(int argc, char **argv)
 	if ((rc = gw_start(&go, &be, &g))) {
 		gw_auth_destroy(auth);
 		fprintf(stderr, "kvinfer serve: listen %s:%d: %s\n", c.host, (int)c.port,
-			strerror(-rc));
+			rc == -EINVAL ? "bad --host, or --model-id not 1 to 8 comma-separated names"
+				      : strerror(-rc));
 		sch_destroy(s);
 		return 1;
 	}

@@ -41,6 +41,7 @@ struct wk_cfg {
 	char device[CFG_STR_MAX];
 	int ignore_eos;
 	int nccl;
+	char metrics_listen[CFG_STR_MAX], metrics_addr_file[CFG_STR_MAX];
 };
 
 #define WOFF(f) offsetof(struct wk_cfg, f)
@@ -61,6 +62,10 @@ static const struct cfg_opt wk_opts[] = {
     {"ignore-eos", CFG_BOOL, WOFF(ignore_eos), 0, 0, "false", "generate past end tokens"},
     {"nccl", CFG_BOOL, WOFF(nccl), 0, 0, "false",
      "prefill, --device cuda: direct hand-overs to decode workers on other GPUs with NCCL"},
+    {"metrics-listen", CFG_STR, WOFF(metrics_listen), 0, 0, NULL,
+     "host:port to serve GET /metrics on (Prometheus); empty = off"},
+    {"metrics-addr-file", CFG_STR, WOFF(metrics_addr_file), 0, 0, NULL,
+     "write the metrics HOST:PORT here"},
     CFG_END,
 };
 
@@ -321,6 +326,12 @@ static int run_worker(int argc, char **argv, enum sch_mode mode, const char *nam
 	pthread_cond_init(&k.cv, NULL);
 	if ((rc = sch_create(&so, &k.s))) {
 		fprintf(stderr, "kvinfer %s: %s\n", name, strerror(-rc));
+		return 1;
+	}
+	if ((rc = sch_metrics_serve(k.s, c.metrics_listen, c.metrics_addr_file))) {
+		fprintf(stderr, "kvinfer %s: --metrics-listen %s: %s\n", name, c.metrics_listen,
+			strerror(-rc));
+		sch_destroy(k.s);
 		return 1;
 	}
 	if (mode == SCH_PREFILL && (rc = kvp_pool_create(&sec, CONNECT_TIMEOUT_MS, &k.pool))) {

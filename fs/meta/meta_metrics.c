@@ -135,8 +135,8 @@ static int collect_statfs(struct meta_metrics *mm, struct met_out *o)
 	      k + m ? (double)raw * k / (k + m) : 0);
 	gauge(o, "kvfs_meta_usage_ratio", "Raw used / raw capacity",
 	      raw ? (double)used / (double)raw : 0);
-	gauge(o, "kvfs_meta_ec_k", "Data chunks per stripe (cluster default)", k);
-	gauge(o, "kvfs_meta_ec_m", "Parity chunks per stripe (cluster default)", m);
+	gauge(o, "kvfs_meta_ec_data_chunks", "Data chunks per stripe (cluster default)", k);
+	gauge(o, "kvfs_meta_ec_parity_chunks", "Parity chunks per stripe (cluster default)", m);
 	gauge(o, "kvfs_meta_chunk_size_bytes", "Largest chunk (cluster default)", chunk);
 	met_out_family(o, "kvfs_meta_nodes", "gauge", "Registered nodes, by state");
 	met_out_sample(o, "kvfs_meta_nodes", (const char *const[]){"state", "up", NULL}, up);

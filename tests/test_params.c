@@ -1,0 +1,746 @@
+/* OpenAI request parameters honoured end to end, on a real (synthetic) model, in both forms:
+ * `kvinfer serve` (embedded) and `kvinfer gateway` with one prefill and one decode worker
+ * (disaggregated). Each test sends the same request to both and checks what the parameter
+ * means (logit_bias forces or bans tokens, penalties change a greedy answer, a seed makes
+ * sampling repeatable) and that both forms answer alike, so the parameter crossed the worker
+ * protocol too. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "http_tutil.h"
+
+enum { EMB, DIS, NFORM };
+static const char *const form_name[NFORM] = {"embedded", "disaggregated"};
+static char tmpdir[256];
+static pid_t pids[4] = {-1, -1, -1, -1}; /* serve, prefill, decode, gateway */
+static uint16_t ports[NFORM];
+
+static void sleep_ms(int ms)
+{
+	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+	nanosleep(&ts, NULL);
+}
+
+static uint16_t wait_port(const char *path)
+{
+	for (int i = 0; i < 300; i++) {
+		FILE *f = fopen(path, "r");
+		unsigned p = 0;
+		int ok = f && fscanf(f, "%u", &p) == 1;
+		if (f)
+			fclose(f);
+		if (ok && p)
+			return (uint16_t)p;
+		sleep_ms(50);
+	}
+	return 0;
+}
+
+/* Starts argv (NULL-terminated) with stderr into tmpdir/<log>; returns the pid. */
+static pid_t spawn(const char *log, char *const argv[])
+{
+	char path[600];
+	snprintf(path, sizeof(path), "%s/%s", tmpdir, log);
+	pid_t p = fork();
+	if (p == 0) {
+		if (!freopen(path, "w", stderr))
+			_exit(126);
+		execv(argv[0], argv);
+		_exit(127);
+	}
+	return p;
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	const char *bd = getenv("KVFS_BUILD_DIR");
+	char synth[512], bin[512], model[512], kv[2][512], secret[512], pf[4][600];
+	snprintf(synth, sizeof(synth), "%s/tools/kvinfer-synth", bd ? bd : "build");
+	snprintf(bin, sizeof(bin), "%s/bin/kvinfer", bd ? bd : "build");
+	snprintf(tmpdir, sizeof(tmpdir), "/tmp/test_params.XXXXXX");
+	if (!mkdtemp(tmpdir))
+		return -1;
+	snprintf(model, sizeof(model), "%s/m.gguf", tmpdir);
+	snprintf(secret, sizeof(secret), "%s/secret", tmpdir);
+	for (int i = 0; i < 2; i++) {
+		snprintf(kv[i], sizeof(kv[i]), "%s/kv%d", tmpdir, i);
+		mkdir(kv[i], 0755);
+	}
+	for (int i = 0; i < 4; i++)
+		snprintf(pf[i], sizeof(pf[i]), "%s/port%d", tmpdir, i);
+	FILE *f = fopen(secret, "w");
+	if (!f)
+		return -1;
+	fputs("test-params-secret-0123456789abcdef\n", f);
+	fclose(f);
+	char *sargv[] = {synth, "--preset", "small", "-o", model, NULL};
+	pid_t s = spawn("synth.log", sargv);
+	int st = 0;
+	if (s < 0 || waitpid(s, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st))
+		return -1;
+#define WK(cmd, kvd, portf)                                                                        \
+	bin, cmd, "-m", model, "--kv-dir", kvd, "-t", "1", "--block-tokens", "16", "--ignore-eos", \
+	    "--ctx", "1024", "--port-file", portf
+	char *serve[] = {WK("serve", kv[0], pf[0]), "--port", "0", "--open-gateway", NULL};
+	char *pre[] = {WK("prefill", kv[1], pf[1]), "--secret-file", secret, NULL};
+	char *dec[] = {WK("decode", kv[1], pf[2]), "--secret-file", secret, NULL};
+#undef WK
+	pids[0] = spawn("serve.log", serve);
+	pids[1] = spawn("prefill.log", pre);
+	pids[2] = spawn("decode.log", dec);
+	uint16_t wp[3];
+	for (int i = 0; i < 3; i++)
+		if (!(wp[i] = wait_port(pf[i])))
+			return -1;
+	char pl[64], dl[64];
+	snprintf(pl, sizeof(pl), "127.0.0.1:%u", wp[1]);
+	snprintf(dl, sizeof(dl), "127.0.0.1:%u", wp[2]);
+	char *gw[] = {bin,
+		      "gateway",
+		      "--open-gateway",
+		      "--prefill",
+		      pl,
+		      "--decode",
+		      dl,
+		      "--secret-file",
+		      secret,
+		      "--port",
+		      "0",
+		      "--port-file",
+		      pf[3],
+		      "--max-tokens",
+		      "1000",
+		      NULL};
+	pids[3] = spawn("gateway.log", gw);
+	ports[EMB] = wp[0];
+	ports[DIS] = wait_port(pf[3]);
+	return ports[DIS] ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	for (int i = 3; i >= 0; i--)
+		if (pids[i] > 0) {
+			kill(pids[i], SIGTERM);
+			waitpid(pids[i], NULL, 0);
+			pids[i] = -1;
+		}
+	if (!getenv("KVFS_TEST_KEEP")) {
+		char cmd[300];
+		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
+		if (system(cmd) != 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* POST body to path on form; returns the status and the parsed JSON in *out. */
+static int post(int form, const char *path, const char *body, cJSON **out)
+{
+	char *b = NULL;
+	int st = htu_request(ports[form], 0, "POST", path, body, &b);
+	*out = b ? cJSON_Parse(b) : NULL;
+	if (!*out)
+		fail_msg("%s %s: status %d, not JSON: %s", form_name[form], path, st, b ? b : "");
+	free(b);
+	return st;
+}
+
+/* A completion's text (malloc'd), the request asserted to succeed. fmt is the JSON body. */
+static char *complete(int form, const char *fmt, ...)
+{
+	char body[2048];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(body, sizeof(body), fmt, ap);
+	va_end(ap);
+	cJSON *o;
+	int st = post(form, "/v1/completions", body, &o);
+	if (st != 200) {
+		char *s = cJSON_PrintUnformatted(o);
+		fail_msg("%s: %d %s for %s", form_name[form], st, s, body);
+	}
+	cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+	char *t = strdup(cJSON_GetObjectItem(c0, "text")->valuestring);
+	cJSON_Delete(o);
+	return t;
+}
+
+static void expect_400(int form, const char *body, const char *param)
+{
+	cJSON *o;
+	int st = post(form, "/v1/completions", body, &o);
+	cJSON *e = cJSON_GetObjectItem(o, "error");
+	cJSON *p = e ? cJSON_GetObjectItem(e, "param") : NULL;
+	if (st != 400 || !cJSON_IsString(p) || strcmp(p->valuestring, param) != 0) {
+		char *s = cJSON_PrintUnformatted(o);
+		fail_msg("%s: %s -> %d %s, expected 400 naming %s", form_name[form], body, st, s,
+			 param);
+	}
+	cJSON_Delete(o);
+}
+
+#define PROMPT "The quick brown fox jumps over the lazy dog"
+
+/* logit_bias +100 on a token forces it (every greedy token is that one), -100 bans it; an id
+ * outside the vocabulary is a 400 naming logit_bias. */
+static void test_logit_bias(void **state)
+{
+	(void)state;
+	char *forced[NFORM];
+	for (int f = 0; f < NFORM; f++) {
+		char *one =
+		    complete(f, "{\"prompt\":\"" PROMPT "\",\"max_tokens\":1,\"temperature\":0,"
+				"\"logit_bias\":{\"77\":100}}");
+		forced[f] =
+		    complete(f, "{\"prompt\":\"" PROMPT "\",\"max_tokens\":4,\"temperature\":0,"
+				"\"logit_bias\":{\"77\":100}}");
+		char four[256];
+		snprintf(four, sizeof(four), "%s%s%s%s", one, one, one, one);
+		assert_true(strlen(one) > 0);
+		assert_string_equal(forced[f], four);
+		/* -100 bans: with 77 banned, 78 (second by its own +99) is chosen */
+		char *p78 = complete(f, "{\"prompt\":\"" PROMPT "\",\"max_tokens\":1,"
+					"\"temperature\":0,\"logit_bias\":{\"78\":100}}");
+		char *both =
+		    complete(f, "{\"prompt\":\"" PROMPT "\",\"max_tokens\":1,"
+				"\"temperature\":0,\"logit_bias\":{\"77\":100,\"78\":99}}");
+		char *ban =
+		    complete(f, "{\"prompt\":\"" PROMPT "\",\"max_tokens\":1,"
+				"\"temperature\":0,\"logit_bias\":{\"77\":-100,\"78\":99}}");
+		assert_string_not_equal(one, p78);
+		assert_string_equal(both, one);
+		assert_string_equal(ban, p78);
+		free(p78);
+		free(both);
+		free(ban);
+		free(one);
+		expect_400(f, "{\"prompt\":\"a\",\"logit_bias\":{\"99999999\":5}}", "logit_bias");
+	}
+	assert_string_equal(forced[EMB], forced[DIS]);
+	free(forced[EMB]);
+	free(forced[DIS]);
+}
+
+/* frequency/presence penalties change a greedy answer that repeats itself, the same way in
+ * both forms. */
+static void test_penalties(void **state)
+{
+	(void)state;
+	char *pen[NFORM][2];
+	for (int f = 0; f < NFORM; f++) {
+		char *plain =
+		    complete(f, "{\"prompt\":\"" PROMPT "\",\"max_tokens\":24,\"temperature\":0}");
+		pen[f][0] = complete(f, "{\"prompt\":\"" PROMPT "\",\"max_tokens\":24,"
+					"\"temperature\":0,\"frequency_penalty\":2}");
+		pen[f][1] = complete(f, "{\"prompt\":\"" PROMPT "\",\"max_tokens\":24,"
+					"\"temperature\":0,\"presence_penalty\":2}");
+		assert_string_not_equal(pen[f][0], plain);
+		assert_string_not_equal(pen[f][1], plain);
+		free(plain);
+	}
+	for (int i = 0; i < 2; i++) {
+		assert_string_equal(pen[EMB][i], pen[DIS][i]);
+		free(pen[EMB][i]);
+		free(pen[DIS][i]);
+	}
+}
+
+/* A seed makes sampling at temperature 1 repeatable, in both forms alike. */
+static void test_seed(void **state)
+{
+	(void)state;
+	char *t[NFORM][3];
+	for (int f = 0; f < NFORM; f++)
+		for (int i = 0; i < 3; i++)
+			t[f][i] = complete(f,
+					   "{\"prompt\":\"" PROMPT "\",\"max_tokens\":16,"
+					   "\"temperature\":1,\"top_p\":1,\"seed\":%d}",
+					   i < 2 ? 7 : 8);
+	for (int f = 0; f < NFORM; f++) {
+		assert_string_equal(t[f][0], t[f][1]);
+		assert_string_not_equal(t[f][0], t[f][2]);
+	}
+	assert_string_equal(t[EMB][0], t[DIS][0]);
+	for (int f = 0; f < NFORM; f++)
+		for (int i = 0; i < 3; i++)
+			free(t[f][i]);
+}
+
+/* The streamed text of a completion (malloc'd): every chunk's choices[0].text, to [DONE]. */
+static char *complete_stream(int form, const char *body)
+{
+	char *b = NULL;
+	assert_int_equal(htu_request(ports[form], 0, "POST", "/v1/completions", body, &b), 200);
+	char *text = calloc(1, strlen(b) + 1);
+	int done = 0;
+	for (char *p = b; (p = strstr(p, "data: "));) {
+		p += 6;
+		char *end = strstr(p, "\n\n");
+		assert_non_null(end);
+		*end = 0;
+		if (strcmp(p, "[DONE]") == 0) {
+			done = 1;
+			break;
+		}
+		cJSON *e = cJSON_Parse(p);
+		assert_non_null(e);
+		cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(e, "choices"), 0);
+		if (c0)
+			strcat(text, cJSON_GetObjectItem(c0, "text")->valuestring);
+		cJSON_Delete(e);
+		p = end + 1;
+	}
+	assert_true(done);
+	free(b);
+	return text;
+}
+
+/* echo: the prompt comes back before the completion, streamed or not, in both forms. */
+static void test_echo(void **state)
+{
+	(void)state;
+	for (int f = 0; f < NFORM; f++) {
+		char *plain =
+		    complete(f, "{\"prompt\":\"" PROMPT "\",\"max_tokens\":6,\"temperature\":0}");
+		char *echo = complete(f, "{\"prompt\":\"" PROMPT "\",\"max_tokens\":6,"
+					 "\"temperature\":0,\"echo\":true}");
+		char want[1024];
+		snprintf(want, sizeof(want), "%s%s", PROMPT, plain);
+		assert_string_equal(echo, want);
+		char *st = complete_stream(f, "{\"prompt\":\"" PROMPT "\",\"max_tokens\":6,"
+					      "\"temperature\":0,\"echo\":true,\"stream\":true}");
+		assert_string_equal(st, want);
+		free(st);
+		free(echo);
+		free(plain);
+	}
+}
+
+static cJSON *post_ok(int form, const char *path, const char *body)
+{
+	cJSON *o;
+	int st = post(form, path, body, &o);
+	if (st != 200) {
+		char *t = cJSON_PrintUnformatted(o);
+		fail_msg("%s %s: %d %s", form_name[form], path, st, t);
+	}
+	return o;
+}
+
+/* Checks one OpenAI chat logprobs entry list against the text: the tokens spell it, each
+ * has n_top alternatives, most likely first, and greedy means the token is the first. */
+static void check_chat_logprobs(const cJSON *content, const char *text, int n_top, int ntok)
+{
+	assert_int_equal(cJSON_GetArraySize(content), ntok);
+	char spelled[4096] = "";
+	const cJSON *t;
+	cJSON_ArrayForEach(t, content)
+	{
+		const char *tok = cJSON_GetObjectItem(t, "token")->valuestring;
+		double lp = cJSON_GetObjectItem(t, "logprob")->valuedouble;
+		assert_true(lp <= 0);
+		assert_true(cJSON_IsArray(cJSON_GetObjectItem(t, "bytes")));
+		strcat(spelled, tok);
+		const cJSON *top = cJSON_GetObjectItem(t, "top_logprobs");
+		assert_int_equal(cJSON_GetArraySize(top), n_top);
+		double prev = 0;
+		for (int k = 0; k < n_top; k++) {
+			const cJSON *x = cJSON_GetArrayItem(top, k);
+			double v = cJSON_GetObjectItem(x, "logprob")->valuedouble;
+			assert_true(v <= prev + 1e-6);
+			prev = v;
+		}
+		if (n_top) { /* greedy: the chosen token is the most likely */
+			const cJSON *x0 = cJSON_GetArrayItem(top, 0);
+			assert_true(fabs(cJSON_GetObjectItem(x0, "logprob")->valuedouble - lp) <
+				    1e-5);
+		}
+	}
+	assert_string_equal(spelled, text);
+}
+
+/* logprobs: OpenAI's shapes (chat: content[] of token/logprob/bytes/top_logprobs;
+ * completions: tokens/token_logprobs/top_logprobs/text_offset), streamed too, embedded; the
+ * disaggregated form refuses them, naming logprobs (its worker protocol carries no
+ * log-probabilities yet). */
+static void test_logprobs(void **state)
+{
+	(void)state;
+	cJSON *o =
+	    post_ok(EMB, "/v1/chat/completions",
+		    "{\"messages\":[{\"role\":\"user\",\"content\":\"" PROMPT "\"}],"
+		    "\"max_tokens\":5,\"temperature\":0,\"logprobs\":true,\"top_logprobs\":3}");
+	cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+	const char *text =
+	    cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "message"), "content")->valuestring;
+	cJSON *lp = cJSON_GetObjectItem(c0, "logprobs");
+	check_chat_logprobs(cJSON_GetObjectItem(lp, "content"), text, 3, 5);
+	cJSON_Delete(o);
+
+	o = post_ok(EMB, "/v1/completions",
+		    "{\"prompt\":\"" PROMPT
+		    "\",\"max_tokens\":6,\"temperature\":0,\"logprobs\":2}");
+	c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+	text = cJSON_GetObjectItem(c0, "text")->valuestring;
+	lp = cJSON_GetObjectItem(c0, "logprobs");
+	cJSON *toks = cJSON_GetObjectItem(lp, "tokens"),
+	      *offs = cJSON_GetObjectItem(lp, "text_offset");
+	cJSON *tlp = cJSON_GetObjectItem(lp, "token_logprobs"),
+	      *top = cJSON_GetObjectItem(lp, "top_logprobs");
+	assert_int_equal(cJSON_GetArraySize(toks), 6);
+	assert_int_equal(cJSON_GetArraySize(tlp), 6);
+	assert_int_equal(cJSON_GetArraySize(top), 6);
+	size_t off = 0;
+	for (int i = 0; i < 6; i++) {
+		const char *t = cJSON_GetArrayItem(toks, i)->valuestring;
+		assert_int_equal(cJSON_GetArrayItem(offs, i)->valueint, (int)off);
+		assert_memory_equal(text + off, t, strlen(t));
+		off += strlen(t);
+		assert_true(cJSON_GetArraySize(cJSON_GetArrayItem(top, i)) >= 1);
+		assert_true(cJSON_GetArrayItem(tlp, i)->valuedouble <= 0);
+	}
+	assert_int_equal(off, strlen(text));
+	cJSON_Delete(o);
+
+	/* streamed chat: each chunk's logprobs spell that chunk's text */
+	char *b = NULL;
+	assert_int_equal(htu_request(ports[EMB], 0, "POST", "/v1/chat/completions",
+				     "{\"messages\":[{\"role\":\"user\",\"content\":\"" PROMPT
+				     "\"}],\"max_tokens\":5,\"temperature\":0,\"logprobs\":true,"
+				     "\"stream\":true}",
+				     &b),
+			 200);
+	int ntok = 0;
+	for (char *p = b; (p = strstr(p, "data: "));) {
+		p += 6;
+		char *end = strstr(p, "\n\n");
+		*end = 0;
+		if (strcmp(p, "[DONE]") == 0)
+			break;
+		cJSON *e = cJSON_Parse(p);
+		cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(e, "choices"), 0);
+		cJSON *d = ch ? cJSON_GetObjectItem(ch, "delta") : NULL;
+		cJSON *content = d ? cJSON_GetObjectItem(d, "content") : NULL;
+		cJSON *l = ch ? cJSON_GetObjectItem(ch, "logprobs") : NULL;
+		if (cJSON_IsString(content) && *content->valuestring) {
+			cJSON *lc = cJSON_GetObjectItem(l, "content");
+			check_chat_logprobs(lc, content->valuestring, 0, cJSON_GetArraySize(lc));
+			ntok += cJSON_GetArraySize(lc);
+		}
+		cJSON_Delete(e);
+		p = end + 1;
+	}
+	assert_int_equal(ntok, 5);
+	free(b);
+
+	expect_400(DIS, "{\"prompt\":\"a\",\"logprobs\":1}", "logprobs");
+	expect_400(EMB, "{\"prompt\":\"a\",\"logprobs\":1,\"echo\":true}", "echo");
+	expect_400(EMB, "{\"prompt\":\"a\",\"logprobs\":6}", "logprobs");
+}
+
+/* The choices of a response: texts into t[0..max) (malloc'd), usage into *pt / *ct; returns
+ * how many, checking that index i is the i-th. */
+static int choices(cJSON *o, char **t, int max, int *pt, int *ct)
+{
+	cJSON *arr = cJSON_GetObjectItem(o, "choices"), *u = cJSON_GetObjectItem(o, "usage");
+	int n = cJSON_GetArraySize(arr);
+	assert_true(n <= max);
+	for (int i = 0; i < n; i++) {
+		cJSON *c = cJSON_GetArrayItem(arr, i);
+		assert_int_equal(cJSON_GetObjectItem(c, "index")->valueint, i);
+		cJSON *m = cJSON_GetObjectItem(c, "message");
+		t[i] = strdup(cJSON_GetObjectItem(m ? m : c, m ? "content" : "text")->valuestring);
+	}
+	*pt = cJSON_GetObjectItem(u, "prompt_tokens")->valueint;
+	*ct = cJSON_GetObjectItem(u, "completion_tokens")->valueint;
+	return n;
+}
+
+/* n = 2: two choices under one id; greedy, each is the n = 1 answer; sampled with a seed,
+ * they differ from each other and repeat; the prompt counts once in usage. Both forms. */
+static void test_n(void **state)
+{
+	(void)state;
+	for (int f = 0; f < NFORM; f++) {
+		char *one, *t[2];
+		int pt, ct, pt1;
+		cJSON *o =
+		    post_ok(f, "/v1/completions",
+			    "{\"prompt\":\"" PROMPT "\",\"max_tokens\":8,\"temperature\":0}");
+		assert_int_equal(choices(o, &one, 1, &pt1, &ct), 1);
+		cJSON_Delete(o);
+		o = post_ok(f, "/v1/completions",
+			    "{\"prompt\":\"" PROMPT
+			    "\",\"max_tokens\":8,\"temperature\":0,\"n\":2}");
+		assert_int_equal(choices(o, t, 2, &pt, &ct), 2);
+		cJSON_Delete(o);
+		assert_string_equal(t[0], one);
+		assert_string_equal(t[1], one);
+		assert_int_equal(ct, 16);
+		assert_int_equal(pt, pt1); /* once, not twice */
+		free(t[0]), free(t[1]), free(one);
+
+		char *s[2][3];
+		for (int k = 0; k < 2; k++) {
+			o = post_ok(f, "/v1/chat/completions",
+				    "{\"messages\":[{\"role\":\"user\",\"content\":\"" PROMPT
+				    "\"}],\"max_tokens\":12,\"temperature\":1,\"seed\":5,\"n\":3}");
+			assert_int_equal(choices(o, s[k], 3, &pt, &ct), 3);
+			cJSON_Delete(o);
+		}
+		assert_string_not_equal(s[0][0], s[0][1]);
+		assert_string_not_equal(s[0][1], s[0][2]);
+		for (int i = 0; i < 3; i++) {
+			assert_string_equal(s[0][i], s[1][i]);
+			free(s[0][i]), free(s[1][i]);
+		}
+	}
+}
+
+/* Completions prompts as a list of strings (both forms) and as token ids (embedded; the
+ * disaggregated form refuses them naming prompt): one choice per prompt, in order. */
+static void test_prompt_lists(void **state)
+{
+	(void)state;
+	for (int f = 0; f < NFORM; f++) {
+		char *a =
+		    complete(f, "{\"prompt\":\"alpha beta\",\"max_tokens\":5,\"temperature\":0}");
+		char *b =
+		    complete(f, "{\"prompt\":\"" PROMPT "\",\"max_tokens\":5,\"temperature\":0}");
+		cJSON *o = post_ok(f, "/v1/completions",
+				   "{\"prompt\":[\"alpha beta\",\"" PROMPT "\"],\"max_tokens\":5,"
+				   "\"temperature\":0}");
+		char *t[2];
+		int pt, ct;
+		assert_int_equal(choices(o, t, 2, &pt, &ct), 2);
+		cJSON_Delete(o);
+		assert_string_equal(t[0], a);
+		assert_string_equal(t[1], b);
+		assert_int_equal(ct, 10);
+		free(t[0]), free(t[1]), free(a), free(b);
+	}
+	/* token ids, taken as they are (no BOS added): 3 + 3 prompt tokens */
+	cJSON *o =
+	    post_ok(EMB, "/v1/completions",
+		    "{\"prompt\":[[11,12,13],[11,12,13]],\"max_tokens\":4,\"temperature\":0}");
+	char *t[2];
+	int pt, ct;
+	assert_int_equal(choices(o, t, 2, &pt, &ct), 2);
+	cJSON_Delete(o);
+	assert_int_equal(pt, 6);
+	assert_string_equal(t[0], t[1]);
+	char *one = complete(EMB, "{\"prompt\":[11,12,13],\"max_tokens\":4,\"temperature\":0}");
+	assert_string_equal(one, t[0]);
+	free(one), free(t[0]), free(t[1]);
+	expect_400(EMB, "{\"prompt\":[99999999],\"max_tokens\":4}", "prompt");
+	expect_400(DIS, "{\"prompt\":[11,12,13],\"max_tokens\":4}", "prompt");
+}
+
+/* The value of the unlabelled sample name on form's /metrics, or -1. */
+static double metric(int form, const char *name)
+{
+	char *b = NULL;
+	double v = -1;
+	if (htu_request(ports[form], 0, "GET", "/metrics", NULL, &b) == 200) {
+		size_t n = strlen(name);
+		for (char *p = b; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+			if (!strncmp(p, name, n) && p[n] == ' ')
+				v = strtod(p + n + 1, NULL);
+	}
+	free(b);
+	return v;
+}
+
+struct poll_arg {
+	volatile int stop;
+	double max;
+};
+
+static void *poll_blocks(void *arg)
+{
+	struct poll_arg *a = arg;
+	while (!a->stop) {
+		double v = metric(EMB, "kv_blocks_used");
+		a->max = v > a->max ? v : a->max;
+	}
+	return NULL;
+}
+
+/* A long prompt no earlier request cached: tag makes it unique. */
+static void long_prompt(char *buf, size_t cap, int tag)
+{
+	int n = snprintf(buf, cap, "{\"prompt\":\"%d", tag);
+	for (int i = 0; i < 15; i++)
+		n += snprintf(buf + n, cap - (size_t)n, " the quick brown fox %d", i);
+	snprintf(buf + n, cap - (size_t)n, "\",\"temperature\":0,\"max_tokens\":100}");
+}
+
+/* The largest kv_blocks_used seen while request body (completions) runs, and the prompt
+ * tokens the scheduler computed for it. */
+static void measure(const char *body, double *blocks, double *computed)
+{
+	double c0 = metric(EMB, "prefill_tokens_computed_total");
+	struct poll_arg a = {0};
+	pthread_t t;
+	pthread_create(&t, NULL, poll_blocks, &a);
+	cJSON_Delete(post_ok(EMB, "/v1/completions", body));
+	a.stop = 1;
+	pthread_join(t, NULL);
+	*blocks = a.max;
+	*computed = metric(EMB, "prefill_tokens_computed_total") - c0;
+}
+
+/* n = 2 embedded forks the prompt's KV: the prompt is computed once (prefill tokens computed
+ * as for n = 1) and its blocks are shared (kv_blocks_used well under twice n = 1's: one
+ * prompt's blocks plus each choice's own), as the issue's bar asks. */
+static void test_n_shares_kv(void **state)
+{
+	(void)state;
+	char body[4096], b2[4200];
+	double blk1, cmp1, blk2, cmp2;
+	long_prompt(body, sizeof(body), 1000 + (int)getpid() % 1000);
+	measure(body, &blk1, &cmp1);
+	long_prompt(body, sizeof(body), 2000 + (int)getpid() % 1000);
+	snprintf(b2, sizeof(b2), "%.*s,\"n\":2}", (int)strlen(body) - 1, body);
+	measure(b2, &blk2, &cmp2);
+	print_message("n=1: %.0f prompt tokens computed, %.0f blocks at most; n=2: %.0f, %.0f\n",
+		      cmp1, blk1, cmp2, blk2);
+	assert_true(cmp1 > 100);
+	assert_true(cmp2 == cmp1);
+	assert_true(blk1 > 0);
+	assert_true(blk2 < 1.5 * blk1);
+}
+
+/* A client that leaves an n = 3 request mid-generation: every choice is cancelled and every
+ * block freed (the forked children's and the shared prompt's), and the server goes on. */
+static void test_n_cancel(void **state)
+{
+	(void)state;
+	char body[4096], b3[4200];
+	for (int round = 0; round < 2; round++) {
+		long_prompt(body, sizeof(body), 3000 + round * 7 + (int)getpid() % 1000);
+		snprintf(b3, sizeof(b3), "%.*s,\"n\":3}", (int)strlen(body) - 1, body);
+		int fd = htu_connect(ports[EMB]);
+		assert_true(fd >= 0);
+		assert_int_equal(htu_send(fd, 0, "POST", "/v1/completions", b3), 0);
+		sleep_ms(round ? 5 : 150); /* before the fork, and after it */
+		close(fd);
+		double used = -1, running = -1;
+		for (int i = 0; i < 200; i++) {
+			used = metric(EMB, "kv_blocks_used");
+			running = metric(EMB, "kvfs_requests_running");
+			if (used == 0 && running == 0)
+				break;
+			sleep_ms(20);
+		}
+		assert_true(running == 0);
+		assert_true(used == 0);
+	}
+	char *t = complete(EMB, "{\"prompt\":\"still\",\"max_tokens\":2,\"n\":2}");
+	free(t);
+}
+
+/* Streaming several choices: chunks of the choices interleave, each naming its index; each
+ * choice starts with its role (chat), ends with its finish_reason, and spells the non-streamed
+ * answer; one usage chunk counts them all. Both forms, n = 2 and two prompts. */
+static void test_stream_choices(void **state)
+{
+	(void)state;
+	static const char *const req[2][2] = {
+	    {"/v1/chat/completions",
+	     "{\"messages\":[{\"role\":\"user\",\"content\":\"" PROMPT "\"}],\"max_tokens\":6,"
+	     "\"temperature\":0,\"n\":2%s}"},
+	    {"/v1/completions", "{\"prompt\":[\"alpha beta\",\"" PROMPT "\"],\"max_tokens\":6,"
+				"\"temperature\":0%s}"},
+	};
+	for (int f = 0; f < NFORM; f++)
+		for (int r = 0; r < 2; r++) {
+			char body[1024], *want[2], *b = NULL;
+			int pt, ct;
+			snprintf(body, sizeof(body), req[r][1], "");
+			cJSON *o = post_ok(f, req[r][0], body);
+			assert_int_equal(choices(o, want, 2, &pt, &ct), 2);
+			cJSON_Delete(o);
+			snprintf(body, sizeof(body), req[r][1],
+				 ",\"stream\":true,\"stream_options\":{\"include_usage\":true}");
+			assert_int_equal(htu_request(ports[f], 0, "POST", req[r][0], body, &b),
+					 200);
+			char got[2][1024] = {"", ""};
+			int roles[2] = {0, 0}, fins[2] = {0, 0}, usage = 0, done = 0;
+			for (char *p = b; (p = strstr(p, "data: "));) {
+				p += 6;
+				char *end = strstr(p, "\n\n");
+				*end = 0;
+				if (strcmp(p, "[DONE]") == 0) {
+					done = 1;
+					break;
+				}
+				cJSON *e = cJSON_Parse(p);
+				assert_non_null(e);
+				assert_null(cJSON_GetObjectItem(e, "error"));
+				cJSON *u = cJSON_GetObjectItem(e, "usage");
+				if (cJSON_IsObject(u)) {
+					usage++;
+					assert_int_equal(
+					    cJSON_GetObjectItem(u, "completion_tokens")->valueint,
+					    ct);
+				}
+				cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(e, "choices"), 0);
+				if (c) {
+					int i = cJSON_GetObjectItem(c, "index")->valueint;
+					assert_true(i == 0 || i == 1);
+					cJSON *d = cJSON_GetObjectItem(c, "delta");
+					cJSON *t = d ? cJSON_GetObjectItem(d, "content")
+						     : cJSON_GetObjectItem(c, "text");
+					roles[i] += d && cJSON_GetObjectItem(d, "role") != NULL;
+					if (cJSON_IsString(t))
+						strcat(got[i], t->valuestring);
+					fins[i] +=
+					    cJSON_IsString(cJSON_GetObjectItem(c, "finish_reason"));
+				}
+				cJSON_Delete(e);
+				p = end + 1;
+			}
+			free(b);
+			assert_true(done);
+			assert_int_equal(usage, 1);
+			for (int i = 0; i < 2; i++) {
+				assert_string_equal(got[i], want[i]);
+				assert_int_equal(fins[i], 1);
+				assert_int_equal(roles[i], r == 0 ? 1 : 0);
+				free(want[i]);
+			}
+		}
+}
+
+int main(void)
+{
+	signal(SIGPIPE, SIG_IGN);
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_logit_bias),	 cmocka_unit_test(test_penalties),
+	    cmocka_unit_test(test_seed),	 cmocka_unit_test(test_echo),
+	    cmocka_unit_test(test_logprobs),	 cmocka_unit_test(test_n),
+	    cmocka_unit_test(test_prompt_lists), cmocka_unit_test(test_n_shares_kv),
+	    cmocka_unit_test(test_n_cancel),	 cmocka_unit_test(test_stream_choices),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
