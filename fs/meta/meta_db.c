@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #define DB_VERSION    "kvfs-meta 1"
 #define INO_RESERVE   4096u
@@ -192,7 +193,22 @@ int mdb_sync(struct meta *m)
 	return 0;
 }
 
-void mdb_inode_put(rocksdb_writebatch_t *b, const struct mino *in)
+int mdb_rec_end(struct kvp_wbuf *w)
+{
+#ifdef KVFS_FAULT_INJECT
+	/* Test-only (docs/operations.md, "Fault injection"): while the named file exists every
+	 * record encoding fails as if its allocation had. Compiled out of Release builds. */
+	const char *f = getenv("KVFS_META_FAULT_ENOMEM");
+	if (f && *f && !w->err && access(f, F_OK) == 0)
+		w->err = -ENOMEM;
+#endif
+	int rc = w->err;
+	if (rc)
+		kvp_w_free(w);
+	return rc;
+}
+
+int mdb_inode_put(rocksdb_writebatch_t *b, const struct mino *in)
 {
 	uint8_t k[MK_MAX];
 	struct kvp_wbuf w;
@@ -210,12 +226,12 @@ void mdb_inode_put(rocksdb_writebatch_t *b, const struct mino *in)
 	kvp_w_u32(&w, in->nstripes);
 	kvp_w_u64(&w, in->parent);
 	kvp_w_i64(&w, in->access_ns);
-	/* A failed allocation leaves w.p NULL; the put is then skipped and the write below it
-	 * would miss a key, so abort loudly rather than commit a partial batch. */
-	if (w.err)
-		abort();
+	int rc = mdb_rec_end(&w);
+	if (rc)
+		return rc;
 	rocksdb_writebatch_put(b, (const char *)k, mk_inode(k, in->ino), (const char *)w.p, w.len);
 	kvp_w_free(&w);
+	return 0;
 }
 
 /* Decodes an inode record of version 1 (access_ns = atime_ns: A was keyed by it) or 2. */
@@ -410,9 +426,10 @@ int mdb_file_drop_acct(struct meta *m, rocksdb_writebatch_t *b, const struct min
 	return 0;
 }
 
-/* One step of a one-time pass over a key family: adds what it changes to b and counts it. */
-typedef void (*migrate_fn)(struct meta *m, rocksdb_writebatch_t *b, const uint8_t *key, size_t kl,
-			   const char *val, size_t vl, uint64_t *n);
+/* One step of a one-time pass over a key family: adds what it changes to b and counts it.
+ * 0, or -ENOMEM: then b holds part of the step and must not be written. */
+typedef int (*migrate_fn)(struct meta *m, rocksdb_writebatch_t *b, const uint8_t *key, size_t kl,
+			  const char *val, size_t vl, uint64_t *n);
 
 /* Runs fn over every key of family (keys shorter than minlen end it) unless counter `done` is
  * set, writing in batches of 64 Ki changes, then sets it in the last batch. */
@@ -438,7 +455,9 @@ static int migrate_once(struct meta *m, uint8_t done, uint8_t family, size_t min
 		if (kl < minlen || key[0] != family)
 			break;
 		const char *val = rocksdb_iter_value(it, &vl);
-		fn(m, b, key, kl, val, vl, &n);
+		rc = fn(m, b, key, kl, val, vl, &n);
+		if (rc)
+			break;
 		if (rocksdb_writebatch_count(b) >= 65536) {
 			rc = mdb_write(m, b);
 			rocksdb_writebatch_clear(b);
@@ -458,12 +477,12 @@ static int migrate_once(struct meta *m, uint8_t done, uint8_t family, size_t min
 }
 
 /* A stripe map's chunks into the R index. */
-static void rev_step(struct meta *m, rocksdb_writebatch_t *b, const uint8_t *key, size_t kl,
-		     const char *val, size_t vl, uint64_t *n)
+static int rev_step(struct meta *m, rocksdb_writebatch_t *b, const uint8_t *key, size_t kl,
+		    const char *val, size_t vl, uint64_t *n)
 {
 	(void)m;
 	if (kl != 13)
-		return;
+		return 0;
 	struct mreq q = {.slots = (const uint8_t *)val};
 	for (size_t i = 0; i < vl / MREQ_SLOT_SIZE; i++) {
 		struct mreq_slot sl;
@@ -473,6 +492,7 @@ static void rev_step(struct meta *m, rocksdb_writebatch_t *b, const uint8_t *key
 		mdb_rev_put(b, sl.node_id, sl.chunk_id, mk_rd_be64(key + 1), mk_rd_be32(key + 9));
 		(*n)++;
 	}
+	return 0;
 }
 
 int mdb_rev_build(struct meta *m)
@@ -482,8 +502,8 @@ int mdb_rev_build(struct meta *m)
 }
 
 /* A file's parent from its directory entry. */
-static void parent_step(struct meta *m, rocksdb_writebatch_t *b, const uint8_t *key, size_t kl,
-			const char *val, size_t vl, uint64_t *n)
+static int parent_step(struct meta *m, rocksdb_writebatch_t *b, const uint8_t *key, size_t kl,
+		       const char *val, size_t vl, uint64_t *n)
 {
 	(void)kl;
 	struct kvp_rbuf r;
@@ -493,10 +513,12 @@ static void parent_step(struct meta *m, rocksdb_writebatch_t *b, const uint8_t *
 	struct mino f;
 	if (kvp_r_end(&r) || !S_ISREG(mode) || mdb_inode_get(m, NULL, ino, &f) ||
 	    f.parent == parent)
-		return;
+		return 0;
 	f.parent = parent;
-	mdb_inode_put(b, &f);
-	(*n)++;
+	int rc = mdb_inode_put(b, &f);
+	if (!rc)
+		(*n)++;
+	return rc;
 }
 
 int mdb_parents_fix(struct meta *m)
@@ -508,21 +530,23 @@ int mdb_parents_fix(struct meta *m)
 /* A file's own access time from its old record: A was keyed by the atime a client could set,
  * so the latest time meta itself stamped (ctime: creation, rename, setattr) counts too, and a
  * settable time never counts past now. */
-static void access_step(struct meta *m, rocksdb_writebatch_t *b, const uint8_t *key, size_t kl,
-			const char *val, size_t vl, uint64_t *n)
+static int access_step(struct meta *m, rocksdb_writebatch_t *b, const uint8_t *key, size_t kl,
+		       const char *val, size_t vl, uint64_t *n)
 {
 	(void)m;
 	struct mino f;
 	uint8_t ver;
 	if (kl != 9 || inode_decode(mk_rd_be64(key + 1), val, vl, &f, &ver) || ver >= 2 ||
 	    !S_ISREG(f.mode))
-		return;
+		return 0;
 	int64_t now = meta_now_ns(), at = f.atime_ns < now ? f.atime_ns : now;
 	int64_t own = at > f.ctime_ns ? at : f.ctime_ns;
 	mdb_atime_move(b, f.ino, f.access_ns, own);
 	f.access_ns = own;
-	mdb_inode_put(b, &f);
-	(*n)++;
+	int rc = mdb_inode_put(b, &f);
+	if (!rc)
+		(*n)++;
+	return rc;
 }
 
 int mdb_access_fix(struct meta *m)
@@ -569,7 +593,11 @@ static int db_init(struct meta *m)
 			    .ctime_ns = now,
 			    .parent = KVP_ROOT_INO,
 			    .access_ns = now};
-	mdb_inode_put(b, &root);
+	int rc = mdb_inode_put(b, &root);
+	if (rc) {
+		rocksdb_writebatch_destroy(b);
+		return rc;
+	}
 	mdb_counter_put(b, MC_INO_LIMIT, KVP_ROOT_INO + 1);
 	mdb_counter_put(b, MC_CHUNK_LIMIT, 1);
 	mdb_counter_put(b, MC_NEXT_NODE, 1);
@@ -580,7 +608,7 @@ static int db_init(struct meta *m)
 	mdb_counter_put(b, MC_ACCESS_OK, 1);
 	k[0] = MK_VERSION;
 	rocksdb_writebatch_put(b, (const char *)k, 1, DB_VERSION, strlen(DB_VERSION));
-	int rc = mdb_write(m, b);
+	rc = mdb_write(m, b);
 	rocksdb_writebatch_destroy(b);
 	if (!rc)
 		klog_info("created a new metadata database in %s", m->o.db_path);

@@ -42,7 +42,8 @@ static int check_geometry(uint8_t k, uint8_t m, uint32_t chunk_size, uint32_t ns
 	return 0;
 }
 
-static void pend_put(rocksdb_writebatch_t *b, uint64_t write_id, const struct mpend *p)
+/* 0 or -ENOMEM (nothing added: see mdb_inode_put). */
+static int pend_put(rocksdb_writebatch_t *b, uint64_t write_id, const struct mpend *p)
 {
 	uint8_t k[MK_MAX];
 	struct kvp_wbuf w;
@@ -56,11 +57,13 @@ static void pend_put(rocksdb_writebatch_t *b, uint64_t write_id, const struct mp
 	kvp_w_u64(&w, p->first);
 	for (size_t i = 0; i < pend_slots(p); i++)
 		kvp_w_u32(&w, p->node[i]);
-	if (w.err)
-		abort(); /* out of memory: a batch missing a key must never be written */
+	int rc = mdb_rec_end(&w);
+	if (rc)
+		return rc;
 	rocksdb_writebatch_put(b, (const char *)k, mk_pending(k, write_id), (const char *)w.p,
 			       w.len);
 	kvp_w_free(&w);
+	return 0;
 }
 
 static int pend_decode(const char *v, size_t vl, struct mpend *p)
@@ -277,10 +280,10 @@ int mfile_alloc(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 	b = rocksdb_writebatch_create();
 	pthread_mutex_lock(&m->mu);
 	rc = mdb_alloc_chunks(m, slots ? slots : 1, &p.first);
-	if (!rc) {
-		pend_put(b, p.first, &p);
+	if (!rc)
+		rc = pend_put(b, p.first, &p);
+	if (!rc)
 		rc = mdb_write(m, b);
-	}
 	pthread_mutex_unlock(&m->mu);
 	if (rc)
 		goto out;
@@ -460,7 +463,9 @@ int mfile_commit(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 			  .nstripes = q->nstripes,
 			  .parent = q->parent,
 			  .access_ns = now};
-	mdb_inode_put(b, &f);
+	rc = mdb_inode_put(b, &f);
+	if (rc)
+		goto out;
 	mdir_entry_put(b, q->parent, &q->name, ino, f.mode);
 	for (uint32_t s = 0; s < q->nstripes; s++) {
 		rocksdb_writebatch_put(b, (const char *)k, mk_stripe(k, ino, s),
@@ -496,7 +501,9 @@ int mfile_commit(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 		rocksdb_writebatch_delete(b, (const char *)k, mk_pending(k, q->write_id));
 	}
 	par.mtime_ns = par.ctime_ns = now;
-	mdb_inode_put(b, &par);
+	rc = mdb_inode_put(b, &par);
+	if (rc)
+		goto out;
 	rc = mns_write(m, b, replaced ? 0 : 1, 0);
 	if (!rc)
 		klog_debug("commit %llu/%.*s -> ino %llu, %u stripes%s",

@@ -199,7 +199,14 @@ int mdb_write(struct meta *m, rocksdb_writebatch_t *b);
  * without locks, so concurrent callers share device flushes. 0 or -EIO. */
 int mdb_sync(struct meta *m);
 int mdb_inode_get(struct meta *m, const rocksdb_readoptions_t *ro, uint64_t ino, struct mino *out);
-void mdb_inode_put(rocksdb_writebatch_t *b, const struct mino *in);
+/* Record encoders add one key to a batch. They return 0, or -ENOMEM when the record could not
+ * be encoded (allocation failed): then nothing was added, and the caller must drop the whole
+ * batch and answer the error, never write the batch without that key. */
+__attribute__((warn_unused_result)) int mdb_inode_put(rocksdb_writebatch_t *b,
+						      const struct mino *in);
+/* Ends a record encoded into w: 0, or w's error (-ENOMEM) with w freed. With KVFS_FAULT_INJECT
+ * it also fails while the file named by $KVFS_META_FAULT_ENOMEM exists (tests only). */
+__attribute__((warn_unused_result)) int mdb_rec_end(struct kvp_wbuf *w);
 void mdb_counter_put(rocksdb_writebatch_t *b, uint8_t id, uint64_t v);
 /* Hands out an inode number / n consecutive chunk ids; when the reserved range is used up a
  * larger reservation is written first (on its own). Caller holds mu. 0 or -EIO. */

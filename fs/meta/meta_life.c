@@ -109,7 +109,9 @@ static int victims_remove(struct meta *m, struct victim *v, size_t n, uint64_t *
 		}
 		if (any && have_par) { /* the directory changed: caches see a new mtime */
 			par.mtime_ns = par.ctime_ns = now;
-			mdb_inode_put(b, &par);
+			rc = mdb_inode_put(b, &par);
+			if (rc)
+				break;
 		}
 		i = j;
 	}

@@ -33,7 +33,8 @@ static int node_decode(uint32_t id, const char *v, size_t vl, struct mnode *n)
 	return (ver == 1 || ver == 2) && kvp_r_end(&r) == 0 ? 0 : -EIO;
 }
 
-static void node_put(rocksdb_writebatch_t *b, const struct mnode *n)
+/* 0 or -ENOMEM (nothing added: see mdb_inode_put). */
+static int node_put(rocksdb_writebatch_t *b, const struct mnode *n)
 {
 	uint8_t k[MK_MAX];
 	struct kvp_wbuf w;
@@ -47,17 +48,20 @@ static void node_put(rocksdb_writebatch_t *b, const struct mnode *n)
 	kvp_w_i64(&w, n->hb_ns);
 	kvp_w_u8(&w, n->state);
 	kvp_w_u8(&w, n->draining);
-	if (w.err)
-		abort();
+	int rc = mdb_rec_end(&w);
+	if (rc)
+		return rc;
 	rocksdb_writebatch_put(b, (const char *)k, mk_node(k, n->id), (const char *)w.p, w.len);
 	kvp_w_free(&w);
+	return 0;
 }
 
 static int node_write(struct meta *m, const struct mnode *n)
 {
 	rocksdb_writebatch_t *b = rocksdb_writebatch_create();
-	node_put(b, n);
-	int rc = mdb_write(m, b);
+	int rc = node_put(b, n);
+	if (!rc)
+		rc = mdb_write(m, b);
 	rocksdb_writebatch_destroy(b);
 	return rc;
 }
@@ -150,15 +154,16 @@ int mnodes_heartbeat(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 	uint8_t was = nn.state;
 	nn.state = KVP_NODE_UP;
 	rocksdb_writebatch_t *b = rocksdb_writebatch_create();
-	node_put(b, &nn);
-	if (!n) {
+	rc = node_put(b, &nn);
+	if (!rc && !n) {
 		uint8_t k[MK_MAX], v[4];
 		for (int i = 0; i < 4; i++)
 			v[i] = (uint8_t)(nn.id >> (8 * i));
 		rocksdb_writebatch_put(b, (const char *)k, mk_uuid(k, nn.uuid), (const char *)v, 4);
 		mdb_counter_put(b, MC_NEXT_NODE, (uint64_t)nn.id + 1);
 	}
-	rc = mdb_write(m, b);
+	if (!rc)
+		rc = mdb_write(m, b);
 	rocksdb_writebatch_destroy(b);
 	if (!rc && !n) {
 		rc = node_add(m, &nn);
