@@ -7,6 +7,7 @@
  * the minimum meta gave (ALLOC's min_stored); meta marks such stripes for repair. So a node
  * that dies stops no write, also in the seconds before meta notices. */
 #define KVFS_LOG_TAG "kvc"
+#include "ktime.h"
 #include "kvc_int.h"
 #include "log.h"
 
@@ -117,9 +118,35 @@ uint64_t kvc_writer_size(const struct kvc_writer *w)
 
 static void writer_free(struct kvc_writer *w)
 {
-	atomic_fetch_sub(&w->c->buffered, w->cap);
+	struct kvc *c = w->c;
+	atomic_fetch_sub(&c->buffered, w->cap);
 	free(w->buf);
 	free(w);
+	pthread_mutex_lock(&c->buf_mu);
+	c->buf_freed++;
+	pthread_cond_broadcast(&c->buf_cond);
+	pthread_mutex_unlock(&c->buf_mu);
+}
+
+uint64_t kvc_buffer_epoch(struct kvc *c)
+{
+	pthread_mutex_lock(&c->buf_mu);
+	uint64_t e = c->buf_freed;
+	pthread_mutex_unlock(&c->buf_mu);
+	return e;
+}
+
+int kvc_buffer_wait(struct kvc *c, uint64_t epoch, int timeout_ms)
+{
+	struct timespec until;
+	kvfs_deadline(&until, CLOCK_MONOTONIC, timeout_ms > 0 ? timeout_ms : 0);
+	int rc = 0;
+	pthread_mutex_lock(&c->buf_mu);
+	while (c->buf_freed == epoch && rc == 0)
+		rc = pthread_cond_timedwait(&c->buf_cond, &c->buf_mu, &until);
+	int freed = c->buf_freed != epoch;
+	pthread_mutex_unlock(&c->buf_mu);
+	return freed ? 0 : -ETIMEDOUT;
 }
 
 void kvc_abort(struct kvc_writer *w)
@@ -455,15 +482,14 @@ static int write_once(struct kvc_writer *w, struct kvp_attr *out, int *redo)
 int kvc_commit(struct kvc_writer *w, struct kvp_attr *out)
 {
 	struct kvc *c = w->c;
-	int rc = -EIO, redo = 0;
-	for (int attempt = 0; attempt < 4; attempt++) {
-		if (attempt) {
-			klog_info("commit of %s: %s, storing it again", w->name, kvp_strerror(rc));
-			usleep(250000u << attempt);
-		}
+	int rc, redo = 0;
+	struct kvch_retry r;
+	kvch_retry_start(&r, &KVCH_RETRY_STORE);
+	for (;;) {
 		rc = write_once(w, out, &redo);
-		if (!redo)
+		if (!redo || !kvch_retry_wait(&r, rc))
 			break;
+		klog_info("commit of %s: %s, storing it again", w->name, kvp_strerror(rc));
 	}
 	/* Every placement still had a node that could not be reached (meta has not noticed it
 	 * is down yet): the same answer as when meta knows too few nodes are up, not a

@@ -44,6 +44,7 @@
 
 #include "cfg.h"
 #include "kvc.h"
+#include "kvch.h"
 
 #define MNT_TEMP_BASE	(1ull << 63)
 #define MNT_VIRT_BASE	(1ull << 62)
@@ -226,6 +227,10 @@ void mnt_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode
 		struct fuse_file_info *fi);
 void mnt_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
 void mnt_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi);
+/* When the process-wide writer budget (--max-buffered) is full, a write blocks its FUSE thread
+ * until another file's commit or abort gives buffer memory back (kvc_buffer_wait: a condition,
+ * no polling), up to MNT_BUFFER_WAIT_MS in all, then answers ENOSPC. */
+#define MNT_BUFFER_WAIT_MS 10000
 void mnt_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
 	       struct fuse_file_info *fi);
 void mnt_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
@@ -284,23 +289,22 @@ extern const struct fuse_lowlevel_ops mnt_ops;
 /* Metadata attributes -> struct stat as the mount reports them (st_blocks from stored bytes,
  * directories with size 0, owner = the mounting user). */
 void mnt_attr_to_stat(const struct mnt *m, const struct kvp_attr *a, struct stat *st);
-/* Meta calls that may be retried while the metadata server is away. The budget is wall-clock:
- * --meta-retry from the request's start (mnt_retry_start, CLOCK_MONOTONIC), counting the time
- * the failed calls themselves take (libkvfs retries a refused connection for ~5.5 s, an
- * unanswered request for two timeouts), not only the sleeps between them.
+/* Meta calls that may be retried while the metadata server is away, by kvch's one retry policy
+ * (KVCH_RETRY_MOUNT, fs/chunk/kvch.h): every 250 ms on a transport error, within --meta-retry
+ * from the request's start (mnt_retry_start), counting the time the failed calls themselves
+ * take (libkvfs retries a refused connection for ~5.5 s, an unanswered request for two
+ * timeouts), not only the waits between them.
  *
  *   struct mnt_retry r;
  *   mnt_retry_start(m, &r);
  *   do rc = kvc_...(...); while (rc && mnt_retry(m, &rc, &r));
  *
- * mnt_retry returns 1 (after a short sleep) when *rc is transient (meta unreachable) and another
- * attempt, expected to take as long as the one that just failed, still ends before the
- * deadline; else 0, and a transient *rc becomes -EIO (what the application sees once the
- * budget is spent). Other errors are left as they are. */
+ * mnt_retry returns 1 (after the wait: it blocks the FUSE thread up to 250 ms) when *rc is a
+ * transport error (kvch_is_transport) and another attempt, expected to take as long as the one
+ * that just failed, still ends before the deadline; else 0, and a transport *rc becomes -EIO
+ * (what the application sees once the budget is spent). Other errors are left as they are. */
 struct mnt_retry {
-	struct timespec until;	 /* CLOCK_MONOTONIC deadline: start + meta-retry */
-	struct timespec attempt; /* when the current attempt began */
-	int tries;		 /* retries so far */
+	struct kvch_retry r;
 };
 void mnt_retry_start(const struct mnt *m, struct mnt_retry *r);
 int mnt_retry(struct mnt *m, int *rc, struct mnt_retry *r);

@@ -53,53 +53,29 @@ void mnt_attr_to_stat(const struct mnt *m, const struct kvp_attr *a, struct stat
 	ns_to_ts(a->ctime_ns, &st->st_ctim);
 }
 
-static int transient(int rc)
-{
-	return rc == -ECONNREFUSED || rc == -ECONNRESET || rc == -ECONNABORTED ||
-	       rc == -ETIMEDOUT || rc == -ENOTCONN || rc == -EPIPE;
-}
-
-/* b - a in milliseconds */
-static long ts_ms_between(const struct timespec *a, const struct timespec *b)
-{
-	return (long)(b->tv_sec - a->tv_sec) * 1000 + (b->tv_nsec - a->tv_nsec) / 1000000;
-}
-
 void mnt_retry_start(const struct mnt *m, struct mnt_retry *r)
 {
-	kvfs_deadline(&r->until, CLOCK_MONOTONIC, (long)(m->cfg.meta_retry * 1000));
-	clock_gettime(CLOCK_MONOTONIC, &r->attempt);
-	r->tries = 0;
+	struct kvch_retry_policy p = KVCH_RETRY_MOUNT;
+	p.budget_ms = (int)(m->cfg.meta_retry * 1000);
+	kvch_retry_start(&r->r, &p);
 }
 
 int mnt_retry(struct mnt *m, int *rc, struct mnt_retry *r)
 {
-	if (!transient(*rc))
+	if (!kvch_is_transport(*rc))
 		return 0;
-	struct timespec now;
-	clock_gettime(CLOCK_MONOTONIC, &now);
-	/* A failed call costs far more than the sleep between calls (libkvfs retries a refused
-	 * connection for ~5.5 s, an unanswered one for two timeouts): the next attempt is only
-	 * started if it would end before the deadline, were it to take as long as this one. So a
-	 * request answers within --meta-retry (or one call, when that is shorter than the call),
-	 * not --meta-retry / sleep x the call's time. */
-	long took = ts_ms_between(&r->attempt, &now), left = ts_ms_between(&now, &r->until);
-	long d = 250;
-	if (left < d + took) {
+	if (!kvch_retry_again(&r->r, *rc)) {
 		klog_warn("metadata server %s: %s; answering EIO after %.1f s (%d retries, "
 			  "--meta-retry %gs)",
 			  m->meta_addr, kvp_strerror(*rc),
-			  (double)(m->cfg.meta_retry * 1000 - left) / 1000, r->tries,
-			  m->cfg.meta_retry);
+			  (double)(r->r.p.budget_ms - kvch_retry_left_ms(&r->r)) / 1000,
+			  r->r.retries, m->cfg.meta_retry);
 		*rc = -EIO;
 		return 0;
 	}
-	if (r->tries == 0)
+	if (r->r.retries == 1)
 		klog_warn("metadata server %s: %s; retrying for up to %gs", m->meta_addr,
 			  kvp_strerror(*rc), m->cfg.meta_retry);
-	usleep((useconds_t)d * 1000);
-	r->tries++;
-	clock_gettime(CLOCK_MONOTONIC, &r->attempt);
 	atomic_fetch_add_explicit(&m->n.retries, 1, memory_order_relaxed);
 	return 1;
 }
