@@ -24,6 +24,7 @@ int meta_open(const struct meta_opts *o, struct meta **out)
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&m->bg_cv, &ca);
 	pthread_cond_init(&m->job_cv, &ca);
+	pthread_cond_init(&m->freed_cv, &ca);
 	pthread_condattr_destroy(&ca);
 	srandom((unsigned)meta_now_ns());
 
@@ -68,6 +69,7 @@ void meta_close(struct meta *m)
 	free(m->nodes);
 	pthread_cond_destroy(&m->bg_cv);
 	pthread_cond_destroy(&m->job_cv);
+	pthread_cond_destroy(&m->freed_cv);
 	pthread_mutex_destroy(&m->job_mu);
 	pthread_mutex_destroy(&m->evict_mu);
 	pthread_mutex_destroy(&m->bg_mu);

@@ -137,8 +137,11 @@ struct meta {
 	uint64_t next_chunk, chunk_limit; /* protected by mu */
 	uint64_t files, dirs;		  /* protected by mu */
 
-	/* nodes_mu protects the registry. Lock order: mu, then nodes_mu. */
+	/* nodes_mu protects the registry. Lock order: mu, then nodes_mu. freed_cv (with nodes_mu,
+	 * CLOCK_MONOTONIC) is broadcast when queued deletions are done or a node goes down: what
+	 * mlife_evict waits for. */
 	pthread_mutex_t nodes_mu;
+	pthread_cond_t freed_cv;
 	struct mnode *nodes;
 	size_t nnodes, nodes_cap;
 	uint32_t next_node;
@@ -297,7 +300,9 @@ int mnodes_remove(struct meta *m, uint32_t id);
 /* One TTL + watermark pass. Returns files removed or a negative errno. */
 int mlife_retention(struct meta *m);
 /* Evicts least recently accessed files until use is under the low watermark and at least
- * `need` more bytes are free (ALLOC's retry). Returns files removed. */
+ * `need` more bytes are free (ALLOC's retry). With need > 0 it then blocks the calling request
+ * until the nodes have acknowledged the deletions (freed_cv), up to 3 s. No lock held on
+ * entry. Returns files removed. */
 int mlife_evict(struct meta *m, uint64_t need);
 /* One orphan pass over every up node. Returns orphans queued or a negative errno. */
 int mlife_orphans(struct meta *m);

@@ -199,6 +199,7 @@ void mnodes_check(struct meta *m)
 			klog_warn("node %u (%s): no heartbeat for %.1f s: down", n->id, n->addr,
 				  (double)(now - n->hb_mono) / 1e9);
 			node_write(m, n);
+			pthread_cond_broadcast(&m->freed_cv); /* its deletions no longer count */
 		}
 	}
 	pthread_mutex_unlock(&m->nodes_mu);
@@ -308,6 +309,7 @@ static void freeing_done(struct meta *m, uint32_t id, uint64_t bytes)
 			}
 			n->freed_b[b] += bytes;
 		}
+	pthread_cond_broadcast(&m->freed_cv);
 	pthread_mutex_unlock(&m->nodes_mu);
 }
 
