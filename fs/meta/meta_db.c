@@ -688,3 +688,72 @@ void mdb_close(struct meta *m)
 	m->wo = NULL;
 	m->dbo = NULL;
 }
+
+/* ---- pending writes (P): an ALLOC not yet committed or aborted ---- */
+
+int mdb_pend_put(rocksdb_writebatch_t *b, uint64_t write_id, const struct mpend *p)
+{
+	uint8_t k[MK_MAX];
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	kvp_w_u8(&w, 1);
+	kvp_w_i64(&w, p->created_ns);
+	kvp_w_u32(&w, p->chunk_size);
+	kvp_w_u32(&w, p->nstripes);
+	kvp_w_u8(&w, p->k);
+	kvp_w_u8(&w, p->m);
+	kvp_w_u64(&w, p->first);
+	for (size_t i = 0; i < mpend_slots(p); i++)
+		kvp_w_u32(&w, p->node[i]);
+	int rc = mdb_rec_end(&w);
+	if (rc)
+		return rc;
+	rocksdb_writebatch_put(b, (const char *)k, mk_pending(k, write_id), (const char *)w.p,
+			       w.len);
+	kvp_w_free(&w);
+	return 0;
+}
+
+int mdb_pend_decode(const char *v, size_t vl, struct mpend *p)
+{
+	struct kvp_rbuf r;
+	kvp_r_init(&r, v, vl);
+	uint8_t ver = kvp_r_u8(&r);
+	p->created_ns = kvp_r_i64(&r);
+	p->chunk_size = kvp_r_u32(&r);
+	p->nstripes = kvp_r_u32(&r);
+	p->k = kvp_r_u8(&r);
+	p->m = kvp_r_u8(&r);
+	p->first = kvp_r_u64(&r);
+	size_t n = mpend_slots(p);
+	if (ver != 1 || r.err || (vl - r.off) != n * 4)
+		return -EIO;
+	p->node = malloc(n ? n * sizeof(uint32_t) : 1);
+	if (!p->node)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++)
+		p->node[i] = kvp_r_u32(&r);
+	return kvp_r_end(&r) ? -EIO : 0;
+}
+
+int mdb_pending_on(struct meta *m, uint32_t node)
+{
+	uint8_t k = MK_PENDING;
+	int rc = 0;
+	rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, m->ro);
+	for (rocksdb_iter_seek(it, (const char *)&k, 1); rocksdb_iter_valid(it) && !rc;
+	     rocksdb_iter_next(it)) {
+		size_t kl, vl;
+		const char *key = rocksdb_iter_key(it, &kl);
+		if (kl < 1 || key[0] != MK_PENDING)
+			break;
+		const char *v = rocksdb_iter_value(it, &vl);
+		struct mpend p = {0};
+		rc = mdb_pend_decode(v, vl, &p);
+		for (size_t i = 0; !rc && i < mpend_slots(&p); i++)
+			rc = p.node[i] == node;
+		free(p.node);
+	}
+	rocksdb_iter_destroy(it);
+	return rc;
+}

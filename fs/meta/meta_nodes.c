@@ -11,7 +11,6 @@
 #include <time.h>
 
 #define DEL_BATCH      4096u
-#define DEL_ROUNDS     64
 #define DEL_TIMEOUT_MS 3000
 
 static int node_decode(uint32_t id, const char *v, size_t vl, struct mnode *n)
@@ -378,7 +377,7 @@ int mnodes_remove(struct meta *m, uint32_t id)
 	pthread_mutex_unlock(&m->nodes_mu);
 	int pend = 0;
 	if ((n.state == KVP_NODE_UP && !n.draining) || owns_chunks(m, id) ||
-	    (pend = mfile_pending_on(m, id)) != 0) {
+	    (pend = mdb_pending_on(m, id)) != 0) {
 		pthread_mutex_unlock(&m->mu);
 		return pend < 0 ? pend : -EBUSY;
 	}
@@ -411,7 +410,7 @@ int mnodes_remove(struct meta *m, uint32_t id)
 /* One round: the first queued node at or after *from, up to DEL_BATCH of its chunks, sent as
  * one DEL. Removed from the queue once the node acknowledges. Returns 1 to go on, 0 when the
  * queue has nothing more at or after *from. */
-static int delq_round(struct meta *m, uint32_t *from)
+int mnodes_delq_round(struct meta *m, uint32_t *from)
 {
 	uint8_t k[MK_MAX];
 	uint64_t *ids = malloc(DEL_BATCH * sizeof(*ids));
@@ -485,64 +484,10 @@ static int delq_round(struct meta *m, uint32_t *from)
 	return 1;
 }
 
-static int stopping(struct meta *m)
-{
-	pthread_mutex_lock(&m->bg_mu);
-	int s = m->stopping;
-	pthread_mutex_unlock(&m->bg_mu);
-	return s;
-}
-
-static void *bg_main(void *arg)
-{
-	struct meta *m = arg;
-	while (!stopping(m)) {
-		mnodes_check(m);
-		uint32_t from = 0;
-		for (int i = 0; i < DEL_ROUNDS && !stopping(m) && delq_round(m, &from); i++)
-			;
-		mfile_expire(m);
-		mlife_tick(m);
-
-		struct timespec t;
-		clock_gettime(CLOCK_MONOTONIC, &t);
-		int64_t ns = t.tv_nsec + (int64_t)(m->o.gc_interval_s * 1e9);
-		t.tv_sec += ns / 1000000000;
-		t.tv_nsec = ns % 1000000000;
-		pthread_mutex_lock(&m->bg_mu);
-		if (!m->stopping && !m->kicked)
-			pthread_cond_timedwait(&m->bg_cv, &m->bg_mu, &t);
-		m->kicked = 0;
-		pthread_mutex_unlock(&m->bg_mu);
-	}
-	return NULL;
-}
-
 void mbg_kick(struct meta *m)
 {
 	pthread_mutex_lock(&m->bg_mu);
 	m->kicked = 1;
 	pthread_cond_signal(&m->bg_cv);
 	pthread_mutex_unlock(&m->bg_mu);
-}
-
-int mbg_start(struct meta *m)
-{
-	int rc = pthread_create(&m->bg, NULL, bg_main, m);
-	if (rc)
-		return -rc;
-	m->bg_started = 1;
-	return 0;
-}
-
-void mbg_stop(struct meta *m)
-{
-	if (!m->bg_started)
-		return;
-	pthread_mutex_lock(&m->bg_mu);
-	m->stopping = 1;
-	pthread_cond_signal(&m->bg_cv);
-	pthread_mutex_unlock(&m->bg_mu);
-	pthread_join(m->bg, NULL);
-	m->bg_started = 0;
 }

@@ -147,7 +147,10 @@ struct mnt_wfile {
 	int grow_ok;	  /* lock; the old version's page-cache readers are gone (mnt_write) */
 };
 
-/* ---- inode table (mount_inode.c); thread-safe ---- */
+/* The option table (mount_cfg.c): fills struct mnt_cfg; main parses with it, .kvfs/ dumps it. */
+extern const struct cfg_opt mnt_cfg_opts[];
+
+/* ---- inode table and writer references (mount_inode.c); thread-safe ---- */
 struct mnt_inode_info {
 	uint64_t ino;  /* meta inode (0: a new file not yet committed) */
 	uint32_t mode; /* S_IFREG / S_IFDIR | bits, as last seen (0: unknown) */
@@ -201,8 +204,11 @@ void mnt_itab_set_attr(struct mnt_itab *t, uint64_t nodeid, const struct kvp_att
 void mnt_itab_rename(struct mnt_itab *t, uint64_t ino, uint64_t newparent, const char *newname);
 size_t mnt_itab_count(struct mnt_itab *t);
 
-/* ---- writers and file handles (mount_io.c) ---- */
+/* Drops a reference to a writer (the inode table, handles and .kvfs/ hold them); the last
+ * one aborts a writer never committed and ends its replacement mark. */
 void mnt_wfile_put(struct mnt_wfile *wf);
+
+/* ---- writers and file handles (mount_io.c) ---- */
 /* Attributes of a file being written (size = bytes buffered so far). */
 void mnt_wfile_stat(struct mnt *m, struct mnt_wfile *wf, struct stat *st);
 /* setattr on a file being written: size (truncate the buffer), mode and times are kept and
@@ -284,8 +290,9 @@ struct mnt_close_info {
 void mnt_proc_close_info(const struct mnt *m, pid_t tid, pid_t owner, uint64_t nodeid, int want_fds,
 			 struct mnt_close_info *out);
 
-/* ---- namespace (mount_ops.c) ---- */
-extern const struct fuse_lowlevel_ops mnt_ops;
+/* ---- metadata helpers (mount_meta.c): used by mount_ops.c and mount_io.c ---- */
+/* Wall-clock now in ns (CLOCK_REALTIME: file times). */
+int64_t mnt_now_ns(void);
 /* Metadata attributes -> struct stat as the mount reports them (st_blocks from stored bytes,
  * directories with size 0, owner = the mounting user). */
 void mnt_attr_to_stat(const struct mnt *m, const struct kvp_attr *a, struct stat *st);
@@ -316,9 +323,11 @@ int mnt_retry(struct mnt *m, int *rc, struct mnt_retry *r);
 void mnt_dirtimes_note(struct mnt *m, uint64_t ino, uint32_t valid, int64_t mtime_ns,
 		       int64_t atime_ns);
 void mnt_dirtimes_restore(struct mnt *m, uint64_t dir, int64_t created_ns);
+
+/* ---- namespace (mount_ops.c) ---- */
+extern const struct fuse_lowlevel_ops mnt_ops;
 /* Blocks up to ~2 s while commits started from release are running. */
 void mnt_wait_release_commits(struct mnt *m);
-int64_t mnt_now_ns(void);
 
 /* ---- .kvfs/ and xattrs (mount_status.c) ---- */
 int mnt_virt_is(uint64_t nodeid);

@@ -2,7 +2,8 @@
  * metadata inode it stands for and the name it was last seen under. The name is what an
  * open(O_TRUNC) of a committed file needs to create its replacement; the mapping node id ->
  * inode is what keeps a new file's temporary id (and a replaced file's old id) working after a
- * commit. One mutex; chained hash on the node id, grown at load 1. */
+ * commit. One mutex; chained hash on the node id, grown at load 1. It also
+ * owns the release of the writer references it and the handles hold (mnt_wfile_put). */
 #include "mount.h"
 
 #include <errno.h>
@@ -301,4 +302,16 @@ size_t mnt_itab_count(struct mnt_itab *t)
 	size_t n = t->n;
 	pthread_mutex_unlock(&t->lock);
 	return n;
+}
+
+void mnt_wfile_put(struct mnt_wfile *wf)
+{
+	if (!wf || atomic_fetch_sub(&wf->refs, 1) != 1)
+		return;
+	if (wf->w)
+		kvc_abort(wf->w);
+	if (wf->repl_itab)
+		mnt_itab_replacing(wf->repl_itab, wf->nodeid, -1);
+	pthread_mutex_destroy(&wf->lock);
+	free(wf);
 }

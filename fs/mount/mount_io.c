@@ -134,18 +134,6 @@ static struct mnt_wfile *wfile_new(struct kvc_writer *w, uint64_t nodeid, uint64
 	return wf;
 }
 
-void mnt_wfile_put(struct mnt_wfile *wf)
-{
-	if (!wf || atomic_fetch_sub(&wf->refs, 1) != 1)
-		return;
-	if (wf->w)
-		kvc_abort(wf->w);
-	if (wf->repl_itab)
-		mnt_itab_replacing(wf->repl_itab, wf->nodeid, -1);
-	pthread_mutex_destroy(&wf->lock);
-	free(wf);
-}
-
 struct mnt_wfile *mnt_fh_writer(struct fuse_file_info *fi)
 {
 	struct fh *h = fi ? fh_of(fi) : NULL;
