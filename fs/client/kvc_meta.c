@@ -1,5 +1,6 @@
 /* kvc: connection handling, metadata calls with failover, the namespace and path helpers. */
 #define KVFS_LOG_TAG "kvc"
+#include "ktime.h"
 #include "kvc_int.h"
 #include "log.h"
 
@@ -134,11 +135,7 @@ int kvc_open(const struct kvc_opts *o, struct kvc **out)
 	c->max_buffered = o->max_buffered ? o->max_buffered : (4ull << 30);
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_mutex_init(&c->buf_mu, NULL);
-	pthread_condattr_t ca;
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&c->buf_cond, &ca);
-	pthread_condattr_destroy(&ca);
+	kvfs_cond_init_mono(&c->buf_cond);
 	int rc = kvp_pool_create(&c->secret, c->read_timeout_ms, &c->pool);
 	if (rc) {
 		pthread_cond_destroy(&c->buf_cond);

@@ -1,5 +1,6 @@
 /* kvfs-meta service object: open/close, the background thread and the request dispatcher. */
 #define KVFS_LOG_TAG "meta"
+#include "ktime.h"
 #include "log.h"
 #include "meta_int.h"
 
@@ -77,13 +78,9 @@ int meta_open(const struct meta_opts *o, struct meta **out)
 	pthread_mutex_init(&m->bg_mu, NULL);
 	pthread_mutex_init(&m->job_mu, NULL);
 	pthread_mutex_init(&m->evict_mu, NULL);
-	pthread_condattr_t ca;
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&m->bg_cv, &ca);
-	pthread_cond_init(&m->job_cv, &ca);
-	pthread_cond_init(&m->freed_cv, &ca);
-	pthread_condattr_destroy(&ca);
+	kvfs_cond_init_mono(&m->bg_cv);
+	kvfs_cond_init_mono(&m->job_cv);
+	kvfs_cond_init_mono(&m->freed_cv);
 	srandom((unsigned)meta_now_ns());
 
 	int rc = mdb_open(m);

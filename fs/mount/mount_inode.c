@@ -4,6 +4,7 @@
  * inode is what keeps a new file's temporary id (and a replaced file's old id) working after a
  * commit. One mutex; chained hash on the node id, grown at load 1. It also
  * owns the release of the writer references it and the handles hold (mnt_wfile_put). */
+#include "ktime.h"
 #include "mount.h"
 
 #include <errno.h>
@@ -49,11 +50,7 @@ int mnt_itab_create(struct mnt_itab **out)
 		return -ENOMEM;
 	}
 	pthread_mutex_init(&t->lock, NULL);
-	pthread_condattr_t ca;
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&t->readers_gone, &ca);
-	pthread_condattr_destroy(&ca);
+	kvfs_cond_init_mono(&t->readers_gone);
 	*out = t;
 	return 0;
 }
