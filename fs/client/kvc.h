@@ -107,10 +107,10 @@ int kvc_create(struct kvc *c, uint64_t parent, const char *name, uint32_t mode, 
  * process-wide buffer budget is exhausted. */
 ssize_t kvc_write(struct kvc_writer *w, const void *buf, size_t len, uint64_t off);
 /* Waiting for the buffer budget instead of polling kvc_write: read the epoch before a
- * kvc_write; after its -ENOMEM, kvc_buffer_wait blocks the calling thread until a writer has
- * given its buffer back since that epoch (kvc_commit or kvc_abort freed one: 0) or timeout_ms
- * passed (-ETIMEDOUT). Any thread; no lock of the caller may be held that a committing thread
- * needs. */
+ * kvc_write; after its -ENOMEM, kvc_buffer_wait blocks the calling thread until budget was
+ * given back since that epoch (kvc_commit or kvc_abort freed a writer: 0) or timeout_ms
+ * passed (-ETIMEDOUT). A kvc_write that fails the budget holds none of it, even briefly.
+ * Any thread; hold no lock a committing thread needs. */
 uint64_t kvc_buffer_epoch(struct kvc *c);
 int kvc_buffer_wait(struct kvc *c, uint64_t epoch, int timeout_ms);
 /* Sets the file's size (grow with zeros or shrink); for truncate while the file is new. */

@@ -55,6 +55,31 @@ int kvc_create(struct kvc *c, uint64_t parent, const char *name, uint32_t mode, 
 	return 0;
 }
 
+/* Takes bytes of the buffer budget, or none (-ENOMEM): a failed attempt holds nothing even for
+ * a moment, so it cannot make a concurrent writer fail. */
+static int budget_take(struct kvc *c, uint64_t bytes)
+{
+	uint_fast64_t cur = atomic_load(&c->buffered);
+	do
+		if (cur + bytes > c->max_buffered)
+			return -ENOMEM;
+	while (!atomic_compare_exchange_weak(&c->buffered, &cur, cur + bytes));
+	return 0;
+}
+
+/* Gives bytes back; wake: tell kvc_buffer_wait (not for a writer's own failed realloc, which
+ * would only wake that writer to fail again). */
+static void budget_release(struct kvc *c, uint64_t bytes, int wake)
+{
+	atomic_fetch_sub(&c->buffered, bytes);
+	if (!wake)
+		return;
+	pthread_mutex_lock(&c->buf_mu);
+	c->buf_freed++;
+	pthread_cond_broadcast(&c->buf_cond);
+	pthread_mutex_unlock(&c->buf_mu);
+}
+
 static int grow(struct kvc_writer *w, uint64_t need)
 {
 	struct kvc *c = w->c;
@@ -68,13 +93,11 @@ static int grow(struct kvc_writer *w, uint64_t need)
 	if (ncap > c->max_file)
 		ncap = c->max_file;
 	uint64_t add = ncap - w->cap;
-	if (atomic_fetch_add(&c->buffered, add) + add > c->max_buffered) {
-		atomic_fetch_sub(&c->buffered, add);
+	if (budget_take(c, add))
 		return -ENOMEM;
-	}
 	uint8_t *nb = realloc(w->buf, ncap);
 	if (!nb) {
-		atomic_fetch_sub(&c->buffered, add);
+		budget_release(c, add, 0);
 		return -ENOMEM;
 	}
 	w->buf = nb;
@@ -119,13 +142,10 @@ uint64_t kvc_writer_size(const struct kvc_writer *w)
 static void writer_free(struct kvc_writer *w)
 {
 	struct kvc *c = w->c;
-	atomic_fetch_sub(&c->buffered, w->cap);
+	uint64_t cap = w->cap;
 	free(w->buf);
 	free(w);
-	pthread_mutex_lock(&c->buf_mu);
-	c->buf_freed++;
-	pthread_cond_broadcast(&c->buf_cond);
-	pthread_mutex_unlock(&c->buf_mu);
+	budget_release(c, cap, 1);
 }
 
 uint64_t kvc_buffer_epoch(struct kvc *c)
