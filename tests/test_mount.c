@@ -398,18 +398,10 @@ static void test_unmount_inval(void **state)
 {
 	(void)state;
 	char log2[800], dir[800], p[900];
-	snprintf(g_mnt2, sizeof(g_mnt2), "%s/mnt-d", g_cl.dir);
-	snprintf(log2, sizeof(log2), "%s/mount-d.log", g_cl.dir);
-	assert_int_equal(mkdir(g_mnt2, 0755), 0);
-	char *argv[] = {"kvfs-mount", "-f", "--secret-file", g_cl.secret_file, g_cl.meta_addr,
-			g_mnt2,	      NULL};
 	setenv("KVFS_MOUNT_TEST_INVAL_DELAY_MS", "1500", 1);
-	g_mount2_pid = kvh_spawn(g_bin, argv, log2);
+	int rc = mtu_start_mount2("d", NULL, log2, sizeof(log2));
 	unsetenv("KVFS_MOUNT_TEST_INVAL_DELAY_MS");
-	assert_true(g_mount2_pid > 0);
-	for (int i = 0; i < 200 && !mtu_is_fuse(g_mnt2); i++)
-		usleep(50000);
-	assert_true(mtu_is_fuse(g_mnt2));
+	assert_int_equal(rc, 0);
 	snprintf(dir, sizeof(dir), "%s/ud", g_mnt2);
 	assert_int_equal(mkdir(dir, 0755), 0);
 	snprintf(p, sizeof(p), "%s/a.kvb", dir);
@@ -494,17 +486,7 @@ static void test_buffer_full(void **state)
 {
 	(void)state;
 	char log2[800], a[900];
-	snprintf(g_mnt2, sizeof(g_mnt2), "%s/mnt-b", g_cl.dir);
-	snprintf(log2, sizeof(log2), "%s/mount-b.log", g_cl.dir);
-	assert_int_equal(mkdir(g_mnt2, 0755), 0);
-	char *argv[] = {"kvfs-mount",	  "-f",	  "--secret-file",
-			g_cl.secret_file, "-o",	  "max_buffered=1M",
-			g_cl.meta_addr,	  g_mnt2, NULL};
-	g_mount2_pid = kvh_spawn(g_bin, argv, log2);
-	assert_true(g_mount2_pid > 0);
-	for (int i = 0; i < 200 && !mtu_is_fuse(g_mnt2); i++)
-		usleep(50000);
-	assert_true(mtu_is_fuse(g_mnt2));
+	assert_int_equal(mtu_start_mount2("b", "max_buffered=1M", log2, sizeof(log2)), 0);
 	static uint8_t ba[900 << 10], bb[256 << 10], r[900 << 10];
 	mtu_fill(ba, sizeof(ba), 31);
 	mtu_fill(bb, sizeof(bb), 32);
