@@ -106,6 +106,23 @@ int mtu_start_mount(void)
 	return mtu_is_fuse(g_mnt) ? 0 : -1;
 }
 
+int mtu_start_mount2(const char *tag, const char *opts, char *log2, size_t cap)
+{
+	snprintf(g_mnt2, sizeof(g_mnt2), "%s/mnt-%s", g_cl.dir, tag);
+	snprintf(log2, cap, "%s/mount-%s.log", g_cl.dir, tag);
+	if (mkdir(g_mnt2, 0755) != 0)
+		return -1;
+	char *argv[] = {"kvfs-mount",	  "-f",	  "--secret-file",
+			g_cl.secret_file, "-o",	  (char *)(opts ? opts : "rw"),
+			g_cl.meta_addr,	  g_mnt2, NULL};
+	g_mount2_pid = kvh_spawn(g_bin, argv, log2);
+	if (g_mount2_pid <= 0)
+		return -1;
+	for (int i = 0; i < 200 && !mtu_is_fuse(g_mnt2); i++)
+		usleep(50000);
+	return mtu_is_fuse(g_mnt2) ? 0 : -1;
+}
+
 /* Also from teardown, so a failed test does not leave it mounted. */
 void mtu_stop_mount2(void)
 {

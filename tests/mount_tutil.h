@@ -31,6 +31,10 @@ int mtu_write_file(const char *path, const void *buf, size_t len);
 ssize_t mtu_read_file(const char *path, void *buf, size_t cap);
 /* Starts kvfs-mount on g_mnt (log g_log) and waits for the mount; 0 or -1. */
 int mtu_start_mount(void);
+/* Starts a second kvfs-mount of the cluster on g_mnt2 = <cluster dir>/mnt-<tag> (created; log
+ * in log2, cap bytes), with "-o opts" when opts is not NULL, and waits for it: 0 or -1. The
+ * caller's environment is the daemon's (test hooks). */
+int mtu_start_mount2(const char *tag, const char *opts, char *log2, size_t cap);
 /* Unmounts and stops the mount on g_mnt / g_mnt2, if running. */
 void mtu_stop_mount(void);
 void mtu_stop_mount2(void);

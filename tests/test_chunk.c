@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -51,12 +52,72 @@ static void test_transport_list(void **state)
 {
 	(void)state;
 	int yes[] = {-ECONNRESET, -ECONNABORTED, -ECONNREFUSED, -ETIMEDOUT,
-		     -EPIPE,	  -EHOSTUNREACH, -ENETUNREACH};
+		     -EPIPE,	  -ENOTCONN,	 -EHOSTUNREACH, -ENETUNREACH};
 	int no[] = {0, -ENOENT, -EILSEQ, -EBADMSG, -ENOSPC, -EIO, -EOPNOTSUPP, -EINVAL};
 	for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++)
 		assert_true(kvch_is_transport(yes[i]));
 	for (size_t i = 0; i < sizeof(no) / sizeof(no[0]); i++)
 		assert_false(kvch_is_transport(no[i]));
+}
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The one retry policy: transport errors only, attempts, timeouts and the wall-clock budget
+ * each end it, and the waits double up to the cap. */
+static void test_retry_policy(void **state)
+{
+	(void)state;
+	struct kvch_retry r;
+	struct kvch_retry_policy p = {.attempts = 4, .first_ms = 1, .max_ms = 4};
+	kvch_retry_start(&r, &p);
+	assert_false(kvch_retry_again(&r, -ENOENT)); /* an answer is final */
+	assert_false(kvch_retry_again(&r, 0));
+	int64_t t0 = now_ms();
+	int n = 0;
+	while (kvch_retry_again(&r, -ECONNREFUSED))
+		n++;
+	assert_int_equal(n, 3); /* 4 attempts: 3 retries */
+	assert_int_equal(r.retries, 3);
+	assert_true(now_ms() - t0 >= 1 + 2 + 4 - 1); /* waited 1, 2, 4 ms (clock granularity) */
+	assert_int_equal(r.delay_ms, 4);	     /* capped */
+	assert_int_equal(kvch_retry_left_ms(&r), -1);
+
+	/* Two timeouts end it, whatever attempts are left. */
+	p = (struct kvch_retry_policy){
+	    .attempts = 10, .first_ms = 1, .max_ms = 1, .max_timeouts = 2};
+	kvch_retry_start(&r, &p);
+	assert_true(kvch_retry_again(&r, -ETIMEDOUT));
+	assert_true(kvch_retry_again(&r, -ECONNRESET));
+	assert_false(kvch_retry_again(&r, -ETIMEDOUT));
+
+	/* The budget: no attempt starts that, taking as long as the last, would end past it. */
+	p = (struct kvch_retry_policy){.first_ms = 10, .max_ms = 10, .budget_ms = 300};
+	kvch_retry_start(&r, &p);
+	struct timespec slow = {0, 200 * 1000000L}; /* a call that took 200 ms */
+	nanosleep(&slow, NULL);
+	assert_false(kvch_retry_again(&r, -ECONNREFUSED));
+	assert_true(kvch_retry_left_ms(&r) <= 100);
+	kvch_retry_start(&r, &p); /* fast failures go on until the budget is near */
+	n = 0;
+	while (kvch_retry_again(&r, -ECONNREFUSED))
+		n++;
+	assert_true(n >= 5 && n <= 30);
+	assert_true(kvch_retry_left_ms(&r) < 30);
+
+	/* The named policies are the ones documented (kvch.h, docs/client.md). */
+	struct kvch_retry_policy meta = KVCH_RETRY_META, store = KVCH_RETRY_STORE,
+				 mnt = KVCH_RETRY_MOUNT;
+	assert_int_equal(meta.first_ms, 50);
+	assert_int_equal(meta.max_timeouts, 2);
+	assert_int_equal(store.attempts, 4);
+	assert_int_equal(store.first_ms, 500);
+	assert_int_equal(mnt.first_ms, 250);
+	assert_int_equal(mnt.attempts, 0);
 }
 
 /* PUT, GET (whole, range, wrong expectations), VERIFY, LIST, DEL on one node. */
@@ -255,6 +316,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_transport_list),
+	    cmocka_unit_test(test_retry_policy),
 	    cmocka_unit_test(test_ops),
 	    cmocka_unit_test(test_stripe_read),
 	};

@@ -513,6 +513,53 @@ static void check_edges(struct kvh_cluster *cl)
  * data-0 and first-parity nodes gave -EIO (the empty data chunks used up the round's turns,
  * and so did a GET that could not start); and a chunk skipped because its node was on the
  * bad list (not failed) was never asked, even when it was the last one left. */
+struct commit_later {
+	struct kvc_writer *w;
+	int delay_ms, rc;
+};
+
+static void *commit_later_main(void *arg)
+{
+	struct commit_later *x = arg;
+	struct timespec d = {x->delay_ms / 1000, (long)(x->delay_ms % 1000) * 1000000L};
+	nanosleep(&d, NULL);
+	x->rc = kvc_commit(x->w, NULL);
+	return NULL;
+}
+
+/* A writer out of buffer budget waits on libkvfs's condition, not a poll: kvc_buffer_wait
+ * times out while nothing is freed and returns as soon as another file's commit frees its
+ * buffer, after which the write fits. */
+static void test_buffer_wait(void **state)
+{
+	(void)state;
+	NEED_CLUSTER();
+	struct kvc_opts o = {
+	    .meta_addr = g_cl.meta_addr, .secret = &g_cl.secret, .max_buffered = 256 << 10};
+	struct kvc *c;
+	assert_int_equal(kvc_open(&o, &c), 0);
+	static uint8_t buf[200 << 10];
+	fill(buf, sizeof(buf), 77);
+	struct kvc_writer *a, *b;
+	assert_int_equal(kvc_create(c, KVP_ROOT_INO, "bw-a", 0644, 0, &a), 0);
+	assert_int_equal(kvc_create(c, KVP_ROOT_INO, "bw-b", 0644, 0, &b), 0);
+	assert_int_equal(kvc_write(a, buf, sizeof(buf), 0), (ssize_t)sizeof(buf));
+	uint64_t epoch = kvc_buffer_epoch(c);
+	assert_int_equal(kvc_write(b, buf, sizeof(buf), 0), -ENOMEM);
+	assert_int_equal(kvc_buffer_wait(c, epoch, 100), -ETIMEDOUT); /* nothing freed */
+	struct commit_later x = {.w = a, .delay_ms = 300, .rc = 1};
+	pthread_t t;
+	assert_int_equal(pthread_create(&t, NULL, commit_later_main, &x), 0);
+	assert_int_equal(kvc_buffer_wait(c, epoch, 30000), 0); /* woken by a's commit */
+	pthread_join(t, NULL);
+	assert_int_equal(x.rc, 0);
+	assert_int_equal(kvc_write(b, buf, sizeof(buf), 0), (ssize_t)sizeof(buf));
+	assert_int_equal(kvc_commit(b, NULL), 0);
+	assert_int_equal(check_file(c, "/bw-a", sizeof(buf), 77), 0);
+	assert_int_equal(check_file(c, "/bw-b", sizeof(buf), 77), 0);
+	kvc_close(c);
+}
+
 static void test_degraded_edges(void **state)
 {
 	(void)state;
@@ -835,6 +882,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_namespace),
+	    cmocka_unit_test(test_buffer_wait),
 	    cmocka_unit_test(test_many_files_and_degraded),
 	    cmocka_unit_test(test_meta_kill_during_writes),
 	    cmocka_unit_test(test_corrupt_and_stopped_node),

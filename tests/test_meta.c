@@ -968,6 +968,64 @@ static void test_pending_space(void **state)
 	daemon_stop(&d, SIGTERM);
 }
 
+/* Out of memory while encoding a record is answered -ENOMEM (the daemon lives on) and leaves
+ * nothing behind: every op's batch is written whole or not at all. The allocation failure is
+ * injected by the test-only switch KVFS_META_FAULT_ENOMEM (a file whose existence fails every
+ * record encoding). */
+static void test_enomem_answered(void **state)
+{
+	(void)state;
+#ifndef KVFS_FAULT_INJECT
+	fprintf(stderr, "skipped: built without KVFS_FAULT_INJECT\n");
+	skip();
+#else
+	char fault[300];
+	snprintf(fault, sizeof(fault), "%s/enomem", g_dir);
+	assert_int_equal(setenv("KVFS_META_FAULT_ENOMEM", fault, 1), 0);
+	struct daemon d;
+	daemon_start(&d, "db-enomem", "10s");
+	unsetenv("KVFS_META_FAULT_ENOMEM");
+	struct kvp_client *c = connect_to(&d);
+	uint32_t id;
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(heartbeat(c, 700 + (uint64_t)i, g_nodes.addr, GIB, 0, &id), 0);
+	struct kvp_attr dir, root0, root1, b;
+	struct alloc a, a2;
+	assert_int_equal(mkdir_(c, KVP_ROOT_INO, "keep", &dir), 0);
+	assert_int_equal(alloc_(c, 2, 1, 4096, 1, &a), 0);
+	assert_int_equal(getattr(c, KVP_ROOT_INO, &root0), 0);
+
+	int fd = open(fault, O_CREAT | O_WRONLY, 0600);
+	assert_true(fd >= 0);
+	close(fd);
+	assert_int_equal(mkdir_(c, KVP_ROOT_INO, "new", &b), -ENOMEM);
+	assert_int_equal(commit_(c, KVP_ROOT_INO, "file", &a, 2, 4096, 100, 0, &b), -ENOMEM);
+	assert_int_equal(alloc_(c, 2, 1, 4096, 1, &a2), -ENOMEM);
+	assert_int_equal(rename_(c, KVP_ROOT_INO, "keep", KVP_ROOT_INO, "moved", 0), -ENOMEM);
+	assert_int_equal(name_op(c, KVP_OP_RMDIR, KVP_ROOT_INO, "keep", 4, 0, &b), -ENOMEM);
+	assert_int_equal(heartbeat(c, 700, g_nodes.addr, GIB, 0, &id), -ENOMEM);
+	assert_true(kvp_client_alive(c));
+	assert_int_equal(kill(d.pid, 0), 0);
+	/* Nothing of the failed ops was written. */
+	assert_int_equal(lookup(c, KVP_ROOT_INO, "new", &b), -ENOENT);
+	assert_int_equal(lookup(c, KVP_ROOT_INO, "file", &b), -ENOENT);
+	assert_int_equal(lookup(c, KVP_ROOT_INO, "moved", &b), -ENOENT);
+	assert_int_equal(lookup(c, KVP_ROOT_INO, "keep", &b), 0);
+	assert_true(b.ino == dir.ino);
+	assert_int_equal(getattr(c, KVP_ROOT_INO, &root1), 0);
+	assert_true(root1.nlink == root0.nlink && root1.mtime_ns == root0.mtime_ns);
+
+	/* Memory back: the same ops succeed, the write's ALLOC still valid. */
+	assert_int_equal(unlink(fault), 0);
+	assert_int_equal(mkdir_(c, KVP_ROOT_INO, "new", &b), 0);
+	assert_int_equal(commit_(c, KVP_ROOT_INO, "file", &a, 2, 4096, 100, 0, &b), 0);
+	assert_int_equal(lookup(c, KVP_ROOT_INO, "file", &b), 0);
+	alloc_free(&a);
+	kvp_client_close(c);
+	daemon_stop(&d, SIGTERM);
+#endif
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -978,7 +1036,7 @@ int main(void)
 	    cmocka_unit_test(test_bad_frames),	  cmocka_unit_test(test_flags),
 	    cmocka_unit_test(test_concurrency),	  cmocka_unit_test(test_kill9),
 	    cmocka_unit_test(test_sync),	  cmocka_unit_test(test_write_expiry),
-	    cmocka_unit_test(test_pending_space),
+	    cmocka_unit_test(test_pending_space), cmocka_unit_test(test_enomem_answered),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -398,18 +398,10 @@ static void test_unmount_inval(void **state)
 {
 	(void)state;
 	char log2[800], dir[800], p[900];
-	snprintf(g_mnt2, sizeof(g_mnt2), "%s/mnt-d", g_cl.dir);
-	snprintf(log2, sizeof(log2), "%s/mount-d.log", g_cl.dir);
-	assert_int_equal(mkdir(g_mnt2, 0755), 0);
-	char *argv[] = {"kvfs-mount", "-f", "--secret-file", g_cl.secret_file, g_cl.meta_addr,
-			g_mnt2,	      NULL};
 	setenv("KVFS_MOUNT_TEST_INVAL_DELAY_MS", "1500", 1);
-	g_mount2_pid = kvh_spawn(g_bin, argv, log2);
+	int rc = mtu_start_mount2("d", NULL, log2, sizeof(log2));
 	unsetenv("KVFS_MOUNT_TEST_INVAL_DELAY_MS");
-	assert_true(g_mount2_pid > 0);
-	for (int i = 0; i < 200 && !mtu_is_fuse(g_mnt2); i++)
-		usleep(50000);
-	assert_true(mtu_is_fuse(g_mnt2));
+	assert_int_equal(rc, 0);
 	snprintf(dir, sizeof(dir), "%s/ud", g_mnt2);
 	assert_int_equal(mkdir(dir, 0755), 0);
 	snprintf(p, sizeof(p), "%s/a.kvb", dir);
@@ -462,6 +454,64 @@ static void test_unmount_inval(void **state)
 	assert_int_equal(WEXITSTATUS(ws), 0);
 	assert_true(WIFEXITED(cws)); /* answered, not left waiting */
 	assert_int_equal(WEXITSTATUS(cws), 0);
+}
+
+/* ---- writer budget full: a write waits for another file's commit, then goes on ---- */
+
+struct bf_writer {
+	char path[900];
+	const uint8_t *buf;
+	size_t len;
+	atomic_int done;
+	ssize_t wrote;
+	int close_rc;
+};
+
+static void *bf_writer_main(void *arg)
+{
+	struct bf_writer *x = arg;
+	int fd = open(x->path, O_CREAT | O_WRONLY | O_TRUNC, 0644);
+	x->wrote = fd < 0 ? -errno : write(fd, x->buf, x->len);
+	if (x->wrote < 0 && fd >= 0)
+		x->wrote = -errno;
+	x->close_rc = fd < 0 ? -1 : close(fd);
+	atomic_store(&x->done, 1);
+	return NULL;
+}
+
+/* A mount whose --max-buffered (1 MiB) one open file fills: a second file's write blocks in
+ * the mount (kvc_buffer_wait) until the first file's close commits it and frees its buffer,
+ * then succeeds; both files read back whole. */
+static void test_buffer_full(void **state)
+{
+	(void)state;
+	char log2[800], a[900];
+	assert_int_equal(mtu_start_mount2("b", "max_buffered=1M", log2, sizeof(log2)), 0);
+	static uint8_t ba[900 << 10], bb[256 << 10], r[900 << 10];
+	mtu_fill(ba, sizeof(ba), 31);
+	mtu_fill(bb, sizeof(bb), 32);
+	snprintf(a, sizeof(a), "%s/bf-a.kvb", g_mnt2);
+	int fa = open(a, O_CREAT | O_WRONLY | O_TRUNC, 0644);
+	assert_true(fa >= 0);
+	assert_int_equal(write(fa, ba, sizeof(ba)), (ssize_t)sizeof(ba)); /* 900 of 1024 KiB */
+	struct bf_writer x = {.buf = bb, .len = sizeof(bb)};
+	snprintf(x.path, sizeof(x.path), "%s/bf-b.kvb", g_mnt2);
+	pthread_t t;
+	assert_int_equal(pthread_create(&t, NULL, bf_writer_main, &x), 0);
+	usleep(500000);
+	assert_false(atomic_load(&x.done)); /* waiting for budget, not failed */
+	assert_int_equal(close(fa), 0);	    /* commits a: its buffer is freed */
+	pthread_join(t, NULL);
+	assert_int_equal(x.wrote, (ssize_t)sizeof(bb));
+	assert_int_equal(x.close_rc, 0);
+	assert_int_equal(mtu_read_file(a, r, sizeof(r)), (ssize_t)sizeof(ba));
+	assert_memory_equal(r, ba, sizeof(ba));
+	assert_int_equal(mtu_read_file(x.path, r, sizeof(r)), (ssize_t)sizeof(bb));
+	assert_memory_equal(r, bb, sizeof(bb));
+	unlink(a);
+	unlink(x.path);
+	mtu_stop_mount2();
+	rmdir(g_mnt2);
 }
 
 /* ---- meta gone for good: a request answers EIO within --meta-retry ---- */
@@ -934,6 +984,7 @@ int main(int argc, char **argv)
 	    cmocka_unit_test(test_node_kill),
 	    cmocka_unit_test(test_nodes_down_close),
 	    cmocka_unit_test(test_unmount_inval),
+	    cmocka_unit_test(test_buffer_full),
 	    cmocka_unit_test(test_meta_gone),
 	    cmocka_unit_test(test_meta_restart),
 	};

@@ -517,17 +517,7 @@ void test_replace_other_mount(void **state)
 {
 	(void)state;
 	char *m2 = g_mnt2, log2[800], pa[800], pb[800];
-	snprintf(g_mnt2, sizeof(g_mnt2), "%s/mnt-b", g_cl.dir);
-	snprintf(log2, sizeof(log2), "%s/mount-b.log", g_cl.dir);
-	assert_int_equal(mkdir(m2, 0755), 0);
-	char *argv[] = {"kvfs-mount",	  "-f",		"--secret-file",
-			g_cl.secret_file, "--max-file", "16M",
-			g_cl.meta_addr,	  m2,		NULL};
-	g_mount2_pid = kvh_spawn(g_bin, argv, log2);
-	assert_true(g_mount2_pid > 0);
-	for (int i = 0; i < 200 && !mtu_is_fuse(m2); i++)
-		usleep(50000);
-	assert_true(mtu_is_fuse(m2));
+	assert_int_equal(mtu_start_mount2("b", "max_file=16M", log2, sizeof(log2)), 0);
 	snprintf(pa, sizeof(pa), "%s/other.kvb", g_mnt);
 	snprintf(pb, sizeof(pb), "%s/other.kvb", m2);
 	static const size_t lens[4] = {2u << 20, 500000, (3u << 20) + 1, 4096};

@@ -422,12 +422,32 @@ static void test_addr_parse(void **state)
 	assert_int_equal(kvp_addr_parse(":80", host, sizeof(host), &port), -EINVAL);
 }
 
+/* The framing layer's messages are transport-generic (it serves the engine too): no status
+ * reads as a filesystem one. */
+static void test_strerror_generic(void **state)
+{
+	(void)state;
+	const char *fs_words[] = {"storage", "chunk", "cluster", "node", "CRC32C", "file"};
+	int st[] = {0, -EHOSTDOWN, -EILSEQ, -EPROTO, -EACCES, -ECONNREFUSED}; /* ours, and libc's */
+	for (size_t i = 0; i < sizeof(st) / sizeof(st[0]); i++) {
+		const char *msg = kvp_strerror(st[i]);
+		assert_non_null(msg);
+		assert_true(msg[0] != 0);
+		for (size_t j = 0; j < sizeof(fs_words) / sizeof(fs_words[0]); j++)
+			if (strstr(msg, fs_words[j]))
+				fail_msg("kvp_strerror(%d) = \"%s\" names \"%s\"", st[i], msg,
+					 fs_words[j]);
+	}
+	assert_string_equal(kvp_strerror(-EACCES), kvp_strerror(EACCES));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_codec_roundtrip), cmocka_unit_test(test_header_checks),
-	    cmocka_unit_test(test_addr_parse),	    cmocka_unit_test(test_auth_and_calls),
-	    cmocka_unit_test(test_transport_modes), cmocka_unit_test(test_tls_concurrent),
+	    cmocka_unit_test(test_addr_parse),	    cmocka_unit_test(test_strerror_generic),
+	    cmocka_unit_test(test_auth_and_calls),  cmocka_unit_test(test_transport_modes),
+	    cmocka_unit_test(test_tls_concurrent),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -232,13 +232,13 @@ const char *kvp_strerror(int err)
 	case 0:
 		return "ok";
 	case EHOSTDOWN:
-		return "not enough storage nodes up";
+		return "not enough peers up";
 	case EILSEQ:
-		return "chunk failed its CRC32C check";
+		return "data failed its checksum";
 	case EPROTO:
 		return "protocol error";
 	case EACCES:
-		return "authentication failed (cluster secret)";
+		return "authentication failed (shared secret)";
 	default:
 		return strerror(err);
 	}

@@ -284,7 +284,9 @@ void kvp_conn_unref(struct kvp_conn *c);
 /* The peer's "ip:port", for logs. */
 const char *kvp_conn_peer(const struct kvp_conn *c);
 
-/* Readable name of a negative errno or kvfs status, for logs and CLIs. */
+/* Readable name of a negative errno or status, for logs and CLIs. Transport-generic wording
+ * (the framing layer serves the filesystem and the engine alike): what a status means for
+ * one protocol is that protocol's docs (docs/protocol.md for the filesystem's). */
 const char *kvp_strerror(int err);
 
 #endif

@@ -9,7 +9,8 @@
 int kvch_is_transport(int rc)
 {
 	return rc == -ECONNRESET || rc == -ECONNABORTED || rc == -ECONNREFUSED ||
-	       rc == -ETIMEDOUT || rc == -EPIPE || rc == -EHOSTUNREACH || rc == -ENETUNREACH;
+	       rc == -ETIMEDOUT || rc == -EPIPE || rc == -ENOTCONN || rc == -EHOSTUNREACH ||
+	       rc == -ENETUNREACH;
 }
 
 static void put_le(uint8_t *p, uint64_t v, int n)

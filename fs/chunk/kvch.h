@@ -25,10 +25,54 @@
 
 #define KVCH_TO_END 0xFFFFFFFFu /* GET length: from offset to the end of the chunk */
 
-/* 1 for errors that mean "the node or the connection failed" (refused, reset, timed out,
- * unreachable), not "the node answered no": the caller may mark the node bad and go around it.
- * The one list of these for every chunk and metadata client. */
+/* 1 for errors that mean "the node or the connection failed" (refused, reset, aborted, timed
+ * out, broken pipe, not connected, host or network unreachable), not "the node answered no":
+ * the caller may mark the node bad and go around it, or retry. The one list of these for every
+ * chunk and metadata client (libkvfs, kvfs-meta, kvfs-mount). */
 int kvch_is_transport(int rc);
+
+/* ---- retry policy: one for chunk and metadata calls ----
+ * What is retried: only transport errors (kvch_is_transport), or a failure the caller judged
+ * the same (a write whose placement hit an unreachable node). Answers (-ENOENT, -ENOSPC, ...)
+ * are final. How: attempt, then wait first_ms, doubling up to max_ms between attempts, until
+ * `attempts` attempts were made, `max_timeouts` of them timed out (an unanswered call costs a
+ * whole timeout: give up sooner than on a refused connection, a restarting server), or the
+ * next attempt, taking as long as the last one, would end past `budget_ms` from
+ * kvch_retry_start (so the caller answers within its budget). 0 in a field: no such limit.
+ * The named policies below are every one in use; docs/client.md, "Retries". */
+struct kvch_retry_policy {
+	int attempts;	  /* most attempts in all (1: no retry) */
+	int first_ms;	  /* wait before the second attempt */
+	int max_ms;	  /* waits double up to this */
+	int max_timeouts; /* attempts that may end in -ETIMEDOUT */
+	int budget_ms;	  /* wall-clock budget, the calls' own time included */
+};
+/* libkvfs's metadata calls (attempts set per op: 10 for most, 1 to 3 for ones a caller
+ * repeats anyway): 50 ms doubling to 1 s, two timeouts at most: ~5.5 s for a refused
+ * connection. */
+#define KVCH_RETRY_META ((struct kvch_retry_policy){10, 50, 1000, 2, 0})
+/* A write whose chunks could not all be stored: placed and stored again after 0.5, 1, 2 s,
+ * giving meta time to mark the dead node down. */
+#define KVCH_RETRY_STORE ((struct kvch_retry_policy){4, 500, 2000, 0, 0})
+/* kvfs-mount's metadata requests while meta is away (over libkvfs's own retries): every 250 ms
+ * within --meta-retry; the mount fills budget_ms. */
+#define KVCH_RETRY_MOUNT ((struct kvch_retry_policy){0, 250, 250, 0, 0})
+
+/* One request's retries; lives on the caller's stack. */
+struct kvch_retry {
+	struct kvch_retry_policy p;
+	int64_t attempt_ms, deadline_ms; /* CLOCK_MONOTONIC; deadline 0: none */
+	int retries, timeouts, delay_ms;
+};
+/* Call before the first attempt (the budget counts from here). */
+void kvch_retry_start(struct kvch_retry *r, const struct kvch_retry_policy *p);
+/* After a failed attempt (rc its error): 1 when the policy allows another, after sleeping the
+ * backoff (blocks the calling thread up to max_ms); 0 when it is spent. kvch_retry_again
+ * retries transport errors only, kvch_retry_wait whatever the caller judged transient. */
+int kvch_retry_again(struct kvch_retry *r, int rc);
+int kvch_retry_wait(struct kvch_retry *r, int rc);
+/* Milliseconds of budget left (0 when spent), -1 without a budget. */
+int kvch_retry_left_ms(const struct kvch_retry *r);
 
 /* Request bodies, for callers that bring their own connection (kvfs-node-bench drives one
  * kvp_client): each writes its body into b and returns its length. The functions below use

@@ -109,6 +109,13 @@ int kvc_create(struct kvc *c, uint64_t parent, const char *name, uint32_t mode, 
 /* Copies len bytes at offset off (holes read as zeros). -EFBIG past max_file, -ENOMEM when the
  * process-wide buffer budget is exhausted. */
 ssize_t kvc_write(struct kvc_writer *w, const void *buf, size_t len, uint64_t off);
+/* Waiting for the buffer budget instead of polling kvc_write: read the epoch before a
+ * kvc_write; after its -ENOMEM, kvc_buffer_wait blocks the calling thread until budget was
+ * given back since that epoch (kvc_commit or kvc_abort freed a writer: 0) or timeout_ms
+ * passed (-ETIMEDOUT). A kvc_write that fails the budget holds none of it, even briefly.
+ * Any thread; hold no lock a committing thread needs. */
+uint64_t kvc_buffer_epoch(struct kvc *c);
+int kvc_buffer_wait(struct kvc *c, uint64_t epoch, int timeout_ms);
 /* Sets the file's size (grow with zeros or shrink); for truncate while the file is new. */
 int kvc_writer_truncate(struct kvc_writer *w, uint64_t size);
 uint64_t kvc_writer_size(const struct kvc_writer *w);

@@ -10,7 +10,7 @@
 #include "kvec.h"
 
 #define KVC_BAD_NODE_MS	  3000 /* a node that timed out or refused is skipped this long */
-#define KVC_META_ATTEMPTS 10   /* connection failures to meta: retries with backoff */
+#define KVC_META_ATTEMPTS 10   /* attempts of a meta call (KVCH_RETRY_META) */
 #define KVC_TOUCH_MAX	  1024 /* access times held before a TOUCH is sent regardless */
 #define KVC_TOUCH_MS	  30000
 
@@ -37,6 +37,11 @@ struct kvc {
 	int nbad;
 
 	atomic_uint_fast64_t buffered; /* bytes held by all writers */
+	/* Writers waiting for buffer memory (kvc_buffer_wait) sleep on buf_cond (CLOCK_MONOTONIC);
+	 * buf_freed counts the writers freed, protected by buf_mu. */
+	pthread_mutex_t buf_mu;
+	pthread_cond_t buf_cond;
+	uint64_t buf_freed;
 	atomic_uint_fast64_t st_written, st_read, st_files, st_degraded, st_crc, st_around;
 
 	/* Access times not yet sent (kvc_touch.c); protected by mu. */

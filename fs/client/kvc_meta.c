@@ -1,5 +1,6 @@
 /* kvc: connection handling, metadata calls with failover, the namespace and path helpers. */
 #define KVFS_LOG_TAG "kvc"
+#include "ktime.h"
 #include "kvc_int.h"
 #include "log.h"
 
@@ -25,16 +26,13 @@ int kvc__meta_call(struct kvc *c, uint16_t op, const struct kvp_wbuf *req, int a
 		return req->err;
 	if (retried)
 		*retried = 0;
-	int delay = 50, rc = -ECONNREFUSED, timeouts = 0;
-	for (int a = 0; a < attempts; a++) {
-		if (a) {
-			usleep((useconds_t)delay * 1000);
-			delay = delay * 2 > 1000 ? 1000 : delay * 2;
-			if (retried)
-				*retried = 1;
-		}
+	struct kvch_retry r;
+	struct kvch_retry_policy pol = KVCH_RETRY_META;
+	pol.attempts = attempts > 0 ? attempts : 1;
+	kvch_retry_start(&r, &pol);
+	for (;;) {
 		struct kvp_client *cl;
-		rc = kvp_pool_get(c->pool, c->meta_addr, &cl);
+		int rc = kvp_pool_get(c->pool, c->meta_addr, &cl);
 		if (rc == 0) {
 			rc = kvp_call(cl, op, req ? req->p : NULL, req ? req->len : 0, NULL, 0,
 				      c->timeout_ms, rb, rl);
@@ -42,13 +40,13 @@ int kvc__meta_call(struct kvc *c, uint16_t op, const struct kvp_wbuf *req, int a
 		}
 		if (!kvch_is_transport(rc))
 			return rc;
-		/* A meta that answers nothing (stopped, overloaded) costs a whole timeout per try:
-		 * give up sooner than on a refused connection (restarting meta). */
-		if (rc == -ETIMEDOUT && ++timeouts >= 2)
-			break;
-		klog_debug("meta %s: %s (attempt %d)", c->meta_addr, kvp_strerror(rc), a + 1);
+		klog_debug("meta %s: %s (attempt %d)", c->meta_addr, kvp_strerror(rc),
+			   r.retries + 1);
+		if (!kvch_retry_again(&r, rc))
+			return rc;
+		if (retried)
+			*retried = 1;
 	}
-	return rc;
 }
 
 int kvc__codec(struct kvc *c, int k, int m, struct kvec_codec **out)
@@ -136,8 +134,12 @@ int kvc_open(const struct kvc_opts *o, struct kvc **out)
 	c->max_file = o->max_file ? o->max_file : (1ull << 30);
 	c->max_buffered = o->max_buffered ? o->max_buffered : (4ull << 30);
 	pthread_mutex_init(&c->mu, NULL);
+	pthread_mutex_init(&c->buf_mu, NULL);
+	kvfs_cond_init_mono(&c->buf_cond);
 	int rc = kvp_pool_create(&c->secret, c->read_timeout_ms, &c->pool);
 	if (rc) {
+		pthread_cond_destroy(&c->buf_cond);
+		pthread_mutex_destroy(&c->buf_mu);
 		pthread_mutex_destroy(&c->mu);
 		free(c);
 		return rc;
@@ -175,6 +177,8 @@ void kvc_close(struct kvc *c)
 	for (int k = 0; k < KVEC_MAX_K; k++)
 		for (int m = 0; m <= KVEC_MAX_M; m++)
 			kvec_codec_destroy(c->codecs[k][m]);
+	pthread_cond_destroy(&c->buf_cond);
+	pthread_mutex_destroy(&c->buf_mu);
 	pthread_mutex_destroy(&c->mu);
 	free(c);
 }

@@ -7,6 +7,7 @@
  * the minimum meta gave (ALLOC's min_stored); meta marks such stripes for repair. So a node
  * that dies stops no write, also in the seconds before meta notices. */
 #define KVFS_LOG_TAG "kvc"
+#include "ktime.h"
 #include "kvc_int.h"
 #include "log.h"
 
@@ -62,6 +63,31 @@ void kvc_writer_set_owner(struct kvc_writer *w, uint32_t uid, uint32_t gid)
 	w->gid = gid;
 }
 
+/* Takes bytes of the buffer budget, or none (-ENOMEM): a failed attempt holds nothing even for
+ * a moment, so it cannot make a concurrent writer fail. */
+static int budget_take(struct kvc *c, uint64_t bytes)
+{
+	uint_fast64_t cur = atomic_load(&c->buffered);
+	do
+		if (cur + bytes > c->max_buffered)
+			return -ENOMEM;
+	while (!atomic_compare_exchange_weak(&c->buffered, &cur, cur + bytes));
+	return 0;
+}
+
+/* Gives bytes back; wake: tell kvc_buffer_wait (not for a writer's own failed realloc, which
+ * would only wake that writer to fail again). */
+static void budget_release(struct kvc *c, uint64_t bytes, int wake)
+{
+	atomic_fetch_sub(&c->buffered, bytes);
+	if (!wake)
+		return;
+	pthread_mutex_lock(&c->buf_mu);
+	c->buf_freed++;
+	pthread_cond_broadcast(&c->buf_cond);
+	pthread_mutex_unlock(&c->buf_mu);
+}
+
 static int grow(struct kvc_writer *w, uint64_t need)
 {
 	struct kvc *c = w->c;
@@ -75,13 +101,11 @@ static int grow(struct kvc_writer *w, uint64_t need)
 	if (ncap > c->max_file)
 		ncap = c->max_file;
 	uint64_t add = ncap - w->cap;
-	if (atomic_fetch_add(&c->buffered, add) + add > c->max_buffered) {
-		atomic_fetch_sub(&c->buffered, add);
+	if (budget_take(c, add))
 		return -ENOMEM;
-	}
 	uint8_t *nb = realloc(w->buf, ncap);
 	if (!nb) {
-		atomic_fetch_sub(&c->buffered, add);
+		budget_release(c, add, 0);
 		return -ENOMEM;
 	}
 	w->buf = nb;
@@ -125,9 +149,32 @@ uint64_t kvc_writer_size(const struct kvc_writer *w)
 
 static void writer_free(struct kvc_writer *w)
 {
-	atomic_fetch_sub(&w->c->buffered, w->cap);
+	struct kvc *c = w->c;
+	uint64_t cap = w->cap;
 	free(w->buf);
 	free(w);
+	budget_release(c, cap, 1);
+}
+
+uint64_t kvc_buffer_epoch(struct kvc *c)
+{
+	pthread_mutex_lock(&c->buf_mu);
+	uint64_t e = c->buf_freed;
+	pthread_mutex_unlock(&c->buf_mu);
+	return e;
+}
+
+int kvc_buffer_wait(struct kvc *c, uint64_t epoch, int timeout_ms)
+{
+	struct timespec until;
+	kvfs_deadline(&until, CLOCK_MONOTONIC, timeout_ms > 0 ? timeout_ms : 0);
+	int rc = 0;
+	pthread_mutex_lock(&c->buf_mu);
+	while (c->buf_freed == epoch && rc == 0)
+		rc = pthread_cond_timedwait(&c->buf_cond, &c->buf_mu, &until);
+	int freed = c->buf_freed != epoch;
+	pthread_mutex_unlock(&c->buf_mu);
+	return freed ? 0 : -ETIMEDOUT;
 }
 
 void kvc_abort(struct kvc_writer *w)
@@ -467,15 +514,14 @@ static int write_once(struct kvc_writer *w, struct kvp_attr *out, int *redo)
 int kvc_commit(struct kvc_writer *w, struct kvp_attr *out)
 {
 	struct kvc *c = w->c;
-	int rc = -EIO, redo = 0;
-	for (int attempt = 0; attempt < 4; attempt++) {
-		if (attempt) {
-			klog_info("commit of %s: %s, storing it again", w->name, kvp_strerror(rc));
-			usleep(250000u << attempt);
-		}
+	int rc, redo = 0;
+	struct kvch_retry r;
+	kvch_retry_start(&r, &KVCH_RETRY_STORE);
+	for (;;) {
 		rc = write_once(w, out, &redo);
-		if (!redo)
+		if (!redo || !kvch_retry_wait(&r, rc))
 			break;
+		klog_info("commit of %s: %s, storing it again", w->name, kvp_strerror(rc));
 	}
 	/* Every placement still had a node that could not be reached (meta has not noticed it
 	 * is down yet): the same answer as when meta knows too few nodes are up, not a

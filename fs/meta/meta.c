@@ -1,5 +1,6 @@
-/* kvfs-meta service object: open/close and the request dispatcher. */
+/* kvfs-meta service object: open/close, the background thread and the request dispatcher. */
 #define KVFS_LOG_TAG "meta"
+#include "ktime.h"
 #include "log.h"
 #include "meta_int.h"
 
@@ -7,6 +8,64 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+/* ---- the background thread: node states, deletion queue, write expiry, retention ---- */
+
+#define DEL_ROUNDS 64 /* deletion-queue rounds per pass */
+
+static int stopping(struct meta *m)
+{
+	pthread_mutex_lock(&m->bg_mu);
+	int s = m->stopping;
+	pthread_mutex_unlock(&m->bg_mu);
+	return s;
+}
+
+static void *bg_main(void *arg)
+{
+	struct meta *m = arg;
+	while (!stopping(m)) {
+		mnodes_check(m);
+		uint32_t from = 0;
+		for (int i = 0; i < DEL_ROUNDS && !stopping(m) && mnodes_delq_round(m, &from); i++)
+			;
+		mfile_expire(m);
+		mlife_tick(m);
+
+		struct timespec t;
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		int64_t ns = t.tv_nsec + (int64_t)(m->o.gc_interval_s * 1e9);
+		t.tv_sec += ns / 1000000000;
+		t.tv_nsec = ns % 1000000000;
+		pthread_mutex_lock(&m->bg_mu);
+		if (!m->stopping && !m->kicked)
+			pthread_cond_timedwait(&m->bg_cv, &m->bg_mu, &t);
+		m->kicked = 0;
+		pthread_mutex_unlock(&m->bg_mu);
+	}
+	return NULL;
+}
+
+static int bg_start(struct meta *m)
+{
+	int rc = pthread_create(&m->bg, NULL, bg_main, m);
+	if (rc)
+		return -rc;
+	m->bg_started = 1;
+	return 0;
+}
+
+static void bg_stop(struct meta *m)
+{
+	if (!m->bg_started)
+		return;
+	pthread_mutex_lock(&m->bg_mu);
+	m->stopping = 1;
+	pthread_cond_signal(&m->bg_cv);
+	pthread_mutex_unlock(&m->bg_mu);
+	pthread_join(m->bg, NULL);
+	m->bg_started = 0;
+}
 
 int meta_open(const struct meta_opts *o, struct meta **out)
 {
@@ -19,12 +78,9 @@ int meta_open(const struct meta_opts *o, struct meta **out)
 	pthread_mutex_init(&m->bg_mu, NULL);
 	pthread_mutex_init(&m->job_mu, NULL);
 	pthread_mutex_init(&m->evict_mu, NULL);
-	pthread_condattr_t ca;
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&m->bg_cv, &ca);
-	pthread_cond_init(&m->job_cv, &ca);
-	pthread_condattr_destroy(&ca);
+	kvfs_cond_init_mono(&m->bg_cv);
+	kvfs_cond_init_mono(&m->job_cv);
+	kvfs_cond_init_mono(&m->freed_cv);
 	srandom((unsigned)meta_now_ns());
 
 	int rc = mdb_open(m);
@@ -43,7 +99,7 @@ int meta_open(const struct meta_opts *o, struct meta **out)
 	 * loop must not LIST every node each time. */
 	m->last_orphan_mono = meta_mono_ns();
 	if (!rc)
-		rc = mbg_start(m);
+		rc = bg_start(m);
 	if (!rc)
 		rc = mrep_start(m);
 	if (rc) {
@@ -61,13 +117,14 @@ void meta_close(struct meta *m)
 	if (!m)
 		return;
 	mrep_stop(m);
-	mbg_stop(m);
+	bg_stop(m);
 	if (m->pool)
 		kvp_pool_destroy(m->pool);
 	mdb_close(m);
 	free(m->nodes);
 	pthread_cond_destroy(&m->bg_cv);
 	pthread_cond_destroy(&m->job_cv);
+	pthread_cond_destroy(&m->freed_cv);
 	pthread_mutex_destroy(&m->job_mu);
 	pthread_mutex_destroy(&m->evict_mu);
 	pthread_mutex_destroy(&m->bg_mu);

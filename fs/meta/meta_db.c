@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #define DB_VERSION    "kvfs-meta 1"
 #define INO_RESERVE   4096u
@@ -192,7 +193,22 @@ int mdb_sync(struct meta *m)
 	return 0;
 }
 
-void mdb_inode_put(rocksdb_writebatch_t *b, const struct mino *in)
+int mdb_rec_end(struct kvp_wbuf *w)
+{
+#ifdef KVFS_FAULT_INJECT
+	/* Test-only (docs/operations.md, "Fault injection"): while the named file exists every
+	 * record encoding fails as if its allocation had. Compiled out of Release builds. */
+	const char *f = getenv("KVFS_META_FAULT_ENOMEM");
+	if (f && *f && !w->err && access(f, F_OK) == 0)
+		w->err = -ENOMEM;
+#endif
+	int rc = w->err;
+	if (rc)
+		kvp_w_free(w);
+	return rc;
+}
+
+int mdb_inode_put(rocksdb_writebatch_t *b, const struct mino *in)
 {
 	uint8_t k[MK_MAX];
 	struct kvp_wbuf w;
@@ -212,12 +228,12 @@ void mdb_inode_put(rocksdb_writebatch_t *b, const struct mino *in)
 	kvp_w_i64(&w, in->access_ns);
 	kvp_w_u32(&w, in->uid);
 	kvp_w_u32(&w, in->gid);
-	/* A failed allocation leaves w.p NULL; the put is then skipped and the write below it
-	 * would miss a key, so abort loudly rather than commit a partial batch. */
-	if (w.err)
-		abort();
+	int rc = mdb_rec_end(&w);
+	if (rc)
+		return rc;
 	rocksdb_writebatch_put(b, (const char *)k, mk_inode(k, in->ino), (const char *)w.p, w.len);
 	kvp_w_free(&w);
+	return 0;
 }
 
 /* Decodes an inode record of version 1 (access_ns = atime_ns: A was keyed by it), 2 (no owner)
@@ -415,9 +431,10 @@ int mdb_file_drop_acct(struct meta *m, rocksdb_writebatch_t *b, const struct min
 	return 0;
 }
 
-/* One step of a one-time pass over a key family: adds what it changes to b and counts it. */
-typedef void (*migrate_fn)(struct meta *m, rocksdb_writebatch_t *b, const uint8_t *key, size_t kl,
-			   const char *val, size_t vl, uint64_t *n);
+/* One step of a one-time pass over a key family: adds what it changes to b and counts it.
+ * 0, or -ENOMEM: then b holds part of the step and must not be written. */
+typedef int (*migrate_fn)(struct meta *m, rocksdb_writebatch_t *b, const uint8_t *key, size_t kl,
+			  const char *val, size_t vl, uint64_t *n);
 
 /* Runs fn over every key of family (keys shorter than minlen end it) unless counter `done` is
  * set, writing in batches of 64 Ki changes, then sets it in the last batch. */
@@ -443,7 +460,9 @@ static int migrate_once(struct meta *m, uint8_t done, uint8_t family, size_t min
 		if (kl < minlen || key[0] != family)
 			break;
 		const char *val = rocksdb_iter_value(it, &vl);
-		fn(m, b, key, kl, val, vl, &n);
+		rc = fn(m, b, key, kl, val, vl, &n);
+		if (rc)
+			break;
 		if (rocksdb_writebatch_count(b) >= 65536) {
 			rc = mdb_write(m, b);
 			rocksdb_writebatch_clear(b);
@@ -463,12 +482,12 @@ static int migrate_once(struct meta *m, uint8_t done, uint8_t family, size_t min
 }
 
 /* A stripe map's chunks into the R index. */
-static void rev_step(struct meta *m, rocksdb_writebatch_t *b, const uint8_t *key, size_t kl,
-		     const char *val, size_t vl, uint64_t *n)
+static int rev_step(struct meta *m, rocksdb_writebatch_t *b, const uint8_t *key, size_t kl,
+		    const char *val, size_t vl, uint64_t *n)
 {
 	(void)m;
 	if (kl != 13)
-		return;
+		return 0;
 	struct mreq q = {.slots = (const uint8_t *)val};
 	for (size_t i = 0; i < vl / MREQ_SLOT_SIZE; i++) {
 		struct mreq_slot sl;
@@ -478,6 +497,7 @@ static void rev_step(struct meta *m, rocksdb_writebatch_t *b, const uint8_t *key
 		mdb_rev_put(b, sl.node_id, sl.chunk_id, mk_rd_be64(key + 1), mk_rd_be32(key + 9));
 		(*n)++;
 	}
+	return 0;
 }
 
 int mdb_rev_build(struct meta *m)
@@ -487,8 +507,8 @@ int mdb_rev_build(struct meta *m)
 }
 
 /* A file's parent from its directory entry. */
-static void parent_step(struct meta *m, rocksdb_writebatch_t *b, const uint8_t *key, size_t kl,
-			const char *val, size_t vl, uint64_t *n)
+static int parent_step(struct meta *m, rocksdb_writebatch_t *b, const uint8_t *key, size_t kl,
+		       const char *val, size_t vl, uint64_t *n)
 {
 	(void)kl;
 	struct kvp_rbuf r;
@@ -498,10 +518,12 @@ static void parent_step(struct meta *m, rocksdb_writebatch_t *b, const uint8_t *
 	struct mino f;
 	if (kvp_r_end(&r) || !S_ISREG(mode) || mdb_inode_get(m, NULL, ino, &f) ||
 	    f.parent == parent)
-		return;
+		return 0;
 	f.parent = parent;
-	mdb_inode_put(b, &f);
-	(*n)++;
+	int rc = mdb_inode_put(b, &f);
+	if (!rc)
+		(*n)++;
+	return rc;
 }
 
 int mdb_parents_fix(struct meta *m)
@@ -513,21 +535,23 @@ int mdb_parents_fix(struct meta *m)
 /* A file's own access time from its old record: A was keyed by the atime a client could set,
  * so the latest time meta itself stamped (ctime: creation, rename, setattr) counts too, and a
  * settable time never counts past now. */
-static void access_step(struct meta *m, rocksdb_writebatch_t *b, const uint8_t *key, size_t kl,
-			const char *val, size_t vl, uint64_t *n)
+static int access_step(struct meta *m, rocksdb_writebatch_t *b, const uint8_t *key, size_t kl,
+		       const char *val, size_t vl, uint64_t *n)
 {
 	(void)m;
 	struct mino f;
 	uint8_t ver;
 	if (kl != 9 || inode_decode(mk_rd_be64(key + 1), val, vl, &f, &ver) || ver >= 2 ||
 	    !S_ISREG(f.mode))
-		return;
+		return 0;
 	int64_t now = meta_now_ns(), at = f.atime_ns < now ? f.atime_ns : now;
 	int64_t own = at > f.ctime_ns ? at : f.ctime_ns;
 	mdb_atime_move(b, f.ino, f.access_ns, own);
 	f.access_ns = own;
-	mdb_inode_put(b, &f);
-	(*n)++;
+	int rc = mdb_inode_put(b, &f);
+	if (!rc)
+		(*n)++;
+	return rc;
 }
 
 int mdb_access_fix(struct meta *m)
@@ -578,7 +602,11 @@ static int db_init(struct meta *m)
 			    .access_ns = now,
 			    .uid = KVP_OWNER_NONE,
 			    .gid = KVP_OWNER_NONE};
-	mdb_inode_put(b, &root);
+	int rc = mdb_inode_put(b, &root);
+	if (rc) {
+		rocksdb_writebatch_destroy(b);
+		return rc;
+	}
 	mdb_counter_put(b, MC_INO_LIMIT, KVP_ROOT_INO + 1);
 	mdb_counter_put(b, MC_CHUNK_LIMIT, 1);
 	mdb_counter_put(b, MC_NEXT_NODE, 1);
@@ -589,7 +617,7 @@ static int db_init(struct meta *m)
 	mdb_counter_put(b, MC_ACCESS_OK, 1);
 	k[0] = MK_VERSION;
 	rocksdb_writebatch_put(b, (const char *)k, 1, DB_VERSION, strlen(DB_VERSION));
-	int rc = mdb_write(m, b);
+	rc = mdb_write(m, b);
 	rocksdb_writebatch_destroy(b);
 	if (!rc)
 		klog_info("created a new metadata database in %s", m->o.db_path);
@@ -668,4 +696,73 @@ void mdb_close(struct meta *m)
 	m->ro = NULL;
 	m->wo = NULL;
 	m->dbo = NULL;
+}
+
+/* ---- pending writes (P): an ALLOC not yet committed or aborted ---- */
+
+int mdb_pend_put(rocksdb_writebatch_t *b, uint64_t write_id, const struct mpend *p)
+{
+	uint8_t k[MK_MAX];
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	kvp_w_u8(&w, 1);
+	kvp_w_i64(&w, p->created_ns);
+	kvp_w_u32(&w, p->chunk_size);
+	kvp_w_u32(&w, p->nstripes);
+	kvp_w_u8(&w, p->k);
+	kvp_w_u8(&w, p->m);
+	kvp_w_u64(&w, p->first);
+	for (size_t i = 0; i < mpend_slots(p); i++)
+		kvp_w_u32(&w, p->node[i]);
+	int rc = mdb_rec_end(&w);
+	if (rc)
+		return rc;
+	rocksdb_writebatch_put(b, (const char *)k, mk_pending(k, write_id), (const char *)w.p,
+			       w.len);
+	kvp_w_free(&w);
+	return 0;
+}
+
+int mdb_pend_decode(const char *v, size_t vl, struct mpend *p)
+{
+	struct kvp_rbuf r;
+	kvp_r_init(&r, v, vl);
+	uint8_t ver = kvp_r_u8(&r);
+	p->created_ns = kvp_r_i64(&r);
+	p->chunk_size = kvp_r_u32(&r);
+	p->nstripes = kvp_r_u32(&r);
+	p->k = kvp_r_u8(&r);
+	p->m = kvp_r_u8(&r);
+	p->first = kvp_r_u64(&r);
+	size_t n = mpend_slots(p);
+	if (ver != 1 || r.err || (vl - r.off) != n * 4)
+		return -EIO;
+	p->node = malloc(n ? n * sizeof(uint32_t) : 1);
+	if (!p->node)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++)
+		p->node[i] = kvp_r_u32(&r);
+	return kvp_r_end(&r) ? -EIO : 0;
+}
+
+int mdb_pending_on(struct meta *m, uint32_t node)
+{
+	uint8_t k = MK_PENDING;
+	int rc = 0;
+	rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, m->ro);
+	for (rocksdb_iter_seek(it, (const char *)&k, 1); rocksdb_iter_valid(it) && !rc;
+	     rocksdb_iter_next(it)) {
+		size_t kl, vl;
+		const char *key = rocksdb_iter_key(it, &kl);
+		if (kl < 1 || key[0] != MK_PENDING)
+			break;
+		const char *v = rocksdb_iter_value(it, &vl);
+		struct mpend p = {0};
+		rc = mdb_pend_decode(v, vl, &p);
+		for (size_t i = 0; !rc && i < mpend_slots(&p); i++)
+			rc = p.node[i] == node;
+		free(p.node);
+	}
+	rocksdb_iter_destroy(it);
+	return rc;
 }

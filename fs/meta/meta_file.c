@@ -17,19 +17,6 @@
 
 /* A pending write: what ALLOC handed out, so COMMIT can be checked against it and ABORT or
  * expiry can queue its chunks for deletion. Chunk id of slot i = first + i; write_id = first. */
-struct mpend {
-	int64_t created_ns;
-	uint32_t chunk_size, nstripes;
-	uint8_t k, m;
-	uint64_t first;
-	uint32_t *node; /* nstripes * (k+m) node ids, malloc'd */
-};
-
-static size_t pend_slots(const struct mpend *p)
-{
-	return (size_t)p->nstripes * (size_t)(p->k + p->m);
-}
-
 static int check_geometry(uint8_t k, uint8_t m, uint32_t chunk_size, uint32_t nstripes)
 {
 	if (k < 1 || chunk_size < CHUNK_MIN || chunk_size > CHUNK_MAX || chunk_size % 4096)
@@ -42,71 +29,6 @@ static int check_geometry(uint8_t k, uint8_t m, uint32_t chunk_size, uint32_t ns
 	return 0;
 }
 
-static void pend_put(rocksdb_writebatch_t *b, uint64_t write_id, const struct mpend *p)
-{
-	uint8_t k[MK_MAX];
-	struct kvp_wbuf w;
-	kvp_w_init(&w);
-	kvp_w_u8(&w, 1);
-	kvp_w_i64(&w, p->created_ns);
-	kvp_w_u32(&w, p->chunk_size);
-	kvp_w_u32(&w, p->nstripes);
-	kvp_w_u8(&w, p->k);
-	kvp_w_u8(&w, p->m);
-	kvp_w_u64(&w, p->first);
-	for (size_t i = 0; i < pend_slots(p); i++)
-		kvp_w_u32(&w, p->node[i]);
-	if (w.err)
-		abort(); /* out of memory: a batch missing a key must never be written */
-	rocksdb_writebatch_put(b, (const char *)k, mk_pending(k, write_id), (const char *)w.p,
-			       w.len);
-	kvp_w_free(&w);
-}
-
-static int pend_decode(const char *v, size_t vl, struct mpend *p)
-{
-	struct kvp_rbuf r;
-	kvp_r_init(&r, v, vl);
-	uint8_t ver = kvp_r_u8(&r);
-	p->created_ns = kvp_r_i64(&r);
-	p->chunk_size = kvp_r_u32(&r);
-	p->nstripes = kvp_r_u32(&r);
-	p->k = kvp_r_u8(&r);
-	p->m = kvp_r_u8(&r);
-	p->first = kvp_r_u64(&r);
-	size_t n = pend_slots(p);
-	if (ver != 1 || r.err || (vl - r.off) != n * 4)
-		return -EIO;
-	p->node = malloc(n ? n * sizeof(uint32_t) : 1);
-	if (!p->node)
-		return -ENOMEM;
-	for (size_t i = 0; i < n; i++)
-		p->node[i] = kvp_r_u32(&r);
-	return kvp_r_end(&r) ? -EIO : 0;
-}
-
-int mfile_pending_on(struct meta *m, uint32_t node)
-{
-	uint8_t k = MK_PENDING;
-	int rc = 0;
-	rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, m->ro);
-	for (rocksdb_iter_seek(it, (const char *)&k, 1); rocksdb_iter_valid(it) && !rc;
-	     rocksdb_iter_next(it)) {
-		size_t kl, vl;
-		const char *key = rocksdb_iter_key(it, &kl);
-		if (kl < 1 || key[0] != MK_PENDING)
-			break;
-		const char *v = rocksdb_iter_value(it, &vl);
-		struct mpend p = {0};
-		rc = pend_decode(v, vl, &p);
-		for (size_t i = 0; !rc && i < pend_slots(&p); i++)
-			rc = p.node[i] == node;
-		free(p.node);
-	}
-	rocksdb_iter_destroy(it);
-	return rc;
-}
-
 /* -ESTALE for an unknown (aborted, expired or committed) write id. */
 static int pend_get(struct meta *m, uint64_t write_id, struct mpend *p)
 {
@@ -116,7 +38,7 @@ static int pend_get(struct meta *m, uint64_t write_id, struct mpend *p)
 	int rc = mdb_get(m, NULL, k, mk_pending(k, write_id), &v, &vl);
 	if (rc)
 		return rc == -ENOENT ? -ESTALE : rc;
-	rc = pend_decode(v, vl, p);
+	rc = mdb_pend_decode(v, vl, p);
 	rocksdb_free(v);
 	if (rc == -EIO)
 		klog_error("pending write %llu: corrupt record", (unsigned long long)write_id);
@@ -242,7 +164,7 @@ int mfile_alloc(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 			  .nstripes = q->nstripes,
 			  .k = q->k,
 			  .m = q->m};
-	size_t w = (size_t)(q->k + q->m), slots = pend_slots(&p);
+	size_t w = (size_t)(q->k + q->m), slots = mpend_slots(&p);
 	rocksdb_writebatch_t *b = NULL;
 	/* A client that writes around missing nodes can take fewer than k+m; an older one
 	 * cannot (it knows no node 0). */
@@ -277,10 +199,10 @@ int mfile_alloc(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 	b = rocksdb_writebatch_create();
 	pthread_mutex_lock(&m->mu);
 	rc = mdb_alloc_chunks(m, slots ? slots : 1, &p.first);
-	if (!rc) {
-		pend_put(b, p.first, &p);
+	if (!rc)
+		rc = mdb_pend_put(b, p.first, &p);
+	if (!rc)
 		rc = mdb_write(m, b);
-	}
 	pthread_mutex_unlock(&m->mu);
 	if (rc)
 		goto out;
@@ -335,7 +257,7 @@ out:
  * runs only after the slots matched an allocation. */
 static int commit_match(const struct mreq *q, const struct mpend *p, size_t need, uint8_t *seen)
 {
-	size_t slots = (size_t)q->nstripes * (size_t)(q->k + q->m), n = pend_slots(p);
+	size_t slots = (size_t)q->nstripes * (size_t)(q->k + q->m), n = mpend_slots(p);
 	if (p->k != q->k || p->m != q->m || p->chunk_size != q->chunk_size ||
 	    q->nstripes > p->nstripes)
 		return -EINVAL;
@@ -420,7 +342,7 @@ int mfile_commit(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 	} else {
 		rc = pend_get(m, q->write_id, &p);
 		if (!rc) {
-			seen = calloc(pend_slots(&p) + 1, 1);
+			seen = calloc(mpend_slots(&p) + 1, 1);
 			rc = seen ? commit_match(q, &p, min_stored(m, q->k, q->m), seen) : -ENOMEM;
 		}
 	}
@@ -468,7 +390,9 @@ int mfile_commit(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 		f.uid = old.uid;
 		f.gid = old.gid;
 	}
-	mdb_inode_put(b, &f);
+	rc = mdb_inode_put(b, &f);
+	if (rc)
+		goto out;
 	mdir_entry_put(b, q->parent, &q->name, ino, f.mode);
 	for (uint32_t s = 0; s < q->nstripes; s++) {
 		rocksdb_writebatch_put(b, (const char *)k, mk_stripe(k, ino, s),
@@ -496,7 +420,7 @@ int mfile_commit(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 	rocksdb_writebatch_put(b, (const char *)k, mk_atime(k, now, ino), "", 0);
 	if (q->write_id) {
 		/* Unused chunks, and ones written around: a PUT that timed out may yet land. */
-		for (size_t i = 0; i < pend_slots(&p); i++)
+		for (size_t i = 0; i < mpend_slots(&p); i++)
 			if (seen[i] != 1 && p.node[i]) {
 				mdb_delq_put(b, p.node[i], p.first + i, now);
 				leftovers = 1;
@@ -504,7 +428,9 @@ int mfile_commit(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 		rocksdb_writebatch_delete(b, (const char *)k, mk_pending(k, q->write_id));
 	}
 	par.mtime_ns = par.ctime_ns = now;
-	mdb_inode_put(b, &par);
+	rc = mdb_inode_put(b, &par);
+	if (rc)
+		goto out;
 	rc = mns_write(m, b, replaced ? 0 : 1, 0);
 	if (!rc)
 		klog_debug("commit %llu/%.*s -> ino %llu, %u stripes%s",
@@ -532,7 +458,7 @@ static void pend_drop(rocksdb_writebatch_t *b, uint64_t write_id, const struct m
 {
 	uint8_t k[MK_MAX];
 	int64_t now = meta_now_ns();
-	for (size_t i = 0; i < pend_slots(p); i++)
+	for (size_t i = 0; i < mpend_slots(p); i++)
 		if (p->node[i]) /* node 0: placed nowhere */
 			mdb_delq_put(b, p->node[i], p->first + i, now);
 	rocksdb_writebatch_delete(b, (const char *)k, mk_pending(k, write_id));
@@ -577,7 +503,7 @@ void mfile_expire(struct meta *m)
 		const char *v = rocksdb_iter_value(it, &vl);
 		struct mpend p = {0};
 		uint64_t id = mk_rd_be64((const uint8_t *)key + 1);
-		if (pend_decode(v, vl, &p) == 0 && p.created_ns < cutoff) {
+		if (mdb_pend_decode(v, vl, &p) == 0 && p.created_ns < cutoff) {
 			klog_info("write %llu not committed in time: aborting it",
 				  (unsigned long long)id);
 			pend_drop(b, id, &p);

@@ -138,8 +138,11 @@ struct meta {
 	uint64_t next_chunk, chunk_limit; /* protected by mu */
 	uint64_t files, dirs;		  /* protected by mu */
 
-	/* nodes_mu protects the registry. Lock order: mu, then nodes_mu. */
+	/* nodes_mu protects the registry. Lock order: mu, then nodes_mu. freed_cv (with nodes_mu,
+	 * CLOCK_MONOTONIC) is broadcast when queued deletions are done or a node goes down: what
+	 * mlife_evict waits for. */
 	pthread_mutex_t nodes_mu;
+	pthread_cond_t freed_cv;
 	struct mnode *nodes;
 	size_t nnodes, nodes_cap;
 	uint32_t next_node;
@@ -200,7 +203,36 @@ int mdb_write(struct meta *m, rocksdb_writebatch_t *b);
  * without locks, so concurrent callers share device flushes. 0 or -EIO. */
 int mdb_sync(struct meta *m);
 int mdb_inode_get(struct meta *m, const rocksdb_readoptions_t *ro, uint64_t ino, struct mino *out);
-void mdb_inode_put(rocksdb_writebatch_t *b, const struct mino *in);
+/* Record encoders add one key to a batch. They return 0, or -ENOMEM when the record could not
+ * be encoded (allocation failed): then nothing was added, and the caller must drop the whole
+ * batch and answer the error, never write the batch without that key. */
+__attribute__((warn_unused_result)) int mdb_inode_put(rocksdb_writebatch_t *b,
+						      const struct mino *in);
+/* Ends a record encoded into w: 0, or w's error (-ENOMEM) with w freed. With KVFS_FAULT_INJECT
+ * it also fails while the file named by $KVFS_META_FAULT_ENOMEM exists (tests only). */
+__attribute__((warn_unused_result)) int mdb_rec_end(struct kvp_wbuf *w);
+
+/* A pending write (P record): the placement an ALLOC handed out, until COMMIT or ABORT. */
+struct mpend {
+	int64_t created_ns;
+	uint32_t chunk_size, nstripes;
+	uint8_t k, m;
+	uint64_t first;
+	uint32_t *node; /* nstripes * (k+m) node ids, malloc'd */
+};
+
+static inline size_t mpend_slots(const struct mpend *p)
+{
+	return (size_t)p->nstripes * (size_t)(p->k + p->m);
+}
+/* 0 or -ENOMEM (nothing added: see mdb_inode_put). */
+__attribute__((warn_unused_result)) int mdb_pend_put(rocksdb_writebatch_t *b, uint64_t write_id,
+						     const struct mpend *p);
+/* 0, -EIO (corrupt) or -ENOMEM; p->node is malloc'd (caller frees). */
+int mdb_pend_decode(const char *v, size_t vl, struct mpend *p);
+/* 1 if a pending write places a chunk on node, else 0, or -EIO / -ENOMEM. Caller holds m->mu
+ * (so no ALLOC or COMMIT runs meanwhile). */
+int mdb_pending_on(struct meta *m, uint32_t node);
 void mdb_counter_put(rocksdb_writebatch_t *b, uint8_t id, uint64_t v);
 /* Hands out an inode number / n consecutive chunk ids; when the reserved range is used up a
  * larger reservation is written first (on its own). Caller holds mu. 0 or -EIO. */
@@ -255,14 +287,11 @@ int mns_touch(struct meta *m, const struct mreq *q, struct kvp_wbuf *out);
 int mfile_alloc(struct meta *m, const struct mreq *q, struct kvp_wbuf *out);
 int mfile_commit(struct meta *m, const struct mreq *q, struct kvp_wbuf *out);
 int mfile_abort(struct meta *m, const struct mreq *q, struct kvp_wbuf *out);
-/* 1 if a pending write (ALLOC not yet committed or aborted) places a chunk on node, else 0,
- * or -EIO / -ENOMEM. Caller holds m->mu (so no ALLOC or COMMIT runs meanwhile). */
-int mfile_pending_on(struct meta *m, uint32_t node);
 int mfile_layout(struct meta *m, const struct mreq *q, struct kvp_wbuf *out);
 /* Aborts pending writes older than the write timeout. Takes mu. */
 void mfile_expire(struct meta *m);
 
-/* ---- meta_nodes.c: registry, statfs, background thread ---- */
+/* ---- meta_nodes.c: registry, statfs, deletion queue ---- */
 int mnodes_load(struct meta *m);
 int mnodes_heartbeat(struct meta *m, const struct mreq *q, struct kvp_wbuf *out);
 int mnodes_list(struct meta *m, const struct mreq *q, struct kvp_wbuf *out);
@@ -271,10 +300,12 @@ int mnodes_statfs(struct meta *m, const struct mreq *q, struct kvp_wbuf *out);
 int mnodes_addr(struct meta *m, uint32_t id, char *addr, uint8_t *state);
 /* Refreshes up/down states from heartbeat ages (persisting changes). Takes nodes_mu. */
 void mnodes_check(struct meta *m);
-int mbg_start(struct meta *m);
-/* Wakes the background thread now (new deletion-queue entries). */
+/* Wakes the background thread (meta.c) now: new deletion-queue entries. */
 void mbg_kick(struct meta *m);
-void mbg_stop(struct meta *m);
+/* One round of the deletion queue: the first queued node at or after *from, up to a batch of
+ * its chunks as one DEL. Returns 1 to go on, 0 when nothing more is queued at or after *from.
+ * Called by the background thread only. */
+int mnodes_delq_round(struct meta *m, uint32_t *from);
 /* Node id bound (ids are < it), for per-node arrays. Takes nodes_mu. */
 uint32_t mnodes_id_bound(struct meta *m);
 /* Adds bytes[id] to each node's `freeing` (queued deletions). Takes nodes_mu. */
@@ -291,7 +322,9 @@ int mnodes_remove(struct meta *m, uint32_t id);
 /* One TTL + watermark pass. Returns files removed or a negative errno. */
 int mlife_retention(struct meta *m);
 /* Evicts least recently accessed files until use is under the low watermark and at least
- * `need` more bytes are free (ALLOC's retry). Returns files removed. */
+ * `need` more bytes are free (ALLOC's retry). With need > 0 it then blocks the calling request
+ * until the nodes have acknowledged the deletions (freed_cv), up to 3 s. No lock held on
+ * entry. Returns files removed. */
 int mlife_evict(struct meta *m, uint64_t need);
 /* One orphan pass over every up node. Returns orphans queued or a negative errno. */
 int mlife_orphans(struct meta *m);

@@ -5,6 +5,7 @@
  * capacity watermark, and chunks on nodes that no metadata references are found and queued
  * for deletion after a grace period. docs/operations.md, "Retention, eviction, repair". */
 #define KVFS_LOG_TAG "meta"
+#include "ktime.h"
 #include "kvch.h"
 #include "log.h"
 #include "meta_int.h"
@@ -19,7 +20,8 @@
 #define RETENTION_MAX  64   /* batches per pass, so a pass never holds the thread for long */
 #define LIST_PAGE      4096 /* chunk ids per LIST */
 #define LIST_TIMEOUT   5000
-#define RULE_DEPTH_MAX 256 /* parent-chain walk bound */
+#define RULE_DEPTH_MAX 256  /* parent-chain walk bound */
+#define EVICT_WAIT_MS  3000 /* an ALLOC waits this long for its eviction's deletions */
 
 struct victim {
 	uint64_t ino, parent;
@@ -109,7 +111,9 @@ static int victims_remove(struct meta *m, struct victim *v, size_t n, uint64_t *
 		}
 		if (any && have_par) { /* the directory changed: caches see a new mtime */
 			par.mtime_ns = par.ctime_ns = now;
-			mdb_inode_put(b, &par);
+			rc = mdb_inode_put(b, &par);
+			if (rc)
+				break;
 		}
 		i = j;
 	}
@@ -240,15 +244,13 @@ static int expire_pass(struct meta *m)
 
 static int evict(struct meta *m, uint64_t need);
 
-/* Bytes still queued for deletion on the nodes that are up. */
+/* Bytes still queued for deletion on the nodes that are up. Caller holds nodes_mu. */
 static uint64_t freeing_left(struct meta *m)
 {
 	uint64_t left = 0;
-	pthread_mutex_lock(&m->nodes_mu);
 	for (size_t i = 0; i < m->nnodes; i++)
 		if (m->nodes[i].state == KVP_NODE_UP)
 			left += m->nodes[i].freeing;
-	pthread_mutex_unlock(&m->nodes_mu);
 	return left;
 }
 
@@ -258,12 +260,23 @@ int mlife_evict(struct meta *m, uint64_t need)
 	int rc = evict(m, need);
 	pthread_mutex_unlock(&m->evict_mu);
 	/* An ALLOC retrying after eviction must find the space really free on the nodes (they
-	 * refuse a PUT past their capacity): wait, briefly, for the deletions to be done. */
-	for (int i = 0; need && i < 300 && freeing_left(m); i++) {
+	 * refuse a PUT past their capacity): wait, up to EVICT_WAIT_MS, for the background thread
+	 * to have the deletions done (it broadcasts freed_cv after each node's batch). Each
+	 * wake-up kicks it again, so a queue longer than one pass keeps being worked. */
+	if (!need)
+		return rc;
+	struct timespec until;
+	kvfs_deadline(&until, CLOCK_MONOTONIC, EVICT_WAIT_MS);
+	pthread_mutex_lock(&m->nodes_mu);
+	while (freeing_left(m)) {
+		pthread_mutex_unlock(&m->nodes_mu);
 		mbg_kick(m);
-		struct timespec t = {0, 10000000};
-		nanosleep(&t, NULL);
+		pthread_mutex_lock(&m->nodes_mu);
+		if (freeing_left(m) == 0 ||
+		    pthread_cond_timedwait(&m->freed_cv, &m->nodes_mu, &until) == ETIMEDOUT)
+			break;
 	}
+	pthread_mutex_unlock(&m->nodes_mu);
 	return rc;
 }
 

@@ -11,7 +11,6 @@
 #include <time.h>
 
 #define DEL_BATCH      4096u
-#define DEL_ROUNDS     64
 #define DEL_TIMEOUT_MS 3000
 
 static int node_decode(uint32_t id, const char *v, size_t vl, struct mnode *n)
@@ -33,7 +32,8 @@ static int node_decode(uint32_t id, const char *v, size_t vl, struct mnode *n)
 	return (ver == 1 || ver == 2) && kvp_r_end(&r) == 0 ? 0 : -EIO;
 }
 
-static void node_put(rocksdb_writebatch_t *b, const struct mnode *n)
+/* 0 or -ENOMEM (nothing added: see mdb_inode_put). */
+static int node_put(rocksdb_writebatch_t *b, const struct mnode *n)
 {
 	uint8_t k[MK_MAX];
 	struct kvp_wbuf w;
@@ -47,17 +47,20 @@ static void node_put(rocksdb_writebatch_t *b, const struct mnode *n)
 	kvp_w_i64(&w, n->hb_ns);
 	kvp_w_u8(&w, n->state);
 	kvp_w_u8(&w, n->draining);
-	if (w.err)
-		abort();
+	int rc = mdb_rec_end(&w);
+	if (rc)
+		return rc;
 	rocksdb_writebatch_put(b, (const char *)k, mk_node(k, n->id), (const char *)w.p, w.len);
 	kvp_w_free(&w);
+	return 0;
 }
 
 static int node_write(struct meta *m, const struct mnode *n)
 {
 	rocksdb_writebatch_t *b = rocksdb_writebatch_create();
-	node_put(b, n);
-	int rc = mdb_write(m, b);
+	int rc = node_put(b, n);
+	if (!rc)
+		rc = mdb_write(m, b);
 	rocksdb_writebatch_destroy(b);
 	return rc;
 }
@@ -150,15 +153,16 @@ int mnodes_heartbeat(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 	uint8_t was = nn.state;
 	nn.state = KVP_NODE_UP;
 	rocksdb_writebatch_t *b = rocksdb_writebatch_create();
-	node_put(b, &nn);
-	if (!n) {
+	rc = node_put(b, &nn);
+	if (!rc && !n) {
 		uint8_t k[MK_MAX], v[4];
 		for (int i = 0; i < 4; i++)
 			v[i] = (uint8_t)(nn.id >> (8 * i));
 		rocksdb_writebatch_put(b, (const char *)k, mk_uuid(k, nn.uuid), (const char *)v, 4);
 		mdb_counter_put(b, MC_NEXT_NODE, (uint64_t)nn.id + 1);
 	}
-	rc = mdb_write(m, b);
+	if (!rc)
+		rc = mdb_write(m, b);
 	rocksdb_writebatch_destroy(b);
 	if (!rc && !n) {
 		rc = node_add(m, &nn);
@@ -194,6 +198,7 @@ void mnodes_check(struct meta *m)
 			klog_warn("node %u (%s): no heartbeat for %.1f s: down", n->id, n->addr,
 				  (double)(now - n->hb_mono) / 1e9);
 			node_write(m, n);
+			pthread_cond_broadcast(&m->freed_cv); /* its deletions no longer count */
 		}
 	}
 	pthread_mutex_unlock(&m->nodes_mu);
@@ -303,6 +308,7 @@ static void freeing_done(struct meta *m, uint32_t id, uint64_t bytes)
 			}
 			n->freed_b[b] += bytes;
 		}
+	pthread_cond_broadcast(&m->freed_cv);
 	pthread_mutex_unlock(&m->nodes_mu);
 }
 
@@ -371,7 +377,7 @@ int mnodes_remove(struct meta *m, uint32_t id)
 	pthread_mutex_unlock(&m->nodes_mu);
 	int pend = 0;
 	if ((n.state == KVP_NODE_UP && !n.draining) || owns_chunks(m, id) ||
-	    (pend = mfile_pending_on(m, id)) != 0) {
+	    (pend = mdb_pending_on(m, id)) != 0) {
 		pthread_mutex_unlock(&m->mu);
 		return pend < 0 ? pend : -EBUSY;
 	}
@@ -404,7 +410,7 @@ int mnodes_remove(struct meta *m, uint32_t id)
 /* One round: the first queued node at or after *from, up to DEL_BATCH of its chunks, sent as
  * one DEL. Removed from the queue once the node acknowledges. Returns 1 to go on, 0 when the
  * queue has nothing more at or after *from. */
-static int delq_round(struct meta *m, uint32_t *from)
+int mnodes_delq_round(struct meta *m, uint32_t *from)
 {
 	uint8_t k[MK_MAX];
 	uint64_t *ids = malloc(DEL_BATCH * sizeof(*ids));
@@ -478,64 +484,10 @@ static int delq_round(struct meta *m, uint32_t *from)
 	return 1;
 }
 
-static int stopping(struct meta *m)
-{
-	pthread_mutex_lock(&m->bg_mu);
-	int s = m->stopping;
-	pthread_mutex_unlock(&m->bg_mu);
-	return s;
-}
-
-static void *bg_main(void *arg)
-{
-	struct meta *m = arg;
-	while (!stopping(m)) {
-		mnodes_check(m);
-		uint32_t from = 0;
-		for (int i = 0; i < DEL_ROUNDS && !stopping(m) && delq_round(m, &from); i++)
-			;
-		mfile_expire(m);
-		mlife_tick(m);
-
-		struct timespec t;
-		clock_gettime(CLOCK_MONOTONIC, &t);
-		int64_t ns = t.tv_nsec + (int64_t)(m->o.gc_interval_s * 1e9);
-		t.tv_sec += ns / 1000000000;
-		t.tv_nsec = ns % 1000000000;
-		pthread_mutex_lock(&m->bg_mu);
-		if (!m->stopping && !m->kicked)
-			pthread_cond_timedwait(&m->bg_cv, &m->bg_mu, &t);
-		m->kicked = 0;
-		pthread_mutex_unlock(&m->bg_mu);
-	}
-	return NULL;
-}
-
 void mbg_kick(struct meta *m)
 {
 	pthread_mutex_lock(&m->bg_mu);
 	m->kicked = 1;
 	pthread_cond_signal(&m->bg_cv);
 	pthread_mutex_unlock(&m->bg_mu);
-}
-
-int mbg_start(struct meta *m)
-{
-	int rc = pthread_create(&m->bg, NULL, bg_main, m);
-	if (rc)
-		return -rc;
-	m->bg_started = 1;
-	return 0;
-}
-
-void mbg_stop(struct meta *m)
-{
-	if (!m->bg_started)
-		return;
-	pthread_mutex_lock(&m->bg_mu);
-	m->stopping = 1;
-	pthread_cond_signal(&m->bg_cv);
-	pthread_mutex_unlock(&m->bg_mu);
-	pthread_join(m->bg, NULL);
-	m->bg_started = 0;
 }

@@ -247,8 +247,11 @@ int mns_mkdir(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 			  .gid = q->gid};
 	p.nlink++;
 	p.mtime_ns = p.ctime_ns = now;
-	mdb_inode_put(b, &d);
-	mdb_inode_put(b, &p);
+	rc = mdb_inode_put(b, &d);
+	if (!rc)
+		rc = mdb_inode_put(b, &p);
+	if (rc)
+		goto out;
 	mdir_entry_put(b, q->parent, &q->name, ino, d.mode);
 	rc = mns_write(m, b, 0, 1);
 	if (!rc)
@@ -284,7 +287,9 @@ int mns_rmdir(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 	uint8_t k[MK_MAX];
 	p.nlink--;
 	p.mtime_ns = p.ctime_ns = meta_now_ns();
-	mdb_inode_put(b, &p);
+	rc = mdb_inode_put(b, &p);
+	if (rc)
+		goto out;
 	dirent_del(b, q->parent, &q->name);
 	rocksdb_writebatch_delete(b, (const char *)k, mk_inode(k, ino));
 	rc = mns_write(m, b, 0, -1);
@@ -317,7 +322,9 @@ int mns_unlink(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 	if (rc)
 		goto out;
 	p.mtime_ns = p.ctime_ns = meta_now_ns();
-	mdb_inode_put(b, &p);
+	rc = mdb_inode_put(b, &p);
+	if (rc)
+		goto out;
 	dirent_del(b, q->parent, &q->name);
 	rc = mns_write(m, b, -1, 0);
 out:
@@ -426,11 +433,14 @@ int mns_rename(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 		}
 	}
 	src.ctime_ns = now;
-	mdb_inode_put(b, &src);
 	sp.mtime_ns = sp.ctime_ns = dp->mtime_ns = dp->ctime_ns = now;
-	mdb_inode_put(b, &sp);
-	if (dp != &sp)
-		mdb_inode_put(b, dp);
+	rc = mdb_inode_put(b, &src);
+	if (!rc)
+		rc = mdb_inode_put(b, &sp);
+	if (!rc && dp != &sp)
+		rc = mdb_inode_put(b, dp);
+	if (rc)
+		goto out;
 	dirent_del(b, q->parent, &q->name);
 	mdir_entry_put(b, q->newparent, &q->newname, sino, src.mode);
 	rc = mns_write(m, b, dfiles, ddirs);
@@ -470,8 +480,9 @@ int mns_setattr(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 		}
 	}
 	in.ctime_ns = now;
-	mdb_inode_put(b, &in);
-	rc = mdb_write(m, b);
+	rc = mdb_inode_put(b, &in);
+	if (!rc)
+		rc = mdb_write(m, b);
 	if (!rc)
 		reply_attr(out, &in);
 out:
@@ -538,7 +549,9 @@ int mns_touch(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 			in.access_ns = at;
 		if (shown)
 			in.atime_ns = at;
-		mdb_inode_put(b, &in);
+		rc = mdb_inode_put(b, &in);
+		if (rc)
+			break;
 	}
 	if (!rc)
 		rc = mdb_write(m, b);

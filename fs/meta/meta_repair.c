@@ -165,8 +165,134 @@ static int rebuild(struct rctx *x, struct rstripe *st, uint32_t idx, uint8_t **b
 	return rc < 0 ? rc : 0;
 }
 
-/* Rebuilds or moves one chunk (node, chunk) of (ino, stripe). Returns the bytes written, 0
- * when the slot no longer holds that chunk (the file changed or went), or -errno. */
+/* The destination of a rebuilt chunk: an up, non-draining node with the most room, not holding
+ * another chunk of this stripe (the chunk's own node qualifies for scrub: distinctness holds).
+ * Its room is taken now, so parallel rebuilds spread out; dest_release gives it back. NULL when
+ * none qualifies. */
+static struct rnode *dest_take(struct rctx *x, const struct rstripe *st, uint32_t idx,
+			       uint32_t node, int mode)
+{
+	uint32_t len = st->len[idx];
+	struct rnode *dst = NULL;
+	pthread_mutex_lock(x->mu);
+	for (size_t i = 0; i < x->nnodes; i++) {
+		struct rnode *n = &x->nodes[i];
+		int taken = 0;
+		for (uint32_t j = 0; j < st->w; j++)
+			taken |= j != idx && st->slot[j].node_id == n->id;
+		if (n->state != KVP_NODE_UP || n->draining || taken ||
+		    (mode != MODE_SCRUB && n->id == node) || n->free < (int64_t)len)
+			continue;
+		if (!dst || n->free > dst->free)
+			dst = n;
+	}
+	if (dst)
+		dst->free -= (int64_t)len;
+	pthread_mutex_unlock(x->mu);
+	return dst;
+}
+
+static void dest_release(struct rctx *x, struct rnode *dst, uint32_t len)
+{
+	pthread_mutex_lock(x->mu);
+	dst->free += (int64_t)len;
+	pthread_mutex_unlock(x->mu);
+}
+
+/* The bytes of chunk idx into bufs[idx]: a drain reads them from their still-up node, anything
+ * else (or a failed read) rebuilds them from the stripe. An empty chunk has nothing to read. */
+static int chunk_recover(struct rctx *x, struct rstripe *st, uint32_t idx, int mode, uint8_t **bufs)
+{
+	uint32_t len = st->len[idx];
+	if (!len)
+		return 0;
+	int rc = -EIO;
+	const struct rnode *src = node_find(x->nodes, x->nnodes, st->slot[idx].node_id);
+	if (mode == MODE_DRAIN && src && src->state == KVP_NODE_UP)
+		rc = chunk_get(x->m, src->addr, &st->slot[idx], len, bufs[idx]);
+	return rc ? rebuild(x, st, idx, bufs) : 0;
+}
+
+/* Stores buf as a new chunk on dst: a fresh id (in *nid, recorded as this thread's in-flight
+ * chunk so the orphan sweep spares it) and its CRC in *crc. An empty chunk stays unstored, as
+ * the client wrote it. */
+static int chunk_store(struct rctx *x, const struct rnode *dst, const uint8_t *buf, uint32_t len,
+		       uint64_t *nid, uint32_t *crc)
+{
+	struct meta *m = x->m;
+	pthread_mutex_lock(&m->mu);
+	int rc = mdb_alloc_chunks(m, 1, nid);
+	pthread_mutex_unlock(&m->mu);
+	if (rc) {
+		*nid = 0; /* ids start at 1: 0 says none was taken */
+		return rc;
+	}
+	pthread_mutex_lock(&m->job_mu);
+	m->inflight[x->slot] = *nid;
+	pthread_mutex_unlock(&m->job_mu);
+	*crc = kvec_crc32c(0, buf, len);
+	struct kvch_call c;
+	rc = len ? kvch_put_start(m->pool, dst->addr, *nid, *crc, buf, len, &c) : 0;
+	return !rc && len ? kvch_put_finish(&c, IO_TIMEOUT_MS) : rc;
+}
+
+/* Points slot idx of (ino, s) at the new chunk (dst, nid, crc) in one batch with the owner
+ * index and the old chunk's deletion, if the slot still holds (node, chunk); otherwise, or when
+ * the record cannot be encoded, the new chunk is queued for deletion instead. stored: the PUT
+ * succeeded. Returns 1 moved, 0 the slot changed meanwhile, or -errno (nothing moved). */
+static int slot_move(struct rctx *x, const struct rstripe *st, uint32_t idx, uint32_t node,
+		     uint64_t chunk, const struct mreq_slot *nw, int stored)
+{
+	struct meta *m = x->m;
+	uint64_t ino = st->f.ino;
+	uint32_t s = st->s;
+	rocksdb_writebatch_t *b = rocksdb_writebatch_create();
+	int64_t now = meta_now_ns();
+	uint8_t k[MK_MAX];
+	struct kvp_wbuf v;
+	kvp_w_init(&v);
+	int rc = 0;
+	pthread_mutex_lock(&m->mu);
+	struct rstripe cur;
+	int same = stored && stripe_load(m, ino, s, &cur) == 0 && cur.slot[idx].node_id == node &&
+		   cur.slot[idx].chunk_id == chunk;
+	if (same) {
+		for (uint32_t i = 0; i < st->w; i++) {
+			const struct mreq_slot *sl = i == idx ? nw : &cur.slot[i];
+			kvp_w_u32(&v, sl->node_id);
+			kvp_w_u64(&v, sl->chunk_id);
+			kvp_w_u32(&v, sl->crc);
+		}
+		rc = mdb_rec_end(&v);
+		same = !rc;
+	}
+	if (same) {
+		rocksdb_writebatch_put(b, (const char *)k, mk_stripe(k, ino, s), (const char *)v.p,
+				       v.len);
+		mdb_rev_put(b, nw->node_id, nw->chunk_id, ino, s);
+		if (node) { /* node 0: a slot written degraded, nothing stored to forget */
+			rocksdb_writebatch_delete(b, (const char *)k, mk_rev(k, node, chunk));
+			/* The old chunk goes if its node ever answers again. */
+			mdb_delq_put(b, node, chunk, now);
+		}
+	} else {
+		mdb_delq_put(b, nw->node_id, nw->chunk_id, now);
+	}
+	int wrc = mdb_write(m, b);
+	pthread_mutex_unlock(&m->mu);
+	rocksdb_writebatch_destroy(b);
+	kvp_w_free(&v);
+	pthread_mutex_lock(&m->job_mu);
+	m->inflight[x->slot] = 0;
+	pthread_mutex_unlock(&m->job_mu);
+	return rc ? rc : wrc ? wrc : same;
+}
+
+/* Rebuilds or moves one chunk (node, chunk) of (ino, stripe): destination first, so that a
+ * chunk with nowhere to go costs no reads (10+1 on 11 nodes with one down has none, and
+ * automatic repair retries), then its bytes, a new chunk, and the slot moved. Returns the
+ * bytes written, 1 for an empty chunk or one whose slot changed while it was rebuilt, 0 when
+ * the slot did not hold that chunk to begin with (the file changed or went), or -errno. */
 static int64_t repair_slot(struct rctx *x, uint64_t ino, uint32_t s, uint32_t node, uint64_t chunk,
 			   int mode)
 {
@@ -189,107 +315,21 @@ static int64_t repair_slot(struct rctx *x, uint64_t ino, uint32_t s, uint32_t no
 	for (uint32_t i = 0; i < st.w; i++)
 		bufs[i] = mem + i * plen;
 	uint32_t len = st.len[idx];
-
-	/* Destination first, so that a chunk with nowhere to go costs no reads (10+1 on 11
-	 * nodes with one down has none, and automatic repair retries): an up, non-draining node
-	 * with the most room, not holding another chunk of this stripe (the chunk's own node
-	 * qualifies for scrub: distinctness holds). */
-	struct rnode *dst = NULL;
-	pthread_mutex_lock(x->mu);
-	for (size_t i = 0; i < x->nnodes; i++) {
-		struct rnode *n = &x->nodes[i];
-		int taken = 0;
-		for (uint32_t j = 0; j < st.w; j++)
-			taken |= j != idx && st.slot[j].node_id == n->id;
-		if (n->state != KVP_NODE_UP || n->draining || taken ||
-		    (mode != MODE_SCRUB && n->id == node) || n->free < (int64_t)len)
-			continue;
-		if (!dst || n->free > dst->free)
-			dst = n;
-	}
-	if (dst) /* taken now, so parallel rebuilds spread out */
-		dst->free -= (int64_t)len;
-	pthread_mutex_unlock(x->mu);
-	if (!dst) {
-		rc = -ENOSPC;
-		goto out;
-	}
-
-	/* An empty chunk has nothing to read or write: only its slot moves (a drained or lost
-	 * node then owns nothing of the stripe and can be removed). */
-	rc = len ? -EIO : 0;
-	const struct rnode *src = node_find(x->nodes, x->nnodes, node);
-	if (len && mode == MODE_DRAIN && src && src->state == KVP_NODE_UP) {
-		rc = chunk_get(m, src->addr, &st.slot[idx], len, bufs[idx]);
-	}
-	if (rc)
-		rc = rebuild(x, &st, idx, bufs);
-	if (rc) {
-		pthread_mutex_lock(x->mu);
-		dst->free += (int64_t)len;
-		pthread_mutex_unlock(x->mu);
-		goto out;
-	}
-
-	uint64_t nid;
-	pthread_mutex_lock(&m->mu);
-	rc = mdb_alloc_chunks(m, 1, &nid);
-	pthread_mutex_unlock(&m->mu);
+	int moved = 0;
+	struct rnode *dst = dest_take(x, &st, idx, node, mode);
+	rc = dst ? chunk_recover(x, &st, idx, mode, bufs) : -ENOSPC;
+	if (rc && dst)
+		dest_release(x, dst, len);
 	if (rc)
 		goto out;
-	pthread_mutex_lock(&m->job_mu);
-	m->inflight[x->slot] = nid;
-	pthread_mutex_unlock(&m->job_mu);
-	uint32_t crc = kvec_crc32c(0, bufs[idx], len);
-	struct kvch_call c;
-	/* An empty chunk stays unstored, as the client wrote it. */
-	rc = len ? kvch_put_start(m->pool, dst->addr, nid, crc, bufs[idx], len, &c) : 0;
-	if (!rc && len)
-		rc = kvch_put_finish(&c, IO_TIMEOUT_MS);
-
-	/* The slot moves in one batch, if it still holds the chunk we rebuilt. */
-	rocksdb_writebatch_t *b = rocksdb_writebatch_create();
-	int64_t now = meta_now_ns();
-	uint8_t k[MK_MAX];
-	pthread_mutex_lock(&m->mu);
-	struct rstripe cur;
-	int same = !rc && stripe_load(m, ino, s, &cur) == 0 && cur.slot[idx].node_id == node &&
-		   cur.slot[idx].chunk_id == chunk;
-	if (same) {
-		struct kvp_wbuf v;
-		kvp_w_init(&v);
-		for (uint32_t i = 0; i < st.w; i++) {
-			struct mreq_slot sl = cur.slot[i];
-			if (i == idx)
-				sl = (struct mreq_slot){dst->id, nid, crc};
-			kvp_w_u32(&v, sl.node_id);
-			kvp_w_u64(&v, sl.chunk_id);
-			kvp_w_u32(&v, sl.crc);
-		}
-		if (v.err)
-			abort(); /* out of memory: never write a partial batch */
-		rocksdb_writebatch_put(b, (const char *)k, mk_stripe(k, ino, s), (const char *)v.p,
-				       v.len);
-		kvp_w_free(&v);
-		mdb_rev_put(b, dst->id, nid, ino, s);
-		if (node) { /* node 0: a slot written degraded, nothing stored to forget */
-			rocksdb_writebatch_delete(b, (const char *)k, mk_rev(k, node, chunk));
-			/* The old chunk goes if its node ever answers again. */
-			mdb_delq_put(b, node, chunk, now);
-		}
-	} else {
-		mdb_delq_put(b, dst->id, nid, now);
-	}
-	int wrc = mdb_write(m, b);
-	pthread_mutex_unlock(&m->mu);
-	rocksdb_writebatch_destroy(b);
-	pthread_mutex_lock(&m->job_mu);
-	m->inflight[x->slot] = 0;
-	pthread_mutex_unlock(&m->job_mu);
-	if (!rc)
-		rc = wrc;
-	if (!rc && !same)
-		rc = 0, len = 0;
+	struct mreq_slot nw = {.node_id = dst->id};
+	rc = chunk_store(x, dst, bufs[idx], len, &nw.chunk_id, &nw.crc);
+	if (rc != 0 && nw.chunk_id == 0)
+		goto out; /* no id allocated: nothing to record */
+	moved = slot_move(x, &st, idx, node, chunk, &nw, rc == 0);
+	rc = rc ? rc : moved < 0 ? moved : 0;
+	if (!rc && !moved) /* the file changed meanwhile: nothing was repaired */
+		len = 0;
 	if (!rc && len) {
 		mst_add(m, KVP_MST_REPAIRED, 1);
 		mst_add(m, KVP_MST_REPAIR_BYTES, len);

@@ -44,6 +44,7 @@
 
 #include "cfg.h"
 #include "kvc.h"
+#include "kvch.h"
 
 #define MNT_TEMP_BASE	(1ull << 63)
 #define MNT_VIRT_BASE	(1ull << 62)
@@ -147,7 +148,10 @@ struct mnt_wfile {
 	int grow_ok;	  /* lock; the old version's page-cache readers are gone (mnt_write) */
 };
 
-/* ---- inode table (mount_inode.c); thread-safe ---- */
+/* The option table (mount_cfg.c): fills struct mnt_cfg; main parses with it, .kvfs/ dumps it. */
+extern const struct cfg_opt mnt_cfg_opts[];
+
+/* ---- inode table and writer references (mount_inode.c); thread-safe ---- */
 struct mnt_inode_info {
 	uint64_t ino;  /* meta inode (0: a new file not yet committed) */
 	uint32_t mode; /* S_IFREG / S_IFDIR | bits, as last seen (0: unknown) */
@@ -201,8 +205,11 @@ void mnt_itab_set_attr(struct mnt_itab *t, uint64_t nodeid, const struct kvp_att
 void mnt_itab_rename(struct mnt_itab *t, uint64_t ino, uint64_t newparent, const char *newname);
 size_t mnt_itab_count(struct mnt_itab *t);
 
-/* ---- writers and file handles (mount_io.c) ---- */
+/* Drops a reference to a writer (the inode table, handles and .kvfs/ hold them); the last
+ * one aborts a writer never committed and ends its replacement mark. */
 void mnt_wfile_put(struct mnt_wfile *wf);
+
+/* ---- writers and file handles (mount_io.c) ---- */
 /* Attributes of a file being written (size = bytes buffered so far). */
 void mnt_wfile_stat(struct mnt *m, struct mnt_wfile *wf, struct stat *st);
 /* setattr on a file being written: size (truncate the buffer), mode and times are kept and
@@ -227,6 +234,10 @@ void mnt_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode
 		struct fuse_file_info *fi);
 void mnt_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
 void mnt_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi);
+/* When the process-wide writer budget (--max-buffered) is full, a write blocks its FUSE thread
+ * until another file's commit or abort gives buffer memory back (kvc_buffer_wait: a condition,
+ * no polling), up to MNT_BUFFER_WAIT_MS in all, then answers ENOSPC. */
+#define MNT_BUFFER_WAIT_MS 10000
 void mnt_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
 	       struct fuse_file_info *fi);
 void mnt_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
@@ -280,8 +291,9 @@ struct mnt_close_info {
 void mnt_proc_close_info(const struct mnt *m, pid_t tid, pid_t owner, uint64_t nodeid, int want_fds,
 			 struct mnt_close_info *out);
 
-/* ---- namespace (mount_ops.c) ---- */
-extern const struct fuse_lowlevel_ops mnt_ops;
+/* ---- metadata helpers (mount_meta.c): used by mount_ops.c and mount_io.c ---- */
+/* Wall-clock now in ns (CLOCK_REALTIME: file times). */
+int64_t mnt_now_ns(void);
 /* Metadata attributes -> struct stat as the mount reports them (st_blocks from stored bytes,
  * directories with size 0, owner: mnt_owner). */
 void mnt_attr_to_stat(const struct mnt *m, const struct kvp_attr *a, struct stat *st);
@@ -289,23 +301,22 @@ void mnt_attr_to_stat(const struct mnt *m, const struct kvp_attr *a, struct stat
  * modes against it: default_permissions); otherwise, or when none was recorded, the mounting
  * user, so a single-user mount reads as before owners were kept. */
 void mnt_owner(const struct mnt *m, const struct kvp_attr *a, struct stat *st);
-/* Meta calls that may be retried while the metadata server is away. The budget is wall-clock:
- * --meta-retry from the request's start (mnt_retry_start, CLOCK_MONOTONIC), counting the time
- * the failed calls themselves take (libkvfs retries a refused connection for ~5.5 s, an
- * unanswered request for two timeouts), not only the sleeps between them.
+/* Meta calls that may be retried while the metadata server is away, by kvch's one retry policy
+ * (KVCH_RETRY_MOUNT, fs/chunk/kvch.h): every 250 ms on a transport error, within --meta-retry
+ * from the request's start (mnt_retry_start), counting the time the failed calls themselves
+ * take (libkvfs retries a refused connection for ~5.5 s, an unanswered request for two
+ * timeouts), not only the waits between them.
  *
  *   struct mnt_retry r;
  *   mnt_retry_start(m, &r);
  *   do rc = kvc_...(...); while (rc && mnt_retry(m, &rc, &r));
  *
- * mnt_retry returns 1 (after a short sleep) when *rc is transient (meta unreachable) and another
- * attempt, expected to take as long as the one that just failed, still ends before the
- * deadline; else 0, and a transient *rc becomes -EIO (what the application sees once the
- * budget is spent). Other errors are left as they are. */
+ * mnt_retry returns 1 (after the wait: it blocks the FUSE thread up to 250 ms) when *rc is a
+ * transport error (kvch_is_transport) and another attempt, expected to take as long as the one
+ * that just failed, still ends before the deadline; else 0, and a transport *rc becomes -EIO
+ * (what the application sees once the budget is spent). Other errors are left as they are. */
 struct mnt_retry {
-	struct timespec until;	 /* CLOCK_MONOTONIC deadline: start + meta-retry */
-	struct timespec attempt; /* when the current attempt began */
-	int tries;		 /* retries so far */
+	struct kvch_retry r;
 };
 void mnt_retry_start(const struct mnt *m, struct mnt_retry *r);
 int mnt_retry(struct mnt *m, int *rc, struct mnt_retry *r);
@@ -317,9 +328,11 @@ int mnt_retry(struct mnt *m, int *rc, struct mnt_retry *r);
 void mnt_dirtimes_note(struct mnt *m, uint64_t ino, uint32_t valid, int64_t mtime_ns,
 		       int64_t atime_ns);
 void mnt_dirtimes_restore(struct mnt *m, uint64_t dir, int64_t created_ns);
+
+/* ---- namespace (mount_ops.c) ---- */
+extern const struct fuse_lowlevel_ops mnt_ops;
 /* Blocks up to ~2 s while commits started from release are running. */
 void mnt_wait_release_commits(struct mnt *m);
-int64_t mnt_now_ns(void);
 
 /* ---- .kvfs/ and xattrs (mount_status.c) ---- */
 int mnt_virt_is(uint64_t nodeid);

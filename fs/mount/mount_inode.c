@@ -2,7 +2,9 @@
  * metadata inode it stands for and the name it was last seen under. The name is what an
  * open(O_TRUNC) of a committed file needs to create its replacement; the mapping node id ->
  * inode is what keeps a new file's temporary id (and a replaced file's old id) working after a
- * commit. One mutex; chained hash on the node id, grown at load 1. */
+ * commit. One mutex; chained hash on the node id, grown at load 1. It also
+ * owns the release of the writer references it and the handles hold (mnt_wfile_put). */
+#include "ktime.h"
 #include "mount.h"
 
 #include <errno.h>
@@ -48,11 +50,7 @@ int mnt_itab_create(struct mnt_itab **out)
 		return -ENOMEM;
 	}
 	pthread_mutex_init(&t->lock, NULL);
-	pthread_condattr_t ca;
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&t->readers_gone, &ca);
-	pthread_condattr_destroy(&ca);
+	kvfs_cond_init_mono(&t->readers_gone);
 	*out = t;
 	return 0;
 }
@@ -301,4 +299,16 @@ size_t mnt_itab_count(struct mnt_itab *t)
 	size_t n = t->n;
 	pthread_mutex_unlock(&t->lock);
 	return n;
+}
+
+void mnt_wfile_put(struct mnt_wfile *wf)
+{
+	if (!wf || atomic_fetch_sub(&wf->refs, 1) != 1)
+		return;
+	if (wf->w)
+		kvc_abort(wf->w);
+	if (wf->repl_itab)
+		mnt_itab_replacing(wf->repl_itab, wf->nodeid, -1);
+	pthread_mutex_destroy(&wf->lock);
+	free(wf);
 }

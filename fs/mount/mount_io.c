@@ -20,6 +20,7 @@
  * publishes", says what each call guarantees.
  */
 #define KVFS_LOG_TAG "mount"
+#include "ktime.h"
 #include "log.h"
 #include "mount.h"
 
@@ -134,18 +135,6 @@ static struct mnt_wfile *wfile_new(struct kvc_writer *w, uint64_t nodeid, uint64
 	return wf;
 }
 
-void mnt_wfile_put(struct mnt_wfile *wf)
-{
-	if (!wf || atomic_fetch_sub(&wf->refs, 1) != 1)
-		return;
-	if (wf->w)
-		kvc_abort(wf->w);
-	if (wf->repl_itab)
-		mnt_itab_replacing(wf->repl_itab, wf->nodeid, -1);
-	pthread_mutex_destroy(&wf->lock);
-	free(wf);
-}
-
 struct mnt_wfile *mnt_fh_writer(struct fuse_file_info *fi)
 {
 	struct fh *h = fi ? fh_of(fi) : NULL;
@@ -254,8 +243,7 @@ static int wfile_finish(struct mnt *m, struct mnt_wfile *wf)
 		/* Meta unreachable (a connection error) means "not stored": the application
 		 * sees EIO. EHOSTDOWN (too few storage nodes up or reachable) says more and
 		 * passes through, as docs/mount.md promises. */
-		if (rc == -ECONNREFUSED || rc == -ECONNRESET || rc == -ECONNABORTED ||
-		    rc == -ETIMEDOUT || rc == -ENOTCONN)
+		if (kvch_is_transport(rc))
 			rc = -EIO;
 		wf->err = rc;
 		return rc;
@@ -802,15 +790,27 @@ void mnt_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off
 	 * the first append would land past a hole of the old size). */
 	int append = (fi->flags & O_APPEND) != 0;
 	uint64_t at = append ? kvc_writer_size(wf->w) : (uint64_t)off;
+	uint64_t epoch = kvc_buffer_epoch(m->c);
 	ssize_t n = kvc_write(wf->w, buf, size, at);
-	/* The process-wide buffer budget is shared: wait a little for other files' commits to
-	 * free some before failing. */
-	for (int i = 0; n == -ENOMEM && i < 200; i++) {
+	/* The process-wide buffer budget is shared: wait for other files' commits to give some
+	 * back (libkvfs signals each freed writer) before failing, up to MNT_BUFFER_WAIT_MS. */
+	struct timespec until;
+	kvfs_deadline(&until, CLOCK_MONOTONIC, MNT_BUFFER_WAIT_MS);
+	while (n == -ENOMEM) {
+		struct timespec now;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		long left = (long)(until.tv_sec - now.tv_sec) * 1000 +
+			    (until.tv_nsec - now.tv_nsec) / 1000000;
+		if (left <= 0)
+			break;
 		pthread_mutex_unlock(&wf->lock);
-		usleep(50000);
+		int rc = kvc_buffer_wait(m->c, epoch, (int)left);
 		pthread_mutex_lock(&wf->lock);
+		if (rc)
+			break; /* none freed in time: n stays -ENOMEM */
 		if (wf->w && append)
 			at = kvc_writer_size(wf->w);
+		epoch = kvc_buffer_epoch(m->c);
 		n = wf->w ? kvc_write(wf->w, buf, size, at) : -EROFS;
 	}
 	if (n > 0)

@@ -27,48 +27,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define O(name, type, field, lo, hi, def, help)                                                    \
-	{                                                                                          \
-		name, type, offsetof(struct mnt_cfg, field), lo, hi, def, help                     \
-	}
-
-const struct cfg_opt mnt_cfg_opts[] = {
-    O("secret-file", CFG_STR, secret_file, 0, 0, NULL, "file holding the cluster secret"),
-    O("entry-timeout", CFG_SECS, entry_timeout, 0, 86400, "1s",
-      "how long the kernel caches a name"),
-    O("attr-timeout", CFG_SECS, attr_timeout, 0, 86400, "10s",
-      "how long the kernel caches attributes"),
-    O("timeout", CFG_SECS, timeout, 0.1, 600, "5s", "per request to meta or a node"),
-    O("meta-retry", CFG_SECS, meta_retry, 0, 3600, "30s",
-      "keep retrying reads of metadata this long (from the request's start) while meta is "
-      "away; then EIO"),
-    O("max-file", CFG_SIZE, max_file, 4096, 1e15, "1G",
-      "largest file one writer may buffer (larger: EFBIG)"),
-    O("max-buffered", CFG_SIZE, max_buffered, 1 << 20, 1e15, "2G",
-      "memory all files being written may buffer together"),
-    O("readahead", CFG_SIZE, readahead, 0, 1 << 30, "4M",
-      "kernel read-ahead window for sequential reads"),
-    O("k", CFG_INT, k, 0, 64, "0", "data chunks per stripe of new files (0: cluster default)"),
-    O("m", CFG_INT, m, 0, 16, "0", "parity chunks per stripe (0: cluster default)"),
-    O("chunk", CFG_SIZE, chunk, 0, 16 << 20, "0", "largest chunk of new files (0: cluster's)"),
-    O("threads", CFG_INT, threads, 1, 1024, "16", "FUSE worker threads at most"),
-    O("log-level", CFG_INT, log_level, 0, 3, "2", "0 error, 1 warn, 2 info, 3 debug"),
-    O("log-file", CFG_STR, log_file, 0, 0, NULL, "log here in the background (default: none)"),
-    O("metrics-listen", CFG_STR, metrics_listen, 0, 0, NULL,
-      "HOST:PORT to serve Prometheus /metrics on (port 0: any; empty: off)"),
-    O("metrics-addr-file", CFG_STR, metrics_addr_file, 0, 0, NULL,
-      "once serving metrics, write their HOST:PORT here (atomically)"),
-    O("foreground", CFG_BOOL, foreground, 0, 0, "false", "stay in the foreground (-f)"),
-    O("debug", CFG_BOOL, debug, 0, 0, "false", "trace FUSE requests; implies foreground (-d)"),
-    O("allow-other", CFG_BOOL, allow_other, 0, 0, "false", "let other users use the mount"),
-    O("readdirplus", CFG_BOOL, readdirplus, 0, 0, "true", "directory listings carry attributes"),
-    O("xattr", CFG_BOOL, xattr, 0, 0, "true",
-      "user.kvfs.* attributes (false: the kernel stops asking, ls -l saves 2 requests a file)"),
-    O("keep-cache", CFG_BOOL, keep_cache, 0, 0, "true",
-      "keep the page cache of (immutable) files across opens"),
-    CFG_END,
-};
-
 static const char *const ignored_o[] = {
     "rw",   "defaults", "nodev", "nosuid", "noatime", "relatime", "_netdev", "auto", "noauto",
     "user", "nouser",	"exec",	 "noexec", "dev",     "suid",	  "async",   NULL};

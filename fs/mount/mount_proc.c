@@ -9,6 +9,7 @@
  * exec goes on (after our answer) and frees itself.
  */
 #define KVFS_LOG_TAG "mount"
+#include "ktime.h"
 #include "log.h"
 #include "mount.h"
 
@@ -172,11 +173,7 @@ void mnt_proc_close_info(const struct mnt *m, pid_t tid, pid_t owner, uint64_t n
 	if (!p)
 		return;
 	pthread_mutex_init(&p->mu, NULL);
-	pthread_condattr_t ca;
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&p->cv, &ca);
-	pthread_condattr_destroy(&ca);
+	kvfs_cond_init_mono(&p->cv);
 	p->tid = tid;
 	p->owner = owner > 0 ? owner : tid;
 	p->nodeid = nodeid;

@@ -123,8 +123,6 @@ static int gen_stats(struct mnt *m, FILE *f)
 	return 0;
 }
 
-extern const struct cfg_opt mnt_cfg_opts[];
-
 static int virt_index(uint64_t nodeid)
 {
 	if (nodeid < VFILE(0) || nodeid >= VFILE(V_COUNT))
