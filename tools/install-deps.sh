@@ -23,9 +23,13 @@ PKGS=(
 	gnuplot-nox
 	# promtool (`promtool check metrics` on every daemon's /metrics in the tests)
 	prometheus
-	# the official openai client's test (tests/clients, ctest test_openai_client)
-	nodejs npm
 )
+# The official openai client's test (tests/clients, ctest test_openai_client) needs node and
+# npm. A machine that has them from elsewhere (NodeSource's nodejs bundles npm and conflicts
+# with Debian's npm package) keeps its own.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+	PKGS+=(nodejs npm)
+fi
 
 # The openai npm package at the version package-lock.json pins (registry.npmjs.org), once.
 clients_ci() {
@@ -34,7 +38,10 @@ clients_ci() {
 	if [ -f "$dir/package-lock.json" ] && [ ! -d "$dir/node_modules/openai" ] &&
 		command -v npm >/dev/null; then
 		echo "install-deps: npm ci in tests/clients"
-		(cd "$dir" && npm ci --no-audit --no-fund)
+		# the registry out of reach is not a build failure: test_openai_client then
+		# reports itself skipped (never passed)
+		(cd "$dir" && npm ci --no-audit --no-fund) ||
+			echo "install-deps: npm ci failed; test_openai_client will be skipped" >&2
 	fi
 }
 
