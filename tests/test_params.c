@@ -112,22 +112,9 @@ static int setup(void **state)
 	char pl[64], dl[64];
 	snprintf(pl, sizeof(pl), "127.0.0.1:%u", wp[1]);
 	snprintf(dl, sizeof(dl), "127.0.0.1:%u", wp[2]);
-	char *gw[] = {bin,
-		      "gateway",
-		      "--open-gateway",
-		      "--prefill",
-		      pl,
-		      "--decode",
-		      dl,
-		      "--secret-file",
-		      secret,
-		      "--port",
-		      "0",
-		      "--port-file",
-		      pf[3],
-		      "--max-tokens",
-		      "1000",
-		      NULL};
+	char *gw[] = {bin,   "gateway",	      "--open-gateway", "--prefill", pl,  "--decode",
+		      dl,    "--secret-file", secret,		"--port",    "0", "--port-file",
+		      pf[3], "--max-tokens",  "1000",		NULL};
 	pids[3] = spawn("gateway.log", gw);
 	ports[EMB] = wp[0];
 	ports[DIS] = wait_port(pf[3]);
