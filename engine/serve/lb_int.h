@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "lb.h"
+#include "kvw.h"
 #include "lbp.h"
 #include "sample.h"
 
@@ -84,6 +85,25 @@ struct lb {
 	uint64_t handoffs[HO_N]; /* by enum ho_kind; guarded by mu */
 };
 
+/* The choices of one prompt (n > 1): the first choice's request computes the prompt once
+ * (PREFILL with every choice's seed, through the kv dir) and publishes the result here; each
+ * choice then DECODEs on its own (the further ones wait here until then). Referenced by each
+ * member request. */
+struct lgroup {
+	atomic_int refs;
+	pthread_mutex_t mu; /* guards what follows */
+	pthread_cond_t cv;  /* done, or a member cancelled */
+	int n;		    /* choices */
+	uint64_t seeds[KVW_MAX_CHOICES];
+	int done, rc; /* the PREFILL's outcome (rc: its error) */
+	int32_t *toks;
+	int ntoks, cached;
+	uint8_t *blk;
+	uint32_t blen;
+	int32_t first[KVW_MAX_CHOICES];
+	struct kvw_lp *lps; /* n records when logprobs were asked, else NULL */
+};
+
 /* One request: referenced by the queue or its worker (one reference, passed along) and by the
  * gateway job (dropped in release). */
 struct lreq {
@@ -93,9 +113,18 @@ struct lreq {
 	struct lreq *prev, *next; /* on l->queue or l->active; guarded by l->mu */
 	struct gw_job *job;
 	char *prompt;
+	int32_t *toks; /* a prompt of token ids (prompt ""), or NULL */
+	int ntoks;
 	char *salt;
 	int chat;
+	int logprobs; /* kvw.h logprobs */
 	struct kvi_sample_params sp;
+	struct lgroup *grp; /* n > 1: its choices, or NULL */
+	int choice;	    /* its index in grp */
+	int index;	    /* gw_req.index */
+	/* the first token's logprob (from the PREFILL reply), relayed before that token; NULL
+	 * for none. Set by its worker before the DECODE. */
+	const struct kvw_lp *first_lp;
 	pthread_mutex_t mu;	   /* guards sk, dec, cancelled */
 	struct kvp_sock *sk;	   /* the decode connection, NULL when none */
 	const struct replica *dec; /* the decode replica of sk */
