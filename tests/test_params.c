@@ -732,6 +732,13 @@ static void test_n_shares_prompt_dis(void **state)
 	assert_int_equal(ct, 200);
 	assert_string_equal(t[0], t[1]);
 	free(t1), free(t[0]), free(t[1]);
+	/* the prefill worker refuses the group's one PREFILL: every choice says why */
+	long_prompt(body, sizeof(body), 6000 + (int)getpid() % 1000);
+	char *tail = strstr(body, ",\"temperature\"");
+	assert_non_null(tail);
+	snprintf(b2, sizeof(b2), "%.*s,\"n\":2,\"max_tokens\":1000}", (int)(tail - body), body);
+	for (int f = 0; f < NFORM; f++)
+		expect_400(f, b2, "prompt");
 }
 
 /* A client that leaves an n = 3 request mid-generation: every choice is cancelled and every
