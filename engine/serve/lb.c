@@ -388,6 +388,8 @@ static const char *prefill_refusal(int rc)
 		return "no prefill replica is up";
 	case -ESHUTDOWN:
 		return "the gateway is shutting down";
+	case -ECANCELED: /* a group's first choice, before its PREFILL */
+		return "cancelled";
 	}
 	return "prefill failed";
 }
