@@ -30,19 +30,6 @@ static int transport_err(int rc)
 
 /* ---- prefill ------------------------------------------------------------------------- */
 
-struct pf_result {
-	int32_t *toks;
-	int n, cached;
-	int32_t first;
-	int nx;
-	int32_t xfirst[KVW_MAX_CHOICES - 1];
-	struct kvw_lp *lps; /* 1 + nx records (the first tokens' logprobs), or NULL; owned */
-	const uint8_t *blk; /* points into body */
-	uint32_t blen;
-	int handed; /* the whole KV is parked at the decode replica named in the PREFILL */
-	uint8_t *body;
-};
-
 static int pf_parse(uint8_t *body, uint32_t len, struct pf_result *p)
 {
 	struct kvw_prefilled d;
@@ -267,66 +254,6 @@ static int decode_on(struct lreq *q, struct replica *r, uint16_t op, const struc
 	return rc;
 }
 
-/* ---- the choices of one prompt (lgroup) ------------------------------------------------ */
-
-static void grp_put(struct lgroup *g)
-{
-	if (!g || atomic_fetch_sub(&g->refs, 1) != 1)
-		return;
-	free(g->toks);
-	free(g->blk);
-	free(g->lps);
-	pthread_mutex_destroy(&g->mu);
-	pthread_cond_destroy(&g->cv);
-	free(g);
-}
-
-/* The first choice's PREFILL ended: its result (rc 0, pr) or error for the others; a no-op
- * after the first call, so every way the first choice can end calls it. */
-static void grp_publish(struct lgroup *g, int rc, const struct pf_result *pr)
-{
-	if (!g)
-		return;
-	pthread_mutex_lock(&g->mu);
-	if (!g->done && !rc) {
-		g->toks = malloc((size_t)pr->n * sizeof(int32_t));
-		g->blk = pr->blen ? malloc(pr->blen) : NULL;
-		if (pr->lps)
-			g->lps = malloc((size_t)g->n * sizeof(*g->lps));
-		if (!g->toks || (pr->blen && !g->blk) || (pr->lps && !g->lps) ||
-		    pr->nx != g->n - 1) /* a worker that did not answer every choice */
-			rc = pr->nx != g->n - 1 ? -EIO : -ENOMEM;
-		else {
-			memcpy(g->toks, pr->toks, (size_t)pr->n * sizeof(int32_t));
-			if (pr->blen)
-				memcpy(g->blk, pr->blk, pr->blen);
-			if (pr->lps)
-				memcpy(g->lps, pr->lps, (size_t)g->n * sizeof(*g->lps));
-			g->ntoks = pr->n;
-			g->cached = pr->cached;
-			g->blen = pr->blen;
-			g->first[0] = pr->first;
-			memcpy(g->first + 1, pr->xfirst, (size_t)pr->nx * sizeof(int32_t));
-		}
-	}
-	if (!g->done) {
-		g->done = 1;
-		g->rc = rc;
-		pthread_cond_broadcast(&g->cv);
-	}
-	pthread_mutex_unlock(&g->mu);
-}
-
-/* q was cancelled: a member waiting for its group's prompt looks again. */
-static void grp_wake(struct lreq *q)
-{
-	if (!q->grp)
-		return;
-	pthread_mutex_lock(&q->grp->mu);
-	pthread_cond_broadcast(&q->grp->cv);
-	pthread_mutex_unlock(&q->grp->mu);
-}
-
 static int lreq_cancelled(struct lreq *q)
 {
 	pthread_mutex_lock(&q->mu);
@@ -339,7 +266,7 @@ static void lreq_put(struct lreq *q)
 {
 	if (!q || atomic_fetch_sub(&q->refs, 1) != 1)
 		return;
-	grp_put(q->grp);
+	lb_grp_put(q->grp);
 	free(q->prompt);
 	free(q->toks);
 	free(q->salt);
@@ -417,7 +344,7 @@ static int prefill_then(struct lreq *q, struct kvp_wbuf *w, struct pf_result *pr
 		ticket += !ticket;
 	}
 	int rc = do_prefill(q, pr, *peer >= 0 ? peer_addr : NULL, ticket);
-	grp_publish(q->grp, rc, pr);
+	lb_grp_publish(q->grp, rc, pr);
 	int cancelled = lreq_cancelled(q);
 	if (!rc && cancelled) {
 		gw_job_finish(q->job, NULL, -ECANCELED, "cancelled");
@@ -529,7 +456,7 @@ static void req_run(struct lreq *q)
 			      rc == -EAGAIN ? "no decode replica is up" : "decode replica died");
 out:
 	if (q->grp && q->choice == 0) /* ended before its PREFILL did: the others end too */
-		grp_publish(q->grp, -ECANCELED, NULL);
+		lb_grp_publish(q->grp, -ECANCELED, NULL);
 	kvp_w_free(&w);
 	if (!follower) {
 		free(pr.toks);
@@ -600,34 +527,6 @@ static void *worker_main(void *arg)
 
 /* ---- gw_backend ---------------------------------------------------------------------- */
 
-/* n > 1: the first choice makes the group (every choice's seed: the gateway's own, seed + k x
- * golden ratio, or one derived from the first's), the others join the first's. 0 or -ENOMEM. */
-static int grp_join(struct lreq *q, const struct gw_req *g)
-{
-	if (g->n_forks > 0 && g->n_forks < KVW_MAX_CHOICES) {
-		struct lgroup *grp = calloc(1, sizeof(*grp));
-		if (!grp)
-			return -ENOMEM;
-		atomic_init(&grp->refs, 1);
-		pthread_mutex_init(&grp->mu, NULL);
-		pthread_cond_init(&grp->cv, NULL);
-		grp->n = g->n_forks + 1;
-		for (int k = 0; k < grp->n; k++)
-			grp->seeds[k] = q->sp.seed + (uint64_t)k * 0x9E3779B97F4A7C15ULL;
-		q->grp = grp;
-		return 0;
-	}
-	struct lreq *f = g->first ? gw_job_backend_data(g->first) : NULL;
-	int k = f && f->grp ? g->index - f->index : 0;
-	if (k <= 0 || k >= f->grp->n)
-		return 0; /* not a choice of a group: a request of its own */
-	atomic_fetch_add(&f->grp->refs, 1);
-	q->grp = f->grp;
-	q->choice = k;
-	q->sp.seed = f->grp->seeds[k]; /* the seed its first token was drawn with */
-	return 0;
-}
-
 static int be_submit(void *ctx, struct gw_job *job, const struct gw_req *g)
 {
 	struct lb *l = ctx;
@@ -659,7 +558,7 @@ static int be_submit(void *ctx, struct gw_job *job, const struct gw_req *g)
 		return rc;
 	}
 	sch_sample_params(o, g->id, &q->sp);
-	int rc = grp_join(q, g);
+	int rc = lb_grp_join(q, g);
 	if (rc) {
 		lreq_put(q);
 		return rc;
@@ -699,7 +598,7 @@ static void be_cancel(void *ctx, struct gw_job *job)
 	pthread_mutex_unlock(&l->mu);
 	if (queued) {
 		if (q->choice == 0)
-			grp_publish(q->grp, -ECANCELED, NULL);
+			lb_grp_publish(q->grp, -ECANCELED, NULL);
 		gw_job_finish(job, NULL, -ECANCELED, "cancelled");
 		lreq_put(q); /* the queue's reference */
 		return;
@@ -709,7 +608,7 @@ static void be_cancel(void *ctx, struct gw_job *job)
 	if (q->sk) /* the decode worker sees the close and frees the KV */
 		kvp_sock_shutdown(q->sk);
 	pthread_mutex_unlock(&q->mu);
-	grp_wake(q);
+	lb_grp_wake(q);
 }
 
 static void be_release(void *ctx, struct gw_job *job)
@@ -897,14 +796,14 @@ void lb_stop(struct lb *l)
 		if (q->sk) /* a decode stream: its worker sees the close */
 			kvp_sock_shutdown(q->sk);
 		pthread_mutex_unlock(&q->mu);
-		grp_wake(q);
+		lb_grp_wake(q);
 	}
 	pthread_mutex_unlock(&l->mu);
 	while (queued) {
 		struct lreq *q = queued;
 		queued = q->next;
 		if (q->choice == 0)
-			grp_publish(q->grp, -ECANCELED, NULL);
+			lb_grp_publish(q->grp, -ECANCELED, NULL);
 		gw_job_finish(q->job, NULL, -ECANCELED, "the gateway is stopping");
 		lreq_put(q);
 	}

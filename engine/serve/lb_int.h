@@ -104,6 +104,20 @@ struct lgroup {
 	struct kvw_lp *lps; /* n records when logprobs were asked, else NULL */
 };
 
+/* What a PREFILL reply told (lb.c pf_parse). */
+struct pf_result {
+	int32_t *toks;
+	int n, cached;
+	int32_t first;
+	int nx;
+	int32_t xfirst[KVW_MAX_CHOICES - 1];
+	struct kvw_lp *lps; /* 1 + nx records (the first tokens' logprobs), or NULL; owned */
+	const uint8_t *blk; /* points into body */
+	uint32_t blen;
+	int handed; /* the whole KV is parked at the decode replica named in the PREFILL */
+	uint8_t *body;
+};
+
 /* One request: referenced by the queue or its worker (one reference, passed along) and by the
  * gateway job (dropped in release). */
 struct lreq {
@@ -130,6 +144,19 @@ struct lreq {
 	const struct replica *dec; /* the decode replica of sk */
 	int cancelled;
 };
+
+/* ---- lb_group.c ---- (lock order: a group's mutex, then a request's) */
+/* n > 1 (g->n_forks, g->first): the first choice makes q's group (every choice's seed: seed + k
+ * x golden ratio, as the gateway gives a seeded request's k-th choice), the others join the
+ * first's (its seed for their sampling). Not a choice of a group: nothing. 0 or -ENOMEM. */
+int lb_grp_join(struct lreq *q, const struct gw_req *g);
+/* The first choice's PREFILL ended: its result (rc 0, pr copied) or error rc for the others;
+ * a no-op after the first call (and for g NULL), so every way the first can end calls it. */
+void lb_grp_publish(struct lgroup *g, int rc, const struct pf_result *pr);
+/* q was cancelled: a member waiting for its group's prompt looks again. */
+void lb_grp_wake(struct lreq *q);
+/* Drops a member's reference (NULL: nothing). */
+void lb_grp_put(struct lgroup *g);
 
 /* ---- lb_replica.c ---- */
 /* What a pick knows of request q: the gateway does not tokenize, so its tokens are estimated
