@@ -624,6 +624,7 @@ static struct kvp_sock *decode_send(int w, uint64_t ticket, uint32_t max_tokens)
 	kvp_w_init(&b);
 	kvp_w_cstr(&b, "");
 	w_params(&b, max_tokens);
+	kvp_w_u8(&b, 0); /* no logprobs */
 	kvp_w_u32(&b, 20);
 	for (int i = 0; i < 20; i++)
 		kvp_w_u32(&b, (uint32_t)(1 + i % 7));
@@ -706,9 +707,11 @@ static void test_max_tokens_huge(void **state)
 	kvp_w_init(&b);
 	kvp_w_cstr(&b, "");
 	w_params(&b, 0x7ffffff0u);
-	kvp_w_u8(&b, 0);
+	kvp_w_u8(&b, 0); /* no logprobs */
+	kvp_w_u8(&b, 0); /* parse_special */
 	kvp_w_u32(&b, (uint32_t)strlen(prompt));
 	kvp_w_bytes(&b, prompt, strlen(prompt));
+	kvp_w_u32(&b, 0); /* no token ids */
 	assert_int_equal(b.err, 0);
 	fd = send_frame(W_DS, KVW_OP_GENERATE, &b);
 	kvp_w_free(&b);
@@ -826,8 +829,10 @@ static int fake_pf_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *
 	} else {
 		kvp_w_u32(&b, 1); /* n, ids */
 		kvp_w_u32(&b, 1);
-		kvp_w_u32(&b, 0); /* cached, first, handed, blen */
+		kvp_w_u32(&b, 0); /* cached, first, no lp, nx, handed, blen */
 		kvp_w_u32(&b, 1);
+		kvp_w_u8(&b, 0);
+		kvp_w_u32(&b, 0);
 		kvp_w_u8(&b, 0);
 		kvp_w_u32(&b, 0);
 		kvp_w_u8(&b, 0xee); /* trailing */

@@ -365,39 +365,21 @@ static void check_chat_logprobs(const cJSON *content, const char *text, int n_to
 	assert_string_equal(spelled, text);
 }
 
-/* logprobs: OpenAI's shapes (chat: content[] of token/logprob/bytes/top_logprobs;
- * completions: tokens/token_logprobs/top_logprobs/text_offset), streamed too, embedded; the
- * disaggregated form refuses them, naming logprobs (its worker protocol carries no
- * log-probabilities yet). */
-static void test_logprobs(void **state)
+/* Checks a completions choice's logprobs (tokens / token_logprobs / top_logprobs /
+ * text_offset) against its text: ntok tokens that spell it, each with alternatives. */
+static void check_cmpl_logprobs(const cJSON *c0, int ntok)
 {
-	(void)state;
-	cJSON *o =
-	    post_ok(EMB, "/v1/chat/completions",
-		    "{\"messages\":[{\"role\":\"user\",\"content\":\"" PROMPT "\"}],"
-		    "\"max_tokens\":5,\"temperature\":0,\"logprobs\":true,\"top_logprobs\":3}");
-	cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
-	const char *text =
-	    cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "message"), "content")->valuestring;
+	const char *text = cJSON_GetObjectItem(c0, "text")->valuestring;
 	cJSON *lp = cJSON_GetObjectItem(c0, "logprobs");
-	check_chat_logprobs(cJSON_GetObjectItem(lp, "content"), text, 3, 5);
-	cJSON_Delete(o);
-
-	o = post_ok(EMB, "/v1/completions",
-		    "{\"prompt\":\"" PROMPT
-		    "\",\"max_tokens\":6,\"temperature\":0,\"logprobs\":2}");
-	c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
-	text = cJSON_GetObjectItem(c0, "text")->valuestring;
-	lp = cJSON_GetObjectItem(c0, "logprobs");
 	cJSON *toks = cJSON_GetObjectItem(lp, "tokens"),
 	      *offs = cJSON_GetObjectItem(lp, "text_offset");
 	cJSON *tlp = cJSON_GetObjectItem(lp, "token_logprobs"),
 	      *top = cJSON_GetObjectItem(lp, "top_logprobs");
-	assert_int_equal(cJSON_GetArraySize(toks), 6);
-	assert_int_equal(cJSON_GetArraySize(tlp), 6);
-	assert_int_equal(cJSON_GetArraySize(top), 6);
+	assert_int_equal(cJSON_GetArraySize(toks), ntok);
+	assert_int_equal(cJSON_GetArraySize(tlp), ntok);
+	assert_int_equal(cJSON_GetArraySize(top), ntok);
 	size_t off = 0;
-	for (int i = 0; i < 6; i++) {
+	for (int i = 0; i < ntok; i++) {
 		const char *t = cJSON_GetArrayItem(toks, i)->valuestring;
 		assert_int_equal(cJSON_GetArrayItem(offs, i)->valueint, (int)off);
 		assert_memory_equal(text + off, t, strlen(t));
@@ -406,42 +388,110 @@ static void test_logprobs(void **state)
 		assert_true(cJSON_GetArrayItem(tlp, i)->valuedouble <= 0);
 	}
 	assert_int_equal(off, strlen(text));
-	cJSON_Delete(o);
+}
 
-	/* streamed chat: each chunk's logprobs spell that chunk's text */
-	char *b = NULL;
-	assert_int_equal(htu_request(ports[EMB], 0, "POST", "/v1/chat/completions",
-				     "{\"messages\":[{\"role\":\"user\",\"content\":\"" PROMPT
-				     "\"}],\"max_tokens\":5,\"temperature\":0,\"logprobs\":true,"
-				     "\"stream\":true}",
-				     &b),
-			 200);
-	int ntok = 0;
-	for (char *p = b; (p = strstr(p, "data: "));) {
-		p += 6;
-		char *end = strstr(p, "\n\n");
-		*end = 0;
-		if (strcmp(p, "[DONE]") == 0)
-			break;
-		cJSON *e = cJSON_Parse(p);
-		cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(e, "choices"), 0);
-		cJSON *d = ch ? cJSON_GetObjectItem(ch, "delta") : NULL;
-		cJSON *content = d ? cJSON_GetObjectItem(d, "content") : NULL;
-		cJSON *l = ch ? cJSON_GetObjectItem(ch, "logprobs") : NULL;
-		if (cJSON_IsString(content) && *content->valuestring) {
-			cJSON *lc = cJSON_GetObjectItem(l, "content");
-			check_chat_logprobs(lc, content->valuestring, 0, cJSON_GetArraySize(lc));
-			ntok += cJSON_GetArraySize(lc);
+/* logprobs: OpenAI's shapes (chat: content[] of token/logprob/bytes/top_logprobs;
+ * completions: tokens/token_logprobs/top_logprobs/text_offset), streamed too, in both forms;
+ * the disaggregated form's (the first token's from the prefill worker, the others' from the
+ * decode worker) equal the embedded form's, and every choice of n = 2 has its own. */
+static void test_logprobs(void **state)
+{
+	(void)state;
+	cJSON *cmpl[NFORM];
+	for (int f = 0; f < NFORM; f++) {
+		cJSON *o = post_ok(
+		    f, "/v1/chat/completions",
+		    "{\"messages\":[{\"role\":\"user\",\"content\":\"" PROMPT "\"}],"
+		    "\"max_tokens\":5,\"temperature\":0,\"logprobs\":true,\"top_logprobs\":3}");
+		cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+		const char *text =
+		    cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "message"), "content")->valuestring;
+		cJSON *lp = cJSON_GetObjectItem(c0, "logprobs");
+		check_chat_logprobs(cJSON_GetObjectItem(lp, "content"), text, 3, 5);
+		cJSON_Delete(o);
+
+		cmpl[f] = post_ok(f, "/v1/completions",
+				  "{\"prompt\":\"" PROMPT
+				  "\",\"max_tokens\":6,\"temperature\":0,\"logprobs\":2}");
+		check_cmpl_logprobs(cJSON_GetArrayItem(cJSON_GetObjectItem(cmpl[f], "choices"), 0),
+				    6);
+
+		/* streamed chat: each chunk's logprobs spell that chunk's text */
+		char *b = NULL;
+		assert_int_equal(
+		    htu_request(ports[f], 0, "POST", "/v1/chat/completions",
+				"{\"messages\":[{\"role\":\"user\",\"content\":\"" PROMPT
+				"\"}],\"max_tokens\":5,\"temperature\":0,"
+				"\"logprobs\":true,\"stream\":true}",
+				&b),
+		    200);
+		int ntok = 0;
+		for (char *p = b; (p = strstr(p, "data: "));) {
+			p += 6;
+			char *end = strstr(p, "\n\n");
+			*end = 0;
+			if (strcmp(p, "[DONE]") == 0)
+				break;
+			cJSON *e = cJSON_Parse(p);
+			cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(e, "choices"), 0);
+			cJSON *d = ch ? cJSON_GetObjectItem(ch, "delta") : NULL;
+			cJSON *content = d ? cJSON_GetObjectItem(d, "content") : NULL;
+			cJSON *l = ch ? cJSON_GetObjectItem(ch, "logprobs") : NULL;
+			if (cJSON_IsString(content) && *content->valuestring) {
+				cJSON *lc = cJSON_GetObjectItem(l, "content");
+				check_chat_logprobs(lc, content->valuestring, 0,
+						    cJSON_GetArraySize(lc));
+				ntok += cJSON_GetArraySize(lc);
+			}
+			cJSON_Delete(e);
+			p = end + 1;
 		}
-		cJSON_Delete(e);
-		p = end + 1;
-	}
-	assert_int_equal(ntok, 5);
-	free(b);
+		assert_int_equal(ntok, 5);
+		free(b);
 
-	expect_400(DIS, "{\"prompt\":\"a\",\"logprobs\":1}", "logprobs");
+		/* n = 2: each choice has its logprobs (disaggregated, the second's first token
+		 * is drawn by the prefill worker from the same logits), greedy the same ones */
+		o = post_ok(f, "/v1/completions",
+			    "{\"prompt\":\"" PROMPT "\",\"max_tokens\":4,\"temperature\":0,"
+			    "\"n\":2,\"logprobs\":1}");
+		cJSON *ch = cJSON_GetObjectItem(o, "choices");
+		for (int k = 0; k < 2; k++)
+			check_cmpl_logprobs(cJSON_GetArrayItem(ch, k), 4);
+		for (int i = 0; i < 4; i++) {
+			double v[2];
+			for (int k = 0; k < 2; k++)
+				v[k] = cJSON_GetArrayItem(
+					   cJSON_GetObjectItem(
+					       cJSON_GetObjectItem(cJSON_GetArrayItem(ch, k),
+								   "logprobs"),
+					       "token_logprobs"),
+					   i)
+					   ->valuedouble;
+			assert_true(fabs(v[0] - v[1]) < 1e-5);
+		}
+		cJSON_Delete(o);
+	}
+	/* the same tokens and log-probabilities in both forms (the engine is deterministic) */
+	cJSON *l[NFORM];
+	for (int f = 0; f < NFORM; f++)
+		l[f] = cJSON_GetObjectItem(
+		    cJSON_GetArrayItem(cJSON_GetObjectItem(cmpl[f], "choices"), 0), "logprobs");
+	for (int i = 0; i < 6; i++) {
+		assert_string_equal(
+		    cJSON_GetArrayItem(cJSON_GetObjectItem(l[EMB], "tokens"), i)->valuestring,
+		    cJSON_GetArrayItem(cJSON_GetObjectItem(l[DIS], "tokens"), i)->valuestring);
+		double a = cJSON_GetArrayItem(cJSON_GetObjectItem(l[EMB], "token_logprobs"), i)
+			       ->valuedouble,
+		       b = cJSON_GetArrayItem(cJSON_GetObjectItem(l[DIS], "token_logprobs"), i)
+			       ->valuedouble;
+		assert_true(fabs(a - b) < 1e-3);
+	}
+	cJSON_Delete(cmpl[EMB]);
+	cJSON_Delete(cmpl[DIS]);
+
 	expect_400(EMB, "{\"prompt\":\"a\",\"logprobs\":1,\"echo\":true}", "echo");
-	expect_400(EMB, "{\"prompt\":\"a\",\"logprobs\":6}", "logprobs");
+	for (int f = 0; f < NFORM; f++)
+		expect_400(f, "{\"prompt\":\"a\",\"logprobs\":6}", "logprobs");
 }
 
 /* The choices of a response: texts into t[0..max) (malloc'd), usage into *pt / *ct; returns
@@ -503,8 +553,8 @@ static void test_n(void **state)
 	}
 }
 
-/* Completions prompts as a list of strings (both forms) and as token ids (embedded; the
- * disaggregated form refuses them naming prompt): one choice per prompt, in order. */
+/* Completions prompts as a list of strings and as token ids (both forms): one choice per
+ * prompt, in order. */
 static void test_prompt_lists(void **state)
 {
 	(void)state;
@@ -525,21 +575,26 @@ static void test_prompt_lists(void **state)
 		assert_int_equal(ct, 10);
 		free(t[0]), free(t[1]), free(a), free(b);
 	}
-	/* token ids, taken as they are (no BOS added): 3 + 3 prompt tokens */
-	cJSON *o =
-	    post_ok(EMB, "/v1/completions",
+	/* token ids, taken as they are (no BOS added): 3 + 3 prompt tokens; the same answer in
+	 * both forms */
+	char *ans[NFORM];
+	for (int f = 0; f < NFORM; f++) {
+		cJSON *o = post_ok(
+		    f, "/v1/completions",
 		    "{\"prompt\":[[11,12,13],[11,12,13]],\"max_tokens\":4,\"temperature\":0}");
-	char *t[2];
-	int pt, ct;
-	assert_int_equal(choices(o, t, 2, &pt, &ct), 2);
-	cJSON_Delete(o);
-	assert_int_equal(pt, 6);
-	assert_string_equal(t[0], t[1]);
-	char *one = complete(EMB, "{\"prompt\":[11,12,13],\"max_tokens\":4,\"temperature\":0}");
-	assert_string_equal(one, t[0]);
-	free(one), free(t[0]), free(t[1]);
-	expect_400(EMB, "{\"prompt\":[99999999],\"max_tokens\":4}", "prompt");
-	expect_400(DIS, "{\"prompt\":[11,12,13],\"max_tokens\":4}", "prompt");
+		char *t[2];
+		int pt, ct;
+		assert_int_equal(choices(o, t, 2, &pt, &ct), 2);
+		cJSON_Delete(o);
+		assert_int_equal(pt, 6);
+		assert_string_equal(t[0], t[1]);
+		ans[f] = complete(f, "{\"prompt\":[11,12,13],\"max_tokens\":4,\"temperature\":0}");
+		assert_string_equal(ans[f], t[0]);
+		free(t[0]), free(t[1]);
+		expect_400(f, "{\"prompt\":[99999999],\"max_tokens\":4}", "prompt");
+	}
+	assert_string_equal(ans[EMB], ans[DIS]);
+	free(ans[EMB]), free(ans[DIS]);
 }
 
 /* The value of the unlabelled sample name on form's /metrics, or -1. */
@@ -617,33 +672,108 @@ static void test_n_shares_kv(void **state)
 	assert_true(blk2 < 1.5 * blk1);
 }
 
+/* The sum of the samples of labelled family name on form's /metrics (every replica). */
+static double metric_sum(int form, const char *name)
+{
+	char *b = NULL;
+	double v = 0;
+	if (htu_request(ports[form], 0, "GET", "/metrics", NULL, &b) == 200) {
+		size_t n = strlen(name);
+		for (char *p = b; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+			char *cb = strchr(p, '}'), *nl = strchr(p, '\n');
+			if (!strncmp(p, name, n) && p[n] == '{' && cb && (!nl || cb < nl))
+				v += strtod(cb + 1, NULL);
+		}
+	}
+	free(b);
+	return v;
+}
+
+/* Prompt tokens the disaggregated workers computed (prefill and decode replicas), as the
+ * gateway last heard from their STATUS (every 200 ms): read once it has settled. */
+static double dis_computed(void)
+{
+	double a = -1, b = -2;
+	for (int i = 0; i < 50 && a != b; i++) {
+		a = b;
+		sleep_ms(450);
+		b = metric_sum(DIS, "lb_replica_prompt_tokens_computed");
+	}
+	return b;
+}
+
+/* n = 2 disaggregated: the prompt is computed once, on the prefill worker, which draws both
+ * choices' first tokens; each choice's DECODE loads its blocks from the kv dir (prompt tokens
+ * computed in all as for n = 1, where each choice as a request of its own computed it twice),
+ * and greedy both answers are the n = 1 answer. */
+static void test_n_shares_prompt_dis(void **state)
+{
+	(void)state;
+	char body[4096], b2[4200];
+	double c[3];
+	char *t1 = NULL, *t[2];
+	int pt, ct;
+	c[0] = dis_computed();
+	long_prompt(body, sizeof(body), 4000 + (int)getpid() % 1000);
+	cJSON *o = post_ok(DIS, "/v1/completions", body);
+	assert_int_equal(choices(o, &t1, 1, &pt, &ct), 1);
+	cJSON_Delete(o);
+	c[1] = dis_computed();
+	long_prompt(body, sizeof(body), 5000 + (int)getpid() % 1000);
+	snprintf(b2, sizeof(b2), "%.*s,\"n\":2}", (int)strlen(body) - 1, body);
+	o = post_ok(DIS, "/v1/completions", b2);
+	assert_int_equal(choices(o, t, 2, &pt, &ct), 2);
+	cJSON_Delete(o);
+	c[2] = dis_computed();
+	print_message("disaggregated prompt tokens computed: n=1 %.0f, n=2 %.0f\n", c[1] - c[0],
+		      c[2] - c[1]);
+	assert_true(c[1] - c[0] > 100);
+	assert_true(c[2] - c[1] == c[1] - c[0]);
+	assert_int_equal(ct, 200);
+	assert_string_equal(t[0], t[1]);
+	free(t1), free(t[0]), free(t[1]);
+	/* the prefill worker refuses the group's one PREFILL: every choice says why */
+	long_prompt(body, sizeof(body), 6000 + (int)getpid() % 1000);
+	char *tail = strstr(body, ",\"temperature\"");
+	assert_non_null(tail);
+	snprintf(b2, sizeof(b2), "%.*s,\"n\":2,\"max_tokens\":1000}", (int)(tail - body), body);
+	for (int f = 0; f < NFORM; f++)
+		expect_400(f, b2, "prompt");
+}
+
 /* A client that leaves an n = 3 request mid-generation: every choice is cancelled and every
- * block freed (the forked children's and the shared prompt's), and the server goes on. */
+ * block freed (the forked children's and the shared prompt's), and the server goes on.
+ * Disaggregated, while the first choice's PREFILL runs (the others waiting for it) and after:
+ * every choice ends (the gateway's requests and its pool's run out) and the next works. */
 static void test_n_cancel(void **state)
 {
 	(void)state;
 	char body[4096], b3[4200];
-	for (int round = 0; round < 2; round++) {
-		long_prompt(body, sizeof(body), 3000 + round * 7 + (int)getpid() % 1000);
-		snprintf(b3, sizeof(b3), "%.*s,\"n\":3}", (int)strlen(body) - 1, body);
-		int fd = htu_connect(ports[EMB]);
-		assert_true(fd >= 0);
-		assert_int_equal(htu_send(fd, 0, "POST", "/v1/completions", b3), 0);
-		sleep_ms(round ? 5 : 150); /* before the fork, and after it */
-		close(fd);
-		double used = -1, running = -1;
-		for (int i = 0; i < 200; i++) {
-			used = metric(EMB, "kv_blocks_used");
-			running = metric(EMB, "kvfs_requests_running");
-			if (used == 0 && running == 0)
-				break;
-			sleep_ms(20);
+	for (int f = 0; f < NFORM; f++)
+		for (int round = 0; round < 2; round++) {
+			long_prompt(body, sizeof(body),
+				    3000 + f * 100 + round * 7 + (int)getpid() % 1000);
+			snprintf(b3, sizeof(b3), "%.*s,\"n\":3}", (int)strlen(body) - 1, body);
+			int fd = htu_connect(ports[f]);
+			assert_true(fd >= 0);
+			assert_int_equal(htu_send(fd, 0, "POST", "/v1/completions", b3), 0);
+			sleep_ms(round ? 5 : 150); /* before the fork, and after it */
+			close(fd);
+			double used = -1, running = -1;
+			for (int i = 0; i < 200; i++) {
+				used = f == EMB ? metric(EMB, "kv_blocks_used")
+						: metric(DIS, "lb_requests_running") +
+						      metric(DIS, "lb_requests_queued");
+				running = metric(f, "kvfs_requests_running");
+				if (used == 0 && running == 0)
+					break;
+				sleep_ms(20);
+			}
+			assert_true(running == 0);
+			assert_true(used == 0);
+			char *t = complete(f, "{\"prompt\":\"still\",\"max_tokens\":2,\"n\":2}");
+			free(t);
 		}
-		assert_true(running == 0);
-		assert_true(used == 0);
-	}
-	char *t = complete(EMB, "{\"prompt\":\"still\",\"max_tokens\":2,\"n\":2}");
-	free(t);
 }
 
 /* Streaming several choices: chunks of the choices interleave, each naming its index; each
@@ -723,11 +853,17 @@ int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_logit_bias),	 cmocka_unit_test(test_penalties),
-	    cmocka_unit_test(test_seed),	 cmocka_unit_test(test_echo),
-	    cmocka_unit_test(test_logprobs),	 cmocka_unit_test(test_n),
-	    cmocka_unit_test(test_prompt_lists), cmocka_unit_test(test_n_shares_kv),
-	    cmocka_unit_test(test_n_cancel),	 cmocka_unit_test(test_stream_choices),
+	    cmocka_unit_test(test_logit_bias),
+	    cmocka_unit_test(test_penalties),
+	    cmocka_unit_test(test_seed),
+	    cmocka_unit_test(test_echo),
+	    cmocka_unit_test(test_logprobs),
+	    cmocka_unit_test(test_n),
+	    cmocka_unit_test(test_prompt_lists),
+	    cmocka_unit_test(test_n_shares_kv),
+	    cmocka_unit_test(test_n_shares_prompt_dis),
+	    cmocka_unit_test(test_n_cancel),
+	    cmocka_unit_test(test_stream_choices),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -788,27 +788,6 @@ static enum MHD_Result send_submit_error(struct gw *g, struct MHD_Connection *c,
 			  rc == -E2BIG ? "context_length_exceeded" : NULL);
 }
 
-/* What the backend cannot do of what r asks (gw_backend.caps): a 400 naming the parameter,
- * or 0 when it can do all. */
-static enum MHD_Result refuse_beyond_caps(struct gw *g, struct MHD_Connection *c,
-					  const struct oai_request *r, int *refused)
-{
-	*refused = 1;
-	if (r->logprobs && !(g->be.caps & GW_CAP_LOGPROBS))
-		return send_error(g, c, 400,
-				  "'logprobs' is not supported by this server's backend (the "
-				  "disaggregated gateway) yet",
-				  "invalid_request_error", "logprobs", NULL);
-	for (int i = 0; !r->chat && i < r->n_prompts; i++)
-		if (r->prompts[i].toks && !(g->be.caps & GW_CAP_TOKEN_PROMPTS))
-			return send_error(g, c, 400,
-					  "a 'prompt' of token ids is not supported by this "
-					  "server's backend (the disaggregated gateway) yet",
-					  "invalid_request_error", "prompt", NULL);
-	*refused = 0;
-	return MHD_YES;
-}
-
 /* Makes j (its request parsed) choice `index` of its request: ids (first's, when given: one
  * response id for every choice), its prompt (choice index / n's; chat: the rendered
  * messages) and, for the k-th choice of a prompt with a seed, seed + k * golden ratio, so that
@@ -970,10 +949,8 @@ static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat
 				  rc == -E2BIG ? "context_length_exceeded" : NULL);
 	}
 	const char *model = model_find(g, j->req.model);
-	int refused = 0;
-	enum MHD_Result ret = model ? refuse_beyond_caps(g, c, &j->req, &refused)
-				    : send_model_not_found(g, c, j->req.model);
-	if (!model || refused) {
+	if (!model) {
+		enum MHD_Result ret = send_model_not_found(g, c, j->req.model);
 		oai_request_free(&j->req);
 		free(j);
 		return ret;

@@ -52,8 +52,8 @@ struct gw_req {
 	uint64_t id;
 	const struct oai_request *oai; /* sampling parameters, salt, max_tokens */
 	const char *prompt;	       /* completions: the prompt; chat: the rendered template */
-	/* A completions prompt given as token ids (GW_CAP_TOKEN_PROMPTS): the ids, and prompt
-	 * is "". NULL for a text prompt. */
+	/* A completions prompt given as token ids: the ids, and prompt is "". NULL for a text
+	 * prompt. Every backend takes them (and oai->logprobs: gw_job_logprob). */
 	const int32_t *toks;
 	int n_toks;
 	int index; /* the choice this job answers (n > 1, several prompts): 0.. */
@@ -67,11 +67,6 @@ struct gw_req {
 	struct gw_job *first;
 };
 
-/* What a backend does beyond generating text from a text prompt (gw_backend.caps); a request
- * asking for more is refused by the gateway with a 400 naming the parameter. */
-#define GW_CAP_LOGPROBS	     1u /* gw_job_logprob before each token */
-#define GW_CAP_TOKEN_PROMPTS 2u /* gw_req.toks */
-
 /* One generated token's log-probability and its most likely alternatives (texts valid during
  * the call). */
 struct gw_logprob {
@@ -84,7 +79,6 @@ struct gw_logprob {
 
 struct gw_backend {
 	void *ctx;
-	unsigned caps; /* GW_CAP_* */
 	/* Starts generating for job; returns 0, or -EAGAIN (no replica can take it: 503),
 	 * -E2BIG / -EINVAL (prompt too long or bad: 400) with nothing started. After 0 the backend
 	 * owns a reference: it reports tokens with gw_job_token and ends with exactly one

@@ -6,9 +6,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gw.h"
 #include "kvp_frame.h"
 
 _Static_assert(KVW_ADDR_MAX == KVP_ADDR_MAX, "a peer address is a kvp address");
+_Static_assert(KVW_MAX_TOP == OAI_MAX_TOP_LOGPROBS, "an lp carries what the API asks");
+_Static_assert(KVW_MAX_CHOICES == OAI_MAX_CHOICES, "a PREFILL carries every choice's seed");
+
+static uint32_t f2u(float f);
+static float u2f(uint32_t u);
 
 int kvw_empty_dec(const uint8_t *body, size_t len)
 {
@@ -49,21 +55,30 @@ static void w_salt(struct kvp_wbuf *w, const char *salt)
 	kvp_w_cstr(w, salt ? salt : "");
 }
 
+static void w_toks(struct kvp_wbuf *w, const int32_t *toks, uint32_t n);
+
 static void w_prompt(struct kvp_wbuf *w, const struct kvw_prompt *q)
 {
+	int ids = q->nt > 0;
 	w_salt(w, q->salt);
 	kvw_w_params(w, &q->sp);
+	kvp_w_u8(w, q->logprobs);
 	kvp_w_u8(w, q->parse_special);
-	kvp_w_u32(w, q->len);
-	kvp_w_bytes(w, q->text, q->len);
+	kvp_w_u32(w, ids ? 0 : q->len);
+	kvp_w_bytes(w, q->text, ids ? 0 : q->len);
+	w_toks(w, q->toks, q->nt);
 }
 
 int kvw_prefill_enc(struct kvp_wbuf *w, const struct kvw_prompt *q)
 {
 	int peer = q->peer && q->peer[0];
+	uint32_t nx = q->nx < KVW_MAX_CHOICES ? q->nx : KVW_MAX_CHOICES - 1;
 	w_prompt(w, q);
 	kvp_w_cstr(w, peer ? q->peer : "");
 	kvp_w_u64(w, peer ? q->ticket : 0);
+	kvp_w_u32(w, nx);
+	for (uint32_t i = 0; i < nx; i++)
+		kvp_w_u64(w, q->seeds[i]);
 	return w->err;
 }
 
@@ -80,6 +95,8 @@ static const char *r_salt(struct kvp_rbuf *r, char *buf, size_t cap)
 	return buf[0] ? buf : NULL;
 }
 
+static int r_toks0(struct kvp_rbuf *r, uint32_t *n, int32_t **out, int allow0);
+
 static int prompt_dec(const uint8_t *body, size_t len, struct kvw_prompt *q, int prefill)
 {
 	memset(q, 0, sizeof(*q));
@@ -88,18 +105,30 @@ static int prompt_dec(const uint8_t *body, size_t len, struct kvw_prompt *q, int
 	kvp_r_init(&rb, body, len);
 	q->salt = r_salt(&rb, q->salt_buf, sizeof(q->salt_buf));
 	kvw_r_params(&rb, &q->sp);
+	q->logprobs = kvp_r_u8(&rb);
 	q->parse_special = kvp_r_u8(&rb);
 	q->len = kvp_r_u32(&rb);
 	const uint8_t *p = kvp_r_bytes(&rb, q->len);
+	int rc = r_toks0(&rb, &q->nt, &q->toks_buf, 1);
+	if (rc)
+		return rb.err ? rb.err : rc;
+	q->toks = q->toks_buf;
 	if (prefill) {
 		kvp_r_str(&rb, q->peer_buf, sizeof(q->peer_buf));
 		q->ticket = kvp_r_u64(&rb);
+		q->nx = kvp_r_u32(&rb);
+		if (q->nx >= KVW_MAX_CHOICES)
+			return -EBADMSG;
+		for (uint32_t i = 0; i < q->nx; i++)
+			q->seeds[i] = kvp_r_u64(&rb);
 	}
-	int rc = kvp_r_end(&rb);
+	rc = kvp_r_end(&rb);
 	if (rc)
 		return rc;
-	if (q->len && memchr(p, 0, q->len)) /* a NUL inside: not text */
+	if ((q->len && memchr(p, 0, q->len)) || (q->nt && q->len)) /* not text; both */
 		return -EBADMSG;
+	if (q->logprobs > 1 + KVW_MAX_TOP)
+		return -EINVAL;
 	if (!(q->text_buf = malloc((size_t)q->len + 1)))
 		return -ENOMEM;
 	if (q->len)
@@ -128,8 +157,11 @@ int kvw_generate_dec(const uint8_t *body, size_t len, struct kvw_prompt *q)
 void kvw_prompt_free(struct kvw_prompt *q)
 {
 	free(q->text_buf);
+	free(q->toks_buf);
 	q->text_buf = NULL;
 	q->text = NULL;
+	q->toks_buf = NULL;
+	q->toks = NULL;
 }
 
 /* ---- token lists ---- */
@@ -141,20 +173,103 @@ static void w_toks(struct kvp_wbuf *w, const int32_t *toks, uint32_t n)
 		kvp_w_u32(w, (uint32_t)toks[i]);
 }
 
-/* u32 n (> 0) then n ids, into a malloc'd array; the count is checked against the bytes left
- * before anything is allocated. 0 or the error (r->err set for a bad count). */
-static int r_toks(struct kvp_rbuf *r, uint32_t *n, int32_t **out)
+/* u32 n (> 0, or >= 0 with allow0) then n ids, into a malloc'd array (none for 0); the count
+ * is checked against the bytes left before anything is allocated. 0 or the error (r->err set
+ * for a bad count). */
+static int r_toks0(struct kvp_rbuf *r, uint32_t *n, int32_t **out, int allow0)
 {
 	*n = kvp_r_u32(r);
-	if (r->err || *n == 0 || (size_t)*n * 4 > r->len - r->off) {
+	if (r->err || (*n == 0 && !allow0) || (size_t)*n * 4 > r->len - r->off) {
 		r->err = -EBADMSG;
 		return -EBADMSG;
 	}
+	if (*n == 0)
+		return 0;
 	if (!(*out = malloc((size_t)*n * sizeof(int32_t))))
 		return -ENOMEM;
 	for (uint32_t i = 0; i < *n; i++)
 		(*out)[i] = (int32_t)kvp_r_u32(r);
 	return 0;
+}
+
+static int r_toks(struct kvp_rbuf *r, uint32_t *n, int32_t **out)
+{
+	return r_toks0(r, n, out, 0);
+}
+
+/* ---- log-probabilities ---- */
+
+static void lp_copy(char *dst, const char *src)
+{
+	size_t n = src ? strnlen(src, KVW_LP_TEXT - 1) : 0;
+	memcpy(dst, src ? src : "", n);
+	dst[n] = 0;
+}
+
+void kvw_lp_from(struct kvw_lp *d, const struct gw_logprob *lp)
+{
+	d->present = 1;
+	d->logprob = lp->logprob;
+	lp_copy(d->token, lp->token);
+	int nt = lp->n_top < 0 ? 0 : lp->n_top > KVW_MAX_TOP ? KVW_MAX_TOP : lp->n_top;
+	d->n_top = (uint8_t)nt;
+	for (int i = 0; i < nt; i++) {
+		lp_copy(d->top_token[i], lp->top_token[i]);
+		d->top_logprob[i] = lp->top_logprob[i];
+	}
+}
+
+void kvw_lp_to(const struct kvw_lp *s, struct gw_logprob *lp)
+{
+	memset(lp, 0, sizeof(*lp));
+	lp->token = s->token;
+	lp->logprob = s->logprob;
+	lp->n_top = s->n_top;
+	for (int i = 0; i < s->n_top; i++) {
+		lp->top_token[i] = s->top_token[i];
+		lp->top_logprob[i] = s->top_logprob[i];
+	}
+}
+
+static void w_lp(struct kvp_wbuf *w, const struct kvw_lp *lp)
+{
+	int on = lp && lp->present;
+	kvp_w_u8(w, (uint8_t)on);
+	if (!on)
+		return;
+	int nt = lp->n_top > KVW_MAX_TOP ? KVW_MAX_TOP : lp->n_top;
+	kvp_w_u32(w, f2u(lp->logprob));
+	kvp_w_cstr(w, lp->token);
+	kvp_w_u8(w, (uint8_t)nt);
+	for (int i = 0; i < nt; i++) {
+		kvp_w_cstr(w, lp->top_token[i]);
+		kvp_w_u32(w, f2u(lp->top_logprob[i]));
+	}
+}
+
+/* Reads an lp into d (zeroed first); a bad flag, count or over-long text sets r->err. */
+static void r_lp(struct kvp_rbuf *r, struct kvw_lp *d)
+{
+	memset(d, 0, sizeof(*d));
+	d->present = kvp_r_u8(r);
+	if (!d->present || r->err)
+		return;
+	if (d->present != 1) {
+		r->err = -EBADMSG;
+		return;
+	}
+	d->logprob = u2f(kvp_r_u32(r));
+	kvp_r_str(r, d->token, sizeof(d->token));
+	d->n_top = kvp_r_u8(r);
+	if (d->n_top > KVW_MAX_TOP) {
+		r->err = r->err ? r->err : -EBADMSG;
+		d->n_top = 0;
+		return;
+	}
+	for (int i = 0; i < d->n_top && !r->err; i++) {
+		kvp_r_str(r, d->top_token[i], sizeof(d->top_token[i]));
+		d->top_logprob[i] = u2f(kvp_r_u32(r));
+	}
 }
 
 /* ---- PREFILL reply ---- */
@@ -164,6 +279,13 @@ int kvw_prefilled_enc(struct kvp_wbuf *w, const struct kvw_prefilled *p)
 	w_toks(w, p->toks, p->n);
 	kvp_w_u32(w, p->cached);
 	kvp_w_u32(w, (uint32_t)p->first);
+	w_lp(w, p->lp);
+	uint32_t nx = p->nx < KVW_MAX_CHOICES ? p->nx : KVW_MAX_CHOICES - 1;
+	kvp_w_u32(w, nx);
+	for (uint32_t i = 0; i < nx; i++) {
+		kvp_w_u32(w, (uint32_t)p->xfirst[i]);
+		w_lp(w, p->xlp ? &p->xlp[i] : NULL);
+	}
 	kvp_w_u8(w, p->handed);
 	kvp_w_u32(w, p->blen);
 	return w->err;
@@ -180,20 +302,42 @@ int kvw_prefilled_dec(const uint8_t *body, size_t len, struct kvw_prefilled *p)
 	p->toks = p->toks_buf;
 	p->cached = kvp_r_u32(&rb);
 	p->first = (int32_t)kvp_r_u32(&rb);
+	if (!(p->lp_buf = malloc(KVW_MAX_CHOICES * sizeof(*p->lp_buf))))
+		return -ENOMEM;
+	r_lp(&rb, &p->lp_buf[0]);
+	p->nx = kvp_r_u32(&rb);
+	if (p->nx >= KVW_MAX_CHOICES)
+		return -EBADMSG;
+	for (uint32_t i = 0; i < p->nx; i++) {
+		p->xfirst[i] = (int32_t)kvp_r_u32(&rb);
+		r_lp(&rb, &p->lp_buf[1 + i]);
+	}
 	p->handed = kvp_r_u8(&rb);
 	p->blen = kvp_r_u32(&rb);
 	p->blk = kvp_r_bytes(&rb, p->blen);
 	rc = kvp_r_end(&rb);
 	if (!rc && p->handed > 1)
 		rc = -EBADMSG;
-	return rc;
+	if (rc)
+		return rc == -ENAMETOOLONG ? -EBADMSG : rc;
+	/* every record present or none: the worker answers what the request asked */
+	int on = p->lp_buf[0].present;
+	for (uint32_t i = 0; i < p->nx; i++)
+		if (p->lp_buf[1 + i].present != on)
+			return -EBADMSG;
+	p->lp = on ? &p->lp_buf[0] : NULL;
+	p->xlp = on && p->nx ? &p->lp_buf[1] : NULL;
+	return 0;
 }
 
 void kvw_prefilled_free(struct kvw_prefilled *p)
 {
 	free(p->toks_buf);
+	free(p->lp_buf);
 	p->toks_buf = NULL;
 	p->toks = NULL;
+	p->lp_buf = NULL;
+	p->lp = p->xlp = NULL;
 }
 
 /* ---- DECODE ---- */
@@ -202,6 +346,7 @@ int kvw_decode_enc(struct kvp_wbuf *w, const struct kvw_decode *d)
 {
 	w_salt(w, d->salt);
 	kvw_w_params(w, &d->sp);
+	kvp_w_u8(w, d->logprobs);
 	w_toks(w, d->toks, d->n);
 	kvp_w_u32(w, (uint32_t)d->first);
 	kvp_w_u32(w, d->blen);
@@ -217,6 +362,7 @@ int kvw_decode_dec(const uint8_t *body, size_t len, struct kvw_decode *d)
 	kvp_r_init(&rb, body, len);
 	d->salt = r_salt(&rb, d->salt_buf, sizeof(d->salt_buf));
 	kvw_r_params(&rb, &d->sp);
+	d->logprobs = kvp_r_u8(&rb);
 	int rc = r_toks(&rb, &d->n, &d->toks_buf);
 	if (rc)
 		return rb.err ? rb.err : rc;
@@ -225,7 +371,10 @@ int kvw_decode_dec(const uint8_t *body, size_t len, struct kvw_decode *d)
 	d->blen = kvp_r_u32(&rb);
 	d->blk = kvp_r_bytes(&rb, d->blen);
 	d->ticket = kvp_r_u64(&rb);
-	return kvp_r_end(&rb);
+	rc = kvp_r_end(&rb);
+	if (!rc && d->logprobs > 1 + KVW_MAX_TOP)
+		rc = -EINVAL;
+	return rc;
 }
 
 void kvw_decode_free(struct kvw_decode *d)
@@ -245,10 +394,11 @@ int kvw_ev_prompt_enc(struct kvp_wbuf *w, uint32_t prompt_tokens, uint32_t cache
 	return w->err;
 }
 
-int kvw_ev_token_enc(struct kvp_wbuf *w, int32_t id, uint32_t len)
+int kvw_ev_token_enc(struct kvp_wbuf *w, int32_t id, const struct kvw_lp *lp, uint32_t len)
 {
 	kvp_w_u8(w, KVW_EV_TOKEN);
 	kvp_w_u32(w, (uint32_t)id);
+	w_lp(w, lp);
 	kvp_w_u32(w, len);
 	return w->err;
 }
@@ -277,6 +427,7 @@ int kvw_ev_dec(const uint8_t *body, size_t len, struct kvw_ev *e)
 		break;
 	case KVW_EV_TOKEN:
 		e->id = (int32_t)kvp_r_u32(&rb);
+		r_lp(&rb, &e->lp);
 		e->len = kvp_r_u32(&rb);
 		e->text = kvp_r_bytes(&rb, e->len);
 		break;

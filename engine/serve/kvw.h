@@ -7,24 +7,27 @@
  *   KVW_OP_STATUS  -> (empty)
  *                  <- u32 waiting, u32 running, u32 queued_tokens, u32 kv_free, u32 kv_total,
  *                     u32 prompt tokens computed since start (mod 2^32)
- *   KVW_OP_PREFILL -> str salt, params, u8 parse_special, u32 len, len bytes of prompt text,
- *                     str peer, u64 ticket: peer "" = hand over through the kv dir; else a
- *                     decode worker's host:port to send the whole prompt's KV to (KV_PUT,
- *                     ticket != 0)
- *                  <- u32 n, n x u32 token ids, u32 cached, u32 first token, u8 handed,
- *                     u32 blen, blen bytes: the KV block holding the last prompt token (kv.h
- *                     layout); every full block before it is published in the shared kv dir.
- *                     handed 1: the whole KV is parked at peer under ticket (blen 0).
+ *   KVW_OP_PREFILL -> prompt, str peer, u64 ticket, u32 nx, nx x u64 seed: peer "" = hand
+ *                     over through the kv dir; else a decode worker's host:port to send the
+ *                     whole prompt's KV to (KV_PUT, ticket != 0). nx (< KVW_MAX_CHOICES): the
+ *                     further choices of an n > 1 request, each sampling its own first token
+ *                     from the same logits with its own seed (the prompt is computed once)
+ *                  <- u32 n, n x u32 token ids, u32 cached, u32 first token, lp, u32 nx, nx x
+ *                     (u32 first token, lp) (one per seed asked), u8 handed, u32 blen, blen
+ *                     bytes: the KV block holding the last prompt token (kv.h layout); every
+ *                     full block before it is published in the shared kv dir. handed 1: the
+ *                     whole KV is parked at peer under ticket (blen 0).
  *                     errors: -E2BIG (too long), -EINVAL, -EAGAIN
- *   KVW_OP_DECODE  -> str salt, params, u32 n, n x u32 token ids, u32 first, u32 blen, blen bytes,
- *                     u64 ticket (0 = none: the prompt's KV from the kv dir + the block)
+ *   KVW_OP_DECODE  -> str salt, params, u8 logprobs, u32 n, n x u32 token ids, u32 first, u32
+ *                     blen, blen bytes, u64 ticket (0 = none: the prompt's KV from the kv dir +
+ *                     the block). The first token's lp came with the PREFILL reply: not sent
  *                  <- a stream of frames with the request's id, status 0, each one event:
- *                     u8 KVW_EV_TOKEN, u32 id, u32 len, len bytes of text
+ *                     u8 KVW_EV_TOKEN, u32 id, lp, u32 len, len bytes of text
  *                     u8 KVW_EV_FINISH, i32 err, str reason, str message (the last frame)
  *                     A decode request owns its connection: closing it cancels the request.
  *   KVW_OP_GENERATE (gateway -> decode worker) a short prompt computed by the decode worker
  *                  itself (no prefill hop, gateway --local-prefill):
- *                  -> str salt, params, u8 parse_special, u32 len, len bytes of prompt text
+ *                  -> prompt
  *                  <- as DECODE, the first frame being u8 KVW_EV_PROMPT, u32 prompt tokens,
  *                     u32 cached tokens
  *   KVW_OP_KV_PUT  (prefill worker -> decode worker) a prompt's KV to park under a ticket until
@@ -48,6 +51,13 @@
  *                  <- u32 session, 128 bytes: an NCCL unique id; the decode worker then joins
  *                     it as rank 0, the caller as rank 1. -EOPNOTSUPP without a cuda engine
  *                     and NCCL.
+ *   prompt = str salt, params, u8 logprobs, u8 parse_special, u32 len, len bytes of prompt
+ *            text, u32 nt, nt x u32 token ids: a prompt of token ids (nt > 0, then len = 0),
+ *            taken as they are, or of text (nt = 0)
+ *   logprobs = 0 (none), or 1 + the alternatives wanted per token (<= 1 + KVW_MAX_TOP)
+ *   lp = u8 present (0: nothing follows), u32 logprob (f32 bits), str token (< KVW_LP_TEXT),
+ *        u8 n_top (<= KVW_MAX_TOP), n_top x (str token, u32 logprob (f32 bits)): a token's
+ *        log-probability and its most likely alternatives, sent when the request asked
  *   params = u32 temp (f32 bits), u32 top_p (f32 bits), u32 top_k, u64 seed, u32 max_tokens,
  *            u32 presence_penalty (f32 bits), u32 frequency_penalty (f32 bits), u32 n_bias
  *            (<= KVI_SAMPLE_MAX_BIAS), n_bias x (u32 token id, u32 bias (f32 bits))
@@ -81,9 +91,27 @@ enum kvw_event {
 #define KVW_NCCL_ID_BYTES 128
 #define KVW_REASON_MAX	  32
 #define KVW_MSG_MAX	  256
+#define KVW_MAX_CHOICES	  16  /* choices of one prompt (OAI_MAX_CHOICES) */
+#define KVW_MAX_TOP	  20  /* alternatives per token (OAI_MAX_TOP_LOGPROBS) */
+#define KVW_LP_TEXT	  128 /* bytes of a token's text in an lp, with its NUL */
 
 struct kvp_wbuf;
 struct kvp_rbuf;
+struct gw_logprob;
+
+/* One token's log-probability (the lp field); decoded texts are NUL-terminated. */
+struct kvw_lp {
+	uint8_t present;
+	uint8_t n_top;
+	float logprob;
+	char token[KVW_LP_TEXT];
+	char top_token[KVW_MAX_TOP][KVW_LP_TEXT];
+	float top_logprob[KVW_MAX_TOP];
+};
+/* Copies a gateway record into d (texts cut at KVW_LP_TEXT - 1 bytes, n_top at KVW_MAX_TOP),
+ * present = 1; and back (pointers into s). */
+void kvw_lp_from(struct kvw_lp *d, const struct gw_logprob *lp);
+void kvw_lp_to(const struct kvw_lp *s, struct gw_logprob *lp);
 
 /* The codec: every op's request and reply body has an encoder (kvw_<msg>_enc) and a decoder
  * (kvw_<msg>_dec); the gateway, the balancers and the workers build and parse worker frames
@@ -107,20 +135,28 @@ struct kvw_status {
 int kvw_status_enc(struct kvp_wbuf *w, const struct kvw_status *s);
 int kvw_status_dec(const uint8_t *body, size_t len, struct kvw_status *s);
 
-/* PREFILL and GENERATE requests: a prompt's text. The decoder copies the text into text_buf
- * (NUL-terminated; a NUL inside is -EBADMSG) and, for PREFILL, checks that a non-empty peer
- * is a host:port with a ticket (-EINVAL). */
+/* PREFILL and GENERATE requests: a prompt's text or token ids. The decoder copies the text
+ * into text_buf (NUL-terminated; a NUL inside is -EBADMSG), the ids into toks_buf, and checks
+ * that ids come with no text (-EBADMSG), logprobs <= 1 + KVW_MAX_TOP (-EINVAL), nx <
+ * KVW_MAX_CHOICES (-EBADMSG) and, for PREFILL, that a non-empty peer is a host:port with a
+ * ticket (-EINVAL). */
 struct kvw_prompt {
 	const char *salt; /* NULL or "" = none (decoded: NULL) */
 	struct kvi_sample_params sp;
+	uint8_t logprobs;
 	uint8_t parse_special;
 	const char *text;
 	uint32_t len;
-	const char *peer; /* PREFILL: NULL or "" = hand over through the kv dir (decoded: "") */
-	uint64_t ticket;  /* PREFILL, with a peer */
+	uint32_t nt;	     /* > 0: the prompt is these token ids (text "") */
+	const int32_t *toks; /* nt ids */
+	const char *peer;    /* PREFILL: NULL or "" = hand over through the kv dir (decoded: "") */
+	uint64_t ticket;     /* PREFILL, with a peer */
+	uint32_t nx;	     /* PREFILL: further choices, their seeds */
+	uint64_t seeds[KVW_MAX_CHOICES - 1];
 	/* decoder storage */
 	char salt_buf[KVW_SALT_MAX], peer_buf[KVW_ADDR_MAX];
 	char *text_buf;
+	int32_t *toks_buf;
 };
 int kvw_prefill_enc(struct kvp_wbuf *w, const struct kvw_prompt *q);
 int kvw_prefill_dec(const uint8_t *body, size_t len, struct kvw_prompt *q);
@@ -129,12 +165,19 @@ int kvw_generate_dec(const uint8_t *body, size_t len, struct kvw_prompt *q);
 void kvw_prompt_free(struct kvw_prompt *q);
 
 /* PREFILL reply. The encoder writes everything up to blen: the blen bytes of blk follow as
- * the frame's bulk (kvp_reply's bulk, no copy). The decoder checks n > 0, handed <= 1. */
+ * the frame's bulk (kvp_reply's bulk, no copy). The decoder checks n > 0, handed <= 1, nx <
+ * KVW_MAX_CHOICES. lp and xlp are NULL for none (the decoder's point into lp_buf, malloc'd
+ * with 1 + nx records, every one absent or present). */
 struct kvw_prefilled {
 	uint32_t n;
 	const int32_t *toks;
 	uint32_t cached;
 	int32_t first;
+	const struct kvw_lp *lp; /* first's */
+	uint32_t nx;		 /* the further choices' first tokens, and theirs */
+	int32_t xfirst[KVW_MAX_CHOICES - 1];
+	const struct kvw_lp *xlp; /* nx records, or NULL */
+	struct kvw_lp *lp_buf;
 	uint8_t handed;
 	uint32_t blen;
 	const uint8_t *blk;
@@ -148,6 +191,7 @@ void kvw_prefilled_free(struct kvw_prefilled *p);
 struct kvw_decode {
 	const char *salt; /* as kvw_prompt */
 	struct kvi_sample_params sp;
+	uint8_t logprobs; /* as kvw_prompt (-EINVAL past it) */
 	uint32_t n;
 	const int32_t *toks;
 	int32_t first;
@@ -164,18 +208,20 @@ void kvw_decode_free(struct kvw_decode *d);
 /* One frame of a DECODE / GENERATE reply stream. TOKEN's encoder writes everything up to len:
  * the len bytes of text follow as the frame's bulk. The decoder sets kind from the first
  * byte even when it fails (-EBADMSG for an unknown kind, PROMPT with cached > n or n past
- * INT32_MAX, a reason or message longer than its field). */
+ * INT32_MAX, a reason, message or lp text longer than its field). */
 struct kvw_ev {
 	uint8_t kind;			/* enum kvw_event */
 	uint32_t prompt_tokens, cached; /* PROMPT */
 	int32_t id;			/* TOKEN */
+	struct kvw_lp lp;		/* TOKEN: lp.present 0 for none */
 	uint32_t len;
 	const uint8_t *text;
 	int32_t err; /* FINISH: 0 or a negative errno */
 	char reason[KVW_REASON_MAX], msg[KVW_MSG_MAX];
 };
 int kvw_ev_prompt_enc(struct kvp_wbuf *w, uint32_t prompt_tokens, uint32_t cached);
-int kvw_ev_token_enc(struct kvp_wbuf *w, int32_t id, uint32_t len);
+/* lp: NULL or not present for none. */
+int kvw_ev_token_enc(struct kvp_wbuf *w, int32_t id, const struct kvw_lp *lp, uint32_t len);
 int kvw_ev_finish_enc(struct kvp_wbuf *w, int32_t err, const char *reason, const char *msg);
 int kvw_ev_dec(const uint8_t *body, size_t len, struct kvw_ev *e);
 

@@ -30,16 +30,6 @@ static int transport_err(int rc)
 
 /* ---- prefill ------------------------------------------------------------------------- */
 
-struct pf_result {
-	int32_t *toks;
-	int n, cached;
-	int32_t first;
-	const uint8_t *blk; /* points into body */
-	uint32_t blen;
-	int handed; /* the whole KV is parked at the decode replica named in the PREFILL */
-	uint8_t *body;
-};
-
 static int pf_parse(uint8_t *body, uint32_t len, struct pf_result *p)
 {
 	struct kvw_prefilled d;
@@ -52,11 +42,32 @@ static int pf_parse(uint8_t *body, uint32_t len, struct pf_result *p)
 	p->n = (int)d.n;
 	p->cached = (int)d.cached;
 	p->first = d.first;
+	p->nx = (int)d.nx;
+	memcpy(p->xfirst, d.xfirst, sizeof(p->xfirst));
+	if (d.lp) { /* p owns the records */
+		p->lps = d.lp_buf;
+		d.lp_buf = NULL;
+	}
+	d.toks_buf = NULL;
+	kvw_prefilled_free(&d);
 	p->handed = d.handed == 1;
 	p->blen = d.blen;
 	p->blk = d.blk;
 	p->body = body;
 	return 0;
+}
+
+/* The prompt fields of q's PREFILL or GENERATE. */
+static void prompt_of(const struct lreq *q, struct kvw_prompt *m)
+{
+	m->salt = q->salt;
+	m->sp = q->sp;
+	m->logprobs = (uint8_t)q->logprobs;
+	m->parse_special = (uint8_t)q->chat;
+	m->text = q->prompt;
+	m->len = (uint32_t)strlen(q->prompt);
+	m->toks = q->toks;
+	m->nt = q->toks ? (uint32_t)q->ntoks : 0;
 }
 
 /* A PREFILL call to r has started. lb_stop breaks the prefill connections after setting
@@ -80,14 +91,12 @@ static int do_prefill(struct lreq *q, struct pf_result *res, const char *peer, u
 	struct lb *l = q->l;
 	struct kvp_wbuf w;
 	kvp_w_init(&w);
-	size_t plen = strlen(q->prompt);
-	struct kvw_prompt m = {.salt = q->salt,
-			       .sp = q->sp,
-			       .parse_special = (uint8_t)q->chat,
-			       .text = q->prompt,
-			       .len = (uint32_t)plen,
-			       .peer = peer,
-			       .ticket = ticket};
+	struct kvw_prompt m = {.peer = peer, .ticket = ticket};
+	prompt_of(q, &m);
+	if (q->grp && q->choice == 0) { /* every choice's first token, from one prompt */
+		m.nx = (uint32_t)q->grp->n - 1;
+		memcpy(m.seeds, q->grp->seeds + 1, m.nx * sizeof(m.seeds[0]));
+	}
 	int erc = kvw_prefill_enc(&w, &m);
 	if (erc) {
 		kvp_w_free(&w);
@@ -199,6 +208,15 @@ static int decode_on(struct lreq *q, struct replica *r, uint16_t op, const struc
 		}
 		if (ev.kind == KVW_EV_TOKEN) {
 			if (!bad) {
+				/* the first token's logprob came with the PREFILL reply */
+				const struct kvw_lp *lp = ev.lp.present ? &ev.lp
+							  : *ntok == 0	? q->first_lp
+									: NULL;
+				if (lp && q->logprobs) {
+					struct gw_logprob g;
+					kvw_lp_to(lp, &g);
+					gw_job_logprob(q->job, &g);
+				}
 				gw_job_token(q->job, (const char *)ev.text, ev.len);
 				(*ntok)++;
 			}
@@ -236,11 +254,21 @@ static int decode_on(struct lreq *q, struct replica *r, uint16_t op, const struc
 	return rc;
 }
 
+static int lreq_cancelled(struct lreq *q)
+{
+	pthread_mutex_lock(&q->mu);
+	int c = q->cancelled;
+	pthread_mutex_unlock(&q->mu);
+	return c;
+}
+
 static void lreq_put(struct lreq *q)
 {
 	if (!q || atomic_fetch_sub(&q->refs, 1) != 1)
 		return;
+	lb_grp_put(q->grp);
 	free(q->prompt);
+	free(q->toks);
 	free(q->salt);
 	pthread_mutex_destroy(&q->mu);
 	free(q);
@@ -249,11 +277,8 @@ static void lreq_put(struct lreq *q)
 /* The GENERATE body: the prompt text, for a decode replica to compute itself. */
 static void w_generate(struct kvp_wbuf *w, const struct lreq *q)
 {
-	struct kvw_prompt m = {.salt = q->salt,
-			       .sp = q->sp,
-			       .parse_special = (uint8_t)q->chat,
-			       .text = q->prompt,
-			       .len = (uint32_t)strlen(q->prompt)};
+	struct kvw_prompt m = {0};
+	prompt_of(q, &m);
 	kvw_generate_enc(w, &m); /* errors are sticky in w */
 }
 
@@ -263,6 +288,7 @@ static void w_decode(struct kvp_wbuf *w, const struct lreq *q, const struct pf_r
 {
 	struct kvw_decode m = {.salt = q->salt,
 			       .sp = q->sp,
+			       .logprobs = (uint8_t)q->logprobs,
 			       .n = (uint32_t)pr->n,
 			       .toks = pr->toks,
 			       .first = pr->first,
@@ -289,6 +315,8 @@ static const char *prefill_refusal(int rc)
 		return "no prefill replica is up";
 	case -ESHUTDOWN:
 		return "the gateway is shutting down";
+	case -ECANCELED: /* a group's first choice, before its PREFILL */
+		return "cancelled";
 	}
 	return "prefill failed";
 }
@@ -303,7 +331,9 @@ static int prefill_then(struct lreq *q, struct kvp_wbuf *w, struct pf_result *pr
 	char peer_addr[KVP_ADDR_MAX] = "";
 	uint64_t ticket = 0;
 	*peer = -1;
-	if (l->o.handoff == LB_HANDOFF_DIRECT) {
+	/* the choices of one prompt all load its blocks from the kv dir: no direct hand-over,
+	 * which parks the KV for one DECODE */
+	if (l->o.handoff == LB_HANDOFF_DIRECT && !q->grp) {
 		/* the decode replica first: the prefill worker sends it the KV */
 		pthread_mutex_lock(&l->mu);
 		*peer = lb_pick(l, &l->dc, 0, &dq, skip);
@@ -314,9 +344,8 @@ static int prefill_then(struct lreq *q, struct kvp_wbuf *w, struct pf_result *pr
 		ticket += !ticket;
 	}
 	int rc = do_prefill(q, pr, *peer >= 0 ? peer_addr : NULL, ticket);
-	pthread_mutex_lock(&q->mu);
-	int cancelled = q->cancelled;
-	pthread_mutex_unlock(&q->mu);
+	lb_grp_publish(q->grp, rc, pr);
+	int cancelled = lreq_cancelled(q);
 	if (!rc && cancelled) {
 		gw_job_finish(q->job, NULL, -ECANCELED, "cancelled");
 		return 1;
@@ -329,7 +358,43 @@ static int prefill_then(struct lreq *q, struct kvp_wbuf *w, struct pf_result *pr
 	pthread_mutex_lock(&l->mu);
 	l->handoffs[*peer < 0 ? HO_FS : pr->handed ? HO_DIRECT : HO_FALLBACK]++;
 	pthread_mutex_unlock(&l->mu);
+	q->first_lp = pr->lps;
 	w_decode(w, q, pr, ticket);
+	return 0;
+}
+
+/* A further choice of a group: waits for the first choice's PREFILL, then the DECODE body of
+ * this choice's first token into w (pr points into the group). 0, or the request was finished
+ * here (1). */
+static int choice_then(struct lreq *q, struct kvp_wbuf *w, struct pf_result *pr)
+{
+	struct lgroup *g = q->grp;
+	pthread_mutex_lock(&g->mu);
+	while (!g->done && !lreq_cancelled(q))
+		pthread_cond_wait(&g->cv, &g->mu);
+	int done = g->done, rc = g->rc;
+	pthread_mutex_unlock(&g->mu);
+	if (!done || lreq_cancelled(q)) {
+		gw_job_finish(q->job, NULL, -ECANCELED, "cancelled");
+		return 1;
+	}
+	if (rc) {
+		gw_job_finish(q->job, NULL, rc, prefill_refusal(rc));
+		return 1;
+	}
+	/* done: the group's fields no longer change */
+	*pr = (struct pf_result){.toks = g->toks,
+				 .n = g->ntoks,
+				 .cached = g->cached,
+				 .first = g->first[q->choice],
+				 .blk = g->blk,
+				 .blen = g->blen};
+	q->first_lp = g->lps ? &g->lps[q->choice] : NULL;
+	gw_job_prompt(q->job, pr->n, pr->cached);
+	pthread_mutex_lock(&q->l->mu);
+	q->l->handoffs[HO_FS]++;
+	pthread_mutex_unlock(&q->l->mu);
+	w_decode(w, q, pr, 0);
 	return 0;
 }
 
@@ -344,7 +409,11 @@ static void req_run(struct lreq *q)
 	struct kvp_wbuf w;
 	kvp_w_init(&w);
 	uint16_t op = KVW_OP_DECODE;
-	if (l->o.local_prefill > 0 && strlen(q->prompt) / 4 + 1 <= (size_t)l->o.local_prefill) {
+	int follower = q->grp && q->choice > 0; /* pr points into the group: not freed */
+	if (follower) {
+		if (choice_then(q, &w, &pr))
+			goto out;
+	} else if (!q->grp && l->o.local_prefill > 0 && dq.est_tokens <= l->o.local_prefill) {
 		op = KVW_OP_GENERATE; /* short: the decode replica computes it */
 		w_generate(&w, q);
 		pthread_mutex_lock(&l->mu);
@@ -386,9 +455,14 @@ static void req_run(struct lreq *q)
 		gw_job_finish(q->job, NULL, rc == -EAGAIN ? -EAGAIN : -EIO,
 			      rc == -EAGAIN ? "no decode replica is up" : "decode replica died");
 out:
+	if (q->grp && q->choice == 0) /* ended before its PREFILL did: the others end too */
+		lb_grp_publish(q->grp, -ECANCELED, NULL);
 	kvp_w_free(&w);
-	free(pr.toks);
-	free(pr.body);
+	if (!follower) {
+		free(pr.toks);
+		free(pr.body);
+		free(pr.lps);
+	}
 }
 
 /* ---- the worker pool ------------------------------------------------------------------ */
@@ -466,7 +540,16 @@ static int be_submit(void *ctx, struct gw_job *job, const struct gw_req *g)
 	q->job = job;
 	q->sk = NULL;
 	q->chat = o->chat;
+	q->logprobs = o->logprobs ? 1 + o->top_logprobs : 0;
+	q->index = g->index;
 	q->prompt = strdup(g->prompt);
+	if (g->toks && g->n_toks > 0 && (q->toks = malloc((size_t)g->n_toks * sizeof(int32_t)))) {
+		memcpy(q->toks, g->toks, (size_t)g->n_toks * sizeof(int32_t));
+		q->ntoks = g->n_toks;
+	} else if (g->toks && g->n_toks > 0) {
+		lreq_put(q);
+		return -ENOMEM;
+	}
 	q->salt = o->salt ? strdup(o->salt) : NULL;
 	_Static_assert(OAI_MAX_SALT < KVW_SALT_MAX, "a salt the API accepts must fit a frame");
 	if (!q->prompt || (o->salt && !q->salt) || (o->salt && strlen(o->salt) >= KVW_SALT_MAX)) {
@@ -475,6 +558,11 @@ static int be_submit(void *ctx, struct gw_job *job, const struct gw_req *g)
 		return rc;
 	}
 	sch_sample_params(o, g->id, &q->sp);
+	int rc = lb_grp_join(q, g);
+	if (rc) {
+		lreq_put(q);
+		return rc;
+	}
 	/* backend data before the request is visible to a worker: cancel and release find it */
 	gw_job_set_backend_data(job, q);
 	pthread_mutex_lock(&l->mu);
@@ -509,6 +597,8 @@ static void be_cancel(void *ctx, struct gw_job *job)
 	}
 	pthread_mutex_unlock(&l->mu);
 	if (queued) {
+		if (q->choice == 0)
+			lb_grp_publish(q->grp, -ECANCELED, NULL);
 		gw_job_finish(job, NULL, -ECANCELED, "cancelled");
 		lreq_put(q); /* the queue's reference */
 		return;
@@ -518,6 +608,7 @@ static void be_cancel(void *ctx, struct gw_job *job)
 	if (q->sk) /* the decode worker sees the close and frees the KV */
 		kvp_sock_shutdown(q->sk);
 	pthread_mutex_unlock(&q->mu);
+	lb_grp_wake(q);
 }
 
 static void be_release(void *ctx, struct gw_job *job)
@@ -705,11 +796,14 @@ void lb_stop(struct lb *l)
 		if (q->sk) /* a decode stream: its worker sees the close */
 			kvp_sock_shutdown(q->sk);
 		pthread_mutex_unlock(&q->mu);
+		lb_grp_wake(q);
 	}
 	pthread_mutex_unlock(&l->mu);
 	while (queued) {
 		struct lreq *q = queued;
 		queued = q->next;
+		if (q->choice == 0)
+			lb_grp_publish(q->grp, -ECANCELED, NULL);
 		gw_job_finish(q->job, NULL, -ECANCELED, "the gateway is stopping");
 		lreq_put(q);
 	}

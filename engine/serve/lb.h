@@ -23,6 +23,11 @@
  * memory this backend uses are bounded whatever the offered load. A request cancelled while
  * queued (the client left) is finished at once and frees its place.
  *
+ * Choices (n > 1, lb_group.c): the first choice's request sends one PREFILL with every
+ * choice's seed (through the kv dir, whatever lb_opts.handoff); the others wait in their
+ * workers for its reply (bounded by that PREFILL), then DECODE with their own first token. The
+ * first is queued before them, so it is never waiting behind them for a worker.
+ *
  * What blocks, and for how long:
  *   submit, cancel, release, metrics, healthy: never (a mutex held for list updates only).
  *   lb_stop: finishes the queued requests at once (-ECANCELED), cancels the running ones and
@@ -35,7 +40,8 @@
  *            plus a connect).
  *
  * Threading: the backend callbacks are thread-safe; one mutex guards the replica table, the
- * queue and the list of running requests (lock order: lb, then a request's own mutex).
+ * queue and the list of running requests (lock order: lb, then a group's, then a request's
+ * own mutex).
  */
 #ifndef KVFS_LB_H
 #define KVFS_LB_H

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "lb.h"
+#include "kvw.h"
 #include "lbp.h"
 #include "sample.h"
 
@@ -84,6 +85,39 @@ struct lb {
 	uint64_t handoffs[HO_N]; /* by enum ho_kind; guarded by mu */
 };
 
+/* The choices of one prompt (n > 1): the first choice's request computes the prompt once
+ * (PREFILL with every choice's seed, through the kv dir) and publishes the result here; each
+ * choice then DECODEs on its own (the further ones wait here until then). Referenced by each
+ * member request. */
+struct lgroup {
+	atomic_int refs;
+	pthread_mutex_t mu; /* guards what follows */
+	pthread_cond_t cv;  /* done, or a member cancelled */
+	int n;		    /* choices */
+	uint64_t seeds[KVW_MAX_CHOICES];
+	int done, rc; /* the PREFILL's outcome (rc: its error) */
+	int32_t *toks;
+	int ntoks, cached;
+	uint8_t *blk;
+	uint32_t blen;
+	int32_t first[KVW_MAX_CHOICES];
+	struct kvw_lp *lps; /* n records when logprobs were asked, else NULL */
+};
+
+/* What a PREFILL reply told (lb.c pf_parse). */
+struct pf_result {
+	int32_t *toks;
+	int n, cached;
+	int32_t first;
+	int nx;
+	int32_t xfirst[KVW_MAX_CHOICES - 1];
+	struct kvw_lp *lps; /* 1 + nx records (the first tokens' logprobs), or NULL; owned */
+	const uint8_t *blk; /* points into body */
+	uint32_t blen;
+	int handed; /* the whole KV is parked at the decode replica named in the PREFILL */
+	uint8_t *body;
+};
+
 /* One request: referenced by the queue or its worker (one reference, passed along) and by the
  * gateway job (dropped in release). */
 struct lreq {
@@ -93,14 +127,36 @@ struct lreq {
 	struct lreq *prev, *next; /* on l->queue or l->active; guarded by l->mu */
 	struct gw_job *job;
 	char *prompt;
+	int32_t *toks; /* a prompt of token ids (prompt ""), or NULL */
+	int ntoks;
 	char *salt;
 	int chat;
+	int logprobs; /* kvw.h logprobs */
 	struct kvi_sample_params sp;
+	struct lgroup *grp; /* n > 1: its choices, or NULL */
+	int choice;	    /* its index in grp */
+	int index;	    /* gw_req.index */
+	/* the first token's logprob (from the PREFILL reply), relayed before that token; NULL
+	 * for none. Set by its worker before the DECODE. */
+	const struct kvw_lp *first_lp;
 	pthread_mutex_t mu;	   /* guards sk, dec, cancelled */
 	struct kvp_sock *sk;	   /* the decode connection, NULL when none */
 	const struct replica *dec; /* the decode replica of sk */
 	int cancelled;
 };
+
+/* ---- lb_group.c ---- (lock order: a group's mutex, then a request's) */
+/* n > 1 (g->n_forks, g->first): the first choice makes q's group (every choice's seed: seed + k
+ * x golden ratio, as the gateway gives a seeded request's k-th choice), the others join the
+ * first's (its seed for their sampling). Not a choice of a group: nothing. 0 or -ENOMEM. */
+int lb_grp_join(struct lreq *q, const struct gw_req *g);
+/* The first choice's PREFILL ended: its result (rc 0, pr copied) or error rc for the others;
+ * a no-op after the first call (and for g NULL), so every way the first can end calls it. */
+void lb_grp_publish(struct lgroup *g, int rc, const struct pf_result *pr);
+/* q was cancelled: a member waiting for its group's prompt looks again. */
+void lb_grp_wake(struct lreq *q);
+/* Drops a member's reference (NULL: nothing). */
+void lb_grp_put(struct lgroup *g);
 
 /* ---- lb_replica.c ---- */
 /* What a pick knows of request q: the gateway does not tokenize, so its tokens are estimated

@@ -24,14 +24,17 @@ int lb_handoff_parse(const char *s)
 
 struct lbp_req lb_req_of(const struct lreq *q, uint64_t *blk)
 {
-	size_t plen = strlen(q->prompt);
-	int est = (int)(plen / 4) + 1, out = q->sp.max_tokens > 0 ? q->sp.max_tokens : 0;
-	return (struct lbp_req){.key = lbp_hash(q->prompt, plen, LBP_SEED),
+	/* a prompt of token ids: its count is known, its bytes stand for its text */
+	const char *txt = q->toks ? (const char *)q->toks : q->prompt;
+	size_t plen = q->toks ? (size_t)q->ntoks * sizeof(int32_t) : strlen(q->prompt);
+	int est = q->toks ? q->ntoks : (int)(plen / 4) + 1;
+	int out = q->sp.max_tokens > 0 ? q->sp.max_tokens : 0;
+	return (struct lbp_req){.key = lbp_hash(txt, plen, LBP_SEED),
 				.est_tokens = est,
 				.kv_blocks = (est + out + LB_BLOCK_TOKENS - 1) / LB_BLOCK_TOKENS,
 				.block = blk,
 				.nblocks =
-				    blk ? lbp_text_blocks(q->prompt, plen, blk, LB_MAX_BLOCKS) : 0};
+				    blk ? lbp_text_blocks(txt, plen, blk, LB_MAX_BLOCKS) : 0};
 }
 
 /* The policy decides on lbp's view of the stage, rebuilt per pick (at most LB_MAX_REPLICAS

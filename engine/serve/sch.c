@@ -268,6 +268,33 @@ static void prefill_done(struct sch *s, struct sch_req *r, int32_t first)
 	req_end(r, "stop", 0, NULL);
 }
 
+/* SCH_PREFILL, its prompt computed (s->logits its last position's) and first token t drawn:
+ * t's logprob, then each further choice's first token (its own sampler, seed xseeds[i]) with
+ * its logprob, to the sink. The prompt is computed once for every choice. */
+static void prefill_choices(struct sch *s, struct sch_req *r, int32_t t)
+{
+	if (r->logprobs && r->k.logprob)
+		report_logprob(s, r, t, s->logits);
+	for (int i = 0; i < r->nx; i++) {
+		struct kvi_sample_params sp = r->sp;
+		sp.seed = r->xseeds[i];
+		struct kvi_sampler *smp = NULL, *mine = r->smp;
+		int32_t x = t;
+		if (!kvi_sampler_create(&sp, s->n_vocab, &smp)) {
+			x = kvi_sampler_sample(smp, s->logits);
+			r->smp = smp; /* report_logprob asks r's sampler */
+			if (r->logprobs && r->k.logprob)
+				report_logprob(s, r, x, s->logits);
+			r->smp = mine;
+			kvi_sampler_destroy(smp);
+		} else if (r->logprobs && r->k.logprob) {
+			report_logprob(s, r, x, s->logits);
+		}
+		if (r->k.choice)
+			r->k.choice(r->u, x);
+	}
+}
+
 /* One prefill chunk of r; returns 1 when r ended, 0 otherwise. */
 static void fork_children(struct sch *s, struct sch_req *p, const float *logits);
 
@@ -290,6 +317,7 @@ static int prefill_step(struct sch *s, struct sch_req *r)
 	 * its draw was skipped at admission) */
 	int32_t t = r->mode == SCH_DECODE ? r->first : kvi_sampler_sample(r->smp, s->logits);
 	if (r->mode == SCH_PREFILL) {
+		prefill_choices(s, r, t);
 		prefill_done(s, r, t);
 		return 1;
 	}
@@ -297,7 +325,8 @@ static int prefill_step(struct sch *s, struct sch_req *r)
 		kvx_save(s->kx, r->seq, r->toks, r->n, r->salt);
 	r->st = RS_DECODE;
 	fork_children(s, r, s->logits); /* before r's token: it may end r */
-	return take_token(s, r, t, s->logits);
+	/* DECODE: the first token's logprob went with the PREFILL reply */
+	return take_token(s, r, t, r->mode == SCH_DECODE ? NULL : s->logits);
 }
 
 /* Gives every request waiting in RS_FORK on p (whose prompt was just computed, logits its
@@ -492,10 +521,11 @@ int sch_submit(struct sch *s, const struct sch_job *j, const struct sch_sink *k,
 	r->t_submit = mono_ns();
 	atomic_init(&r->refs, 1);
 	atomic_init(&r->pending_forks, j->mode == SCH_FULL ? j->forks : 0);
-	r->logprobs =
-	    j->mode == SCH_FULL && j->logprobs > 0 && j->logprobs <= OAI_MAX_TOP_LOGPROBS + 1
-		? j->logprobs
-		: 0;
+	r->logprobs = j->logprobs > 0 && j->logprobs <= OAI_MAX_TOP_LOGPROBS + 1 ? j->logprobs : 0;
+	r->nx =
+	    j->mode == SCH_PREFILL && j->xseeds && j->nx > 0 && j->nx < KVW_MAX_CHOICES ? j->nx : 0;
+	for (int i = 0; i < r->nx; i++)
+		r->xseeds[i] = j->xseeds[i];
 	r->mode = j->mode;
 	r->sp = j->sp;
 	r->first = j->first;
@@ -521,8 +551,8 @@ int sch_submit(struct sch *s, const struct sch_job *j, const struct sch_sink *k,
 		r->n = j->fork_of->n;
 		atomic_fetch_add(&j->fork_of->refs, 1);
 		r->parent = j->fork_of;
-	} else if (j->mode == SCH_DECODE || (j->mode == SCH_FULL && j->toks)) {
-		rc = j->mode == SCH_FULL && j->n > s->o.max_ctx ? -E2BIG : -EINVAL;
+	} else if (j->mode == SCH_DECODE || j->toks) {
+		rc = j->mode != SCH_DECODE && j->n > s->o.max_ctx ? -E2BIG : -EINVAL;
 		if (j->n < 1 || j->n > s->o.max_ctx ||
 		    (j->mode == SCH_DECODE && (j->first < 0 || j->first >= s->n_vocab)))
 			goto fail;
@@ -783,7 +813,6 @@ void sch_backend(struct sch *s, struct gw_backend *out)
 	out->release = be_release;
 	out->metrics = be_metrics;
 	out->metrics_register = be_metrics_register;
-	out->caps = GW_CAP_LOGPROBS | GW_CAP_TOKEN_PROMPTS;
 }
 
 /* ---- lifecycle ----------------------------------------------------------------------- */

@@ -83,6 +83,9 @@ struct sch_sink {
 	/* sch_job.logprobs: the next token's log-probability, before its token call (texts
 	 * valid during the call). May be NULL. */
 	void (*logprob)(void *u, const struct gw_logprob *lp);
+	/* SCH_PREFILL with sch_job.nx: each further choice's first token, in order, after its
+	 * logprob call, before prefilled / handoff. May be NULL. */
+	void (*choice)(void *u, int32_t first);
 	/* SCH_PREFILL only, before finish("stop"): the prompt's tokens, the cached prefix, the
 	 * first sampled token and the KV block holding the prompt's last token (blen bytes, the
 	 * kv.h export layout); every full block before it is published in the kv dir. */
@@ -103,17 +106,23 @@ enum sch_mode {
 
 struct sch_job {
 	enum sch_mode mode;
-	const char *prompt; /* FULL, PREFILL: the text (NUL-terminated) */
-	int parse_special;  /* control-token texts become tokens (chat templates) */
-	const int32_t
-	    *toks; /* DECODE, and FULL instead of prompt: the prompt's token ids (copied) */
+	const char *prompt;  /* FULL, PREFILL: the text (NUL-terminated), unless toks */
+	int parse_special;   /* control-token texts become tokens (chat templates) */
+	const int32_t *toks; /* DECODE, and FULL / PREFILL instead of prompt: the prompt's token
+			      * ids (copied) */
 	int n;
 	int32_t first;	 /* DECODE: the first token, sampled by the prefill worker */
 	const void *blk; /* DECODE: the block holding the prompt's last token, or NULL */
 	size_t blen;
 	const char *salt; /* may be NULL */
 	struct kvi_sample_params sp;
-	int logprobs; /* FULL: 0 = off, else 1 + the alternatives wanted (0..20) per token */
+	/* 0 = off, else 1 + the alternatives wanted (0..20) per token: FULL every token,
+	 * PREFILL the first (and nx's), DECODE every token after the first */
+	int logprobs;
+	/* PREFILL: nx further choices of the prompt (< KVW_MAX_CHOICES), each sampling its first
+	 * token from the same logits with sp and seed xseeds[i] (sink.choice) */
+	int nx;
+	const uint64_t *xseeds;
 	/* FULL, n > 1: forks = the requests to be submitted next with fork_of = this one (it is
 	 * not admitted before); fork_of = a request submitted so, whose prompt (and its KV, once
 	 * computed: kvi_seq_fork, blocks shared) this request takes instead of prompt/toks. */

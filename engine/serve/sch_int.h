@@ -13,6 +13,7 @@
 #include "fwd_dev.h"
 #include "kv.h"
 #include "kvx.h"
+#include "kvw.h"
 #include "sch.h"
 
 /* RS_FORK: admitted, waiting for its parent's prefill to fork the prompt's KV from. */
@@ -51,7 +52,9 @@ struct sch_req {
 	uint64_t ticket;  /* SCH_DECODE: a parked prompt to claim, or 0 */
 	int64_t t_submit; /* CLOCK_MONOTONIC ns at sch_submit: queue time at admission */
 	int logprobs;	  /* sch_job.logprobs */
-	atomic_int refs;  /* the submitter's, and one per fork child (sch_req_free) */
+	int nx;		  /* SCH_PREFILL: sch_job.nx, xseeds */
+	uint64_t xseeds[KVW_MAX_CHOICES - 1];
+	atomic_int refs; /* the submitter's, and one per fork child (sch_req_free) */
 	/* sch_job.fork_of (a reference), whose prompt KV this request forks once computed */
 	struct sch_req *parent;
 	atomic_int pending_forks; /* children not yet submitted: not admitted before 0 */

@@ -73,6 +73,7 @@ static void wr_done(struct wreq *w)
 {
 	kvp_conn_unref(w->c);
 	sch_req_free(w->r);
+	free(w->f.lps);
 	free(w);
 }
 
@@ -80,8 +81,31 @@ static void pf_prefilled(void *u, const int32_t *toks, int n, int cached, int32_
 			 const void *blk, size_t blen)
 {
 	struct wreq *w = u;
-	if (!wk_pf_reply(w->c, &w->h, toks, n, cached, first, 0, blk, blen))
+	if (!wk_pf_reply(w->c, &w->h, toks, n, cached, first, &w->f, 0, blk, blen))
 		w->replied = 1;
+}
+
+/* PREFILL: the first tokens' logprobs, in choice order. */
+static void pf_logprob(void *u, const struct gw_logprob *lp)
+{
+	struct wreq *w = u;
+	if (w->f.lps && w->f.nlp < KVW_MAX_CHOICES)
+		kvw_lp_from(&w->f.lps[w->f.nlp++], lp);
+}
+
+static void pf_choice(void *u, int32_t first)
+{
+	struct wreq *w = u;
+	if (w->f.nx < KVW_MAX_CHOICES - 1)
+		w->f.xfirst[w->f.nx++] = first;
+}
+
+/* DECODE / GENERATE: the next token's logprob, sent with its TOKEN frame. */
+static void dc_logprob(void *u, const struct gw_logprob *lp)
+{
+	struct wreq *w = u;
+	if (w->f.lps)
+		kvw_lp_from(&w->f.lps[0], lp);
 }
 
 static void pf_finish(void *u, const char *reason, int err, const char *msg)
@@ -112,9 +136,12 @@ static void dc_token(void *u, int32_t id, const char *piece, size_t len)
 	struct kvp_wbuf b;
 	kvp_w_init(&b);
 	/* the gateway is gone: stop generating and free the KV */
-	if (kvw_ev_token_enc(&b, id, (uint32_t)len) ||
+	struct kvw_lp *lp = w->f.lps && w->f.lps[0].present ? &w->f.lps[0] : NULL;
+	if (kvw_ev_token_enc(&b, id, lp, (uint32_t)len) ||
 	    kvp_reply(w->c, &w->h, 0, b.p, b.len, piece, len))
 		sch_cancel(w->r);
+	if (lp)
+		lp->present = 0;
 	kvp_w_free(&b);
 }
 
@@ -137,13 +164,19 @@ static int job_dec(struct wk *k, const struct kvp_hdr *h, const uint8_t *body, i
 		int rc = gen ? kvw_generate_dec(body, h->len, q) : kvw_prefill_dec(body, h->len, q);
 		j->salt = q->salt;
 		j->sp = q->sp;
+		j->logprobs = q->logprobs;
 		j->parse_special = q->parse_special;
 		j->prompt = q->text;
+		j->toks = q->nt ? q->toks : NULL;
+		j->n = (int)q->nt;
+		j->nx = (int)q->nx;
+		j->xseeds = q->seeds;
 		return rc;
 	}
 	int rc = kvw_decode_dec(body, h->len, d);
 	j->salt = d->salt;
 	j->sp = d->sp;
+	j->logprobs = d->logprobs;
 	j->toks = d->toks;
 	j->n = (int)d->n;
 	j->first = d->first;
@@ -210,6 +243,10 @@ static struct wreq *wreq_new(struct wk *k, struct kvp_conn *c, const struct kvp_
 	w->k = k;
 	w->c = c;
 	w->h = *h;
+	if (j->logprobs && !(w->f.lps = calloc(KVW_MAX_CHOICES, sizeof(*w->f.lps)))) {
+		free(w);
+		return NULL;
+	}
 	if (!gen && k->mode == SCH_PREFILL && q->peer[0]) {
 		memcpy(w->peer, q->peer_buf, sizeof(w->peer));
 		w->ticket = q->ticket;
@@ -226,11 +263,15 @@ static struct wreq *wreq_new(struct wk *k, struct kvp_conn *c, const struct kvp_
 static int wk_job_start(struct wk *k, struct kvp_conn *c, const struct kvp_hdr *h, uint8_t *body,
 			int gen)
 {
-	static const struct sch_sink pf = {
-	    .prefilled = pf_prefilled, .handoff = wk_pf_handoff, .finish = pf_finish};
-	static const struct sch_sink dc = {.token = dc_token, .finish = dc_finish};
+	static const struct sch_sink pf = {.logprob = pf_logprob,
+					   .choice = pf_choice,
+					   .prefilled = pf_prefilled,
+					   .handoff = wk_pf_handoff,
+					   .finish = pf_finish};
+	static const struct sch_sink dc = {
+	    .token = dc_token, .logprob = dc_logprob, .finish = dc_finish};
 	static const struct sch_sink dg = {
-	    .prompt = dc_prompt, .token = dc_token, .finish = dc_finish};
+	    .prompt = dc_prompt, .token = dc_token, .logprob = dc_logprob, .finish = dc_finish};
 	struct sch_job j = {.mode = gen ? SCH_FULL : k->mode};
 	struct kvw_prompt q = {0};
 	struct kvw_decode d = {0};
@@ -242,6 +283,7 @@ static int wk_job_start(struct wk *k, struct kvp_conn *c, const struct kvp_hdr *
 		rc = sch_submit(k->s, &j, gen ? &dg : k->mode == SCH_PREFILL ? &pf : &dc, w, &w->r);
 		if (rc) {
 			kvp_conn_unref(c);
+			free(w->f.lps);
 			free(w);
 		}
 	}

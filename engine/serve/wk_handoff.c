@@ -21,14 +21,20 @@ _Static_assert(KVK_NCCL_ID_BYTES == KVW_NCCL_ID_BYTES, "kvw carries an NCCL id")
  * answer with it (wk.c calls this file, never the reverse). 0, or the encoding's error (nothing
  * sent). */
 int wk_pf_reply(struct kvp_conn *c, const struct kvp_hdr *h, const int32_t *toks, int n, int cached,
-		int32_t first, int handed, const void *blk, size_t blen)
+		int32_t first, const struct wk_firsts *f, int handed, const void *blk, size_t blen)
 {
 	struct kvw_prefilled p = {.n = (uint32_t)n,
 				  .toks = toks,
 				  .cached = (uint32_t)cached,
 				  .first = first,
+				  .nx = (uint32_t)f->nx,
 				  .handed = (uint8_t)handed,
 				  .blen = (uint32_t)blen};
+	memcpy(p.xfirst, f->xfirst, sizeof(p.xfirst));
+	if (f->lps && f->nlp == 1 + f->nx) { /* every choice's, or none */
+		p.lp = &f->lps[0];
+		p.xlp = &f->lps[1];
+	}
 	struct kvp_wbuf b;
 	kvp_w_init(&b);
 	int rc = kvw_prefilled_enc(&b, &p);
@@ -68,6 +74,7 @@ struct put {
 	int32_t *toks;
 	int n, cached;
 	int32_t first;
+	struct wk_firsts f; /* its lps a copy */
 };
 
 static int put_send(struct wk *k, const char *peer, const struct kvp_wbuf *hdr, const void *kv,
@@ -90,11 +97,12 @@ static void *put_main(void *arg)
 	if (rc) /* the decode worker computes from the kv dir instead; it needs the last block */
 		klog_warn("hand-over to %s: %s; the decode worker loads from the kv dir", p->peer,
 			  kvp_strerror(rc));
-	wk_pf_reply(p->c, &p->h, p->toks, p->n, p->cached, p->first, rc == 0,
+	wk_pf_reply(p->c, &p->h, p->toks, p->n, p->cached, p->first, &p->f, rc == 0,
 		    rc ? p->kv + p->kv_len - p->bb : NULL, rc ? p->bb : 0);
 	kvp_conn_unref(p->c);
 	struct wk *k = p->k;
 	kvp_w_free(&p->hdr);
+	free(p->f.lps);
 	free(p->kv);
 	free(p->toks);
 	free(p);
@@ -116,8 +124,15 @@ static int put_start(struct wreq *w, const struct sch_handoff *h)
 	p->bb = h->block_bytes;
 	p->kv = malloc(p->kv_len);
 	p->toks = malloc((size_t)h->n * sizeof(int32_t));
-	int rc = p->hdr.err ? p->hdr.err : p->kv && p->toks ? 0 : -ENOMEM;
+	p->f = w->f;
+	p->f.lps = w->f.lps ? malloc(KVW_MAX_CHOICES * sizeof(*p->f.lps)) : NULL;
+	int rc = p->hdr.err		 ? p->hdr.err
+		 : !p->kv || !p->toks	 ? -ENOMEM
+		 : w->f.lps && !p->f.lps ? -ENOMEM
+					 : 0;
 	if (!rc) {
+		if (p->f.lps)
+			memcpy(p->f.lps, w->f.lps, KVW_MAX_CHOICES * sizeof(*p->f.lps));
 		memcpy(p->kv, h->kv, p->kv_len);
 		memcpy(p->toks, h->toks, (size_t)h->n * sizeof(int32_t));
 		memcpy(p->peer, w->peer, sizeof(p->peer));
@@ -147,6 +162,7 @@ static int put_start(struct wreq *w, const struct sch_handoff *h)
 	kvp_w_free(&p->hdr);
 	free(p->kv);
 	free(p->toks);
+	free(p->f.lps);
 	free(p);
 	return rc;
 }
@@ -244,7 +260,7 @@ void wk_pf_handoff(void *u, struct sch *s, const struct sch_handoff *h)
 		}
 		klog_warn("hand-over to %s: %s", w->peer, strerror(-rc));
 		size_t last = (size_t)(h->n_blocks - 1) * h->block_bytes;
-		if (!wk_pf_reply(w->c, &w->h, h->toks, h->n, h->cached, h->first, 0,
+		if (!wk_pf_reply(w->c, &w->h, h->toks, h->n, h->cached, h->first, &w->f, 0,
 				 (const uint8_t *)h->kv + last, h->block_bytes))
 			w->replied = 1;
 		return;
@@ -253,7 +269,7 @@ void wk_pf_handoff(void *u, struct sch *s, const struct sch_handoff *h)
 	if (rc)
 		klog_warn("NCCL hand-over to %s: %s; the decode worker loads from the kv dir",
 			  w->peer, kvp_strerror(rc));
-	if (!wk_pf_reply(w->c, &w->h, h->toks, h->n, h->cached, h->first, rc == 0, NULL, 0))
+	if (!wk_pf_reply(w->c, &w->h, h->toks, h->n, h->cached, h->first, &w->f, rc == 0, NULL, 0))
 		w->replied = 1;
 }
 

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "kvp_frame.h"
+#include "kvw.h"
 #include "sch.h"
 
 #define PUT_TIMEOUT_MS	   30000 /* a decode worker parks a hand-over at its next step */
@@ -48,6 +49,16 @@ struct wk {
 	int puts;	       /* hand-over threads running */
 };
 
+/* What a PREFILL reply tells of its choices beyond the prompt: the further choices' first
+ * tokens and, when the request asked, every choice's first-token logprob (lps[0] the first
+ * choice's, lps[1 + i] xfirst[i]'s; NULL for none). */
+struct wk_firsts {
+	int nx;
+	int32_t xfirst[KVW_MAX_CHOICES - 1];
+	struct kvw_lp *lps; /* KVW_MAX_CHOICES records, malloc'd */
+	int nlp;	    /* records filled */
+};
+
 /* One request from the gateway; freed by its finish callback (the scheduler's last touch). */
 struct wreq {
 	struct wk *k;
@@ -55,6 +66,9 @@ struct wreq {
 	struct kvp_hdr h;
 	struct sch_req *r;
 	int replied;
+	/* logprobs asked: PREFILL: the first tokens'; DECODE / GENERATE: lps[0] is the next
+	 * token's (present until its TOKEN frame carries it) */
+	struct wk_firsts f;
 	/* PREFILL with a direct hand-over */
 	char peer[KVP_ADDR_MAX];
 	uint64_t ticket;
@@ -66,7 +80,7 @@ struct wreq {
  *
  * wk_handoff.c. The PREFILL reply (kvw.h). 0, or the encoding's error (nothing sent). */
 int wk_pf_reply(struct kvp_conn *c, const struct kvp_hdr *h, const int32_t *toks, int n, int cached,
-		int32_t first, int handed, const void *blk, size_t blen);
+		int32_t first, const struct wk_firsts *f, int handed, const void *blk, size_t blen);
 
 /* wk_handoff.c. Prefill side: the sink's handoff callback (scheduler thread): sends the KV to
  * w->peer and answers the PREFILL (the thread of a bytes hand-over, or here for NCCL). */

@@ -1,7 +1,7 @@
 // The official `openai` npm client (v6, pinned in package.json) against a kvinfer gateway:
 // what a real client sees, not what our own parsers accept.
 //   OPENAI_API_KEY=KEY node openai_client.mjs BASE_URL MODEL_ID CTX FORM
-// FORM: embedded or disaggregated (the latter refuses logprobs).
+// FORM: embedded or disaggregated (both answer every check alike).
 // BASE_URL: http://127.0.0.1:PORT/v1. Exits 0 when every check passes; prints each check.
 import assert from 'node:assert/strict';
 import OpenAI, { AuthenticationError, BadRequestError, NotFoundError } from 'openai';
@@ -144,30 +144,40 @@ await check('n = 2: two choices, each the greedy answer', async () => {
   assert.equal(r.usage.completion_tokens, 16);
 });
 
-if (form === 'embedded') {
-  await check('logprobs (chat and completions)', async () => {
-    const r = await client.chat.completions.create({ model, messages, ...greedy,
-      logprobs: true, top_logprobs: 2 });
-    const lp = r.choices[0].logprobs.content;
-    assert.equal(lp.length, 8);
-    assert.equal(lp.map((t) => t.token).join(''), r.choices[0].message.content);
-    for (const t of lp) {
-      assert.ok(t.logprob <= 0);
-      assert.equal(t.top_logprobs.length, 2);
-      assert.equal(t.top_logprobs[0].token, t.token); // greedy
-    }
-    const c = await client.completions.create({ model, prompt: 'The cache', ...greedy,
-      logprobs: 1 });
-    assert.equal(c.choices[0].logprobs.tokens.length, 8);
-    assert.equal(c.choices[0].logprobs.tokens.join(''), c.choices[0].text);
-  });
-} else {
-  await check('logprobs are refused, naming logprobs', async () => {
-    await refused(BadRequestError,
-      () => client.chat.completions.create({ model, messages, ...greedy, logprobs: true }),
-      'logprobs');
-  });
-}
+await check('logprobs (chat and completions, streamed, n = 2, token-id prompt)', async () => {
+  const r = await client.chat.completions.create({ model, messages, ...greedy,
+    logprobs: true, top_logprobs: 2 });
+  const lp = r.choices[0].logprobs.content;
+  assert.equal(lp.length, 8);
+  assert.equal(lp.map((t) => t.token).join(''), r.choices[0].message.content);
+  for (const t of lp) {
+    assert.ok(t.logprob <= 0);
+    assert.equal(t.top_logprobs.length, 2);
+    assert.equal(t.top_logprobs[0].token, t.token); // greedy
+  }
+  const c = await client.completions.create({ model, prompt: 'The cache', ...greedy,
+    logprobs: 1, n: 2 });
+  assert.equal(c.choices.length, 2);
+  for (const ch of c.choices) {
+    assert.equal(ch.logprobs.tokens.length, 8);
+    assert.equal(ch.logprobs.tokens.join(''), ch.text);
+  }
+  assert.deepEqual(c.choices[1].logprobs.token_logprobs, c.choices[0].logprobs.token_logprobs);
+  const s = await client.chat.completions.create({ model, messages, ...greedy, logprobs: true,
+    stream: true });
+  let streamed = 0, text = '';
+  for await (const chunk of s) {
+    const ch = chunk.choices[0];
+    if (!ch) continue;
+    text += ch.delta?.content ?? '';
+    streamed += ch.logprobs?.content?.length ?? 0;
+  }
+  assert.equal(streamed, 8);
+  assert.equal(text, r.choices[0].message.content);
+  const ids = await client.completions.create({ model, prompt: [11, 12, 13], ...greedy });
+  assert.equal(ids.usage.prompt_tokens, 3);
+  assert.equal(ids.usage.completion_tokens, 8);
+});
 
 await check('tools are refused, naming tools', async () => {
   await refused(BadRequestError, () => client.chat.completions.create({

@@ -4,7 +4,8 @@
  *  - a decoder answers 0 or one of its documented errors;
  *  - what it accepts re-encodes to a body the decoder accepts again, and encoding that gives
  *    the same bytes (the encoding is canonical after one pass);
- *  - for ops without normalised fields, the re-encoding is the input itself. */
+ *  - for ops without normalised fields, the re-encoding is the input itself;
+ *  - log-probability records (lp) keep their counts and texts inside their fields. */
 #include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -47,7 +48,9 @@ static int dec_enc(const uint8_t *in, size_t n, struct kvp_wbuf *out, int *exact
 		int pf = KVW_FUZZ_OP == OP_PREFILL;
 		rc = pf ? kvw_prefill_dec(in, n, &q) : kvw_generate_dec(in, n, &q);
 		if (!rc) {
-			if (!q.text || strlen(q.text) != q.len || (q.salt && !q.salt[0]))
+			if (!q.text || strlen(q.text) != q.len || (q.salt && !q.salt[0]) ||
+			    (q.nt && (q.len || !q.toks)) || (!q.nt && q.toks) ||
+			    q.logprobs > 1 + KVW_MAX_TOP || q.nx >= KVW_MAX_CHOICES)
 				abort();
 			if (pf)
 				kvw_prefill_enc(out, &q);
@@ -61,9 +64,16 @@ static int dec_enc(const uint8_t *in, size_t n, struct kvp_wbuf *out, int *exact
 	case OP_PREFILLED: {
 		struct kvw_prefilled p;
 		if (!(rc = kvw_prefilled_dec(in, n, &p))) {
-			if (!p.n || p.handed > 1 ||
-			    (p.blen && (p.blk < in || p.blk + p.blen != in + n)))
+			if (!p.n || p.handed > 1 || p.nx >= KVW_MAX_CHOICES ||
+			    (p.blen && (p.blk < in || p.blk + p.blen != in + n)) ||
+			    (p.xlp && !p.lp) || (p.lp && p.nx && !p.xlp))
 				abort();
+			for (uint32_t i = 0; p.lp && i <= p.nx; i++) { /* texts end inside */
+				const struct kvw_lp *l = i ? &p.xlp[i - 1] : p.lp;
+				if (!l->present || l->n_top > KVW_MAX_TOP ||
+				    strnlen(l->token, KVW_LP_TEXT) == KVW_LP_TEXT)
+					abort();
+			}
 			kvw_prefilled_enc(out, &p);
 			kvp_w_bytes(out, p.blk, p.blen);
 		}
@@ -91,7 +101,10 @@ static int dec_enc(const uint8_t *in, size_t n, struct kvp_wbuf *out, int *exact
 			} else if (e.kind == KVW_EV_TOKEN) {
 				if (e.len && (e.text < in || e.text + e.len != in + n))
 					abort();
-				kvw_ev_token_enc(out, e.id, e.len);
+				if (e.lp.n_top > KVW_MAX_TOP ||
+				    strnlen(e.lp.token, KVW_LP_TEXT) == KVW_LP_TEXT)
+					abort();
+				kvw_ev_token_enc(out, e.id, &e.lp, e.len);
 				kvp_w_bytes(out, e.text, e.len);
 			} else if (e.kind == KVW_EV_FINISH) {
 				kvw_ev_finish_enc(out, e.err, e.reason, e.msg);
