@@ -105,7 +105,8 @@ static void test_sim_finishes_and_hits_ordered(void **state)
 	lbsim_trace_free(&t);
 }
 
-/* Identical requests far apart (replicas idle): rr goes round, least rotates its ties. */
+/* Identical requests far apart (replicas idle): rr goes round, least rotates its ties, for
+ * prefill and for decode. */
 static void test_sim_rr_and_least_spread(void **state)
 {
 	(void)state;
@@ -123,16 +124,19 @@ static void test_sim_rr_and_least_spread(void **state)
 		struct lbsim_report r;
 		assert_int_equal(lbsim_run(&c, &t, &r), 0);
 		fclose(c.decisions);
-		int count[4] = {0}, req, pf, dc;
+		int count[4] = {0}, dcount[4] = {0}, req, pf, dc;
 		FILE *f = fmemopen(buf, len, "r");
 		while (fscanf(f, "%d %d %d", &req, &pf, &dc) == 3) {
-			assert_true(pf >= 0 && pf < 4);
+			assert_true(pf >= 0 && pf < 4 && dc >= 0 && dc < 4);
 			count[pf]++;
+			dcount[dc]++;
 		}
 		fclose(f);
 		free(buf);
-		for (int i = 0; i < 4; i++)
+		for (int i = 0; i < 4; i++) { /* both stages spread their ties */
 			assert_int_equal(count[i], 10);
+			assert_int_equal(dcount[i], 10);
+		}
 	}
 	lbsim_trace_free(&t);
 }

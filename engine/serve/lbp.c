@@ -252,8 +252,11 @@ int lbp_pick_decode(enum lb_policy p, struct lbp_set *s, const struct lbp_req *q
 		return -1;
 	if (p == LB_RR)
 		return pick_rr(s, skip);
-	int best = -1, fits_best = 0;
-	for (int i = 0; i < s->n; i++) {
+	/* ties rotate, as for prefill (pick_cost): on an idle cluster the first replica took
+	 * every request (a demo: the second decode replica got 0 of 7) */
+	int best = -1, fits_best = 0, start = (int)(s->rr++ % (unsigned)s->n);
+	for (int k = 0; k < s->n; k++) {
+		int i = (start + k) % s->n;
 		if (!usable(s, i, skip))
 			continue;
 		const struct lbp_load *r = &s->r[i];
