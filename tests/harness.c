@@ -148,10 +148,11 @@ static int start_meta(struct kvh_cluster *cl, const char *listen)
 	int n = 11;
 	char mfile[600];
 	snprintf(mfile, sizeof(mfile), "%s/meta.metrics", cl->dir);
+	char mlisten[48];
 	if (cl->flags & KVH_METRICS) {
 		unlink(mfile);
 		argv[n++] = "--metrics-listen";
-		argv[n++] = "127.0.0.1:0";
+		argv[n++] = (char *)any_port(cl->meta_ip, mlisten, sizeof(mlisten));
 		argv[n++] = "--metrics-addr-file";
 		argv[n++] = mfile;
 	}
@@ -182,10 +183,11 @@ static int start_node(struct kvh_cluster *cl, int i, const char *listen)
 	int n = 15;
 	char mfile[600];
 	snprintf(mfile, sizeof(mfile), "%s/node%d.metrics", cl->dir, i);
+	char mlisten[48];
 	if (cl->flags & KVH_METRICS) {
 		unlink(mfile);
 		argv[n++] = "--metrics-listen";
-		argv[n++] = "127.0.0.1:0";
+		argv[n++] = (char *)any_port(nd->ip, mlisten, sizeof(mlisten));
 		argv[n++] = "--metrics-addr-file";
 		argv[n++] = mfile;
 	}

@@ -50,8 +50,9 @@ int kvh_bin(const char *name, char *out, size_t cap);
  * Returns 0 or a negative errno (the daemons' logs say why). */
 int kvh_cluster_start(struct kvh_cluster *cl, int nnodes, const char *meta_args,
 		      const char *node_args);
-/* KVH_METRICS: every daemon also serves /metrics on an ephemeral port (--metrics-listen), its
- * address in cl->meta_metrics / node.metrics (new after each restart). */
+/* KVH_METRICS: every daemon also serves /metrics on an ephemeral port (--metrics-listen) of
+ * its listen address, its address in cl->meta_metrics / node.metrics (new after each
+ * restart). */
 #define KVH_METRICS 1u
 int kvh_cluster_start_flags(struct kvh_cluster *cl, int nnodes, const char *meta_args,
 			    const char *node_args, unsigned flags);
