@@ -5,10 +5,10 @@
  * two SSDs, one zone), so with k+m = 11 a placement that ignores zones puts both nodes of a
  * zone into most stripes, and losing that zone loses two chunks of them.
  *
- * Tests: a whole zone cut off (its host's link down) — every file reads back exact and new
- * writes work; a slow host — writes and reads finish within a documented bound; a node
- * killed mid-write — no acknowledged file lost, no partial file visible.
- * Where namespaces cannot be made it prints "skipped: <reason>" and exits 77. */
+ * Tests: `kvfs status` lists the zones; a whole zone cut off (its host's link down) — every file
+ * reads back exact and new writes work; a slow host — writes and reads finish within a documented
+ * bound; a node killed mid-write — no acknowledged file lost, no partial file visible. Where
+ * namespaces cannot be made it prints "skipped: <reason>" and exits 77. */
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -106,6 +106,26 @@ static size_t file_size(int i)
 {
 	static const size_t sizes[] = {0, 1, 4096, 100000, 1u << 20, (5u << 20) / 2, 3u << 20};
 	return i < 7 ? sizes[i] : (size_t)(i * 7919u * 37u) % (3u << 20);
+}
+
+/* `kvfs status` from the client host: 11 zones, each node with its own. */
+static void test_status_zones(void **state)
+{
+	(void)state;
+	char bin[600];
+	assert_int_equal(kvh_bin("kvfs", bin, sizeof(bin)), 0);
+	assert_int_equal(kvh_sh("'%s' --meta %s --secret-file '%s' status | grep -q '^zones: %d$'",
+				bin, g_cl.meta_addr, g_cl.secret_file, NZONES),
+			 0);
+	/* zone z0 holds two nodes (0 and 11), z10 one */
+	assert_int_equal(kvh_sh("test $('%s' --meta %s --secret-file '%s' status | "
+				"grep -c ' z0$') -eq 2",
+				bin, g_cl.meta_addr, g_cl.secret_file),
+			 0);
+	assert_int_equal(kvh_sh("test $('%s' --meta %s --secret-file '%s' status | "
+				"grep -c ' z10$') -eq 1",
+				bin, g_cl.meta_addr, g_cl.secret_file),
+			 0);
 }
 
 /* A whole zone lost (zone 0: its host holds nodes 0 and 11): every file still reads exact;
@@ -333,6 +353,7 @@ int main(void)
 		return 77;
 	}
 	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_status_zones),
 	    cmocka_unit_test(test_zone_lost),
 	    cmocka_unit_test(test_slow_host),
 	    cmocka_unit_test(test_node_killed_mid_write),
