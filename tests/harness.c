@@ -107,6 +107,32 @@ static void add_args(char **argv, int *n, int max, char *store, size_t cap, cons
 		argv[(*n)++] = t;
 }
 
+/* Spawns bin with argv in namespace ns ("" = ours): `ip netns exec NS bin args...`. */
+static pid_t spawn_in(const char *ns, const char *bin, char **argv, const char *log)
+{
+	if (!ns[0])
+		return kvh_spawn(bin, argv, log);
+	char *v[64];
+	int n = 0;
+	v[n++] = "ip";
+	v[n++] = "netns";
+	v[n++] = "exec";
+	v[n++] = (char *)ns;
+	v[n++] = (char *)bin;
+	for (int i = 1; argv[i] && n < 63; i++)
+		v[n++] = argv[i];
+	v[n] = NULL;
+	const char *ip = access("/usr/sbin/ip", X_OK) == 0 ? "/usr/sbin/ip" : "/sbin/ip";
+	return kvh_spawn(ip, v, log);
+}
+
+/* "IP:0" for a daemon's first start on ip ("" = 127.0.0.1). */
+static const char *any_port(const char *ip, char *buf, size_t cap)
+{
+	snprintf(buf, cap, "%s:0", ip[0] ? ip : "127.0.0.1");
+	return buf;
+}
+
 static int start_meta(struct kvh_cluster *cl, const char *listen)
 {
 	char bin[600], log[600], addrfile[600], scratch[512];
@@ -122,16 +148,17 @@ static int start_meta(struct kvh_cluster *cl, const char *listen)
 	int n = 11;
 	char mfile[600];
 	snprintf(mfile, sizeof(mfile), "%s/meta.metrics", cl->dir);
+	char mlisten[48];
 	if (cl->flags & KVH_METRICS) {
 		unlink(mfile);
 		argv[n++] = "--metrics-listen";
-		argv[n++] = "127.0.0.1:0";
+		argv[n++] = (char *)any_port(cl->meta_ip, mlisten, sizeof(mlisten));
 		argv[n++] = "--metrics-addr-file";
 		argv[n++] = mfile;
 	}
 	add_args(argv, &n, 48, scratch, sizeof(scratch), cl->meta_args);
 	argv[n] = NULL;
-	pid_t pid = kvh_spawn(bin, argv, log);
+	pid_t pid = spawn_in(cl->meta_ns, bin, argv, log);
 	if (pid < 0)
 		return pid;
 	cl->meta_pid = pid;
@@ -156,16 +183,17 @@ static int start_node(struct kvh_cluster *cl, int i, const char *listen)
 	int n = 15;
 	char mfile[600];
 	snprintf(mfile, sizeof(mfile), "%s/node%d.metrics", cl->dir, i);
+	char mlisten[48];
 	if (cl->flags & KVH_METRICS) {
 		unlink(mfile);
 		argv[n++] = "--metrics-listen";
-		argv[n++] = "127.0.0.1:0";
+		argv[n++] = (char *)any_port(nd->ip, mlisten, sizeof(mlisten));
 		argv[n++] = "--metrics-addr-file";
 		argv[n++] = mfile;
 	}
 	add_args(argv, &n, 48, scratch, sizeof(scratch), nd->args);
 	argv[n] = NULL;
-	pid_t pid = kvh_spawn(bin, argv, log);
+	pid_t pid = spawn_in(nd->ns, bin, argv, log);
 	if (pid < 0)
 		return pid;
 	nd->pid = pid;
@@ -226,10 +254,28 @@ int kvh_cluster_start(struct kvh_cluster *cl, int nnodes, const char *meta_args,
 int kvh_cluster_start_flags(struct kvh_cluster *cl, int nnodes, const char *meta_args,
 			    const char *node_args, unsigned flags)
 {
+	return kvh_cluster_start_hosts(cl, nnodes, meta_args, node_args, flags, NULL);
+}
+
+#define HSTR(x) ((x) ? (x) : "")
+
+int kvh_cluster_start_hosts(struct kvh_cluster *cl, int nnodes, const char *meta_args,
+			    const char *node_args, unsigned flags, const struct kvh_hosts *h)
+{
 	memset(cl, 0, sizeof(*cl));
 	cl->flags = flags;
 	if (nnodes > KVH_MAX_NODES)
 		return -EINVAL;
+	if (h) {
+		snprintf(cl->meta_ns, sizeof(cl->meta_ns), "%s", HSTR(h->meta_ns));
+		snprintf(cl->meta_ip, sizeof(cl->meta_ip), "%s", HSTR(h->meta_ip));
+		for (int i = 0; i < nnodes; i++) {
+			snprintf(cl->nodes[i].ns, sizeof(cl->nodes[i].ns), "%s",
+				 HSTR(h->node_ns[i]));
+			snprintf(cl->nodes[i].ip, sizeof(cl->nodes[i].ip), "%s",
+				 HSTR(h->node_ip[i]));
+		}
+	}
 	snprintf(cl->dir, sizeof(cl->dir), "/tmp/kvfs-test-XXXXXX");
 	if (!mkdtemp(cl->dir))
 		return -errno;
@@ -245,16 +291,18 @@ int kvh_cluster_start_flags(struct kvh_cluster *cl, int nnodes, const char *meta
 		return rc;
 	snprintf(cl->meta_db, sizeof(cl->meta_db), "%s/meta", cl->dir);
 	snprintf(cl->meta_args, sizeof(cl->meta_args), "%s", meta_args ? meta_args : "");
-	if ((rc = start_meta(cl, "127.0.0.1:0")))
+	char any[48];
+	if ((rc = start_meta(cl, any_port(cl->meta_ip, any, sizeof(any)))))
 		return rc;
 	for (int i = 0; i < nnodes; i++) {
 		char dir[sizeof(cl->nodes[i].dir)];
 		snprintf(dir, sizeof(dir), "%.256s/node%d", cl->dir, i);
 		memcpy(cl->nodes[i].dir, dir, sizeof(dir));
-		snprintf(cl->nodes[i].args, sizeof(cl->nodes[i].args), "%s",
-			 node_args ? node_args : "");
+		snprintf(cl->nodes[i].args, sizeof(cl->nodes[i].args), "%s%s%s",
+			 node_args ? node_args : "", h && h->node_args[i] ? " " : "",
+			 h ? HSTR(h->node_args[i]) : "");
 		cl->nnodes = i + 1;
-		if ((rc = start_node(cl, i, "127.0.0.1:0")))
+		if ((rc = start_node(cl, i, any_port(cl->nodes[i].ip, any, sizeof(any)))))
 			return rc;
 	}
 	return kvh_wait_nodes_up(cl, nnodes, 15000);

@@ -22,6 +22,8 @@ struct kvh_node {
 	char dir[512];
 	char args[512];		    /* extra arguments it was started with */
 	char metrics[KVP_ADDR_MAX]; /* HOST:PORT of its /metrics (KVH_METRICS), else "" */
+	char ns[32];		    /* network namespace it runs in ("": the caller's) */
+	char ip[32];		    /* address it listens on ("": 127.0.0.1) */
 };
 
 struct kvh_cluster {
@@ -34,6 +36,7 @@ struct kvh_cluster {
 	pid_t meta_pid;
 	char meta_metrics[KVP_ADDR_MAX]; /* HOST:PORT of meta's /metrics (KVH_METRICS), else "" */
 	unsigned flags;			 /* KVH_* given to kvh_cluster_start_flags */
+	char meta_ns[32], meta_ip[32];	 /* as kvh_node's ns and ip */
 	int nnodes;
 	struct kvh_node nodes[KVH_MAX_NODES];
 };
@@ -47,11 +50,23 @@ int kvh_bin(const char *name, char *out, size_t cap);
  * Returns 0 or a negative errno (the daemons' logs say why). */
 int kvh_cluster_start(struct kvh_cluster *cl, int nnodes, const char *meta_args,
 		      const char *node_args);
-/* KVH_METRICS: every daemon also serves /metrics on an ephemeral port (--metrics-listen), its
- * address in cl->meta_metrics / node.metrics (new after each restart). */
+/* KVH_METRICS: every daemon also serves /metrics on an ephemeral port (--metrics-listen) of
+ * its listen address, its address in cl->meta_metrics / node.metrics (new after each
+ * restart). */
 #define KVH_METRICS 1u
 int kvh_cluster_start_flags(struct kvh_cluster *cl, int nnodes, const char *meta_args,
 			    const char *node_args, unsigned flags);
+/* Where each daemon runs (tests/netns_tutil.h builds the namespaces): meta in namespace
+ * meta_ns listening on meta_ip, node i in node_ns[i] on node_ip[i] with node_args[i] appended
+ * to node_args (each may be NULL / "": the caller's namespace, 127.0.0.1, nothing). Daemons
+ * are started through `ip netns exec NS`, which execs in place: the pid is the daemon's. */
+struct kvh_hosts {
+	const char *meta_ns, *meta_ip;
+	const char *node_ns[KVH_MAX_NODES], *node_ip[KVH_MAX_NODES];
+	const char *node_args[KVH_MAX_NODES];
+};
+int kvh_cluster_start_hosts(struct kvh_cluster *cl, int nnodes, const char *meta_args,
+			    const char *node_args, unsigned flags, const struct kvh_hosts *h);
 /* Sends SIGTERM to every process, SIGKILL after 5 s, reaps them, removes the state dir. */
 void kvh_cluster_stop(struct kvh_cluster *cl);
 

@@ -177,6 +177,12 @@ int call(struct kvp_client *c, uint16_t op, struct kvp_wbuf *w, uint8_t **rb, ui
 int heartbeat(struct kvp_client *c, uint64_t uuid, const char *addr, uint64_t cap, uint64_t used,
 	      uint32_t *id)
 {
+	return heartbeat_z(c, uuid, addr, cap, used, NULL, id);
+}
+
+int heartbeat_z(struct kvp_client *c, uint64_t uuid, const char *addr, uint64_t cap, uint64_t used,
+		const char *zone, uint32_t *id)
+{
 	struct kvp_wbuf w;
 	kvp_w_init(&w);
 	kvp_w_u64(&w, uuid);
@@ -184,6 +190,8 @@ int heartbeat(struct kvp_client *c, uint64_t uuid, const char *addr, uint64_t ca
 	kvp_w_u64(&w, cap);
 	kvp_w_u64(&w, used);
 	kvp_w_u64(&w, 0);
+	if (zone && *zone)
+		kvp_w_cstr(&w, zone);
 	uint8_t *b = NULL;
 	uint32_t l = 0;
 	int rc = call(c, KVP_OP_HEARTBEAT, &w, &b, &l);
@@ -202,11 +210,13 @@ void heartbeat_all(struct kvp_client *c)
 		pthread_mutex_lock(&g_nodes.mu);
 		int silent = g_nodes.silent[i];
 		uint64_t cap = g_nodes.cap[i], used = g_nodes.used[i];
+		char zone[KVP_ZONE_MAX];
+		memcpy(zone, g_nodes.zone[i], sizeof(zone));
 		pthread_mutex_unlock(&g_nodes.mu);
 		if (silent)
 			continue;
 		uint32_t id;
-		if (heartbeat(c, 1000 + (uint64_t)i, g_nodes.addr, cap, used, &id) == 0) {
+		if (heartbeat_z(c, 1000 + (uint64_t)i, g_nodes.addr, cap, used, zone, &id) == 0) {
 			pthread_mutex_lock(&g_nodes.mu);
 			g_nodes.id[i] = id;
 			pthread_mutex_unlock(&g_nodes.mu);

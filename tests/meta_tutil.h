@@ -55,6 +55,7 @@ struct nodes_state {
 	pthread_mutex_t mu;
 	uint64_t cap[NNODES], used[NNODES];
 	int silent[NNODES];
+	char zone[NNODES][KVP_ZONE_MAX]; /* sent when not "" */
 	uint32_t id[NNODES];
 	char addr[64];
 	atomic_int stop;
@@ -64,6 +65,9 @@ extern struct nodes_state g_nodes;
 void *hb_main(void *arg);
 int heartbeat(struct kvp_client *c, uint64_t uuid, const char *addr, uint64_t cap, uint64_t used,
 	      uint32_t *id);
+/* As heartbeat, with zone label zone (NULL or "": none sent). */
+int heartbeat_z(struct kvp_client *c, uint64_t uuid, const char *addr, uint64_t cap, uint64_t used,
+		const char *zone, uint32_t *id);
 void wait_nodes_up(struct kvp_client *c, uint32_t want);
 
 /* ---- op wrappers: return the meta's status ---- */

@@ -287,6 +287,120 @@ static void test_alloc_placement(void **state)
 	sleep_ms(400);
 }
 
+/* Sets the fake nodes' zone labels (NULL entries: none) and waits for a heartbeat round. */
+static void set_zones(const char *const *zones)
+{
+	pthread_mutex_lock(&g_nodes.mu);
+	for (int i = 0; i < NNODES; i++)
+		snprintf(g_nodes.zone[i], sizeof(g_nodes.zone[i]), "%s", zones ? zones[i] : "");
+	pthread_mutex_unlock(&g_nodes.mu);
+	sleep_ms(400);
+}
+
+/* Largest number of one stripe's chunks in one zone, over every stripe of a; zone_of maps a
+ * node id to a zone number. */
+static int max_per_zone(const struct alloc *a, const int *zone_of)
+{
+	int worst = 0;
+	for (uint32_t s = 0; s < a->nstripes; s++) {
+		int cnt[2 * NNODES] = {0};
+		for (uint32_t j = 0; j < a->width; j++) {
+			uint32_t id = a->node[s * a->width + j];
+			assert_true(id >= 1 && id <= NNODES);
+			int c = ++cnt[zone_of[id]];
+			worst = c > worst ? c : worst;
+		}
+	}
+	return worst;
+}
+
+/* Zone of each fake node's meta id under labels zones ("" = a zone of its own). */
+static void zone_map(const char *const *zones, int *zone_of)
+{
+	for (int i = 0; i < NNODES; i++) {
+		pthread_mutex_lock(&g_nodes.mu);
+		uint32_t id = g_nodes.id[i];
+		pthread_mutex_unlock(&g_nodes.mu);
+		int z = NNODES + i; /* unlabelled: unique */
+		for (int j = 0; zones[i][0] && j <= i; j++)
+			if (strcmp(zones[j], zones[i]) == 0) {
+				z = j;
+				break;
+			}
+		assert_true(id >= 1 && id <= NNODES);
+		zone_of[id] = z;
+	}
+}
+
+static void test_alloc_zones(void **state)
+{
+	(void)state;
+	struct alloc a;
+	int zone_of[NNODES + 2];
+	/* 12 nodes in 4 zones of 3: a 2+1 stripe spans 3 zones, a 5+1 one puts 2 in each of two
+	 * zones and 1 in the others (as even as 6 over 4 goes). Random placement by free space
+	 * alone puts two of 3 chunks in one zone in over half of all stripes. */
+	static const char *const four[NNODES] = {"a", "a", "a", "b", "b", "b",
+						 "c", "c", "c", "d", "d", "d"};
+	set_zones(four);
+	zone_map(four, zone_of);
+	assert_int_equal(alloc_(g_c, 2, 1, 1u << 20, 200, &a), 0);
+	assert_int_equal(max_per_zone(&a, zone_of), 1);
+	alloc_free(&a);
+	assert_int_equal(alloc_(g_c, 5, 1, 1u << 20, 200, &a), 0);
+	assert_int_equal(max_per_zone(&a, zone_of), 2);
+	alloc_free(&a);
+	assert_int_equal(alloc_(g_c, 3, 1, 1u << 20, 200, &a), 0); /* 4 over 4 zones */
+	assert_int_equal(max_per_zone(&a, zone_of), 1);
+	alloc_free(&a);
+
+	/* 11 zones for 12 nodes (two share "k"), 10+1: the pair never holds two chunks of one
+	 * stripe; the 9 single-node zones, and one of the pair, are in every stripe. */
+	static const char *const eleven[NNODES] = {"z0", "z1", "z2", "z3", "z4", "z5",
+						   "z6", "z7", "z8", "z9", "k",	 "k"};
+	set_zones(eleven);
+	zone_map(eleven, zone_of);
+	assert_int_equal(alloc_(g_c, 10, 1, 1u << 20, 100, &a), 0);
+	assert_int_equal(max_per_zone(&a, zone_of), 1);
+	alloc_free(&a);
+
+	/* Uneven zones: 9 nodes in "big", one each in "x", "y" and one unlabelled; a 3+1 stripe
+	 * takes one chunk from each of the 4 domains, so the small ones are in every stripe. */
+	static const char *const uneven[NNODES] = {"big", "big", "big", "big", "big", "big",
+						   "big", "big", "big", "x",   "y",   ""};
+	set_zones(uneven);
+	zone_map(uneven, zone_of);
+	assert_int_equal(alloc_(g_c, 3, 1, 1u << 20, 100, &a), 0);
+	assert_int_equal(max_per_zone(&a, zone_of), 1);
+	alloc_free(&a);
+
+	/* NODES with KVP_NODES_ZONES lists each node's label after the nodes; without, the
+	 * reply older clients parse. */
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	kvp_w_u8(&w, KVP_NODES_ZONES);
+	uint8_t *b = NULL;
+	uint32_t l = 0, plain = 0;
+	assert_int_equal(call(g_c, KVP_OP_NODES, &w, &b, &l), 0);
+	free(b);
+	assert_int_equal(call(g_c, KVP_OP_NODES, &w, &b, &plain), 0);
+	free(b);
+	/* 12 x u16 length + "big" x 9 + "x" + "y" + "" */
+	assert_int_equal(l - plain, 12 * 2 + 9 * 3 + 2);
+	kvp_w_u8(&w, 2); /* an unknown flag */
+	assert_int_equal(call(g_c, KVP_OP_NODES, &w, NULL, NULL), -EINVAL);
+	kvp_w_free(&w);
+
+	/* A bad label is refused, and the node keeps the one it had. */
+	uint32_t id;
+	assert_int_equal(heartbeat_z(g_c, 1000, g_nodes.addr, 100 * GIB, 0, "a b", &id), -EINVAL);
+	char big[KVP_ZONE_MAX + 1];
+	memset(big, 'q', KVP_ZONE_MAX);
+	big[KVP_ZONE_MAX] = 0;
+	assert_int_equal(heartbeat_z(g_c, 1000, g_nodes.addr, 100 * GIB, 0, big, &id), -EINVAL);
+	set_zones(NULL);
+}
+
 static void test_commit_layout(void **state)
 {
 	(void)state;
@@ -1030,13 +1144,14 @@ int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_namespace),	  cmocka_unit_test(test_alloc_placement),
-	    cmocka_unit_test(test_commit_layout), cmocka_unit_test(test_rename_unlink),
-	    cmocka_unit_test(test_node_timeout),  cmocka_unit_test(test_delete_retry),
-	    cmocka_unit_test(test_bad_frames),	  cmocka_unit_test(test_flags),
-	    cmocka_unit_test(test_concurrency),	  cmocka_unit_test(test_kill9),
-	    cmocka_unit_test(test_sync),	  cmocka_unit_test(test_write_expiry),
-	    cmocka_unit_test(test_pending_space), cmocka_unit_test(test_enomem_answered),
+	    cmocka_unit_test(test_namespace),	    cmocka_unit_test(test_alloc_placement),
+	    cmocka_unit_test(test_alloc_zones),	    cmocka_unit_test(test_commit_layout),
+	    cmocka_unit_test(test_rename_unlink),   cmocka_unit_test(test_node_timeout),
+	    cmocka_unit_test(test_delete_retry),    cmocka_unit_test(test_bad_frames),
+	    cmocka_unit_test(test_flags),	    cmocka_unit_test(test_concurrency),
+	    cmocka_unit_test(test_kill9),	    cmocka_unit_test(test_sync),
+	    cmocka_unit_test(test_write_expiry),    cmocka_unit_test(test_pending_space),
+	    cmocka_unit_test(test_enomem_answered),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

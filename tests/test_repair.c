@@ -716,6 +716,84 @@ static void test_write_redundancy(void **state)
 	assert_int_equal(s.st[KVP_MST_DEGR_WRITES], 0);
 }
 
+/* Zones of every stripe of path: fails when two of a stripe's chunks share a zone. */
+static void check_zones(struct kvc *c, const char *path, const struct kvc_node *nd, size_t nn)
+{
+	struct kvp_attr a;
+	assert_int_equal(kvc_resolve(c, path, &a), 0);
+	struct kvc_file *f;
+	assert_int_equal(kvc_file_open(c, a.ino, &f), 0);
+	struct kvc_layout_info li;
+	uint32_t *slots = NULL;
+	assert_int_equal(kvc_file_layout(f, &li, &slots), 0);
+	uint32_t w = (uint32_t)(li.k + li.m);
+	for (uint32_t s = 0; s < li.nstripes; s++)
+		for (uint32_t j = 0; j < w; j++)
+			for (uint32_t i = 0; i < j; i++) {
+				const char *zi = "", *zj = "";
+				for (size_t x = 0; x < nn; x++) {
+					if (nd[x].id == slots[s * w + i])
+						zi = nd[x].zone;
+					if (nd[x].id == slots[s * w + j])
+						zj = nd[x].zone;
+				}
+				if (zi[0] && strcmp(zi, zj) == 0)
+					fail_msg("%s stripe %u: two chunks in zone %s", path, s,
+						 zi);
+			}
+	free(slots);
+	kvc_file_close(f);
+}
+
+/* Repair keeps failure domains: 5 nodes in zones a, a, b, c, d (d's node small, so placement
+ * by free space alone never picks it while the others have room). 2+1 stripes span 3 zones:
+ * an a-node, b and c. With b's node lost, its chunks have two candidates, the other a-node
+ * (more room, but zone a already holds a chunk of the stripe) and d: repair must pick d. */
+static void test_repair_zones(void **state)
+{
+	(void)state;
+	if (!rt_have_bins())
+		skip();
+	struct kvh_cluster *const clp = &g_cl;
+	struct kvh_hosts h = {.node_args = {"--zone a", "--zone a", "--zone b", "--zone c",
+					    "--zone d --capacity 64M"}};
+	g_up = 1;
+	assert_int_equal(kvh_cluster_start_hosts(clp, 5,
+						 "--k 2 --m 1 --node-timeout 1s --repair-delay 1h",
+						 NULL, 0, &h),
+			 0);
+	struct kvc *c = g_c = client(clp);
+	assert_int_equal(kvc_mkdir_p(c, "/z", 0755), 0);
+	char p[32];
+	for (int i = 0; i < 12; i++) {
+		snprintf(p, sizeof(p), "/z/f%d", i);
+		assert_int_equal(rt_put(c, p, 60000 + (size_t)i * 1000, 700 + (uint64_t)i), 0);
+	}
+	struct kvc_node *nd;
+	size_t nn;
+	assert_int_equal(kvc_nodes(c, &nd, &nn), 0);
+	for (int i = 0; i < 12; i++) {
+		snprintf(p, sizeof(p), "/z/f%d", i);
+		check_zones(c, p, nd, nn);
+	}
+	free(nd);
+	uint32_t lost = node_id(c, clp, 2);
+	assert_true(rt_node_chunks(clp, 2, NULL, 0) > 0);
+	assert_int_equal(kvh_node_kill(clp, 2, SIGKILL), 0);
+	assert_int_equal(kvh_wait_nodes_up(clp, 4, 10000), 0);
+	struct rt_status s = {0};
+	assert_int_equal(rt_job(c, KVP_MAINT_REPAIR, lost, 60000, &s), 0);
+	assert_int_equal(s.failed, 0);
+	assert_true(s.done > 0);
+	assert_int_equal(kvc_nodes(c, &nd, &nn), 0);
+	for (int i = 0; i < 12; i++) {
+		snprintf(p, sizeof(p), "/z/f%d", i);
+		check_zones(c, p, nd, nn);
+		assert_int_equal(rt_check(c, p, 60000 + (size_t)i * 1000, 700 + (uint64_t)i), 0);
+	}
+	free(nd);
+}
+
 int main(int argc, char **argv)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -731,6 +809,7 @@ int main(int argc, char **argv)
 	    cmocka_unit_test_teardown(test_auto_repair, teardown),
 	    cmocka_unit_test_teardown(test_degraded_writes, teardown),
 	    cmocka_unit_test_teardown(test_write_redundancy, teardown),
+	    cmocka_unit_test_teardown(test_repair_zones, teardown),
 	};
 	const char *flt = getenv("KVFS_TEST_FILTER");
 	if (flt)

@@ -19,6 +19,8 @@ PKGS=(
 	# what the docs, the demo and the tests run: getfattr (docs/operations.md, the demo's
 	# xattrs), python3 (test_mount's subprocess writers), rsync and tar (user-tools tests)
 	attr python3 rsync tar
+	# ip netns / ip link / tc: the cross-host tests (test_hosts: one namespace per daemon)
+	iproute2
 	# lb-sim's plots (docs/balancing.md)
 	gnuplot-nox
 	# promtool (`promtool check metrics` on every daemon's /metrics in the tests)

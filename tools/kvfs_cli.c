@@ -109,6 +109,20 @@ static void status_counters(struct kvc *c)
 	       v[KVP_MST_DEGR_STRIPES], v[KVP_MST_DEGR_FILES], v[KVP_MST_DEGR_WRITES]);
 }
 
+/* Failure domains among the registered nodes, as placement counts them: a node without a
+ * zone is one of its own. */
+static size_t count_zones(const struct kvc_node *v, size_t n)
+{
+	size_t z = 0;
+	for (size_t i = 0; i < n; i++) {
+		size_t j = 0;
+		while (v[i].zone[0] && j < i && strcmp(v[j].zone, v[i].zone) != 0)
+			j++;
+		z += !v[i].zone[0] || j == i;
+	}
+	return z;
+}
+
 static int cmd_status(struct kvc *c, const char *meta)
 {
 	struct kvc_statfs st;
@@ -120,8 +134,9 @@ static int cmd_status(struct kvc *c, const char *meta)
 	char b1[32], b2[32], b3[32];
 	printf("meta %s: k=%d m=%d chunk %s\n", meta, st.k, st.m, human(st.chunk_size, b1, 32));
 	printf("nodes: %u up of %u\n", st.nodes_up, st.nodes);
-	printf("  %-4s %-5s %-21s %12s %12s %5s %8s %8s\n", "id", "state", "addr", "capacity",
-	       "used", "use%", "chunks", "seen");
+	printf("zones: %zu\n", count_zones(nodes, n));
+	printf("  %-4s %-5s %-21s %12s %12s %5s %8s %8s  %s\n", "id", "state", "addr", "capacity",
+	       "used", "use%", "chunks", "seen", "zone");
 	struct timespec now;
 	clock_gettime(CLOCK_REALTIME, &now);
 	int64_t now_ns = (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
@@ -136,12 +151,13 @@ static int cmd_status(struct kvc *c, const char *meta)
 		double pct = nodes[i].capacity
 				 ? 100.0 * (double)nodes[i].used / (double)nodes[i].capacity
 				 : 0;
-		printf("  %-4u %-5s %-21s %12s %12s %4.0f%% %8" PRIu64 " %8s\n", nodes[i].id,
+		printf("  %-4u %-5s %-21s %12s %12s %4.0f%% %8" PRIu64 " %8s  %s\n", nodes[i].id,
 		       nodes[i].state == KVP_NODE_UP	     ? "up"
 		       : nodes[i].state == KVP_NODE_DRAINING ? "drain"
 							     : "down",
 		       nodes[i].addr, human(nodes[i].capacity, b1, 32),
-		       human(nodes[i].used, b2, 32), pct, nodes[i].chunks, seen);
+		       human(nodes[i].used, b2, 32), pct, nodes[i].chunks, seen,
+		       nodes[i].zone[0] ? nodes[i].zone : "-");
 	}
 	free(nodes);
 	uint64_t usable = st.k + st.m ? st.raw_capacity / (uint64_t)(st.k + st.m) * st.k : 0;

@@ -5,10 +5,17 @@
  * database, registers 12 fake nodes by heartbeat, then runs each op for --seconds with
  * --threads connections: STATFS, LOOKUP (a point read), MKDIR (a locked read-check-write and
  * one batch), file create = ALLOC + COMMIT of one 10+1 stripe (two batches); then the file
- * create again on a second daemon with --sync (fsync per batch). */
+ * create again on a second daemon with --sync (fsync per batch).
+ *
+ * --grow N: the namespace at scale instead. Creates N files (metadata only: one 10+1 stripe
+ * of 4 KiB chunks on fake nodes that hold nothing) spread over --dirs directories, and at
+ * 10^4, 10^5, ... and N files reports the create rate of the last stretch, LOOKUP and
+ * GETATTR rates over --seconds on random existing files, kvfs-meta's RSS and the size of its
+ * RocksDB directory. */
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <ftw.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -28,6 +35,7 @@ struct bench_cfg {
 	double seconds;
 	char meta_bin[CFG_STR_MAX];
 	char dir[CFG_STR_MAX];
+	int64_t grow, dirs;
 };
 
 static const struct cfg_opt opts[] = {
@@ -37,6 +45,11 @@ static const struct cfg_opt opts[] = {
      "kvfs-meta binary (default: ../bin/kvfs-meta beside this program)"},
     {"dir", CFG_STR, offsetof(struct bench_cfg, dir), 0, 0, "/tmp",
      "where the temporary databases go"},
+    {"grow", CFG_INT, offsetof(struct bench_cfg, grow), 0, 1000000000, "0",
+     "grow the namespace to this many files and report rates, RSS and DB size on the way "
+     "(0: the request-rate table)"},
+    {"dirs", CFG_INT, offsetof(struct bench_cfg, dirs), 1, 1000000, "256",
+     "directories the --grow files are spread over (as <model>/<2 hex>/ paths are)"},
     CFG_END,
 };
 
@@ -107,7 +120,9 @@ struct worker {
 	uint64_t done, errors;
 };
 
-static int create_file(struct kvp_client *c, const char *name)
+/* ALLOC + COMMIT of one 10+1 stripe of 4 KiB chunks named name in parent; *ino (if not
+ * NULL) gets the new file's inode. */
+static int create_in(struct kvp_client *c, uint64_t parent, const char *name, uint64_t *ino)
 {
 	struct kvp_wbuf w;
 	kvp_w_init(&w);
@@ -131,7 +146,7 @@ static int create_file(struct kvp_client *c, const char *name)
 		kvp_r_str(&r, a, sizeof(a));
 	}
 	kvp_w_init(&w);
-	kvp_w_u64(&w, KVP_ROOT_INO);
+	kvp_w_u64(&w, parent);
 	kvp_w_cstr(&w, name);
 	kvp_w_u32(&w, 0644);
 	kvp_w_u64(&w, wid);
@@ -148,10 +163,24 @@ static int create_file(struct kvp_client *c, const char *name)
 	}
 	rc = kvp_r_end(&r);
 	free(b);
+	b = NULL;
 	if (!rc)
-		rc = kvp_call(c, KVP_OP_COMMIT, w.p, w.len, NULL, 0, 10000, NULL, NULL);
+		rc = kvp_call(c, KVP_OP_COMMIT, w.p, w.len, NULL, 0, 10000, &b, &l);
 	kvp_w_free(&w);
+	if (!rc && ino) {
+		struct kvp_attr a;
+		kvp_r_init(&r, b, l);
+		kvp_r_attr(&r, &a);
+		rc = kvp_r_end(&r);
+		*ino = a.ino;
+	}
+	free(b);
 	return rc;
+}
+
+static int create_file(struct kvp_client *c, const char *name)
+{
+	return create_in(c, KVP_ROOT_INO, name, NULL);
 }
 
 static void *worker_main(void *arg)
@@ -252,6 +281,233 @@ static int setup_cluster(const char *addr, const struct kvp_secret *s)
 	return rc;
 }
 
+/* ---- --grow: the namespace at scale ---- */
+
+#define GROW_SAMPLE 64 /* every 64th file's inode is kept for the GETATTR runs */
+
+struct grow {
+	const char *addr;
+	const struct kvp_secret *secret;
+	uint64_t *dir_ino;
+	uint64_t ndirs;
+	uint64_t *ino; /* [seq / GROW_SAMPLE] */
+	atomic_ullong next;
+	uint64_t target; /* create up to this seq */
+	uint64_t have;	 /* files 0..have-1 exist (for lookups) */
+	double seconds;
+	atomic_ullong done, errors;
+};
+
+static void grow_name(uint64_t seq, char *name, size_t cap)
+{
+	/* A KV block's name: 64 hex digits, like <hash>.kvb (the hash of seq, so names do not
+	 * arrive in key order). */
+	uint64_t h = seq * 0x9E3779B97F4A7C15ull;
+	h ^= h >> 29;
+	snprintf(name, cap, "%016llx%016llx%016llx%016llx.kvb", (unsigned long long)h,
+		 (unsigned long long)seq, (unsigned long long)(h * 31),
+		 (unsigned long long)(seq ^ h));
+}
+
+static void *grow_create_main(void *arg)
+{
+	struct grow *g = arg;
+	struct kvp_client *c;
+	if (kvp_client_open(g->addr, g->secret, 5000, &c)) {
+		atomic_fetch_add(&g->errors, 1);
+		return NULL;
+	}
+	for (;;) {
+		uint64_t seq = atomic_fetch_add(&g->next, 1);
+		if (seq >= g->target)
+			break;
+		char name[96];
+		grow_name(seq, name, sizeof(name));
+		uint64_t ino = 0;
+		int rc = create_in(c, g->dir_ino[seq % g->ndirs], name, &ino);
+		if (rc) {
+			atomic_fetch_add(&g->errors, 1);
+			continue;
+		}
+		if (seq % GROW_SAMPLE == 0)
+			g->ino[seq / GROW_SAMPLE] = ino;
+		atomic_fetch_add(&g->done, 1);
+	}
+	kvp_client_close(c);
+	return NULL;
+}
+
+struct grow_reader {
+	struct grow *g;
+	int getattr;
+	unsigned seed;
+	uint64_t done, errors;
+};
+
+static void *grow_read_main(void *arg)
+{
+	struct grow_reader *rd = arg;
+	struct grow *g = rd->g;
+	struct kvp_client *c;
+	if (kvp_client_open(g->addr, g->secret, 5000, &c)) {
+		rd->errors++;
+		return NULL;
+	}
+	uint64_t x = rd->seed | 1;
+	double end = now_s() + g->seconds;
+	while (now_s() < end) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		struct kvp_wbuf w;
+		kvp_w_init(&w);
+		int rc;
+		if (rd->getattr) {
+			kvp_w_u64(&w, g->ino[(x % g->have) / GROW_SAMPLE]);
+			rc = kvp_call(c, KVP_OP_GETATTR, w.p, w.len, NULL, 0, 10000, NULL, NULL);
+		} else {
+			uint64_t seq = x % g->have;
+			char name[96];
+			grow_name(seq, name, sizeof(name));
+			kvp_w_u64(&w, g->dir_ino[seq % g->ndirs]);
+			kvp_w_cstr(&w, name);
+			rc = kvp_call(c, KVP_OP_LOOKUP, w.p, w.len, NULL, 0, 10000, NULL, NULL);
+		}
+		kvp_w_free(&w);
+		if (rc)
+			rd->errors++;
+		else
+			rd->done++;
+	}
+	kvp_client_close(c);
+	return NULL;
+}
+
+/* ops/s of LOOKUP (getattr 0) or GETATTR over random existing files; -1 on any error. */
+static double grow_read(struct grow *g, int threads, int getattr)
+{
+	struct grow_reader rd[64];
+	pthread_t t[64];
+	double t0 = now_s();
+	for (int i = 0; i < threads; i++) {
+		rd[i] = (struct grow_reader){
+		    .g = g, .getattr = getattr, .seed = 7919u * (unsigned)(i + 1)};
+		pthread_create(&t[i], NULL, grow_read_main, &rd[i]);
+	}
+	uint64_t done = 0, errors = 0;
+	for (int i = 0; i < threads; i++) {
+		pthread_join(t[i], NULL);
+		done += rd[i].done;
+		errors += rd[i].errors;
+	}
+	return errors ? -1 : (double)done / (now_s() - t0);
+}
+
+static long rss_kib(pid_t pid)
+{
+	char path[64], line[256];
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	FILE *f = fopen(path, "r");
+	long kib = -1;
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return kib;
+}
+
+static uint64_t g_du; /* nftw has no context argument */
+static int du_add(const char *p, const struct stat *st, int type, struct FTW *ftw)
+{
+	(void)p, (void)ftw;
+	if (type == FTW_F)
+		g_du += (uint64_t)st->st_size;
+	return 0;
+}
+
+static int grow_run(const struct bench_cfg *c, const char *dir, const struct kvp_secret *s)
+{
+	char addr[64], db[PATH_MAX];
+	pid_t pid = start_meta(c->meta_bin, dir, "db", 0, addr, sizeof(addr));
+	if (pid < 0 || setup_cluster(addr, s)) {
+		fprintf(stderr, "meta-bench: cannot start %s\n", c->meta_bin);
+		if (pid > 0)
+			stop_meta(pid);
+		return 1;
+	}
+	snprintf(db, sizeof(db), "%.4000s/db", dir);
+	struct grow g = {
+	    .addr = addr, .secret = s, .ndirs = (uint64_t)c->dirs, .seconds = c->seconds};
+	g.dir_ino = calloc(g.ndirs, sizeof(*g.dir_ino));
+	g.ino = calloc((size_t)c->grow / GROW_SAMPLE + 1, sizeof(*g.ino));
+	struct kvp_client *cl = NULL;
+	int rc = !g.dir_ino || !g.ino || kvp_client_open(addr, s, 5000, &cl);
+	for (uint64_t i = 0; !rc && i < g.ndirs; i++) {
+		struct kvp_wbuf w;
+		kvp_w_init(&w);
+		char name[32];
+		snprintf(name, sizeof(name), "%02llx", (unsigned long long)i);
+		kvp_w_u64(&w, KVP_ROOT_INO);
+		kvp_w_cstr(&w, name);
+		kvp_w_u32(&w, 0755);
+		uint8_t *b = NULL;
+		uint32_t l = 0;
+		rc = kvp_call(cl, KVP_OP_MKDIR, w.p, w.len, NULL, 0, 5000, &b, &l);
+		kvp_w_free(&w);
+		if (!rc) {
+			struct kvp_rbuf r;
+			struct kvp_attr a;
+			kvp_r_init(&r, b, l);
+			kvp_r_attr(&r, &a);
+			rc = kvp_r_end(&r);
+			g.dir_ino[i] = a.ino;
+		}
+		free(b);
+	}
+	if (cl)
+		kvp_client_close(cl);
+	printf("kvfs-meta-bench --grow %lld: %lld dirs, %lld connections, reads %.1f s per point\n",
+	       (long long)c->grow, (long long)c->dirs, (long long)c->threads, c->seconds);
+	printf("%12s %12s %12s %12s %10s %10s\n", "files", "create/s", "lookup/s", "getattr/s",
+	       "RSS MiB", "DB MiB");
+	fflush(stdout);
+	uint64_t point = 10000;
+	while (!rc && g.have < (uint64_t)c->grow) {
+		g.target = point < (uint64_t)c->grow ? point : (uint64_t)c->grow;
+		atomic_store(&g.done, 0);
+		atomic_store(&g.next, g.have); /* each thread took one past the last target */
+		pthread_t t[64];
+		double t0 = now_s();
+		for (int i = 0; i < c->threads; i++)
+			pthread_create(&t[i], NULL, grow_create_main, &g);
+		for (int i = 0; i < c->threads; i++)
+			pthread_join(t[i], NULL);
+		double create = (double)atomic_load(&g.done) / (now_s() - t0);
+		if (atomic_load(&g.errors)) {
+			fprintf(stderr, "meta-bench: %llu creates failed\n",
+				(unsigned long long)atomic_load(&g.errors));
+			rc = 1;
+			break;
+		}
+		g.have = g.target;
+		double lookup = grow_read(&g, (int)c->threads, 0);
+		double getattr = grow_read(&g, (int)c->threads, 1);
+		g_du = 0;
+		nftw(db, du_add, 16, FTW_PHYS);
+		printf("%12llu %12.0f %12.0f %12.0f %10.1f %10.1f\n", (unsigned long long)g.have,
+		       create, lookup, getattr, (double)rss_kib(pid) / 1024.0,
+		       (double)g_du / 1048576.0);
+		fflush(stdout);
+		rc = lookup < 0 || getattr < 0;
+		point *= 10;
+	}
+	stop_meta(pid);
+	free(g.dir_ino);
+	free(g.ino);
+	return rc;
+}
+
 int main(int argc, char **argv)
 {
 	struct bench_cfg c;
@@ -282,6 +538,13 @@ int main(int argc, char **argv)
 	fclose(f);
 	struct kvp_secret s;
 	kvp_secret_from_string(SECRET, &s);
+	if (c.grow > 0) {
+		rc = grow_run(&c, dir, &s);
+		snprintf(path, sizeof(path), "rm -rf '%s'", dir);
+		if (system(path) != 0)
+			fprintf(stderr, "meta-bench: could not remove %s\n", dir);
+		return rc ? 1 : 0;
+	}
 
 	double r[5] = {0};
 	char addr[64];

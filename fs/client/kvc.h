@@ -87,6 +87,7 @@ struct kvc_node {
 	int state; /* enum kvp_node_state */
 	uint64_t capacity, used, chunks;
 	int64_t heartbeat_ns;
+	char zone[KVP_ZONE_MAX]; /* its failure domain; "" = none */
 };
 /* *out malloc'd (caller frees). */
 int kvc_nodes(struct kvc *c, struct kvc_node **out, size_t *n);

@@ -412,7 +412,12 @@ int kvc_nodes(struct kvc *c, struct kvc_node **out, size_t *n)
 {
 	uint8_t *b = NULL;
 	uint32_t len = 0;
-	int rc = kvc__meta_call(c, KVP_OP_NODES, NULL, KVC_META_ATTEMPTS, &b, &len, NULL);
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	kvp_w_u8(&w, KVP_NODES_ZONES);
+	int rc =
+	    w.err ? w.err : kvc__meta_call(c, KVP_OP_NODES, &w, KVC_META_ATTEMPTS, &b, &len, NULL);
+	kvp_w_free(&w);
 	if (rc)
 		return rc;
 	struct kvp_rbuf r;
@@ -433,6 +438,8 @@ int kvc_nodes(struct kvc *c, struct kvc_node **out, size_t *n)
 		v[i].chunks = kvp_r_u64(&r);
 		v[i].heartbeat_ns = kvp_r_i64(&r);
 	}
+	for (uint32_t i = 0; i < nr && !r.err; i++)
+		kvp_r_str(&r, v[i].zone, sizeof(v[i].zone));
 	rc = r.err ? r.err : kvp_r_end(&r);
 	free(b);
 	if (rc) {

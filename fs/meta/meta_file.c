@@ -53,8 +53,9 @@ static int pend_get(struct meta *m, uint64_t write_id, struct mpend *p)
 
 struct cand {
 	uint32_t id;
-	int64_t free; /* bytes, after what this request already placed on it */
-	uint32_t tie; /* random: equal nodes are taken in a random order */
+	int64_t free;  /* bytes, after what this request already placed on it */
+	uint32_t tie;  /* random: equal nodes are taken in a random order */
+	uint32_t zone; /* 0..n-1, equal for nodes of one zone; a node with none has its own */
 	char addr[KVP_ADDR_MAX];
 	uint32_t used_here;
 	uint64_t placed; /* bytes this request put on it */
@@ -82,7 +83,12 @@ static int up_nodes(struct meta *m, struct cand **out)
 	mnodes_check(m);
 	pthread_mutex_lock(&m->nodes_mu);
 	struct cand *c = calloc(m->nnodes ? m->nnodes : 1, sizeof(*c));
+	const char **zname = calloc(m->nnodes ? m->nnodes : 1, sizeof(*zname));
 	size_t n = 0;
+	if (!zname) {
+		free(c);
+		c = NULL;
+	}
 	if (c) {
 		for (size_t i = 0; i < m->nnodes; i++) {
 			const struct mnode *nd = &m->nodes[i];
@@ -96,38 +102,81 @@ static int up_nodes(struct meta *m, struct cand **out)
 			c[n].id = nd->id;
 			c[n].free = nd->capacity > taken ? (int64_t)(nd->capacity - taken) : 0;
 			c[n].tie = (uint32_t)random();
+			c[n].zone = (uint32_t)n;
+			for (size_t j = 0; nd->zone[0] && j < n; j++)
+				if (strcmp(zname[j], nd->zone) == 0) {
+					c[n].zone = c[j].zone;
+					break;
+				}
+			zname[n] = nd->zone;
 			memcpy(c[n].addr, nd->addr, KVP_ADDR_MAX);
 			n++;
 		}
 	}
+	free(zname);
 	pthread_mutex_unlock(&m->nodes_mu);
 	*out = c;
 	return c ? (int)n : -ENOMEM;
 }
 
-/* Each stripe goes to the k+m nodes with the most free space left, counting what earlier
- * stripes of this request put there: the emptiest nodes fill first and equal ones rotate.
- * Which of the chosen nodes gets which slot is shuffled per stripe: healthy reads touch only
- * data slots, so a fixed order would leave the same nodes holding parity, never read.
+/* Picks nsel distinct candidates of c (sorted, n of them) into sel (indices), fewest chunks
+ * per zone first: round r admits a zone's r-th node, so with at least nsel zones no zone gets
+ * two, and otherwise the zones' shares differ by at most one where their nodes allow. Within
+ * a round the emptiest nodes go first. zcount (n entries) is scratch. Returns the count
+ * picked, less than nsel only when fewer nodes have chunk_size bytes free. */
+static size_t pick(const struct cand *c, size_t n, size_t nsel, uint32_t chunk_size,
+		   uint32_t *zcount, uint8_t *taken, size_t *sel)
+{
+	size_t got = 0;
+	memset(zcount, 0, n * sizeof(*zcount));
+	memset(taken, 0, n);
+	for (uint32_t round = 1; got < nsel && round <= n; round++) {
+		size_t before = got;
+		for (size_t j = 0; j < n && got < nsel; j++) {
+			if (taken[j] || zcount[c[j].zone] >= round ||
+			    c[j].free < (int64_t)chunk_size)
+				continue;
+			taken[j] = 1;
+			zcount[c[j].zone]++;
+			sel[got++] = j;
+		}
+		if (got == before && round > 1)
+			break; /* every node that fits is taken */
+	}
+	return got;
+}
+
+/* Each stripe goes to k+m nodes in as many zones as there are (pick): among nodes of equal
+ * standing the ones with the most free space left, counting what earlier stripes of this
+ * request put there, so the emptiest nodes fill first and equal ones rotate. Which of the
+ * chosen nodes gets which slot is shuffled per stripe: healthy reads touch only data slots,
+ * so a fixed order would leave the same nodes holding parity, never read.
  * With only n < k+m nodes (a degraded write, n >= k) the last k+m-n slots, parity, get node
  * 0 (not written, repaired later): a stripe never holds two chunks on one node, and reads
- * still need no decoding. */
+ * still need no decoding. Returns 0, -ENOSPC or -ENOMEM. */
 static int place(struct cand *c, size_t n, const struct mpend *p)
 {
 	size_t w = (size_t)(p->k + p->m), nsel = n < w ? n : w;
 	uint64_t rng = ((uint64_t)random() << 32 | (uint64_t)random()) | 1;
+	uint32_t *zcount = calloc(n ? n : 1, sizeof(*zcount));
+	uint8_t *taken = calloc(n ? n : 1, 1);
+	size_t *sel = calloc(w, sizeof(*sel));
+	int rc = zcount && taken && sel ? 0 : -ENOMEM;
 	cand_sort(c, n);
-	for (uint32_t s = 0; s < p->nstripes; s++) {
-		if (nsel == 0 || c[nsel - 1].free < (int64_t)p->chunk_size)
-			return -ENOSPC;
+	for (uint32_t s = 0; !rc && s < p->nstripes; s++) {
+		if (nsel == 0 || pick(c, n, nsel, p->chunk_size, zcount, taken, sel) < nsel) {
+			rc = -ENOSPC;
+			break;
+		}
 		uint32_t *slot = p->node + (size_t)s * w;
 		for (size_t j = 0; j < w; j++)
 			slot[j] = 0;
 		for (size_t j = 0; j < nsel; j++) {
-			slot[j] = c[j].id;
-			c[j].free -= p->chunk_size;
-			c[j].placed += p->chunk_size;
-			c[j].used_here = 1;
+			struct cand *x = &c[sel[j]];
+			slot[j] = x->id;
+			x->free -= p->chunk_size;
+			x->placed += p->chunk_size;
+			x->used_here = 1;
 		}
 		for (size_t j = nsel - 1; j > 0; j--) { /* Fisher-Yates, xorshift64 */
 			rng ^= rng << 13;
@@ -140,7 +189,10 @@ static int place(struct cand *c, size_t n, const struct mpend *p)
 		}
 		cand_sort(c, n);
 	}
-	return 0;
+	free(zcount);
+	free(taken);
+	free(sel);
+	return rc;
 }
 
 /* Chunks each stripe of a (k, m) file must store: k + min(--write-redundancy, m). */

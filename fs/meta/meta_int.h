@@ -87,6 +87,7 @@ struct mnode {
 	uint32_t id;
 	uint64_t uuid;
 	char addr[KVP_ADDR_MAX];
+	char zone[KVP_ZONE_MAX]; /* failure domain as it last reported; "" = none (persisted) */
 	uint64_t capacity, used, chunks;
 	int64_t hb_ns;	  /* wall clock of the last heartbeat (persisted) */
 	uint8_t state;	  /* enum kvp_node_state (persisted) */

@@ -27,9 +27,11 @@ static int node_decode(uint32_t id, const char *v, size_t vl, struct mnode *n)
 	n->chunks = kvp_r_u64(&r);
 	n->hb_ns = kvp_r_i64(&r);
 	n->state = kvp_r_u8(&r);
-	if (ver == 2)
+	if (ver >= 2)
 		n->draining = kvp_r_u8(&r);
-	return (ver == 1 || ver == 2) && kvp_r_end(&r) == 0 ? 0 : -EIO;
+	if (ver >= 3)
+		kvp_r_str(&r, n->zone, sizeof(n->zone));
+	return ver >= 1 && ver <= 3 && kvp_r_end(&r) == 0 ? 0 : -EIO;
 }
 
 /* 0 or -ENOMEM (nothing added: see mdb_inode_put). */
@@ -38,7 +40,7 @@ static int node_put(rocksdb_writebatch_t *b, const struct mnode *n)
 	uint8_t k[MK_MAX];
 	struct kvp_wbuf w;
 	kvp_w_init(&w);
-	kvp_w_u8(&w, 2); /* version 2 adds the draining flag */
+	kvp_w_u8(&w, 3); /* version 2 adds the draining flag, 3 the zone */
 	kvp_w_u64(&w, n->uuid);
 	kvp_w_cstr(&w, n->addr);
 	kvp_w_u64(&w, n->capacity);
@@ -47,6 +49,7 @@ static int node_put(rocksdb_writebatch_t *b, const struct mnode *n)
 	kvp_w_i64(&w, n->hb_ns);
 	kvp_w_u8(&w, n->state);
 	kvp_w_u8(&w, n->draining);
+	kvp_w_cstr(&w, n->zone);
 	int rc = mdb_rec_end(&w);
 	if (rc)
 		return rc;
@@ -125,6 +128,13 @@ int mnodes_heartbeat(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 	addr[q->addr.len] = 0;
 	if (kvp_addr_parse(addr, host, sizeof(host), &port) || port == 0)
 		return -EINVAL;
+	char zone[KVP_ZONE_MAX] = "";
+	if (q->zone.len) {
+		if (kvp_zone_check(q->zone.p, q->zone.len))
+			return -EINVAL;
+		memcpy(zone, q->zone.p, q->zone.len);
+		zone[q->zone.len] = 0;
+	}
 	int rc = 0;
 	pthread_mutex_lock(&m->nodes_mu);
 	struct mnode *n = NULL;
@@ -139,6 +149,8 @@ int mnodes_heartbeat(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 		nn.uuid = q->uuid;
 	}
 	memcpy(nn.addr, addr, sizeof(addr));
+	int rezoned = n && strcmp(nn.zone, zone) != 0;
+	memcpy(nn.zone, zone, sizeof(zone));
 	nn.capacity = q->capacity;
 	nn.used = q->used;
 	nn.chunks = q->chunks;
@@ -169,15 +181,18 @@ int mnodes_heartbeat(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 		if (!rc) {
 			m->next_node++;
 			m->node_arrivals++;
-			klog_info("node %u registered: %s uuid %016llx capacity %llu", nn.id,
-				  nn.addr, (unsigned long long)nn.uuid,
-				  (unsigned long long)nn.capacity);
+			klog_info("node %u registered: %s uuid %016llx capacity %llu zone %s",
+				  nn.id, nn.addr, (unsigned long long)nn.uuid,
+				  (unsigned long long)nn.capacity, nn.zone[0] ? nn.zone : "(none)");
 		}
 	} else if (!rc) {
 		if (was != KVP_NODE_UP) {
 			m->node_arrivals++;
 			klog_info("node %u (%s) is up", nn.id, nn.addr);
 		}
+		if (rezoned) /* placements from now on; chunks already placed stay */
+			klog_info("node %u (%s) is now in zone %s", nn.id, nn.addr,
+				  nn.zone[0] ? nn.zone : "(none)");
 		*n = nn;
 	}
 	pthread_mutex_unlock(&m->nodes_mu);
@@ -223,7 +238,8 @@ int mnodes_addr(struct meta *m, uint32_t id, char *addr, uint8_t *state)
 
 int mnodes_list(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 {
-	(void)q;
+	if (q->flags & ~(uint32_t)KVP_NODES_ZONES)
+		return -EINVAL;
 	mnodes_check(m);
 	pthread_mutex_lock(&m->nodes_mu);
 	kvp_w_u32(out, (uint32_t)m->nnodes);
@@ -239,6 +255,8 @@ int mnodes_list(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 		kvp_w_u64(out, n->chunks);
 		kvp_w_i64(out, n->hb_ns);
 	}
+	for (size_t i = 0; (q->flags & KVP_NODES_ZONES) && i < m->nnodes; i++)
+		kvp_w_cstr(out, m->nodes[i].zone);
 	pthread_mutex_unlock(&m->nodes_mu);
 	return 0;
 }

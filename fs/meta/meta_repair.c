@@ -30,6 +30,7 @@ struct rnode {
 	char addr[KVP_ADDR_MAX];
 	uint8_t state, draining;
 	int64_t free;
+	char zone[KVP_ZONE_MAX]; /* "" = a zone of its own */
 };
 
 static int worker_stopping(struct meta *m)
@@ -56,6 +57,7 @@ static struct rnode *nodes_copy(struct meta *m, size_t *n)
 				      .draining = d->draining,
 				      .free = d->capacity > t ? (int64_t)(d->capacity - t) : 0};
 		memcpy(r[i].addr, d->addr, KVP_ADDR_MAX);
+		memcpy(r[i].zone, d->zone, KVP_ZONE_MAX);
 		(*n)++;
 	}
 	pthread_mutex_unlock(&m->nodes_mu);
@@ -165,15 +167,30 @@ static int rebuild(struct rctx *x, struct rstripe *st, uint32_t idx, uint8_t **b
 	return rc < 0 ? rc : 0;
 }
 
-/* The destination of a rebuilt chunk: an up, non-draining node with the most room, not holding
- * another chunk of this stripe (the chunk's own node qualifies for scrub: distinctness holds).
- * Its room is taken now, so parallel rebuilds spread out; dest_release gives it back. NULL when
- * none qualifies. */
+/* Chunks of the stripe other than idx in n's zone (0 for a node without one). */
+static int zone_load(const struct rctx *x, const struct rstripe *st, uint32_t idx,
+		     const struct rnode *n)
+{
+	int c = 0;
+	for (uint32_t j = 0; n->zone[0] && j < st->w; j++) {
+		const struct rnode *o =
+		    j == idx ? NULL : node_find(x->nodes, x->nnodes, st->slot[j].node_id);
+		c += o && strcmp(o->zone, n->zone) == 0;
+	}
+	return c;
+}
+
+/* The destination of a rebuilt chunk: an up, non-draining node not holding another chunk of
+ * this stripe (the chunk's own node qualifies for scrub: distinctness holds), in the zone
+ * holding the fewest of the stripe's other chunks (as placement spreads them), with the most
+ * room among those. Its room is taken now, so parallel rebuilds spread out; dest_release
+ * gives it back. NULL when none qualifies. */
 static struct rnode *dest_take(struct rctx *x, const struct rstripe *st, uint32_t idx,
 			       uint32_t node, int mode)
 {
 	uint32_t len = st->len[idx];
 	struct rnode *dst = NULL;
+	int dst_load = 0;
 	pthread_mutex_lock(x->mu);
 	for (size_t i = 0; i < x->nnodes; i++) {
 		struct rnode *n = &x->nodes[i];
@@ -183,8 +200,11 @@ static struct rnode *dest_take(struct rctx *x, const struct rstripe *st, uint32_
 		if (n->state != KVP_NODE_UP || n->draining || taken ||
 		    (mode != MODE_SCRUB && n->id == node) || n->free < (int64_t)len)
 			continue;
-		if (!dst || n->free > dst->free)
+		int load = zone_load(x, st, idx, n);
+		if (!dst || load < dst_load || (load == dst_load && n->free > dst->free)) {
 			dst = n;
+			dst_load = load;
+		}
 	}
 	if (dst)
 		dst->free -= (int64_t)len;

@@ -40,7 +40,7 @@ int mreq_parse(uint16_t op, const uint8_t *body, size_t len, struct mreq *q)
 	struct kvp_rbuf r;
 	memset(q, 0, sizeof(*q));
 	q->op = op;
-	q->name.p = q->newname.p = q->addr.p = "";
+	q->name.p = q->newname.p = q->addr.p = q->zone.p = "";
 	q->uid = q->gid = KVP_OWNER_NONE;
 	kvp_r_init(&r, body, len);
 	switch (op) {
@@ -50,6 +50,8 @@ int mreq_parse(uint16_t op, const uint8_t *body, size_t len, struct mreq *q)
 		q->capacity = kvp_r_u64(&r);
 		q->used = kvp_r_u64(&r);
 		q->chunks = kvp_r_u64(&r);
+		if (!r.err && r.off < r.len) /* optional: a node without --zone sends none */
+			rstr(&r, &q->zone);
 		break;
 	case KVP_OP_LOOKUP:
 	case KVP_OP_RMDIR:
@@ -104,8 +106,11 @@ int mreq_parse(uint16_t op, const uint8_t *body, size_t len, struct mreq *q)
 	case KVP_OP_ABORT:
 		q->write_id = kvp_r_u64(&r);
 		break;
-	case KVP_OP_STATFS:
 	case KVP_OP_NODES:
+		if (r.off < r.len) /* optional: an older client sends no flags */
+			q->flags = kvp_r_u8(&r);
+		break;
+	case KVP_OP_STATFS:
 	case KVP_OP_MSTATUS:
 		break;
 	case KVP_OP_MAINT:

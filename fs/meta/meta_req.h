@@ -40,7 +40,7 @@ struct mreq {
 	    name;	    /* LOOKUP, MKDIR, RMDIR, UNLINK, RENAME, COMMIT; READDIR start_after */
 	uint64_t newparent; /* RENAME */
 	struct mreq_str newname;
-	uint32_t flags;		       /* RENAME flags, COMMIT and ALLOC flags (u8) */
+	uint32_t flags;		       /* RENAME flags, COMMIT, ALLOC and NODES flags (u8) */
 	uint32_t mode;		       /* MKDIR, COMMIT, SETATTR */
 	uint32_t uid, gid;	       /* MKDIR, COMMIT: KVP_OWNER_NONE when not sent */
 	uint32_t max;		       /* READDIR */
@@ -58,6 +58,7 @@ struct mreq {
 	/* HEARTBEAT */
 	uint64_t uuid, capacity, used, chunks;
 	struct mreq_str addr;
+	struct mreq_str zone; /* len 0: none */
 };
 
 /* Parses body (len bytes) of a request with opcode op. Returns 0, -EBADMSG when the body does

@@ -26,6 +26,7 @@ struct node_conf {
 	char advertise[CFG_STR_MAX];
 	char dir[CFG_STR_MAX];
 	char meta[CFG_STR_MAX];
+	char zone[CFG_STR_MAX];
 	char secret_file[CFG_STR_MAX];
 	char addr_file[CFG_STR_MAX];
 	char metrics_listen[CFG_STR_MAX], metrics_addr_file[CFG_STR_MAX];
@@ -45,6 +46,9 @@ static const struct cfg_opt node_opts[] = {
     {"dir", CFG_STR, F(dir), 0, 0, NULL, "data directory (required; created if absent)"},
     {"meta", CFG_STR, F(meta), 0, 0, NULL,
      "metadata server HOST:PORT to heartbeat to (none: serve without registering)"},
+    {"zone", CFG_STR, F(zone), 0, 0, NULL,
+     "failure domain (rack, host, room: 1-63 of [A-Za-z0-9._-]); meta never puts two chunks of "
+     "a stripe in one zone when there are k+m zones (none: the node is a zone of its own)"},
     {"secret-file", CFG_STR, F(secret_file), 0, 0, NULL, "cluster secret file (required)"},
     {"capacity", CFG_SIZE, F(capacity), 0, 1e18, "0",
      "cap on the bytes of chunk data this node accepts (0: none; its disk's free space always "
@@ -153,6 +157,8 @@ static void *heartbeat_main(void *arg)
 		kvp_w_u64(&w, st.capacity);
 		kvp_w_u64(&w, st.used);
 		kvp_w_u64(&w, st.chunks);
+		if (n->cf.zone[0]) /* only when set: an older meta takes no trailing field */
+			kvp_w_cstr(&w, n->cf.zone);
 		struct kvp_client *cl = NULL;
 		rc = w.err ? w.err : kvp_pool_get(pool, n->cf.meta, &cl);
 		uint8_t *rb = NULL;
@@ -236,6 +242,11 @@ int main(int argc, char **argv)
 		return rc > 0 ? 0 : 2;
 	if (npos > 0 || !n.cf.dir[0] || !n.cf.secret_file[0]) {
 		fprintf(stderr, "kvfs-node: --dir and --secret-file are required (see --help)\n");
+		return 2;
+	}
+	if (n.cf.zone[0] && kvp_zone_check(n.cf.zone, strlen(n.cf.zone))) {
+		fprintf(stderr, "kvfs-node: --zone '%s': 1-%d characters of A-Z a-z 0-9 . _ -\n",
+			n.cf.zone, KVP_ZONE_MAX - 1);
 		return 2;
 	}
 	kvfs_log_set_level((int)n.cf.log_level);

@@ -39,6 +39,7 @@ enum kvp_op {
 
 	/* metadata server, from nodes */
 	KVP_OP_HEARTBEAT = 0x20, /* -> u64 node_uuid, str addr, u64 capacity, u64 used, u64 chunks
+				  *    [, str zone (kvp_zone_check; absent = none)]
 				  * <- u32 node_id (stable for a uuid) */
 
 	/* metadata server, from clients */
@@ -80,9 +81,10 @@ enum kvp_op {
 				*    with an empty addr and state DOWN */
 	KVP_OP_STATFS = 0x3B,  /* -> (empty)  <- u64 raw_capacity, u64 raw_used, u64 files,
 				*    u64 dirs, u8 k, u8 m, u32 chunk_size, u32 nodes_up, u32 nodes */
-	KVP_OP_NODES =
-	    0x3C,	       /* -> (empty)  <- u32 n, n x (u32 node_id, u64 uuid, str addr,
-				*    u8 state, u64 capacity, u64 used, u64 chunks, i64 heartbeat_ns) */
+	KVP_OP_NODES = 0x3C,   /* -> [u8 flags (KVP_NODES_*; absent = 0)]
+				* <- u32 n, n x (u32 node_id, u64 uuid, str addr,
+				*    u8 state, u64 capacity, u64 used, u64 chunks, i64 heartbeat_ns)
+				*    [, n x str zone: only with KVP_NODES_ZONES; "" = none] */
 	KVP_OP_SETATTR = 0x3D, /* -> u64 ino, u32 valid (KVP_SET_*), u32 mode, i64 mtime_ns,
 				*    i64 atime_ns  <- attr */
 	KVP_OP_TOUCH = 0x3E,   /* -> u32 n (<= KVP_MAX_IDS), n x (u64 ino, i64 atime_ns)  <- (empty)
@@ -104,6 +106,17 @@ enum kvp_op {
  * is absent or fails (COMMIT slots with node_id 0), so meta may place fewer than k+m nodes
  * and ends its reply with min_stored. */
 enum kvp_alloc_flags { KVP_ALLOC_WRITE_AROUND = 1 };
+
+/* KVP_OP_NODES flags. ZONES: the reply ends with each node's zone label (a client that does
+ * not ask gets the reply older clients parse). */
+enum kvp_nodes_flags { KVP_NODES_ZONES = 1 };
+
+/* A failure-domain label (kvfs-node --zone): 1..KVP_ZONE_MAX-1 bytes of [A-Za-z0-9._-].
+ * Placement never puts two chunks of a stripe in one zone when there are at least k+m zones;
+ * a node without a zone is a zone of its own. */
+#define KVP_ZONE_MAX 64
+/* 0 when p (len bytes, no NUL needed) is a valid zone label, else -EINVAL. */
+int kvp_zone_check(const char *p, size_t len);
 
 /* KVP_OP_MAINT actions. */
 enum kvp_maint {

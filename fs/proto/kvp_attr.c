@@ -2,6 +2,8 @@
  * generic codec (integers, strings, bytes) is the framing layer's (common/frame/kvp_frame.h). */
 #include "kvp.h"
 
+#include <errno.h>
+
 void kvp_w_attr(struct kvp_wbuf *w, const struct kvp_attr *a)
 {
 	kvp_w_u64(w, a->ino);
@@ -38,4 +40,17 @@ void kvp_r_attr(struct kvp_rbuf *r, struct kvp_attr *a)
 	a->access_ns = kvp_r_i64(r);
 	a->uid = kvp_r_u32(r);
 	a->gid = kvp_r_u32(r);
+}
+
+int kvp_zone_check(const char *p, size_t len)
+{
+	if (len == 0 || len >= KVP_ZONE_MAX)
+		return -EINVAL;
+	for (size_t i = 0; i < len; i++) {
+		char ch = p[i];
+		if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+		      (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == '-'))
+			return -EINVAL;
+	}
+	return 0;
 }

@@ -28,6 +28,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			sink += (uint8_t)q.name.p[i];
 		for (uint16_t i = 0; i < q.addr.len; i++)
 			sink += (uint8_t)q.addr.p[i];
+		if (q.zone.len) /* HEARTBEAT's optional zone, as mnodes_heartbeat checks it */
+			sink += (uint64_t)kvp_zone_check(q.zone.p, q.zone.len);
 		if (op == KVP_OP_COMMIT) {
 			size_t n = (size_t)q.nstripes * (size_t)(q.k + q.m);
 			for (size_t i = 0; i < n; i++) {

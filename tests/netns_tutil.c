@@ -1,0 +1,219 @@
+/* netns_tutil — namespaces, veth pairs, a bridge and tc shaping for cross-host tests. */
+#include "netns_tutil.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* The network the atexit hook removes; one per process is all the tests need. */
+static struct kvn_net *g_live;
+
+/* Runs a shell command; its output only with KVFS_TEST_VERBOSE. Returns its exit status. */
+static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int run(const char *fmt, ...)
+{
+	char cmd[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(cmd + 2, sizeof(cmd) - 32, fmt, ap);
+	va_end(ap);
+	if (n < 0 || (size_t)n >= sizeof(cmd) - 32)
+		return -ENAMETOOLONG;
+	memcpy(cmd, "{ ", 2); /* the redirection covers every command of a && chain */
+	if (!getenv("KVFS_TEST_VERBOSE"))
+		strcat(cmd, "; } >/dev/null 2>&1");
+	else {
+		strcat(cmd, "; }");
+		fprintf(stderr, "netns: %s\n", cmd);
+	}
+	int st = system(cmd);
+	return st == -1 || !WIFEXITED(st) ? -1 : WEXITSTATUS(st);
+}
+
+/* Deletes namespaces "kvn<pid>-*" of runs whose process is gone. */
+static void sweep_stale(void)
+{
+	DIR *d = opendir("/run/netns");
+	if (!d)
+		return;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		int pid = 0, len = 0;
+		if (sscanf(e->d_name, "kvn%d-%n", &pid, &len) != 1 || len == 0 || pid <= 0)
+			continue;
+		if (kill(pid, 0) == 0 || errno != ESRCH)
+			continue; /* alive (or not ours to judge) */
+		run("ip netns del '%s'", e->d_name);
+	}
+	closedir(d);
+}
+
+int kvn_probe(char *why, size_t cap)
+{
+	char ns[32];
+	snprintf(ns, sizeof(ns), "kvn%d-probe", (int)getpid());
+	if (geteuid() != 0) {
+		snprintf(why, cap, "network namespaces need root (CAP_NET_ADMIN)");
+		return -EPERM;
+	}
+	if (run("ip -V") != 0) {
+		snprintf(why, cap, "no iproute2 `ip` (tools/install-deps.sh installs it)");
+		return -ENOENT;
+	}
+	if (run("ip netns add %s", ns) != 0) {
+		snprintf(why, cap, "`ip netns add` fails here (no CAP_SYS_ADMIN or no netns)");
+		return -EPERM;
+	}
+	int rc = 0;
+	if (run("ip -n %s link add b0 type bridge && ip -n %s link add v0 type veth peer name v1",
+		ns, ns) != 0) {
+		snprintf(why, cap, "no bridge or veth support in this kernel");
+		rc = -EOPNOTSUPP;
+	}
+	run("ip netns del %s", ns);
+	return rc;
+}
+
+/* One direction of a link: netem (delay, optional rate) or tbf (rate); none removes it. */
+static int shape_dev(const struct kvn_net *net, const char *ns, const char *dev, double delay_ms,
+		     const char *rate)
+{
+	run("ip netns exec %s tc qdisc del dev %s root", ns, dev); /* may have none */
+	if (delay_ms > 0 || (rate && net->have_netem)) {
+		if (!net->have_netem)
+			return -EOPNOTSUPP;
+		char r[64] = "";
+		if (rate)
+			snprintf(r, sizeof(r), " rate %s", rate);
+		return run("ip netns exec %s tc qdisc add dev %s root netem delay %.3fms%s limit "
+			   "100000",
+			   ns, dev, delay_ms, r)
+			   ? -EIO
+			   : 0;
+	}
+	if (!rate)
+		return 0;
+	/* burst: 10 ms at the rate (at least rate / HZ, or tbf cannot reach it; no more, or a
+	 * slow link would pass whole chunks at full speed), 16 KiB at least. */
+	char *end;
+	double bps = strtod(rate, &end);
+	bps *= strncmp(end, "gbit", 4) == 0   ? 1e9
+	       : strncmp(end, "mbit", 4) == 0 ? 1e6
+	       : strncmp(end, "kbit", 4) == 0 ? 1e3
+					      : 1;
+	long burst = (long)(bps / 8 / 100);
+	burst = burst < 16384 ? 16384 : burst;
+	return run("ip netns exec %s tc qdisc add dev %s root tbf rate %s burst %ld latency 2s", ns,
+		   dev, rate, burst)
+		   ? -EIO
+		   : 0;
+}
+
+int kvn_shape(struct kvn_net *net, int i, double delay_ms, const char *rate)
+{
+	if (i < 0 || i >= net->nhosts)
+		return -EINVAL;
+	if (delay_ms > 0 && !net->have_netem)
+		return -EOPNOTSUPP;
+	char port[16];
+	snprintf(port, sizeof(port), "p%d", i);
+	int rc = shape_dev(net, net->ns[i], "eth0", delay_ms, rate); /* host -> switch */
+	if (!rc)
+		rc = shape_dev(net, net->sw, port, delay_ms, rate); /* switch -> host */
+	return rc;
+}
+
+int kvn_link(struct kvn_net *net, int i, int up)
+{
+	if (i < 0 || i >= net->nhosts)
+		return -EINVAL;
+	return run("ip -n %s link set p%d %s", net->sw, i, up ? "up" : "down") ? -EIO : 0;
+}
+
+int kvn_enter(struct kvn_net *net, int i)
+{
+	if (i < 0 || i >= net->nhosts)
+		return -EINVAL;
+	char path[64];
+	snprintf(path, sizeof(path), "/run/netns/%s", net->ns[i]);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	int rc = setns(fd, CLONE_NEWNET) ? -errno : 0;
+	close(fd);
+	return rc;
+}
+
+void kvn_net_destroy(struct kvn_net *net)
+{
+	if (!net || !net->prefix[0])
+		return;
+	for (int i = 0; i < net->nhosts; i++)
+		if (net->ns[i][0])
+			run("ip netns del %s", net->ns[i]);
+	/* Deleting the switch namespace deletes the bridge and every veth pair with it. */
+	if (net->sw[0])
+		run("ip netns del %s", net->sw);
+	if (g_live == net)
+		g_live = NULL;
+	net->prefix[0] = 0;
+}
+
+static void at_exit(void)
+{
+	kvn_net_destroy(g_live);
+}
+
+int kvn_net_create(struct kvn_net *net, int nhosts, double delay_ms, const char *rate)
+{
+	static int hooked;
+	memset(net, 0, sizeof(*net));
+	if (nhosts < 1 || nhosts > KVN_MAX_HOSTS || g_live)
+		return -EINVAL;
+	sweep_stale();
+	if (!hooked && atexit(at_exit) == 0)
+		hooked = 1;
+	snprintf(net->prefix, sizeof(net->prefix), "kvn%d", (int)getpid());
+	snprintf(net->sw, sizeof(net->sw), "%s-sw", net->prefix);
+	g_live = net;
+	int rc = -EIO;
+	if (run("ip netns add %s", net->sw) ||
+	    run("ip -n %s link set lo up && ip -n %s link add br0 type bridge && "
+		"ip -n %s link set br0 up",
+		net->sw, net->sw, net->sw))
+		goto fail;
+	net->have_netem = run("ip netns exec %s tc qdisc add dev lo root netem delay 1ms && "
+			      "ip netns exec %s tc qdisc del dev lo root",
+			      net->sw, net->sw) == 0;
+	for (int i = 0; i < nhosts; i++) {
+		snprintf(net->ns[i], sizeof(net->ns[i]), "%s-h%d", net->prefix, i);
+		snprintf(net->ip[i], sizeof(net->ip[i]), "10.77.0.%d", i + 2);
+		net->nhosts = i + 1;
+		if (run("ip netns add %s", net->ns[i]) ||
+		    run("ip -n %s link add p%d type veth peer name eth0 netns %s", net->sw, i,
+			net->ns[i]) ||
+		    run("ip -n %s link set p%d master br0 && ip -n %s link set p%d up", net->sw, i,
+			net->sw, i) ||
+		    run("ip -n %s link set lo up && ip -n %s addr add %s/24 dev eth0 && "
+			"ip -n %s link set eth0 up",
+			net->ns[i], net->ns[i], net->ip[i], net->ns[i]))
+			goto fail;
+		if ((delay_ms > 0 && net->have_netem) || rate) {
+			rc = kvn_shape(net, i, net->have_netem ? delay_ms : 0, rate);
+			if (rc)
+				goto fail;
+		}
+	}
+	return 0;
+fail:
+	kvn_net_destroy(net);
+	return rc;
+}

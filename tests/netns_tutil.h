@@ -1,0 +1,50 @@
+/* netns_tutil — a small network of "hosts" for cross-host tests: one network namespace per
+ * host, each with one interface (eth0, 10.77.0.<i+2>/24) on a veth pair whose other end is a
+ * port of a Linux bridge in a namespace of its own (the "switch"). Links are shaped with
+ * `tc`: netem (delay + rate) where the kernel has it, else tbf (rate only).
+ *
+ * Nothing of the machine's own network is touched: the bridge and every interface live in
+ * namespaces this module creates, named "<prefix>-sw" and "<prefix>-h<i>" with a prefix unique
+ * per run ("kvn<pid>"). kvn_net_destroy deletes them by name; an atexit hook does it when the
+ * test exits without, and kvn_net_create first deletes leftovers of earlier runs whose process
+ * is gone (a run killed by SIGKILL). Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN) and iproute2.
+ *
+ * Not thread-safe: create, shape and destroy from the test's main thread. Every call runs
+ * `ip`/`tc` commands, each a few milliseconds.
+ */
+#ifndef KVFS_TEST_NETNS_TUTIL_H
+#define KVFS_TEST_NETNS_TUTIL_H
+
+#include <stddef.h>
+
+#define KVN_MAX_HOSTS 32
+
+struct kvn_net {
+	char prefix[16];
+	char sw[32]; /* the switch namespace */
+	int nhosts;
+	char ns[KVN_MAX_HOSTS][32]; /* host i's namespace */
+	char ip[KVN_MAX_HOSTS][16]; /* host i's address */
+	int have_netem;		    /* 1: kvn_shape can delay; 0: rate only (tbf) */
+};
+
+/* 0 when namespaces, veth pairs and a bridge can be made here, else -errno with the reason
+ * in why (for "skipped: <why>"). Creates and deletes one probe namespace. */
+int kvn_probe(char *why, size_t cap);
+
+/* Creates nhosts hosts on one switch, all links shaped to delay_ms each way and rate (a tc
+ * rate such as "10gbit"; NULL: unlimited). Returns 0 or -errno (everything created so far is
+ * deleted again). */
+int kvn_net_create(struct kvn_net *net, int nhosts, double delay_ms, const char *rate);
+void kvn_net_destroy(struct kvn_net *net);
+
+/* Shapes host i's link, both directions: delay_ms each way (needs netem: -EOPNOTSUPP
+ * without, unless delay_ms is 0) and rate (NULL: unlimited). */
+int kvn_shape(struct kvn_net *net, int i, double delay_ms, const char *rate);
+/* Takes host i's switch port down (0: the host is cut off, as a pulled cable) or up (1). */
+int kvn_link(struct kvn_net *net, int i, int up);
+/* Moves the calling thread into host i's namespace (threads it starts later follow).
+ * Call before starting any other thread whose sockets should be there. */
+int kvn_enter(struct kvn_net *net, int i);
+
+#endif
