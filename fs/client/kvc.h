@@ -156,6 +156,20 @@ struct kvc_stats {
 };
 void kvc_get_stats(struct kvc *c, struct kvc_stats *out);
 
+/* Where the time of a read or a write goes, as histograms in r (docs/operations.md, "Metrics"):
+ * kvfs_client_meta_requests_total / _request_errors_total / _request_duration_seconds {op} for
+ * every metadata round trip (retries included), and kvfs_client_stage_duration_seconds{stage}:
+ *   open        kvc_file_open (LAYOUT and the node table)
+ *   pread       one kvc_pread
+ *   stripe_get  one stripe's chunk GETs in parallel until the last arrived, CRC-checked
+ *   commit      one kvc_commit (ALLOC, encode, CRC, PUTs, COMMIT)
+ *   encode      parity of one stripe;  crc  the CRC32Cs of one stripe's chunks
+ *   put_send    starting one stripe's PUTs (the sends);  put_wait  waiting for their acks
+ * Call before sharing c between threads; r must outlive c's use, or detach with r NULL (no
+ * thread may be using c then). 0 or a negative errno (nothing is measured then). */
+struct met_reg;
+int kvc_set_metrics(struct kvc *c, struct met_reg *r);
+
 /* Per-node timeout for chunk reads (default min(timeout_ms, 2000)): past it the chunk counts
  * as missing and the read decodes from parity, and the node is skipped for a few seconds, so a
  * stopped node delays reads only briefly. Call before sharing c between threads. */

@@ -14,6 +14,21 @@
 #define KVC_TOUCH_MAX	  1024 /* access times held before a TOUCH is sent regardless */
 #define KVC_TOUCH_MS	  30000
 
+enum kvc_stage {
+	KVC_ST_OPEN,
+	KVC_ST_PREAD,
+	KVC_ST_STRIPE_GET,
+	KVC_ST_COMMIT,
+	KVC_ST_ENCODE,
+	KVC_ST_CRC,
+	KVC_ST_PUT_SEND,
+	KVC_ST_PUT_WAIT,
+	KVC_ST_N
+};
+
+struct met_hist;
+struct met_ops;
+
 struct kvc_badnode {
 	uint32_t id;
 	int64_t until_ms;
@@ -44,6 +59,10 @@ struct kvc {
 	uint64_t buf_freed;
 	atomic_uint_fast64_t st_written, st_read, st_files, st_degraded, st_crc, st_around;
 
+	/* Stage and meta round-trip latencies (kvc_set_metrics); NULL: not measured. */
+	struct met_hist *stage[KVC_ST_N];
+	struct met_ops *meta_ops;
+
 	/* Access times not yet sent (kvc_touch.c); protected by mu. */
 	int touch_interval_ms; /* 0 = KVC_TOUCH_MS, < 0 never */
 	int64_t touch_last_ms;
@@ -58,6 +77,10 @@ struct kvc {
 void kvc__touch(struct kvc *c, uint64_t ino);
 
 int64_t kvc__now_ms(void);
+/* CLOCK_MONOTONIC in ns, for stage timing. */
+uint64_t kvc__now_ns(void);
+/* Observes now - t0 in stage st's histogram (no-op without metrics). */
+void kvc__stage(struct kvc *c, enum kvc_stage st, uint64_t t0);
 
 /* A request to meta on a pooled connection. attempts > 1 retries transport failures with
  * backoff (reconnecting); *retried (may be NULL) is set when a retry happened, so callers of

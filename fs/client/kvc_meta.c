@@ -3,6 +3,7 @@
 #include "ktime.h"
 #include "kvc_int.h"
 #include "log.h"
+#include "metrics.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -19,8 +20,63 @@ int64_t kvc__now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+uint64_t kvc__now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void kvc__stage(struct kvc *c, enum kvc_stage st, uint64_t t0)
+{
+	if (c->stage[st])
+		met_hist_observe_ns(c->stage[st], kvc__now_ns() - t0);
+}
+
+/* Metadata ops by op - KVP_OP_LOOKUP, for kvfs_client_meta_*{op}. */
+static const char *const meta_op_names[] = {
+    "lookup", "getattr", "readdir", "mkdir", "rmdir",	"unlink", "rename", "alloc",  "commit",
+    "abort",  "layout",	 "statfs",  "nodes", "setattr", "touch",  "maint",  "mstatus"};
+#define META_NOPS ((int)(sizeof(meta_op_names) / sizeof(meta_op_names[0])))
+
+int kvc_set_metrics(struct kvc *c, struct met_reg *r)
+{
+	static const char *const stages[KVC_ST_N] = {"open",   "pread", "stripe_get", "commit",
+						     "encode", "crc",	"put_send",   "put_wait"};
+	c->meta_ops = NULL;
+	memset(c->stage, 0, sizeof(c->stage));
+	if (!r)
+		return 0;
+	int rc = met_ops_new(r, "kvfs_client_meta", meta_op_names, META_NOPS, &c->meta_ops);
+	for (int i = 0; rc == 0 && i < KVC_ST_N; i++) {
+		const char *lab[] = {"stage", stages[i], NULL};
+		c->stage[i] = met_hist_new(r, "kvfs_client_stage_duration_seconds",
+					   "Time of one step of the client's read and write paths",
+					   lab, NULL, 0);
+		if (!c->stage[i])
+			rc = -ENOMEM;
+	}
+	if (rc)
+		kvc_set_metrics(c, NULL);
+	return rc;
+}
+
+static int meta_call_retrying(struct kvc *c, uint16_t op, const struct kvp_wbuf *req, int attempts,
+			      uint8_t **rb, uint32_t *rl, int *retried);
+
 int kvc__meta_call(struct kvc *c, uint16_t op, const struct kvp_wbuf *req, int attempts,
 		   uint8_t **rb, uint32_t *rl, int *retried)
+{
+	uint64_t t0 = c->meta_ops ? kvc__now_ns() : 0;
+	int rc = meta_call_retrying(c, op, req, attempts, rb, rl, retried);
+	if (c->meta_ops)
+		met_ops_observe(c->meta_ops, (int)op - KVP_OP_LOOKUP, rc, kvc__now_ns() - t0);
+	return rc;
+}
+
+/* kvc__meta_call unmeasured: the attempts of one request. */
+static int meta_call_retrying(struct kvc *c, uint16_t op, const struct kvp_wbuf *req, int attempts,
+			      uint8_t **rb, uint32_t *rl, int *retried)
 {
 	if (req && req->err)
 		return req->err;
