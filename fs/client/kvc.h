@@ -51,6 +51,10 @@ void kvc_close(struct kvc *c);
 
 /* ---- namespace, by inode (root is KVP_ROOT_INO) ---- */
 int kvc_lookup(struct kvc *c, uint64_t parent, const char *name, struct kvp_attr *out);
+/* kvc_lookup that, for a regular file, also brings its layout in the same round trip and keeps
+ * it for the next kvc_file_open of that inode within KVC_PREFETCH_MS (at most KVC_PREFETCH
+ * kept, the oldest dropped): a lookup then open costs one meta round trip, not two. */
+int kvc_lookup_layout(struct kvc *c, uint64_t parent, const char *name, struct kvp_attr *out);
 int kvc_getattr(struct kvc *c, uint64_t ino, struct kvp_attr *out);
 int kvc_setattr(struct kvc *c, uint64_t ino, uint32_t valid, uint32_t mode, int64_t mtime_ns,
 		int64_t atime_ns, struct kvp_attr *out);

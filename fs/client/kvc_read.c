@@ -95,6 +95,18 @@ static int parse_layout(struct kvc_file *f, const uint8_t *b, uint32_t len)
 
 static int layout_fetch(struct kvc *c, uint64_t ino, struct kvc_file *f)
 {
+	uint8_t *pb;
+	uint32_t pl;
+	if (kvc__prefetched_take(c, ino, &pb, &pl) == 0) {
+		int rc = parse_layout(f, pb, pl);
+		free(pb);
+		if (rc == 0)
+			return 0;
+		free(f->slots); /* a bad one: ask meta as without it */
+		free(f->nodes);
+		f->slots = NULL;
+		f->nodes = NULL;
+	}
 	struct kvp_wbuf w;
 	kvp_w_init(&w);
 	kvp_w_u64(&w, ino);

@@ -40,7 +40,7 @@ struct mreq {
 	    name;	    /* LOOKUP, MKDIR, RMDIR, UNLINK, RENAME, COMMIT; READDIR start_after */
 	uint64_t newparent; /* RENAME */
 	struct mreq_str newname;
-	uint32_t flags;		       /* RENAME flags, COMMIT and ALLOC flags (u8) */
+	uint32_t flags;		       /* RENAME flags, COMMIT, ALLOC and LOOKUP flags (u8) */
 	uint32_t mode;		       /* MKDIR, COMMIT, SETATTR */
 	uint32_t uid, gid;	       /* MKDIR, COMMIT: KVP_OWNER_NONE when not sent */
 	uint32_t max;		       /* READDIR */
