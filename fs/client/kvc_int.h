@@ -46,7 +46,7 @@ struct kvc {
 	uint64_t max_file, max_buffered;
 	struct kvp_pool *pool; /* meta and node connections; thread-safe */
 
-	pthread_mutex_t mu; /* protects codecs, bad, nbad */
+	pthread_mutex_t mu; /* protects codecs, bad, nbad, pre, pre_next */
 	/* One codec per geometry met, made on first use and kept (open files point at them):
 	 * a slot for every (k, m), so no mix of geometries can run out of them. */
 	struct kvec_codec *codecs[KVEC_MAX_K][KVEC_MAX_M + 1];
