@@ -239,6 +239,10 @@ static void test_daemons(void **st)
 	assert_true(nodes_sum("kvfs_node_chunks", "") == NFILES * 4);
 	assert_true(nodes_sum("kvfs_node_request_duration_seconds_count", "op=\"put\"") == puts1);
 	assert_true(nodes_sum("kvfs_node_request_errors_total", "op=\"put\"") == 0);
+	/* every PUT and GET had its disk time measured, apart from the request's own */
+	assert_true(nodes_sum("kvfs_node_disk_duration_seconds_count", "op=\"put\"") == puts1);
+	assert_true(nodes_sum("kvfs_node_disk_duration_seconds_count", "op=\"get\"") == gets1);
+	assert_true(nodes_sum("kvfs_node_disk_duration_seconds_sum", "op=\"put\"") > 0);
 
 	struct prom_doc d1;
 	scrape(g_cl.meta_metrics, &d1);
@@ -421,6 +425,14 @@ static void test_mount(void **st)
 	assert_true(get(&d0, "kvfs_mount_degraded_reads_total", "") == 0);
 	prom_free(&d0);
 	double commits0 = meta_value("kvfs_meta_requests_total", "op=\"commit\"");
+	double c_commit0 = mount_value("kvfs_client_meta_requests_total", "op=\"commit\"");
+	double st_commit0 =
+	    mount_value("kvfs_client_stage_duration_seconds_count", "stage=\"commit\"");
+	double st_enc0 =
+	    mount_value("kvfs_client_stage_duration_seconds_count", "stage=\"encode\"");
+	double st_open0 = mount_value("kvfs_client_stage_duration_seconds_count", "stage=\"open\"");
+	double st_get0 =
+	    mount_value("kvfs_client_stage_duration_seconds_count", "stage=\"stripe_get\"");
 
 	uint8_t *buf = malloc(FSIZE);
 	assert_non_null(buf);
@@ -445,10 +457,51 @@ static void test_mount(void **st)
 	assert_true(get(&d1, "kvfs_mount_files_committed_total", "") - committed0 == NFILES);
 	assert_true(get(&d1, "kvfs_mount_bytes_written_total", "") >= (double)NFILES * FSIZE);
 	assert_true(get(&d1, "kvfs_mount_bytes_read_total", "") >= (double)NFILES * FSIZE);
+	/* the client library's stages, timed inside the mount: one commit, one COMMIT and one
+	 * stripe to encode per file (FSIZE fits one stripe), a LAYOUT and a stripe read per open */
+	assert_true(get(&d1, "kvfs_client_meta_requests_total", "op=\"commit\"") - c_commit0 ==
+		    NFILES);
+	assert_true(get(&d1, "kvfs_client_meta_request_duration_seconds_count", "op=\"commit\"") ==
+		    get(&d1, "kvfs_client_meta_requests_total", "op=\"commit\""));
+	assert_true(get(&d1, "kvfs_client_stage_duration_seconds_count", "stage=\"commit\"") -
+			st_commit0 ==
+		    NFILES);
+	assert_true(get(&d1, "kvfs_client_stage_duration_seconds_count", "stage=\"encode\"") -
+			st_enc0 ==
+		    NFILES);
+	assert_true(get(&d1, "kvfs_client_stage_duration_seconds_count", "stage=\"open\"") -
+			st_open0 >=
+		    NFILES);
+	assert_true(get(&d1, "kvfs_client_stage_duration_seconds_count", "stage=\"stripe_get\"") -
+			st_get0 >=
+		    NFILES);
+	assert_true(get(&d1, "kvfs_client_stage_duration_seconds_sum", "stage=\"commit\"") > 0);
 	prom_free(&d1);
 	assert_true(meta_value("kvfs_meta_requests_total", "op=\"commit\"") - commits0 == NFILES);
 	assert_true(meta_value("kvfs_meta_files", "") == NFILES);
 	assert_true(nodes_sum("kvfs_node_chunks", "") == NFILES * 4);
+
+	/* a LOOKUP brings the layout: the open right after it makes no LAYOUT round trip */
+	for (int i = 0; i < NFILES; i++) {
+		snprintf(path, sizeof(path), "/p%d.kvb", i);
+		fill(buf, FSIZE, 300u + (unsigned)i);
+		assert_int_equal(kvc_put(g_kvc, path, buf, FSIZE, 0), 0);
+	}
+	double lookups0 = mount_value("kvfs_client_meta_requests_total", "op=\"lookup\"");
+	double layouts0 = mount_value("kvfs_client_meta_requests_total", "op=\"layout\"");
+	double opens0 = mount_value("kvfs_client_stage_duration_seconds_count", "stage=\"open\"");
+	for (int i = 0; i < NFILES; i++) {
+		snprintf(path, sizeof(path), "%s/p%d.kvb", g_mnt, i);
+		fill(buf, FSIZE, 300u + (unsigned)i);
+		read_file(path, buf, FSIZE);
+	}
+	assert_true(mount_value("kvfs_client_stage_duration_seconds_count", "stage=\"open\"") -
+			opens0 ==
+		    NFILES);
+	assert_true(mount_value("kvfs_client_meta_requests_total", "op=\"lookup\"") - lookups0 >=
+		    NFILES);
+	assert_true(mount_value("kvfs_client_meta_requests_total", "op=\"layout\"") == layouts0);
+	assert_true(meta_value("kvfs_meta_files", "") == 2 * NFILES);
 
 	/* files the mount has never read (so nothing is in its page cache), then a node down */
 	for (int i = 0; i < NFILES; i++) {

@@ -553,7 +553,10 @@ static void test_meta_gone(void **state)
 	snprintf(log2, sizeof(log2), "%s/mount-c.log", g_cl.dir);
 	assert_int_equal(mkdir(g_mnt2, 0755), 0);
 	char opts[128];
-	snprintf(opts, sizeof(opts), "meta_retry=%d,entry_timeout=60,attr_timeout=0", MG_RETRY_S);
+	/* lookup_layout off: the open below must make its own meta round trip (with it, the
+	 * stat's lookup brings the layout and that open succeeds without meta) */
+	snprintf(opts, sizeof(opts),
+		 "meta_retry=%d,entry_timeout=60,attr_timeout=0,lookup_layout=false", MG_RETRY_S);
 	char *argv[] = {"kvfs-mount",	  "-f",	  "--secret-file",
 			g_cl.secret_file, "-o",	  opts,
 			g_cl.meta_addr,	  g_mnt2, NULL};

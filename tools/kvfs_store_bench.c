@@ -17,7 +17,12 @@
  * right before), SIGKILLs the last node and writes --files more at once (meta does not know
  * yet: the client writes around the node), again once meta has marked it down (meta places
  * the other nodes), reads both sets back byte for byte, and prints each degraded write rate
- * against the baseline. */
+ * against the baseline.
+ *
+ * --breakdown: where the time of one block goes. Only store write then cold store read of
+ * --files files (use --threads 1: one block at a time), with libkvfs's stage histograms
+ * (kvc_set_metrics) and, on a cluster it started (with KVFS_METRICS=1), the nodes' request and
+ * disk histograms: prints each stage's calls and milliseconds per file. */
 #define KVFS_LOG_TAG "store-bench"
 #include <dirent.h>
 #include <errno.h>
@@ -29,6 +34,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -36,6 +44,7 @@
 #include "cfg.h"
 #include "kvc.h"
 #include "log.h"
+#include "metrics.h"
 
 struct conf {
 	int64_t files, threads, nodes;
@@ -44,7 +53,7 @@ struct conf {
 	char cluster[CFG_STR_MAX];
 	char script[CFG_STR_MAX];
 	char node_args[CFG_STR_MAX];
-	int cold, keep, degraded;
+	int cold, keep, degraded, breakdown;
 };
 
 #define F(x) offsetof(struct conf, x)
@@ -62,6 +71,8 @@ static const struct cfg_opt opts[] = {
     {"keep", CFG_BOOL, F(keep), 0, 0, "false", "leave the cluster running and files in place"},
     {"degraded", CFG_BOOL, F(degraded), 0, 0, "false",
      "then kill one node and measure writes with it down (needs a cluster it started)"},
+    {"breakdown", CFG_BOOL, F(breakdown), 0, 0, "false",
+     "only store write and cold read, with the time per stage of one file (use --threads 1)"},
     CFG_END};
 
 #define NPAT 8
@@ -318,6 +329,165 @@ static int degraded_phases(struct bench *b, const char *cdir)
 	return 0;
 }
 
+/* ---- --breakdown: the stage histograms' sums and counts, per file ---- */
+
+/* Adds to sum[i] / cnt[i] the _sum and _count of every series of family `fam` (a histogram)
+ * in the exposition text whose labels equal lab[i] ("op=\"get\""). */
+static void hist_add(const char *text, const char *fam, const char *const lab[], int n, double *sum,
+		     double *cnt)
+{
+	size_t fl = strlen(fam);
+	for (const char *l = text; l && *l; l = strchr(l, '\n'), l = l ? l + 1 : NULL) {
+		if (strncmp(l, fam, fl))
+			continue;
+		const char *p = l + fl;
+		int is_sum = !strncmp(p, "_sum{", 5), is_cnt = !strncmp(p, "_count{", 7);
+		if (!is_sum && !is_cnt)
+			continue;
+		p = strchr(p, '{') + 1;
+		const char *e = strchr(p, '}');
+		if (!e)
+			continue;
+		for (int i = 0; i < n; i++) {
+			if (strlen(lab[i]) != (size_t)(e - p) ||
+			    strncmp(p, lab[i], (size_t)(e - p)))
+				continue;
+			double v = strtod(e + 1, NULL);
+			if (is_sum)
+				sum[i] += v;
+			else
+				cnt[i] += v;
+		}
+	}
+}
+
+/* GET http://addr/metrics (HTTP/1.0, loopback): the body, malloc'd, or NULL. */
+static char *http_metrics(const char *addr)
+{
+	char host[64];
+	const char *colon = strrchr(addr, ':');
+	if (!colon || (size_t)(colon - addr) >= sizeof(host))
+		return NULL;
+	memcpy(host, addr, (size_t)(colon - addr));
+	host[colon - addr] = 0;
+	struct sockaddr_in sa = {.sin_family = AF_INET,
+				 .sin_port = htons((uint16_t)atoi(colon + 1))};
+	if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
+		return NULL;
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return NULL;
+	char *buf = NULL;
+	size_t len = 0, cap = 0;
+	static const char req[] = "GET /metrics HTTP/1.0\r\n\r\n";
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+	    write(fd, req, sizeof(req) - 1) == (ssize_t)sizeof(req) - 1) {
+		for (;;) {
+			if (len + 4096 + 1 > cap) {
+				char *nb = realloc(buf, cap = cap * 2 + 8192);
+				if (!nb)
+					break;
+				buf = nb;
+			}
+			ssize_t n = read(fd, buf + len, cap - len - 1);
+			if (n <= 0)
+				break;
+			len += (size_t)n;
+		}
+	}
+	close(fd);
+	if (buf)
+		buf[len] = 0;
+	return buf;
+}
+
+static void row(const char *what, double sum, double cnt, long files)
+{
+	printf("  %-44s %6.2f calls  %8.3f ms/file  %8.3f ms/call\n", what, cnt / (double)files,
+	       sum * 1e3 / (double)files, cnt ? sum * 1e3 / cnt : 0.0);
+}
+
+/* Prints the client's stages from r and, where nodes serve metrics, the nodes' disk and request
+ * time; before[] holds the same figures taken before the phase (subtracted). */
+#define BD_N 16
+static const char *const bd_lab[BD_N] = {
+    "stage=\"commit\"",	  "op=\"alloc\"",	"stage=\"encode\"", "stage=\"crc\"",
+    "stage=\"put_send\"", "stage=\"put_wait\"", "op=\"commit\"",    "op=\"lookup\"",
+    "stage=\"open\"",	  "op=\"layout\"",	"stage=\"pread\"",  "stage=\"stripe_get\"",
+    "op=\"put\"",	  "op=\"get\"",		"op=\"put\"",	    "op=\"get\""};
+static void bd_take(struct met_reg *r, const char *cdir, int nodes, double *sum, double *cnt)
+{
+	memset(sum, 0, BD_N * sizeof(*sum));
+	memset(cnt, 0, BD_N * sizeof(*cnt));
+	char *text = NULL;
+	size_t len;
+	if (met_render(r, &text, &len) == 0) {
+		hist_add(text, "kvfs_client_stage_duration_seconds", bd_lab, 12, sum, cnt);
+		hist_add(text, "kvfs_client_meta_request_duration_seconds", bd_lab, 12, sum, cnt);
+		free(text);
+	}
+	for (int i = 0; i < nodes; i++) {
+		char p[PATH_MAX + 32], addr[128];
+		snprintf(p, sizeof(p), "%s/node%d.metrics", cdir, i);
+		if (read_line(p, addr, sizeof(addr)))
+			continue;
+		char *t = http_metrics(addr);
+		if (!t)
+			continue;
+		hist_add(t, "kvfs_node_request_duration_seconds", bd_lab + 12, 2, sum + 12,
+			 cnt + 12);
+		hist_add(t, "kvfs_node_disk_duration_seconds", bd_lab + 14, 2, sum + 14, cnt + 14);
+		free(t);
+	}
+}
+
+static void bd_print(const double *s0, const double *c0, const double *s1, const double *c1,
+		     const int *rows, int nrows, long files)
+{
+	static const char *const what[BD_N] = {"commit (whole kvc_commit)",
+					       "  meta ALLOC round trip",
+					       "  EC encode (per stripe)",
+					       "  CRC32C of the chunks (per stripe)",
+					       "  chunk PUTs sent (per stripe)",
+					       "  chunk PUT acks waited for (per stripe)",
+					       "  meta COMMIT round trip",
+					       "meta LOOKUP round trip",
+					       "open (kvc_file_open)",
+					       "  meta LAYOUT round trip",
+					       "pread (kvc_pread of the whole file)",
+					       "  stripe GETs, in parallel (per stripe)",
+					       "node PUT request (all nodes)",
+					       "node GET request (all nodes)",
+					       "  node PUT disk (ring queue + io_uring)",
+					       "  node GET disk (ring queue + io_uring)"};
+	for (int j = 0; j < nrows; j++)
+		row(what[rows[j]], s1[rows[j]] - s0[rows[j]], c1[rows[j]] - c0[rows[j]], files);
+}
+
+/* --breakdown: store write, then (cold) store read, each between two takes of the histograms. */
+static void breakdown(struct bench *b, struct met_reg *reg, const char *cdir)
+{
+	const struct conf *cf = b->cf;
+	double s0[BD_N], c0[BD_N], s1[BD_N], c1[BD_N], s2[BD_N], c2[BD_N], t[2], mibs[2];
+	bd_take(reg, cdir, (int)cf->nodes, s0, c0);
+	t[0] = run_phase(b, 0);
+	bd_take(reg, cdir, (int)cf->nodes, s1, c1);
+	if (cf->cold)
+		drop_tree(cdir);
+	t[1] = run_phase(b, 1);
+	bd_take(reg, cdir, (int)cf->nodes, s2, c2);
+	report("store write", t[0], cf, &mibs[0]);
+	report("store read", t[1], cf, &mibs[1]);
+	static const int wrows[] = {0, 1, 2, 3, 4, 5, 6, 12, 14};
+	static const int rrows[] = {7, 8, 9, 10, 11, 13, 15};
+	printf("write, per file (%lld threads): %.3f ms wall\n", (long long)cf->threads,
+	       t[0] * 1e3 * (double)cf->threads / (double)cf->files);
+	bd_print(s0, c0, s1, c1, wrows, 9, (long)cf->files);
+	printf("read%s, per file: %.3f ms wall (LOOKUP + open + pread + close)\n",
+	       cf->cold ? " (cold)" : "", t[1] * 1e3 * (double)cf->threads / (double)cf->files);
+	bd_print(s1, c1, s2, c2, rrows, 7, (long)cf->files);
+}
+
 int main(int argc, char **argv)
 {
 	struct conf cf;
@@ -343,6 +513,8 @@ int main(int argc, char **argv)
 		ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
 		exe[n > 0 ? n : 0] = 0;
 		*strrchr(exe, '/') = 0;
+		if (cf.breakdown)
+			setenv("KVFS_METRICS", "1", 1); /* the nodes' histograms */
 		int w = snprintf(cmd, sizeof(cmd),
 				 "rm -rf '%s' && KVFS_BIN='%s/../bin' '%s' start '%s' %d %s", cdir,
 				 exe, script, cdir, (int)cf.nodes, cf.node_args);
@@ -363,6 +535,9 @@ int main(int argc, char **argv)
 	struct kvc_opts o = {.meta_addr = meta, .secret = &sec, .timeout_ms = 30000};
 	if (!rc)
 		rc = kvc_open(&o, &b.c);
+	struct met_reg *reg = NULL;
+	if (!rc && cf.breakdown && !(rc = met_reg_create(&reg)))
+		rc = kvc_set_metrics(b.c, reg);
 	struct kvp_attr a;
 	if (!rc) {
 		rc = kvc_mkdir(b.c, KVP_ROOT_INO, "store-bench", 0755, &a);
@@ -392,6 +567,10 @@ int main(int argc, char **argv)
 		       (long long)cf.files, (unsigned long long)cf.size, (long long)cf.threads,
 		       st.nodes, st.k, st.m, cf.cold ? "yes" : "no", cf.work);
 		double t[4], mibs[4];
+		if (cf.breakdown) {
+			breakdown(&b, reg, cdir);
+			goto done;
+		}
 		/* Interleaved: store write, raw write, then both reads, each after a cache drop. */
 		t[0] = run_phase(&b, 0);
 		t[2] = run_phase(&b, 2);
@@ -411,6 +590,7 @@ int main(int argc, char **argv)
 		       mibs[1] / mibs[3]);
 		if (cf.degraded && started && degraded_phases(&b, cdir))
 			atomic_fetch_add(&b.errors, 1);
+	done:;
 		struct kvc_stats ks;
 		kvc_get_stats(b.c, &ks);
 		printf("client: %llu files committed, %llu degraded stripes, %llu crc errors, "
@@ -424,6 +604,7 @@ int main(int argc, char **argv)
 		}
 	}
 	kvc_close(b.c);
+	met_reg_destroy(reg);
 	for (int i = 0; i < NPAT; i++)
 		free(b.pat[i]);
 	if (!cf.keep) {

@@ -51,6 +51,10 @@ void kvc_close(struct kvc *c);
 
 /* ---- namespace, by inode (root is KVP_ROOT_INO) ---- */
 int kvc_lookup(struct kvc *c, uint64_t parent, const char *name, struct kvp_attr *out);
+/* kvc_lookup that, for a regular file, also brings its layout in the same round trip and keeps
+ * it for the next kvc_file_open of that inode within KVC_PREFETCH_MS (at most KVC_PREFETCH
+ * kept, the oldest dropped): a lookup then open costs one meta round trip, not two. */
+int kvc_lookup_layout(struct kvc *c, uint64_t parent, const char *name, struct kvp_attr *out);
 int kvc_getattr(struct kvc *c, uint64_t ino, struct kvp_attr *out);
 int kvc_setattr(struct kvc *c, uint64_t ino, uint32_t valid, uint32_t mode, int64_t mtime_ns,
 		int64_t atime_ns, struct kvp_attr *out);
@@ -156,6 +160,20 @@ struct kvc_stats {
 	uint64_t chunks_written_around;
 };
 void kvc_get_stats(struct kvc *c, struct kvc_stats *out);
+
+/* Where the time of a read or a write goes, as histograms in r (docs/operations.md, "Metrics"):
+ * kvfs_client_meta_requests_total / _request_errors_total / _request_duration_seconds {op} for
+ * every metadata round trip (retries included), and kvfs_client_stage_duration_seconds{stage}:
+ *   open        kvc_file_open (LAYOUT and the node table)
+ *   pread       one kvc_pread
+ *   stripe_get  one stripe's chunk GETs in parallel until the last arrived, CRC-checked
+ *   commit      one kvc_commit (ALLOC, encode, CRC, PUTs, COMMIT)
+ *   encode      parity of one stripe;  crc  the CRC32Cs of one stripe's chunks
+ *   put_send    starting one stripe's PUTs (the sends);  put_wait  waiting for their acks
+ * Call before sharing c between threads; r must outlive c's use, or detach with r NULL (no
+ * thread may be using c then). 0 or a negative errno (nothing is measured then). */
+struct met_reg;
+int kvc_set_metrics(struct kvc *c, struct met_reg *r);
 
 /* Per-node timeout for chunk reads (default min(timeout_ms, 2000)): past it the chunk counts
  * as missing and the read decodes from parity, and the node is skipped for a few seconds, so a

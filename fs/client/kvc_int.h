@@ -13,6 +13,23 @@
 #define KVC_META_ATTEMPTS 10   /* attempts of a meta call (KVCH_RETRY_META) */
 #define KVC_TOUCH_MAX	  1024 /* access times held before a TOUCH is sent regardless */
 #define KVC_TOUCH_MS	  30000
+#define KVC_PREFETCH	  64   /* layouts kept from kvc_lookup_layout */
+#define KVC_PREFETCH_MS	  2000 /* ... and for this long: node states move */
+
+enum kvc_stage {
+	KVC_ST_OPEN,
+	KVC_ST_PREAD,
+	KVC_ST_STRIPE_GET,
+	KVC_ST_COMMIT,
+	KVC_ST_ENCODE,
+	KVC_ST_CRC,
+	KVC_ST_PUT_SEND,
+	KVC_ST_PUT_WAIT,
+	KVC_ST_N
+};
+
+struct met_hist;
+struct met_ops;
 
 struct kvc_badnode {
 	uint32_t id;
@@ -29,7 +46,7 @@ struct kvc {
 	uint64_t max_file, max_buffered;
 	struct kvp_pool *pool; /* meta and node connections; thread-safe */
 
-	pthread_mutex_t mu; /* protects codecs, bad, nbad */
+	pthread_mutex_t mu; /* protects codecs, bad, nbad, pre, pre_next */
 	/* One codec per geometry met, made on first use and kept (open files point at them):
 	 * a slot for every (k, m), so no mix of geometries can run out of them. */
 	struct kvec_codec *codecs[KVEC_MAX_K][KVEC_MAX_M + 1];
@@ -43,6 +60,21 @@ struct kvc {
 	pthread_cond_t buf_cond;
 	uint64_t buf_freed;
 	atomic_uint_fast64_t st_written, st_read, st_files, st_degraded, st_crc, st_around;
+
+	/* Layouts that came with a lookup, for the open that follows (kvc_lookup_layout);
+	 * protected by mu. b: the LAYOUT reply body, malloc'd; ino 0: free slot. */
+	struct {
+		uint64_t ino;
+		int64_t at_ms;
+		uint8_t *b;
+		uint32_t len;
+	} pre[KVC_PREFETCH];
+	uint32_t pre_next;
+	atomic_int lookup_flag_refused; /* meta predates KVP_LOOKUP_LAYOUT */
+
+	/* Stage and meta round-trip latencies (kvc_set_metrics); NULL: not measured. */
+	struct met_hist *stage[KVC_ST_N];
+	struct met_ops *meta_ops;
 
 	/* Access times not yet sent (kvc_touch.c); protected by mu. */
 	int touch_interval_ms; /* 0 = KVC_TOUCH_MS, < 0 never */
@@ -58,12 +90,20 @@ struct kvc {
 void kvc__touch(struct kvc *c, uint64_t ino);
 
 int64_t kvc__now_ms(void);
+/* CLOCK_MONOTONIC in ns, for stage timing. */
+uint64_t kvc__now_ns(void);
+/* Observes now - t0 in stage st's histogram (no-op without metrics). */
+void kvc__stage(struct kvc *c, enum kvc_stage st, uint64_t t0);
 
 /* A request to meta on a pooled connection. attempts > 1 retries transport failures with
  * backoff (reconnecting); *retried (may be NULL) is set when a retry happened, so callers of
  * non-idempotent ops can interpret -EEXIST / -ENOENT. */
 int kvc__meta_call(struct kvc *c, uint16_t op, const struct kvp_wbuf *req, int attempts,
 		   uint8_t **rb, uint32_t *rl, int *retried);
+
+/* The layout a kvc_lookup_layout brought for ino, if fresh: *b (caller frees) and *len, and
+ * it is no longer kept. 0 or -ENOENT. */
+int kvc__prefetched_take(struct kvc *c, uint64_t ino, uint8_t **b, uint32_t *len);
 
 /* Codec for (k, m), created on first use and kept until kvc_close. */
 int kvc__codec(struct kvc *c, int k, int m, struct kvec_codec **out);

@@ -3,6 +3,7 @@
 #include "ktime.h"
 #include "kvc_int.h"
 #include "log.h"
+#include "metrics.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -19,8 +20,63 @@ int64_t kvc__now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+uint64_t kvc__now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void kvc__stage(struct kvc *c, enum kvc_stage st, uint64_t t0)
+{
+	if (c->stage[st])
+		met_hist_observe_ns(c->stage[st], kvc__now_ns() - t0);
+}
+
+/* Metadata ops by op - KVP_OP_LOOKUP, for kvfs_client_meta_*{op}. */
+static const char *const meta_op_names[] = {
+    "lookup", "getattr", "readdir", "mkdir", "rmdir",	"unlink", "rename", "alloc",  "commit",
+    "abort",  "layout",	 "statfs",  "nodes", "setattr", "touch",  "maint",  "mstatus"};
+#define META_NOPS ((int)(sizeof(meta_op_names) / sizeof(meta_op_names[0])))
+
+int kvc_set_metrics(struct kvc *c, struct met_reg *r)
+{
+	static const char *const stages[KVC_ST_N] = {"open",   "pread", "stripe_get", "commit",
+						     "encode", "crc",	"put_send",   "put_wait"};
+	c->meta_ops = NULL;
+	memset(c->stage, 0, sizeof(c->stage));
+	if (!r)
+		return 0;
+	int rc = met_ops_new(r, "kvfs_client_meta", meta_op_names, META_NOPS, &c->meta_ops);
+	for (int i = 0; rc == 0 && i < KVC_ST_N; i++) {
+		const char *lab[] = {"stage", stages[i], NULL};
+		c->stage[i] = met_hist_new(r, "kvfs_client_stage_duration_seconds",
+					   "Time of one step of the client's read and write paths",
+					   lab, NULL, 0);
+		if (!c->stage[i])
+			rc = -ENOMEM;
+	}
+	if (rc)
+		kvc_set_metrics(c, NULL);
+	return rc;
+}
+
+static int meta_call_retrying(struct kvc *c, uint16_t op, const struct kvp_wbuf *req, int attempts,
+			      uint8_t **rb, uint32_t *rl, int *retried);
+
 int kvc__meta_call(struct kvc *c, uint16_t op, const struct kvp_wbuf *req, int attempts,
 		   uint8_t **rb, uint32_t *rl, int *retried)
+{
+	uint64_t t0 = c->meta_ops ? kvc__now_ns() : 0;
+	int rc = meta_call_retrying(c, op, req, attempts, rb, rl, retried);
+	if (c->meta_ops)
+		met_ops_observe(c->meta_ops, (int)op - KVP_OP_LOOKUP, rc, kvc__now_ns() - t0);
+	return rc;
+}
+
+/* kvc__meta_call unmeasured: the attempts of one request. */
+static int meta_call_retrying(struct kvc *c, uint16_t op, const struct kvp_wbuf *req, int attempts,
+			      uint8_t **rb, uint32_t *rl, int *retried)
 {
 	if (req && req->err)
 		return req->err;
@@ -174,6 +230,8 @@ void kvc_close(struct kvc *c)
 	if (!c)
 		return;
 	kvp_pool_destroy(c->pool);
+	for (int i = 0; i < KVC_PREFETCH; i++)
+		free(c->pre[i].b);
 	for (int k = 0; k < KVEC_MAX_K; k++)
 		for (int m = 0; m <= KVEC_MAX_M; m++)
 			kvec_codec_destroy(c->codecs[k][m]);
@@ -238,6 +296,86 @@ int kvc_lookup(struct kvc *c, uint64_t parent, const char *name, struct kvp_attr
 	kvp_w_u64(&w, parent);
 	kvp_w_cstr(&w, name);
 	return attr_call(c, KVP_OP_LOOKUP, &w, KVC_META_ATTEMPTS, out, NULL);
+}
+
+/* Keeps b (ownership moves to c) as ino's layout, replacing the oldest kept. */
+static void prefetched_put(struct kvc *c, uint64_t ino, uint8_t *b, uint32_t len)
+{
+	pthread_mutex_lock(&c->mu);
+	uint32_t i = c->pre_next++ % KVC_PREFETCH;
+	free(c->pre[i].b);
+	c->pre[i].ino = ino;
+	c->pre[i].at_ms = kvc__now_ms();
+	c->pre[i].b = b;
+	c->pre[i].len = len;
+	pthread_mutex_unlock(&c->mu);
+}
+
+int kvc__prefetched_take(struct kvc *c, uint64_t ino, uint8_t **b, uint32_t *len)
+{
+	int rc = -ENOENT;
+	int64_t now = kvc__now_ms();
+	pthread_mutex_lock(&c->mu);
+	for (int i = 0; i < KVC_PREFETCH && rc; i++) {
+		if (c->pre[i].ino != ino || !c->pre[i].b)
+			continue;
+		if (now - c->pre[i].at_ms <= KVC_PREFETCH_MS) {
+			*b = c->pre[i].b;
+			*len = c->pre[i].len;
+			rc = 0;
+		} else {
+			free(c->pre[i].b);
+		}
+		c->pre[i].b = NULL;
+		c->pre[i].ino = 0;
+	}
+	pthread_mutex_unlock(&c->mu);
+	return rc;
+}
+
+int kvc_lookup_layout(struct kvc *c, uint64_t parent, const char *name, struct kvp_attr *out)
+{
+	if (atomic_load_explicit(&c->lookup_flag_refused, memory_order_relaxed))
+		return kvc_lookup(c, parent, name, out);
+	int rc = name_ok(name);
+	if (rc)
+		return rc == -EINVAL ? -ENOENT : rc;
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	kvp_w_u64(&w, parent);
+	kvp_w_cstr(&w, name);
+	kvp_w_u8(&w, KVP_LOOKUP_LAYOUT);
+	uint8_t *b = NULL;
+	uint32_t len = 0;
+	rc = kvc__meta_call(c, KVP_OP_LOOKUP, &w, KVC_META_ATTEMPTS, &b, &len, NULL);
+	kvp_w_free(&w);
+	if (rc == -EBADMSG) { /* an older meta: no flag byte */
+		free(b);
+		atomic_store_explicit(&c->lookup_flag_refused, 1, memory_order_relaxed);
+		return kvc_lookup(c, parent, name, out);
+	}
+	struct kvp_attr a;
+	struct kvp_rbuf r;
+	if (rc == 0) {
+		kvp_r_init(&r, b, len);
+		kvp_r_attr(&r, &a);
+		rc = r.err ? -EBADMSG : 0;
+	}
+	if (rc == 0 && S_ISREG(a.mode) && r.off < len) {
+		/* the rest is a LAYOUT body; kvc_file_open parses (and checks) it */
+		uint32_t rest = len - (uint32_t)r.off;
+		uint8_t *lb = malloc(rest);
+		if (lb) {
+			memcpy(lb, b + r.off, rest);
+			prefetched_put(c, a.ino, lb, rest);
+		}
+	} else if (rc == 0 && r.off != len) {
+		rc = -EBADMSG;
+	}
+	free(b);
+	if (rc == 0 && out)
+		*out = a;
+	return rc;
 }
 
 int kvc_getattr(struct kvc *c, uint64_t ino, struct kvp_attr *out)

@@ -95,6 +95,18 @@ static int parse_layout(struct kvc_file *f, const uint8_t *b, uint32_t len)
 
 static int layout_fetch(struct kvc *c, uint64_t ino, struct kvc_file *f)
 {
+	uint8_t *pb;
+	uint32_t pl;
+	if (kvc__prefetched_take(c, ino, &pb, &pl) == 0) {
+		int rc = parse_layout(f, pb, pl);
+		free(pb);
+		if (rc == 0)
+			return 0;
+		free(f->slots); /* a bad one: ask meta as without it */
+		free(f->nodes);
+		f->slots = NULL;
+		f->nodes = NULL;
+	}
 	struct kvp_wbuf w;
 	kvp_w_init(&w);
 	kvp_w_u64(&w, ino);
@@ -120,7 +132,17 @@ void kvc_file_close(struct kvc_file *f)
 	free(f);
 }
 
+static int file_open(struct kvc *c, uint64_t ino, struct kvc_file **out);
+
 int kvc_file_open(struct kvc *c, uint64_t ino, struct kvc_file **out)
+{
+	uint64_t t0 = kvc__now_ns();
+	int rc = file_open(c, ino, out);
+	kvc__stage(c, KVC_ST_OPEN, t0);
+	return rc;
+}
+
+static int file_open(struct kvc *c, uint64_t ino, struct kvc_file **out)
 {
 	struct kvc_file *f = calloc(1, sizeof(*f));
 	if (!f)
@@ -278,7 +300,9 @@ static int fetch_stripe(struct kvc_file *f, struct sfetch *sf, uint64_t s, uint8
 		if (i < k && r.st.slot[i].len)
 			want |= 1ull << i;
 	}
+	uint64_t t0 = kvc__now_ns();
 	int rc = kvch_stripe_read(&r.st, &sf->f, ptr, want, avoid, direct, failed);
+	kvc__stage(f->c, KVC_ST_STRIPE_GET, t0);
 	sf->s = -1;
 	if (rc == -EIO)
 		klog_warn("file %llu stripe %llu: fewer than %d chunks readable",
@@ -398,6 +422,7 @@ static ssize_t pread_once(struct kvc_file *f, void *buf, size_t len, uint64_t of
 
 ssize_t kvc_pread(struct kvc_file *f, void *buf, size_t len, uint64_t off)
 {
+	uint64_t t0 = kvc__now_ns();
 	if (f->suspect && kvc__now_ms() - f->refreshed_ms > 5000)
 		refresh_nodes(f);
 	ssize_t n = pread_once(f, buf, len, off);
@@ -406,6 +431,7 @@ ssize_t kvc_pread(struct kvc_file *f, void *buf, size_t len, uint64_t off)
 		refresh_nodes(f);
 		n = pread_once(f, buf, len, off);
 	}
+	kvc__stage(f->c, KVC_ST_PREAD, t0);
 	return n;
 }
 

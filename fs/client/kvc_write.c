@@ -294,8 +294,12 @@ static int put_all(struct kvc *c, const struct kvc_writer *w, const struct kvec_
 	for (uint64_t s = 0; s < ns && !err; s++) {
 		uint64_t wi = s % win;
 		struct kvch_call *r = rpc + wi * n;
-		if (inflight[wi])
+		uint64_t t0 = kvc__now_ns();
+		if (inflight[wi]) {
 			wait_stripe(c, r, inflight[wi], n, min, &err);
+			kvc__stage(c, KVC_ST_PUT_WAIT, t0);
+			t0 = kvc__now_ns();
+		}
 		inflight[wi] = NULL;
 		if (err)
 			break;
@@ -310,12 +314,18 @@ static int put_all(struct kvc *c, const struct kvc_writer *w, const struct kvec_
 			err = rc;
 			break;
 		}
+		kvc__stage(c, KVC_ST_ENCODE, t0);
+		t0 = kvc__now_ns();
 		struct wslot *ss = slots + s * n;
 		inflight[wi] = ss;
+		for (int i = 0; i < n; i++)
+			ss[i].crc = kvec_crc32c(0, i < k ? data[i] : parity[i - k],
+						kvec_layout_slot_len(l, s, i));
+		kvc__stage(c, KVC_ST_CRC, t0);
+		t0 = kvc__now_ns();
 		for (int i = 0; i < n && !err; i++) {
 			const uint8_t *p = i < k ? data[i] : parity[i - k];
 			uint32_t len = kvec_layout_slot_len(l, s, i);
-			ss[i].crc = kvec_crc32c(0, p, len);
 			if (len == 0 || !ss[i].node_id)
 				continue; /* empty: known zeros; node 0: meta placed none */
 			/* A node that failed us moments ago: around it at once, no new connect */
@@ -331,13 +341,16 @@ static int put_all(struct kvc *c, const struct kvc_writer *w, const struct kvec_
 			if (rc)
 				err = rc;
 		}
+		kvc__stage(c, KVC_ST_PUT_SEND, t0);
 	}
 	/* Drain everything still in flight, also after an error. */
 	for (uint64_t i = 0; rpc && i < win; i++) {
 		if (!inflight[i])
 			continue;
 		int e2 = 0;
+		uint64_t t0 = kvc__now_ns();
 		wait_stripe(c, rpc + i * n, inflight[i], n, min, &e2);
+		kvc__stage(c, KVC_ST_PUT_WAIT, t0);
 		if (!err || e2 == -ENOSPC)
 			err = e2 ? e2 : err;
 	}
@@ -514,6 +527,7 @@ static int write_once(struct kvc_writer *w, struct kvp_attr *out, int *redo)
 int kvc_commit(struct kvc_writer *w, struct kvp_attr *out)
 {
 	struct kvc *c = w->c;
+	uint64_t t0 = kvc__now_ns();
 	int rc, redo = 0;
 	struct kvch_retry r;
 	kvch_retry_start(&r, &KVCH_RETRY_STORE);
@@ -533,6 +547,7 @@ int kvc_commit(struct kvc_writer *w, struct kvp_attr *out)
 		atomic_fetch_add(&c->st_files, 1);
 	}
 	writer_free(w);
+	kvc__stage(c, KVC_ST_COMMIT, t0);
 	return rc;
 }
 

@@ -114,6 +114,14 @@ int mns_lookup(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 		reply_attr(out, &c);
 	rocksdb_readoptions_destroy(ro);
 	rocksdb_release_snapshot(m->db, snap);
+	if (!rc && (q->flags & KVP_LOOKUP_LAYOUT) && S_ISREG(c.mode)) {
+		/* The layout of what was found. Gone meanwhile (unlinked, replaced): the attr
+		 * alone, and the client's open asks LAYOUT as without the flag. */
+		struct mreq lq = {.op = KVP_OP_LAYOUT, .ino = ino};
+		size_t at = out->len;
+		if (mfile_layout(m, &lq, out))
+			out->len = at;
+	}
 	return rc;
 }
 

@@ -54,6 +54,11 @@ int mreq_parse(uint16_t op, const uint8_t *body, size_t len, struct mreq *q)
 			rstr(&r, &q->zone);
 		break;
 	case KVP_OP_LOOKUP:
+		q->parent = kvp_r_u64(&r);
+		rstr(&r, &q->name);
+		if (!r.err && r.off < r.len) /* optional: older clients send none */
+			q->flags = kvp_r_u8(&r);
+		break;
 	case KVP_OP_RMDIR:
 	case KVP_OP_UNLINK:
 		q->parent = kvp_r_u64(&r);

@@ -40,14 +40,14 @@ struct mreq {
 	    name;	    /* LOOKUP, MKDIR, RMDIR, UNLINK, RENAME, COMMIT; READDIR start_after */
 	uint64_t newparent; /* RENAME */
 	struct mreq_str newname;
-	uint32_t flags;		       /* RENAME flags, COMMIT, ALLOC and NODES flags (u8) */
-	uint32_t mode;		       /* MKDIR, COMMIT, SETATTR */
-	uint32_t uid, gid;	       /* MKDIR, COMMIT: KVP_OWNER_NONE when not sent */
-	uint32_t max;		       /* READDIR */
-	uint32_t valid;		       /* SETATTR */
-	int64_t mtime_ns, atime_ns;    /* SETATTR */
-	uint64_t write_id;	       /* COMMIT, ABORT */
-	uint64_t size;		       /* COMMIT */
+	uint32_t flags;		    /* RENAME flags, COMMIT, ALLOC, NODES and LOOKUP flags (u8) */
+	uint32_t mode;		    /* MKDIR, COMMIT, SETATTR */
+	uint32_t uid, gid;	    /* MKDIR, COMMIT: KVP_OWNER_NONE when not sent */
+	uint32_t max;		    /* READDIR */
+	uint32_t valid;		    /* SETATTR */
+	int64_t mtime_ns, atime_ns; /* SETATTR */
+	uint64_t write_id;	    /* COMMIT, ABORT */
+	uint64_t size;		    /* COMMIT */
 	uint32_t chunk_size, nstripes; /* ALLOC, COMMIT */
 	uint8_t k, m;		       /* ALLOC, COMMIT */
 	const uint8_t *slots;	       /* COMMIT: nstripes * (k+m) * MREQ_SLOT_SIZE bytes */

@@ -65,7 +65,7 @@ struct mnt_cfg {
 	uint64_t chunk;			    /* 0 = the cluster's chunk size */
 	int64_t threads;		    /* FUSE worker threads (at most) */
 	int64_t log_level;
-	int foreground, debug, allow_other, readdirplus, keep_cache, xattr;
+	int foreground, debug, allow_other, readdirplus, keep_cache, xattr, lookup_layout;
 };
 
 struct mnt_itab;

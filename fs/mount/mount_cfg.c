@@ -43,5 +43,7 @@ const struct cfg_opt mnt_cfg_opts[] = {
       "user.kvfs.* attributes (false: the kernel stops asking, ls -l saves 2 requests a file)"),
     O("keep-cache", CFG_BOOL, keep_cache, 0, 0, "true",
       "keep the page cache of (immutable) files across opens"),
+    O("lookup-layout", CFG_BOOL, lookup_layout, 0, 0, "true",
+      "a lookup brings the file's layout: its open needs no metadata round trip of its own"),
     CFG_END,
 };

@@ -200,12 +200,15 @@ int mnt_metrics_start(struct mnt *m, const struct fuse_lowlevel_ops **ops)
 		rc = met_ops_new(mm->r, "kvfs_mount", op_names, OP_N, &mm->ops);
 	if (!rc)
 		rc = met_collector_add(mm->r, collect, mm);
+	if (!rc) /* before the session starts: kvc is not yet shared between threads */
+		rc = kvc_set_metrics(m->c, mm->r);
 	m->metrics = mm; /* before serving: a scrape may come at once */
 	if (!rc)
 		rc = met_http_serve(mm->r, m->cfg.metrics_listen, m->cfg.metrics_addr_file,
 				    &mm->http);
 	if (rc) {
 		m->metrics = NULL;
+		kvc_set_metrics(m->c, NULL);
 		met_reg_destroy(mm->r);
 		free(mm);
 		return rc;
@@ -220,6 +223,7 @@ void mnt_metrics_stop(struct mnt *m)
 	if (!mm)
 		return;
 	met_http_stop(mm->http);
+	kvc_set_metrics(m->c, NULL); /* the session is gone: nothing uses m->c now */
 	met_reg_destroy(mm->r);
 	free(mm);
 	m->metrics = NULL;

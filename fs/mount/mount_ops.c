@@ -107,7 +107,8 @@ static void mnt_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 	struct kvp_attr a;
 	int rc;
 	do
-		rc = kvc_lookup(m->c, pino, name, &a);
+		rc = m->cfg.lookup_layout ? kvc_lookup_layout(m->c, pino, name, &a)
+					  : kvc_lookup(m->c, pino, name, &a);
 	while (rc && mnt_retry(m, &rc, &rt));
 	if (rc == -ENOENT) {
 		/* A file closed a moment ago may still be committing from its release. */

@@ -11,6 +11,8 @@
 #include "node_index.h"
 #include "node_store.h"
 
+struct met_hist;
+
 #define NODE_SHARDS	  256
 #define NODE_HDR_SIZE	  64
 #define NODE_HDR_MAGIC	  0x4B43564Bu /* "KVCK" little-endian */
@@ -49,6 +51,7 @@ struct node_op {
 	uint64_t *dids;
 	uint32_t *dlens;
 	char (*dnames)[20];
+	uint64_t t_submit;    /* CLOCK_MONOTONIC ns when handed to a ring (disk latency) */
 	struct node_op *next; /* queue link */
 };
 
@@ -79,6 +82,9 @@ struct node_store {
 
 	struct node_ring *rings;
 	struct node_workq *wq;
+	/* Disk latency by op type (node_store_set_disk_hist); set before requests arrive, may
+	 * stay NULL (no metrics). */
+	struct met_hist *disk_hist[NODE_OP_DEL + 1];
 };
 
 /* node_io.c */

@@ -7,6 +7,7 @@
 #define KVFS_LOG_TAG "node-io"
 #include "node_int.h"
 #include "log.h"
+#include "metrics.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #define DEL_WINDOW	 32
@@ -109,8 +111,17 @@ static struct io_uring_sqe *sqe_get(struct node_ring *r, struct node_op *op)
 	return q;
 }
 
+static uint64_t mono_ns(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
 static void op_done(struct node_ring *r, struct node_op *op)
 {
+	if (op->type >= NODE_OP_PUT && op->type <= NODE_OP_DEL)
+		met_hist_observe_ns(r->s->disk_hist[op->type], mono_ns() - op->t_submit);
 	r->active--;
 	wq_push(r->s->wq, op);
 }
@@ -405,6 +416,7 @@ void node_io_submit(struct node_store *s, struct node_op *op)
 	unsigned i = atomic_fetch_add(&s->rr, 1) % (unsigned)s->o.io_threads;
 	struct node_ring *r = &s->rings[i];
 	op->next = NULL;
+	op->t_submit = mono_ns();
 	pthread_mutex_lock(&r->mu);
 	if (r->in_tail)
 		r->in_tail->next = op;

@@ -110,6 +110,16 @@ int node_metrics_start(struct node_store *s, const char *listen, const char *add
 				       "Chunk bytes stored by successful PUTs", NULL);
 	m->get_bytes = met_counter_new(m->r, "kvfs_node_get_bytes_total",
 				       "Chunk bytes returned by successful GETs", NULL);
+	struct met_hist *disk[3];
+	static const char *const disk_ops[3] = {"put", "get", "del"};
+	for (int i = 0; i < 3; i++) {
+		const char *lab[] = {"op", disk_ops[i], NULL};
+		disk[i] =
+		    met_hist_new(m->r, "kvfs_node_disk_duration_seconds",
+				 "Disk time of a request: handed to an I/O ring until its disk "
+				 "work ended (queue wait included; CRC check and reply not)",
+				 lab, NULL, 0);
+	}
 	if (!rc)
 		rc = met_collector_add(m->r, collect, m);
 	if (!rc)
@@ -119,6 +129,7 @@ int node_metrics_start(struct node_store *s, const char *listen, const char *add
 		free(m);
 		return rc;
 	}
+	node_store_set_disk_hist(s, disk[0], disk[1], disk[2]);
 	*out = m;
 	return 0;
 }

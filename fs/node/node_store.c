@@ -375,6 +375,14 @@ void node_store_close(struct node_store *s)
 
 /* ---- synchronous requests ---- */
 
+void node_store_set_disk_hist(struct node_store *s, struct met_hist *put, struct met_hist *get,
+			      struct met_hist *del)
+{
+	s->disk_hist[NODE_OP_PUT] = put;
+	s->disk_hist[NODE_OP_GET] = get;
+	s->disk_hist[NODE_OP_DEL] = del;
+}
+
 void node_store_stats(struct node_store *s, struct node_stats *st)
 {
 	int disk = disk_space(s, &st->disk_total, &st->disk_avail) == 0;

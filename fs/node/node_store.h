@@ -50,6 +50,14 @@ void node_store_close(struct node_store *s);
 
 void node_store_stats(struct node_store *s, struct node_stats *st);
 
+/* Histograms of the disk time of PUT, GET (and VERIFY) and DEL: from handing the request to an
+ * I/O ring until its disk work ended (ring queue wait included, CRC check and reply not). Any
+ * may be NULL. Call before the server accepts requests; they must outlive the store's last
+ * request (node_metrics_free runs after node_store_close). */
+struct met_hist;
+void node_store_set_disk_hist(struct node_store *s, struct met_hist *put, struct met_hist *get,
+			      struct met_hist *del);
+
 /* LIST answered at once: appends the response body (u32 n, n x (u64 id, i64 mtime_ns),
  * u8 more) to out. 0 or -ENOMEM. */
 int node_store_list(struct node_store *s, uint64_t after, uint32_t max, struct kvp_wbuf *out);

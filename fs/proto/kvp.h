@@ -43,7 +43,8 @@ enum kvp_op {
 				  * <- u32 node_id (stable for a uuid) */
 
 	/* metadata server, from clients */
-	KVP_OP_LOOKUP = 0x30,  /* -> u64 parent, str name  <- attr */
+	KVP_OP_LOOKUP = 0x30,  /* -> u64 parent, str name [, u8 flags (kvp_lookup_flags)]  <- attr
+				* [, with KVP_LOOKUP_LAYOUT and a regular file: its LAYOUT reply] */
 	KVP_OP_GETATTR = 0x31, /* -> u64 ino  <- attr */
 	KVP_OP_READDIR = 0x32, /* -> u64 ino, str start_after ("" = first), u32 max
 				* <- u32 n, n x (str name, attr), u8 eof; names in byte order */
@@ -117,6 +118,11 @@ enum kvp_nodes_flags { KVP_NODES_ZONES = 1 };
 #define KVP_ZONE_MAX 64
 /* 0 when p (len bytes, no NUL needed) is a valid zone label, else -EINVAL. */
 int kvp_zone_check(const char *p, size_t len);
+
+/* KVP_OP_LOOKUP flags. LAYOUT: a regular file's reply goes on with the body LAYOUT would
+ * answer, so an open right after the lookup needs no round trip of its own (an older meta
+ * refuses the flag byte with -EBADMSG; the client then looks up without it). */
+enum kvp_lookup_flags { KVP_LOOKUP_LAYOUT = 1 };
 
 /* KVP_OP_MAINT actions. */
 enum kvp_maint {
