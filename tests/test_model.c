@@ -30,7 +30,7 @@ struct spec {
 	const char *omit_key;	 /* metadata key left out */
 	const char *omit_tensor; /* tensor left out */
 	const char *bad_shape;	 /* tensor written with ne[1] + 1 (or ne[0] + 32 for vectors) */
-	const char *bad_type;	 /* tensor written as Q8_0 (vectors) or Q4_0 (matrices) */
+	const char *bad_type;	 /* tensor written as Q8_0 (vectors) or Q5_0 (matrices) */
 	int head_count_array;	 /* per-layer head counts */
 	float eps;
 	int rope_freqs; /* 1: rope_freqs.weight of the right shape, 2: a wrong one */
@@ -134,9 +134,9 @@ static void build(const struct spec *s, void **buf, size_t *len)
 				ne[1] += 1;
 		}
 		if (s->bad_type && !strcmp(s->bad_type, T[i].name))
-			type = T[i].vec ? KVI_Q8_0 : 2 /* Q4_0 */;
+			type = T[i].vec ? KVI_Q8_0 : 6 /* Q5_0: not computed */;
 		int nd = T[i].vec && ne[1] == 1 ? 1 : 2;
-		if (type == 2) {
+		if (type == 6) {
 			/* the writer only writes engine types: write F16 and patch the type below
 			 */
 			assert_true(kvi_gguf_w_tensor(w, T[i].name, KVI_F16, nd, ne, NULL) >= 0);
@@ -160,7 +160,7 @@ static void build(const struct spec *s, void **buf, size_t *len)
 				uint32_t ty;
 				memcpy(&ty, p + to, 4);
 				if (ty == KVI_F16 && nd == 2)
-					ty = 2, memcpy(p + to, &ty, 4);
+					ty = 6, memcpy(p + to, &ty, 4);
 				break;
 			}
 		}
@@ -467,8 +467,9 @@ static float elem(const struct kvi_tensor *t, size_t i)
 		memcpy(&h, b, 2);
 		return f16_to_f32(h) * (float)(int8_t)b[2 + i % 32];
 	}
+	default:
+		return NAN;
 	}
-	return NAN;
 }
 
 /* max |x| over a tensor, failing on NaN / Inf */
@@ -621,7 +622,7 @@ static void test_bad_model(void **state)
 	s = llama_spec();
 	s.type = KVI_F16;
 	s.bad_type = "blk.1.attn_v.weight";
-	expect_spec_fail(&s, "tensor 'blk.1.attn_v.weight': type Q4_0 not supported");
+	expect_spec_fail(&s, "tensor 'blk.1.attn_v.weight': type Q5_0 not supported");
 }
 
 /* Every prefix of the header and sampled prefixes of the data fail cleanly. */
