@@ -347,3 +347,34 @@ void kvk_kq_matmul_scalar(enum kvk_wtype wt, float *y, size_t ldy, const void *w
 			y[t * ldy + r] = dot_scalar(wt, (const uint8_t *)w + r * rb, n, q + t * n,
 						    d + t * nb, s + t * nb);
 }
+
+float kvk_kq_value(enum kvk_wtype wt, const void *row, size_t i)
+{
+	const uint8_t *b = row;
+	switch (wt) {
+	case KVK_W_Q4_0: {
+		const uint8_t *p = b + i / 32 * KVK_Q4_0_BYTES;
+		int k = (int)(i % 32);
+		return f16at(p) * (float)((k < 16 ? p[2 + k] & 15 : p[2 + k - 16] >> 4) - 8);
+	}
+	case KVK_W_Q4_K:
+	case KVK_W_Q5_K: {
+		int five = wt == KVK_W_Q5_K;
+		const uint8_t *p = b + i / KVK_QK * (five ? KVK_Q5_K_BYTES : KVK_Q4_K_BYTES);
+		int e = (int)(i % KVK_QK), s = e / 32, sc, m;
+		kvk_kq_scale_min(s, p + 4, &sc, &m);
+		uint8_t q = p[(five ? 48 : 16) + 32 * (s / 2) + e % 32];
+		int v = s % 2 ? q >> 4 : q & 15;
+		if (five)
+			v |= ((p[16 + e % 32] >> s) & 1) << 4;
+		return f16at(p) * (float)sc * (float)v - f16at(p + 2) * (float)m;
+	}
+	case KVK_W_Q6_K: {
+		const uint8_t *p = b + i / KVK_QK * KVK_Q6_K_BYTES;
+		int si, q = q6_at(p, (int)(i % KVK_QK), &si);
+		return f16at(p + 208) * (float)(int8_t)p[192 + si] * (float)(q - 32);
+	}
+	default:
+		return 0;
+	}
+}

@@ -54,6 +54,8 @@ static inline void kvk_kq_scale_min(int j, const uint8_t *q, int *sc, int *m)
 
 size_t kvk_kq_row_bytes(enum kvk_wtype wt, size_t n);
 void kvk_kq_row_to_f32(enum kvk_wtype wt, const void *row, size_t n, float *out);
+/* Element i of a row (the same value kvk_kq_row_to_f32 gives; for per-element readers). */
+float kvk_kq_value(enum kvk_wtype wt, const void *row, size_t i);
 void kvk_kq_act_prepare(void *act, size_t ntok, const float *x, size_t ldx, size_t n, size_t t0,
 			size_t t1);
 /* Scalar reference: the contract every other ISA is tested against. */

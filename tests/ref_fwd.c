@@ -280,6 +280,18 @@ static void fill(struct kvi_tensor *t, enum kvi_dtype wt, int64_t ne0, int64_t n
 		}
 		t->data = d;
 		t->nbytes = n * 2;
+	} else if (wt != KVI_Q8_0) { /* Q4_0, K-quants: the kernels' quantizer */
+		size_t rb = kvi_dtype_row_bytes(wt, ne0);
+		uint8_t *d = malloc(rb * (size_t)ne1);
+		float *row = malloc((size_t)ne0 * 4);
+		for (int64_t r = 0; r < ne1; r++) {
+			for (int64_t i = 0; i < ne0; i++)
+				row[i] = urand(s, amp);
+			kvk_quantize_row((enum kvk_wtype)wt, d + (size_t)r * rb, row, (size_t)ne0);
+		}
+		free(row);
+		t->data = d;
+		t->nbytes = rb * (size_t)ne1;
 	} else {
 		size_t nb = n / 32;
 		uint8_t *d = malloc(nb * 34);
