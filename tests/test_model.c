@@ -559,6 +559,18 @@ static void test_synth_presets(void **state)
 	kvi_model_free(b);
 	assert_true(run_synth("nope", "f16", 1, path) != 0);
 	unlink(path);
+	/* q4_0 fits 64-wide rows (output: Q6_K falls back to Q8_0, as in llama.cpp); q4_k_m
+	 * would need llama.cpp's Q5_0 fallback there and is refused, leaving no file */
+	assert_int_equal(run_synth("tiny", "q4_0", 1, path), 0);
+	assert_int_equal(kvi_model_load(path, &a, err, sizeof(err)), 0);
+	unlink(path);
+	assert_int_equal(a->layers[0].wq.type, KVI_Q4_0);
+	assert_int_equal(a->output.type, KVI_Q8_0);
+	kvi_model_free(a);
+	assert_true(run_synth("tiny", "q4_k_m", 1, path) != 0);
+	struct stat st;
+	assert_true(stat(path, &st) != 0 || st.st_size == 0);
+	unlink(path);
 }
 
 static void test_bad_model(void **state)
