@@ -85,6 +85,23 @@ static AVX2 AI void tile_q4_0(int TB, float *y, size_t ldy, const uint8_t *row,
 		y[j * ldy] = hsum8(acc[j]);
 }
 
+/* The 8 scales and 8 mins of a Q4_K/Q5_K block as floats, unpacked by whole words instead of
+ * kvk_kq_scale_min per sub-block: bytes 0-3 hold sc0..3 in their low 6 bits and the top bits
+ * of sc4..7 in bits 6-7; bytes 4-7 the same for the mins; bytes 8-11 the low nibbles of sc4..7
+ * (low half) and m4..7 (high half). Shifts across byte boundaries are masked off. */
+static AVX2 AI void scales_k45(const uint8_t *k, __m256 *sc, __m256 *mn)
+{
+	uint32_t u[3];
+	memcpy(u, k, 12);
+	uint32_t s_lo = u[0] & 0x3f3f3f3fu, m_lo = u[1] & 0x3f3f3f3fu;
+	uint32_t s_hi = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u);
+	uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u);
+	__m128i sv = _mm_cvtsi64_si128((long long)((uint64_t)s_hi << 32 | s_lo));
+	__m128i mv = _mm_cvtsi64_si128((long long)((uint64_t)m_hi << 32 | m_lo));
+	*sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sv));
+	*mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mv));
+}
+
 /* Q4_K (five = 0) and Q5_K (five = 1). */
 static AVX2 AI void tile_k45(int five, int TB, float *y, size_t ldy, const uint8_t *row,
 			     const struct kq_tok *x)
@@ -98,15 +115,18 @@ static AVX2 AI void tile_k45(int five, int TB, float *y, size_t ldy, const uint8
 		const uint8_t *p = row + sb * bb;
 		const uint8_t *qs = p + (five ? 48 : 16);
 		float d = f16at(p), dmin = f16at(p + 2);
-		int sc[8], m[8];
-		for (int s = 0; s < 8; s++)
-			kvk_kq_scale_min(s, p + 4, &sc[s], &m[s]);
-		__m256 mv =
-		    _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)m)),
-				  _mm256_set1_ps(dmin));
-		for (int j = 0; j < TB; j++)
+		__m256 scf, mf;
+		scales_k45(p + 4, &scf, &mf);
+		__m256 mv = _mm256_mul_ps(mf, _mm256_set1_ps(dmin));
+		__m256 dsc = _mm256_mul_ps(_mm256_set1_ps(d), scf);
+		/* (d * sc_s) * dx_s for each sub-block and token, broadcast from memory below */
+		float ds[KQ_TB][8];
+		for (int j = 0; j < TB; j++) {
 			macc[j] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(x->s + j * x->nb + 8 * sb),
 						  macc[j]);
+			_mm256_storeu_ps(
+			    ds[j], _mm256_mul_ps(dsc, _mm256_loadu_ps(x->d + j * x->nb + 8 * sb)));
+		}
 		__m256i qh = five ? ld32(p + 16) : _mm256_setzero_si256();
 		for (int c = 0; c < 4; c++) {
 			__m256i q = ld32(qs + 32 * c);
@@ -124,15 +144,14 @@ static AVX2 AI void tile_k45(int five, int TB, float *y, size_t ldy, const uint8
 				    _mm256_and_si256(
 					_mm256_cmpeq_epi8(_mm256_and_si256(qh, m1), m1), sixteen));
 			}
-			float d0 = d * (float)sc[2 * c], d1 = d * (float)sc[2 * c + 1];
 			for (int j = 0; j < TB; j++) {
 				const int8_t *xq = x->q + j * x->n + KVK_QK * sb + 64 * c;
-				const float *xd = x->d + j * x->nb + 8 * sb + 2 * c;
-				acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_us(lo, ld32(xq))),
-							 _mm256_set1_ps(d0 * xd[0]), acc[j]);
+				acc[j] =
+				    _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_us(lo, ld32(xq))),
+						    _mm256_broadcast_ss(&ds[j][2 * c]), acc[j]);
 				acc[j] =
 				    _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_us(hi, ld32(xq + 32))),
-						    _mm256_set1_ps(d1 * xd[1]), acc[j]);
+						    _mm256_broadcast_ss(&ds[j][2 * c + 1]), acc[j]);
 			}
 		}
 	}
@@ -152,7 +171,11 @@ static AVX2 AI void tile_q6_k(int TB, float *y, size_t ldy, const uint8_t *row,
 	for (size_t sb = 0; sb < nsb; sb++) {
 		const uint8_t *p = row + sb * KVK_Q6_K_BYTES;
 		const int8_t *sc = (const int8_t *)(p + 192);
-		float d = f16at(p + 208);
+		__m256 dv = _mm256_set1_ps(f16at(p + 208));
+		float ds[KQ_TB][8]; /* d * dx_b for the 8 blocks of 32, per token */
+		for (int j = 0; j < TB; j++)
+			_mm256_storeu_ps(
+			    ds[j], _mm256_mul_ps(dv, _mm256_loadu_ps(x->d + j * x->nb + 8 * sb)));
 		for (int h = 0; h < 2; h++) {
 			__m256i ql0 = ld32(p + 64 * h), ql1 = ld32(p + 64 * h + 32);
 			__m256i qh = ld32(p + 128 + 32 * h);
@@ -181,7 +204,7 @@ static AVX2 AI void tile_q6_k(int TB, float *y, size_t ldy, const uint8_t *row,
 					__m256i pi = _mm256_madd_epi16(p16, sv);
 					acc[j] = _mm256_fmadd_ps(
 					    _mm256_cvtepi32_ps(pi),
-					    _mm256_set1_ps(d * x->d[j * x->nb + b]), acc[j]);
+					    _mm256_broadcast_ss(&ds[j][4 * h + k]), acc[j]);
 				}
 			}
 		}
