@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "kvk.h"
+#include "kvk_ops.h"
 
 static const enum kvk_wtype TYPES[] = {KVK_W_Q4_0, KVK_W_Q4_K, KVK_W_Q5_K, KVK_W_Q6_K};
 static const char *TNAME[] = {"Q4_0", "Q4_K", "Q5_K", "Q6_K"};
@@ -296,12 +297,51 @@ static void test_isa_vs_scalar(void **st)
 		}
 }
 
+/* The CUDA path's host references (kvk_ops.h): embed gathers the same values as the
+ * dequantization (kvk_kq_value element by element), the f32 GEMV equals the double dot of the
+ * dequantized weights with f32 activations within 1e-5 of sum |w x|. */
+static void test_ops_refs(void **st)
+{
+	(void)st;
+	enum { R = 5, T = 2, N = 512 };
+	static const enum kvk_dtype DT[] = {KVK_DT_Q4_0, KVK_DT_Q4_K, KVK_DT_Q5_K, KVK_DT_Q6_K};
+	for (int ti = 0; ti < 4; ti++) {
+		struct mm m;
+		mm_init(&m, TYPES[ti], N, R, T, 300 + ti);
+		float emb[3 * N], wr[N], y[T * R];
+		int32_t ids[3] = {4, 0, R}; /* R: out of range, gives zeros */
+		assert_int_equal(kvk_ref_embed(emb, m.w, DT[ti], R, N, ids, 3), 0);
+		for (int k = 0; k < 2; k++) {
+			kvk_row_to_f32(TYPES[ti], m.w, N, (size_t)ids[k], wr);
+			assert_memory_equal(emb + k * N, wr, sizeof(wr));
+		}
+		for (int i = 0; i < N; i++)
+			assert_true(emb[2 * N + i] == 0);
+		assert_int_equal(kvk_ref_kq_gemv(y, m.w, DT[ti], m.x, R, N, T), 0);
+		for (int t = 0; t < T; t++)
+			for (int r = 0; r < R; r++) {
+				kvk_row_to_f32(TYPES[ti], m.w, N, (size_t)r, wr);
+				double sdot = 0, mag = 0;
+				for (int i = 0; i < N; i++) {
+					sdot += (double)wr[i] * m.x[t * N + i];
+					mag += fabs((double)wr[i] * m.x[t * N + i]);
+				}
+				assert_float_equal(y[t * R + r], sdot, 1e-5 * mag);
+			}
+		mm_free(&m);
+	}
+	float y1;
+	assert_int_equal(kvk_ref_kq_gemv(&y1, NULL, KVK_DT_Q4_K, NULL, 1, 100, 1), -EINVAL);
+	assert_int_equal(kvk_ref_kq_gemv(&y1, NULL, KVK_DT_Q8_0, NULL, 1, 256, 1), -EINVAL);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_q4_0_block),	    cmocka_unit_test(test_k45_block),
 	    cmocka_unit_test(test_q6_k_block),	    cmocka_unit_test(test_quantize_error),
 	    cmocka_unit_test(test_scalar_vs_exact), cmocka_unit_test(test_isa_vs_scalar),
+	    cmocka_unit_test(test_ops_refs),
 	};
 	return cmocka_run_group_tests_name("kernels_kq", tests, NULL, NULL);
 }
