@@ -167,11 +167,13 @@ static AVX2 AI void tile_q6_k(int TB, float *y, size_t ldy, const uint8_t *row,
 		acc[j] = _mm256_setzero_ps();
 	const __m256i lo4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
 	const __m256i off = _mm256_set1_epi8(32);
+	const __m128i step = _mm_set_epi8(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
 	size_t nsb = x->n / KVK_QK;
 	for (size_t sb = 0; sb < nsb; sb++) {
 		const uint8_t *p = row + sb * KVK_Q6_K_BYTES;
 		const int8_t *sc = (const int8_t *)(p + 192);
 		__m256 dv = _mm256_set1_ps(f16at(p + 208));
+		__m128i sc8 = _mm_loadu_si128((const __m128i *)sc);
 		float ds[KQ_TB][8]; /* d * dx_b for the 8 blocks of 32, per token */
 		for (int j = 0; j < TB; j++)
 			_mm256_storeu_ps(
@@ -193,9 +195,9 @@ static AVX2 AI void tile_q6_k(int TB, float *y, size_t ldy, const uint8_t *row,
 			for (int k = 0; k < 4; k++) {
 				__m256i w = _mm256_sub_epi8(q[k], off);
 				__m256i aw = _mm256_sign_epi8(w, w);
-				__m256i sv = _mm256_inserti128_si256(
-				    _mm256_castsi128_si256(_mm_set1_epi16(sc[8 * h + 2 * k])),
-				    _mm_set1_epi16(sc[8 * h + 2 * k + 1]), 1);
+				/* int16 scales: 8 x group 2k, then 8 x group 2k + 1 */
+				__m256i sv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+				    sc8, _mm_add_epi8(_mm_set1_epi8((char)(8 * h + 2 * k)), step)));
 				size_t b = 8 * sb + 4 * h + k;
 				for (int j = 0; j < TB; j++) {
 					__m256i xv = ld32(x->q + j * x->n + 32 * b);
