@@ -267,7 +267,8 @@ void kvk_matmul(enum kvk_isa isa, enum kvk_wtype wt, float *y, size_t ldy, const
 		return;
 	if (kvk_wtype_kq(wt)) {
 #ifdef KVK_HAVE_X86
-		if (resolve(isa) == KVK_ISA_AVX2) {
+		/* any wider ISA has AVX2 too and runs these kernels (no wider variant yet) */
+		if (resolve(isa) >= KVK_ISA_AVX2) {
 			kvk_kq_matmul_avx2(wt, y, ldy, w, n, r0, r1, act, ntok);
 			return;
 		}
