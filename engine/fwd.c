@@ -374,7 +374,8 @@ static void matmuls(struct kvi_engine *e, const float *x, size_t n, size_t ntok,
 				kvk_act_prepare(KVK_W_Q8_0, e->actq, ntok, x, n, n, 0, ntok);
 			prepared = 1;
 			j.act[i] = e->actq;
-		} else if (w[i]->type == KVI_Q4_0 || w[i]->type == KVI_Q4_K ||
+		} else if (w[i]->type == KVI_Q4_0 || w[i]->type == KVI_Q5_0 ||
+			   w[i]->type == KVI_Q5_1 || w[i]->type == KVI_Q4_K ||
 			   w[i]->type == KVI_Q5_K || w[i]->type == KVI_Q6_K) {
 			/* one format for all four (a Q4_K_M layer mixes Q4_K and Q6_K) */
 			if (!prepared_k)

@@ -46,6 +46,8 @@ enum kvk_wtype {
 	KVK_W_F32 = 0,
 	KVK_W_F16 = 1,
 	KVK_W_Q4_0 = 2,	 /* blocks of 32: f16 scale, 16 bytes of nibbles */
+	KVK_W_Q5_0 = 6,	 /* blocks of 32: f16 scale, 4 bytes of fifth bits, 16 of nibbles */
+	KVK_W_Q5_1 = 7,	 /* the same with an f16 min after the scale */
 	KVK_W_Q8_0 = 8,	 /* blocks of 32: f16 scale, 32 x int8 */
 	KVK_W_Q4_K = 12, /* K-quants: super-blocks of 256 (layouts in kvk_quant_impl.h) */
 	KVK_W_Q5_K = 13,

@@ -63,6 +63,8 @@ size_t kvk_row_bytes(enum kvk_wtype wt, size_t n)
 	case KVK_W_Q8_0:
 		return n % 32 ? 0 : n / 32 * 34;
 	case KVK_W_Q4_0:
+	case KVK_W_Q5_0:
+	case KVK_W_Q5_1:
 	case KVK_W_Q4_K:
 	case KVK_W_Q5_K:
 	case KVK_W_Q6_K:

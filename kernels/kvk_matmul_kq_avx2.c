@@ -1,5 +1,5 @@
-/* AVX2 kernels for Q4_0 / Q4_K / Q5_K / Q6_K weights (layouts and the activation format in
- * kvk_quant_impl.h), called only after cpuid says the CPU has AVX2 + FMA + F16C.
+/* AVX2 kernels for Q4_0 / Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K weights (layouts and the activation
+ * format in kvk_quant_impl.h), called only after cpuid says the CPU has AVX2 + FMA + F16C.
  *
  * Each block's weights are unpacked once to bytes and used against up to KQ_TB tokens. The
  * integer dot of a 32-value block is exact (|pair sums| < 2^15, no saturation: |x| <= 127,
@@ -83,6 +83,48 @@ static AVX2 AI void tile_q4_0(int TB, float *y, size_t ldy, const uint8_t *row,
 	}
 	for (int j = 0; j < TB; j++)
 		y[j * ldy] = hsum8(acc[j]);
+}
+
+/* Q5_0 (one = 0: w = d (q - 16)) and Q5_1 (one = 1: w = d q + m). The 32 fifth bits become
+ * bytes by a shuffle (byte i takes byte i / 8 of qh) and a per-byte bit test. */
+static AVX2 AI void tile_q5(int one, int TB, float *y, size_t ldy, const uint8_t *row,
+			    const struct kq_tok *x)
+{
+	__m256 acc[KQ_TB];
+	float msum[KQ_TB];
+	for (int j = 0; j < TB; j++) {
+		acc[j] = _mm256_setzero_ps();
+		msum[j] = 0;
+	}
+	const __m256i lo4 = _mm256_set1_epi8(15), sixteen = _mm256_set1_epi8(16);
+	const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2,
+					      2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+	const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+	size_t bb = one ? KVK_Q5_1_BYTES : KVK_Q5_0_BYTES;
+	for (size_t b = 0; b < x->nb; b++) {
+		const uint8_t *p = row + b * bb, *qh = p + (one ? 4 : 2);
+		float d = f16at(p), m = one ? f16at(p + 2) : 0;
+		uint32_t h;
+		memcpy(&h, qh, 4);
+		__m256i hv = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h), shuf);
+		hv = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hv, bit), bit), sixteen);
+		__m128i q = _mm_loadu_si128((const __m128i *)(qh + 4));
+		__m256i w =
+		    _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
+		w = _mm256_or_si256(_mm256_and_si256(w, lo4), hv);
+		if (!one)
+			w = _mm256_sub_epi8(w, sixteen);
+		for (int j = 0; j < TB; j++) {
+			__m256i xv = ld32(x->q + j * x->n + 32 * b);
+			__m256i pi = one ? dot_us(w, xv) : dot_ss(w, xv);
+			acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pi),
+						 _mm256_set1_ps(d * x->d[j * x->nb + b]), acc[j]);
+			if (one)
+				msum[j] += m * x->s[j * x->nb + b];
+		}
+	}
+	for (int j = 0; j < TB; j++)
+		y[j * ldy] = hsum8(acc[j]) + msum[j];
 }
 
 /* The 8 scales and 8 mins of a Q4_K/Q5_K block as floats, unpacked by whole words instead of
@@ -222,6 +264,12 @@ static AVX2 AI void tile(enum kvk_wtype wt, int TB, float *y, size_t ldy, const 
 	case KVK_W_Q4_0:
 		tile_q4_0(TB, y, ldy, row, x);
 		return;
+	case KVK_W_Q5_0:
+		tile_q5(0, TB, y, ldy, row, x);
+		return;
+	case KVK_W_Q5_1:
+		tile_q5(1, TB, y, ldy, row, x);
+		return;
 	case KVK_W_Q4_K:
 		tile_k45(0, TB, y, ldy, row, x);
 		return;
@@ -263,6 +311,18 @@ static AVX2 void rows_q4_0(float *y, size_t ldy, const uint8_t *w, size_t n, siz
 	rows(KVK_W_Q4_0, y, ldy, w, n, r0, r1, act, ntok);
 }
 
+static AVX2 void rows_q5_0(float *y, size_t ldy, const uint8_t *w, size_t n, size_t r0, size_t r1,
+			   const void *act, size_t ntok)
+{
+	rows(KVK_W_Q5_0, y, ldy, w, n, r0, r1, act, ntok);
+}
+
+static AVX2 void rows_q5_1(float *y, size_t ldy, const uint8_t *w, size_t n, size_t r0, size_t r1,
+			   const void *act, size_t ntok)
+{
+	rows(KVK_W_Q5_1, y, ldy, w, n, r0, r1, act, ntok);
+}
+
 static AVX2 void rows_q4_k(float *y, size_t ldy, const uint8_t *w, size_t n, size_t r0, size_t r1,
 			   const void *act, size_t ntok)
 {
@@ -287,6 +347,12 @@ void kvk_kq_matmul_avx2(enum kvk_wtype wt, float *y, size_t ldy, const void *w, 
 	switch (wt) {
 	case KVK_W_Q4_0:
 		rows_q4_0(y, ldy, w, n, r0, r1, act, ntok);
+		return;
+	case KVK_W_Q5_0:
+		rows_q5_0(y, ldy, w, n, r0, r1, act, ntok);
+		return;
+	case KVK_W_Q5_1:
+		rows_q5_1(y, ldy, w, n, r0, r1, act, ntok);
 		return;
 	case KVK_W_Q4_K:
 		rows_q4_k(y, ldy, w, n, r0, r1, act, ntok);

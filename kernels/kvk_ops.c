@@ -105,6 +105,8 @@ static size_t row_bytes(enum kvk_dtype dt, size_t n)
 	case KVK_DT_Q8_0:
 		return n % KVK_Q8_0_BLOCK ? 0 : n / KVK_Q8_0_BLOCK * KVK_Q8_0_BYTES;
 	case KVK_DT_Q4_0:
+	case KVK_DT_Q5_0:
+	case KVK_DT_Q5_1:
 	case KVK_DT_Q4_K:
 	case KVK_DT_Q5_K:
 	case KVK_DT_Q6_K:

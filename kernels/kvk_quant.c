@@ -24,6 +24,10 @@ size_t kvk_kq_row_bytes(enum kvk_wtype wt, size_t n)
 	switch (wt) {
 	case KVK_W_Q4_0:
 		return n % 32 ? 0 : n / 32 * KVK_Q4_0_BYTES;
+	case KVK_W_Q5_0:
+		return n % 32 ? 0 : n / 32 * KVK_Q5_0_BYTES;
+	case KVK_W_Q5_1:
+		return n % 32 ? 0 : n / 32 * KVK_Q5_1_BYTES;
 	case KVK_W_Q4_K:
 		return n % KVK_QK ? 0 : n / KVK_QK * KVK_Q4_K_BYTES;
 	case KVK_W_Q5_K:
@@ -44,6 +48,23 @@ static void deq_q4_0(const uint8_t *b, float *y)
 		y[i] = d * (float)((b[2 + i] & 15) - 8);
 		y[i + 16] = d * (float)((b[2 + i] >> 4) - 8);
 	}
+}
+
+/* Q5_0 / Q5_1 value i (0..31) of a block, 0..31: nibble plus the fifth bit. */
+static int q5_at(const uint8_t *b, int one, int i)
+{
+	const uint8_t *qh = b + (one ? 4 : 2), *qs = qh + 4;
+	uint32_t h =
+	    (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
+	int lo = i < 16 ? qs[i] & 15 : qs[i - 16] >> 4;
+	return lo | (int)((h >> i) & 1) << 4;
+}
+
+static void deq_q5(const uint8_t *b, int one, float *y)
+{
+	float d = f16at(b), m = one ? f16at(b + 2) : 0;
+	for (int i = 0; i < 32; i++)
+		y[i] = one ? d * (float)q5_at(b, 1, i) + m : d * (float)(q5_at(b, 0, i) - 16);
 }
 
 /* Q4_K and Q5_K (qh NULL for Q4_K). */
@@ -90,6 +111,14 @@ void kvk_kq_row_to_f32(enum kvk_wtype wt, const void *row, size_t n, float *out)
 		for (size_t i = 0; i < n / 32; i++)
 			deq_q4_0(b + i * KVK_Q4_0_BYTES, out + i * 32);
 		return;
+	case KVK_W_Q5_0:
+	case KVK_W_Q5_1: {
+		int one = wt == KVK_W_Q5_1;
+		size_t bb = one ? KVK_Q5_1_BYTES : KVK_Q5_0_BYTES;
+		for (size_t i = 0; i < n / 32; i++)
+			deq_q5(b + i * bb, one, out + i * 32);
+		return;
+	}
 	case KVK_W_Q4_K:
 		for (size_t i = 0; i < n / KVK_QK; i++) {
 			const uint8_t *p = b + i * KVK_Q4_K_BYTES;
@@ -134,6 +163,43 @@ static void qz_q4_0(const float *x, uint8_t *b)
 		int c = clampi((int)lrintf(x[i + 16] * id) + 8, 0, 15);
 		b[2 + i] = (uint8_t)(a | (c << 4));
 	}
+}
+
+static void qz_q5(const float *x, int one, uint8_t *b)
+{
+	float d, m = 0;
+	if (one) {
+		float lo = x[0], hi = x[0];
+		for (int i = 1; i < 32; i++) {
+			lo = fminf(lo, x[i]);
+			hi = fmaxf(hi, x[i]);
+		}
+		d = (hi - lo) / 31.0f;
+		f16put(b + 2, lo);
+		m = f16at(b + 2);
+	} else {
+		float amax = 0, mx = 0;
+		for (int i = 0; i < 32; i++)
+			if (fabsf(x[i]) > amax) {
+				amax = fabsf(x[i]);
+				mx = x[i];
+			}
+		d = mx / -16.0f;
+	}
+	f16put(b, d);
+	d = f16at(b);
+	float id = d != 0 ? 1.0f / d : 0.0f;
+	uint8_t *qh = b + (one ? 4 : 2), *qs = qh + 4;
+	uint32_t h = 0;
+	memset(qs, 0, 16);
+	for (int i = 0; i < 32; i++) {
+		int q = one ? clampi((int)lrintf((x[i] - m) * id), 0, 31)
+			    : clampi((int)lrintf(x[i] * id) + 16, 0, 31);
+		qs[i % 16] |= (uint8_t)((q & 15) << (i < 16 ? 0 : 4));
+		h |= (uint32_t)(q >> 4) << i;
+	}
+	for (int k = 0; k < 4; k++)
+		qh[k] = (uint8_t)(h >> (8 * k));
 }
 
 /* Q4_K / Q5_K (levels 15 or 31; qh NULL for Q4_K). */
@@ -225,6 +291,14 @@ int kvk_quantize_row(enum kvk_wtype wt, void *out, const float *x, size_t n)
 		for (size_t i = 0; i < n / 32; i++)
 			qz_q4_0(x + 32 * i, o + i * KVK_Q4_0_BYTES);
 		return 0;
+	case KVK_W_Q5_0:
+	case KVK_W_Q5_1:
+		if (n % 32)
+			return -EINVAL;
+		for (size_t i = 0; i < n / 32; i++)
+			qz_q5(x + 32 * i, wt == KVK_W_Q5_1,
+			      o + i * (wt == KVK_W_Q5_1 ? KVK_Q5_1_BYTES : KVK_Q5_0_BYTES));
+		return 0;
 	case KVK_W_Q4_K:
 	case KVK_W_Q5_K:
 	case KVK_W_Q6_K:
@@ -286,6 +360,20 @@ static float dot_scalar(enum kvk_wtype wt, const uint8_t *row, size_t n, const i
 			const float *xd, const float *xs)
 {
 	float acc = 0, macc = 0;
+	if (wt == KVK_W_Q5_0 || wt == KVK_W_Q5_1) {
+		int one = wt == KVK_W_Q5_1;
+		size_t bb = one ? KVK_Q5_1_BYTES : KVK_Q5_0_BYTES;
+		for (size_t b = 0; b < n / 32; b++) {
+			const uint8_t *p = row + b * bb;
+			int s = 0;
+			for (int i = 0; i < 32; i++)
+				s += (q5_at(p, one, i) - (one ? 0 : 16)) * xq[32 * b + i];
+			acc += (float)s * (f16at(p) * xd[b]);
+			if (one)
+				macc += f16at(p + 2) * xs[b];
+		}
+		return acc + macc;
+	}
 	if (wt == KVK_W_Q4_0) {
 		for (size_t b = 0; b < n / 32; b++) {
 			const uint8_t *p = row + b * KVK_Q4_0_BYTES;
@@ -356,6 +444,13 @@ float kvk_kq_value(enum kvk_wtype wt, const void *row, size_t i)
 		const uint8_t *p = b + i / 32 * KVK_Q4_0_BYTES;
 		int k = (int)(i % 32);
 		return f16at(p) * (float)((k < 16 ? p[2 + k] & 15 : p[2 + k - 16] >> 4) - 8);
+	}
+	case KVK_W_Q5_0:
+	case KVK_W_Q5_1: {
+		int one = wt == KVK_W_Q5_1;
+		const uint8_t *p = b + i / 32 * (one ? KVK_Q5_1_BYTES : KVK_Q5_0_BYTES);
+		int q = q5_at(p, one, (int)(i % 32));
+		return one ? f16at(p) * (float)q + f16at(p + 2) : f16at(p) * (float)(q - 16);
 	}
 	case KVK_W_Q4_K:
 	case KVK_W_Q5_K: {

@@ -68,8 +68,8 @@ static double elem(const struct kvi_tensor *t, int64_t r, int64_t k)
  * which tests/test_kernels_kq.c checks on hand-built blocks. */
 static void row_at(const struct kvi_tensor *t, int64_t r, float *out)
 {
-	int bt = t->type == KVI_Q4_0 || t->type == KVI_Q4_K || t->type == KVI_Q5_K ||
-		 t->type == KVI_Q6_K;
+	int bt = t->type == KVI_Q4_0 || t->type == KVI_Q5_0 || t->type == KVI_Q5_1 ||
+		 t->type == KVI_Q4_K || t->type == KVI_Q5_K || t->type == KVI_Q6_K;
 	if (bt) {
 		kvk_row_to_f32((enum kvk_wtype)t->type, t->data, (size_t)t->ne[0], (size_t)r, out);
 		return;

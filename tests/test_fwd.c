@@ -173,6 +173,35 @@ static void test_ref_synth_quant(void **st)
 		}
 		kvi_model_free(m);
 	}
+	/* 64-wide presets: llama.cpp's fallbacks give Q5_0 (q4_k_m) and Q5_1 (q5_k_m) */
+	static const struct {
+		const char *preset, *type;
+		enum kvi_dtype want;
+	} G[] = {{"tiny", "q4_k_m", KVI_Q5_0}, {"tiny-qwen2", "q5_k_m", KVI_Q5_1}};
+	for (size_t gi = 0; gi < 2; gi++) {
+		char path[64] = "/tmp/test_fwd_synth_XXXXXX", cmd[512], err[256];
+		int fd = mkstemp(path);
+		assert_true(fd >= 0);
+		close(fd);
+		snprintf(cmd, sizeof(cmd),
+			 "%s/tools/kvinfer-synth --preset %s --type %s --seed 4 -o %s >/dev/null",
+			 bd, G[gi].preset, G[gi].type, path);
+		assert_int_equal(system(cmd), 0);
+		struct kvi_model *m = NULL;
+		int rc = kvi_model_load(path, &m, err, sizeof(err));
+		unlink(path);
+		if (rc)
+			fail_msg("%s: %s", G[gi].type, err);
+		assert_int_equal(m->layers[0].wq.type, G[gi].want);
+		int isas[2] = {KVK_ISA_SCALAR, kvk_isa_best()};
+		for (int ii = 0; ii < 2; ii++) {
+			double e = vs_reference_model(m, isas[ii]);
+			printf("  %-10s %-6s %-6s rel err %.2e (tol 6e-2)\n", G[gi].preset,
+			       G[gi].type, kvk_isa_name(isas[ii]), e);
+			assert_true(e <= 6e-2);
+		}
+		kvi_model_free(m);
+	}
 }
 
 /* Prefill n tokens with the given chunk/threads; last logits and every KV block's bytes. */

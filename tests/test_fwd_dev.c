@@ -109,6 +109,10 @@ static const char *tname(enum kvi_dtype wt)
 		return "q8_0";
 	case KVI_Q4_0:
 		return "q4_0";
+	case KVI_Q5_0:
+		return "q5_0";
+	case KVI_Q5_1:
+		return "q5_1";
 	case KVI_Q4_K:
 		return "q4_k";
 	case KVI_Q5_K:
@@ -203,7 +207,8 @@ static void check_vs_cpu(enum kvi_dtype wt)
 	struct kvi_config cfgs[3] = {ref_cfg_tiny_llama(203), ref_cfg_tiny_qwen(), cfg_wide()};
 	const int chunks[] = {64, 1, 5, 7};
 	double tol = tol_of(wt);
-	int kq = wt == KVI_Q4_0 || wt == KVI_Q4_K || wt == KVI_Q5_K || wt == KVI_Q6_K;
+	int kq = wt == KVI_Q4_0 || wt == KVI_Q5_0 || wt == KVI_Q5_1 || wt == KVI_Q4_K ||
+		 wt == KVI_Q5_K || wt == KVI_Q6_K;
 	if (QUICK && wt != KVI_F16 && wt != KVI_Q8_0 && wt != KVI_Q4_K)
 		return;
 	if (kq)
@@ -288,7 +293,7 @@ static void test_vs_cpu_q8_0(void **st)
 static void test_vs_cpu_kq(void **st)
 {
 	(void)st;
-	const enum kvi_dtype kts[] = {KVI_Q4_K, KVI_Q6_K, KVI_Q5_K, KVI_Q4_0};
+	const enum kvi_dtype kts[] = {KVI_Q4_K, KVI_Q6_K, KVI_Q5_K, KVI_Q4_0, KVI_Q5_0, KVI_Q5_1};
 	for (size_t i = 0; i < sizeof(kts) / sizeof(kts[0]); i++)
 		check_vs_cpu(kts[i]);
 }

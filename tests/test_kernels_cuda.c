@@ -591,7 +591,8 @@ static void test_q8_0_gemv(void **state)
 /* Q4_0 / K-quant weights from the host quantizer (random rows): the device's dequantization
  * gathered by embed (to 1 ulp: the device may fuse d * q - m into one FMA) and the GEMV against
  * kvk_ref_kq_gemv. */
-static const enum kvk_dtype KQ_DTS[] = {KVK_DT_Q4_0, KVK_DT_Q4_K, KVK_DT_Q5_K, KVK_DT_Q6_K};
+static const enum kvk_dtype KQ_DTS[] = {KVK_DT_Q4_0, KVK_DT_Q4_K, KVK_DT_Q5_K,
+					KVK_DT_Q6_K, KVK_DT_Q5_0, KVK_DT_Q5_1};
 
 static uint8_t *kq_rows(enum kvk_dtype dt, int rows, int n, uint64_t *s, size_t *bytes)
 {
@@ -613,7 +614,7 @@ static void test_kq_embed(void **state)
 {
 	struct kvk_cuda_ctx *c = *state;
 	uint64_t s = 21;
-	for (int k = 0; k < 4; k++) {
+	for (int k = 0; k < 6; k++) {
 		size_t rows = 37, dim = 512, T = 9, wb;
 		uint8_t *tab = kq_rows(KQ_DTS[k], (int)rows, (int)dim, &s, &wb);
 		int32_t ids[9];
@@ -638,7 +639,7 @@ static void test_kq_gemv(void **state)
 	struct kvk_cuda_ctx *c = *state;
 	static const int shapes[][3] = {{1, 256, 1}, {37, 768, 3}, {513, 2048, 11}, {64, 4096, 8}};
 	uint64_t s = 22;
-	for (int k = 0; k < 4; k++)
+	for (int k = 0; k < 6; k++)
 		for (size_t i = 0; i < ncases(4); i++) {
 			int R = shapes[i][0], N = shapes[i][1], T = shapes[i][2];
 			size_t wb;

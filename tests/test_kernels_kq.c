@@ -17,8 +17,10 @@
 #include "kvk.h"
 #include "kvk_ops.h"
 
-static const enum kvk_wtype TYPES[] = {KVK_W_Q4_0, KVK_W_Q4_K, KVK_W_Q5_K, KVK_W_Q6_K};
-static const char *TNAME[] = {"Q4_0", "Q4_K", "Q5_K", "Q6_K"};
+static const enum kvk_wtype TYPES[] = {KVK_W_Q4_0, KVK_W_Q4_K, KVK_W_Q5_K,
+				       KVK_W_Q6_K, KVK_W_Q5_0, KVK_W_Q5_1};
+static const char *TNAME[] = {"Q4_0", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1"};
+#define NTYPES 6
 
 static uint32_t rng(uint64_t *s)
 {
@@ -53,6 +55,34 @@ static void test_q4_0_block(void **st)
 	}
 	assert_int_equal(kvk_row_bytes(KVK_W_Q4_0, 64), 36);
 	assert_int_equal(kvk_row_bytes(KVK_W_Q4_0, 48), 0);
+}
+
+/* Q5_0 and Q5_1: d = 0.5 (Q5_1: m = -2), nibbles as in the Q4_0 test, fifth bits 0xa5a5f00f
+ * (bit i for value i, little-endian). */
+static void test_q5_blocks(void **st)
+{
+	(void)st;
+	const uint32_t h = 0xa5a5f00fu;
+	for (int one = 0; one < 2; one++) {
+		uint8_t b[24];
+		put16(b, 0x3800);
+		if (one)
+			put16(b + 2, 0xc000); /* -2 */
+		uint8_t *qh = b + (one ? 4 : 2);
+		for (int k = 0; k < 4; k++)
+			qh[k] = (uint8_t)(h >> (8 * k));
+		for (int i = 0; i < 16; i++)
+			qh[4 + i] = (uint8_t)(i | ((15 - i) << 4));
+		float y[32];
+		kvk_row_to_f32(one ? KVK_W_Q5_1 : KVK_W_Q5_0, b, 32, 0, y);
+		for (int i = 0; i < 32; i++) {
+			int q = (i < 16 ? i : 31 - i) | (int)((h >> i) & 1) << 4;
+			float want = one ? 0.5f * (float)q - 2.0f : 0.5f * (float)(q - 16);
+			assert_true(y[i] == want);
+		}
+	}
+	assert_int_equal(kvk_row_bytes(KVK_W_Q5_0, 64), 44);
+	assert_int_equal(kvk_row_bytes(KVK_W_Q5_1, 64), 48);
 }
 
 /* Q4_K with five == 0, Q5_K with five == 1: d = 1, dmin = 0.5, sub-block s has scale
@@ -145,12 +175,12 @@ static void test_quantize_error(void **st)
 	(void)st;
 	/* worst |error| / max |x| of a row: half a step of each type's grid, with the scale
 	 * rounding of the 6-bit (K) and 8-bit (Q6_K) scales */
-	const double bound[4] = {0.07, 0.06, 0.03, 0.02};
+	const double bound[NTYPES] = {0.07, 0.06, 0.03, 0.02, 0.035, 0.035};
 	enum { N = 1024 };
 	float x[N], y[N];
 	uint8_t q[N];
 	uint64_t s = 11;
-	for (int ti = 0; ti < 4; ti++) {
+	for (int ti = 0; ti < NTYPES; ti++) {
 		double worst = 0;
 		for (int rep = 0; rep < 20; rep++) {
 			float amax = 0;
@@ -211,7 +241,7 @@ static void test_scalar_vs_exact(void **st)
 {
 	(void)st;
 	enum { R = 9, T = 3 };
-	for (int ti = 0; ti < 4; ti++) {
+	for (int ti = 0; ti < NTYPES; ti++) {
 		enum kvk_wtype wt = TYPES[ti];
 		size_t n = 768;
 		struct mm m;
@@ -256,7 +286,7 @@ static void test_isa_vs_scalar(void **st)
 	if (best == KVK_ISA_SCALAR)
 		print_message("only the scalar ISA on this CPU: comparing it with itself\n");
 	const size_t ns[2] = {256, 1280};
-	for (int ti = 0; ti < 4; ti++)
+	for (int ti = 0; ti < NTYPES; ti++)
 		for (int ni = 0; ni < 2; ni++) {
 			enum kvk_wtype wt = TYPES[ti];
 			size_t n = ns[ni];
@@ -304,8 +334,9 @@ static void test_ops_refs(void **st)
 {
 	(void)st;
 	enum { R = 5, T = 2, N = 512 };
-	static const enum kvk_dtype DT[] = {KVK_DT_Q4_0, KVK_DT_Q4_K, KVK_DT_Q5_K, KVK_DT_Q6_K};
-	for (int ti = 0; ti < 4; ti++) {
+	static const enum kvk_dtype DT[] = {KVK_DT_Q4_0, KVK_DT_Q4_K, KVK_DT_Q5_K,
+					    KVK_DT_Q6_K, KVK_DT_Q5_0, KVK_DT_Q5_1};
+	for (int ti = 0; ti < NTYPES; ti++) {
 		struct mm m;
 		mm_init(&m, TYPES[ti], N, R, T, 300 + ti);
 		float emb[3 * N], wr[N], y[T * R];
@@ -338,10 +369,10 @@ static void test_ops_refs(void **st)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_q4_0_block),	    cmocka_unit_test(test_k45_block),
-	    cmocka_unit_test(test_q6_k_block),	    cmocka_unit_test(test_quantize_error),
-	    cmocka_unit_test(test_scalar_vs_exact), cmocka_unit_test(test_isa_vs_scalar),
-	    cmocka_unit_test(test_ops_refs),
+	    cmocka_unit_test(test_q4_0_block),	   cmocka_unit_test(test_q5_blocks),
+	    cmocka_unit_test(test_k45_block),	   cmocka_unit_test(test_q6_k_block),
+	    cmocka_unit_test(test_quantize_error), cmocka_unit_test(test_scalar_vs_exact),
+	    cmocka_unit_test(test_isa_vs_scalar),  cmocka_unit_test(test_ops_refs),
 	};
 	return cmocka_run_group_tests_name("kernels_kq", tests, NULL, NULL);
 }

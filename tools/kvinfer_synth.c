@@ -149,6 +149,8 @@ static int fill(void *ctx, int ti, int64_t row0, int64_t nrows, void *buf)
 			}
 			break;
 		case KVI_Q4_0:
+		case KVI_Q5_0:
+		case KVI_Q5_1:
 		case KVI_Q4_K:
 		case KVI_Q5_K:
 		case KVI_Q6_K:
@@ -339,8 +341,7 @@ static int blck(enum kvi_dtype t)
  * output (or the tied token_embd) Q6_K, Q8_0 when its rows are not whole super-blocks;
  * with the _M mixes attn_v and ffn_down Q6_K where more_bits(layer); the rest the base type;
  * then its fallback for rows that are not whole blocks (Q4_K -> Q5_0, Q5_K -> Q5_1,
- * Q6_K -> Q8_0; a 32-block type -> F16). -ENOTSUP where that fallback is Q5_0/Q5_1, which
- * kvinfer does not compute. */
+ * Q6_K -> Q8_0; a 32-block type -> F16). */
 static int pick_type(const struct ftype *f, const char *name, int layer, int n_layer, int64_t ne0,
 		     int tied, enum kvi_dtype *out)
 {
@@ -358,19 +359,10 @@ static int pick_type(const struct ftype *f, const char *name, int layer, int n_l
 	    more_bits(layer, n_layer))
 		t = KVI_Q6_K;
 	if (ne0 % blck(t)) {
-		if (t == KVI_Q6_K)
-			t = KVI_Q8_0;
-		else if (t == KVI_Q4_0)
-			t = KVI_F16;
-		else {
-			fprintf(
-			    stderr,
-			    "kvinfer-synth: %s: %lld columns are not whole %s super-blocks; "
-			    "llama.cpp falls back to %s there, which kvinfer does not support\n",
-			    name, (long long)ne0, t == KVI_Q4_K ? "Q4_K" : "Q5_K",
-			    t == KVI_Q4_K ? "Q5_0" : "Q5_1");
-			return -ENOTSUP;
-		}
+		t = t == KVI_Q6_K   ? KVI_Q8_0
+		    : t == KVI_Q4_K ? KVI_Q5_0
+		    : t == KVI_Q5_K ? KVI_Q5_1
+				    : KVI_F16;
 		if (ne0 % blck(t))
 			t = KVI_F16;
 	}

@@ -17,6 +17,10 @@ static __host__ __device__ __forceinline__ size_t kq_row_bytes(int dt, int n)
 	switch (dt) {
 	case KVK_DT_Q4_0:
 		return n % 32 ? 0 : (size_t)(n / 32) * 18;
+	case KVK_DT_Q5_0:
+		return n % 32 ? 0 : (size_t)(n / 32) * 22;
+	case KVK_DT_Q5_1:
+		return n % 32 ? 0 : (size_t)(n / 32) * 24;
 	case KVK_DT_Q4_K:
 		return n % 256 ? 0 : (size_t)(n / 256) * 144;
 	case KVK_DT_Q5_K:
@@ -38,6 +42,21 @@ static __device__ __forceinline__ void kq_block32(int dt, const uint8_t *row, in
 		for (int i = 0; i < 16; i++) {
 			v[i] = d * (float)((p[2 + i] & 15) - 8);
 			v[16 + i] = d * (float)((p[2 + i] >> 4) - 8);
+		}
+		return;
+	}
+	if (dt == KVK_DT_Q5_0 || dt == KVK_DT_Q5_1) {
+		int one = dt == KVK_DT_Q5_1;
+		const uint8_t *p = row + (size_t)b * (one ? 24 : 22), *qh = p + (one ? 4 : 2);
+		float d = kq_f16(p), m = one ? kq_f16(p + 2) : 0.f;
+		uint32_t h = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 |
+			     (uint32_t)qh[3] << 24;
+#pragma unroll
+		for (int i = 0; i < 16; i++) {
+			int lo = (qh[4 + i] & 15) | (int)((h >> i) & 1) << 4;
+			int hi = (qh[4 + i] >> 4) | (int)((h >> (i + 16)) & 1) << 4;
+			v[i] = one ? d * (float)lo + m : d * (float)(lo - 16);
+			v[16 + i] = one ? d * (float)hi + m : d * (float)(hi - 16);
 		}
 		return;
 	}
