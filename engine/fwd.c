@@ -37,6 +37,7 @@ struct kvi_engine {
 	float *gate;	       /* (T, n_ff) */
 	float *up;	       /* (T, n_ff) */
 	void *actq;	       /* Q8_0 activations for the widest input */
+	void *actk;	       /* Q4_0/K-quant activations (one format for the four types) */
 	float *rope_cs;	       /* (T, rope_dim / 2, 2) cos, sin */
 	int32_t *pos;	       /* (T) */
 	int *rows;	       /* (T) 0, 1, 2, ...: "every batch row" for logits */
@@ -204,6 +205,7 @@ int kvi_engine_create(const struct kvi_model *m, const struct kvi_engine_opts *o
 	e->gate = zalloc(T * F * 4);
 	e->up = zalloc(T * F * 4);
 	e->actq = zalloc(kvk_act_bytes(KVK_W_Q8_0, max3(E, QD, F) / 32 * 32 + 32, T));
+	e->actk = zalloc(kvk_act_bytes(KVK_W_Q4_K, max3(E, QD, F) / 32 * 32 + 32, T));
 	e->rope_cs = zalloc(T * R2 * 2 * 4);
 	e->pos = zalloc(T * sizeof(int32_t));
 	e->rows = zalloc(T * sizeof(int));
@@ -211,8 +213,8 @@ int kvi_engine_create(const struct kvi_model *m, const struct kvi_engine_opts *o
 	e->scratch = calloc((size_t)opt.threads, sizeof(float *));
 	e->scores = calloc((size_t)opt.threads, sizeof(float *));
 	if (!e->inv_freq || !e->norm_attn || !e->norm_ffn || !e->norm_out || !e->x || !e->xn ||
-	    !e->q || !e->k || !e->v || !e->att || !e->gate || !e->up || !e->actq || !e->rope_cs ||
-	    !e->pos || !e->rows || !e->bseq || !e->scratch || !e->scores)
+	    !e->q || !e->k || !e->v || !e->att || !e->gate || !e->up || !e->actq || !e->actk ||
+	    !e->rope_cs || !e->pos || !e->rows || !e->bseq || !e->scratch || !e->scores)
 		goto fail;
 	size_t sc =
 	    max3(kvk_matmul_scratch_floats(KVK_W_F16, E), kvk_matmul_scratch_floats(KVK_W_F16, QD),
@@ -270,10 +272,10 @@ void kvi_engine_destroy(struct kvi_engine *e)
 	}
 	free(e->scratch);
 	free(e->scores);
-	void *bufs[] = {e->inv_freq, e->norm_attn, e->norm_ffn, e->norm_out, e->bq,
-			e->bk,	     e->bv,	   e->x,	e->xn,	     e->q,
-			e->k,	     e->v,	   e->att,	e->gate,     e->up,
-			e->actq,     e->rope_cs,   e->pos,	e->rows,     e->bseq};
+	void *bufs[] = {e->inv_freq, e->norm_attn, e->norm_ffn, e->norm_out, e->bq,   e->bk,
+			e->bv,	     e->x,	   e->xn,	e->q,	     e->k,    e->v,
+			e->att,	     e->gate,	   e->up,	e->actq,     e->actk, e->rope_cs,
+			e->pos,	     e->rows,	   e->bseq};
 	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
 		free(bufs[i]);
 	free(e);
@@ -360,7 +362,7 @@ static void matmuls(struct kvi_engine *e, const float *x, size_t n, size_t ntok,
 {
 	struct mm_job j = {
 	    .e = e, .n_mm = n_mm, .n = n, .ntok = ntok, .swiglu = swiglu, .resid = resid};
-	int prepared = 0;
+	int prepared = 0, prepared_k = 0;
 	for (int i = 0; i < n_mm; i++) {
 		j.w[i] = w[i];
 		j.y[i] = y[i];
@@ -372,6 +374,14 @@ static void matmuls(struct kvi_engine *e, const float *x, size_t n, size_t ntok,
 				kvk_act_prepare(KVK_W_Q8_0, e->actq, ntok, x, n, n, 0, ntok);
 			prepared = 1;
 			j.act[i] = e->actq;
+		} else if (w[i]->type == KVI_Q4_0 || w[i]->type == KVI_Q5_0 ||
+			   w[i]->type == KVI_Q5_1 || w[i]->type == KVI_Q4_K ||
+			   w[i]->type == KVI_Q5_K || w[i]->type == KVI_Q6_K) {
+			/* one format for all four (a Q4_K_M layer mixes Q4_K and Q6_K) */
+			if (!prepared_k)
+				kvk_act_prepare(KVK_W_Q4_K, e->actk, ntok, x, n, n, 0, ntok);
+			prepared_k = 1;
+			j.act[i] = e->actk;
 		} else {
 			j.act[i] = x;
 		}

@@ -121,7 +121,8 @@ static const float *upload_vec(struct kvi_dev_engine *e, const struct kvi_tensor
 	return p;
 }
 
-/* A matrix as stored (F32/F16/BF16/Q8_0); a tensor already uploaded (tied output) is shared. */
+/* A matrix as stored (F32/F16/BF16/Q8_0/Q4_0/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K); a tensor already uploaded
+ * (tied output) is shared. */
 static void upload_mat(struct kvi_dev_engine *e, const struct kvi_tensor *t, struct dw *out,
 		       const struct kvi_tensor *same, const struct dw *same_dw, int *rc)
 {
@@ -449,6 +450,13 @@ static int matmul(struct kvi_dev_engine *e, float *y, const struct dw *w, const 
 		return op->gemm(&e->d, y, x, w->p, KVK_DT_F32, ntok, w->ne1, w->ne0);
 	case KVK_DT_Q8_0:
 		return op->q8_0_gemv(&e->d, y, w->p, x, w->ne1, w->ne0, ntok);
+	case KVK_DT_Q4_0:
+	case KVK_DT_Q5_0:
+	case KVK_DT_Q5_1:
+	case KVK_DT_Q4_K:
+	case KVK_DT_Q5_K:
+	case KVK_DT_Q6_K:
+		return op->kq_gemv(&e->d, y, w->p, w->dt, x, w->ne1, w->ne0, ntok);
 	}
 	return -EINVAL;
 }

@@ -30,6 +30,18 @@ size_t kvi_dtype_row_bytes(enum kvi_dtype t, int64_t n)
 		return (size_t)n * 2;
 	case KVI_Q8_0:
 		return n % KVI_Q8_0_BLOCK ? 0 : (size_t)(n / KVI_Q8_0_BLOCK) * KVI_Q8_0_BYTES;
+	case KVI_Q4_0:
+		return n % 32 ? 0 : (size_t)(n / 32) * 18;
+	case KVI_Q5_0:
+		return n % 32 ? 0 : (size_t)(n / 32) * 22;
+	case KVI_Q5_1:
+		return n % 32 ? 0 : (size_t)(n / 32) * 24;
+	case KVI_Q4_K:
+		return n % 256 ? 0 : (size_t)(n / 256) * 144;
+	case KVI_Q5_K:
+		return n % 256 ? 0 : (size_t)(n / 256) * 176;
+	case KVI_Q6_K:
+		return n % 256 ? 0 : (size_t)(n / 256) * 210;
 	}
 	return 0;
 }
@@ -403,11 +415,15 @@ static int take(struct ld *l, const char *name, struct kvi_tensor *dst, int kind
 	int is_vec = kind == K_NORM || kind == K_BIAS || kind == K_FREQ;
 	/* llama.cpp writes vectors as F32; the forward pass converts F16/BF16 ones once */
 	int float_type = t->type == KVI_F32 || t->type == KVI_F16 || t->type == KVI_BF16;
-	if (!float_type && (is_vec || t->type != KVI_Q8_0))
+	int block_type = t->type == KVI_Q8_0 || t->type == KVI_Q4_0 || t->type == KVI_Q5_0 ||
+			 t->type == KVI_Q5_1 || t->type == KVI_Q4_K || t->type == KVI_Q5_K ||
+			 t->type == KVI_Q6_K;
+	if (!float_type && (is_vec || !block_type))
 		return lfail(l, "tensor '%s': type %s not supported here (%s)", name,
 			     tname(t->type),
 			     is_vec ? "norms and biases must be F32, F16 or BF16"
-				    : "weights must be F32, F16, BF16 or Q8_0");
+				    : "weights must be F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q5_1, "
+				      "Q4_K, Q5_K or Q6_K");
 	if (t->ne[2] != 1 || t->ne[3] != 1 || (is_vec && t->ne[1] != 1))
 		return lfail(l, "tensor '%s': has %u dimensions, expected %d", name, t->n_dims,
 			     is_vec ? 1 : 2);

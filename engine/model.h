@@ -17,7 +17,13 @@
 enum kvi_dtype {
 	KVI_F32 = 0,
 	KVI_F16 = 1,
-	KVI_Q8_0 = 8, /* blocks of 32: one f16 scale d, then 32 int8 q; value = d * q */
+	KVI_Q4_0 = 2,  /* blocks of 32 in 18 bytes (layouts: kernels/kvk_quant_impl.h) */
+	KVI_Q5_0 = 6,  /* blocks of 32 in 22 bytes */
+	KVI_Q5_1 = 7,  /* blocks of 32 in 24 bytes */
+	KVI_Q8_0 = 8,  /* blocks of 32: one f16 scale d, then 32 int8 q; value = d * q */
+	KVI_Q4_K = 12, /* super-blocks of 256 in 144 bytes */
+	KVI_Q5_K = 13, /* super-blocks of 256 in 176 bytes */
+	KVI_Q6_K = 14, /* super-blocks of 256 in 210 bytes */
 	KVI_BF16 = 30,
 };
 

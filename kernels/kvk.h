@@ -35,11 +35,23 @@ int kvk_cuda_rmsnorm_f32(float *out, const float *x, const float *w, size_t n, s
  *
  * Activations: F32/F16/BF16 weights take f32 activations as they are (rows of n floats). Q8_0
  * weights take activations quantized per token in blocks of 32 (kvk_act_prepare); the layout
- * is private to the kernels: size it with kvk_act_bytes. */
+ * is private to the kernels: size it with kvk_act_bytes. Q4_0/Q4_K/Q5_K/Q6_K weights share
+ * one activation format (int8 blocks of 32 with their scale and sum), so one prepared buffer
+ * serves a mix of these types; it is not the Q8_0 one.
+ *
+ * Tolerance of the quantized types: a SIMD kernel differs from the scalar reference only in
+ * float summation order (the integer block dots are exact), within 1e-5 relative of the sum of
+ * |w x| over the row; tests/test_kernels_ref.c checks it per type. */
 enum kvk_wtype {
 	KVK_W_F32 = 0,
 	KVK_W_F16 = 1,
-	KVK_W_Q8_0 = 8, /* blocks of 32: f16 scale, 32 x int8 */
+	KVK_W_Q4_0 = 2,	 /* blocks of 32: f16 scale, 16 bytes of nibbles */
+	KVK_W_Q5_0 = 6,	 /* blocks of 32: f16 scale, 4 bytes of fifth bits, 16 of nibbles */
+	KVK_W_Q5_1 = 7,	 /* the same with an f16 min after the scale */
+	KVK_W_Q8_0 = 8,	 /* blocks of 32: f16 scale, 32 x int8 */
+	KVK_W_Q4_K = 12, /* K-quants: super-blocks of 256 (layouts in kvk_quant_impl.h) */
+	KVK_W_Q5_K = 13,
+	KVK_W_Q6_K = 14,
 	KVK_W_BF16 = 30,
 };
 
@@ -55,7 +67,8 @@ enum kvk_isa kvk_isa_best(void);
 const char *kvk_isa_name(enum kvk_isa isa);
 /* 1 if wt is a weight type the kernels know, else 0. */
 int kvk_wtype_valid(int wt);
-/* Bytes of one weight row of n elements; 0 when invalid (Q8_0 needs n % 32 == 0). */
+/* Bytes of one weight row of n elements; 0 when invalid (Q8_0, Q4_0 need n % 32 == 0, the
+ * K-quants n % 256 == 0). */
 size_t kvk_row_bytes(enum kvk_wtype wt, size_t n);
 
 /* Bytes of prepared activations for ntok tokens of n elements against wt weights. */
@@ -76,6 +89,11 @@ size_t kvk_matmul_scratch_floats(enum kvk_wtype wt, size_t n);
  * thread. Pure; thread-safe on disjoint (rows, y) ranges. n % 32 == 0 for Q8_0. */
 void kvk_matmul(enum kvk_isa isa, enum kvk_wtype wt, float *y, size_t ldy, const void *w, size_t n,
 		size_t r0, size_t r1, const void *act, size_t ntok, float *scratch);
+
+/* Quantizes n floats into one row of wt (Q4_0, Q4_K, Q5_K, Q6_K; kvk_row_bytes(wt, n) bytes
+ * at out) with round-to-nearest scales, no search: for synthetic files and tests, not a
+ * replacement for llama.cpp's quantizer. 0, or -EINVAL for another type or a bad n. */
+int kvk_quantize_row(enum kvk_wtype wt, void *out, const float *x, size_t n);
 
 /* Row r of W converted to n floats (embedding lookup). */
 void kvk_row_to_f32(enum kvk_wtype wt, const void *w, size_t n, size_t r, float *out);

@@ -13,6 +13,7 @@ set(KVK_CU_FILES
 	${CMAKE_CURRENT_LIST_DIR}/cuda/kvk_elem.cu
 	${CMAKE_CURRENT_LIST_DIR}/cuda/kvk_attn.cu
 	${CMAKE_CURRENT_LIST_DIR}/cuda/kvk_gemm.cu
+	${CMAKE_CURRENT_LIST_DIR}/cuda/kvk_kq.cu
 	${CMAKE_CURRENT_LIST_DIR}/cuda/kvk_sample.cu
 	${CMAKE_CURRENT_LIST_DIR}/cuda/kvk_kvpack.cu
 	${CMAKE_CURRENT_LIST_DIR}/cuda/kvk_fwd.cu)

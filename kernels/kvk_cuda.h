@@ -87,6 +87,10 @@ int kvk_cu_gemm(struct kvk_cuda_ctx *ctx, float *c, const void *a, const void *b
  * aligned; memory from kvk_cuda_malloc (256-byte aligned) qualifies. */
 int kvk_cu_q8_0_gemv(struct kvk_cuda_ctx *ctx, float *y, const void *w, const float *x, int rows,
 		     int n, int n_tok);
+/* Q4_0 / Q4_K / Q5_K / Q6_K weights (dt) dequantized on the fly (kvk_kq.cu), the same launch
+ * shape and alignment rules as kvk_cu_q8_0_gemv; reference kvk_ref_kq_gemv. */
+int kvk_cu_kq_gemv(struct kvk_cuda_ctx *ctx, float *y, const void *w, enum kvk_dtype dt,
+		   const float *x, int rows, int n, int n_tok);
 /* f32 -> f16 / bf16 (activations into GEMM inputs), n elements. */
 int kvk_cu_convert(struct kvk_cuda_ctx *ctx, void *dst, enum kvk_dtype dt, const float *src,
 		   size_t n);

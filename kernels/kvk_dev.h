@@ -61,6 +61,8 @@ struct kvk_dev_ops {
 		    int m, int n, int k);
 	int (*q8_0_gemv)(struct kvk_dev *d, float *y, const void *w, const float *x, int rows,
 			 int n, int n_tok);
+	int (*kq_gemv)(struct kvk_dev *d, float *y, const void *w, enum kvk_dtype dt,
+		       const float *x, int rows, int n, int n_tok);
 	int (*attn_prefill)(struct kvk_dev *d, float *out, const float *q,
 			    const struct kvk_kv_pages *kv, const int32_t *table, int n_q,
 			    int q_start, int n_heads, float scale);

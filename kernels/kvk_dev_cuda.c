@@ -88,6 +88,12 @@ static int c_q8_0_gemv(struct kvk_dev *d, float *y, const void *w, const float *
 	return kvk_cu_q8_0_gemv(d->cu, y, w, x, rows, n, n_tok);
 }
 
+static int c_kq_gemv(struct kvk_dev *d, float *y, const void *w, enum kvk_dtype dt, const float *x,
+		     int rows, int n, int n_tok)
+{
+	return kvk_cu_kq_gemv(d->cu, y, w, dt, x, rows, n, n_tok);
+}
+
 static int c_attn_prefill(struct kvk_dev *d, float *out, const float *q,
 			  const struct kvk_kv_pages *kv, const int32_t *table, int n_q, int q_start,
 			  int n_heads, float scale)
@@ -144,6 +150,7 @@ const struct kvk_dev_ops kvk_dev_cuda_ops = {
     .convert = c_convert,
     .gemm = c_gemm,
     .q8_0_gemv = c_q8_0_gemv,
+    .kq_gemv = c_kq_gemv,
     .attn_prefill = c_attn_prefill,
     .attn_decode = c_attn_decode,
     .kv_store = c_kv_store,

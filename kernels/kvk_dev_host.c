@@ -117,6 +117,13 @@ static int h_q8_0_gemv(struct kvk_dev *d, float *y, const void *w, const float *
 	return kvk_ref_q8_0_gemv(y, w, x, rows, n, n_tok);
 }
 
+static int h_kq_gemv(struct kvk_dev *d, float *y, const void *w, enum kvk_dtype dt, const float *x,
+		     int rows, int n, int n_tok)
+{
+	(void)d;
+	return kvk_ref_kq_gemv(y, w, dt, x, rows, n, n_tok);
+}
+
 static int h_attn_prefill(struct kvk_dev *d, float *out, const float *q,
 			  const struct kvk_kv_pages *kv, const int32_t *table, int n_q, int q_start,
 			  int n_heads, float scale)
@@ -179,6 +186,7 @@ const struct kvk_dev_ops kvk_dev_host_ops = {
     .convert = h_convert,
     .gemm = h_gemm,
     .q8_0_gemv = h_q8_0_gemv,
+    .kq_gemv = h_kq_gemv,
     .attn_prefill = h_attn_prefill,
     .attn_decode = h_attn_decode,
     .kv_store = h_kv_store,

@@ -1,6 +1,7 @@
 /* Matmul front end: ISA dispatch, activation preparation, number conversions and the portable
  * scalar kernels. Every output element is reduced in index order, the same for any batch. */
 #include "kvk_matmul_impl.h"
+#include "kvk_quant_impl.h"
 
 #include <math.h>
 #include <string.h>
@@ -47,7 +48,8 @@ static enum kvk_isa resolve(enum kvk_isa isa)
 
 int kvk_wtype_valid(int wt)
 {
-	return wt == KVK_W_F32 || wt == KVK_W_F16 || wt == KVK_W_Q8_0 || wt == KVK_W_BF16;
+	return wt == KVK_W_F32 || wt == KVK_W_F16 || wt == KVK_W_Q8_0 || wt == KVK_W_BF16 ||
+	       kvk_wtype_kq((enum kvk_wtype)wt);
 }
 
 size_t kvk_row_bytes(enum kvk_wtype wt, size_t n)
@@ -60,6 +62,13 @@ size_t kvk_row_bytes(enum kvk_wtype wt, size_t n)
 		return n * 2;
 	case KVK_W_Q8_0:
 		return n % 32 ? 0 : n / 32 * 34;
+	case KVK_W_Q4_0:
+	case KVK_W_Q5_0:
+	case KVK_W_Q5_1:
+	case KVK_W_Q4_K:
+	case KVK_W_Q5_K:
+	case KVK_W_Q6_K:
+		return kvk_kq_row_bytes(wt, n);
 	}
 	return 0;
 }
@@ -143,13 +152,18 @@ static float wval(enum kvk_wtype wt, const void *row, size_t k)
 		memcpy(&h, blk, 2);
 		return kvk_f16_to_f32(h) * (float)(int8_t)blk[2 + k % 32];
 	}
+	default: /* the block types go through kvk_kq_row_to_f32 */
+		return 0;
 	}
-	return 0;
 }
 
 void kvk_row_to_f32(enum kvk_wtype wt, const void *w, size_t n, size_t r, float *out)
 {
 	const uint8_t *row = (const uint8_t *)w + r * kvk_row_bytes(wt, n);
+	if (kvk_wtype_kq(wt)) {
+		kvk_kq_row_to_f32(wt, row, n, out);
+		return;
+	}
 	for (size_t k = 0; k < n; k++)
 		out[k] = wval(wt, row, k);
 }
@@ -158,12 +172,18 @@ size_t kvk_act_bytes(enum kvk_wtype wt, size_t n, size_t ntok)
 {
 	if (wt == KVK_W_Q8_0)
 		return kvk_q8act_qbytes(n, ntok) + ntok * (n / 32) * sizeof(float);
+	if (kvk_wtype_kq(wt))
+		return kvk_kqact_qbytes(n, ntok) + 2 * ntok * (n / 32) * sizeof(float);
 	return n * ntok * sizeof(float);
 }
 
 void kvk_act_prepare(enum kvk_wtype wt, void *act, size_t ntok, const float *x, size_t ldx,
 		     size_t n, size_t t0, size_t t1)
 {
+	if (kvk_wtype_kq(wt)) {
+		kvk_kq_act_prepare(act, ntok, x, ldx, n, t0, t1);
+		return;
+	}
 	if (wt != KVK_W_Q8_0) {
 		for (size_t t = t0; t < t1; t++)
 			if ((const void *)(x + t * ldx) != (void *)((float *)act + t * n))
@@ -247,6 +267,17 @@ void kvk_matmul(enum kvk_isa isa, enum kvk_wtype wt, float *y, size_t ldy, const
 {
 	if (r0 >= r1 || ntok == 0)
 		return;
+	if (kvk_wtype_kq(wt)) {
+#ifdef KVK_HAVE_X86
+		/* any wider ISA has AVX2 too and runs these kernels (no wider variant yet) */
+		if (resolve(isa) >= KVK_ISA_AVX2) {
+			kvk_kq_matmul_avx2(wt, y, ldy, w, n, r0, r1, act, ntok);
+			return;
+		}
+#endif
+		kvk_kq_matmul_scalar(wt, y, ldy, w, n, r0, r1, act, ntok);
+		return;
+	}
 #ifdef KVK_HAVE_X86
 	if (resolve(isa) == KVK_ISA_AVX2) {
 		kvk_matmul_avx2(wt, y, ldy, w, n, r0, r1, act, ntok, scratch);

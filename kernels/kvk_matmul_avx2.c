@@ -258,6 +258,8 @@ AVX2 void kvk_matmul_avx2(enum kvk_wtype wt, float *y, size_t ldy, const void *w
 	case KVK_W_F16:
 	case KVK_W_BF16:
 		break;
+	default: /* the block types: kvk_matmul_kq_avx2.c */
+		return;
 	}
 	if (ntok < 4 || !scratch) {
 		/* decode-sized batches: convert on the fly, each weight is used ntok times */

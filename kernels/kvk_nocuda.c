@@ -156,6 +156,13 @@ int kvk_cu_gemm(struct kvk_cuda_ctx *ctx, float *c, const void *a, const void *b
 	return -ENODEV;
 }
 
+int kvk_cu_kq_gemv(struct kvk_cuda_ctx *ctx, float *y, const void *w, enum kvk_dtype dt,
+		   const float *x, int rows, int n, int n_tok)
+{
+	(void)ctx, (void)y, (void)w, (void)dt, (void)x, (void)rows, (void)n, (void)n_tok;
+	return -ENODEV;
+}
+
 int kvk_cu_q8_0_gemv(struct kvk_cuda_ctx *ctx, float *y, const void *w, const float *x, int rows,
 		     int n, int n_tok)
 {

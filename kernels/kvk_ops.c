@@ -1,5 +1,6 @@
 /* CPU reference kernels of kvk_ops.h: written to be read and trusted, not to be fast. */
 #include "kvk_ops.h"
+#include "kvk_quant_impl.h"
 
 #include <errno.h>
 #include <math.h>
@@ -88,8 +89,9 @@ static float elem_f32(const void *row, enum kvk_dtype dt, size_t i)
 		memcpy(&d, blk, 2);
 		return kvk_ops_f16_to_f32(d) * (float)(int8_t)blk[2 + i % KVK_Q8_0_BLOCK];
 	}
+	default:
+		return kvk_kq_value((enum kvk_wtype)dt, row, i);
 	}
-	return 0.f;
 }
 
 static size_t row_bytes(enum kvk_dtype dt, size_t n)
@@ -102,6 +104,13 @@ static size_t row_bytes(enum kvk_dtype dt, size_t n)
 		return n * 2;
 	case KVK_DT_Q8_0:
 		return n % KVK_Q8_0_BLOCK ? 0 : n / KVK_Q8_0_BLOCK * KVK_Q8_0_BYTES;
+	case KVK_DT_Q4_0:
+	case KVK_DT_Q5_0:
+	case KVK_DT_Q5_1:
+	case KVK_DT_Q4_K:
+	case KVK_DT_Q5_K:
+	case KVK_DT_Q6_K:
+		return kvk_kq_row_bytes((enum kvk_wtype)dt, n);
 	}
 	return 0;
 }
@@ -277,6 +286,35 @@ int kvk_ref_gemm(float *c, const void *a, const void *b, enum kvk_dtype dt, int 
 				s += cvt(A[(size_t)i * k + p]) * cvt(B[(size_t)j * k + p]);
 			c[(size_t)i * n + j] = s;
 		}
+	return 0;
+}
+
+int kvk_ref_kq_gemv(float *y, const void *w, enum kvk_dtype dt, const float *x, int rows, int n,
+		    int n_tok)
+{
+	enum kvk_wtype wt = (enum kvk_wtype)dt;
+	size_t rb =
+	    rows < 0 || n < 1 || n_tok < 0 || !kvk_wtype_kq(wt) ? 0 : row_bytes(dt, (size_t)n);
+	if (!rb)
+		return -EINVAL;
+	float *v = malloc((size_t)n * sizeof(float));
+	if (!v)
+		return -ENOMEM;
+	for (int r = 0; r < rows; r++) {
+		kvk_kq_row_to_f32(wt, (const uint8_t *)w + (size_t)r * rb, (size_t)n, v);
+		for (int t = 0; t < n_tok; t++) {
+			const float *xt = x + (size_t)t * n;
+			float acc = 0.f;
+			for (int b = 0; b < n / 32; b++) {
+				float s = 0.f;
+				for (int i = 0; i < 32; i++)
+					s += v[32 * b + i] * xt[32 * b + i];
+				acc += s;
+			}
+			y[(size_t)t * rows + r] = acc;
+		}
+	}
+	free(v);
 	return 0;
 }
 

@@ -21,7 +21,13 @@
 enum kvk_dtype {
 	KVK_DT_F32 = 0,
 	KVK_DT_F16 = 1,
+	KVK_DT_Q4_0 = 2, /* GGML's block layouts: kernels/kvk_quant_impl.h */
+	KVK_DT_Q5_0 = 6,
+	KVK_DT_Q5_1 = 7,
 	KVK_DT_Q8_0 = 8,
+	KVK_DT_Q4_K = 12,
+	KVK_DT_Q5_K = 13,
+	KVK_DT_Q6_K = 14,
 	KVK_DT_BF16 = 30,
 };
 
@@ -129,6 +135,12 @@ int kvk_ref_gemm(float *c, const void *a, const void *b, enum kvk_dtype dt, int 
 /* y (n_tok, rows) = x (n_tok, n) * W^T for Q8_0 weights W (rows, n); n % 32 == 0. Each block's
  * integer products are summed in f32, then scaled by d. */
 int kvk_ref_q8_0_gemv(float *y, const void *w, const float *x, int rows, int n, int n_tok);
+
+/* The same for Q4_0 / Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K weights (dt), f32 activations: each block of
+ * 32 dequantized values dotted with x in f32, in order, the block sums added in order. n % 32
+ * (Q4_0) or n % 256 (K-quants) == 0; -EINVAL otherwise or for another dt, -ENOMEM. */
+int kvk_ref_kq_gemv(float *y, const void *w, enum kvk_dtype dt, const float *x, int rows, int n,
+		    int n_tok);
 
 /* ---- forward-pass glue (the device engine, engine/fwd_dev.h) ----------------------------- */
 

@@ -1,6 +1,8 @@
 /* Reference forward pass (see ref_fwd.h). Speed is irrelevant here; clarity is the point. */
 #include "ref_fwd.h"
 
+#include "kvk.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,19 +59,37 @@ static double elem(const struct kvi_tensor *t, int64_t r, int64_t k)
 		memcpy(&h, blk, 2);
 		return half_to_double(h) * (int8_t)blk[2 + k % 32];
 	}
+	default: /* block types: whole rows only (row_at) */
+		return NAN;
 	}
-	return NAN;
+}
+
+/* Row r of t as floats; the block types (Q4_0, K-quants) through the kernels' dequantization,
+ * which tests/test_kernels_kq.c checks on hand-built blocks. */
+static void row_at(const struct kvi_tensor *t, int64_t r, float *out)
+{
+	int bt = t->type == KVI_Q4_0 || t->type == KVI_Q5_0 || t->type == KVI_Q5_1 ||
+		 t->type == KVI_Q4_K || t->type == KVI_Q5_K || t->type == KVI_Q6_K;
+	if (bt) {
+		kvk_row_to_f32((enum kvk_wtype)t->type, t->data, (size_t)t->ne[0], (size_t)r, out);
+		return;
+	}
+	for (int64_t k = 0; k < t->ne[0]; k++)
+		out[k] = (float)elem(t, r, k);
 }
 
 /* y = W x, W (in, out) */
 static void matvec(const struct kvi_tensor *w, const float *x, float *y)
 {
+	float *row = malloc((size_t)w->ne[0] * sizeof(float));
 	for (int64_t r = 0; r < w->ne[1]; r++) {
 		double s = 0;
+		row_at(w, r, row);
 		for (int64_t k = 0; k < w->ne[0]; k++)
-			s += elem(w, r, k) * x[k];
+			s += (double)row[k] * x[k];
 		y[r] = (float)s;
 	}
+	free(row);
 }
 
 static void rmsnorm(const struct kvi_tensor *w, const float *x, float *y, int n, float eps)
@@ -127,8 +147,7 @@ void ref_fwd_step(struct ref_fwd *r, int32_t tok, float *logits)
 	float *k = calloc(KD, 4), *v = calloc(KD, 4), *att = calloc(QD, 4);
 	float *g = calloc(F, 4), *u = calloc(F, 4), *o = calloc(E, 4);
 	double *sc = calloc(pos + 1, sizeof(double));
-	for (int i = 0; i < E; i++)
-		x[i] = (float)elem(&m->tok_embd, tok, i);
+	row_at(&m->tok_embd, tok, x);
 	for (int l = 0; l < c->n_layer; l++) {
 		const struct kvi_layer *L = &m->layers[l];
 		rmsnorm(&L->attn_norm, x, xn, E, c->rms_eps);
@@ -261,6 +280,18 @@ static void fill(struct kvi_tensor *t, enum kvi_dtype wt, int64_t ne0, int64_t n
 		}
 		t->data = d;
 		t->nbytes = n * 2;
+	} else if (wt != KVI_Q8_0) { /* Q4_0, K-quants: the kernels' quantizer */
+		size_t rb = kvi_dtype_row_bytes(wt, ne0);
+		uint8_t *d = malloc(rb * (size_t)ne1);
+		float *row = malloc((size_t)ne0 * 4);
+		for (int64_t r = 0; r < ne1; r++) {
+			for (int64_t i = 0; i < ne0; i++)
+				row[i] = urand(s, amp);
+			kvk_quantize_row((enum kvk_wtype)wt, d + (size_t)r * rb, row, (size_t)ne0);
+		}
+		free(row);
+		t->data = d;
+		t->nbytes = rb * (size_t)ne1;
 	} else {
 		size_t nb = n / 32;
 		uint8_t *d = malloc(nb * 34);

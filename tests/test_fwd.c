@@ -14,12 +14,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "fwd.h"
 #include "fwd_checks.h"
 #include "kvk.h"
+#include "model.h"
 #include "ref_fwd.h"
 
 static const enum kvi_dtype dtypes[] = {KVI_F32, KVI_F16, KVI_BF16, KVI_Q8_0};
@@ -41,11 +43,10 @@ static struct kvi_engine *engine(const struct kvi_model *m, int threads, int chu
 
 /* Prefill P0 tokens (chunk 8), decode the rest one by one; every logits row against the
  * reference's. Returns the worst relative error. */
-static double vs_reference(const struct kvi_config *c, enum kvi_dtype wt, int isa)
+static double vs_reference_model(const struct kvi_model *m, int isa)
 {
 	enum { P = 40, P0 = 29 };
-	struct kvi_model *m = ref_model_random(c, wt, 11 + (uint64_t)wt);
-	assert_non_null(m);
+	const struct kvi_config *c = &m->cfg;
 	int V = c->n_vocab;
 	int32_t tok[P];
 	ref_tokens(tok, P, V, 5);
@@ -70,6 +71,14 @@ static double vs_reference(const struct kvi_config *c, enum kvi_dtype wt, int is
 	kvi_engine_destroy(e);
 	free(ref);
 	free(got);
+	return worst;
+}
+
+static double vs_reference(const struct kvi_config *c, enum kvi_dtype wt, int isa)
+{
+	struct kvi_model *m = ref_model_random(c, wt, 11 + (uint64_t)wt);
+	assert_non_null(m);
+	double worst = vs_reference_model(m, isa);
 	ref_model_free(m);
 	return worst;
 }
@@ -111,6 +120,88 @@ static void test_ref_q8_0(void **st)
 {
 	(void)st;
 	check_vs_reference(KVI_Q8_0);
+}
+
+/* kvinfer-synth's quantized file types (preset "small": 4 layers, rows of 256 and 768) load
+ * with llama.cpp's tensor mix and give logits within the Q8_0 tolerance of the reference
+ * (which computes with the dequantized weights and f32 activations), on both ISAs. */
+static void test_ref_synth_quant(void **st)
+{
+	(void)st;
+	const char *bd = getenv("KVFS_BUILD_DIR");
+	if (!bd) {
+		print_message("KVFS_BUILD_DIR not set (run through ctest): skipped\n");
+		skip();
+	}
+	static const struct {
+		const char *type;
+		enum kvi_dtype base, more; /* attn_v / ffn_down in layers 2 and 3 of 4 */
+	} F[] = {{"q4_k_m", KVI_Q4_K, KVI_Q6_K},
+		 {"q5_k_m", KVI_Q5_K, KVI_Q6_K},
+		 {"q4_0", KVI_Q4_0, KVI_Q4_0}};
+	for (size_t fi = 0; fi < sizeof(F) / sizeof(F[0]); fi++) {
+		char path[64] = "/tmp/test_fwd_synth_XXXXXX", cmd[512], err[256];
+		int fd = mkstemp(path);
+		assert_true(fd >= 0);
+		close(fd);
+		snprintf(
+		    cmd, sizeof(cmd),
+		    "%s/tools/kvinfer-synth --preset small --type %s --seed 3 -o %s >/dev/null", bd,
+		    F[fi].type, path);
+		assert_int_equal(system(cmd), 0);
+		struct kvi_model *m = NULL;
+		int rc = kvi_model_load(path, &m, err, sizeof(err));
+		unlink(path);
+		if (rc)
+			fail_msg("%s: %s", F[fi].type, err);
+		/* llama.cpp's choices (llama-quant.cpp): output Q6_K, use_more_bits layers */
+		assert_int_equal(m->output.type, KVI_Q6_K);
+		assert_int_equal(m->tok_embd.type, F[fi].base);
+		for (int l = 0; l < 4; l++) {
+			enum kvi_dtype more = l >= 2 ? F[fi].more : F[fi].base;
+			assert_int_equal(m->layers[l].wq.type, F[fi].base);
+			assert_int_equal(m->layers[l].w_up.type, F[fi].base);
+			assert_int_equal(m->layers[l].wv.type, more);
+			assert_int_equal(m->layers[l].w_down.type, more);
+		}
+		int isas[2] = {KVK_ISA_SCALAR, kvk_isa_best()};
+		for (int ii = 0; ii < 2; ii++) {
+			double e = vs_reference_model(m, isas[ii]);
+			printf("  %-6s %-6s rel err %.2e (tol 6e-2)\n", F[fi].type,
+			       kvk_isa_name(isas[ii]), e);
+			assert_true(e <= 6e-2);
+		}
+		kvi_model_free(m);
+	}
+	/* 64-wide presets: llama.cpp's fallbacks give Q5_0 (q4_k_m) and Q5_1 (q5_k_m) */
+	static const struct {
+		const char *preset, *type;
+		enum kvi_dtype want;
+	} G[] = {{"tiny", "q4_k_m", KVI_Q5_0}, {"tiny-qwen2", "q5_k_m", KVI_Q5_1}};
+	for (size_t gi = 0; gi < 2; gi++) {
+		char path[64] = "/tmp/test_fwd_synth_XXXXXX", cmd[512], err[256];
+		int fd = mkstemp(path);
+		assert_true(fd >= 0);
+		close(fd);
+		snprintf(cmd, sizeof(cmd),
+			 "%s/tools/kvinfer-synth --preset %s --type %s --seed 4 -o %s >/dev/null",
+			 bd, G[gi].preset, G[gi].type, path);
+		assert_int_equal(system(cmd), 0);
+		struct kvi_model *m = NULL;
+		int rc = kvi_model_load(path, &m, err, sizeof(err));
+		unlink(path);
+		if (rc)
+			fail_msg("%s: %s", G[gi].type, err);
+		assert_int_equal(m->layers[0].wq.type, G[gi].want);
+		int isas[2] = {KVK_ISA_SCALAR, kvk_isa_best()};
+		for (int ii = 0; ii < 2; ii++) {
+			double e = vs_reference_model(m, isas[ii]);
+			printf("  %-10s %-6s %-6s rel err %.2e (tol 6e-2)\n", G[gi].preset,
+			       G[gi].type, kvk_isa_name(isas[ii]), e);
+			assert_true(e <= 6e-2);
+		}
+		kvi_model_free(m);
+	}
 }
 
 /* Prefill n tokens with the given chunk/threads; last logits and every KV block's bytes. */
@@ -421,17 +512,12 @@ static void test_f16_conversion(void **st)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_f16_conversion),
-	    cmocka_unit_test(test_matmul_invariance),
-	    cmocka_unit_test(test_ref_f32),
-	    cmocka_unit_test(test_ref_f16),
-	    cmocka_unit_test(test_ref_bf16),
-	    cmocka_unit_test(test_ref_q8_0),
-	    cmocka_unit_test(test_chunk_invariance),
-	    cmocka_unit_test(test_decode_batch),
-	    cmocka_unit_test(test_kv_export_import),
-	    cmocka_unit_test(test_fork_cow),
-	    cmocka_unit_test(test_greedy_deterministic),
+	    cmocka_unit_test(test_f16_conversion),  cmocka_unit_test(test_matmul_invariance),
+	    cmocka_unit_test(test_ref_f32),	    cmocka_unit_test(test_ref_f16),
+	    cmocka_unit_test(test_ref_bf16),	    cmocka_unit_test(test_ref_q8_0),
+	    cmocka_unit_test(test_ref_synth_quant), cmocka_unit_test(test_chunk_invariance),
+	    cmocka_unit_test(test_decode_batch),    cmocka_unit_test(test_kv_export_import),
+	    cmocka_unit_test(test_fork_cow),	    cmocka_unit_test(test_greedy_deterministic),
 	    cmocka_unit_test(test_errors),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -66,6 +66,20 @@ static struct kvi_config cfg_wide(void)
 	return c;
 }
 
+/* Rows of whole K-quant super-blocks (256, 512), for the Q4_0 / K-quant types. */
+static struct kvi_config cfg_kq(void)
+{
+	struct kvi_config c = ref_cfg_tiny_llama(203);
+	strcpy(c.arch, "kq");
+	c.n_embd = 256;
+	c.n_head = 4;
+	c.n_head_kv = 2;
+	c.head_dim = 64;
+	c.rope_dim = 64;
+	c.n_ff = 512;
+	return c;
+}
+
 static const enum kvi_dtype dtypes[] = {KVI_F32, KVI_F16, KVI_BF16, KVI_Q8_0};
 
 static double tol_of(enum kvi_dtype wt)
@@ -84,7 +98,29 @@ static double tol_of(enum kvi_dtype wt)
 
 static const char *tname(enum kvi_dtype wt)
 {
-	return wt == KVI_F32 ? "f32" : wt == KVI_F16 ? "f16" : wt == KVI_BF16 ? "bf16" : "q8_0";
+	switch (wt) {
+	case KVI_F32:
+		return "f32";
+	case KVI_F16:
+		return "f16";
+	case KVI_BF16:
+		return "bf16";
+	case KVI_Q8_0:
+		return "q8_0";
+	case KVI_Q4_0:
+		return "q4_0";
+	case KVI_Q5_0:
+		return "q5_0";
+	case KVI_Q5_1:
+		return "q5_1";
+	case KVI_Q4_K:
+		return "q4_k";
+	case KVI_Q5_K:
+		return "q5_k";
+	case KVI_Q6_K:
+		return "q6_k";
+	}
+	return "?";
 }
 
 static void opts(struct kvi_engine_opts *o, int chunk, int B)
@@ -171,9 +207,13 @@ static void check_vs_cpu(enum kvi_dtype wt)
 	struct kvi_config cfgs[3] = {ref_cfg_tiny_llama(203), ref_cfg_tiny_qwen(), cfg_wide()};
 	const int chunks[] = {64, 1, 5, 7};
 	double tol = tol_of(wt);
-	if (QUICK && wt != KVI_F16 && wt != KVI_Q8_0)
+	int kq = wt == KVI_Q4_0 || wt == KVI_Q5_0 || wt == KVI_Q5_1 || wt == KVI_Q4_K ||
+		 wt == KVI_Q5_K || wt == KVI_Q6_K;
+	if (QUICK && wt != KVI_F16 && wt != KVI_Q8_0 && wt != KVI_Q4_K)
 		return;
-	for (int ci = 0; ci < (QUICK ? 1 : 3); ci++) {
+	if (kq)
+		cfgs[0] = cfg_kq();
+	for (int ci = 0; ci < (QUICK || kq ? 1 : 3); ci++) {
 		struct kvi_model *m = ref_model_random(&cfgs[ci], wt, 11 + (uint64_t)wt);
 		assert_non_null(m);
 		int V = cfgs[ci].n_vocab, R = P - P0 + 1;
@@ -217,7 +257,8 @@ static void check_vs_cpu(enum kvi_dtype wt)
 		assert_true(worst <= tol);
 		assert_true(self <= SELF_TOL);
 		assert_int_equal(agreed, compared);
-		assert_true(compared >= (P - P0) / 2);
+		/* the 256-wide kq model's logits are flatter: fewer steps clear the margin */
+		assert_true(compared >= (kq ? 2 : (P - P0) / 2));
 		free(cpu), free(got), free(first);
 		ref_model_free(m);
 	}
@@ -245,6 +286,16 @@ static void test_vs_cpu_q8_0(void **st)
 {
 	(void)st;
 	check_vs_cpu(KVI_Q8_0);
+}
+
+/* Q4_0 / K-quant weights: the device dequantizes on the fly with f32 activations, the CPU
+ * engine quantizes activations to int8 blocks: within the Q8_0 tolerance. */
+static void test_vs_cpu_kq(void **st)
+{
+	(void)st;
+	const enum kvi_dtype kts[] = {KVI_Q4_K, KVI_Q6_K, KVI_Q5_K, KVI_Q4_0, KVI_Q5_0, KVI_Q5_1};
+	for (size_t i = 0; i < sizeof(kts) / sizeof(kts[0]); i++)
+		check_vs_cpu(kts[i]);
 }
 
 /* Three sequences of different lengths decoded in one batch: each row as when decoded alone
@@ -404,17 +455,18 @@ static void test_backend_tables(void **st)
 		const struct kvk_dev_ops *o = t[i];
 		assert_non_null(o->name);
 		const void *fns[] = {
-		    (const void *)o->alloc,	   (const void *)o->free,
-		    (const void *)o->h2d,	   (const void *)o->d2h,
-		    (const void *)o->d2d,	   (const void *)o->memset,
-		    (const void *)o->sync,	   (const void *)o->embed,
-		    (const void *)o->rmsnorm,	   (const void *)o->rope,
-		    (const void *)o->swiglu,	   (const void *)o->add,
-		    (const void *)o->add_bias,	   (const void *)o->convert,
-		    (const void *)o->gemm,	   (const void *)o->q8_0_gemv,
-		    (const void *)o->attn_prefill, (const void *)o->attn_decode,
-		    (const void *)o->kv_store,	   (const void *)o->argmax,
-		    (const void *)o->kv_pack,	   (const void *)o->kv_unpack,
+		    (const void *)o->alloc,	  (const void *)o->free,
+		    (const void *)o->h2d,	  (const void *)o->d2h,
+		    (const void *)o->d2d,	  (const void *)o->memset,
+		    (const void *)o->sync,	  (const void *)o->embed,
+		    (const void *)o->rmsnorm,	  (const void *)o->rope,
+		    (const void *)o->swiglu,	  (const void *)o->add,
+		    (const void *)o->add_bias,	  (const void *)o->convert,
+		    (const void *)o->gemm,	  (const void *)o->q8_0_gemv,
+		    (const void *)o->kq_gemv,	  (const void *)o->attn_prefill,
+		    (const void *)o->attn_decode, (const void *)o->kv_store,
+		    (const void *)o->argmax,	  (const void *)o->kv_pack,
+		    (const void *)o->kv_unpack,
 		};
 		for (size_t k = 0; k < sizeof(fns) / sizeof(fns[0]); k++)
 			assert_non_null(fns[k]);
@@ -586,11 +638,11 @@ int main(int argc, char **argv)
 	const char *q = getenv("KVK_TEST_QUICK");
 	QUICK = q && *q;
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_vs_cpu_f32),	   cmocka_unit_test(test_vs_cpu_f16),
-	    cmocka_unit_test(test_vs_cpu_bf16),	   cmocka_unit_test(test_vs_cpu_q8_0),
-	    cmocka_unit_test(test_decode_batch),   cmocka_unit_test(test_fork_cow),
-	    cmocka_unit_test(test_export_import),  cmocka_unit_test(test_errors),
-	    cmocka_unit_test(test_backend_tables),
+	    cmocka_unit_test(test_vs_cpu_f32),	  cmocka_unit_test(test_vs_cpu_f16),
+	    cmocka_unit_test(test_vs_cpu_bf16),	  cmocka_unit_test(test_vs_cpu_q8_0),
+	    cmocka_unit_test(test_vs_cpu_kq),	  cmocka_unit_test(test_decode_batch),
+	    cmocka_unit_test(test_fork_cow),	  cmocka_unit_test(test_export_import),
+	    cmocka_unit_test(test_errors),	  cmocka_unit_test(test_backend_tables),
 #ifndef KVFS_TEST_NO_KVX
 	    cmocka_unit_test(test_kvx_roundtrip),
 #endif

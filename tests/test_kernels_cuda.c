@@ -588,6 +588,85 @@ static void test_q8_0_gemv(void **state)
 	}
 }
 
+/* Q4_0 / K-quant weights from the host quantizer (random rows): the device's dequantization
+ * gathered by embed (to 1 ulp: the device may fuse d * q - m into one FMA) and the GEMV against
+ * kvk_ref_kq_gemv. */
+static const enum kvk_dtype KQ_DTS[] = {KVK_DT_Q4_0, KVK_DT_Q4_K, KVK_DT_Q5_K,
+					KVK_DT_Q6_K, KVK_DT_Q5_0, KVK_DT_Q5_1};
+
+static uint8_t *kq_rows(enum kvk_dtype dt, int rows, int n, uint64_t *s, size_t *bytes)
+{
+	size_t rb = kvk_row_bytes((enum kvk_wtype)dt, (size_t)n);
+	uint8_t *w = xmalloc(rb * (size_t)rows);
+	float *x = xmalloc((size_t)n * 4);
+	for (int r = 0; r < rows; r++) {
+		for (int i = 0; i < n; i++)
+			x[i] = frand(s) * 0.05f + (r % 3 ? 0.f : 0.01f);
+		assert_int_equal(
+		    kvk_quantize_row((enum kvk_wtype)dt, w + rb * (size_t)r, x, (size_t)n), 0);
+	}
+	free(x);
+	*bytes = rb * (size_t)rows;
+	return w;
+}
+
+static void test_kq_embed(void **state)
+{
+	struct kvk_cuda_ctx *c = *state;
+	uint64_t s = 21;
+	for (int k = 0; k < 6; k++) {
+		size_t rows = 37, dim = 512, T = 9, wb;
+		uint8_t *tab = kq_rows(KQ_DTS[k], (int)rows, (int)dim, &s, &wb);
+		int32_t ids[9];
+		for (size_t t = 0; t < T; t++)
+			ids[t] = (int32_t)(rng(&s) % (rows + 4)) - 2;
+		float *ref = xmalloc(T * dim * 4), *got = xmalloc(T * dim * 4);
+		assert_int_equal(kvk_ref_embed(ref, tab, KQ_DTS[k], rows, dim, ids, T), 0);
+		void *dt = up(c, tab, wb), *di_ = up(c, ids, sizeof(ids));
+		float *dout = up(c, NULL, T * dim * 4);
+		assert_int_equal(kvk_cu_embed(c, dout, dt, KQ_DTS[k], rows, dim, di_, T), 0);
+		down(c, got, dout, T * dim * 4);
+		char lbl[96];
+		snprintf(lbl, sizeof(lbl), "embed type %d", (int)KQ_DTS[k]);
+		close_enough(lbl, got, ref, T * dim, 1e-7, 2e-7);
+		kvk_cuda_free(c, dt), kvk_cuda_free(c, di_), kvk_cuda_free(c, dout);
+		free(tab), free(ref), free(got);
+	}
+}
+
+static void test_kq_gemv(void **state)
+{
+	struct kvk_cuda_ctx *c = *state;
+	static const int shapes[][3] = {{1, 256, 1}, {37, 768, 3}, {513, 2048, 11}, {64, 4096, 8}};
+	uint64_t s = 22;
+	for (int k = 0; k < 6; k++)
+		for (size_t i = 0; i < ncases(4); i++) {
+			int R = shapes[i][0], N = shapes[i][1], T = shapes[i][2];
+			size_t wb;
+			uint8_t *w = kq_rows(KQ_DTS[k], R, N, &s, &wb);
+			float *x = xmalloc((size_t)T * N * 4), *ref = xmalloc((size_t)T * R * 4);
+			float *got = xmalloc((size_t)T * R * 4);
+			for (size_t j = 0; j < (size_t)T * N; j++)
+				x[j] = frand(&s);
+			assert_int_equal(kvk_ref_kq_gemv(ref, w, KQ_DTS[k], x, R, N, T), 0);
+			void *dw = up(c, w, wb);
+			float *dx = up(c, x, (size_t)T * N * 4),
+			      *dy = up(c, NULL, (size_t)T * R * 4);
+			assert_int_equal(kvk_cu_kq_gemv(c, dy, dw, KQ_DTS[k], dx, R, N, T), 0);
+			down(c, got, dy, (size_t)T * R * 4);
+			/* f32 sums in another block order; |w| <= 0.07, |x| <= 1 */
+			char lbl[96];
+			snprintf(lbl, sizeof(lbl), "kq_gemv type %d rows %d n %d tokens %d",
+				 (int)KQ_DTS[k], R, N, T);
+			close_enough(lbl, got, ref, (size_t)T * R, 1e-6 * N, 0);
+			kvk_cuda_free(c, dw), kvk_cuda_free(c, dx), kvk_cuda_free(c, dy);
+			free(w), free(x), free(ref), free(got);
+		}
+	/* rows that are not whole blocks, a type it does not take */
+	assert_int_equal(kvk_cu_kq_gemv(c, NULL, NULL, KVK_DT_Q4_K, NULL, 1, 96, 1), -EINVAL);
+	assert_int_equal(kvk_cu_kq_gemv(c, NULL, NULL, KVK_DT_Q8_0, NULL, 1, 256, 1), -EINVAL);
+}
+
 /* ---- sampling ------------------------------------------------------------------------------ */
 
 static void test_sampling(void **state)
@@ -969,7 +1048,8 @@ int main(int argc, char **argv)
 	    cmocka_unit_test(test_rmsnorm),	   cmocka_unit_test(test_rope),
 	    cmocka_unit_test(test_swiglu_convert), cmocka_unit_test(test_attn_prefill),
 	    cmocka_unit_test(test_attn_decode),	   cmocka_unit_test(test_gemm),
-	    cmocka_unit_test(test_q8_0_gemv),	   cmocka_unit_test(test_gemm_f32),
+	    cmocka_unit_test(test_q8_0_gemv),	   cmocka_unit_test(test_kq_gemv),
+	    cmocka_unit_test(test_kq_embed),	   cmocka_unit_test(test_gemm_f32),
 	    cmocka_unit_test(test_fwd_glue),	   cmocka_unit_test(test_sampling),
 	    cmocka_unit_test(test_pack_unpack),
 	};

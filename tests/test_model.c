@@ -30,7 +30,7 @@ struct spec {
 	const char *omit_key;	 /* metadata key left out */
 	const char *omit_tensor; /* tensor left out */
 	const char *bad_shape;	 /* tensor written with ne[1] + 1 (or ne[0] + 32 for vectors) */
-	const char *bad_type;	 /* tensor written as Q8_0 (vectors) or Q4_0 (matrices) */
+	const char *bad_type;	 /* tensor written as Q8_0 (vectors) or Q4_1 (matrices) */
 	int head_count_array;	 /* per-layer head counts */
 	float eps;
 	int rope_freqs; /* 1: rope_freqs.weight of the right shape, 2: a wrong one */
@@ -134,9 +134,9 @@ static void build(const struct spec *s, void **buf, size_t *len)
 				ne[1] += 1;
 		}
 		if (s->bad_type && !strcmp(s->bad_type, T[i].name))
-			type = T[i].vec ? KVI_Q8_0 : 2 /* Q4_0 */;
+			type = T[i].vec ? KVI_Q8_0 : 3 /* Q4_1: not computed */;
 		int nd = T[i].vec && ne[1] == 1 ? 1 : 2;
-		if (type == 2) {
+		if (type == 3) {
 			/* the writer only writes engine types: write F16 and patch the type below
 			 */
 			assert_true(kvi_gguf_w_tensor(w, T[i].name, KVI_F16, nd, ne, NULL) >= 0);
@@ -160,7 +160,7 @@ static void build(const struct spec *s, void **buf, size_t *len)
 				uint32_t ty;
 				memcpy(&ty, p + to, 4);
 				if (ty == KVI_F16 && nd == 2)
-					ty = 2, memcpy(p + to, &ty, 4);
+					ty = 3, memcpy(p + to, &ty, 4);
 				break;
 			}
 		}
@@ -467,8 +467,9 @@ static float elem(const struct kvi_tensor *t, size_t i)
 		memcpy(&h, b, 2);
 		return f16_to_f32(h) * (float)(int8_t)b[2 + i % 32];
 	}
+	default:
+		return NAN;
 	}
-	return NAN;
 }
 
 /* max |x| over a tensor, failing on NaN / Inf */
@@ -558,6 +559,33 @@ static void test_synth_presets(void **state)
 	kvi_model_free(b);
 	assert_true(run_synth("nope", "f16", 1, path) != 0);
 	unlink(path);
+	/* q4_0 fits 64-wide rows (output: Q6_K falls back to Q8_0, as in llama.cpp); q4_k_m
+	 * would need llama.cpp's Q5_0 fallback there and is refused, leaving no file */
+	assert_int_equal(run_synth("tiny", "q4_0", 1, path), 0);
+	assert_int_equal(kvi_model_load(path, &a, err, sizeof(err)), 0);
+	unlink(path);
+	assert_int_equal(a->layers[0].wq.type, KVI_Q4_0);
+	assert_int_equal(a->output.type, KVI_Q8_0);
+	kvi_model_free(a);
+	/* 64-wide rows are not K-quant super-blocks: llama.cpp's fallbacks, Q4_K -> Q5_0,
+	 * Q5_K -> Q5_1, Q6_K -> Q8_0 (attn_v, ffn_down of layer 1 of 2 get Q6_K first) */
+	static const struct {
+		const char *type;
+		enum kvi_dtype base;
+	} FB[] = {{"q4_k_m", KVI_Q5_0}, {"q5_k_m", KVI_Q5_1}};
+	for (int i = 0; i < 2; i++) {
+		assert_int_equal(run_synth("tiny", FB[i].type, 1, path), 0);
+		if (kvi_model_load(path, &a, err, sizeof(err)))
+			fail_msg("%s: %s", FB[i].type, err);
+		unlink(path);
+		assert_int_equal(a->tok_embd.type, FB[i].base);
+		assert_int_equal(a->layers[0].wq.type, FB[i].base);
+		assert_int_equal(a->layers[0].wv.type, FB[i].base);
+		assert_int_equal(a->layers[1].wv.type, KVI_Q8_0);
+		assert_int_equal(a->layers[1].w_down.type, KVI_Q8_0);
+		assert_int_equal(a->output.type, KVI_Q8_0);
+		kvi_model_free(a);
+	}
 }
 
 static void test_bad_model(void **state)
@@ -621,7 +649,7 @@ static void test_bad_model(void **state)
 	s = llama_spec();
 	s.type = KVI_F16;
 	s.bad_type = "blk.1.attn_v.weight";
-	expect_spec_fail(&s, "tensor 'blk.1.attn_v.weight': type Q4_0 not supported");
+	expect_spec_fail(&s, "tensor 'blk.1.attn_v.weight': type Q4_1 not supported");
 }
 
 /* Every prefix of the header and sampled prefixes of the data fail cleanly. */

@@ -8,7 +8,12 @@
  * and multi-GB files are streamed row by row, never held in memory.
  *
  *   kvinfer-synth --preset tiny --type f16 -o tiny.gguf [--seed 1]
+ *   kvinfer-synth --preset small --type q4_k_m -o small-q4km.gguf
  *   kvinfer-synth --list
+ *
+ * The quantized file types (q4_0, q4_k_m, q5_k_m) give each tensor the type llama.cpp's
+ * quantizer gives it for that file type (src/llama-quant.cpp, without an importance matrix:
+ * docs/gguf.md has the table), so the tensor mix, and the speed, is a real file's.
  */
 #include <errno.h>
 #include <math.h>
@@ -20,6 +25,7 @@
 
 #include "cfg.h"
 #include "gguf_write.h"
+#include "kvk.h"
 #include "model.h"
 
 struct preset {
@@ -141,6 +147,15 @@ static int fill(void *ctx, int ti, int64_t row0, int64_t nrows, void *buf)
 				uint16_t h = f32_to_bf16(x[i]);
 				memcpy(o + 2 * i, &h, 2);
 			}
+			break;
+		case KVI_Q4_0:
+		case KVI_Q5_0:
+		case KVI_Q5_1:
+		case KVI_Q4_K:
+		case KVI_Q5_K:
+		case KVI_Q6_K:
+			if (kvk_quantize_row((enum kvk_wtype)t->type, o, x, (size_t)t->ne0))
+				return -EINVAL;
 			break;
 		case KVI_Q8_0:
 			for (int64_t b = 0; b < t->ne0 / KVI_Q8_0_BLOCK; b++) {
@@ -293,13 +308,80 @@ static void vocab_free(struct vocab *v)
 	free(v->merges);
 }
 
+/* ---- file types ---- */
+
+struct ftype {
+	const char *name;
+	enum kvi_dtype base;
+	uint32_t llama_ftype; /* general.file_type, llama.cpp's enum llama_ftype */
+	int k_mix;	      /* the _M mixes: more bits for attn_v and ffn_down in some layers */
+};
+
+static const struct ftype FTYPES[] = {
+    {"f32", KVI_F32, 0, 0},	 {"f16", KVI_F16, 1, 0},   {"bf16", KVI_BF16, 32, 0},
+    {"q8_0", KVI_Q8_0, 7, 0},	 {"q4_0", KVI_Q4_0, 2, 0}, {"q4_k_m", KVI_Q4_K, 15, 1},
+    {"q5_k_m", KVI_Q5_K, 17, 1},
+};
+#define N_FTYPES (sizeof(FTYPES) / sizeof(FTYPES[0]))
+
+/* llama.cpp's use_more_bits: the first and last eighth of the layers and every third between */
+static int more_bits(int l, int n)
+{
+	return l < n / 8 || l >= 7 * n / 8 || (l - n / 8) % 3 == 2;
+}
+
+static int blck(enum kvi_dtype t)
+{
+	return t == KVI_Q4_K || t == KVI_Q5_K || t == KVI_Q6_K ? 256
+	       : t == KVI_F32 || t == KVI_F16 || t == KVI_BF16 ? 1
+							       : 32;
+}
+
+/* The type llama.cpp's quantizer writes for a 2-D tensor (layer -1 for token_embd/output):
+ * output (or the tied token_embd) Q6_K, Q8_0 when its rows are not whole super-blocks;
+ * with the _M mixes attn_v and ffn_down Q6_K where more_bits(layer); the rest the base type;
+ * then its fallback for rows that are not whole blocks (Q4_K -> Q5_0, Q5_K -> Q5_1,
+ * Q6_K -> Q8_0; a 32-block type -> F16). */
+static int pick_type(const struct ftype *f, const char *name, int layer, int n_layer, int64_t ne0,
+		     int tied, enum kvi_dtype *out)
+{
+	enum kvi_dtype t = f->base;
+	if (t == KVI_F32 || t == KVI_F16 || t == KVI_BF16 || t == KVI_Q8_0) {
+		*out = t;
+		return 0;
+	}
+	int is_out = !strcmp(name, "output.weight") || (tied && !strcmp(name, "token_embd.weight"));
+	if (is_out) {
+		*out = ne0 % 256 ? KVI_Q8_0 : KVI_Q6_K;
+		return 0;
+	}
+	if (f->k_mix && (strstr(name, "attn_v.weight") || strstr(name, "ffn_down")) &&
+	    more_bits(layer, n_layer))
+		t = KVI_Q6_K;
+	if (ne0 % blck(t)) {
+		t = t == KVI_Q6_K   ? KVI_Q8_0
+		    : t == KVI_Q4_K ? KVI_Q5_0
+		    : t == KVI_Q5_K ? KVI_Q5_1
+				    : KVI_F16;
+		if (ne0 % blck(t))
+			t = KVI_F16;
+	}
+	*out = t;
+	return 0;
+}
+
 /* ---- file ---- */
 
 static int add_tensor(struct kvi_gguf_writer *w, struct gen *g, uint64_t seed, const char *name,
-		      enum kind kind, enum kvi_dtype type, int64_t ne0, int64_t ne1, float scale)
+		      enum kind kind, const struct ftype *f, int layer, int n_layer, int tied,
+		      int64_t ne0, int64_t ne1, float scale)
 {
-	if (kind == T_NORM || kind == T_BIAS)
-		type = KVI_F32;
+	enum kvi_dtype type = KVI_F32;
+	if (kind != T_NORM && kind != T_BIAS) {
+		int ret = pick_type(f, name, layer, n_layer, ne0, tied, &type);
+		if (ret)
+			return ret;
+	}
 	if (g->n == g->cap) {
 		g->cap = g->cap ? g->cap * 2 : 64;
 		struct tdesc *p = realloc(g->t, g->cap * sizeof(*p));
@@ -315,7 +397,8 @@ static int add_tensor(struct kvi_gguf_writer *w, struct gen *g, uint64_t seed, c
 	return 0;
 }
 
-static int write_model(const struct preset *p, enum kvi_dtype type, const char *path, uint64_t seed)
+static int write_model(const struct preset *p, const struct ftype *ft, const char *path,
+		       uint64_t seed)
 {
 	struct kvi_gguf_writer *w = NULL;
 	struct gen g = {0};
@@ -333,6 +416,7 @@ static int write_model(const struct preset *p, enum kvi_dtype type, const char *
 	snprintf(name, sizeof(name), "kvfs synthetic %s", p->name);
 	kvi_gguf_w_str(w, "general.name", name);
 	kvi_gguf_w_alignment(w, 32);
+	kvi_gguf_w_u32(w, "general.file_type", ft->llama_ftype);
 	kvi_gguf_w_bool(w, "kvfs.synthetic", 1);
 	kvi_gguf_w_u64(w, "kvfs.synthetic.seed", seed);
 	kvi_gguf_w_u32(w, KEY("block_count"), (uint32_t)p->n_layer);
@@ -360,14 +444,14 @@ static int write_model(const struct preset *p, enum kvi_dtype type, const char *
 	      in_ff = sqrtf(3.0f / (float)p->n_ff);
 	float res = 1.0f / sqrtf(2.0f * (float)p->n_layer);
 	int64_t q = (int64_t)p->n_head * hd, kv = (int64_t)p->n_head_kv * hd;
-	ret =
-	    add_tensor(w, &g, seed, "token_embd.weight", T_EMBD, type, p->n_embd, p->n_vocab, emb);
+	ret = add_tensor(w, &g, seed, "token_embd.weight", T_EMBD, ft, -1, p->n_layer, p->tied,
+			 p->n_embd, p->n_vocab, emb);
 	if (!ret)
-		ret = add_tensor(w, &g, seed, "output_norm.weight", T_NORM, type, p->n_embd, 1,
-				 0.05f);
+		ret = add_tensor(w, &g, seed, "output_norm.weight", T_NORM, ft, -1, p->n_layer,
+				 p->tied, p->n_embd, 1, 0.05f);
 	if (!ret && !p->tied)
-		ret = add_tensor(w, &g, seed, "output.weight", T_MAT, type, p->n_embd, p->n_vocab,
-				 in_e);
+		ret = add_tensor(w, &g, seed, "output.weight", T_MAT, ft, -1, p->n_layer, p->tied,
+				 p->n_embd, p->n_vocab, in_e);
 	for (int l = 0; l < p->n_layer && !ret; l++) {
 		struct {
 			const char *n;
@@ -392,8 +476,8 @@ static int write_model(const struct preset *p, enum kvi_dtype type, const char *
 			if (L[i].k == T_BIAS && !p->qkv_bias)
 				continue;
 			snprintf(name, sizeof(name), "blk.%d.%s", l, L[i].n);
-			ret =
-			    add_tensor(w, &g, seed, name, L[i].k, type, L[i].ne0, L[i].ne1, L[i].s);
+			ret = add_tensor(w, &g, seed, name, L[i].k, ft, l, p->n_layer, p->tied,
+					 L[i].ne0, L[i].ne1, L[i].s);
 		}
 	}
 	if (ret)
@@ -423,7 +507,8 @@ struct opts {
 
 static const struct cfg_opt OPTS[] = {
     {"preset", CFG_STR, offsetof(struct opts, preset), 0, 0, "tiny", "model shape (--list)"},
-    {"type", CFG_STR, offsetof(struct opts, type), 0, 0, "f16", "f32, f16, bf16 or q8_0"},
+    {"type", CFG_STR, offsetof(struct opts, type), 0, 0, "f16",
+     "f32, f16, bf16, q8_0, q4_0, q4_k_m or q5_k_m"},
     {"out", CFG_STR, offsetof(struct opts, out), 0, 0, NULL, "output file (also -o FILE)"},
     {"seed", CFG_INT, offsetof(struct opts, seed), 0, 9007199254740991.0, "1", "weight seed"},
     {"list", CFG_BOOL, offsetof(struct opts, list), 0, 0, "false", "list presets and exit"},
@@ -458,22 +543,19 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kvinfer-synth: unknown preset '%s' (try --list)\n", o.preset);
 		return 2;
 	}
-	static const struct {
-		const char *n;
-		enum kvi_dtype t;
-	} T[] = {{"f32", KVI_F32}, {"f16", KVI_F16}, {"bf16", KVI_BF16}, {"q8_0", KVI_Q8_0}};
-	int ti = -1;
-	for (int i = 0; i < 4; i++)
-		if (!strcmp(T[i].n, o.type))
-			ti = i;
-	if (ti < 0 || !o.out[0]) {
+	const struct ftype *ft = NULL;
+	for (size_t i = 0; i < N_FTYPES; i++)
+		if (!strcmp(FTYPES[i].name, o.type))
+			ft = &FTYPES[i];
+	if (!ft || !o.out[0]) {
 		fprintf(stderr, "kvinfer-synth: %s\n",
-			ti < 0 ? "--type must be f32, f16, bf16 or q8_0" : "-o FILE is required");
+			!ft ? "--type must be f32, f16, bf16, q8_0, q4_0, q4_k_m or q5_k_m"
+			    : "-o FILE is required");
 		return 2;
 	}
 	struct timespec t0, t1;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
-	ret = write_model(p, T[ti].t, o.out, (uint64_t)o.seed);
+	ret = write_model(p, ft, o.out, (uint64_t)o.seed);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	if (ret) {
 		fprintf(stderr, "kvinfer-synth: writing %s: %s\n", o.out, strerror(-ret));

@@ -1,5 +1,6 @@
 // Elementwise and row kernels: embedding gather, RMSNorm, RoPE, SwiGLU, f32 -> f16/bf16.
 #include "kvk_cuda_int.h"
+#include "kvk_kq.cuh"
 
 static __device__ float bf16_to_f32(uint16_t h)
 {
@@ -41,10 +42,16 @@ static __global__ void embed_kernel(float *out, const uint8_t *table, int dt, si
 			case KVK_DT_BF16:
 				v = bf16_to_f32(((const uint16_t *)row)[i]);
 				break;
-			default: { // Q8_0: blocks are 2-byte aligned only
+			case KVK_DT_Q8_0: { // blocks are 2-byte aligned only
 				const uint8_t *blk = row + (i / KVK_Q8_0_BLOCK) * KVK_Q8_0_BYTES;
 				v = f16_to_f32(*(const uint16_t *)blk) *
 				    (float)(int8_t)blk[2 + i % KVK_Q8_0_BLOCK];
+				break;
+			}
+			default: { // Q4_0, K-quants: once per token, so a whole block per value
+				float blk[32];
+				kq_block32(dt, row, (int)(i / 32), blk);
+				v = blk[i % 32];
 			}
 			}
 		}
@@ -69,7 +76,7 @@ extern "C" int kvk_cu_embed(struct kvk_cuda_ctx *ctx, float *out, const void *ta
 		rb = dim % KVK_Q8_0_BLOCK ? 0 : dim / KVK_Q8_0_BLOCK * KVK_Q8_0_BYTES;
 		break;
 	default:
-		rb = 0;
+		rb = dim < 0x7fffffffu ? kq_row_bytes((int)dt, (int)dim) : 0;
 	}
 	if (!rb || n_tok > 0x7fffffffu)
 		return -EINVAL;
