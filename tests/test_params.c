@@ -573,6 +573,58 @@ static void test_n(void **state)
 	}
 }
 
+/* n = 2 sampled, a stop string only the first choice's text holds: the first choice ends there
+ * ("stop") while the second runs to its end ("length") and spells its answer without the
+ * stop. Disaggregated the first choice's DECODE streams both: its stop must not end the
+ * other. Both forms. */
+static void test_n_stop_one(void **state)
+{
+	(void)state;
+	for (int f = 0; f < NFORM; f++) {
+		cJSON *req = cJSON_CreateObject();
+		cJSON_AddStringToObject(req, "prompt", PROMPT);
+		cJSON_AddNumberToObject(req, "max_tokens", 24);
+		cJSON_AddNumberToObject(req, "temperature", 1);
+		cJSON_AddNumberToObject(req, "seed", 11);
+		cJSON_AddNumberToObject(req, "n", 2);
+		char *body = cJSON_PrintUnformatted(req), *t[2], *u[2];
+		int pt, ct;
+		cJSON *o = post_ok(f, "/v1/completions", body);
+		assert_int_equal(choices(o, t, 2, &pt, &ct), 2);
+		cJSON_Delete(o);
+		free(body);
+		/* a 3-byte window of the first answer (past its start) the second lacks */
+		char stop[4] = "";
+		for (size_t i = 1; i + 3 <= strlen(t[0]) && !stop[0]; i++) {
+			memcpy(stop, t[0] + i, 3);
+			stop[3] = 0;
+			if (strstr(t[1], stop) || strstr(t[0], stop) != t[0] + i)
+				stop[0] = 0;
+		}
+		print_message("%s: \"%s\" / \"%s\", stop \"%s\"\n", form_name[f], t[0], t[1], stop);
+		assert_true(stop[0] != 0);
+		cJSON_AddStringToObject(req, "stop", stop);
+		body = cJSON_PrintUnformatted(req);
+		o = post_ok(f, "/v1/completions", body);
+		assert_int_equal(choices(o, u, 2, &pt, &ct), 2);
+		cJSON *arr = cJSON_GetObjectItem(o, "choices");
+		const char *fr0 = cJSON_GetObjectItem(cJSON_GetArrayItem(arr, 0), "finish_reason")
+				      ->valuestring,
+			   *fr1 = cJSON_GetObjectItem(cJSON_GetArrayItem(arr, 1), "finish_reason")
+				      ->valuestring;
+		assert_string_equal(fr0, "stop");
+		assert_string_equal(fr1, "length");
+		assert_int_equal(strlen(u[0]), strstr(t[0], stop) - t[0]);
+		assert_memory_equal(u[0], t[0], strlen(u[0]));
+		assert_string_equal(u[1], t[1]);
+		cJSON_Delete(o);
+		cJSON_Delete(req);
+		free(body);
+		for (int k = 0; k < 2; k++)
+			free(t[k]), free(u[k]);
+	}
+}
+
 /* Completions prompts as a list of strings and as token ids (both forms): one choice per
  * prompt, in order. */
 static void test_prompt_lists(void **state)
@@ -919,6 +971,7 @@ int main(void)
 	    cmocka_unit_test(test_prompt_lists),
 	    cmocka_unit_test(test_n_shares_kv),
 	    cmocka_unit_test(test_n_shares_prompt_dis),
+	    cmocka_unit_test(test_n_stop_one),
 	    cmocka_unit_test(test_n_cancel),
 	    cmocka_unit_test(test_stream_choices),
 	};
