@@ -583,6 +583,7 @@ static int decode_events(struct kvp_sock *fd, int *ntok)
 		struct kvp_rbuf rb;
 		kvp_r_init(&rb, body, rh.len);
 		uint8_t ev = kvp_r_u8(&rb);
+		kvp_r_u8(&rb); /* choice: 0, no further ones asked */
 		int32_t err = ev == KVW_EV_FINISH ? (int32_t)kvp_r_u32(&rb) : 0;
 		free(body);
 		if (ev == KVW_EV_FINISH)
@@ -631,6 +632,7 @@ static struct kvp_sock *decode_send(int w, uint64_t ticket, uint32_t max_tokens)
 	kvp_w_u32(&b, 5); /* first token */
 	kvp_w_u32(&b, 0); /* no block */
 	kvp_w_u64(&b, ticket);
+	kvp_w_u32(&b, 0); /* no further choices */
 	assert_int_equal(b.err, 0);
 	struct kvp_sock *fd = send_frame(w, KVW_OP_DECODE, &b);
 	kvp_w_free(&b);

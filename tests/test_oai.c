@@ -308,6 +308,23 @@ static void test_choices_logprobs(void **state)
 	assert_true(cJSON_GetObjectItem(tops, "ha")->valuedouble == -1.5);
 	cJSON_Delete(o);
 	free(s);
+
+	/* Floats print shortest-exact: the decimal that reads back to the same float, not %1.17g
+	 * of the widened double; non-finite values stay valid JSON (-9999). */
+	e[0].logprob = -0.0559661f, e[0].top[1].logprob = NAN;
+	s = oai_response_choices_json(1, "i", "m", 1, ch, 1, &u);
+	assert_non_null(strstr(s, "\"logprob\":-0.0559661,"));
+	assert_null(strstr(s, "0.0559661000"));
+	assert_null(strstr(s, "nan"));
+	assert_non_null(o = cJSON_Parse(s));
+	cJSON_Delete(o);
+	free(s);
+	s = oai_response_choices_json(0, "i", "m", 1, ch, 1, &u);
+	assert_non_null(strstr(s, "\"token_logprobs\":[-0.0559661,-9999]"));
+	assert_non_null(strstr(s, "\"ha\":-9999"));
+	assert_non_null(o = cJSON_Parse(s));
+	cJSON_Delete(o);
+	free(s);
 }
 
 static void test_responses_parse(void **state)

@@ -30,6 +30,7 @@ static const char *const form_name[NFORM] = {"embedded", "disaggregated"};
 static char tmpdir[256];
 static pid_t pids[4] = {-1, -1, -1, -1}; /* serve, prefill, decode, gateway */
 static uint16_t ports[NFORM];
+static uint16_t dec_mport; /* the decode worker's /metrics */
 
 static void sleep_ms(int ms)
 {
@@ -100,7 +101,16 @@ static int setup(void **state)
 	    "--ctx", "1024", "--port-file", portf
 	char *serve[] = {WK("serve", kv[0], pf[0]), "--port", "0", "--open-gateway", NULL};
 	char *pre[] = {WK("prefill", kv[1], pf[1]), "--secret-file", secret, NULL};
-	char *dec[] = {WK("decode", kv[1], pf[2]), "--secret-file", secret, NULL};
+	char maf[600];
+	snprintf(maf, sizeof(maf), "%s/dec-metrics", tmpdir);
+	char *dec[] = {WK("decode", kv[1], pf[2]),
+		       "--secret-file",
+		       secret,
+		       "--metrics-listen",
+		       "127.0.0.1:0",
+		       "--metrics-addr-file",
+		       maf,
+		       NULL};
 #undef WK
 	pids[0] = spawn("serve.log", serve);
 	pids[1] = spawn("prefill.log", pre);
@@ -118,7 +128,17 @@ static int setup(void **state)
 	pids[3] = spawn("gateway.log", gw);
 	ports[EMB] = wp[0];
 	ports[DIS] = wait_port(pf[3]);
-	return ports[DIS] ? 0 : -1;
+	for (int i = 0; i < 300 && !dec_mport; i++) { /* "host:port" */
+		FILE *mf = fopen(maf, "r");
+		unsigned p = 0;
+		if (mf && fscanf(mf, "%*[^:]:%u", &p) == 1)
+			dec_mport = (uint16_t)p;
+		if (mf)
+			fclose(mf);
+		if (!dec_mport)
+			sleep_ms(50);
+	}
+	return ports[DIS] && dec_mport ? 0 : -1;
 }
 
 static int teardown(void **state)
@@ -553,6 +573,58 @@ static void test_n(void **state)
 	}
 }
 
+/* n = 2 sampled, a stop string only the first choice's text holds: the first choice ends there
+ * ("stop") while the second runs to its end ("length") and spells its answer without the
+ * stop. Disaggregated the first choice's DECODE streams both: its stop must not end the
+ * other. Both forms. */
+static void test_n_stop_one(void **state)
+{
+	(void)state;
+	for (int f = 0; f < NFORM; f++) {
+		cJSON *req = cJSON_CreateObject();
+		cJSON_AddStringToObject(req, "prompt", PROMPT);
+		cJSON_AddNumberToObject(req, "max_tokens", 24);
+		cJSON_AddNumberToObject(req, "temperature", 1);
+		cJSON_AddNumberToObject(req, "seed", 11);
+		cJSON_AddNumberToObject(req, "n", 2);
+		char *body = cJSON_PrintUnformatted(req), *t[2], *u[2];
+		int pt, ct;
+		cJSON *o = post_ok(f, "/v1/completions", body);
+		assert_int_equal(choices(o, t, 2, &pt, &ct), 2);
+		cJSON_Delete(o);
+		free(body);
+		/* a 3-byte window of the first answer (past its start) the second lacks */
+		char stop[4] = "";
+		for (size_t i = 1; i + 3 <= strlen(t[0]) && !stop[0]; i++) {
+			memcpy(stop, t[0] + i, 3);
+			stop[3] = 0;
+			if (strstr(t[1], stop) || strstr(t[0], stop) != t[0] + i)
+				stop[0] = 0;
+		}
+		print_message("%s: \"%s\" / \"%s\", stop \"%s\"\n", form_name[f], t[0], t[1], stop);
+		assert_true(stop[0] != 0);
+		cJSON_AddStringToObject(req, "stop", stop);
+		body = cJSON_PrintUnformatted(req);
+		o = post_ok(f, "/v1/completions", body);
+		assert_int_equal(choices(o, u, 2, &pt, &ct), 2);
+		cJSON *arr = cJSON_GetObjectItem(o, "choices");
+		const char *fr0 = cJSON_GetObjectItem(cJSON_GetArrayItem(arr, 0), "finish_reason")
+				      ->valuestring,
+			   *fr1 = cJSON_GetObjectItem(cJSON_GetArrayItem(arr, 1), "finish_reason")
+				      ->valuestring;
+		assert_string_equal(fr0, "stop");
+		assert_string_equal(fr1, "length");
+		assert_int_equal(strlen(u[0]), strstr(t[0], stop) - t[0]);
+		assert_memory_equal(u[0], t[0], strlen(u[0]));
+		assert_string_equal(u[1], t[1]);
+		cJSON_Delete(o);
+		cJSON_Delete(req);
+		free(body);
+		for (int k = 0; k < 2; k++)
+			free(t[k]), free(u[k]);
+	}
+}
+
 /* Completions prompts as a list of strings and as token ids (both forms): one choice per
  * prompt, in order. */
 static void test_prompt_lists(void **state)
@@ -597,12 +669,12 @@ static void test_prompt_lists(void **state)
 	free(ans[EMB]), free(ans[DIS]);
 }
 
-/* The value of the unlabelled sample name on form's /metrics, or -1. */
-static double metric(int form, const char *name)
+/* The value of the unlabelled sample name on the /metrics at port, or -1. */
+static double metric_at(uint16_t port, const char *name)
 {
 	char *b = NULL;
 	double v = -1;
-	if (htu_request(ports[form], 0, "GET", "/metrics", NULL, &b) == 200) {
+	if (htu_request(port, 0, "GET", "/metrics", NULL, &b) == 200) {
 		size_t n = strlen(name);
 		for (char *p = b; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
 			if (!strncmp(p, name, n) && p[n] == ' ')
@@ -612,8 +684,14 @@ static double metric(int form, const char *name)
 	return v;
 }
 
+static double metric(int form, const char *name)
+{
+	return metric_at(ports[form], name);
+}
+
 struct poll_arg {
 	volatile int stop;
+	uint16_t port; /* whose kv_blocks_used */
 	double max;
 };
 
@@ -621,7 +699,7 @@ static void *poll_blocks(void *arg)
 {
 	struct poll_arg *a = arg;
 	while (!a->stop) {
-		double v = metric(EMB, "kv_blocks_used");
+		double v = metric_at(a->port, "kv_blocks_used");
 		a->max = v > a->max ? v : a->max;
 	}
 	return NULL;
@@ -641,7 +719,7 @@ static void long_prompt(char *buf, size_t cap, int tag)
 static void measure(const char *body, double *blocks, double *computed)
 {
 	double c0 = metric(EMB, "prefill_tokens_computed_total");
-	struct poll_arg a = {0};
+	struct poll_arg a = {.port = ports[EMB]};
 	pthread_t t;
 	pthread_create(&t, NULL, poll_blocks, &a);
 	cJSON_Delete(post_ok(EMB, "/v1/completions", body));
@@ -702,36 +780,67 @@ static double dis_computed(void)
 	return b;
 }
 
+/* body (completions, on the gateway) with its max_tokens 100 made 20: the prompt's blocks
+ * then outweigh each choice's own. */
+static void short_answer(char *body)
+{
+	char *m = strstr(body, "\"max_tokens\":100}");
+	assert_non_null(m);
+	memcpy(m + strlen("\"max_tokens\":"), "20}", 4);
+}
+
+/* One disaggregated completion of body: its choices' texts into t (max), the largest
+ * kv_blocks_used the decode worker showed meanwhile into *blocks; the completion tokens. */
+static int dis_measure(const char *body, char **t, int max, double *blocks)
+{
+	struct poll_arg a = {.port = dec_mport};
+	pthread_t th;
+	int pt, ct;
+	pthread_create(&th, NULL, poll_blocks, &a);
+	cJSON *o = post_ok(DIS, "/v1/completions", body);
+	a.stop = 1;
+	pthread_join(th, NULL);
+	assert_int_equal(choices(o, t, max, &pt, &ct), max);
+	cJSON_Delete(o);
+	*blocks = a.max;
+	return ct;
+}
+
 /* n = 2 disaggregated: the prompt is computed once, on the prefill worker, which draws both
- * choices' first tokens; each choice's DECODE loads its blocks from the kv dir (prompt tokens
- * computed in all as for n = 1, where each choice as a request of its own computed it twice),
- * and greedy both answers are the n = 1 answer. */
+ * choices' first tokens (prompt tokens computed in all as for n = 1, where each choice as a
+ * request of its own computed it twice); one DECODE carries both choices, and the decode
+ * worker loads the prompt's blocks once and forks them (its kv_blocks_used, at its peak,
+ * well under twice n = 1's: one prompt's blocks plus each choice's own, where a DECODE per
+ * choice loaded the prompt twice); greedy, both answers are the n = 1 answer. */
 static void test_n_shares_prompt_dis(void **state)
 {
 	(void)state;
 	char body[4096], b2[4200];
-	double c[3];
-	char *t1 = NULL, *t[2];
-	int pt, ct;
+	double c[3], blk1, blk2;
+	char *t1 = NULL, *t[2], *t1b = NULL;
 	c[0] = dis_computed();
 	long_prompt(body, sizeof(body), 4000 + (int)getpid() % 1000);
-	cJSON *o = post_ok(DIS, "/v1/completions", body);
-	assert_int_equal(choices(o, &t1, 1, &pt, &ct), 1);
-	cJSON_Delete(o);
+	short_answer(body);
+	assert_int_equal(dis_measure(body, &t1, 1, &blk1), 20);
 	c[1] = dis_computed();
 	long_prompt(body, sizeof(body), 5000 + (int)getpid() % 1000);
+	short_answer(body);
 	snprintf(b2, sizeof(b2), "%.*s,\"n\":2}", (int)strlen(body) - 1, body);
-	o = post_ok(DIS, "/v1/completions", b2);
-	assert_int_equal(choices(o, t, 2, &pt, &ct), 2);
-	cJSON_Delete(o);
+	assert_int_equal(dis_measure(b2, t, 2, &blk2), 40);
 	c[2] = dis_computed();
-	print_message("disaggregated prompt tokens computed: n=1 %.0f, n=2 %.0f\n", c[1] - c[0],
-		      c[2] - c[1]);
+	print_message("disaggregated: prompt tokens computed n=1 %.0f, n=2 %.0f; decode worker's "
+		      "kv_blocks_used at most n=1 %.0f, n=2 %.0f\n",
+		      c[1] - c[0], c[2] - c[1], blk1, blk2);
 	assert_true(c[1] - c[0] > 100);
 	assert_true(c[2] - c[1] == c[1] - c[0]);
-	assert_int_equal(ct, 200);
+	assert_true(blk1 > 0);
+	assert_true(blk2 < 1.5 * blk1);
 	assert_string_equal(t[0], t[1]);
-	free(t1), free(t[0]), free(t[1]);
+	/* greedy, the same prompt with n = 1 answers as each choice did */
+	double ignored;
+	assert_int_equal(dis_measure(body, &t1b, 1, &ignored), 20);
+	assert_string_equal(t1b, t[0]);
+	free(t1), free(t1b), free(t[0]), free(t[1]);
 	/* the prefill worker refuses the group's one PREFILL: every choice says why */
 	long_prompt(body, sizeof(body), 6000 + (int)getpid() % 1000);
 	char *tail = strstr(body, ",\"temperature\"");
@@ -862,6 +971,7 @@ int main(void)
 	    cmocka_unit_test(test_prompt_lists),
 	    cmocka_unit_test(test_n_shares_kv),
 	    cmocka_unit_test(test_n_shares_prompt_dis),
+	    cmocka_unit_test(test_n_stop_one),
 	    cmocka_unit_test(test_n_cancel),
 	    cmocka_unit_test(test_stream_choices),
 	};

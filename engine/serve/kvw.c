@@ -352,6 +352,11 @@ int kvw_decode_enc(struct kvp_wbuf *w, const struct kvw_decode *d)
 	kvp_w_u32(w, d->blen);
 	kvp_w_bytes(w, d->blk, d->blen);
 	kvp_w_u64(w, d->ticket);
+	kvp_w_u32(w, d->nx);
+	for (uint32_t i = 0; i < d->nx && i < KVW_MAX_CHOICES - 1; i++) {
+		kvp_w_u64(w, d->xseeds[i]);
+		kvp_w_u32(w, (uint32_t)d->xfirst[i]);
+	}
 	return w->err;
 }
 
@@ -371,6 +376,13 @@ int kvw_decode_dec(const uint8_t *body, size_t len, struct kvw_decode *d)
 	d->blen = kvp_r_u32(&rb);
 	d->blk = kvp_r_bytes(&rb, d->blen);
 	d->ticket = kvp_r_u64(&rb);
+	d->nx = kvp_r_u32(&rb);
+	if (d->nx >= KVW_MAX_CHOICES)
+		return -EBADMSG;
+	for (uint32_t i = 0; i < d->nx; i++) {
+		d->xseeds[i] = kvp_r_u64(&rb);
+		d->xfirst[i] = (int32_t)kvp_r_u32(&rb);
+	}
 	rc = kvp_r_end(&rb);
 	if (!rc && d->logprobs > 1 + KVW_MAX_TOP)
 		rc = -EINVAL;
@@ -394,18 +406,22 @@ int kvw_ev_prompt_enc(struct kvp_wbuf *w, uint32_t prompt_tokens, uint32_t cache
 	return w->err;
 }
 
-int kvw_ev_token_enc(struct kvp_wbuf *w, int32_t id, const struct kvw_lp *lp, uint32_t len)
+int kvw_ev_token_enc(struct kvp_wbuf *w, uint8_t choice, int32_t id, const struct kvw_lp *lp,
+		     uint32_t len)
 {
 	kvp_w_u8(w, KVW_EV_TOKEN);
+	kvp_w_u8(w, choice);
 	kvp_w_u32(w, (uint32_t)id);
 	w_lp(w, lp);
 	kvp_w_u32(w, len);
 	return w->err;
 }
 
-int kvw_ev_finish_enc(struct kvp_wbuf *w, int32_t err, const char *reason, const char *msg)
+int kvw_ev_finish_enc(struct kvp_wbuf *w, uint8_t choice, int32_t err, const char *reason,
+		      const char *msg)
 {
 	kvp_w_u8(w, KVW_EV_FINISH);
+	kvp_w_u8(w, choice);
 	kvp_w_u32(w, (uint32_t)err);
 	kvp_w_cstr(w, reason ? reason : "");
 	kvp_w_cstr(w, msg ? msg : "");
@@ -426,12 +442,14 @@ int kvw_ev_dec(const uint8_t *body, size_t len, struct kvw_ev *e)
 			rb.err = -EBADMSG;
 		break;
 	case KVW_EV_TOKEN:
+		e->choice = kvp_r_u8(&rb);
 		e->id = (int32_t)kvp_r_u32(&rb);
 		r_lp(&rb, &e->lp);
 		e->len = kvp_r_u32(&rb);
 		e->text = kvp_r_bytes(&rb, e->len);
 		break;
 	case KVW_EV_FINISH:
+		e->choice = kvp_r_u8(&rb);
 		e->err = (int32_t)kvp_r_u32(&rb);
 		kvp_r_str(&rb, e->reason, sizeof(e->reason));
 		kvp_r_str(&rb, e->msg, sizeof(e->msg));
@@ -440,6 +458,8 @@ int kvw_ev_dec(const uint8_t *body, size_t len, struct kvw_ev *e)
 		return -EBADMSG;
 	}
 	int rc = kvp_r_end(&rb);
+	if (!rc && e->choice >= KVW_MAX_CHOICES)
+		rc = -EBADMSG;
 	return rc == -ENAMETOOLONG ? -EBADMSG : rc;
 }
 

@@ -20,10 +20,15 @@
  *                     errors: -E2BIG (too long), -EINVAL, -EAGAIN
  *   KVW_OP_DECODE  -> str salt, params, u8 logprobs, u32 n, n x u32 token ids, u32 first, u32
  *                     blen, blen bytes, u64 ticket (0 = none: the prompt's KV from the kv dir +
- *                     the block). The first token's lp came with the PREFILL reply: not sent
+ *                     the block), u32 nx, nx x (u64 seed, u32 first): the further choices of an
+ *                     n > 1 request (< KVW_MAX_CHOICES), decoded here as forks of the first's
+ *                     sequence (its prompt's KV blocks loaded once, shared). The first token's
+ *                     lp came with the PREFILL reply: not sent
  *                  <- a stream of frames with the request's id, status 0, each one event:
- *                     u8 KVW_EV_TOKEN, u32 id, lp, u32 len, len bytes of text
- *                     u8 KVW_EV_FINISH, i32 err, str reason, str message (the last frame)
+ *                     u8 KVW_EV_TOKEN, u8 choice, u32 id, lp, u32 len, len bytes of text
+ *                     u8 KVW_EV_FINISH, u8 choice, i32 err, str reason, str message (each
+ *                     choice's last frame; choice 0 is the DECODE's own, 1..nx the further
+ *                     ones; the stream ends with the last choice's FINISH)
  *                     A decode request owns its connection: closing it cancels the request.
  *   KVW_OP_GENERATE (gateway -> decode worker) a short prompt computed by the decode worker
  *                  itself (no prefill hop, gateway --local-prefill):
@@ -187,7 +192,7 @@ int kvw_prefilled_enc(struct kvp_wbuf *w, const struct kvw_prefilled *p);
 int kvw_prefilled_dec(const uint8_t *body, size_t len, struct kvw_prefilled *p);
 void kvw_prefilled_free(struct kvw_prefilled *p);
 
-/* DECODE request. The decoder checks n > 0. */
+/* DECODE request. The decoder checks n > 0 and nx < KVW_MAX_CHOICES (-EBADMSG). */
 struct kvw_decode {
 	const char *salt; /* as kvw_prompt */
 	struct kvi_sample_params sp;
@@ -198,6 +203,11 @@ struct kvw_decode {
 	uint32_t blen;
 	const uint8_t *blk;
 	uint64_t ticket;
+	/* further choices of an n > 1 request (< KVW_MAX_CHOICES), forks of this one sharing its
+	 * prompt's KV: each its seed and the first token its PREFILL drew */
+	uint32_t nx;
+	uint64_t xseeds[KVW_MAX_CHOICES - 1];
+	int32_t xfirst[KVW_MAX_CHOICES - 1];
 	char salt_buf[KVW_SALT_MAX];
 	int32_t *toks_buf;
 };
@@ -211,6 +221,7 @@ void kvw_decode_free(struct kvw_decode *d);
  * INT32_MAX, a reason, message or lp text longer than its field). */
 struct kvw_ev {
 	uint8_t kind;			/* enum kvw_event */
+	uint8_t choice;			/* TOKEN, FINISH: 0, or a DECODE's further choice 1..nx */
 	uint32_t prompt_tokens, cached; /* PROMPT */
 	int32_t id;			/* TOKEN */
 	struct kvw_lp lp;		/* TOKEN: lp.present 0 for none */
@@ -221,8 +232,10 @@ struct kvw_ev {
 };
 int kvw_ev_prompt_enc(struct kvp_wbuf *w, uint32_t prompt_tokens, uint32_t cached);
 /* lp: NULL or not present for none. */
-int kvw_ev_token_enc(struct kvp_wbuf *w, int32_t id, const struct kvw_lp *lp, uint32_t len);
-int kvw_ev_finish_enc(struct kvp_wbuf *w, int32_t err, const char *reason, const char *msg);
+int kvw_ev_token_enc(struct kvp_wbuf *w, uint8_t choice, int32_t id, const struct kvw_lp *lp,
+		     uint32_t len);
+int kvw_ev_finish_enc(struct kvp_wbuf *w, uint8_t choice, int32_t err, const char *reason,
+		      const char *msg);
 int kvw_ev_dec(const uint8_t *body, size_t len, struct kvw_ev *e);
 
 /* HELLO reply: the decode worker's cache id, into id (cap bytes, NUL-terminated). */

@@ -165,8 +165,12 @@ static int do_prefill(struct lreq *q, struct pf_result *res, const char *peer, u
 
 /* ---- decode -------------------------------------------------------------------------- */
 
-/* Streams one DECODE from replica r. Returns 0 when the request finished (finish reported),
- * or a transport error with *ntok tokens relayed (the caller retries when 0). */
+static int lreq_cancelled(struct lreq *q);
+
+/* Streams one DECODE from replica r (for a group's first choice, every choice's: the further
+ * ones' events go to their queues, and the stream lasts until every choice ended). Returns 0 when
+ * the request finished (finish reported), or a transport error with *ntok tokens relayed (the
+ * caller retries when 0). */
 static int decode_on(struct lreq *q, struct replica *r, uint16_t op, const struct kvp_wbuf *w,
 		     int *ntok)
 {
@@ -183,12 +187,18 @@ static int decode_on(struct lreq *q, struct replica *r, uint16_t op, const struc
 	q->dec = r;
 	pthread_mutex_unlock(&q->mu);
 	struct kvp_hdr h = {.op = op, .id = gw_job_id(q->job)};
-	int refused = 0;
+	int refused = 0, own_done = 0, own_tok = 0; /* own: this choice's, not the group's */
 	if (!rc)
 		rc = kvp_send(sk, &h, w->p, w->len, NULL, 0);
 	while (!rc) {
 		struct kvp_hdr rh;
 		uint8_t *body = NULL;
+		if (!own_done && q->grp && lreq_cancelled(q)) { /* the others go on */
+			gw_job_finish(q->job, NULL, -ECANCELED, "cancelled");
+			own_done = 1;
+		}
+		if (own_done && (!q->grp || !lb_grp_live(q->grp)))
+			break;
 		rc = kvp_recv(sk, &rh, &body, KVP_MAX_BODY);
 		if (rc)
 			break;
@@ -206,12 +216,20 @@ static int decode_on(struct lreq *q, struct replica *r, uint16_t op, const struc
 			free(body);
 			continue;
 		}
+		if (!bad && ev.choice > 0 && q->grp && q->choice == 0) { /* a further choice's */
+			lb_grp_push(q->grp, &ev);
+			(*ntok)++;
+			free(body);
+			if (own_done && !lb_grp_live(q->grp))
+				break;
+			continue;
+		}
 		if (ev.kind == KVW_EV_TOKEN) {
-			if (!bad) {
+			if (!bad && !own_done) {
 				/* the first token's logprob came with the PREFILL reply */
-				const struct kvw_lp *lp = ev.lp.present ? &ev.lp
-							  : *ntok == 0	? q->first_lp
-									: NULL;
+				const struct kvw_lp *lp = ev.lp.present	 ? &ev.lp
+							  : own_tok == 0 ? q->first_lp
+									 : NULL;
 				if (lp && q->logprobs) {
 					struct gw_logprob g;
 					kvw_lp_to(lp, &g);
@@ -219,6 +237,7 @@ static int decode_on(struct lreq *q, struct replica *r, uint16_t op, const struc
 				}
 				gw_job_token(q->job, (const char *)ev.text, ev.len);
 				(*ntok)++;
+				own_tok++;
 			}
 			free(body);
 			continue;
@@ -230,12 +249,21 @@ static int decode_on(struct lreq *q, struct replica *r, uint16_t op, const struc
 		}
 		int err = ev.err;
 		const char *reason = ev.reason, *msg = ev.msg;
+		if (!own_done)
+			gw_job_finish(q->job,
+				      err ? NULL : (!strcmp(reason, "length") ? "length" : "stop"),
+				      err, err ? msg : NULL);
+		own_done = 1;
+		(*ntok)++;
+		if (q->grp && q->choice == 0 && lb_grp_live(q->grp))
+			continue; /* the further choices go on */
+		break;
+	}
+	if (own_done) { /* every choice ended (or no one reads any more) */
 		pthread_mutex_lock(&q->mu);
 		q->sk = NULL;
 		pthread_mutex_unlock(&q->mu);
 		kvp_sock_close(sk);
-		gw_job_finish(q->job, err ? NULL : (!strcmp(reason, "length") ? "length" : "stop"),
-			      err, err ? msg : NULL);
 		return 0;
 	}
 	pthread_mutex_lock(&q->mu);
@@ -295,6 +323,11 @@ static void w_decode(struct kvp_wbuf *w, const struct lreq *q, const struct pf_r
 			       .blen = pr->blen,
 			       .blk = pr->blk,
 			       .ticket = pr->handed ? ticket : 0};
+	if (q->grp && q->choice == 0) { /* every choice, forks of this one on one worker */
+		m.nx = (uint32_t)q->grp->n - 1;
+		memcpy(m.xseeds, q->grp->seeds + 1, m.nx * sizeof(m.xseeds[0]));
+		memcpy(m.xfirst, q->grp->first + 1, m.nx * sizeof(m.xfirst[0]));
+	}
 	kvw_decode_enc(w, &m); /* errors are sticky in w */
 }
 
@@ -363,10 +396,10 @@ static int prefill_then(struct lreq *q, struct kvp_wbuf *w, struct pf_result *pr
 	return 0;
 }
 
-/* A further choice of a group: waits for the first choice's PREFILL, then the DECODE body of
- * this choice's first token into w (pr points into the group). 0, or the request was finished
- * here (1). */
-static int choice_then(struct lreq *q, struct kvp_wbuf *w, struct pf_result *pr)
+/* A further choice of a group: waits for the first choice's PREFILL (pr then points into the
+ * group). 0: its first choice's DECODE generates it (lb_grp_follow), or the request was
+ * finished here (1). */
+static int choice_then(struct lreq *q, struct pf_result *pr)
 {
 	struct lgroup *g = q->grp;
 	pthread_mutex_lock(&g->mu);
@@ -375,6 +408,7 @@ static int choice_then(struct lreq *q, struct kvp_wbuf *w, struct pf_result *pr)
 	int done = g->done, rc = g->rc;
 	pthread_mutex_unlock(&g->mu);
 	if (!done || lreq_cancelled(q)) {
+		lb_grp_leave(q);
 		gw_job_finish(q->job, NULL, -ECANCELED, "cancelled");
 		return 1;
 	}
@@ -394,7 +428,6 @@ static int choice_then(struct lreq *q, struct kvp_wbuf *w, struct pf_result *pr)
 	pthread_mutex_lock(&q->l->mu);
 	q->l->handoffs[HO_FS]++;
 	pthread_mutex_unlock(&q->l->mu);
-	w_decode(w, q, pr, 0);
 	return 0;
 }
 
@@ -409,10 +442,13 @@ static void req_run(struct lreq *q)
 	struct kvp_wbuf w;
 	kvp_w_init(&w);
 	uint16_t op = KVW_OP_DECODE;
+	int gerr = -ECANCELED; /* what the group's other choices are told if this one ends them */
+	const char *gmsg = "cancelled";
 	int follower = q->grp && q->choice > 0; /* pr points into the group: not freed */
 	if (follower) {
-		if (choice_then(q, &w, &pr))
-			goto out;
+		if (!choice_then(q, &pr))
+			lb_grp_follow(q);
+		goto out;
 	} else if (!q->grp && l->o.local_prefill > 0 && dq.est_tokens <= l->o.local_prefill) {
 		op = KVW_OP_GENERATE; /* short: the decode replica computes it */
 		w_generate(&w, q);
@@ -451,12 +487,17 @@ static void req_run(struct lreq *q)
 		l->retries++;
 		pthread_mutex_unlock(&l->mu);
 	}
+	gerr = rc == -EAGAIN ? -EAGAIN : -EIO;
+	gmsg = !rc	       ? "the decode replica ended without this choice"
+	       : rc == -EAGAIN ? "no decode replica is up"
+			       : "decode replica died";
 	if (rc)
-		gw_job_finish(q->job, NULL, rc == -EAGAIN ? -EAGAIN : -EIO,
-			      rc == -EAGAIN ? "no decode replica is up" : "decode replica died");
+		gw_job_finish(q->job, NULL, gerr, gmsg);
 out:
-	if (q->grp && q->choice == 0) /* ended before its PREFILL did: the others end too */
+	if (q->grp && q->choice == 0) { /* ended before its PREFILL did: the others end too */
 		lb_grp_publish(q->grp, -ECANCELED, NULL);
+		lb_grp_end(q->grp, gerr, gmsg); /* their DECODE was this one's */
+	}
 	kvp_w_free(&w);
 	if (!follower) {
 		free(pr.toks);
@@ -599,13 +640,17 @@ static void be_cancel(void *ctx, struct gw_job *job)
 	if (queued) {
 		if (q->choice == 0)
 			lb_grp_publish(q->grp, -ECANCELED, NULL);
+		lb_grp_leave(q);
 		gw_job_finish(job, NULL, -ECANCELED, "cancelled");
 		lreq_put(q); /* the queue's reference */
 		return;
 	}
+	/* a group's first choice streams the others too: its connection stays while they read
+	 * (decode_on finishes its job at once) */
+	int others = q->grp && q->choice == 0 && lb_grp_live(q->grp);
 	pthread_mutex_lock(&q->mu);
 	q->cancelled = 1;
-	if (q->sk) /* the decode worker sees the close and frees the KV */
+	if (q->sk && !others) /* the decode worker sees the close and frees the KV */
 		kvp_sock_shutdown(q->sk);
 	pthread_mutex_unlock(&q->mu);
 	lb_grp_wake(q);

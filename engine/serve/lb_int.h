@@ -85,10 +85,21 @@ struct lb {
 	uint64_t handoffs[HO_N]; /* by enum ho_kind; guarded by mu */
 };
 
+/* An event of a DECODE stream for a further choice, queued in its group (kvw_ev, its text
+ * copied after it). */
+struct lgev {
+	struct lgev *next;
+	struct kvw_ev ev;
+	uint8_t text[];
+};
+
 /* The choices of one prompt (n > 1): the first choice's request computes the prompt once
- * (PREFILL with every choice's seed, through the kv dir) and publishes the result here; each
- * choice then DECODEs on its own (the further ones wait here until then). Referenced by each
- * member request. */
+ * (PREFILL with every choice's seed, through the kv dir) and publishes the result here, then
+ * sends one DECODE for all of them: the decode worker loads the prompt's KV once and decodes
+ * the further choices as forks of the first. The first's request relays each further choice's
+ * events to that choice's queue here; the choice's own request (waiting on a worker) reports
+ * them to its gw_job, so every job is finished by its own request. Referenced by each member
+ * request. */
 struct lgroup {
 	atomic_int refs;
 	pthread_mutex_t mu; /* guards what follows */
@@ -102,6 +113,10 @@ struct lgroup {
 	uint32_t blen;
 	int32_t first[KVW_MAX_CHOICES];
 	struct kvw_lp *lps; /* n records when logprobs were asked, else NULL */
+	/* further choices (index 1..n-1): their event queues; ended: its FINISH was queued;
+	 * gone: its request no longer reads (finished, cancelled): nothing more is queued */
+	struct lgev *evq[KVW_MAX_CHOICES], **evtail[KVW_MAX_CHOICES];
+	uint8_t ended[KVW_MAX_CHOICES], gone[KVW_MAX_CHOICES];
 };
 
 /* What a PREFILL reply told (lb.c pf_parse). */
@@ -157,6 +172,20 @@ void lb_grp_publish(struct lgroup *g, int rc, const struct pf_result *pr);
 void lb_grp_wake(struct lreq *q);
 /* Drops a member's reference (NULL: nothing). */
 void lb_grp_put(struct lgroup *g);
+/* The first choice's DECODE stream brought ev (choice >= 1): queued for that choice (copied;
+ * dropped when it is gone or ended). 0 or -ENOMEM (then the choice is ended with -ENOMEM). */
+int lb_grp_push(struct lgroup *g, const struct kvw_ev *ev);
+/* Every further choice not yet ended gets a FINISH with err and msg (the first's DECODE
+ * failed or ended without theirs). */
+void lb_grp_end(struct lgroup *g, int err, const char *msg);
+/* Further choices still reading: neither ended nor gone. */
+int lb_grp_live(struct lgroup *g);
+/* A further choice after the group's prompt was computed: reports its queued events to its
+ * gw_job until its FINISH, or until it is cancelled. Blocks for the whole generation. */
+void lb_grp_follow(struct lreq *q);
+/* A further choice q finished its job itself (cancelled before following): nothing more is
+ * queued for it. */
+void lb_grp_leave(struct lreq *q);
 
 /* ---- lb_replica.c ---- */
 /* What a pick knows of request q: the gateway does not tokenize, so its tokens are estimated

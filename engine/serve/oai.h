@@ -132,7 +132,7 @@ char *oai_chunk_role_json(const char *id, const char *model, int64_t created, in
 /* One generated token's log-probability and its most likely alternatives. */
 struct oai_lp_entry {
 	const char *token; /* its text (bytes that are not UTF-8 are written as U+FFFD) */
-	float logprob;	   /* -inf is written as -9999 */
+	float logprob;	   /* shortest-exact; -inf (NaN) is written as -9999 */
 	int text_offset;   /* where its text starts in the choice's text */
 	int n_top;
 	struct {

@@ -62,11 +62,26 @@ static cJSON *token_bytes(const char *t)
 	return a;
 }
 
-/* A logprob that JSON can carry: -inf (a token banned by logit_bias) as -9999, as OpenAI does
- * for tokens it never samples. */
-static double lp_num(float lp)
+/* A float as JSON: the shortest decimal that reads back to the same float ("-0.0559661", not
+ * cJSON's %1.17g of the widened double, "-0.055966100000000005"); -inf (a token banned by
+ * logit_bias) and any other non-finite value as -9999, as OpenAI does for tokens it never
+ * samples, since JSON has no infinity or NaN. */
+static cJSON *float_json(float v)
 {
-	return isfinite(lp) ? lp : -9999.0;
+	char b[32];
+	if (!isfinite(v))
+		return cJSON_CreateRaw("-9999");
+	for (int prec = 1; prec <= 9; prec++) { /* FLT_DECIMAL_DIG = 9 always round-trips */
+		snprintf(b, sizeof(b), "%.*g", prec, (double)v);
+		if (strtof(b, NULL) == v)
+			break;
+	}
+	return cJSON_CreateRaw(b);
+}
+
+static void add_float(cJSON *o, const char *key, float v)
+{
+	cJSON_AddItemToObject(o, key, float_json(v));
 }
 
 /* chat: {"content": [{"token","logprob","bytes","top_logprobs":[...]}], "refusal": null} */
@@ -76,13 +91,13 @@ static cJSON *chat_logprobs(const struct oai_lp_entry *e, int n)
 	for (int i = 0; i < n; i++) {
 		cJSON *t = cJSON_CreateObject();
 		oai_add_text(t, "token", e[i].token);
-		cJSON_AddNumberToObject(t, "logprob", lp_num(e[i].logprob));
+		add_float(t, "logprob", e[i].logprob);
 		cJSON_AddItemToObject(t, "bytes", token_bytes(e[i].token));
 		cJSON *top = cJSON_AddArrayToObject(t, "top_logprobs");
 		for (int k = 0; k < e[i].n_top; k++) {
 			cJSON *x = cJSON_CreateObject();
 			oai_add_text(x, "token", e[i].top[k].token);
-			cJSON_AddNumberToObject(x, "logprob", lp_num(e[i].top[k].logprob));
+			add_float(x, "logprob", e[i].top[k].logprob);
 			cJSON_AddItemToObject(x, "bytes", token_bytes(e[i].top[k].token));
 			cJSON_AddItemToArray(top, x);
 		}
@@ -107,12 +122,11 @@ static cJSON *text_logprobs(const struct oai_lp_entry *e, int n, int base)
 		cJSON *ts = cJSON_DetachItemFromObject(t, "t");
 		cJSON_Delete(t);
 		cJSON_AddItemToArray(toks, ts ? ts : cJSON_CreateString(""));
-		cJSON_AddItemToArray(lps, cJSON_CreateNumber(lp_num(e[i].logprob)));
+		cJSON_AddItemToArray(lps, float_json(e[i].logprob));
 		cJSON *top = cJSON_CreateObject();
 		for (int k = 0; k < e[i].n_top; k++)
 			if (!cJSON_GetObjectItemCaseSensitive(top, e[i].top[k].token))
-				cJSON_AddNumberToObject(top, e[i].top[k].token,
-							lp_num(e[i].top[k].logprob));
+				add_float(top, e[i].top[k].token, e[i].top[k].logprob);
 		cJSON_AddItemToArray(tops, top);
 		cJSON_AddItemToArray(offs, cJSON_CreateNumber(base + e[i].text_offset));
 	}

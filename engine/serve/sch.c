@@ -201,6 +201,20 @@ static int admit(struct sch *s, struct sch_req *r)
 		r->st = RS_FORK; /* fork_children gives it a sequence */
 		return 0;
 	}
+	/* DECODE, a further choice admitted right behind its parent, whose sequence holds the
+	 * prompt (loaded, not yet stepped): a fork sharing those blocks */
+	struct sch_req *p = r->parent;
+	if (r->mode == SCH_DECODE && p && !p->finished && p->st == RS_DECODE && p->seq &&
+	    kvi_seq_len(p->seq) == p->n) {
+		int rc = kvi_seq_fork(p->seq, &r->seq);
+		if (rc)
+			return rc;
+		r->pos = r->n;
+		r->cached = p->cached;
+		r->st = RS_DECODE;
+		take_token(s, r, r->first, NULL);
+		return 0;
+	}
 	return admit_seq(s, r);
 }
 
@@ -347,7 +361,10 @@ static void fork_children(struct sch *s, struct sch_req *p, const float *logits)
 		c->st = RS_DECODE;
 		if (c->k.prompt)
 			c->k.prompt(c->u, c->n, p->cached);
-		take_token(s, c, kvi_sampler_sample(c->smp, logits), logits);
+		if (c->mode == SCH_DECODE) /* its first token came from the prefill worker */
+			take_token(s, c, c->first, NULL);
+		else
+			take_token(s, c, kvi_sampler_sample(c->smp, logits), logits);
 	}
 }
 
@@ -512,6 +529,7 @@ static void *sch_main(void *arg)
 int sch_submit(struct sch *s, const struct sch_job *j, const struct sch_sink *k, void *u,
 	       struct sch_req **out)
 {
+	int forked = j->mode != SCH_PREFILL && j->fork_of; /* a further choice of n > 1 */
 	struct sch_req *r = calloc(1, sizeof(*r));
 	if (!r)
 		return -ENOMEM;
@@ -520,7 +538,7 @@ int sch_submit(struct sch *s, const struct sch_job *j, const struct sch_sink *k,
 	r->u = u;
 	r->t_submit = mono_ns();
 	atomic_init(&r->refs, 1);
-	atomic_init(&r->pending_forks, j->mode == SCH_FULL ? j->forks : 0);
+	atomic_init(&r->pending_forks, j->mode != SCH_PREFILL ? j->forks : 0);
 	r->logprobs = j->logprobs > 0 && j->logprobs <= OAI_MAX_TOP_LOGPROBS + 1 ? j->logprobs : 0;
 	r->nx =
 	    j->mode == SCH_PREFILL && j->xseeds && j->nx > 0 && j->nx < KVW_MAX_CHOICES ? j->nx : 0;
@@ -543,10 +561,19 @@ int sch_submit(struct sch *s, const struct sch_job *j, const struct sch_sink *k,
 	rc = -ENOMEM;
 	if (j->salt && !(r->salt = strdup(j->salt)))
 		goto fail;
-	if (j->mode == SCH_FULL && j->fork_of) { /* the parent's prompt, its KV once computed */
+	if (forked) { /* the parent's prompt, its KV once computed */
+		rc = -EINVAL;
+		if (j->mode == SCH_DECODE && (j->first < 0 || j->first >= s->n_vocab))
+			goto fail;
 		rc = -ENOMEM;
 		if (!(r->toks = malloc((size_t)j->fork_of->n * sizeof(int32_t))))
 			goto fail;
+		if (j->mode == SCH_DECODE && j->blk && j->blen) { /* for a fallback on its own */
+			if (!(r->blk = malloc(j->blen)))
+				goto fail;
+			memcpy(r->blk, j->blk, j->blen);
+			r->blen = j->blen;
+		}
 		memcpy(r->toks, j->fork_of->toks, (size_t)j->fork_of->n * sizeof(int32_t));
 		r->n = j->fork_of->n;
 		atomic_fetch_add(&j->fork_of->refs, 1);
@@ -603,13 +630,13 @@ int sch_submit(struct sch *s, const struct sch_job *j, const struct sch_sink *k,
 	*out = r; /* before the scheduler can see it: finish may free it */
 	*s->inq_tail = r;
 	s->inq_tail = &r->next;
-	if (j->mode == SCH_FULL && j->fork_of)
+	if (forked)
 		atomic_fetch_sub(&j->fork_of->pending_forks, 1);
 	pthread_cond_signal(&s->cv);
 	pthread_mutex_unlock(&s->mu);
 	return 0;
 fail:
-	if (j->mode == SCH_FULL && j->fork_of) { /* the parent is cancelled by the caller */
+	if (forked) { /* the parent is cancelled by the caller */
 		pthread_mutex_lock(&s->mu);
 		atomic_fetch_sub(&j->fork_of->pending_forks, 1);
 		pthread_cond_signal(&s->cv);

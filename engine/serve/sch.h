@@ -123,9 +123,11 @@ struct sch_job {
 	 * token from the same logits with sp and seed xseeds[i] (sink.choice) */
 	int nx;
 	const uint64_t *xseeds;
-	/* FULL, n > 1: forks = the requests to be submitted next with fork_of = this one (it is
-	 * not admitted before); fork_of = a request submitted so, whose prompt (and its KV, once
-	 * computed: kvi_seq_fork, blocks shared) this request takes instead of prompt/toks. */
+	/* FULL and DECODE, n > 1: forks = the requests to be submitted next with fork_of = this
+	 * one (it is not admitted before); fork_of = a request submitted so, whose prompt (and its
+	 * KV, once computed or loaded: kvi_seq_fork, blocks shared) this request takes instead of
+	 * prompt/toks. A DECODE fork keeps its own first (and blk, used only when it must load
+	 * the prompt itself: its parent ended, or was stepped before it was admitted). */
 	int forks;
 	struct sch_req *fork_of;
 	int handoff; /* PREFILL: enum sch_handoff_kind; the full blocks are still saved in

@@ -137,7 +137,7 @@ static void dc_token(void *u, int32_t id, const char *piece, size_t len)
 	kvp_w_init(&b);
 	/* the gateway is gone: stop generating and free the KV */
 	struct kvw_lp *lp = w->f.lps && w->f.lps[0].present ? &w->f.lps[0] : NULL;
-	if (kvw_ev_token_enc(&b, id, lp, (uint32_t)len) ||
+	if (kvw_ev_token_enc(&b, w->choice, id, lp, (uint32_t)len) ||
 	    kvp_reply(w->c, &w->h, 0, b.p, b.len, piece, len))
 		sch_cancel(w->r);
 	if (lp)
@@ -150,7 +150,7 @@ static void dc_finish(void *u, const char *reason, int err, const char *msg)
 	struct wreq *w = u;
 	struct kvp_wbuf b;
 	kvp_w_init(&b);
-	if (!kvw_ev_finish_enc(&b, err, reason, msg))
+	if (!kvw_ev_finish_enc(&b, w->choice, err, reason, msg))
 		kvp_reply(w->c, &w->h, 0, b.p, b.len, NULL, 0);
 	kvp_w_free(&b);
 	wr_done(w);
@@ -258,6 +258,38 @@ static struct wreq *wreq_new(struct wk *k, struct kvp_conn *c, const struct kvp_
 	return w;
 }
 
+/* Frees a wreq no scheduler request took (NULL: nothing). */
+static void wreq_drop(struct wreq *w)
+{
+	if (!w)
+		return;
+	kvp_conn_unref(w->c);
+	free(w->f.lps);
+	free(w);
+}
+
+/* DECODE with further choices, its first (parent, j) submitted: submits each as a fork of it,
+ * its own seed and first token, answering as choice 1 + i. One that cannot be submitted
+ * gets its FINISH with the error here (the others go on). */
+static void dc_forks(struct wk *k, const struct sch_job *j, const struct kvw_decode *d,
+		     struct wreq *parent, struct wreq **xw)
+{
+	static const struct sch_sink dc = {
+	    .token = dc_token, .logprob = dc_logprob, .finish = dc_finish};
+	for (uint32_t i = 0; i < d->nx; i++) {
+		struct sch_job x = *j;
+		x.forks = 0;
+		x.fork_of = parent->r;
+		x.first = d->xfirst[i];
+		x.sp.seed = d->xseeds[i];
+		x.ticket = 0;
+		xw[i]->choice = (uint8_t)(1 + i);
+		int rc = sch_submit(k->s, &x, &dc, xw[i], &xw[i]->r);
+		if (rc)
+			dc_finish(xw[i], NULL, rc, "cannot fork the prompt's KV");
+	}
+}
+
 /* PREFILL (prefill worker), DECODE or GENERATE (decode worker; gen): decodes the body and hands
  * the job to the scheduler, whose sink answers it. Frees body; -1 on a malformed body. */
 static int wk_job_start(struct wk *k, struct kvp_conn *c, const struct kvp_hdr *h, uint8_t *body,
@@ -275,18 +307,27 @@ static int wk_job_start(struct wk *k, struct kvp_conn *c, const struct kvp_hdr *
 	struct sch_job j = {.mode = gen ? SCH_FULL : k->mode};
 	struct kvw_prompt q = {0};
 	struct kvw_decode d = {0};
+	struct wreq *xw[KVW_MAX_CHOICES - 1] = {0};
 	int rc = job_dec(k, h, body, gen, &j, &q, &d);
 	struct wreq *w = rc ? NULL : wreq_new(k, c, h, gen, &q, &j);
 	if (!rc && !w)
 		rc = -ENOMEM;
+	for (uint32_t i = 0; !rc && !gen && i < d.nx; i++) /* every one before the first runs */
+		if (!(xw[i] = wreq_new(k, c, h, gen, &q, &j)))
+			rc = -ENOMEM;
 	if (!rc) {
+		j.forks = gen ? 0 : (int)d.nx;
 		rc = sch_submit(k->s, &j, gen ? &dg : k->mode == SCH_PREFILL ? &pf : &dc, w, &w->r);
 		if (rc) {
-			kvp_conn_unref(c);
-			free(w->f.lps);
-			free(w);
+			wreq_drop(w);
+			w = NULL;
 		}
 	}
+	if (!rc)
+		dc_forks(k, &j, &d, w, xw);
+	else
+		for (uint32_t i = 0; i < d.nx; i++)
+			wreq_drop(xw[i]);
 	if (rc)
 		kvp_reply(c, h, rc, NULL, 0, NULL, 0);
 	kvw_prompt_free(&q);

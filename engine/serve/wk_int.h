@@ -66,6 +66,7 @@ struct wreq {
 	struct kvp_hdr h;
 	struct sch_req *r;
 	int replied;
+	uint8_t choice; /* DECODE: 0, or the further choice (1..nx) its frames name */
 	/* logprobs asked: PREFILL: the first tokens'; DECODE / GENERATE: lps[0] is the next
 	 * token's (present until its TOKEN frame carries it) */
 	struct wk_firsts f;

@@ -83,7 +83,8 @@ static int dec_enc(const uint8_t *in, size_t n, struct kvp_wbuf *out, int *exact
 	case OP_DECODE: {
 		struct kvw_decode d;
 		if (!(rc = kvw_decode_dec(in, n, &d))) {
-			if (!d.n || !d.toks || (d.blen && (d.blk < in || d.blk + d.blen > in + n)))
+			if (!d.n || !d.toks || d.nx >= KVW_MAX_CHOICES ||
+			    (d.blen && (d.blk < in || d.blk + d.blen > in + n)))
 				abort();
 			kvw_decode_enc(out, &d);
 		}
@@ -98,16 +99,18 @@ static int dec_enc(const uint8_t *in, size_t n, struct kvp_wbuf *out, int *exact
 				if (e.cached > e.prompt_tokens)
 					abort();
 				kvw_ev_prompt_enc(out, e.prompt_tokens, e.cached);
+			} else if (e.choice >= KVW_MAX_CHOICES) {
+				abort();
 			} else if (e.kind == KVW_EV_TOKEN) {
 				if (e.len && (e.text < in || e.text + e.len != in + n))
 					abort();
 				if (e.lp.n_top > KVW_MAX_TOP ||
 				    strnlen(e.lp.token, KVW_LP_TEXT) == KVW_LP_TEXT)
 					abort();
-				kvw_ev_token_enc(out, e.id, &e.lp, e.len);
+				kvw_ev_token_enc(out, e.choice, e.id, &e.lp, e.len);
 				kvp_w_bytes(out, e.text, e.len);
 			} else if (e.kind == KVW_EV_FINISH) {
-				kvw_ev_finish_enc(out, e.err, e.reason, e.msg);
+				kvw_ev_finish_enc(out, e.choice, e.err, e.reason, e.msg);
 			} else {
 				abort();
 			}
