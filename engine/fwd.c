@@ -171,8 +171,8 @@ int kvi_engine_create(const struct kvi_model *m, const struct kvi_engine_opts *o
 	e->c = *c;
 	e->o = opt;
 	e->isa = opt.isa ? (enum kvk_isa)opt.isa : kvk_isa_best();
-	if (e->isa != KVK_ISA_SCALAR && e->isa != kvk_isa_best())
-		e->isa = kvk_isa_best();
+	if (e->isa != KVK_ISA_SCALAR && e->isa > kvk_isa_best())
+		e->isa = kvk_isa_best(); /* one this CPU lacks: the best it has */
 	e->o.isa = e->isa;
 	e->dot = kvk_dot_f16_get(e->isa);
 	e->axpy = kvk_axpy_f16_get(e->isa);

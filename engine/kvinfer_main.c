@@ -47,7 +47,7 @@ static const struct cfg_opt gen_opts[] = {
     {"batch", CFG_INT, GOFF(batch), 1, 4096, "64", "prefill chunk (tokens per pass)"},
     {"block-tokens", CFG_INT, GOFF(block_tokens), 1, 4096, "64", "KV block size B"},
     {"ctx", CFG_INT, GOFF(ctx), 0, 1 << 24, "0", "max context, 0 = prompt + n-predict"},
-    {"isa", CFG_STR, GOFF(isa), 0, 0, "auto", "matmul kernels: auto, avx2, scalar"},
+    {"isa", CFG_STR, GOFF(isa), 0, 0, "auto", "matmul kernels: auto, avx512, avx2, scalar"},
     {"device", CFG_STR, GOFF(device), 0, 0, "cpu", KVINFER_DEVICE_HELP},
     {"no-bos", CFG_BOOL, GOFF(no_bos), 0, 0, "false", "do not add BOS"},
     {"ignore-eos", CFG_BOOL, GOFF(ignore_eos), 0, 0, "false", "do not stop at end tokens"},

@@ -3,22 +3,42 @@
 #include "kvk_matmul_impl.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 #ifdef KVK_HAVE_X86
 #include <cpuid.h>
 #endif
 
-enum kvk_isa kvk_isa_best(void)
+static enum kvk_isa isa_probe(void)
 {
 #ifdef KVK_HAVE_X86
 	/* F16C through CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports has no "f16c". */
 	unsigned a, b, c, d;
 	int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
 	__builtin_cpu_init();
-	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c)
-		return KVK_ISA_AVX2;
+	if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c))
+		return KVK_ISA_SCALAR;
+	/* the compiler runtime reports AVX-512 only when the OS saves its state (XCR0) */
+	if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+	    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
+		return KVK_ISA_AVX512;
+	return KVK_ISA_AVX2;
 #endif
 	return KVK_ISA_SCALAR;
+}
+
+enum kvk_isa kvk_isa_best(void)
+{
+	/* A cache of a hardware fact, not state: every thread computes the same value, so a
+	 * race only repeats the probe. It matters: cpuid traps to the hypervisor in a VM, and
+	 * probing on every matmul call cost 17 % of decode time. */
+	static _Atomic int best;
+	int b = atomic_load_explicit(&best, memory_order_relaxed);
+	if (!b) {
+		b = (int)isa_probe();
+		atomic_store_explicit(&best, b, memory_order_relaxed);
+	}
+	return (enum kvk_isa)b;
 }
 
 const char *kvk_isa_name(enum kvk_isa isa)
@@ -30,6 +50,8 @@ const char *kvk_isa_name(enum kvk_isa isa)
 		return "scalar";
 	case KVK_ISA_AVX2:
 		return "avx2";
+	case KVK_ISA_AVX512:
+		return "avx512";
 	}
 	return "?";
 }
@@ -248,9 +270,15 @@ void kvk_matmul(enum kvk_isa isa, enum kvk_wtype wt, float *y, size_t ldy, const
 	if (r0 >= r1 || ntok == 0)
 		return;
 #ifdef KVK_HAVE_X86
-	if (resolve(isa) == KVK_ISA_AVX2) {
+	switch (resolve(isa)) {
+	case KVK_ISA_AVX512:
+		kvk_matmul_avx512(wt, y, ldy, w, n, r0, r1, act, ntok, scratch);
+		return;
+	case KVK_ISA_AVX2:
 		kvk_matmul_avx2(wt, y, ldy, w, n, r0, r1, act, ntok, scratch);
 		return;
+	default:
+		break;
 	}
 #endif
 	(void)scratch;
@@ -275,6 +303,8 @@ static void axpy_f16_scalar(float *y, float s, const uint16_t *b, size_t n)
 kvk_dot_f16_fn kvk_dot_f16_get(enum kvk_isa isa)
 {
 #ifdef KVK_HAVE_X86
+	if (resolve(isa) == KVK_ISA_AVX512)
+		return kvk_dot_f16_avx512;
 	if (resolve(isa) == KVK_ISA_AVX2)
 		return kvk_dot_f16_avx2;
 #endif
@@ -285,6 +315,8 @@ kvk_dot_f16_fn kvk_dot_f16_get(enum kvk_isa isa)
 kvk_axpy_f16_fn kvk_axpy_f16_get(enum kvk_isa isa)
 {
 #ifdef KVK_HAVE_X86
+	if (resolve(isa) == KVK_ISA_AVX512)
+		return kvk_axpy_f16_avx512;
 	if (resolve(isa) == KVK_ISA_AVX2)
 		return kvk_axpy_f16_avx2;
 #endif

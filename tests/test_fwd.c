@@ -341,12 +341,43 @@ static void test_errors(void **st)
 	ref_model_free(m);
 }
 
+enum { INV_ROWS = 37, INV_T = 13 };
+
+/* For one ISA: the whole batch (rows split unevenly in two calls) into yb, each token alone
+ * bit-identical to its batch row, within f32 rounding of the scalar ys, and batches of 2..5
+ * from the middle bit-identical too. act holds x prepared for INV_T tokens on return. */
+static void check_isa_invariance(int isa, enum kvk_wtype wt, size_t n, const void *w,
+				 const float *x, float *yb, float *y1, float *ys, float *scr,
+				 void *act, void *act1)
+{
+	enum { ROWS = INV_ROWS, T = INV_T };
+	float *yt = malloc(ROWS * T * 4);
+	kvk_act_prepare(wt, act, T, x, n, n, 0, T);
+	kvk_matmul(isa, wt, yb, ROWS, w, n, 0, 5, act, T, scr);
+	kvk_matmul(isa, wt, yb, ROWS, w, n, 5, ROWS, act, T, scr);
+	for (int t = 0; t < T; t++) {
+		kvk_act_prepare(wt, act1, 1, x + t * n, n, n, 0, 1);
+		kvk_matmul(isa, wt, y1, ROWS, w, n, 0, ROWS, act1, 1, scr);
+		assert_memory_equal(y1, yb + t * ROWS, ROWS * 4);
+		for (int r = 0; r < ROWS; r++)
+			assert_float_equal(yb[t * ROWS + r], ys[t * ROWS + r],
+					   1e-4 * (1 + fabsf(ys[t * ROWS + r])));
+	}
+	for (int b = 2; b <= 5; b++) {
+		kvk_act_prepare(wt, act, b, x + 4 * n, n, n, 0, b);
+		kvk_matmul(isa, wt, yt, ROWS, w, n, 0, ROWS, act, b, scr);
+		assert_memory_equal(yt, yb + 4 * ROWS, (size_t)b * ROWS * 4);
+	}
+	free(yt);
+}
+
 /* Kernel level: a token's outputs are bit-identical whatever the batch size and row split,
- * for every weight type; AVX2 agrees with scalar to f32 rounding. */
+ * for every weight type and every SIMD ISA the CPU has; each agrees with scalar to f32
+ * rounding, and AVX-512 gives the same bits as AVX2. */
 static void test_matmul_invariance(void **st)
 {
 	(void)st;
-	enum { ROWS = 37, T = 13 };
+	enum { ROWS = INV_ROWS, T = INV_T };
 	const size_t ns[2] = {96, 99};
 	for (size_t di = 0; di < 4; di++)
 		for (int ni = 0; ni < 2; ni++) {
@@ -371,26 +402,20 @@ static void test_matmul_invariance(void **st)
 				sd = sd * 1103515245u + 12345u;
 				x[i] = (float)((int)(sd >> 16) % 2001 - 1000) / 500.0f;
 			}
-			int best = kvk_isa_best();
 			kvk_act_prepare(wt, act, T, x, n, n, 0, T);
-			/* whole batch, rows split unevenly in two calls */
-			kvk_matmul(best, wt, yb, ROWS, w, n, 0, 5, act, T, scr);
-			kvk_matmul(best, wt, yb, ROWS, w, n, 5, ROWS, act, T, scr);
 			kvk_matmul(KVK_ISA_SCALAR, wt, ys, ROWS, w, n, 0, ROWS, act, T, scr);
-			for (int t = 0; t < T; t++) {
-				kvk_act_prepare(wt, act1, 1, x + t * n, n, n, 0, 1);
-				kvk_matmul(best, wt, y1, ROWS, w, n, 0, ROWS, act1, 1, scr);
-				assert_memory_equal(y1, yb + t * ROWS, ROWS * 4);
-				for (int r = 0; r < ROWS; r++)
-					assert_float_equal(yb[t * ROWS + r], ys[t * ROWS + r],
-							   1e-4 * (1 + fabsf(ys[t * ROWS + r])));
+			/* every SIMD ISA this CPU has, each against scalar and all bit-identical */
+			float *yfirst = malloc(ROWS * T * 4);
+			for (int isa = KVK_ISA_AVX2; isa <= (int)kvk_isa_best(); isa++) {
+				check_isa_invariance(isa, wt, n, w, x, yb, y1, ys, scr, act, act1);
+				if (isa == KVK_ISA_AVX2)
+					memcpy(yfirst, yb, ROWS * T * 4);
+				else
+					assert_memory_equal(yb, yfirst, ROWS * T * 4);
+				printf("  type %2d n %3zu %-6s batch-invariant, equal to avx2\n",
+				       wt, n, kvk_isa_name((enum kvk_isa)isa));
 			}
-			/* batches of 2..5 tokens from the middle agree too */
-			for (int b = 2; b <= 5; b++) {
-				kvk_act_prepare(wt, act, b, x + 4 * n, n, n, 0, b);
-				kvk_matmul(best, wt, ys, ROWS, w, n, 0, ROWS, act, b, scr);
-				assert_memory_equal(ys, yb + 4 * ROWS, (size_t)b * ROWS * 4);
-			}
+			free(yfirst);
 			free(x), free(yb), free(y1), free(ys), free(scr), free(act), free(act1);
 			ref_model_free(m);
 		}
