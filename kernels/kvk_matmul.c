@@ -183,15 +183,11 @@ size_t kvk_act_bytes(enum kvk_wtype wt, size_t n, size_t ntok)
 	return n * ntok * sizeof(float);
 }
 
-void kvk_act_prepare(enum kvk_wtype wt, void *act, size_t ntok, const float *x, size_t ldx,
-		     size_t n, size_t t0, size_t t1)
+/* The reference for the SIMD versions: per block of 32, d = amax / 127 and q = x * 127 / amax
+ * rounded half away from zero. */
+void kvk_act_prepare_q8_ref(void *act, size_t ntok, const float *x, size_t ldx, size_t n, size_t t0,
+			    size_t t1)
 {
-	if (wt != KVK_W_Q8_0) {
-		for (size_t t = t0; t < t1; t++)
-			if ((const void *)(x + t * ldx) != (void *)((float *)act + t * n))
-				memcpy((float *)act + t * n, x + t * ldx, n * sizeof(float));
-		return;
-	}
 	size_t nb = n / 32;
 	int8_t *q = act;
 	float *d = (float *)((uint8_t *)act + kvk_q8act_qbytes(n, ntok));
@@ -216,6 +212,31 @@ void kvk_act_prepare(enum kvk_wtype wt, void *act, size_t ntok, const float *x, 
 			}
 		}
 	}
+}
+
+void kvk_act_prepare(enum kvk_wtype wt, void *act, size_t ntok, const float *x, size_t ldx,
+		     size_t n, size_t t0, size_t t1)
+{
+	if (wt != KVK_W_Q8_0) {
+		for (size_t t = t0; t < t1; t++)
+			if ((const void *)(x + t * ldx) != (void *)((float *)act + t * n))
+				memcpy((float *)act + t * n, x + t * ldx, n * sizeof(float));
+		return;
+	}
+#ifdef KVK_HAVE_X86
+	/* SIMD versions give the same bytes, so the choice never changes a result */
+	switch (kvk_isa_best()) {
+	case KVK_ISA_AVX512:
+		kvk_act_prepare_q8_avx512(act, ntok, x, ldx, n, t0, t1);
+		return;
+	case KVK_ISA_AVX2:
+		kvk_act_prepare_q8_avx2(act, ntok, x, ldx, n, t0, t1);
+		return;
+	default:
+		break;
+	}
+#endif
+	kvk_act_prepare_q8_ref(act, ntok, x, ldx, n, t0, t1);
 }
 
 size_t kvk_matmul_scratch_floats(enum kvk_wtype wt, size_t n)

@@ -20,6 +20,7 @@
 #include "fwd.h"
 #include "fwd_checks.h"
 #include "kvk.h"
+#include "kvk_matmul_impl.h"
 #include "ref_fwd.h"
 
 static const enum kvi_dtype dtypes[] = {KVI_F32, KVI_F16, KVI_BF16, KVI_Q8_0};
@@ -421,6 +422,35 @@ static void test_matmul_invariance(void **st)
 		}
 }
 
+/* Q8_0 activations from the SIMD path are the reference's bytes: random blocks, blocks whose
+ * scale makes x * id land on .5 ties (both signs, -0), an all-zero block, odd token ranges. */
+static void test_act_prepare_q8(void **st)
+{
+	(void)st;
+	enum { N = 256, T = 7 };
+	float *x = malloc(N * T * 4);
+	unsigned sd = 11;
+	for (size_t i = 0; i < N * T; i++) {
+		sd = sd * 1103515245u + 12345u;
+		x[i] = (float)((int)(sd >> 8) % 200001 - 100000) * 1e-4f;
+	}
+	static const float ties[] = {127, 2.5f, -3.5f, 0.5f, -0.5f, -0.0f, 126.5f, -126.5f};
+	for (int i = 0; i < 32; i++)
+		x[N + i] = ties[i % 8] * (i < 8 ? 1 : 0.25f); /* token 1 block 0: amax 127, id 1 */
+	memset(x + 2 * N + 64, 0, 32 * 4);		      /* token 2 block 2: all zero */
+	size_t bytes = kvk_act_bytes(KVK_W_Q8_0, N, T);
+	void *got = calloc(1, bytes), *want = calloc(1, bytes);
+	kvk_act_prepare_q8_ref(want, T, x, N, N, 0, T);
+	kvk_act_prepare(KVK_W_Q8_0, got, T, x, N, N, 0, 3);
+	kvk_act_prepare(KVK_W_Q8_0, got, T, x, N, N, 3, T);
+	assert_memory_equal(got, want, bytes);
+	assert_int_equal(((int8_t *)want)[N + 1], 3);  /* 2.5 -> 3 */
+	assert_int_equal(((int8_t *)want)[N + 2], -4); /* -3.5 -> -4 */
+	printf("  q8_0 activations (%s) equal the reference's bytes\n",
+	       kvk_isa_name(kvk_isa_best()));
+	free(x), free(got), free(want);
+}
+
 /* Every half converts to the float it denotes and back to itself; float -> half rounds to
  * nearest even. */
 static void test_f16_conversion(void **st)
@@ -446,17 +476,12 @@ static void test_f16_conversion(void **st)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_f16_conversion),
-	    cmocka_unit_test(test_matmul_invariance),
-	    cmocka_unit_test(test_ref_f32),
-	    cmocka_unit_test(test_ref_f16),
-	    cmocka_unit_test(test_ref_bf16),
-	    cmocka_unit_test(test_ref_q8_0),
-	    cmocka_unit_test(test_chunk_invariance),
-	    cmocka_unit_test(test_decode_batch),
-	    cmocka_unit_test(test_kv_export_import),
-	    cmocka_unit_test(test_fork_cow),
-	    cmocka_unit_test(test_greedy_deterministic),
+	    cmocka_unit_test(test_f16_conversion), cmocka_unit_test(test_matmul_invariance),
+	    cmocka_unit_test(test_act_prepare_q8), cmocka_unit_test(test_ref_f32),
+	    cmocka_unit_test(test_ref_f16),	   cmocka_unit_test(test_ref_bf16),
+	    cmocka_unit_test(test_ref_q8_0),	   cmocka_unit_test(test_chunk_invariance),
+	    cmocka_unit_test(test_decode_batch),   cmocka_unit_test(test_kv_export_import),
+	    cmocka_unit_test(test_fork_cow),	   cmocka_unit_test(test_greedy_deterministic),
 	    cmocka_unit_test(test_errors),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
