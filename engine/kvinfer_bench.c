@@ -1,6 +1,7 @@
 /* kvinfer bench — engine throughput with its baselines measured in the same run:
- *   - machine: FMA peak estimate (cores x clock x 32 flop/cycle for AVX2) and memory
- *     bandwidth (memcpy, and a multi-threaded read stream, the decode roofline's input);
+ *   - machine: FMA peak estimate (threads x measured clock x 32 flop/cycle, 64 for AVX-512)
+ *     and memory bandwidth (memcpy, and a multi-threaded read stream, the decode roofline's
+ *     input);
  *   - kernels: matmul GFLOP/s at the model's real shapes, batch 1 and the prefill chunk;
  *   - model: prefill and decode tokens/s, decode beside bandwidth / weight bytes per token.
  * The model comes from a GGUF file (-m) or is built in memory with random weights at a named
@@ -449,19 +450,22 @@ int kvinfer_cmd_bench(int argc, char **argv)
 	int measured = mhz > 0;
 	if (!measured)
 		mhz = mhz_info;
-	/* 2 FMA pipes x 8 f32 lanes x 2 flop per FMA per cycle per core: every kernel here
-	 * accumulates in 8 lanes, the AVX-512 ones too (they keep AVX2's bits) */
-	double peak = threads * mhz * 1e6 * 32 / 1e9;
+	enum kvk_isa kisa = isa ? (enum kvk_isa)isa : kvk_isa_best();
+	if (kisa > kvk_isa_best())
+		kisa = kvk_isa_best();
+	/* 2 FMA pipes x lanes x 2 flop per FMA per cycle per core; lanes: the widest FMA the
+	 * kernels use (16 for the AVX-512 float kernels, 8 otherwise) */
+	int lanes = kisa == KVK_ISA_AVX512 ? 16 : 8;
+	double peak = threads * mhz * 1e6 * 4 * lanes / 1e9;
 	double copy_gbs, read_gbs;
 	bandwidth(pool, &copy_gbs, &read_gbs);
-	enum kvk_isa kisa = isa ? (enum kvk_isa)isa : kvk_isa_best();
 	printf("machine: %s, %d threads, clock %.0f MHz %s (/proc/cpuinfo: %.0f MHz), load "
 	       "average %.1f\n",
 	       cpu, threads, mhz, measured ? "measured" : "from /proc/cpuinfo", mhz_info,
 	       loadavg());
-	printf("  peak estimate: %.1f GFLOP/s f32 FMA (threads x clock x 32 flop/cycle: two "
-	       "8-lane FMA pipes, the width of these kernels)\n",
-	       peak);
+	printf("  peak estimate: %.1f GFLOP/s f32 FMA (threads x clock x %d flop/cycle: two "
+	       "%d-lane FMA pipes, the widest these kernels use)\n",
+	       peak, 4 * lanes, lanes);
 	printf("  memcpy: %.2f GB/s copied; read stream (%d threads): %.2f GB/s\n", copy_gbs,
 	       threads, read_gbs);
 	if (!bc.skip_kernels) {

@@ -12,6 +12,7 @@
 #define KX_QTB	 4
 #define KX_QDR	 4 /* 16 ymm registers: 4 accumulators + loads */
 #define KX_FTB	 3
+#define KX_ZMM	 0
 #include "kvk_matmul_x86.inc"
 
 #endif

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# kvinfer against llama.cpp on the same GGUF files, alternating runs, medians of ROUNDS rounds.
+#
+#   tools/peer-bench.sh MODEL.gguf [MODEL.gguf ...]
+#
+# Environment: KVINFER (default build/bin/kvinfer), LLAMA_BENCH (path to llama.cpp's
+# llama-bench, built from source outside this repository), ROUNDS (5), THREADS (2),
+# PROMPT (512), GEN (64), LLAMA_PRELOAD (a library for LD_PRELOAD when running llama-bench,
+# e.g. one that makes its AMX probe fail on a VM that reports AMX but faults on tile
+# instructions; see docs/benchmarks.md), LOG (every raw line, default /tmp/peer-bench.log).
+#
+# Each round runs, for every model, `kvinfer bench` and `llama-bench -r 1` once each, the order
+# flipped every round so that neither always gets the quieter moment. The table gives medians:
+# prefill and decode tok/s of both, their ratios, and kvinfer's decode as a fraction of the
+# read-bandwidth roofline measured in the same kvinfer run. On a shared machine the absolute
+# figures move with the load; the ratios and the roofline fraction are what to compare.
+set -euo pipefail
+
+KVINFER=${KVINFER:-build/bin/kvinfer}
+LLAMA_BENCH=${LLAMA_BENCH:?set LLAMA_BENCH to llama.cpp\'s llama-bench}
+ROUNDS=${ROUNDS:-5}
+THREADS=${THREADS:-2}
+PROMPT=${PROMPT:-512}
+GEN=${GEN:-64}
+LOG=${LOG:-/tmp/peer-bench.log}
+[ $# -ge 1 ] || {
+	echo "usage: $0 MODEL.gguf [MODEL.gguf ...]" >&2
+	exit 2
+}
+for m in "$@"; do [ -r "$m" ] || {
+	echo "$0: cannot read $m" >&2
+	exit 1
+}; done
+[ -x "$KVINFER" ] || {
+	echo "$0: $KVINFER not built" >&2
+	exit 1
+}
+[ -x "$LLAMA_BENCH" ] || {
+	echo "$0: $LLAMA_BENCH is not executable" >&2
+	exit 1
+}
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+: >"$LOG"
+
+run_kvinfer() { # model idx
+	local out
+	out=$("$KVINFER" bench -m "$1" --threads "$THREADS" --prompt "$PROMPT" --gen "$GEN" \
+		--skip-kernels 1 2>&1) || {
+		echo "$out" >&2
+		return 1
+	}
+	echo "$out" >>"$LOG"
+	sed -n 's/.*prefill: .* = \([0-9.]*\) tok\/s;.*/\1/p' <<<"$out" >>"$tmp/kp$2"
+	sed -n 's/.*decode: .* = \([0-9.]*\) tok\/s (by CPU.*/\1/p' <<<"$out" >>"$tmp/kd$2"
+	sed -n 's/.*decode: .*: \([0-9]*\)% of it.*/\1/p' <<<"$out" >>"$tmp/kr$2"
+	sed -n 's/.*read stream \([0-9.]*\) GB\/s, best.*/\1/p' <<<"$out" >>"$tmp/rs$2"
+}
+
+run_llama() { # model idx
+	local out
+	out=$(env ${LLAMA_PRELOAD:+LD_PRELOAD="$LLAMA_PRELOAD"} "$LLAMA_BENCH" -m "$1" \
+		-t "$THREADS" -p "$PROMPT" -n "$GEN" -r 1 -o md 2>&1) || {
+		echo "$out" >&2
+		return 1
+	}
+	echo "$out" >>"$LOG"
+	awk -F'|' -v t="pp$PROMPT" 'NF > 3 && $(NF-2) ~ t {split($(NF-1), a, " "); print a[1]}' \
+		<<<"$out" >>"$tmp/lp$2"
+	awk -F'|' -v t="tg$GEN" 'NF > 3 && $(NF-2) ~ t {split($(NF-1), a, " "); print a[1]}' \
+		<<<"$out" >>"$tmp/ld$2"
+}
+
+median() { sort -g "$1" | awk '{v[NR] = $1} END {print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+
+echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$LOG"
+for ((r = 1; r <= ROUNDS; r++)); do
+	i=0
+	for m in "$@"; do
+		i=$((i + 1))
+		if ((r % 2)); then
+			run_kvinfer "$m" $i
+			run_llama "$m" $i
+		else
+			run_llama "$m" $i
+			run_kvinfer "$m" $i
+		fi
+	done
+	echo "round $r/$ROUNDS done, load $(cut -d' ' -f1 /proc/loadavg)" >&2
+done
+echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$LOG"
+
+echo
+echo "| file | prefill kvinfer / llama.cpp (median) | decode kvinfer / llama.cpp (median) | decode / read roofline (read GB/s) |"
+echo "|---|---|---|---|"
+i=0
+for m in "$@"; do
+	i=$((i + 1))
+	kp=$(median "$tmp/kp$i") lp=$(median "$tmp/lp$i")
+	kd=$(median "$tmp/kd$i") ld=$(median "$tmp/ld$i")
+	kr=$(median "$tmp/kr$i") rs=$(median "$tmp/rs$i")
+	awk -v f="$(basename "$m" .gguf)" -v kp="$kp" -v lp="$lp" -v kd="$kd" -v ld="$ld" \
+		-v kr="$kr" -v rs="$rs" 'BEGIN {
+		printf "| %s | %.0f / %.0f tok/s = %.2fx | %.1f / %.1f tok/s = %.2fx | %d %% (%.1f) |\n",
+		       f, kp, lp, kp / lp, kd, ld, kd / ld, kr, rs }'
+done
+echo
+echo "per-run figures (kvinfer prefill, llama prefill, kvinfer decode, llama decode):"
+i=0
+for m in "$@"; do
+	i=$((i + 1))
+	echo "  $(basename "$m"): $(paste -sd' ' "$tmp/kp$i") | $(paste -sd' ' "$tmp/lp$i") |" \
+		"$(paste -sd' ' "$tmp/kd$i") | $(paste -sd' ' "$tmp/ld$i")"
+done
