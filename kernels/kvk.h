@@ -47,7 +47,7 @@ enum kvk_isa {
 	KVK_ISA_AUTO = 0,   /* the best this CPU supports */
 	KVK_ISA_SCALAR = 1, /* portable C */
 	KVK_ISA_AVX2 = 2,   /* AVX2 + FMA + F16C */
-	KVK_ISA_AVX512 = 3, /* + AVX-512 F/BW/VL/VNNI; Q8_0 bit-identical to AVX2 */
+	KVK_ISA_AVX512 = 3, /* + AVX-512 F/BW/VL/VNNI (16-lane sums: not AVX2's bits) */
 };
 
 /* The ISA KVK_ISA_AUTO resolves to on this CPU (cpuid and the OS's enabled vector state,

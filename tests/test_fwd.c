@@ -374,15 +374,14 @@ static void check_isa_invariance(int isa, enum kvk_wtype wt, size_t n, const voi
 
 /* Kernel level: a token's outputs are bit-identical whatever the batch size and row split,
  * for every weight type and every SIMD ISA the CPU has; each agrees with scalar to f32
- * rounding; AVX-512 gives AVX2's bits for Q8_0 (the float types accumulate in 16 lanes
- * there: another fixed order). */
+ * rounding (each ISA has its own fixed order: AVX-512 accumulates in 16 lanes). */
 static void test_matmul_invariance(void **st)
 {
 	(void)st;
 	enum { ROWS = INV_ROWS, T = INV_T };
-	const size_t ns[2] = {96, 99};
+	const size_t ns[3] = {96, 99, 128}; /* Q8_0: an odd and an even block count */
 	for (size_t di = 0; di < 4; di++)
-		for (int ni = 0; ni < 2; ni++) {
+		for (int ni = 0; ni < 3; ni++) {
 			enum kvk_wtype wt = (enum kvk_wtype)dtypes[di];
 			size_t n = ns[ni];
 			if (wt == KVK_W_Q8_0 && n % 32)
@@ -406,21 +405,14 @@ static void test_matmul_invariance(void **st)
 			}
 			kvk_act_prepare(wt, act, T, x, n, n, 0, T);
 			kvk_matmul(KVK_ISA_SCALAR, wt, ys, ROWS, w, n, 0, ROWS, act, T, scr);
-			/* every SIMD ISA this CPU has, each against scalar; Q8_0 keeps AVX2's
-			 * order (bits) on AVX-512, the float types accumulate in 16 lanes there */
-			float *yfirst = malloc(ROWS * T * 4);
+			/* every SIMD ISA this CPU has, each on its own (AVX-512 accumulates in
+			 * 16 lanes: another fixed order than AVX2's, within f32 rounding) */
 			for (int isa = KVK_ISA_AVX2; isa <= (int)kvk_isa_best(); isa++) {
 				check_isa_invariance(isa, wt, n, w, x, yb, y1, ys, scr, act, act1);
-				int same = isa == KVK_ISA_AVX2 || wt == KVK_W_Q8_0;
-				if (isa == KVK_ISA_AVX2)
-					memcpy(yfirst, yb, ROWS * T * 4);
-				else if (same)
-					assert_memory_equal(yb, yfirst, ROWS * T * 4);
-				printf("  type %2d n %3zu %-6s batch-invariant%s\n", wt, n,
-				       kvk_isa_name((enum kvk_isa)isa),
-				       same ? ", equal to avx2" : "");
+				printf("  type %2d n %3zu %-6s batch-invariant, within 1e-4 of "
+				       "scalar\n",
+				       wt, n, kvk_isa_name((enum kvk_isa)isa));
 			}
-			free(yfirst);
 			free(x), free(yb), free(y1), free(ys), free(scr), free(act), free(act1);
 			ref_model_free(m);
 		}
