@@ -21,6 +21,7 @@
 #include "fwd_checks.h"
 #include "kvk.h"
 #include "kvk_matmul_impl.h"
+#include "model.h"
 #include "ref_fwd.h"
 
 static const enum kvi_dtype dtypes[] = {KVI_F32, KVI_F16, KVI_BF16, KVI_Q8_0};
@@ -447,6 +448,56 @@ static void test_act_prepare_q8(void **st)
 	free(x), free(got), free(want);
 }
 
+/* `kvinfer generate --logits FILE`: one row per prompt token and per decoded token, and the
+ * rows are the engine's own logits (prefill of the whole prompt gives the last prompt row's
+ * bits, prefill of the first token alone row 0's). Skipped without the built tools. */
+static void test_cli_logits(void **st)
+{
+	(void)st;
+	const char *b = getenv("KVFS_BUILD_DIR");
+	if (!b) {
+		print_message("KVFS_BUILD_DIR not set (run through ctest): skipped\n");
+		skip();
+	}
+	char dir[] = "/tmp/test_fwd_cli_XXXXXX", cmd[2048], model[128], lf[128];
+	assert_non_null(mkdtemp(dir));
+	snprintf(model, sizeof(model), "%s/tiny.gguf", dir);
+	snprintf(lf, sizeof(lf), "%s/logits.f32", dir);
+	snprintf(cmd, sizeof(cmd),
+		 "'%s/tools/kvinfer-synth' --preset tiny --type f16 -o '%s' >/dev/null && "
+		 "'%s/bin/kvinfer' generate -m '%s' -t 1 -n 3 --ignore-eos --tokens 1,2,3,4,5 "
+		 "--logits '%s' >/dev/null 2>&1",
+		 b, model, b, model, lf);
+	assert_int_equal(system(cmd), 0);
+	struct kvi_model *m;
+	char err[256];
+	assert_int_equal(kvi_model_load(model, &m, err, sizeof(err)), 0);
+	size_t V = (size_t)m->cfg.n_vocab;
+	FILE *f = fopen(lf, "rb");
+	assert_non_null(f);
+	enum { ROWS = 5 + 2 }; /* 5 prompt rows, then 2 decodes (the 3rd token is not fed) */
+	float *got = malloc(ROWS * V * 4), *want = malloc(V * 4);
+	assert_int_equal(fread(got, 4, ROWS * V, f), ROWS * V);
+	assert_int_equal(fgetc(f), EOF);
+	fclose(f);
+	const int32_t toks[5] = {1, 2, 3, 4, 5};
+	struct kvi_engine *e = engine(m, 1, 64, 16, 0);
+	struct kvi_seq *seq;
+	assert_int_equal(kvi_seq_create(kvi_engine_kv(e), &seq), 0);
+	assert_int_equal(kvi_engine_prefill(e, seq, toks, 5, want), 0);
+	assert_memory_equal(got + 4 * V, want, V * 4);
+	kvi_seq_destroy(seq);
+	assert_int_equal(kvi_seq_create(kvi_engine_kv(e), &seq), 0);
+	assert_int_equal(kvi_engine_prefill(e, seq, toks, 1, want), 0);
+	assert_memory_equal(got, want, V * 4);
+	kvi_seq_destroy(seq);
+	kvi_engine_destroy(e);
+	kvi_model_free(m);
+	free(got), free(want);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	assert_int_equal(system(cmd), 0);
+}
+
 /* Every half converts to the float it denotes and back to itself; float -> half rounds to
  * nearest even. */
 static void test_f16_conversion(void **st)
@@ -472,12 +523,19 @@ static void test_f16_conversion(void **st)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_f16_conversion), cmocka_unit_test(test_matmul_invariance),
-	    cmocka_unit_test(test_act_prepare_q8), cmocka_unit_test(test_ref_f32),
-	    cmocka_unit_test(test_ref_f16),	   cmocka_unit_test(test_ref_bf16),
-	    cmocka_unit_test(test_ref_q8_0),	   cmocka_unit_test(test_chunk_invariance),
-	    cmocka_unit_test(test_decode_batch),   cmocka_unit_test(test_kv_export_import),
-	    cmocka_unit_test(test_fork_cow),	   cmocka_unit_test(test_greedy_deterministic),
+	    cmocka_unit_test(test_f16_conversion),
+	    cmocka_unit_test(test_matmul_invariance),
+	    cmocka_unit_test(test_act_prepare_q8),
+	    cmocka_unit_test(test_cli_logits),
+	    cmocka_unit_test(test_ref_f32),
+	    cmocka_unit_test(test_ref_f16),
+	    cmocka_unit_test(test_ref_bf16),
+	    cmocka_unit_test(test_ref_q8_0),
+	    cmocka_unit_test(test_chunk_invariance),
+	    cmocka_unit_test(test_decode_batch),
+	    cmocka_unit_test(test_kv_export_import),
+	    cmocka_unit_test(test_fork_cow),
+	    cmocka_unit_test(test_greedy_deterministic),
 	    cmocka_unit_test(test_errors),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
