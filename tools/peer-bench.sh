@@ -7,7 +7,8 @@
 # llama-bench, built from source outside this repository), ROUNDS (5), THREADS (2),
 # PROMPT (512), GEN (64), LLAMA_PRELOAD (a library for LD_PRELOAD when running llama-bench,
 # e.g. one that makes its AMX probe fail on a VM that reports AMX but faults on tile
-# instructions; see docs/benchmarks.md), LOG (every raw line, default /tmp/peer-bench.log).
+# instructions; see docs/benchmarks.md), LOG (every raw line, default /tmp/peer-bench.log),
+# KVINFER_BASE (optional: an older kvinfer build, run in the same rotation as "before").
 #
 # Each round runs, for every model, `kvinfer bench` and `llama-bench -r 1` once each, the order
 # flipped every round so that neither always gets the quieter moment. The table gives medians:
@@ -44,16 +45,17 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 : >"$LOG"
 
-run_kvinfer() { # model idx
-	local out
-	out=$("$KVINFER" bench -m "$1" --threads "$THREADS" --prompt "$PROMPT" --gen "$GEN" \
+run_kvinfer() { # model idx [binary prefix]
+	local out bin=${3:-$KVINFER} p=${4:-k}
+	out=$("$bin" bench -m "$1" --threads "$THREADS" --prompt "$PROMPT" --gen "$GEN" \
 		--skip-kernels 1 2>&1) || {
 		echo "$out" >&2
 		return 1
 	}
 	echo "$out" >>"$LOG"
-	sed -n 's/.*prefill: .* = \([0-9.]*\) tok\/s;.*/\1/p' <<<"$out" >>"$tmp/kp$2"
-	sed -n 's/.*decode: .* = \([0-9.]*\) tok\/s (by CPU.*/\1/p' <<<"$out" >>"$tmp/kd$2"
+	sed -n 's/.*prefill: .* = \([0-9.]*\) tok\/s;.*/\1/p' <<<"$out" >>"$tmp/${p}p$2"
+	sed -n 's/.*decode: .* = \([0-9.]*\) tok\/s (by CPU.*/\1/p' <<<"$out" >>"$tmp/${p}d$2"
+	[ "$p" = k ] || return 0
 	sed -n 's/.*decode: .*: \([0-9]*\)% of it.*/\1/p' <<<"$out" >>"$tmp/kr$2"
 	sed -n 's/.*read stream \([0-9.]*\) GB\/s, best.*/\1/p' <<<"$out" >>"$tmp/rs$2"
 }
@@ -82,7 +84,9 @@ for ((r = 1; r <= ROUNDS; r++)); do
 		if ((r % 2)); then
 			run_kvinfer "$m" $i
 			run_llama "$m" $i
+			[ -z "${KVINFER_BASE:-}" ] || run_kvinfer "$m" $i "$KVINFER_BASE" b
 		else
+			[ -z "${KVINFER_BASE:-}" ] || run_kvinfer "$m" $i "$KVINFER_BASE" b
 			run_llama "$m" $i
 			run_kvinfer "$m" $i
 		fi
@@ -105,6 +109,20 @@ for m in "$@"; do
 		printf "| %s | %.0f / %.0f tok/s = %.2fx | %.1f / %.1f tok/s = %.2fx | %d %% (%.1f) |\n",
 		       f, kp, lp, kp / lp, kd, ld, kd / ld, kr, rs }'
 done
+if [ -n "${KVINFER_BASE:-}" ]; then
+	echo
+	echo "| file | before: prefill kvinfer / llama.cpp | before: decode kvinfer / llama.cpp |"
+	echo "|---|---|---|"
+	i=0
+	for m in "$@"; do
+		i=$((i + 1))
+		bp=$(median "$tmp/bp$i") lp=$(median "$tmp/lp$i")
+		bd=$(median "$tmp/bd$i") ld=$(median "$tmp/ld$i")
+		awk -v f="$(basename "$m" .gguf)" -v bp="$bp" -v lp="$lp" -v bd="$bd" -v ld="$ld" \
+			'BEGIN { printf "| %s | %.0f / %.0f tok/s = %.2fx | %.1f / %.1f tok/s = %.2fx |\n",
+			         f, bp, lp, bp / lp, bd, ld, bd / ld }'
+	done
+fi
 echo
 echo "per-run figures (kvinfer prefill, llama prefill, kvinfer decode, llama decode):"
 i=0
@@ -112,4 +130,6 @@ for m in "$@"; do
 	i=$((i + 1))
 	echo "  $(basename "$m"): $(paste -sd' ' "$tmp/kp$i") | $(paste -sd' ' "$tmp/lp$i") |" \
 		"$(paste -sd' ' "$tmp/kd$i") | $(paste -sd' ' "$tmp/ld$i")"
+	[ -z "${KVINFER_BASE:-}" ] ||
+		echo "    before: $(paste -sd' ' "$tmp/bp$i") | $(paste -sd' ' "$tmp/bd$i")"
 done
