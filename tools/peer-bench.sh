@@ -5,9 +5,10 @@
 #
 # Environment: KVINFER (default build/bin/kvinfer), LLAMA_BENCH (path to llama.cpp's
 # llama-bench, built from source outside this repository), ROUNDS (5), THREADS (2),
-# PROMPT (512), GEN (64), LLAMA_PRELOAD (a library for LD_PRELOAD when running llama-bench,
-# e.g. one that makes its AMX probe fail on a VM that reports AMX but faults on tile
-# instructions; see docs/benchmarks.md), LOG (every raw line, default /tmp/peer-bench.log),
+# PROMPT (512), GEN (64), LLAMA_PRELOAD (a library for LD_PRELOAD when running llama-bench),
+# LLAMA_NO_AMX=1 (builds such a library with cc: it makes llama.cpp's AMX permission probe
+# fail, for a VM that reports AMX in cpuid but faults on tile instructions; see
+# docs/benchmarks.md), LOG (every raw line, default /tmp/peer-bench.log),
 # KVINFER_BASE (optional: an older kvinfer build, run in the same rotation as "before").
 #
 # Each round runs, for every model, `kvinfer bench` and `llama-bench -r 1` once each, the order
@@ -44,6 +45,34 @@ for m in "$@"; do [ -r "$m" ] || {
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 : >"$LOG"
+
+if [ "${LLAMA_NO_AMX:-0}" = 1 ]; then
+	cat >"$tmp/noamx.c" <<'CEOF'
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <sys/syscall.h>
+/* arch_prctl(ARCH_REQ_XCOMP_PERM, ...) fails: llama.cpp then skips its AMX path */
+long syscall(long n, ...)
+{
+	va_list ap;
+	long a[6];
+	va_start(ap, n);
+	for (int i = 0; i < 6; i++)
+		a[i] = va_arg(ap, long);
+	va_end(ap);
+	if (n == SYS_arch_prctl && a[0] == 0x1023) {
+		errno = EPERM;
+		return -1;
+	}
+	long (*real)(long, ...) = (long (*)(long, ...))dlsym(RTLD_NEXT, "syscall");
+	return real(n, a[0], a[1], a[2], a[3], a[4], a[5]);
+}
+CEOF
+	cc -O2 -shared -fPIC -o "$tmp/noamx.so" "$tmp/noamx.c" -ldl
+	LLAMA_PRELOAD="$tmp/noamx.so"
+fi
 
 run_kvinfer() { # model idx [binary prefix]
 	local out bin=${3:-$KVINFER} p=${4:-k}
