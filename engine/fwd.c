@@ -43,7 +43,7 @@ struct kvi_engine {
 	int *rows;	       /* (T) 0, 1, 2, ...: "every batch row" for logits */
 	struct kvi_seq **bseq; /* (T) */
 	float **scratch;       /* per thread: matmul panel */
-	float **scores;	       /* per thread: (max_ctx) */
+	float **scores;	       /* per thread: (n_head / n_head_kv, max_ctx) */
 };
 
 void kvi_engine_opts_default(struct kvi_engine_opts *o)
@@ -172,8 +172,8 @@ int kvi_engine_create(const struct kvi_model *m, const struct kvi_engine_opts *o
 	e->c = *c;
 	e->o = opt;
 	e->isa = opt.isa ? (enum kvk_isa)opt.isa : kvk_isa_best();
-	if (e->isa != KVK_ISA_SCALAR && e->isa != kvk_isa_best())
-		e->isa = kvk_isa_best();
+	if (e->isa != KVK_ISA_SCALAR && e->isa > kvk_isa_best())
+		e->isa = kvk_isa_best(); /* one this CPU lacks: the best it has */
 	e->o.isa = e->isa;
 	e->dot = kvk_dot_f16_get(e->isa);
 	e->axpy = kvk_axpy_f16_get(e->isa);
@@ -221,7 +221,7 @@ int kvi_engine_create(const struct kvi_model *m, const struct kvi_engine_opts *o
 		 kvk_matmul_scratch_floats(KVK_W_F16, F));
 	for (int i = 0; i < opt.threads; i++) {
 		e->scratch[i] = zalloc(sc * 4);
-		e->scores[i] = zalloc((size_t)opt.max_ctx * 4);
+		e->scores[i] = zalloc((size_t)(c->n_head / c->n_head_kv) * (size_t)opt.max_ctx * 4);
 		if (!e->scratch[i] || !e->scores[i])
 			goto fail;
 	}
@@ -394,45 +394,64 @@ struct attn_job {
 	int layer, ntok;
 };
 
-/* One (token, head) per task: softmax(q . k_j / sqrt(d)) over j = 0..pos in order, then the
- * weighted sum of v_j in the same order. */
+/* One (token, KV head, part of its query-head group) per task. Each query head h computes
+ * softmax(q_h . k_j / sqrt(d)) over j = 0..pos in order, then the weighted sum of v_j in the
+ * same order: exactly the sequence it would run alone. The heads of a group share each K/V
+ * row they read (one lookup, one trip to memory for up to n_head / n_head_kv heads). A job
+ * with few (token, KV head) pairs (decode) splits each group into single heads so every
+ * thread has work; the split changes who computes a head, never how. */
 static void attn_run(void *arg, int tid, int nth, int thread)
 {
 	struct attn_job *j = arg;
 	struct kvi_engine *e = j->e;
 	const struct kvi_config *c = &e->c;
 	int hd = c->head_dim, B = e->o.block_tokens, grp = c->n_head / c->n_head_kv;
+	/* mx/sum below hold a whole group up to 64 heads; larger groups go head by head */
+	int whole = (long)j->ntok * c->n_head_kv >= 2L * nth && grp <= 64;
+	int parts = whole ? 1 : grp, per = grp / parts;
 	float scale = 1.0f / sqrtf((float)hd);
-	float *sc = e->scores[thread];
 	long lo, hi;
-	kvi_pool_split((long)j->ntok * c->n_head, tid, nth, 1, &lo, &hi);
+	kvi_pool_split((long)j->ntok * c->n_head_kv * parts, tid, nth, 1, &lo, &hi);
 	for (long task = lo; task < hi; task++) {
-		int t = (int)(task / c->n_head), h = (int)(task % c->n_head);
-		int kvh = h / grp, pos = e->pos[t];
+		int t = (int)(task / (c->n_head_kv * parts));
+		int rem = (int)(task % (c->n_head_kv * parts)), kvh = rem / parts;
+		int h0 = kvh * grp + (rem % parts) * per, G = per, pos = e->pos[t];
+		int ms = e->o.max_ctx;
 		const int32_t *bt = kvi_seq_blocks(e->bseq[t]);
-		const float *q = e->q + (size_t)t * e->q_dim + (size_t)h * hd;
-		float mx = -INFINITY;
+		const float *q = e->q + (size_t)t * e->q_dim + (size_t)h0 * hd;
+		float *sc = e->scores[thread], mx[64], sum[64];
+		for (int g = 0; g < G; g++)
+			mx[g] = -INFINITY;
 		for (int p = 0; p <= pos; p++) {
 			const uint16_t *kr =
 			    kvi_kv_row(e->kv, bt[p / B], j->layer, 0, p % B) + kvh * hd;
-			sc[p] = e->dot(q, kr, (size_t)hd) * scale;
-			mx = sc[p] > mx ? sc[p] : mx;
+			for (int g = 0; g < G; g++) {
+				float v = e->dot(q + (size_t)g * hd, kr, (size_t)hd) * scale;
+				sc[(size_t)g * ms + p] = v;
+				mx[g] = v > mx[g] ? v : mx[g];
+			}
 		}
-		float sum = 0;
-		for (int p = 0; p <= pos; p++) {
-			sc[p] = expf(sc[p] - mx);
-			sum += sc[p];
+		for (int g = 0; g < G; g++) {
+			float *s = sc + (size_t)g * ms;
+			sum[g] = 0;
+			for (int p = 0; p <= pos; p++) {
+				s[p] = expf(s[p] - mx[g]);
+				sum[g] += s[p];
+			}
 		}
-		float *o = e->att + (size_t)t * e->q_dim + (size_t)h * hd;
-		memset(o, 0, (size_t)hd * 4);
+		float *o = e->att + (size_t)t * e->q_dim + (size_t)h0 * hd;
+		memset(o, 0, (size_t)G * hd * 4);
 		for (int p = 0; p <= pos; p++) {
 			const uint16_t *vr =
 			    kvi_kv_row(e->kv, bt[p / B], j->layer, 1, p % B) + kvh * hd;
-			e->axpy(o, sc[p], vr, (size_t)hd);
+			for (int g = 0; g < G; g++)
+				e->axpy(o + (size_t)g * hd, sc[(size_t)g * ms + p], vr, (size_t)hd);
 		}
-		float inv = 1.0f / sum;
-		for (int i = 0; i < hd; i++)
-			o[i] *= inv;
+		for (int g = 0; g < G; g++) {
+			float inv = 1.0f / sum[g];
+			for (int i = 0; i < hd; i++)
+				o[(size_t)g * hd + i] *= inv;
+		}
 	}
 }
 

@@ -58,7 +58,7 @@ struct kvi_kv *kvi_engine_kv(struct kvi_engine *e);
 const struct kvi_config *kvi_engine_config(const struct kvi_engine *e);
 /* The effective options (defaults filled in). */
 const struct kvi_engine_opts *kvi_engine_opts(const struct kvi_engine *e);
-/* Name of the matmul ISA in use ("avx2", "scalar"). */
+/* Name of the matmul ISA in use ("avx512", "avx2", "scalar"). */
 const char *kvi_engine_isa(const struct kvi_engine *e);
 
 /* Appends n tokens to seq (positions len .. len+n-1), in passes of up to max_batch_tokens.

@@ -61,5 +61,7 @@ int kvinfer_parse_isa(const char *s)
 		return KVK_ISA_SCALAR;
 	if (!strcmp(s, "avx2"))
 		return KVK_ISA_AVX2;
+	if (!strcmp(s, "avx512"))
+		return KVK_ISA_AVX512;
 	return -EINVAL;
 }

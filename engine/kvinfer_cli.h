@@ -16,7 +16,7 @@ void kvinfer_short_flags(int argc, char **argv, const char *const *map);
 char *kvinfer_take_flag(int *argc, char **argv, const char *name);
 /* 0 or -EINVAL. */
 int kvinfer_parse_float(const char *s, float *out);
-/* enum kvk_isa for "auto", "avx2", "scalar"; -EINVAL otherwise. */
+/* enum kvk_isa for "auto", "avx512", "avx2", "scalar"; -EINVAL otherwise. */
 int kvinfer_parse_isa(const char *s);
 
 int kvinfer_cmd_bench(int argc, char **argv);

@@ -1,6 +1,7 @@
 /* kvinfer — the engine's command line: one binary, subcommands in the table below.
  *
  *   kvinfer generate -m MODEL.gguf -p "prompt" -n N [--threads T] [--temp X] ...
+ *                    [--logits FILE]  (every position's logits, f32 rows, for comparisons)
  *   kvinfer bench (-m MODEL.gguf | --shape qwen2-0.5b|llama-1b --type f16|q8_0) ...
  * Both take --device cpu|cuda|host (kvinfer_eng.c).
  *
@@ -33,6 +34,7 @@ struct gen_cfg {
 	char temp[CFG_STR_MAX], top_p[CFG_STR_MAX], isa[CFG_STR_MAX], device[CFG_STR_MAX];
 	int no_bos, ignore_eos, special;
 	char kv_dir[CFG_STR_MAX], salt[CFG_STR_MAX]; /* KV connector (engine/kvx.h) */
+	char logits[CFG_STR_MAX];		     /* --logits FILE */
 };
 
 #define GOFF(f) offsetof(struct gen_cfg, f)
@@ -47,7 +49,7 @@ static const struct cfg_opt gen_opts[] = {
     {"batch", CFG_INT, GOFF(batch), 1, 4096, "64", "prefill chunk (tokens per pass)"},
     {"block-tokens", CFG_INT, GOFF(block_tokens), 1, 4096, "64", "KV block size B"},
     {"ctx", CFG_INT, GOFF(ctx), 0, 1 << 24, "0", "max context, 0 = prompt + n-predict"},
-    {"isa", CFG_STR, GOFF(isa), 0, 0, "auto", "matmul kernels: auto, avx2, scalar"},
+    {"isa", CFG_STR, GOFF(isa), 0, 0, "auto", "matmul kernels: auto, avx512, avx2, scalar"},
     {"device", CFG_STR, GOFF(device), 0, 0, "cpu", KVINFER_DEVICE_HELP},
     {"no-bos", CFG_BOOL, GOFF(no_bos), 0, 0, "false", "do not add BOS"},
     {"ignore-eos", CFG_BOOL, GOFF(ignore_eos), 0, 0, "false", "do not stop at end tokens"},
@@ -56,6 +58,9 @@ static const struct cfg_opt gen_opts[] = {
      "KV block cache directory (a kvfs mount or local): load the cached prompt prefix, save "
      "new blocks"},
     {"salt", CFG_STR, GOFF(salt), 0, 0, NULL, "cache salt (tenant): salts share no blocks"},
+    {"logits", CFG_STR, GOFF(logits), 0, 0, NULL,
+     "write the logits after every prompt token (teacher-forced) and every generated one to "
+     "FILE: rows of n_vocab little-endian f32, to compare with another engine"},
     CFG_END,
 };
 
@@ -100,6 +105,8 @@ struct gen {
 	struct kvi_seq *seq;
 	struct kvi_sampler *smp;
 	struct kvx *kx; /* --kv-dir */
+	FILE *lf;	/* --logits */
+	long lrows;
 	int32_t *ptoks;
 	int nprompt, from_tokens, threads, cached, ngen, saved;
 	float *logits;
@@ -108,6 +115,8 @@ struct gen {
 
 static void gen_free(struct gen *g)
 {
+	if (g->lf)
+		fclose(g->lf);
 	kvi_seq_destroy(g->seq);
 	kvx_destroy(g->kx); /* before the engine: it holds KV block references */
 	kvi_sampler_destroy(g->smp);
@@ -194,6 +203,32 @@ static int gen_start(struct gen *g)
 	return 0;
 }
 
+/* Appends one row of logits to the --logits file (little-endian hosts only: x86, arm64). */
+static int gen_dump(struct gen *g)
+{
+	if (!g->lf)
+		return 0;
+	size_t V = (size_t)g->m->cfg.n_vocab;
+	if (fwrite(g->logits, sizeof(float), V, g->lf) != V) {
+		fprintf(stderr, "\nkvinfer: --logits %s: write failed\n", g->gc.logits);
+		return -EIO;
+	}
+	g->lrows++;
+	return 0;
+}
+
+/* Prefill with every prompt position's logits dumped: one token at a time, which gives the
+ * same logits as one pass (the engine is batch-invariant). */
+static int gen_prefill_dump(struct gen *g)
+{
+	for (int i = 0; i < g->nprompt; i++) {
+		int rc = kvinfer_eng_prefill(&g->eng, g->seq, g->ptoks + i, 1, g->logits);
+		if (rc || (rc = gen_dump(g)))
+			return rc;
+	}
+	return 0;
+}
+
 /* Prints token t (its text, or its id without a tokenizer). */
 static void gen_print(const struct gen *g, int32_t t)
 {
@@ -220,8 +255,11 @@ static int gen_run(struct gen *g)
 		return rc;
 	}
 	g->tl = kvinfer_now();
-	rc = kvinfer_eng_prefill(&g->eng, g->seq, g->ptoks + g->cached, g->nprompt - g->cached,
-				 g->logits);
+	if (g->lf)
+		rc = gen_prefill_dump(g);
+	else
+		rc = kvinfer_eng_prefill(&g->eng, g->seq, g->ptoks + g->cached,
+					 g->nprompt - g->cached, g->logits);
 	g->t1 = g->t_first = kvinfer_now();
 	if (rc) {
 		fprintf(stderr, "\nkvinfer: prefill: %s\n", strerror(-rc));
@@ -251,6 +289,8 @@ static int gen_run(struct gen *g)
 			fprintf(stderr, "\nkvinfer: decode: %s\n", strerror(-rc));
 			return rc;
 		}
+		if ((rc = gen_dump(g)))
+			return rc;
 	}
 	if (g->kx && !g->saved)
 		kvx_save(g->kx, g->seq, g->ptoks, g->nprompt, g->gc.salt);
@@ -284,6 +324,9 @@ static void gen_report(struct gen *g)
 	} else {
 		fprintf(stderr, "TTFT %.1f ms\n", (g->t_first - g->t0) * 1e3);
 	}
+	if (g->lf)
+		fprintf(stderr, "logits: %ld rows x %d f32 (LE) in %s\n", g->lrows,
+			g->m->cfg.n_vocab, g->gc.logits);
 	if (g->eng.dev)
 		fprintf(stderr, "decode:  %d tokens in %.3f s = %.2f tok/s (%s)\n", ndec, g->td,
 			g->td > 0 ? ndec / g->td : 0.0, g->eng.name);
@@ -318,6 +361,16 @@ static int cmd_generate(int argc, char **argv)
 	}
 	if (kvinfer_eng_check(g.gc.device, "kvinfer generate"))
 		return 1;
+	if (g.gc.logits[0] && g.gc.kv_dir[0]) {
+		fprintf(stderr, "kvinfer generate: --logits needs every prompt token computed: not "
+				"with --kv-dir\n");
+		return 2;
+	}
+	if (g.gc.logits[0] && !(g.lf = fopen(g.gc.logits, "wb"))) {
+		fprintf(stderr, "kvinfer generate: --logits %s: %s\n", g.gc.logits,
+			strerror(errno));
+		return 1;
+	}
 	int ret = 1;
 	if (!gen_load(&g, prompt, toklist) && !gen_start(&g) && !gen_run(&g)) {
 		gen_report(&g);

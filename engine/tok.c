@@ -377,7 +377,9 @@ static void piece(const struct kvi_tok *t, int32_t id, int flags, char *buf, siz
 	const char *s = t->arena + t->off[id];
 	size_t n = t->len[id];
 	int ty = t->type[id];
-	if (ty == TT_CONTROL && !(flags & KVI_TOK_RENDER_SPECIAL))
+	/* as llama.cpp renders them: unused (padding) entries are never text, control ones only
+	 * on request */
+	if (ty == TT_UNUSED || (ty == TT_CONTROL && !(flags & KVI_TOK_RENDER_SPECIAL)))
 		return;
 	if (ty == TT_CONTROL || ty == TT_USER || ty == TT_UNKNOWN) {
 		*bad |= emit(buf, cap, pos, s, n);

@@ -15,6 +15,8 @@
  * s whose bytes all have byte tokens and that holds no U+2581, which SentencePiece reads as a
  * space) when control tokens (BOS/EOS...) are skipped: they decode to "" unless
  * KVI_TOK_RENDER_SPECIAL is given. Encoding with KVI_TOK_PARSE_SPECIAL does not promise it.
+ * Tokens typed unused (vocabulary padding such as <|filler_N|>) always decode to "", as in
+ * llama.cpp.
  *
  * Thread-safety: a created tokenizer is immutable; encode/decode may run concurrently (each
  * call allocates its own scratch).

@@ -59,11 +59,13 @@ enum kvk_isa {
 	KVK_ISA_AUTO = 0,   /* the best this CPU supports */
 	KVK_ISA_SCALAR = 1, /* portable C */
 	KVK_ISA_AVX2 = 2,   /* AVX2 + FMA + F16C */
+	KVK_ISA_AVX512 = 3, /* + AVX-512 F/BW/VL/VNNI (16-lane sums: not AVX2's bits) */
 };
 
-/* The ISA KVK_ISA_AUTO resolves to on this CPU (cpuid, read once per call). */
+/* The ISA KVK_ISA_AUTO resolves to on this CPU (cpuid and the OS's enabled vector state,
+ * probed once per process; thread-safe). An ISA above it passed to a kernel runs as this one. */
 enum kvk_isa kvk_isa_best(void);
-/* "scalar", "avx2"; "?" for an unknown value. */
+/* "auto", "scalar", "avx2", "avx512"; "?" for an unknown value. */
 const char *kvk_isa_name(enum kvk_isa isa);
 /* 1 if wt is a weight type the kernels know, else 0. */
 int kvk_wtype_valid(int wt);

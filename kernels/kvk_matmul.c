@@ -4,22 +4,42 @@
 #include "kvk_quant_impl.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 #ifdef KVK_HAVE_X86
 #include <cpuid.h>
 #endif
 
-enum kvk_isa kvk_isa_best(void)
+static enum kvk_isa isa_probe(void)
 {
 #ifdef KVK_HAVE_X86
 	/* F16C through CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports has no "f16c". */
 	unsigned a, b, c, d;
 	int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
 	__builtin_cpu_init();
-	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c)
-		return KVK_ISA_AVX2;
+	if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c))
+		return KVK_ISA_SCALAR;
+	/* the compiler runtime reports AVX-512 only when the OS saves its state (XCR0) */
+	if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+	    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
+		return KVK_ISA_AVX512;
+	return KVK_ISA_AVX2;
 #endif
 	return KVK_ISA_SCALAR;
+}
+
+enum kvk_isa kvk_isa_best(void)
+{
+	/* A cache of a hardware fact, not state: every thread computes the same value, so a
+	 * race only repeats the probe. It matters: cpuid traps to the hypervisor in a VM, and
+	 * probing on every matmul call cost 17 % of decode time. */
+	static _Atomic int best;
+	int b = atomic_load_explicit(&best, memory_order_relaxed);
+	if (!b) {
+		b = (int)isa_probe();
+		atomic_store_explicit(&best, b, memory_order_relaxed);
+	}
+	return (enum kvk_isa)b;
 }
 
 const char *kvk_isa_name(enum kvk_isa isa)
@@ -31,6 +51,8 @@ const char *kvk_isa_name(enum kvk_isa isa)
 		return "scalar";
 	case KVK_ISA_AVX2:
 		return "avx2";
+	case KVK_ISA_AVX512:
+		return "avx512";
 	}
 	return "?";
 }
@@ -177,19 +199,11 @@ size_t kvk_act_bytes(enum kvk_wtype wt, size_t n, size_t ntok)
 	return n * ntok * sizeof(float);
 }
 
-void kvk_act_prepare(enum kvk_wtype wt, void *act, size_t ntok, const float *x, size_t ldx,
-		     size_t n, size_t t0, size_t t1)
+/* The reference for the SIMD versions: per block of 32, d = amax / 127 and q = x * 127 / amax
+ * rounded half away from zero. */
+void kvk_act_prepare_q8_ref(void *act, size_t ntok, const float *x, size_t ldx, size_t n, size_t t0,
+			    size_t t1)
 {
-	if (kvk_wtype_kq(wt)) {
-		kvk_kq_act_prepare(act, ntok, x, ldx, n, t0, t1);
-		return;
-	}
-	if (wt != KVK_W_Q8_0) {
-		for (size_t t = t0; t < t1; t++)
-			if ((const void *)(x + t * ldx) != (void *)((float *)act + t * n))
-				memcpy((float *)act + t * n, x + t * ldx, n * sizeof(float));
-		return;
-	}
 	size_t nb = n / 32;
 	int8_t *q = act;
 	float *d = (float *)((uint8_t *)act + kvk_q8act_qbytes(n, ntok));
@@ -214,6 +228,35 @@ void kvk_act_prepare(enum kvk_wtype wt, void *act, size_t ntok, const float *x, 
 			}
 		}
 	}
+}
+
+void kvk_act_prepare(enum kvk_wtype wt, void *act, size_t ntok, const float *x, size_t ldx,
+		     size_t n, size_t t0, size_t t1)
+{
+	if (kvk_wtype_kq(wt)) {
+		kvk_kq_act_prepare(act, ntok, x, ldx, n, t0, t1);
+		return;
+	}
+	if (wt != KVK_W_Q8_0) {
+		for (size_t t = t0; t < t1; t++)
+			if ((const void *)(x + t * ldx) != (void *)((float *)act + t * n))
+				memcpy((float *)act + t * n, x + t * ldx, n * sizeof(float));
+		return;
+	}
+#ifdef KVK_HAVE_X86
+	/* SIMD versions give the same bytes, so the choice never changes a result */
+	switch (kvk_isa_best()) {
+	case KVK_ISA_AVX512:
+		kvk_act_prepare_q8_avx512(act, ntok, x, ldx, n, t0, t1);
+		return;
+	case KVK_ISA_AVX2:
+		kvk_act_prepare_q8_avx2(act, ntok, x, ldx, n, t0, t1);
+		return;
+	default:
+		break;
+	}
+#endif
+	kvk_act_prepare_q8_ref(act, ntok, x, ldx, n, t0, t1);
 }
 
 size_t kvk_matmul_scratch_floats(enum kvk_wtype wt, size_t n)
@@ -279,9 +322,15 @@ void kvk_matmul(enum kvk_isa isa, enum kvk_wtype wt, float *y, size_t ldy, const
 		return;
 	}
 #ifdef KVK_HAVE_X86
-	if (resolve(isa) == KVK_ISA_AVX2) {
+	switch (resolve(isa)) {
+	case KVK_ISA_AVX512:
+		kvk_matmul_avx512(wt, y, ldy, w, n, r0, r1, act, ntok, scratch);
+		return;
+	case KVK_ISA_AVX2:
 		kvk_matmul_avx2(wt, y, ldy, w, n, r0, r1, act, ntok, scratch);
 		return;
+	default:
+		break;
 	}
 #endif
 	(void)scratch;
@@ -306,6 +355,8 @@ static void axpy_f16_scalar(float *y, float s, const uint16_t *b, size_t n)
 kvk_dot_f16_fn kvk_dot_f16_get(enum kvk_isa isa)
 {
 #ifdef KVK_HAVE_X86
+	if (resolve(isa) == KVK_ISA_AVX512)
+		return kvk_dot_f16_avx512;
 	if (resolve(isa) == KVK_ISA_AVX2)
 		return kvk_dot_f16_avx2;
 #endif
@@ -316,6 +367,8 @@ kvk_dot_f16_fn kvk_dot_f16_get(enum kvk_isa isa)
 kvk_axpy_f16_fn kvk_axpy_f16_get(enum kvk_isa isa)
 {
 #ifdef KVK_HAVE_X86
+	if (resolve(isa) == KVK_ISA_AVX512)
+		return kvk_axpy_f16_avx512;
 	if (resolve(isa) == KVK_ISA_AVX2)
 		return kvk_axpy_f16_avx2;
 #endif

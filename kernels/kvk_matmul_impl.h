@@ -1,5 +1,6 @@
 /* Private interface between the ISA-independent matmul front end (kvk_matmul.c) and the
- * per-ISA kernels (kvk_matmul_avx2.c). Not installed; kernels/ only. */
+ * per-ISA kernels (kvk_matmul_avx2.c, kvk_matmul_avx512.c: one template, kvk_matmul_x86.inc). Not
+ * installed; kernels/ only. */
 #ifndef KVFS_KVK_MATMUL_IMPL_H
 #define KVFS_KVK_MATMUL_IMPL_H
 
@@ -12,12 +13,25 @@ static inline size_t kvk_q8act_qbytes(size_t n, size_t ntok)
 	return (n * ntok + 31) & ~(size_t)31;
 }
 
+/* kvk_act_prepare for Q8_0 in portable C: the reference the SIMD versions equal byte for
+ * byte (tests compare them through kvk_act_prepare, which picks the best ISA). */
+void kvk_act_prepare_q8_ref(void *act, size_t ntok, const float *x, size_t ldx, size_t n, size_t t0,
+			    size_t t1);
+
 #if defined(__x86_64__) || defined(__i386__)
 #define KVK_HAVE_X86 1
 void kvk_matmul_avx2(enum kvk_wtype wt, float *y, size_t ldy, const void *w, size_t n, size_t r0,
 		     size_t r1, const void *act, size_t ntok, float *scratch);
 float kvk_dot_f16_avx2(const float *a, const uint16_t *b, size_t n);
 void kvk_axpy_f16_avx2(float *y, float s, const uint16_t *b, size_t n);
+void kvk_act_prepare_q8_avx2(void *act, size_t ntok, const float *x, size_t ldx, size_t n,
+			     size_t t0, size_t t1);
+void kvk_matmul_avx512(enum kvk_wtype wt, float *y, size_t ldy, const void *w, size_t n, size_t r0,
+		       size_t r1, const void *act, size_t ntok, float *scratch);
+float kvk_dot_f16_avx512(const float *a, const uint16_t *b, size_t n);
+void kvk_axpy_f16_avx512(float *y, float s, const uint16_t *b, size_t n);
+void kvk_act_prepare_q8_avx512(void *act, size_t ntok, const float *x, size_t ldx, size_t n,
+			       size_t t0, size_t t1);
 #endif
 
 /* Panel height for the F16/BF16 weight-to-f32 conversion in the batched path. */

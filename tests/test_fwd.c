@@ -21,6 +21,7 @@
 #include "fwd.h"
 #include "fwd_checks.h"
 #include "kvk.h"
+#include "kvk_matmul_impl.h"
 #include "model.h"
 #include "ref_fwd.h"
 
@@ -432,15 +433,46 @@ static void test_errors(void **st)
 	ref_model_free(m);
 }
 
+enum { INV_ROWS = 37, INV_T = 13 };
+
+/* For one ISA: the whole batch (rows split unevenly in two calls) into yb, each token alone
+ * bit-identical to its batch row, within f32 rounding of the scalar ys, and batches of 2..5
+ * from the middle bit-identical too. act holds x prepared for INV_T tokens on return. */
+static void check_isa_invariance(int isa, enum kvk_wtype wt, size_t n, const void *w,
+				 const float *x, float *yb, float *y1, float *ys, float *scr,
+				 void *act, void *act1)
+{
+	enum { ROWS = INV_ROWS, T = INV_T };
+	float *yt = malloc(ROWS * T * 4);
+	kvk_act_prepare(wt, act, T, x, n, n, 0, T);
+	kvk_matmul(isa, wt, yb, ROWS, w, n, 0, 5, act, T, scr);
+	kvk_matmul(isa, wt, yb, ROWS, w, n, 5, ROWS, act, T, scr);
+	for (int t = 0; t < T; t++) {
+		kvk_act_prepare(wt, act1, 1, x + t * n, n, n, 0, 1);
+		kvk_matmul(isa, wt, y1, ROWS, w, n, 0, ROWS, act1, 1, scr);
+		assert_memory_equal(y1, yb + t * ROWS, ROWS * 4);
+		for (int r = 0; r < ROWS; r++)
+			assert_float_equal(yb[t * ROWS + r], ys[t * ROWS + r],
+					   1e-4 * (1 + fabsf(ys[t * ROWS + r])));
+	}
+	for (int b = 2; b <= 5; b++) {
+		kvk_act_prepare(wt, act, b, x + 4 * n, n, n, 0, b);
+		kvk_matmul(isa, wt, yt, ROWS, w, n, 0, ROWS, act, b, scr);
+		assert_memory_equal(yt, yb + 4 * ROWS, (size_t)b * ROWS * 4);
+	}
+	free(yt);
+}
+
 /* Kernel level: a token's outputs are bit-identical whatever the batch size and row split,
- * for every weight type; AVX2 agrees with scalar to f32 rounding. */
+ * for every weight type and every SIMD ISA the CPU has; each agrees with scalar to f32
+ * rounding (each ISA has its own fixed order: AVX-512 accumulates in 16 lanes). */
 static void test_matmul_invariance(void **st)
 {
 	(void)st;
-	enum { ROWS = 37, T = 13 };
-	const size_t ns[2] = {96, 99};
+	enum { ROWS = INV_ROWS, T = INV_T };
+	const size_t ns[3] = {96, 99, 128}; /* Q8_0: an odd and an even block count */
 	for (size_t di = 0; di < 4; di++)
-		for (int ni = 0; ni < 2; ni++) {
+		for (int ni = 0; ni < 3; ni++) {
 			enum kvk_wtype wt = (enum kvk_wtype)dtypes[di];
 			size_t n = ns[ni];
 			if (wt == KVK_W_Q8_0 && n % 32)
@@ -462,29 +494,98 @@ static void test_matmul_invariance(void **st)
 				sd = sd * 1103515245u + 12345u;
 				x[i] = (float)((int)(sd >> 16) % 2001 - 1000) / 500.0f;
 			}
-			int best = kvk_isa_best();
 			kvk_act_prepare(wt, act, T, x, n, n, 0, T);
-			/* whole batch, rows split unevenly in two calls */
-			kvk_matmul(best, wt, yb, ROWS, w, n, 0, 5, act, T, scr);
-			kvk_matmul(best, wt, yb, ROWS, w, n, 5, ROWS, act, T, scr);
 			kvk_matmul(KVK_ISA_SCALAR, wt, ys, ROWS, w, n, 0, ROWS, act, T, scr);
-			for (int t = 0; t < T; t++) {
-				kvk_act_prepare(wt, act1, 1, x + t * n, n, n, 0, 1);
-				kvk_matmul(best, wt, y1, ROWS, w, n, 0, ROWS, act1, 1, scr);
-				assert_memory_equal(y1, yb + t * ROWS, ROWS * 4);
-				for (int r = 0; r < ROWS; r++)
-					assert_float_equal(yb[t * ROWS + r], ys[t * ROWS + r],
-							   1e-4 * (1 + fabsf(ys[t * ROWS + r])));
-			}
-			/* batches of 2..5 tokens from the middle agree too */
-			for (int b = 2; b <= 5; b++) {
-				kvk_act_prepare(wt, act, b, x + 4 * n, n, n, 0, b);
-				kvk_matmul(best, wt, ys, ROWS, w, n, 0, ROWS, act, b, scr);
-				assert_memory_equal(ys, yb + 4 * ROWS, (size_t)b * ROWS * 4);
+			/* every SIMD ISA this CPU has, each on its own (AVX-512 accumulates in
+			 * 16 lanes: another fixed order than AVX2's, within f32 rounding) */
+			for (int isa = KVK_ISA_AVX2; isa <= (int)kvk_isa_best(); isa++) {
+				check_isa_invariance(isa, wt, n, w, x, yb, y1, ys, scr, act, act1);
+				printf("  type %2d n %3zu %-6s batch-invariant, within 1e-4 of "
+				       "scalar\n",
+				       wt, n, kvk_isa_name((enum kvk_isa)isa));
 			}
 			free(x), free(yb), free(y1), free(ys), free(scr), free(act), free(act1);
 			ref_model_free(m);
 		}
+}
+
+/* Q8_0 activations from the SIMD path are the reference's bytes: random blocks, blocks whose
+ * scale makes x * id land on .5 ties (both signs, -0), an all-zero block, odd token ranges. */
+static void test_act_prepare_q8(void **st)
+{
+	(void)st;
+	enum { N = 256, T = 7 };
+	float *x = malloc(N * T * 4);
+	unsigned sd = 11;
+	for (size_t i = 0; i < N * T; i++) {
+		sd = sd * 1103515245u + 12345u;
+		x[i] = (float)((int)(sd >> 8) % 200001 - 100000) * 1e-4f;
+	}
+	static const float ties[] = {127, 2.5f, -3.5f, 0.5f, -0.5f, -0.0f, 126.5f, -126.5f};
+	for (int i = 0; i < 32; i++)
+		x[N + i] = ties[i % 8] * (i < 8 ? 1 : 0.25f); /* token 1 block 0: amax 127, id 1 */
+	memset(x + 2 * N + 64, 0, 32 * 4);		      /* token 2 block 2: all zero */
+	size_t bytes = kvk_act_bytes(KVK_W_Q8_0, N, T);
+	void *got = calloc(1, bytes), *want = calloc(1, bytes);
+	kvk_act_prepare_q8_ref(want, T, x, N, N, 0, T);
+	kvk_act_prepare(KVK_W_Q8_0, got, T, x, N, N, 0, 3);
+	kvk_act_prepare(KVK_W_Q8_0, got, T, x, N, N, 3, T);
+	assert_memory_equal(got, want, bytes);
+	assert_int_equal(((int8_t *)want)[N + 1], 3);  /* 2.5 -> 3 */
+	assert_int_equal(((int8_t *)want)[N + 2], -4); /* -3.5 -> -4 */
+	printf("  q8_0 activations (%s) equal the reference's bytes\n",
+	       kvk_isa_name(kvk_isa_best()));
+	free(x), free(got), free(want);
+}
+
+/* `kvinfer generate --logits FILE`: one row per prompt token and per decoded token, and the
+ * rows are the engine's own logits (prefill of the whole prompt gives the last prompt row's
+ * bits, prefill of the first token alone row 0's). Skipped without the built tools. */
+static void test_cli_logits(void **st)
+{
+	(void)st;
+	const char *b = getenv("KVFS_BUILD_DIR");
+	if (!b) {
+		print_message("KVFS_BUILD_DIR not set (run through ctest): skipped\n");
+		skip();
+	}
+	char dir[] = "/tmp/test_fwd_cli_XXXXXX", cmd[2048], model[128], lf[128];
+	assert_non_null(mkdtemp(dir));
+	snprintf(model, sizeof(model), "%s/tiny.gguf", dir);
+	snprintf(lf, sizeof(lf), "%s/logits.f32", dir);
+	snprintf(cmd, sizeof(cmd),
+		 "'%s/tools/kvinfer-synth' --preset tiny --type f16 -o '%s' >/dev/null && "
+		 "'%s/bin/kvinfer' generate -m '%s' -t 1 -n 3 --ignore-eos --tokens 1,2,3,4,5 "
+		 "--logits '%s' >/dev/null 2>&1",
+		 b, model, b, model, lf);
+	assert_int_equal(system(cmd), 0);
+	struct kvi_model *m;
+	char err[256];
+	assert_int_equal(kvi_model_load(model, &m, err, sizeof(err)), 0);
+	size_t V = (size_t)m->cfg.n_vocab;
+	FILE *f = fopen(lf, "rb");
+	assert_non_null(f);
+	enum { ROWS = 5 + 2 }; /* 5 prompt rows, then 2 decodes (the 3rd token is not fed) */
+	float *got = malloc(ROWS * V * 4), *want = malloc(V * 4);
+	assert_int_equal(fread(got, 4, ROWS * V, f), ROWS * V);
+	assert_int_equal(fgetc(f), EOF);
+	fclose(f);
+	const int32_t toks[5] = {1, 2, 3, 4, 5};
+	struct kvi_engine *e = engine(m, 1, 64, 16, 0);
+	struct kvi_seq *seq;
+	assert_int_equal(kvi_seq_create(kvi_engine_kv(e), &seq), 0);
+	assert_int_equal(kvi_engine_prefill(e, seq, toks, 5, want), 0);
+	assert_memory_equal(got + 4 * V, want, V * 4);
+	kvi_seq_destroy(seq);
+	assert_int_equal(kvi_seq_create(kvi_engine_kv(e), &seq), 0);
+	assert_int_equal(kvi_engine_prefill(e, seq, toks, 1, want), 0);
+	assert_memory_equal(got, want, V * 4);
+	kvi_seq_destroy(seq);
+	kvi_engine_destroy(e);
+	kvi_model_free(m);
+	free(got), free(want);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	assert_int_equal(system(cmd), 0);
 }
 
 /* Every half converts to the float it denotes and back to itself; float -> half rounds to
@@ -513,6 +614,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_f16_conversion),  cmocka_unit_test(test_matmul_invariance),
+	    cmocka_unit_test(test_act_prepare_q8),  cmocka_unit_test(test_cli_logits),
 	    cmocka_unit_test(test_ref_f32),	    cmocka_unit_test(test_ref_f16),
 	    cmocka_unit_test(test_ref_bf16),	    cmocka_unit_test(test_ref_q8_0),
 	    cmocka_unit_test(test_ref_synth_quant), cmocka_unit_test(test_chunk_invariance),

@@ -69,13 +69,28 @@ static const char *GPT2_MERGES[] = {
     "h e", "l l",	   "he ll", "hell o",	      "\xc4\xa0 w",
     "o r", "\xc4\xa0w or", "l d",   "\xc4\xa0wor ld", "1 2",
 };
-enum { G_HE = 256, G_LL, G_HELL, G_HELLO, G_SW, G_OR, G_SWOR, G_LD, G_SWORLD, G_12, G_BOS, G_EOS };
+enum {
+	G_HE = 256,
+	G_LL,
+	G_HELL,
+	G_HELLO,
+	G_SW,
+	G_OR,
+	G_SWOR,
+	G_LD,
+	G_SWORLD,
+	G_12,
+	G_BOS,
+	G_EOS,
+	G_FILL,
+	G_N
+};
 
 static int setup_gpt2_pre(void **state, const char *pre)
 {
 	static char bytes[256][3];
-	const char *toks[G_EOS + 1];
-	int32_t types[G_EOS + 1];
+	const char *toks[G_N];
+	int32_t types[G_N];
 	for (int b = 0; b < 256; b++) {
 		cp_utf8(byte_cp(b), bytes[b]);
 		toks[b] = bytes[b];
@@ -92,11 +107,13 @@ static int setup_gpt2_pre(void **state, const char *pre)
 	toks[G_BOS] = "<|bos|>";
 	toks[G_EOS] = "<|eos|>";
 	types[G_BOS] = types[G_EOS] = 3;
+	toks[G_FILL] = "<|filler_267|>"; /* a padding entry, as converted vocabularies have */
+	types[G_FILL] = 5;
 	struct kvi_gguf_writer *w;
 	assert_int_equal(kvi_gguf_writer_create(&w), 0);
 	kvi_gguf_w_str(w, "tokenizer.ggml.model", "gpt2");
-	kvi_gguf_w_arr_str(w, "tokenizer.ggml.tokens", toks, G_EOS + 1);
-	kvi_gguf_w_arr_i32(w, "tokenizer.ggml.token_type", types, G_EOS + 1);
+	kvi_gguf_w_arr_str(w, "tokenizer.ggml.tokens", toks, G_N);
+	kvi_gguf_w_arr_i32(w, "tokenizer.ggml.token_type", types, G_N);
 	kvi_gguf_w_arr_str(w, "tokenizer.ggml.merges", GPT2_MERGES, 10);
 	if (pre)
 		kvi_gguf_w_str(w, "tokenizer.ggml.pre", pre);
@@ -271,7 +288,7 @@ static void test_gpt2_known(void **state)
 	struct fixture *f = *state;
 	const struct kvi_tok *t = f->t;
 	assert_int_equal(kvi_tok_kind(t), KVI_TOK_GPT2);
-	assert_int_equal(kvi_tok_n_vocab(t), G_EOS + 1);
+	assert_int_equal(kvi_tok_n_vocab(t), G_N);
 	assert_int_equal(kvi_tok_bos(t), G_BOS);
 	assert_int_equal(kvi_tok_eos(t), G_EOS);
 	assert_true(kvi_tok_is_eog(t, G_EOS));
@@ -301,7 +318,13 @@ static void test_gpt2_known(void **state)
 	assert_string_equal(buf, "<|eos|>");
 	assert_int_equal(kvi_tok_decode_piece(t, G_SWORLD, 0, buf, 6), -ENOSPC);
 	assert_int_equal(kvi_tok_decode_piece(t, -1, 0, buf, sizeof(buf)), -EINVAL);
-	assert_int_equal(kvi_tok_decode_piece(t, G_EOS + 1, 0, buf, sizeof(buf)), -EINVAL);
+	assert_int_equal(kvi_tok_decode_piece(t, G_N, 0, buf, sizeof(buf)), -EINVAL);
+	/* unused (padding) tokens render as nothing, special or not, as llama.cpp renders them */
+	assert_int_equal(kvi_tok_decode_piece(t, G_FILL, 0, buf, sizeof(buf)), 0);
+	assert_string_equal(buf, "");
+	assert_int_equal(kvi_tok_decode_piece(t, G_FILL, KVI_TOK_RENDER_SPECIAL, buf, sizeof(buf)),
+			 0);
+	assert_string_equal(buf, "");
 	assert_int_equal(kvi_tok_find(t, "hello", 5), G_HELLO);
 	assert_int_equal(kvi_tok_find(t, "nope", 4), -ENOENT);
 }

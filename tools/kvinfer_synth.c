@@ -286,7 +286,11 @@ done:
 	while ((int)v->n < n_vocab) {
 		snprintf(f, sizeof(f), "<|filler_%zu|>", v->n);
 		v->tok[v->n] = strdup(f);
-		v->type[v->n++] = 5; /* unused: never produced by encode */
+		/* normal, not unused (5): with random weights greedy decoding mostly picks these,
+		 * and both engines print a normal token's text (an unused one prints as nothing),
+		 * so the output of a synthetic model stays comparable; encode never produces them
+		 * (no merge leads there) */
+		v->type[v->n++] = 1;
 	}
 	for (size_t i = 0; i < v->n; i++)
 		if (!v->tok[i])
