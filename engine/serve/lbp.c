@@ -42,9 +42,7 @@ int lbp_text_blocks(const char *text, size_t len, uint64_t *out, int max)
 	return n;
 }
 
-/* A 64-bit finaliser (splitmix64's): rendezvous scores and table slots need every input bit
- * to move every output bit, which FNV's low bits do not. */
-static uint64_t mix(uint64_t x)
+uint64_t lbp_mix64(uint64_t x)
 {
 	x ^= x >> 30;
 	x *= 0xbf58476d1ce4e5b9ULL;
@@ -83,7 +81,7 @@ void lbp_index_note(struct lbp_index *ix, const struct lbp_req *q, int i)
 	if (!ix->hash)
 		return;
 	for (int j = 0; j < q->nblocks; j++) {
-		uint64_t s = mix(q->block[j]) & ix->mask;
+		uint64_t s = lbp_mix64(q->block[j]) & ix->mask;
 		ix->hash[s] = q->block[j];
 		ix->owner[s] = i;
 	}
@@ -91,7 +89,7 @@ void lbp_index_note(struct lbp_index *ix, const struct lbp_req *q, int i)
 
 static int owner_of(const struct lbp_index *ix, uint64_t h)
 {
-	uint64_t s = mix(h) & ix->mask;
+	uint64_t s = lbp_mix64(h) & ix->mask;
 	return ix->hash[s] == h ? ix->owner[s] : -1;
 }
 
@@ -173,7 +171,7 @@ static int owner_under(const struct lbp_set *s, const unsigned char *skip, uint6
 	for (int i = 0; i < s->n; i++) {
 		if (!usable(s, i, skip) || pf_load(&s->r[i]) > cap)
 			continue;
-		uint64_t h = mix(s->r[i].id ^ key);
+		uint64_t h = lbp_mix64(s->r[i].id ^ key);
 		if (own < 0 || h > top) {
 			own = i;
 			top = h;
@@ -219,7 +217,7 @@ int lbp_pick_prefill(enum lb_policy p, struct lbp_set *s, const struct lbp_req *
 		for (int i = 0; i < s->n; i++) {
 			if (!usable(s, i, skip))
 				continue;
-			uint64_t h = mix(s->r[i].id ^ q->key);
+			uint64_t h = lbp_mix64(s->r[i].id ^ q->key);
 			if (own < 0 || h > top) {
 				own = i;
 				top = h;

@@ -95,6 +95,9 @@ void lbp_index_drop(struct lbp_index *ix, int i);
 uint64_t lbp_hash(const char *s, size_t n, uint64_t seed);
 #define LBP_SEED 0xcbf29ce484222325ULL
 uint64_t lbp_id(const char *addr);
+/* A 64-bit finaliser (splitmix64's): rendezvous scores and table slots need every input bit
+ * to move every output bit, which FNV's low bits do not. lb-sim's tables use it too. */
+uint64_t lbp_mix64(uint64_t x);
 /* The chained block hashes of rendered prompt text: block j's hash covers bytes
  * [0, (j+1) x LBP_BLOCK_BYTES). At most max; returns the count (full blocks only). */
 int lbp_text_blocks(const char *text, size_t len, uint64_t *out, int max);

@@ -25,15 +25,6 @@ void lbsim_cfg_defaults(struct lbsim_cfg *c)
 				.window_s = 10};
 }
 
-static uint64_t mix(uint64_t x)
-{
-	x ^= x >> 30;
-	x *= 0xbf58476d1ce4e5b9ULL;
-	x ^= x >> 27;
-	x *= 0x94d049bb133111ebULL;
-	return x ^ (x >> 31);
-}
-
 /* ---- a set of block hashes (the shared kvfs cache, the oracle): open addressing ---- */
 
 struct hset {
@@ -50,7 +41,7 @@ static int hset_grow(struct hset *h)
 	for (size_t i = 0; h->k && i <= h->mask; i++) {
 		if (!h->k[i])
 			continue;
-		size_t s = mix(h->k[i]) & (cap - 1);
+		size_t s = lbp_mix64(h->k[i]) & (cap - 1);
 		while (k[s])
 			s = (s + 1) & (cap - 1);
 		k[s] = h->k[i];
@@ -64,7 +55,7 @@ static int hset_grow(struct hset *h)
 static int hset_has(const struct hset *h, uint64_t v)
 {
 	v += !v;
-	for (size_t s = mix(v) & h->mask; h->k[s]; s = (s + 1) & h->mask)
+	for (size_t s = lbp_mix64(v) & h->mask; h->k[s]; s = (s + 1) & h->mask)
 		if (h->k[s] == v)
 			return 1;
 	return 0;
@@ -78,7 +69,7 @@ static int hset_add(struct hset *h, uint64_t v)
 			return rc;
 	}
 	v += !v;
-	size_t s = mix(v) & h->mask;
+	size_t s = lbp_mix64(v) & h->mask;
 	for (; h->k[s]; s = (s + 1) & h->mask)
 		if (h->k[s] == v)
 			return 0;
@@ -126,7 +117,7 @@ static void lru_free(struct lru *l)
 
 static uint32_t lru_find_slot(const struct lru *l, uint64_t k)
 {
-	uint32_t s = (uint32_t)mix(k) & l->mask;
+	uint32_t s = (uint32_t)lbp_mix64(k) & l->mask;
 	while (l->slot[s] && l->key[l->slot[s] - 1] != k)
 		s = (s + 1) & l->mask;
 	return s;
@@ -164,7 +155,7 @@ static void lru_slot_del(struct lru *l, uint32_t s)
 		j = (j + 1) & l->mask;
 		if (!l->slot[j])
 			return;
-		uint32_t home = (uint32_t)mix(l->key[l->slot[j] - 1]) & l->mask;
+		uint32_t home = (uint32_t)lbp_mix64(l->key[l->slot[j] - 1]) & l->mask;
 		/* move it when its home is not cyclically in (s, j] */
 		if ((j > s && (home <= s || home > j)) || (j < s && (home <= s && home > j))) {
 			l->slot[s] = l->slot[j];
