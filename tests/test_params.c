@@ -832,21 +832,33 @@ static void test_n_shares_prompt_dis(void **state)
 	int pt1 = 0;
 	assert_int_equal(dis_measure(body, &t1, 1, &blk1, &pt1), 20);
 	c[1] = dis_computed();
-	long_prompt(body, sizeof(body), 5000 + (int)getpid() % 1000);
-	short_answer(body);
-	snprintf(b2, sizeof(b2), "%.*s,\"n\":2}", (int)strlen(body) - 1, body);
-	assert_int_equal(dis_measure(b2, t, 2, &blk2, NULL), 40);
-	c[2] = dis_computed();
-	print_message("disaggregated: prompt tokens computed n=1 %.0f, n=2 %.0f; decode worker's "
-		      "kv_blocks_used at most n=1 %.0f, n=2 %.0f\n",
-		      c[1] - c[0], c[2] - c[1], blk1, blk2);
-	assert_true(c[1] - c[0] > 100);
-	assert_true(c[2] - c[1] == c[1] - c[0]);
 	/* What one choice holds: its prompt and answer in 16-token blocks (the workers'
 	 * --block-tokens). Computed, not sampled: a sampled n = 1 peak missed under load made
 	 * the bound too tight. Two choices that each loaded the prompt hold twice that. */
 	double one = ceil((double)(pt1 + 20) / 16);
 	assert_true(blk1 <= one + 1);
+	/* The decode worker forks only when the second choice is admitted right behind the
+	 * first; under heavy load that has been seen to miss (38 blocks, once in a CI run), so
+	 * up to 3 fresh prompts: one must share. Without the fork every attempt holds 38. */
+	for (int attempt = 0; attempt < 3; attempt++) {
+		if (attempt) {
+			free(t[0]);
+			free(t[1]);
+			c[1] = dis_computed();
+		}
+		long_prompt(body, sizeof(body), 5000 + attempt * 1000 + (int)getpid() % 1000);
+		short_answer(body);
+		snprintf(b2, sizeof(b2), "%.*s,\"n\":2}", (int)strlen(body) - 1, body);
+		assert_int_equal(dis_measure(b2, t, 2, &blk2, NULL), 40);
+		c[2] = dis_computed();
+		print_message("disaggregated: prompt tokens computed n=1 %.0f, n=2 %.0f; decode "
+			      "worker's kv_blocks_used at most n=1 %.0f, n=2 %.0f\n",
+			      c[1] - c[0], c[2] - c[1], blk1, blk2);
+		assert_true(c[1] - c[0] > 100);
+		assert_true(c[2] - c[1] == c[1] - c[0]);
+		if (blk2 < 1.5 * one)
+			break;
+	}
 	assert_true(blk2 < 1.5 * one);
 	assert_string_equal(t[0], t[1]);
 	/* greedy, the same prompt with n = 1 answers as each choice did */
