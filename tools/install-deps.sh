@@ -23,6 +23,10 @@ PKGS=(
 	iproute2
 	# lb-sim's plots (docs/balancing.md)
 	gnuplot-nox
+	# replicated metadata: libraft (consensus) on libuv (its I/O), docs/meta.md
+	libraft-dev libuv1-dev
+	# images in the API (docs/serving.md): PNG, JPEG and WebP decoders
+	libpng-dev libjpeg62-turbo-dev libwebp-dev
 	# promtool (`promtool check metrics` on every daemon's /metrics in the tests)
 	prometheus
 )
