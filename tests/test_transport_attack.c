@@ -448,6 +448,94 @@ static void test_trickle_handshake(void **state)
 	trickle_at(g_cl.nodes[0].addr, g_cl.nodes[0].metrics, "kvfs_node_handshake_timeouts_total");
 }
 
+/* A listener on 127.0.0.1 that accepts one connection and then either writes `reply` (not
+ * TLS) or, with reply NULL, stays silent; addr gets "127.0.0.1:port". */
+struct fake_peer {
+	int lfd;
+	const char *reply;
+	pthread_t th;
+};
+
+static void *fake_peer_run(void *arg)
+{
+	struct fake_peer *f = arg;
+	int fd = accept(f->lfd, NULL, NULL);
+	if (fd >= 0) {
+		if (f->reply)
+			(void)!write(fd, f->reply, strlen(f->reply));
+		/* read and drop what comes until the client gives up: closing with unread bytes
+		 * would reset the connection, a failure rather than a timeout */
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+		char b[4096];
+		while (poll(&p, 1, 5000) > 0 && read(fd, b, sizeof(b)) > 0)
+			;
+		close(fd);
+	}
+	return NULL;
+}
+
+static void fake_peer_start(struct fake_peer *f, const char *reply, char addr[KVP_ADDR_MAX])
+{
+	f->reply = reply;
+	f->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	assert_true(f->lfd >= 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+	assert_int_equal(bind(f->lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(listen(f->lfd, 4), 0);
+	socklen_t sl = sizeof(sa);
+	assert_int_equal(getsockname(f->lfd, (struct sockaddr *)&sa, &sl), 0);
+	snprintf(addr, KVP_ADDR_MAX, "127.0.0.1:%u", (unsigned)ntohs(sa.sin_port));
+	assert_int_equal(pthread_create(&f->th, NULL, fake_peer_run, f), 0);
+}
+
+static void fake_peer_stop(struct fake_peer *f)
+{
+	pthread_join(f->th, NULL);
+	close(f->lfd);
+}
+
+/* A client's failed handshakes are counted on its side too (kvfs_client_/kvfs_node_client_
+ * handshake_failures_total): a wrong secret, a peer that is not kvfs, one that never answers.
+ * Before, only a log line said so. */
+static void test_client_handshake_counted(void **state)
+{
+	(void)state;
+	const struct kvp_conn_stats *st = kvp_client_conn_stats();
+	uint64_t f0 = atomic_load(&st->hs_failed), t0 = atomic_load(&st->hs_timeout);
+	struct kvp_client *c = NULL;
+	struct kvp_secret wrong = g_cl.secret;
+	wrong.key[0] ^= 1;
+	assert_true(kvp_client_open(g_cl.meta_addr, &wrong, TMO, &c) < 0);
+	assert_int_equal(atomic_load(&st->hs_failed), f0 + 1);
+	char addr[KVP_ADDR_MAX];
+	struct fake_peer fp;
+	fake_peer_start(&fp, "HTTP/1.1 400 Bad Request\r\n\r\n", addr);
+	assert_true(kvp_client_open(addr, &g_cl.secret, TMO, &c) < 0);
+	fake_peer_stop(&fp);
+	assert_int_equal(atomic_load(&st->hs_failed), f0 + 2);
+	fake_peer_start(&fp, NULL, addr);
+	assert_int_equal(kvp_client_open(addr, &g_cl.secret, 500, &c), -ETIMEDOUT);
+	fake_peer_stop(&fp);
+	assert_int_equal(atomic_load(&st->hs_timeout), t0 + 1);
+	assert_int_equal(atomic_load(&st->hs_failed), f0 + 2);
+	/* A refused connection is no handshake. */
+	int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	socklen_t sl = sizeof(sa);
+	inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+	assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(getsockname(lfd, (struct sockaddr *)&sa, &sl), 0);
+	snprintf(addr, sizeof(addr), "127.0.0.1:%u", (unsigned)ntohs(sa.sin_port));
+	assert_int_equal(kvp_client_open(addr, &g_cl.secret, TMO, &c), -ECONNREFUSED);
+	close(lfd);
+	assert_int_equal(atomic_load(&st->hs_failed), f0 + 2);
+	/* A node that cannot reach meta counts it in its /metrics (family present, promtool-clean
+	 * in test_metrics_cluster). */
+	assert_true(metric(g_cl.nodes[0].metrics, "kvfs_node_client_handshake_failures_total") >=
+		    0);
+}
+
 /* 450 silent connections against a daemon limited to 400 descriptors, from another address;
  * a real client still gets in meanwhile, and within 5 s of the attacker leaving. */
 static void exhaust(pid_t pid, const char *addr, const char *metrics, const char *refused_fam)
@@ -525,9 +613,13 @@ static int teardown(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_inject_frame),      cmocka_unit_test(test_flip_byte),
-	    cmocka_unit_test(test_replay_record),     cmocka_unit_test(test_reorder_records),
-	    cmocka_unit_test(test_trickle_handshake), cmocka_unit_test(test_descriptor_exhaustion),
+	    cmocka_unit_test(test_inject_frame),
+	    cmocka_unit_test(test_flip_byte),
+	    cmocka_unit_test(test_replay_record),
+	    cmocka_unit_test(test_reorder_records),
+	    cmocka_unit_test(test_trickle_handshake),
+	    cmocka_unit_test(test_descriptor_exhaustion),
+	    cmocka_unit_test(test_client_handshake_counted),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

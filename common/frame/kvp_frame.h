@@ -182,6 +182,13 @@ struct kvp_conn_stats {
 	_Atomic uint64_t accept_err; /* accept() failed (EMFILE, ENFILE, ENOBUFS ...) */
 };
 
+/* This process's outgoing connections (kvp_sock_open, under every client): hs_failed and
+ * hs_timeout count handshakes that failed after the TCP connect succeeded (a refused or
+ * unreachable address is not one); the other fields stay 0. A client whose secret or
+ * transport mode differs from the cluster's, or a peer that is not kvfs, shows here, where a
+ * log line alone would be lost. Process-wide, never freed. */
+const struct kvp_conn_stats *kvp_client_conn_stats(void);
+
 /* ---- pipelined RPC client: one kvp_sock and a reader thread ---- */
 struct kvp_client;
 struct kvp_call;

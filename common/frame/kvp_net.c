@@ -13,6 +13,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -384,6 +385,13 @@ static int handshake(struct kvp_sock *k, const struct kvp_secret *s, int server,
 	return kvp_tls_handshake(k, s, server, dl);
 }
 
+static struct kvp_conn_stats g_out_stats;
+
+const struct kvp_conn_stats *kvp_client_conn_stats(void)
+{
+	return &g_out_stats;
+}
+
 int kvp_sock_open(const char *addr, const struct kvp_secret *s, int timeout_ms,
 		  struct kvp_sock **out)
 {
@@ -399,6 +407,8 @@ int kvp_sock_open(const char *addr, const struct kvp_secret *s, int timeout_ms,
 	}
 	rc = handshake(k, s, 0, dl);
 	if (rc) {
+		atomic_fetch_add(
+		    rc == -ETIMEDOUT ? &g_out_stats.hs_timeout : &g_out_stats.hs_failed, 1);
 		sock_free(k, 1);
 		return rc;
 	}

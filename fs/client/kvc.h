@@ -170,6 +170,8 @@ void kvc_get_stats(struct kvc *c, struct kvc_stats *out);
  *   commit      one kvc_commit (ALLOC, encode, CRC, PUTs, COMMIT)
  *   encode      parity of one stripe;  crc  the CRC32Cs of one stripe's chunks
  *   put_send    starting one stripe's PUTs (the sends);  put_wait  waiting for their acks
+ * and kvfs_client_handshake_failures_total / _timeouts_total, the handshakes this process
+ * started (kvp_client_conn_stats; call once per r).
  * Call before sharing c between threads; r must outlive c's use, or detach with r NULL (no
  * thread may be using c then). 0 or a negative errno (nothing is measured then). */
 struct met_reg;

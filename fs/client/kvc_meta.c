@@ -2,6 +2,7 @@
 #define KVFS_LOG_TAG "kvc"
 #include "ktime.h"
 #include "kvc_int.h"
+#include "kvp_conn_metrics.h"
 #include "log.h"
 #include "metrics.h"
 
@@ -39,6 +40,12 @@ static const char *const meta_op_names[] = {
     "abort",  "layout",	 "statfs",  "nodes", "setattr", "touch",  "maint",  "mstatus"};
 #define META_NOPS ((int)(sizeof(meta_op_names) / sizeof(meta_op_names[0])))
 
+static void conn_collect(void *ctx, struct met_out *o)
+{
+	(void)ctx;
+	kvp_client_conn_stats_collect(o, "kvfs_client");
+}
+
 int kvc_set_metrics(struct kvc *c, struct met_reg *r)
 {
 	static const char *const stages[KVC_ST_N] = {"open",   "pread", "stripe_get", "commit",
@@ -48,6 +55,8 @@ int kvc_set_metrics(struct kvc *c, struct met_reg *r)
 	if (!r)
 		return 0;
 	int rc = met_ops_new(r, "kvfs_client_meta", meta_op_names, META_NOPS, &c->meta_ops);
+	if (rc == 0)
+		rc = met_collector_add(r, conn_collect, NULL);
 	for (int i = 0; rc == 0 && i < KVC_ST_N; i++) {
 		const char *lab[] = {"stage", stages[i], NULL};
 		c->stage[i] = met_hist_new(r, "kvfs_client_stage_duration_seconds",

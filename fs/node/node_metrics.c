@@ -87,6 +87,7 @@ static void collect(void *ctx, struct met_out *o)
 		       "Stored chunks found failing their CRC32C on read since start");
 	met_out_sample(o, "kvfs_node_crc_errors_total", NULL, (double)st.crc_errors);
 	kvp_conn_stats_collect(o, "kvfs_node", &m->conn);
+	kvp_client_conn_stats_collect(o, "kvfs_node_client"); /* to meta, to other nodes */
 }
 
 int node_metrics_start(struct node_store *s, const char *listen, const char *addr_file,
