@@ -75,6 +75,14 @@ void kvb_block_hash(const uint8_t *parent, const uint8_t fp[KVB_HASH],
 		    const uint8_t salt_d[KVB_HASH], const int32_t *ids, uint32_t n,
 		    uint8_t out[KVB_HASH])
 {
+	kvb_block_hash_images(parent, fp, salt_d, ids, n, 0, NULL, 0, out);
+}
+
+void kvb_block_hash_images(const uint8_t *parent, const uint8_t fp[KVB_HASH],
+			   const uint8_t salt_d[KVB_HASH], const int32_t *ids, uint32_t n,
+			   uint32_t start, const struct kvb_image *img, int nimg,
+			   uint8_t out[KVB_HASH])
+{
 	static const uint8_t zero[KVB_HASH];
 	uint8_t nb[4], idb[4 * 64];
 	put32(nb, n);
@@ -92,6 +100,22 @@ void kvb_block_hash(const uint8_t *parent, const uint8_t fp[KVB_HASH],
 			put32(idb + 4 * j, (uint32_t)ids[i + j]);
 		EVP_DigestUpdate(c, idb, 4 * m);
 	}
+	/* Each overlapping image: a fixed-length record after the ids, whose count is fixed by
+	 * n, so the input stays unambiguous and an image-free block hashes as before. */
+	uint64_t end = (uint64_t)start + n;
+	for (int k = 0; k < nimg; k++) {
+		uint64_t a = img[k].pos, b = a + img[k].n;
+		if (b <= start || a >= end)
+			continue;
+		uint64_t from = a > start ? a : start, to = b < end ? b : end;
+		uint8_t r[12];
+		put32(r, (uint32_t)(from - start));
+		put32(r + 4, (uint32_t)(from - a));
+		put32(r + 8, (uint32_t)(to - from));
+		EVP_DigestUpdate(c, "kvfs-img-v1", 11);
+		EVP_DigestUpdate(c, r, sizeof(r));
+		EVP_DigestUpdate(c, img[k].hash, KVB_HASH);
+	}
 	unsigned int len = KVB_HASH;
 	EVP_DigestFinal_ex(c, out, &len);
 	EVP_MD_CTX_free(c);
@@ -100,14 +124,28 @@ void kvb_block_hash(const uint8_t *parent, const uint8_t fp[KVB_HASH],
 int kvb_chain(const uint8_t fp[KVB_HASH], const uint8_t salt_d[KVB_HASH], const int32_t *ids,
 	      int n_tokens, int B, uint8_t (*out)[KVB_HASH], int max_out)
 {
-	if (B <= 0 || n_tokens < 0)
+	return kvb_chain_images(fp, salt_d, ids, n_tokens, B, NULL, 0, out, max_out);
+}
+
+int kvb_chain_images(const uint8_t fp[KVB_HASH], const uint8_t salt_d[KVB_HASH], const int32_t *ids,
+		     int n_tokens, int B, const struct kvb_image *img, int nimg,
+		     uint8_t (*out)[KVB_HASH], int max_out)
+{
+	if (B <= 0 || n_tokens < 0 || nimg < 0 || (nimg && !img))
 		return -EINVAL;
+	uint64_t prev_end = 0;
+	for (int k = 0; k < nimg; k++) {
+		uint64_t a = img[k].pos, b = a + img[k].n;
+		if (img[k].n == 0 || b > (uint64_t)n_tokens || a < prev_end)
+			return -EINVAL;
+		prev_end = b;
+	}
 	int n = n_tokens / B;
 	if (n > max_out)
 		n = max_out;
 	for (int i = 0; i < n; i++)
-		kvb_block_hash(i ? out[i - 1] : NULL, fp, salt_d, ids + (size_t)i * B, (uint32_t)B,
-			       out[i]);
+		kvb_block_hash_images(i ? out[i - 1] : NULL, fp, salt_d, ids + (size_t)i * B,
+				      (uint32_t)B, (uint32_t)i * (uint32_t)B, img, nimg, out[i]);
 	return n;
 }
 

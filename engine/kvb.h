@@ -66,6 +66,30 @@ void kvb_block_hash(const uint8_t *parent, const uint8_t fp[KVB_HASH],
 int kvb_chain(const uint8_t fp[KVB_HASH], const uint8_t salt_d[KVB_HASH], const int32_t *ids,
 	      int n_tokens, int B, uint8_t (*out)[KVB_HASH], int max_out);
 
+/* An image in a prompt: tokens [pos, pos + n) are its placeholder tokens (the same ids for
+ * every image), and hash names its pixels (SHA-256 of the decoded RGB, engine/serve/img.h).
+ * The ids alone would let a block after one image be reused for another; the hash makes the
+ * block names differ. */
+struct kvb_image {
+	uint32_t pos, n;
+	uint8_t hash[KVB_HASH];
+};
+
+/* kvb_block_hash of a block whose first token is at prompt position `start`, with the images
+ * overlapping it (docs/kv-block-format.md, "Images"): each adds its hash and the overlap's
+ * place. With no image overlapping the block, the same hash as kvb_block_hash, so text-only
+ * blocks keep their names. img sorted by pos, not overlapping (kvb_chain_images checks). */
+void kvb_block_hash_images(const uint8_t *parent, const uint8_t fp[KVB_HASH],
+			   const uint8_t salt_d[KVB_HASH], const int32_t *ids, uint32_t n,
+			   uint32_t start, const struct kvb_image *img, int nimg,
+			   uint8_t out[KVB_HASH]);
+/* kvb_chain for a prompt with nimg images (nimg 0: the same as kvb_chain). Returns the number
+ * of blocks, or -EINVAL when an image is empty, runs past n_tokens, or is out of order or
+ * overlaps the one before. */
+int kvb_chain_images(const uint8_t fp[KVB_HASH], const uint8_t salt_d[KVB_HASH], const int32_t *ids,
+		     int n_tokens, int B, const struct kvb_image *img, int nimg,
+		     uint8_t (*out)[KVB_HASH], int max_out);
+
 /* Payload bytes of a block of this geometry. */
 uint64_t kvb_payload_bytes(const struct kvb_geom *g);
 

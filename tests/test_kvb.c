@@ -13,6 +13,8 @@
 
 #include "kvb.h"
 
+#include <openssl/evp.h>
+
 static void hex(const uint8_t *b, char *out)
 {
 	kvb_hex(b, KVB_HASH, out);
@@ -104,6 +106,60 @@ static int check(struct fixture *f)
 				KVB_HEADER_SIZE + f->plen, &f->out);
 }
 
+/* Blocks after an image are named by its pixels' hash (vectors from the Python in
+ * docs/kv-block-format.md, "Images"): another image with the same placeholder ids gets other
+ * names from the first block it touches on, and a prompt without images keeps the text-only
+ * names. */
+static void test_image_vectors(void **state)
+{
+	(void)state;
+	uint8_t mfp[32], fp[32], sd[32], h[3][32], t[3][32];
+	char s[65];
+	for (int i = 0; i < 32; i++)
+		mfp[i] = (uint8_t)i;
+	kvb_fingerprint(mfp, &G, fp);
+	kvb_salt_digest("", sd);
+	int32_t ids[12] = {1, 9, 9, 9, 9, 9, 7, 8, 2, 3, 4, 5};
+	struct kvb_image im = {.pos = 1, .n = 5};
+	/* SHA-256("image a") and ("image b"), as the tests' image hashes */
+	static const char *want[2][3] = {
+	    {"86bc7ad7020642823f47311f902dfd37b36a329aaef33ccf6aadcf5b4fc4f357",
+	     "f4af3009b1f04bb9081f7b804f2ef8cfa13c1359af1c8398844fb8e4d762a74e",
+	     "9871e1613521d93327a2eb632f5228065d0d1669a59baad011d95c5ce562e073"},
+	    {"522e633dabc35d26a9452ce9161de512d7a8609db3d4d20b9782ba0bc8db5626",
+	     "8a8198441f83f67f98e8ea9fc0c5a135228b7fb249fdb08ea5e30bedc5ca4558",
+	     "cee4879e7ae31eabd42daced45a1c005e0ab64632bb077983026926b48ac1952"}};
+	static const char *name[2] = {"image a", "image b"};
+	for (int k = 0; k < 2; k++) {
+		EVP_Digest(name[k], strlen(name[k]), im.hash, NULL, EVP_sha256(), NULL);
+		assert_int_equal(kvb_chain_images(fp, sd, ids, 12, 4, &im, 1, h, 3), 3);
+		for (int i = 0; i < 3; i++) {
+			hex(h[i], s);
+			assert_string_equal(s, want[k][i]);
+		}
+	}
+	/* no image: the text-only chain */
+	assert_int_equal(kvb_chain_images(fp, sd, ids, 12, 4, NULL, 0, h, 3), 3);
+	assert_int_equal(kvb_chain(fp, sd, ids, 12, 4, t, 3), 3);
+	assert_memory_equal(h, t, sizeof(h));
+	/* an image only in the last block leaves the first two as text */
+	im.pos = 9;
+	im.n = 2;
+	assert_int_equal(kvb_chain_images(fp, sd, ids, 12, 4, &im, 1, h, 3), 3);
+	assert_memory_equal(h, t, 2 * 32);
+	assert_memory_not_equal(h[2], t[2], 32);
+	/* bad spans */
+	struct kvb_image two[2] = {{.pos = 1, .n = 4}, {.pos = 4, .n = 2}};
+	assert_int_equal(kvb_chain_images(fp, sd, ids, 12, 4, two, 2, h, 3), -EINVAL);
+	two[1].pos = 5;
+	assert_int_equal(kvb_chain_images(fp, sd, ids, 12, 4, two, 2, h, 3), 3);
+	two[1].pos = 11; /* runs past the prompt */
+	assert_int_equal(kvb_chain_images(fp, sd, ids, 12, 4, two, 2, h, 3), -EINVAL);
+	two[1].pos = 6;
+	two[1].n = 0;
+	assert_int_equal(kvb_chain_images(fp, sd, ids, 12, 4, two, 2, h, 3), -EINVAL);
+}
+
 static void test_header_checks(void **state)
 {
 	(void)state;
@@ -180,6 +236,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_vectors),
+	    cmocka_unit_test(test_image_vectors),
 	    cmocka_unit_test(test_header_checks),
 	    cmocka_unit_test(test_write_rejects),
 	};
