@@ -41,8 +41,7 @@ struct kve_header {
 void kve_key(const uint8_t tower_fp[KVB_HASH], const uint8_t salt_d[KVB_HASH],
 	     const uint8_t img[KVB_HASH], uint8_t out[KVB_HASH]);
 /* "<tower_fp hex>/<2 hex>/<key hex>.kve" relative to the kv dir. cap >= 140; -ENAMETOOLONG. */
-int kve_path(const uint8_t tower_fp[KVB_HASH], const uint8_t key[KVB_HASH], char *out,
-	     size_t cap);
+int kve_path(const uint8_t tower_fp[KVB_HASH], const uint8_t key[KVB_HASH], char *out, size_t cap);
 
 /* Fills a header from h (payload_bytes and payload_crc as given). -EINVAL for bad sizes. */
 int kve_header_write(const struct kve_header *h, uint8_t out[KVE_HEADER_SIZE]);

@@ -200,6 +200,14 @@ static int pick_chash(struct lbp_set *s, const struct lbp_req *q, const unsigned
 	return own >= 0 ? own : pick_cost(s, skip, -1, -1, 0, 0);
 }
 
+int lbp_pick_encode(struct lbp_set *s, uint64_t img_key, int cost, const unsigned char *skip)
+{
+	if (s->n <= 0)
+		return -1;
+	const struct lbp_req q = {.key = img_key, .est_tokens = cost};
+	return pick_chash(s, &q, skip);
+}
+
 int lbp_pick_prefill(enum lb_policy p, struct lbp_set *s, const struct lbp_req *q,
 		     const struct lbp_index *ix, const unsigned char *skip)
 {

@@ -110,4 +110,11 @@ int lbp_pick_prefill(enum lb_policy p, struct lbp_set *s, const struct lbp_req *
 int lbp_pick_decode(enum lb_policy p, struct lbp_set *s, const struct lbp_req *q,
 		    const unsigned char *skip);
 
+/* The encoder stage (vision tower workers, issue 26): image-hash affinity under a load bound.
+ * The rendezvous owner of img_key, so a repeated image meets the replica that encoded it (and
+ * its in-flight twin), unless its queued + in-flight image tokens exceed (1 + LBP_CHASH_EPS) x
+ * the mean + cost; then the next owner under that bound, else the least loaded. Distinct
+ * images spread as evenly as the hash does. cost: the image's tokens. */
+int lbp_pick_encode(struct lbp_set *s, uint64_t img_key, int cost, const unsigned char *skip);
+
 #endif
