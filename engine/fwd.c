@@ -472,7 +472,7 @@ static void rope_apply(const struct kvi_engine *e, float *v, const float *cs)
 /* Runs e->pos/e->bseq tokens toks[0..ntok) (blocks reserved), then writes logits for the nsel
  * batch rows sel[] to out (nsel rows of n_vocab). */
 static void forward(struct kvi_engine *e, const int32_t *toks, int ntok, const int *sel, int nsel,
-		    float *out)
+		    float *out, const struct kvi_inject *inj, int ninj, int off)
 {
 	const struct kvi_config *c = &e->c;
 	const struct kvi_model *m = e->m;
@@ -483,6 +483,12 @@ static void forward(struct kvi_engine *e, const int32_t *toks, int ntok, const i
 	for (size_t t = 0; t < T; t++) {
 		kvk_row_to_f32((enum kvk_wtype)m->tok_embd.type, m->tok_embd.data, E,
 			       (size_t)toks[t], e->x + t * E);
+		for (int k = 0; k < ninj; k++) {
+			long r = (long)off + (long)t - inj[k].pos;
+			if (r >= 0 && r < inj[k].n)
+				memcpy(e->x + t * E, inj[k].rows + (size_t)r * E,
+				       E * sizeof(float));
+		}
 		float *cs = e->rope_cs + t * (size_t)half * 2;
 		for (int i = 0; i < half; i++) {
 			double a = (double)e->pos[t] * e->inv_freq[i];
@@ -583,10 +589,30 @@ int kvi_engine_check_decode(const struct kvi_kv *kv, int n_vocab, int max_ctx,
 	return 0;
 }
 
+int kvi_engine_check_inject(const struct kvi_inject *inject, int ninject, int n)
+{
+	if (ninject < 0 || (ninject && !inject))
+		return -EINVAL;
+	for (int k = 0; k < ninject; k++)
+		if (inject[k].pos < 0 || inject[k].n < 1 || !inject[k].rows ||
+		    (long)inject[k].pos + inject[k].n > n)
+			return -EINVAL;
+	return 0;
+}
+
 int kvi_engine_prefill(struct kvi_engine *e, struct kvi_seq *seq, const int32_t *tokens, int n,
 		       float *logits_last)
 {
+	return kvi_engine_prefill_inject(e, seq, tokens, n, NULL, 0, logits_last);
+}
+
+int kvi_engine_prefill_inject(struct kvi_engine *e, struct kvi_seq *seq, const int32_t *tokens,
+			      int n, const struct kvi_inject *inject, int ninject,
+			      float *logits_last)
+{
 	int rc = kvi_engine_check_prefill(e->kv, e->c.n_vocab, e->o.max_ctx, seq, tokens, n);
+	if (!rc)
+		rc = kvi_engine_check_inject(inject, ninject, n);
 	if (rc)
 		return rc;
 	for (int off = 0; off < n; off += e->o.max_batch_tokens) {
@@ -600,7 +626,8 @@ int kvi_engine_prefill(struct kvi_engine *e, struct kvi_seq *seq, const int32_t 
 			e->bseq[i] = seq;
 		}
 		int want = off + cnt == n && logits_last;
-		forward(e, tokens + off, cnt, e->rows + cnt - 1, want, logits_last);
+		forward(e, tokens + off, cnt, e->rows + cnt - 1, want, logits_last, inject, ninject,
+			off);
 		kvi_seq_advance(seq, cnt);
 	}
 	return 0;
@@ -622,7 +649,7 @@ int kvi_engine_decode(struct kvi_engine *e, struct kvi_seq *const *seqs, const i
 			e->bseq[i] = seqs[off + i];
 		}
 		forward(e, tokens + off, cnt, e->rows, logits ? cnt : 0,
-			logits ? logits + (size_t)off * e->c.n_vocab : NULL);
+			logits ? logits + (size_t)off * e->c.n_vocab : NULL, NULL, 0, 0);
 		for (int i = 0; i < cnt; i++)
 			kvi_seq_advance(seqs[off + i], 1);
 	}

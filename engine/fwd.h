@@ -69,6 +69,23 @@ const char *kvi_engine_isa(const struct kvi_engine *e);
 int kvi_engine_prefill(struct kvi_engine *e, struct kvi_seq *seq, const int32_t *tokens, int n,
 		       float *logits_last);
 
+/* Input embeddings that replace the token embedding at some prompt positions: an image's
+ * vision-tower output at its placeholder tokens (issue 26). Positions [pos, pos + n) are
+ * relative to the tokens of the prefill call; rows holds n rows of n_embd floats. */
+struct kvi_inject {
+	int pos, n;
+	const float *rows;
+};
+
+/* kvi_engine_prefill with inject[0..ninject) replacing the token embeddings at their positions
+ * (the token ids there still name the KV blocks and must be valid). ninject 0: the same as
+ * kvi_engine_prefill. -EINVAL also for a span that is empty, has no rows or leaves [0, n). */
+int kvi_engine_prefill_inject(struct kvi_engine *e, struct kvi_seq *seq, const int32_t *tokens,
+			      int n, const struct kvi_inject *inject, int ninject,
+			      float *logits_last);
+/* The span checks of kvi_engine_prefill_inject alone (shared with fwd_dev.h): 0 or -EINVAL. */
+int kvi_engine_check_inject(const struct kvi_inject *inject, int ninject, int n);
+
 /* One token for each of nseq distinct sequences, in batches of up to max_batch_tokens;
  * logits (may be NULL) receives nseq rows of n_vocab. Same errors as prefill; on error no
  * sequence has advanced in the failing batch. */

@@ -465,7 +465,7 @@ static int matmul(struct kvi_dev_engine *e, float *y, const struct dw *w, const 
  * prefill: one sequence, queries at q_start.., table row 0; else one token per sequence.
  * Logits of rows sel0 .. sel0 + nsel - 1 go to out (host). */
 static int forward(struct kvi_dev_engine *e, int ntok, int prefill, int q_start, int sel0, int nsel,
-		   float *out)
+		   float *out, const struct kvi_inject *inj, int ninj, int off)
 {
 	const struct kvk_dev_ops *op = e->d.op;
 	struct kvk_dev *d = &e->d;
@@ -479,6 +479,15 @@ static int forward(struct kvi_dev_engine *e, int ntok, int prefill, int q_start,
 	const int32_t *tables = META_TABLES(e, e->meta);
 
 	CK(op->embed(d, e->x, e->embd.p, e->embd.dt, (size_t)c->n_vocab, E, ids, T));
+	for (int k = 0; k < ninj; k++) { /* each span's part in this pass, one upload */
+		long a = inj[k].pos - (long)off, b = a + inj[k].n;
+		a = a < 0 ? 0 : a;
+		b = b > ntok ? ntok : b;
+		if (a < b)
+			CK(op->h2d(d, e->x + (size_t)a * E,
+				   inj[k].rows + (size_t)(a + off - inj[k].pos) * E,
+				   (size_t)(b - a) * E * sizeof(float)));
+	}
 	for (int l = 0; l < c->n_layer; l++) {
 		const struct dlayer *L = &e->L[l];
 		int conv = -1;
@@ -554,9 +563,18 @@ static int fail_dev(struct kvi_dev_engine *e, int rc)
 int kvi_dev_engine_prefill(struct kvi_dev_engine *e, struct kvi_seq *seq, const int32_t *tokens,
 			   int n, float *logits_last)
 {
+	return kvi_dev_engine_prefill_inject(e, seq, tokens, n, NULL, 0, logits_last);
+}
+
+int kvi_dev_engine_prefill_inject(struct kvi_dev_engine *e, struct kvi_seq *seq,
+				  const int32_t *tokens, int n, const struct kvi_inject *inject,
+				  int ninject, float *logits_last)
+{
 	if (e->broken)
 		return -EIO;
 	int rc = kvi_engine_check_prefill(e->kv, e->c.n_vocab, e->o.max_ctx, seq, tokens, n);
+	if (!rc)
+		rc = kvi_engine_check_inject(inject, ninject, n);
 	if (rc)
 		return rc;
 	int B = e->o.block_tokens;
@@ -577,7 +595,8 @@ int kvi_dev_engine_prefill(struct kvi_dev_engine *e, struct kvi_seq *seq, const 
 		memcpy(META_TABLES(e, e->hmeta), bl, (size_t)nb * sizeof(int32_t));
 		int want = off + cnt == n && logits_last;
 		if ((rc = send_meta(e, (size_t)nb)) ||
-		    (rc = forward(e, cnt, 1, len, cnt - 1, want, logits_last)))
+		    (rc =
+			 forward(e, cnt, 1, len, cnt - 1, want, logits_last, inject, ninject, off)))
 			return fail_dev(e, rc);
 		kvi_seq_advance(seq, cnt);
 	}
@@ -612,7 +631,7 @@ int kvi_dev_engine_decode(struct kvi_dev_engine *e, struct kvi_seq *const *seqs,
 		}
 		if ((rc = send_meta(e, (size_t)cnt * MB)) ||
 		    (rc = forward(e, cnt, 0, 0, 0, logits ? cnt : 0,
-				  logits ? logits + (size_t)off * e->c.n_vocab : NULL)))
+				  logits ? logits + (size_t)off * e->c.n_vocab : NULL, NULL, 0, 0)))
 			return fail_dev(e, rc);
 		for (int i = 0; i < cnt; i++)
 			kvi_seq_advance(seqs[off + i], 1);

@@ -66,6 +66,11 @@ size_t kvi_dev_engine_device_bytes(const struct kvi_dev_engine *e);
  * error (logged). After -EIO the engine refuses further work with -EIO. */
 int kvi_dev_engine_prefill(struct kvi_dev_engine *e, struct kvi_seq *seq, const int32_t *tokens,
 			   int n, float *logits_last);
+/* kvi_engine_prefill_inject's contract (fwd.h): the rows are uploaded over the token
+ * embeddings of their positions, pass by pass. */
+int kvi_dev_engine_prefill_inject(struct kvi_dev_engine *e, struct kvi_seq *seq,
+				  const int32_t *tokens, int n, const struct kvi_inject *inject,
+				  int ninject, float *logits_last);
 int kvi_dev_engine_decode(struct kvi_dev_engine *e, struct kvi_seq *const *seqs,
 			  const int32_t *tokens, int nseq, float *logits);
 

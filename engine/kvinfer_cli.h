@@ -53,6 +53,11 @@ void kvinfer_eng_destroy(struct kvinfer_eng *e);
 struct kvi_kv *kvinfer_eng_kv(struct kvinfer_eng *e);
 int kvinfer_eng_prefill(struct kvinfer_eng *e, struct kvi_seq *seq, const int32_t *tokens, int n,
 			float *logits_last);
+struct kvi_inject;
+/* With image embeddings at their placeholder positions (fwd.h, kvi_engine_prefill_inject). */
+int kvinfer_eng_prefill_inject(struct kvinfer_eng *e, struct kvi_seq *seq, const int32_t *tokens,
+			       int n, const struct kvi_inject *inject, int ninject,
+			       float *logits_last);
 int kvinfer_eng_decode(struct kvinfer_eng *e, struct kvi_seq *const *seqs, const int32_t *tokens,
 		       int nseq, float *logits);
 

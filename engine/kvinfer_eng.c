@@ -102,6 +102,16 @@ int kvinfer_eng_prefill(struct kvinfer_eng *e, struct kvi_seq *seq, const int32_
 		      : kvi_engine_prefill(e->cpu, seq, tokens, n, logits_last);
 }
 
+int kvinfer_eng_prefill_inject(struct kvinfer_eng *e, struct kvi_seq *seq, const int32_t *tokens,
+			       int n, const struct kvi_inject *inject, int ninject,
+			       float *logits_last)
+{
+	return e->dev ? kvi_dev_engine_prefill_inject(e->dev, seq, tokens, n, inject, ninject,
+						      logits_last)
+		      : kvi_engine_prefill_inject(e->cpu, seq, tokens, n, inject, ninject,
+						  logits_last);
+}
+
 int kvinfer_eng_decode(struct kvinfer_eng *e, struct kvi_seq *const *seqs, const int32_t *tokens,
 		       int nseq, float *logits)
 {
