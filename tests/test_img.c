@@ -87,9 +87,10 @@ static struct mbuf enc_png_rgb(uint32_t w, uint32_t h, const uint8_t *rgb)
 	return enc_png(w, h, PNG_COLOR_TYPE_RGB, 8, rgb, (size_t)w * 3, 0, NULL, 0, NULL, 0);
 }
 
-/* A JPEG with libjpeg: comps 1 (gray), 3 (RGB) or 4 (CMYK, written as Adobe does). */
-static struct mbuf enc_jpeg(uint32_t w, uint32_t h, int comps, const uint8_t *px, int quality,
-			    int progressive)
+/* A JPEG with libjpeg: comps 1 (gray), 3 (RGB) or 4 (CMYK; adobe: with libjpeg's Adobe
+ * marker, which it writes for CMYK by default). */
+static struct mbuf enc_jpeg_opt(uint32_t w, uint32_t h, int comps, const uint8_t *px, int quality,
+				int progressive, int adobe)
 {
 	struct jpeg_compress_struct c;
 	struct jpeg_error_mgr je;
@@ -106,6 +107,8 @@ static struct mbuf enc_jpeg(uint32_t w, uint32_t h, int comps, const uint8_t *px
 	jpeg_set_quality(&c, quality, TRUE);
 	if (progressive)
 		jpeg_simple_progression(&c);
+	if (!adobe)
+		c.write_Adobe_marker = FALSE;
 	jpeg_start_compress(&c, TRUE);
 	while (c.next_scanline < h) {
 		JSAMPROW r = (JSAMPROW)px + (size_t)c.next_scanline * w * comps;
@@ -117,6 +120,12 @@ static struct mbuf enc_jpeg(uint32_t w, uint32_t h, int comps, const uint8_t *px
 	mbuf_put(&b, out, n);
 	free(out);
 	return b;
+}
+
+static struct mbuf enc_jpeg(uint32_t w, uint32_t h, int comps, const uint8_t *px, int quality,
+			    int progressive)
+{
+	return enc_jpeg_opt(w, h, comps, px, quality, progressive, 1);
 }
 
 static struct mbuf enc_webp(uint32_t w, uint32_t h, const uint8_t *rgb, int lossless)
@@ -319,6 +328,24 @@ static void test_jpeg(void **state)
 	assert_int_equal(img_decode(b.p, b.n, NULL, &im, err, sizeof(err)), 0);
 	for (int i = 1; i < 16 * 8; i++)
 		assert_memory_equal(im.rgb + 3 * i, im.rgb, 3);
+	assert_true(im.rgb[0] > 240 && im.rgb[1] < 15 && im.rgb[2] < 15);
+	img_free(&im);
+	free(b.p);
+	/* the same inks without the Adobe marker are read as plain (255 = full ink): black */
+	b = enc_jpeg_opt(16, 8, 4, cmyk, 100, 0, 0);
+	assert_int_equal(img_decode(b.p, b.n, NULL, &im, err, sizeof(err)), 0);
+	assert_true(im.rgb[0] < 15 && im.rgb[1] < 15 && im.rgb[2] < 15);
+	img_free(&im);
+	free(b.p);
+	/* and C=0 M=255 Y=255 K=0 plain: red */
+	for (int i = 0; i < 16 * 8; i++) {
+		cmyk[4 * i] = 0;
+		cmyk[4 * i + 1] = 255;
+		cmyk[4 * i + 2] = 255;
+		cmyk[4 * i + 3] = 0;
+	}
+	b = enc_jpeg_opt(16, 8, 4, cmyk, 100, 0, 0);
+	assert_int_equal(img_decode(b.p, b.n, NULL, &im, err, sizeof(err)), 0);
 	assert_true(im.rgb[0] > 240 && im.rgb[1] < 15 && im.rgb[2] < 15);
 	img_free(&im);
 	free(b.p);
@@ -707,6 +734,15 @@ static void test_resize(void **state)
 	p.std[1] = 1;
 	p.size = 0;
 	assert_int_equal(img_preprocess(&im, &p, out), -EINVAL);
+	/* CLIP's 224 from 1024 × 768: the cost the tower's input adds (docs/benchmarks.md) */
+	uint8_t *b1k = pattern(1024, 768, 8);
+	struct img_image im1k = {.w = 1024, .h = 768, .rgb = b1k};
+	float *o1k = malloc(3 * 224 * 224 * sizeof(float));
+	double t0 = now_s();
+	assert_int_equal(img_preprocess(&im1k, &img_prep_clip224, o1k), 0);
+	printf("preprocess: 1024x768 -> 224x224 CHW in %.1f ms\n", (now_s() - t0) * 1e3);
+	free(o1k);
+	free(b1k);
 	/* CLIP's 224 on a larger image runs */
 	float *o224 = malloc(3 * 224 * 224 * sizeof(float));
 	uint8_t *b300 = pattern(300, 200, 4);
