@@ -817,6 +817,19 @@ static void test_oai_images(void **state)
 	    oai_parse_request(body, strlen(body), 1, &one, &r, err, sizeof(err), &param), -EINVAL);
 	assert_non_null(strstr(err, "too many images"));
 	free(body);
+	/* the two 4 × 4 images together past a 20-pixel total: the second is refused */
+	struct oai_limits tot = olim;
+	tot.max_image_pixels_total = 20;
+	body = chat_body(ua, ub);
+	assert_int_equal(
+	    oai_parse_request(body, strlen(body), 1, &tot, &r, err, sizeof(err), &param), -EINVAL);
+	assert_non_null(strstr(err, "messages[0], image 1: WebP image is 4x4, past the 4-pixel"));
+	assert_non_null(strstr(err, "together"));
+	tot.max_image_pixels_total = 32;
+	assert_int_equal(
+	    oai_parse_request(body, strlen(body), 1, &tot, &r, err, sizeof(err), &param), 0);
+	oai_request_free(&r);
+	free(body);
 	/* bad parts: an unknown type, image_url without url, text without text */
 	static const char *const badp[] = {
 	    "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_audio\"}]}]}",

@@ -38,7 +38,7 @@ struct gwm_cfg {
 	char tls_cert[CFG_STR_MAX], tls_key[CFG_STR_MAX];
 	int64_t max_conns, max_conns_per_address;
 	uint64_t max_body, image_max_bytes;
-	int64_t max_images, image_max_side, image_max_pixels;
+	int64_t max_images, image_max_side, image_max_pixels, image_max_total_pixels;
 	int image_fetch;
 };
 
@@ -87,6 +87,8 @@ static const struct cfg_opt gwm_opts[] = {
      "largest image width or height, from its header"},
     {"image-max-pixels", CFG_INT, GOFF(image_max_pixels), 1, 1LL << 32, "16777216",
      "largest image width x height, from its header (decompression bombs)"},
+    {"image-max-total-pixels", CFG_INT, GOFF(image_max_total_pixels), 1, 1LL << 36, "33554432",
+     "largest width x height of all images of one request together"},
     {"image-fetch", CFG_BOOL, GOFF(image_fetch), 0, 0, "false",
      "let http(s) image URLs through the URL check (fetching is not implemented)"},
     CFG_END,
@@ -150,6 +152,7 @@ int kvinfer_cmd_gateway(int argc, char **argv)
 	go.max_conns_per_address = (unsigned)c.max_conns_per_address;
 	go.max_body = (size_t)c.max_body;
 	go.limits.max_images = (int)c.max_images;
+	go.limits.max_image_pixels_total = (uint64_t)c.image_max_total_pixels;
 	struct img_limits il = {.max_bytes = (size_t)c.image_max_bytes,
 				.max_width = (uint32_t)c.image_max_side,
 				.max_height = (uint32_t)c.image_max_side,

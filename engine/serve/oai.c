@@ -234,20 +234,34 @@ static int parse_content(const cJSON *c, int mi, struct oai_message *m, const ch
 static int decode_images(const struct oai_limits *lim, struct oai_request *r,
 			 const char *const *urls, const struct perr *e)
 {
+	struct img_limits il;
+	img_limits_resolve(lim->img, &il);
+	/* all the images of one request together: each is checked from its header against what
+	 * is left, so a request of many bombs that each pass alone costs only their headers */
+	uint64_t total =
+	    lim->max_image_pixels_total ? lim->max_image_pixels_total : 2 * il.max_pixels;
 	int k = 0;
 	for (int mi = 0; mi < r->n_messages; mi++)
 		for (int i = 0; i < r->messages[mi].n_images; i++, k++) {
+			struct img_limits one = il;
+			int by_total = total < il.max_pixels;
+			if (by_total)
+				one.max_pixels = total ? total : 1;
 			char msg[200];
-			int rc = img_from_url(urls[k], strlen(urls[k]), lim->img,
-					      &r->messages[mi].images[i].img, msg, sizeof(msg));
+			struct img_image *im = &r->messages[mi].images[i].img;
+			int rc = img_from_url(urls[k], strlen(urls[k]), &one, im, msg, sizeof(msg));
 			if (rc == -ENOMEM)
 				return rc;
 			if (rc) {
-				char full[260];
-				snprintf(full, sizeof(full), "messages[%d], image %d: %s", mi, i,
-					 msg);
+				char full[300];
+				snprintf(full, sizeof(full), "messages[%d], image %d: %s%s", mi, i,
+					 msg,
+					 rc == -E2BIG && by_total
+					     ? " (what the request's images may have together)"
+					     : "");
 				return bad(e, "messages", -EINVAL, "%s", full);
 			}
+			total -= (uint64_t)im->w * im->h;
 		}
 	return 0;
 }

@@ -100,6 +100,8 @@ struct oai_limits {
 	 * each within *img (NULL = img.h's defaults; not owned). */
 	int max_images;
 	const struct img_limits *img;
+	/* width × height of all a request's images together; 0 = twice img's max_pixels */
+	uint64_t max_image_pixels_total;
 };
 
 /* Parses body (len bytes, need not be NUL-terminated). On success fills *out (free with
