@@ -56,6 +56,7 @@ struct gw {
 	int n_models;
 	int64_t created; /* /v1/models' "created": when the gateway started */
 	struct oai_limits lim;
+	struct img_limits img; /* lim.img points here */
 	struct gw_backend be;
 	struct MHD_Daemon *d;
 	struct gw_net *net;	  /* connection limits */
@@ -948,6 +949,12 @@ static enum MHD_Result generate(struct gw *g, struct MHD_Connection *c, int chat
 		return send_error(g, c, 400, err, "invalid_request_error", param,
 				  rc == -E2BIG ? "context_length_exceeded" : NULL);
 	}
+	if (!g->o.vision && oai_count_images(&j->req) > 0) {
+		oai_request_free(&j->req);
+		free(j);
+		return send_error(g, c, 400, "model has no vision encoder (start with --mmproj)",
+				  "invalid_request_error", "messages", "model_not_multimodal");
+	}
 	const char *model = model_find(g, j->req.model);
 	if (!model) {
 		enum MHD_Result ret = send_model_not_found(g, c, j->req.model);
@@ -1300,6 +1307,10 @@ int gw_start(const struct gw_opts *o, const struct gw_backend *be, struct gw **o
 		g->lim.default_max_tokens = 16;
 	if (!g->lim.max_messages)
 		g->lim.max_messages = 64;
+	if (!g->lim.max_images)
+		g->lim.max_images = OAI_DEF_MAX_IMAGES;
+	img_limits_resolve(o->limits.img, &g->img);
+	g->lim.img = &g->img;
 	g->be = *be;
 	atomic_init(&g->next_id, 1);
 	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(o->port)};

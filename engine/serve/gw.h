@@ -112,7 +112,13 @@ struct gw_opts {
 	const char *model_id;
 	const char *chat_template; /* "chatml", "llama3", "plain" (default) */
 	size_t max_body;	   /* default 1 MiB */
-	struct oai_limits limits;  /* zeros = defaults (64 KiB prompt, 4096 tokens, 16, 64) */
+	/* zeros = defaults (64 KiB prompt, 4096 tokens, 16, 64, 8 images); limits.img (NULL =
+	 * img.h's defaults) is copied by gw_start */
+	struct oai_limits limits;
+	/* 1: the backend takes images (a vision encoder is loaded). 0: a request with an image is
+	 * decoded and checked (a bad one is a 400 naming its problem), then refused with a 400
+	 * "model has no vision encoder (start with --mmproj)". */
+	int vision;
 	/* API keys and tenant salts (gw_auth.h): every /v1 route needs a key the set knows (401
 	 * otherwise) and a request's salt is derived from its tenant. NULL: no keys, the
 	 * client's salt as sent (tests of the HTTP side only; the daemons always pass one). Not

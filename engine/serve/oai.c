@@ -131,41 +131,6 @@ static int opt_bool(const cJSON *o, const char *name, int *out)
 	return 0;
 }
 
-/* A message's content: a string, or an array of {"type":"text","text":...} parts. */
-static int content_text(const cJSON *c, char **out)
-{
-	if (cJSON_IsString(c)) {
-		*out = dup_str(c->valuestring);
-		return *out ? 0 : -ENOMEM;
-	}
-	if (!cJSON_IsArray(c))
-		return -EINVAL;
-	size_t total = 0;
-	const cJSON *part;
-	cJSON_ArrayForEach(part, c)
-	{
-		const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "text");
-		const cJSON *ty = cJSON_GetObjectItemCaseSensitive(part, "type");
-		if (!cJSON_IsObject(part) || !cJSON_IsString(t) ||
-		    (ty && (!cJSON_IsString(ty) || strcmp(ty->valuestring, "text") != 0)))
-			return -EINVAL;
-		total += strlen(t->valuestring);
-	}
-	char *s = malloc(total + 1), *p = s;
-	if (!s)
-		return -ENOMEM;
-	cJSON_ArrayForEach(part, c)
-	{
-		const char *t = cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring;
-		size_t n = strlen(t);
-		memcpy(p, t, n);
-		p += n;
-	}
-	*p = 0;
-	*out = s;
-	return 0;
-}
-
 /* Where a parser reports a failure: the message buffer and the parameter it names. */
 struct perr {
 	char *err;
@@ -188,9 +153,130 @@ static int bad_range(const struct perr *e, const char *p)
 	return bad(e, p, -EINVAL, "'%s' is out of range", p);
 }
 
+/* A message's content: a string, or an array of parts: {"type":"text","text":...} (type may
+ * be left out) and {"type":"image_url","image_url":{"url":...,"detail":...}}. The texts are
+ * concatenated into *out; each image's URL is kept in img_urls[] (the cJSON strings, valid
+ * while the tree is) for decode_images, its offset set. mi: the message's index. */
+static int parse_content(const cJSON *c, int mi, struct oai_message *m, const char **img_urls,
+			 int *n_urls, int max_images, const struct perr *e)
+{
+	static const char *const p = "messages";
+	if (cJSON_IsString(c)) {
+		m->content = dup_str(c->valuestring);
+		return m->content ? 0 : -ENOMEM;
+	}
+	if (!cJSON_IsArray(c))
+		return bad(e, p, -EINVAL,
+			   "each message needs a 'content' string or array of parts%s", NULL);
+	size_t total = 0;
+	int n_img = 0, pi = 0;
+	const cJSON *part;
+	char where[48];
+	cJSON_ArrayForEach(part, c)
+	{
+		snprintf(where, sizeof(where), "messages[%d].content[%d]", mi, pi++);
+		const cJSON *ty = cJSON_GetObjectItemCaseSensitive(part, "type");
+		if (!cJSON_IsObject(part) || (ty && !cJSON_IsString(ty)))
+			return bad(e, p, -EINVAL, "%s must be an object with a string 'type'",
+				   where);
+		if (ty && !strcmp(ty->valuestring, "image_url")) {
+			const cJSON *iu = cJSON_GetObjectItemCaseSensitive(part, "image_url");
+			const cJSON *url = cJSON_GetObjectItemCaseSensitive(iu, "url");
+			const cJSON *det = cJSON_GetObjectItemCaseSensitive(iu, "detail");
+			if (!cJSON_IsObject(iu) || !cJSON_IsString(url) ||
+			    (det && !cJSON_IsNull(det) && !cJSON_IsString(det)))
+				return bad(
+				    e, p, -EINVAL,
+				    "%s: an image_url part needs 'image_url': {'url': string}",
+				    where);
+			if (*n_urls >= max_images)
+				return bad(e, p, -EINVAL, "%s: too many images in one request",
+					   where);
+			img_urls[(*n_urls)++] = url->valuestring;
+			n_img++;
+			continue;
+		}
+		const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "text");
+		if ((ty && strcmp(ty->valuestring, "text") != 0))
+			return bad(
+			    e, p, -EINVAL,
+			    "%s: part type must be 'text' or 'image_url' (input_audio, file, "
+			    "... are not supported)",
+			    where);
+		if (!cJSON_IsString(t))
+			return bad(e, p, -EINVAL, "%s: a text part needs a 'text' string", where);
+		total += strlen(t->valuestring);
+	}
+	char *s = malloc(total + 1), *w = s;
+	if (!s || (n_img && !(m->images = calloc((size_t)n_img, sizeof(*m->images))))) {
+		free(s);
+		return -ENOMEM;
+	}
+	m->content = s;
+	cJSON_ArrayForEach(part, c)
+	{
+		const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "text");
+		const cJSON *ty = cJSON_GetObjectItemCaseSensitive(part, "type");
+		if (ty && !strcmp(ty->valuestring, "image_url")) {
+			m->images[m->n_images++].offset = (size_t)(w - s);
+			continue;
+		}
+		size_t n = strlen(t->valuestring);
+		memcpy(w, t->valuestring, n);
+		w += n;
+	}
+	*w = 0;
+	return 0;
+}
+
+/* Decodes every image part, in order, once the rest of the request is known to be good (a
+ * request refused for its temperature costs no decoding). */
+static int decode_images(const struct oai_limits *lim, struct oai_request *r,
+			 const char *const *urls, const struct perr *e)
+{
+	struct img_limits il;
+	img_limits_resolve(lim->img, &il);
+	/* all the images of one request together: each is checked from its header against what
+	 * is left, so a request of many bombs that each pass alone costs only their headers */
+	uint64_t total =
+	    lim->max_image_pixels_total ? lim->max_image_pixels_total : 2 * il.max_pixels;
+	int k = 0;
+	for (int mi = 0; mi < r->n_messages; mi++)
+		for (int i = 0; i < r->messages[mi].n_images; i++, k++) {
+			struct img_limits one = il;
+			int by_total = total < il.max_pixels;
+			if (by_total)
+				one.max_pixels = total ? total : 1;
+			char msg[200];
+			struct img_image *im = &r->messages[mi].images[i].img;
+			int rc = img_from_url(urls[k], strlen(urls[k]), &one, im, msg, sizeof(msg));
+			if (rc == -ENOMEM)
+				return rc;
+			if (rc) {
+				char full[300];
+				snprintf(full, sizeof(full), "messages[%d], image %d: %s%s", mi, i,
+					 msg,
+					 rc == -E2BIG && by_total
+					     ? " (what the request's images may have together)"
+					     : "");
+				return bad(e, "messages", -EINVAL, "%s", full);
+			}
+			total -= (uint64_t)im->w * im->h;
+		}
+	return 0;
+}
+
+int oai_count_images(const struct oai_request *r)
+{
+	int n = 0;
+	for (int i = 0; i < r->n_messages; i++)
+		n += r->messages[i].n_images;
+	return n;
+}
+
 /* Chat: "messages", a non-empty array of {role, content}; their text length into *bytes. */
 static int parse_messages(const cJSON *o, const struct oai_limits *lim, struct oai_request *r,
-			  size_t *bytes, const struct perr *e)
+			  size_t *bytes, const char **urls, int *n_urls, const struct perr *e)
 {
 	static const char *const p = "messages";
 	const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(o, p);
@@ -215,9 +301,15 @@ static int parse_messages(const cJSON *o, const struct oai_limits *lim, struct o
 			return bad(e, p, -EINVAL,
 				   "each message needs a 'role' of system, user or assistant%s",
 				   NULL);
-		dst->role = dup_str(role->valuestring);
-		if (!dst->role || !content || content_text(content, &dst->content))
+		if (!(dst->role = dup_str(role->valuestring)))
+			return -ENOMEM;
+		if (!content)
 			return bad(e, p, -EINVAL, "each message needs a 'content' string%s", NULL);
+		int max_img = lim->max_images > 0 ? lim->max_images : OAI_DEF_MAX_IMAGES;
+		int rc = parse_content(content, r->n_messages - 1, dst, urls, n_urls,
+				       max_img < OAI_MAX_IMAGES ? max_img : OAI_MAX_IMAGES, e);
+		if (rc)
+			return rc;
 		*bytes += strlen(dst->content);
 	}
 	return 0;
@@ -551,7 +643,10 @@ static int parse_object(const cJSON *o, int chat, const struct oai_limits *lim,
 	if (opt_string(o, "model", &r->model))
 		return bad_type(e, "model");
 	size_t bytes = 0;
-	int rc = chat ? parse_messages(o, lim, r, &bytes, e) : parse_prompt(o, r, &bytes, e);
+	const char *urls[OAI_MAX_IMAGES];
+	int n_urls = 0;
+	int rc = chat ? parse_messages(o, lim, r, &bytes, urls, &n_urls, e)
+		      : parse_prompt(o, r, &bytes, e);
 	if (rc)
 		return rc;
 	if (bytes > lim->max_prompt_bytes)
@@ -569,9 +664,10 @@ static int parse_object(const cJSON *o, int chat, const struct oai_limits *lim,
 	if ((rc = parse_stop(o, r, e)))
 		return rc;
 	if ((rc = parse_refused(o, e)) || (rc = parse_logit_bias(o, r, e)) ||
-	    (rc = parse_logprobs(o, r, e)) || (rc = check_choices(r, e)))
+	    (rc = parse_logprobs(o, r, e)) || (rc = check_choices(r, e)) ||
+	    (rc = parse_salt(o, r, e)))
 		return rc;
-	return parse_salt(o, r, e);
+	return n_urls ? decode_images(lim, r, urls, e) : 0;
 }
 
 static int cmp_key(const void *a, const void *b)
@@ -672,6 +768,9 @@ void oai_request_free(struct oai_request *r)
 	for (int i = 0; i < r->n_messages; i++) {
 		free(r->messages[i].role);
 		free(r->messages[i].content);
+		for (int k = 0; k < r->messages[i].n_images; k++)
+			img_free(&r->messages[i].images[k].img);
+		free(r->messages[i].images);
 	}
 	free(r->messages);
 	for (int i = 0; i < r->n_stop; i++)

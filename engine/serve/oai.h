@@ -14,6 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "img.h"
+
 #define OAI_MAX_STOP 4
 /* Most logit_bias entries (KVI_SAMPLE_MAX_BIAS). */
 #define OAI_MAX_BIAS 64
@@ -21,9 +23,23 @@
  * (KVW_SALT_MAX with its NUL). */
 #define OAI_MAX_SALT 255
 
+/* An image_url content part, decoded (PNG, JPEG or WebP from a data URL; img.h). */
+struct oai_image {
+	size_t offset;	      /* where it sits in its message's content: the text bytes before it */
+	struct img_image img; /* RGB8 pixels and their hash; freed by oai_request_free */
+};
+
+/* Most images in one request: when the limits say 0, and at most. */
+#define OAI_DEF_MAX_IMAGES 8
+#define OAI_MAX_IMAGES	   64
+
 struct oai_message {
 	char *role; /* "system", "user", "assistant" */
+	/* The text: a string, or the "text" parts of a part array concatenated (nothing between
+	 * them). Image parts are not in it: they are in images[], each at its offset. */
 	char *content;
+	struct oai_image *images;
+	int n_images;
 };
 
 /* Most choices per request (n, or n × prompts), and most prompts in one completions request. */
@@ -80,6 +96,12 @@ struct oai_limits {
 	int max_tokens;		 /* upper bound for max_tokens */
 	int default_max_tokens;
 	int max_messages;
+	/* Images (image_url parts): at most max_images in a request (0 = OAI_DEF_MAX_IMAGES),
+	 * each within *img (NULL = img.h's defaults; not owned). */
+	int max_images;
+	const struct img_limits *img;
+	/* width × height of all a request's images together; 0 = twice img's max_pixels */
+	uint64_t max_image_pixels_total;
 };
 
 /* Parses body (len bytes, need not be NUL-terminated). On success fills *out (free with
@@ -87,10 +109,16 @@ struct oai_limits {
  * or -E2BIG (prompt past the limit), writes a message into err naming the problem, and sets
  * *param (may be NULL) to the offending field's name for the error JSON (a static string, or
  * a per-thread buffer valid until this thread's next call). A member named twice in one object,
- * at any depth, is -EINVAL naming it: duplicates mean different things to different readers. */
+ * at any depth, is -EINVAL naming it: duplicates mean different things to different readers.
+ * Chat image parts ({"type":"image_url","image_url":{"url":...}}) are decoded after every
+ * other check passed; a bad, truncated, oversized, unsupported or http(s) image is -EINVAL
+ * with img.h's message, prefixed by where it is ("messages[0].content[1]: ..."), param
+ * "messages". Whether the model can take images is the caller's question (oai_count_images). */
 int oai_parse_request(const char *body, size_t len, int chat, const struct oai_limits *lim,
 		      struct oai_request *out, char *err, size_t errlen, const char **param);
 void oai_request_free(struct oai_request *r);
+/* The number of images in a parsed request (0 for completions). */
+int oai_count_images(const struct oai_request *r);
 
 /* Renders a chat request's messages into one prompt. template: "chatml" (<|im_start|>role\n
  * content<|im_end|>\n … <|im_start|>assistant\n), "llama3" (<|start_header_id|>role

@@ -36,6 +36,9 @@ struct serve_cfg {
 	int open_gateway;
 	char tls_cert[CFG_STR_MAX], tls_key[CFG_STR_MAX];
 	int64_t max_conns, max_conns_per_address;
+	uint64_t max_body, image_max_bytes;
+	int64_t max_images, image_max_side, image_max_pixels, image_max_total_pixels;
+	int image_fetch;
 };
 
 #define SOFF(f) offsetof(struct serve_cfg, f)
@@ -74,6 +77,20 @@ static const struct cfg_opt serve_opts[] = {
      "HTTP connections at most (one thread each); loopback has 16 more"},
     {"max-conns-per-address", CFG_INT, SOFF(max_conns_per_address), 1, 100000, "64",
      "HTTP connections at most from one client address"},
+    {"max-body", CFG_SIZE, SOFF(max_body), 4096, 1 << 30, "1M",
+     "largest request body (images come base64 in it)"},
+    {"max-images", CFG_INT, SOFF(max_images), 1, OAI_MAX_IMAGES, "8",
+     "images in one request at most"},
+    {"image-max-bytes", CFG_SIZE, SOFF(image_max_bytes), 1, 1 << 30, "20M",
+     "largest encoded image (PNG, JPEG, WebP)"},
+    {"image-max-side", CFG_INT, SOFF(image_max_side), 1, 1 << 20, "8192",
+     "largest image width or height, from its header"},
+    {"image-max-pixels", CFG_INT, SOFF(image_max_pixels), 1, 1LL << 32, "16777216",
+     "largest image width x height, from its header (decompression bombs)"},
+    {"image-max-total-pixels", CFG_INT, SOFF(image_max_total_pixels), 1, 1LL << 36, "33554432",
+     "largest width x height of all images of one request together"},
+    {"image-fetch", CFG_BOOL, SOFF(image_fetch), 0, 0, "false",
+     "let http(s) image URLs through the URL check (fetching is not implemented)"},
     CFG_END,
 };
 
@@ -138,6 +155,15 @@ int kvinfer_cmd_serve(int argc, char **argv)
 	go.tls_key = c.tls_key[0] ? c.tls_key : NULL;
 	go.max_conns = (unsigned)c.max_conns;
 	go.max_conns_per_address = (unsigned)c.max_conns_per_address;
+	go.max_body = (size_t)c.max_body;
+	go.limits.max_images = (int)c.max_images;
+	go.limits.max_image_pixels_total = (uint64_t)c.image_max_total_pixels;
+	struct img_limits il = {.max_bytes = (size_t)c.image_max_bytes,
+				.max_width = (uint32_t)c.image_max_side,
+				.max_height = (uint32_t)c.image_max_side,
+				.max_pixels = (uint64_t)c.image_max_pixels,
+				.allow_fetch = c.image_fetch};
+	go.limits.img = &il;
 	struct gw *g = NULL;
 	if ((rc = gw_start(&go, &be, &g))) {
 		gw_auth_destroy(auth);
