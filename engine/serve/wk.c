@@ -36,7 +36,7 @@ struct wk_cfg {
 	char listen[CFG_STR_MAX];
 	char port_file[CFG_STR_MAX];
 	char secret_file[CFG_STR_MAX];
-	int64_t threads, max_seqs, ctx, chunk, block_tokens;
+	int64_t threads, max_seqs, ctx, chunk, block_tokens, fork_delay_ms;
 	char isa[CFG_STR_MAX];
 	char device[CFG_STR_MAX];
 	int ignore_eos;
@@ -60,6 +60,8 @@ static const struct cfg_opt wk_opts[] = {
     {"isa", CFG_STR, WOFF(isa), 0, 0, "auto", "matmul kernels: auto, avx2, scalar"},
     {"device", CFG_STR, WOFF(device), 0, 0, "cpu", KVINFER_DEVICE_HELP},
     {"ignore-eos", CFG_BOOL, WOFF(ignore_eos), 0, 0, "false", "generate past end tokens"},
+    {"fork-delay-ms", CFG_INT, WOFF(fork_delay_ms), 0, 1000, "0",
+     "tests: submit each further choice (n > 1) this much later"},
     {"nccl", CFG_BOOL, WOFF(nccl), 0, 0, "false",
      "prefill, --device cuda: direct hand-overs to decode workers on other GPUs with NCCL"},
     {"metrics-listen", CFG_STR, WOFF(metrics_listen), 0, 0, NULL,
@@ -397,6 +399,7 @@ static int run_worker(int argc, char **argv, enum sch_mode mode, const char *nam
 	so.isa = isa;
 	so.device = kvinfer_eng_parse(c.device, &so.gpu);
 	so.ignore_eos = c.ignore_eos;
+	so.fork_delay_ms = (int)c.fork_delay_ms;
 	struct wk k;
 	memset(&k, 0, sizeof(k));
 	k.mode = mode;
