@@ -819,6 +819,81 @@ static int dis_measure(const char *body, char **t, int max, double *blocks, int 
 	return ct;
 }
 
+/* The decode tokens counter of form f's engine (the decode worker's, disaggregated), once it
+ * stands still: a choice nobody reads may still be generating after the reply. */
+static double decoded_settled(int f)
+{
+	uint16_t port = f == EMB ? ports[EMB] : dec_mport;
+	double a = -1, b = -2;
+	for (int i = 0; i < 60 && a != b; i++) {
+		a = b;
+		sleep_ms(300);
+		b = metric_at(port, "decode_tokens_total");
+	}
+	return b;
+}
+
+/* n = 2 sampled, 200 tokens each, a stop string early in one choice's text only (the second's,
+ * then the first's, whose DECODE streams both): the engine stops generating that choice when its
+ * stop comes (disaggregated: the gateway tells the decode worker, KVW_OP_CANCEL), where it used to
+ * go on to max_tokens unread, holding a batch slot and a decode step each token until the whole
+ * request ended. Counted in tokens decoded: under 3/4 of the request without a stop (about 1/2 +
+ * the stop's place). */
+static void test_n_stop_cancels(void **state)
+{
+	(void)state;
+	for (int f = 0; f < NFORM; f++)
+		for (int k = 1; k >= 0; k--) { /* the later choice stops, then the first */
+			cJSON *req = cJSON_CreateObject();
+			cJSON_AddStringToObject(req, "prompt", PROMPT " again");
+			cJSON_AddNumberToObject(req, "max_tokens", 200);
+			cJSON_AddNumberToObject(req, "temperature", 1);
+			cJSON_AddNumberToObject(req, "seed", 23 + k);
+			cJSON_AddNumberToObject(req, "n", 2);
+			char *body = cJSON_PrintUnformatted(req), *t[2], *u[2];
+			int pt, ct;
+			double d0 = decoded_settled(f);
+			cJSON *o = post_ok(f, "/v1/completions", body);
+			assert_int_equal(choices(o, t, 2, &pt, &ct), 2);
+			cJSON_Delete(o);
+			free(body);
+			double d1 = decoded_settled(f);
+			/* the first 3-byte window of answer k (past its start) the other lacks */
+			char stop[4] = "";
+			size_t at = 0;
+			for (size_t i = 1; i + 3 <= strlen(t[k]) && !stop[0]; i++) {
+				memcpy(stop, t[k] + i, 3);
+				stop[3] = 0;
+				at = i;
+				if (strstr(t[1 - k], stop) || strstr(t[k], stop) != t[k] + i)
+					stop[0] = 0;
+			}
+			assert_true(stop[0] != 0);
+			cJSON_AddStringToObject(req, "stop", stop);
+			body = cJSON_PrintUnformatted(req);
+			o = post_ok(f, "/v1/completions", body);
+			assert_int_equal(choices(o, u, 2, &pt, &ct), 2);
+			double d2 = decoded_settled(f);
+			print_message(
+			    "%s: choice %d's stop \"%s\" at byte %zu of %zu; tokens decoded "
+			    "without it %.0f, with it %.0f\n",
+			    form_name[f], k, stop, at, strlen(t[k]), d1 - d0, d2 - d1);
+			cJSON *arr = cJSON_GetObjectItem(o, "choices");
+			assert_string_equal(
+			    cJSON_GetObjectItem(cJSON_GetArrayItem(arr, k), "finish_reason")
+				->valuestring,
+			    "stop");
+			assert_string_equal(u[1 - k], t[1 - k]);
+			assert_true(d1 - d0 > 300);
+			assert_true(d2 - d1 < 0.75 * (d1 - d0));
+			cJSON_Delete(o);
+			cJSON_Delete(req);
+			free(body);
+			for (int k = 0; k < 2; k++)
+				free(t[k]), free(u[k]);
+		}
+}
+
 /* n = 2 disaggregated: the prompt is computed once, on the prefill worker, which draws both
  * choices' first tokens (prompt tokens computed in all as for n = 1, where each choice as a
  * request of its own computed it twice); one DECODE carries both choices, and the decode
@@ -1000,6 +1075,7 @@ int main(void)
 	    cmocka_unit_test(test_n_shares_kv),
 	    cmocka_unit_test(test_n_shares_prompt_dis),
 	    cmocka_unit_test(test_n_stop_one),
+	    cmocka_unit_test(test_n_stop_cancels),
 	    cmocka_unit_test(test_n_cancel),
 	    cmocka_unit_test(test_stream_choices),
 	};
