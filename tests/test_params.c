@@ -529,6 +529,44 @@ static int choices(cJSON *o, char **t, int max, int *pt, int *ct)
 	return n;
 }
 
+/* A token that is part of a character (the synthetic vocabulary's byte tokens: id 226 is the
+ * byte 0xE2, which starts a 3-byte character), forced by logit_bias: max_tokens is never
+ * exceeded in usage (the bytes held back for the next token go out with the last one, not as
+ * one more token), and text_offset counts bytes of the text as returned (each lone 0xE2 is
+ * U+FFFD there, 3 bytes): 0, 3, 6, where the token's place in the raw bytes gave 0, 0, 1.
+ * Both forms. */
+static void test_partial_utf8(void **state)
+{
+	(void)state;
+	for (int f = 0; f < NFORM; f++)
+		for (int mt = 1; mt <= 3; mt++) {
+			char body[300];
+			snprintf(body, sizeof(body),
+				 "{\"prompt\":\"" PROMPT "\",\"max_tokens\":%d,\"temperature\":0,"
+				 "\"logprobs\":1,\"logit_bias\":{\"226\":100}}",
+				 mt);
+			cJSON *o = post_ok(f, "/v1/completions", body);
+			char *t[1];
+			int pt, ct;
+			assert_int_equal(choices(o, t, 1, &pt, &ct), 1);
+			print_message("%s: max_tokens %d: completion_tokens %d, %zu bytes\n",
+				      form_name[f], mt, ct, strlen(t[0]));
+			assert_int_equal(ct, mt);
+			char want[16] = "";
+			for (int i = 0; i < mt; i++)
+				strcat(want, "\xEF\xBF\xBD");
+			assert_string_equal(t[0], want);
+			cJSON *lp = cJSON_GetObjectItem(
+			    cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), "logprobs");
+			cJSON *offs = cJSON_GetObjectItem(lp, "text_offset");
+			assert_int_equal(cJSON_GetArraySize(offs), mt);
+			for (int i = 0; i < mt; i++)
+				assert_int_equal(cJSON_GetArrayItem(offs, i)->valueint, 3 * i);
+			cJSON_Delete(o);
+			free(t[0]);
+		}
+}
+
 /* n = 2: two choices under one id; greedy, each is the n = 1 answer; sampled with a seed,
  * they differ from each other and repeat; the prompt counts once in usage. Both forms. */
 static void test_n(void **state)
@@ -1076,6 +1114,7 @@ int main(void)
 	    cmocka_unit_test(test_n_shares_prompt_dis),
 	    cmocka_unit_test(test_n_stop_one),
 	    cmocka_unit_test(test_n_stop_cancels),
+	    cmocka_unit_test(test_partial_utf8),
 	    cmocka_unit_test(test_n_cancel),
 	    cmocka_unit_test(test_stream_choices),
 	};

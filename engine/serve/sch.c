@@ -79,14 +79,17 @@ static int utf8_complete(const char *b, int n)
 	return back + 1 >= need ? n : i - 1;
 }
 
-static void emit_piece(struct sch *s, struct sch_req *r, int32_t t)
+/* Token t's text to the sink, its bytes that may start a UTF-8 character completed by the
+ * next token held back; last: r's final token, everything goes (a flush after it would be
+ * reported as one more token, counted past max_tokens). */
+static void emit_piece(struct sch *s, struct sch_req *r, int32_t t, int last)
 {
 	char buf[256 + 8];
 	memcpy(buf, r->utf8, (size_t)r->nutf8);
 	int k = kvi_tok_decode_piece(s->tok, t, 0, buf + r->nutf8, 256);
 	int n = r->nutf8 + (k > 0 ? k : 0);
 	int ok = utf8_complete(buf, n);
-	if (n - ok > 3) /* cannot become valid: pass it on */
+	if (n - ok > 3 || last) /* cannot become valid: pass it on */
 		ok = n;
 	r->nutf8 = n - ok;
 	memcpy(r->utf8, buf + ok, (size_t)r->nutf8);
@@ -123,11 +126,10 @@ static int take_token(struct sch *s, struct sch_req *r, int32_t t, const float *
 		req_end(r, "stop", 0, NULL);
 		return 1;
 	}
-	emit_piece(s, r, t);
+	int end = stop || kvi_seq_len(r->seq) + 1 >= s->o.max_ctx;
+	emit_piece(s, r, t, end);
 	r->last = t;
-	if (stop || kvi_seq_len(r->seq) + 1 >= s->o.max_ctx) {
-		if (r->nutf8)
-			r->k.token(r->u, -1, r->utf8, (size_t)r->nutf8);
+	if (end) {
 		req_end(r, "length", 0, NULL);
 		return 1;
 	}
