@@ -1003,11 +1003,21 @@ static void test_n_cancel(void **state)
 		for (int round = 0; round < 2; round++) {
 			long_prompt(body, sizeof(body),
 				    3000 + f * 100 + round * 7 + (int)getpid() % 1000);
+			/* 600 tokens each: 1800 decoded if a choice went on unread */
+			char *mt = strstr(body, "\"max_tokens\":100}");
+			assert_non_null(mt);
+			memcpy(mt + strlen("\"max_tokens\":"), "600}", 5);
 			snprintf(b3, sizeof(b3), "%.*s,\"n\":3}", (int)strlen(body) - 1, body);
+			double d0 = decoded_settled(f);
 			int fd = htu_connect(ports[f]);
 			assert_true(fd >= 0);
 			assert_int_equal(htu_send(fd, 0, "POST", "/v1/completions", b3), 0);
-			sleep_ms(round ? 5 : 150); /* before the fork, and after it */
+			/* before the fork, and once the choices decode */
+			uint16_t ep = f == EMB ? ports[EMB] : dec_mport;
+			sleep_ms(5);
+			for (int i = 0; !round && i < 500; i++, sleep_ms(10))
+				if (metric_at(ep, "decode_tokens_total") > d0 + 30)
+					break;
 			close(fd);
 			double used = -1, running = -1;
 			for (int i = 0; i < 200; i++) {
@@ -1021,6 +1031,18 @@ static void test_n_cancel(void **state)
 			}
 			assert_true(running == 0);
 			assert_true(used == 0);
+			/* the engine itself (the decode worker's, disaggregated) runs nothing more
+			 * and decoded far less than the 1800 tokens */
+			double busy = -1;
+			for (int i = 0; i < 100 && busy != 0; i++, sleep_ms(20))
+				busy = metric_at(ep, "num_requests_running");
+			double d = decoded_settled(f) - d0;
+			print_message("%s, cancelled %s: engine's running requests %.0f, tokens "
+				      "decoded %.0f\n",
+				      form_name[f], round ? "before the fork" : "while decoding",
+				      busy, d);
+			assert_true(busy == 0);
+			assert_true(d < 900);
 			char *t = complete(f, "{\"prompt\":\"still\",\"max_tokens\":2,\"n\":2}");
 			free(t);
 		}
