@@ -478,13 +478,36 @@ static void test_utf8(void **state)
 	oai_request_free(&r);
 }
 
+/* text_offset in the returned text: a character cut between tokens ("\xE2" then "\x82\xAC",
+ * the euro sign) starts where its first byte does, both tokens inside it pointing at it; a
+ * byte that is not UTF-8 is written as U+FFFD (3 bytes) and counts so; offsets past the text
+ * (bytes held back) go on from its written end. */
+static void test_text_offsets(void **state)
+{
+	(void)state;
+	const char *t = "a\xE2\x82\xAC"
+			"b\xE2\xE2"
+			"c";
+	size_t offs[] = {0, 1, 2, 4, 5, 6, 7, 8, 10}, out[9];
+	oai_text_offsets(t, strlen(t), offs, 9, out);
+	/* written: a(0) EURO(1..3) b(4) FFFD(5..7) FFFD(8..10) c(11); 12 bytes */
+	const size_t want[] = {0, 1, 1, 4, 5, 8, 11, 12, 14};
+	for (int i = 0; i < 9; i++)
+		assert_int_equal(out[i], want[i]);
+	/* the euro sign's own bytes, after another token's */
+	size_t o2[] = {0, 0, 1};
+	oai_text_offsets("\xE2\x82\xAC", 3, o2, 3, out);
+	assert_int_equal(out[0], 0);
+	assert_int_equal(out[2], 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_completion_ok),    cmocka_unit_test(test_bad_requests),
 	    cmocka_unit_test(test_duplicate_keys),   cmocka_unit_test(test_chat),
 	    cmocka_unit_test(test_responses_parse),  cmocka_unit_test(test_utf8),
-	    cmocka_unit_test(test_choices_logprobs),
+	    cmocka_unit_test(test_choices_logprobs), cmocka_unit_test(test_text_offsets),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -103,14 +103,11 @@ static int setup(void **state)
 	char *pre[] = {WK("prefill", kv[1], pf[1]), "--secret-file", secret, NULL};
 	char maf[600];
 	snprintf(maf, sizeof(maf), "%s/dec-metrics", tmpdir);
-	char *dec[] = {WK("decode", kv[1], pf[2]),
-		       "--secret-file",
-		       secret,
-		       "--metrics-listen",
-		       "127.0.0.1:0",
-		       "--metrics-addr-file",
-		       maf,
-		       NULL};
+	char *dec[] = {WK("decode", kv[1], pf[2]), "--secret-file", secret, "--metrics-listen",
+		       "127.0.0.1:0", "--metrics-addr-file", maf,
+		       /* a request's forks then reach the scheduler after it took the
+			* request: test_n_shares_prompt_dis must share all the same */
+		       "--fork-delay-ms", "20", NULL};
 #undef WK
 	pids[0] = spawn("serve.log", serve);
 	pids[1] = spawn("prefill.log", pre);
@@ -532,6 +529,44 @@ static int choices(cJSON *o, char **t, int max, int *pt, int *ct)
 	return n;
 }
 
+/* A token that is part of a character (the synthetic vocabulary's byte tokens: id 226 is the
+ * byte 0xE2, which starts a 3-byte character), forced by logit_bias: max_tokens is never
+ * exceeded in usage (the bytes held back for the next token go out with the last one, not as
+ * one more token), and text_offset counts bytes of the text as returned (each lone 0xE2 is
+ * U+FFFD there, 3 bytes): 0, 3, 6, where the token's place in the raw bytes gave 0, 0, 1.
+ * Both forms. */
+static void test_partial_utf8(void **state)
+{
+	(void)state;
+	for (int f = 0; f < NFORM; f++)
+		for (int mt = 1; mt <= 3; mt++) {
+			char body[300];
+			snprintf(body, sizeof(body),
+				 "{\"prompt\":\"" PROMPT "\",\"max_tokens\":%d,\"temperature\":0,"
+				 "\"logprobs\":1,\"logit_bias\":{\"226\":100}}",
+				 mt);
+			cJSON *o = post_ok(f, "/v1/completions", body);
+			char *t[1];
+			int pt, ct;
+			assert_int_equal(choices(o, t, 1, &pt, &ct), 1);
+			print_message("%s: max_tokens %d: completion_tokens %d, %zu bytes\n",
+				      form_name[f], mt, ct, strlen(t[0]));
+			assert_int_equal(ct, mt);
+			char want[16] = "";
+			for (int i = 0; i < mt; i++)
+				strcat(want, "\xEF\xBF\xBD");
+			assert_string_equal(t[0], want);
+			cJSON *lp = cJSON_GetObjectItem(
+			    cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), "logprobs");
+			cJSON *offs = cJSON_GetObjectItem(lp, "text_offset");
+			assert_int_equal(cJSON_GetArraySize(offs), mt);
+			for (int i = 0; i < mt; i++)
+				assert_int_equal(cJSON_GetArrayItem(offs, i)->valueint, 3 * i);
+			cJSON_Delete(o);
+			free(t[0]);
+		}
+}
+
 /* n = 2: two choices under one id; greedy, each is the n = 1 answer; sampled with a seed,
  * they differ from each other and repeat; the prompt counts once in usage. Both forms. */
 static void test_n(void **state)
@@ -784,6 +819,14 @@ static double dis_computed(void)
 	return b;
 }
 
+/* What the decode worker took for prompts: KV blocks loaded from the kv dir plus prompt
+ * tokens it computed itself (a choice that did not fork its prompt adds to one or the other). */
+static double dec_loaded(void)
+{
+	return metric_at(dec_mport, "kvx_hit_blocks_total") +
+	       metric_at(dec_mport, "prefill_tokens_computed_total");
+}
+
 /* body (completions, on the gateway) with its max_tokens 100 made 20: the prompt's blocks
  * then outweigh each choice's own. */
 static void short_answer(char *body)
@@ -814,6 +857,81 @@ static int dis_measure(const char *body, char **t, int max, double *blocks, int 
 	return ct;
 }
 
+/* The decode tokens counter of form f's engine (the decode worker's, disaggregated), once it
+ * stands still: a choice nobody reads may still be generating after the reply. */
+static double decoded_settled(int f)
+{
+	uint16_t port = f == EMB ? ports[EMB] : dec_mport;
+	double a = -1, b = -2;
+	for (int i = 0; i < 60 && a != b; i++) {
+		a = b;
+		sleep_ms(300);
+		b = metric_at(port, "decode_tokens_total");
+	}
+	return b;
+}
+
+/* n = 2 sampled, 200 tokens each, a stop string early in one choice's text only (the second's,
+ * then the first's, whose DECODE streams both): the engine stops generating that choice when its
+ * stop comes (disaggregated: the gateway tells the decode worker, KVW_OP_CANCEL), where it used to
+ * go on to max_tokens unread, holding a batch slot and a decode step each token until the whole
+ * request ended. Counted in tokens decoded: under 3/4 of the request without a stop (about 1/2 +
+ * the stop's place). */
+static void test_n_stop_cancels(void **state)
+{
+	(void)state;
+	for (int f = 0; f < NFORM; f++)
+		for (int k = 1; k >= 0; k--) { /* the later choice stops, then the first */
+			cJSON *req = cJSON_CreateObject();
+			cJSON_AddStringToObject(req, "prompt", PROMPT " again");
+			cJSON_AddNumberToObject(req, "max_tokens", 200);
+			cJSON_AddNumberToObject(req, "temperature", 1);
+			cJSON_AddNumberToObject(req, "seed", 23 + k);
+			cJSON_AddNumberToObject(req, "n", 2);
+			char *body = cJSON_PrintUnformatted(req), *t[2], *u[2];
+			int pt, ct;
+			double d0 = decoded_settled(f);
+			cJSON *o = post_ok(f, "/v1/completions", body);
+			assert_int_equal(choices(o, t, 2, &pt, &ct), 2);
+			cJSON_Delete(o);
+			free(body);
+			double d1 = decoded_settled(f);
+			/* the first 3-byte window of answer k (past its start) the other lacks */
+			char stop[4] = "";
+			size_t at = 0;
+			for (size_t i = 1; i + 3 <= strlen(t[k]) && !stop[0]; i++) {
+				memcpy(stop, t[k] + i, 3);
+				stop[3] = 0;
+				at = i;
+				if (strstr(t[1 - k], stop) || strstr(t[k], stop) != t[k] + i)
+					stop[0] = 0;
+			}
+			assert_true(stop[0] != 0);
+			cJSON_AddStringToObject(req, "stop", stop);
+			body = cJSON_PrintUnformatted(req);
+			o = post_ok(f, "/v1/completions", body);
+			assert_int_equal(choices(o, u, 2, &pt, &ct), 2);
+			double d2 = decoded_settled(f);
+			print_message(
+			    "%s: choice %d's stop \"%s\" at byte %zu of %zu; tokens decoded "
+			    "without it %.0f, with it %.0f\n",
+			    form_name[f], k, stop, at, strlen(t[k]), d1 - d0, d2 - d1);
+			cJSON *arr = cJSON_GetObjectItem(o, "choices");
+			assert_string_equal(
+			    cJSON_GetObjectItem(cJSON_GetArrayItem(arr, k), "finish_reason")
+				->valuestring,
+			    "stop");
+			assert_string_equal(u[1 - k], t[1 - k]);
+			assert_true(d1 - d0 > 300);
+			assert_true(d2 - d1 < 0.75 * (d1 - d0));
+			cJSON_Delete(o);
+			cJSON_Delete(req);
+			free(body);
+			for (int k = 0; k < 2; k++)
+				free(t[k]), free(u[k]);
+		}
+}
+
 /* n = 2 disaggregated: the prompt is computed once, on the prefill worker, which draws both
  * choices' first tokens (prompt tokens computed in all as for n = 1, where each choice as a
  * request of its own computed it twice); one DECODE carries both choices, and the decode
@@ -824,41 +942,39 @@ static void test_n_shares_prompt_dis(void **state)
 {
 	(void)state;
 	char body[4096], b2[4200];
-	double c[3], blk1, blk2;
+	double c[3], ld[3], blk1, blk2;
 	char *t1 = NULL, *t[2], *t1b = NULL;
 	c[0] = dis_computed();
+	ld[0] = dec_loaded();
 	long_prompt(body, sizeof(body), 4000 + (int)getpid() % 1000);
 	short_answer(body);
 	int pt1 = 0;
 	assert_int_equal(dis_measure(body, &t1, 1, &blk1, &pt1), 20);
 	c[1] = dis_computed();
+	ld[1] = dec_loaded();
 	/* What one choice holds: its prompt and answer in 16-token blocks (the workers'
 	 * --block-tokens). Computed, not sampled: a sampled n = 1 peak missed under load made
 	 * the bound too tight. Two choices that each loaded the prompt hold twice that. */
 	double one = ceil((double)(pt1 + 20) / 16);
 	assert_true(blk1 <= one + 1);
-	/* The decode worker forks only when the second choice is admitted right behind the
-	 * first; under heavy load that has been seen to miss (38 blocks, once in a CI run), so
-	 * up to 3 fresh prompts: one must share. Without the fork every attempt holds 38. */
-	for (int attempt = 0; attempt < 3; attempt++) {
-		if (attempt) {
-			free(t[0]);
-			free(t[1]);
-			c[1] = dis_computed();
-		}
-		long_prompt(body, sizeof(body), 5000 + attempt * 1000 + (int)getpid() % 1000);
-		short_answer(body);
-		snprintf(b2, sizeof(b2), "%.*s,\"n\":2}", (int)strlen(body) - 1, body);
-		assert_int_equal(dis_measure(b2, t, 2, &blk2, NULL), 40);
-		c[2] = dis_computed();
-		print_message("disaggregated: prompt tokens computed n=1 %.0f, n=2 %.0f; decode "
-			      "worker's kv_blocks_used at most n=1 %.0f, n=2 %.0f\n",
-			      c[1] - c[0], c[2] - c[1], blk1, blk2);
-		assert_true(c[1] - c[0] > 100);
-		assert_true(c[2] - c[1] == c[1] - c[0]);
-		if (blk2 < 1.5 * one)
-			break;
-	}
+	/* The decode worker admits the second choice with the first, whenever it arrives (its
+	 * --fork-delay-ms makes it arrive after the scheduler took the first): it forks the
+	 * prompt's blocks, and loads or computes nothing more than one choice did. Loading them
+	 * itself it holds 38 blocks, twice one choice's (a sampled peak, which can be missed:
+	 * what the decode worker loaded is counted, not sampled). */
+	long_prompt(body, sizeof(body), 5000 + (int)getpid() % 1000);
+	short_answer(body);
+	snprintf(b2, sizeof(b2), "%.*s,\"n\":2}", (int)strlen(body) - 1, body);
+	assert_int_equal(dis_measure(b2, t, 2, &blk2, NULL), 40);
+	c[2] = dis_computed();
+	ld[2] = dec_loaded();
+	print_message("disaggregated: prompt tokens computed n=1 %.0f, n=2 %.0f; decode "
+		      "worker's kv_blocks_used at most n=1 %.0f, n=2 %.0f; blocks loaded + "
+		      "tokens computed there n=1 %.0f, n=2 %.0f\n",
+		      c[1] - c[0], c[2] - c[1], blk1, blk2, ld[1] - ld[0], ld[2] - ld[1]);
+	assert_true(c[1] - c[0] > 100);
+	assert_true(c[2] - c[1] == c[1] - c[0]);
+	assert_true(ld[2] - ld[1] == ld[1] - ld[0]);
 	assert_true(blk2 < 1.5 * one);
 	assert_string_equal(t[0], t[1]);
 	/* greedy, the same prompt with n = 1 answers as each choice did */
@@ -887,11 +1003,21 @@ static void test_n_cancel(void **state)
 		for (int round = 0; round < 2; round++) {
 			long_prompt(body, sizeof(body),
 				    3000 + f * 100 + round * 7 + (int)getpid() % 1000);
+			/* 600 tokens each: 1800 decoded if a choice went on unread */
+			char *mt = strstr(body, "\"max_tokens\":100}");
+			assert_non_null(mt);
+			memcpy(mt + strlen("\"max_tokens\":"), "600}", 5);
 			snprintf(b3, sizeof(b3), "%.*s,\"n\":3}", (int)strlen(body) - 1, body);
+			double d0 = decoded_settled(f);
 			int fd = htu_connect(ports[f]);
 			assert_true(fd >= 0);
 			assert_int_equal(htu_send(fd, 0, "POST", "/v1/completions", b3), 0);
-			sleep_ms(round ? 5 : 150); /* before the fork, and after it */
+			/* before the fork, and once the choices decode */
+			uint16_t ep = f == EMB ? ports[EMB] : dec_mport;
+			sleep_ms(5);
+			for (int i = 0; !round && i < 500; i++, sleep_ms(10))
+				if (metric_at(ep, "decode_tokens_total") > d0 + 30)
+					break;
 			close(fd);
 			double used = -1, running = -1;
 			for (int i = 0; i < 200; i++) {
@@ -905,6 +1031,18 @@ static void test_n_cancel(void **state)
 			}
 			assert_true(running == 0);
 			assert_true(used == 0);
+			/* the engine itself (the decode worker's, disaggregated) runs nothing more
+			 * and decoded far less than the 1800 tokens */
+			double busy = -1;
+			for (int i = 0; i < 100 && busy != 0; i++, sleep_ms(20))
+				busy = metric_at(ep, "num_requests_running");
+			double d = decoded_settled(f) - d0;
+			print_message("%s, cancelled %s: engine's running requests %.0f, tokens "
+				      "decoded %.0f\n",
+				      form_name[f], round ? "before the fork" : "while decoding",
+				      busy, d);
+			assert_true(busy == 0);
+			assert_true(d < 900);
 			char *t = complete(f, "{\"prompt\":\"still\",\"max_tokens\":2,\"n\":2}");
 			free(t);
 		}
@@ -997,6 +1135,8 @@ int main(void)
 	    cmocka_unit_test(test_n_shares_kv),
 	    cmocka_unit_test(test_n_shares_prompt_dis),
 	    cmocka_unit_test(test_n_stop_one),
+	    cmocka_unit_test(test_n_stop_cancels),
+	    cmocka_unit_test(test_partial_utf8),
 	    cmocka_unit_test(test_n_cancel),
 	    cmocka_unit_test(test_stream_choices),
 	};

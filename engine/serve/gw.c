@@ -120,6 +120,7 @@ struct gw_job {
 	} * lps;
 	int n_lps, cap_lps;
 	int lp_emitted; /* records already streamed */
+	size_t lp_next; /* in raw, where the next token's bytes start (gw_job_logprob) */
 };
 
 static void lp_rec_free(struct lp_rec *r)
@@ -225,10 +226,17 @@ void gw_job_logprob(struct gw_job *j, const struct gw_logprob *lp)
 	}
 	struct lp_rec *r = &j->lps[j->n_lps];
 	memset(r, 0, sizeof(*r));
-	r->off = j->rawlen;
+	/* The token's bytes start after every earlier token's, which may not all be in raw yet:
+	 * the scheduler holds back the start of a character cut between tokens, at most 3 bytes.
+	 * Kept within that (a token text cut short, or holding a NUL, cannot drift it). */
+	size_t at = j->lp_next;
+	at = at < j->rawlen ? j->rawlen : at > j->rawlen + 3 ? j->rawlen + 3 : at;
+	r->off = at;
 	r->logprob = lp->logprob;
 	r->token = strdup(lp->token ? lp->token : "");
 	int ok = r->token != NULL;
+	if (ok)
+		j->lp_next = at + strlen(r->token);
 	for (int k = 0; k < lp->n_top && k < OAI_MAX_TOP_LOGPROBS; k++, r->n_top++) {
 		r->top_token[k] = strdup(lp->top_token[k] ? lp->top_token[k] : "");
 		r->top_logprob[k] = lp->top_logprob[k];
@@ -252,20 +260,32 @@ static int lp_entries(const struct gw_job *j, int from, size_t end, size_t base,
 	while (from + n < j->n_lps && j->lps[from + n].off < end)
 		n++;
 	*out = n ? calloc((size_t)n, sizeof(**out)) : NULL;
-	if (!*out)
+	size_t *raw = n ? malloc(2 * ((size_t)n + 1) * sizeof(size_t)) : NULL;
+	if (!*out || !raw) {
+		free(*out);
+		*out = NULL;
+		free(raw);
 		return 0;
+	}
+	/* raw offsets to offsets in the text as written (oai_text_offsets), from base's */
+	size_t *at = raw + n + 1;
+	raw[0] = base;
+	for (int i = 0; i < n; i++)
+		raw[i + 1] = j->lps[from + i].off < base ? base : j->lps[from + i].off;
+	oai_text_offsets(j->raw, j->rawlen, raw, n + 1, at);
 	for (int i = 0; i < n; i++) {
 		const struct lp_rec *r = &j->lps[from + i];
 		struct oai_lp_entry *e = &(*out)[i];
 		e->token = r->token;
 		e->logprob = r->logprob;
-		e->text_offset = (int)(r->off - base);
+		e->text_offset = (int)(at[i + 1] - at[0]);
 		e->n_top = r->n_top;
 		for (int k = 0; k < r->n_top; k++) {
 			e->top[k].token = r->top_token[k];
 			e->top[k].logprob = r->top_logprob[k];
 		}
 	}
+	free(raw);
 	return n;
 }
 

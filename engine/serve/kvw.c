@@ -398,6 +398,20 @@ void kvw_decode_free(struct kvw_decode *d)
 
 /* ---- reply stream events ---- */
 
+int kvw_cancel_enc(struct kvp_wbuf *w, uint8_t choice)
+{
+	kvp_w_u8(w, choice);
+	return w->err;
+}
+
+int kvw_cancel_dec(const uint8_t *body, size_t len, uint8_t *choice)
+{
+	struct kvp_rbuf r;
+	kvp_r_init(&r, body, len);
+	*choice = kvp_r_u8(&r);
+	return kvp_r_end(&r);
+}
+
 int kvw_ev_prompt_enc(struct kvp_wbuf *w, uint32_t prompt_tokens, uint32_t cached)
 {
 	kvp_w_u8(w, KVW_EV_PROMPT);

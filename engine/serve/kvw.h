@@ -30,6 +30,10 @@
  *                     choice's last frame; choice 0 is the DECODE's own, 1..nx the further
  *                     ones; the stream ends with the last choice's FINISH)
  *                     A decode request owns its connection: closing it cancels the request.
+ *   KVW_OP_CANCEL  (gateway -> decode worker, on a DECODE's connection, the DECODE's id)
+ *                  -> u8 choice: stop generating that choice (a stop string ended it, or its
+ *                     client left) while the others go on; its FINISH still comes. No reply;
+ *                     an id or choice not running there is ignored
  *   KVW_OP_GENERATE (gateway -> decode worker) a short prompt computed by the decode worker
  *                  itself (no prefill hop, gateway --local-prefill):
  *                  -> prompt
@@ -83,6 +87,7 @@ enum kvw_op {
 	KVW_OP_NCCL_ID = 0x104,
 	KVW_OP_HELLO = 0x105,
 	KVW_OP_GENERATE = 0x106,
+	KVW_OP_CANCEL = 0x107,
 };
 
 enum kvw_event {
@@ -237,6 +242,10 @@ int kvw_ev_token_enc(struct kvp_wbuf *w, uint8_t choice, int32_t id, const struc
 int kvw_ev_finish_enc(struct kvp_wbuf *w, uint8_t choice, int32_t err, const char *reason,
 		      const char *msg);
 int kvw_ev_dec(const uint8_t *body, size_t len, struct kvw_ev *e);
+
+/* CANCEL (a request, no reply). */
+int kvw_cancel_enc(struct kvp_wbuf *w, uint8_t choice);
+int kvw_cancel_dec(const uint8_t *body, size_t len, uint8_t *choice);
 
 /* HELLO reply: the decode worker's cache id, into id (cap bytes, NUL-terminated). */
 int kvw_hello_enc(struct kvp_wbuf *w, const char *cache_id);

@@ -167,6 +167,32 @@ static int do_prefill(struct lreq *q, struct pf_result *res, const char *peer, u
 
 static int lreq_cancelled(struct lreq *q);
 
+/* A KVW_OP_CANCEL of choice on the DECODE dh's connection (sent by the thread reading it:
+ * the only one that writes to it after the DECODE). 0 or a transport error. */
+static int send_cancel(struct kvp_sock *sk, const struct kvp_hdr *dh, uint8_t choice)
+{
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	int rc = kvw_cancel_enc(&w, choice);
+	struct kvp_hdr h = {.op = KVW_OP_CANCEL, .id = dh->id};
+	if (!rc)
+		rc = kvp_send(sk, &h, w.p, w.len, NULL, 0);
+	kvp_w_free(&w);
+	return rc;
+}
+
+/* The group's further choices that went (a stop string, the client) while the worker still
+ * generates them: each told to stop, so that it no longer takes a batch slot and decode
+ * steps until the whole group ends. 0 or a transport error. */
+static int cancel_gone(struct lgroup *g, struct kvp_sock *sk, const struct kvp_hdr *dh)
+{
+	uint8_t ks[KVW_MAX_CHOICES];
+	int n = lb_grp_untold(g, ks), rc = 0;
+	for (int i = 0; i < n && !rc; i++)
+		rc = send_cancel(sk, dh, ks[i]);
+	return rc;
+}
+
 /* Streams one DECODE from replica r (for a group's first choice, every choice's: the further
  * ones' events go to their queues, and the stream lasts until every choice ended). Returns 0 when
  * the request finished (finish reported), or a transport error with *ntok tokens relayed (the
@@ -196,8 +222,12 @@ static int decode_on(struct lreq *q, struct replica *r, uint16_t op, const struc
 		if (!own_done && q->grp && lreq_cancelled(q)) { /* the others go on */
 			gw_job_finish(q->job, NULL, -ECANCELED, "cancelled");
 			own_done = 1;
+			if ((rc = send_cancel(sk, &h, 0))) /* the worker stops generating it */
+				break;
 		}
 		if (own_done && (!q->grp || !lb_grp_live(q->grp)))
+			break;
+		if (q->grp && q->choice == 0 && (rc = cancel_gone(q->grp, sk, &h)))
 			break;
 		rc = kvp_recv(sk, &rh, &body, KVP_MAX_BODY);
 		if (rc)

@@ -178,6 +178,19 @@ int lb_grp_live(struct lgroup *g)
 	return n;
 }
 
+int lb_grp_untold(struct lgroup *g, uint8_t *ks)
+{
+	int n = 0;
+	pthread_mutex_lock(&g->mu);
+	for (int k = 1; k < g->n; k++)
+		if (g->gone[k] && !g->ended[k] && !g->told[k]) {
+			g->told[k] = 1;
+			ks[n++] = (uint8_t)k;
+		}
+	pthread_mutex_unlock(&g->mu);
+	return n;
+}
+
 static int cancelled(struct lreq *q)
 {
 	pthread_mutex_lock(&q->mu);

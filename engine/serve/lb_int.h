@@ -117,6 +117,7 @@ struct lgroup {
 	 * gone: its request no longer reads (finished, cancelled): nothing more is queued */
 	struct lgev *evq[KVW_MAX_CHOICES], **evtail[KVW_MAX_CHOICES];
 	uint8_t ended[KVW_MAX_CHOICES], gone[KVW_MAX_CHOICES];
+	uint8_t told[KVW_MAX_CHOICES]; /* gone before ended: the decode worker was told to stop */
 };
 
 /* What a PREFILL reply told (lb.c pf_parse). */
@@ -178,6 +179,10 @@ int lb_grp_push(struct lgroup *g, const struct kvw_ev *ev);
 /* Every further choice not yet ended gets a FINISH with err and msg (the first's DECODE
  * failed or ended without theirs). */
 void lb_grp_end(struct lgroup *g, int err, const char *msg);
+/* Further choices gone (cancelled: a stop string, or the client left) that the decode worker
+ * still generates (no FINISH came) and was not told to stop: into ks (at least KVW_MAX_CHOICES),
+ * marked told; how many. */
+int lb_grp_untold(struct lgroup *g, uint8_t *ks);
 /* Further choices still reading: neither ended nor gone. */
 int lb_grp_live(struct lgroup *g);
 /* A further choice after the group's prompt was computed: reports its queued events to its

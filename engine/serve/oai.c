@@ -53,6 +53,26 @@ static int utf8_valid(const char *s, size_t n)
 	return 1;
 }
 
+void oai_text_offsets(const char *t, size_t n, const size_t *offs, int k, size_t *out)
+{
+	const unsigned char *u = (const unsigned char *)t;
+	size_t i = 0, o = 0; /* t[i] is written at o; i is a character's start */
+	for (int x = 0; x < k; x++) {
+		size_t want = offs[x];
+		for (;;) {
+			if (i >= n)
+				break;
+			size_t len = utf8_seq(u + i, n - i);
+			size_t step = len ? len : 1;
+			if (i + step > want) /* want is inside (or at) this character */
+				break;
+			i += step;
+			o += len ? len : 3;
+		}
+		out[x] = want > n && i >= n ? o + (want - n) : o;
+	}
+}
+
 /* Adds text as a JSON string. Generated text can hold bytes that are not UTF-8 (a byte-level
  * token sampled on its own); each such byte becomes U+FFFD, so the response stays valid JSON,
  * which must be UTF-8 (RFC 8259). */

@@ -179,6 +179,13 @@ struct oai_choice {
 	int lp_base; /* completions: added to every text_offset (the echoed prompt's length) */
 };
 
+/* Completions' text_offset: where byte offs[i] (non-decreasing) of generated text t[0..n)
+ * starts in the text as the response writes it (each byte that is not well-formed UTF-8 as
+ * U+FFFD, 3 bytes), into out[i]. A byte inside a character (a token that completes one an
+ * earlier token began) maps to the character's start; an offset past n (bytes not yet
+ * emitted) to the written length plus the bytes past n. */
+void oai_text_offsets(const char *t, size_t n, const size_t *offs, int k, size_t *out);
+
 /* A whole response with n choices; logprobs in OpenAI's chat shape ({"content": [{token,
  * logprob, bytes, top_logprobs}]}) or completions shape ({tokens, token_logprobs,
  * top_logprobs, text_offset}). */

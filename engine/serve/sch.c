@@ -79,14 +79,17 @@ static int utf8_complete(const char *b, int n)
 	return back + 1 >= need ? n : i - 1;
 }
 
-static void emit_piece(struct sch *s, struct sch_req *r, int32_t t)
+/* Token t's text to the sink, its bytes that may start a UTF-8 character completed by the
+ * next token held back; last: r's final token, everything goes (a flush after it would be
+ * reported as one more token, counted past max_tokens). */
+static void emit_piece(struct sch *s, struct sch_req *r, int32_t t, int last)
 {
 	char buf[256 + 8];
 	memcpy(buf, r->utf8, (size_t)r->nutf8);
 	int k = kvi_tok_decode_piece(s->tok, t, 0, buf + r->nutf8, 256);
 	int n = r->nutf8 + (k > 0 ? k : 0);
 	int ok = utf8_complete(buf, n);
-	if (n - ok > 3) /* cannot become valid: pass it on */
+	if (n - ok > 3 || last) /* cannot become valid: pass it on */
 		ok = n;
 	r->nutf8 = n - ok;
 	memcpy(r->utf8, buf + ok, (size_t)r->nutf8);
@@ -123,11 +126,10 @@ static int take_token(struct sch *s, struct sch_req *r, int32_t t, const float *
 		req_end(r, "stop", 0, NULL);
 		return 1;
 	}
-	emit_piece(s, r, t);
+	int end = stop || kvi_seq_len(r->seq) + 1 >= s->o.max_ctx;
+	emit_piece(s, r, t, end);
 	r->last = t;
-	if (stop || kvi_seq_len(r->seq) + 1 >= s->o.max_ctx) {
-		if (r->nutf8)
-			r->k.token(r->u, -1, r->utf8, (size_t)r->nutf8);
+	if (end) {
 		req_end(r, "length", 0, NULL);
 		return 1;
 	}
@@ -179,6 +181,14 @@ static int attach_handover(struct sch *s, struct sch_req *r, int cached)
 	return ok;
 }
 
+/* Tests only (sch_opts.fork_delay_ms); ms <= 0 returns at once. */
+static void sleep_ms(int ms)
+{
+	struct timespec d = {ms / 1000, (long)(ms % 1000) * 1000000L};
+	if (ms > 0)
+		nanosleep(&d, NULL);
+}
+
 static int64_t mono_ns(void)
 {
 	struct timespec ts;
@@ -201,8 +211,8 @@ static int admit(struct sch *s, struct sch_req *r)
 		r->st = RS_FORK; /* fork_children gives it a sequence */
 		return 0;
 	}
-	/* DECODE, a further choice admitted right behind its parent, whose sequence holds the
-	 * prompt (loaded, not yet stepped): a fork sharing those blocks */
+	/* DECODE, a further choice admitted with its parent (admit_group), whose sequence holds
+	 * the prompt (loaded, not yet stepped): a fork sharing those blocks */
 	struct sch_req *p = r->parent;
 	if (r->mode == SCH_DECODE && p && !p->finished && p->st == RS_DECODE && p->seq &&
 	    kvi_seq_len(p->seq) == p->n) {
@@ -424,6 +434,52 @@ static void compact(struct sch *s)
 	s->nrun = k;
 }
 
+/* Admits r, off the wait list (an ended one is reported by compact). */
+static void admit_one(struct sch *s, struct sch_req *r)
+{
+	r->next = NULL;
+	atomic_fetch_sub(&s->g_wait_tokens, r->n);
+	int rc = admit(s, r);
+	if (rc)
+		req_end(r, NULL, rc, "cannot admit the request");
+	s->run[s->nrun++] = r;
+}
+
+/* The batch slots parent r is admitted with: its own and its fork children's (all of them
+ * when they fit in a batch at all: admitted later, a child could no longer fork the prompt) */
+static int group_slots(const struct sch *s, const struct sch_req *r)
+{
+	int need = 1 + (r->nforks > 0 ? r->nforks : 0);
+	return need < s->o.max_seqs ? need : s->o.max_seqs;
+}
+
+/* Parent p just admitted: admits its fork children now, in order, so that each forks p's
+ * prompt KV (a child admitted after p's first decode step would have to load or compute the
+ * prompt itself). They are all submitted (pending_forks) but one may still be in s->inq. */
+static void admit_group(struct sch *s, struct sch_req *p, struct sch_req **wait, int *nwait)
+{
+	pthread_mutex_lock(&s->mu);
+	struct sch_req *q = s->inq, **tail = wait;
+	s->inq = NULL;
+	s->inq_tail = &s->inq;
+	pthread_mutex_unlock(&s->mu);
+	while (*tail)
+		tail = &(*tail)->next;
+	*tail = q;
+	for (; q; q = q->next)
+		(*nwait)++;
+	for (struct sch_req **pp = wait; *pp && s->nrun < s->o.max_seqs;) {
+		struct sch_req *c = *pp;
+		if (c->parent != p || atomic_load(&c->cancelled)) {
+			pp = &c->next;
+			continue;
+		}
+		*pp = c->next;
+		(*nwait)--;
+		admit_one(s, c);
+	}
+}
+
 static void *sch_main(void *arg)
 {
 	struct sch *s = arg;
@@ -460,7 +516,9 @@ static void *sch_main(void *arg)
 		pthread_mutex_unlock(&s->mu);
 		if (stop)
 			break;
-		sch_run_calls(s); /* hand-overs to park, NCCL joins */
+		if (wait && atomic_load(&wait->pending_forks) > 0)
+			sleep_ms(2 * s->o.fork_delay_ms); /* tests: its forks come meanwhile */
+		sch_run_calls(s);			  /* hand-overs to park, NCCL joins */
 		sch_parked_expire(s, 0, NULL);
 		/* 1. cancelled requests leave now, freeing their KV */
 		for (int i = 0; i < s->nrun; i++)
@@ -479,18 +537,16 @@ static void *sch_main(void *arg)
 				pp = &r->next;
 			}
 		}
-		/* 2. admit */
-		/* a parent waits for its fork children to be queued behind it (microseconds) */
-		while (wait && s->nrun < s->o.max_seqs && atomic_load(&wait->pending_forks) <= 0) {
+		/* 2. admit, oldest first: a parent once its fork children are queued behind it
+		 * (microseconds), with them (admit_group) */
+		while (wait && atomic_load(&wait->pending_forks) <= 0 &&
+		       s->nrun + group_slots(s, wait) <= s->o.max_seqs) {
 			struct sch_req *r = wait;
 			wait = r->next;
 			nwait--;
-			r->next = NULL;
-			atomic_fetch_sub(&s->g_wait_tokens, r->n);
-			int rc = admit(s, r);
-			if (rc)
-				req_end(r, NULL, rc, "cannot admit the request");
-			s->run[s->nrun++] = r; /* an ended one is reported by compact */
+			admit_one(s, r);
+			if (r->nforks > 0)
+				admit_group(s, r, &wait, &nwait);
 		}
 		wait_tail = &wait;
 		for (struct sch_req *r = wait; r; r = r->next)
@@ -539,6 +595,7 @@ int sch_submit(struct sch *s, const struct sch_job *j, const struct sch_sink *k,
 	r->t_submit = mono_ns();
 	atomic_init(&r->refs, 1);
 	atomic_init(&r->pending_forks, j->mode != SCH_PREFILL ? j->forks : 0);
+	r->nforks = j->mode != SCH_PREFILL && j->forks > 0 ? j->forks : 0;
 	r->logprobs = j->logprobs > 0 && j->logprobs <= OAI_MAX_TOP_LOGPROBS + 1 ? j->logprobs : 0;
 	r->nx =
 	    j->mode == SCH_PREFILL && j->xseeds && j->nx > 0 && j->nx < KVW_MAX_CHOICES ? j->nx : 0;
@@ -611,6 +668,8 @@ int sch_submit(struct sch *s, const struct sch_job *j, const struct sch_sink *k,
 		}
 		r->n = (int)cnt;
 	}
+	if (forked)
+		sleep_ms(s->o.fork_delay_ms);
 	rc = -E2BIG;
 	/* max_tokens comes from the wire (up to INT32_MAX): compared so that nothing overflows.
 	 * A prefill computes one token but checks the whole request's room, so that a request

@@ -42,6 +42,10 @@ struct sch_opts {
 			     * the device engine (fwd_dev.h) on that backend */
 	int gpu;	    /* cuda: the GPU index */
 	int ignore_eos;	    /* generate max_tokens even past end-of-generation tokens */
+	int fork_delay_ms;  /* tests: each fork (n > 1) is submitted this much later, and the
+			     * scheduler, finding a request still waiting for its forks, looks
+			     * again twice as much later: the forks arrive after it took the
+			     * request, deterministically */
 };
 
 /* sch_opts defaults (also for values < 1 passed to sch_create) */

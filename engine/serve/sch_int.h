@@ -58,6 +58,7 @@ struct sch_req {
 	/* sch_job.fork_of (a reference), whose prompt KV this request forks once computed */
 	struct sch_req *parent;
 	atomic_int pending_forks; /* children not yet submitted: not admitted before 0 */
+	int nforks;		  /* sch_job.forks: admitted with its children (admit_group) */
 };
 
 /* A function run on the scheduler thread between steps (sch_call); the caller waits. */

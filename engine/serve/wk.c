@@ -36,7 +36,7 @@ struct wk_cfg {
 	char listen[CFG_STR_MAX];
 	char port_file[CFG_STR_MAX];
 	char secret_file[CFG_STR_MAX];
-	int64_t threads, max_seqs, ctx, chunk, block_tokens;
+	int64_t threads, max_seqs, ctx, chunk, block_tokens, fork_delay_ms;
 	char isa[CFG_STR_MAX];
 	char device[CFG_STR_MAX];
 	int ignore_eos;
@@ -60,6 +60,8 @@ static const struct cfg_opt wk_opts[] = {
     {"isa", CFG_STR, WOFF(isa), 0, 0, "auto", "matmul kernels: auto, avx2, scalar"},
     {"device", CFG_STR, WOFF(device), 0, 0, "cpu", KVINFER_DEVICE_HELP},
     {"ignore-eos", CFG_BOOL, WOFF(ignore_eos), 0, 0, "false", "generate past end tokens"},
+    {"fork-delay-ms", CFG_INT, WOFF(fork_delay_ms), 0, 1000, "0",
+     "tests: submit each further choice (n > 1) this much later"},
     {"nccl", CFG_BOOL, WOFF(nccl), 0, 0, "false",
      "prefill, --device cuda: direct hand-overs to decode workers on other GPUs with NCCL"},
     {"metrics-listen", CFG_STR, WOFF(metrics_listen), 0, 0, NULL,
@@ -69,8 +71,45 @@ static const struct cfg_opt wk_opts[] = {
     CFG_END,
 };
 
+/* Decode side: w on k->live, so that a KVW_OP_CANCEL finds it (before its sch_submit: the
+ * scheduler may finish it at once). */
+static void wr_list(struct wreq *w)
+{
+	pthread_mutex_lock(&w->k->mu);
+	w->lnext = w->k->live;
+	w->k->live = w;
+	w->listed = 1;
+	pthread_mutex_unlock(&w->k->mu);
+}
+
+static void wr_unlist(struct wreq *w)
+{
+	if (!w->listed)
+		return;
+	pthread_mutex_lock(&w->k->mu);
+	for (struct wreq **pp = &w->k->live; *pp; pp = &(*pp)->lnext)
+		if (*pp == w) {
+			*pp = w->lnext;
+			break;
+		}
+	w->listed = 0;
+	pthread_mutex_unlock(&w->k->mu);
+}
+
+/* KVW_OP_CANCEL: cancels choice of the DECODE h->id on c (the connection thread that
+ * submitted it: its w->r is set). Nothing when it is not running. */
+static void wk_cancel_choice(struct wk *k, struct kvp_conn *c, uint64_t id, uint8_t choice)
+{
+	pthread_mutex_lock(&k->mu);
+	for (struct wreq *w = k->live; w; w = w->lnext)
+		if (w->c == c && w->h.id == id && w->choice == choice && w->r)
+			sch_cancel(w->r);
+	pthread_mutex_unlock(&k->mu);
+}
+
 static void wr_done(struct wreq *w)
 {
+	wr_unlist(w);
 	kvp_conn_unref(w->c);
 	sch_req_free(w->r);
 	free(w->f.lps);
@@ -222,6 +261,14 @@ static int wk_control(struct wk *k, struct kvp_conn *c, const struct kvp_hdr *h,
 			wk_small_reply(k, c, h, rc);
 		return rc ? -1 : 0;
 	}
+	if (k->mode == SCH_DECODE && h->op == KVW_OP_CANCEL) {
+		uint8_t choice = 0;
+		int rc = kvw_cancel_dec(body, h->len, &choice);
+		free(body);
+		if (!rc)
+			wk_cancel_choice(k, c, h->id, choice);
+		return rc ? -1 : 0;
+	}
 	if (k->mode == SCH_DECODE && h->op == KVW_OP_KV_PUT) {
 		int rc = wk_dc_put(k, body, h->len);
 		free(body);
@@ -263,6 +310,7 @@ static void wreq_drop(struct wreq *w)
 {
 	if (!w)
 		return;
+	wr_unlist(w);
 	kvp_conn_unref(w->c);
 	free(w->f.lps);
 	free(w);
@@ -284,6 +332,7 @@ static void dc_forks(struct wk *k, const struct sch_job *j, const struct kvw_dec
 		x.sp.seed = d->xseeds[i];
 		x.ticket = 0;
 		xw[i]->choice = (uint8_t)(1 + i);
+		wr_list(xw[i]);
 		int rc = sch_submit(k->s, &x, &dc, xw[i], &xw[i]->r);
 		if (rc)
 			dc_finish(xw[i], NULL, rc, "cannot fork the prompt's KV");
@@ -317,6 +366,8 @@ static int wk_job_start(struct wk *k, struct kvp_conn *c, const struct kvp_hdr *
 			rc = -ENOMEM;
 	if (!rc) {
 		j.forks = gen ? 0 : (int)d.nx;
+		if (k->mode == SCH_DECODE)
+			wr_list(w);
 		rc = sch_submit(k->s, &j, gen ? &dg : k->mode == SCH_PREFILL ? &pf : &dc, w, &w->r);
 		if (rc) {
 			wreq_drop(w);
@@ -397,6 +448,7 @@ static int run_worker(int argc, char **argv, enum sch_mode mode, const char *nam
 	so.isa = isa;
 	so.device = kvinfer_eng_parse(c.device, &so.gpu);
 	so.ignore_eos = c.ignore_eos;
+	so.fork_delay_ms = (int)c.fork_delay_ms;
 	struct wk k;
 	memset(&k, 0, sizeof(k));
 	k.mode = mode;

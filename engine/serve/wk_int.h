@@ -47,6 +47,7 @@ struct wk {
 	int ndead;
 	uint32_t next_session; /* starts random: ids do not repeat across restarts */
 	int puts;	       /* hand-over threads running */
+	struct wreq *live;     /* decode side: DECODE / GENERATE choices, for KVW_OP_CANCEL */
 };
 
 /* What a PREFILL reply tells of its choices beyond the prompt: the further choices' first
@@ -67,6 +68,8 @@ struct wreq {
 	struct sch_req *r;
 	int replied;
 	uint8_t choice; /* DECODE: 0, or the further choice (1..nx) its frames name */
+	int listed;	/* on k->live (under k->mu) */
+	struct wreq *lnext;
 	/* logprobs asked: PREFILL: the first tokens'; DECODE / GENERATE: lps[0] is the next
 	 * token's (present until its TOKEN frame carries it) */
 	struct wk_firsts f;

@@ -22,7 +22,8 @@ enum {
 	OP_DECODE,
 	OP_EV,
 	OP_HELLO,
-	OP_NCCL_ID
+	OP_NCCL_ID,
+	OP_CANCEL
 };
 
 #ifndef KVW_FUZZ_OP
@@ -128,6 +129,12 @@ static int dec_enc(const uint8_t *in, size_t n, struct kvp_wbuf *out, int *exact
 		const uint8_t *id;
 		if (!(rc = kvw_nccl_id_dec(in, n, &s, &id)))
 			kvw_nccl_id_enc(out, s, id);
+		return rc;
+	}
+	case OP_CANCEL: {
+		uint8_t choice;
+		if (!(rc = kvw_cancel_dec(in, n, &choice)))
+			kvw_cancel_enc(out, choice);
 		return rc;
 	}
 	}
