@@ -569,6 +569,30 @@ static void test_bad_files(void **state)
 	assert_null(v);
 }
 
+/* Writes the fuzzer's seed (tests/fuzz/corpus/fuzz_vit/) when KVFS_VIT_SEED_OUT names a
+ * file: a tower of 4 patches, 8 wide, F16, every optional tensor. */
+static void test_fuzz_seed(void **state)
+{
+	(void)state;
+	struct spec s = base_spec();
+	s.image = 8, s.patch = 4, s.E = 8, s.F = 16, s.L = 2, s.H = 2, s.hidden = 8, s.out = 8;
+	s.wtype = KVK_W_F16;
+	void *buf;
+	size_t len;
+	build(&s, 5, &buf, &len);
+	struct vit *v;
+	assert_int_equal(load_mem(buf, len, 1, &v, NULL, 0), 0);
+	vit_free(v);
+	const char *out = getenv("KVFS_VIT_SEED_OUT");
+	if (out) {
+		FILE *f = fopen(out, "wb");
+		assert_non_null(f);
+		assert_int_equal(fwrite(buf, 1, len, f), len);
+		assert_int_equal(fclose(f), 0);
+	}
+	free(buf);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -577,6 +601,7 @@ int main(void)
 	    cmocka_unit_test(test_threads_bit_identical),
 	    cmocka_unit_test(test_kvinfer_synth_file),
 	    cmocka_unit_test(test_bad_files),
+	    cmocka_unit_test(test_fuzz_seed),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
