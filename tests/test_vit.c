@@ -167,7 +167,7 @@ static void build(const struct spec *s, uint64_t seed, void **buf, size_t *len)
 	kvi_gguf_w_arr_f32(w, "clip.vision.image_mean", mean, (size_t)s->mean_n);
 	kvi_gguf_w_arr_f32(w, "clip.vision.image_std", std, 3);
 	int64_t E = s->E, F = s->F, P = s->patch,
-		np = (s->image / s->patch) * (s->image / s->patch);
+		np = (int64_t)(s->image / s->patch) * (s->image / s->patch);
 	float in_e = sqrtf(3.0f / (float)E), in_f = sqrtf(3.0f / (float)F);
 	if (s->has_class)
 		add(b, "v.class_embd", 1, E, 1, 1, 1, 0.5f, 0);
