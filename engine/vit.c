@@ -314,6 +314,18 @@ static int load_tensors(struct ld *l)
 #define NM(s) (snprintf(nm, sizeof(nm), "v.blk.%d.%s", i, s), nm)
 	for (int i = 0; i < I->n_layer; i++) {
 		struct vit_blk *b = &v->blk[i];
+		/* Older LLaVA converters wrote fc1 as ffn_down and fc2 as ffn_up; llama.cpp swaps
+		 * them back when ffn_down's rows have n_embd elements, and so do we (the same
+		 * test, so a file means what it means to clip.cpp, also when n_ff == n_embd). */
+		const struct kvi_gguf_tensor *fd =
+		    kvi_gguf_find_tensor(v->g, NM("ffn_down.weight"));
+		int sw = fd && fd->n_dims == 2 && fd->ne[0] == E;
+		const char *up = sw ? "ffn_down" : "ffn_up", *down = sw ? "ffn_up" : "ffn_down";
+		char upw[32], upb[32], dnw[32], dnb[32];
+		snprintf(upw, sizeof(upw), "%s.weight", up);
+		snprintf(upb, sizeof(upb), "%s.bias", up);
+		snprintf(dnw, sizeof(dnw), "%s.weight", down);
+		snprintf(dnb, sizeof(dnb), "%s.bias", down);
 		if ((ret = get_vec(l, NM("ln1.weight"), E, 0, 0, &b->ln1_w)) ||
 		    (ret = get_vec(l, NM("ln1.bias"), E, 0, 1, &b->ln1_b)) ||
 		    (ret = get_mat(l, NM("attn_q.weight"), E, E, &b->q)) ||
@@ -326,10 +338,10 @@ static int load_tensors(struct ld *l)
 		    (ret = get_vec(l, NM("attn_out.bias"), E, 0, 1, &b->bo)) ||
 		    (ret = get_vec(l, NM("ln2.weight"), E, 0, 0, &b->ln2_w)) ||
 		    (ret = get_vec(l, NM("ln2.bias"), E, 0, 1, &b->ln2_b)) ||
-		    (ret = get_mat(l, NM("ffn_up.weight"), E, F, &b->up)) ||
-		    (ret = get_vec(l, NM("ffn_up.bias"), F, 0, 1, &b->bup)) ||
-		    (ret = get_mat(l, NM("ffn_down.weight"), F, E, &b->down)) ||
-		    (ret = get_vec(l, NM("ffn_down.bias"), E, 0, 1, &b->bdown)))
+		    (ret = get_mat(l, NM(upw), E, F, &b->up)) ||
+		    (ret = get_vec(l, NM(upb), F, 0, 1, &b->bup)) ||
+		    (ret = get_mat(l, NM(dnw), F, E, &b->down)) ||
+		    (ret = get_vec(l, NM(dnb), E, 0, 1, &b->bdown)))
 			return ret;
 	}
 #undef NM

@@ -178,12 +178,16 @@ int ref_vit_encode(const struct kvi_gguf *g, const float *pix, float *out)
 			double *r = hn + (size_t)t * E;
 			memcpy(x, r, E * sizeof(double));
 			lnorm(T(g, B, l, "ln2.weight"), T(g, B, l, "ln2.bias"), x, (int)E, eps);
-			lin(T(g, B, l, "ffn_up.weight"), T(g, B, l, "ffn_up.bias"), x, (int)E,
-			    (int)F, u);
+			/* legacy LLaVA files name fc1 ffn_down: told apart by its row length */
+			int sw = T(g, B, l, "ffn_down.weight")->ne[0] == (int64_t)E;
+			const char *up = sw ? "ffn_down.weight" : "ffn_up.weight",
+				   *upb = sw ? "ffn_down.bias" : "ffn_up.bias",
+				   *dn = sw ? "ffn_up.weight" : "ffn_down.weight",
+				   *dnb = sw ? "ffn_up.bias" : "ffn_down.bias";
+			lin(T(g, B, l, up), T(g, B, l, upb), x, (int)E, (int)F, u);
 			for (uint32_t i = 0; i < F; i++)
 				u[i] = gelu_d(u[i], !use_gelu);
-			lin(T(g, B, l, "ffn_down.weight"), T(g, B, l, "ffn_down.bias"), u, (int)F,
-			    (int)E, y);
+			lin(T(g, B, l, dn), T(g, B, l, dnb), u, (int)F, (int)E, y);
 			for (uint32_t i = 0; i < E; i++)
 				h[(size_t)t * E + i] = r[i] + y[i];
 		}

@@ -32,6 +32,7 @@ struct spec {
 	/* hostile variations */
 	const char *skip;     /* key or tensor not written */
 	const char *bad_name; /* tensor written one column wider */
+	int legacy_ffn;	      /* fc1 named ffn_down, fc2 ffn_up (old LLaVA converters) */
 	const char *q8_name;  /* tensor written as Q8_0 */
 	int has_vis;	      /* 0: clip.has_vision_encoder false */
 	int mean_n;	      /* elements of image_mean (3) */
@@ -195,10 +196,17 @@ static void build(const struct spec *s, uint64_t seed, void **buf, size_t *len)
 		A("attn_out.bias", 1, E, 1, 0.1f, 0);
 		A("ln2.weight", 1, E, 1, 0.1f, 1);
 		A("ln2.bias", 1, E, 1, 0.1f, 0);
-		A("ffn_up.weight", 2, E, F, in_e, 0);
-		A("ffn_up.bias", 1, F, 1, 0.1f, 0);
-		A("ffn_down.weight", 2, F, E, in_f * 0.5f, 0);
-		A("ffn_down.bias", 1, E, 1, 0.1f, 0);
+		const char *up = s->legacy_ffn ? "ffn_down" : "ffn_up";
+		const char *dn = s->legacy_ffn ? "ffn_up" : "ffn_down";
+		char nw[32], nb[32];
+		snprintf(nw, sizeof(nw), "%s.weight", up);
+		snprintf(nb, sizeof(nb), "%s.bias", up);
+		A(nw, 2, E, F, in_e, 0);
+		A(nb, 1, F, 1, 0.1f, 0);
+		snprintf(nw, sizeof(nw), "%s.weight", dn);
+		snprintf(nb, sizeof(nb), "%s.bias", dn);
+		A(nw, 2, F, E, in_f * 0.5f, 0);
+		A(nb, 1, E, 1, 0.1f, 0);
 	}
 #undef A
 	if (s->post_ln) {
@@ -314,6 +322,36 @@ static void test_vs_ref_variants(void **state)
 	print_message("bf16, odd sizes: rel err %.3g\n", e);
 	assert_true(e < 1e-4);
 	free(buf);
+}
+
+/* Old LLaVA converters named fc1 ffn_down and fc2 ffn_up; llama.cpp swaps them back by
+ * shape and so must the tower: the same weights under either naming give the same bits. */
+static void test_legacy_ffn_names(void **state)
+{
+	(void)state;
+	struct spec s = base_spec();
+	void *b1, *b2;
+	size_t l1, l2;
+	build(&s, 8, &b1, &l1);
+	s.legacy_ffn = 1;
+	build(&s, 8, &b2, &l2);
+	struct vit *a, *b;
+	assert_int_equal(load_mem(b1, l1, 2, &a, NULL, 0), 0);
+	char err[256] = "";
+	int ret = load_mem(b2, l2, 2, &b, err, sizeof(err));
+	if (ret)
+		fail_msg("legacy naming refused: %d %s", ret, err);
+	size_t n = (size_t)vit_n_tokens(a) * (size_t)vit_n_embd_out(a);
+	float *px = image(s.image, 3), *oa = malloc(n * 4), *ob = malloc(n * 4);
+	assert_int_equal(vit_encode(a, px, oa), 0);
+	assert_int_equal(vit_encode(b, px, ob), 0);
+	assert_memory_equal(oa, ob, n * 4);
+	double e = compare(b2, l2, 1);
+	print_message("legacy ffn names: rel err %.3g\n", e);
+	assert_true(e < 1e-4);
+	free(px), free(oa), free(ob), free(b1), free(b2);
+	vit_free(a);
+	vit_free(b);
 }
 
 /* Threads split rows and (head, query) pairs, never a reduction: the same bits. */
@@ -599,6 +637,7 @@ int main(void)
 	    cmocka_unit_test(test_vs_ref_all_optional),
 	    cmocka_unit_test(test_vs_ref_variants),
 	    cmocka_unit_test(test_threads_bit_identical),
+	    cmocka_unit_test(test_legacy_ffn_names),
 	    cmocka_unit_test(test_kvinfer_synth_file),
 	    cmocka_unit_test(test_bad_files),
 	    cmocka_unit_test(test_fuzz_seed),
