@@ -157,6 +157,11 @@ static int load_hparams(struct ld *l)
 	if ((ret = key_bool(l, "clip.use_gelu", 0, &b)))
 		return ret;
 	I->gelu_quick = !b;
+	/* LLaVA-1.6 any-resolution: llama.cpp then encodes several crops plus newline tokens;
+	 * one fixed-size encode would silently give other embeddings, so refuse it */
+	if (kvi_gguf_find_kv(v->g, "clip.vision.image_grid_pinpoints") >= 0)
+		return lfail(l, "clip.vision.image_grid_pinpoints (LLaVA-1.6 any-resolution) is "
+				"not supported");
 	if (kvi_gguf_find_kv(v->g, "clip.vision.feature_layer") >= 0)
 		return lfail(l, "clip.vision.feature_layer (stacked feature layers) is not "
 				"supported");

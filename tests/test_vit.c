@@ -40,6 +40,7 @@ struct spec {
 	int pos_extra; /* extra position rows */
 	int use_silu;
 	int feature_layer;
+	int pinpoints;
 };
 
 static struct spec base_spec(void)
@@ -154,6 +155,10 @@ static void build(const struct spec *s, uint64_t seed, void **buf, size_t *len)
 	if (s->feature_layer) {
 		int32_t fl[2] = {1, 2};
 		kvi_gguf_w_arr_i32(w, "clip.vision.feature_layer", fl, 2);
+	}
+	if (s->pinpoints) {
+		int32_t pp[4] = {336, 672, 672, 336};
+		kvi_gguf_w_arr_i32(w, "clip.vision.image_grid_pinpoints", pp, 4);
 	}
 	kv_u32(b, "clip.vision.image_size", (uint32_t)s->image);
 	kv_u32(b, "clip.vision.patch_size", (uint32_t)s->patch);
@@ -457,6 +462,10 @@ static void m_feat(struct spec *s)
 {
 	s->feature_layer = 1;
 }
+static void m_pinpoints(struct spec *s)
+{
+	s->pinpoints = 1;
+}
 static void m_skip_img(struct spec *s)
 {
 	s->skip = "clip.vision.image_size";
@@ -552,6 +561,7 @@ static void test_bad_files(void **state)
 	    {"projector ldp", "projector_type 'ldp' is not supported", m_proj},
 	    {"silu", "use_silu", m_silu},
 	    {"feature layers", "feature_layer", m_feat},
+	    {"any-resolution", "image_grid_pinpoints (LLaVA-1.6", m_pinpoints},
 	    {"no image size", "missing required key 'clip.vision.image_size'", m_skip_img},
 	    {"patch 5 of 16", "does not divide image_size", m_patch},
 	    {"5 heads of 32", "head_count = 5 does not divide", m_heads},
