@@ -53,6 +53,8 @@ struct vit {
 	int n_threads;
 	float *x, *h, *q, *k, *v, *a, *u, *col, *mid;
 	float **scratch; /* per thread: matmul scratch then attention scores */
+	int has_q8;	 /* some matrix is Q8_0: act holds quantized activations */
+	void *act;
 };
 
 /* ---- errors ------------------------------------------------------------------------------ */
@@ -237,6 +239,8 @@ static int is_float_type(uint32_t t)
 	return t == KVK_W_F32 || t == KVK_W_F16 || t == KVK_W_BF16;
 }
 
+/* Linear layers also take Q8_0 (llama.cpp's quantized mmproj files): the kernels' int8 path
+ * with activations quantized per token (kvk_act_prepare). */
 static int get_mat(struct ld *l, const char *name, int64_t n, int64_t rows, struct vit_mat *m)
 {
 	int ret;
@@ -244,9 +248,14 @@ static int get_mat(struct ld *l, const char *name, int64_t n, int64_t rows, stru
 	const struct kvi_gguf_tensor *t = find_t(l, name, 2, ne, 0, &ret);
 	if (!t)
 		return ret;
-	if (!is_float_type(t->type))
-		return lfail(l, "tensor '%s' has type %s (supported: F32, F16, BF16)", name,
+	if (!is_float_type(t->type) && t->type != KVK_W_Q8_0)
+		return lfail(l, "tensor '%s' has type %s (supported: F32, F16, BF16, Q8_0)", name,
 			     kvi_gguf_type_name(t->type) ? kvi_gguf_type_name(t->type) : "?");
+	if (!kvk_row_bytes((enum kvk_wtype)t->type, (size_t)n))
+		return lfail(l, "tensor '%s': rows of %lld elements are not whole %s blocks", name,
+			     (long long)n, kvi_gguf_type_name(t->type));
+	if (t->type == KVK_W_Q8_0)
+		l->v->has_q8 = 1;
 	*m = (struct vit_mat){(enum kvk_wtype)t->type, t->data, (size_t)n, (size_t)rows};
 	return 0;
 }
@@ -412,13 +421,21 @@ static int alloc_state(struct vit *v, int n_threads)
 	size_t sc = T;
 	size_t widths[] = {K, E, (size_t)I->n_ff, (size_t)I->n_mm_hidden};
 	for (size_t i = 0; i < sizeof(widths) / sizeof(widths[0]); i++)
-		for (int wt = 0; wt < 3; wt++) {
-			enum kvk_wtype t = wt == 0 ? KVK_W_F32 : wt == 1 ? KVK_W_F16 : KVK_W_BF16;
-			sc = maxz(sc, kvk_matmul_scratch_floats(t, widths[i]));
+		for (int wt = 0; wt < 4; wt++) {
+			static const enum kvk_wtype W[] = {KVK_W_F32, KVK_W_F16, KVK_W_BF16,
+							   KVK_W_Q8_0};
+			sc = maxz(sc, kvk_matmul_scratch_floats(W[wt], widths[i]));
 		}
 	for (int i = 0; i < n_threads; i++)
 		if (!(v->scratch[i] = falloc(sc)))
 			return -ENOMEM;
+	if (v->has_q8) {
+		size_t ab = 0;
+		for (size_t i = 0; i < sizeof(widths) / sizeof(widths[0]); i++)
+			ab = maxz(ab, kvk_act_bytes(KVK_W_Q8_0, widths[i], T));
+		if (!(v->act = falloc((ab + 3) / 4)))
+			return -ENOMEM;
+	}
 	return 0;
 }
 
@@ -484,6 +501,7 @@ void vit_free(struct vit *v)
 		for (int i = 0; i < v->n_threads; i++)
 			free(v->scratch[i]);
 	free(v->scratch);
+	free(v->act);
 	float *f[] = {v->x,	v->h,	  v->q,	     v->k,	 v->v,	   v->a,
 		      v->u,	v->col,	  v->mid,    v->patch_b, v->cls,   v->pos,
 		      v->pre_w, v->pre_b, v->post_w, v->post_b,	 v->mm0_b, v->mm2_b};
@@ -556,8 +574,20 @@ struct lin_job {
 	const float *x, *b;
 	float *y, *resid;
 	size_t ntok;
-	int act; /* 0 none, 1 gelu(file's kind), 2 tanh gelu (projector) */
+	int act;	    /* 0 none, 1 gelu(file's kind), 2 tanh gelu (projector) */
+	const void *act_in; /* x, or x quantized for Q8_0 weights */
 };
+
+static void prep_run(void *arg, int share, int nshares, int thread)
+{
+	(void)thread;
+	struct lin_job *j = arg;
+	long lo, hi;
+	kvi_pool_split((long)j->ntok, share, nshares, 1, &lo, &hi);
+	if (lo < hi)
+		kvk_act_prepare(j->w->type, j->v->act, j->ntok, j->x, j->w->n, j->w->n, (size_t)lo,
+				(size_t)hi);
+}
 
 static void lin_run(void *arg, int share, int nshares, int thread)
 {
@@ -568,7 +598,7 @@ static void lin_run(void *arg, int share, int nshares, int thread)
 	if (lo >= hi)
 		return;
 	kvk_matmul(j->v->isa, j->w->type, j->y, R, j->w->data, j->w->n, (size_t)lo, (size_t)hi,
-		   j->x, j->ntok, j->v->scratch[thread]);
+		   j->act_in, j->ntok, j->v->scratch[thread]);
 	for (size_t t = 0; t < j->ntok; t++) {
 		float *y = j->y + t * R;
 		for (size_t r = (size_t)lo; r < (size_t)hi; r++) {
@@ -586,7 +616,11 @@ static void lin_run(void *arg, int share, int nshares, int thread)
 static void linear(struct vit *v, const struct vit_mat *w, const float *x, size_t ntok,
 		   const float *b, float *y, int act, float *resid)
 {
-	struct lin_job j = {v, w, x, b, y, resid, ntok, act};
+	struct lin_job j = {v, w, x, b, y, resid, ntok, act, x};
+	if (!is_float_type(w->type)) {
+		kvi_pool_run(v->pool, prep_run, &j);
+		j.act_in = v->act;
+	}
 	kvi_pool_run(v->pool, lin_run, &j);
 }
 

@@ -10,8 +10,9 @@
  * last block is not run (LLaVA takes the penultimate layer's features): vit_info().n_layer_run
  * = block_count - 1.
  *
- * Weights stay in the file's read-only mapping (matrices F32, F16 or BF16); vectors (norms,
- * biases, class and position embeddings) are converted to f32 at load.
+ * Weights stay in the file's read-only mapping (linear layers F32, F16, BF16 or Q8_0, the
+ * patch kernel F32/F16/BF16); vectors (norms, biases, class and position embeddings) are
+ * converted to f32 at load.
  *
  * Errors: functions return 0 or a negative errno: -EINVAL for a malformed or unsupported file
  * (with a message naming the key or tensor in err, errlen bytes, may be NULL), -ENOMEM, -errno

@@ -22,6 +22,12 @@ static double el(const struct kvi_gguf_tensor *t, size_t i)
 	if (!t)
 		return 0;
 	const uint8_t *p = t->data;
+	if (t->type == 8) { /* Q8_0: blocks of 32 = f16 scale + 32 int8; rows are whole blocks */
+		const uint8_t *blk = p + (i / 32) * 34;
+		uint16_t d;
+		memcpy(&d, blk, 2);
+		return half_d(d) * (double)(int8_t)blk[2 + i % 32];
+	}
 	if (t->type == 0) {
 		float f;
 		memcpy(&f, p + 4 * i, 4);

@@ -33,7 +33,7 @@ struct spec {
 	const char *skip;     /* key or tensor not written */
 	const char *bad_name; /* tensor written one column wider */
 	int legacy_ffn;	      /* fc1 named ffn_down, fc2 ffn_up (old LLaVA converters) */
-	const char *q8_name;  /* tensor written as Q8_0 */
+	const char *q4_name;  /* tensor written as Q4_0 (zeros): a type the tower refuses */
 	int has_vis;	      /* 0: clip.has_vision_encoder false */
 	int mean_n;	      /* elements of image_mean (3) */
 	float std0, eps;
@@ -102,8 +102,10 @@ static void add(struct builder *b, const char *name, int nd, int64_t ne0, int64_
 	memcpy(t->ne, ne, sizeof(ne));
 	t->nd = nd;
 	t->type = nd >= 2 && !norm && scale != 0.5f ? s->wtype : KVK_W_F32;
-	if (s->q8_name && !strcmp(s->q8_name, name))
-		t->type = KVK_W_Q8_0;
+	if (nd == 4 && t->type == KVK_W_Q8_0)
+		t->type = KVK_W_F16; /* the patch kernel's ggml rows are p wide: never Q8_0 */
+	if (s->q4_name && !strcmp(s->q4_name, name))
+		t->type = KVK_W_Q4_0;
 	size_t rows = (size_t)(ne[1] * ne[2] * ne[3]), rb = kvk_row_bytes(t->type, (size_t)ne[0]);
 	t->data = calloc(rows, rb ? rb : 1);
 	assert_non_null(t->data);
@@ -113,7 +115,19 @@ static void add(struct builder *b, const char *name, int nd, int64_t ne0, int64_
 		for (int64_t i = 0; i < ne[0]; i++)
 			row[i] = (norm ? 1.0f : 0.0f) + scale * urand(&b->rng);
 		uint8_t *o = (uint8_t *)t->data + r * rb;
-		for (int64_t i = 0; i < ne[0] && t->type != KVK_W_Q8_0; i++) {
+		if (t->type == KVK_W_Q8_0 && rb) /* round to nearest, scale amax / 127 */
+			for (int64_t blk = 0; blk < ne[0] / 32; blk++) {
+				float amax = 0, *x = row + blk * 32;
+				for (int i = 0; i < 32; i++)
+					amax = fmaxf(amax, fabsf(x[i]));
+				float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
+				uint16_t dh = kvk_f32_to_f16(d);
+				memcpy(o + blk * 34, &dh, 2);
+				for (int i = 0; i < 32; i++)
+					o[blk * 34 + 2 + i] = (uint8_t)(int8_t)lrintf(x[i] * id);
+			}
+		for (int64_t i = 0; i < ne[0] && t->type != KVK_W_Q8_0 && t->type != KVK_W_Q4_0;
+		     i++) {
 			if (t->type == KVK_W_F32) {
 				memcpy(o + 4 * i, &row[i], 4);
 			} else {
@@ -320,6 +334,15 @@ static void test_vs_ref_variants(void **state)
 	print_message("f16, quick gelu, nothing optional: rel err %.3g\n", e);
 	assert_true(e < 1e-4);
 	free(buf);
+	/* Q8_0 linear layers (patch kernel F16): the tower also quantizes activations to 8 bits
+	 * per block of 32 and the reference does not, hence the engine's Q8_0 bound (engine.md) */
+	s = base_spec();
+	s.wtype = KVK_W_Q8_0, s.F = 96, s.hidden = 64;
+	build(&s, 6, &buf, &len);
+	e = compare(buf, len, 2);
+	print_message("q8_0: rel err %.3g\n", e);
+	assert_true(e < 6e-2);
+	free(buf);
 	s = base_spec();
 	s.wtype = KVK_W_BF16, s.image = 12, s.patch = 3, s.E = 24, s.H = 3, s.L = 4;
 	build(&s, 3, &buf, &len);
@@ -434,6 +457,21 @@ static void test_kvinfer_synth_file(void **state)
 	print_message("kvinfer-synth mmproj (f16): rel err %.3g\n", e);
 	assert_true(e < 1e-4);
 	free(bytes);
+	/* --type q8_0: Q8_0 linear layers, F16 patch kernel; loads, and within the Q8_0 bound */
+	snprintf(cmd, sizeof(cmd),
+		 "%s/tools/kvinfer-synth --preset tiny --type q8_0 --mmproj %s >/dev/null", bd,
+		 path);
+	assert_int_equal(system(cmd), 0);
+	struct kvi_gguf *g;
+	assert_int_equal(kvi_gguf_open(path, &g, NULL, 0), 0);
+	assert_int_equal(kvi_gguf_find_tensor(g, "mm.2.weight")->type, KVK_W_Q8_0);
+	assert_int_equal(kvi_gguf_find_tensor(g, "v.patch_embd.weight")->type, KVK_W_F16);
+	size_t ql;
+	const void *qb = kvi_gguf_base(g, &ql);
+	e = compare(qb, ql, 2);
+	print_message("kvinfer-synth mmproj (q8_0): rel err %.3g\n", e);
+	assert_true(e < 6e-2);
+	kvi_gguf_close(g);
 	unlink(path);
 }
 
@@ -523,9 +561,9 @@ static void m_patchw(struct spec *s)
 {
 	s->bad_name = "v.patch_embd.weight";
 }
-static void m_q8(struct spec *s)
+static void m_q4(struct spec *s)
 {
-	s->q8_name = "v.blk.0.attn_k.weight";
+	s->q4_name = "v.blk.0.attn_k.weight";
 }
 static void m_skip_ln(struct spec *s)
 {
@@ -578,7 +616,8 @@ static void test_bad_files(void **state)
 	    {"attn_q shape", "tensor 'v.blk.1.attn_q.weight' has shape [33, 32]", m_q},
 	    {"ffn_up bias", "tensor 'v.blk.0.ffn_up.bias' has shape [81]", m_up},
 	    {"patch kernel", "tensor 'v.patch_embd.weight' has shape [5, 4, 3, 32]", m_patchw},
-	    {"q8_0 matrix", "'v.blk.0.attn_k.weight' has type Q8_0", m_q8},
+	    {"q4_0 matrix",
+	     "'v.blk.0.attn_k.weight' has type Q4_0 (supported: F32, F16, BF16, Q8_0)", m_q4},
 	    {"no ln2", "missing tensor 'v.blk.2.ln2.weight'", m_skip_ln},
 	    {"no attn_out", "missing tensor 'v.blk.1.attn_out.weight'", m_skip_out},
 	    {"no mm.2", "missing tensor 'mm.2.weight'", m_skip_mm2},

@@ -530,6 +530,8 @@ static int add_vt(struct kvi_gguf_writer *w, struct gen *g, uint64_t seed, const
 	}
 	if (kind == T_NORM || kind == T_BIAS || kind == T_EMBD)
 		type = KVI_F32; /* vectors and tables stay f32, as llama.cpp's converter writes */
+	if (type == KVI_Q8_0 && (n_dims == 4 || ne[0] % KVI_Q8_0_BLOCK))
+		type = KVI_F16; /* the patch kernel (rows p wide) stays float */
 	int idx = kvi_gguf_w_tensor(w, name, (uint32_t)type, n_dims, ne, NULL);
 	if (idx < 0)
 		return idx;
@@ -539,7 +541,7 @@ static int add_vt(struct kvi_gguf_writer *w, struct gen *g, uint64_t seed, const
 
 /* A LLaVA-1.5-style mmproj: CLIP tower (class token, pre-LN, no post-LN, no patch bias, quick
  * GELU) and the two-layer mlp projector into an LM of width lm_embd. Matrices in `type` (F32,
- * F16 or BF16), vectors F32. */
+ * F16, BF16 or Q8_0; the patch kernel F16 for Q8_0), vectors F32. */
 static int write_mmproj(const struct vshape *s, int lm_embd, enum kvi_dtype type, const char *path,
 			uint64_t seed)
 {
@@ -557,7 +559,11 @@ static int write_mmproj(const struct vshape *s, int lm_embd, enum kvi_dtype type
 	kvi_gguf_w_str(w, "general.architecture", "clip");
 	kvi_gguf_w_str(w, "general.name", name);
 	kvi_gguf_w_alignment(w, 32);
-	kvi_gguf_w_u32(w, "general.file_type", type == KVI_F32 ? 0 : type == KVI_F16 ? 1 : 32);
+	kvi_gguf_w_u32(w, "general.file_type",
+		       type == KVI_F32	  ? 0
+		       : type == KVI_F16  ? 1
+		       : type == KVI_Q8_0 ? 7
+					  : 32);
 	kvi_gguf_w_bool(w, "kvfs.synthetic", 1);
 	kvi_gguf_w_u64(w, "kvfs.synthetic.seed", seed);
 	kvi_gguf_w_bool(w, "clip.has_text_encoder", 0);
@@ -736,11 +742,11 @@ int main(int argc, char **argv)
 		       (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
 	}
 	if (o.mmproj[0]) {
-		/* the tower's matrices: f32 or bf16 as asked, f16 for every other file type
-		 * (mmproj files are rarely quantized and the tower computes float weights) */
-		enum kvi_dtype vt = ft->base == KVI_F32	   ? KVI_F32
-				    : ft->base == KVI_BF16 ? KVI_BF16
-							   : KVI_F16;
+		/* the tower's matrices: f32, bf16 or q8_0 as asked, f16 for the other file
+		 * types (llama.cpp publishes mmproj files in F16 and Q8_0) */
+		enum kvi_dtype vt = ft->base;
+		if (vt != KVI_F32 && vt != KVI_BF16 && vt != KVI_Q8_0)
+			vt = KVI_F16;
 		clock_gettime(CLOCK_MONOTONIC, &t0);
 		ret = write_mmproj(vs, p->n_embd, vt, o.mmproj, (uint64_t)o.seed);
 		clock_gettime(CLOCK_MONOTONIC, &t1);
