@@ -455,6 +455,8 @@ int vit_from_gguf(struct kvi_gguf *g, int n_threads, struct vit **out, char *err
 		err[0] = 0;
 	*out = NULL;
 	if (n_threads < 1 || n_threads > 1024) {
+		if (err && errlen)
+			snprintf(err, errlen, "n_threads = %d out of range [1, 1024]", n_threads);
 		kvi_gguf_close(g);
 		return -EINVAL;
 	}
