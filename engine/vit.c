@@ -52,7 +52,8 @@ struct vit {
 	enum kvk_isa isa;
 	int n_threads;
 	float *x, *h, *q, *k, *v, *a, *u, *col, *mid;
-	float **scratch; /* per thread: matmul scratch then attention scores */
+	float **scratch; /* per thread: matmul scratch */
+	float **ascr;	 /* per thread: attention's head copies and scores */
 	int has_q8;	 /* some matrix is Q8_0: act holds quantized activations */
 	void *act;
 };
@@ -419,15 +420,21 @@ static int alloc_state(struct vit *v, int n_threads)
 	    !v->scratch)
 		return -ENOMEM;
 	size_t sc = T;
-	size_t widths[] = {K, E, (size_t)I->n_ff, (size_t)I->n_mm_hidden};
+	size_t D = E / (size_t)I->n_head;
+	size_t widths[] = {K, E, (size_t)I->n_ff, (size_t)I->n_mm_hidden, D, T};
 	for (size_t i = 0; i < sizeof(widths) / sizeof(widths[0]); i++)
 		for (int wt = 0; wt < 4; wt++) {
 			static const enum kvk_wtype W[] = {KVK_W_F32, KVK_W_F16, KVK_W_BF16,
 							   KVK_W_Q8_0};
 			sc = maxz(sc, kvk_matmul_scratch_floats(W[wt], widths[i]));
 		}
+	/* attention: Q_h, K_h, V_h^T, scores, O_h per thread (attn_run) */
+	v->ascr = calloc((size_t)n_threads, sizeof(float *));
+	if (!v->ascr)
+		return -ENOMEM;
+	size_t TD = (T * D + 15) & ~(size_t)15, TT = (T * T + 15) & ~(size_t)15;
 	for (int i = 0; i < n_threads; i++)
-		if (!(v->scratch[i] = falloc(sc)))
+		if (!(v->scratch[i] = falloc(sc)) || !(v->ascr[i] = falloc(4 * TD + TT)))
 			return -ENOMEM;
 	if (v->has_q8) {
 		size_t ab = 0;
@@ -503,6 +510,10 @@ void vit_free(struct vit *v)
 		for (int i = 0; i < v->n_threads; i++)
 			free(v->scratch[i]);
 	free(v->scratch);
+	if (v->ascr)
+		for (int i = 0; i < v->n_threads; i++)
+			free(v->ascr[i]);
+	free(v->ascr);
 	free(v->act);
 	float *f[] = {v->x,	v->h,	  v->q,	     v->k,	 v->v,	   v->a,
 		      v->u,	v->col,	  v->mid,    v->patch_b, v->cls,   v->pos,
@@ -665,44 +676,50 @@ static void layernorm(struct vit *v, const float *x, const float *w, const float
 	kvi_pool_run(v->pool, ln_run, &j);
 }
 
-/* Non-causal attention: every token sees every token. Shares split (head, query) pairs. */
+/* Non-causal attention: every token sees every token. A share takes whole heads; a head is
+ * two kvk_matmul products on contiguous copies: S = (Q_h * scale) K_h^T, row softmax, then
+ * O_h = S V_h (V_h transposed so its rows are the weight rows). */
 struct attn_job {
 	struct vit *v;
 	size_t T;
 };
+
+static size_t up16(size_t n)
+{
+	return (n + 15) & ~(size_t)15;
+}
 
 static void attn_run(void *arg, int share, int nshares, int thread)
 {
 	struct attn_job *j = arg;
 	struct vit *v = j->v;
 	size_t E = (size_t)v->info.n_embd, H = (size_t)v->info.n_head, D = E / H, T = j->T;
-	float scale = 1.0f / sqrtf((float)D), *s = v->scratch[thread];
+	float scale = 1.0f / sqrtf((float)D);
+	float *qh = v->ascr[thread], *kh = qh + up16(T * D), *vt = kh + up16(T * D);
+	float *s = vt + up16(D * T), *o = s + up16(T * T);
 	long lo, hi;
-	kvi_pool_split((long)(H * T), share, nshares, 1, &lo, &hi);
-	for (long pi = lo; pi < hi; pi++) {
-		size_t h = (size_t)pi / T, i = (size_t)pi % T;
-		const float *q = v->q + i * E + h * D;
-		float mx = -INFINITY;
-		for (size_t t = 0; t < T; t++) {
-			const float *k = v->k + t * E + h * D;
-			float d = 0;
-			for (size_t c = 0; c < D; c++)
-				d += q[c] * k[c];
-			s[t] = d * scale;
-			mx = s[t] > mx ? s[t] : mx;
-		}
-		float sum = 0;
+	kvi_pool_split((long)H, share, nshares, 1, &lo, &hi);
+	for (size_t h = (size_t)lo; h < (size_t)hi; h++) {
 		for (size_t t = 0; t < T; t++)
-			sum += (s[t] = expf(s[t] - mx));
-		float inv = 1.0f / sum, *o = v->a + i * E + h * D;
-		for (size_t c = 0; c < D; c++)
-			o[c] = 0;
-		for (size_t t = 0; t < T; t++) {
-			const float *vv = v->v + t * E + h * D;
-			float p = s[t] * inv;
-			for (size_t c = 0; c < D; c++)
-				o[c] += p * vv[c];
+			for (size_t c = 0; c < D; c++) {
+				qh[t * D + c] = v->q[t * E + h * D + c] * scale;
+				kh[t * D + c] = v->k[t * E + h * D + c];
+				vt[c * T + t] = v->v[t * E + h * D + c];
+			}
+		kvk_matmul(v->isa, KVK_W_F32, s, T, kh, D, 0, T, qh, T, v->scratch[thread]);
+		for (size_t i = 0; i < T; i++) {
+			float *r = s + i * T, mx = -INFINITY, sum = 0;
+			for (size_t t = 0; t < T; t++)
+				mx = r[t] > mx ? r[t] : mx;
+			for (size_t t = 0; t < T; t++)
+				sum += (r[t] = expf(r[t] - mx));
+			float inv = 1.0f / sum;
+			for (size_t t = 0; t < T; t++)
+				r[t] *= inv;
 		}
+		kvk_matmul(v->isa, KVK_W_F32, o, D, vt, T, 0, D, s, T, v->scratch[thread]);
+		for (size_t i = 0; i < T; i++)
+			memcpy(v->a + i * E + h * D, o + i * D, D * sizeof(float));
 	}
 }
 
