@@ -637,6 +637,37 @@ static void linear(struct vit *v, const struct vit_mat *w, const float *x, size_
 	kvi_pool_run(v->pool, lin_run, &j);
 }
 
+/* Q, K and V share their input: one pool run (one barrier, not three). Every share runs its
+ * rows of each matrix, so the result is the same as three linear() calls. */
+struct qkv_job {
+	struct lin_job j[3];
+};
+
+static void qkv_run(void *arg, int share, int nshares, int thread)
+{
+	struct qkv_job *q = arg;
+	for (int i = 0; i < 3; i++)
+		lin_run(&q->j[i], share, nshares, thread);
+}
+
+static void linear_qkv(struct vit *v, const struct vit_blk *b, const float *x, size_t ntok)
+{
+	struct qkv_job q = {{{v, &b->q, x, b->bq, v->q, NULL, ntok, 0, x},
+			     {v, &b->k, x, b->bk, v->k, NULL, ntok, 0, x},
+			     {v, &b->v, x, b->bv, v->v, NULL, ntok, 0, x}}};
+	int prepared = 0;
+	for (int i = 0; i < 3; i++) {
+		if (is_float_type(q.j[i].w->type))
+			continue;
+		/* the only non-float type is Q8_0, whose prepared activations depend on x alone */
+		if (!prepared)
+			kvi_pool_run(v->pool, prep_run, &q.j[i]);
+		prepared = 1;
+		q.j[i].act_in = v->act;
+	}
+	kvi_pool_run(v->pool, qkv_run, &q);
+}
+
 /* LayerNorm over rows of E: out = (x - mean) / sqrt(var + eps) * w + b. */
 struct ln_job {
 	const float *x, *w, *b;
@@ -770,9 +801,7 @@ int vit_encode(struct vit *v, const float *pixels, float *out_embd)
 	for (int l = 0; l < I->n_layer_run; l++) {
 		const struct vit_blk *b = &v->blk[l];
 		layernorm(v, v->h, b->ln1_w, b->ln1_b, v->x, T);
-		linear(v, &b->q, v->x, T, b->bq, v->q, 0, NULL);
-		linear(v, &b->k, v->x, T, b->bk, v->k, 0, NULL);
-		linear(v, &b->v, v->x, T, b->bv, v->v, 0, NULL);
+		linear_qkv(v, b, v->x, T);
 		struct attn_job aj = {v, T};
 		kvi_pool_run(v->pool, attn_run, &aj);
 		linear(v, &b->o, v->a, T, b->bo, v->x, 0, v->h);

@@ -34,6 +34,7 @@ struct spec {
 	const char *bad_name; /* tensor written one column wider */
 	int legacy_ffn;	      /* fc1 named ffn_down, fc2 ffn_up (old LLaVA converters) */
 	const char *q4_name;  /* tensor written as Q4_0 (zeros): a type the tower refuses */
+	const char *q8_one;   /* one tensor written as Q8_0 among float ones */
 	int has_vis;	      /* 0: clip.has_vision_encoder false */
 	int mean_n;	      /* elements of image_mean (3) */
 	float std0, eps;
@@ -106,6 +107,8 @@ static void add(struct builder *b, const char *name, int nd, int64_t ne0, int64_
 		t->type = KVK_W_F16; /* the patch kernel's ggml rows are p wide: never Q8_0 */
 	if (s->q4_name && !strcmp(s->q4_name, name))
 		t->type = KVK_W_Q4_0;
+	if (s->q8_one && !strcmp(s->q8_one, name))
+		t->type = KVK_W_Q8_0;
 	size_t rows = (size_t)(ne[1] * ne[2] * ne[3]), rb = kvk_row_bytes(t->type, (size_t)ne[0]);
 	t->data = calloc(rows, rb ? rb : 1);
 	assert_non_null(t->data);
@@ -342,6 +345,14 @@ static void test_vs_ref_variants(void **state)
 	e = compare(buf, len, 2);
 	print_message("q8_0: rel err %.3g\n", e);
 	assert_true(e < 6e-2);
+	free(buf);
+	/* one Q8_0 matrix among F32 ones (K of block 1): Q and V keep the float input */
+	s = base_spec();
+	s.q8_one = "v.blk.1.attn_k.weight";
+	build(&s, 7, &buf, &len);
+	e = compare(buf, len, 2);
+	print_message("one q8_0 matrix: rel err %.3g\n", e);
+	assert_true(e < 6e-2 && e > 1e-6); /* > 1e-6: the Q8_0 path did run */
 	free(buf);
 	s = base_spec();
 	s.wtype = KVK_W_BF16, s.image = 12, s.patch = 3, s.E = 24, s.H = 3, s.L = 4;
