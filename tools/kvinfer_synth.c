@@ -10,6 +10,10 @@
  *   kvinfer-synth --preset tiny --type f16 -o tiny.gguf [--seed 1]
  *   kvinfer-synth --preset small --type q4_k_m -o small-q4km.gguf
  *   kvinfer-synth --list
+ *   kvinfer-synth --preset tiny -o tiny.gguf --mmproj tiny-mmproj.gguf [--vit vit-b16]
+ *
+ * --mmproj writes a vision tower + mlp projector in llama.cpp's mmproj layout whose output
+ * width is the preset's embedding size (docs/vision.md).
  *
  * The quantized file types (q4_0, q4_k_m, q5_k_m) give each tensor the type llama.cpp's
  * quantizer gives it for that file type (src/llama-quant.cpp, without an importance matrix:
@@ -501,10 +505,159 @@ out:
 	return ret;
 }
 
+/* ---- mmproj (vision tower + mlp projector, llama.cpp's layout; docs/vision.md) ---- */
+
+struct vshape {
+	const char *name, *desc;
+	int image, patch, n_embd, n_ff, n_layer, n_head;
+};
+
+static const struct vshape VSHAPES[] = {
+    {"tiny", "test tower: 32x32, 16 patches", 32, 8, 64, 128, 3, 4},
+    {"vit-b16", "CLIP ViT-B/16 shapes: 224x224, 196 patches", 224, 16, 768, 3072, 12, 12},
+};
+#define N_VSHAPES (sizeof(VSHAPES) / sizeof(VSHAPES[0]))
+
+static int add_vt(struct kvi_gguf_writer *w, struct gen *g, uint64_t seed, const char *name,
+		  enum kind kind, enum kvi_dtype type, int n_dims, const int64_t *ne, float scale)
+{
+	if (g->n == g->cap) {
+		g->cap = g->cap ? g->cap * 2 : 64;
+		struct tdesc *p = realloc(g->t, g->cap * sizeof(*p));
+		if (!p)
+			return -ENOMEM;
+		g->t = p;
+	}
+	if (kind == T_NORM || kind == T_BIAS || kind == T_EMBD)
+		type = KVI_F32; /* vectors and tables stay f32, as llama.cpp's converter writes */
+	if (type == KVI_Q8_0 && (n_dims == 4 || ne[0] % KVI_Q8_0_BLOCK))
+		type = KVI_F16; /* the patch kernel (rows p wide) stays float */
+	int idx = kvi_gguf_w_tensor(w, name, (uint32_t)type, n_dims, ne, NULL);
+	if (idx < 0)
+		return idx;
+	g->t[g->n++] = (struct tdesc){kind, type, ne[0], seed ^ hash_name(name), scale};
+	return 0;
+}
+
+/* A LLaVA-1.5-style mmproj: CLIP tower (class token, pre-LN, no post-LN, no patch bias, quick
+ * GELU) and the two-layer mlp projector into an LM of width lm_embd. Matrices in `type` (F32,
+ * F16, BF16 or Q8_0; the patch kernel F16 for Q8_0), vectors F32. */
+static int write_mmproj(const struct vshape *s, int lm_embd, enum kvi_dtype type, const char *path,
+			uint64_t seed)
+{
+	static const float mean[3] = {0.48145466f, 0.4578275f, 0.40821073f};
+	static const float stdv[3] = {0.26862954f, 0.26130258f, 0.27577711f};
+	struct kvi_gguf_writer *w = NULL;
+	struct gen g = {0};
+	seed ^= 0x76697369ull; /* "visi": a tower's weights differ from its LM's */
+	int ret = kvi_gguf_writer_create(&w);
+	if (ret)
+		return ret;
+	char name[96];
+	int np = (s->image / s->patch) * (s->image / s->patch);
+	snprintf(name, sizeof(name), "kvfs synthetic mmproj %s", s->name);
+	kvi_gguf_w_str(w, "general.architecture", "clip");
+	kvi_gguf_w_str(w, "general.name", name);
+	kvi_gguf_w_alignment(w, 32);
+	kvi_gguf_w_u32(w, "general.file_type",
+		       type == KVI_F32	  ? 0
+		       : type == KVI_F16  ? 1
+		       : type == KVI_Q8_0 ? 7
+					  : 32);
+	kvi_gguf_w_bool(w, "kvfs.synthetic", 1);
+	kvi_gguf_w_u64(w, "kvfs.synthetic.seed", seed);
+	kvi_gguf_w_bool(w, "clip.has_text_encoder", 0);
+	kvi_gguf_w_bool(w, "clip.has_vision_encoder", 1);
+	kvi_gguf_w_bool(w, "clip.has_llava_projector", 1);
+	kvi_gguf_w_str(w, "clip.projector_type", "mlp");
+	kvi_gguf_w_bool(w, "clip.use_gelu", 0);
+	kvi_gguf_w_u32(w, "clip.vision.image_size", (uint32_t)s->image);
+	kvi_gguf_w_u32(w, "clip.vision.patch_size", (uint32_t)s->patch);
+	kvi_gguf_w_u32(w, "clip.vision.embedding_length", (uint32_t)s->n_embd);
+	kvi_gguf_w_u32(w, "clip.vision.feed_forward_length", (uint32_t)s->n_ff);
+	kvi_gguf_w_u32(w, "clip.vision.projection_dim", (uint32_t)lm_embd);
+	kvi_gguf_w_u32(w, "clip.vision.attention.head_count", (uint32_t)s->n_head);
+	kvi_gguf_w_f32(w, "clip.vision.attention.layer_norm_epsilon", 1e-5f);
+	kvi_gguf_w_u32(w, "clip.vision.block_count", (uint32_t)s->n_layer);
+	kvi_gguf_w_arr_f32(w, "clip.vision.image_mean", mean, 3);
+	ret = kvi_gguf_w_arr_f32(w, "clip.vision.image_std", stdv, 3);
+	int64_t E = s->n_embd, F = s->n_ff, P = s->patch, L = lm_embd;
+	float in_e = sqrtf(3.0f / (float)E), in_ff = sqrtf(3.0f / (float)F);
+	float res = 1.0f / sqrtf(2.0f * (float)s->n_layer);
+	struct {
+		const char *n;
+		enum kind k;
+		int nd;
+		int64_t ne[4];
+		float sc;
+	} T[] = {
+	    {"v.class_embd", T_EMBD, 1, {E}, 0.5f},
+	    {"v.patch_embd.weight", T_MAT, 4, {P, P, 3, E}, sqrtf(3.0f / (float)(3 * P * P))},
+	    {"v.position_embd.weight", T_EMBD, 2, {E, np + 1}, 0.5f},
+	    {"v.pre_ln.weight", T_NORM, 1, {E}, 0.05f},
+	    {"v.pre_ln.bias", T_BIAS, 1, {E}, 0.1f},
+	};
+	for (size_t i = 0; i < sizeof(T) / sizeof(T[0]) && !ret; i++)
+		ret = add_vt(w, &g, seed, T[i].n, T[i].k, type, T[i].nd, T[i].ne, T[i].sc);
+	for (int l = 0; l < s->n_layer && !ret; l++) {
+		struct {
+			const char *n;
+			enum kind k;
+			int64_t ne0, ne1;
+			float sc;
+		} B[] = {
+		    {"ln1.weight", T_NORM, E, 1, 0.05f},
+		    {"ln1.bias", T_BIAS, E, 1, 0.1f},
+		    {"attn_q.weight", T_MAT, E, E, in_e},
+		    {"attn_q.bias", T_BIAS, E, 1, 0.1f},
+		    {"attn_k.weight", T_MAT, E, E, in_e},
+		    {"attn_k.bias", T_BIAS, E, 1, 0.1f},
+		    {"attn_v.weight", T_MAT, E, E, in_e},
+		    {"attn_v.bias", T_BIAS, E, 1, 0.1f},
+		    {"attn_out.weight", T_MAT_OUT, E, E, in_e * res},
+		    {"attn_out.bias", T_BIAS, E, 1, 0.1f},
+		    {"ln2.weight", T_NORM, E, 1, 0.05f},
+		    {"ln2.bias", T_BIAS, E, 1, 0.1f},
+		    {"ffn_up.weight", T_MAT, E, F, in_e},
+		    {"ffn_up.bias", T_BIAS, F, 1, 0.1f},
+		    {"ffn_down.weight", T_MAT_OUT, F, E, in_ff * res},
+		    {"ffn_down.bias", T_BIAS, E, 1, 0.1f},
+		};
+		for (size_t i = 0; i < sizeof(B) / sizeof(B[0]) && !ret; i++) {
+			int64_t ne[2] = {B[i].ne0, B[i].ne1};
+			snprintf(name, sizeof(name), "v.blk.%d.%s", l, B[i].n);
+			ret = add_vt(w, &g, seed, name, B[i].k, type, B[i].ne1 > 1 ? 2 : 1, ne,
+				     B[i].sc);
+		}
+	}
+	int64_t m0[2] = {E, L}, b0[1] = {L}, m2[2] = {L, L};
+	if (!ret)
+		ret = add_vt(w, &g, seed, "mm.0.weight", T_MAT, type, 2, m0, in_e);
+	if (!ret)
+		ret = add_vt(w, &g, seed, "mm.0.bias", T_BIAS, type, 1, b0, 0.1f);
+	if (!ret)
+		ret =
+		    add_vt(w, &g, seed, "mm.2.weight", T_MAT, type, 2, m2, sqrtf(3.0f / (float)L));
+	if (!ret)
+		ret = add_vt(w, &g, seed, "mm.2.bias", T_BIAS, type, 1, b0, 0.1f);
+	int64_t maxrow = F > E ? F : E;
+	maxrow = maxrow > L ? maxrow : L;
+	if (!ret && !(g.row = malloc((size_t)maxrow * sizeof(float))))
+		ret = -ENOMEM;
+	if (!ret)
+		ret = kvi_gguf_w_write_file(w, path, fill, &g);
+	free(g.row);
+	free(g.t);
+	kvi_gguf_writer_free(w);
+	return ret;
+}
+
 struct opts {
 	char preset[CFG_STR_MAX];
 	char type[CFG_STR_MAX];
 	char out[CFG_STR_MAX];
+	char mmproj[CFG_STR_MAX];
+	char vit[CFG_STR_MAX];
 	int64_t seed;
 	int list;
 };
@@ -514,6 +667,9 @@ static const struct cfg_opt OPTS[] = {
     {"type", CFG_STR, offsetof(struct opts, type), 0, 0, "f16",
      "f32, f16, bf16, q8_0, q4_0, q4_k_m or q5_k_m"},
     {"out", CFG_STR, offsetof(struct opts, out), 0, 0, NULL, "output file (also -o FILE)"},
+    {"mmproj", CFG_STR, offsetof(struct opts, mmproj), 0, 0, "",
+     "also write a vision tower (llama.cpp mmproj layout) projecting into this model"},
+    {"vit", CFG_STR, offsetof(struct opts, vit), 0, 0, "tiny", "mmproj shape: tiny or vit-b16"},
     {"seed", CFG_INT, offsetof(struct opts, seed), 0, 9007199254740991.0, "1", "weight seed"},
     {"list", CFG_BOOL, offsetof(struct opts, list), 0, 0, "false", "list presets and exit"},
     CFG_END,
@@ -537,6 +693,14 @@ int main(int argc, char **argv)
 			    p->name, p->arch, p->n_embd, p->n_layer, p->n_head, p->n_head_kv,
 			    p->n_ff, p->n_vocab, p->desc);
 		}
+		for (size_t i = 0; i < N_VSHAPES; i++) {
+			const struct vshape *v = &VSHAPES[i];
+			printf(
+			    "--vit %-8s image %4d patch %2d embd %4d layers %2d heads %2d ff %4d  "
+			    "%s\n",
+			    v->name, v->image, v->patch, v->n_embd, v->n_layer, v->n_head, v->n_ff,
+			    v->desc);
+		}
 		return 0;
 	}
 	const struct preset *p = NULL;
@@ -551,21 +715,49 @@ int main(int argc, char **argv)
 	for (size_t i = 0; i < N_FTYPES; i++)
 		if (!strcmp(FTYPES[i].name, o.type))
 			ft = &FTYPES[i];
-	if (!ft || !o.out[0]) {
+	if (!ft || (!o.out[0] && !o.mmproj[0])) {
 		fprintf(stderr, "kvinfer-synth: %s\n",
 			!ft ? "--type must be f32, f16, bf16, q8_0, q4_0, q4_k_m or q5_k_m"
-			    : "-o FILE is required");
+			    : "-o FILE (or --mmproj FILE) is required");
+		return 2;
+	}
+	const struct vshape *vs = NULL;
+	for (size_t i = 0; i < N_VSHAPES; i++)
+		if (!strcmp(VSHAPES[i].name, o.vit))
+			vs = &VSHAPES[i];
+	if (!vs) {
+		fprintf(stderr, "kvinfer-synth: unknown --vit shape '%s' (tiny, vit-b16)\n", o.vit);
 		return 2;
 	}
 	struct timespec t0, t1;
-	clock_gettime(CLOCK_MONOTONIC, &t0);
-	ret = write_model(p, ft, o.out, (uint64_t)o.seed);
-	clock_gettime(CLOCK_MONOTONIC, &t1);
-	if (ret) {
-		fprintf(stderr, "kvinfer-synth: writing %s: %s\n", o.out, strerror(-ret));
-		return 1;
+	if (o.out[0]) {
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		ret = write_model(p, ft, o.out, (uint64_t)o.seed);
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		if (ret) {
+			fprintf(stderr, "kvinfer-synth: writing %s: %s\n", o.out, strerror(-ret));
+			return 1;
+		}
+		printf("kvinfer-synth: wrote %s (%s, %s) in %.2f s\n", o.out, p->name, o.type,
+		       (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
 	}
-	printf("kvinfer-synth: wrote %s (%s, %s) in %.2f s\n", o.out, p->name, o.type,
-	       (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
+	if (o.mmproj[0]) {
+		/* the tower's matrices: f32, bf16 or q8_0 as asked, f16 for the other file
+		 * types (llama.cpp publishes mmproj files in F16 and Q8_0) */
+		enum kvi_dtype vt = ft->base;
+		if (vt != KVI_F32 && vt != KVI_BF16 && vt != KVI_Q8_0)
+			vt = KVI_F16;
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		ret = write_mmproj(vs, p->n_embd, vt, o.mmproj, (uint64_t)o.seed);
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		if (ret) {
+			fprintf(stderr, "kvinfer-synth: writing %s: %s\n", o.mmproj,
+				strerror(-ret));
+			return 1;
+		}
+		printf("kvinfer-synth: wrote %s (mmproj %s -> %d wide) in %.2f s\n", o.mmproj,
+		       vs->name, p->n_embd,
+		       (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
+	}
 	return 0;
 }
