@@ -202,6 +202,16 @@ const char *kvx_model_dir(const struct kvx *x)
 	return x->model_dir;
 }
 
+const char *kvx_dir(const struct kvx *x)
+{
+	return x->dir;
+}
+
+int kvx_is_kvfs(const struct kvx *x)
+{
+	return x->is_kvfs;
+}
+
 /* ---- lookup ---- */
 
 static int present(struct kvx *x, const uint8_t h[KVB_HASH], uint64_t *probes)
@@ -462,6 +472,12 @@ static int verify(struct kvx *x, const struct ld *b, uint8_t (*h)[KVB_HASH], int
 int kvx_load_prefix(struct kvx *x, struct kvi_seq *seq, const int32_t *tokens, int n,
 		    const char *salt, int *cached)
 {
+	return kvx_load_prefix_images(x, seq, tokens, n, salt, NULL, 0, cached);
+}
+
+int kvx_load_prefix_images(struct kvx *x, struct kvi_seq *seq, const int32_t *tokens, int n,
+			   const char *salt, const struct kvb_image *img, int nimg, int *cached)
+{
 	if (!x || !seq || !tokens || n < 1 || !cached || kvi_seq_len(seq) != 0 ||
 	    kvi_seq_kv(seq) != x->kv)
 		return -EINVAL;
@@ -485,7 +501,10 @@ int kvx_load_prefix(struct kvx *x, struct kvi_seq *seq, const int32_t *tokens, i
 		goto out;
 	uint8_t salt_d[KVB_HASH];
 	kvb_salt_digest(salt, salt_d);
-	kvb_chain(x->fp, salt_d, tokens, nb * x->B, x->B, h, nb);
+	if (kvb_chain_images(x->fp, salt_d, tokens, n, x->B, img, nimg, h, nb) != nb) {
+		ret = -EINVAL;
+		goto out;
+	}
 	nread = longest_present(x, h, nb, &probes);
 	if (nread < nb)
 		miss = -ENOENT;

@@ -40,6 +40,7 @@
 
 #include "fwd.h"
 #include "kv.h"
+#include "kvb.h"
 #include "model.h"
 
 struct kvx_opts {
@@ -109,6 +110,15 @@ int kvx_load_prefix(struct kvx *x, struct kvi_seq *seq, const int32_t *tokens, i
  * download, kv.h; counted as save errors). Never waits for file I/O. */
 int kvx_save(struct kvx *x, struct kvi_seq *seq, const int32_t *tokens, int n, const char *salt);
 
+/* kvx_load_prefix and kvx_save for a prompt with images: tokens[img[k].pos ..][img[k].n] are
+ * an image's placeholders, and the block names carry its pixels' hash (kvb_chain_images), so
+ * the KV after an image is found only for the same image. nimg 0: as the calls above;
+ * -EINVAL for spans kvb_chain_images refuses. */
+int kvx_load_prefix_images(struct kvx *x, struct kvi_seq *seq, const int32_t *tokens, int n,
+			   const char *salt, const struct kvb_image *img, int nimg, int *cached);
+int kvx_save_images(struct kvx *x, struct kvi_seq *seq, const int32_t *tokens, int n,
+		    const char *salt, const struct kvb_image *img, int nimg);
+
 /* Waits until every queued save is finished and their block references are dropped. */
 void kvx_flush(struct kvx *x);
 
@@ -117,5 +127,9 @@ void kvx_stats_get(struct kvx *x, struct kvx_stats *out);
 
 /* "<dir>/<fingerprint hex>": where this kvx's blocks live (for tools and tests). */
 const char *kvx_model_dir(const struct kvx *x);
+/* The kv dir itself, and whether it is a kvfs mount (kvx_dir_on_kvfs): for the files kept
+ * beside the blocks (image embeddings, engine/kve.h). */
+const char *kvx_dir(const struct kvx *x);
+int kvx_is_kvfs(const struct kvx *x);
 
 #endif

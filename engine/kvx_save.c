@@ -34,6 +34,12 @@ void kvx_drain_done(struct kvx *x)
 
 int kvx_save(struct kvx *x, struct kvi_seq *seq, const int32_t *tokens, int n, const char *salt)
 {
+	return kvx_save_images(x, seq, tokens, n, salt, NULL, 0);
+}
+
+int kvx_save_images(struct kvx *x, struct kvi_seq *seq, const int32_t *tokens, int n,
+		    const char *salt, const struct kvb_image *img, int nimg)
+{
 	if (!x || !seq || !tokens || n < 0 || n > kvi_seq_len(seq) || kvi_seq_kv(seq) != x->kv)
 		return -EINVAL;
 	kvx_drain_done(x);
@@ -45,7 +51,10 @@ int kvx_save(struct kvx *x, struct kvi_seq *seq, const int32_t *tokens, int n, c
 		return -ENOMEM;
 	uint8_t salt_d[KVB_HASH];
 	kvb_salt_digest(salt, salt_d);
-	kvb_chain(x->fp, salt_d, tokens, nb * x->B, x->B, h, nb);
+	if (kvb_chain_images(x->fp, salt_d, tokens, n, x->B, img, nimg, h, nb) != nb) {
+		free(h);
+		return -EINVAL;
+	}
 	const int32_t *blocks = kvi_seq_blocks(seq);
 	/* A device engine's blocks live in device memory: make the host copy of those about to
 	 * be queued current first (kv.h; nothing to do for the CPU engine). */

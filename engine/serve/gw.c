@@ -108,6 +108,10 @@ struct gw_job {
 	int index;	     /* the choice's index in the response */
 	int first_of_prompt; /* the first choice of its prompt (counts its prompt tokens) */
 	const int32_t *toks; /* a prompt of token ids (in req), or NULL */
+	/* chat: the images of req's messages in order, and where each goes in prompt */
+	const struct img_image **images;
+	size_t *image_off;
+	int n_images;
 	int n_toks;
 	/* req.logprobs: one record per generated token, its text starting at raw + off */
 	struct lp_rec {
@@ -157,6 +161,8 @@ static void job_unref(struct gw_job *j)
 		g->be.release(g->be.ctx, j);
 	oai_request_free(&j->req);
 	free(j->prompt);
+	free(j->images);
+	free(j->image_off);
 	free(j->raw);
 	for (int i = 0; i < j->n_lps; i++)
 		lp_rec_free(&j->lps[i]);
@@ -840,8 +846,21 @@ static int job_init(struct gw *g, struct gw_job *j, int chat, int index, const c
 	j->first_of_prompt = k == 0;
 	if (k && j->req.has_seed)
 		j->req.seed += (uint64_t)k * 0x9E3779B97F4A7C15ULL;
-	if (chat)
-		return oai_render_chat(&j->req, g->o.chat_template, &j->prompt);
+	if (chat) {
+		int ni = oai_count_images(&j->req);
+		if (ni > 0) {
+			j->images = calloc((size_t)ni, sizeof(*j->images));
+			j->image_off = calloc((size_t)ni, sizeof(*j->image_off));
+			if (!j->images || !j->image_off)
+				return -ENOMEM;
+			for (int i = 0, k = 0; i < j->req.n_messages; i++)
+				for (int m = 0; m < j->req.messages[i].n_images; m++)
+					j->images[k++] = &j->req.messages[i].images[m].img;
+			j->n_images = ni;
+		}
+		return oai_render_chat_media(&j->req, g->o.chat_template, &j->prompt, j->image_off,
+					     ni);
+	}
 	j->req.prompt = j->req.prompts[p].text;
 	j->toks = j->req.prompts[p].toks;
 	j->n_toks = j->req.prompts[p].n_toks;
@@ -863,7 +882,10 @@ static int submit_all(struct gw *g, struct gw_job **js, int n)
 				     .n_toks = j->n_toks,
 				     .index = j->index,
 				     .n_forks = k == 0 ? j->req.n - 1 : 0,
-				     .first = k ? js[i - k] : NULL};
+				     .first = k ? js[i - k] : NULL,
+				     .images = j->images,
+				     .image_off = j->image_off,
+				     .n_images = j->n_images};
 		met_gauge_add(g->running, 1);
 		int rc = g->be.submit(g->be.ctx, j, &req);
 		if (!rc)

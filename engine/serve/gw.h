@@ -65,6 +65,10 @@ struct gw_req {
 	 * each as a request of its own. */
 	int n_forks;
 	struct gw_job *first;
+	/* chat: the request's images (in oai), each where image_off[i] bytes of prompt end */
+	const struct img_image *const *images;
+	const size_t *image_off;
+	int n_images;
 };
 
 /* One generated token's log-probability and its most likely alternatives (texts valid during

@@ -828,9 +828,40 @@ static void sb_put(struct sbuf *b, const char *s)
 	b->len += n;
 }
 
+/* A message's content with its images' places recorded: the text up to each image, then
+ * where the image goes (bytes of *b so far) into off[*k]. */
+static void put_content(struct sbuf *b, const struct oai_message *m, size_t *off, int max, int *k)
+{
+	size_t from = 0, len = strlen(m->content);
+	for (int i = 0; i < m->n_images; i++) {
+		size_t at = m->images[i].offset < len ? m->images[i].offset : len;
+		if (at > from) {
+			char *piece = strndup(m->content + from, at - from);
+			if (!piece) {
+				b->err = 1;
+				return;
+			}
+			sb_put(b, piece);
+			free(piece);
+			from = at;
+		}
+		if (off && *k < max)
+			off[*k] = b->len;
+		(*k)++;
+	}
+	sb_put(b, m->content + from);
+}
+
 int oai_render_chat(const struct oai_request *r, const char *tmpl, char **out)
 {
+	return oai_render_chat_media(r, tmpl, out, NULL, 0);
+}
+
+int oai_render_chat_media(const struct oai_request *r, const char *tmpl, char **out,
+			  size_t *image_off, int max)
+{
 	struct sbuf b = {0};
+	int nimg = 0;
 	int kind = 0;
 	if (!tmpl || strcmp(tmpl, "plain") == 0)
 		kind = 0;
@@ -847,20 +878,20 @@ int oai_render_chat(const struct oai_request *r, const char *tmpl, char **out)
 			sb_put(&b, "<|im_start|>");
 			sb_put(&b, role);
 			sb_put(&b, "\n");
-			sb_put(&b, m->content);
+			put_content(&b, m, image_off, max, &nimg);
 			sb_put(&b, "<|im_end|>\n");
 		} else if (kind == 2) {
 			sb_put(&b, "<|start_header_id|>");
 			sb_put(&b, role);
 			sb_put(&b, "<|end_header_id|>\n\n");
-			sb_put(&b, m->content);
+			put_content(&b, m, image_off, max, &nimg);
 			sb_put(&b, "<|eot_id|>");
 		} else {
 			char cap[16];
 			snprintf(cap, sizeof(cap), "%c%s", role[0] - 32, role + 1);
 			sb_put(&b, cap);
 			sb_put(&b, ": ");
-			sb_put(&b, m->content);
+			put_content(&b, m, image_off, max, &nimg);
 			sb_put(&b, "\n");
 		}
 	}

@@ -125,6 +125,10 @@ int oai_count_images(const struct oai_request *r);
  * <|end_header_id|>\n\ncontent<|eot_id|> …) or NULL/"plain" ("Role: content\n" lines, then
  * "Assistant:"). Returns 0 and a malloc'd *out, or -ENOMEM / -EINVAL (unknown template). */
 int oai_render_chat(const struct oai_request *r, const char *tmpl, char **out);
+/* oai_render_chat, with where each image of the messages goes: image_off[i] (i < max) gets
+ * the bytes of *out before the i-th image, in message order (oai_count_images of them). */
+int oai_render_chat_media(const struct oai_request *r, const char *tmpl, char **out,
+			  size_t *image_off, int max);
 
 /* ---- responses: every function returns a malloc'd NUL-terminated JSON string (caller frees)
  * or NULL on allocation failure ---- */

@@ -42,6 +42,10 @@ void sch_req_free(struct sch_req *r)
 	free(r->toks);
 	free(r->salt);
 	free(r->blk);
+	if (!r->img_borrowed) {
+		free(r->img);
+		free(r->img_rows);
+	}
 	free(r);
 }
 
@@ -246,7 +250,7 @@ static int admit_seq(struct sch *s, struct sch_req *r)
 		return 0;
 	}
 	int cached = 0;
-	if (s->kx && (rc = kvx_load_prefix(s->kx, r->seq, r->toks, r->n, r->salt, &cached)))
+	if ((rc = sch_kvx_load(s, r, r->n, &cached)))
 		return rc;
 	r->pos = cached;
 	r->cached = cached;
@@ -269,8 +273,7 @@ static void prefill_done(struct sch *s, struct sch_req *r, int32_t first)
 	if (r->handoff) {
 		/* the decode worker gets the KV directly: the saves are for later prompts and
 		 * need not be waited for */
-		if (s->kx)
-			kvx_save(s->kx, r->seq, r->toks, r->n, r->salt);
+		sch_kvx_save(s, r);
 		int rc = sch_handoff_run(s, r, first);
 		if (rc)
 			req_end(r, NULL, rc, "cannot hand the KV over");
@@ -279,7 +282,7 @@ static void prefill_done(struct sch *s, struct sch_req *r, int32_t first)
 		return;
 	}
 	if (s->kx) {
-		kvx_save(s->kx, r->seq, r->toks, r->n, r->salt);
+		sch_kvx_save(s, r);
 		kvx_flush(s->kx); /* the decode worker loads them next */
 	}
 	size_t bb = kvi_kv_block_bytes(kv);
@@ -329,7 +332,7 @@ static int prefill_step(struct sch *s, struct sch_req *r)
 	if (!last)
 		n = s->o.prefill_chunk;
 	float *lg = last ? s->logits : NULL;
-	int rc = sch_eng_prefill(s, r->seq, r->toks + r->pos, n, lg);
+	int rc = sch_eng_prefill_req(s, r, r->pos, n, lg);
 	if (rc) {
 		req_end(r, NULL, rc, rc == -ENOSPC ? "KV memory full" : "prefill failed");
 		return 1;
@@ -345,8 +348,7 @@ static int prefill_step(struct sch *s, struct sch_req *r)
 		prefill_done(s, r, t);
 		return 1;
 	}
-	if (s->kx)
-		kvx_save(s->kx, r->seq, r->toks, r->n, r->salt);
+	sch_kvx_save(s, r);
 	r->st = RS_DECODE;
 	fork_children(s, r, s->logits); /* before r's token: it may end r */
 	/* DECODE: the first token's logprob went with the PREFILL reply */
@@ -633,6 +635,10 @@ int sch_submit(struct sch *s, const struct sch_job *j, const struct sch_sink *k,
 		}
 		memcpy(r->toks, j->fork_of->toks, (size_t)j->fork_of->n * sizeof(int32_t));
 		r->n = j->fork_of->n;
+		r->img = j->fork_of->img; /* alive while r holds its parent */
+		r->nimg = j->fork_of->nimg;
+		r->img_rows = j->fork_of->img_rows;
+		r->img_borrowed = 1;
 		atomic_fetch_add(&j->fork_of->refs, 1);
 		r->parent = j->fork_of;
 	} else if (j->mode == SCH_DECODE || j->toks) {
@@ -655,6 +661,14 @@ int sch_submit(struct sch *s, const struct sch_job *j, const struct sch_sink *k,
 			memcpy(r->blk, j->blk, j->blen);
 			r->blen = j->blen;
 		}
+	} else if (j->n_images) {
+		int flags = (kvi_tok_wants_bos(s->tok) ? KVI_TOK_ADD_BOS : 0) |
+			    (j->parse_special ? KVI_TOK_PARSE_SPECIAL : 0);
+		rc = j->mode == SCH_FULL
+			 ? sch_vision_prepare(s, r, j->prompt, flags, j->images, j->n_images)
+			 : -EINVAL;
+		if (rc)
+			goto fail;
 	} else {
 		size_t len = strlen(j->prompt), cnt = 0, cap = len + 8;
 		int flags = (kvi_tok_wants_bos(s->tok) ? KVI_TOK_ADD_BOS : 0) |
@@ -795,6 +809,13 @@ static int be_submit(void *ctx, struct gw_job *job, const struct gw_req *q)
 	j.n = q->n_toks;
 	j.forks = q->n_forks; /* n > 1: the others fork this one's prompt KV */
 	j.fork_of = q->first ? gw_job_backend_data(q->first) : NULL;
+	struct sch_image im[SCH_MAX_IMAGES];
+	if (q->n_images > SCH_MAX_IMAGES)
+		return -EINVAL;
+	for (int i = 0; i < q->n_images; i++)
+		im[i] = (struct sch_image){.offset = q->image_off[i], .img = q->images[i]};
+	j.images = im;
+	j.n_images = q->first ? 0 : q->n_images; /* a fork takes its parent's */
 	struct sch_req *r = NULL;
 	int rc = sch_submit(s, &j, &sink, job, &r);
 	if (rc)
@@ -828,6 +849,7 @@ static void out_one(struct met_out *o, const char *name, const char *type, const
 static void be_metrics(void *ctx, struct met_out *o)
 {
 	struct sch *s = ctx;
+	sch_vision_metrics(s, o);
 	out_one(o, "num_requests_running", "gauge", "Sequences in the running batch",
 		atomic_load(&s->g_running));
 	out_one(o, "num_requests_waiting", "gauge", "Requests waiting for a batch slot",
@@ -919,6 +941,7 @@ int sch_create(const struct sch_opts *o, struct sch **out)
 	if (s->o.block_tokens < 1)
 		s->o.block_tokens = SCH_BLOCK_TOKENS;
 	pthread_mutex_init(&s->mu, NULL);
+	pthread_mutex_init(&s->tower_mu, NULL);
 	/* the idle wait for parked prompts' expiry is timed on CLOCK_MONOTONIC */
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);
@@ -964,6 +987,8 @@ int sch_create(const struct sch_opts *o, struct sch **out)
 			goto fail;
 		}
 	}
+	if ((rc = sch_vision_open(s)))
+		goto fail;
 	s->n_vocab = s->m->cfg.n_vocab;
 	s->logits = malloc((size_t)s->o.max_seqs * (size_t)s->n_vocab * sizeof(float));
 	s->run = calloc((size_t)s->o.max_seqs, sizeof(*s->run));
@@ -978,6 +1003,8 @@ int sch_create(const struct sch_opts *o, struct sch **out)
 	*out = s;
 	return 0;
 fail:
+	sch_vision_close(s);
+	pthread_mutex_destroy(&s->tower_mu);
 	kvx_destroy(s->kx);
 	kvi_engine_destroy(s->e);
 	kvi_dev_engine_destroy(s->de);
@@ -1019,6 +1046,8 @@ void sch_destroy(struct sch *s)
 	sch_stop(s);
 	met_http_stop(s->mhttp); /* its collector reads s */
 	met_reg_destroy(s->mreg);
+	sch_vision_close(s);
+	pthread_mutex_destroy(&s->tower_mu);
 	kvx_destroy(s->kx);
 	kvi_engine_destroy(s->e);
 	kvi_dev_engine_destroy(s->de);

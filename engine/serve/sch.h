@@ -46,6 +46,9 @@ struct sch_opts {
 			     * scheduler, finding a request still waiting for its forks, looks
 			     * again twice as much later: the forks arrive after it took the
 			     * request, deterministically */
+	/* a vision tower (llama.cpp's mmproj GGUF, engine/vit.h) for images in FULL requests;
+	 * NULL = none (sch_job.images refused). Its output width must be the model's. */
+	const char *mmproj;
 };
 
 /* sch_opts defaults (also for values < 1 passed to sch_create) */
@@ -108,6 +111,14 @@ enum sch_mode {
 	SCH_DECODE = 2,	 /* load the prompt's blocks (+ the handed-over last one), decode */
 };
 
+/* An image in a FULL request's text prompt: its placeholder tokens go where `offset` bytes of
+ * the prompt end (sch_vision.c). */
+struct img_image;
+struct sch_image {
+	size_t offset;
+	const struct img_image *img; /* decoded pixels and their hash (img.h); read in submit */
+};
+
 struct sch_job {
 	enum sch_mode mode;
 	const char *prompt;  /* FULL, PREFILL: the text (NUL-terminated), unless toks */
@@ -140,6 +151,11 @@ struct sch_job {
 				  * loaded from it are not sent (sch_handoff.first_block) */
 	uint64_t ticket; /* DECODE: the KV parked under this ticket (sch_park) is the prompt's,
 			  * when its tokens match; else (expired, never came) the normal path */
+	/* FULL with a text prompt: its images, in prompt order (offsets not decreasing); each
+	 * becomes sch_vision_tokens() placeholder tokens whose input is the tower's embedding,
+	 * loaded from the kv dir or encoded (and saved there) during sch_submit. */
+	const struct sch_image *images;
+	int n_images;
 };
 
 /* Queues a request. Returns 0 and *out (free with sch_req_free after finish ran and no
@@ -148,6 +164,8 @@ struct sch_job {
  * -ENOMEM, -EAGAIN (stopping). Nothing is reported on error. */
 int sch_submit(struct sch *s, const struct sch_job *j, const struct sch_sink *k, void *u,
 	       struct sch_req **out);
+/* 1 when s has a vision tower (sch_opts.mmproj) and takes sch_job.images. */
+int sch_has_vision(const struct sch *s);
 /* Ends the request at the next step (finish with -ECANCELED) and frees its KV. Thread-safe;
  * a no-op after finish. */
 void sch_cancel(struct sch_req *r);

@@ -59,6 +59,12 @@ struct sch_req {
 	struct sch_req *parent;
 	atomic_int pending_forks; /* children not yet submitted: not admitted before 0 */
 	int nforks;		  /* sch_job.forks: admitted with its children (admit_group) */
+	/* images (sch_vision.c): their placeholder spans in toks (with the pixels' hashes, for
+	 * the block names) and embedding rows, nimg x sch_vision_tokens x n_embd; a fork child
+	 * borrows its parent's (img_borrowed: held alive by its parent reference) */
+	struct kvb_image *img;
+	int nimg, img_borrowed;
+	float *img_rows;
 };
 
 /* A function run on the scheduler thread between steps (sch_call); the caller waits. */
@@ -127,7 +133,34 @@ struct sch {
 	struct met_hist *h_queue;
 	struct met_reg *mreg;
 	struct met_http *mhttp;
+	/* sch_vision.c: the tower (opts.mmproj) or NULL; one encode at a time */
+	struct vit *tower;
+	pthread_mutex_t tower_mu;
+	uint8_t tower_fp[32]; /* the tower's fingerprint with the preprocessing's version */
+	atomic_ullong c_images, c_encodes, c_emb_hits, c_encode_ns;
 };
+
+/* ---- sch_vision.c: images in FULL requests ---- */
+#define SCH_MAX_IMAGES 64 /* in one request (the API's own limit is lower: oai.h) */
+struct met_out;
+struct vit;
+/* Loads opts.mmproj (sch_create); 0 without one, or -errno with a message logged. */
+int sch_vision_open(struct sch *s);
+void sch_vision_close(struct sch *s);
+/* Tokenizes prompt with j's images in it into r->toks / r->n (flags: kvi_tok_encode's, the BOS
+ * only before the first piece), and fills r->img and r->img_rows: each image's embeddings from
+ * the kv dir, else encoded by the tower and saved there. Caller's thread (sch_submit).
+ * 0, -EINVAL (no tower, bad offsets, untokenizable), -E2BIG, -ENOMEM, -EIO. */
+int sch_vision_prepare(struct sch *s, struct sch_req *r, const char *prompt, int flags,
+		       const struct sch_image *im, int nim);
+/* The inject spans (fwd.h) of r's images over its tokens [pos, pos + n), into out (r->nimg
+ * entries at most); returns their count. */
+int sch_vision_inject(const struct sch_req *r, int pos, int n, struct kvi_inject *out);
+/* The tower's metric families (none without one). */
+void sch_vision_metrics(struct sch *s, struct met_out *o);
+/* kvx_load_prefix / kvx_save with r's images in the block names. */
+int sch_kvx_load(struct sch *s, struct sch_req *r, int n, int *cached);
+void sch_kvx_save(struct sch *s, struct sch_req *r);
 
 /* The engine's KV pool, whichever engine it is. */
 static inline struct kvi_kv *eng_kv(const struct sch *s)
@@ -155,6 +188,21 @@ static inline int sch_eng_prefill(struct sch *s, struct kvi_seq *seq, const int3
 	atomic_fetch_add(&s->c_prefill_tokens, (unsigned long long)n);
 	return s->de ? kvi_dev_engine_prefill(s->de, seq, toks, n, logits_last)
 		     : kvi_engine_prefill(s->e, seq, toks, n, logits_last);
+}
+
+/* sch_eng_prefill of r's tokens [pos, pos + n) with its images' embeddings in place. */
+static inline int sch_eng_prefill_req(struct sch *s, struct sch_req *r, int pos, int n,
+				      float *logits_last)
+{
+	if (!r->nimg)
+		return sch_eng_prefill(s, r->seq, r->toks + pos, n, logits_last);
+	struct kvi_inject inj[SCH_MAX_IMAGES];
+	int ni = sch_vision_inject(r, pos, n, inj);
+	atomic_fetch_add(&s->c_prefill_tokens, (unsigned long long)n);
+	return s->de ? kvi_dev_engine_prefill_inject(s->de, r->seq, r->toks + pos, n, inj, ni,
+						     logits_last)
+		     : kvi_engine_prefill_inject(s->e, r->seq, r->toks + pos, n, inj, ni,
+						 logits_last);
 }
 /* The KV of a finished prefill as a hand-over (SCH_PREFILL with handoff). 0 or -errno. */
 int sch_handoff_run(struct sch *s, struct sch_req *r, int32_t first);

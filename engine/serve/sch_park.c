@@ -138,14 +138,14 @@ static int claim_prefix(struct sch *s, struct sch_req *r, int k)
 	if (k == 0)
 		return 0;
 	/* k * B + 1 tokens: the load leaves at least one token, here the one after block k */
-	if (s->kx && (rc = kvx_load_prefix(s->kx, r->seq, r->toks, k * B + 1, r->salt, &got)))
+	if ((rc = sch_kvx_load(s, r, k * B + 1, &got)))
 		return rc;
 	if (got < k * B) {
 		klog_warn(
 		    "handed-over prompt %016llx: %d of its %d cached tokens not in the kv dir: "
 		    "computing them",
 		    (unsigned long long)r->ticket, k * B - got, k * B);
-		rc = sch_eng_prefill(s, r->seq, r->toks + got, k * B - got, NULL);
+		rc = sch_eng_prefill_req(s, r, got, k * B - got, NULL);
 	}
 	return rc ? rc : kvi_seq_n_blocks(r->seq) >= k ? 0 : -EIO;
 }

@@ -20,6 +20,7 @@ int kvinfer_cmd_serve(int argc, char **argv);
 
 struct serve_cfg {
 	char model[CFG_STR_MAX];
+	char mmproj[CFG_STR_MAX];
 	char kv_dir[CFG_STR_MAX];
 	char host[CFG_STR_MAX];
 	int64_t port;
@@ -44,6 +45,8 @@ struct serve_cfg {
 #define SOFF(f) offsetof(struct serve_cfg, f)
 static const struct cfg_opt serve_opts[] = {
     {"model", CFG_STR, SOFF(model), 0, 0, NULL, "GGUF model file (-m)"},
+    {"mmproj", CFG_STR, SOFF(mmproj), 0, 0, NULL,
+     "vision tower (llama.cpp's mmproj GGUF): chat requests may then carry images"},
     {"kv-dir", CFG_STR, SOFF(kv_dir), 0, 0, NULL,
      "prefix-cache directory (a kvfs mount or a local dir); empty = no cache"},
     {"no-cache", CFG_BOOL, SOFF(no_cache), 0, 0, "false", "ignore --kv-dir (baseline runs)"},
@@ -136,6 +139,7 @@ int kvinfer_cmd_serve(int argc, char **argv)
 	so.isa = isa;
 	so.device = kvinfer_eng_parse(c.device, &so.gpu);
 	so.ignore_eos = c.ignore_eos;
+	so.mmproj = c.mmproj[0] ? c.mmproj : NULL;
 	struct sch *s = NULL;
 	if ((rc = sch_create(&so, &s))) {
 		fprintf(stderr, "kvinfer serve: %s\n", strerror(-rc));
@@ -164,6 +168,7 @@ int kvinfer_cmd_serve(int argc, char **argv)
 				.max_pixels = (uint64_t)c.image_max_pixels,
 				.allow_fetch = c.image_fetch};
 	go.limits.img = &il;
+	go.vision = sch_has_vision(s);
 	struct gw *g = NULL;
 	if ((rc = gw_start(&go, &be, &g))) {
 		gw_auth_destroy(auth);
