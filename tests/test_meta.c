@@ -1028,6 +1028,58 @@ static void test_sync(void **state)
 	daemon_stop(&d, SIGTERM);
 }
 
+/* Read-path options (issue 28): new table files carry whole-key bloom filters and a hash index
+ * in their data blocks, and LOOKUP answers the same from flushed tables as from the memtable.
+ * The newest OPTIONS file RocksDB writes on open is what the database actually runs with. */
+static int options_has(const char *dbdir, const char *want)
+{
+	char cmd[600];
+	snprintf(cmd, sizeof(cmd), "grep -qx '  %s' \"$(ls -t %s/OPTIONS-* | head -1)\"", want,
+		 dbdir);
+	return system(cmd) == 0;
+}
+
+static void test_read_path(void **state)
+{
+	(void)state;
+	struct daemon d;
+	char dbdir[300];
+	snprintf(dbdir, sizeof(dbdir), "%s/db-read", g_dir);
+	daemon_start2(&d, "db-read", "10s", "--block-cache=8M");
+	struct kvp_client *c = connect_to(&d);
+	struct kvp_attr a, b;
+	assert_int_equal(mkdir_(c, KVP_ROOT_INO, "rp", &a), 0);
+	for (int i = 0; i < 200; i++) {
+		char name[16];
+		snprintf(name, sizeof(name), "d%03d", i);
+		assert_int_equal(mkdir_(c, a.ino, name, &b), 0);
+	}
+	kvp_client_close(c);
+	daemon_stop(&d, SIGTERM); /* flushes the memtable into a table file */
+	assert_true(options_has(dbdir, "filter_policy=bloomfilter"));
+	assert_true(options_has(dbdir, "data_block_index_type=kDataBlockBinaryAndHash"));
+	assert_true(options_has(dbdir, "no_block_cache=false"));
+
+	/* Reopened: hits and misses answered from the table files, with the filter and without. */
+	const char *modes[] = {"--bloom-bits=10", "--bloom-bits=0"};
+	for (int m = 0; m < 2; m++) {
+		daemon_start2(&d, "db-read", "10s", modes[m]);
+		c = connect_to(&d);
+		assert_int_equal(lookup(c, KVP_ROOT_INO, "rp", &b), 0);
+		assert_true(b.ino == a.ino);
+		for (int i = 0; i < 200; i++) {
+			char name[16];
+			snprintf(name, sizeof(name), "d%03d", i);
+			assert_int_equal(lookup(c, a.ino, name, &b), 0);
+			snprintf(name, sizeof(name), "x%03d", i);
+			assert_int_equal(lookup(c, a.ino, name, &b), -ENOENT);
+		}
+		kvp_client_close(c);
+		daemon_stop(&d, SIGTERM);
+	}
+	assert_false(options_has(dbdir, "filter_policy=bloomfilter"));
+}
+
 /* An ALLOC never committed is aborted after --write-timeout and its chunks are deleted. */
 static void test_write_expiry(void **state)
 {
@@ -1144,14 +1196,14 @@ int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_namespace),	    cmocka_unit_test(test_alloc_placement),
-	    cmocka_unit_test(test_alloc_zones),	    cmocka_unit_test(test_commit_layout),
-	    cmocka_unit_test(test_rename_unlink),   cmocka_unit_test(test_node_timeout),
-	    cmocka_unit_test(test_delete_retry),    cmocka_unit_test(test_bad_frames),
-	    cmocka_unit_test(test_flags),	    cmocka_unit_test(test_concurrency),
-	    cmocka_unit_test(test_kill9),	    cmocka_unit_test(test_sync),
-	    cmocka_unit_test(test_write_expiry),    cmocka_unit_test(test_pending_space),
-	    cmocka_unit_test(test_enomem_answered),
+	    cmocka_unit_test(test_namespace),	  cmocka_unit_test(test_alloc_placement),
+	    cmocka_unit_test(test_alloc_zones),	  cmocka_unit_test(test_commit_layout),
+	    cmocka_unit_test(test_rename_unlink), cmocka_unit_test(test_node_timeout),
+	    cmocka_unit_test(test_delete_retry),  cmocka_unit_test(test_bad_frames),
+	    cmocka_unit_test(test_flags),	  cmocka_unit_test(test_concurrency),
+	    cmocka_unit_test(test_kill9),	  cmocka_unit_test(test_sync),
+	    cmocka_unit_test(test_read_path),	  cmocka_unit_test(test_write_expiry),
+	    cmocka_unit_test(test_pending_space), cmocka_unit_test(test_enomem_answered),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -827,6 +827,17 @@ static void test_status(void **state)
 	assert_true(n > 0);
 	assert_int_equal(getxattr(p, "user.nope", v, sizeof(v)), -1);
 	assert_int_equal(errno, ENODATA);
+	/* No ACLs or SELinux labels here: "not supported" (ls -l then stops asking for the
+	 * whole mount), and the user.kvfs.* attributes still answer after it. */
+	assert_int_equal(getxattr(p, "system.posix_acl_access", v, sizeof(v)), -1);
+	assert_int_equal(errno, EOPNOTSUPP);
+	assert_int_equal(getxattr(g_mnt, "system.posix_acl_default", v, sizeof(v)), -1);
+	assert_int_equal(errno, EOPNOTSUPP);
+	assert_int_equal(getxattr(p, "system.nfs4_acl", v, sizeof(v)), -1);
+	assert_int_equal(errno, EOPNOTSUPP);
+	assert_int_equal(getxattr(p, "security.selinux", v, sizeof(v)), -1);
+	assert_int_equal(errno, EOPNOTSUPP);
+	assert_true(getxattr(p, "user.kvfs.layout", v, sizeof(v) - 1) > 0);
 	struct stat st;
 	assert_int_equal(stat(p, &st), 0);
 	assert_int_equal(st.st_size, (off_t)len);

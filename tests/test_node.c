@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -753,6 +754,97 @@ static void test_crash_restart(void **state)
 	assert_int_equal(node_stop(&np, SIGTERM), 0);
 }
 
+/* Pages of path the page cache holds (mincore of a mapping; no I/O). */
+static size_t cached_pages(const char *path)
+{
+	int fd = open(path, O_RDONLY);
+	assert_true(fd >= 0);
+	struct stat st;
+	assert_int_equal(fstat(fd, &st), 0);
+	long pg = sysconf(_SC_PAGESIZE);
+	size_t np = ((size_t)st.st_size + (size_t)pg - 1) / (size_t)pg, n = 0;
+	void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+	assert_true(m != MAP_FAILED);
+	unsigned char *v = malloc(np);
+	assert_int_equal(mincore(m, (size_t)st.st_size, v), 0);
+	for (size_t i = 0; i < np; i++)
+		n += v[i] & 1;
+	free(v);
+	munmap(m, (size_t)st.st_size);
+	close(fd);
+	return n;
+}
+
+/* Drops a chunk file from the page cache (clean after fsync). */
+static void drop_chunk(const struct nodeproc *np, uint64_t id)
+{
+	char p[700];
+	chunk_path(np, id, p, sizeof(p));
+	int fd = open(p, O_RDONLY);
+	assert_true(fd >= 0);
+	assert_int_equal(fdatasync(fd), 0);
+	assert_int_equal(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+	close(fd);
+	assert_int_equal(cached_pages(p), 0);
+}
+
+/* --direct-cold (the default): a chunk the page cache does not hold is read with O_DIRECT
+ * (so it stays out of the cache), whole or in part, at lengths on and off a block boundary;
+ * one the cache holds is read through it; with --direct-cold=false a cold read fills the
+ * cache as before. */
+static void test_direct_cold(void **state)
+{
+	(void)state;
+	const uint32_t lens[] = {1, 4096 - 64, 4096, 100000, 1u << 20};
+	enum { NL = sizeof(lens) / sizeof(lens[0]) };
+	uint8_t *d = malloc(1u << 20);
+	char p[700];
+	for (int mode = 0; mode < 2; mode++) {
+		struct nodeproc np = {0};
+		assert_int_equal(node_start(&np, mode ? "cold-off" : "cold",
+					    mode ? "--direct-cold=false" : NULL, NULL),
+				 0);
+		struct kvp_client *c = connect_node(&np);
+		for (int i = 0; i < NL; i++) {
+			fill(d, lens[i], 70 + (uint64_t)i);
+			assert_int_equal(put(c, 0xD000 + (uint64_t)i, d, lens[i]), 0);
+			drop_chunk(&np, 0xD000 + (uint64_t)i);
+			uint8_t *g;
+			uint32_t gl;
+			assert_int_equal(get(c, 0xD000 + (uint64_t)i, 0, LEN_TO_END, &g, &gl), 0);
+			assert_int_equal(gl, lens[i]);
+			assert_memory_equal(g, d, gl);
+			free(g);
+			chunk_path(&np, 0xD000 + (uint64_t)i, p, sizeof(p));
+			if (mode == 0)
+				assert_int_equal(cached_pages(p), 0);
+			else
+				assert_true(cached_pages(p) > 0);
+			/* A range of a cold chunk. */
+			drop_chunk(&np, 0xD000 + (uint64_t)i);
+			uint32_t off = lens[i] / 3, len = lens[i] - off;
+			assert_int_equal(get(c, 0xD000 + (uint64_t)i, off, len, &g, &gl), 0);
+			assert_int_equal(gl, len);
+			assert_memory_equal(g, d + off, len);
+			free(g);
+		}
+		/* Held by the cache: read through it (it stays cached). */
+		fill(d, 100000, 99);
+		assert_int_equal(put(c, 0xD100, d, 100000), 0);
+		chunk_path(&np, 0xD100, p, sizeof(p));
+		assert_true(cached_pages(p) > 0);
+		uint8_t *g;
+		uint32_t gl;
+		assert_int_equal(get(c, 0xD100, 0, LEN_TO_END, &g, &gl), 0);
+		assert_memory_equal(g, d, 100000);
+		free(g);
+		assert_true(cached_pages(p) > 0);
+		kvp_client_close(c);
+		assert_int_equal(node_stop(&np, SIGTERM), 0);
+	}
+	free(d);
+}
+
 /* A peer that pipelines GETs and never reads the replies: with one completion worker, its
  * replies held that worker in a blocked send for as long as the connection stayed open, so
  * every other client's requests went unanswered. The reply timeout closes that connection. */
@@ -1136,12 +1228,19 @@ static int group_teardown(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_index),	  cmocka_unit_test(test_sizes_and_ranges),
-	    cmocka_unit_test(test_pipelined),	  cmocka_unit_test(test_del_list_stat),
-	    cmocka_unit_test(test_corruption),	  cmocka_unit_test(test_capacity),
-	    cmocka_unit_test(test_crash_restart), cmocka_unit_test(test_auth_and_bad_frames),
-	    cmocka_unit_test(test_heartbeat),	  cmocka_unit_test(test_flags),
-	    cmocka_unit_test(test_slow_reader),	  cmocka_unit_test(test_disk),
+	    cmocka_unit_test(test_index),
+	    cmocka_unit_test(test_sizes_and_ranges),
+	    cmocka_unit_test(test_pipelined),
+	    cmocka_unit_test(test_del_list_stat),
+	    cmocka_unit_test(test_corruption),
+	    cmocka_unit_test(test_capacity),
+	    cmocka_unit_test(test_crash_restart),
+	    cmocka_unit_test(test_direct_cold),
+	    cmocka_unit_test(test_auth_and_bad_frames),
+	    cmocka_unit_test(test_heartbeat),
+	    cmocka_unit_test(test_flags),
+	    cmocka_unit_test(test_slow_reader),
+	    cmocka_unit_test(test_disk),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

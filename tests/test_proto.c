@@ -315,6 +315,75 @@ static void test_auth_and_calls(void **state)
 	assert_int_equal(kvp_client_open(addr, &good, 500, &c), -ECONNREFUSED);
 }
 
+/* kvp_call_into: a response of the announced length lands in the caller's buffer past its
+ * head; anything else (other length, an error, an answer already in, a call that timed out)
+ * comes as before and leaves the buffer alone. */
+static void test_call_into(void **state)
+{
+	(void)state;
+	struct kvp_secret good = secret("0123456789abcdef-cluster");
+	char addr[64];
+	struct kvp_server *s = start_echo(&good, addr);
+	struct kvp_client *c;
+	assert_int_equal(kvp_client_open(addr, &good, 2000, &c), 0);
+	const char *msg = "0123456789abcdef", *rev = "fedcba9876543210";
+	uint8_t dst[32], *b;
+	uint32_t len;
+	struct kvp_call *k;
+
+	/* op 0x7F answers after 50 ms (as is): the destination is set well before. */
+	memset(dst, 'x', sizeof(dst));
+	assert_int_equal(kvp_call_start(c, 0x7F, msg, 16, NULL, 0, &k), 0);
+	assert_int_equal(kvp_call_into(k, 4, dst, 12), 0);
+	assert_int_equal(kvp_call_wait(k, 2000, &b, &len), 0);
+	assert_int_equal(len, 4);
+	assert_memory_equal(b, msg, 4);
+	assert_memory_equal(dst, msg + 4, 12);
+	assert_int_equal(dst[12], 'x');
+	free(b);
+
+	/* Another length: the whole body as usual. */
+	memset(dst, 'x', sizeof(dst));
+	assert_int_equal(kvp_call_start(c, 0x7F, msg, 16, NULL, 0, &k), 0);
+	assert_int_equal(kvp_call_into(k, 4, dst, 20), 0);
+	assert_int_equal(kvp_call_wait(k, 2000, &b, &len), 0);
+	assert_int_equal(len, 16);
+	assert_memory_equal(b, msg, 16);
+	assert_int_equal(dst[0], 'x');
+	free(b);
+
+	/* An error answer (it may be in already: either way it is the error). */
+	assert_int_equal(kvp_call_start(c, 0x7E, NULL, 0, NULL, 0, &k), 0);
+	int irc = kvp_call_into(k, 0, dst, 0);
+	assert_true(irc == 0 || irc == -EALREADY);
+	assert_int_equal(kvp_call_wait(k, 2000, NULL, NULL), -ENOENT);
+
+	/* The answer is in before the caller asks: -EALREADY, delivered as usual. */
+	assert_int_equal(kvp_call_start(c, 0x10, msg, 16, NULL, 0, &k), 0);
+	usleep(100000);
+	memset(dst, 'x', sizeof(dst));
+	assert_int_equal(kvp_call_into(k, 4, dst, 12), -EALREADY);
+	assert_int_equal(kvp_call_wait(k, 2000, &b, &len), 0);
+	assert_int_equal(len, 16);
+	assert_memory_equal(b, rev, 16);
+	assert_int_equal(dst[0], 'x');
+	free(b);
+
+	/* Timed out before the answer came: the late answer never touches dst. */
+	assert_int_equal(kvp_call_start(c, 0x7F, "late", 4, NULL, 0, &k), 0);
+	assert_int_equal(kvp_call_into(k, 0, dst, 4), 0);
+	assert_int_equal(kvp_call_wait(k, 5, NULL, NULL), -ETIMEDOUT);
+	usleep(150000);
+	assert_int_equal(dst[0], 'x');
+	assert_true(kvp_client_alive(c));
+	assert_int_equal(kvp_call(c, 0x10, "xy", 2, NULL, 0, 2000, &b, &len), 0);
+	assert_memory_equal(b, "yx", 2);
+	free(b);
+
+	kvp_client_close(c);
+	kvp_server_stop(s);
+}
+
 /* Both transports, and ends that disagree: a TLS client against a plaintext server fails at
  * once with -EPROTO (and a log line naming the cause); a plaintext client against a TLS server
  * gets no HELLO and times out. */
@@ -446,8 +515,8 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_codec_roundtrip), cmocka_unit_test(test_header_checks),
 	    cmocka_unit_test(test_addr_parse),	    cmocka_unit_test(test_strerror_generic),
-	    cmocka_unit_test(test_auth_and_calls),  cmocka_unit_test(test_transport_modes),
-	    cmocka_unit_test(test_tls_concurrent),
+	    cmocka_unit_test(test_auth_and_calls),  cmocka_unit_test(test_call_into),
+	    cmocka_unit_test(test_transport_modes), cmocka_unit_test(test_tls_concurrent),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

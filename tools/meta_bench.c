@@ -36,6 +36,7 @@ struct bench_cfg {
 	char meta_bin[CFG_STR_MAX];
 	char dir[CFG_STR_MAX];
 	int64_t grow, dirs;
+	char ab[CFG_STR_MAX];
 };
 
 static const struct cfg_opt opts[] = {
@@ -50,6 +51,9 @@ static const struct cfg_opt opts[] = {
      "(0: the request-rate table)"},
     {"dirs", CFG_INT, offsetof(struct bench_cfg, dirs), 1, 1000000, "256",
      "directories the --grow files are spread over (as <model>/<2 hex>/ paths are)"},
+    {"ab", CFG_STR, offsetof(struct bench_cfg, ab), 0, 0, NULL,
+     "with --grow: at each point, also restart meta on the same database with these flags "
+     "(e.g. \"--block-cache=0 --bloom-bits=0\") and measure the reads both ways"},
     CFG_END,
 };
 
@@ -60,19 +64,38 @@ static double now_s(void)
 	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
-static pid_t start_meta(const char *bin, const char *dir, const char *name, int sync, char *addr,
-			size_t cap)
+/* extra: more flags for kvfs-meta, separated by spaces (up to 8), or NULL. */
+static pid_t start_meta_x(const char *bin, const char *dir, const char *name, int sync,
+			  const char *extra, char *addr, size_t cap)
 {
-	char db[PATH_MAX], af[PATH_MAX], sf[PATH_MAX];
+	char db[PATH_MAX], af[PATH_MAX], sf[PATH_MAX], xb[CFG_STR_MAX];
 	snprintf(db, sizeof(db), "%s/%s", dir, name);
 	snprintf(af, sizeof(af), "%s/%s.addr", dir, name);
 	snprintf(sf, sizeof(sf), "%s/secret", dir);
+	unlink(af); /* a restart on the same database writes it anew */
+	char *argv[32] = {(char *)bin,
+			  "--listen",
+			  "127.0.0.1:0",
+			  "--db",
+			  db,
+			  "--secret-file",
+			  sf,
+			  "--addr-file",
+			  af,
+			  "--log-level",
+			  "1",
+			  "--node-timeout",
+			  /* the fake nodes heartbeat only once */ "1d"};
+	int argc = 13;
+	if (sync)
+		argv[argc++] = "--sync";
+	snprintf(xb, sizeof(xb), "%s", extra ? extra : "");
+	char *save = NULL;
+	for (char *t = strtok_r(xb, " ", &save); t && argc < 21; t = strtok_r(NULL, " ", &save))
+		argv[argc++] = t;
 	pid_t pid = fork();
 	if (pid == 0) {
-		execl(bin, bin, "--listen", "127.0.0.1:0", "--db", db, "--secret-file", sf,
-		      "--addr-file", af, "--log-level", "1", "--node-timeout", "1d",
-		      /* the fake nodes heartbeat only once */ sync ? "--sync" : NULL,
-		      (char *)NULL);
+		execv(bin, argv);
 		perror(bin);
 		_exit(127);
 	}
@@ -95,6 +118,12 @@ static pid_t start_meta(const char *bin, const char *dir, const char *name, int 
 		waitpid(pid, NULL, 0);
 	}
 	return -1;
+}
+
+static pid_t start_meta(const char *bin, const char *dir, const char *name, int sync, char *addr,
+			size_t cap)
+{
+	return start_meta_x(bin, dir, name, sync, NULL, addr, cap);
 }
 
 static void stop_meta(pid_t pid)
@@ -469,8 +498,11 @@ static int grow_run(const struct bench_cfg *c, const char *dir, const struct kvp
 		kvp_client_close(cl);
 	printf("kvfs-meta-bench --grow %lld: %lld dirs, %lld connections, reads %.1f s per point\n",
 	       (long long)c->grow, (long long)c->dirs, (long long)c->threads, c->seconds);
-	printf("%12s %12s %12s %12s %10s %10s\n", "files", "create/s", "lookup/s", "getattr/s",
+	printf("%12s %12s %12s %12s %10s %10s", "files", "create/s", "lookup/s", "getattr/s",
 	       "RSS MiB", "DB MiB");
+	if (c->ab[0])
+		printf(" %12s %12s  (B: %s)", "B lookup/s", "B getattr/s", c->ab);
+	printf("\n");
 	fflush(stdout);
 	uint64_t point = 10000;
 	while (!rc && g.have < (uint64_t)c->grow) {
@@ -491,15 +523,36 @@ static int grow_run(const struct bench_cfg *c, const char *dir, const struct kvp
 			break;
 		}
 		g.have = g.target;
+		double ab_lookup = 0, ab_getattr = 0;
+		if (c->ab[0]) {
+			/* Both read paths on the same files in the same minute, each from a fresh
+			 * start (empty caches): the other flags first, then the defaults. */
+			stop_meta(pid);
+			pid = start_meta_x(c->meta_bin, dir, "db", 0, c->ab, addr, sizeof(addr));
+			ab_lookup = pid < 0 ? -1 : grow_read(&g, (int)c->threads, 0);
+			ab_getattr = pid < 0 ? -1 : grow_read(&g, (int)c->threads, 1);
+			if (pid > 0)
+				stop_meta(pid);
+			pid = start_meta(c->meta_bin, dir, "db", 0, addr, sizeof(addr));
+			if (pid < 0) {
+				fprintf(stderr, "meta-bench: cannot restart %s\n", c->meta_bin);
+				free(g.dir_ino);
+				free(g.ino);
+				return 1;
+			}
+		}
 		double lookup = grow_read(&g, (int)c->threads, 0);
 		double getattr = grow_read(&g, (int)c->threads, 1);
 		g_du = 0;
 		nftw(db, du_add, 16, FTW_PHYS);
-		printf("%12llu %12.0f %12.0f %12.0f %10.1f %10.1f\n", (unsigned long long)g.have,
+		printf("%12llu %12.0f %12.0f %12.0f %10.1f %10.1f", (unsigned long long)g.have,
 		       create, lookup, getattr, (double)rss_kib(pid) / 1024.0,
 		       (double)g_du / 1048576.0);
+		if (c->ab[0])
+			printf(" %12.0f %12.0f", ab_lookup, ab_getattr);
+		printf("\n");
 		fflush(stdout);
-		rc = lookup < 0 || getattr < 0;
+		rc = lookup < 0 || getattr < 0 || ab_lookup < 0 || ab_getattr < 0;
 		point *= 10;
 	}
 	stop_meta(pid);

@@ -3,6 +3,7 @@
  * pool then opens a new one on the next use. */
 #define KVFS_LOG_TAG "rpc"
 #include "kvp_frame.h"
+#include "kvp_int.h"
 #include "ktime.h"
 #include "log.h"
 
@@ -25,6 +26,12 @@ struct kvp_call {
 	int32_t status;
 	uint8_t *body;
 	uint32_t len;
+	/* kvp_call_into: a response of exactly head + dst_len bytes is read straight into dst
+	 * after its first head bytes. Set and read under c->mu; receiving: the reader has taken
+	 * the call out of its bucket and is filling dst without the lock. */
+	uint8_t *dst;
+	uint32_t head, dst_len;
+	int receiving;
 };
 
 struct kvp_client {
@@ -55,28 +62,81 @@ static void fail_all(struct kvp_client *c, int err)
 	pthread_mutex_unlock(&c->mu);
 }
 
+static struct kvp_call **find_call(struct kvp_client *c, uint64_t id)
+{
+	struct kvp_call **pp = &c->bucket[id % NBUCKET];
+	while (*pp && (*pp)->id != id)
+		pp = &(*pp)->next;
+	return pp;
+}
+
+/* The body of a response whose call asked for it (kvp_call_into): head bytes into a small
+ * malloc'd buffer, the rest straight into the caller's dst, so a 2 MiB chunk is neither
+ * allocated (a fresh mapping, faulted in page by page) nor copied once more. k is out of
+ * its bucket: only this thread touches dst until done is set. */
+static int recv_into(struct kvp_client *c, struct kvp_call *k, const struct kvp_hdr *h)
+{
+	uint8_t *b = k->head ? malloc(k->head) : NULL;
+	int rc = k->head && !b ? -ENOMEM : 0;
+	if (!rc)
+		rc = kvp_io_read(c->sk, b, k->head, -1);
+	if (!rc)
+		rc = kvp_io_read(c->sk, k->dst, k->dst_len, -1);
+	pthread_mutex_lock(&c->mu);
+	k->receiving = 0;
+	k->done = 1;
+	k->status = rc ? -ECONNRESET : h->status;
+	k->body = rc ? NULL : b;
+	k->len = k->head;
+	pthread_cond_broadcast(&c->cv);
+	pthread_mutex_unlock(&c->mu);
+	if (rc)
+		free(b);
+	return rc;
+}
+
 static void *reader_main(void *arg)
 {
 	struct kvp_client *c = arg;
 	for (;;) {
 		struct kvp_hdr h;
-		uint8_t *body;
-		int rc = kvp_recv(c->sk, &h, &body, KVP_MAX_BODY);
+		uint8_t hb[KVP_HDR_SIZE], *body = NULL;
+		int rc = kvp_io_read(c->sk, hb, sizeof(hb), -1);
+		if (!rc)
+			rc = kvp_hdr_decode(hb, &h, KVP_MAX_BODY);
 		if (rc == 0 && !(h.flags & KVP_F_RESP))
 			rc = -EPROTO;
+		struct kvp_call *k = NULL;
+		if (!rc) {
+			pthread_mutex_lock(&c->mu);
+			struct kvp_call **pp = find_call(c, h.id);
+			if (*pp && (*pp)->dst && h.status == 0 &&
+			    h.len == (uint64_t)(*pp)->head + (*pp)->dst_len) {
+				k = *pp;
+				*pp = k->next;
+				k->receiving = 1;
+			}
+			pthread_mutex_unlock(&c->mu);
+			if (k)
+				rc = recv_into(c, k, &h);
+			else if (h.len && !(body = malloc(h.len)))
+				rc = -ENOMEM;
+			else if (h.len)
+				rc = kvp_io_read(c->sk, body, h.len, -1);
+		}
 		if (rc) {
 			if (atomic_load(&c->alive) && rc != -ECONNRESET)
 				klog_warn("connection to %s failed: %s", c->addr, kvp_strerror(rc));
 			atomic_store(&c->alive, 0);
 			fail_all(c, -ECONNRESET);
+			free(body);
 			return NULL;
 		}
+		if (k)
+			continue;
 		pthread_mutex_lock(&c->mu);
-		struct kvp_call **pp = &c->bucket[h.id % NBUCKET];
-		while (*pp && (*pp)->id != h.id)
-			pp = &(*pp)->next;
-		struct kvp_call *k = *pp;
-		if (k) {
+		struct kvp_call **pp = find_call(c, h.id);
+		if ((k = *pp)) {
 			*pp = k->next;
 			k->done = 1;
 			k->status = h.status;
@@ -200,6 +260,41 @@ int kvp_call_start(struct kvp_client *c, uint16_t op, const void *body, size_t b
 	return 0;
 }
 
+int kvp_call_into(struct kvp_call *k, uint32_t head, void *dst, uint32_t len)
+{
+	struct kvp_client *c = k->c;
+	int rc = -EALREADY;
+	pthread_mutex_lock(&c->mu);
+	if (!k->done && !k->receiving) {
+		k->dst = dst;
+		k->head = head;
+		k->dst_len = len;
+		rc = 0;
+	}
+	pthread_mutex_unlock(&c->mu);
+	return rc;
+}
+
+/* The deadline passed while the reader fills the caller's dst: the caller may reuse dst once
+ * we return, so the reader must be done with it first. A body on its way gets as long again
+ * (at least 1 s); a peer that stalls mid-frame is cut off, which ends the read at once. Called
+ * and returns with c->mu held. */
+static int wait_receiving(struct kvp_client *c, struct kvp_call *k, int timeout_ms)
+{
+	struct timespec dl;
+	kvfs_deadline(&dl, CLOCK_MONOTONIC, timeout_ms > 1000 ? timeout_ms : 1000);
+	while (!k->done) {
+		if (pthread_cond_timedwait(&c->cv, &c->mu, &dl) == ETIMEDOUT && !k->done) {
+			atomic_store(&c->alive, 0);
+			kvp_sock_shutdown(c->sk);
+			while (!k->done)
+				pthread_cond_wait(&c->cv, &c->mu);
+			return -ETIMEDOUT;
+		}
+	}
+	return 0;
+}
+
 int kvp_call_wait(struct kvp_call *k, int timeout_ms, uint8_t **body, uint32_t *len)
 {
 	struct kvp_client *c = k->c;
@@ -209,6 +304,10 @@ int kvp_call_wait(struct kvp_call *k, int timeout_ms, uint8_t **body, uint32_t *
 	pthread_mutex_lock(&c->mu);
 	while (!k->done) {
 		if (pthread_cond_timedwait(&c->cv, &c->mu, &dl) == ETIMEDOUT && !k->done) {
+			if (k->receiving) {
+				rc = wait_receiving(c, k, timeout_ms);
+				break;
+			}
 			unlink_call(c, k);
 			rc = -ETIMEDOUT;
 			break;

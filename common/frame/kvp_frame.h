@@ -213,6 +213,14 @@ const char *kvp_client_addr(const struct kvp_client *c);
  * handle to wait on. Many may be in flight on one client from any threads. */
 int kvp_call_start(struct kvp_client *c, uint16_t op, const void *body, size_t body_len,
 		   const void *bulk, size_t bulk_len, struct kvp_call **out);
+/* Asks for the response body to be received into the caller's memory: when it arrives with
+ * status 0 and exactly head + len bytes, its first head bytes become *body of kvp_call_wait
+ * (malloc'd, caller frees) and the rest is read straight into dst, with no allocation or copy;
+ * any other response is delivered as usual (dst untouched). dst must stay valid until
+ * kvp_call_wait returns; dst may be written even when the caller then rejects the answer.
+ * Call before kvp_call_wait, from the thread that will wait. 0, or -EALREADY when the
+ * response is already in or arriving (it is delivered as usual). */
+int kvp_call_into(struct kvp_call *call, uint32_t head, void *dst, uint32_t len);
 /* Waits for the response and frees the call (also on error). Returns the peer's status (0 or
  * negative errno) or a transport error: -ETIMEDOUT (the late response is then discarded),
  * -ECONNRESET / -ECONNABORTED. On status 0, *body (malloc'd, caller frees; may be NULL when

@@ -97,37 +97,58 @@ int kvch_put_finish(struct kvch_call *c, int timeout_ms)
 	return call_wait(c, timeout_ms, NULL, NULL);
 }
 
-/* GET and VERIFY answer `u32 crc32c, u32 len` and, for GET (data != NULL), the len bytes.
- * Checks the answer against len and want_crc (NULL: not checked); on 0, *data points into *b
- * (caller frees *b in every case). */
-static int chunk_reply(struct kvch_call *c, int timeout_ms, uint32_t len, const uint32_t *want_crc,
-		       uint8_t **b, const uint8_t **data)
+/* VERIFY answers `u32 crc32c, u32 len`: checked against len and want_crc. */
+static int verify_reply(struct kvch_call *c, int timeout_ms, uint32_t len, uint32_t want_crc)
 {
+	uint8_t *b = NULL;
 	uint32_t bl = 0;
-	*b = NULL;
-	int rc = call_wait(c, timeout_ms, b, &bl);
+	int rc = call_wait(c, timeout_ms, &b, &bl);
 	if (rc)
 		return rc;
 	struct kvp_rbuf r;
-	kvp_r_init(&r, *b, bl);
+	kvp_r_init(&r, b, bl);
 	uint32_t crc = kvp_r_u32(&r), n = kvp_r_u32(&r);
-	const uint8_t *p = data ? kvp_r_bytes(&r, n) : NULL;
-	if ((data && !p) || kvp_r_end(&r))
-		return -EBADMSG;
-	if (n != len || (want_crc && crc != *want_crc) || (p && kvec_crc32c(0, p, n) != crc))
-		return -EILSEQ;
-	if (data)
-		*data = p;
-	return 0;
+	rc = kvp_r_end(&r) ? -EBADMSG : n != len || crc != want_crc ? -EILSEQ : 0;
+	free(b);
+	return rc;
+}
+
+int kvch_get_into(struct kvch_call *c, uint8_t *dst, uint32_t len)
+{
+	if (!c->call)
+		return -EAGAIN;
+	int rc = kvp_call_into(c->call, 8, dst, len);
+	if (!rc) {
+		c->into = dst;
+		c->into_len = len;
+	}
+	return rc;
 }
 
 int kvch_get_finish(struct kvch_call *c, int timeout_ms, uint8_t *dst, uint32_t len,
 		    const uint32_t *want_crc)
 {
-	uint8_t *b;
-	const uint8_t *p;
-	int rc = chunk_reply(c, timeout_ms, len, want_crc, &b, &p);
-	if (rc == 0)
+	/* Unless the answer is already in (a prefetch), its data goes straight into dst. */
+	if (c->call && !c->into)
+		kvch_get_into(c, dst, len);
+	else if (c->into && (c->into != dst || c->into_len != len))
+		return -EINVAL; /* kvch_get_into was told another place */
+	int into = c->into != NULL;
+	uint8_t *b = NULL;
+	uint32_t bl = 0;
+	int rc = call_wait(c, timeout_ms, &b, &bl);
+	if (rc)
+		return rc;
+	/* The answer: `u32 crc32c, u32 len`, then the bytes, here or (bl == 8) in dst. */
+	struct kvp_rbuf r;
+	kvp_r_init(&r, b, bl);
+	uint32_t crc = kvp_r_u32(&r), n = kvp_r_u32(&r);
+	const uint8_t *p = into && bl == 8 ? dst : kvp_r_bytes(&r, n);
+	if (!p || kvp_r_end(&r))
+		rc = -EBADMSG;
+	else if (n != len || (want_crc && crc != *want_crc) || kvec_crc32c(0, p, n) != crc)
+		rc = -EILSEQ;
+	else if (p != dst)
 		memcpy(dst, p, len);
 	free(b);
 	return rc;
@@ -135,10 +156,7 @@ int kvch_get_finish(struct kvch_call *c, int timeout_ms, uint8_t *dst, uint32_t 
 
 int kvch_verify_finish(struct kvch_call *c, int timeout_ms, uint32_t len, uint32_t want_crc)
 {
-	uint8_t *b;
-	int rc = chunk_reply(c, timeout_ms, len, &want_crc, &b, NULL);
-	free(b);
-	return rc;
+	return verify_reply(c, timeout_ms, len, want_crc);
 }
 
 void kvch_cancel(struct kvch_call *c)

@@ -88,6 +88,8 @@ struct kvch_call {
 	struct kvp_pool *pool;
 	struct kvp_client *cl;
 	struct kvp_call *call;
+	uint8_t *into; /* kvch_get_into's dst, NULL until then */
+	uint32_t into_len;
 };
 
 /* Starting a request: 0, or the connect / send error (the call stays idle). Data for PUT is
@@ -104,10 +106,17 @@ int kvch_verify_start(struct kvp_pool *p, const char *addr, uint64_t chunk_id, s
  * returns -EAGAIN. */
 int kvch_put_finish(struct kvch_call *c, int timeout_ms);
 /* The reply must hold exactly len bytes whose CRC32C is the one the node sent and, when
- * want_crc is not NULL, *want_crc (a whole chunk as metadata recorded it). They are copied to
- * dst (len bytes). Nothing is written to dst on error. */
+ * want_crc is not NULL, *want_crc (a whole chunk as metadata recorded it). They land in dst
+ * (len bytes): received straight into it unless the answer was already in (then copied). On
+ * error dst's contents are undefined (a bad chunk may have been received into it). */
 int kvch_get_finish(struct kvch_call *c, int timeout_ms, uint8_t *dst, uint32_t len,
 		    const uint32_t *want_crc);
+/* Asks a GET in flight to receive its data straight into dst (len bytes: the length the
+ * finish will expect), which must then stay valid until kvch_get_finish, called with the same
+ * dst and len (else -EINVAL), or kvch_cancel. Do this for every GET of a batch before waiting
+ * on the first, or the others arrive into fresh buffers meanwhile. 0, -EAGAIN (c idle), or
+ * -EALREADY (the answer is in or arriving: it is copied at the finish). */
+int kvch_get_into(struct kvch_call *c, uint8_t *dst, uint32_t len);
 /* The node's answer must be length len and CRC want_crc, else -EILSEQ. */
 int kvch_verify_finish(struct kvch_call *c, int timeout_ms, uint32_t len, uint32_t want_crc);
 /* Drops the answer (also of a call in flight): the pool reference is released. */

@@ -45,6 +45,16 @@ static int get_finish(const struct kvch_stripe *st, int i, struct kvch_call *c, 
 	return rc;
 }
 
+/* Points every GET of `which` at its chunk's place before waiting on any: they arrive in
+ * parallel, and one not yet pointed would be received into a fresh buffer and copied. */
+static void into_all(const struct kvch_stripe *st, struct kvch_fetch *f, uint8_t *const *ptr,
+		     uint64_t which)
+{
+	for (int i = 0; i < st->k + st->m; i++)
+		if ((which >> i) & 1 && ptr[i] && f->call[i].call && !f->call[i].into)
+			kvch_get_into(&f->call[i], ptr[i], st->slot[i].len);
+}
+
 void kvch_fetch_start(const struct kvch_stripe *st, struct kvch_fetch *f, uint64_t which)
 {
 	for (int i = 0; i < st->k + st->m; i++)
@@ -90,6 +100,7 @@ static void gather(const struct kvch_stripe *st, struct kvch_fetch *f, uint8_t *
 		}
 		if (!batch && popcount(*present) < k)
 			break;
+		into_all(st, f, ptr, batch);
 		for (int i = 0; i < n; i++) {
 			if (!((batch >> i) & 1))
 				continue;
@@ -111,6 +122,7 @@ int kvch_stripe_read(const struct kvch_stripe *st, struct kvch_fetch *f, uint8_t
 		if (st->slot[i].len == 0)
 			present |= 1ull << i; /* empty: known zeros */
 	uint64_t slow = 0; /* timed out: maybe only overloaded, worth a patient last try */
+	into_all(st, f, ptr, asked);
 	for (int i = 0; i < n; i++) {
 		if (!((asked >> i) & 1))
 			continue;
@@ -139,6 +151,7 @@ int kvch_stripe_read(const struct kvch_stripe *st, struct kvch_fetch *f, uint8_t
 		for (int i = 0; i < n; i++)
 			if ((slow >> i) & 1 && get_start(st, i, &f->call[i]) == 0)
 				batch |= 1ull << i;
+		into_all(st, f, ptr, batch);
 		for (int i = 0; i < n; i++)
 			if ((batch >> i) & 1 &&
 			    get_finish(st, i, &f->call[i], ptr[i], st->retry_timeout_ms) == 0)

@@ -376,6 +376,7 @@ static int range_read(struct kvc_file *f, uint64_t s, uint64_t soff, size_t len,
 	const struct fslot *ss = f->slots + s * f->n;
 	struct kvch_call rpc[KVEC_MAX_K] = {0};
 	int j0 = (int)(soff / cs), j1 = (int)((soff + len - 1) / cs), rc = 0;
+	uint8_t *dst = out;
 	for (int j = j0; j <= j1 && !rc; j++) {
 		uint64_t a = j == j0 ? soff % cs : 0;
 		uint64_t b = j == j1 ? (soff + len - 1) % cs + 1 : cs;
@@ -383,8 +384,11 @@ static int range_read(struct kvc_file *f, uint64_t s, uint64_t soff, size_t len,
 			rc = -EAGAIN;
 		else
 			rc = range_start(f, &ss[j], (uint32_t)a, (uint32_t)(b - a), &rpc[j]);
+		if (!rc) /* received straight into the caller's buffer */
+			kvch_get_into(&rpc[j], dst, (uint32_t)(b - a));
+		dst += b - a;
 	}
-	uint8_t *dst = out;
+	dst = out;
 	for (int j = j0; j <= j1; j++) {
 		uint64_t a = j == j0 ? soff % cs : 0;
 		uint64_t b = j == j1 ? (soff + len - 1) % cs + 1 : cs;

@@ -78,6 +78,11 @@ static const struct cfg_opt opts[] = {
      "ignored (kept for old command lines): degraded writes are the default, see "
      "--write-redundancy"},
     {"sync", CFG_BOOL, F(o.sync), 0, 0, "false", "fsync the WAL on every commit"},
+    {"block-cache", CFG_SIZE, F(o.block_cache), 0, 1e15, "256M",
+     "RocksDB block cache for LOOKUP/GETATTR point reads (0: none)"},
+    {"bloom-bits", CFG_INT, F(o.bloom_bits), 0, 64, "10",
+     "bloom filter bits per key in new table files, ~1 % false positives at 10 (0: none, "
+     "and existing filters unused)"},
     {"metrics-listen", CFG_STR, F(metrics_listen), 0, 0, NULL,
      "HOST:PORT to serve Prometheus /metrics on (port 0: any; empty: off)"},
     {"metrics-addr-file", CFG_STR, F(metrics_addr_file), 0, 0, NULL,

@@ -28,6 +28,8 @@ struct meta_opts {
 	const char *db_path;
 	const struct kvp_secret *secret; /* to talk to nodes */
 	int sync;			 /* fsync the WAL on every commit */
+	uint64_t block_cache;		 /* bytes of RocksDB block cache; 0 = none */
+	int64_t bloom_bits;		 /* bloom filter bits per key; 0 = no filter */
 	int64_t k, m;			 /* cluster defaults, reported by STATFS */
 	uint64_t chunk_size;
 	double node_timeout_s;	/* no heartbeat for this long: node down */

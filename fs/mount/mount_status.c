@@ -371,6 +371,14 @@ void mnt_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
 		fuse_reply_err(req, ENOSYS); /* the kernel remembers: no more getxattr requests */
 		return;
 	}
+	/* ACLs (system.posix_acl_*, system.nfs4_acl) and SELinux labels are not kept here: say
+	 * "not supported", not "none set". ls -l asks two of these of every file (gnulib's
+	 * file_has_acl), and remembers EOPNOTSUPP for the whole device after the first file,
+	 * where ENODATA cost a round trip per name and file. */
+	if (strncmp(name, "system.", 7) == 0 || strcmp(name, "security.selinux") == 0) {
+		fuse_reply_err(req, EOPNOTSUPP);
+		return;
+	}
 	/* Cheap refusal first: the kernel asks security.* on every write. */
 	if (strncmp(name, "user.kvfs.", 10) == 0)
 		for (size_t i = 0; i < NX; i++)

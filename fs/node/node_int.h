@@ -39,6 +39,7 @@ struct node_op {
 	size_t done, total; /* PUT: bytes written; GET: bytes read */
 	size_t room;	    /* GET: buffer size (total rounded up to 4 KiB for O_DIRECT) */
 	int direct;	    /* GET: opened with O_DIRECT */
+	int cold_check;	    /* GET: switch to O_DIRECT unless the page cache holds it all */
 	char name[20];	    /* 16 hex digits: the file name in its shard */
 	char tmp[48];	    /* PUT: temp name in DIR/tmp */
 	uint8_t hbuf[NODE_HDR_SIZE];

@@ -32,7 +32,7 @@ struct node_conf {
 	char metrics_listen[CFG_STR_MAX], metrics_addr_file[CFG_STR_MAX];
 	uint64_t capacity, reserve;
 	double heartbeat, reply_timeout;
-	int sync, direct_read;
+	int sync, direct_read, direct_cold;
 	int64_t io_threads, workers, ring_depth;
 	uint64_t max_inflight;
 	int64_t log_level;
@@ -62,6 +62,9 @@ static const struct cfg_opt node_opts[] = {
      "fdatasync each chunk and fsync its directory before acknowledging a PUT"},
     {"direct-read", CFG_BOOL, F(direct_read), 0, 0, "false",
      "read chunks with O_DIRECT (bypass the page cache; for data sets far above RAM)"},
+    {"direct-cold", CFG_BOOL, F(direct_cold), 0, 0, "true",
+     "read a chunk the page cache does not hold whole with O_DIRECT (one disk request "
+     "instead of readahead's), one it holds through the cache"},
     {"io-threads", CFG_INT, F(io_threads), 1, 64, "2", "I/O threads (one io_uring each)"},
     {"workers", CFG_INT, F(workers), 1, 256, "4", "completion threads (CRC checks, replies)"},
     {"reply-timeout", CFG_SECS, F(reply_timeout), 0.1, 3600, "10s",
@@ -281,6 +284,7 @@ int main(int argc, char **argv)
 	    .ring_depth = (unsigned)n.cf.ring_depth,
 	    .max_inflight = n.cf.max_inflight,
 	    .direct_read = n.cf.direct_read,
+	    .direct_cold = n.cf.direct_cold,
 	};
 	rc = node_store_open(&so, &n.store);
 	if (rc)

@@ -529,14 +529,12 @@ void node_store_get(struct node_store *s, struct kvp_conn *c, const struct kvp_h
 		return;
 	}
 	uint64_t charge = NODE_HDR_SIZE + (uint64_t)len;
-	size_t room = s->o.direct_read
-			  ? (charge + NODE_DIRECT_ALIGN - 1) & ~(size_t)(NODE_DIRECT_ALIGN - 1)
-			  : charge;
+	int aligned = s->o.direct_read || s->o.direct_cold;
+	size_t room =
+	    aligned ? (charge + NODE_DIRECT_ALIGN - 1) & ~(size_t)(NODE_DIRECT_ALIGN - 1) : charge;
 	admit(s, charge);
 	struct node_op *op = op_new(s, NODE_OP_GET, c, h, body, r);
-	uint8_t *buf = !op		  ? NULL
-		       : s->o.direct_read ? aligned_alloc(NODE_DIRECT_ALIGN, room)
-					  : malloc(room);
+	uint8_t *buf = !op ? NULL : aligned ? aligned_alloc(NODE_DIRECT_ALIGN, room) : malloc(room);
 	if (!buf) {
 		if (op)
 			kvp_conn_unref(c);
@@ -553,6 +551,7 @@ void node_store_get(struct node_store *s, struct kvp_conn *c, const struct kvp_h
 	op->total = charge;
 	op->room = room;
 	op->direct = s->o.direct_read;
+	op->cold_check = !s->o.direct_read && s->o.direct_cold;
 	op->shard = shard_of(r->id);
 	snprintf(op->name, sizeof(op->name), "%016" PRIx64, r->id);
 	node_io_submit(s, op);

@@ -26,6 +26,7 @@ struct node_store_opts {
 	unsigned ring_depth;   /* SQ entries per ring, >= 8 */
 	uint64_t max_inflight; /* back-pressure threshold in bytes */
 	int direct_read;       /* GET reads with O_DIRECT (bypass the page cache) */
+	int direct_cold;       /* GET of a chunk not wholly in the page cache: O_DIRECT */
 };
 
 /* capacity = the smaller of opts.capacity (when not 0) and the bytes of chunks this node holds

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# kvfs_ls_bench.sh — cold `ls -lR` and `du -sh` over LSFILES small files: through kvfs-mount and
+# in a local directory on the same disk, in one run (issue 28, item 5; docs/benchmarks.md,
+# "Cold ls -lR and du -sh"). Starts a local cluster (tools/kvfs-cluster.sh, 11 nodes) and a
+# mount with /metrics, populates both sides with kvfs-mount-bench --populate, then per round
+# and command drops the page cache (root) and times the command on each side, printing the
+# FUSE requests the mount received for it (from its /metrics). With BASE_MOUNT=path/to/an/other
+# kvfs-mount, a second mount of the same cluster by that binary is timed too (a same-run
+# baseline). Stops everything at the end.
+#
+#   tools/kvfs_ls_bench.sh [BUILD]    (env: LSFILES=10000 ROUNDS=2 MOUNT_ARGS= BASE_MOUNT=)
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+build=$(cd "${1:-$here/../build}" && pwd)
+n=${LSFILES:-10000} rounds=${ROUNDS:-2}
+export KVFS_BIN=$build/bin
+for b in "$build/bin/kvfs-mount" "$build/tools/kvfs-mount-bench"; do
+	[ -x "$b" ] || { echo "kvfs_ls_bench: $b not built" >&2; exit 1; }
+done
+[ "$(id -u)" = 0 ] || echo "kvfs_ls_bench: not root: the page cache is not dropped (warm runs)"
+dir=$(mktemp -d /var/tmp/kvfs-ls-bench-XXXXXX)
+cleanup() {
+	fusermount3 -u "$dir/mnt" 2>/dev/null
+	fusermount3 -u "$dir/mnt0" 2>/dev/null
+	bash "$here/kvfs-cluster.sh" stop "$dir/cluster" >/dev/null 2>&1
+	rm -rf "$dir"
+}
+trap cleanup EXIT
+bash "$here/kvfs-cluster.sh" start "$dir/cluster" 11 >/dev/null || exit 1
+meta=$(cat "$dir/cluster/meta.addr")
+mkdir -p "$dir/mnt" "$dir/mnt0" "$dir/local/many"
+mount_one() { # BIN MNT TAG
+	"$1" --secret-file "$dir/cluster/secret" --log-file "$dir/$3.log" \
+		--metrics-listen 127.0.0.1:0 --metrics-addr-file "$dir/$3.metrics" \
+		${MOUNT_ARGS:-} "$meta" "$2"
+}
+mount_one "$build/bin/kvfs-mount" "$dir/mnt" mount || exit 1
+sides="mount local"
+if [ -n "${BASE_MOUNT:-}" ]; then
+	mount_one "$BASE_MOUNT" "$dir/mnt0" base || exit 1
+	sides="mount base local"
+fi
+mkdir "$dir/mnt/bench"
+"$build/tools/kvfs-mount-bench" --meta "$meta" --secret-file "$dir/cluster/secret" \
+	--mnt "$dir/mnt/bench" --local "$dir/local/many" --files "$n" --size 4K --threads 8 \
+	--populate || exit 1
+# reqs TAG: "op count" of every FUSE request the mount TAG answered so far
+reqs() {
+	curl -s "http://$(cat "$dir/$1.metrics")/metrics" |
+		awk '/^kvfs_mount_requests_total/ { print $1, $2 }' | sort
+}
+now() { date +%s.%N; }
+echo "kvfs_ls_bench: $n files of 4 KiB, $(nproc) cores, $(uname -r), load $(cut -d' ' -f1 /proc/loadavg)"
+for r in $(seq 1 "$rounds"); do
+	for cmd in "ls -lR" "du -sh"; do
+		for t in $sides; do
+			case $t in
+			mount) d=$dir/mnt/many ;;
+			base) d=$dir/mnt0/many ;;
+			local) d=$dir/local/many ;;
+			esac
+			sync
+			echo 3 >/proc/sys/vm/drop_caches 2>/dev/null
+			sleep 1.2 # past the mount's entry timeout as well
+			[ $t = local ] || reqs $t >"$dir/r1"
+			a=$(now)
+			$cmd "$d" >/dev/null
+			b=$(now)
+			printf 'round %d %-7s %-6s cold %7.3f s' "$r" "$cmd" "$t" \
+				"$(awk "BEGIN { print $b - $a }")"
+			if [ $t != local ]; then
+				reqs $t >"$dir/r2"
+				join "$dir/r1" "$dir/r2" | awk '$3 > $2 { o = $1; sub(/.*op="/, "", o);
+					sub(/".*/, "", o); printf "  %s %d", o, $3 - $2 }'
+			fi
+			echo
+		done
+	done
+done
