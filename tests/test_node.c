@@ -815,6 +815,7 @@ static void test_direct_cold(void **state)
 			assert_int_equal(gl, lens[i]);
 			assert_memory_equal(g, d, gl);
 			free(g);
+			g = NULL;
 			chunk_path(&np, 0xD000 + (uint64_t)i, p, sizeof(p));
 			if (mode == 0)
 				assert_int_equal(cached_pages(p), 0);
