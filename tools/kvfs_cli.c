@@ -366,15 +366,28 @@ static int cmd_mkdir(struct kvc *c, const char *path, int parents)
 	return rc ? fail("mkdir", path, rc) : 0;
 }
 
+/* meta.addr: one address a line (every replica of a replicated meta), joined as "A,B,C". */
 static int read_line(const char *path, char *out, size_t cap)
 {
 	FILE *f = fopen(path, "r");
 	if (!f)
 		return -errno;
-	int ok = fgets(out, (int)cap, f) != NULL;
+	char line[CFG_STR_MAX];
+	size_t len = 0;
+	int rc = 0;
+	out[0] = 0;
+	while (!rc && fgets(line, sizeof(line), f)) {
+		line[strcspn(line, "\r\n")] = 0;
+		size_t ll = strlen(line);
+		if (!ll)
+			continue;
+		if (len + ll + 2 > cap)
+			rc = -ENAMETOOLONG;
+		else
+			len += (size_t)snprintf(out + len, cap - len, "%s%s", len ? "," : "", line);
+	}
 	fclose(f);
-	out[strcspn(out, "\r\n")] = 0;
-	return ok && *out ? 0 : -EINVAL;
+	return rc ? rc : *out ? 0 : -EINVAL;
 }
 
 int main(int argc, char **argv)

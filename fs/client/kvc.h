@@ -35,8 +35,12 @@ struct kvc;
 struct kvc_writer;
 struct kvc_file;
 
+#define KVC_MAX_METAS 9
+
 struct kvc_opts {
-	const char *meta_addr;		 /* "127.0.0.1:port" */
+	/* "HOST:PORT", or replicated meta's replicas "HOST:PORT,HOST:PORT,..." (at most
+	 * KVC_MAX_METAS): requests go to the one that leads, found by asking in turn. */
+	const char *meta_addr;
 	const struct kvp_secret *secret; /* cluster secret */
 	int timeout_ms;			 /* per request to meta or a node; 0 = 5000 */
 	int k, m;			 /* 0 = the cluster's default (from meta STATFS) */

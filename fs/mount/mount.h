@@ -83,11 +83,11 @@ struct mnt_counters {
 };
 
 struct mnt {
-	struct kvc *c;		 /* thread-safe */
-	struct fuse_session *se; /* set once before the loop starts */
-	struct mnt_cfg cfg;	 /* read-only after start */
-	struct mnt_itab *itab;	 /* its own lock */
-	char meta_addr[KVP_ADDR_MAX];
+	struct kvc *c;		     /* thread-safe */
+	struct fuse_session *se;     /* set once before the loop starts */
+	struct mnt_cfg cfg;	     /* read-only after start */
+	struct mnt_itab *itab;	     /* its own lock */
+	char meta_addr[CFG_STR_MAX]; /* one address, or every replica's, comma-separated */
 	char mountpoint[CFG_STR_MAX];
 	int mnt_id; /* the kernel's id of this mount (mountinfo), set once mounted; 0 = unknown */
 	uid_t uid;

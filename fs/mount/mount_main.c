@@ -397,6 +397,11 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	kvfs_log_set_level((int)m->cfg.log_level);
+	if (strlen(argv[1]) >= sizeof(m->meta_addr)) {
+		fprintf(stderr, "kvfs-mount: META_ADDR longer than %zu bytes\n",
+			sizeof(m->meta_addr) - 1);
+		return 2;
+	}
 	snprintf(m->meta_addr, sizeof(m->meta_addr), "%s", argv[1]);
 	char mp[PATH_MAX];
 	if (!realpath(argv[2], mp)) {
