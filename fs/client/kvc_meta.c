@@ -88,8 +88,8 @@ static int meta_call_retrying(struct kvc *c, uint16_t op, const struct kvp_wbuf 
 	kvch_retry_start(&r, &pol);
 	/* Replicated meta: a replica that does not lead answers -EREMCHG having done nothing,
 	 * so the request goes to the next one at once; once every replica said so (an election
-	 * is on) it waits as KVCH_RETRY_META does, whatever the op's own attempts. */
-	struct kvch_retry_policy lpol = KVCH_RETRY_META;
+	 * is on) it waits by KVCH_RETRY_LEADER, whatever the op's own attempts. */
+	struct kvch_retry_policy lpol = KVCH_RETRY_LEADER;
 	kvch_retry_start(&lr, &lpol);
 	int refused = 0;
 	for (;;) {

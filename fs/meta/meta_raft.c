@@ -62,11 +62,18 @@ struct mraft {
 
 /* ---- the state machine: runs on the loop thread ---- */
 
+static uint32_t get32(const uint8_t *p);
+
+/* An entry: u32 batch length, u32 format (1), the WriteBatch bytes, zeros up to a multiple of
+ * 8 bytes: libraft's segment loader misreads entries whose length is not one. */
 static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void **result)
 {
 	struct mraft *r = fsm->data;
+	const uint8_t *d = buf->base;
 	char *err = NULL;
-	rocksdb_writebatch_t *b = rocksdb_writebatch_create_from(buf->base, buf->len);
+	rocksdb_writebatch_t *b = NULL;
+	if (buf->len >= 8 && get32(d + 4) == 1 && get32(d) <= buf->len - 8)
+		b = rocksdb_writebatch_create_from((const char *)d + 8, get32(d));
 	if (b) {
 		rocksdb_write(r->o.db, r->wo, b, &err);
 		rocksdb_writebatch_destroy(b);
@@ -74,7 +81,8 @@ static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void *
 	if (!b || err) {
 		/* A replica that cannot apply a committed entry has diverged: it must not go on
 		 * answering. A restart replays the log from the last snapshot. */
-		klog_error("cannot apply a committed entry: %s", err ? err : "bad batch");
+		klog_error("cannot apply a committed entry of %zu bytes: %s", buf->len,
+			   err ? err : "not a kvfs-meta entry");
 		abort();
 	}
 	*result = NULL;
@@ -502,11 +510,17 @@ void mraft_stop(struct mraft *r)
 int mraft_propose(struct mraft *r, const char *data, size_t len)
 {
 	struct mprop p = {.r = r};
-	p.buf.base = raft_malloc(len ? len : 1);
-	if (!p.buf.base)
+	if (len > UINT32_MAX - 16)
+		return -EFBIG;
+	size_t padded = (8 + len + 7) & ~(size_t)7;
+	uint8_t *e = raft_calloc(1, padded);
+	if (!e)
 		return -ENOMEM;
-	memcpy(p.buf.base, data, len);
-	p.buf.len = len;
+	put32(e, (uint32_t)len);
+	put32(e + 4, 1);
+	memcpy(e + 8, data, len);
+	p.buf.base = e;
+	p.buf.len = padded;
 	p.req.data = &p;
 	pthread_mutex_lock(&r->mu);
 	if (r->stop || r->st.state != RAFT_LEADER || r->serving_term != r->st.term ||
