@@ -51,6 +51,9 @@ struct kvc_opts {
 
 /* Connects to meta (and checks the secret). *out is freed with kvc_close. */
 int kvc_open(const struct kvc_opts *o, struct kvc **out);
+/* Splits a meta list "A,B,C" into out (each shorter than KVP_ADDR_MAX, none empty, at most
+ * max): how many, or -EINVAL. */
+int kvc_meta_list(const char *list, char out[][KVP_ADDR_MAX], int max);
 void kvc_close(struct kvc *c);
 
 /* ---- namespace, by inode (root is KVP_ROOT_INO) ---- */

@@ -97,8 +97,6 @@ uint64_t kvc__now_ns(void);
 /* Observes now - t0 in stage st's histogram (no-op without metrics). */
 void kvc__stage(struct kvc *c, enum kvc_stage st, uint64_t t0);
 
-/* Splits "A,B,C" into out (each shorter than KVP_ADDR_MAX, none empty): how many, or -EINVAL. */
-int kvc__meta_list(const char *list, char out[][KVP_ADDR_MAX], int max);
 /* A request to meta on a pooled connection. attempts > 1 retries transport failures with
  * backoff (reconnecting); *retried (may be NULL) is set when a retry happened, so callers of
  * non-idempotent ops can interpret -EEXIST / -ENOENT. */

@@ -124,7 +124,7 @@ static int meta_call_retrying(struct kvc *c, uint16_t op, const struct kvp_wbuf 
 	}
 }
 
-int kvc__meta_list(const char *list, char out[][KVP_ADDR_MAX], int max)
+int kvc_meta_list(const char *list, char out[][KVP_ADDR_MAX], int max)
 {
 	int n = 0;
 	const char *p = list;
@@ -220,7 +220,7 @@ int kvc_open(const struct kvc_opts *o, struct kvc **out)
 	struct kvc *c = calloc(1, sizeof(*c));
 	if (!c)
 		return -ENOMEM;
-	c->nmetas = kvc__meta_list(o->meta_addr, c->metas, KVC_MAX_METAS);
+	c->nmetas = kvc_meta_list(o->meta_addr, c->metas, KVC_MAX_METAS);
 	if (c->nmetas < 0) {
 		free(c);
 		return -EINVAL;
