@@ -8,7 +8,8 @@ src=$2
 export KVFS_BIN=$build/bin
 kvfs=$build/bin/kvfs
 dir=$(mktemp -d /tmp/kvfs-cli-XXXXXX)
-trap '"$src/tools/kvfs-cluster.sh" stop "$dir/c" >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
+trap '"$src/tools/kvfs-cluster.sh" stop "$dir/c" >/dev/null 2>&1 || true
+	"$src/tools/kvfs-cluster.sh" stop "$dir/r" >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 KVFS_META_ARGS="--k 2 --m 1 --node-timeout 2s" "$src/tools/kvfs-cluster.sh" start "$dir/c" 3
@@ -78,4 +79,23 @@ for p in $pids; do
 		fail "pid $p still running after stop"
 	fi
 done
+
+# Replicated meta (KVFS_META_REPLICAS=3): pids meta1..3, meta.addr one address a line, the
+# CLI follows the leader; `kvfs meta status` shows one leader; the leader killed with SIGKILL,
+# the same files read back and a new put works through another replica.
+KVFS_META_REPLICAS=3 KVFS_META_ARGS="--k 2 --m 1 --node-timeout 2s" \
+	"$src/tools/kvfs-cluster.sh" start "$dir/r" 3 >/dev/null
+export KVFS_CLUSTER=$dir/r
+[ "$(grep -c '^meta[123] ' "$dir/r/pids")" = 3 ] || fail "pids: meta1..3 expected"
+[ "$(wc -l <"$dir/r/meta.addr")" = 3 ] || fail "meta.addr: 3 lines expected"
+"$kvfs" put "$dir/in" /x
+[ "$("$kvfs" meta status | grep -c ' leader  *yes ')" = 1 ] || fail "meta status: one leader"
+lead=$("$kvfs" meta status | awk '$3 == "leader" { print $2 }')
+lpid=$(awk -v n="meta$lead" '$1 == n { print $2 }' "$dir/r/pids")
+kill -KILL "$lpid"
+"$kvfs" get /x - | cmp - "$dir/in" || fail "get after the meta leader was killed"
+echo hi | "$kvfs" put - /y
+[ "$("$kvfs" get /y -)" = hi ] || fail "put after the meta leader was killed"
+"$kvfs" meta status | grep -q "unreachable" || fail "meta status: the killed replica"
+"$src/tools/kvfs-cluster.sh" stop "$dir/r" >/dev/null
 echo "test_cli_cluster: ok"

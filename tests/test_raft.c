@@ -33,16 +33,22 @@ static struct kvp_secret g_sec;
 static int64_t g_ack_ms[MAX_FILES];
 static atomic_int g_nacked, g_next, g_stop, g_failures;
 
+/* A loopback port that binds now, below the ephemeral range: one from inside it could be
+ * taken by an outgoing connection (Raft's own) before the replica binds it. */
 static uint16_t free_port(void)
 {
-	int s = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t l = sizeof(a);
-	assert_true(s >= 0);
-	assert_int_equal(bind(s, (struct sockaddr *)&a, sizeof(a)), 0);
-	assert_int_equal(getsockname(s, (struct sockaddr *)&a, &l), 0);
-	close(s);
-	return ntohs(a.sin_port);
+	for (;;) {
+		uint16_t p = (uint16_t)(20000 + random() % 12000);
+		int s = socket(AF_INET, SOCK_STREAM, 0);
+		struct sockaddr_in a = {.sin_family = AF_INET,
+					.sin_port = htons(p),
+					.sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+		assert_true(s >= 0);
+		int ok = bind(s, (struct sockaddr *)&a, sizeof(a)) == 0;
+		close(s);
+		if (ok)
+			return p;
+	}
 }
 
 static void meta_start(int i)
@@ -181,6 +187,7 @@ static int cmp_i64(const void *a, const void *b)
 static void test_failover(void **state)
 {
 	(void)state;
+	srandom((unsigned)getpid() ^ (unsigned)rt_now_ms());
 	snprintf(g_dir, sizeof(g_dir), "/tmp/kvfs-raft-XXXXXX");
 	assert_non_null(mkdtemp(g_dir));
 	snprintf(g_secret, sizeof(g_secret), "%s/secret", g_dir);
