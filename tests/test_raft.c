@@ -59,11 +59,18 @@ static void meta_start(int i)
 	snprintf(rdir, sizeof(rdir), "%s/raft%d", g_dir, i + 1);
 	snprintf(log, sizeof(log), "%s/meta%d.log", g_dir, i + 1);
 	snprintf(id, sizeof(id), "%d", i + 1);
-	char *argv[] = {bin,	  "--db",	   db,	      "--secret-file",
-			g_secret, "--listen",	   g_meta[i], "--k",
-			"2",	  "--m",	   "1",	      "--raft-id",
-			id,	  "--raft-peers",  g_peers,   "--raft-dir",
-			rdir,	  "--gc-interval", "0.2s",    NULL};
+	/* Snapshots every 1024 entries: log compaction, and restarts that restore one. */
+	char *argv[] = {bin,	   "--db",
+			db,	   "--secret-file",
+			g_secret,  "--listen",
+			g_meta[i], "--k",
+			"2",	   "--m",
+			"1",	   "--raft-id",
+			id,	   "--raft-peers",
+			g_peers,   "--raft-dir",
+			rdir,	   "--gc-interval",
+			"0.2s",	   "--raft-snapshot-every",
+			"1024",	   NULL};
 	g_mpid[i] = kvh_spawn(bin, argv, log);
 	assert_true(g_mpid[i] > 0);
 }

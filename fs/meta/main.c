@@ -91,6 +91,9 @@ static const struct cfg_opt opts[] = {
      "directory of this replica's Raft log and snapshots (required with --raft-id)"},
     {"raft-election-timeout", CFG_SECS, F(o.raft_election_s), 0.05, 60, "1s",
      "a follower that hears no leader this long starts an election"},
+    {"raft-snapshot-every", CFG_INT, F(o.raft_snapshot_every), 16, 100000000, "100000",
+     "Raft log entries between snapshots of the database (the log before is dropped, a fifth "
+     "kept for followers that lag)"},
     {"log-level", CFG_INT, F(log_level), 0, 3, "2", "0 error, 1 warn, 2 info, 3 debug"},
     CFG_END,
 };

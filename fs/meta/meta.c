@@ -106,6 +106,7 @@ static int meta_raft_start(struct meta *m)
 				.dir = m->o.raft_dir,
 				.db = m->db,
 				.election_ms = (unsigned)(m->o.raft_election_s * 1000),
+				.snapshot_every = (unsigned)m->o.raft_snapshot_every,
 				.on_lead = meta_lead,
 				.ctx = m};
 	return mraft_start(&ro, &m->raft);

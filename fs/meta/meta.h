@@ -66,6 +66,7 @@ struct meta_opts {
 	int64_t raft_id;
 	const char *raft_peers, *raft_dir;
 	double raft_election_s;
+	int64_t raft_snapshot_every; /* entries between snapshots (log compaction) */
 };
 
 int meta_open(const struct meta_opts *o, struct meta **out);

@@ -447,8 +447,9 @@ int mraft_start(const struct mraft_opts *o, struct mraft **out)
 	raft_set_pre_vote(&r->raft, true);
 	/* A snapshot is the whole database: taken rarely, with a long tail of log kept so a
 	 * follower that fell a little behind catches up from the log. */
-	raft_set_snapshot_threshold(&r->raft, 100000);
-	raft_set_snapshot_trailing(&r->raft, 20000);
+	unsigned every = o->snapshot_every ? o->snapshot_every : 100000;
+	raft_set_snapshot_threshold(&r->raft, every);
+	raft_set_snapshot_trailing(&r->raft, every / 5 ? every / 5 : 1);
 
 	struct raft_configuration conf;
 	raft_configuration_init(&conf);

@@ -31,6 +31,8 @@ struct mraft_opts {
 	const char *dir;      /* Raft log and snapshots (created if missing) */
 	rocksdb_t *db;	      /* the state: committed entries are applied to it */
 	unsigned election_ms; /* election timeout (heartbeats every tenth of it) */
+	/* a snapshot every this many entries, a fifth of them kept behind it; 0 = 100000 */
+	unsigned snapshot_every;
 	/* Called on the watcher thread when this replica becomes leader and has applied every
 	 * earlier entry; 0, or a negative errno: not serving, tried again after a while. */
 	int (*on_lead)(void *ctx);
