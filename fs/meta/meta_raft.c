@@ -502,8 +502,10 @@ void mraft_stop(struct mraft *r)
 	if (r->loop_started) {
 		uv_async_send(&r->async);
 		pthread_join(r->loop_thr, NULL);
+		/* raft_close closed the log and the transport; this frees their memory. */
+		raft_uv_close(&r->io);
+		raft_uv_tcp_close(&r->tr);
 	}
-	/* raft_close released libraft's memory; the transport and log are closed by it. */
 	uv_loop_close(&r->loop);
 	free_unstarted(r);
 }
