@@ -8,7 +8,8 @@ src=$2
 export KVFS_BIN=$build/bin
 kvfs=$build/bin/kvfs
 dir=$(mktemp -d /tmp/kvfs-cli-XXXXXX)
-trap '"$src/tools/kvfs-cluster.sh" stop "$dir/c" >/dev/null 2>&1 || true
+trap 'fusermount3 -u "$dir/mnt" 2>/dev/null || true
+	"$src/tools/kvfs-cluster.sh" stop "$dir/c" >/dev/null 2>&1 || true
 	"$src/tools/kvfs-cluster.sh" stop "$dir/r" >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
@@ -90,6 +91,15 @@ export KVFS_CLUSTER=$dir/r
 [ "$(wc -l <"$dir/r/meta.addr")" = 3 ] || fail "meta.addr: 3 lines expected"
 "$kvfs" put "$dir/in" /x
 [ "$("$kvfs" meta status | grep -c ' leader  *yes ')" = 1 ] || fail "meta status: one leader"
+# kvfs-mount takes the same list (where FUSE works here).
+mnt=""
+if [ -w /dev/fuse ] && command -v fusermount3 >/dev/null; then
+	mnt=$dir/mnt
+	mkdir -p "$mnt"
+	"$build/bin/kvfs-mount" --secret-file "$dir/r/secret" --log-file "$dir/mount.log" \
+		"$(paste -sd, "$dir/r/meta.addr")" "$mnt" || fail "kvfs-mount with 3 meta addresses"
+	cmp "$mnt/x" "$dir/in" || fail "read through the mount"
+fi
 lead=$("$kvfs" meta status | awk '$3 == "leader" { print $2 }')
 lpid=$(awk -v n="meta$lead" '$1 == n { print $2 }' "$dir/r/pids")
 kill -KILL "$lpid"
@@ -97,5 +107,10 @@ kill -KILL "$lpid"
 echo hi | "$kvfs" put - /y
 [ "$("$kvfs" get /y -)" = hi ] || fail "put after the meta leader was killed"
 "$kvfs" meta status | grep -q "unreachable" || fail "meta status: the killed replica"
+if [ -n "$mnt" ]; then
+	cp "$dir/in" "$mnt/z" || fail "write through the mount after the leader was killed"
+	cmp "$mnt/z" "$dir/in" || fail "read back through the mount"
+	fusermount3 -u "$mnt"
+fi
 "$src/tools/kvfs-cluster.sh" stop "$dir/r" >/dev/null
 echo "test_cli_cluster: ok"
