@@ -132,10 +132,11 @@ static int leader(struct kvp_pool *pool)
 	return -1;
 }
 
-/* Waits until replica i has applied at least what the leader has; 0 or -ETIMEDOUT. */
+/* Waits up to 30 s until replica i has applied at least what the leader has; 0 or
+ * -ETIMEDOUT. */
 static int caught_up(struct kvp_pool *pool, int i, int lead)
 {
-	for (int t = 0; t < 300; t++) {
+	for (int t = 0; t < 600; t++) {
 		int st, sv;
 		uint64_t a, b;
 		if (rstatus(pool, lead, &st, &sv, &a) == 0 && rstatus(pool, i, &st, &sv, &b) == 0 &&

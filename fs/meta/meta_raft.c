@@ -450,6 +450,9 @@ int mraft_start(const struct mraft_opts *o, struct mraft **out)
 	unsigned every = o->snapshot_every ? o->snapshot_every : 100000;
 	raft_set_snapshot_threshold(&r->raft, every);
 	raft_set_snapshot_trailing(&r->raft, every / 5 ? every / 5 : 1);
+	/* libraft resends a snapshot only after this long without an answer (30 s by default):
+	 * one sent to a replica that was just restarting is lost, and the replica would wait. */
+	raft_set_install_snapshot_timeout(&r->raft, 5000);
 
 	struct raft_configuration conf;
 	raft_configuration_init(&conf);
