@@ -471,6 +471,30 @@ static int cmd_meta_status(const char *list, const struct kvp_secret *sec, int t
 	return ok ? 0 : 1;
 }
 
+/* `kvfs meta add ID ADDR` / `kvfs meta remove ID`: RCONF to the leader. */
+static int cmd_meta_conf(struct kvc *c, int add, const char *id_s, const char *addr)
+{
+	char *end;
+	unsigned long long id = strtoull(id_s, &end, 10);
+	if (*end || id == 0 || id > 1000000 || strlen(addr) > 63) {
+		fprintf(stderr, "kvfs: meta %s: bad replica id %s or address\n",
+			add ? "add" : "remove", id_s);
+		return 2;
+	}
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	kvp_w_u8(&w, add ? 1 : 2);
+	kvp_w_u64(&w, id);
+	kvp_w_cstr(&w, addr);
+	int rc = w.err ? w.err : kvc_admin(c, KVP_OP_RCONF, w.p, w.len, NULL, NULL);
+	kvp_w_free(&w);
+	if (rc)
+		return fail(add ? "cannot add meta replica" : "cannot remove meta replica", id_s,
+			    rc);
+	printf("meta replica %llu %s\n", id, add ? "added (a voter, caught up)" : "removed");
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	struct cli_cfg cfg;
@@ -520,7 +544,10 @@ int main(int argc, char **argv)
 		na--;
 	}
 	int ret = 2;
-	if (!strcmp(cmd, "status") && na == 0 && !flag)
+	if (!strcmp(cmd, "meta") && !flag && na >= 2 &&
+	    ((!strcmp(a[0], "add") && na == 3) || (!strcmp(a[0], "remove") && na == 2)))
+		ret = cmd_meta_conf(c, !strcmp(a[0], "add"), a[1], na == 3 ? a[2] : "");
+	else if (!strcmp(cmd, "status") && na == 0 && !flag)
 		ret = cmd_status(c, meta);
 	else if (!strcmp(cmd, "put") && na == 2 && !flag)
 		ret = cmd_put(c, a[0], a[1]);

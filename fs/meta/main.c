@@ -91,6 +91,9 @@ static const struct cfg_opt opts[] = {
      "directory of this replica's Raft log and snapshots (required with --raft-id)"},
     {"raft-election-timeout", CFG_SECS, F(o.raft_election_s), 0.05, 60, "1s",
      "a follower that hears no leader this long starts an election"},
+    {"raft-join", CFG_BOOL, F(o.raft_join), 0, 0, "false",
+     "a new replica of a running group: wait to be added (kvfs meta add) instead of "
+     "bootstrapping --raft-peers"},
     {"raft-snapshot-every", CFG_INT, F(o.raft_snapshot_every), 16, 100000000, "100000",
      "Raft log entries between snapshots of the database (the log before is dropped, a fifth "
      "kept for followers that lag)"},

@@ -107,6 +107,7 @@ static int meta_raft_start(struct meta *m)
 				.db = m->db,
 				.election_ms = (unsigned)(m->o.raft_election_s * 1000),
 				.snapshot_every = (unsigned)m->o.raft_snapshot_every,
+				.join = m->o.raft_join,
 				.on_lead = meta_lead,
 				.ctx = m};
 	return mraft_start(&ro, &m->raft);
@@ -185,6 +186,7 @@ void meta_close(struct meta *m)
 }
 
 typedef int (*op_fn)(struct meta *m, const struct mreq *q, struct kvp_wbuf *out);
+static int raft_conf(struct meta *m, const struct mreq *q, struct kvp_wbuf *out);
 
 static op_fn op_table(uint16_t op)
 {
@@ -225,6 +227,8 @@ static op_fn op_table(uint16_t op)
 		return mlife_maint;
 	case KVP_OP_MSTATUS:
 		return mlife_status;
+	case KVP_OP_RCONF:
+		return raft_conf;
 	default:
 		return NULL;
 	}
@@ -244,6 +248,23 @@ static int mutates(uint16_t op)
 	default:
 		return 1;
 	}
+}
+
+/* RCONF (kvp.h): adds or removes a replica. Not under mu: a change waits for the new
+ * replica to catch up, and requests go on meanwhile. */
+static int raft_conf(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
+{
+	(void)out;
+	if (!m->raft)
+		return -EOPNOTSUPP;
+	char addr[MRAFT_ADDR_MAX];
+	if ((q->action != 1 && q->action != 2) || q->addr.len >= sizeof(addr))
+		return -EINVAL;
+	memcpy(addr, q->addr.p, q->addr.len);
+	addr[q->addr.len] = 0;
+	if (strlen(addr) != q->addr.len)
+		return -EINVAL;
+	return mraft_change(m->raft, q->action == 1, q->uuid, addr);
 }
 
 /* RSTATUS (kvp.h): this replica's view of the Raft group. */

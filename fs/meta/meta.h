@@ -67,6 +67,7 @@ struct meta_opts {
 	const char *raft_peers, *raft_dir;
 	double raft_election_s;
 	int64_t raft_snapshot_every; /* entries between snapshots (log compaction) */
+	int raft_join;		     /* joins a running group (kvfs meta add): no bootstrap */
 };
 
 int meta_open(const struct meta_opts *o, struct meta **out);

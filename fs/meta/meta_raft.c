@@ -29,6 +29,17 @@ struct mprop {
 	int done, rc;
 };
 
+/* One configuration change, on the caller's stack until done. */
+struct mchange {
+	struct raft_change req;
+	struct mraft *r;
+	int add;
+	uint64_t id;
+	char addr[MRAFT_ADDR_MAX];
+	struct mchange *next;
+	int done, rc;
+};
+
 struct mraft {
 	struct mraft_opts o;
 	uint64_t ids[MRAFT_MAX_PEERS];
@@ -53,6 +64,7 @@ struct mraft {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	struct mprop *queue, *queue_tail;
+	struct mchange *changes;
 	int stop, closing;
 	struct mraft_status st;	 /* copied from libraft every tick */
 	uint64_t barrier_term;	 /* a barrier of this term has been applied */
@@ -289,6 +301,57 @@ static void tick(uv_timer_t *t)
 	}
 }
 
+static int change_rc(int status)
+{
+	return status == 0		   ? 0
+	       : status == RAFT_NOTLEADER  ? -EREMCHG
+	       : status == RAFT_CANTCHANGE ? -EBUSY
+	       : status == RAFT_DUPLICATEID || status == RAFT_DUPLICATEADDRESS ||
+		       status == RAFT_BADID || status == RAFT_NOTFOUND
+		   ? -EINVAL
+	       : status == RAFT_LEADERSHIPLOST || status == RAFT_SHUTDOWN ? -ECONNABORTED
+									  : -EIO;
+}
+
+static void change_done(struct mchange *c, int status)
+{
+	if (status)
+		klog_warn("configuration change (%s %llu): %s", c->add ? "add" : "remove",
+			  (unsigned long long)c->id, raft_strerror(status));
+	else
+		klog_info("configuration change done: %s replica %llu %s",
+			  c->add ? "added" : "removed", (unsigned long long)c->id, c->addr);
+	pthread_mutex_lock(&c->r->mu);
+	c->rc = change_rc(status);
+	c->done = 1;
+	pthread_cond_broadcast(&c->r->cv);
+	pthread_mutex_unlock(&c->r->mu);
+}
+
+static void change_cb(struct raft_change *req, int status)
+{
+	change_done(req->data, status);
+}
+
+/* An added replica joins as a spare, then becomes a voter: libraft promotes it only once it
+ * caught up with the log, so the group never counts a voter that has nothing. */
+static void added_cb(struct raft_change *req, int status)
+{
+	struct mchange *c = req->data;
+	int rc = status ? status : raft_assign(&c->r->raft, &c->req, c->id, RAFT_VOTER, change_cb);
+	if (rc)
+		change_done(c, rc);
+}
+
+static void change_start(struct mraft *r, struct mchange *c)
+{
+	c->req.data = c;
+	int rc = c->add ? raft_add(&r->raft, &c->req, c->id, c->addr, added_cb)
+			: raft_remove(&r->raft, &c->req, c->id, change_cb);
+	if (rc)
+		change_done(c, rc);
+}
+
 /* Proposals queued by other threads go to libraft here; a stop closes libraft. */
 static void on_async(uv_async_t *a)
 {
@@ -296,6 +359,8 @@ static void on_async(uv_async_t *a)
 	pthread_mutex_lock(&r->mu);
 	struct mprop *q = r->queue;
 	r->queue = r->queue_tail = NULL;
+	struct mchange *ch = r->changes;
+	r->changes = NULL;
 	int close = r->stop && !r->closing;
 	if (close)
 		r->closing = 1;
@@ -309,6 +374,14 @@ static void on_async(uv_async_t *a)
 			raft_free(p->buf.base);
 			prop_done(r, p, rc == RAFT_NOTLEADER ? -EREMCHG : -ECONNABORTED);
 		}
+	}
+	while (ch) {
+		struct mchange *c = ch;
+		ch = ch->next;
+		if (close)
+			change_done(c, RAFT_SHUTDOWN);
+		else
+			change_start(r, c);
 	}
 	if (close) {
 		uv_timer_stop(&r->timer);
@@ -458,7 +531,7 @@ int mraft_start(const struct mraft_opts *o, struct mraft **out)
 	raft_configuration_init(&conf);
 	for (unsigned i = 0; i < r->n && !rc; i++)
 		rc = raft_configuration_add(&conf, r->ids[i], r->addrs[i], RAFT_VOTER);
-	if (!rc) {
+	if (!rc && !o->join) {
 		rc = raft_bootstrap(&r->raft, &conf);
 		if (rc == 0)
 			klog_info("bootstrapped a new Raft log in %s with %u voters", o->dir, r->n);
@@ -547,6 +620,30 @@ int mraft_propose(struct mraft *r, const char *data, size_t len)
 		pthread_cond_wait(&r->cv, &r->mu);
 	pthread_mutex_unlock(&r->mu);
 	return p.rc;
+}
+
+int mraft_change(struct mraft *r, int add, uint64_t id, const char *addr)
+{
+	struct mchange c = {.r = r, .add = add, .id = id};
+	if (id == 0 ||
+	    (add && (!addr || !*addr || strlen(addr) >= sizeof(c.addr) || !strchr(addr, ':'))))
+		return -EINVAL;
+	if (add)
+		snprintf(c.addr, sizeof(c.addr), "%s", addr);
+	pthread_mutex_lock(&r->mu);
+	if (r->stop || r->st.state != RAFT_LEADER) {
+		pthread_mutex_unlock(&r->mu);
+		return -EREMCHG;
+	}
+	c.next = r->changes;
+	r->changes = &c;
+	pthread_mutex_unlock(&r->mu);
+	uv_async_send(&r->async);
+	pthread_mutex_lock(&r->mu);
+	while (!c.done)
+		pthread_cond_wait(&r->cv, &r->mu);
+	pthread_mutex_unlock(&r->mu);
+	return c.rc;
 }
 
 int mraft_serving(struct mraft *r)

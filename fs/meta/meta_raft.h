@@ -33,6 +33,7 @@ struct mraft_opts {
 	unsigned election_ms; /* election timeout (heartbeats every tenth of it) */
 	/* a snapshot every this many entries, a fifth of them kept behind it; 0 = 100000 */
 	unsigned snapshot_every;
+	int join; /* a new replica of a running group: no bootstrap, it waits to be added */
 	/* Called on the watcher thread when this replica becomes leader and has applied every
 	 * earlier entry; 0, or a negative errno: not serving, tried again after a while. */
 	int (*on_lead)(void *ctx);
@@ -51,6 +52,10 @@ void mraft_stop(struct mraft *r);
  * -ECONNABORTED: leadership was lost after appending, so the entry may or may not commit
  * (the same ambiguity as a connection lost mid-request); -ENOMEM; -EIO. */
 int mraft_propose(struct mraft *r, const char *data, size_t len);
+/* Changes the group's configuration on the leader: add (a voter, once it caught up) or
+ * remove replica id. Waits until the change is committed. 0, -EREMCHG (not the leader),
+ * -EINVAL (bad id or address), -EBUSY (another change in progress), -ECONNABORTED, -EIO. */
+int mraft_change(struct mraft *r, int add, uint64_t id, const char *addr);
 /* 1 when this replica leads, caught up, and on_lead succeeded in the current term. */
 int mraft_serving(struct mraft *r);
 

@@ -107,6 +107,11 @@ enum kvp_op {
 				* index, u64 applied, u64 commit, u32 n, n x (u64 id, str Raft
 				* address, u64 match index: the leader's view, else 0). Answered
 				* by every replica; -EOPNOTSUPP from a meta without Raft */
+	KVP_OP_RCONF = 0x42,   /* -> u8 action (1 add a voter, 2 remove), u64 replica id, str Raft
+				* address (add; "" for remove)  <- (empty), once the change is
+				* committed (an added replica has caught up). Leader only;
+				* -EOPNOTSUPP without Raft, -EINVAL bad id/address, -EBUSY a
+				* change in progress */
 };
 
 /* KVP_OP_ALLOC flags. WRITE_AROUND: the client stores a stripe without the chunks whose node
