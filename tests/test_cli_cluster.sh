@@ -8,7 +8,10 @@ src=$2
 export KVFS_BIN=$build/bin
 kvfs=$build/bin/kvfs
 dir=$(mktemp -d /tmp/kvfs-cli-XXXXXX)
-trap '"$src/tools/kvfs-cluster.sh" stop "$dir/c" >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
+pid4=""
+trap '{ [ -n "$pid4" ] && kill "$pid4"; } 2>/dev/null || true; fusermount3 -u "$dir/mnt" 2>/dev/null || true
+	"$src/tools/kvfs-cluster.sh" stop "$dir/c" >/dev/null 2>&1 || true
+	"$src/tools/kvfs-cluster.sh" stop "$dir/r" >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 KVFS_META_ARGS="--k 2 --m 1 --node-timeout 2s" "$src/tools/kvfs-cluster.sh" start "$dir/c" 3
@@ -78,4 +81,67 @@ for p in $pids; do
 		fail "pid $p still running after stop"
 	fi
 done
+
+# Replicated meta (KVFS_META_REPLICAS=3): pids meta1..3, meta.addr one address a line, the
+# CLI follows the leader; `kvfs meta status` shows one leader; the leader killed with SIGKILL,
+# the same files read back and a new put works through another replica.
+KVFS_META_REPLICAS=3 KVFS_META_ARGS="--k 2 --m 1 --node-timeout 2s" \
+	"$src/tools/kvfs-cluster.sh" start "$dir/r" 3 >/dev/null
+export KVFS_CLUSTER=$dir/r
+[ "$(grep -c '^meta[123] ' "$dir/r/pids")" = 3 ] || fail "pids: meta1..3 expected"
+[ "$(wc -l <"$dir/r/meta.addr")" = 3 ] || fail "meta.addr: 3 lines expected"
+"$kvfs" put "$dir/in" /x
+[ "$("$kvfs" meta status | grep -c ' leader  *yes ')" = 1 ] || fail "meta status: one leader"
+# kvfs-mount takes the same list (where FUSE works here).
+mnt=""
+if [ -w /dev/fuse ] && command -v fusermount3 >/dev/null; then
+	mnt=$dir/mnt
+	mkdir -p "$mnt"
+	"$build/bin/kvfs-mount" --secret-file "$dir/r/secret" --log-file "$dir/mount.log" \
+		"$(paste -sd, "$dir/r/meta.addr")" "$mnt" || fail "kvfs-mount with 3 meta addresses"
+	cmp "$mnt/x" "$dir/in" || fail "read through the mount"
+fi
+lead=$("$kvfs" meta status | awk '$3 == "leader" { print $2 }')
+lpid=$(awk -v n="meta$lead" '$1 == n { print $2 }' "$dir/r/pids")
+kill -KILL "$lpid"
+"$kvfs" get /x - | cmp - "$dir/in" || fail "get after the meta leader was killed"
+echo hi | "$kvfs" put - /y
+[ "$("$kvfs" get /y -)" = hi ] || fail "put after the meta leader was killed"
+"$kvfs" meta status | grep -q "unreachable" || fail "meta status: the killed replica"
+if [ -n "$mnt" ]; then
+	cp "$dir/in" "$mnt/z" || fail "write through the mount after the leader was killed"
+	cmp "$mnt/z" "$dir/in" || fail "read back through the mount"
+	fusermount3 -u "$mnt"
+fi
+# The dead replica replaced online: replica 4 joins (--raft-join), is added and catches up, the
+# dead one is removed; then a second old replica is killed, so the majority of the 3 voters
+# left needs replica 4: reads and writes must go on through it.
+p4=$((20000 + RANDOM % 12000))
+r4=$((20000 + RANDOM % 12000))
+"$build/bin/kvfs-meta" --db "$dir/r/meta4" --secret-file "$dir/r/secret" --listen "127.0.0.1:$p4" \
+	--k 2 --m 1 --raft-id 4 --raft-peers "4=127.0.0.1:$r4" --raft-dir "$dir/r/raft4" \
+	--raft-join </dev/null >"$dir/r/meta4.log" 2>&1 &
+pid4=$!
+sleep 0.3
+"$kvfs" meta add 4 "127.0.0.1:$r4" >/dev/null || fail "meta add 4"
+"$kvfs" meta remove "$lead" >/dev/null || fail "meta remove $lead (the killed leader)"
+list4="$(paste -sd, "$dir/r/meta.addr"),127.0.0.1:$p4"
+caught4() { # replica 4 has applied entries and trails the leader by at most 5 (heartbeats)
+	"$kvfs" --meta "$list4" meta status |
+		awk -v a="127.0.0.1:$p4" '$1 == a && $NF != "-" && $NF <= 5 && $(NF - 1) > 0 { ok = 1 } END { exit !ok }'
+}
+for ((t = 0; t < 50; t++)); do
+	caught4 && break
+	sleep 0.1
+done
+caught4 || fail "replica 4 lags: $("$kvfs" --meta "$list4" meta status)"
+# Stop one more old replica: the group {4, the last old one} is 2 of 3 voters.
+other=$("$kvfs" meta status | awk '$3 == "follower" { print $2; exit }')
+kill -KILL "$(awk -v n="meta$other" '$1 == n { print $2 }' "$dir/r/pids")"
+"$kvfs" --meta "$list4" get /x - | cmp - "$dir/in" || fail "get with replica 4 in the majority"
+echo again | "$kvfs" --meta "$list4" put - /w
+[ "$("$kvfs" --meta "$list4" get /w -)" = again ] || fail "put with replica 4 in the majority"
+kill "$pid4"
+wait "$pid4" 2>/dev/null || true
+"$src/tools/kvfs-cluster.sh" stop "$dir/r" >/dev/null
 echo "test_cli_cluster: ok"

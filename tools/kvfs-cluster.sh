@@ -15,6 +15,12 @@
 # else <repo>/build/bin. Extra meta args: $KVFS_META_ARGS. With KVFS_METRICS=1 every daemon also
 # serves Prometheus /metrics on an ephemeral loopback port, its HOST:PORT in meta.metrics and
 # nodeI.metrics. `kvfs --cluster DIR ...` talks to the cluster.
+#
+# KVFS_META_REPLICAS=3 (any odd number up to 9; default 1) starts a Raft-replicated meta
+# instead (docs/meta.md, "Replicated metadata"): replica R has metaR/ (RocksDB), raftR/ (its
+# Raft log), metaR.log and a pids line "metaR PID"; meta.addr lists every replica's address,
+# one per line, the first usable alone. Ports are fixed at start so a replica restarted by hand
+# (the command line is in metaR.cmd) keeps its address.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -102,7 +108,7 @@ meta_id() { # i: the id meta gave node i (kvfs status, by its address), or "?"
 load_cluster() { # dir: sets dir, meta and node_args of a started cluster
 	dir=$(cd "$1" && pwd)
 	[ -f "$dir/pids" ] || die "$dir/pids not found: no cluster started there"
-	meta=$(head -n1 "$dir/meta.addr")
+	meta=$(paste -sd, "$dir/meta.addr")
 	node_args=()
 	[ -f "$dir/node.args" ] && mapfile -d '' -t node_args <"$dir/node.args"
 	return 0
@@ -145,6 +151,45 @@ start_node() { # dir i
 	echo "kvfs-cluster: node$i up at $addr (meta's node $(meta_id "$i"))"
 }
 
+free_port() { # a loopback TCP port nothing listens on now, below the ephemeral range (an
+	# outgoing connection, Raft's own ones included, could take one from inside it)
+	local p
+	while :; do
+		p=$((20000 + RANDOM % 12000))
+		ss -Htln "sport = :$p" 2>/dev/null | grep -q . || { echo "$p"; return 0; }
+	done
+}
+
+start_replicas() { # n: n Raft replicas of meta, meta.addr one address a line
+	local n=$1 r peers="" addrs=()
+	for ((r = 1; r <= n; r++)); do
+		addrs+=("127.0.0.1:$(free_port)")
+		peers+="${peers:+,}$r=127.0.0.1:$(free_port)"
+	done
+	: >"$dir/meta.addr"
+	for ((r = 1; r <= n; r++)); do
+		echo "${addrs[r - 1]}" >>"$dir/meta.addr"
+		# shellcheck disable=SC2086,SC2046
+		local cmd=("$bin/kvfs-meta" --db "$dir/meta$r" --secret-file "$dir/secret"
+			--listen "${addrs[r - 1]}" --addr-file "$dir/meta$r.addr" --raft-id "$r"
+			--raft-peers "$peers" --raft-dir "$dir/raft$r" $(metrics_args "meta$r")
+			${KVFS_META_ARGS:-})
+		printf '%q ' "${cmd[@]}" >"$dir/meta$r.cmd"
+		"${cmd[@]}" </dev/null >>"$dir/meta$r.log" 2>&1 &
+		echo "meta$r $!" >>"$dir/pids"
+	done
+	for ((r = 1; r <= n; r++)); do
+		wait_file "$dir/meta$r.addr" 15 ||
+			{ stop_cluster "$dir"; die "meta$r did not start: see $dir/meta$r.log"; }
+	done
+	for ((t = 0; t < 150; t++)); do # a leader serves
+		"$bin/kvfs" --cluster "$dir" meta status 2>/dev/null | grep -q " leader  *yes " && return 0
+		sleep 0.1
+	done
+	stop_cluster "$dir"
+	die "no meta replica became leader: see $dir/meta*.log"
+}
+
 start_cluster() {
 	local dir=$1 n=${2:-11}
 	shift $(($# < 2 ? $# : 2))
@@ -164,18 +209,25 @@ start_cluster() {
 	fi
 	chmod 600 "$dir/secret"
 	: >"$dir/pids"
-	rm -f "$dir/meta.addr" "$dir"/node*.addr
+	rm -f "$dir"/meta*.addr "$dir"/node*.addr
 	node_args=("$@")
 	: >"$dir/node.args"
 	[ $# -eq 0 ] || printf '%s\0' "$@" >"$dir/node.args"
-	# shellcheck disable=SC2086,SC2046
-	"$bin/kvfs-meta" --db "$dir/meta" --secret-file "$dir/secret" --listen 127.0.0.1:0 \
-		--addr-file "$dir/meta.addr" $(metrics_args meta) ${KVFS_META_ARGS:-} \
-		</dev/null >>"$dir/meta.log" 2>&1 &
-	echo "meta $!" >>"$dir/pids"
-	wait_file "$dir/meta.addr" 15 || { stop_cluster "$dir"; die "meta did not start: see $dir/meta.log"; }
-	local meta
-	meta=$(head -n1 "$dir/meta.addr")
+	local meta reps=${KVFS_META_REPLICAS:-1}
+	[[ $reps =~ ^[1-9]$ ]] && [ $((reps % 2)) = 1 ] ||
+		die "KVFS_META_REPLICAS must be an odd number from 1 to 9, got '$reps'"
+	if [ "$reps" = 1 ]; then
+		# shellcheck disable=SC2086,SC2046
+		"$bin/kvfs-meta" --db "$dir/meta" --secret-file "$dir/secret" --listen 127.0.0.1:0 \
+			--addr-file "$dir/meta.addr" $(metrics_args meta) ${KVFS_META_ARGS:-} \
+			</dev/null >>"$dir/meta.log" 2>&1 &
+		echo "meta $!" >>"$dir/pids"
+		wait_file "$dir/meta.addr" 15 || { stop_cluster "$dir"; die "meta did not start: see $dir/meta.log"; }
+		meta=$(head -n1 "$dir/meta.addr")
+	else
+		start_replicas "$reps"
+		meta=$(paste -sd, "$dir/meta.addr")
+	fi
 	for ((i = 0; i < n; i++)); do
 		spawn_node "$i" "$meta"
 	done
@@ -190,6 +242,7 @@ start_cluster() {
 		sleep 0.1
 	done
 	[ "$up" = "$n" ] || { stop_cluster "$dir"; die "only ${up:-0} of $n nodes came up: see $dir/*.log"; }
+	[ "$reps" = 1 ] || "$bin/kvfs" --cluster "$dir" meta status
 	echo "kvfs-cluster: meta $meta + $n nodes up in $dir"
 	echo "  use:  $bin/kvfs --cluster $dir status"
 	echo "  stop: $0 stop $dir"

@@ -49,7 +49,9 @@ static const char *usage =
     "  ls [-l] PATH           list a directory\n"
     "  stat PATH              attributes and, for a file, its stripe layout\n"
     "  rm [-r] PATH           remove a file (or a directory tree with -r)\n"
-    "  mkdir [-p] PATH        make a directory (and its parents with -p)\n" KVFS_ADMIN_USAGE;
+    "  mkdir [-p] PATH        make a directory (and its parents with -p)\n"
+    "  meta status            every meta replica's Raft state: term, leader, log index, "
+    "lag\n" KVFS_ADMIN_USAGE;
 
 static int fail(const char *what, const char *path, int rc)
 {
@@ -366,15 +368,131 @@ static int cmd_mkdir(struct kvc *c, const char *path, int parents)
 	return rc ? fail("mkdir", path, rc) : 0;
 }
 
+/* meta.addr: one address a line (every replica of a replicated meta), joined as "A,B,C". */
 static int read_line(const char *path, char *out, size_t cap)
 {
 	FILE *f = fopen(path, "r");
 	if (!f)
 		return -errno;
-	int ok = fgets(out, (int)cap, f) != NULL;
+	char line[CFG_STR_MAX];
+	size_t len = 0;
+	int rc = 0;
+	out[0] = 0;
+	while (!rc && fgets(line, sizeof(line), f)) {
+		line[strcspn(line, "\r\n")] = 0;
+		size_t ll = strlen(line);
+		if (!ll)
+			continue;
+		if (len + ll + 2 > cap)
+			rc = -ENAMETOOLONG;
+		else
+			len += (size_t)snprintf(out + len, cap - len, "%s%s", len ? "," : "", line);
+	}
 	fclose(f);
-	out[strcspn(out, "\r\n")] = 0;
-	return ok && *out ? 0 : -EINVAL;
+	return rc ? rc : *out ? 0 : -EINVAL;
+}
+
+/* `kvfs meta status`: asks every address of the list (RSTATUS), leader or not, so it works
+ * during an election too. Lag: the leader's last index minus what the replica applied. */
+static int cmd_meta_status(const char *list, const struct kvp_secret *sec, int timeout_ms)
+{
+	char addrs[KVC_MAX_METAS][KVP_ADDR_MAX];
+	int n = kvc_meta_list(list, addrs, KVC_MAX_METAS);
+	if (n < 0)
+		return fail("bad meta address list", list, n);
+	struct kvp_pool *pool;
+	int rc = kvp_pool_create(sec, timeout_ms, &pool);
+	if (rc)
+		return fail("cannot create a connection pool", "", rc);
+	struct {
+		int rc;
+		uint64_t id, term, leader, last, applied, commit;
+		uint8_t state, serving;
+		char laddr[64];
+	} s[KVC_MAX_METAS];
+	uint64_t lead_last = 0;
+	int ok = 0, single = 0;
+	for (int i = 0; i < n; i++) {
+		struct kvp_client *cl;
+		uint8_t *rb = NULL;
+		uint32_t rl = 0;
+		rc = kvp_pool_get(pool, addrs[i], &cl);
+		if (!rc) {
+			rc = kvp_call(cl, KVP_OP_RSTATUS, NULL, 0, NULL, 0, timeout_ms, &rb, &rl);
+			kvp_pool_put(pool, cl);
+		}
+		if (!rc) {
+			struct kvp_rbuf r;
+			kvp_r_init(&r, rb, rl);
+			s[i].id = kvp_r_u64(&r);
+			s[i].state = kvp_r_u8(&r);
+			s[i].serving = kvp_r_u8(&r);
+			s[i].term = kvp_r_u64(&r);
+			s[i].leader = kvp_r_u64(&r);
+			kvp_r_str(&r, s[i].laddr, sizeof(s[i].laddr));
+			s[i].last = kvp_r_u64(&r);
+			s[i].applied = kvp_r_u64(&r);
+			s[i].commit = kvp_r_u64(&r);
+			rc = r.err; /* the peer list that follows is not needed here */
+			if (!rc && s[i].state == 3)
+				lead_last = s[i].last;
+		}
+		free(rb);
+		s[i].rc = rc;
+		ok += rc == 0;
+		single |= rc == -EOPNOTSUPP;
+	}
+	kvp_pool_destroy(pool);
+	static const char *states[] = {"unavailable", "follower", "candidate", "leader"};
+	printf("%-22s %4s %-11s %-7s %6s %8s %10s %10s %10s %6s\n", "meta", "id", "state",
+	       "serving", "term", "leader", "last", "commit", "applied", "lag");
+	for (int i = 0; i < n; i++) {
+		if (s[i].rc == -EOPNOTSUPP) {
+			printf("%-22s single meta (no Raft)\n", addrs[i]);
+			continue;
+		}
+		if (s[i].rc) {
+			printf("%-22s unreachable: %s\n", addrs[i], kvp_strerror(s[i].rc));
+			continue;
+		}
+		char lag[24] = "-";
+		if (lead_last)
+			snprintf(
+			    lag, sizeof(lag), "%lld",
+			    (long long)(lead_last > s[i].applied ? lead_last - s[i].applied : 0));
+		printf("%-22s %4llu %-11s %-7s %6llu %8llu %10llu %10llu %10llu %6s\n", addrs[i],
+		       (unsigned long long)s[i].id, states[s[i].state & 3],
+		       s[i].serving ? "yes" : "no", (unsigned long long)s[i].term,
+		       (unsigned long long)s[i].leader, (unsigned long long)s[i].last,
+		       (unsigned long long)s[i].commit, (unsigned long long)s[i].applied, lag);
+	}
+	if (!lead_last && ok && !single)
+		printf("no leader: an election is on, or too few replicas are up\n");
+	return ok ? 0 : 1;
+}
+
+/* `kvfs meta add ID ADDR` / `kvfs meta remove ID`: RCONF to the leader. */
+static int cmd_meta_conf(struct kvc *c, int add, const char *id_s, const char *addr)
+{
+	char *end;
+	unsigned long long id = strtoull(id_s, &end, 10);
+	if (*end || id == 0 || id > 1000000 || strlen(addr) > 63) {
+		fprintf(stderr, "kvfs: meta %s: bad replica id %s or address\n",
+			add ? "add" : "remove", id_s);
+		return 2;
+	}
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	kvp_w_u8(&w, add ? 1 : 2);
+	kvp_w_u64(&w, id);
+	kvp_w_cstr(&w, addr);
+	int rc = w.err ? w.err : kvc_admin(c, KVP_OP_RCONF, w.p, w.len, NULL, NULL);
+	kvp_w_free(&w);
+	if (rc)
+		return fail(add ? "cannot add meta replica" : "cannot remove meta replica", id_s,
+			    rc);
+	printf("meta replica %llu %s\n", id, add ? "added (a voter, caught up)" : "removed");
+	return 0;
 }
 
 int main(int argc, char **argv)
@@ -409,6 +527,8 @@ int main(int argc, char **argv)
 	struct kvp_secret sec;
 	if ((rc = kvp_secret_load(secret_path, &sec)))
 		return fail("cannot load secret", secret_path, rc);
+	if (!strcmp(argv[1], "meta") && npos == 2 && !strcmp(argv[2], "status"))
+		return cmd_meta_status(meta, &sec, (int)(cfg.timeout * 1000));
 	struct kvc_opts o = {
 	    .meta_addr = meta, .secret = &sec, .timeout_ms = (int)(cfg.timeout * 1000)};
 	struct kvc *c;
@@ -424,7 +544,10 @@ int main(int argc, char **argv)
 		na--;
 	}
 	int ret = 2;
-	if (!strcmp(cmd, "status") && na == 0 && !flag)
+	if (!strcmp(cmd, "meta") && !flag && na >= 2 &&
+	    ((!strcmp(a[0], "add") && na == 3) || (!strcmp(a[0], "remove") && na == 2)))
+		ret = cmd_meta_conf(c, !strcmp(a[0], "add"), a[1], na == 3 ? a[2] : "");
+	else if (!strcmp(cmd, "status") && na == 0 && !flag)
 		ret = cmd_status(c, meta);
 	else if (!strcmp(cmd, "put") && na == 2 && !flag)
 		ret = cmd_put(c, a[0], a[1]);

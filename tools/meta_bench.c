@@ -5,7 +5,9 @@
  * database, registers 12 fake nodes by heartbeat, then runs each op for --seconds with
  * --threads connections: STATFS, LOOKUP (a point read), MKDIR (a locked read-check-write and
  * one batch), file create = ALLOC + COMMIT of one 10+1 stripe (two batches); then the file
- * create again on a second daemon with --sync (fsync per batch).
+ * create again on a second daemon with --sync (fsync per batch); then MKDIR and file create
+ * on a group of 3 Raft replicas (docs/meta.md, "Replicated metadata"), sent to its leader,
+ * against the single meta of the same run.
  *
  * --grow N: the namespace at scale instead. Creates N files (metadata only: one 10+1 stripe
  * of 4 KiB chunks on fake nodes that hold nothing) spread over --dirs directories, and at
@@ -21,6 +23,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -68,7 +73,7 @@ static double now_s(void)
 static pid_t start_meta_x(const char *bin, const char *dir, const char *name, int sync,
 			  const char *extra, char *addr, size_t cap)
 {
-	char db[PATH_MAX], af[PATH_MAX], sf[PATH_MAX], xb[CFG_STR_MAX];
+	char db[PATH_MAX], af[PATH_MAX], sf[PATH_MAX], xb[4096];
 	snprintf(db, sizeof(db), "%s/%s", dir, name);
 	snprintf(af, sizeof(af), "%s/%s.addr", dir, name);
 	snprintf(sf, sizeof(sf), "%s/secret", dir);
@@ -124,6 +129,50 @@ static pid_t start_meta(const char *bin, const char *dir, const char *name, int 
 			size_t cap)
 {
 	return start_meta_x(bin, dir, name, sync, NULL, addr, cap);
+}
+
+/* raft: NULL, or {id, peers, raft dir} of a replica (no spaces in them). */
+static pid_t start_meta_raft(const char *bin, const char *dir, const char *name, int sync,
+			     char *addr, size_t cap, const char *const *raft)
+{
+	char x[4096];
+	if (raft)
+		snprintf(x, sizeof(x), "--raft-id %s --raft-peers %s --raft-dir %s", raft[0],
+			 raft[1], raft[2]);
+	return start_meta_x(bin, dir, name, sync, raft ? x : NULL, addr, cap);
+}
+
+/* A loopback port free now, below the ephemeral range (a Raft connection's source port could
+ * take one inside it). */
+static unsigned raft_port(void)
+{
+	for (;;) {
+		unsigned p = 20000 + (unsigned)(random() % 12000);
+		int fd = socket(AF_INET, SOCK_STREAM, 0);
+		struct sockaddr_in a = {.sin_family = AF_INET,
+					.sin_port = htons((uint16_t)p),
+					.sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+		int ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+		if (fd >= 0)
+			close(fd);
+		if (ok)
+			return p;
+	}
+}
+
+/* 1 when the replica at addr serves as leader (RSTATUS), else 0. */
+static int is_leader(const char *addr, const struct kvp_secret *s)
+{
+	struct kvp_client *c;
+	uint8_t *rb = NULL;
+	uint32_t rl = 0;
+	if (kvp_client_open(addr, s, 1000, &c))
+		return 0;
+	int rc = kvp_call(c, KVP_OP_RSTATUS, NULL, 0, NULL, 0, 1000, &rb, &rl);
+	kvp_client_close(c);
+	int lead = !rc && rl >= 10 && rb[8] == 3 && rb[9];
+	free(rb);
+	return lead;
 }
 
 static void stop_meta(pid_t pid)
@@ -622,6 +671,42 @@ int main(int argc, char **argv)
 		if (pid > 0)
 			stop_meta(pid);
 	}
+	/* 3 Raft replicas: the same ops sent to the leader. */
+	double rr[2] = {0};
+	if (!rc) {
+		srandom((unsigned)getpid());
+		char peers[256], ids[3][16], rdir[3][PATH_MAX + 16], name[3][16], raddr[3][64];
+		snprintf(peers, sizeof(peers), "1=127.0.0.1:%u,2=127.0.0.1:%u,3=127.0.0.1:%u",
+			 raft_port(), raft_port(), raft_port());
+		pid_t rp[3];
+		int lead = -1;
+		for (int i = 0; i < 3; i++) {
+			snprintf(ids[i], sizeof(ids[i]), "%d", i + 1);
+			snprintf(rdir[i], sizeof(rdir[i]), "%s/raft%d", dir, i + 1);
+			snprintf(name[i], sizeof(name[i]), "db-raft%d", i + 1);
+			const char *ra[] = {ids[i], peers, rdir[i]};
+			rp[i] = start_meta_raft(c.meta_bin, dir, name[i], 0, raddr[i],
+						sizeof(raddr[i]), ra);
+			if (rp[i] < 0)
+				rc = 1;
+		}
+		for (int t = 0; t < 300 && !rc && lead < 0; t++) {
+			for (int i = 0; i < 3 && lead < 0; i++)
+				if (is_leader(raddr[i], &s))
+					lead = i;
+			usleep(50000);
+		}
+		if (lead < 0 || setup_cluster(raddr[lead], &s)) {
+			fprintf(stderr, "meta-bench: no Raft leader among 3 replicas\n");
+			rc = 1;
+		} else {
+			rr[0] = measure(raddr[lead], &s, &c, OP_MKDIR);
+			rr[1] = measure(raddr[lead], &s, &c, OP_CREATE);
+		}
+		for (int i = 0; i < 3; i++)
+			if (rp[i] > 0)
+				stop_meta(rp[i]);
+	}
 	if (!rc) {
 		const char *names[] = {"STATFS (bare RPC, baseline)", "LOOKUP (point read)",
 				       "MKDIR (locked batch)", "file create (ALLOC + COMMIT)",
@@ -631,8 +716,13 @@ int main(int argc, char **argv)
 		printf("%-32s %12s %10s\n", "op", "ops/s", "vs RPC");
 		for (int i = 0; i < 5; i++)
 			printf("%-32s %12.0f %9.2fx\n", names[i], r[i], r[i] / r[0]);
+		printf("%-32s %12s %10s\n", "3 Raft replicas (to the leader)", "ops/s",
+		       "vs 1 meta");
+		printf("%-32s %12.0f %9.2fx\n", "MKDIR, 3 replicas", rr[0], rr[0] / r[2]);
+		printf("%-32s %12.0f %9.2fx\n", "file create, 3 replicas", rr[1], rr[1] / r[3]);
 		for (int i = 0; i < 5; i++)
 			rc |= r[i] <= 0;
+		rc |= rr[0] <= 0 || rr[1] <= 0;
 	}
 	snprintf(path, sizeof(path), "rm -rf '%s'", dir);
 	if (system(path) != 0)

@@ -239,6 +239,8 @@ const char *kvp_strerror(int err)
 		return "protocol error";
 	case EACCES:
 		return "authentication failed (shared secret)";
+	case EREMCHG:
+		return "not the leader (a replicated meta: ask another replica)";
 	default:
 		return strerror(err);
 	}

@@ -51,6 +51,9 @@ struct kvch_retry_policy {
  * repeats anyway): 50 ms doubling to 1 s, two timeouts at most: ~5.5 s for a refused
  * connection. */
 #define KVCH_RETRY_META ((struct kvch_retry_policy){10, 50, 1000, 2, 0})
+/* libkvfs looking for the leader of a replicated meta while every replica refuses (an
+ * election): short waits, so the new leader is found within 250 ms of serving; ~7 s in all. */
+#define KVCH_RETRY_LEADER ((struct kvch_retry_policy){30, 50, 250, 0, 0})
 /* A write whose chunks could not all be stored: placed and stored again after 0.5, 1, 2 s,
  * giving meta time to mark the dead node down. */
 #define KVCH_RETRY_STORE ((struct kvch_retry_policy){4, 500, 2000, 0, 0})

@@ -35,8 +35,12 @@ struct kvc;
 struct kvc_writer;
 struct kvc_file;
 
+#define KVC_MAX_METAS 9
+
 struct kvc_opts {
-	const char *meta_addr;		 /* "127.0.0.1:port" */
+	/* "HOST:PORT", or replicated meta's replicas "HOST:PORT,HOST:PORT,..." (at most
+	 * KVC_MAX_METAS): requests go to the one that leads, found by asking in turn. */
+	const char *meta_addr;
 	const struct kvp_secret *secret; /* cluster secret */
 	int timeout_ms;			 /* per request to meta or a node; 0 = 5000 */
 	int k, m;			 /* 0 = the cluster's default (from meta STATFS) */
@@ -47,6 +51,9 @@ struct kvc_opts {
 
 /* Connects to meta (and checks the secret). *out is freed with kvc_close. */
 int kvc_open(const struct kvc_opts *o, struct kvc **out);
+/* Splits a meta list "A,B,C" into out (each shorter than KVP_ADDR_MAX, none empty, at most
+ * max): how many, or -EINVAL. */
+int kvc_meta_list(const char *list, char out[][KVP_ADDR_MAX], int max);
 void kvc_close(struct kvc *c);
 
 /* ---- namespace, by inode (root is KVP_ROOT_INO) ---- */

@@ -37,7 +37,9 @@ struct kvc_badnode {
 };
 
 struct kvc {
-	char meta_addr[KVP_ADDR_MAX];
+	char metas[KVC_MAX_METAS][KVP_ADDR_MAX];
+	int nmetas;
+	atomic_int meta_cur; /* the meta that answered last: the leader, as far as we know */
 	struct kvp_secret secret;
 	int timeout_ms;	     /* meta requests, node PUTs */
 	int read_timeout_ms; /* node GETs: short, so a stopped node only delays a read briefly */

@@ -91,26 +91,63 @@ static int meta_call_retrying(struct kvc *c, uint16_t op, const struct kvp_wbuf 
 		return req->err;
 	if (retried)
 		*retried = 0;
-	struct kvch_retry r;
+	struct kvch_retry r, lr;
 	struct kvch_retry_policy pol = KVCH_RETRY_META;
 	pol.attempts = attempts > 0 ? attempts : 1;
 	kvch_retry_start(&r, &pol);
+	/* Replicated meta: a replica that does not lead answers -EREMCHG having done nothing,
+	 * so the request goes to the next one at once; once every replica said so (an election
+	 * is on) it waits by KVCH_RETRY_LEADER, whatever the op's own attempts. */
+	struct kvch_retry_policy lpol = KVCH_RETRY_LEADER;
+	kvch_retry_start(&lr, &lpol);
+	int refused = 0;
 	for (;;) {
 		struct kvp_client *cl;
-		int rc = kvp_pool_get(c->pool, c->meta_addr, &cl);
+		int cur = atomic_load(&c->meta_cur);
+		const char *addr = c->metas[cur];
+		int rc = kvp_pool_get(c->pool, addr, &cl), sent = rc == 0;
 		if (rc == 0) {
 			rc = kvp_call(cl, op, req ? req->p : NULL, req ? req->len : 0, NULL, 0,
 				      c->timeout_ms, rb, rl);
 			kvp_pool_put(c->pool, cl);
 		}
+		int moved = rc == -EREMCHG || (kvch_is_transport(rc) && c->nmetas > 1);
+		if (moved) /* the next replica; another thread may have moved already */
+			atomic_compare_exchange_strong(&c->meta_cur, &cur, (cur + 1) % c->nmetas);
+		/* A replica that cannot be reached got nothing: as good as a refusal. */
+		if (rc == -EREMCHG || (!sent && kvch_is_transport(rc) && c->nmetas > 1)) {
+			if (++refused < c->nmetas)
+				continue;
+			refused = 0;
+			if (!kvch_retry_wait(&lr, rc))
+				return rc;
+			continue;
+		}
 		if (!kvch_is_transport(rc))
 			return rc;
-		klog_debug("meta %s: %s (attempt %d)", c->meta_addr, kvp_strerror(rc),
-			   r.retries + 1);
+		klog_debug("meta %s: %s (attempt %d)", addr, kvp_strerror(rc), r.retries + 1);
 		if (!kvch_retry_again(&r, rc))
 			return rc;
 		if (retried)
 			*retried = 1;
+	}
+}
+
+int kvc_meta_list(const char *list, char out[][KVP_ADDR_MAX], int max)
+{
+	int n = 0;
+	const char *p = list;
+	if (!list || !*list)
+		return -EINVAL;
+	for (;;) {
+		size_t len = strcspn(p, ",");
+		if (len == 0 || len >= KVP_ADDR_MAX || n == max)
+			return -EINVAL;
+		memcpy(out[n], p, len);
+		out[n++][len] = 0;
+		if (!p[len])
+			return n;
+		p += len + 1;
 	}
 }
 
@@ -187,12 +224,16 @@ int kvc_statfs(struct kvc *c, struct kvc_statfs *out)
 
 int kvc_open(const struct kvc_opts *o, struct kvc **out)
 {
-	if (!o || !o->meta_addr || !o->secret || strlen(o->meta_addr) >= KVP_ADDR_MAX)
+	if (!o || !o->meta_addr || !o->secret)
 		return -EINVAL;
 	struct kvc *c = calloc(1, sizeof(*c));
 	if (!c)
 		return -ENOMEM;
-	strcpy(c->meta_addr, o->meta_addr);
+	c->nmetas = kvc_meta_list(o->meta_addr, c->metas, KVC_MAX_METAS);
+	if (c->nmetas < 0) {
+		free(c);
+		return -EINVAL;
+	}
 	c->secret = *o->secret;
 	c->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 5000;
 	c->read_timeout_ms = c->timeout_ms < 2000 ? c->timeout_ms : 2000;

@@ -24,6 +24,7 @@ struct meta_cfg {
 	char addr_file[CFG_STR_MAX];
 	char metrics_listen[CFG_STR_MAX], metrics_addr_file[CFG_STR_MAX];
 	char ttl_rules[CFG_STR_MAX]; /* parsed into o.rules */
+	char raft_peers[CFG_STR_MAX], raft_dir[CFG_STR_MAX];
 	int allow_degraded;
 	int64_t log_level;
 };
@@ -87,6 +88,20 @@ static const struct cfg_opt opts[] = {
      "HOST:PORT to serve Prometheus /metrics on (port 0: any; empty: off)"},
     {"metrics-addr-file", CFG_STR, F(metrics_addr_file), 0, 0, NULL,
      "once serving metrics, write their HOST:PORT here (atomically)"},
+    {"raft-id", CFG_INT, F(o.raft_id), 0, 1000000, "0",
+     "this replica's id in --raft-peers (0: a single meta, no replication)"},
+    {"raft-peers", CFG_STR, F(raft_peers), 0, 0, NULL,
+     "every replica as ID=HOST:PORT,... (their Raft addresses, not --listen)"},
+    {"raft-dir", CFG_STR, F(raft_dir), 0, 0, NULL,
+     "directory of this replica's Raft log and snapshots (required with --raft-id)"},
+    {"raft-election-timeout", CFG_SECS, F(o.raft_election_s), 0.05, 60, "1s",
+     "a follower that hears no leader this long starts an election"},
+    {"raft-join", CFG_BOOL, F(o.raft_join), 0, 0, "false",
+     "a new replica of a running group: wait to be added (kvfs meta add) instead of "
+     "bootstrapping --raft-peers"},
+    {"raft-snapshot-every", CFG_INT, F(o.raft_snapshot_every), 16, 100000000, "100000",
+     "Raft log entries between snapshots of the database (the log before is dropped, a fifth "
+     "kept for followers that lag)"},
     {"log-level", CFG_INT, F(log_level), 0, 3, "2", "0 error, 1 warn, 2 info, 3 debug"},
     CFG_END,
 };
@@ -158,6 +173,14 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kvfs-meta: --chunk-size must be a multiple of 4096\n");
 		return 2;
 	}
+	if (c.o.raft_id && (!c.raft_peers[0] || !c.raft_dir[0])) {
+		fprintf(stderr, "kvfs-meta: --raft-id needs --raft-peers and --raft-dir\n");
+		return 2;
+	}
+	if (!c.o.raft_id && (c.raft_peers[0] || c.raft_dir[0])) {
+		fprintf(stderr, "kvfs-meta: --raft-peers and --raft-dir need --raft-id\n");
+		return 2;
+	}
 	kvfs_log_set_level((int)c.log_level);
 	if (c.allow_degraded)
 		klog_warn("--allow-degraded is ignored: writes go on with nodes down by default "
@@ -183,6 +206,8 @@ int main(int argc, char **argv)
 	struct meta_opts *mo = &c.o;
 	mo->db_path = c.db;
 	mo->secret = &secret;
+	mo->raft_peers = c.raft_peers;
+	mo->raft_dir = c.raft_dir;
 	if (parse_rules(c.ttl_rules, mo)) {
 		fprintf(stderr, "kvfs-meta: bad --ttl-rules %s (want /dir=TIME,...)\n",
 			c.ttl_rules);

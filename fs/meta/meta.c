@@ -3,6 +3,7 @@
 #include "ktime.h"
 #include "log.h"
 #include "meta_int.h"
+#include "meta_raft.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -21,27 +22,36 @@ static int stopping(struct meta *m)
 	return s;
 }
 
+static void bg_sleep(struct meta *m)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	int64_t ns = t.tv_nsec + (int64_t)(m->o.gc_interval_s * 1e9);
+	t.tv_sec += ns / 1000000000;
+	t.tv_nsec = ns % 1000000000;
+	pthread_mutex_lock(&m->bg_mu);
+	if (!m->stopping && !m->kicked)
+		pthread_cond_timedwait(&m->bg_cv, &m->bg_mu, &t);
+	m->kicked = 0;
+	pthread_mutex_unlock(&m->bg_mu);
+}
+
 static void *bg_main(void *arg)
 {
 	struct meta *m = arg;
 	while (!stopping(m)) {
+		if (m->raft && !mraft_serving(m->raft)) {
+			/* A follower changes nothing on its own: the leader's passes do. */
+			bg_sleep(m);
+			continue;
+		}
 		mnodes_check(m);
 		uint32_t from = 0;
 		for (int i = 0; i < DEL_ROUNDS && !stopping(m) && mnodes_delq_round(m, &from); i++)
 			;
 		mfile_expire(m);
 		mlife_tick(m);
-
-		struct timespec t;
-		clock_gettime(CLOCK_MONOTONIC, &t);
-		int64_t ns = t.tv_nsec + (int64_t)(m->o.gc_interval_s * 1e9);
-		t.tv_sec += ns / 1000000000;
-		t.tv_nsec = ns % 1000000000;
-		pthread_mutex_lock(&m->bg_mu);
-		if (!m->stopping && !m->kicked)
-			pthread_cond_timedwait(&m->bg_cv, &m->bg_mu, &t);
-		m->kicked = 0;
-		pthread_mutex_unlock(&m->bg_mu);
+		bg_sleep(m);
 	}
 	return NULL;
 }
@@ -65,6 +75,42 @@ static void bg_stop(struct meta *m)
 	pthread_mutex_unlock(&m->bg_mu);
 	pthread_join(m->bg, NULL);
 	m->bg_started = 0;
+}
+
+/* Called by mraft when this replica becomes leader, every earlier entry applied: the
+ * in-memory state (counters, id reservations, node registry) is rebuilt from RocksDB exactly
+ * as a restart does, before the first request is served. */
+static int meta_lead(void *ctx)
+{
+	struct meta *m = ctx;
+	pthread_mutex_lock(&m->mu);
+	pthread_mutex_lock(&m->nodes_mu);
+	int rc = mdb_load_counters(m);
+	m->nnodes = 0;
+	if (!rc)
+		rc = mnodes_load(m);
+	pthread_mutex_unlock(&m->nodes_mu);
+	pthread_mutex_unlock(&m->mu);
+	if (!rc)
+		klog_info("leading: %llu files, %llu dirs, %zu nodes", (unsigned long long)m->files,
+			  (unsigned long long)m->dirs, m->nnodes);
+	return rc;
+}
+
+static int meta_raft_start(struct meta *m)
+{
+	if (!m->o.raft_id)
+		return 0;
+	struct mraft_opts ro = {.id = (uint64_t)m->o.raft_id,
+				.peers = m->o.raft_peers,
+				.dir = m->o.raft_dir,
+				.db = m->db,
+				.election_ms = (unsigned)(m->o.raft_election_s * 1000),
+				.snapshot_every = (unsigned)m->o.raft_snapshot_every,
+				.join = m->o.raft_join,
+				.on_lead = meta_lead,
+				.ctx = m};
+	return mraft_start(&ro, &m->raft);
 }
 
 int meta_open(const struct meta_opts *o, struct meta **out)
@@ -95,6 +141,10 @@ int meta_open(const struct meta_opts *o, struct meta **out)
 		rc = mdb_parents_fix(m);
 	if (!rc)
 		rc = kvp_pool_create(o->secret, 2000, &m->pool);
+	/* After the one-time passes above, which write locally: a fresh replica's own changes
+	 * are then replaced by the leader's snapshot or log. */
+	if (!rc)
+		rc = meta_raft_start(m);
 	/* The first orphan pass waits one interval: nodes re-register first, and a restart
 	 * loop must not LIST every node each time. */
 	m->last_orphan_mono = meta_mono_ns();
@@ -118,6 +168,8 @@ void meta_close(struct meta *m)
 		return;
 	mrep_stop(m);
 	bg_stop(m);
+	mraft_stop(m->raft);
+	m->raft = NULL;
 	if (m->pool)
 		kvp_pool_destroy(m->pool);
 	mdb_close(m);
@@ -134,6 +186,7 @@ void meta_close(struct meta *m)
 }
 
 typedef int (*op_fn)(struct meta *m, const struct mreq *q, struct kvp_wbuf *out);
+static int raft_conf(struct meta *m, const struct mreq *q, struct kvp_wbuf *out);
 
 static op_fn op_table(uint16_t op)
 {
@@ -174,6 +227,8 @@ static op_fn op_table(uint16_t op)
 		return mlife_maint;
 	case KVP_OP_MSTATUS:
 		return mlife_status;
+	case KVP_OP_RCONF:
+		return raft_conf;
 	default:
 		return NULL;
 	}
@@ -195,6 +250,48 @@ static int mutates(uint16_t op)
 	}
 }
 
+/* RCONF (kvp.h): adds or removes a replica. Not under mu: a change waits for the new
+ * replica to catch up, and requests go on meanwhile. */
+static int raft_conf(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
+{
+	(void)out;
+	if (!m->raft)
+		return -EOPNOTSUPP;
+	char addr[MRAFT_ADDR_MAX];
+	if ((q->action != 1 && q->action != 2) || q->addr.len >= sizeof(addr))
+		return -EINVAL;
+	memcpy(addr, q->addr.p, q->addr.len);
+	addr[q->addr.len] = 0;
+	if (strlen(addr) != q->addr.len)
+		return -EINVAL;
+	return mraft_change(m->raft, q->action == 1, q->uuid, addr);
+}
+
+/* RSTATUS (kvp.h): this replica's view of the Raft group. */
+static int raft_status(struct meta *m, struct kvp_wbuf *out)
+{
+	if (!m->raft)
+		return -EOPNOTSUPP;
+	struct mraft_status s;
+	mraft_status(m->raft, &s);
+	kvp_w_u64(out, s.id);
+	kvp_w_u8(out, s.state);
+	kvp_w_u8(out, s.serving);
+	kvp_w_u64(out, s.term);
+	kvp_w_u64(out, s.leader_id);
+	kvp_w_cstr(out, s.leader_addr);
+	kvp_w_u64(out, s.last_index);
+	kvp_w_u64(out, s.applied);
+	kvp_w_u64(out, s.commit);
+	kvp_w_u32(out, s.npeers);
+	for (uint32_t i = 0; i < s.npeers; i++) {
+		kvp_w_u64(out, s.peers[i].id);
+		kvp_w_cstr(out, s.peers[i].addr);
+		kvp_w_u64(out, s.peers[i].match);
+	}
+	return 0;
+}
+
 int meta_handle(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, uint8_t *body)
 {
 	struct meta *m = ctx;
@@ -206,11 +303,20 @@ int meta_handle(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, uint8_t 
 	}
 	struct kvp_wbuf out;
 	kvp_w_init(&out);
-	if (rc == 0)
+	/* Replicated: only the serving leader answers (reads too: docs/meta.md, "Reads"); the
+	 * others say -EREMCHG, which clients take as "ask the next meta". */
+	if (rc == 0 && h->op == KVP_OP_RSTATUS) {
+		rc = raft_status(m, &out);
+		goto reply;
+	}
+	if (rc == 0 && m->raft && !mraft_serving(m->raft))
+		rc = -EREMCHG;
+	else if (rc == 0)
 		rc = op_table(h->op)(m, &q, &out);
 	/* --sync: the change is made durable before it is acknowledged (reads need nothing). */
 	if (rc == 0 && m->o.sync && mutates(h->op))
 		rc = mdb_sync(m);
+reply:
 	if (rc == 0 && out.err)
 		rc = out.err;
 	if (rc && rc != -ENOENT && rc != -EEXIST)

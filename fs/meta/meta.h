@@ -62,6 +62,14 @@ struct meta_opts {
 	 * default) writes while any k nodes of a stripe take chunks, the rest marked for repair;
 	 * m or more refuses any write that cannot store all k+m. */
 	int64_t write_redundancy;
+	/* Replication (docs/meta.md, "Replicated metadata"): raft_id 0 = a single meta, as
+	 * before; otherwise this replica's id among raft_peers ("ID=HOST:PORT,..."), its log in
+	 * raft_dir. A replica serves only while it leads; others answer -EREMCHG. */
+	int64_t raft_id;
+	const char *raft_peers, *raft_dir;
+	double raft_election_s;
+	int64_t raft_snapshot_every; /* entries between snapshots (log compaction) */
+	int raft_join;		     /* joins a running group (kvfs meta add): no bootstrap */
 };
 
 int meta_open(const struct meta_opts *o, struct meta **out);

@@ -3,6 +3,7 @@
 #define KVFS_LOG_TAG "meta"
 #include "log.h"
 #include "meta_int.h"
+#include "meta_raft.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -171,6 +172,11 @@ int mdb_get(struct meta *m, const rocksdb_readoptions_t *ro, const uint8_t *key,
 
 int mdb_write(struct meta *m, rocksdb_writebatch_t *b)
 {
+	if (m->raft) {
+		size_t len;
+		const char *data = rocksdb_writebatch_data(b, &len);
+		return mraft_propose(m->raft, data, len);
+	}
 	char *err = NULL;
 	rocksdb_write(m->db, m->wo, b, &err);
 	if (err) {
@@ -689,9 +695,17 @@ int mdb_open(struct meta *m)
 		}
 		rocksdb_free(v);
 	}
-	uint64_t next_node = 1;
 	if (!rc)
-		rc = counter_get(m, MC_INO_LIMIT, &m->ino_limit);
+		rc = mdb_load_counters(m);
+	if (rc)
+		mdb_close(m);
+	return rc;
+}
+
+int mdb_load_counters(struct meta *m)
+{
+	uint64_t next_node = 1;
+	int rc = counter_get(m, MC_INO_LIMIT, &m->ino_limit);
 	if (!rc)
 		rc = counter_get(m, MC_CHUNK_LIMIT, &m->chunk_limit);
 	if (!rc)
@@ -705,7 +719,6 @@ int mdb_open(struct meta *m)
 			klog_error("%s: counters missing", m->o.db_path);
 			rc = -EIO;
 		}
-		mdb_close(m);
 		return rc;
 	}
 	/* Everything under a reservation may have been handed out before a crash. */

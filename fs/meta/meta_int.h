@@ -125,8 +125,11 @@ struct mjob {
 	int64_t start_mono, end_mono;
 };
 
+struct mraft;
+
 struct meta {
 	struct meta_opts o;
+	struct mraft *raft; /* NULL: a single meta; else every mdb_write goes through Raft */
 	rocksdb_t *db;
 	rocksdb_options_t *dbo;
 	rocksdb_writeoptions_t *wo;
@@ -194,11 +197,16 @@ int64_t meta_mono_ns(void);
 
 /* ---- meta_db.c ---- */
 int mdb_open(struct meta *m);
+/* Reads the counters into memory (next ids start at the reservations). Caller holds mu or
+ * is alone. 0 or -EIO. */
+int mdb_load_counters(struct meta *m);
 void mdb_close(struct meta *m);
 /* 0, -ENOENT or -EIO. *val malloc'd (rocksdb_free / free). ro NULL = m->ro. */
 int mdb_get(struct meta *m, const rocksdb_readoptions_t *ro, const uint8_t *key, size_t klen,
 	    char **val, size_t *vlen);
-/* Writes b (WAL + memtable, no fsync). 0 or -EIO. */
+/* Writes b (WAL + memtable, no fsync). With Raft: proposes b and returns once it is
+ * committed and applied here; -EREMCHG when this replica does not serve (nothing written),
+ * -ECONNABORTED when leadership was lost meanwhile (outcome unknown). 0 or -EIO. */
 int mdb_write(struct meta *m, rocksdb_writebatch_t *b);
 /* fsyncs the WAL: every batch written before the call is durable when it returns. Called
  * without locks, so concurrent callers share device flushes. 0 or -EIO. */

@@ -12,6 +12,7 @@
 #include "ktime.h"
 #include "log.h"
 #include "meta_int.h"
+#include "meta_raft.h"
 
 #include <errno.h>
 #include <stdatomic.h>
@@ -836,6 +837,8 @@ static int auto_degraded(struct meta *m, struct kvec_codec **codecs, int64_t now
 
 static int auto_job(struct meta *m, struct kvec_codec **codecs)
 {
+	if (m->raft && !mraft_serving(m->raft))
+		return 0; /* a follower repairs nothing: the leader does */
 	int64_t now = meta_mono_ns();
 	if (auto_degraded(m, codecs, now))
 		return 1;

@@ -117,6 +117,12 @@ int mreq_parse(uint16_t op, const uint8_t *body, size_t len, struct mreq *q)
 		break;
 	case KVP_OP_STATFS:
 	case KVP_OP_MSTATUS:
+	case KVP_OP_RSTATUS:
+		break;
+	case KVP_OP_RCONF:
+		q->action = kvp_r_u8(&r);
+		q->uuid = kvp_r_u64(&r);
+		rstr(&r, &q->addr);
 		break;
 	case KVP_OP_MAINT:
 		q->action = kvp_r_u8(&r);

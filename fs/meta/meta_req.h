@@ -53,7 +53,7 @@ struct mreq {
 	const uint8_t *slots;	       /* COMMIT: nstripes * (k+m) * MREQ_SLOT_SIZE bytes */
 	uint32_t n;		       /* TOUCH: entry count */
 	const uint8_t *touch;	       /* TOUCH: n * MREQ_TOUCH_SIZE bytes */
-	uint8_t action;		       /* MAINT: enum kvp_maint */
+	uint8_t action;		       /* MAINT: enum kvp_maint; RCONF: 1 add, 2 remove */
 	uint32_t node_id;	       /* MAINT */
 	/* HEARTBEAT */
 	uint64_t uuid, capacity, used, chunks;

@@ -83,11 +83,11 @@ struct mnt_counters {
 };
 
 struct mnt {
-	struct kvc *c;		 /* thread-safe */
-	struct fuse_session *se; /* set once before the loop starts */
-	struct mnt_cfg cfg;	 /* read-only after start */
-	struct mnt_itab *itab;	 /* its own lock */
-	char meta_addr[KVP_ADDR_MAX];
+	struct kvc *c;		     /* thread-safe */
+	struct fuse_session *se;     /* set once before the loop starts */
+	struct mnt_cfg cfg;	     /* read-only after start */
+	struct mnt_itab *itab;	     /* its own lock */
+	char meta_addr[CFG_STR_MAX]; /* one address, or every replica's, comma-separated */
 	char mountpoint[CFG_STR_MAX];
 	int mnt_id; /* the kernel's id of this mount (mountinfo), set once mounted; 0 = unknown */
 	uid_t uid;
@@ -312,7 +312,8 @@ void mnt_owner(const struct mnt *m, const struct kvp_attr *a, struct stat *st);
  *   do rc = kvc_...(...); while (rc && mnt_retry(m, &rc, &r));
  *
  * mnt_retry returns 1 (after the wait: it blocks the FUSE thread up to 250 ms) when *rc is a
- * transport error (kvch_is_transport) and another attempt, expected to take as long as the one
+ * transport error (kvch_is_transport) or -EREMCHG (no replica of a replicated meta leads yet)
+ * and another attempt, expected to take as long as the one
  * that just failed, still ends before the deadline; else 0, and a transport *rc becomes -EIO
  * (what the application sees once the budget is spent). Other errors are left as they are. */
 struct mnt_retry {

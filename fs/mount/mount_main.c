@@ -304,9 +304,13 @@ static int serve(struct mnt *m, const struct kvp_secret *secret, int wfd)
 		snprintf(err, sizeof(err), "out of memory");
 		goto fail_kvc;
 	}
+	/* FUSE options are comma-separated: a replicated meta's list is named by its first
+	 * address, "+" marking that more follow. */
 	char fsopts[512];
-	snprintf(fsopts, sizeof(fsopts), "fsname=kvfs:%s,subtype=kvfs,max_read=%u%s", m->meta_addr,
-		 1u << 20, m->cfg.allow_other ? ",allow_other,default_permissions" : "");
+	int first = (int)strcspn(m->meta_addr, ",");
+	snprintf(fsopts, sizeof(fsopts), "fsname=kvfs:%.*s%s,subtype=kvfs,max_read=%u%s", first,
+		 m->meta_addr, m->meta_addr[first] ? "+" : "", 1u << 20,
+		 m->cfg.allow_other ? ",allow_other,default_permissions" : "");
 	char *fargv[] = {"kvfs-mount", "-o", fsopts, m->cfg.debug ? "-d" : NULL, NULL};
 	struct fuse_args fa = FUSE_ARGS_INIT(m->cfg.debug ? 4 : 3, fargv);
 	const struct fuse_lowlevel_ops *ops = &mnt_ops;
@@ -397,6 +401,11 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	kvfs_log_set_level((int)m->cfg.log_level);
+	if (strlen(argv[1]) >= sizeof(m->meta_addr)) {
+		fprintf(stderr, "kvfs-mount: META_ADDR longer than %zu bytes\n",
+			sizeof(m->meta_addr) - 1);
+		return 2;
+	}
 	snprintf(m->meta_addr, sizeof(m->meta_addr), "%s", argv[1]);
 	char mp[PATH_MAX];
 	if (!realpath(argv[2], mp)) {

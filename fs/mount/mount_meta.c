@@ -62,9 +62,11 @@ void mnt_retry_start(const struct mnt *m, struct mnt_retry *r)
 
 int mnt_retry(struct mnt *m, int *rc, struct mnt_retry *r)
 {
-	if (!kvch_is_transport(*rc))
+	/* -EREMCHG: every replica of a replicated meta said it does not lead (an election
+	 * outlasted libkvfs's own leader hunt): meta is away as much as a refused connection. */
+	if (!kvch_is_transport(*rc) && *rc != -EREMCHG)
 		return 0;
-	if (!kvch_retry_again(&r->r, *rc)) {
+	if (!kvch_retry_wait(&r->r, *rc)) {
 		klog_warn("metadata server %s: %s; answering EIO after %.1f s (%d retries, "
 			  "--meta-retry %gs)",
 			  m->meta_addr, kvp_strerror(*rc),

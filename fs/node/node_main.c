@@ -150,6 +150,28 @@ static void *heartbeat_main(void *arg)
 	}
 	int64_t node_id = -1;
 	int last_err = 0;
+	/* --meta may list every replica of a replicated meta: heartbeats go to one until it
+	 * fails or says it does not lead (-EREMCHG), then to the next. */
+	char metas[9][KVP_ADDR_MAX];
+	int nmetas = 0, cur = 0, refused = 0;
+	{
+		const char *p = n->cf.meta;
+		for (;;) {
+			size_t len = strcspn(p, ",");
+			if (len && len < KVP_ADDR_MAX && nmetas < 9) {
+				memcpy(metas[nmetas], p, len);
+				metas[nmetas++][len] = 0;
+			}
+			if (!p[len])
+				break;
+			p += len + 1;
+		}
+	}
+	if (!nmetas) {
+		klog_error("heartbeat: bad --meta %s", n->cf.meta);
+		kvp_pool_destroy(pool);
+		return NULL;
+	}
 	for (;;) {
 		struct node_stats st;
 		node_store_stats(n->store, &st);
@@ -163,7 +185,8 @@ static void *heartbeat_main(void *arg)
 		if (n->cf.zone[0]) /* only when set: an older meta takes no trailing field */
 			kvp_w_cstr(&w, n->cf.zone);
 		struct kvp_client *cl = NULL;
-		rc = w.err ? w.err : kvp_pool_get(pool, n->cf.meta, &cl);
+		const char *meta = metas[cur];
+		rc = w.err ? w.err : kvp_pool_get(pool, meta, &cl);
 		uint8_t *rb = NULL;
 		uint32_t rl = 0;
 		if (!rc) {
@@ -180,17 +203,24 @@ static void *heartbeat_main(void *arg)
 			uint32_t id = kvp_r_u32(&r);
 			rc = kvp_r_end(&r);
 			if (!rc && (int64_t)id != node_id) {
-				klog_info("registered with meta %s as node %u", n->cf.meta, id);
+				klog_info("registered with meta %s as node %u", meta, id);
 				node_id = id;
 			}
 		}
 		free(rb);
-		if (rc && rc != last_err)
-			klog_warn("heartbeat to meta %s failed: %s (retrying)", n->cf.meta,
+		if (rc && rc != last_err && rc != -EREMCHG)
+			klog_warn("heartbeat to meta %s failed: %s (retrying)", meta,
 				  kvp_strerror(rc));
 		else if (!rc && last_err)
-			klog_info("heartbeat to meta %s works again", n->cf.meta);
+			klog_info("heartbeat to meta %s works again", meta);
 		last_err = rc;
+		if (rc && nmetas > 1) {
+			cur = (cur + 1) % nmetas;
+			/* at once: the leader is another one, unless all said so (an election) */
+			if (rc == -EREMCHG && ++refused < nmetas)
+				continue;
+		}
+		refused = 0;
 
 		struct timespec ts;
 		clock_gettime(CLOCK_REALTIME, &ts);

@@ -101,6 +101,17 @@ enum kvp_op {
 				* running, u32 node_id, u64 total, u64 done, u64 failed, u64 bytes,
 				*    i64 elapsed_ns, then u32 n, n x u64 counters (enum kvp_mstat
 				* order; a newer meta may send more, an older one fewer) */
+	KVP_OP_RSTATUS = 0x41, /* -> (empty)  <- u64 replica id, u8 state (0 unavailable, 1
+				* follower, 2 candidate, 3 leader), u8 serving, u64 term, u64
+				* leader id (0 none known), str leader Raft address, u64 last log
+				* index, u64 applied, u64 commit, u32 n, n x (u64 id, str Raft
+				* address, u64 match index: the leader's view, else 0). Answered
+				* by every replica; -EOPNOTSUPP from a meta without Raft */
+	KVP_OP_RCONF = 0x42,   /* -> u8 action (1 add a voter, 2 remove), u64 replica id, str Raft
+				* address (add; "" for remove)  <- (empty), once the change is
+				* committed (an added replica has caught up). Leader only;
+				* -EOPNOTSUPP without Raft, -EINVAL bad id/address, -EBUSY a
+				* change in progress */
 };
 
 /* KVP_OP_ALLOC flags. WRITE_AROUND: the client stores a stripe without the chunks whose node

@@ -1,0 +1,78 @@
+/* mraft — kvfs-meta as a Raft-replicated state machine, on Debian's libraft (the C Raft of
+ * dqlite) with its libuv I/O and TCP transport (docs/meta.md, "Replicated metadata").
+ *
+ * RocksDB stays the state: every mutation meta makes is one RocksDB WriteBatch; on the leader
+ * mdb_write hands the batch's bytes to mraft_propose, which appends them as one Raft entry and
+ * returns once the entry is committed and applied; every replica (the leader too) applies
+ * committed entries with rocksdb_write, on the loop thread, in log order. A snapshot is the
+ * whole key space serialised; installing one replaces the database's content.
+ *
+ * Threads: mraft_start starts a libuv loop thread (owns the struct raft and everything libraft
+ * touches) and a watcher thread. The watcher calls on_lead(ctx) once per term in which this
+ * replica leads, after a barrier proved every earlier entry applied: meta rebuilds its
+ * in-memory state from RocksDB there, as at a restart, and only then serves (mraft_serving).
+ * mraft_propose, mraft_serving and mraft_status may be called from any thread.
+ */
+#ifndef KVFS_META_RAFT_H
+#define KVFS_META_RAFT_H
+
+#include <rocksdb/c.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define MRAFT_MAX_PEERS 9
+#define MRAFT_ADDR_MAX	64
+
+struct mraft;
+
+struct mraft_opts {
+	uint64_t id;	      /* this replica's id, one of peers */
+	const char *peers;    /* "1=HOST:PORT,2=HOST:PORT,...": every voter's Raft address */
+	const char *dir;      /* Raft log and snapshots (created if missing) */
+	rocksdb_t *db;	      /* the state: committed entries are applied to it */
+	unsigned election_ms; /* election timeout (heartbeats every tenth of it) */
+	/* a snapshot every this many entries, a fifth of them kept behind it; 0 = 100000 */
+	unsigned snapshot_every;
+	int join; /* a new replica of a running group: no bootstrap, it waits to be added */
+	/* Called on the watcher thread when this replica becomes leader and has applied every
+	 * earlier entry; 0, or a negative errno: not serving, tried again after a while. */
+	int (*on_lead)(void *ctx);
+	void *ctx;
+};
+
+/* 0, -EINVAL (bad peers list: message logged), -ENOMEM, -EIO (libraft error, logged). The
+ * replica bootstraps the peers as the first configuration when its Raft directory is empty.
+ * Free with mraft_stop. */
+int mraft_start(const struct mraft_opts *o, struct mraft **out);
+/* Stops the threads and closes libraft; proposals in flight end with -ECONNABORTED. */
+void mraft_stop(struct mraft *r);
+
+/* Appends a serialised WriteBatch as one entry and waits until it is applied here. 0;
+ * -EREMCHG: not the serving leader, nothing was appended (safe to send elsewhere);
+ * -ECONNABORTED: leadership was lost after appending, so the entry may or may not commit
+ * (the same ambiguity as a connection lost mid-request); -ENOMEM; -EIO. */
+int mraft_propose(struct mraft *r, const char *data, size_t len);
+/* Changes the group's configuration on the leader: add (a voter, once it caught up) or
+ * remove replica id. Waits until the change is committed. 0, -EREMCHG (not the leader),
+ * -EINVAL (bad id or address), -EBUSY (another change in progress), -ECONNABORTED, -EIO. */
+int mraft_change(struct mraft *r, int add, uint64_t id, const char *addr);
+/* 1 when this replica leads, caught up, and on_lead succeeded in the current term. */
+int mraft_serving(struct mraft *r);
+
+struct mraft_status {
+	uint64_t id, term, leader_id;
+	uint8_t state; /* 0 unavailable, 1 follower, 2 candidate, 3 leader (libraft's) */
+	uint8_t serving;
+	char leader_addr[MRAFT_ADDR_MAX];
+	uint64_t last_index, applied, commit;
+	uint32_t npeers;
+	struct mraft_peer {
+		uint64_t id;
+		char addr[MRAFT_ADDR_MAX];
+		uint64_t match; /* leader only: highest entry known replicated on it */
+	} peers[MRAFT_MAX_PEERS];
+};
+/* A copy of the state as of at most 20 ms ago. */
+void mraft_status(struct mraft *r, struct mraft_status *s);
+
+#endif
