@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -327,12 +328,56 @@ static void test_failover(void **state)
 		kvh_sh("rm -rf %s", g_dir);
 }
 
+/* The Raft transport has no TLS: peers off loopback are refused unless the operator says the
+ * network is private (--raft-insecure-network); with it the replica starts. */
+static void test_off_loopback_refused(void **state)
+{
+	(void)state;
+	char bin[600], dir[300], db[400], rdir[400], log[400], sec[400], peers[128], listen[64],
+	    buf[4096];
+	assert_int_equal(kvh_bin("kvfs-meta", bin, sizeof(bin)), 0);
+	snprintf(dir, sizeof(dir), "/tmp/test_raft_offlo.%d", (int)getpid());
+	snprintf(sec, sizeof(sec), "%s/secret", dir);
+	assert_int_equal(
+	    kvh_sh("mkdir -p %s && head -c 24 /dev/urandom | base64 > %s && chmod 600 %s", dir, sec,
+		   sec),
+	    0);
+	snprintf(db, sizeof(db), "%s/db", dir);
+	snprintf(rdir, sizeof(rdir), "%s/raft", dir);
+	snprintf(log, sizeof(log), "%s/meta.log", dir);
+	snprintf(peers, sizeof(peers), "1=127.0.0.1:%u,2=10.255.1.2:7000,3=10.255.1.3:7000",
+		 free_port());
+	snprintf(listen, sizeof(listen), "127.0.0.1:%u", free_port());
+	char *argv[] = {bin,	"--db",	     db,  "--secret-file", sec,	  "--listen",
+			listen, "--raft-id", "1", "--raft-peers",  peers, "--raft-dir",
+			rdir,	NULL,	     NULL};
+	pid_t p = kvh_spawn(bin, argv, log);
+	assert_true(p > 0);
+	int st = 0;
+	assert_int_equal(waitpid(p, &st, 0), p);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 2);
+	FILE *f = fopen(log, "r");
+	assert_non_null(f);
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	assert_non_null(strstr(buf, "--raft-insecure-network"));
+	argv[13] = "--raft-insecure-network";
+	p = kvh_spawn(bin, argv, log);
+	assert_true(p > 0);
+	usleep(500000);
+	assert_int_equal(waitpid(p, &st, WNOHANG), 0); /* running: it waits for an election */
+	kvh_stop_pid(p, SIGTERM, 5000);
+	kvh_sh("rm -rf %s", dir);
+}
+
 int main(void)
 {
 	if (!rt_have_bins()) {
 		printf("skipped: kvfs-meta / kvfs-node not built\n");
 		return 77;
 	}
-	const struct CMUnitTest tests[] = {cmocka_unit_test(test_failover)};
+	const struct CMUnitTest tests[] = {cmocka_unit_test(test_failover),
+					   cmocka_unit_test(test_off_loopback_refused)};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -25,6 +25,7 @@ struct meta_cfg {
 	char metrics_listen[CFG_STR_MAX], metrics_addr_file[CFG_STR_MAX];
 	char ttl_rules[CFG_STR_MAX]; /* parsed into o.rules */
 	char raft_peers[CFG_STR_MAX], raft_dir[CFG_STR_MAX];
+	int raft_insecure_network;
 	int allow_degraded;
 	int64_t log_level;
 };
@@ -94,6 +95,9 @@ static const struct cfg_opt opts[] = {
      "every replica as ID=HOST:PORT,... (their Raft addresses, not --listen)"},
     {"raft-dir", CFG_STR, F(raft_dir), 0, 0, NULL,
      "directory of this replica's Raft log and snapshots (required with --raft-id)"},
+    {"raft-insecure-network", CFG_BOOL, F(raft_insecure_network), 0, 0, "false",
+     "allow --raft-peers off loopback: the Raft transport (libraft's TCP) has no encryption "
+     "or authentication, so only on a private network no one else can reach"},
     {"raft-election-timeout", CFG_SECS, F(o.raft_election_s), 0.05, 60, "1s",
      "a follower that hears no leader this long starts an election"},
     {"raft-join", CFG_BOOL, F(o.raft_join), 0, 0, "false",
@@ -151,6 +155,24 @@ static int write_addr_file(const char *path, const char *addr)
 	return 0;
 }
 
+/* 1 when every ID=HOST:PORT of a --raft-peers list has its host on 127.0.0.0/8. */
+static int raft_peers_loopback(const char *peers)
+{
+	for (const char *p = peers; *p;) {
+		const char *eq = strchr(p, '='), *end = strchr(p, ',');
+		if (!end)
+			end = p + strlen(p);
+		if (!eq || eq > end)
+			return 0;
+		const char *h = eq + 1;
+		if (!(strncmp(h, "127.", 4) == 0 ||
+		      (end - h > 10 && strncmp(h, "localhost:", 10) == 0)))
+			return 0;
+		p = *end ? end + 1 : end;
+	}
+	return 1;
+}
+
 int main(int argc, char **argv)
 {
 	struct meta_cfg c;
@@ -179,6 +201,15 @@ int main(int argc, char **argv)
 	}
 	if (!c.o.raft_id && (c.raft_peers[0] || c.raft_dir[0])) {
 		fprintf(stderr, "kvfs-meta: --raft-peers and --raft-dir need --raft-id\n");
+		return 2;
+	}
+	if (c.o.raft_id && !c.raft_insecure_network && !raft_peers_loopback(c.raft_peers)) {
+		fprintf(stderr,
+			"kvfs-meta: --raft-peers %s: a Raft address off loopback (127.0.0.0/8), "
+			"and the Raft transport has no encryption or authentication (anyone who "
+			"reaches it could write entries): give --raft-insecure-network once these "
+			"ports are on a private network only\n",
+			c.raft_peers);
 		return 2;
 	}
 	kvfs_log_set_level((int)c.log_level);
