@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kvb_int.h"
 #include "kvec.h"
 
 /* Header layout (little-endian), offsets in bytes:
@@ -28,17 +29,6 @@ enum {
 	O_IDS = 144
 };
 
-static void put32(uint8_t *p, uint32_t v)
-{
-	for (int i = 0; i < 4; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p)
-{
-	return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
-	       ((uint32_t)p[3] << 24);
-}
-
 static void sha256(const void *parts[], const size_t lens[], int n, uint8_t out[KVB_HASH])
 {
 	EVP_MD_CTX *c = EVP_MD_CTX_new();
@@ -54,11 +44,11 @@ void kvb_fingerprint(const uint8_t model_fp[KVB_HASH], const struct kvb_geom *g,
 		     uint8_t out[KVB_HASH])
 {
 	uint8_t geo[20];
-	put32(geo, g->n_layer);
-	put32(geo + 4, g->n_head_kv);
-	put32(geo + 8, g->head_dim);
-	put32(geo + 12, g->dtype);
-	put32(geo + 16, g->block_tokens);
+	kvb_put32(geo, g->n_layer);
+	kvb_put32(geo + 4, g->n_head_kv);
+	kvb_put32(geo + 8, g->head_dim);
+	kvb_put32(geo + 12, g->dtype);
+	kvb_put32(geo + 16, g->block_tokens);
 	const void *p[] = {"kvfs-cache-fp-v1", model_fp, geo};
 	const size_t l[] = {16, KVB_HASH, sizeof(geo)};
 	sha256(p, l, 3, out);
@@ -85,7 +75,7 @@ void kvb_block_hash_images(const uint8_t *parent, const uint8_t fp[KVB_HASH],
 {
 	static const uint8_t zero[KVB_HASH];
 	uint8_t nb[4], idb[4 * 64];
-	put32(nb, n);
+	kvb_put32(nb, n);
 	EVP_MD_CTX *c = EVP_MD_CTX_new();
 	EVP_DigestInit_ex(c, EVP_sha256(), NULL);
 	EVP_DigestUpdate(c, "kvfs-block-v1", 13);
@@ -97,7 +87,7 @@ void kvb_block_hash_images(const uint8_t *parent, const uint8_t fp[KVB_HASH],
 	for (uint32_t i = 0; i < n; i += 64) {
 		uint32_t m = n - i < 64 ? n - i : 64;
 		for (uint32_t j = 0; j < m; j++)
-			put32(idb + 4 * j, (uint32_t)ids[i + j]);
+			kvb_put32(idb + 4 * j, (uint32_t)ids[i + j]);
 		EVP_DigestUpdate(c, idb, 4 * m);
 	}
 	/* Each overlapping image: a fixed-length record after the ids, whose count is fixed by
@@ -109,9 +99,9 @@ void kvb_block_hash_images(const uint8_t *parent, const uint8_t fp[KVB_HASH],
 			continue;
 		uint64_t from = a > start ? a : start, to = b < end ? b : end;
 		uint8_t r[12];
-		put32(r, (uint32_t)(from - start));
-		put32(r + 4, (uint32_t)(from - a));
-		put32(r + 8, (uint32_t)(to - from));
+		kvb_put32(r, (uint32_t)(from - start));
+		kvb_put32(r + 4, (uint32_t)(from - a));
+		kvb_put32(r + 8, (uint32_t)(to - from));
 		EVP_DigestUpdate(c, "kvfs-img-v1", 11);
 		EVP_DigestUpdate(c, r, sizeof(r));
 		EVP_DigestUpdate(c, img[k].hash, KVB_HASH);
@@ -172,25 +162,25 @@ int kvb_header_write(const struct kvb_header *h, uint8_t out[KVB_HEADER_SIZE])
 	    h->payload_bytes != kvb_payload_bytes(&h->geom))
 		return -EINVAL;
 	memset(out, 0, KVB_HEADER_SIZE);
-	put32(out + O_MAGIC, KVB_MAGIC);
+	kvb_put32(out + O_MAGIC, KVB_MAGIC);
 	out[O_VER] = KVB_VERSION;
 	out[O_HSZ] = (uint8_t)(KVB_HEADER_SIZE & 0xFF);
 	out[O_HSZ + 1] = (uint8_t)(KVB_HEADER_SIZE >> 8);
 	memcpy(out + O_FP, h->fingerprint, KVB_HASH);
 	memcpy(out + O_HASH, h->hash, KVB_HASH);
 	memcpy(out + O_PARENT, h->parent, KVB_HASH);
-	put32(out + O_GEOM, h->geom.n_layer);
-	put32(out + O_GEOM + 4, h->geom.n_head_kv);
-	put32(out + O_GEOM + 8, h->geom.head_dim);
-	put32(out + O_GEOM + 12, h->geom.dtype);
-	put32(out + O_GEOM + 16, h->geom.block_tokens);
-	put32(out + O_NTOK, h->ntokens);
-	put32(out + O_PBYTES, (uint32_t)h->payload_bytes);
-	put32(out + O_PBYTES + 4, (uint32_t)(h->payload_bytes >> 32));
-	put32(out + O_PCRC, h->payload_crc);
+	kvb_put32(out + O_GEOM, h->geom.n_layer);
+	kvb_put32(out + O_GEOM + 4, h->geom.n_head_kv);
+	kvb_put32(out + O_GEOM + 8, h->geom.head_dim);
+	kvb_put32(out + O_GEOM + 12, h->geom.dtype);
+	kvb_put32(out + O_GEOM + 16, h->geom.block_tokens);
+	kvb_put32(out + O_NTOK, h->ntokens);
+	kvb_put32(out + O_PBYTES, (uint32_t)h->payload_bytes);
+	kvb_put32(out + O_PBYTES + 4, (uint32_t)(h->payload_bytes >> 32));
+	kvb_put32(out + O_PCRC, h->payload_crc);
 	for (uint32_t i = 0; i < h->ntokens; i++)
-		put32(out + O_IDS + 4 * i, (uint32_t)h->tokens[i]);
-	put32(out + O_HCRC, kvec_crc32c(0, out, KVB_HEADER_SIZE));
+		kvb_put32(out + O_IDS + 4 * i, (uint32_t)h->tokens[i]);
+	kvb_put32(out + O_HCRC, kvec_crc32c(0, out, KVB_HEADER_SIZE));
 	return 0;
 }
 
@@ -199,30 +189,26 @@ int kvb_header_check(const uint8_t in[KVB_HEADER_SIZE], const uint8_t fp[KVB_HAS
 		     const int32_t *ids, uint32_t ntokens, uint64_t file_size, struct kvb_header *h)
 {
 	static const uint8_t zero[KVB_HASH];
-	if (get32(in + O_MAGIC) != KVB_MAGIC)
+	if (kvb_get32(in + O_MAGIC) != KVB_MAGIC)
 		return -EBADMSG;
 	if (in[O_VER] != KVB_VERSION || in[O_VER + 1] != 0 ||
 	    (in[O_HSZ] | (in[O_HSZ + 1] << 8)) != (int)KVB_HEADER_SIZE)
 		return -EPROTO;
 	/* CRC of the header with its own CRC field read as zero. */
-	uint32_t want = get32(in + O_HCRC);
-	uint32_t crc = kvec_crc32c(0, in, O_HCRC);
-	static const uint8_t z4[4];
-	crc = kvec_crc32c(crc, z4, 4);
-	crc = kvec_crc32c(crc, in + O_HCRC + 4, KVB_HEADER_SIZE - O_HCRC - 4);
-	if (crc != want)
+	if (kvb_header_crc(in, KVB_HEADER_SIZE, O_HCRC) != kvb_get32(in + O_HCRC))
 		return -EBADMSG;
 	memcpy(h->fingerprint, in + O_FP, KVB_HASH);
 	memcpy(h->hash, in + O_HASH, KVB_HASH);
 	memcpy(h->parent, in + O_PARENT, KVB_HASH);
-	h->geom.n_layer = get32(in + O_GEOM);
-	h->geom.n_head_kv = get32(in + O_GEOM + 4);
-	h->geom.head_dim = get32(in + O_GEOM + 8);
-	h->geom.dtype = get32(in + O_GEOM + 12);
-	h->geom.block_tokens = get32(in + O_GEOM + 16);
-	h->ntokens = get32(in + O_NTOK);
-	h->payload_bytes = get32(in + O_PBYTES) | ((uint64_t)get32(in + O_PBYTES + 4) << 32);
-	h->payload_crc = get32(in + O_PCRC);
+	h->geom.n_layer = kvb_get32(in + O_GEOM);
+	h->geom.n_head_kv = kvb_get32(in + O_GEOM + 4);
+	h->geom.head_dim = kvb_get32(in + O_GEOM + 8);
+	h->geom.dtype = kvb_get32(in + O_GEOM + 12);
+	h->geom.block_tokens = kvb_get32(in + O_GEOM + 16);
+	h->ntokens = kvb_get32(in + O_NTOK);
+	h->payload_bytes =
+	    kvb_get32(in + O_PBYTES) | ((uint64_t)kvb_get32(in + O_PBYTES + 4) << 32);
+	h->payload_crc = kvb_get32(in + O_PCRC);
 	if (!geom_ok(&h->geom) || h->ntokens == 0 || h->ntokens > h->geom.block_tokens ||
 	    h->payload_bytes != kvb_payload_bytes(&h->geom))
 		return -EBADMSG;
@@ -232,7 +218,7 @@ int kvb_header_check(const uint8_t in[KVB_HEADER_SIZE], const uint8_t fp[KVB_HAS
 	    memcmp(h->parent, parent ? parent : zero, KVB_HASH) != 0 || h->ntokens != ntokens)
 		return KVB_E_NOT_THIS;
 	for (uint32_t i = 0; i < ntokens; i++) {
-		h->tokens[i] = (int32_t)get32(in + O_IDS + 4 * i);
+		h->tokens[i] = (int32_t)kvb_get32(in + O_IDS + 4 * i);
 		if (h->tokens[i] != ids[i])
 			return KVB_E_NOT_THIS;
 	}

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "kvb_int.h"
 #include "kvec.h"
 
 /* The payload is the floats' memory as it is. */
@@ -34,18 +35,6 @@ enum {
 	O_PCRC = 124,
 	O_HCRC = 128
 };
-
-static void put32(uint8_t *p, uint32_t v)
-{
-	for (int i = 0; i < 4; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-	return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
-	       ((uint32_t)p[3] << 24);
-}
 
 void kve_key(const uint8_t tower_fp[KVB_HASH], const uint8_t salt_d[KVB_HASH],
 	     const uint8_t img[KVB_HASH], uint8_t out[KVB_HASH])
@@ -81,20 +70,20 @@ int kve_header_write(const struct kve_header *h, uint8_t out[KVE_HEADER_SIZE])
 	if (!sizes_ok(h->n_tokens, h->dim, h->payload_bytes) || h->dtype != KVE_DTYPE_F32)
 		return -EINVAL;
 	memset(out, 0, KVE_HEADER_SIZE);
-	put32(out + O_MAGIC, KVE_MAGIC);
+	kvb_put32(out + O_MAGIC, KVE_MAGIC);
 	out[O_VER] = KVE_VERSION;
 	out[O_HSZ] = (uint8_t)(KVE_HEADER_SIZE & 0xFF);
 	out[O_HSZ + 1] = (uint8_t)(KVE_HEADER_SIZE >> 8);
 	memcpy(out + O_FP, h->tower_fp, KVB_HASH);
 	memcpy(out + O_KEY, h->key, KVB_HASH);
 	memcpy(out + O_IMG, h->img, KVB_HASH);
-	put32(out + O_NTOK, h->n_tokens);
-	put32(out + O_DIM, h->dim);
-	put32(out + O_DTYPE, h->dtype);
-	put32(out + O_PBYTES, (uint32_t)h->payload_bytes);
-	put32(out + O_PBYTES + 4, (uint32_t)(h->payload_bytes >> 32));
-	put32(out + O_PCRC, h->payload_crc);
-	put32(out + O_HCRC, kvec_crc32c(0, out, KVE_HEADER_SIZE));
+	kvb_put32(out + O_NTOK, h->n_tokens);
+	kvb_put32(out + O_DIM, h->dim);
+	kvb_put32(out + O_DTYPE, h->dtype);
+	kvb_put32(out + O_PBYTES, (uint32_t)h->payload_bytes);
+	kvb_put32(out + O_PBYTES + 4, (uint32_t)(h->payload_bytes >> 32));
+	kvb_put32(out + O_PCRC, h->payload_crc);
+	kvb_put32(out + O_HCRC, kvec_crc32c(0, out, KVE_HEADER_SIZE));
 	return 0;
 }
 
@@ -102,25 +91,22 @@ int kve_header_check(const uint8_t in[KVE_HEADER_SIZE], const uint8_t tower_fp[K
 		     const uint8_t key[KVB_HASH], const uint8_t img[KVB_HASH], uint32_t n_tokens,
 		     uint32_t dim, uint64_t file_size, struct kve_header *h)
 {
-	if (get32(in + O_MAGIC) != KVE_MAGIC)
+	if (kvb_get32(in + O_MAGIC) != KVE_MAGIC)
 		return -EBADMSG;
 	if (in[O_VER] != KVE_VERSION || in[O_VER + 1] != 0 ||
 	    (in[O_HSZ] | (in[O_HSZ + 1] << 8)) != (int)KVE_HEADER_SIZE)
 		return -EPROTO;
-	static const uint8_t z4[4];
-	uint32_t crc = kvec_crc32c(0, in, O_HCRC);
-	crc = kvec_crc32c(crc, z4, 4);
-	crc = kvec_crc32c(crc, in + O_HCRC + 4, KVE_HEADER_SIZE - O_HCRC - 4);
-	if (crc != get32(in + O_HCRC))
+	if (kvb_header_crc(in, KVE_HEADER_SIZE, O_HCRC) != kvb_get32(in + O_HCRC))
 		return -EBADMSG;
 	memcpy(h->tower_fp, in + O_FP, KVB_HASH);
 	memcpy(h->key, in + O_KEY, KVB_HASH);
 	memcpy(h->img, in + O_IMG, KVB_HASH);
-	h->n_tokens = get32(in + O_NTOK);
-	h->dim = get32(in + O_DIM);
-	h->dtype = get32(in + O_DTYPE);
-	h->payload_bytes = get32(in + O_PBYTES) | ((uint64_t)get32(in + O_PBYTES + 4) << 32);
-	h->payload_crc = get32(in + O_PCRC);
+	h->n_tokens = kvb_get32(in + O_NTOK);
+	h->dim = kvb_get32(in + O_DIM);
+	h->dtype = kvb_get32(in + O_DTYPE);
+	h->payload_bytes =
+	    kvb_get32(in + O_PBYTES) | ((uint64_t)kvb_get32(in + O_PBYTES + 4) << 32);
+	h->payload_crc = kvb_get32(in + O_PCRC);
 	if (!sizes_ok(h->n_tokens, h->dim, h->payload_bytes) || h->dtype != KVE_DTYPE_F32)
 		return -EBADMSG;
 	if (memcmp(h->tower_fp, tower_fp, KVB_HASH) != 0 || h->n_tokens != n_tokens ||

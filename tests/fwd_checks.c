@@ -1,6 +1,9 @@
 /* Engine contract checks for both engines (see fwd_checks.h). */
 #include "fwd_checks.h"
 
+#include "kvk.h"
+#include "model.h"
+
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -96,4 +99,56 @@ void fwdc_limits(struct fwdc_engine e, int n_vocab)
 	assert_int_equal(kvi_seq_len(s2), 0);
 	kvi_seq_destroy(s2);
 	kvi_seq_destroy(s);
+}
+
+int fwdc_prefill_inject(struct fwdc_engine e, struct kvi_seq *s, const int32_t *tok, int n,
+			const struct kvi_inject *inj, int ninj, float *logits)
+{
+	return e.de ? kvi_dev_engine_prefill_inject(e.de, s, tok, n, inj, ninj, logits)
+		    : kvi_engine_prefill_inject(e.ce, s, tok, n, inj, ninj, logits);
+}
+
+void fwdc_inject(struct fwdc_engine e, const struct kvi_model *m, double tol)
+{
+	enum { N = 40, A = 10, NA = 12 };
+	int V = m->cfg.n_vocab;
+	size_t E = (size_t)m->cfg.n_embd;
+	int32_t tok[N], alt[N];
+	ref_tokens(tok, N, V, 12);
+	memcpy(alt, tok, sizeof(tok));
+	for (int i = A; i < A + NA; i++)
+		alt[i] = (tok[i] + 17 + i) % V;
+	float *rows = malloc(sizeof(float) * E * NA);
+	for (int i = 0; i < NA; i++)
+		kvk_row_to_f32((enum kvk_wtype)m->tok_embd.type, m->tok_embd.data, E,
+			       (size_t)alt[A + i], rows + (size_t)i * E);
+	float *want = malloc((size_t)V * 4), *got = malloc((size_t)V * 4);
+	struct kvi_kv *kv = fwdc_kv(e);
+	struct kvi_seq *s;
+	assert_int_equal(kvi_seq_create(kv, &s), 0);
+	assert_int_equal(fwdc_prefill(e, s, alt, N, want), 0);
+	kvi_seq_destroy(s);
+	assert_int_equal(kvi_seq_create(kv, &s), 0);
+	assert_int_equal(fwdc_prefill(e, s, tok, N, got), 0);
+	assert_memory_not_equal(want, got, (size_t)V * 4); /* the rows matter */
+	kvi_seq_destroy(s);
+	const struct kvi_inject one[1] = {{A, NA, rows}};
+	const struct kvi_inject two[2] = {{A, 5, rows}, {A + 5, NA - 5, rows + 5 * E}};
+	const struct kvi_inject *sets[2] = {one, two};
+	for (int k = 0; k < 2; k++) {
+		assert_int_equal(kvi_seq_create(kv, &s), 0);
+		assert_int_equal(fwdc_prefill_inject(e, s, tok, N, sets[k], k + 1, got), 0);
+		same_logits(got, want, V, tol);
+		kvi_seq_destroy(s);
+	}
+	/* bad spans: nothing runs */
+	assert_int_equal(kvi_seq_create(kv, &s), 0);
+	const struct kvi_inject bad[4] = {
+	    {-1, 2, rows}, {0, 0, rows}, {N - 1, 2, rows}, {0, 1, NULL}};
+	for (int i = 0; i < 4; i++)
+		assert_int_equal(fwdc_prefill_inject(e, s, tok, N, &bad[i], 1, got), -EINVAL);
+	assert_int_equal(fwdc_prefill_inject(e, s, tok, N, NULL, 1, got), -EINVAL);
+	assert_int_equal(kvi_seq_len(s), 0);
+	kvi_seq_destroy(s);
+	free(rows), free(want), free(got);
 }

@@ -21,6 +21,9 @@ int fwdc_prefill(struct fwdc_engine e, struct kvi_seq *s, const int32_t *tok, in
 /* kvi_dev_engine_decode or kvi_engine_decode, whichever e is. */
 int fwdc_decode(struct fwdc_engine e, struct kvi_seq *const *s, const int32_t *tok, int n,
 		float *logits);
+/* kvi_dev_engine_prefill_inject or kvi_engine_prefill_inject, whichever e is. */
+int fwdc_prefill_inject(struct fwdc_engine e, struct kvi_seq *s, const int32_t *tok, int n,
+			const struct kvi_inject *inj, int ninj, float *logits);
 /* Destroys whichever engine e holds. */
 void fwdc_destroy(struct fwdc_engine e);
 
@@ -35,5 +38,12 @@ void fwdc_fork_cow(struct fwdc_engine e, int n_vocab, double tol);
  * running out are refused with -EINVAL, -E2BIG and -ENOSPC (the refused sequence stays
  * empty). e: max_ctx 40, block_tokens 16, kv_blocks 3, nothing allocated yet. */
 void fwdc_limits(struct fwdc_engine e, int n_vocab);
+
+/* Injected input embeddings (an image's tower output at its placeholder tokens): the
+ * embedding rows of other token ids, injected as one span and as two across prefill chunks,
+ * give the logits of prefilling those ids (bitwise when tol < 0, else ref_rel_err <= tol),
+ * and bad spans are refused before anything runs. m: e's model (F16 token embeddings), e:
+ * prefill chunk 7, max_ctx >= 40, 6 free KV blocks of 16. */
+void fwdc_inject(struct fwdc_engine e, const struct kvi_model *m, double tol);
 
 #endif

@@ -223,62 +223,16 @@ static void run_prefill(const struct kvi_model *m, const int32_t *tok, int n, in
 	kvi_engine_destroy(e);
 }
 
-/* Prefill with injected input embeddings (an image's tower output at its placeholder tokens):
- * injecting the embedding rows of other token ids must give exactly (memcmp) the logits and KV
- * of prefilling those ids, with spans split across prefill chunks or given as two spans; bad
- * spans are refused before anything runs. */
+/* Prefill with injected input embeddings, exactly as prefilling the ids the rows embed
+ * (fwd_checks.h, fwdc_inject). */
 static void test_inject(void **st)
 {
 	(void)st;
-	enum { N = 40, A = 10, NA = 12 };
 	struct kvi_config c = ref_cfg_tiny_llama(203);
 	struct kvi_model *m = ref_model_random(&c, KVI_F16, 31);
-	int V = c.n_vocab;
-	size_t E = (size_t)c.n_embd;
-	int32_t tok[N], alt[N];
-	ref_tokens(tok, N, V, 12);
-	memcpy(alt, tok, sizeof(tok));
-	for (int i = A; i < A + NA; i++)
-		alt[i] = (tok[i] + 17 + i) % V;
-	float *rows = malloc(sizeof(float) * E * NA);
-	for (int i = 0; i < NA; i++)
-		kvk_row_to_f32((enum kvk_wtype)m->tok_embd.type, m->tok_embd.data, E,
-			       (size_t)alt[A + i], rows + (size_t)i * E);
-	size_t bb = (size_t)c.n_layer * 2 * 16 * c.n_head_kv * c.head_dim * 2;
-	float *want = malloc(V * 4), *got = malloc(V * 4), *plain = malloc(V * 4);
-	uint8_t *kw = malloc(bb * (N / 16)), *kg = malloc(bb * (N / 16));
-	run_prefill(m, alt, N, 7, 2, want, kw);
-	run_prefill(m, tok, N, 7, 2, plain, kg);
-	assert_memory_not_equal(want, plain, (size_t)V * 4); /* the rows matter */
-	const struct kvi_inject one[1] = {{A, NA, rows}};
-	const struct kvi_inject two[2] = {{A, 5, rows}, {A + 5, NA - 5, rows + 5 * E}};
-	const struct kvi_inject *sets[2] = {one, two};
-	for (int k = 0; k < 2; k++) {
-		struct kvi_engine *e = engine(m, 2, 7, 16, 0); /* chunks of 7: spans cross them */
-		struct kvi_kv *kv = kvi_engine_kv(e);
-		struct kvi_seq *s;
-		assert_int_equal(kvi_seq_create(kv, &s), 0);
-		assert_int_equal(kvi_engine_prefill_inject(e, s, tok, N, sets[k], k + 1, got), 0);
-		assert_memory_equal(want, got, (size_t)V * 4);
-		for (int b = 0; b < N / 16; b++)
-			assert_int_equal(
-			    kvi_kv_block_export(kv, kvi_seq_blocks(s)[b], kg + b * bb, bb),
-			    (long)bb);
-		assert_memory_equal(kw, kg, bb * (N / 16));
-		kvi_seq_destroy(s);
-		/* bad spans: nothing runs */
-		assert_int_equal(kvi_seq_create(kv, &s), 0);
-		const struct kvi_inject bad[4] = {
-		    {-1, 2, rows}, {0, 0, rows}, {N - 1, 2, rows}, {0, 1, NULL}};
-		for (int i = 0; i < 4; i++)
-			assert_int_equal(kvi_engine_prefill_inject(e, s, tok, N, &bad[i], 1, got),
-					 -EINVAL);
-		assert_int_equal(kvi_engine_prefill_inject(e, s, tok, N, NULL, 1, got), -EINVAL);
-		assert_int_equal(kvi_seq_len(s), 0);
-		kvi_seq_destroy(s);
-		kvi_engine_destroy(e);
-	}
-	free(rows), free(want), free(got), free(plain), free(kw), free(kg);
+	struct fwdc_engine e = {NULL, engine(m, 2, 7, 16, 0)};
+	fwdc_inject(e, m, -1);
+	fwdc_destroy(e);
 	kvi_model_free(m);
 }
 

@@ -496,44 +496,16 @@ static void test_backend_tables(void **st)
 	kvk_dev_close(&d);
 }
 
-/* Injected input embeddings on the device (fwd_dev.h): the embedding rows of other token ids,
- * uploaded over their positions across prefill chunks, give the logits of prefilling those ids
- * (within SELF_TOL: exact on the host backend), and bad spans are refused. */
+/* Injected input embeddings on the device (fwd_checks.h, fwdc_inject): the rows uploaded
+ * over their positions across prefill chunks, within SELF_TOL (exact on the host backend). */
 static void test_inject(void **st)
 {
 	(void)st;
-	enum { N = 40, A = 10, NA = 12 };
 	struct kvi_config c = ref_cfg_tiny_llama(203);
 	struct kvi_model *m = ref_model_random(&c, KVI_F16, 31);
-	int V = c.n_vocab;
-	size_t E = (size_t)c.n_embd;
-	int32_t tok[N], alt[N];
-	ref_tokens(tok, N, V, 12);
-	memcpy(alt, tok, sizeof(tok));
-	for (int i = A; i < A + NA; i++)
-		alt[i] = (tok[i] + 17 + i) % V;
-	float *rows = malloc(sizeof(float) * E * NA);
-	for (int i = 0; i < NA; i++)
-		kvk_row_to_f32((enum kvk_wtype)m->tok_embd.type, m->tok_embd.data, E,
-			       (size_t)alt[A + i], rows + (size_t)i * E);
-	float *want = malloc(V * 4), *got = malloc(V * 4);
-	struct kvi_dev_engine *e = dev_engine(m, 7, 16);
-	struct kvi_seq *s;
-	assert_int_equal(kvi_seq_create(kvi_dev_engine_kv(e), &s), 0);
-	assert_int_equal(kvi_dev_engine_prefill(e, s, alt, N, want), 0);
-	kvi_seq_destroy(s);
-	const struct kvi_inject one = {A, NA, rows};
-	assert_int_equal(kvi_seq_create(kvi_dev_engine_kv(e), &s), 0);
-	assert_int_equal(kvi_dev_engine_prefill_inject(e, s, tok, N, &one, 1, got), 0);
-	assert_true(ref_rel_err(got, want, V) <= SELF_TOL);
-	kvi_seq_destroy(s);
-	const struct kvi_inject bad = {N - 1, 2, rows};
-	assert_int_equal(kvi_seq_create(kvi_dev_engine_kv(e), &s), 0);
-	assert_int_equal(kvi_dev_engine_prefill_inject(e, s, tok, N, &bad, 1, got), -EINVAL);
-	assert_int_equal(kvi_seq_len(s), 0);
-	kvi_seq_destroy(s);
-	kvi_dev_engine_destroy(e);
-	free(rows), free(want), free(got);
+	struct fwdc_engine e = make_engine(m, 0, 7, 16);
+	fwdc_inject(e, m, SELF_TOL);
+	fwdc_destroy(e);
 	kvi_model_free(m);
 }
 
