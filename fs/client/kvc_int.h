@@ -13,8 +13,11 @@
 #define KVC_META_ATTEMPTS 10   /* attempts of a meta call (KVCH_RETRY_META) */
 #define KVC_TOUCH_MAX	  1024 /* access times held before a TOUCH is sent regardless */
 #define KVC_TOUCH_MS	  30000
-#define KVC_PREFETCH	  64   /* layouts kept from kvc_lookup_layout */
-#define KVC_PREFETCH_MS	  2000 /* ... and for this long: node states move */
+#define KVC_PREFETCH	  64 /* layouts kept from kvc_lookup_layout */
+/* ... and for this long: the open in the same syscall as the lookup takes it. Longer, a
+ * lookup with no open after it (a stat) left the layout for an open after another client
+ * replaced the file, which read the old version (test_replace_other_mount). */
+#define KVC_PREFETCH_MS 100
 
 enum kvc_stage {
 	KVC_ST_OPEN,
