@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "gw.h"
+#include "kve.h"
 #include "kvp_frame.h"
 
 _Static_assert(KVW_ADDR_MAX == KVP_ADDR_MAX, "a peer address is a kvp address");
@@ -507,6 +508,74 @@ int kvw_nccl_id_dec(const uint8_t *body, size_t len, uint32_t *session, const ui
 	*session = kvp_r_u32(&rb);
 	*id = kvp_r_bytes(&rb, KVW_NCCL_ID_BYTES);
 	return kvp_r_end(&rb);
+}
+
+/* ---- ENCODE ---- */
+
+int kvw_encode_enc(struct kvp_wbuf *w, const struct kvw_encode *e)
+{
+	w_salt(w, e->salt);
+	kvp_w_bytes(w, e->hash, KVW_IMG_HASH);
+	kvp_w_u32(w, e->w);
+	kvp_w_u32(w, e->h);
+	kvp_w_u32(w, (uint32_t)((uint64_t)e->w * e->h * 3));
+	return w->err;
+}
+
+int kvw_encode_dec(const uint8_t *body, size_t len, struct kvw_encode *e)
+{
+	memset(e, 0, sizeof(*e));
+	struct kvp_rbuf rb;
+	kvp_r_init(&rb, body, len);
+	e->salt = r_salt(&rb, e->salt_buf, sizeof(e->salt_buf));
+	const uint8_t *hash = kvp_r_bytes(&rb, KVW_IMG_HASH);
+	e->w = kvp_r_u32(&rb);
+	e->h = kvp_r_u32(&rb);
+	uint32_t n = kvp_r_u32(&rb);
+	if (rb.err)
+		return rb.err;
+	memcpy(e->hash, hash, KVW_IMG_HASH);
+	/* the sizes before the pixels: w x h x 3 is computed in 64 bits from values <= 2^32 */
+	if ((uint64_t)e->w * e->h * 3 != n)
+		return -EBADMSG;
+	e->pix = kvp_r_bytes(&rb, n);
+	int rc = kvp_r_end(&rb);
+	if (rc)
+		return rc;
+	if (!e->w || !e->h)
+		return -EINVAL;
+	if (e->w > KVW_ENC_MAX_SIDE || e->h > KVW_ENC_MAX_SIDE ||
+	    (uint64_t)e->w * e->h > KVW_ENC_MAX_PIXELS)
+		return -E2BIG;
+	return 0;
+}
+
+int kvw_encoded_enc(struct kvp_wbuf *w, const struct kvw_encoded *e)
+{
+	kvp_w_u32(w, e->n_tokens);
+	kvp_w_u32(w, e->dim);
+	kvp_w_bytes(w, e->tower_fp, KVW_IMG_HASH);
+	kvp_w_u8(w, e->cached);
+	return w->err;
+}
+
+int kvw_encoded_dec(const uint8_t *body, size_t len, struct kvw_encoded *e)
+{
+	memset(e, 0, sizeof(*e));
+	struct kvp_rbuf rb;
+	kvp_r_init(&rb, body, len);
+	e->n_tokens = kvp_r_u32(&rb);
+	e->dim = kvp_r_u32(&rb);
+	const uint8_t *fp = kvp_r_bytes(&rb, KVW_IMG_HASH);
+	e->cached = kvp_r_u8(&rb);
+	int rc = kvp_r_end(&rb);
+	if (rc)
+		return rc;
+	memcpy(e->tower_fp, fp, KVW_IMG_HASH);
+	if (!e->n_tokens || e->n_tokens > KVE_MAX_TOKENS || !e->dim || e->dim > KVE_MAX_DIM ||
+	    e->cached > 1)
+		return -EBADMSG;
+	return 0;
 }
 
 /* ---- KV_PUT ---- */

@@ -60,6 +60,14 @@
  *                  <- u32 session, 128 bytes: an NCCL unique id; the decode worker then joins
  *                     it as rank 0, the caller as rank 1. -EOPNOTSUPP without a cuda engine
  *                     and NCCL.
+ *   KVW_OP_ENCODE  (gateway -> encode worker, `kvinfer encode`) one decoded image's embeddings
+ *                  -> str salt, 32 bytes image hash (img_hash of the pixels), u32 w, u32 h,
+ *                     u32 len (= w x h x 3), len bytes of RGB8 pixels, row-major
+ *                  <- u32 n_tokens, u32 dim, 32 bytes tower fingerprint (the kve.h key's
+ *                     tower_fp), u8 cached (1: found in the kv dir, not encoded). The
+ *                     embeddings themselves are in the shared kv dir (kve_save) when this
+ *                     reply comes. errors: -EINVAL (the hash is not the pixels', an image the
+ *                     tower cannot take), -E2BIG (past KVW_ENC_MAX_SIDE / _PIXELS), -EIO
  *   prompt = str salt, params, u8 logprobs, u8 parse_special, u32 len, len bytes of prompt
  *            text, u32 nt, nt x u32 token ids: a prompt of token ids (nt > 0, then len = 0),
  *            taken as they are, or of text (nt = 0)
@@ -88,6 +96,7 @@ enum kvw_op {
 	KVW_OP_HELLO = 0x105,
 	KVW_OP_GENERATE = 0x106,
 	KVW_OP_CANCEL = 0x107,
+	KVW_OP_ENCODE = 0x108,
 };
 
 enum kvw_event {
@@ -104,6 +113,12 @@ enum kvw_event {
 #define KVW_MAX_CHOICES	  16  /* choices of one prompt (OAI_MAX_CHOICES) */
 #define KVW_MAX_TOP	  20  /* alternatives per token (OAI_MAX_TOP_LOGPROBS) */
 #define KVW_LP_TEXT	  128 /* bytes of a token's text in an lp, with its NUL */
+#define KVW_IMG_HASH	  32  /* an image's hash (img_hash) and a tower fingerprint */
+/* ENCODE's image bounds: img.h's defaults (what the gateway's decoder lets through), so an
+ * ENCODE body is at most KVW_ENC_MAX_PIXELS x 3 bytes + KVW_ENC_HDR_ROOM. */
+#define KVW_ENC_MAX_SIDE   8192u
+#define KVW_ENC_MAX_PIXELS ((uint64_t)4096 * 4096)
+#define KVW_ENC_HDR_ROOM   4096u
 
 struct kvp_wbuf;
 struct kvp_rbuf;
@@ -276,6 +291,30 @@ int kvw_put_enc(struct kvp_wbuf *w, const struct kvw_put *p);
  * -ENOMEM. */
 int kvw_put_dec(const uint8_t *body, size_t len, struct kvw_put *p);
 void kvw_put_free(struct kvw_put *p);
+
+/* ENCODE request. The decoder checks 0 < w, h <= KVW_ENC_MAX_SIDE, w x h <=
+ * KVW_ENC_MAX_PIXELS (-E2BIG past them, -EINVAL for 0) and len == w x h x 3 (-EBADMSG).
+ * Whether hash is the pixels' is the worker's to check. pix points into the body. */
+struct kvw_encode {
+	const char *salt; /* as kvw_prompt */
+	uint8_t hash[KVW_IMG_HASH];
+	uint32_t w, h;
+	const uint8_t *pix; /* w x h x 3 bytes */
+	char salt_buf[KVW_SALT_MAX];
+};
+/* Writes everything but the pixels (they follow as the frame's bulk, w x h x 3 bytes). */
+int kvw_encode_enc(struct kvp_wbuf *w, const struct kvw_encode *e);
+int kvw_encode_dec(const uint8_t *body, size_t len, struct kvw_encode *e);
+
+/* ENCODE reply. The decoder checks 0 < n_tokens <= KVE_MAX_TOKENS, 0 < dim <= KVE_MAX_DIM
+ * and cached <= 1 (-EBADMSG). */
+struct kvw_encoded {
+	uint32_t n_tokens, dim;
+	uint8_t tower_fp[KVW_IMG_HASH];
+	uint8_t cached;
+};
+int kvw_encoded_enc(struct kvp_wbuf *w, const struct kvw_encoded *e);
+int kvw_encoded_dec(const uint8_t *body, size_t len, struct kvw_encoded *e);
 
 /* The params field of PREFILL, GENERATE and DECODE. The reader leaves stop tokens empty and
  * checks nothing beyond the encoding (the sampler accepts any values; max_tokens < 0 reads 0). */

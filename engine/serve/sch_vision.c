@@ -8,11 +8,10 @@
  * only names the block, together with the image's hash. */
 #define KVFS_LOG_TAG "sch"
 #include <errno.h>
-#include <openssl/evp.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "emb.h"
 #include "img.h"
 #include "kve.h"
 #include "log.h"
@@ -22,16 +21,6 @@
 #include "vit.h"
 
 #define PLACEHOLDER_ID 0
-/* Changes when the preprocessing (img_preprocess's resize or normalisation) does: cached
- * embeddings made with another one are then other entries. */
-#define PREP_VERSION "kvfs-vit-prep-v1 img_preprocess bicubic-stretch"
-
-static int64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
 
 int sch_vision_open(struct sch *s)
 {
@@ -52,14 +41,7 @@ int sch_vision_open(struct sch *s)
 		s->tower = NULL;
 		return -EINVAL;
 	}
-	unsigned int len = sizeof(s->tower_fp);
-	EVP_MD_CTX *c = EVP_MD_CTX_new();
-	int ok = c && EVP_DigestInit_ex(c, EVP_sha256(), NULL) &&
-		 EVP_DigestUpdate(c, PREP_VERSION, sizeof(PREP_VERSION) - 1) &&
-		 EVP_DigestUpdate(c, vit_fingerprint(s->tower), VIT_FINGERPRINT_BYTES) &&
-		 EVP_DigestFinal_ex(c, s->tower_fp, &len);
-	EVP_MD_CTX_free(c);
-	if (!ok) {
+	if (emb_tower_fp(s->tower, s->tower_fp)) {
 		vit_free(s->tower);
 		s->tower = NULL;
 		return -EIO;
@@ -82,40 +64,17 @@ int sch_has_vision(const struct sch *s)
 /* The embeddings of one image into rows: the kv dir's copy, else the tower's (then saved). */
 static int embed(struct sch *s, const struct img_image *im, const char *salt, float *rows)
 {
-	struct vit *v = s->tower;
-	int nt = vit_n_tokens(v), E = vit_n_embd_out(v);
-	uint8_t salt_d[KVB_HASH];
-	kvb_salt_digest(salt, salt_d);
+	struct emb_stat st = {0};
 	atomic_fetch_add(&s->c_images, 1);
-	if (s->kx && kve_load(kvx_dir(s->kx), s->tower_fp, salt_d, im->hash, (uint32_t)nt,
-			      (uint32_t)E, rows) == 0) {
-		atomic_fetch_add(&s->c_emb_hits, 1);
-		return 0;
-	}
-	int size = vit_image_size(v);
-	struct img_prep p = {.size = size};
-	vit_image_mean(v, p.mean);
-	vit_image_std(v, p.std);
-	float *px = malloc((size_t)3 * (size_t)size * (size_t)size * sizeof(float));
-	if (!px)
-		return -ENOMEM;
-	int rc = img_preprocess(im, &p, px);
-	if (!rc) {
-		int64_t t0 = now_ns();
-		pthread_mutex_lock(&s->tower_mu);
-		rc = vit_encode(v, px, rows);
-		pthread_mutex_unlock(&s->tower_mu);
-		atomic_fetch_add(&s->c_encode_ns, (unsigned long long)(now_ns() - t0));
-		atomic_fetch_add(&s->c_encodes, 1);
-	}
-	free(px);
+	int rc = emb_image(s->tower, &s->tower_mu, s->tower_fp, s->kx ? kvx_dir(s->kx) : NULL,
+			   s->kx ? kvx_is_kvfs(s->kx) : 0, salt, im, rows, &st);
 	if (rc)
-		return rc == -ERANGE ? -EINVAL : rc;
-	if (s->kx) { /* a failed save costs the next request an encode, nothing else */
-		int sr = kve_save(kvx_dir(s->kx), kvx_is_kvfs(s->kx), s->tower_fp, salt_d, im->hash,
-				  (uint32_t)nt, (uint32_t)E, rows);
-		if (sr < 0)
-			klog_warn("saving an image's embeddings: %s", strerror(-sr));
+		return rc;
+	if (st.cached) {
+		atomic_fetch_add(&s->c_emb_hits, 1);
+	} else {
+		atomic_fetch_add(&s->c_encode_ns, (unsigned long long)st.enc_ns);
+		atomic_fetch_add(&s->c_encodes, 1);
 	}
 	return 0;
 }
