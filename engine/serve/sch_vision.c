@@ -79,25 +79,36 @@ static int embed(struct sch *s, const struct img_image *im, const char *salt, fl
 	return 0;
 }
 
-int sch_vision_prepare(struct sch *s, struct sch_req *r, const char *prompt, int flags,
-		       const struct sch_image *im, int nim)
+/* One image as the tokenizer sees it: where in the text, its placeholder count, its hash. */
+struct vspan {
+	size_t off;
+	uint32_t n;
+	const uint8_t *hash;
+};
+
+/* The prompt's tokens with each image's n placeholder tokens where its offset of the text
+ * ends, as both serving forms build them (embedded: sch_vision_prepare; a prefill worker:
+ * sch_vision_prepare_refs): r->toks / r->n, r->img (the spans), r->img_rows allocated for
+ * nim x n x E floats (not filled). Every image has the same n (one tower). */
+static int vision_tokenize(struct sch *s, struct sch_req *r, const char *prompt, int flags,
+			   const struct vspan *im, int nim, int E)
 {
-	if (!s->tower || nim < 1 || nim > SCH_MAX_IMAGES)
+	if (nim < 1 || nim > SCH_MAX_IMAGES)
 		return -EINVAL;
 	size_t len = strlen(prompt);
+	uint32_t nt = im[0].n;
 	for (int k = 0; k < nim; k++)
-		if (!im[k].img || im[k].offset > len || (k && im[k].offset < im[k - 1].offset))
+		if (im[k].off > len || (k && im[k].off < im[k - 1].off) || im[k].n != nt || !nt)
 			return -EINVAL;
-	int nt = vit_n_tokens(s->tower), E = vit_n_embd_out(s->tower);
-	size_t cap = len + 8 + (size_t)nim * (size_t)nt;
+	size_t cap = len + 8 + (size_t)nim * nt;
 	r->toks = malloc(cap * sizeof(int32_t));
 	r->img = calloc((size_t)nim, sizeof(*r->img));
-	r->img_rows = malloc((size_t)nim * (size_t)nt * (size_t)E * sizeof(float));
+	r->img_rows = malloc((size_t)nim * nt * (size_t)E * sizeof(float));
 	if (!r->toks || !r->img || !r->img_rows)
 		return -ENOMEM;
 	size_t n = 0, from = 0;
 	for (int k = 0; k <= nim; k++) {
-		size_t to = k < nim ? im[k].offset : len, cnt = 0;
+		size_t to = k < nim ? im[k].off : len, cnt = 0;
 		if (to > from) {
 			int rc = kvi_tok_encode(s->tok, prompt + from, to - from, flags,
 						r->toks + n, cap - n, &cnt);
@@ -110,22 +121,101 @@ int sch_vision_prepare(struct sch *s, struct sch_req *r, const char *prompt, int
 		if (k == nim)
 			break;
 		r->img[k].pos = (uint32_t)n;
-		r->img[k].n = (uint32_t)nt;
-		memcpy(r->img[k].hash, im[k].img->hash, KVB_HASH);
-		for (int t = 0; t < nt; t++)
+		r->img[k].n = nt;
+		memcpy(r->img[k].hash, im[k].hash, KVB_HASH);
+		for (uint32_t t = 0; t < nt; t++)
 			r->toks[n++] = PLACEHOLDER_ID;
 	}
 	r->n = (int)n;
 	r->nimg = nim;
-	if (r->n > s->o.max_ctx)
-		return -E2BIG;
+	return r->n > s->o.max_ctx ? -E2BIG : 0;
+}
+
+int sch_vision_prepare(struct sch *s, struct sch_req *r, const char *prompt, int flags,
+		       const struct sch_image *im, int nim)
+{
+	if (!s->tower || nim < 1 || nim > SCH_MAX_IMAGES)
+		return -EINVAL;
+	struct vspan sp[SCH_MAX_IMAGES];
+	int nt = vit_n_tokens(s->tower), E = vit_n_embd_out(s->tower);
 	for (int k = 0; k < nim; k++) {
-		int rc =
-		    embed(s, im[k].img, r->salt, r->img_rows + (size_t)k * (size_t)nt * (size_t)E);
-		if (rc)
-			return rc;
+		if (!im[k].img)
+			return -EINVAL;
+		sp[k] =
+		    (struct vspan){.off = im[k].offset, .n = (uint32_t)nt, .hash = im[k].img->hash};
+	}
+	int rc = vision_tokenize(s, r, prompt, flags, sp, nim, E);
+	for (int k = 0; !rc && k < nim; k++)
+		rc = embed(s, im[k].img, r->salt, r->img_rows + (size_t)k * (size_t)nt * (size_t)E);
+	return rc;
+}
+
+/* r's images' embeddings from the kv dir, where an encode worker saved them: a miss is an
+ * error (-ENOENT), never an encode here. */
+static int refs_load(struct sch *s, struct sch_req *r, const struct sch_image_ref *ref)
+{
+	if (!s->kx) {
+		klog_warn("images need the kv dir their encoder saved them in (--kv-dir)");
+		return -ENOENT;
+	}
+	int E = s->m->cfg.n_embd;
+	uint8_t salt_d[KVB_HASH];
+	kvb_salt_digest(r->salt, salt_d);
+	for (int k = 0; k < r->nimg; k++) {
+		uint32_t nt = r->img[k].n;
+		int rc = kve_load(kvx_dir(s->kx), ref[k].tower_fp, salt_d, ref[k].hash, nt,
+				  (uint32_t)E, r->img_rows + (size_t)k * nt * (size_t)E);
+		if (rc) {
+			klog_warn("image %d: no embeddings in the kv dir (%s)", k, strerror(-rc));
+			return -ENOENT;
+		}
+		atomic_fetch_add(&s->c_emb_hits, 1);
 	}
 	return 0;
+}
+
+int sch_vision_prepare_refs(struct sch *s, struct sch_req *r, const char *prompt, int flags,
+			    const struct sch_image_ref *ref, int nim)
+{
+	if (nim < 1 || nim > SCH_MAX_IMAGES)
+		return -EINVAL;
+	struct vspan sp[SCH_MAX_IMAGES];
+	for (int k = 0; k < nim; k++)
+		sp[k] =
+		    (struct vspan){.off = ref[k].off, .n = ref[k].n_tokens, .hash = ref[k].hash};
+	int rc = vision_tokenize(s, r, prompt, flags, sp, nim, s->m->cfg.n_embd);
+	return rc ? rc : refs_load(s, r, ref);
+}
+
+int sch_vision_spans(struct sch *s, struct sch_req *r, const struct sch_image_ref *ref, int nim)
+{
+	if (nim < 1 || nim > SCH_MAX_IMAGES)
+		return -EINVAL;
+	int E = s->m->cfg.n_embd;
+	uint32_t nt = ref[0].n_tokens;
+	for (int k = 0; k < nim; k++)
+		if (ref[k].n_tokens != nt || !nt || ref[k].off + (uint64_t)nt > (uint64_t)r->n ||
+		    (k && ref[k].off < ref[k - 1].off + nt))
+			return -EINVAL;
+	r->img = calloc((size_t)nim, sizeof(*r->img));
+	r->img_rows = malloc((size_t)nim * nt * (size_t)E * sizeof(float));
+	if (!r->img || !r->img_rows)
+		return -ENOMEM;
+	for (int k = 0; k < nim; k++) {
+		r->img[k].pos = (uint32_t)ref[k].off;
+		r->img[k].n = nt;
+		memcpy(r->img[k].hash, ref[k].hash, KVB_HASH);
+	}
+	r->nimg = nim;
+	return refs_load(s, r, ref);
+}
+
+int sch_req_images(const struct sch_req *r, uint32_t *pos, int max)
+{
+	int n = r->nimg < max ? r->nimg : max;
+	for (int k = 0; k < n; k++)
+		pos[k] = r->img[k].pos;
+	return n;
 }
 
 int sch_vision_inject(const struct sch_req *r, int pos, int n, struct kvi_inject *out)
