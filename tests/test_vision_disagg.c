@@ -25,11 +25,11 @@
 #include "http_tutil.h"
 #include "proc_tutil.h"
 
-enum { B = 16, NE = 2, NBAL = 160, NCLI = 4 };
-enum { P_E0, P_E1, P_PF, P_DC, P_SERVE, P_GW, NP };
+enum { B = 16, NE = 2, NBAL = 400, NCLI = 8 };
+enum { P_E0, P_E1, P_PF, P_DC, P_SERVE, P_GW, P_GW2, NP };
 static char tmpdir[256], bin[512], model[512], mmproj[512], kv[512], kv_emb[512], sec[512];
 static pid_t pids[NP];
-static uint16_t gw_port, serve_port, enc_mport[NE];
+static uint16_t gw_port, gw2_port, serve_port, enc_mport[NE];
 
 /* Starts proc i with argv (NULL-terminated after the fixed part); its port from its port file. */
 static uint16_t launch(int i, char **argv, const char *name)
@@ -162,6 +162,28 @@ static int setup(void **state)
 			 NULL};
 	if (!(gw_port = launch(P_GW, gargv, "gateway")))
 		return -1;
+	/* the same workers behind a gateway handing the KV over directly */
+	snprintf(pf, sizeof(pf), "%s/gateway2.port", tmpdir);
+	char *g2argv[] = {bin,
+			  "gateway",
+			  "--open-gateway",
+			  "--prefill",
+			  pl,
+			  "--decode",
+			  dl,
+			  "--encode",
+			  elist,
+			  "--secret-file",
+			  sec,
+			  "--handoff",
+			  "direct",
+			  "--port",
+			  "0",
+			  "--port-file",
+			  pf,
+			  NULL};
+	if (!(gw2_port = launch(P_GW2, g2argv, "gateway2")))
+		return -1;
 	snprintf(pf, sizeof(pf), "%s/serve.port", tmpdir);
 	char *vargv[] = {bin,
 			 "serve",
@@ -193,11 +215,11 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	(void)state;
-	pid_t gw[1] = {pids[P_GW]};
-	pid_t rest[NP - 1];
-	for (int i = 0; i < NP - 1; i++)
+	pid_t gw[2] = {pids[P_GW], pids[P_GW2]};
+	pid_t rest[P_GW];
+	for (int i = 0; i < P_GW; i++)
 		rest[i] = pids[i];
-	return ptu_finish(tmpdir, gw, 1, rest, NP - 1);
+	return ptu_finish(tmpdir, gw, 2, rest, P_GW);
 }
 
 /* ---- a picture: a PNG of a pattern that `seed` changes ---- */
@@ -253,17 +275,31 @@ struct answer {
 	int status;
 	int prompt_tokens, cached_tokens;
 	char *text;
-	char *logprobs; /* the token log-probabilities, printed */
+	char *logprobs;	 /* the token log-probabilities, printed */
+	char *logprobs2; /* n = 2: the second choice's */
 };
 
 static void answer_free(struct answer *a)
 {
 	free(a->text);
 	free(a->logprobs);
+	free(a->logprobs2);
 }
 
-/* A greedy chat request on port: text, the picture (its data URL), more text. */
-static struct answer ask_url(uint16_t port, const char *url, int max_tokens)
+static char *lp_of(cJSON *choice)
+{
+	cJSON *lp = cJSON_GetObjectItem(cJSON_GetObjectItem(choice, "logprobs"), "content");
+	cJSON *vals = cJSON_CreateArray();
+	cJSON *e;
+	cJSON_ArrayForEach(e, lp) cJSON_AddItemToArray(
+	    vals, cJSON_CreateNumber(cJSON_GetObjectItem(e, "logprob")->valuedouble));
+	char *s = cJSON_PrintUnformatted(vals);
+	cJSON_Delete(vals);
+	return s;
+}
+
+/* A greedy chat request on port: text, the picture (its data URL), more text; n choices. */
+static struct answer ask_url_n(uint16_t port, const char *url, int max_tokens, int n)
 {
 	size_t len = strlen(url) + 512;
 	char *body = malloc(len);
@@ -272,8 +308,8 @@ static struct answer ask_url(uint16_t port, const char *url, int max_tokens)
 	    "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":"
 	    "\"Describe this picture, please: \"},{\"type\":\"image_url\",\"image_url\":"
 	    "{\"url\":\"%s\"}},{\"type\":\"text\",\"text\":\" in a few words. Thank you.\"}]}],"
-	    "\"max_tokens\":%d,\"temperature\":0,\"logprobs\":true}",
-	    url, max_tokens);
+	    "\"max_tokens\":%d,\"temperature\":0,\"logprobs\":true,\"n\":%d}",
+	    url, max_tokens, n);
 	char *resp = NULL;
 	struct answer a = {0};
 	a.status = htu_request(port, 0, "POST", "/v1/chat/completions", body, &resp);
@@ -288,13 +324,10 @@ static struct answer ask_url(uint16_t port, const char *url, int max_tokens)
 		cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
 		a.text = strdup(
 		    cJSON_GetObjectItem(cJSON_GetObjectItem(c, "message"), "content")->valuestring);
-		cJSON *lp = cJSON_GetObjectItem(cJSON_GetObjectItem(c, "logprobs"), "content");
-		cJSON *vals = cJSON_CreateArray();
-		cJSON *e;
-		cJSON_ArrayForEach(e, lp) cJSON_AddItemToArray(
-		    vals, cJSON_CreateNumber(cJSON_GetObjectItem(e, "logprob")->valuedouble));
-		a.logprobs = cJSON_PrintUnformatted(vals);
-		cJSON_Delete(vals);
+		a.logprobs = lp_of(c);
+		if (n > 1)
+			a.logprobs2 =
+			    lp_of(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 1));
 	} else {
 		print_message("status %d: %s\n", a.status, resp ? resp : "");
 	}
@@ -304,14 +337,24 @@ static struct answer ask_url(uint16_t port, const char *url, int max_tokens)
 	return a;
 }
 
-static struct answer ask(uint16_t port, int seed)
+static struct answer ask_url(uint16_t port, const char *url, int max_tokens)
+{
+	return ask_url_n(port, url, max_tokens, 1);
+}
+
+static struct answer ask_n(uint16_t port, int seed, int n)
 {
 	char *url = picture_url(seed);
-	struct answer a = ask_url(port, url, 4);
+	struct answer a = ask_url_n(port, url, 4, n);
 	free(url);
 	if (a.status != 200)
 		fail_msg("request with picture %d: status %d", seed, a.status);
 	return a;
+}
+
+static struct answer ask(uint16_t port, int seed)
+{
+	return ask_n(port, seed, 1);
 }
 
 /* The sum over the encoders of a metric. */
@@ -368,6 +411,32 @@ static void test_same_as_embedded_then_cached(void **state)
 	answer_free(&r);
 	answer_free(&o);
 	answer_free(&oe);
+}
+
+/* The direct hand-over (the decode worker claims parked KV with the image-aware names) and
+ * n = 2 (one PREFILL with the pictures, both choices decoded as forks) agree with the
+ * embedded server too. */
+static void test_direct_and_choices(void **state)
+{
+	(void)state;
+	struct answer e = ask(serve_port, 5);
+	struct answer d = ask(gw2_port, 5);
+	print_message("direct: %d tokens, %d cached %s\n", d.prompt_tokens, d.cached_tokens,
+		      d.logprobs);
+	assert_int_equal(d.prompt_tokens, e.prompt_tokens);
+	assert_string_equal(d.logprobs, e.logprobs);
+	struct answer n2 = ask_n(gw_port, 5, 2);
+	assert_string_equal(n2.logprobs, e.logprobs);
+	assert_string_equal(n2.logprobs2, e.logprobs);
+	struct answer n3 = ask_n(gw_port, 6, 2); /* a picture new to the prefill worker */
+	struct answer e3 = ask(serve_port, 6);
+	assert_string_equal(n3.logprobs, e3.logprobs);
+	assert_string_equal(n3.logprobs2, e3.logprobs);
+	answer_free(&e);
+	answer_free(&d);
+	answer_free(&n2);
+	answer_free(&n3);
+	answer_free(&e3);
 }
 
 /* One client of the stream: pictures 1000 + k for k = its index mod NCLI. */
@@ -449,6 +518,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_same_as_embedded_then_cached),
+	    cmocka_unit_test(test_direct_and_choices),
 	    cmocka_unit_test(test_two_encoders_balance),
 	    cmocka_unit_test(test_bad_images),
 	};
