@@ -29,6 +29,10 @@
 
 int kvinfer_cmd_encode(int argc, char **argv);
 
+/* ENCODE requests in hand at most (each a thread and its image, up to 48 MiB); more are
+ * refused with -EAGAIN, which the gateway reports as overload. */
+#define ENC_MAX_INFLIGHT 64
+
 struct enc_cfg {
 	char mmproj[CFG_STR_MAX];
 	char kv_dir[CFG_STR_MAX];
@@ -118,6 +122,38 @@ static int enc_one(struct enc *e, const uint8_t *body, size_t len, struct kvw_en
 	return 0;
 }
 
+/* One ENCODE, answered on a thread of its own: a lookup need not wait behind an encode, and the
+ * connection thread stays free for the balancer's STATUS polls (which share the gateway's
+ * pooled connection with its ENCODEs: answered behind a queue of encodes, they would time out
+ * and get the replica marked down). */
+struct enc_job {
+	struct enc *e;
+	struct kvp_conn *c; /* a reference */
+	struct kvp_hdr h;
+	uint8_t *body;
+};
+
+static void *enc_job_main(void *arg)
+{
+	struct enc_job *j = arg;
+	struct enc *e = j->e;
+	struct kvw_encoded r;
+	int rc = enc_one(e, j->body, j->h.len, &r);
+	free(j->body);
+	struct kvp_wbuf b;
+	kvp_w_init(&b);
+	if (!rc)
+		rc = kvw_encoded_enc(&b, &r);
+	if (rc)
+		met_counter_add(e->c_err, 1);
+	kvp_reply(j->c, &j->h, rc, rc ? NULL : b.p, rc ? 0 : b.len, NULL, 0);
+	kvp_w_free(&b);
+	kvp_conn_unref(j->c);
+	free(j);
+	atomic_fetch_sub(&e->inflight, 1); /* last: kvinfer_cmd_encode waits for 0 to free e */
+	return NULL;
+}
+
 static int enc_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, uint8_t *body)
 {
 	struct enc *e = ctx;
@@ -133,21 +169,42 @@ static int enc_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, u
 		kvp_reply(c, h, -EOPNOTSUPP, NULL, 0, NULL, 0);
 		return 0;
 	}
-	atomic_fetch_add(&e->inflight, 1);
 	met_counter_add(e->c_req, 1);
-	struct kvw_encoded r;
-	int rc = enc_one(e, body, h->len, &r);
-	free(body);
-	struct kvp_wbuf b;
-	kvp_w_init(&b);
-	if (!rc)
-		rc = kvw_encoded_enc(&b, &r);
-	if (rc)
+	struct kvw_encode q;
+	if (kvw_encode_dec(body, h->len, &q) == -EBADMSG) { /* a peer that does not speak kvw */
+		free(body);
 		met_counter_add(e->c_err, 1);
-	atomic_fetch_sub(&e->inflight, 1);
-	kvp_reply(c, h, rc, rc ? NULL : b.p, rc ? 0 : b.len, NULL, 0);
-	kvp_w_free(&b);
-	return rc == -EBADMSG ? -1 : 0;
+		kvp_reply(c, h, -EBADMSG, NULL, 0, NULL, 0);
+		return -1;
+	}
+	if (atomic_fetch_add(&e->inflight, 1) >= ENC_MAX_INFLIGHT) {
+		atomic_fetch_sub(&e->inflight, 1);
+		free(body);
+		met_counter_add(e->c_err, 1);
+		kvp_reply(c, h, -EAGAIN, NULL, 0, NULL, 0);
+		return 0;
+	}
+	struct enc_job *j = malloc(sizeof(*j));
+	pthread_t t;
+	pthread_attr_t at;
+	int ok = j && !pthread_attr_init(&at);
+	if (ok) {
+		*j = (struct enc_job){.e = e, .c = c, .h = *h, .body = body};
+		kvp_conn_ref(c);
+		pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+		ok = !pthread_create(&t, &at, enc_job_main, j);
+		pthread_attr_destroy(&at);
+		if (!ok)
+			kvp_conn_unref(c);
+	}
+	if (!ok) {
+		free(j);
+		free(body);
+		atomic_fetch_sub(&e->inflight, 1);
+		met_counter_add(e->c_err, 1);
+		kvp_reply(c, h, -EAGAIN, NULL, 0, NULL, 0);
+	}
+	return 0;
 }
 
 static double g_waiting(void *ctx)
@@ -266,6 +323,8 @@ int kvinfer_cmd_encode(int argc, char **argv)
 	int sig = 0;
 	sigwait(&sigs, &sig);
 	kvp_server_stop(srv);
+	while (atomic_load(&e.inflight) > 0) /* replies of the encodes running end them */
+		nanosleep(&(struct timespec){.tv_nsec = 10000000}, NULL);
 	met_http_stop(mh);
 	met_reg_destroy(e.reg);
 	vit_free(e.v);
