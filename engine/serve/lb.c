@@ -500,6 +500,9 @@ static const char *prefill_refusal(int rc)
 		return "'logit_bias' names a token id outside the model's vocabulary";
 	case -EAGAIN:
 		return "no prefill replica is up";
+	case -ENOENT: /* kvw.h: an image's embeddings were not in the prefill worker's kv dir */
+		return "the prefill worker found no embeddings of an image in its kv dir (the "
+		       "encode and prefill workers must share --kv-dir)";
 	case -ESHUTDOWN:
 		return "the gateway is shutting down";
 	case -ECANCELED: /* a group's first choice, before its PREFILL */
