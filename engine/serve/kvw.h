@@ -23,8 +23,9 @@
  *                     blen, blen bytes, u64 ticket (0 = none: the prompt's KV from the kv dir +
  *                     the block), u32 nx, nx x (u64 seed, u32 first): the further choices of an
  *                     n > 1 request (< KVW_MAX_CHOICES), decoded here as forks of the first's
- *                     sequence (its prompt's KV blocks loaded once, shared). The first token's
- *                     lp came with the PREFILL reply: not sent
+ *                     sequence (its prompt's KV blocks loaded once, shared); then images (off
+ *                     = the token position of each image's placeholders, from the PREFILL
+ *                     reply). The first token's lp came with the PREFILL reply: not sent
  *                  <- a stream of frames with the request's id, status 0, each one event:
  *                     u8 KVW_EV_TOKEN, u8 choice, u32 id, lp, u32 len, len bytes of text
  *                     u8 KVW_EV_FINISH, u8 choice, i32 err, str reason, str message (each
