@@ -264,13 +264,14 @@ static int encode_all(struct lreq *q)
 		int rc = lreq_cancelled(q) ? -ECANCELED : do_encode(q, k);
 		if (!rc)
 			continue;
-		const char *msg = rc == -EINVAL	     ? "the vision encoder cannot take this image"
-				  : rc == -E2BIG     ? "the image is larger than the encoder takes"
-				  : rc == -EAGAIN    ? "no encode replica is up"
+		const char *msg = rc == -EINVAL	  ? "the vision encoder cannot take this image"
+				  : rc == -E2BIG  ? "the image is larger than the encoder takes"
+				  : rc == -EAGAIN ? "no encode replica is up, or all are overloaded"
 				  : rc == -ECANCELED ? "cancelled"
 				  : rc == -ESHUTDOWN ? "the gateway is shutting down"
 						     : "image encoding failed";
-		gw_job_finish(q->job, NULL, rc, msg);
+		/* an image too large is the client's error, not a context overflow */
+		gw_job_finish(q->job, NULL, rc == -E2BIG ? -EINVAL : rc, msg);
 		return 1;
 	}
 	return 0;
