@@ -386,6 +386,7 @@ int kvinfer_cmd_serve(int argc, char **argv);	/* engine/serve/serve_main.c */
 int kvinfer_cmd_gateway(int argc, char **argv); /* engine/serve/gw_main.c */
 int kvinfer_cmd_prefill(int argc, char **argv); /* engine/serve/wk.c */
 int kvinfer_cmd_decode(int argc, char **argv);	/* engine/serve/wk.c */
+int kvinfer_cmd_encode(int argc, char **argv);	/* engine/serve/wk_enc.c */
 
 static const struct {
 	const char *name;
@@ -398,6 +399,7 @@ static const struct {
     {"gateway", kvinfer_cmd_gateway, "OpenAI-compatible gateway over prefill/decode workers"},
     {"prefill", kvinfer_cmd_prefill, "prefill worker (disaggregated serving)"},
     {"decode", kvinfer_cmd_decode, "decode worker (disaggregated serving)"},
+    {"encode", kvinfer_cmd_encode, "vision encoder worker (disaggregated serving, images)"},
 };
 
 int main(int argc, char **argv)

@@ -633,6 +633,7 @@ static struct kvp_sock *decode_send(int w, uint64_t ticket, uint32_t max_tokens)
 	kvp_w_u32(&b, 0); /* no block */
 	kvp_w_u64(&b, ticket);
 	kvp_w_u32(&b, 0); /* no further choices */
+	kvp_w_u32(&b, 0); /* no images */
 	assert_int_equal(b.err, 0);
 	struct kvp_sock *fd = send_frame(w, KVW_OP_DECODE, &b);
 	kvp_w_free(&b);

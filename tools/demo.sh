@@ -4,7 +4,8 @@
 # mount, checks them, and shows what an operator sees (ls, du, df, .kvfs/nodes, xattrs, the
 # daemons' Prometheus /metrics addresses). Then
 # serving: a synthetic model, `kvinfer gateway` with 2 prefill + 2 decode workers whose KV
-# cache is on the mount, two requests sharing a long prefix (TTFT and cached_tokens of each).
+# cache is on the mount, two requests sharing a long prefix (TTFT and cached_tokens of each),
+# then a vision encode worker: one picture sent twice (encoded once; the repeat's cached_tokens).
 # The cluster, the mount and the servers keep running afterwards; stop them with `make demo-stop`
 # (= tools/demo.sh stop).
 #
@@ -141,11 +142,13 @@ for _ in $(seq 1 50); do [ -s "$state/mount.metrics" ] && break; sleep 0.1; done
 [ -s "$state/mount.metrics" ] && echo "   mount  http://$(cat "$state/mount.metrics")/metrics"
 
 echo
-echo "== serving: kvinfer gateway + 2 prefill + 2 decode workers, KV cache on the mount"
+echo "== serving: kvinfer gateway + 2 prefill + 2 decode + 1 encode workers, KV cache on the mount"
 if [ -x "$build/bin/kvinfer" ] && [ -x "$build/tools/kvinfer-synth" ] &&
 	[ -x "$build/tools/kvinfer-load" ]; then
 	model=$state/demo-model.gguf
-	"$build/tools/kvinfer-synth" --preset "${KVFS_DEMO_PRESET:-small}" -o "$model" >/dev/null
+	mmproj=$state/demo-mmproj.gguf
+	"$build/tools/kvinfer-synth" --preset "${KVFS_DEMO_PRESET:-small}" -o "$model" \
+		--mmproj "$mmproj" >/dev/null
 	mkdir -p "$mnt/kv"
 	w=(-m "$model" --kv-dir "$mnt/kv" --secret-file "$state/secret" -t 1 --ignore-eos)
 	for i in 0 1; do
@@ -159,13 +162,19 @@ if [ -x "$build/bin/kvinfer" ] && [ -x "$build/tools/kvinfer-synth" ] &&
 			>"$state/decode$i.log" 2>&1 &
 		echo $! >>"$state/serve.pids"
 	done
+	rm -f "$state/encode0.port" "$state/encode0.metrics"
+	"$build/bin/kvinfer" encode --mmproj "$mmproj" --kv-dir "$mnt/kv" --secret-file "$state/secret" \
+		-t 1 --port-file "$state/encode0.port" --metrics-listen 127.0.0.1:0 \
+		--metrics-addr-file "$state/encode0.metrics" >"$state/encode0.log" 2>&1 &
+	echo $! >>"$state/serve.pids"
 	wait_port() { for _ in $(seq 1 300); do [ -s "$1" ] && return 0; sleep 0.1; done; return 1; }
-	for f in prefill0 prefill1 decode0 decode1; do wait_port "$state/$f.port"; done
+	for f in prefill0 prefill1 decode0 decode1 encode0; do wait_port "$state/$f.port"; done
+	en=127.0.0.1:$(cat "$state/encode0.port")
 	pf=127.0.0.1:$(cat "$state/prefill0.port"),127.0.0.1:$(cat "$state/prefill1.port")
 	dc=127.0.0.1:$(cat "$state/decode0.port"),127.0.0.1:$(cat "$state/decode1.port")
 	rm -f "$state/gateway.port"
-	"$build/bin/kvinfer" gateway --open-gateway --prefill "$pf" --decode "$dc" --secret-file "$state/secret" \
-		--policy cache --port 0 --port-file "$state/gateway.port" >"$state/gateway.log" 2>&1 &
+	"$build/bin/kvinfer" gateway --open-gateway --prefill "$pf" --decode "$dc" --encode "$en" \
+		--secret-file "$state/secret" --policy cache --port 0 --port-file "$state/gateway.port" >"$state/gateway.log" 2>&1 &
 	echo $! >>"$state/serve.pids"
 	wait_port "$state/gateway.port"
 	port=$(cat "$state/gateway.port")
@@ -178,7 +187,18 @@ if [ -x "$build/bin/kvinfer" ] && [ -x "$build/tools/kvinfer-synth" ] &&
 			awk '{ for (k = 1; k <= NF; k++) { if ($k == "p50") t = $(k+1); if ($k == "prompt") p = $(k+1); if ($k == "cached") c = $(k+1) } }
 			     { printf "   %s: TTFT %s ms, prompt %s tokens, cached_tokens %s\n", $1, t, p, c }'
 	done
-	echo "   the KV blocks on the mount: $(find "$mnt/kv" -name '*.kvb' | wc -l) files"
+	# an 8x8 PNG, as a client sends it (a data URL in a chat message's image_url part)
+	png=iVBORw0KGgoAAAANSUhEUgAAAAgAAAAICAIAAABLbSncAAAAbElEQVR4nBXNQRUAUQhCUaMYhShGeVGIQhSizB+XXA7ODDtouIHBQ4YOM8suWm5h8ZKl+0CskDiBsIioHhx76LiDw0eO3oN/4FVf+J8h0PduzBqZ8x/bxNQPwgaFy192SGgelC0q13/CJaXlA8Z7WAGfV950AAAAAElFTkSuQmCC
+	img='{"messages":[{"role":"user","content":[{"type":"text","text":"What is in this picture? "},{"type":"image_url","image_url":{"url":"data:image/png;base64,'$png'"}}]}],"max_tokens":8}'
+	echo "   one picture sent twice (encode -> prefill -> decode; the embeddings cached on the mount):"
+	for i in 1 2; do
+		curl -s "http://127.0.0.1:$port/v1/chat/completions" -d "$img" |
+			grep -o '"prompt_tokens":[0-9]*\|"cached_tokens":[0-9]*' | tr '\n' ' ' |
+			sed "s/^/   picture request-$i: /; s/\$/\n/"
+	done
+	em=$(cat "$state/encode0.metrics")
+	echo "   encoder: $(curl -s "http://$em/metrics" | grep -E '^encoder_(encodes|cache_hits)_total' | tr '\n' ' ')"
+	echo "   the KV blocks on the mount: $(find "$mnt/kv" -name '*.kvb' | wc -l) files, image embeddings: $(find "$mnt/kv" -name '*.kve' | wc -l)"
 	echo "   try:  curl -s http://127.0.0.1:$port/v1/completions -d '{\"prompt\":\"Hello\",\"max_tokens\":8}'"
 else
 	echo "   (kvinfer, kvinfer-synth or kvinfer-load not built: skipped)"

@@ -21,6 +21,7 @@ int kvinfer_cmd_gateway(int argc, char **argv);
 struct gwm_cfg {
 	char prefill[CFG_STR_MAX];
 	char decode[CFG_STR_MAX];
+	char encode[CFG_STR_MAX];
 	char secret_file[CFG_STR_MAX];
 	char policy[CFG_STR_MAX];
 	char handoff[CFG_STR_MAX];
@@ -46,6 +47,8 @@ struct gwm_cfg {
 static const struct cfg_opt gwm_opts[] = {
     {"prefill", CFG_STR, GOFF(prefill), 0, 0, NULL, "prefill workers: host:port,host:port"},
     {"decode", CFG_STR, GOFF(decode), 0, 0, NULL, "decode workers: host:port,host:port"},
+    {"encode", CFG_STR, GOFF(encode), 0, 0, NULL,
+     "vision encode workers (`kvinfer encode`): host:port,host:port; enables images"},
     {"secret-file", CFG_STR, GOFF(secret_file), 0, 0, NULL, "the workers' shared secret"},
     {"policy", CFG_STR, GOFF(policy), 0, 0, "prefix",
      "balancing: rr, least, cache, prefix or chash"},
@@ -124,6 +127,7 @@ int kvinfer_cmd_gateway(int argc, char **argv)
 		return 2;
 	struct lb_opts lo = {.prefill = c.prefill,
 			     .decode = c.decode,
+			     .encode = c.encode,
 			     .secret = &sec,
 			     .policy = pol,
 			     .handoff = ho,
@@ -132,7 +136,7 @@ int kvinfer_cmd_gateway(int argc, char **argv)
 			     .queue = (int)c.queue};
 	struct lb *l = NULL;
 	if ((rc = lb_create(&lo, &l))) {
-		fprintf(stderr, "kvinfer gateway: bad --prefill/--decode list: %s\n",
+		fprintf(stderr, "kvinfer gateway: bad --prefill/--decode/--encode list: %s\n",
 			strerror(-rc));
 		gw_auth_destroy(auth);
 		return 2;
@@ -159,6 +163,7 @@ int kvinfer_cmd_gateway(int argc, char **argv)
 				.max_pixels = (uint64_t)c.image_max_pixels,
 				.allow_fetch = c.image_fetch};
 	go.limits.img = &il;
+	go.vision = c.encode[0] != 0; /* images go to the encode workers */
 	struct gw *g = NULL;
 	if ((rc = gw_start(&go, &be, &g))) {
 		gw_auth_destroy(auth);
@@ -170,9 +175,9 @@ int kvinfer_cmd_gateway(int argc, char **argv)
 		lb_destroy(l);
 		return 1;
 	}
-	klog_info("gateway on %s://%s:%u, policy %s, handoff %s; prefill %s; decode %s",
+	klog_info("gateway on %s://%s:%u, policy %s, handoff %s; prefill %s; decode %s; encode %s",
 		  go.tls_cert ? "https" : "http", c.host, gw_port(g), c.policy, c.handoff,
-		  c.prefill, c.decode);
+		  c.prefill, c.decode, c.encode[0] ? c.encode : "(none: no images)");
 	if (c.port_file[0]) {
 		FILE *f = fopen(c.port_file, "w");
 		if (f) {

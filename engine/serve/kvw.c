@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "gw.h"
+#include "kve.h"
 #include "kvp_frame.h"
 
 _Static_assert(KVW_ADDR_MAX == KVP_ADDR_MAX, "a peer address is a kvp address");
@@ -20,6 +21,50 @@ int kvw_empty_dec(const uint8_t *body, size_t len)
 {
 	(void)body;
 	return len ? -EBADMSG : 0;
+}
+
+/* ---- images (PREFILL, its reply, DECODE) ---- */
+
+/* what: 0 = PREFILL's and DECODE's (offset or pos, n_tokens, hash, tower_fp), 2 = the
+ * PREFILL reply's (pos) */
+static void w_images(struct kvp_wbuf *w, const struct kvw_image *im, uint32_t n, int what)
+{
+	n = n < KVW_MAX_IMAGES ? n : KVW_MAX_IMAGES;
+	kvp_w_u32(w, n);
+	for (uint32_t i = 0; i < n; i++) {
+		kvp_w_u32(w, im[i].off);
+		if (what == 2)
+			continue;
+		kvp_w_u32(w, im[i].n_tokens);
+		kvp_w_bytes(w, im[i].hash, KVW_IMG_HASH);
+		if (what == 0)
+			kvp_w_bytes(w, im[i].tower_fp, KVW_IMG_HASH);
+	}
+}
+
+/* Reads what w_images wrote; the count past KVW_MAX_IMAGES is -EBADMSG, offsets decreasing or
+ * a token count out of 1..KVE_MAX_TOKENS -EINVAL (in *bad: checked after the body parsed). */
+static int r_images(struct kvp_rbuf *r, struct kvw_image *im, uint32_t *n, int what, int *bad)
+{
+	*n = kvp_r_u32(r);
+	if (*n > KVW_MAX_IMAGES)
+		return -EBADMSG;
+	for (uint32_t i = 0; i < *n && !r->err; i++) {
+		im[i].off = kvp_r_u32(r);
+		if (i && im[i].off < im[i - 1].off)
+			*bad = 1;
+		if (what == 2)
+			continue;
+		im[i].n_tokens = kvp_r_u32(r);
+		if (!im[i].n_tokens || im[i].n_tokens > KVE_MAX_TOKENS)
+			*bad = 1;
+		const uint8_t *h = kvp_r_bytes(r, KVW_IMG_HASH);
+		if (h)
+			memcpy(im[i].hash, h, KVW_IMG_HASH);
+		if (what == 0 && (h = kvp_r_bytes(r, KVW_IMG_HASH)))
+			memcpy(im[i].tower_fp, h, KVW_IMG_HASH);
+	}
+	return 0;
 }
 
 /* ---- STATUS ---- */
@@ -79,6 +124,7 @@ int kvw_prefill_enc(struct kvp_wbuf *w, const struct kvw_prompt *q)
 	kvp_w_u32(w, nx);
 	for (uint32_t i = 0; i < nx; i++)
 		kvp_w_u64(w, q->seeds[i]);
+	w_images(w, q->images, q->nimg, 0);
 	return w->err;
 }
 
@@ -109,7 +155,7 @@ static int prompt_dec(const uint8_t *body, size_t len, struct kvw_prompt *q, int
 	q->parse_special = kvp_r_u8(&rb);
 	q->len = kvp_r_u32(&rb);
 	const uint8_t *p = kvp_r_bytes(&rb, q->len);
-	int rc = r_toks0(&rb, &q->nt, &q->toks_buf, 1);
+	int rc = r_toks0(&rb, &q->nt, &q->toks_buf, 1), bad = 0;
 	if (rc)
 		return rb.err ? rb.err : rc;
 	q->toks = q->toks_buf;
@@ -121,6 +167,8 @@ static int prompt_dec(const uint8_t *body, size_t len, struct kvw_prompt *q, int
 			return -EBADMSG;
 		for (uint32_t i = 0; i < q->nx; i++)
 			q->seeds[i] = kvp_r_u64(&rb);
+		if ((rc = r_images(&rb, q->images, &q->nimg, 0, &bad)))
+			return rc;
 	}
 	rc = kvp_r_end(&rb);
 	if (rc)
@@ -128,6 +176,9 @@ static int prompt_dec(const uint8_t *body, size_t len, struct kvw_prompt *q, int
 	if ((q->len && memchr(p, 0, q->len)) || (q->nt && q->len)) /* not text; both */
 		return -EBADMSG;
 	if (q->logprobs > 1 + KVW_MAX_TOP)
+		return -EINVAL;
+	/* images go where bytes of a text prompt end */
+	if (bad || (q->nimg && (q->nt || q->images[q->nimg - 1].off > q->len)))
 		return -EINVAL;
 	if (!(q->text_buf = malloc((size_t)q->len + 1)))
 		return -ENOMEM;
@@ -286,6 +337,7 @@ int kvw_prefilled_enc(struct kvp_wbuf *w, const struct kvw_prefilled *p)
 		kvp_w_u32(w, (uint32_t)p->xfirst[i]);
 		w_lp(w, p->xlp ? &p->xlp[i] : NULL);
 	}
+	w_images(w, p->images, p->nimg, 2);
 	kvp_w_u8(w, p->handed);
 	kvp_w_u32(w, p->blen);
 	return w->err;
@@ -312,11 +364,14 @@ int kvw_prefilled_dec(const uint8_t *body, size_t len, struct kvw_prefilled *p)
 		p->xfirst[i] = (int32_t)kvp_r_u32(&rb);
 		r_lp(&rb, &p->lp_buf[1 + i]);
 	}
+	int bad = 0;
+	if ((rc = r_images(&rb, p->images, &p->nimg, 2, &bad)))
+		return rc;
 	p->handed = kvp_r_u8(&rb);
 	p->blen = kvp_r_u32(&rb);
 	p->blk = kvp_r_bytes(&rb, p->blen);
 	rc = kvp_r_end(&rb);
-	if (!rc && p->handed > 1)
+	if (!rc && (p->handed > 1 || bad || (p->nimg && p->images[p->nimg - 1].off >= p->n)))
 		rc = -EBADMSG;
 	if (rc)
 		return rc == -ENAMETOOLONG ? -EBADMSG : rc;
@@ -357,6 +412,7 @@ int kvw_decode_enc(struct kvp_wbuf *w, const struct kvw_decode *d)
 		kvp_w_u64(w, d->xseeds[i]);
 		kvp_w_u32(w, (uint32_t)d->xfirst[i]);
 	}
+	w_images(w, d->images, d->nimg, 0);
 	return w->err;
 }
 
@@ -383,9 +439,17 @@ int kvw_decode_dec(const uint8_t *body, size_t len, struct kvw_decode *d)
 		d->xseeds[i] = kvp_r_u64(&rb);
 		d->xfirst[i] = (int32_t)kvp_r_u32(&rb);
 	}
+	int bad = 0;
+	if ((rc = r_images(&rb, d->images, &d->nimg, 0, &bad)))
+		return rc;
 	rc = kvp_r_end(&rb);
 	if (!rc && d->logprobs > 1 + KVW_MAX_TOP)
 		rc = -EINVAL;
+	/* the spans inside the prompt, in order, apart */
+	for (uint32_t i = 0; !rc && i < d->nimg; i++)
+		if (bad || (uint64_t)d->images[i].off + d->images[i].n_tokens > d->n ||
+		    (i && d->images[i].off < d->images[i - 1].off + d->images[i - 1].n_tokens))
+			rc = -EINVAL;
 	return rc;
 }
 
@@ -507,6 +571,74 @@ int kvw_nccl_id_dec(const uint8_t *body, size_t len, uint32_t *session, const ui
 	*session = kvp_r_u32(&rb);
 	*id = kvp_r_bytes(&rb, KVW_NCCL_ID_BYTES);
 	return kvp_r_end(&rb);
+}
+
+/* ---- ENCODE ---- */
+
+int kvw_encode_enc(struct kvp_wbuf *w, const struct kvw_encode *e)
+{
+	w_salt(w, e->salt);
+	kvp_w_bytes(w, e->hash, KVW_IMG_HASH);
+	kvp_w_u32(w, e->w);
+	kvp_w_u32(w, e->h);
+	kvp_w_u32(w, (uint32_t)((uint64_t)e->w * e->h * 3));
+	return w->err;
+}
+
+int kvw_encode_dec(const uint8_t *body, size_t len, struct kvw_encode *e)
+{
+	memset(e, 0, sizeof(*e));
+	struct kvp_rbuf rb;
+	kvp_r_init(&rb, body, len);
+	e->salt = r_salt(&rb, e->salt_buf, sizeof(e->salt_buf));
+	const uint8_t *hash = kvp_r_bytes(&rb, KVW_IMG_HASH);
+	e->w = kvp_r_u32(&rb);
+	e->h = kvp_r_u32(&rb);
+	uint32_t n = kvp_r_u32(&rb);
+	if (rb.err)
+		return rb.err;
+	memcpy(e->hash, hash, KVW_IMG_HASH);
+	/* the sizes before the pixels: w x h x 3 is computed in 64 bits from values <= 2^32 */
+	if ((uint64_t)e->w * e->h * 3 != n)
+		return -EBADMSG;
+	e->pix = kvp_r_bytes(&rb, n);
+	int rc = kvp_r_end(&rb);
+	if (rc)
+		return rc;
+	if (!e->w || !e->h)
+		return -EINVAL;
+	if (e->w > KVW_ENC_MAX_SIDE || e->h > KVW_ENC_MAX_SIDE ||
+	    (uint64_t)e->w * e->h > KVW_ENC_MAX_PIXELS)
+		return -E2BIG;
+	return 0;
+}
+
+int kvw_encoded_enc(struct kvp_wbuf *w, const struct kvw_encoded *e)
+{
+	kvp_w_u32(w, e->n_tokens);
+	kvp_w_u32(w, e->dim);
+	kvp_w_bytes(w, e->tower_fp, KVW_IMG_HASH);
+	kvp_w_u8(w, e->cached);
+	return w->err;
+}
+
+int kvw_encoded_dec(const uint8_t *body, size_t len, struct kvw_encoded *e)
+{
+	memset(e, 0, sizeof(*e));
+	struct kvp_rbuf rb;
+	kvp_r_init(&rb, body, len);
+	e->n_tokens = kvp_r_u32(&rb);
+	e->dim = kvp_r_u32(&rb);
+	const uint8_t *fp = kvp_r_bytes(&rb, KVW_IMG_HASH);
+	e->cached = kvp_r_u8(&rb);
+	int rc = kvp_r_end(&rb);
+	if (rc)
+		return rc;
+	memcpy(e->tower_fp, fp, KVW_IMG_HASH);
+	if (!e->n_tokens || e->n_tokens > KVE_MAX_TOKENS || !e->dim || e->dim > KVE_MAX_DIM ||
+	    e->cached > 1)
+		return -EBADMSG;
+	return 0;
 }
 
 /* ---- KV_PUT ---- */

@@ -7,13 +7,14 @@
  *   KVW_OP_STATUS  -> (empty)
  *                  <- u32 waiting, u32 running, u32 queued_tokens, u32 kv_free, u32 kv_total,
  *                     u32 prompt tokens computed since start (mod 2^32)
- *   KVW_OP_PREFILL -> prompt, str peer, u64 ticket, u32 nx, nx x u64 seed: peer "" = hand
+ *   KVW_OP_PREFILL -> prompt, str peer, u64 ticket, u32 nx, nx x u64 seed, images: peer "" = hand
  *                     over through the kv dir; else a decode worker's host:port to send the
  *                     whole prompt's KV to (KV_PUT, ticket != 0). nx (< KVW_MAX_CHOICES): the
  *                     further choices of an n > 1 request, each sampling its own first token
  *                     from the same logits with its own seed (the prompt is computed once)
  *                  <- u32 n, n x u32 token ids, u32 cached, u32 first token, lp, u32 nx, nx x
- *                     (u32 first token, lp) (one per seed asked), u8 handed, u32 blen, blen
+ *                     (u32 first token, lp) (one per seed asked), u32 nimg, nimg x u32 pos
+ *                     (where each image's placeholder tokens start), u8 handed, u32 blen, blen
  *                     bytes: the KV block holding the last prompt token (kv.h layout); every
  *                     full block before it is published in the shared kv dir. handed 1: the
  *                     whole KV is parked at peer under ticket (blen 0).
@@ -22,8 +23,9 @@
  *                     blen, blen bytes, u64 ticket (0 = none: the prompt's KV from the kv dir +
  *                     the block), u32 nx, nx x (u64 seed, u32 first): the further choices of an
  *                     n > 1 request (< KVW_MAX_CHOICES), decoded here as forks of the first's
- *                     sequence (its prompt's KV blocks loaded once, shared). The first token's
- *                     lp came with the PREFILL reply: not sent
+ *                     sequence (its prompt's KV blocks loaded once, shared); then images (off
+ *                     = the token position of each image's placeholders, from the PREFILL
+ *                     reply). The first token's lp came with the PREFILL reply: not sent
  *                  <- a stream of frames with the request's id, status 0, each one event:
  *                     u8 KVW_EV_TOKEN, u8 choice, u32 id, lp, u32 len, len bytes of text
  *                     u8 KVW_EV_FINISH, u8 choice, i32 err, str reason, str message (each
@@ -60,6 +62,19 @@
  *                  <- u32 session, 128 bytes: an NCCL unique id; the decode worker then joins
  *                     it as rank 0, the caller as rank 1. -EOPNOTSUPP without a cuda engine
  *                     and NCCL.
+ *   KVW_OP_ENCODE  (gateway -> encode worker, `kvinfer encode`) one decoded image's embeddings
+ *                  -> str salt, 32 bytes image hash (img_hash of the pixels), u32 w, u32 h,
+ *                     u32 len (= w x h x 3), len bytes of RGB8 pixels, row-major
+ *                  <- u32 n_tokens, u32 dim, 32 bytes tower fingerprint (the kve.h key's
+ *                     tower_fp), u8 cached (1: found in the kv dir, not encoded). The
+ *                     embeddings themselves are in the shared kv dir (kve_save) when this
+ *                     reply comes. errors: -EINVAL (the hash is not the pixels', an image the
+ *                     tower cannot take), -E2BIG (past KVW_ENC_MAX_SIDE / _PIXELS), -EIO
+ *   images = u32 nimg (<= KVW_MAX_IMAGES), nimg x (u32 off, u32 n_tokens, 32 bytes image hash,
+ *            32 bytes tower fingerprint): PREFILL: each image's placeholder tokens go where off
+ *            bytes of the text prompt end (not decreasing); DECODE: they are toks[off, off +
+ *            n_tokens) (in order, apart). The worker loads their embeddings from the kv dir
+ *            (kve_load: the encode worker put them there); a miss is an error (-ENOENT)
  *   prompt = str salt, params, u8 logprobs, u8 parse_special, u32 len, len bytes of prompt
  *            text, u32 nt, nt x u32 token ids: a prompt of token ids (nt > 0, then len = 0),
  *            taken as they are, or of text (nt = 0)
@@ -88,6 +103,7 @@ enum kvw_op {
 	KVW_OP_HELLO = 0x105,
 	KVW_OP_GENERATE = 0x106,
 	KVW_OP_CANCEL = 0x107,
+	KVW_OP_ENCODE = 0x108,
 };
 
 enum kvw_event {
@@ -104,6 +120,13 @@ enum kvw_event {
 #define KVW_MAX_CHOICES	  16  /* choices of one prompt (OAI_MAX_CHOICES) */
 #define KVW_MAX_TOP	  20  /* alternatives per token (OAI_MAX_TOP_LOGPROBS) */
 #define KVW_LP_TEXT	  128 /* bytes of a token's text in an lp, with its NUL */
+#define KVW_IMG_HASH	  32  /* an image's hash (img_hash) and a tower fingerprint */
+#define KVW_MAX_IMAGES	  64  /* in one prompt (SCH_MAX_IMAGES) */
+/* ENCODE's image bounds: img.h's defaults (what the gateway's decoder lets through), so an
+ * ENCODE body is at most KVW_ENC_MAX_PIXELS x 3 bytes + KVW_ENC_HDR_ROOM. */
+#define KVW_ENC_MAX_SIDE   8192u
+#define KVW_ENC_MAX_PIXELS ((uint64_t)4096 * 4096)
+#define KVW_ENC_HDR_ROOM   4096u
 
 struct kvp_wbuf;
 struct kvp_rbuf;
@@ -145,6 +168,14 @@ struct kvw_status {
 int kvw_status_enc(struct kvp_wbuf *w, const struct kvw_status *s);
 int kvw_status_dec(const uint8_t *body, size_t len, struct kvw_status *s);
 
+/* An image of a PREFILL or DECODE (and, off only, of a PREFILL reply). */
+struct kvw_image {
+	uint32_t off; /* PREFILL: byte offset in the text; DECODE, reply: token position */
+	uint32_t n_tokens;
+	uint8_t hash[KVW_IMG_HASH];
+	uint8_t tower_fp[KVW_IMG_HASH];
+};
+
 /* PREFILL and GENERATE requests: a prompt's text or token ids. The decoder copies the text
  * into text_buf (NUL-terminated; a NUL inside is -EBADMSG), the ids into toks_buf, and checks
  * that ids come with no text (-EBADMSG), logprobs <= 1 + KVW_MAX_TOP (-EINVAL), nx <
@@ -163,6 +194,10 @@ struct kvw_prompt {
 	uint64_t ticket;     /* PREFILL, with a peer */
 	uint32_t nx;	     /* PREFILL: further choices, their seeds */
 	uint64_t seeds[KVW_MAX_CHOICES - 1];
+	/* PREFILL: images of a text prompt (the decoder: -EINVAL for images with token ids, an
+	 * offset past the text or decreasing, n_tokens 0 or past KVE_MAX_TOKENS) */
+	uint32_t nimg;
+	struct kvw_image images[KVW_MAX_IMAGES];
 	/* decoder storage */
 	char salt_buf[KVW_SALT_MAX], peer_buf[KVW_ADDR_MAX];
 	char *text_buf;
@@ -188,6 +223,8 @@ struct kvw_prefilled {
 	int32_t xfirst[KVW_MAX_CHOICES - 1];
 	const struct kvw_lp *xlp; /* nx records, or NULL */
 	struct kvw_lp *lp_buf;
+	uint32_t nimg; /* images[i].off: where image i's tokens start (< n, not decreasing) */
+	struct kvw_image images[KVW_MAX_IMAGES];
 	uint8_t handed;
 	uint32_t blen;
 	const uint8_t *blk;
@@ -213,6 +250,9 @@ struct kvw_decode {
 	uint32_t nx;
 	uint64_t xseeds[KVW_MAX_CHOICES - 1];
 	int32_t xfirst[KVW_MAX_CHOICES - 1];
+	/* images in toks (off: position; -EINVAL unless inside, in order, apart) */
+	uint32_t nimg;
+	struct kvw_image images[KVW_MAX_IMAGES];
 	char salt_buf[KVW_SALT_MAX];
 	int32_t *toks_buf;
 };
@@ -276,6 +316,30 @@ int kvw_put_enc(struct kvp_wbuf *w, const struct kvw_put *p);
  * -ENOMEM. */
 int kvw_put_dec(const uint8_t *body, size_t len, struct kvw_put *p);
 void kvw_put_free(struct kvw_put *p);
+
+/* ENCODE request. The decoder checks 0 < w, h <= KVW_ENC_MAX_SIDE, w x h <=
+ * KVW_ENC_MAX_PIXELS (-E2BIG past them, -EINVAL for 0) and len == w x h x 3 (-EBADMSG).
+ * Whether hash is the pixels' is the worker's to check. pix points into the body. */
+struct kvw_encode {
+	const char *salt; /* as kvw_prompt */
+	uint8_t hash[KVW_IMG_HASH];
+	uint32_t w, h;
+	const uint8_t *pix; /* w x h x 3 bytes */
+	char salt_buf[KVW_SALT_MAX];
+};
+/* Writes everything but the pixels (they follow as the frame's bulk, w x h x 3 bytes). */
+int kvw_encode_enc(struct kvp_wbuf *w, const struct kvw_encode *e);
+int kvw_encode_dec(const uint8_t *body, size_t len, struct kvw_encode *e);
+
+/* ENCODE reply. The decoder checks 0 < n_tokens <= KVE_MAX_TOKENS, 0 < dim <= KVE_MAX_DIM
+ * and cached <= 1 (-EBADMSG). */
+struct kvw_encoded {
+	uint32_t n_tokens, dim;
+	uint8_t tower_fp[KVW_IMG_HASH];
+	uint8_t cached;
+};
+int kvw_encoded_enc(struct kvp_wbuf *w, const struct kvw_encoded *e);
+int kvw_encoded_dec(const uint8_t *body, size_t len, struct kvw_encoded *e);
 
 /* The params field of PREFILL, GENERATE and DECODE. The reader leaves stop tokens empty and
  * checks nothing beyond the encoding (the sampler accepts any values; max_tokens < 0 reads 0). */

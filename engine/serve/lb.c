@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "img.h"
 #include "kvw.h"
 #include "lb_int.h"
 #include "log.h"
@@ -51,6 +52,9 @@ static int pf_parse(uint8_t *body, uint32_t len, struct pf_result *p)
 	d.toks_buf = NULL;
 	kvw_prefilled_free(&d);
 	p->handed = d.handed == 1;
+	p->nimg = (int)d.nimg;
+	for (uint32_t i = 0; i < d.nimg; i++)
+		p->img_pos[i] = d.images[i].off;
 	p->blen = d.blen;
 	p->blk = d.blk;
 	p->body = body;
@@ -97,6 +101,9 @@ static int do_prefill(struct lreq *q, struct pf_result *res, const char *peer, u
 		m.nx = (uint32_t)q->grp->n - 1;
 		memcpy(m.seeds, q->grp->seeds + 1, m.nx * sizeof(m.seeds[0]));
 	}
+	m.nimg = (uint32_t)q->nimg;
+	if (q->nimg)
+		memcpy(m.images, q->kimg, (size_t)q->nimg * sizeof(m.images[0]));
 	int erc = kvw_prefill_enc(&w, &m);
 	if (erc) {
 		kvp_w_free(&w);
@@ -161,6 +168,113 @@ static int do_prefill(struct lreq *q, struct pf_result *res, const char *peer, u
 	free(blk);
 	kvp_w_free(&w);
 	return rc;
+}
+
+/* ---- encode -------------------------------------------------------------------------- */
+
+static int lreq_cancelled(struct lreq *q);
+
+/* Image k of q on an encode replica (lbp_pick_encode), retrying others on transport failures:
+ * its embeddings are then in the shared kv dir, and q->kimg[k] says what the PREFILL names
+ * them by. Blocks for the ENCODE (cut short by lb_stop: -ESHUTDOWN). */
+static int do_encode(struct lreq *q, int k)
+{
+	struct lb *l = q->l;
+	const struct img_image *im = q->images[k];
+	struct kvw_encode e = {.salt = q->salt, .w = im->w, .h = im->h};
+	memcpy(e.hash, im->hash, KVW_IMG_HASH);
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	int rc = kvw_encode_enc(&w, &e);
+	if (rc) {
+		kvp_w_free(&w);
+		return rc;
+	}
+	uint64_t key;
+	memcpy(&key, im->hash, sizeof(key));
+	size_t npx = (size_t)im->w * im->h * 3;
+	unsigned char skip[LB_MAX_REPLICAS] = {0};
+	rc = -EAGAIN;
+	for (;;) {
+		pthread_mutex_lock(&l->mu);
+		int cost = l->img_tokens;
+		int i = l->stopping ? -1 : lb_pick_encoder(l, key, cost, skip);
+		if (l->stopping)
+			rc = -ESHUTDOWN;
+		if (i >= 0) {
+			l->en.r[i].inflight++;
+			l->en.r[i].inflight_tokens += cost;
+			l->en.r[i].picks++;
+		}
+		pthread_mutex_unlock(&l->mu);
+		if (i < 0)
+			break;
+		struct replica *r = &l->en.r[i];
+		struct kvp_client *c = NULL;
+		uint8_t *body = NULL;
+		uint32_t blen = 0;
+		rc = kvp_pool_get(l->pool, r->addr, &c);
+		if (!rc) {
+			struct kvp_call *kc = NULL;
+			rc = kvp_call_start(c, KVW_OP_ENCODE, w.p, w.len, im->rgb, npx, &kc);
+			if (!rc) {
+				pf_call_started(l, r);
+				rc = kvp_call_wait(kc, RPC_TIMEOUT_MS, &body, &blen);
+			}
+			kvp_pool_put(l->pool, c);
+		}
+		pthread_mutex_lock(&l->mu);
+		r->inflight--;
+		r->inflight_tokens -= cost;
+		int stopping = l->stopping;
+		pthread_mutex_unlock(&l->mu);
+		if (!rc) {
+			struct kvw_encoded d;
+			rc = kvw_encoded_dec(body, blen, &d);
+			free(body);
+			if (!rc) {
+				q->kimg[k].n_tokens = d.n_tokens;
+				memcpy(q->kimg[k].tower_fp, d.tower_fp, KVW_IMG_HASH);
+				pthread_mutex_lock(&l->mu);
+				l->img_tokens = (int)d.n_tokens;
+				pthread_mutex_unlock(&l->mu);
+			}
+			break;
+		}
+		if (stopping && transport_err(rc)) {
+			rc = -ESHUTDOWN;
+			break;
+		}
+		if (!transport_err(rc))
+			break; /* the replica refused the image itself */
+		lb_mark_down(l, r);
+		skip[i] = 1;
+		pthread_mutex_lock(&l->mu);
+		l->retries++;
+		pthread_mutex_unlock(&l->mu);
+	}
+	kvp_w_free(&w);
+	return rc;
+}
+
+/* Every image of q encoded (in order); 0, or the request was finished here (1). */
+static int encode_all(struct lreq *q)
+{
+	for (int k = 0; k < q->nimg; k++) {
+		int rc = lreq_cancelled(q) ? -ECANCELED : do_encode(q, k);
+		if (!rc)
+			continue;
+		const char *msg = rc == -EINVAL	  ? "the vision encoder cannot take this image"
+				  : rc == -E2BIG  ? "the image is larger than the encoder takes"
+				  : rc == -EAGAIN ? "no encode replica is up, or all are overloaded"
+				  : rc == -ECANCELED ? "cancelled"
+				  : rc == -ESHUTDOWN ? "the gateway is shutting down"
+						     : "image encoding failed";
+		/* an image too large is the client's error, not a context overflow */
+		gw_job_finish(q->job, NULL, rc == -E2BIG ? -EINVAL : rc, msg);
+		return 1;
+	}
+	return 0;
 }
 
 /* ---- decode -------------------------------------------------------------------------- */
@@ -325,6 +439,8 @@ static void lreq_put(struct lreq *q)
 	if (!q || atomic_fetch_sub(&q->refs, 1) != 1)
 		return;
 	lb_grp_put(q->grp);
+	free(q->images);
+	free(q->kimg);
 	free(q->prompt);
 	free(q->toks);
 	free(q->salt);
@@ -358,6 +474,15 @@ static void w_decode(struct kvp_wbuf *w, const struct lreq *q, const struct pf_r
 		memcpy(m.xseeds, q->grp->seeds + 1, m.nx * sizeof(m.xseeds[0]));
 		memcpy(m.xfirst, q->grp->first + 1, m.nx * sizeof(m.xfirst[0]));
 	}
+	if (pr->nimg != q->nimg) { /* the prefill worker placed other images than it was sent */
+		w->err = -EPROTO;
+		return;
+	}
+	m.nimg = (uint32_t)q->nimg;
+	for (int i = 0; i < q->nimg; i++) {
+		m.images[i] = q->kimg[i];
+		m.images[i].off = pr->img_pos[i];
+	}
 	kvw_decode_enc(w, &m); /* errors are sticky in w */
 }
 
@@ -376,6 +501,9 @@ static const char *prefill_refusal(int rc)
 		return "'logit_bias' names a token id outside the model's vocabulary";
 	case -EAGAIN:
 		return "no prefill replica is up";
+	case -ENOENT: /* kvw.h: an image's embeddings were not in the prefill worker's kv dir */
+		return "the prefill worker found no embeddings of an image in its kv dir (the "
+		       "encode and prefill workers must share --kv-dir)";
 	case -ESHUTDOWN:
 		return "the gateway is shutting down";
 	case -ECANCELED: /* a group's first choice, before its PREFILL */
@@ -479,7 +607,10 @@ static void req_run(struct lreq *q)
 		if (!choice_then(q, &pr))
 			lb_grp_follow(q);
 		goto out;
-	} else if (!q->grp && l->o.local_prefill > 0 && dq.est_tokens <= l->o.local_prefill) {
+	} else if (q->nimg && encode_all(q)) {
+		goto out;
+	} else if (!q->grp && !q->nimg && l->o.local_prefill > 0 &&
+		   dq.est_tokens <= l->o.local_prefill) {
 		op = KVW_OP_GENERATE; /* short: the decode replica computes it */
 		w_generate(&w, q);
 		pthread_mutex_lock(&l->mu);
@@ -629,6 +760,29 @@ static int be_submit(void *ctx, struct gw_job *job, const struct gw_req *g)
 		return rc;
 	}
 	sch_sample_params(o, g->id, &q->sp);
+	/* the images: a further choice of a group takes its first's prompt, encoded there */
+	if (g->n_images > 0 && !(g->n_forks == 0 && g->first)) {
+		if (!l->en.n || g->n_images > KVW_MAX_IMAGES || g->prompt[0] == 0) {
+			lreq_put(q);
+			return -EINVAL;
+		}
+		q->images = malloc((size_t)g->n_images * sizeof(*q->images));
+		q->kimg = calloc((size_t)g->n_images, sizeof(*q->kimg));
+		if (!q->images || !q->kimg) {
+			lreq_put(q);
+			return -ENOMEM;
+		}
+		for (int i = 0; i < g->n_images; i++) {
+			if (g->image_off[i] > UINT32_MAX) {
+				lreq_put(q);
+				return -EINVAL;
+			}
+			q->images[i] = g->images[i];
+			q->kimg[i].off = (uint32_t)g->image_off[i];
+			memcpy(q->kimg[i].hash, g->images[i]->hash, KVW_IMG_HASH);
+		}
+		q->nimg = g->n_images;
+	}
 	int rc = lb_grp_join(q, g);
 	if (rc) {
 		lreq_put(q);
@@ -714,10 +868,10 @@ static void replica_families(struct lb *l, struct met_out *o)
 	const struct {
 		const char *name;
 		struct role *ro;
-	} roles[] = {{"prefill", &l->pf}, {"decode", &l->dc}};
+	} roles[] = {{"prefill", &l->pf}, {"decode", &l->dc}, {"encode", &l->en}};
 	for (size_t f = 0; f < sizeof(fams) / sizeof(fams[0]); f++) {
 		met_out_family(o, fams[f].name, fams[f].type, fams[f].help);
-		for (int k = 0; k < 2; k++)
+		for (int k = 0; k < 3; k++)
 			for (int i = 0; i < roles[k].ro->n; i++) {
 				const struct replica *r = &roles[k].ro->r[i];
 				const double v[] = {r->up,	r->inflight, r->queued_tokens,
@@ -817,6 +971,9 @@ int lb_create(const struct lb_opts *o, struct lb **out)
 	int rc = lb_parse_list(o->prefill, &l->pf);
 	if (!rc)
 		rc = lb_parse_list(o->decode, &l->dc);
+	if (!rc && o->encode && *o->encode)
+		rc = lb_parse_list(o->encode, &l->en);
+	l->img_tokens = 1; /* until an encoder tells */
 	if (!rc && l->o.policy == LB_PREFIX)
 		rc = lbp_index_init(&l->index, LB_INDEX_BITS);
 	if (!rc)

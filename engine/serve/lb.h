@@ -73,6 +73,10 @@ enum lb_handoff { LB_HANDOFF_FS = 0, LB_HANDOFF_DIRECT = 1 };
 struct lb_opts {
 	const char *prefill; /* comma-separated host:port list */
 	const char *decode;
+	/* comma-separated encode replicas (`kvinfer encode`), or NULL / "": no images. A chat
+	 * request's images are each encoded on one (lbp_pick_encode), which leaves their
+	 * embeddings in the shared kv dir; the PREFILL and DECODE then name them. */
+	const char *encode;
 	const struct kvp_secret *secret;
 	enum lb_policy policy;
 	enum lb_handoff handoff;

@@ -68,7 +68,7 @@ struct lb {
 	pthread_cond_t cv;	/* health: stop */
 	pthread_cond_t work_cv; /* workers: queue not empty, or stop */
 	pthread_cond_t idle_cv; /* lb_stop: active emptied */
-	struct role pf, dc;
+	struct role pf, dc, en; /* en: encode replicas (lb_opts.encode), maybe none */
 	struct lbp_index index; /* prompt blocks -> the prefill replica that computed them */
 	int stop;		/* lb_destroy: the health thread and the workers end */
 	pthread_t health;
@@ -83,6 +83,7 @@ struct lb {
 	uint64_t retries;
 	uint64_t nonce;		 /* tickets of direct hand-overs: nonce + job id */
 	uint64_t handoffs[HO_N]; /* by enum ho_kind; guarded by mu */
+	int img_tokens; /* tokens per image, as the encoders last said (encode picks' cost) */
 };
 
 /* An event of a DECODE stream for a further choice, queued in its group (kvw_ev, its text
@@ -131,6 +132,8 @@ struct pf_result {
 	const uint8_t *blk; /* points into body */
 	uint32_t blen;
 	int handed; /* the whole KV is parked at the decode replica named in the PREFILL */
+	int nimg;   /* where the images' tokens start */
+	uint32_t img_pos[KVW_MAX_IMAGES];
 	uint8_t *body;
 };
 
@@ -155,6 +158,11 @@ struct lreq {
 	/* the first token's logprob (from the PREFILL reply), relayed before that token; NULL
 	 * for none. Set by its worker before the DECODE. */
 	const struct kvw_lp *first_lp;
+	/* chat images (gw_req.images: valid until the job is finished, which this request
+	 * does) and, once encoded, what the PREFILL and DECODE say of them */
+	const struct img_image **images;
+	int nimg;
+	struct kvw_image *kimg;	   /* nimg records, malloc'd */
 	pthread_mutex_t mu;	   /* guards sk, dec, cancelled */
 	struct kvp_sock *sk;	   /* the decode connection, NULL when none */
 	const struct replica *dec; /* the decode replica of sk */
@@ -201,6 +209,9 @@ struct lbp_req lb_req_of(const struct lreq *q, uint64_t *blk);
  * none is up and not in skip. Caller holds l->mu. */
 int lb_pick(struct lb *l, struct role *ro, int prefill, const struct lbp_req *q,
 	    const unsigned char *skip);
+/* Index of the encode replica for an image (lbp_pick_encode: image-hash affinity under a load
+ * bound), or -1. Caller holds l->mu. */
+int lb_pick_encoder(struct lb *l, uint64_t img_key, int cost, const unsigned char *skip);
 /* A call to r failed at the transport level: r is down (skipped until a health check says
  * otherwise) and the failure counted. Takes l->mu. */
 void lb_mark_down(struct lb *l, struct replica *r);

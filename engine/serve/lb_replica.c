@@ -37,6 +37,21 @@ struct lbp_req lb_req_of(const struct lreq *q, uint64_t *blk)
 				    blk ? lbp_text_blocks(txt, plen, blk, LB_MAX_BLOCKS) : 0};
 }
 
+int lb_pick_encoder(struct lb *l, uint64_t img_key, int cost, const unsigned char *skip)
+{
+	struct lbp_load v[LB_MAX_REPLICAS];
+	for (int i = 0; i < l->en.n; i++) {
+		const struct replica *r = &l->en.r[i];
+		v[i] = (struct lbp_load){.id = r->id,
+					 .up = r->up,
+					 .queued_tokens = r->queued_tokens,
+					 .inflight_tokens = r->inflight_tokens,
+					 .inflight = r->inflight};
+	}
+	struct lbp_set set = {.r = v, .n = l->en.n, .rr = l->en.rr};
+	return lbp_pick_encode(&set, img_key, cost, skip);
+}
+
 /* The policy decides on lbp's view of the stage, rebuilt per pick (at most LB_MAX_REPLICAS
  * entries) from the replica table, so lb-sim, which calls the same functions, decides alike. */
 int lb_pick(struct lb *l, struct role *ro, int prefill, const struct lbp_req *q,
@@ -132,12 +147,14 @@ static void probe_apply(struct lb *l, struct probe *p, uint8_t *body, uint32_t l
 
 static void check_all(struct lb *l)
 {
-	struct probe ps[2 * LB_MAX_REPLICAS];
+	struct probe ps[3 * LB_MAX_REPLICAS];
 	int n = 0;
 	for (int i = 0; i < l->pf.n; i++)
 		ps[n++] = (struct probe){.r = &l->pf.r[i]};
 	for (int i = 0; i < l->dc.n; i++)
 		ps[n++] = (struct probe){.r = &l->dc.r[i]};
+	for (int i = 0; i < l->en.n; i++)
+		ps[n++] = (struct probe){.r = &l->en.r[i]};
 	/* addr is set once in lb_create and never written after: no lock needed to read it */
 	for (int i = 0; i < n; i++) {
 		struct probe *p = &ps[i];
@@ -162,9 +179,9 @@ static void check_all(struct lb *l)
  * the pooled connection, the decode streams of the requests there. Caller holds l->mu. */
 static void break_hung(struct lb *l)
 {
-	struct role *roles[2] = {&l->pf, &l->dc};
+	struct role *roles[3] = {&l->pf, &l->dc, &l->en};
 	int64_t now = lb_mono_ms();
-	for (int k = 0; k < 2; k++)
+	for (int k = 0; k < 3; k++)
 		for (int i = 0; i < roles[k]->n; i++) {
 			struct replica *r = &roles[k]->r[i];
 			if (r->up || !r->down_ms || r->broken || now - r->down_ms < HUNG_MS)

@@ -661,6 +661,20 @@ int sch_submit(struct sch *s, const struct sch_job *j, const struct sch_sink *k,
 			memcpy(r->blk, j->blk, j->blen);
 			r->blen = j->blen;
 		}
+		rc = j->n_image_refs && j->mode != SCH_DECODE ? -EINVAL : 0;
+		if (!rc && j->n_image_refs)
+			rc = sch_vision_spans(s, r, j->image_refs, j->n_image_refs);
+		if (rc)
+			goto fail;
+	} else if (j->n_image_refs) {
+		int flags = (kvi_tok_wants_bos(s->tok) ? KVI_TOK_ADD_BOS : 0) |
+			    (j->parse_special ? KVI_TOK_PARSE_SPECIAL : 0);
+		rc = j->mode == SCH_PREFILL
+			 ? sch_vision_prepare_refs(s, r, j->prompt, flags, j->image_refs,
+						   j->n_image_refs)
+			 : -EINVAL;
+		if (rc)
+			goto fail;
 	} else if (j->n_images) {
 		int flags = (kvi_tok_wants_bos(s->tok) ? KVI_TOK_ADD_BOS : 0) |
 			    (j->parse_special ? KVI_TOK_PARSE_SPECIAL : 0);

@@ -119,6 +119,16 @@ struct sch_image {
 	const struct img_image *img; /* decoded pixels and their hash (img.h); read in submit */
 };
 
+/* An image whose embeddings an encode worker left in the kv dir (disaggregated form: kvw.h
+ * KVW_OP_ENCODE): PREFILL with a text prompt: placeholder tokens where off bytes of it end;
+ * DECODE: the prompt's tokens [off, off + n_tokens) are its placeholders. */
+struct sch_image_ref {
+	size_t off;
+	uint32_t n_tokens;
+	uint8_t hash[32];     /* img_hash of the pixels */
+	uint8_t tower_fp[32]; /* the kve.h key's tower fingerprint (emb_tower_fp) */
+};
+
 struct sch_job {
 	enum sch_mode mode;
 	const char *prompt;  /* FULL, PREFILL: the text (NUL-terminated), unless toks */
@@ -156,6 +166,10 @@ struct sch_job {
 	 * loaded from the kv dir or encoded (and saved there) during sch_submit. */
 	const struct sch_image *images;
 	int n_images;
+	/* PREFILL (text prompt) and DECODE: images by reference, embeddings from the kv dir (a
+	 * miss: sch_submit fails with -ENOENT) */
+	const struct sch_image_ref *image_refs;
+	int n_image_refs;
 };
 
 /* Queues a request. Returns 0 and *out (free with sch_req_free after finish ran and no
@@ -164,6 +178,9 @@ struct sch_job {
  * -ENOMEM, -EAGAIN (stopping). Nothing is reported on error. */
 int sch_submit(struct sch *s, const struct sch_job *j, const struct sch_sink *k, void *u,
 	       struct sch_req **out);
+/* Where r's images' placeholder tokens start (at most max), as sch_submit placed them; the
+ * count. Callable from r's sink callbacks. */
+int sch_req_images(const struct sch_req *r, uint32_t *pos, int max);
 /* 1 when s has a vision tower (sch_opts.mmproj) and takes sch_job.images. */
 int sch_has_vision(const struct sch *s);
 /* Ends the request at the next step (finish with -ECANCELED) and frees its KV. Thread-safe;

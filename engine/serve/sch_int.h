@@ -153,6 +153,15 @@ void sch_vision_close(struct sch *s);
  * 0, -EINVAL (no tower, bad offsets, untokenizable), -E2BIG, -ENOMEM, -EIO. */
 int sch_vision_prepare(struct sch *s, struct sch_req *r, const char *prompt, int flags,
 		       const struct sch_image *im, int nim);
+/* The disaggregated form: as sch_vision_prepare (the same tokenization), the images named by
+ * ref (offsets into prompt), their embeddings from the kv dir only (an encode worker put them
+ * there): a miss is -ENOENT. No tower needed. */
+int sch_vision_prepare_refs(struct sch *s, struct sch_req *r, const char *prompt, int flags,
+			    const struct sch_image_ref *ref, int nim);
+/* DECODE: r->toks holds the prompt; ref's offsets are token positions of the image spans
+ * (in order, apart, inside): r->img and the embeddings (kv dir only, -ENOENT), for the block
+ * names and for whatever of the prompt the decode worker computes itself. -EINVAL. */
+int sch_vision_spans(struct sch *s, struct sch_req *r, const struct sch_image_ref *ref, int nim);
 /* The inject spans (fwd.h) of r's images over its tokens [pos, pos + n), into out (r->nimg
  * entries at most); returns their count. */
 int sch_vision_inject(const struct sch_req *r, int pos, int n, struct kvi_inject *out);

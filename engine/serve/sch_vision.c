@@ -8,11 +8,10 @@
  * only names the block, together with the image's hash. */
 #define KVFS_LOG_TAG "sch"
 #include <errno.h>
-#include <openssl/evp.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "emb.h"
 #include "img.h"
 #include "kve.h"
 #include "log.h"
@@ -22,16 +21,6 @@
 #include "vit.h"
 
 #define PLACEHOLDER_ID 0
-/* Changes when the preprocessing (img_preprocess's resize or normalisation) does: cached
- * embeddings made with another one are then other entries. */
-#define PREP_VERSION "kvfs-vit-prep-v1 img_preprocess bicubic-stretch"
-
-static int64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
 
 int sch_vision_open(struct sch *s)
 {
@@ -52,14 +41,7 @@ int sch_vision_open(struct sch *s)
 		s->tower = NULL;
 		return -EINVAL;
 	}
-	unsigned int len = sizeof(s->tower_fp);
-	EVP_MD_CTX *c = EVP_MD_CTX_new();
-	int ok = c && EVP_DigestInit_ex(c, EVP_sha256(), NULL) &&
-		 EVP_DigestUpdate(c, PREP_VERSION, sizeof(PREP_VERSION) - 1) &&
-		 EVP_DigestUpdate(c, vit_fingerprint(s->tower), VIT_FINGERPRINT_BYTES) &&
-		 EVP_DigestFinal_ex(c, s->tower_fp, &len);
-	EVP_MD_CTX_free(c);
-	if (!ok) {
+	if (emb_tower_fp(s->tower, s->tower_fp)) {
 		vit_free(s->tower);
 		s->tower = NULL;
 		return -EIO;
@@ -82,63 +64,51 @@ int sch_has_vision(const struct sch *s)
 /* The embeddings of one image into rows: the kv dir's copy, else the tower's (then saved). */
 static int embed(struct sch *s, const struct img_image *im, const char *salt, float *rows)
 {
-	struct vit *v = s->tower;
-	int nt = vit_n_tokens(v), E = vit_n_embd_out(v);
-	uint8_t salt_d[KVB_HASH];
-	kvb_salt_digest(salt, salt_d);
+	struct emb_stat st = {0};
 	atomic_fetch_add(&s->c_images, 1);
-	if (s->kx && kve_load(kvx_dir(s->kx), s->tower_fp, salt_d, im->hash, (uint32_t)nt,
-			      (uint32_t)E, rows) == 0) {
-		atomic_fetch_add(&s->c_emb_hits, 1);
-		return 0;
-	}
-	int size = vit_image_size(v);
-	struct img_prep p = {.size = size};
-	vit_image_mean(v, p.mean);
-	vit_image_std(v, p.std);
-	float *px = malloc((size_t)3 * (size_t)size * (size_t)size * sizeof(float));
-	if (!px)
-		return -ENOMEM;
-	int rc = img_preprocess(im, &p, px);
-	if (!rc) {
-		int64_t t0 = now_ns();
-		pthread_mutex_lock(&s->tower_mu);
-		rc = vit_encode(v, px, rows);
-		pthread_mutex_unlock(&s->tower_mu);
-		atomic_fetch_add(&s->c_encode_ns, (unsigned long long)(now_ns() - t0));
-		atomic_fetch_add(&s->c_encodes, 1);
-	}
-	free(px);
+	int rc = emb_image(s->tower, &s->tower_mu, s->tower_fp, s->kx ? kvx_dir(s->kx) : NULL,
+			   s->kx ? kvx_is_kvfs(s->kx) : 0, salt, im, rows, &st);
 	if (rc)
-		return rc == -ERANGE ? -EINVAL : rc;
-	if (s->kx) { /* a failed save costs the next request an encode, nothing else */
-		int sr = kve_save(kvx_dir(s->kx), kvx_is_kvfs(s->kx), s->tower_fp, salt_d, im->hash,
-				  (uint32_t)nt, (uint32_t)E, rows);
-		if (sr < 0)
-			klog_warn("saving an image's embeddings: %s", strerror(-sr));
+		return rc;
+	if (st.cached) {
+		atomic_fetch_add(&s->c_emb_hits, 1);
+	} else {
+		atomic_fetch_add(&s->c_encode_ns, (unsigned long long)st.enc_ns);
+		atomic_fetch_add(&s->c_encodes, 1);
 	}
 	return 0;
 }
 
-int sch_vision_prepare(struct sch *s, struct sch_req *r, const char *prompt, int flags,
-		       const struct sch_image *im, int nim)
+/* One image as the tokenizer sees it: where in the text, its placeholder count, its hash. */
+struct vspan {
+	size_t off;
+	uint32_t n;
+	const uint8_t *hash;
+};
+
+/* The prompt's tokens with each image's n placeholder tokens where its offset of the text
+ * ends, as both serving forms build them (embedded: sch_vision_prepare; a prefill worker:
+ * sch_vision_prepare_refs): r->toks / r->n, r->img (the spans), r->img_rows allocated for
+ * nim x n x E floats (not filled). Every image has the same n (one tower). */
+static int vision_tokenize(struct sch *s, struct sch_req *r, const char *prompt, int flags,
+			   const struct vspan *im, int nim, int E)
 {
-	if (!s->tower || nim < 1 || nim > SCH_MAX_IMAGES)
+	if (nim < 1 || nim > SCH_MAX_IMAGES)
 		return -EINVAL;
 	size_t len = strlen(prompt);
+	uint32_t nt = im[0].n;
 	for (int k = 0; k < nim; k++)
-		if (!im[k].img || im[k].offset > len || (k && im[k].offset < im[k - 1].offset))
+		if (im[k].off > len || (k && im[k].off < im[k - 1].off) || im[k].n != nt || !nt)
 			return -EINVAL;
-	int nt = vit_n_tokens(s->tower), E = vit_n_embd_out(s->tower);
-	size_t cap = len + 8 + (size_t)nim * (size_t)nt;
+	size_t cap = len + 8 + (size_t)nim * nt;
 	r->toks = malloc(cap * sizeof(int32_t));
 	r->img = calloc((size_t)nim, sizeof(*r->img));
-	r->img_rows = malloc((size_t)nim * (size_t)nt * (size_t)E * sizeof(float));
+	r->img_rows = malloc((size_t)nim * nt * (size_t)E * sizeof(float));
 	if (!r->toks || !r->img || !r->img_rows)
 		return -ENOMEM;
 	size_t n = 0, from = 0;
 	for (int k = 0; k <= nim; k++) {
-		size_t to = k < nim ? im[k].offset : len, cnt = 0;
+		size_t to = k < nim ? im[k].off : len, cnt = 0;
 		if (to > from) {
 			int rc = kvi_tok_encode(s->tok, prompt + from, to - from, flags,
 						r->toks + n, cap - n, &cnt);
@@ -151,22 +121,101 @@ int sch_vision_prepare(struct sch *s, struct sch_req *r, const char *prompt, int
 		if (k == nim)
 			break;
 		r->img[k].pos = (uint32_t)n;
-		r->img[k].n = (uint32_t)nt;
-		memcpy(r->img[k].hash, im[k].img->hash, KVB_HASH);
-		for (int t = 0; t < nt; t++)
+		r->img[k].n = nt;
+		memcpy(r->img[k].hash, im[k].hash, KVB_HASH);
+		for (uint32_t t = 0; t < nt; t++)
 			r->toks[n++] = PLACEHOLDER_ID;
 	}
 	r->n = (int)n;
 	r->nimg = nim;
-	if (r->n > s->o.max_ctx)
-		return -E2BIG;
+	return r->n > s->o.max_ctx ? -E2BIG : 0;
+}
+
+int sch_vision_prepare(struct sch *s, struct sch_req *r, const char *prompt, int flags,
+		       const struct sch_image *im, int nim)
+{
+	if (!s->tower || nim < 1 || nim > SCH_MAX_IMAGES)
+		return -EINVAL;
+	struct vspan sp[SCH_MAX_IMAGES];
+	int nt = vit_n_tokens(s->tower), E = vit_n_embd_out(s->tower);
 	for (int k = 0; k < nim; k++) {
-		int rc =
-		    embed(s, im[k].img, r->salt, r->img_rows + (size_t)k * (size_t)nt * (size_t)E);
-		if (rc)
-			return rc;
+		if (!im[k].img)
+			return -EINVAL;
+		sp[k] =
+		    (struct vspan){.off = im[k].offset, .n = (uint32_t)nt, .hash = im[k].img->hash};
+	}
+	int rc = vision_tokenize(s, r, prompt, flags, sp, nim, E);
+	for (int k = 0; !rc && k < nim; k++)
+		rc = embed(s, im[k].img, r->salt, r->img_rows + (size_t)k * (size_t)nt * (size_t)E);
+	return rc;
+}
+
+/* r's images' embeddings from the kv dir, where an encode worker saved them: a miss is an
+ * error (-ENOENT), never an encode here. */
+static int refs_load(struct sch *s, struct sch_req *r, const struct sch_image_ref *ref)
+{
+	if (!s->kx) {
+		klog_warn("images need the kv dir their encoder saved them in (--kv-dir)");
+		return -ENOENT;
+	}
+	int E = s->m->cfg.n_embd;
+	uint8_t salt_d[KVB_HASH];
+	kvb_salt_digest(r->salt, salt_d);
+	for (int k = 0; k < r->nimg; k++) {
+		uint32_t nt = r->img[k].n;
+		int rc = kve_load(kvx_dir(s->kx), ref[k].tower_fp, salt_d, ref[k].hash, nt,
+				  (uint32_t)E, r->img_rows + (size_t)k * nt * (size_t)E);
+		if (rc) {
+			klog_warn("image %d: no embeddings in the kv dir (%s)", k, strerror(-rc));
+			return -ENOENT;
+		}
+		atomic_fetch_add(&s->c_emb_hits, 1);
 	}
 	return 0;
+}
+
+int sch_vision_prepare_refs(struct sch *s, struct sch_req *r, const char *prompt, int flags,
+			    const struct sch_image_ref *ref, int nim)
+{
+	if (nim < 1 || nim > SCH_MAX_IMAGES)
+		return -EINVAL;
+	struct vspan sp[SCH_MAX_IMAGES];
+	for (int k = 0; k < nim; k++)
+		sp[k] =
+		    (struct vspan){.off = ref[k].off, .n = ref[k].n_tokens, .hash = ref[k].hash};
+	int rc = vision_tokenize(s, r, prompt, flags, sp, nim, s->m->cfg.n_embd);
+	return rc ? rc : refs_load(s, r, ref);
+}
+
+int sch_vision_spans(struct sch *s, struct sch_req *r, const struct sch_image_ref *ref, int nim)
+{
+	if (nim < 1 || nim > SCH_MAX_IMAGES)
+		return -EINVAL;
+	int E = s->m->cfg.n_embd;
+	uint32_t nt = ref[0].n_tokens;
+	for (int k = 0; k < nim; k++)
+		if (ref[k].n_tokens != nt || !nt || ref[k].off + (uint64_t)nt > (uint64_t)r->n ||
+		    (k && ref[k].off < ref[k - 1].off + nt))
+			return -EINVAL;
+	r->img = calloc((size_t)nim, sizeof(*r->img));
+	r->img_rows = malloc((size_t)nim * nt * (size_t)E * sizeof(float));
+	if (!r->img || !r->img_rows)
+		return -ENOMEM;
+	for (int k = 0; k < nim; k++) {
+		r->img[k].pos = (uint32_t)ref[k].off;
+		r->img[k].n = nt;
+		memcpy(r->img[k].hash, ref[k].hash, KVB_HASH);
+	}
+	r->nimg = nim;
+	return refs_load(s, r, ref);
+}
+
+int sch_req_images(const struct sch_req *r, uint32_t *pos, int max)
+{
+	int n = r->nimg < max ? r->nimg : max;
+	for (int k = 0; k < n; k++)
+		pos[k] = r->img[k].pos;
+	return n;
 }
 
 int sch_vision_inject(const struct sch_req *r, int pos, int n, struct kvi_inject *out)

@@ -120,6 +120,7 @@ static void pf_prefilled(void *u, const int32_t *toks, int n, int cached, int32_
 			 const void *blk, size_t blen)
 {
 	struct wreq *w = u;
+	w->f.nimg = sch_req_images(w->r, w->f.img_pos, KVW_MAX_IMAGES);
 	if (!wk_pf_reply(w->c, &w->h, toks, n, cached, first, &w->f, 0, blk, blen))
 		w->replied = 1;
 }
@@ -195,9 +196,21 @@ static void dc_finish(void *u, const char *reason, int err, const char *msg)
 	wr_done(w);
 }
 
-/* Decodes a PREFILL, GENERATE or DECODE body into j (pointing into q / d). */
+/* The images of a PREFILL or DECODE as the scheduler takes them. */
+static void img_refs(const struct kvw_image *im, uint32_t n, struct sch_image_ref *out)
+{
+	for (uint32_t i = 0; i < n; i++) {
+		out[i] = (struct sch_image_ref){.off = im[i].off, .n_tokens = im[i].n_tokens};
+		memcpy(out[i].hash, im[i].hash, sizeof(out[i].hash));
+		memcpy(out[i].tower_fp, im[i].tower_fp, sizeof(out[i].tower_fp));
+	}
+}
+
+/* Decodes a PREFILL, GENERATE or DECODE body into j (pointing into q / d, and refs: room for
+ * KVW_MAX_IMAGES). */
 static int job_dec(struct wk *k, const struct kvp_hdr *h, const uint8_t *body, int gen,
-		   struct sch_job *j, struct kvw_prompt *q, struct kvw_decode *d)
+		   struct sch_job *j, struct kvw_prompt *q, struct kvw_decode *d,
+		   struct sch_image_ref *refs)
 {
 	if (k->mode == SCH_PREFILL || gen) {
 		int rc = gen ? kvw_generate_dec(body, h->len, q) : kvw_prefill_dec(body, h->len, q);
@@ -210,6 +223,9 @@ static int job_dec(struct wk *k, const struct kvp_hdr *h, const uint8_t *body, i
 		j->n = (int)q->nt;
 		j->nx = (int)q->nx;
 		j->xseeds = q->seeds;
+		img_refs(q->images, q->nimg, refs);
+		j->image_refs = refs;
+		j->n_image_refs = (int)q->nimg;
 		return rc;
 	}
 	int rc = kvw_decode_dec(body, h->len, d);
@@ -222,6 +238,9 @@ static int job_dec(struct wk *k, const struct kvp_hdr *h, const uint8_t *body, i
 	j->blen = d->blen;
 	j->blk = d->blk;
 	j->ticket = d->ticket;
+	img_refs(d->images, d->nimg, refs);
+	j->image_refs = refs;
+	j->n_image_refs = (int)d->nimg;
 	return rc;
 }
 
@@ -354,18 +373,19 @@ static int wk_job_start(struct wk *k, struct kvp_conn *c, const struct kvp_hdr *
 	static const struct sch_sink dg = {
 	    .prompt = dc_prompt, .token = dc_token, .logprob = dc_logprob, .finish = dc_finish};
 	struct sch_job j = {.mode = gen ? SCH_FULL : k->mode};
-	struct kvw_prompt q = {0};
-	struct kvw_decode d = {0};
 	struct wreq *xw[KVW_MAX_CHOICES - 1] = {0};
-	int rc = job_dec(k, h, body, gen, &j, &q, &d);
-	struct wreq *w = rc ? NULL : wreq_new(k, c, h, gen, &q, &j);
+	struct sch_image_ref *refs = malloc(KVW_MAX_IMAGES * sizeof(*refs));
+	struct kvw_prompt *qp = calloc(1, sizeof(*qp)); /* images make it large for a stack */
+	struct kvw_decode *dp = calloc(1, sizeof(*dp));
+	int rc = refs && qp && dp ? job_dec(k, h, body, gen, &j, qp, dp, refs) : -ENOMEM;
+	struct wreq *w = rc ? NULL : wreq_new(k, c, h, gen, qp, &j);
 	if (!rc && !w)
 		rc = -ENOMEM;
-	for (uint32_t i = 0; !rc && !gen && i < d.nx; i++) /* every one before the first runs */
-		if (!(xw[i] = wreq_new(k, c, h, gen, &q, &j)))
+	for (uint32_t i = 0; !rc && !gen && i < dp->nx; i++) /* every one before the first runs */
+		if (!(xw[i] = wreq_new(k, c, h, gen, qp, &j)))
 			rc = -ENOMEM;
 	if (!rc) {
-		j.forks = gen ? 0 : (int)d.nx;
+		j.forks = gen ? 0 : (int)dp->nx;
 		if (k->mode == SCH_DECODE)
 			wr_list(w);
 		rc = sch_submit(k->s, &j, gen ? &dg : k->mode == SCH_PREFILL ? &pf : &dc, w, &w->r);
@@ -375,14 +395,19 @@ static int wk_job_start(struct wk *k, struct kvp_conn *c, const struct kvp_hdr *
 		}
 	}
 	if (!rc)
-		dc_forks(k, &j, &d, w, xw);
+		dc_forks(k, &j, dp, w, xw);
 	else
-		for (uint32_t i = 0; i < d.nx; i++)
+		for (uint32_t i = 0; dp && i < dp->nx; i++)
 			wreq_drop(xw[i]);
 	if (rc)
 		kvp_reply(c, h, rc, NULL, 0, NULL, 0);
-	kvw_prompt_free(&q);
-	kvw_decode_free(&d);
+	if (qp)
+		kvw_prompt_free(qp);
+	if (dp)
+		kvw_decode_free(dp);
+	free(qp);
+	free(dp);
+	free(refs);
 	free(body);
 	return rc == -EBADMSG ? -1 : 0;
 }

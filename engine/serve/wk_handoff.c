@@ -31,6 +31,9 @@ int wk_pf_reply(struct kvp_conn *c, const struct kvp_hdr *h, const int32_t *toks
 				  .handed = (uint8_t)handed,
 				  .blen = (uint32_t)blen};
 	memcpy(p.xfirst, f->xfirst, sizeof(p.xfirst));
+	p.nimg = (uint32_t)f->nimg;
+	for (int i = 0; i < f->nimg; i++)
+		p.images[i].off = f->img_pos[i];
 	if (f->lps && f->nlp == 1 + f->nx) { /* every choice's, or none */
 		p.lp = &f->lps[0];
 		p.xlp = &f->lps[1];
@@ -252,6 +255,7 @@ static int put_nccl(struct wreq *w, struct sch *s, const struct sch_handoff *h)
 void wk_pf_handoff(void *u, struct sch *s, const struct sch_handoff *h)
 {
 	struct wreq *w = u;
+	w->f.nimg = sch_req_images(w->r, w->f.img_pos, KVW_MAX_IMAGES);
 	if (h->kv) {
 		int rc = put_start(w, h);
 		if (!rc) {

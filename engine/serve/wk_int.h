@@ -58,6 +58,8 @@ struct wk_firsts {
 	int32_t xfirst[KVW_MAX_CHOICES - 1];
 	struct kvw_lp *lps; /* KVW_MAX_CHOICES records, malloc'd */
 	int nlp;	    /* records filled */
+	int nimg;	    /* where the prompt's images' tokens start (sch_req_images) */
+	uint32_t img_pos[KVW_MAX_IMAGES];
 };
 
 /* One request from the gateway; freed by its finish callback (the scheduler's last touch). */
