@@ -8,29 +8,68 @@
 # /metrics, and checks the two answers' log-probabilities are equal. Starts and stops its own
 # server.
 #
-#   tools/kvinfer-vision-bench.sh [BUILD]   (env: ROUNDS=5 THREADS=2 TYPE=q8_0 PRESET=qwen2-0.5b)
+# MODE=disagg runs the same requests through `kvinfer gateway --encode` over one encode, one
+# prefill and one decode worker (shared kv dir; the tower's figures from the encoder's own
+# /metrics).
+#
+#   tools/kvinfer-vision-bench.sh [BUILD]
+#   env: ROUNDS=5 THREADS=2 TYPE=q8_0 PRESET=qwen2-0.5b MODE=embedded|disagg
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=$(cd "${1:-$here/../build}" && pwd)
 rounds=${ROUNDS:-5} threads=${THREADS:-2} type=${TYPE:-q8_0} preset=${PRESET:-qwen2-0.5b}
+mode=${MODE:-embedded}
 dir=$(mktemp -d /var/tmp/kvinfer-vision-XXXXXX)
-pid=
+pids=()
 cleanup() {
-	[ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null; done || true
 	rm -rf "$dir"
 }
 trap cleanup EXIT
 "$build/tools/kvinfer-synth" --preset "$preset" --type "$type" -o "$dir/m.gguf" \
 	--mmproj "$dir/mmproj.gguf" --vit vit-b16 >/dev/null
 mkdir "$dir/kv"
-"$build/bin/kvinfer" serve -m "$dir/m.gguf" --mmproj "$dir/mmproj.gguf" --kv-dir "$dir/kv" \
-	-t "$threads" --port 0 --port-file "$dir/port" --open-gateway >"$dir/serve.log" 2>&1 &
-pid=$!
-for _ in $(seq 300); do [ -s "$dir/port" ] && break; sleep 0.1; done
-[ -s "$dir/port" ] || { cat "$dir/serve.log" >&2; exit 1; }
-python3 - "$(cat "$dir/port")" "$rounds" <<'PY'
+waitfile() {
+	for _ in $(seq 600); do [ -s "$1" ] && return 0; sleep 0.1; done
+	cat "$dir"/*.log >&2
+	return 1
+}
+k=$build/bin/kvinfer
+if [ "$mode" = disagg ]; then
+	head -c 32 /dev/urandom | base64 >"$dir/secret"
+	chmod 600 "$dir/secret"
+	"$k" encode --mmproj "$dir/mmproj.gguf" --kv-dir "$dir/kv" --secret-file "$dir/secret" \
+		-t "$threads" --port-file "$dir/enc.port" --metrics-listen 127.0.0.1:0 \
+		--metrics-addr-file "$dir/enc.maddr" >"$dir/enc.log" 2>&1 &
+	pids+=($!)
+	for r in prefill decode; do
+		"$k" "$r" -m "$dir/m.gguf" --kv-dir "$dir/kv" --secret-file "$dir/secret" \
+			-t "$threads" --port-file "$dir/$r.port" >"$dir/$r.log" 2>&1 &
+		pids+=($!)
+	done
+	waitfile "$dir/enc.port" && waitfile "$dir/enc.maddr"
+	waitfile "$dir/prefill.port" && waitfile "$dir/decode.port"
+	"$k" gateway --open-gateway --prefill "127.0.0.1:$(cat "$dir/prefill.port")" \
+		--decode "127.0.0.1:$(cat "$dir/decode.port")" \
+		--encode "127.0.0.1:$(cat "$dir/enc.port")" --secret-file "$dir/secret" \
+		--port 0 --port-file "$dir/port" >"$dir/gateway.log" 2>&1 &
+	pids+=($!)
+	waitfile "$dir/port"
+	sleep 0.5 # the gateway's first health round
+	metrics="http://$(cat "$dir/enc.maddr")/metrics"
+	names="encoder_encodes_total encoder_encode_seconds_sum"
+else
+	"$k" serve -m "$dir/m.gguf" --mmproj "$dir/mmproj.gguf" --kv-dir "$dir/kv" \
+		-t "$threads" --port 0 --port-file "$dir/port" --open-gateway >"$dir/serve.log" 2>&1 &
+	pids+=($!)
+	waitfile "$dir/port"
+	metrics="http://127.0.0.1:$(cat "$dir/port")/metrics"
+	names="vision_encodes_total vision_encode_seconds_total"
+fi
+echo "mode $mode, $preset $type, tower vit-b16, $threads threads"
+python3 - "$(cat "$dir/port")" "$rounds" "$metrics" $names <<'PY'
 import base64, json, statistics, struct, sys, time, urllib.request, zlib
-port, rounds = int(sys.argv[1]), int(sys.argv[2])
+port, rounds, murl, m_enc, m_sec = int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:6]
 def png(seed, w=320, h=240):
     raw = b''.join(b'\0' + bytes(((x * 7 + y * 13 + seed * 101) * (seed | 1)) % 256
                                  for x in range(w * 3)) for y in range(h))
@@ -51,18 +90,18 @@ def ask(seed):
     lp = [c['logprob'] for c in d['choices'][0]['logprobs']['content']]
     return dt, d['usage'], lp
 def metric(name):
-    for l in urllib.request.urlopen(f'http://127.0.0.1:{port}/metrics').read().decode().split('\n'):
+    for l in urllib.request.urlopen(murl).read().decode().split('\n'):
         if l.startswith(name + ' '):
             return float(l.split()[1])
     return 0.0
 ask(1000)  # warm-up: page in the weights
 cold, warm, enc_cold, enc_warm = [], [], [], []
 for r in range(rounds):
-    e0, s0 = metric('vision_encodes_total'), metric('vision_encode_seconds_total')
+    e0, s0 = metric(m_enc), metric(m_sec)
     t1, u1, lp1 = ask(r)
-    e1, s1 = metric('vision_encodes_total'), metric('vision_encode_seconds_total')
+    e1, s1 = metric(m_enc), metric(m_sec)
     t2, u2, lp2 = ask(r)
-    e2, s2 = metric('vision_encodes_total'), metric('vision_encode_seconds_total')
+    e2, s2 = metric(m_enc), metric(m_sec)
     same = lp1 == lp2
     print(f'round {r}: cold {t1*1000:7.1f} ms (encodes {e1-e0:.0f}, tower {1000*(s1-s0):6.1f} ms, '
           f'{u1["prompt_tokens"]} prompt, {u1["prompt_tokens_details"]["cached_tokens"]} cached)  '
