@@ -108,10 +108,13 @@ int ref_vit_encode(const struct kvi_gguf *g, const float *pix, float *out)
 		return -EINVAL;
 	int side = (int)(S / P), NP = side * side, C = cls != NULL, NT = NP + C, D = (int)(E / H);
 	int MH = (int)m0->ne[1], O = (int)m2->ne[1];
-	double *h = calloc((size_t)NT * E, sizeof(double)), *x = calloc(E, sizeof(double));
-	double *q = calloc((size_t)NT * E, sizeof(double)), *k = calloc((size_t)NT * E, 8);
-	double *v = calloc((size_t)NT * E, 8), *u = calloc(F > (uint32_t)MH ? F : (size_t)MH, 8);
-	double *a = calloc(E, 8), *sc = calloc((size_t)NT, 8),
+	double *h = calloc((size_t)(unsigned)NT * E, sizeof(double)),
+	       *x = calloc(E, sizeof(double));
+	double *q = calloc((size_t)(unsigned)NT * E, sizeof(double)),
+	       *k = calloc((size_t)(unsigned)NT * E, 8);
+	double *v = calloc((size_t)(unsigned)NT * E, 8),
+	       *u = calloc(F > (uint32_t)MH ? F : (size_t)MH, 8);
+	double *a = calloc(E, 8), *sc = calloc((size_t)(unsigned)NT, 8),
 	       *y = calloc(E > (uint32_t)O ? E : (size_t)O, 8);
 	if (!h || !x || !q || !k || !v || !u || !a || !sc || !y)
 		abort();
@@ -152,7 +155,7 @@ int ref_vit_encode(const struct kvi_gguf *g, const float *pix, float *out)
 			lin(T(g, B, l, "attn_v.weight"), T(g, B, l, "attn_v.bias"), x, (int)E,
 			    (int)E, v + (size_t)t * E);
 		}
-		double *hn = calloc((size_t)NT * E, 8);
+		double *hn = calloc((size_t)(unsigned)NT * E, 8);
 		if (!hn)
 			abort();
 		for (int t = 0; t < NT; t++) {
@@ -207,7 +210,7 @@ int ref_vit_encode(const struct kvi_gguf *g, const float *pix, float *out)
 		lin(m0, kvi_gguf_find_tensor(g, "mm.0.bias"), r, (int)E, MH, u);
 		for (int i = 0; i < MH; i++)
 			u[i] = gelu_d(u[i], 0);
-		double *yo = calloc((size_t)O, 8);
+		double *yo = calloc((size_t)(unsigned)O, 8);
 		if (!yo)
 			abort();
 		lin(m2, kvi_gguf_find_tensor(g, "mm.2.bias"), u, MH, O, yo);
