@@ -193,7 +193,8 @@ void kvk_row_to_f32(enum kvk_wtype wt, const void *w, size_t n, size_t r, float 
 size_t kvk_act_bytes(enum kvk_wtype wt, size_t n, size_t ntok)
 {
 	if (wt == KVK_W_Q8_0)
-		return kvk_q8act_qbytes(n, ntok) + ntok * (n / 32) * sizeof(float);
+		return kvk_q8act_qbytes(n, ntok) +
+		       ntok * (n / 32) * (sizeof(float) + sizeof(int32_t));
 	if (kvk_wtype_kq(wt))
 		return kvk_kqact_qbytes(n, ntok) + 2 * ntok * (n / 32) * sizeof(float);
 	return n * ntok * sizeof(float);
@@ -207,10 +208,12 @@ void kvk_act_prepare_q8_ref(void *act, size_t ntok, const float *x, size_t ldx, 
 	size_t nb = n / 32;
 	int8_t *q = act;
 	float *d = (float *)((uint8_t *)act + kvk_q8act_qbytes(n, ntok));
+	int32_t *c = (int32_t *)((uint8_t *)act + kvk_q8act_corr_off(n, ntok));
 	for (size_t t = t0; t < t1; t++) {
 		const float *xt = x + t * ldx;
 		for (size_t b = 0; b < nb; b++) {
 			const float *xb = xt + b * 32;
+			int32_t sum = 0;
 			float amax = 0;
 			for (int i = 0; i < 32; i++) {
 				float a = xb[i] < 0 ? -xb[i] : xb[i];
@@ -225,7 +228,9 @@ void kvk_act_prepare_q8_ref(void *act, size_t ntok, const float *x, size_t ldx, 
 				int qi = (int)(v + (v < 0 ? -0.5f : 0.5f));
 				qi = qi > 127 ? 127 : qi < -127 ? -127 : qi;
 				q[t * n + b * 32 + i] = (int8_t)qi;
+				sum += qi;
 			}
+			c[t * nb + b] = -128 * sum;
 		}
 	}
 }
@@ -263,6 +268,8 @@ size_t kvk_matmul_scratch_floats(enum kvk_wtype wt, size_t n)
 {
 	if (wt == KVK_W_F16 || wt == KVK_W_BF16)
 		return KVK_PANEL_ROWS * ((n + 7) & ~(size_t)7);
+	if (wt == KVK_W_Q8_0) /* an interleaved panel: its bytes, then its f32 scales */
+		return KVK_PANEL_ROWS * (n / 4 + n / 32);
 	return 0;
 }
 

@@ -7,10 +7,17 @@
 #include "kvk.h"
 
 /* Q8_0 activations for ntok tokens of n elements: int8 q[ntok][n], then (32-byte aligned)
- * float d[ntok][n / 32]. Token t block b is d[t][b] * q[t][b*32 .. b*32+31]. */
+ * float d[ntok][n / 32], then int32 c[ntok][n / 32]. Token t block b is d[t][b] *
+ * q[t][b*32 .. b*32+31]; c[t][b] = -128 * the sum of those 32 q: the AVX-512 kernels feed
+ * vpdpbusd w + 128 (unsigned) and start each block's sum from c (exact: sum(w * q)). */
 static inline size_t kvk_q8act_qbytes(size_t n, size_t ntok)
 {
 	return (n * ntok + 31) & ~(size_t)31;
+}
+
+static inline size_t kvk_q8act_corr_off(size_t n, size_t ntok)
+{
+	return kvk_q8act_qbytes(n, ntok) + ntok * (n / 32) * 4;
 }
 
 /* kvk_act_prepare for Q8_0 in portable C: the reference the SIMD versions equal byte for
