@@ -383,6 +383,46 @@ kvk_axpy_f16_fn kvk_axpy_f16_get(enum kvk_isa isa)
 	return axpy_f16_scalar;
 }
 
+static void qk_f16_scalar(float *sc, size_t ldsc, const float *q, size_t G, size_t hd,
+			  const uint16_t *k, size_t ks, size_t np, float scale)
+{
+	for (size_t p = 0; p < np; p++)
+		for (size_t g = 0; g < G; g++)
+			sc[g * ldsc + p] = dot_f16_scalar(q + g * hd, k + p * ks, hd) * scale;
+}
+
+static void av_f16_scalar(float *o, const float *sc, size_t ldsc, size_t G, size_t hd,
+			  const uint16_t *v, size_t vs, size_t np)
+{
+	for (size_t p = 0; p < np; p++)
+		for (size_t g = 0; g < G; g++)
+			axpy_f16_scalar(o + g * hd, sc[g * ldsc + p], v + p * vs, hd);
+}
+
+kvk_qk_f16_fn kvk_qk_f16_get(enum kvk_isa isa)
+{
+#ifdef KVK_HAVE_X86
+	if (resolve(isa) == KVK_ISA_AVX512)
+		return kvk_qk_f16_avx512;
+	if (resolve(isa) == KVK_ISA_AVX2)
+		return kvk_qk_f16_avx2;
+#endif
+	(void)isa;
+	return qk_f16_scalar;
+}
+
+kvk_av_f16_fn kvk_av_f16_get(enum kvk_isa isa)
+{
+#ifdef KVK_HAVE_X86
+	if (resolve(isa) == KVK_ISA_AVX512)
+		return kvk_av_f16_avx512;
+	if (resolve(isa) == KVK_ISA_AVX2)
+		return kvk_av_f16_avx2;
+#endif
+	(void)isa;
+	return av_f16_scalar;
+}
+
 float kvk_dot_f16(enum kvk_isa isa, const float *a, const uint16_t *b, size_t n)
 {
 	return kvk_dot_f16_get(isa)(a, b, n);

@@ -31,12 +31,20 @@ void kvk_matmul_avx2(enum kvk_wtype wt, float *y, size_t ldy, const void *w, siz
 		     size_t r1, const void *act, size_t ntok, float *scratch);
 float kvk_dot_f16_avx2(const float *a, const uint16_t *b, size_t n);
 void kvk_axpy_f16_avx2(float *y, float s, const uint16_t *b, size_t n);
+void kvk_qk_f16_avx2(float *sc, size_t ldsc, const float *q, size_t G, size_t hd, const uint16_t *k,
+		     size_t ks, size_t np, float scale);
+void kvk_av_f16_avx2(float *o, const float *sc, size_t ldsc, size_t G, size_t hd, const uint16_t *v,
+		     size_t vs, size_t np);
 void kvk_act_prepare_q8_avx2(void *act, size_t ntok, const float *x, size_t ldx, size_t n,
 			     size_t t0, size_t t1);
 void kvk_matmul_avx512(enum kvk_wtype wt, float *y, size_t ldy, const void *w, size_t n, size_t r0,
 		       size_t r1, const void *act, size_t ntok, float *scratch);
 float kvk_dot_f16_avx512(const float *a, const uint16_t *b, size_t n);
 void kvk_axpy_f16_avx512(float *y, float s, const uint16_t *b, size_t n);
+void kvk_qk_f16_avx512(float *sc, size_t ldsc, const float *q, size_t G, size_t hd,
+		       const uint16_t *k, size_t ks, size_t np, float scale);
+void kvk_av_f16_avx512(float *o, const float *sc, size_t ldsc, size_t G, size_t hd,
+		       const uint16_t *v, size_t vs, size_t np);
 void kvk_act_prepare_q8_avx512(void *act, size_t ntok, const float *x, size_t ldx, size_t n,
 			       size_t t0, size_t t1);
 #endif
