@@ -21,6 +21,9 @@ struct kvi_engine {
 	enum kvk_isa isa;
 	kvk_dot_f16_fn dot;
 	kvk_axpy_f16_fn axpy;
+	kvk_qk_f16_fn qk;
+	kvk_av_f16_fn av;
+	size_t kv_stride; /* halves between a KV block's consecutive positions */
 	struct kvi_pool *pool;
 	struct kvi_kv *kv;
 	int q_dim, kv_dim;
@@ -177,6 +180,8 @@ int kvi_engine_create(const struct kvi_model *m, const struct kvi_engine_opts *o
 	e->o.isa = e->isa;
 	e->dot = kvk_dot_f16_get(e->isa);
 	e->axpy = kvk_axpy_f16_get(e->isa);
+	e->qk = kvk_qk_f16_get(e->isa);
+	e->av = kvk_av_f16_get(e->isa);
 	e->q_dim = c->n_head * c->head_dim;
 	e->kv_dim = c->n_head_kv * c->head_dim;
 
@@ -184,6 +189,9 @@ int kvi_engine_create(const struct kvi_model *m, const struct kvi_engine_opts *o
 	rc = kvi_kv_create(&g, opt.kv_blocks, &e->kv);
 	if (rc)
 		goto fail;
+	if (opt.block_tokens > 1)
+		e->kv_stride =
+		    (size_t)(kvi_kv_row(e->kv, 0, 0, 0, 1) - kvi_kv_row(e->kv, 0, 0, 0, 0));
 	rc = kvi_pool_create(opt.threads, &e->pool);
 	if (rc)
 		goto fail;
@@ -420,14 +428,18 @@ static void attn_run(void *arg, int tid, int nth, int thread)
 		const int32_t *bt = kvi_seq_blocks(e->bseq[t]);
 		const float *q = e->q + (size_t)t * e->q_dim + (size_t)h0 * hd;
 		float *sc = e->scores[thread], mx[64], sum[64];
-		for (int g = 0; g < G; g++)
-			mx[g] = -INFINITY;
-		for (int p = 0; p <= pos; p++) {
+		/* runs of consecutive positions in one KV block: rows ks halves apart */
+		for (int p0 = 0; p0 <= pos; p0 += B - p0 % B) {
+			int np = pos + 1 - p0 < B - p0 % B ? pos + 1 - p0 : B - p0 % B;
 			const uint16_t *kr =
-			    kvi_kv_row(e->kv, bt[p / B], j->layer, 0, p % B) + kvh * hd;
-			for (int g = 0; g < G; g++) {
-				float v = e->dot(q + (size_t)g * hd, kr, (size_t)hd) * scale;
-				sc[(size_t)g * ms + p] = v;
+			    kvi_kv_row(e->kv, bt[p0 / B], j->layer, 0, p0 % B) + kvh * hd;
+			e->qk(sc + p0, (size_t)ms, q, (size_t)G, (size_t)hd, kr, e->kv_stride,
+			      (size_t)np, scale);
+		}
+		for (int g = 0; g < G; g++) {
+			mx[g] = -INFINITY;
+			for (int p = 0; p <= pos; p++) {
+				float v = sc[(size_t)g * ms + p];
 				mx[g] = v > mx[g] ? v : mx[g];
 			}
 		}
@@ -441,11 +453,12 @@ static void attn_run(void *arg, int tid, int nth, int thread)
 		}
 		float *o = e->att + (size_t)t * e->q_dim + (size_t)h0 * hd;
 		memset(o, 0, (size_t)G * hd * 4);
-		for (int p = 0; p <= pos; p++) {
+		for (int p0 = 0; p0 <= pos; p0 += B - p0 % B) {
+			int np = pos + 1 - p0 < B - p0 % B ? pos + 1 - p0 : B - p0 % B;
 			const uint16_t *vr =
-			    kvi_kv_row(e->kv, bt[p / B], j->layer, 1, p % B) + kvh * hd;
-			for (int g = 0; g < G; g++)
-				e->axpy(o + (size_t)g * hd, sc[(size_t)g * ms + p], vr, (size_t)hd);
+			    kvi_kv_row(e->kv, bt[p0 / B], j->layer, 1, p0 % B) + kvh * hd;
+			e->av(o, sc + p0, (size_t)ms, (size_t)G, (size_t)hd, vr, e->kv_stride,
+			      (size_t)np);
 		}
 		for (int g = 0; g < G; g++) {
 			float inv = 1.0f / sum[g];

@@ -116,4 +116,16 @@ typedef void (*kvk_axpy_f16_fn)(float *y, float s, const uint16_t *b, size_t n);
 kvk_dot_f16_fn kvk_dot_f16_get(enum kvk_isa isa);
 kvk_axpy_f16_fn kvk_axpy_f16_get(enum kvk_isa isa);
 
+/* Attention over np consecutive f16 K or V rows (row p at k + p * ks halves) for G query heads
+ * of hd floats (head g at q + g * hd, output row g at o + g * hd), scores of head g at
+ * sc + g * ldsc. qk: sc[g][p] = dot(q_g, k_p) * scale. av: o_g += sc[g][p] * v_p, p in order.
+ * Bit for bit the loops over p and g of the dot / axpy of the same isa: one call per run of
+ * rows instead of one per (row, head). */
+typedef void (*kvk_qk_f16_fn)(float *sc, size_t ldsc, const float *q, size_t G, size_t hd,
+			      const uint16_t *k, size_t ks, size_t np, float scale);
+typedef void (*kvk_av_f16_fn)(float *o, const float *sc, size_t ldsc, size_t G, size_t hd,
+			      const uint16_t *v, size_t vs, size_t np);
+kvk_qk_f16_fn kvk_qk_f16_get(enum kvk_isa isa);
+kvk_av_f16_fn kvk_av_f16_get(enum kvk_isa isa);
+
 #endif

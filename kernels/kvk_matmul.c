@@ -193,7 +193,8 @@ void kvk_row_to_f32(enum kvk_wtype wt, const void *w, size_t n, size_t r, float 
 size_t kvk_act_bytes(enum kvk_wtype wt, size_t n, size_t ntok)
 {
 	if (wt == KVK_W_Q8_0)
-		return kvk_q8act_qbytes(n, ntok) + ntok * (n / 32) * sizeof(float);
+		return kvk_q8act_qbytes(n, ntok) +
+		       ntok * (n / 32) * (sizeof(float) + sizeof(int32_t));
 	if (kvk_wtype_kq(wt))
 		return kvk_kqact_qbytes(n, ntok) + 2 * ntok * (n / 32) * sizeof(float);
 	return n * ntok * sizeof(float);
@@ -207,10 +208,12 @@ void kvk_act_prepare_q8_ref(void *act, size_t ntok, const float *x, size_t ldx, 
 	size_t nb = n / 32;
 	int8_t *q = act;
 	float *d = (float *)((uint8_t *)act + kvk_q8act_qbytes(n, ntok));
+	int32_t *c = (int32_t *)((uint8_t *)act + kvk_q8act_corr_off(n, ntok));
 	for (size_t t = t0; t < t1; t++) {
 		const float *xt = x + t * ldx;
 		for (size_t b = 0; b < nb; b++) {
 			const float *xb = xt + b * 32;
+			int32_t sum = 0;
 			float amax = 0;
 			for (int i = 0; i < 32; i++) {
 				float a = xb[i] < 0 ? -xb[i] : xb[i];
@@ -225,7 +228,9 @@ void kvk_act_prepare_q8_ref(void *act, size_t ntok, const float *x, size_t ldx, 
 				int qi = (int)(v + (v < 0 ? -0.5f : 0.5f));
 				qi = qi > 127 ? 127 : qi < -127 ? -127 : qi;
 				q[t * n + b * 32 + i] = (int8_t)qi;
+				sum += qi;
 			}
+			c[t * nb + b] = -128 * sum;
 		}
 	}
 }
@@ -261,8 +266,10 @@ void kvk_act_prepare(enum kvk_wtype wt, void *act, size_t ntok, const float *x, 
 
 size_t kvk_matmul_scratch_floats(enum kvk_wtype wt, size_t n)
 {
-	if (wt == KVK_W_F16 || wt == KVK_W_BF16)
-		return KVK_PANEL_ROWS * ((n + 7) & ~(size_t)7);
+	if (wt == KVK_W_F16 || wt == KVK_W_BF16) /* AVX-512 F16 panels hold 2 * 16 rows */
+		return 2 * KVK_PANEL_ROWS * ((n + 7) & ~(size_t)7);
+	if (wt == KVK_W_Q8_0) /* an interleaved panel: its bytes, then its f32 scales */
+		return KVK_PANEL_ROWS * (n / 4 + n / 32);
 	return 0;
 }
 
@@ -374,6 +381,46 @@ kvk_axpy_f16_fn kvk_axpy_f16_get(enum kvk_isa isa)
 #endif
 	(void)isa;
 	return axpy_f16_scalar;
+}
+
+static void qk_f16_scalar(float *sc, size_t ldsc, const float *q, size_t G, size_t hd,
+			  const uint16_t *k, size_t ks, size_t np, float scale)
+{
+	for (size_t p = 0; p < np; p++)
+		for (size_t g = 0; g < G; g++)
+			sc[g * ldsc + p] = dot_f16_scalar(q + g * hd, k + p * ks, hd) * scale;
+}
+
+static void av_f16_scalar(float *o, const float *sc, size_t ldsc, size_t G, size_t hd,
+			  const uint16_t *v, size_t vs, size_t np)
+{
+	for (size_t p = 0; p < np; p++)
+		for (size_t g = 0; g < G; g++)
+			axpy_f16_scalar(o + g * hd, sc[g * ldsc + p], v + p * vs, hd);
+}
+
+kvk_qk_f16_fn kvk_qk_f16_get(enum kvk_isa isa)
+{
+#ifdef KVK_HAVE_X86
+	if (resolve(isa) == KVK_ISA_AVX512)
+		return kvk_qk_f16_avx512;
+	if (resolve(isa) == KVK_ISA_AVX2)
+		return kvk_qk_f16_avx2;
+#endif
+	(void)isa;
+	return qk_f16_scalar;
+}
+
+kvk_av_f16_fn kvk_av_f16_get(enum kvk_isa isa)
+{
+#ifdef KVK_HAVE_X86
+	if (resolve(isa) == KVK_ISA_AVX512)
+		return kvk_av_f16_avx512;
+	if (resolve(isa) == KVK_ISA_AVX2)
+		return kvk_av_f16_avx2;
+#endif
+	(void)isa;
+	return av_f16_scalar;
 }
 
 float kvk_dot_f16(enum kvk_isa isa, const float *a, const uint16_t *b, size_t n)

@@ -7,10 +7,17 @@
 #include "kvk.h"
 
 /* Q8_0 activations for ntok tokens of n elements: int8 q[ntok][n], then (32-byte aligned)
- * float d[ntok][n / 32]. Token t block b is d[t][b] * q[t][b*32 .. b*32+31]. */
+ * float d[ntok][n / 32], then int32 c[ntok][n / 32]. Token t block b is d[t][b] *
+ * q[t][b*32 .. b*32+31]; c[t][b] = -128 * the sum of those 32 q: the AVX-512 kernels feed
+ * vpdpbusd w + 128 (unsigned) and start each block's sum from c (exact: sum(w * q)). */
 static inline size_t kvk_q8act_qbytes(size_t n, size_t ntok)
 {
 	return (n * ntok + 31) & ~(size_t)31;
+}
+
+static inline size_t kvk_q8act_corr_off(size_t n, size_t ntok)
+{
+	return kvk_q8act_qbytes(n, ntok) + ntok * (n / 32) * 4;
 }
 
 /* kvk_act_prepare for Q8_0 in portable C: the reference the SIMD versions equal byte for
@@ -24,12 +31,20 @@ void kvk_matmul_avx2(enum kvk_wtype wt, float *y, size_t ldy, const void *w, siz
 		     size_t r1, const void *act, size_t ntok, float *scratch);
 float kvk_dot_f16_avx2(const float *a, const uint16_t *b, size_t n);
 void kvk_axpy_f16_avx2(float *y, float s, const uint16_t *b, size_t n);
+void kvk_qk_f16_avx2(float *sc, size_t ldsc, const float *q, size_t G, size_t hd, const uint16_t *k,
+		     size_t ks, size_t np, float scale);
+void kvk_av_f16_avx2(float *o, const float *sc, size_t ldsc, size_t G, size_t hd, const uint16_t *v,
+		     size_t vs, size_t np);
 void kvk_act_prepare_q8_avx2(void *act, size_t ntok, const float *x, size_t ldx, size_t n,
 			     size_t t0, size_t t1);
 void kvk_matmul_avx512(enum kvk_wtype wt, float *y, size_t ldy, const void *w, size_t n, size_t r0,
 		       size_t r1, const void *act, size_t ntok, float *scratch);
 float kvk_dot_f16_avx512(const float *a, const uint16_t *b, size_t n);
 void kvk_axpy_f16_avx512(float *y, float s, const uint16_t *b, size_t n);
+void kvk_qk_f16_avx512(float *sc, size_t ldsc, const float *q, size_t G, size_t hd,
+		       const uint16_t *k, size_t ks, size_t np, float scale);
+void kvk_av_f16_avx512(float *o, const float *sc, size_t ldsc, size_t G, size_t hd,
+		       const uint16_t *v, size_t vs, size_t np);
 void kvk_act_prepare_q8_avx512(void *act, size_t ntok, const float *x, size_t ldx, size_t n,
 			       size_t t0, size_t t1);
 #endif

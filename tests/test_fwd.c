@@ -551,6 +551,48 @@ static void test_act_prepare_q8(void **st)
 	free(x), free(got), free(want);
 }
 
+/* The attention kernels over a run of KV rows give the bits of the per-(row, head) dot / axpy
+ * loops they replace, for the specialised head size 64 and others, on every ISA here. */
+static void test_attn_runs(void **st)
+{
+	(void)st;
+	enum { G = 3, NP = 37, KS = 200 };
+	static const size_t hds[] = {64, 15, 128};
+	float *q = malloc(G * 128 * 4), *sc = malloc(G * NP * 4), *sw = malloc(G * NP * 4);
+	float *o = malloc(G * 128 * 4), *ow = malloc(G * 128 * 4);
+	uint16_t *kv = malloc(NP * KS * 2);
+	unsigned sd = 5;
+	for (size_t i = 0; i < G * 128; i++) {
+		sd = sd * 1103515245u + 12345u;
+		q[i] = (float)((int)(sd >> 8) % 2001 - 1000) * 1e-3f;
+	}
+	for (size_t i = 0; i < NP * KS; i++) {
+		sd = sd * 1103515245u + 12345u;
+		kv[i] = kvk_f32_to_f16((float)((int)(sd >> 8) % 2001 - 1000) * 1e-3f);
+	}
+	for (int isa = KVK_ISA_SCALAR; isa <= (int)kvk_isa_best(); isa++)
+		for (size_t hi = 0; hi < 3; hi++) {
+			size_t hd = hds[hi];
+			kvk_dot_f16_fn dot = kvk_dot_f16_get((enum kvk_isa)isa);
+			kvk_axpy_f16_fn axpy = kvk_axpy_f16_get((enum kvk_isa)isa);
+			for (size_t p = 0; p < NP; p++)
+				for (size_t g = 0; g < G; g++)
+					sw[g * NP + p] = dot(q + g * hd, kv + p * KS, hd) * 0.125f;
+			kvk_qk_f16_get((enum kvk_isa)isa)(sc, NP, q, G, hd, kv, KS, NP, 0.125f);
+			assert_memory_equal(sc, sw, G * NP * 4);
+			memcpy(o, q, G * hd * 4);
+			memcpy(ow, q, G * hd * 4);
+			for (size_t p = 0; p < NP; p++)
+				for (size_t g = 0; g < G; g++)
+					axpy(ow + g * hd, sw[g * NP + p], kv + p * KS, hd);
+			kvk_av_f16_get((enum kvk_isa)isa)(o, sw, NP, G, hd, kv, KS, NP);
+			assert_memory_equal(o, ow, G * hd * 4);
+		}
+	printf("  qk / av runs equal the dot / axpy loops (scalar .. %s)\n",
+	       kvk_isa_name(kvk_isa_best()));
+	free(q), free(sc), free(sw), free(o), free(ow), free(kv);
+}
+
 /* `kvinfer generate --logits FILE`: one row per prompt token and per decoded token, and the
  * rows are the engine's own logits (prefill of the whole prompt gives the last prompt row's
  * bits, prefill of the first token alone row 0's). Skipped without the built tools. */
@@ -626,14 +668,23 @@ static void test_f16_conversion(void **st)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_f16_conversion),  cmocka_unit_test(test_matmul_invariance),
-	    cmocka_unit_test(test_act_prepare_q8),  cmocka_unit_test(test_cli_logits),
-	    cmocka_unit_test(test_ref_f32),	    cmocka_unit_test(test_ref_f16),
-	    cmocka_unit_test(test_ref_bf16),	    cmocka_unit_test(test_ref_q8_0),
-	    cmocka_unit_test(test_ref_synth_quant), cmocka_unit_test(test_chunk_invariance),
-	    cmocka_unit_test(test_decode_batch),    cmocka_unit_test(test_kv_export_import),
-	    cmocka_unit_test(test_fork_cow),	    cmocka_unit_test(test_greedy_deterministic),
-	    cmocka_unit_test(test_errors),	    cmocka_unit_test(test_inject),
+	    cmocka_unit_test(test_f16_conversion),
+	    cmocka_unit_test(test_matmul_invariance),
+	    cmocka_unit_test(test_act_prepare_q8),
+	    cmocka_unit_test(test_attn_runs),
+	    cmocka_unit_test(test_cli_logits),
+	    cmocka_unit_test(test_ref_f32),
+	    cmocka_unit_test(test_ref_f16),
+	    cmocka_unit_test(test_ref_bf16),
+	    cmocka_unit_test(test_ref_q8_0),
+	    cmocka_unit_test(test_ref_synth_quant),
+	    cmocka_unit_test(test_chunk_invariance),
+	    cmocka_unit_test(test_decode_batch),
+	    cmocka_unit_test(test_kv_export_import),
+	    cmocka_unit_test(test_fork_cow),
+	    cmocka_unit_test(test_greedy_deterministic),
+	    cmocka_unit_test(test_errors),
+	    cmocka_unit_test(test_inject),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
