@@ -233,7 +233,7 @@ static void test_inject(void **st)
 	struct fwdc_engine e = {NULL, engine(m, 2, 7, 16, 0)};
 	fwdc_inject(e, m, -1);
 	fwdc_destroy(e);
-	kvi_model_free(m);
+	ref_model_free(m);
 }
 
 static void test_chunk_invariance(void **st)

@@ -506,7 +506,7 @@ static void test_inject(void **st)
 	struct fwdc_engine e = make_engine(m, 0, 7, 16);
 	fwdc_inject(e, m, SELF_TOL);
 	fwdc_destroy(e);
-	kvi_model_free(m);
+	ref_model_free(m);
 }
 
 static void test_errors(void **st)
