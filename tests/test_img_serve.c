@@ -22,6 +22,7 @@
 #include <zlib.h>
 
 #include "http_tutil.h"
+#include "img_tutil.h"
 #include "proc_tutil.h"
 
 enum { EMB, DIS, NFORM };
@@ -112,60 +113,6 @@ static int teardown(void **state)
 
 /* ---- images ---- */
 
-struct mbuf {
-	uint8_t *p;
-	size_t n;
-};
-
-static void png_wr(png_structp png, png_bytep d, size_t n)
-{
-	struct mbuf *b = png_get_io_ptr(png);
-	b->p = realloc(b->p, b->n + n);
-	memcpy(b->p + b->n, d, n);
-	b->n += n;
-}
-
-static void png_fl(png_structp png)
-{
-	(void)png;
-}
-
-/* A w × h PNG: RGB8 of a pattern, or 1-bit gray zeros (gray1: the bomb). */
-static struct mbuf make_png(uint32_t w, uint32_t h, int gray1)
-{
-	struct mbuf b = {0};
-	png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
-	png_infop info = png_create_info_struct(png);
-	if (setjmp(png_jmpbuf(png)))
-		fail_msg("libpng write failed");
-	png_set_write_fn(png, &b, png_wr, png_fl);
-	png_set_IHDR(png, info, w, h, gray1 ? 1 : 8,
-		     gray1 ? PNG_COLOR_TYPE_GRAY : PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
-		     PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
-	png_write_info(png, info);
-	size_t rb = gray1 ? (w + 7) / 8 : (size_t)w * 3;
-	uint8_t *row = calloc(rb, 1);
-	for (uint32_t y = 0; y < h; y++) {
-		if (!gray1)
-			for (size_t i = 0; i < rb; i++)
-				row[i] = (uint8_t)(i * 7 + y * 13);
-		png_write_row(png, row);
-	}
-	png_write_end(png, NULL);
-	free(row);
-	png_destroy_write_struct(&png, &info);
-	return b;
-}
-
-static char *data_url(const char *mime, const uint8_t *p, size_t n)
-{
-	size_t pre = strlen("data:;base64,") + strlen(mime);
-	char *s = malloc(pre + 4 * ((n + 2) / 3) + 1);
-	sprintf(s, "data:%s;base64,", mime);
-	EVP_EncodeBlock((unsigned char *)s + pre, p, (int)n);
-	return s;
-}
-
 /* ---- requests ---- */
 
 static int post(int form, const char *body, cJSON **out)
@@ -246,8 +193,8 @@ static void expect_image_400(int form, const char *url, const char *msg)
 static void test_bad_images(void **state)
 {
 	(void)state;
-	struct mbuf good = make_png(8, 6, 0), wide = make_png(100, 10, 0),
-		    bomb = make_png(6000, 6000, 1);
+	struct itu_buf good = itu_png(8, 6, 0, 0), wide = itu_png(100, 10, 0, 0),
+		       bomb = itu_png(6000, 6000, 1, 0);
 	/* the same PNG claiming 100000 × 100000, its header CRC made right */
 	uint8_t *huge = malloc(good.n);
 	memcpy(huge, good.p, good.n);
@@ -260,15 +207,16 @@ static void test_bad_images(void **state)
 		char *url;
 		const char *msg;
 	} cases[] = {
-	    {data_url("image/png", good.p, good.n - 9), "bad PNG image"},
-	    {data_url("image/png", (const uint8_t *)"hello world", 11), "unsupported image format"},
-	    {data_url("image/png", huge, good.n), "100000x100000"},
-	    {data_url("image/png", bomb.p, bomb.n), "6000x6000"},
-	    {data_url("image/png", wide.p, wide.n), "64-pixel width limit"},
-	    {data_url("image/jpeg", good.p, good.n), "says image/jpeg but the data is PNG"},
+	    {itu_data_url("image/png", good.p, good.n - 9), "bad PNG image"},
+	    {itu_data_url("image/png", (const uint8_t *)"hello world", 11),
+	     "unsupported image format"},
+	    {itu_data_url("image/png", huge, good.n), "100000x100000"},
+	    {itu_data_url("image/png", bomb.p, bomb.n), "6000x6000"},
+	    {itu_data_url("image/png", wide.p, wide.n), "64-pixel width limit"},
+	    {itu_data_url("image/jpeg", good.p, good.n), "says image/jpeg but the data is PNG"},
 	    {strdup("data:image/png;base64,@@@@"), "not base64"},
 	    {strdup("https://example.com/cat.png"), "not allowed"},
-	    {data_url("image/png", good.p, good.n),
+	    {itu_data_url("image/png", good.p, good.n),
 	     "model has no vision encoder (start with --mmproj)"},
 	};
 	int nc = (int)(sizeof(cases) / sizeof(cases[0]));

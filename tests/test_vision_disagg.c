@@ -23,6 +23,7 @@
 #include <pthread.h>
 
 #include "http_tutil.h"
+#include "img_tutil.h"
 #include "proc_tutil.h"
 
 enum { B = 16, NE = 2, NBAL = 400, NCLI = 8 };
@@ -224,51 +225,6 @@ static int teardown(void **state)
 
 /* ---- a picture: a PNG of a pattern that `seed` changes ---- */
 
-struct pbuf {
-	uint8_t *p;
-	size_t n;
-};
-
-static void wr(png_structp png, png_bytep d, size_t n)
-{
-	struct pbuf *b = png_get_io_ptr(png);
-	b->p = realloc(b->p, b->n + n);
-	memcpy(b->p + b->n, d, n);
-	b->n += n;
-}
-
-static void nofl(png_structp png)
-{
-	(void)png;
-}
-
-static char *picture_url(int seed)
-{
-	enum { W = 40, H = 30 };
-	struct pbuf b = {0};
-	png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
-	png_infop info = png_create_info_struct(png);
-	if (setjmp(png_jmpbuf(png)))
-		fail_msg("libpng");
-	png_set_write_fn(png, &b, wr, nofl);
-	png_set_IHDR(png, info, W, H, 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
-		     PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
-	png_write_info(png, info);
-	uint8_t row[W * 3];
-	for (int y = 0; y < H; y++) {
-		for (int x = 0; x < W * 3; x++)
-			row[x] = (uint8_t)(x * 7 + y * 13 + seed * 31 + (seed / 8) * x * y);
-		png_write_row(png, row);
-	}
-	png_write_end(png, NULL);
-	png_destroy_write_struct(&png, &info);
-	char *s = malloc(32 + 4 * ((b.n + 2) / 3) + 1);
-	int pre = sprintf(s, "data:image/png;base64,");
-	EVP_EncodeBlock((unsigned char *)s + pre, b.p, (int)b.n);
-	free(b.p);
-	return s;
-}
-
 /* ---- a request ---- */
 
 struct answer {
@@ -344,7 +300,7 @@ static struct answer ask_url(uint16_t port, const char *url, int max_tokens)
 
 static struct answer ask_n(uint16_t port, int seed, int n)
 {
-	char *url = picture_url(seed);
+	char *url = itu_picture_url(seed);
 	struct answer a = ask_url_n(port, url, 4, n);
 	free(url);
 	if (a.status != 200)
@@ -445,7 +401,7 @@ static void *client(void *arg)
 	intptr_t me = (intptr_t)arg;
 	intptr_t bad = 0;
 	for (int k = (int)me; k < NBAL; k += NCLI) {
-		char *url = picture_url(1000 + k);
+		char *url = itu_picture_url(1000 + k);
 		struct answer a = ask_url(gw_port, url, 1);
 		free(url);
 		bad += a.status != 200;
@@ -497,7 +453,7 @@ static void test_bad_images(void **state)
 		assert_int_equal(a.status, 400);
 		answer_free(&a);
 	}
-	char *url = picture_url(1);
+	char *url = itu_picture_url(1);
 	char *cut = strdup(url);
 	cut[strlen(cut) * 2 / 3] = 0; /* truncated */
 	struct answer t = ask_url(gw_port, cut, 1);

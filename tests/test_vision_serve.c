@@ -20,6 +20,7 @@
 #include <png.h>
 
 #include "http_tutil.h"
+#include "img_tutil.h"
 #include "proc_tutil.h"
 
 enum { B = 16 };
@@ -89,51 +90,6 @@ static int teardown(void **state)
 
 /* ---- a picture: a PNG of a pattern that `seed` changes ---- */
 
-struct pbuf {
-	uint8_t *p;
-	size_t n;
-};
-
-static void wr(png_structp png, png_bytep d, size_t n)
-{
-	struct pbuf *b = png_get_io_ptr(png);
-	b->p = realloc(b->p, b->n + n);
-	memcpy(b->p + b->n, d, n);
-	b->n += n;
-}
-
-static void nofl(png_structp png)
-{
-	(void)png;
-}
-
-static char *picture_url(int seed)
-{
-	enum { W = 40, H = 30 };
-	struct pbuf b = {0};
-	png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
-	png_infop info = png_create_info_struct(png);
-	if (setjmp(png_jmpbuf(png)))
-		fail_msg("libpng");
-	png_set_write_fn(png, &b, wr, nofl);
-	png_set_IHDR(png, info, W, H, 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
-		     PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
-	png_write_info(png, info);
-	uint8_t row[W * 3];
-	for (int y = 0; y < H; y++) {
-		for (int x = 0; x < W * 3; x++)
-			row[x] = (uint8_t)(x * 7 + y * 13 + seed * 31);
-		png_write_row(png, row);
-	}
-	png_write_end(png, NULL);
-	png_destroy_write_struct(&png, &info);
-	char *s = malloc(32 + 4 * ((b.n + 2) / 3) + 1);
-	int pre = sprintf(s, "data:image/png;base64,");
-	EVP_EncodeBlock((unsigned char *)s + pre, b.p, (int)b.n);
-	free(b.p);
-	return s;
-}
-
 /* ---- a request ---- */
 
 struct answer {
@@ -153,7 +109,7 @@ static void answer_free(struct answer *a)
 /* A greedy 4-token chat request: text, the picture, more text; n choices. */
 static struct answer ask(int seed, int n)
 {
-	char *url = picture_url(seed);
+	char *url = itu_picture_url(seed);
 	size_t len = strlen(url) + 512;
 	char *body = malloc(len);
 	snprintf(
