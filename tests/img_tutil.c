@@ -32,8 +32,9 @@ struct itu_buf itu_png(uint32_t w, uint32_t h, int gray1, int seed)
 	if (setjmp(png_jmpbuf(png)))
 		fail_msg("libpng write failed");
 	png_set_write_fn(png, &b, wr, nofl);
-	png_set_IHDR(png, info, w, h, gray1 ? 1 : 8, gray1 ? PNG_COLOR_TYPE_GRAY : PNG_COLOR_TYPE_RGB,
-		     PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+	png_set_IHDR(png, info, w, h, gray1 ? 1 : 8,
+		     gray1 ? PNG_COLOR_TYPE_GRAY : PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
+		     PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
 	png_write_info(png, info);
 	size_t rb = gray1 ? (w + 7) / 8 : (size_t)w * 3;
 	uint8_t *row = calloc(rb, 1);
