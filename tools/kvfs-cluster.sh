@@ -14,8 +14,9 @@
 # DIR gets: secret (random, 0600), meta.addr, nodeI/ + nodeI.addr, *.log, pids ("name pid"
 # lines), node.args (the extra node args, reused by start-node). Binaries: $KVFS_BIN, else
 # <repo>/build/bin. Extra meta args: $KVFS_META_ARGS. With KVFS_METRICS=1 every daemon also
-# serves Prometheus /metrics on an ephemeral loopback port, its HOST:PORT in metaR.metrics (meta.metrics
-# with one meta) and nodeI.metrics. `kvfs --cluster DIR ...` talks to the cluster.
+# serves Prometheus /metrics on an ephemeral loopback port, its HOST:PORT in metaR.metrics
+# (meta.metrics with one meta) and nodeI.metrics. `kvfs --cluster DIR ...` talks to the
+# cluster.
 #
 # Meta is replicated by default (docs/meta.md, "Replicated metadata"): KVFS_META_REPLICAS
 # replicas (any odd number up to 9; default 3). Replica R has metaR/ (RocksDB), raftR/ (its
