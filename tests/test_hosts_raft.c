@@ -8,8 +8,10 @@
  * - a follower killed (SIGKILL): no write fails meanwhile;
  * - the leader killed (SIGKILL), twice ($KVFS_HOSTS_KILLS): writes resume on a new leader;
  *   failover (last acknowledgement before the kill -> first after) printed, p50 and max;
- * - the leader partitioned from the majority (its switch port down): it steps down; a client
- *   on its side of the cut, talking only to it, gets no write acknowledged (and none of its
+ * - the leader partitioned from the majority, twice: its switch port down (cut off from
+ *   everything), then only its routes to the other replicas cut (clients and nodes still
+ *   reach it: kvn_cut). It steps down; a client on its side of the cut, talking only to it
+ *   (on its host, then on a host of its own), gets no write acknowledged (and none of its
  *   writes is there after the heal); no two replicas serve as leader in one term (every
  *   replica's RSTATUS sampled every 20 ms from its own host); after the heal it catches up;
  * - a slow follower (its link shaped to 32 kbit/s): writes go on; the rates are printed.
@@ -38,7 +40,8 @@
 #define H_META(i) (i)	       /* hosts 0-2: one replica each */
 #define H_NODE(i) (NREP + (i)) /* hosts 3-5: one storage node each */
 #define H_CLIENT  (NREP + NNODES)
-#define NHOSTS	  (H_CLIENT + 1)
+#define H_CLIENT2 (H_CLIENT + 1) /* the client beside a cut-off leader (asymmetric partition) */
+#define NHOSTS	  (H_CLIENT2 + 1)
 #define BASE_RATE "10gbit"
 #define SLOW_RATE "32kbit"
 #define META_PORT 7070
@@ -434,20 +437,20 @@ static void *monitor_main(void *arg)
 	return NULL;
 }
 
-/* A client on the old leader's side of the cut that knows only it: MKDIR /minority/mN, one
- * request at a time, no retries, each bounded by 1 s. */
+/* A client on the old leader's side of the cut that knows only it: MKDIR DIR/mN, one request
+ * at a time, no retries, each bounded by 1 s; it runs on host `host`. */
 struct minority {
-	int rep;
+	int rep, host;
 	uint64_t parent;
 	pthread_t t;
 	atomic_int stop;
-	int tried, acked, remchg, aborted, other;
+	int tried, acked, remchg, aborted, other, other_rc; /* other_rc: the last other error */
 };
 
 static void *minority_main(void *arg)
 {
 	struct minority *m = arg;
-	if (kvn_enter(&g_net, H_META(m->rep)))
+	if (kvn_enter(&g_net, m->host))
 		return NULL;
 	while (!atomic_load(&m->stop)) {
 		struct kvp_client *cl;
@@ -470,7 +473,10 @@ static void *minority_main(void *arg)
 			m->acked += rc == 0;
 			m->remchg += rc == -EREMCHG;
 			m->aborted += rc == -ECONNABORTED;
-			m->other += rc && rc != -EREMCHG && rc != -ECONNABORTED;
+			if (rc && rc != -EREMCHG && rc != -ECONNABORTED)
+				m->other++, m->other_rc = rc;
+		} else {
+			m->other++, m->other_rc = rc;
 		}
 		rt_sleep_ms(50);
 	}
@@ -488,24 +494,46 @@ static void monitors_stop(void)
 	g_mon_on = 0;
 }
 
-/* The leader cut off from the majority (its switch port down) during the write loop. */
-static void test_partition(void **state)
+/* The leader cut off from the other replicas during the write loop, then healed.
+ * asym = 0: its switch port down (cut off from every host; the minority client runs on its
+ * own host). asym = 1: only the routes between it and the other two replicas cut; the
+ * client (which knows all three) and the nodes still reach it, and the minority client runs
+ * on a host of its own (H_CLIENT2) — the case where a deposed leader still hears clients. */
+static void set_cut(int old, int asym, int cut)
 {
-	(void)state;
+	if (!asym) {
+		assert_int_equal(kvn_link(&g_net, H_META(old), !cut), 0);
+		return;
+	}
+	for (int j = 0; j < NREP; j++)
+		if (j != old)
+			assert_int_equal(kvn_cut(&g_net, H_META(old), H_META(j), cut), 0);
+}
+
+static void partition_run(int asym)
+{
+	const char *how = asym ? "asymmetric partition" : "partition";
 	int old = find_leader(-1, 15000);
 	assert_true(old >= 0);
 	struct kvp_attr ma;
-	assert_int_equal(kvc_mkdir(g_c, KVP_ROOT_INO, "minority", 0755, &ma), 0);
+	assert_int_equal(kvc_mkdir(g_c, KVP_ROOT_INO, asym ? "minority-a" : "minority", 0755, &ma),
+			 0);
+	pthread_mutex_lock(&g_mon_mu);
+	g_nterms = g_two_leaders = 0;
+	g_cut_ms = 0;
+	memset(g_down_ms, 0, sizeof(g_down_ms));
+	memset(g_last_ok, 0, sizeof(g_last_ok));
+	pthread_mutex_unlock(&g_mon_mu);
 	atomic_store(&g_mon_stop, 0);
 	for (int i = 0; i < NREP; i++) {
 		assert_int_equal(pthread_create(&g_mon[i], NULL, monitor_main, (void *)(intptr_t)i),
 				 0);
 		g_mon_on = i + 1;
 	}
-	struct writer *w = writer_start("/part", 3000);
+	struct writer *w = writer_start(asym ? "/part-a" : "/part", asym ? 5000 : 3000);
 	assert_int_equal(wait_acks(w, 20, 60000), 0);
 
-	assert_int_equal(kvn_link(&g_net, H_META(old), 0), 0);
+	set_cut(old, asym, 1);
 	int64_t cut = rt_now_ms();
 	pthread_mutex_lock(&g_mon_mu);
 	g_cut_ms = cut;
@@ -513,6 +541,7 @@ static void test_partition(void **state)
 	struct minority *mp = &g_min, m;
 	memset(mp, 0, sizeof(*mp));
 	mp->rep = old;
+	mp->host = asym ? H_CLIENT2 : H_META(old);
 	mp->parent = ma.ino;
 	assert_int_equal(pthread_create(&mp->t, NULL, minority_main, mp), 0);
 	g_min_on = 1;
@@ -541,27 +570,28 @@ static void test_partition(void **state)
 	pthread_join(mp->t, NULL);
 	g_min_on = 0;
 	m = *mp;
-	printf("partition: replica %d cut off; replica %d serving after %lld ms, writes resumed "
+	printf("%s: replica %d cut off; replica %d serving after %lld ms, writes resumed "
 	       "after %lld ms; old leader stopped serving after %lld ms\n",
-	       old + 1, nl + 1, (long long)(elected - cut), (long long)(resumed - cut),
+	       how, old + 1, nl + 1, (long long)(elected - cut), (long long)(resumed - cut),
 	       (long long)(down - cut));
-	printf("minority client (only the old leader): %d MKDIR tried, %d acknowledged (%d not "
-	       "the leader, %d aborted, %d other errors or timeouts)\n",
-	       m.tried, m.acked, m.remchg, m.aborted, m.other);
+	printf("%s: minority client (only the old leader, from %s): %d MKDIR tried, %d "
+	       "acknowledged (%d not the leader, %d aborted, %d other errors or timeouts%s%s)\n",
+	       how, asym ? "a host of its own" : "its host", m.tried, m.acked, m.remchg, m.aborted,
+	       m.other, m.other ? ", the last: " : "", m.other ? kvp_strerror(m.other_rc) : "");
 	assert_true(m.tried > 0);
 	assert_int_equal(m.acked, 0);
 
-	assert_int_equal(kvn_link(&g_net, H_META(old), 1), 0);
+	set_cut(old, asym, 0);
 	int64_t heal = rt_now_ms();
 	int lead = find_leader(-1, 15000);
 	assert_true(lead >= 0);
 	assert_int_equal(caught_up(old, lead, 30000), 0);
-	printf("healed: replica %d caught up with leader %d in %lld ms\n", old + 1, lead + 1,
-	       (long long)(rt_now_ms() - heal));
+	printf("%s healed: replica %d caught up with leader %d in %lld ms\n", how, old + 1,
+	       lead + 1, (long long)(rt_now_ms() - heal));
 	assert_int_equal(wait_acks(w, 10, 60000), 0);
 
 	monitors_stop();
-	printf("monitors: %d terms with a serving leader seen, %d with two\n", g_nterms,
+	printf("%s: monitors saw %d terms with a serving leader, %d with two\n", how, g_nterms,
 	       g_two_leaders);
 	assert_int_equal(g_two_leaders, 0);
 	assert_true(g_nterms >= 2);
@@ -573,7 +603,19 @@ static void test_partition(void **state)
 	free(d);
 	assert_int_equal(nd, 0);
 	int n = writer_check(w);
-	printf("partition: %d acknowledged files exact, none partial\n", n);
+	printf("%s: %d acknowledged files exact, none partial\n", how, n);
+}
+
+static void test_partition(void **state)
+{
+	(void)state;
+	partition_run(0);
+}
+
+static void test_partition_asymmetric(void **state)
+{
+	(void)state;
+	partition_run(1);
 }
 
 /* Files acknowledged per second over ms. */
@@ -711,9 +753,8 @@ int main(void)
 		return 77;
 	}
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_follower_killed),
-	    cmocka_unit_test(test_leader_killed),
-	    cmocka_unit_test(test_partition),
+	    cmocka_unit_test(test_follower_killed), cmocka_unit_test(test_leader_killed),
+	    cmocka_unit_test(test_partition),	    cmocka_unit_test(test_partition_asymmetric),
 	    cmocka_unit_test(test_slow_follower),
 	};
 	const char *flt = getenv("KVFS_TEST_FILTER");
