@@ -138,6 +138,18 @@ int kvn_link(struct kvn_net *net, int i, int up)
 	return run("ip -n %s link set p%d %s", net->sw, i, up ? "up" : "down") ? -EIO : 0;
 }
 
+int kvn_cut(struct kvn_net *net, int i, int j, int cut)
+{
+	if (i < 0 || i >= net->nhosts || j < 0 || j >= net->nhosts || i == j)
+		return -EINVAL;
+	const char *verb = cut ? "add" : "del";
+	/* Both ends: a route in one alone would still let the other's packets in. */
+	if (run("ip -n %s route %s blackhole %s/32", net->ns[i], verb, net->ip[j]) ||
+	    run("ip -n %s route %s blackhole %s/32", net->ns[j], verb, net->ip[i]))
+		return -EIO;
+	return 0;
+}
+
 int kvn_enter(struct kvn_net *net, int i)
 {
 	if (i < 0 || i >= net->nhosts)

@@ -43,6 +43,11 @@ void kvn_net_destroy(struct kvn_net *net);
 int kvn_shape(struct kvn_net *net, int i, double delay_ms, const char *rate);
 /* Takes host i's switch port down (0: the host is cut off, as a pulled cable) or up (1). */
 int kvn_link(struct kvn_net *net, int i, int up);
+/* Cuts (cut = 1) or restores (0) traffic between hosts i and j only, both ways: a blackhole
+ * route to the other's address in each of the two hosts. Every other path stays: each still
+ * reaches the rest of the network (a partition between two hosts, not a host cut off).
+ * Established connections between them stall, as across a failed link. */
+int kvn_cut(struct kvn_net *net, int i, int j, int cut);
 /* Moves the calling thread into host i's namespace (threads it starts later follow).
  * Call before starting any other thread whose sockets should be there. */
 int kvn_enter(struct kvn_net *net, int i);

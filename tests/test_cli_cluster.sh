@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The launcher and the CLI end to end: tools/kvfs-cluster.sh starts meta + 3 nodes (2+1) on
-# loopback, `kvfs` puts, gets, lists, stats and removes, then the launcher stops exactly the
+# The launcher and the CLI end to end: tools/kvfs-cluster.sh starts one meta
+# (KVFS_META_REPLICAS=1) + 3 nodes (2+1) on loopback, `kvfs` puts, gets, lists, stats and removes, then the launcher stops exactly the
 # PIDs it started. Usage: test_cli_cluster.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
@@ -14,7 +14,8 @@ trap '{ [ -n "$pid4" ] && kill "$pid4"; } 2>/dev/null || true; fusermount3 -u "$
 	"$src/tools/kvfs-cluster.sh" stop "$dir/r" >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-KVFS_META_ARGS="--k 2 --m 1 --node-timeout 2s" "$src/tools/kvfs-cluster.sh" start "$dir/c" 3
+KVFS_META_REPLICAS=1 KVFS_META_ARGS="--k 2 --m 1 --node-timeout 2s" \
+	"$src/tools/kvfs-cluster.sh" start "$dir/c" 3
 [ "$(stat -c %a "$dir/c/secret")" = 600 ] || fail "secret not 0600"
 [ "$(wc -l <"$dir/c/pids")" = 4 ] || fail "pids file should list meta + 3 nodes"
 export KVFS_CLUSTER=$dir/c
@@ -82,14 +83,17 @@ for p in $pids; do
 	fi
 done
 
-# Replicated meta (KVFS_META_REPLICAS=3): pids meta1..3, meta.addr one address a line, the
-# CLI follows the leader; `kvfs meta status` shows one leader; the leader killed with SIGKILL,
+# Replicated meta, the launcher's default (3 replicas): pids meta1..3, meta.addr one address a
+# line, the CLI follows the leader; `kvfs meta status` shows one leader; the leader killed with SIGKILL,
 # the same files read back and a new put works through another replica.
-KVFS_META_REPLICAS=3 KVFS_META_ARGS="--k 2 --m 1 --node-timeout 2s" \
-	"$src/tools/kvfs-cluster.sh" start "$dir/r" 3 >/dev/null
+(unset KVFS_META_REPLICAS && KVFS_META_ARGS="--k 2 --m 1 --node-timeout 2s" \
+	"$src/tools/kvfs-cluster.sh" start "$dir/r" 3 >/dev/null)
 export KVFS_CLUSTER=$dir/r
 [ "$(grep -c '^meta[123] ' "$dir/r/pids")" = 3 ] || fail "pids: meta1..3 expected"
 [ "$(wc -l <"$dir/r/meta.addr")" = 3 ] || fail "meta.addr: 3 lines expected"
+# The first line alone is a replica's address a tool can use (every replica answers RSTATUS).
+"$kvfs" --meta "$(head -n1 "$dir/r/meta.addr")" meta status | grep -Eq ' (leader|follower) ' ||
+	fail "meta status through the first line of meta.addr alone"
 "$kvfs" put "$dir/in" /x
 [ "$("$kvfs" meta status | grep -c ' leader  *yes ')" = 1 ] || fail "meta status: one leader"
 # kvfs-mount takes the same list (where FUSE works here).

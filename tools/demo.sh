@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The main job (`make demo`): a local kvfs cluster — kvfs-meta + 11 kvfs-node under one state
-# directory — mounted with kvfs-mount; writes and reads a few 2 MiB block files through the
+# The main job (`make demo`): a local kvfs cluster — three kvfs-meta replicas (Raft; one with
+# KVFS_META_REPLICAS=1) + 11 kvfs-node under one state directory — mounted with kvfs-mount; writes and reads a few 2 MiB block files through the
 # mount, checks them, and shows what an operator sees (ls, du, df, .kvfs/nodes, xattrs, the
 # daemons' Prometheus /metrics addresses). Then
 # serving: a synthetic model, `kvinfer gateway` with 2 prefill + 2 decode workers whose KV
@@ -57,15 +57,25 @@ fi
 rm -rf "$state"
 mkdir -p "$state"
 
-echo "== starting a local cluster: kvfs-meta + 11 kvfs-node in $state"
+reps=${KVFS_META_REPLICAS:-3}
+echo "== starting a local cluster: $reps kvfs-meta (replicas) + 11 kvfs-node in $state"
 # KVFS_METRICS=1: meta and every node serve /metrics (addresses in $state/*.metrics).
-KVFS_METRICS=1 bash "$here/kvfs-cluster.sh" start "$state" 11
-meta=$(cat "$state/meta.addr")
+KVFS_META_REPLICAS=$reps KVFS_METRICS=1 bash "$here/kvfs-cluster.sh" start "$state" 11
+# Every replica's address: clients follow whichever leads.
+meta=$(paste -sd, "$state/meta.addr")
+# meta's /metrics: meta.metrics with one meta, metaR.metrics per replica.
+meta_metrics() {
+	local f
+	for f in "$state"/meta.metrics "$state"/meta[0-9]*.metrics; do
+		[ -s "$f" ] && printf '%s http://%s/metrics   ' "$(basename "$f" .metrics)" "$(cat "$f")"
+	done
+	echo
+}
 
 if [ ! -c /dev/fuse ] || ! command -v fusermount3 >/dev/null; then
 	echo "demo: no /dev/fuse or fusermount3 here: the cluster runs, the mount is skipped."
 	echo "      use the CLI instead:  $build/bin/kvfs --cluster $state status"
-	echo "      metrics: meta http://$(cat "$state/meta.metrics")/metrics"
+	echo "      metrics: $(meta_metrics)"
 	echo "stop: make demo-stop   (or: bash tools/demo.sh stop)"
 	exit 0
 fi
@@ -136,7 +146,7 @@ else
 fi
 echo
 echo "== Prometheus /metrics of every daemon (text format; try: curl -s http://ADDR/metrics)"
-echo "   meta   http://$(cat "$state/meta.metrics")/metrics"
+echo "   $(meta_metrics)"
 echo "   node0  http://$(cat "$state/node0.metrics")/metrics   (node1 .. node10: $state/nodeN.metrics)"
 for _ in $(seq 1 50); do [ -s "$state/mount.metrics" ] && break; sleep 0.1; done
 [ -s "$state/mount.metrics" ] && echo "   mount  http://$(cat "$state/mount.metrics")/metrics"
@@ -206,6 +216,6 @@ fi
 
 echo
 echo "The cluster and the mount keep running at $mnt (state in $state)."
-echo "metrics:    meta http://$(cat "$state/meta.metrics")/metrics (nodes, mount: $state/*.metrics)"
+echo "metrics:    $(meta_metrics)(nodes, mount: $state/*.metrics)"
 echo "stop them:  make demo-stop      (or: bash tools/demo.sh stop)"
 echo "by hand:    fusermount3 -u $mnt && bash tools/kvfs-cluster.sh stop $state"

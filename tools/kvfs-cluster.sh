@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# kvfs-cluster.sh — a local kvfs cluster on loopback: one kvfs-meta and N kvfs-node, each with
-# its own directory under DIR and an ephemeral 127.0.0.1 port, stopped by the PIDs it recorded.
+# kvfs-cluster.sh — a local kvfs cluster on loopback: three kvfs-meta replicas (Raft) and N
+# kvfs-node, each with its own directory under DIR and a 127.0.0.1 port, stopped by the PIDs it
+# recorded.
 #
 #   tools/kvfs-cluster.sh start DIR [N=11] [extra kvfs-node args...]
 #   tools/kvfs-cluster.sh stop DIR
@@ -10,17 +11,20 @@
 #                                                I not started before is a new node joining
 #   tools/kvfs-cluster.sh restart-node DIR I     stop-node + start-node
 #
-# DIR gets: secret (random, 0600), meta.addr, meta/ (RocksDB), nodeI/ + nodeI.addr, *.log, pids
-# ("name pid" lines), node.args (the extra node args, reused by start-node). Binaries: $KVFS_BIN,
-# else <repo>/build/bin. Extra meta args: $KVFS_META_ARGS. With KVFS_METRICS=1 every daemon also
-# serves Prometheus /metrics on an ephemeral loopback port, its HOST:PORT in meta.metrics and
-# nodeI.metrics. `kvfs --cluster DIR ...` talks to the cluster.
+# DIR gets: secret (random, 0600), meta.addr, nodeI/ + nodeI.addr, *.log, pids ("name pid"
+# lines), node.args (the extra node args, reused by start-node). Binaries: $KVFS_BIN, else
+# <repo>/build/bin. Extra meta args: $KVFS_META_ARGS. With KVFS_METRICS=1 every daemon also
+# serves Prometheus /metrics on an ephemeral loopback port, its HOST:PORT in metaR.metrics
+# (meta.metrics with one meta) and nodeI.metrics. `kvfs --cluster DIR ...` talks to the
+# cluster.
 #
-# KVFS_META_REPLICAS=3 (any odd number up to 9; default 1) starts a Raft-replicated meta
-# instead (docs/meta.md, "Replicated metadata"): replica R has metaR/ (RocksDB), raftR/ (its
+# Meta is replicated by default (docs/meta.md, "Replicated metadata"): KVFS_META_REPLICAS
+# replicas (any odd number up to 9; default 3). Replica R has metaR/ (RocksDB), raftR/ (its
 # Raft log), metaR.log and a pids line "metaR PID"; meta.addr lists every replica's address,
-# one per line, the first usable alone. Ports are fixed at start so a replica restarted by hand
-# (the command line is in metaR.cmd) keeps its address.
+# one per line (the first line is a valid address alone, for a tool that reads one; clients
+# should be given them all: `paste -sd, DIR/meta.addr`). Ports are fixed at start so a replica
+# restarted by hand (the command line is in metaR.cmd) keeps its address. KVFS_META_REPLICAS=1
+# starts one unreplicated meta instead: meta/ (RocksDB), meta.log, pids line "meta PID".
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -213,7 +217,7 @@ start_cluster() {
 	node_args=("$@")
 	: >"$dir/node.args"
 	[ $# -eq 0 ] || printf '%s\0' "$@" >"$dir/node.args"
-	local meta reps=${KVFS_META_REPLICAS:-1}
+	local meta reps=${KVFS_META_REPLICAS:-3}
 	[[ $reps =~ ^[1-9]$ ]] && [ $((reps % 2)) = 1 ] ||
 		die "KVFS_META_REPLICAS must be an odd number from 1 to 9, got '$reps'"
 	if [ "$reps" = 1 ]; then

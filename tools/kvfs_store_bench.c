@@ -251,6 +251,30 @@ static int read_line(const char *path, char *out, size_t cap)
 	return ok ? 0 : -EINVAL;
 }
 
+/* The meta list of a launcher's meta.addr (one address a line: every replica) as "A,B,C". */
+static int read_meta_list(const char *path, char *out, size_t cap)
+{
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -errno;
+	char line[256];
+	size_t n = 0;
+	out[0] = 0;
+	while (fgets(line, sizeof(line), f)) {
+		line[strcspn(line, "\r\n")] = 0;
+		if (!line[0])
+			continue;
+		int w = snprintf(out + n, cap - n, "%s%s", n ? "," : "", line);
+		if (w < 0 || (size_t)w >= cap - n) {
+			fclose(f);
+			return -ENAMETOOLONG;
+		}
+		n += (size_t)w;
+	}
+	fclose(f);
+	return n ? 0 : -EINVAL;
+}
+
 static void report(const char *name, double secs, const struct conf *cf, double *mibs)
 {
 	double mib = (double)cf->files * (double)cf->size / 1048576.0;
@@ -515,6 +539,8 @@ int main(int argc, char **argv)
 		*strrchr(exe, '/') = 0;
 		if (cf.breakdown)
 			setenv("KVFS_METRICS", "1", 1); /* the nodes' histograms */
+		/* One unreplicated meta unless asked: the recorded figures were taken so. */
+		setenv("KVFS_META_REPLICAS", "1", 0);
 		int w = snprintf(cmd, sizeof(cmd),
 				 "rm -rf '%s' && KVFS_BIN='%s/../bin' '%s' start '%s' %d %s", cdir,
 				 exe, script, cdir, (int)cf.nodes, cf.node_args);
@@ -525,10 +551,10 @@ int main(int argc, char **argv)
 		started = 1;
 	}
 	struct bench b = {.cf = &cf, .prefix = 'f'};
-	char meta[256], sp[PATH_MAX + 16];
+	char meta[1024], sp[PATH_MAX + 16];
 	struct kvp_secret sec;
 	snprintf(sp, sizeof(sp), "%s/meta.addr", cdir);
-	rc = read_line(sp, meta, sizeof(meta));
+	rc = read_meta_list(sp, meta, sizeof(meta));
 	snprintf(sp, sizeof(sp), "%s/secret", cdir);
 	if (!rc)
 		rc = kvp_secret_load(sp, &sec);

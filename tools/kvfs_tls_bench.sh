@@ -12,6 +12,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 build=$(cd "${1:-$here/../build}" && pwd)
 files=${FILES:-300} size=${SIZE:-2M} threads=${THREADS:-4} rounds=${ROUNDS:-3}
 export KVFS_BIN=$build/bin
+# One unreplicated meta unless KVFS_META_REPLICAS says otherwise: the figures in
+# docs/benchmarks.md were taken against one (the launcher's default is three).
+export KVFS_META_REPLICAS=${KVFS_META_REPLICAS:-1}
 dir=$(mktemp -d /var/tmp/kvfs-tlsbench-XXXXXX)
 mnt=$dir/mnt
 cleanup() {
@@ -38,7 +41,7 @@ mount_run() {
 	env "${env[@]}" bash "$here/kvfs-cluster.sh" start "$dir/cluster" 11 >"$dir/start.log" 2>&1 ||
 		{ cat "$dir/start.log" >&2; return 1; }
 	local meta
-	meta=$(cat "$dir/cluster/meta.addr")
+	meta=$(paste -sd, "$dir/cluster/meta.addr")
 	mkdir -p "$mnt" "$dir/local"
 	env "${env[@]}" "$build/bin/kvfs-mount" --secret-file "$dir/cluster/secret" \
 		--log-file "$dir/mount.log" "$meta" "$mnt"
