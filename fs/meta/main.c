@@ -39,8 +39,8 @@ static const struct cfg_opt opts[] = {
     {"addr-file", CFG_STR, F(addr_file), 0, 0, NULL,
      "once listening, write HOST:PORT here (atomically)"},
     {"advertise", CFG_STR, F(advertise), 0, 0, NULL,
-     "HOST:PORT clients reach this meta at, which followers of a replicated meta redirect "
-     "them to (default: --listen's, with the port bound)"},
+     "HOST clients reach this meta at, with the port bound: where followers of a replicated "
+     "meta redirect them (default: the listen host; 127.0.0.1 for 0.0.0.0)"},
     {"k", CFG_INT, F(o.k), 1, 64, "10", "data chunks per stripe (cluster default)"},
     {"m", CFG_INT, F(o.m), 0, 16, "1", "parity chunks per stripe (cluster default)"},
     {"chunk-size", CFG_SIZE, F(o.chunk_size), 4096, 16 << 20, "1M",
@@ -287,7 +287,9 @@ int main(int argc, char **argv)
 		 kvp_server_port(srv));
 	klog_info("serving on %s (k=%lld m=%lld chunk %llu, sync %s)", addr, (long long)mo->k,
 		  (long long)mo->m, (unsigned long long)mo->chunk_size, mo->sync ? "on" : "off");
-	if ((rc = meta_set_addr(m, c.advertise[0] ? c.advertise : addr)))
+	char adv[KVP_ADDR_MAX + 8];
+	snprintf(adv, sizeof(adv), "%.*s:%u", KVP_ADDR_MAX - 8, c.advertise, kvp_server_port(srv));
+	if ((rc = meta_set_addr(m, c.advertise[0] ? adv : addr)))
 		klog_error("bad --advertise %s", c.advertise);
 	if (rc || (rc = meta_metrics_serve(mm, addr, c.metrics_listen, c.metrics_addr_file)) ||
 	    (c.addr_file[0] && (rc = write_addr_file(c.addr_file, addr)))) {

@@ -65,10 +65,10 @@ int kvp_redirect_parse(const uint8_t *b, size_t len, char addr[KVP_ADDR_MAX])
 	kvp_r_str(&r, addr, KVP_ADDR_MAX);
 	char host[KVP_ADDR_MAX];
 	uint16_t port;
-	int rc = kvp_r_end(&r);
-	if (!rc && (kvp_addr_parse(addr, host, sizeof(host), &port) || port == 0))
-		rc = -EBADMSG;
-	if (rc)
+	/* Too long (-ENAMETOOLONG from the reader) is as malformed as the rest. */
+	if (kvp_r_end(&r) || kvp_addr_parse(addr, host, sizeof(host), &port) || port == 0) {
 		addr[0] = 0;
-	return rc;
+		return -EBADMSG;
+	}
+	return 0;
 }
