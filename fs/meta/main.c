@@ -39,8 +39,8 @@ static const struct cfg_opt opts[] = {
     {"addr-file", CFG_STR, F(addr_file), 0, 0, NULL,
      "once listening, write HOST:PORT here (atomically)"},
     {"advertise", CFG_STR, F(advertise), 0, 0, NULL,
-     "HOST clients reach this meta at, with the port bound: where followers of a replicated "
-     "meta redirect them (default: the listen host; 127.0.0.1 for 0.0.0.0)"},
+     "HOST clients reach this meta at (port: the bound one), where replicas redirect them "
+     "(default: the listen host; 127.0.0.1 for 0.0.0.0)"},
     {"k", CFG_INT, F(o.k), 1, 64, "10", "data chunks per stripe (cluster default)"},
     {"m", CFG_INT, F(o.m), 0, 16, "1", "parity chunks per stripe (cluster default)"},
     {"chunk-size", CFG_SIZE, F(o.chunk_size), 4096, 16 << 20, "1M",
