@@ -23,6 +23,7 @@ static char g_dir[256], g_secret[600];
 static char g_meta[NREP][64], g_raft[NREP][64], g_peers[512];
 static pid_t g_mpid[NREP], g_npid[NNODES];
 static struct kvp_secret g_sec;
+static const char *g_advertise; /* --advertise for every replica, or NULL */
 
 /* A loopback port that binds now, below the ephemeral range (test_raft.c). */
 static uint16_t free_port(void)
@@ -59,7 +60,12 @@ static void meta_start(int i)
 			g_peers,   "--raft-dir",
 			rdir,	   "--gc-interval",
 			"0.2s",	   "--node-timeout",
-			"2s",	   NULL};
+			"2s",	   NULL,
+			NULL,	   NULL};
+	if (g_advertise) {
+		argv[sizeof(argv) / sizeof(argv[0]) - 3] = "--advertise";
+		argv[sizeof(argv) / sizeof(argv[0]) - 2] = (char *)g_advertise;
+	}
 	g_mpid[i] = kvh_spawn(bin, argv, log);
 	assert_true(g_mpid[i] > 0);
 }
@@ -137,9 +143,9 @@ static void put_and_check(const char *addr, const char *path, uint64_t seed)
 	kvc_close(c);
 }
 
-static void test_follower_redirects(void **state)
+/* A fresh directory, secret and addresses; the replicas started. */
+static void group_start(void)
 {
-	(void)state;
 	srandom((unsigned)getpid() ^ (unsigned)rt_now_ms());
 	snprintf(g_dir, sizeof(g_dir), "/tmp/kvfs-redirect-XXXXXX");
 	assert_non_null(mkdtemp(g_dir));
@@ -156,6 +162,23 @@ static void test_follower_redirects(void **state)
 	}
 	for (int i = 0; i < NREP; i++)
 		meta_start(i);
+}
+
+static void group_stop(void)
+{
+	for (int i = 0; i < NREP; i++)
+		if (g_mpid[i] > 0)
+			kvh_stop_pid(g_mpid[i], SIGTERM, 5000);
+	memset(g_mpid, 0, sizeof(g_mpid));
+	if (!getenv("KVFS_TEST_KEEP"))
+		kvh_sh("rm -rf %s", g_dir);
+}
+
+static void test_follower_redirects(void **state)
+{
+	(void)state;
+	g_advertise = NULL;
+	group_start();
 	struct kvp_pool *pool;
 	assert_int_equal(kvp_pool_create(&g_sec, 1000, &pool), 0);
 	int lead = leader(pool);
@@ -218,11 +241,55 @@ static void test_follower_redirects(void **state)
 	kvp_pool_destroy(pool);
 	for (int i = 0; i < NNODES; i++)
 		kvh_stop_pid(g_npid[i], SIGTERM, 5000);
-	for (int i = 0; i < NREP; i++)
-		if (g_mpid[i] > 0)
-			kvh_stop_pid(g_mpid[i], SIGTERM, 5000);
-	if (!getenv("KVFS_TEST_KEEP"))
-		kvh_sh("rm -rf %s", g_dir);
+	group_stop();
+}
+
+/* --advertise names the address followers hand out; here one no client reaches (127.0.0.2:
+ * nothing listens there). A client with every replica, followers first, must still reach the
+ * leader: after the named address fails it goes on past the follower that named it, instead
+ * of back to it (which would pass the request between those two until it gave up). */
+static void test_unreachable_name(void **state)
+{
+	(void)state;
+	g_advertise = "127.0.0.2";
+	group_start();
+	struct kvp_pool *pool;
+	assert_int_equal(kvp_pool_create(&g_sec, 1000, &pool), 0);
+	int lead = leader(pool);
+	assert_true(lead >= 0);
+	int f = (lead + 1) % NREP, g = (lead + 2) % NREP;
+	/* The follower's -EREMCHG names 127.0.0.2 and the leader's port once the leader's
+	 * record is applied there. */
+	char want[64], got[KVP_ADDR_MAX] = "";
+	snprintf(want, sizeof(want), "127.0.0.2%s", strchr(g_meta[lead], ':'));
+	for (int t = 0; t < 100 && strcmp(got, want); t++) {
+		struct kvp_client *cl;
+		uint8_t *b = NULL;
+		uint32_t len = 0;
+		if (kvp_pool_get(pool, g_meta[f], &cl) == 0) {
+			if (kvp_call_detail(cl, KVP_OP_STATFS, NULL, 0, NULL, 0, 1000, &b, &len) ==
+			    -EREMCHG)
+				kvp_redirect_parse(b, len, got);
+			kvp_pool_put(pool, cl);
+		}
+		free(b);
+		if (strcmp(got, want))
+			rt_sleep_ms(50);
+	}
+	assert_string_equal(got, want);
+	char list[256];
+	snprintf(list, sizeof(list), "%s,%s,%s", g_meta[f], g_meta[g], g_meta[lead]);
+	struct kvc_opts o = {.meta_addr = list, .secret = &g_sec, .timeout_ms = 3000};
+	struct kvc *c = NULL;
+	int rc = kvc_open(&o, &c);
+	if (rc)
+		fail_msg("followers name an unreachable leader address: a client with %s cannot "
+			 "open: %s",
+			 list, kvp_strerror(rc));
+	assert_int_equal(kvc_mkdir_p(c, "/d", 0755), 0);
+	kvc_close(c);
+	kvp_pool_destroy(pool);
+	group_stop();
 }
 
 int main(void)
@@ -231,6 +298,7 @@ int main(void)
 		printf("skipped: kvfs-meta / kvfs-node not built\n");
 		return 77;
 	}
-	const struct CMUnitTest tests[] = {cmocka_unit_test(test_follower_redirects)};
+	const struct CMUnitTest tests[] = {cmocka_unit_test(test_follower_redirects),
+					   cmocka_unit_test(test_unreachable_name)};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -161,7 +161,10 @@ static int meta_call_retrying(struct kvc *c, uint16_t op, const struct kvp_wbuf 
 	 * attempts. */
 	struct kvch_retry_policy lpol = KVCH_RETRY_LEADER;
 	kvch_retry_start(&lr, &lpol);
-	int refused = 0;
+	/* The replica whose redirect was followed last: if the one it named fails too (not
+	 * reachable from here, or no longer leading), the request goes on to the replica after
+	 * it, so two replicas never pass it back and forth past the rest of the list. */
+	int refused = 0, named_by = -1;
 	for (;;) {
 		char addr[KVP_ADDR_MAX], leader[KVP_ADDR_MAX];
 		int cur = atomic_load(&c->meta_cur), sent;
@@ -170,10 +173,13 @@ static int meta_call_retrying(struct kvc *c, uint16_t op, const struct kvp_wbuf 
 		if (rc == -EREMCHG && leader[0]) {
 			int to = meta_learn(c, leader);
 			n = meta_addr(c, to, leader); /* the count, now that it may have grown */
+			named_by = cur;
 			atomic_compare_exchange_strong(&c->meta_cur, &cur, to);
 		} else if (rc == -EREMCHG || (kvch_is_transport(rc) && n > 1)) {
 			/* the next replica; another thread may have moved already */
-			atomic_compare_exchange_strong(&c->meta_cur, &cur, (cur + 1) % n);
+			int next = ((named_by >= 0 ? named_by : cur) + 1) % n;
+			named_by = -1;
+			atomic_compare_exchange_strong(&c->meta_cur, &cur, next);
 		}
 		/* A replica that cannot be reached got nothing: as good as a refusal. */
 		if (rc == -EREMCHG || (!sent && kvch_is_transport(rc) && n > 1)) {

@@ -155,7 +155,9 @@ static void *heartbeat_main(void *arg)
 	 * (kept in one of 4 slots past the list, so one follower's address is enough) or the
 	 * next. */
 	char metas[9 + 4][KVP_ADDR_MAX];
-	int nmetas = 0, nconf = 0, learned = 0, cur = 0, refused = 0;
+	/* named_by: the replica whose redirect was followed last; if the leader it named fails,
+	 * the next one tried is the replica after it (as in libkvfs, kvc_meta.c). */
+	int nmetas = 0, nconf = 0, learned = 0, cur = 0, refused = 0, named_by = -1;
 	{
 		const char *p = n->cf.meta;
 		for (;;) {
@@ -230,16 +232,20 @@ static void *heartbeat_main(void *arg)
 			else if (i == nmetas)
 				i = nconf + learned++ % (nmetas - nconf);
 			snprintf(metas[i], KVP_ADDR_MAX, "%s", leader);
+			named_by = cur;
 			cur = i;
 			if (++refused < nmetas)
 				continue;
 		} else if (rc && nmetas > 1) {
-			cur = (cur + 1) % nmetas;
+			cur = ((named_by >= 0 ? named_by : cur) + 1) % nmetas;
+			named_by = -1;
 			/* at once: the leader is another one, unless all said so (an election) */
 			if (rc == -EREMCHG && ++refused < nmetas)
 				continue;
 		}
 		refused = 0;
+		if (!rc)
+			named_by = -1;
 
 		struct timespec ts;
 		clock_gettime(CLOCK_REALTIME, &ts);
