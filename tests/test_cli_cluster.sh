@@ -96,6 +96,10 @@ export KVFS_CLUSTER=$dir/r
 	fail "meta status through the first line of meta.addr alone"
 "$kvfs" put "$dir/in" /x
 [ "$("$kvfs" meta status | grep -c ' leader  *yes ')" = 1 ] || fail "meta status: one leader"
+# Any one line of meta.addr is enough: a follower names the leader (docs/meta.md, "Redirects").
+for a in $(cat "$dir/r/meta.addr"); do
+	"$kvfs" --meta "$a" get /x - | cmp - "$dir/in" || fail "get with only --meta $a"
+done
 # kvfs-mount takes the same list (where FUSE works here).
 mnt=""
 if [ -w /dev/fuse ] && command -v fusermount3 >/dev/null; then
@@ -111,6 +115,12 @@ kill -KILL "$lpid"
 "$kvfs" get /x - | cmp - "$dir/in" || fail "get after the meta leader was killed"
 echo hi | "$kvfs" put - /y
 [ "$("$kvfs" get /y -)" = hi ] || fail "put after the meta leader was killed"
+r=0
+for a in $(cat "$dir/r/meta.addr"); do # each surviving replica alone, the leader a new one
+	r=$((r + 1))
+	[ "$r" = "$lead" ] && continue
+	[ "$("$kvfs" --meta "$a" get /y -)" = hi ] || fail "get with only --meta $a after the kill"
+done
 "$kvfs" meta status | grep -q "unreachable" || fail "meta status: the killed replica"
 if [ -n "$mnt" ]; then
 	cp "$dir/in" "$mnt/z" || fail "write through the mount after the leader was killed"

@@ -956,7 +956,7 @@ static void test_flags(void **state)
 	snprintf(cmd, sizeof(cmd), "'%s' --help > '%s' 2>&1", bin, out);
 	assert_int_equal(system(cmd), 0);
 	FILE *f = fopen(out, "r");
-	char text[4096];
+	char text[16384]; /* the whole --help, which grows with the options */
 	size_t n = fread(text, 1, sizeof(text) - 1, f);
 	fclose(f);
 	text[n] = 0;

@@ -162,6 +162,18 @@ static int echo_handler(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, 
 		free(body);
 		return 0;
 	}
+	if (h->op == 0x7C) { /* an error with a body: the request's (kvp_reply_err) */
+		int rc = kvp_reply_err(c, h, -EREMCHG, body, h->len);
+		if (rc)
+			kvp_reply(c, h, rc, NULL, 0, NULL, 0);
+		free(body);
+		return 0;
+	}
+	if (h->op == 0x7B) { /* kvp_reply drops an error's body */
+		kvp_reply(c, h, -ENOENT, body, h->len, NULL, 0);
+		free(body);
+		return 0;
+	}
 	for (uint32_t i = 0; i < h->len / 2; i++) {
 		uint8_t t = body[i];
 		body[i] = body[h->len - 1 - i];
@@ -384,6 +396,82 @@ static void test_call_into(void **state)
 	kvp_server_stop(s);
 }
 
+/* An error that carries a body (meta's -EREMCHG naming the leader): kvp_call_detail hands it
+ * over, kvp_call drops it, kvp_reply never sends one; kvp_redirect_parse takes only one str
+ * holding a usable HOST:PORT. */
+static void test_error_body(void **state)
+{
+	(void)state;
+	struct kvp_secret good = secret("0123456789abcdef-cluster");
+	char addr[64], got[KVP_ADDR_MAX];
+	struct kvp_server *s = start_echo(&good, addr);
+	struct kvp_client *c;
+	assert_int_equal(kvp_client_open(addr, &good, 2000, &c), 0);
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	kvp_w_cstr(&w, "127.0.0.1:7070");
+	uint8_t *b = NULL;
+	uint32_t len = 0;
+	assert_int_equal(kvp_call_detail(c, 0x7C, w.p, w.len, NULL, 0, 2000, &b, &len), -EREMCHG);
+	assert_int_equal(len, w.len);
+	assert_int_equal(kvp_redirect_parse(b, len, got), 0);
+	assert_string_equal(got, "127.0.0.1:7070");
+	free(b);
+	/* The same answer to kvp_call: the error alone, the connection fine. */
+	b = (uint8_t *)"untouched";
+	assert_int_equal(kvp_call(c, 0x7C, w.p, w.len, NULL, 0, 2000, &b, &len), -EREMCHG);
+	assert_string_equal((char *)b, "untouched");
+	/* kvp_reply with an error sends no body; no body is NULL and 0. */
+	assert_int_equal(kvp_call_detail(c, 0x7B, "abc", 3, NULL, 0, 2000, &b, &len), -ENOENT);
+	assert_null(b);
+	assert_int_equal(len, 0);
+	/* Longer than KVP_ERR_BODY_MAX: refused by kvp_reply_err. */
+	uint8_t big[KVP_ERR_BODY_MAX + 1] = {0};
+	assert_int_equal(kvp_call_detail(c, 0x7C, big, sizeof(big), NULL, 0, 2000, &b, &len),
+			 -EINVAL);
+	assert_null(b);
+	assert_int_equal(kvp_call_detail(c, 0x7C, big, KVP_ERR_BODY_MAX, NULL, 0, 2000, &b, &len),
+			 -EREMCHG);
+	assert_int_equal(len, KVP_ERR_BODY_MAX);
+	assert_int_equal(kvp_redirect_parse(b, len, got), -EBADMSG);
+	assert_string_equal(got, "");
+	free(b);
+	assert_true(kvp_client_alive(c));
+	kvp_client_close(c);
+	kvp_server_stop(s);
+
+	/* The parser alone: empty, trailing bytes, not an address, port 0, too long. */
+	assert_int_equal(kvp_redirect_parse(NULL, 0, got), -ENOENT);
+	assert_int_equal(kvp_redirect_parse(w.p, w.len - 1, got), -EBADMSG);
+	uint8_t more[64];
+	memcpy(more, w.p, w.len);
+	more[w.len] = 0;
+	assert_int_equal(kvp_redirect_parse(more, w.len + 1, got), -EBADMSG);
+	const char *bad[] = {
+	    "nohost",
+	    "example.com:70",
+	    "127.0.0.1:0",
+	    "127.0.0.1:65536",
+	    "127.0.0.1:7070:1",
+	    "",
+	    "1.2.3.4:5xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		struct kvp_wbuf x;
+		kvp_w_init(&x);
+		kvp_w_cstr(&x, bad[i]);
+		if (kvp_redirect_parse(x.p, x.len, got) != -EBADMSG || got[0])
+			fail_msg("\"%s\" taken as a leader address", bad[i]);
+		kvp_w_free(&x);
+	}
+	assert_int_equal(kvp_redirect_parse(w.p + 2, 0, got), -ENOENT);
+	kvp_w_free(&w);
+	kvp_w_init(&w);
+	kvp_w_cstr(&w, "localhost:9");
+	assert_int_equal(kvp_redirect_parse(w.p, w.len, got), 0);
+	assert_string_equal(got, "localhost:9");
+	kvp_w_free(&w);
+}
+
 /* Both transports, and ends that disagree: a TLS client against a plaintext server fails at
  * once with -EPROTO (and a log line naming the cause); a plaintext client against a TLS server
  * gets no HELLO and times out. */
@@ -516,7 +604,8 @@ int main(void)
 	    cmocka_unit_test(test_codec_roundtrip), cmocka_unit_test(test_header_checks),
 	    cmocka_unit_test(test_addr_parse),	    cmocka_unit_test(test_strerror_generic),
 	    cmocka_unit_test(test_auth_and_calls),  cmocka_unit_test(test_call_into),
-	    cmocka_unit_test(test_transport_modes), cmocka_unit_test(test_tls_concurrent),
+	    cmocka_unit_test(test_error_body),	    cmocka_unit_test(test_transport_modes),
+	    cmocka_unit_test(test_tls_concurrent),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -295,7 +295,9 @@ static int wait_receiving(struct kvp_client *c, struct kvp_call *k, int timeout_
 	return 0;
 }
 
-int kvp_call_wait(struct kvp_call *k, int timeout_ms, uint8_t **body, uint32_t *len)
+/* kvp_call_wait; err_body: a response with a non-zero status hands over its body too. */
+static int call_wait(struct kvp_call *k, int timeout_ms, uint8_t **body, uint32_t *len,
+		     int err_body)
 {
 	struct kvp_client *c = k->c;
 	struct timespec dl;
@@ -316,15 +318,22 @@ int kvp_call_wait(struct kvp_call *k, int timeout_ms, uint8_t **body, uint32_t *
 	pthread_mutex_unlock(&c->mu);
 	if (!rc)
 		rc = k->status;
-	if (rc == 0 && body) {
+	/* A transport error leaves k->body NULL: only a peer's response has one. */
+	int give = rc == 0 || err_body;
+	if (give && len)
+		*len = rc == 0 || k->body ? k->len : 0;
+	if (give && body) {
 		*body = k->body;
 		k->body = NULL;
 	}
-	if (rc == 0 && len)
-		*len = k->len;
 	free(k->body);
 	free(k);
 	return rc;
+}
+
+int kvp_call_wait(struct kvp_call *k, int timeout_ms, uint8_t **body, uint32_t *len)
+{
+	return call_wait(k, timeout_ms, body, len, 0);
 }
 
 int kvp_call(struct kvp_client *c, uint16_t op, const void *body, size_t body_len, const void *bulk,
@@ -335,6 +344,19 @@ int kvp_call(struct kvp_client *c, uint16_t op, const void *body, size_t body_le
 	if (rc)
 		return rc;
 	return kvp_call_wait(k, timeout_ms, rbody, rlen);
+}
+
+int kvp_call_detail(struct kvp_client *c, uint16_t op, const void *body, size_t body_len,
+		    const void *bulk, size_t bulk_len, int timeout_ms, uint8_t **rbody,
+		    uint32_t *rlen)
+{
+	*rbody = NULL;
+	*rlen = 0;
+	struct kvp_call *k;
+	int rc = kvp_call_start(c, op, body, body_len, bulk, bulk_len, &k);
+	if (rc)
+		return rc;
+	return call_wait(k, timeout_ms, rbody, rlen, 1);
 }
 
 /* ---- pool ---- */

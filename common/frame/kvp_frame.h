@@ -229,6 +229,14 @@ int kvp_call_wait(struct kvp_call *call, int timeout_ms, uint8_t **body, uint32_
 /* start + wait. */
 int kvp_call(struct kvp_client *c, uint16_t op, const void *body, size_t body_len, const void *bulk,
 	     size_t bulk_len, int timeout_ms, uint8_t **rbody, uint32_t *rlen);
+/* As kvp_call, but a response with a non-zero status hands over its body too: an error's
+ * detail, for the few errors a protocol gives one (kvfs-meta's -EREMCHG names the leader,
+ * docs/protocol.md, "Errors"). *rbody (malloc'd, caller frees, NULL when empty) and *rlen are
+ * set for any status the peer sent; NULL and 0 after a transport error. The body is the
+ * peer's: parse it as untrusted. */
+int kvp_call_detail(struct kvp_client *c, uint16_t op, const void *body, size_t body_len,
+		    const void *bulk, size_t bulk_len, int timeout_ms, uint8_t **rbody,
+		    uint32_t *rlen);
 
 /* ---- connection pool: one live client per address, reopened when it has failed ---- */
 struct kvp_pool;
@@ -289,11 +297,17 @@ uint16_t kvp_server_port(const struct kvp_server *s);
 /* Stops accepting, closes every connection, joins all threads. */
 void kvp_server_stop(struct kvp_server *s);
 
-/* Answers request h on c. Thread-safe; -EPIPE if the connection has closed meanwhile. A reply
- * the peer does not take within the server's send_timeout_ms closes the connection (-EAGAIN),
- * so later replies on it return -EPIPE at once. */
+/* Answers request h on c; an error status (non-zero) is sent with an empty body. Thread-safe;
+ * -EPIPE if the connection has closed meanwhile. A reply the peer does not take within the server's
+ * send_timeout_ms closes the connection (-EAGAIN), so later replies on it return -EPIPE at once. */
 int kvp_reply(struct kvp_conn *c, const struct kvp_hdr *req, int32_t status, const void *body,
 	      size_t body_len, const void *bulk, size_t bulk_len);
+/* An error reply (status non-zero) that carries a body of at most KVP_ERR_BODY_MAX bytes, for
+ * the errors whose protocol defines one (kvp_reply drops the body of any error). -EINVAL for
+ * status 0 or a longer body; else as kvp_reply. */
+#define KVP_ERR_BODY_MAX 256
+int kvp_reply_err(struct kvp_conn *c, const struct kvp_hdr *req, int32_t status, const void *body,
+		  size_t body_len);
 void kvp_conn_ref(struct kvp_conn *c);
 void kvp_conn_unref(struct kvp_conn *c);
 /* The peer's "ip:port", for logs. */

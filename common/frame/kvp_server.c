@@ -90,14 +90,10 @@ static uint64_t mono_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-int kvp_reply(struct kvp_conn *c, const struct kvp_hdr *req, int32_t status, const void *body,
-	      size_t body_len, const void *bulk, size_t bulk_len)
+static int reply(struct kvp_conn *c, const struct kvp_hdr *req, int32_t status, const void *body,
+		 size_t body_len, const void *bulk, size_t bulk_len)
 {
 	struct kvp_hdr h = {.op = req->op, .id = req->id, .status = status, .flags = KVP_F_RESP};
-	if (status) {
-		body_len = 0;
-		bulk_len = 0;
-	}
 	pthread_mutex_lock(&c->send_mu);
 	int rc = atomic_load(&c->closed) || !c->sk
 		     ? -EPIPE
@@ -115,6 +111,22 @@ int kvp_reply(struct kvp_conn *c, const struct kvp_hdr *req, int32_t status, con
 			    now > req->recv_ns ? now - req->recv_ns : 0);
 	}
 	return rc;
+}
+
+int kvp_reply(struct kvp_conn *c, const struct kvp_hdr *req, int32_t status, const void *body,
+	      size_t body_len, const void *bulk, size_t bulk_len)
+{
+	if (status)
+		return reply(c, req, status, NULL, 0, NULL, 0);
+	return reply(c, req, status, body, body_len, bulk, bulk_len);
+}
+
+int kvp_reply_err(struct kvp_conn *c, const struct kvp_hdr *req, int32_t status, const void *body,
+		  size_t body_len)
+{
+	if (!status || body_len > KVP_ERR_BODY_MAX)
+		return -EINVAL;
+	return reply(c, req, status, body, body_len, NULL, 0);
 }
 
 static void *conn_main(void *arg)

@@ -39,9 +39,16 @@ struct kvc_badnode {
 	int64_t until_ms;
 };
 
+/* Leaders' addresses a replica named in a redirect, kept past the configured list: a client
+ * given one follower's address learns the leader's (kvc_meta.c). */
+#define KVC_LEARNED_METAS 4
+
 struct kvc {
-	char metas[KVC_MAX_METAS][KVP_ADDR_MAX];
-	int nmetas;
+	/* The configured metas (nconf), then learned ones; meta_mu protects metas and nmetas
+	 * (a learned slot may be replaced when all are taken: copy an address under it). */
+	char metas[KVC_MAX_METAS + KVC_LEARNED_METAS][KVP_ADDR_MAX];
+	int nmetas, nconf, learn_next;
+	pthread_mutex_t meta_mu;
 	atomic_int meta_cur; /* the meta that answered last: the leader, as far as we know */
 	struct kvp_secret secret;
 	int timeout_ms;	     /* meta requests, node PUTs */

@@ -83,6 +83,65 @@ int kvc__meta_call(struct kvc *c, uint16_t op, const struct kvp_wbuf *req, int a
 	return rc;
 }
 
+/* The address of meta i (copied: a learned slot may be replaced meanwhile) and how many
+ * there are. */
+static int meta_addr(struct kvc *c, int i, char addr[KVP_ADDR_MAX])
+{
+	pthread_mutex_lock(&c->meta_mu);
+	int n = c->nmetas;
+	memcpy(addr, c->metas[i < n ? i : 0], KVP_ADDR_MAX);
+	pthread_mutex_unlock(&c->meta_mu);
+	return n;
+}
+
+/* The index of addr in the list of metas, added when absent: the configured addresses stay,
+ * learned ones fill the slots left and then replace each other in turn (bounded). */
+static int meta_learn(struct kvc *c, const char *addr)
+{
+	pthread_mutex_lock(&c->meta_mu);
+	int i = 0, max = KVC_MAX_METAS + KVC_LEARNED_METAS;
+	while (i < c->nmetas && strcmp(c->metas[i], addr))
+		i++;
+	if (i == c->nmetas) {
+		if (c->nmetas < max)
+			c->nmetas++;
+		else
+			i = c->nconf + c->learn_next++ % (max - c->nconf);
+		snprintf(c->metas[i], KVP_ADDR_MAX, "%s", addr);
+		klog_debug("meta %s leads (a replica's redirect)", addr);
+	}
+	pthread_mutex_unlock(&c->meta_mu);
+	return i;
+}
+
+/* One request to the meta at addr. -EREMCHG: *leader gets the leader's address when the
+ * replica named one (else ""). */
+static int meta_call_one(struct kvc *c, const char *addr, uint16_t op, const struct kvp_wbuf *req,
+			 uint8_t **rb, uint32_t *rl, int *sent, char leader[KVP_ADDR_MAX])
+{
+	struct kvp_client *cl;
+	leader[0] = 0;
+	int rc = kvp_pool_get(c->pool, addr, &cl);
+	*sent = rc == 0;
+	if (rc)
+		return rc;
+	uint8_t *b = NULL;
+	uint32_t l = 0;
+	rc = kvp_call_detail(cl, op, req ? req->p : NULL, req ? req->len : 0, NULL, 0,
+			     c->timeout_ms, &b, &l);
+	kvp_pool_put(c->pool, cl);
+	if (rc == -EREMCHG)
+		kvp_redirect_parse(b, l, leader); /* a malformed one is no redirect */
+	if (rc == 0 && rb) {
+		*rb = b;
+		b = NULL;
+	}
+	if (rc == 0 && rl)
+		*rl = l;
+	free(b);
+	return rc;
+}
+
 /* kvc__meta_call unmeasured: the attempts of one request. */
 static int meta_call_retrying(struct kvc *c, uint16_t op, const struct kvp_wbuf *req, int attempts,
 			      uint8_t **rb, uint32_t *rl, int *retried)
@@ -96,27 +155,35 @@ static int meta_call_retrying(struct kvc *c, uint16_t op, const struct kvp_wbuf 
 	pol.attempts = attempts > 0 ? attempts : 1;
 	kvch_retry_start(&r, &pol);
 	/* Replicated meta: a replica that does not lead answers -EREMCHG having done nothing,
-	 * so the request goes to the next one at once; once every replica said so (an election
-	 * is on) it waits by KVCH_RETRY_LEADER, whatever the op's own attempts. */
+	 * naming the leader when it knows it (then the request goes there, the address learned
+	 * if new) or not (then to the next replica), at once; once as many refusals as replicas
+	 * came (an election is on) it waits by KVCH_RETRY_LEADER, whatever the op's own
+	 * attempts. */
 	struct kvch_retry_policy lpol = KVCH_RETRY_LEADER;
 	kvch_retry_start(&lr, &lpol);
-	int refused = 0;
+	/* The replica whose redirect was followed last: if the one it named fails too (not
+	 * reachable from here, or no longer leading), the request goes on to the replica after
+	 * it, so two replicas never pass it back and forth past the rest of the list. */
+	int refused = 0, named_by = -1;
 	for (;;) {
-		struct kvp_client *cl;
-		int cur = atomic_load(&c->meta_cur);
-		const char *addr = c->metas[cur];
-		int rc = kvp_pool_get(c->pool, addr, &cl), sent = rc == 0;
-		if (rc == 0) {
-			rc = kvp_call(cl, op, req ? req->p : NULL, req ? req->len : 0, NULL, 0,
-				      c->timeout_ms, rb, rl);
-			kvp_pool_put(c->pool, cl);
+		char addr[KVP_ADDR_MAX], leader[KVP_ADDR_MAX];
+		int cur = atomic_load(&c->meta_cur), sent;
+		int n = meta_addr(c, cur, addr);
+		int rc = meta_call_one(c, addr, op, req, rb, rl, &sent, leader);
+		if (rc == -EREMCHG && leader[0]) {
+			int to = meta_learn(c, leader);
+			n = meta_addr(c, to, leader); /* the count, now that it may have grown */
+			named_by = cur;
+			atomic_compare_exchange_strong(&c->meta_cur, &cur, to);
+		} else if (rc == -EREMCHG || (kvch_is_transport(rc) && n > 1)) {
+			/* the next replica; another thread may have moved already */
+			int next = ((named_by >= 0 ? named_by : cur) + 1) % n;
+			named_by = -1;
+			atomic_compare_exchange_strong(&c->meta_cur, &cur, next);
 		}
-		int moved = rc == -EREMCHG || (kvch_is_transport(rc) && c->nmetas > 1);
-		if (moved) /* the next replica; another thread may have moved already */
-			atomic_compare_exchange_strong(&c->meta_cur, &cur, (cur + 1) % c->nmetas);
 		/* A replica that cannot be reached got nothing: as good as a refusal. */
-		if (rc == -EREMCHG || (!sent && kvch_is_transport(rc) && c->nmetas > 1)) {
-			if (++refused < c->nmetas)
+		if (rc == -EREMCHG || (!sent && kvch_is_transport(rc) && n > 1)) {
+			if (++refused < n)
 				continue;
 			refused = 0;
 			if (!kvch_retry_wait(&lr, rc))
@@ -234,6 +301,8 @@ int kvc_open(const struct kvc_opts *o, struct kvc **out)
 		free(c);
 		return -EINVAL;
 	}
+	c->nconf = c->nmetas;
+	pthread_mutex_init(&c->meta_mu, NULL);
 	c->secret = *o->secret;
 	c->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 5000;
 	c->read_timeout_ms = c->timeout_ms < 2000 ? c->timeout_ms : 2000;
@@ -247,6 +316,7 @@ int kvc_open(const struct kvc_opts *o, struct kvc **out)
 		pthread_cond_destroy(&c->buf_cond);
 		pthread_mutex_destroy(&c->buf_mu);
 		pthread_mutex_destroy(&c->mu);
+		pthread_mutex_destroy(&c->meta_mu);
 		free(c);
 		return rc;
 	}
@@ -288,6 +358,7 @@ void kvc_close(struct kvc *c)
 	pthread_cond_destroy(&c->buf_cond);
 	pthread_mutex_destroy(&c->buf_mu);
 	pthread_mutex_destroy(&c->mu);
+	pthread_mutex_destroy(&c->meta_mu);
 	free(c);
 }
 

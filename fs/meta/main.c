@@ -22,6 +22,7 @@ struct meta_cfg {
 	char db[CFG_STR_MAX];
 	char secret_file[CFG_STR_MAX];
 	char addr_file[CFG_STR_MAX];
+	char advertise[CFG_STR_MAX];
 	char metrics_listen[CFG_STR_MAX], metrics_addr_file[CFG_STR_MAX];
 	char ttl_rules[CFG_STR_MAX]; /* parsed into o.rules */
 	char raft_peers[CFG_STR_MAX], raft_dir[CFG_STR_MAX];
@@ -37,6 +38,9 @@ static const struct cfg_opt opts[] = {
     {"secret-file", CFG_STR, F(secret_file), 0, 0, NULL, "cluster secret file (required)"},
     {"addr-file", CFG_STR, F(addr_file), 0, 0, NULL,
      "once listening, write HOST:PORT here (atomically)"},
+    {"advertise", CFG_STR, F(advertise), 0, 0, NULL,
+     "HOST clients reach this meta at (port: the bound one), where replicas redirect them "
+     "(default: the listen host; 127.0.0.1 for 0.0.0.0)"},
     {"k", CFG_INT, F(o.k), 1, 64, "10", "data chunks per stripe (cluster default)"},
     {"m", CFG_INT, F(o.m), 0, 16, "1", "parity chunks per stripe (cluster default)"},
     {"chunk-size", CFG_SIZE, F(o.chunk_size), 4096, 16 << 20, "1M",
@@ -283,7 +287,11 @@ int main(int argc, char **argv)
 		 kvp_server_port(srv));
 	klog_info("serving on %s (k=%lld m=%lld chunk %llu, sync %s)", addr, (long long)mo->k,
 		  (long long)mo->m, (unsigned long long)mo->chunk_size, mo->sync ? "on" : "off");
-	if ((rc = meta_metrics_serve(mm, addr, c.metrics_listen, c.metrics_addr_file)) ||
+	char adv[KVP_ADDR_MAX + 8];
+	snprintf(adv, sizeof(adv), "%.*s:%u", KVP_ADDR_MAX - 8, c.advertise, kvp_server_port(srv));
+	if ((rc = meta_set_addr(m, c.advertise[0] ? adv : addr)))
+		klog_error("bad --advertise %s", c.advertise);
+	if (rc || (rc = meta_metrics_serve(mm, addr, c.metrics_listen, c.metrics_addr_file)) ||
 	    (c.addr_file[0] && (rc = write_addr_file(c.addr_file, addr)))) {
 		klog_error("cannot start: %s", kvp_strerror(rc));
 		kvp_server_stop(srv);

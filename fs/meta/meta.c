@@ -41,10 +41,15 @@ static void *bg_main(void *arg)
 	struct meta *m = arg;
 	while (!stopping(m)) {
 		if (m->raft && !mraft_serving(m->raft)) {
-			/* A follower changes nothing on its own: the leader's passes do. */
-			bg_sleep(m);
+			/* A follower changes nothing on its own: the leader's passes do. A new
+			 * leader about to serve looks again soon: it then records its address. */
+			if (mleader_pending(m))
+				nanosleep(&(struct timespec){0, 5000000}, NULL);
+			else
+				bg_sleep(m);
 			continue;
 		}
+		mleader_announce(m);
 		mnodes_check(m);
 		uint32_t from = 0;
 		for (int i = 0; i < DEL_ROUNDS && !stopping(m) && mnodes_delq_round(m, &from); i++)
@@ -94,6 +99,11 @@ static int meta_lead(void *ctx)
 	if (!rc)
 		klog_info("leading: %llu files, %llu dirs, %zu nodes", (unsigned long long)m->files,
 			  (unsigned long long)m->dirs, m->nnodes);
+	/* The background thread records this leader's address as soon as it serves. */
+	pthread_mutex_lock(&m->bg_mu);
+	m->kicked = 1;
+	pthread_cond_signal(&m->bg_cv);
+	pthread_mutex_unlock(&m->bg_mu);
 	return rc;
 }
 
@@ -304,7 +314,7 @@ int meta_handle(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, uint8_t 
 	struct kvp_wbuf out;
 	kvp_w_init(&out);
 	/* Replicated: only the serving leader answers (reads too: docs/meta.md, "Reads"); the
-	 * others say -EREMCHG, which clients take as "ask the next meta". */
+	 * others say -EREMCHG, naming the leader when they know it (docs/meta.md, "Redirects"). */
 	if (rc == 0 && h->op == KVP_OP_RSTATUS) {
 		rc = raft_status(m, &out);
 		goto reply;
@@ -321,7 +331,17 @@ reply:
 		rc = out.err;
 	if (rc && rc != -ENOENT && rc != -EEXIST)
 		klog_debug("op 0x%x from %s: %s", h->op, kvp_conn_peer(c), kvp_strerror(rc));
-	kvp_reply(c, h, rc, rc ? NULL : out.p, rc ? 0 : out.len, NULL, 0);
+	if (rc == -EREMCHG) {
+		struct kvp_wbuf to;
+		kvp_w_init(&to);
+		mleader_redirect(m, &to);
+		if (!to.err && to.len)
+			kvp_reply_err(c, h, rc, to.p, to.len);
+		else
+			kvp_reply(c, h, rc, NULL, 0, NULL, 0);
+		kvp_w_free(&to);
+	} else
+		kvp_reply(c, h, rc, rc ? NULL : out.p, rc ? 0 : out.len, NULL, 0);
 	kvp_w_free(&out);
 	free(body);
 	return 0;

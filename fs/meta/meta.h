@@ -73,6 +73,10 @@ struct meta_opts {
 };
 
 int meta_open(const struct meta_opts *o, struct meta **out);
+/* Where clients reach this meta ("HOST:PORT", shorter than KVP_ADDR_MAX), once its server
+ * listens: a replicated meta's leader records it for the followers' redirects (docs/meta.md,
+ * "Redirects"). Thread-safe. 0 or -EINVAL. */
+int meta_set_addr(struct meta *m, const char *addr);
 void meta_close(struct meta *m);
 /* kvp_handler_fn: ctx is the struct meta. */
 int meta_handle(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, uint8_t *body);

@@ -29,6 +29,9 @@ enum {
 	MK_REV = 'R',	  /* node_id be32, chunk_id be64 -> u64 ino, u32 stripe (chunk owner) */
 	MK_DEGRADED = 'G', /* ino be64, stripe be32 -> (empty): a stripe written degraded */
 	MK_VERSION = 'V',  /* (no suffix) -> "kvfs-meta 1" */
+	/* (no suffix) -> u64 replica id, u64 term, str client address: written through Raft by
+	 * each serving leader once per term, so every replica can redirect (meta_leader.c) */
+	MK_LEADER = 'L',
 };
 enum {
 	MC_INO_LIMIT = 1,   /* inode numbers below it may have been handed out */
@@ -154,9 +157,13 @@ struct meta {
 	struct kvp_pool *pool; /* meta as a client of nodes (deletions) */
 	pthread_t bg;
 	int bg_started;
-	pthread_mutex_t bg_mu; /* protects stopping; bg_cv wakes the background thread */
+	pthread_mutex_t bg_mu; /* protects stopping, client_addr; bg_cv wakes the bg thread */
 	pthread_cond_t bg_cv;
 	int stopping, kicked;
+	/* Replicated: where clients reach this replica (meta_set_addr; "" until known), and the
+	 * term whose MK_LEADER record this replica wrote as leader (background thread only). */
+	char client_addr[KVP_ADDR_MAX];
+	uint64_t announced_term;
 
 	/* Counters since start (enum kvp_mstat), plain atomics so a metrics endpoint can read
 	 * them without locks. */
@@ -194,6 +201,17 @@ static inline void mst_add(struct meta *m, int which, uint64_t v)
 
 int64_t meta_now_ns(void);
 int64_t meta_mono_ns(void);
+
+/* ---- meta_leader.c: who leads, for redirects (docs/meta.md, "Redirects") ---- */
+/* As the serving leader, records this replica's client address in MK_LEADER (through Raft)
+ * once per term; does nothing otherwise. Background thread only. 0 or mdb_write's error. */
+int mleader_announce(struct meta *m);
+/* Into out (an -EREMCHG reply's body, docs/protocol.md "Errors"): the client address of the
+ * leader this replica follows, when that leader has recorded it in the current term; nothing
+ * when none is known (then the reply has an empty body). */
+void mleader_redirect(struct meta *m, struct kvp_wbuf *out);
+/* 1 while this replica leads but does not serve yet (its announcement is near). */
+int mleader_pending(struct meta *m);
 
 /* ---- meta_db.c ---- */
 int mdb_open(struct meta *m);

@@ -151,9 +151,13 @@ static void *heartbeat_main(void *arg)
 	int64_t node_id = -1;
 	int last_err = 0;
 	/* --meta may list every replica of a replicated meta: heartbeats go to one until it
-	 * fails or says it does not lead (-EREMCHG), then to the next. */
-	char metas[9][KVP_ADDR_MAX];
-	int nmetas = 0, cur = 0, refused = 0;
+	 * fails or says it does not lead (-EREMCHG), then to the leader that replica named
+	 * (kept in one of 4 slots past the list, so one follower's address is enough) or the
+	 * next. */
+	char metas[9 + 4][KVP_ADDR_MAX];
+	/* named_by: the replica whose redirect was followed last; if the leader it named fails,
+	 * the next one tried is the replica after it (as in libkvfs, kvc_meta.c). */
+	int nmetas = 0, nconf = 0, learned = 0, cur = 0, refused = 0, named_by = -1;
 	{
 		const char *p = n->cf.meta;
 		for (;;) {
@@ -167,6 +171,7 @@ static void *heartbeat_main(void *arg)
 			p += len + 1;
 		}
 	}
+	nconf = nmetas;
 	if (!nmetas) {
 		klog_error("heartbeat: bad --meta %s", n->cf.meta);
 		kvp_pool_destroy(pool);
@@ -189,12 +194,16 @@ static void *heartbeat_main(void *arg)
 		rc = w.err ? w.err : kvp_pool_get(pool, meta, &cl);
 		uint8_t *rb = NULL;
 		uint32_t rl = 0;
+		char leader[KVP_ADDR_MAX] = "";
 		if (!rc) {
 			/* Bounded so that a hung meta delays shutdown by at most ~4 s. */
 			int ms = (int)(n->cf.heartbeat * 1000) + 1000;
 			ms = ms > 3000 ? 3000 : ms;
-			rc = kvp_call(cl, KVP_OP_HEARTBEAT, w.p, w.len, NULL, 0, ms, &rb, &rl);
+			rc = kvp_call_detail(cl, KVP_OP_HEARTBEAT, w.p, w.len, NULL, 0, ms, &rb,
+					     &rl);
 			kvp_pool_put(pool, cl);
+			if (rc == -EREMCHG)
+				kvp_redirect_parse(rb, rl, leader);
 		}
 		kvp_w_free(&w);
 		if (!rc) {
@@ -214,13 +223,29 @@ static void *heartbeat_main(void *arg)
 		else if (!rc && last_err)
 			klog_info("heartbeat to meta %s works again", meta);
 		last_err = rc;
-		if (rc && nmetas > 1) {
-			cur = (cur + 1) % nmetas;
+		if (leader[0]) {
+			int i = 0;
+			while (i < nmetas && strcmp(metas[i], leader))
+				i++;
+			if (i == nmetas && nmetas < (int)(sizeof(metas) / sizeof(metas[0])))
+				nmetas++;
+			else if (i == nmetas)
+				i = nconf + learned++ % (nmetas - nconf);
+			snprintf(metas[i], KVP_ADDR_MAX, "%s", leader);
+			named_by = cur;
+			cur = i;
+			if (++refused < nmetas)
+				continue;
+		} else if (rc && nmetas > 1) {
+			cur = ((named_by >= 0 ? named_by : cur) + 1) % nmetas;
+			named_by = -1;
 			/* at once: the leader is another one, unless all said so (an election) */
 			if (rc == -EREMCHG && ++refused < nmetas)
 				continue;
 		}
 		refused = 0;
+		if (!rc)
+			named_by = -1;
 
 		struct timespec ts;
 		clock_gettime(CLOCK_REALTIME, &ts);

@@ -196,6 +196,13 @@ struct kvp_attr {
 #define KVP_ATTR_SIZE  80
 #define KVP_OWNER_NONE 0xFFFFFFFFu
 
+/* -EREMCHG from a replica of a replicated meta ("not the leader"): its body is empty (no
+ * leader known) or `str addr`, the client address (HOST:PORT, as --listen) of the replica
+ * that serves as leader (docs/protocol.md, "Errors"). Parses b (untrusted, len bytes) into
+ * addr: 0, -ENOENT (empty body) or -EBADMSG (anything but one str holding a usable IPv4
+ * HOST:PORT, port not 0); addr is "" unless 0. */
+int kvp_redirect_parse(const uint8_t *b, size_t len, char addr[KVP_ADDR_MAX]);
+
 /* ---- struct kvp_attr in bodies (80 bytes, docs/protocol.md) ---- */
 void kvp_w_attr(struct kvp_wbuf *w, const struct kvp_attr *a);
 void kvp_r_attr(struct kvp_rbuf *r, struct kvp_attr *a);

@@ -54,3 +54,21 @@ int kvp_zone_check(const char *p, size_t len)
 	}
 	return 0;
 }
+
+int kvp_redirect_parse(const uint8_t *b, size_t len, char addr[KVP_ADDR_MAX])
+{
+	addr[0] = 0;
+	if (len == 0)
+		return -ENOENT;
+	struct kvp_rbuf r;
+	kvp_r_init(&r, b, len);
+	kvp_r_str(&r, addr, KVP_ADDR_MAX);
+	char host[KVP_ADDR_MAX];
+	uint16_t port;
+	/* Too long (-ENAMETOOLONG from the reader) is as malformed as the rest. */
+	if (kvp_r_end(&r) || kvp_addr_parse(addr, host, sizeof(host), &port) || port == 0) {
+		addr[0] = 0;
+		return -EBADMSG;
+	}
+	return 0;
+}

@@ -1,7 +1,9 @@
-/* libFuzzer target: the frame header decoder and the generic body reader over untrusted bytes.
+/* libFuzzer target: the frame header decoder, the generic body reader over untrusted bytes and
+ * meta's redirect body (kvp_redirect_parse).
  * Input: a 32-byte header candidate, then a script of reads over the rest. Checks that a decoded
  * header obeys every rule docs/protocol.md states, that reads never go past the buffer and that
  * the reader's error is sticky. */
+#include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,6 +78,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			abort(); /* errors are sticky */
 		failed = r.err != 0;
 	}
+	/* The same bytes as meta's -EREMCHG body: a leader address is only ever accepted as a
+	 * usable HOST:PORT, and a refusal leaves none. */
+	char addr[KVP_ADDR_MAX];
+	memset(addr, 'x', sizeof(addr));
+	int rc = kvp_redirect_parse(buf, blen, addr);
+	char host[KVP_ADDR_MAX];
+	uint16_t port;
+	if (!memchr(addr, 0, sizeof(addr)))
+		abort();
+	if (rc == 0 && (kvp_addr_parse(addr, host, sizeof(host), &port) || port == 0))
+		abort();
+	if (rc && (addr[0] || (rc != -ENOENT && rc != -EBADMSG) || (rc == -ENOENT) != !blen))
+		abort();
 	free(buf);
 	return 0;
 }
