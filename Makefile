@@ -43,9 +43,10 @@ test-emu: deps
 # The same, built with ThreadSanitizer, which then also sees data races between CUDA threads
 # (docs/cuda-emu.md, "Races"): the emulator's self-test, the kernel and device-engine tests on
 # their short shape lists (the _jitter variants: under TSan the full lists take too long), the
-# NCCL transfer, and the serving path over NCCL (its workers and gateway built with TSan too).
+# device vision tower, the NCCL transfer, and the serving path over NCCL (its workers and
+# gateway built with TSan too).
 EMU_TSAN_BUILD ?= build-emu-tsan
-EMU_TSAN_TESTS ?= ^emu_test_(kvk_emu|kernels_nccl|kernels_cuda_jitter|fwd_dev_cuda_jitter|handoff_nccl)$$
+EMU_TSAN_TESTS ?= ^emu_test_(kvk_emu|kernels_nccl|kernels_cuda_jitter|fwd_dev_cuda_jitter|vit_cuda|handoff_nccl)$$
 test-emu-tsan: deps
 	@cmake -S . -B $(EMU_TSAN_BUILD) -DKVFS_CUDA=EMU -DKVFS_TSAN=ON >/dev/null
 	@cmake --build $(EMU_TSAN_BUILD) -j $(JOBS) --target emu-tests

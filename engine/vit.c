@@ -13,6 +13,7 @@
 #include "gguf.h"
 #include "kvk.h"
 #include "pool.h"
+#include "vit_int.h"
 
 /* Limits: far above any CLIP/SigLIP tower, low enough that every size product below fits
  * comfortably in size_t and a hostile header cannot ask for absurd buffers. */
@@ -22,41 +23,6 @@
 #define VIT_MAX_FF	65536
 #define VIT_MAX_LAYER	256
 #define VIT_MAX_OUT	65536
-
-struct vit_mat {
-	enum kvk_wtype type;
-	const void *data; /* rows of n (ne[0]) elements, in the mapping */
-	size_t n, rows;
-};
-
-struct vit_blk {
-	struct vit_mat q, k, v, o, up, down;
-	float *bq, *bk, *bv, *bo, *bup, *bdown; /* NULL: no bias */
-	float *ln1_w, *ln1_b, *ln2_w, *ln2_b;	/* weights required, biases optional */
-};
-
-struct vit {
-	struct kvi_gguf *g;
-	struct vit_info info;
-	float mean[3], std[3];
-	uint8_t fp[VIT_FINGERPRINT_BYTES];
-
-	struct vit_mat patch, mm0, mm2;
-	float *patch_b, *cls, *pos; /* pos: n_pos x n_embd */
-	float *pre_w, *pre_b, *post_w, *post_b;
-	float *mm0_b, *mm2_b;
-	struct vit_blk *blk;
-
-	/* forward state */
-	struct kvi_pool *pool;
-	enum kvk_isa isa;
-	int n_threads;
-	float *x, *h, *q, *k, *v, *a, *u, *col, *mid;
-	float **scratch; /* per thread: matmul scratch */
-	float **ascr;	 /* per thread: attention's head copies and scores */
-	int has_q8;	 /* some matrix is Q8_0: act holds quantized activations */
-	void *act;
-};
 
 /* ---- errors ------------------------------------------------------------------------------ */
 
@@ -505,6 +471,7 @@ void vit_free(struct vit *v)
 {
 	if (!v)
 		return;
+	vit_dev_free(v->dev);
 	kvi_pool_destroy(v->pool);
 	if (v->scratch)
 		for (int i = 0; i < v->n_threads; i++)
@@ -780,15 +747,34 @@ static void col_run(void *arg, int share, int nshares, int thread)
 	}
 }
 
+void vit_im2col(struct vit *v, const float *pixels)
+{
+	struct col_job cj = {v, pixels};
+	kvi_pool_run(v->pool, col_run, &cj);
+}
+
+int vit_use_device(struct vit *v, int backend, int device)
+{
+	if (!v || v->dev)
+		return -EINVAL;
+	return vit_dev_create(v, backend, device, &v->dev);
+}
+
+const char *vit_backend(const struct vit *v)
+{
+	return v->dev ? vit_dev_backend(v->dev) : "cpu";
+}
+
 int vit_encode(struct vit *v, const float *pixels, float *out_embd)
 {
 	if (!v || !pixels || !out_embd)
 		return -EINVAL;
+	if (v->dev)
+		return vit_dev_encode(v, pixels, out_embd);
 	const struct vit_info *I = &v->info;
 	size_t E = (size_t)I->n_embd, NP = (size_t)I->n_patches, C = (size_t)I->has_class;
 	size_t T = NP + C;
-	struct col_job cj = {v, pixels};
-	kvi_pool_run(v->pool, col_run, &cj);
+	vit_im2col(v, pixels);
 	/* patch embedding: rows C.. of h; the class token (if any) is row 0 */
 	linear(v, &v->patch, v->col, NP, v->patch_b, v->h + C * E, 0, NULL);
 	if (C)

@@ -18,8 +18,9 @@
  * (with a message naming the key or tensor in err, errlen bytes, may be NULL), -ENOMEM, -errno
  * of open/mmap, -EIO for an OpenSSL failure.
  *
- * Thread-safety: vit_encode uses the tower's own thread pool and buffers: one vit_encode at a
- * time per struct vit (callers serialise). The getters are safe at any time.
+ * Thread-safety: vit_encode uses the tower's own thread pool and buffers (and, after
+ * vit_use_device, its device context): one vit_encode at a time per struct vit (callers
+ * serialise; successive calls may come from different threads). The getters are safe at any time.
  */
 #ifndef KVFS_KVI_VIT_H
 #define KVFS_KVI_VIT_H
@@ -65,6 +66,18 @@ void vit_free(struct vit *v);
  * NULL argument, or -ERANGE when a value is not finite after the projector (a NaN/Inf pixel or
  * a broken file; out_embd is then unspecified). */
 int vit_encode(struct vit *v, const float *pixels, float *out_embd);
+
+/* Moves the forward onto a device backend (kernels/kvk_dev.h; docs/vision.md, "Device
+ * path"): backend KVK_DEV_CUDA runs it on GPU `device`, KVK_DEV_HOST on the CPU references
+ * (slow, for tests). Every weight is uploaded once (matrices as stored, vectors as f32); from
+ * then on vit_encode runs there, with the same contract (pixels in and embeddings out are host
+ * memory) and results within docs/vision.md's tolerances of the CPU forward, not bit-equal.
+ * Call it once, before any concurrent use. Returns 0, -EINVAL (bad backend, or already on a
+ * device), -ENODEV (no such GPU, or no CUDA in this build), -ENOMEM, -EIO (a device error,
+ * logged). On failure the tower stays on the CPU and usable. */
+int vit_use_device(struct vit *v, int backend, int device);
+/* "cpu", or the device backend's name ("host", "cuda"). */
+const char *vit_backend(const struct vit *v);
 
 const struct vit_info *vit_get_info(const struct vit *v);
 int vit_n_tokens(const struct vit *v);	 /* image embeddings produced per image */

@@ -95,6 +95,16 @@ int kvk_cu_kq_gemv(struct kvk_cuda_ctx *ctx, float *y, const void *w, enum kvk_d
 int kvk_cu_convert(struct kvk_cuda_ctx *ctx, void *dst, enum kvk_dtype dt, const float *src,
 		   size_t n);
 
+/* The vision tower's ops (engine/vit.h): LayerNorm with an optional bias (b NULL: none) and
+ * GELU (quick or tanh), kvk_elem.cu; attention without a mask over dense f32 Q/K/V
+ * (kvk_attn.cu: the paged kernel's online softmax, 16 query rows of one head per block, keys
+ * in tiles of 32 through shared memory as f32). */
+int kvk_cu_layernorm(struct kvk_cuda_ctx *ctx, float *out, const float *x, const float *w,
+		     const float *b, size_t n, size_t nrows, float eps);
+int kvk_cu_gelu(struct kvk_cuda_ctx *ctx, float *y, const float *x, size_t n, int quick);
+int kvk_cu_attn_dense(struct kvk_cuda_ctx *ctx, float *out, const float *q, const float *k,
+		      const float *v, int n_tok, int n_heads, int head_dim, float scale);
+
 /* Forward-pass glue (kvk_fwd.cu): residual add, bias add, K/V rows into the paged pool. For
  * kv_store, kv->k[l] / kv->v[l] are device pointers in a host array; slots is device memory. */
 int kvk_cu_add(struct kvk_cuda_ctx *ctx, float *y, const float *x, size_t n);

@@ -72,6 +72,12 @@ struct kvk_dev_ops {
 	int (*kv_store)(struct kvk_dev *d, const struct kvk_kv_layers *kv, int layer,
 			const float *k, const float *v, const int32_t *slots, int n_tok);
 	int (*argmax)(struct kvk_dev *d, int32_t *out, const float *logits, int n_rows, int vocab);
+	/* the vision tower (engine/vit.h): kvk_ref_layernorm, kvk_ref_gelu, kvk_ref_attn_dense */
+	int (*layernorm)(struct kvk_dev *d, float *out, const float *x, const float *w,
+			 const float *b, size_t n, size_t nrows, float eps);
+	int (*gelu)(struct kvk_dev *d, float *y, const float *x, size_t n, int quick);
+	int (*attn_dense)(struct kvk_dev *d, float *out, const float *q, const float *k,
+			  const float *v, int n_tok, int n_heads, int head_dim, float scale);
 	/* host buffer <-> paged device KV, block-file payload layout; synchronous */
 	int (*kv_pack)(struct kvk_dev *d, void *dst_host, const struct kvk_kv_layers *kv,
 		       const int32_t *blocks, int n_blocks);

@@ -132,6 +132,23 @@ static int c_kv_unpack(struct kvk_dev *d, const struct kvk_kv_layers *kv, const 
 	return kvk_cu_kv_unpack(d->cu, kv, src_host, blocks, n_blocks, NULL, NULL);
 }
 
+static int c_layernorm(struct kvk_dev *d, float *out, const float *x, const float *w,
+		       const float *b, size_t n, size_t nrows, float eps)
+{
+	return kvk_cu_layernorm(d->cu, out, x, w, b, n, nrows, eps);
+}
+
+static int c_gelu(struct kvk_dev *d, float *y, const float *x, size_t n, int quick)
+{
+	return kvk_cu_gelu(d->cu, y, x, n, quick);
+}
+
+static int c_attn_dense(struct kvk_dev *d, float *out, const float *q, const float *k,
+			const float *v, int n_tok, int n_heads, int head_dim, float scale)
+{
+	return kvk_cu_attn_dense(d->cu, out, q, k, v, n_tok, n_heads, head_dim, scale);
+}
+
 const struct kvk_dev_ops kvk_dev_cuda_ops = {
     .name = "cuda",
     .alloc = c_alloc,
@@ -157,4 +174,7 @@ const struct kvk_dev_ops kvk_dev_cuda_ops = {
     .argmax = c_argmax,
     .kv_pack = c_kv_pack,
     .kv_unpack = c_kv_unpack,
+    .layernorm = c_layernorm,
+    .gelu = c_gelu,
+    .attn_dense = c_attn_dense,
 };

@@ -168,6 +168,26 @@ static int h_kv_unpack(struct kvk_dev *d, const struct kvk_kv_layers *kv, const 
 	return kvk_ref_kv_unpack(kv, src_host, blocks, n_blocks);
 }
 
+static int h_layernorm(struct kvk_dev *d, float *out, const float *x, const float *w,
+		       const float *b, size_t n, size_t nrows, float eps)
+{
+	(void)d;
+	return kvk_ref_layernorm(out, x, w, b, n, nrows, eps);
+}
+
+static int h_gelu(struct kvk_dev *d, float *y, const float *x, size_t n, int quick)
+{
+	(void)d;
+	return kvk_ref_gelu(y, x, n, quick);
+}
+
+static int h_attn_dense(struct kvk_dev *d, float *out, const float *q, const float *k,
+			const float *v, int n_tok, int n_heads, int head_dim, float scale)
+{
+	(void)d;
+	return kvk_ref_attn_dense(out, q, k, v, n_tok, n_heads, head_dim, scale);
+}
+
 const struct kvk_dev_ops kvk_dev_host_ops = {
     .name = "host",
     .alloc = h_alloc,
@@ -193,6 +213,9 @@ const struct kvk_dev_ops kvk_dev_host_ops = {
     .argmax = h_argmax,
     .kv_pack = h_kv_pack,
     .kv_unpack = h_kv_unpack,
+    .layernorm = h_layernorm,
+    .gelu = h_gelu,
+    .attn_dense = h_attn_dense,
 };
 
 /* ---- entry points ------------------------------------------------------------------------ */

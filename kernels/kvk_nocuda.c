@@ -131,6 +131,27 @@ int kvk_cu_swiglu(struct kvk_cuda_ctx *ctx, float *out, const float *gate, const
 	return -ENODEV;
 }
 
+int kvk_cu_layernorm(struct kvk_cuda_ctx *ctx, float *out, const float *x, const float *w,
+		     const float *b, size_t n, size_t nrows, float eps)
+{
+	(void)ctx, (void)out, (void)x, (void)w, (void)b, (void)n, (void)nrows, (void)eps;
+	return -ENODEV;
+}
+
+int kvk_cu_gelu(struct kvk_cuda_ctx *ctx, float *y, const float *x, size_t n, int quick)
+{
+	(void)ctx, (void)y, (void)x, (void)n, (void)quick;
+	return -ENODEV;
+}
+
+int kvk_cu_attn_dense(struct kvk_cuda_ctx *ctx, float *out, const float *q, const float *k,
+		      const float *v, int n_tok, int n_heads, int head_dim, float scale)
+{
+	(void)ctx, (void)out, (void)q, (void)k, (void)v, (void)n_tok, (void)n_heads, (void)head_dim,
+	    (void)scale;
+	return -ENODEV;
+}
+
 int kvk_cu_attn_prefill(struct kvk_cuda_ctx *ctx, float *out, const float *q,
 			const struct kvk_kv_pages *kv, const int32_t *table, int n_q, int q_start,
 			int n_heads, float scale)

@@ -497,3 +497,78 @@ int kvk_ref_kv_store(const struct kvk_kv_layers *kv, int layer, const float *k, 
 	}
 	return 0;
 }
+
+/* ---- vision tower ------------------------------------------------------------------------ */
+
+int kvk_ref_layernorm(float *out, const float *x, const float *w, const float *b, size_t n,
+		      size_t nrows, float eps)
+{
+	if (!n || !w)
+		return -EINVAL;
+	for (size_t r = 0; r < nrows; r++) {
+		const float *xr = x + r * n;
+		float *o = out + r * n;
+		float mean = 0, var = 0;
+		for (size_t i = 0; i < n; i++)
+			mean += xr[i];
+		mean /= (float)n;
+		for (size_t i = 0; i < n; i++)
+			var += (xr[i] - mean) * (xr[i] - mean);
+		float rs = 1.0f / sqrtf(var / (float)n + eps);
+		for (size_t i = 0; i < n; i++)
+			o[i] = (xr[i] - mean) * rs * w[i] + (b ? b[i] : 0.0f);
+	}
+	return 0;
+}
+
+int kvk_ref_gelu(float *y, const float *x, size_t n, int quick)
+{
+	for (size_t i = 0; i < n; i++) {
+		float v = x[i];
+		y[i] = quick
+			   ? v / (1.0f + expf(-1.702f * v))
+			   : 0.5f * v *
+				 (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+	}
+	return 0;
+}
+
+int kvk_ref_attn_dense(float *out, const float *q, const float *k, const float *v, int n_tok,
+		       int n_heads, int head_dim, float scale)
+{
+	if (n_tok < 0 || n_heads < 1 || head_dim < 1 || head_dim > 256)
+		return -EINVAL;
+	if (!n_tok)
+		return 0;
+	float *s = malloc((size_t)n_tok * sizeof(float));
+	if (!s)
+		return -ENOMEM;
+	size_t row = (size_t)n_heads * head_dim;
+	for (int h = 0; h < n_heads; h++)
+		for (int t = 0; t < n_tok; t++) {
+			const float *qr = q + (size_t)t * row + (size_t)h * head_dim;
+			float mx = -INFINITY, sum = 0;
+			for (int j = 0; j < n_tok; j++) {
+				const float *kr = k + (size_t)j * row + (size_t)h * head_dim;
+				float d = 0;
+				for (int c = 0; c < head_dim; c++)
+					d += qr[c] * kr[c];
+				s[j] = d * scale;
+				mx = s[j] > mx ? s[j] : mx;
+			}
+			for (int j = 0; j < n_tok; j++)
+				sum += (s[j] = expf(s[j] - mx));
+			float *o = out + (size_t)t * row + (size_t)h * head_dim;
+			for (int c = 0; c < head_dim; c++)
+				o[c] = 0;
+			for (int j = 0; j < n_tok; j++) {
+				const float *vr = v + (size_t)j * row + (size_t)h * head_dim;
+				for (int c = 0; c < head_dim; c++)
+					o[c] += s[j] * vr[c];
+			}
+			for (int c = 0; c < head_dim; c++)
+				o[c] /= sum;
+		}
+	free(s);
+	return 0;
+}

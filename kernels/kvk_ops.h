@@ -159,6 +159,27 @@ int kvk_ref_add_bias(float *y, const float *b, size_t n, size_t nrows);
 int kvk_ref_kv_store(const struct kvk_kv_layers *kv, int layer, const float *k, const float *v,
 		     const int32_t *slots, int n_tok);
 
+/* ---- vision tower (engine/vit.h) --------------------------------------------------------- */
+
+/* LayerNorm over each of nrows rows of n: out = (x - mean) / sqrt(var + eps) * w + b, mean and
+ * (biased) variance in f32, the variance from a second pass over (x - mean). b may be NULL (no
+ * bias); w may not. out may alias x. n >= 1. */
+int kvk_ref_layernorm(float *out, const float *x, const float *w, const float *b, size_t n,
+		      size_t nrows, float eps);
+
+/* GELU in place or out of place (y may alias x), n elements: quick != 0 is CLIP's quick GELU
+ * x * sigmoid(1.702 x) = x / (1 + exp(-1.702 x)); quick == 0 the tanh form
+ * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). f32 math (expf, tanhf). */
+int kvk_ref_gelu(float *y, const float *x, size_t n, int quick);
+
+/* Attention without a mask over dense f32 Q, K, V (a ViT block): q, k, v and out are
+ * (n_tok, n_heads, head_dim); query t of head h sees every key of head h. Scores scale *
+ * dot(q, k) in f32, softmax in f32 (max subtracted), output the weighted sum of V. n_tok >= 0,
+ * n_heads >= 1, 1 <= head_dim <= 256 (the CUDA kernel's limit, kept here so both refuse the
+ * same); -ENOMEM for the scores' scratch. out must not alias q, k or v. */
+int kvk_ref_attn_dense(float *out, const float *q, const float *k, const float *v, int n_tok,
+		       int n_heads, int head_dim, float scale);
+
 /* ---- sampling ---------------------------------------------------------------------------- */
 
 #define KVK_TOPK_MAX 64

@@ -220,6 +220,34 @@ static void test_refused(void **state)
 	free(pix);
 }
 
+/* --device: a name that is no device, or a GPU this machine lacks, stops the worker before it
+ * loads anything (exit 1), naming the option. */
+static void test_bad_device(void **state)
+{
+	(void)state;
+	static const char *const devs[] = {"bogus", "cuda:7"};
+	for (int i = 0; i < 2; i++) {
+		char log[600];
+		snprintf(log, sizeof(log), "%s/baddev%d.log", tmpdir, i);
+		char *argv[] = {bin, "encode",	      "--mmproj", mmproj,     "--kv-dir",
+				kv,  "--secret-file", sec,	  "--device", (char *)devs[i],
+				NULL};
+		pid_t p = ptu_spawn(argv, log);
+		int st = 0;
+		assert_true(p > 0);
+		assert_int_equal(waitpid(p, &st, 0), p);
+		assert_true(WIFEXITED(st));
+		assert_int_equal(WEXITSTATUS(st), 1);
+		char msg[512] = "";
+		FILE *f = fopen(log, "r");
+		assert_non_null(f);
+		size_t n = fread(msg, 1, sizeof(msg) - 1, f);
+		fclose(f);
+		msg[n] = 0;
+		assert_non_null(strstr(msg, "--device "));
+	}
+}
+
 static void test_metrics_page(void **state)
 {
 	(void)state;
@@ -245,6 +273,7 @@ int main(void)
 	    cmocka_unit_test(test_encode_then_cached),
 	    cmocka_unit_test(test_refused),
 	    cmocka_unit_test(test_metrics_page),
+	    cmocka_unit_test(test_bad_device),
 	};
 	return cmocka_run_group_tests(t, setup, teardown);
 }

@@ -299,6 +299,85 @@ static void test_swiglu_convert(void **state)
 	}
 }
 
+/* ---- the vision tower's ops (LayerNorm with bias, GELU, unmasked dense attention) ---------- */
+
+static void test_vit_ops(void **state)
+{
+	struct kvk_cuda_ctx *c = *state;
+	static const size_t ln_shapes[][2] = {{1, 1}, {37, 3}, {768, 5}, {5000, 2}};
+	uint64_t s = 12;
+	for (size_t i = 0; i < ncases(4); i++) {
+		size_t n = ln_shapes[i][0], r = ln_shapes[i][1], nr = n * r;
+		float *x = xmalloc(nr * 4), *w = xmalloc(n * 4), *b = xmalloc(n * 4);
+		float *ref = xmalloc(nr * 4), *got = xmalloc(nr * 4);
+		for (size_t j = 0; j < nr; j++)
+			x[j] = frand(&s) * 4 + (float)(j / n) * 50.f; /* rows with a mean */
+		for (size_t j = 0; j < n; j++)
+			w[j] = frand(&s), b[j] = frand(&s);
+		float *dx = up(c, x, nr * 4), *dw = up(c, w, n * 4), *db = up(c, b, n * 4);
+		float *dy = up(c, NULL, nr * 4);
+		for (int nb = 0; nb < 2; nb++) {
+			assert_int_equal(kvk_ref_layernorm(ref, x, w, nb ? NULL : b, n, r, 1e-5f),
+					 0);
+			assert_int_equal(
+			    kvk_cu_layernorm(c, dy, dx, dw, nb ? NULL : db, n, r, 1e-5f), 0);
+			down(c, got, dy, nr * 4);
+			/* sums in another order; the mean's rounding scales with it: 1e-4 */
+			char lbl[96];
+			snprintf(lbl, sizeof(lbl), "layernorm n %zu rows %zu bias %d", n, r, !nb);
+			close_enough(lbl, got, ref, nr, 1e-4, 1e-4);
+		}
+		/* in place (the tower normalises its residual stream in place for pre-LN) */
+		assert_int_equal(kvk_cu_layernorm(c, dx, dx, dw, db, n, r, 1e-5f), 0);
+		assert_int_equal(kvk_ref_layernorm(ref, x, w, b, n, r, 1e-5f), 0);
+		down(c, got, dx, nr * 4);
+		close_enough("layernorm in place", got, ref, nr, 1e-4, 1e-4);
+		/* GELU, both forms, out of place and in place */
+		for (int quick = 0; quick < 2; quick++) {
+			for (size_t j = 0; j < nr; j++)
+				x[j] = frand(&s) * 8;
+			assert_int_equal(kvk_cuda_h2d(c, dx, x, nr * 4), 0);
+			kvk_ref_gelu(ref, x, nr, quick);
+			assert_int_equal(kvk_cu_gelu(c, dy, dx, nr, quick), 0);
+			down(c, got, dy, nr * 4);
+			close_enough(quick ? "gelu quick" : "gelu tanh", got, ref, nr, 1e-6, 1e-5);
+			assert_int_equal(kvk_cu_gelu(c, dx, dx, nr, quick), 0);
+			down(c, got, dx, nr * 4);
+			close_enough("gelu in place", got, ref, nr, 1e-6, 1e-5);
+		}
+		kvk_cuda_free(c, dx), kvk_cuda_free(c, dw), kvk_cuda_free(c, db);
+		kvk_cuda_free(c, dy);
+		free(x), free(w), free(b), free(ref), free(got);
+	}
+	/* attention: tokens, heads, head_dim; a partial last tile, one token, odd head_dim, the
+	 * largest head_dim (dynamic shared memory over 48 KiB), a ViT-B/16 head (197 tokens) */
+	static const int at_shapes[][3] = {{1, 1, 1},	 {7, 3, 8},    {40, 2, 5},
+					   {33, 1, 256}, {197, 2, 64}, {70, 4, 96}};
+	for (size_t i = 0; i < ncases(6); i++) {
+		int T = at_shapes[i][0], H = at_shapes[i][1], D = at_shapes[i][2];
+		size_t n = (size_t)T * H * D;
+		float *q = xmalloc(n * 4), *k = xmalloc(n * 4), *v = xmalloc(n * 4);
+		float *ref = xmalloc(n * 4), *got = xmalloc(n * 4);
+		for (size_t j = 0; j < n; j++)
+			q[j] = frand(&s) * 3, k[j] = frand(&s) * 3, v[j] = frand(&s);
+		float sc = 1.0f / sqrtf((float)D);
+		assert_int_equal(kvk_ref_attn_dense(ref, q, k, v, T, H, D, sc), 0);
+		float *dq = up(c, q, n * 4), *dk = up(c, k, n * 4), *dv = up(c, v, n * 4);
+		float *dy = up(c, NULL, n * 4);
+		assert_int_equal(kvk_cu_attn_dense(c, dy, dq, dk, dv, T, H, D, sc), 0);
+		down(c, got, dy, n * 4);
+		char lbl[96];
+		snprintf(lbl, sizeof(lbl), "attn_dense T %d H %d D %d", T, H, D);
+		/* online softmax and fma: another rounding order than the reference's */
+		close_enough(lbl, got, ref, n, 2e-6, 1e-4);
+		kvk_cuda_free(c, dq), kvk_cuda_free(c, dk), kvk_cuda_free(c, dv);
+		kvk_cuda_free(c, dy);
+		free(q), free(k), free(v), free(ref), free(got);
+	}
+	assert_int_equal(kvk_cu_attn_dense(c, NULL, NULL, NULL, NULL, 1, 1, 257, 1.f), -EINVAL);
+	assert_int_equal(kvk_cu_layernorm(c, NULL, NULL, NULL, NULL, 0, 1, 1e-5f), -EINVAL);
+}
+
 /* ---- attention ------------------------------------------------------------------------------
  * A random pool (every block filled) and random block tables; the CPU reference reads the
  * host copy, the kernel the device copy. */
@@ -1051,7 +1130,7 @@ int main(int argc, char **argv)
 	    cmocka_unit_test(test_q8_0_gemv),	   cmocka_unit_test(test_kq_gemv),
 	    cmocka_unit_test(test_kq_embed),	   cmocka_unit_test(test_gemm_f32),
 	    cmocka_unit_test(test_fwd_glue),	   cmocka_unit_test(test_sampling),
-	    cmocka_unit_test(test_pack_unpack),
+	    cmocka_unit_test(test_pack_unpack),	   cmocka_unit_test(test_vit_ops),
 	};
 	return cmocka_run_group_tests_name("kernels_cuda", tests, setup, teardown);
 }

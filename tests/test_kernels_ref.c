@@ -201,6 +201,96 @@ static void test_swiglu(void **state)
 	assert_memory_equal(g, o, sizeof(o));
 }
 
+/* ---- vision tower ops: LayerNorm, GELU, unmasked dense attention, against double math ---- */
+
+static void test_vit_ops(void **state)
+{
+	(void)state;
+	uint64_t s = 11;
+	/* LayerNorm: rows with a large mean (the two-pass variance must keep their spread), with
+	 * and without a bias, in place */
+	enum { N = 37, R = 4 };
+	float x[N * R], w[N], b[N], o[N * R], o2[N * R];
+	for (int i = 0; i < N * R; i++)
+		x[i] = frand(&s) + (float)(i / N) * 100.f;
+	for (int i = 0; i < N; i++)
+		w[i] = frand(&s), b[i] = frand(&s);
+	for (int nb = 0; nb < 2; nb++) {
+		assert_int_equal(kvk_ref_layernorm(o, x, w, nb ? NULL : b, N, R, 1e-5f), 0);
+		for (int r = 0; r < R; r++) {
+			double m = 0, v = 0;
+			for (int i = 0; i < N; i++)
+				m += x[r * N + i];
+			m /= N;
+			for (int i = 0; i < N; i++)
+				v += (x[r * N + i] - m) * (x[r * N + i] - m);
+			double rs = 1.0 / sqrt(v / N + 1e-5);
+			for (int i = 0; i < N; i++) {
+				double want = (x[r * N + i] - m) * rs * w[i] + (nb ? 0 : b[i]);
+				assert_float_equal(o[r * N + i], want, 2e-4);
+			}
+		}
+	}
+	memcpy(o2, x, sizeof(x));
+	assert_int_equal(kvk_ref_layernorm(o2, o2, w, NULL, N, R, 1e-5f), 0);
+	assert_memory_equal(o2, o, sizeof(o));
+	assert_int_equal(kvk_ref_layernorm(o, x, NULL, b, N, R, 1e-5f), -EINVAL);
+	assert_int_equal(kvk_ref_layernorm(o, x, w, b, 0, R, 1e-5f), -EINVAL);
+	/* GELU, both forms */
+	float g[] = {0.f, 1.f, -1.f, 5.f, -5.f, 30.f, -30.f, 0.3f};
+	float go[8];
+	for (int quick = 0; quick < 2; quick++) {
+		assert_int_equal(kvk_ref_gelu(go, g, 8, quick), 0);
+		for (int i = 0; i < 8; i++) {
+			double v = g[i];
+			double want = quick ? v / (1.0 + exp(-1.702 * v))
+					    : 0.5 * v *
+						  (1.0 + tanh(sqrt(2.0 / 3.14159265358979323846) *
+							      (v + 0.044715 * v * v * v)));
+			assert_float_equal(go[i], want, 1e-6 * (fabs(want) + 1));
+		}
+	}
+	/* attention: every query sees every key of its head (no causal limit) */
+	static const int shapes[][3] = {{1, 1, 1}, {7, 3, 8}, {40, 2, 5}};
+	for (size_t c = 0; c < 3; c++) {
+		int T = shapes[c][0], H = shapes[c][1], D = shapes[c][2];
+		size_t n = (size_t)T * H * D;
+		float *q = xmalloc(n * 4), *k = xmalloc(n * 4), *v = xmalloc(n * 4);
+		float *out = xmalloc(n * 4);
+		for (size_t i = 0; i < n; i++)
+			q[i] = frand(&s) * 2, k[i] = frand(&s) * 2, v[i] = frand(&s);
+		float sc = 1.0f / sqrtf((float)D);
+		assert_int_equal(kvk_ref_attn_dense(out, q, k, v, T, H, D, sc), 0);
+		double *p = calloc((size_t)T, sizeof(double));
+		assert_non_null(p);
+		for (int h = 0; h < H; h++)
+			for (int t = 0; t < T; t++) {
+				double mx = -INFINITY, sum = 0;
+				for (int j = 0; j < T; j++) {
+					double d = 0;
+					for (int e = 0; e < D; e++)
+						d += (double)q[((size_t)t * H + h) * D + e] *
+						     k[((size_t)j * H + h) * D + e];
+					p[j] = d * sc;
+					mx = fmax(mx, p[j]);
+				}
+				for (int j = 0; j < T; j++)
+					sum += (p[j] = exp(p[j] - mx));
+				for (int e = 0; e < D; e++) {
+					double want = 0;
+					for (int j = 0; j < T; j++)
+						want += p[j] * v[((size_t)j * H + h) * D + e];
+					assert_float_equal(out[((size_t)t * H + h) * D + e],
+							   want / sum, 1e-5);
+				}
+			}
+		free(p), free(q), free(k), free(v), free(out);
+	}
+	assert_int_equal(kvk_ref_attn_dense(NULL, NULL, NULL, NULL, 0, 1, 8, 1.f), 0);
+	assert_int_equal(kvk_ref_attn_dense(NULL, NULL, NULL, NULL, 1, 1, 257, 1.f), -EINVAL);
+	assert_int_equal(kvk_ref_attn_dense(NULL, NULL, NULL, NULL, 1, 0, 8, 1.f), -EINVAL);
+}
+
 /* ---- attention ----------------------------------------------------------------------------
  * A sequence's K/V are generated contiguously (pos, kv_head, head_dim), then scattered into a
  * paged pool at shuffled block ids; the reference must equal softmax(QK^T)V on the contiguous
@@ -740,6 +830,7 @@ int main(void)
 	    cmocka_unit_test(test_embed),
 	    cmocka_unit_test(test_rope),
 	    cmocka_unit_test(test_swiglu),
+	    cmocka_unit_test(test_vit_ops),
 	    cmocka_unit_test(test_attn_prefill),
 	    cmocka_unit_test(test_attn_chunked_and_decode),
 	    cmocka_unit_test(test_attn_engine_layout),

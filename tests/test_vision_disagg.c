@@ -4,7 +4,13 @@
  * text give the same log-probabilities on both; a repeat encodes nothing (the encoders'
  * metrics) and reports the picture's tokens cached; another picture with the same text reuses
  * nothing from the picture on; a stream of distinct pictures spreads 40-60 % over the two
- * encoders; malformed pictures are 400s and the gateway stays up. */
+ * encoders; malformed pictures are 400s and the gateway stays up.
+ *
+ *   test_vision_disagg --cuda   every worker and the embedded server with --device cuda (the
+ *                               towers and the language models on GPU 0; on the CUDA
+ *                               emulation in CI): the first test only (the same logits
+ *                               embedded and disaggregated, the repeat cached, another
+ *                               picture); exits 77 without a GPU. */
 #include <cjson/cJSON.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -24,6 +30,7 @@
 
 #include "http_tutil.h"
 #include "img_tutil.h"
+#include "kvk_cuda.h"
 #include "proc_tutil.h"
 
 enum { B = 16, NE = 2, NBAL = 400, NCLI = 8 };
@@ -31,6 +38,21 @@ enum { P_E0, P_E1, P_PF, P_DC, P_SERVE, P_GW, P_GW2, NP };
 static char tmpdir[256], bin[512], model[512], mmproj[512], kv[512], kv_emb[512], sec[512];
 static pid_t pids[NP];
 static uint16_t gw_port, gw2_port, serve_port, enc_mport[NE];
+static int on_cuda; /* --cuda: every process gets --device cuda */
+
+/* Appends "--device cuda" in place of argv's terminating NULL under --cuda (every argv below
+ * keeps two spare NULL slots for it). */
+static char **dev_args(char **argv)
+{
+	if (on_cuda) {
+		int n = 0;
+		while (argv[n])
+			n++;
+		argv[n] = "--device";
+		argv[n + 1] = "cuda";
+	}
+	return argv;
+}
 
 /* Starts proc i with argv (NULL-terminated after the fixed part); its port from its port file. */
 static uint16_t launch(int i, char **argv, const char *name)
@@ -96,8 +118,10 @@ static int setup(void **state)
 				"127.0.0.1:0",
 				"--metrics-addr-file",
 				mf[i],
+				NULL,
+				NULL,
 				NULL};
-		if (!(eport[i] = launch(P_E0 + i, argv, name)))
+		if (!(eport[i] = launch(P_E0 + i, dev_args(argv), name)))
 			return -1;
 		snprintf(elist + strlen(elist), sizeof(elist) - strlen(elist), "%s127.0.0.1:%u",
 			 i ? "," : "", eport[i]);
@@ -138,8 +162,10 @@ static int setup(void **state)
 				"512",
 				"--port-file",
 				pf,
+				NULL,
+				NULL,
 				NULL};
-		if (!(wport[i] = launch(P_PF + i, argv, role[i])))
+		if (!(wport[i] = launch(P_PF + i, dev_args(argv), role[i])))
 			return -1;
 	}
 	snprintf(pl, sizeof(pl), "127.0.0.1:%u", wport[0]);
@@ -205,8 +231,10 @@ static int setup(void **state)
 			 "--port-file",
 			 pf,
 			 "--open-gateway",
+			 NULL,
+			 NULL,
 			 NULL};
-	if (!(serve_port = launch(P_SERVE, vargv, "serve")))
+	if (!(serve_port = launch(P_SERVE, dev_args(vargv), "serve")))
 		return -1;
 	/* the gateway's first health round */
 	ptu_sleep_ms(300);
@@ -326,9 +354,28 @@ static double enc_metric(const char *name)
 	return s;
 }
 
+/* 1 when tmpdir/<name>.log holds needle (what a process said about where it runs). */
+static int log_has(const char *name, const char *needle)
+{
+	char path[600], line[1024];
+	snprintf(path, sizeof(path), "%s/%s.log", tmpdir, name);
+	FILE *f = fopen(path, "r");
+	int found = 0;
+	while (f && !found && fgets(line, sizeof(line), f))
+		found = strstr(line, needle) != NULL;
+	if (f)
+		fclose(f);
+	return found;
+}
+
 static void test_same_as_embedded_then_cached(void **state)
 {
 	(void)state;
+	if (on_cuda) { /* the towers did move to the device (and the models are there) */
+		assert_true(log_has("serve", "tokens per image, on cuda"));
+		assert_true(log_has("enc0", "per image) on cuda"));
+		assert_true(log_has("enc1", "per image) on cuda"));
+	}
 	struct answer e = ask(serve_port, 1);
 	struct answer a = ask(gw_port, 1);
 	print_message("embedded: %d tokens %s; disaggregated: %d tokens, %d cached %s\n",
@@ -470,8 +517,19 @@ static void test_bad_images(void **state)
 		fail_msg("%s has a sanitizer report", log);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+	if (argc > 1 && !strcmp(argv[1], "--cuda")) {
+		if (kvk_cuda_device_count() == 0) {
+			printf("skipped: no GPU (or no CUDA in this build)\n");
+			return 77;
+		}
+		on_cuda = 1;
+		const struct CMUnitTest dev[] = {
+		    cmocka_unit_test(test_same_as_embedded_then_cached),
+		};
+		return cmocka_run_group_tests_name("vision_disagg_cuda", dev, setup, teardown);
+	}
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_same_as_embedded_then_cached),
 	    cmocka_unit_test(test_direct_and_choices),

@@ -1,7 +1,11 @@
 /* Tests for engine/vit.c: the tower against the scalar reference (tests/ref_vit.c) on files
  * written here (every optional tensor, both GELUs, F32/F16/BF16) and by kvinfer-synth; thread
  * count does not change a bit; every loader check rejects its hostile file with a message
- * naming the key or tensor; the fingerprint is the file's SHA-256. */
+ * naming the key or tensor; the fingerprint is the file's SHA-256. The device tower
+ * (vit_use_device) against the CPU tower and the reference on the host backend;
+ *
+ *   test_vit --cuda   only the device checks, on GPU 0 (on the CUDA emulation in CI); exits 77
+ *                     without a GPU. */
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
@@ -19,6 +23,7 @@
 #include "gguf.h"
 #include "gguf_write.h"
 #include "kvk.h"
+#include "kvk_dev.h"
 #include "ref_vit.h"
 #include "vit.h"
 
@@ -421,6 +426,76 @@ static void test_threads_bit_identical(void **state)
 	vit_free(b);
 }
 
+/* ---- the device tower (vit_use_device) -------------------------------------------------------
+ * Each file is encoded by the CPU tower, then by the same tower moved to the backend, and by
+ * the reference. Bounds (docs/vision.md, "Device path"): F32 weights 1e-4 against both (f32
+ * everywhere, other summation orders); F16 weights 2e-3 and BF16 1e-2 against both (the
+ * device rounds each GEMM's activations to f16/bf16, as the device engine does; the CPU
+ * kernels keep them f32); Q8_0 6e-2 against the CPU tower (the engine's Q8_0 bound: the CPU
+ * tower quantizes the activations to 8 bits, the device does not) and 1e-3 against the
+ * reference, which does not either. */
+
+static int BACKEND = KVK_DEV_HOST;
+
+static void dev_case(const char *what, const struct spec *s, uint64_t seed, double bound_cpu,
+		     double bound_ref)
+{
+	void *buf;
+	size_t len;
+	build(s, seed, &buf, &len);
+	struct vit *v;
+	char err[256] = "";
+	int ret = load_mem(buf, len, 2, &v, err, sizeof(err));
+	if (ret)
+		fail_msg("load: %d %s", ret, err);
+	size_t n = (size_t)vit_n_tokens(v) * (size_t)vit_n_embd_out(v);
+	float *px = image(s->image, 21), *cpu = malloc(n * 4), *dev = malloc(n * 4);
+	float *ref = malloc(n * 4), *again = malloc(n * 4);
+	assert_true(cpu && dev && ref && again);
+	assert_string_equal(vit_backend(v), "cpu");
+	assert_int_equal(vit_encode(v, px, cpu), 0);
+	assert_int_equal(vit_use_device(v, BACKEND, 0), 0);
+	assert_string_equal(vit_backend(v), BACKEND == KVK_DEV_CUDA ? "cuda" : "host");
+	assert_int_equal(vit_use_device(v, BACKEND, 0), -EINVAL); /* once */
+	assert_int_equal(vit_encode(v, px, dev), 0);
+	struct kvi_gguf *g;
+	assert_int_equal(kvi_gguf_open_mem(buf, len, &g, NULL, 0), 0);
+	assert_int_equal(ref_vit_encode(g, px, ref), 0);
+	kvi_gguf_close(g);
+	double ec = rel_err(dev, cpu, n), er = rel_err(dev, ref, n), cr = rel_err(cpu, ref, n);
+	print_message("%s on %s: rel err vs cpu tower %.3g, vs reference %.3g (cpu vs ref %.3g)\n",
+		      what, vit_backend(v), ec, er, cr);
+	assert_true(ec < bound_cpu);
+	assert_true(er < bound_ref);
+	/* deterministic: a second encode gives the same bits; a NaN pixel is -ERANGE */
+	assert_int_equal(vit_encode(v, px, again), 0);
+	assert_memory_equal(again, dev, n * 4);
+	px[1] = NAN;
+	assert_int_equal(vit_encode(v, px, again), -ERANGE);
+	free(px), free(cpu), free(dev), free(ref), free(again), free(buf);
+	vit_free(v);
+}
+
+static void test_device(void **state)
+{
+	(void)state;
+	struct spec s = base_spec(); /* F32, tanh GELU, every optional tensor */
+	dev_case("f32, every optional tensor", &s, 31, 1e-4, 1e-4);
+	s = base_spec(); /* F16, quick GELU, no class token / pre / post-LN / patch bias */
+	s.has_class = 0, s.pre_ln = 0, s.post_ln = 0, s.patch_bias = 0, s.use_gelu = 0;
+	s.proj_type = NULL, s.wtype = KVK_W_F16, s.H = 2, s.L = 2;
+	dev_case("f16, nothing optional", &s, 32, 2e-3, 2e-3);
+	s = base_spec(); /* BF16, patch 3 (rows of 27), 3 heads of 8 */
+	s.wtype = KVK_W_BF16, s.image = 12, s.patch = 3, s.E = 24, s.H = 3, s.L = 4;
+	dev_case("bf16, odd sizes", &s, 33, 1e-2, 1e-2);
+	s = base_spec(); /* Q8_0 linear layers, the patch kernel F16 */
+	s.wtype = KVK_W_Q8_0, s.F = 96, s.hidden = 64;
+	dev_case("q8_0", &s, 34, 6e-2, 1e-3);
+	s = base_spec(); /* more tokens than an attention tile holds: 65 with the class token */
+	s.image = 32, s.patch = 4, s.E = 64, s.H = 2;
+	dev_case("f32, 65 tokens", &s, 35, 1e-4, 1e-4);
+}
+
 static void test_kvinfer_synth_file(void **state)
 {
 	(void)state;
@@ -691,16 +766,22 @@ static void test_fuzz_seed(void **state)
 	free(buf);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+	if (argc > 1 && !strcmp(argv[1], "--cuda")) {
+		if (kvk_cuda_device_count() == 0) {
+			printf("skipped: no GPU (or no CUDA in this build)\n");
+			return 77;
+		}
+		BACKEND = KVK_DEV_CUDA;
+		const struct CMUnitTest dev[] = {cmocka_unit_test(test_device)};
+		return cmocka_run_group_tests_name("vit_cuda", dev, NULL, NULL);
+	}
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_vs_ref_all_optional),
-	    cmocka_unit_test(test_vs_ref_variants),
-	    cmocka_unit_test(test_threads_bit_identical),
-	    cmocka_unit_test(test_legacy_ffn_names),
-	    cmocka_unit_test(test_kvinfer_synth_file),
-	    cmocka_unit_test(test_bad_files),
-	    cmocka_unit_test(test_fuzz_seed),
+	    cmocka_unit_test(test_device),	     cmocka_unit_test(test_vs_ref_all_optional),
+	    cmocka_unit_test(test_vs_ref_variants),  cmocka_unit_test(test_threads_bit_identical),
+	    cmocka_unit_test(test_legacy_ffn_names), cmocka_unit_test(test_kvinfer_synth_file),
+	    cmocka_unit_test(test_bad_files),	     cmocka_unit_test(test_fuzz_seed),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

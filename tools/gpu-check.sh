@@ -302,7 +302,7 @@ EOF_EVP
 	# The programs build in parallel (the engine's sources compile once per program).
 	local pids=() names=()
 	for t in test_kernels test_kernels_cuda test_kernels_ref kvk_gpu_bench test_fwd_dev \
-		kvinfer_bench; do
+		test_vit kvinfer_bench; do
 		local extra=()
 		case $t in
 		kvk_gpu_bench) f=$ROOT/tools/kvk_gpu_bench.c out=$BUILD/tools/kvk-gpu-bench ;;
@@ -311,6 +311,13 @@ EOF_EVP
 			f=$ROOT/tests/test_fwd_dev.c out=$BUILD/tests/test_fwd_dev
 			extra=(-DKVFS_TEST_NO_KVX=1 "-I$ROOT/engine" "-I$ROOT/tests"
 				"$ROOT/tests/ref_fwd.c" "$ROOT/tests/fwd_checks.c" "${eng_srcs[@]}")
+			;;
+		test_vit) # the vision tower (engine/vit.c, vit_dev.c) vs the CPU tower on the GPU
+			[ -n "$crypto" ] || continue
+			f=$ROOT/tests/test_vit.c out=$BUILD/tests/test_vit
+			extra=("-I$ROOT/engine" "-I$ROOT/tests" "$ROOT/tests/ref_vit.c"
+				"$ROOT/engine/vit.c" "$ROOT/engine/vit_dev.c" "$ROOT/engine/gguf_write.c"
+				"${eng_srcs[@]}")
 			;;
 		kvinfer_bench) # `kvinfer bench` as a program of its own: same code, same flags
 			[ -n "$crypto" ] || continue
@@ -345,7 +352,7 @@ if [ -z "${FORCE_DIRECT:-}" ] && run_step "cmake configure" 120 cmake -S "$ROOT"
 	-DCMAKE_BUILD_TYPE=Release "-DCMAKE_CUDA_ARCHITECTURES=$ARCHS"; then
 	# The library first (everything needs it), then each program on its own.
 	for target in kvfs_kernels test_kernels_ref test_kernels_cuda test_kernels kvk-gpu-bench \
-		test_fwd_dev kvinfer; do
+		test_fwd_dev test_vit kvinfer; do
 		if ! run_step "cmake build $target" 240 cmake --build "$BUILD" -j "$JOBS" \
 			--target "$target"; then
 			say "build: $target FAILED (cmake); see gpu-log.txt"
@@ -421,6 +428,8 @@ test_one "test_kernels_cuda --nccl" 60 gpu2 "$BUILD/tests/test_kernels_cuda" --n
 # The device engine against the CPU engine: host backend (no GPU needed), then on the GPU.
 test_one "test_fwd_dev (device engine, host backend)" 60 cpu "$BUILD/tests/test_fwd_dev"
 test_one "test_fwd_dev --cuda (device engine on the GPU)" 90 gpu "$BUILD/tests/test_fwd_dev" --cuda
+# The vision tower on the GPU against the CPU tower and the scalar reference (docs/vision.md).
+test_one "test_vit --cuda (vision tower on the GPU)" 60 gpu "$BUILD/tests/test_vit" --cuda
 
 # ---- benchmark ----------------------------------------------------------------------------
 

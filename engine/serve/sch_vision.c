@@ -14,6 +14,7 @@
 #include "emb.h"
 #include "img.h"
 #include "kve.h"
+#include "kvk_dev.h"
 #include "log.h"
 #include "metrics.h"
 #include "sch_int.h"
@@ -41,12 +42,23 @@ int sch_vision_open(struct sch *s)
 		s->tower = NULL;
 		return -EINVAL;
 	}
+	/* the tower on the language model's device (--device host/cuda), so an image costs no
+	 * CPU time beside a GPU model; its embeddings are within docs/vision.md's device
+	 * tolerances of the CPU tower's, not bit-equal */
+	if (s->o.device && (rc = vit_use_device(s->tower, s->o.device, s->o.gpu))) {
+		klog_error("--mmproj %s: the tower on device %s: %s", s->o.mmproj,
+			   s->o.device == KVK_DEV_CUDA ? "cuda" : "host", strerror(-rc));
+		vit_free(s->tower);
+		s->tower = NULL;
+		return rc;
+	}
 	if (emb_tower_fp(s->tower, s->tower_fp)) {
 		vit_free(s->tower);
 		s->tower = NULL;
 		return -EIO;
 	}
-	klog_info("vision tower %s: %d tokens per image", s->o.mmproj, vit_n_tokens(s->tower));
+	klog_info("vision tower %s: %d tokens per image, on %s", s->o.mmproj,
+		  vit_n_tokens(s->tower), vit_backend(s->tower));
 	return 0;
 }
 

@@ -40,6 +40,7 @@ struct enc_cfg {
 	char port_file[CFG_STR_MAX];
 	char secret_file[CFG_STR_MAX];
 	int64_t threads;
+	char device[CFG_STR_MAX];
 	char metrics_listen[CFG_STR_MAX], metrics_addr_file[CFG_STR_MAX];
 };
 
@@ -52,6 +53,9 @@ static const struct cfg_opt enc_opts[] = {
     {"port-file", CFG_STR, EOFF(port_file), 0, 0, NULL, "write the bound port here"},
     {"secret-file", CFG_STR, EOFF(secret_file), 0, 0, NULL, "shared secret (16..64 bytes)"},
     {"threads", CFG_INT, EOFF(threads), 0, 256, "0", "tower threads, 0 = all cores (-t)"},
+    {"device", CFG_STR, EOFF(device), 0, 0, "cpu",
+     "where the tower runs: cpu (default), cuda or cuda:N (GPU N), host (the device path on "
+     "the CPU references: slow, for checks)"},
     {"metrics-listen", CFG_STR, EOFF(metrics_listen), 0, 0, NULL,
      "host:port to serve GET /metrics on (Prometheus); empty = off"},
     {"metrics-addr-file", CFG_STR, EOFF(metrics_addr_file), 0, 0, NULL,
@@ -269,6 +273,8 @@ int kvinfer_cmd_encode(int argc, char **argv)
 			"--help\n");
 		return 2;
 	}
+	if (kvinfer_eng_check(c.device, "kvinfer encode"))
+		return 1;
 	sigset_t sigs;
 	sigemptyset(&sigs);
 	sigaddset(&sigs, SIGINT);
@@ -282,6 +288,13 @@ int kvinfer_cmd_encode(int argc, char **argv)
 	if ((rc = vit_load(c.mmproj, threads, &e.v, err, sizeof(err)))) {
 		fprintf(stderr, "kvinfer encode: --mmproj %s: %s\n", c.mmproj,
 			err[0] ? err : strerror(-rc));
+		return 1;
+	}
+	int gpu = 0, dev = kvinfer_eng_parse(c.device, &gpu);
+	if (dev > 0 && (rc = vit_use_device(e.v, dev, gpu))) {
+		fprintf(stderr, "kvinfer encode: the tower on --device %s: %s\n", c.device,
+			strerror(-rc));
+		vit_free(e.v);
 		return 1;
 	}
 	e.dir = c.kv_dir;
@@ -311,8 +324,9 @@ int kvinfer_cmd_encode(int argc, char **argv)
 		vit_free(e.v);
 		return 1;
 	}
-	klog_info("encode worker on %s:%u, tower %s (%d tokens x %d per image), kv dir %s", host,
-		  kvp_server_port(srv), c.mmproj, vit_n_tokens(e.v), vit_n_embd_out(e.v), c.kv_dir);
+	klog_info("encode worker on %s:%u, tower %s (%d tokens x %d per image) on %s, kv dir %s",
+		  host, kvp_server_port(srv), c.mmproj, vit_n_tokens(e.v), vit_n_embd_out(e.v),
+		  vit_backend(e.v), c.kv_dir);
 	if (c.port_file[0]) {
 		FILE *f = fopen(c.port_file, "w");
 		if (f) {

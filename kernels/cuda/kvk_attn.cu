@@ -253,3 +253,116 @@ extern "C" int kvk_cu_attn_decode(struct kvk_cuda_ctx *ctx, float *out, const fl
 	}
 	return 0;
 }
+
+// Attention without a mask over dense f32 Q/K/V (the vision tower, kvk_ref_attn_dense): the
+// scheme above on one head per block (grid.y), ROWS query rows per block, keys in tiles of 32
+// through shared memory as f32 (rows padded by one word: lane j scoring key j hits bank j);
+// every row sees every key, so there is no causal limit and no page table. Any head_dim up to
+// MAX_HD (no f16 pairs here).
+static __global__ void __launch_bounds__(WARPS * 32)
+    attn_dense_kernel(float *out, const float *q, const float *k, const float *v, int n_tok,
+		      int n_heads, int hd, float scale)
+{
+	extern __shared__ float smem[];
+	const int stride = hd + 1;
+	float *qs = smem;		// [ROWS][hd], pre-scaled
+	float *ks = qs + ROWS * hd;	// [TILE][hd + 1]
+	float *vs = ks + TILE * stride; // [TILE][hd + 1]
+	const int h = blockIdx.y, row0 = blockIdx.x * ROWS;
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	const size_t row = (size_t)n_heads * hd;
+
+	for (int e = threadIdx.x; e < ROWS * hd; e += blockDim.x) {
+		int r = row0 + e / hd, d = e % hd;
+		qs[e] = r < n_tok ? q[(size_t)r * row + (size_t)h * hd + d] * scale : 0.f;
+	}
+
+	float m[ROWS / WARPS], l[ROWS / WARPS];
+	float acc[ROWS / WARPS][MAX_HD / 32];
+#pragma unroll
+	for (int j = 0; j < ROWS / WARPS; j++) {
+		m[j] = -INFINITY;
+		l[j] = 0.f;
+#pragma unroll
+		for (int i = 0; i < MAX_HD / 32; i++)
+			acc[j][i] = 0.f;
+	}
+
+	for (int kt = 0; kt < n_tok; kt += TILE) {
+		__syncthreads(); // the previous tile (or the q load) is done
+		for (int e = threadIdx.x; e < TILE * hd; e += blockDim.x) {
+			int j = e / hd, d = e % hd, key = kt + j;
+			size_t off = (size_t)key * row + (size_t)h * hd + d;
+			ks[j * stride + d] = key < n_tok ? k[off] : 0.f;
+			vs[j * stride + d] = key < n_tok ? v[off] : 0.f;
+		}
+		__syncthreads();
+		int nk = min(TILE, n_tok - kt);
+#pragma unroll
+		for (int j = 0; j < ROWS / WARPS; j++) {
+			int r = row0 + warp + WARPS * j;
+			if (r >= n_tok)
+				continue; // warp-uniform
+			const float *qr = qs + (r - row0) * hd;
+			const float *kr = ks + lane * stride;
+			float sc = 0.f;
+			for (int d = 0; d < hd; d++)
+				sc = fmaf(qr[d], kr[d], sc);
+			if (lane >= nk)
+				sc = -INFINITY;
+			float m_new = fmaxf(m[j], warp_max(sc));
+			float corr = expf(m[j] - m_new);
+			float pr = expf(sc - m_new);
+			l[j] = l[j] * corr + warp_sum(pr);
+			m[j] = m_new;
+#pragma unroll
+			for (int i = 0; i < MAX_HD / 32; i++)
+				acc[j][i] *= corr;
+			for (int t = 0; t < nk; t++) {
+				float pt = __shfl_sync(0xffffffffu, pr, t);
+				const float *vr = vs + t * stride;
+#pragma unroll
+				for (int i = 0; i < MAX_HD / 32; i++) {
+					int d = lane + 32 * i;
+					if (d < hd)
+						acc[j][i] = fmaf(pt, vr[d], acc[j][i]);
+				}
+			}
+		}
+	}
+
+#pragma unroll
+	for (int j = 0; j < ROWS / WARPS; j++) {
+		int r = row0 + warp + WARPS * j;
+		if (r >= n_tok)
+			continue;
+		float *o = out + (size_t)r * row + (size_t)h * hd;
+		float inv = l[j] > 0.f ? 1.f / l[j] : 0.f;
+#pragma unroll
+		for (int i = 0; i < MAX_HD / 32; i++) {
+			int d = lane + 32 * i;
+			if (d < hd)
+				o[d] = acc[j][i] * inv;
+		}
+	}
+}
+
+extern "C" int kvk_cu_attn_dense(struct kvk_cuda_ctx *ctx, float *out, const float *q,
+				 const float *k, const float *v, int n_tok, int n_heads,
+				 int head_dim, float scale)
+{
+	if (n_tok < 0 || n_heads < 1 || n_heads > 65535 || head_dim < 1 || head_dim > MAX_HD)
+		return -EINVAL;
+	KVK_ENTER(ctx);
+	if (!n_tok)
+		return 0;
+	size_t smem = (ROWS * (size_t)head_dim + 2 * TILE * ((size_t)head_dim + 1)) * sizeof(float);
+	if (smem > 48 * 1024)
+		KVK_CK(cudaFuncSetAttribute(
+		    attn_dense_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+	dim3 grid(kvk_blocks((size_t)n_tok, ROWS), (unsigned)n_heads, 1);
+	attn_dense_kernel<<<grid, WARPS * 32, smem, ctx->s_comp>>>(out, q, k, v, n_tok, n_heads,
+								   head_dim, scale);
+	KVK_LAUNCHED();
+	return 0;
+}

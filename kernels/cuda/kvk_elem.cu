@@ -1,4 +1,5 @@
-// Elementwise and row kernels: embedding gather, RMSNorm, RoPE, SwiGLU, f32 -> f16/bf16.
+// Elementwise and row kernels: embedding gather, RMSNorm, RoPE, SwiGLU, f32 -> f16/bf16, and the
+// vision tower's LayerNorm (with bias) and GELU.
 #include "kvk_cuda_int.h"
 #include "kvk_kq.cuh"
 
@@ -130,6 +131,65 @@ extern "C" int kvk_cu_rmsnorm(struct kvk_cuda_ctx *ctx, float *out, const float 
 	if (!nrows)
 		return 0;
 	rmsnorm_rows<<<(unsigned)nrows, 256, 0, ctx->s_comp>>>(out, x, w, n, eps);
+	KVK_LAUNCHED();
+	return 0;
+}
+
+// LayerNorm: one block per row, two passes as in kvk_ref_layernorm (mean, then the sum of
+// (x - mean)^2), so a row with a large mean keeps its variance. out may alias x: each thread
+// writes only the elements it reads in the last loop, after both sums are complete.
+static __global__ void layernorm_rows(float *out, const float *x, const float *w, const float *b,
+				      size_t n, float eps)
+{
+	__shared__ float red[33];
+	const float *xr = x + blockIdx.x * n;
+	float *o = out + blockIdx.x * n;
+	float s = 0.f;
+	for (size_t i = threadIdx.x; i < n; i += blockDim.x)
+		s += xr[i];
+	float mean = block_sum(s, red) / (float)n;
+	float ss = 0.f;
+	for (size_t i = threadIdx.x; i < n; i += blockDim.x) {
+		float d = xr[i] - mean;
+		ss += d * d;
+	}
+	float scale = rsqrtf(block_sum(ss, red) / (float)n + eps);
+	for (size_t i = threadIdx.x; i < n; i += blockDim.x)
+		o[i] = (xr[i] - mean) * scale * w[i] + (b ? b[i] : 0.f);
+}
+
+extern "C" int kvk_cu_layernorm(struct kvk_cuda_ctx *ctx, float *out, const float *x,
+				const float *w, const float *b, size_t n, size_t nrows, float eps)
+{
+	if (n == 0 || !w || nrows > 0x7fffffffu)
+		return -EINVAL;
+	KVK_ENTER(ctx);
+	if (!nrows)
+		return 0;
+	layernorm_rows<<<(unsigned)nrows, 256, 0, ctx->s_comp>>>(out, x, w, b, n, eps);
+	KVK_LAUNCHED();
+	return 0;
+}
+
+static __global__ void gelu_kernel(float *y, const float *x, size_t n, int quick)
+{
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		float v = x[i];
+		y[i] = quick
+			   ? v / (1.0f + expf(-1.702f * v))
+			   : 0.5f * v *
+				 (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+	}
+}
+
+extern "C" int kvk_cu_gelu(struct kvk_cuda_ctx *ctx, float *y, const float *x, size_t n, int quick)
+{
+	KVK_ENTER(ctx);
+	if (!n)
+		return 0;
+	unsigned nb = kvk_blocks(n, 256), grid = nb > 65535 ? 65535 : nb;
+	gelu_kernel<<<grid, 256, 0, ctx->s_comp>>>(y, x, n, quick);
 	KVK_LAUNCHED();
 	return 0;
 }
