@@ -34,6 +34,13 @@ struct mentry {
 	struct mraft *r;
 };
 
+/* A thread in mraft_wait, on its stack. */
+struct mwaiter {
+	uint64_t seq;
+	pthread_cond_t cv;
+	struct mwaiter *next;
+};
+
 /* A speculatively applied entry not yet known committed: the RocksDB snapshot taken right
  * after its write (the state a Raft snapshot at its index must show). FIFO in seq order. */
 struct mspec {
@@ -75,9 +82,10 @@ struct mraft {
 
 	/* Speculation (docs/meta.md, "Pipelined writes"). spec_mu orders every write to the
 	 * database (speculative ones, applies, rollbacks) and protects the fields below; lock
-	 * order: spec_mu, then mu. spec_cv (monotonic) wakes mraft_wait. */
+	 * order: spec_mu, then mu. waiters: the threads in mraft_wait, each woken alone once
+	 * its seq is decided (a broadcast would wake every waiter at every commit). */
 	pthread_mutex_t spec_mu;
-	pthread_cond_t spec_cv;
+	struct mwaiter *waiters;
 	uint64_t nonce;	      /* random per mraft_start: marks the entries this process applied */
 	uint64_t spec_term;   /* speculating as the serving leader of this term; 0 = not */
 	uint64_t spec_seq;    /* seqs handed out (atomic reads: mraft_settle's fast path) */
@@ -161,6 +169,18 @@ static size_t undo_all(rocksdb_t *db, rocksdb_writeoptions_t *wo)
 	return n;
 }
 
+/* Wakes the waiters whose seq is committed or rolled back. Caller holds spec_mu. */
+static void spec_wake(struct mraft *r)
+{
+	for (struct mwaiter **w = &r->waiters; *w;) {
+		if (r->done_seq >= (*w)->seq || r->rolled_upto >= (*w)->seq) {
+			pthread_cond_signal(&(*w)->cv);
+			*w = (*w)->next;
+		} else
+			w = &(*w)->next;
+	}
+}
+
 static void spec_release(struct mraft *r)
 {
 	while (r->pend) {
@@ -188,7 +208,7 @@ static void spec_rollback(struct mraft *r, const char *why)
 	spec_release(r);
 	int was = r->spec_term != 0;
 	r->spec_term = 0;
-	pthread_cond_broadcast(&r->spec_cv);
+	spec_wake(r);
 	if (n || was) {
 		pthread_mutex_lock(&r->mu);
 		r->serving_term = 0;
@@ -310,7 +330,7 @@ static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void *
 	if (rocksdb_writebatch_count(drops))
 		rocksdb_write(r->o.db, r->wo, drops, &err);
 	rocksdb_writebatch_destroy(drops);
-	pthread_cond_broadcast(&r->spec_cv);
+	spec_wake(r);
 	pthread_mutex_unlock(&r->spec_mu);
 	if (err) {
 		klog_error("cannot drop undo records: %s", err);
@@ -741,7 +761,6 @@ static void free_unstarted(struct mraft *r)
 	spec_release(r);
 	if (r->ro)
 		rocksdb_readoptions_destroy(r->ro);
-	pthread_cond_destroy(&r->spec_cv);
 	pthread_mutex_destroy(&r->spec_mu);
 	pthread_cond_destroy(&r->cv);
 	pthread_mutex_destroy(&r->mu);
@@ -759,7 +778,6 @@ int mraft_start(const struct mraft_opts *o, struct mraft **out)
 	pthread_mutex_init(&r->mu, NULL);
 	kvfs_cond_init_mono(&r->cv);
 	pthread_mutex_init(&r->spec_mu, NULL);
-	kvfs_cond_init_mono(&r->spec_cv);
 	/* Marks this process's speculative entries: after a restart the log's older ones are
 	 * applied like anyone's. */
 	struct timespec now;
@@ -1071,8 +1089,21 @@ int mraft_propose_async(struct mraft *r, const char *data, size_t len, uint64_t 
 int mraft_wait(struct mraft *r, uint64_t seq)
 {
 	pthread_mutex_lock(&r->spec_mu);
-	while (r->done_seq < seq && r->rolled_upto < seq)
-		pthread_cond_wait(&r->spec_cv, &r->spec_mu);
+	if (r->done_seq < seq && r->rolled_upto < seq) {
+		struct mwaiter w = {.seq = seq, .next = r->waiters};
+		pthread_cond_init(&w.cv, NULL);
+		r->waiters = &w;
+		/* spec_wake unlinks w before it signals: off the list means decided. */
+		for (;;) {
+			pthread_cond_wait(&w.cv, &r->spec_mu);
+			int listed = 0;
+			for (struct mwaiter *x = r->waiters; x && !listed; x = x->next)
+				listed = x == &w;
+			if (!listed)
+				break;
+		}
+		pthread_cond_destroy(&w.cv);
+	}
 	int rc = r->done_seq >= seq ? 0 : -ECONNABORTED;
 	pthread_mutex_unlock(&r->spec_mu);
 	return rc;
