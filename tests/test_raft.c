@@ -3,7 +3,10 @@
  * with SIGKILL changes nothing; the leader killed during a write loop: writes resume on a new
  * leader, every acknowledged file reads back exact and no file is visible partial. Failover
  * (last acknowledged write before the kill -> first after) is printed per kill, with p50 and
- * max. docs/meta.md, "Replicated metadata". */
+ * max. A leader cut off with a speculative write pending (docs/meta.md, "Pipelined writes"):
+ * a new leader wins without it, and the old one's database ends equal to the others', the
+ * write gone, whether it rejoined after a pause or restarted after kill -9.
+ * docs/meta.md, "Replicated metadata". */
 #include <netinet/in.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -16,6 +19,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <rocksdb/c.h>
 
 #include "ret_tutil.h"
 
@@ -371,6 +375,200 @@ static void test_off_loopback_refused(void **state)
 	kvh_sh("rm -rf %s", dir);
 }
 
+/* ---- speculative writes never survive ---- */
+
+/* MKDIR name under the root, sent to replica i only (no leader hunt). */
+static int mkdir_on(struct kvp_pool *pool, int i, const char *name, int timeout_ms)
+{
+	struct kvp_client *cl;
+	int rc = kvp_pool_get(pool, g_meta[i], &cl);
+	if (rc)
+		return rc;
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	kvp_w_u64(&w, KVP_ROOT_INO);
+	kvp_w_cstr(&w, name);
+	kvp_w_u32(&w, 0755);
+	rc = kvp_call(cl, KVP_OP_MKDIR, w.p, w.len, NULL, 0, timeout_ms, NULL, NULL);
+	kvp_w_free(&w);
+	kvp_pool_put(pool, cl);
+	return rc;
+}
+
+/* A serving leader other than replica `not`, waiting up to 20 s; -1 if none. */
+static int leader_but(struct kvp_pool *pool, int not )
+{
+	for (int t = 0; t < 400; t++) {
+		for (int i = 0; i < NREP; i++) {
+			int st, sv;
+			uint64_t ap;
+			if (i != not &&rstatus(pool, i, &st, &sv, &ap) == 0 && st == 3 && sv)
+				return i;
+		}
+		rt_sleep_ms(50);
+	}
+	return -1;
+}
+
+/* Replica i's whole database (stopped), as "key=value" lines in key order, into a malloc'd
+ * string. The root inode is left out: each replica creates it at its first start with its own
+ * clock, before Raft, and only what Raft applied must agree. */
+static char *db_dump(int i)
+{
+	char path[400], *err = NULL;
+	snprintf(path, sizeof(path), "%s/meta%d", g_dir, i + 1);
+	rocksdb_options_t *o = rocksdb_options_create();
+	rocksdb_t *db = rocksdb_open_for_read_only(o, path, 0, &err);
+	if (err)
+		fail_msg("open %s: %s", path, err);
+	rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
+	rocksdb_iterator_t *it = rocksdb_create_iterator(db, ro);
+	size_t cap = 1 << 16, len = 0;
+	char *out = malloc(cap);
+	assert_non_null(out);
+	const uint8_t root[9] = {'I', 0, 0, 0, 0, 0, 0, 0, KVP_ROOT_INO};
+	for (rocksdb_iter_seek_to_first(it); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+		size_t kl, vl;
+		const char *k = rocksdb_iter_key(it, &kl);
+		const char *v = rocksdb_iter_value(it, &vl);
+		if (kl == 9 && !memcmp(k, root, 9))
+			continue;
+		while (len + 2 * (kl + vl) + 4 >= cap) {
+			cap *= 2;
+			out = realloc(out, cap);
+			assert_non_null(out);
+		}
+		for (size_t j = 0; j < kl; j++)
+			len += (size_t)sprintf(out + len, "%02x", (uint8_t)k[j]);
+		out[len++] = '=';
+		for (size_t j = 0; j < vl; j++)
+			len += (size_t)sprintf(out + len, "%02x", (uint8_t)v[j]);
+		out[len++] = '\n';
+	}
+	out[len] = 0;
+	rocksdb_iter_destroy(it);
+	rocksdb_readoptions_destroy(ro);
+	rocksdb_close(db);
+	rocksdb_options_destroy(o);
+	return out;
+}
+
+/* The hex of a directory entry key under the root: what db_dump shows for it. */
+static void dirent_hex(const char *name, char *out)
+{
+	int n = sprintf(out, "%02x", 'D');
+	for (int j = 0; j < 8; j++)
+		n += sprintf(out + n, "%02x", j == 7 ? KVP_ROOT_INO : 0);
+	for (const char *c = name; *c; c++)
+		n += sprintf(out + n, "%02x", (uint8_t)*c);
+	sprintf(out + n, "=");
+}
+
+/* One round: the leader's followers die (kill -9: nothing the leader sent is left in their
+ * sockets), the leader takes a MKDIR it can apply only speculatively, then is cut off
+ * (SIGSTOP, or kill -9 when crash), the followers come back and elect a leader that writes
+ * `after`; the old leader rejoins (SIGCONT, or a restart) and catches up. Returns the old
+ * leader. */
+static int cut_off_round(struct kvp_pool *pool, const char *phantom, const char *after, int crash)
+{
+	int lead = leader(pool);
+	assert_true(lead >= 0);
+	int f[2], nf = 0;
+	for (int i = 0; i < NREP; i++)
+		if (i != lead)
+			f[nf++] = i;
+	for (int j = 0; j < 2; j++) {
+		kvh_stop_pid(g_mpid[f[j]], SIGKILL, 5000);
+		g_mpid[f[j]] = -1;
+	}
+	/* No majority: the write is applied on the leader only and never acknowledged. */
+	int rc = mkdir_on(pool, lead, phantom, 600);
+	assert_int_not_equal(rc, 0);
+	if (crash) {
+		kvh_stop_pid(g_mpid[lead], SIGKILL, 5000);
+		g_mpid[lead] = -1;
+	} else
+		kill(g_mpid[lead], SIGSTOP);
+	for (int j = 0; j < 2; j++)
+		meta_start(f[j]);
+	int nl = leader_but(pool, lead);
+	assert_true(nl >= 0);
+	for (int t = 0; t < 100 && (rc = mkdir_on(pool, nl, after, 3000)) != 0; t++)
+		rt_sleep_ms(50);
+	assert_int_equal(rc, 0);
+	if (crash)
+		meta_start(lead);
+	else
+		kill(g_mpid[lead], SIGCONT);
+	nl = leader(pool);
+	assert_true(nl >= 0);
+	assert_int_equal(caught_up(pool, lead, nl), 0);
+	return lead;
+}
+
+static void test_speculative_rollback(void **state)
+{
+	(void)state;
+	srandom((unsigned)getpid() ^ (unsigned)rt_now_ms());
+	snprintf(g_dir, sizeof(g_dir), "/tmp/kvfs-raftspec-XXXXXX");
+	assert_non_null(mkdtemp(g_dir));
+	snprintf(g_secret, sizeof(g_secret), "%s/secret", g_dir);
+	assert_int_equal(
+	    kvh_sh("head -c 24 /dev/urandom | base64 > %s && chmod 600 %s", g_secret, g_secret), 0);
+	assert_int_equal(kvp_secret_load(g_secret, &g_sec), 0);
+	size_t pl = 0;
+	for (int i = 0; i < NREP; i++) {
+		snprintf(g_meta[i], sizeof(g_meta[i]), "127.0.0.1:%u", free_port());
+		snprintf(g_raft[i], sizeof(g_raft[i]), "127.0.0.1:%u", free_port());
+		pl += (size_t)snprintf(g_peers + pl, sizeof(g_peers) - pl, "%s%d=%s", i ? "," : "",
+				       i + 1, g_raft[i]);
+	}
+	for (int i = 0; i < NREP; i++)
+		meta_start(i);
+	struct kvp_pool *pool;
+	assert_int_equal(kvp_pool_create(&g_sec, 1000, &pool), 0);
+	int lead = leader(pool);
+	assert_true(lead >= 0);
+	assert_int_equal(mkdir_on(pool, lead, "before", 5000), 0);
+
+	int a = cut_off_round(pool, "phantom1", "after1", 0);
+	int b = cut_off_round(pool, "phantom2", "after2", 1);
+	printf("paused leader: replica %d; killed leader: replica %d\n", a + 1, b + 1);
+	lead = leader(pool);
+	assert_true(lead >= 0);
+	for (int i = 0; i < NREP; i++)
+		assert_int_equal(caught_up(pool, i, lead), 0);
+	kvp_pool_destroy(pool);
+	for (int i = 0; i < NREP; i++)
+		kvh_stop_pid(g_mpid[i], SIGTERM, 5000);
+
+	char *d[NREP], want[128];
+	for (int i = 0; i < NREP; i++) {
+		d[i] = db_dump(i);
+		const char *names[] = {"before", "after1", "after2"};
+		for (int j = 0; j < 3; j++) {
+			dirent_hex(names[j], want);
+			if (!strstr(d[i], want))
+				fail_msg("replica %d lacks /%s", i + 1, names[j]);
+		}
+		const char *ghosts[] = {"phantom1", "phantom2"};
+		for (int j = 0; j < 2; j++) {
+			dirent_hex(ghosts[j], want);
+			if (strstr(d[i], want))
+				fail_msg("replica %d kept the speculative /%s", i + 1, ghosts[j]);
+		}
+		if (strstr(d[i], "\nff55") || !strncmp(d[i], "ff55", 4))
+			fail_msg("replica %d kept undo records", i + 1);
+	}
+	for (int i = 1; i < NREP; i++)
+		if (strcmp(d[0], d[i]))
+			fail_msg("replica %d's database differs from replica 1's", i + 1);
+	for (int i = 0; i < NREP; i++)
+		free(d[i]);
+	if (!getenv("KVFS_TEST_KEEP"))
+		kvh_sh("rm -rf %s", g_dir);
+}
+
 int main(void)
 {
 	if (!rt_have_bins()) {
@@ -378,6 +576,7 @@ int main(void)
 		return 77;
 	}
 	const struct CMUnitTest tests[] = {cmocka_unit_test(test_failover),
+					   cmocka_unit_test(test_speculative_rollback),
 					   cmocka_unit_test(test_off_loopback_refused)};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

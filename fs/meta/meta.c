@@ -321,8 +321,16 @@ int meta_handle(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, uint8_t 
 	}
 	if (rc == 0 && m->raft && !mraft_serving(m->raft))
 		rc = -EREMCHG;
-	else if (rc == 0)
+	else if (rc == 0) {
+		/* Pipelined writes: the op's writes are applied here at once and replicated
+		 * while later requests run; before this reply shows anything (its own writes,
+		 * or others' it read), everything applied so far must be committed. */
+		mdb_defer = 1;
 		rc = op_table(h->op)(m, &q, &out);
+		mdb_defer = 0;
+		if (m->raft && mdb_settle(m))
+			rc = mutates(h->op) ? -ECONNABORTED : -EREMCHG;
+	}
 	/* --sync: the change is made durable before it is acknowledged (reads need nothing). */
 	if (rc == 0 && m->o.sync && mutates(h->op))
 		rc = mdb_sync(m);

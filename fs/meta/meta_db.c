@@ -170,12 +170,16 @@ int mdb_get(struct meta *m, const rocksdb_readoptions_t *ro, const uint8_t *key,
 	return *val ? 0 : -ENOENT;
 }
 
+_Thread_local int mdb_defer;
+
 int mdb_write(struct meta *m, rocksdb_writebatch_t *b)
 {
 	if (m->raft) {
 		size_t len;
+		uint64_t seq;
 		const char *data = rocksdb_writebatch_data(b, &len);
-		return mraft_propose(m->raft, data, len);
+		int rc = mraft_propose_async(m->raft, data, len, &seq);
+		return rc || mdb_defer ? rc : mraft_wait(m->raft, seq);
 	}
 	char *err = NULL;
 	rocksdb_write(m->db, m->wo, b, &err);
@@ -185,6 +189,11 @@ int mdb_write(struct meta *m, rocksdb_writebatch_t *b)
 		return -EIO;
 	}
 	return 0;
+}
+
+int mdb_settle(struct meta *m)
+{
+	return m->raft ? mraft_settle(m->raft) : 0;
 }
 
 int mdb_sync(struct meta *m)

@@ -222,10 +222,17 @@ void mdb_close(struct meta *m);
 /* 0, -ENOENT or -EIO. *val malloc'd (rocksdb_free / free). ro NULL = m->ro. */
 int mdb_get(struct meta *m, const rocksdb_readoptions_t *ro, const uint8_t *key, size_t klen,
 	    char **val, size_t *vlen);
-/* Writes b (WAL + memtable, no fsync). With Raft: proposes b and returns once it is
- * committed and applied here; -EREMCHG when this replica does not serve (nothing written),
- * -ECONNABORTED when leadership was lost meanwhile (outcome unknown). 0 or -EIO. */
+/* Writes b (WAL + memtable, no fsync). With Raft: b is applied here speculatively and
+ * proposed; with mdb_defer set (meta_handle, for the request it runs) it returns at once and
+ * the caller must mdb_settle before anything it did or read is shown outside; else it waits
+ * for the commit. -EREMCHG when this replica does not serve (nothing written), -ECONNABORTED
+ * when leadership was lost meanwhile (outcome unknown). 0 or -EIO. */
 int mdb_write(struct meta *m, rocksdb_writebatch_t *b);
+extern _Thread_local int mdb_defer;
+/* Waits until every write this replica's database shows is committed (Raft; else 0 at once):
+ * called before a reply or an action on nodes that depends on what was read. 0, or
+ * -ECONNABORTED: some were rolled back (leadership lost). */
+int mdb_settle(struct meta *m);
 /* fsyncs the WAL: every batch written before the call is durable when it returns. Called
  * without locks, so concurrent callers share device flushes. 0 or -EIO. */
 int mdb_sync(struct meta *m);

@@ -463,7 +463,9 @@ int mnodes_delq_round(struct meta *m, uint32_t *from)
 		acct += one;
 	}
 	rocksdb_iter_destroy(it);
-	if (n == 0) {
+	/* A queue entry a speculative write made (Raft) is deleted only once it is committed:
+	 * a rolled-back unlink must find its chunks. */
+	if (n == 0 || mdb_settle(m)) {
 		free(ids);
 		return 0;
 	}

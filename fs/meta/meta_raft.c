@@ -20,13 +20,33 @@
 #define SNAP_MAGIC "KVMSNAP1"
 #define TICK_MS	   20
 
-/* One proposal, on the proposing thread's stack until done. */
+/* One proposal, queued for the loop thread: rec is its record of an entry (below), malloc'd;
+ * both are freed once copied into an entry. */
 struct mprop {
+	uint8_t *rec;
+	size_t len;
+	struct mprop *next;
+};
+
+/* One Raft entry in flight: freed by apply_cb (its outcome is in the spec_* counters). */
+struct mentry {
 	struct raft_apply req;
 	struct mraft *r;
-	struct raft_buffer buf;
-	struct mprop *next;
-	int done, rc;
+};
+
+/* A thread in mraft_wait, on its stack. */
+struct mwaiter {
+	uint64_t seq;
+	pthread_cond_t cv;
+	struct mwaiter *next;
+};
+
+/* A speculatively applied entry not yet known committed: the RocksDB snapshot taken right
+ * after its write (the state a Raft snapshot at its index must show). FIFO in seq order. */
+struct mspec {
+	uint64_t seq;
+	const rocksdb_snapshot_t *snap;
+	struct mspec *next;
 };
 
 /* One configuration change, on the caller's stack until done. */
@@ -56,11 +76,27 @@ struct mraft {
 	struct raft_uv_transport tr;
 	struct raft_fsm fsm;
 	struct raft_barrier barrier;
+	unsigned in_flight; /* loop thread: entries appended, apply_cb not yet called */
 	rocksdb_writeoptions_t *wo;
 	pthread_t loop_thr, watch_thr;
 	int loop_started, watch_started;
 
-	/* mu protects everything below; cv wakes proposers (done) and the watcher (stop). */
+	/* Speculation (docs/meta.md, "Pipelined writes"). spec_mu orders every write to the
+	 * database (speculative ones, applies, rollbacks) and protects the fields below; lock
+	 * order: spec_mu, then mu. waiters: the threads in mraft_wait, each woken alone once
+	 * its seq is decided (a broadcast would wake every waiter at every commit). */
+	pthread_mutex_t spec_mu;
+	struct mwaiter *waiters;
+	uint64_t nonce;	      /* random per mraft_start: marks the entries this process applied */
+	uint64_t spec_term;   /* speculating as the serving leader of this term; 0 = not */
+	uint64_t spec_seq;    /* seqs handed out (atomic reads: mraft_settle's fast path) */
+	uint64_t done_seq;    /* every speculative entry up to it is committed (and kept) */
+	uint64_t rolled_upto; /* entries after done_seq up to it were rolled back */
+	struct mspec *pend, *pend_tail;
+	const rocksdb_snapshot_t *view; /* the committed state while entries are pending */
+	rocksdb_readoptions_t *ro;
+
+	/* mu protects everything below; cv wakes change waiters and the watcher (stop). */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	struct mprop *queue, *queue_tail;
@@ -76,16 +112,178 @@ struct mraft {
 
 static uint32_t get32(const uint8_t *p);
 
-/* An entry: u32 batch length, u32 format (1), the WriteBatch bytes, zeros up to a multiple of
- * 8 bytes: libraft's segment loader misreads entries whose length is not one. */
-static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void **result)
+/* ---- speculation: the leader's writes are in its database before they commit ---- */
+
+/* Every speculative write carries its undo (the before-image of each key it touches) under
+ * UNDO_PREFIX + be64 seq, in the same RocksDB batch: a crash, a lost leadership or a failed
+ * append can then put back exactly the committed state. The prefix sorts after every meta
+ * key family (one ASCII byte), so snapshots (bounded by "\xff") never carry undo records. */
+#define UNDO_PREFIX "\xffU"
+#define UNDO_KEY    10
+
+static void undo_key(uint8_t *k, uint64_t seq)
 {
-	struct mraft *r = fsm->data;
-	const uint8_t *d = buf->base;
+	k[0] = 0xff;
+	k[1] = 'U';
+	for (int i = 0; i < 8; i++)
+		k[2 + i] = (uint8_t)(seq >> (56 - 8 * i));
+}
+
+/* Undoes every speculative write still recorded, newest first, each with the removal of its
+ * record in one batch (a crash midway leaves the rest recorded). Caller holds spec_mu or is
+ * alone. Returns how many; a database that cannot be rolled back aborts the process (a restart
+ * rolls back again, then replays the log). */
+static size_t undo_all(rocksdb_t *db, rocksdb_writeoptions_t *wo)
+{
+	uint8_t last[UNDO_KEY];
+	memset(last, 0xff, sizeof(last));
+	last[1] = 'U';
+	rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
+	rocksdb_iterator_t *it = rocksdb_create_iterator(db, ro);
+	size_t n = 0;
 	char *err = NULL;
-	rocksdb_writebatch_t *b = NULL;
-	if (buf->len >= 8 && get32(d + 4) == 1 && get32(d) <= buf->len - 8)
-		b = rocksdb_writebatch_create_from((const char *)d + 8, get32(d));
+	for (rocksdb_iter_seek_for_prev(it, (const char *)last, sizeof(last));
+	     rocksdb_iter_valid(it) && !err; rocksdb_iter_prev(it)) {
+		size_t kl, vl;
+		const char *k = rocksdb_iter_key(it, &kl);
+		if (kl != UNDO_KEY || memcmp(k, UNDO_PREFIX, 2))
+			break;
+		const char *v = rocksdb_iter_value(it, &vl);
+		rocksdb_writebatch_t *b = rocksdb_writebatch_create_from(v, vl);
+		if (!b) {
+			klog_error("undo record of %zu bytes unreadable", vl);
+			abort();
+		}
+		rocksdb_writebatch_delete(b, k, kl);
+		rocksdb_write(db, wo, b, &err);
+		rocksdb_writebatch_destroy(b);
+		n++;
+	}
+	if (!err)
+		rocksdb_iter_get_error(it, &err);
+	rocksdb_iter_destroy(it);
+	rocksdb_readoptions_destroy(ro);
+	if (err) {
+		klog_error("cannot roll back speculative writes: %s", err);
+		abort();
+	}
+	return n;
+}
+
+/* Wakes the waiters whose seq is committed or rolled back. Caller holds spec_mu. */
+static void spec_wake(struct mraft *r)
+{
+	for (struct mwaiter **w = &r->waiters; *w;) {
+		if (r->done_seq >= (*w)->seq || r->rolled_upto >= (*w)->seq) {
+			pthread_cond_signal(&(*w)->cv);
+			*w = (*w)->next;
+		} else
+			w = &(*w)->next;
+	}
+}
+
+static void spec_release(struct mraft *r)
+{
+	while (r->pend) {
+		struct mspec *e = r->pend;
+		r->pend = e->next;
+		rocksdb_release_snapshot(r->o.db, e->snap);
+		free(e);
+	}
+	r->pend_tail = NULL;
+	if (r->view)
+		rocksdb_release_snapshot(r->o.db, r->view);
+	r->view = NULL;
+}
+
+/* The replica stops speculating and serving: its database goes back to the committed state
+ * (entries rolled back that do commit later are applied like any other), and meta serves
+ * again only after a new barrier and on_lead rebuilt its in-memory state. Caller holds
+ * spec_mu, not mu. */
+static void spec_rollback(struct mraft *r, const char *why)
+{
+	size_t n = r->pend ? undo_all(r->o.db, r->wo) : 0;
+	if (n)
+		klog_warn("rolled back %zu speculative entries (%s)", n, why);
+	r->rolled_upto = r->spec_seq;
+	spec_release(r);
+	int was = r->spec_term != 0;
+	r->spec_term = 0;
+	spec_wake(r);
+	if (n || was) {
+		pthread_mutex_lock(&r->mu);
+		r->serving_term = 0;
+		r->barrier_term = 0;
+		pthread_mutex_unlock(&r->mu);
+	}
+}
+
+/* Entries. Format 1 (older logs): u32 batch length, u32 1, the WriteBatch bytes. Format 3:
+ * u32 record count, u32 3, u64 nonce, then records: u64 seq, u32 batch length, u32 0, the
+ * bytes, zeros to a multiple of 8. One entry carries every proposal queued while the loop
+ * thread was busy (group commit); (nonce, seq) name a speculative write of the process that
+ * proposed it. Entries are padded to a multiple of 8 bytes: libraft's segment loader misreads
+ * entries whose length is not one. */
+#define ENTRY_HDR  16
+#define REC_HDR	   16
+#define ENTRY_MAX  (1 << 20) /* a drain closes an entry past this many bytes */
+#define ENTRY_RECS 512
+/* Entries appended and not yet applied, at most: what arrives meanwhile waits in the queue
+ * and goes as one entry. libraft's pipelined replication was measured slower with many
+ * small entries in flight (followers falling back to probing) than with one large one. */
+#define ENTRY_WINDOW 1
+
+static void put32(uint8_t *p, uint32_t v);
+static void put64(uint8_t *p, uint64_t v)
+{
+	put32(p, (uint32_t)v);
+	put32(p + 4, (uint32_t)(v >> 32));
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+	return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
+}
+
+/* One batch of a committed entry; caller holds spec_mu. drops collects the undo records of
+ * our batches, now committed. */
+static void apply_batch(struct mraft *r, int ours, uint64_t seq, const char *data, size_t len,
+			rocksdb_writebatch_t *drops)
+{
+	char *err = NULL;
+	if (ours && seq > r->rolled_upto && seq > r->done_seq) {
+		/* In the database since it was proposed: now it is committed. */
+		r->done_seq = seq;
+		while (r->pend && r->pend->seq <= seq) {
+			struct mspec *e = r->pend;
+			r->pend = e->next;
+			if (r->view)
+				rocksdb_release_snapshot(r->o.db, r->view);
+			r->view = e->snap;
+			free(e);
+		}
+		if (!r->pend)
+			r->pend_tail = NULL;
+		uint8_t k[UNDO_KEY];
+		undo_key(k, seq);
+		rocksdb_writebatch_delete(drops, (const char *)k, sizeof(k));
+		return;
+	}
+	/* Another leader's batch, or one of ours rolled back: whatever is speculative here goes
+	 * first. */
+	if (r->pend) {
+		/* The undo records of the batches committed just before must be gone first. */
+		if (drops && rocksdb_writebatch_count(drops)) {
+			rocksdb_write(r->o.db, r->wo, drops, &err);
+			rocksdb_writebatch_clear(drops);
+			if (err) {
+				klog_error("cannot drop undo records: %s", err);
+				abort();
+			}
+		}
+		spec_rollback(r, "an entry not ours to skip");
+	}
+	rocksdb_writebatch_t *b = rocksdb_writebatch_create_from(data, len);
 	if (b) {
 		rocksdb_write(r->o.db, r->wo, b, &err);
 		rocksdb_writebatch_destroy(b);
@@ -93,11 +291,106 @@ static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void *
 	if (!b || err) {
 		/* A replica that cannot apply a committed entry has diverged: it must not go on
 		 * answering. A restart replays the log from the last snapshot. */
-		klog_error("cannot apply a committed entry of %zu bytes: %s", buf->len,
+		klog_error("cannot apply a committed batch of %zu bytes: %s", len,
 			   err ? err : "not a kvfs-meta entry");
 		abort();
 	}
+}
+
+/* The batches of a format-3 entry joined into one: a batch's encoding is u64 sequence, u32
+ * count, then its records, so the join is one header with the summed count and every
+ * batch's records in order. Caller holds spec_mu; nothing speculative is pending. */
+static void apply_joined(struct mraft *r, const uint8_t *d, size_t len, uint32_t n)
+{
+	const uint8_t *p = d + ENTRY_HDR, *end = d + len;
+	uint8_t *j = malloc(len + 12);
+	size_t jl = 12;
+	uint64_t count = 0;
+	for (uint32_t i = 0; i < n && j; i++) {
+		uint32_t bl = (size_t)(end - p) >= REC_HDR ? get32(p + 8) : UINT32_MAX;
+		if (bl > (size_t)(end - p) - REC_HDR || bl < 12) {
+			klog_error("cannot apply a committed entry of %zu bytes: truncated", len);
+			abort();
+		}
+		count += get32(p + REC_HDR + 8);
+		memcpy(j + jl, p + REC_HDR + 12, bl - 12);
+		jl += bl - 12;
+		p += (REC_HDR + bl + 7) & ~(size_t)7;
+		if (p > end)
+			p = end;
+	}
+	char *err = NULL;
+	rocksdb_writebatch_t *b = NULL;
+	if (j && count <= UINT32_MAX) {
+		memset(j, 0, 8);
+		put32(j + 8, (uint32_t)count);
+		b = rocksdb_writebatch_create_from((const char *)j, jl);
+	}
+	free(j);
+	if (b) {
+		rocksdb_write(r->o.db, r->wo, b, &err);
+		rocksdb_writebatch_destroy(b);
+	}
+	if (!b || err) {
+		klog_error("cannot apply a committed entry of %zu bytes: %s", len,
+			   err ? err : "out of memory or not a kvfs-meta entry");
+		abort();
+	}
+}
+
+static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void **result)
+{
+	struct mraft *r = fsm->data;
+	const uint8_t *d = buf->base, *end = d + buf->len;
+	uint32_t fmt = buf->len >= 8 ? get32(d + 4) : 0;
 	*result = NULL;
+	if (fmt == 1 && get32(d) <= buf->len - 8) {
+		pthread_mutex_lock(&r->spec_mu);
+		apply_batch(r, 0, 0, (const char *)d + 8, get32(d), NULL);
+		pthread_mutex_unlock(&r->spec_mu);
+		return 0;
+	}
+	if (fmt != 3 || buf->len < ENTRY_HDR) {
+		klog_error("cannot apply a committed entry of %zu bytes: not a kvfs-meta entry",
+			   buf->len);
+		abort();
+	}
+	uint32_t n = get32(d);
+	pthread_mutex_lock(&r->spec_mu);
+	int ours = get64(d + 8) == r->nonce;
+	if (!ours) {
+		/* A follower (or a replica rolled back since): the whole entry as one RocksDB
+		 * write, one WAL append for all its batches. */
+		if (r->pend)
+			spec_rollback(r, "an entry not ours to skip");
+		apply_joined(r, d, buf->len, n);
+		pthread_mutex_unlock(&r->spec_mu);
+		return 0;
+	}
+	rocksdb_writebatch_t *drops = rocksdb_writebatch_create();
+	const uint8_t *p = d + ENTRY_HDR;
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t bl = (size_t)(end - p) >= REC_HDR ? get32(p + 8) : UINT32_MAX;
+		if (bl > (size_t)(end - p) - REC_HDR) {
+			klog_error("cannot apply a committed entry of %zu bytes: truncated",
+				   buf->len);
+			abort();
+		}
+		apply_batch(r, ours, get64(p), (const char *)p + REC_HDR, bl, drops);
+		p += (REC_HDR + bl + 7) & ~(size_t)7;
+		if (p > end)
+			p = end;
+	}
+	char *err = NULL;
+	if (rocksdb_writebatch_count(drops))
+		rocksdb_write(r->o.db, r->wo, drops, &err);
+	rocksdb_writebatch_destroy(drops);
+	spec_wake(r);
+	pthread_mutex_unlock(&r->spec_mu);
+	if (err) {
+		klog_error("cannot drop undo records: %s", err);
+		abort();
+	}
 	return 0;
 }
 
@@ -113,8 +406,9 @@ static uint32_t get32(const uint8_t *p)
 }
 
 /* The whole key space: magic, then (u32 klen, u32 vlen, key, value) in key order. It runs on
- * the loop thread, which alone applies entries, so the database holds exactly the applied
- * state meanwhile. */
+ * the loop thread, which alone applies entries; on a leader with speculative writes pending
+ * it reads the RocksDB snapshot of the last committed one (view), else a snapshot taken now
+ * under spec_mu, so no uncommitted write is ever in a Raft snapshot. */
 static int fsm_snapshot(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsigned *n_bufs)
 {
 	struct mraft *r = fsm->data;
@@ -124,6 +418,14 @@ static int fsm_snapshot(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsign
 		return RAFT_NOMEM;
 	memcpy(p, SNAP_MAGIC, 8);
 	rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
+	rocksdb_readoptions_set_iterate_upper_bound(ro, "\xff", 1);
+	const rocksdb_snapshot_t *own = NULL;
+	pthread_mutex_lock(&r->spec_mu);
+	if (r->pend)
+		rocksdb_readoptions_set_snapshot(ro, r->view); /* released on this thread only */
+	else
+		rocksdb_readoptions_set_snapshot(ro, own = rocksdb_create_snapshot(r->o.db));
+	pthread_mutex_unlock(&r->spec_mu);
 	rocksdb_iterator_t *it = rocksdb_create_iterator(r->o.db, ro);
 	int rc = 0;
 	for (rocksdb_iter_seek_to_first(it); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
@@ -155,6 +457,8 @@ static int fsm_snapshot(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsign
 	rocksdb_iter_get_error(it, &err);
 	rocksdb_iter_destroy(it);
 	rocksdb_readoptions_destroy(ro);
+	if (own)
+		rocksdb_release_snapshot(r->o.db, own);
 	if (err) {
 		klog_error("snapshot: %s", err);
 		rocksdb_free(err);
@@ -205,7 +509,11 @@ static int fsm_restore(struct raft_fsm *fsm, struct raft_buffer *buf)
 		return RAFT_MALFORMED;
 	}
 	char *err = NULL;
+	pthread_mutex_lock(&r->spec_mu);
+	if (r->pend)
+		spec_rollback(r, "a snapshot installed");
 	rocksdb_write(r->o.db, r->wo, b, &err);
+	pthread_mutex_unlock(&r->spec_mu);
 	rocksdb_writebatch_destroy(b);
 	if (err) {
 		klog_error("restore: %s", err);
@@ -219,26 +527,25 @@ static int fsm_restore(struct raft_fsm *fsm, struct raft_buffer *buf)
 
 /* ---- the loop thread ---- */
 
-static void prop_done(struct mraft *r, struct mprop *p, int rc)
-{
-	pthread_mutex_lock(&r->mu);
-	p->rc = rc;
-	p->done = 1;
-	pthread_cond_broadcast(&r->cv);
-	pthread_mutex_unlock(&r->mu);
-}
-
+/* The outcome of a speculative entry is in done_seq (fsm_apply); a failure means it may never
+ * commit, so everything speculative is rolled back. */
 static void apply_cb(struct raft_apply *req, int status, void *result)
 {
 	(void)result;
-	struct mprop *p = req->data;
-	int rc = status == 0						    ? 0
-		 : status == RAFT_NOTLEADER				    ? -EREMCHG
-		 : status == RAFT_LEADERSHIPLOST || status == RAFT_SHUTDOWN ? -ECONNABORTED
-									    : -EIO;
-	if (rc && rc != -EREMCHG)
+	struct mentry *en = req->data;
+	struct mraft *r = en->r;
+	free(en);
+	/* The window has room again: what queued meanwhile goes as the next entry. */
+	if (r->in_flight-- == ENTRY_WINDOW)
+		uv_async_send(&r->async);
+	if (status == 0)
+		return;
+	if (status != RAFT_NOTLEADER)
 		klog_debug("entry not applied: %s", raft_strerror(status));
-	prop_done(p->r, p, rc);
+	pthread_mutex_lock(&r->spec_mu);
+	if (r->pend)
+		spec_rollback(r, raft_strerror(status));
+	pthread_mutex_unlock(&r->spec_mu);
 }
 
 static void barrier_cb(struct raft_barrier *req, int status)
@@ -291,6 +598,12 @@ static void tick(uv_timer_t *t)
 	if (want)
 		r->barrier_issued = s->term;
 	pthread_mutex_unlock(&r->mu);
+	/* No longer the leader that speculated: undo what is not known committed (fsm_apply
+	 * would also do it before applying anything else). */
+	pthread_mutex_lock(&r->spec_mu);
+	if (r->spec_term && (state != RAFT_LEADER || rf->current_term != r->spec_term))
+		spec_rollback(r, "leadership lost");
+	pthread_mutex_unlock(&r->spec_mu);
 	if (want) {
 		r->barrier.data = r;
 		if (raft_barrier(rf, &r->barrier, barrier_cb)) {
@@ -357,22 +670,64 @@ static void on_async(uv_async_t *a)
 {
 	struct mraft *r = a->data;
 	pthread_mutex_lock(&r->mu);
-	struct mprop *q = r->queue;
-	r->queue = r->queue_tail = NULL;
 	struct mchange *ch = r->changes;
 	r->changes = NULL;
 	int close = r->stop && !r->closing;
 	if (close)
 		r->closing = 1;
+	struct mprop *q = NULL;
+	if (close || r->in_flight < ENTRY_WINDOW) {
+		q = r->queue;
+		r->queue = r->queue_tail = NULL;
+	}
 	pthread_mutex_unlock(&r->mu);
 	while (q) {
-		struct mprop *p = q;
-		q = q->next;
-		int rc =
-		    close ? RAFT_SHUTDOWN : raft_apply(&r->raft, &p->req, &p->buf, 1, apply_cb);
+		/* Everything queued meanwhile goes as one entry (or a few, ENTRY_MAX each). */
+		size_t len = ENTRY_HDR;
+		uint32_t n = 0;
+		struct mprop *last = q;
+		for (struct mprop *p = q;
+		     p && (n == 0 || (len + p->len <= ENTRY_MAX && n < ENTRY_RECS)); p = p->next) {
+			len += p->len;
+			n++;
+			last = p;
+		}
+		struct mprop *rest = last->next;
+		struct mentry *en = malloc(sizeof(*en));
+		struct raft_buffer buf = {.base = raft_malloc(len), .len = len};
+		int rc = close ? RAFT_SHUTDOWN : en && buf.base ? 0 : RAFT_NOMEM;
+		if (buf.base) {
+			uint8_t *e = buf.base;
+			put32(e, n);
+			put32(e + 4, 3);
+			put64(e + 8, r->nonce);
+			size_t off = ENTRY_HDR;
+			for (struct mprop *p = q; p != rest; p = p->next) {
+				memcpy(e + off, p->rec, p->len);
+				off += p->len;
+			}
+		}
+		while (q != rest) {
+			struct mprop *p = q;
+			q = q->next;
+			free(p->rec);
+			free(p);
+		}
+		if (!rc) {
+			en->r = r;
+			en->req.data = en;
+			rc = raft_apply(&r->raft, &en->req, &buf, 1, apply_cb);
+			if (!rc)
+				r->in_flight++;
+		}
 		if (rc) {
-			raft_free(p->buf.base);
-			prop_done(r, p, rc == RAFT_NOTLEADER ? -EREMCHG : -ECONNABORTED);
+			if (buf.base)
+				raft_free(buf.base);
+			free(en);
+			pthread_mutex_lock(&r->spec_mu);
+			if (r->pend)
+				spec_rollback(r, raft_strerror(rc));
+			pthread_mutex_unlock(&r->spec_mu);
 		}
 	}
 	while (ch) {
@@ -410,11 +765,16 @@ static void *watch_main(void *arg)
 			uint64_t term = r->st.term;
 			pthread_mutex_unlock(&r->mu);
 			int rc = r->o.on_lead(r->o.ctx);
+			pthread_mutex_lock(&r->spec_mu);
 			pthread_mutex_lock(&r->mu);
-			if (!rc && r->st.term == term && r->st.state == RAFT_LEADER) {
+			if (!rc && r->st.term == term && r->st.state == RAFT_LEADER &&
+			    r->barrier_term == term) {
 				r->serving_term = term;
+				r->spec_term = term;
 				klog_info("leader of term %llu: serving", (unsigned long long)term);
-			} else if (rc)
+			}
+			pthread_mutex_unlock(&r->spec_mu);
+			if (rc)
 				klog_warn("leader of term %llu cannot load its state: %d",
 					  (unsigned long long)term, rc);
 		}
@@ -461,6 +821,10 @@ static int parse_peers(struct mraft *r, const char *text)
 
 static void free_unstarted(struct mraft *r)
 {
+	spec_release(r);
+	if (r->ro)
+		rocksdb_readoptions_destroy(r->ro);
+	pthread_mutex_destroy(&r->spec_mu);
 	pthread_cond_destroy(&r->cv);
 	pthread_mutex_destroy(&r->mu);
 	if (r->wo)
@@ -476,6 +840,16 @@ int mraft_start(const struct mraft_opts *o, struct mraft **out)
 	r->o = *o;
 	pthread_mutex_init(&r->mu, NULL);
 	kvfs_cond_init_mono(&r->cv);
+	pthread_mutex_init(&r->spec_mu, NULL);
+	/* Marks this process's speculative entries: after a restart the log's older ones are
+	 * applied like anyone's. */
+	struct timespec now;
+	clock_gettime(CLOCK_REALTIME, &now);
+	r->nonce = ((uint64_t)(uint32_t)random() << 32 | (uint32_t)random()) ^
+		   (uint64_t)now.tv_nsec ^ (uint64_t)now.tv_sec << 32 ^ (uint64_t)getpid() << 40;
+	if (!r->nonce)
+		r->nonce = 1;
+	r->ro = rocksdb_readoptions_create();
 	if (parse_peers(r, o->peers)) {
 		klog_error("bad --raft-peers \"%s\": want ID=HOST:PORT,... (ids 1-1000000, at "
 			   "most %d, this replica's id %llu among them)",
@@ -492,6 +866,10 @@ int mraft_start(const struct mraft_opts *o, struct mraft **out)
 	/* The Raft log is fsync'd before an entry counts as stored, so applying it to RocksDB
 	 * needs no fsync: a crash replays the log over the last snapshot. */
 	r->wo = rocksdb_writeoptions_create();
+	/* Speculative writes a crash or a stop left behind: the log replays what committed. */
+	size_t undone = undo_all(o->db, r->wo);
+	if (undone)
+		klog_warn("rolled back %zu speculative writes left by the last run", undone);
 	r->fsm = (struct raft_fsm){.version = 1,
 				   .data = r,
 				   .apply = fsm_apply,
@@ -582,44 +960,232 @@ void mraft_stop(struct mraft *r)
 		raft_uv_close(&r->io);
 		raft_uv_tcp_close(&r->tr);
 	}
+	/* Proposals libraft never answered: undone like a lost leadership. */
+	pthread_mutex_lock(&r->spec_mu);
+	spec_rollback(r, "stopping");
+	pthread_mutex_unlock(&r->spec_mu);
 	uv_loop_close(&r->loop);
 	free_unstarted(r);
 }
 
+/* ---- building the undo of a batch: the before-image of every key it touches ---- */
+
+struct undo_ctx {
+	struct mraft *r;
+	rocksdb_writebatch_t *undo;
+	int rc;
+};
+
+static void undo_key_of(struct undo_ctx *u, const char *k, size_t kl)
+{
+	char *err = NULL;
+	size_t vl;
+	char *v = rocksdb_get(u->r->o.db, u->r->ro, k, kl, &vl, &err);
+	if (err) {
+		klog_error("rocksdb get (undo): %s", err);
+		rocksdb_free(err);
+		u->rc = -EIO;
+		return;
+	}
+	if (v)
+		rocksdb_writebatch_put(u->undo, k, kl, v, vl);
+	else
+		rocksdb_writebatch_delete(u->undo, k, kl);
+	rocksdb_free(v);
+}
+
+static int varint(const uint8_t **p, const uint8_t *end, uint64_t *v)
+{
+	*v = 0;
+	for (int sh = 0; sh < 64 && *p < end; sh += 7) {
+		uint8_t c = *(*p)++;
+		*v |= (uint64_t)(c & 0x7f) << sh;
+		if (!(c & 0x80))
+			return 0;
+	}
+	return -EINVAL;
+}
+
+static int slice(const uint8_t **p, const uint8_t *end, const char **s, size_t *n)
+{
+	uint64_t l;
+	if (varint(p, end, &l) || l > (uint64_t)(end - *p))
+		return -EINVAL;
+	*s = (const char *)*p;
+	*n = (size_t)l;
+	*p += l;
+	return 0;
+}
+
+/* Walks RocksDB's batch encoding (u64 sequence, u32 count, then records: a type byte and
+ * length-prefixed slices) for Put, Delete, SingleDelete and DeleteRange on the default column
+ * family, the kinds meta writes; any other kind: -EINVAL (such a batch is not proposed). */
+static int undo_build(struct undo_ctx *u, const char *data, size_t len)
+{
+	const uint8_t *p = (const uint8_t *)data + 12, *end = (const uint8_t *)data + len;
+	if (len < 12)
+		return -EINVAL;
+	while (p < end && !u->rc) {
+		uint8_t t = *p++;
+		const char *k, *v, *e;
+		size_t kl, vl, el;
+		if (t == 0x1) { /* Put */
+			if (slice(&p, end, &k, &kl) || slice(&p, end, &v, &vl))
+				return -EINVAL;
+			undo_key_of(u, k, kl);
+		} else if (t == 0x0 || t == 0x7) { /* Delete, SingleDelete */
+			if (slice(&p, end, &k, &kl))
+				return -EINVAL;
+			undo_key_of(u, k, kl);
+		} else if (t == 0xF) { /* DeleteRange: every key now in [k, e) */
+			if (slice(&p, end, &k, &kl) || slice(&p, end, &e, &el))
+				return -EINVAL;
+			rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
+			rocksdb_readoptions_set_iterate_upper_bound(ro, e, el);
+			rocksdb_iterator_t *it = rocksdb_create_iterator(u->r->o.db, ro);
+			for (rocksdb_iter_seek(it, k, kl); rocksdb_iter_valid(it);
+			     rocksdb_iter_next(it)) {
+				size_t a, b;
+				const char *ik = rocksdb_iter_key(it, &a);
+				const char *iv = rocksdb_iter_value(it, &b);
+				rocksdb_writebatch_put(u->undo, ik, a, iv, b);
+			}
+			char *err = NULL;
+			rocksdb_iter_get_error(it, &err);
+			rocksdb_iter_destroy(it);
+			rocksdb_readoptions_destroy(ro);
+			if (err) {
+				klog_error("rocksdb iterator (undo): %s", err);
+				rocksdb_free(err);
+				u->rc = -EIO;
+			}
+		} else {
+			klog_error("a write batch with record type 0x%x cannot be speculated", t);
+			return -EINVAL;
+		}
+	}
+	return u->rc;
+}
+
+int mraft_propose_async(struct mraft *r, const char *data, size_t len, uint64_t *seq)
+{
+	if (len > ENTRY_MAX)
+		return -EFBIG;
+	size_t padded = (REC_HDR + len + 7) & ~(size_t)7;
+	uint8_t *e = calloc(1, padded);
+	struct mprop *p = calloc(1, sizeof(*p));
+	struct mspec *sp = calloc(1, sizeof(*sp));
+	struct undo_ctx u = {.r = r, .undo = rocksdb_writebatch_create()};
+	rocksdb_writebatch_t *b = rocksdb_writebatch_create_from(data, len);
+	int rc = e && p && sp && b ? 0 : -ENOMEM;
+	if (!rc) {
+		put32(e + 8, (uint32_t)len);
+		memcpy(e + REC_HDR, data, len);
+		p->rec = e;
+		p->len = padded;
+	}
+	/* spec_mu makes the order of local writes the order of the log: the queue below is
+	 * handed to libraft in that order, on one thread. */
+	pthread_mutex_lock(&r->spec_mu);
+	if (!rc) {
+		pthread_mutex_lock(&r->mu);
+		int ok = !r->stop && r->st.state == RAFT_LEADER && r->serving_term &&
+			 r->serving_term == r->st.term && r->spec_term == r->serving_term;
+		pthread_mutex_unlock(&r->mu);
+		rc = ok ? 0 : -EREMCHG;
+	}
+	if (!rc)
+		rc = undo_build(&u, data, len);
+	uint64_t s = r->spec_seq + 1;
+	if (!rc) {
+		uint8_t k[UNDO_KEY];
+		size_t ul;
+		const char *ud = rocksdb_writebatch_data(u.undo, &ul);
+		undo_key(k, s);
+		rocksdb_writebatch_put(b, (const char *)k, sizeof(k), ud, ul);
+		put64(e, s);
+		if (!r->pend) { /* the committed state, for a Raft snapshot meanwhile */
+			if (r->view)
+				rocksdb_release_snapshot(r->o.db, r->view);
+			r->view = rocksdb_create_snapshot(r->o.db);
+		}
+		char *err = NULL;
+		rocksdb_write(r->o.db, r->wo, b, &err);
+		if (err) {
+			klog_error("rocksdb write: %s", err);
+			rocksdb_free(err);
+			rc = -EIO;
+		}
+	}
+	if (!rc) {
+		r->spec_seq = s;
+		sp->seq = s;
+		sp->snap = rocksdb_create_snapshot(r->o.db);
+		if (r->pend_tail)
+			r->pend_tail->next = sp;
+		else
+			r->pend = sp;
+		r->pend_tail = sp;
+		pthread_mutex_lock(&r->mu);
+		if (r->queue_tail)
+			r->queue_tail->next = p;
+		else
+			r->queue = p;
+		r->queue_tail = p;
+		pthread_mutex_unlock(&r->mu);
+	}
+	pthread_mutex_unlock(&r->spec_mu);
+	if (b)
+		rocksdb_writebatch_destroy(b);
+	rocksdb_writebatch_destroy(u.undo);
+	if (rc) {
+		free(e);
+		free(p);
+		free(sp);
+		return rc;
+	}
+	uv_async_send(&r->async);
+	*seq = s;
+	return 0;
+}
+
+int mraft_wait(struct mraft *r, uint64_t seq)
+{
+	pthread_mutex_lock(&r->spec_mu);
+	if (r->done_seq < seq && r->rolled_upto < seq) {
+		struct mwaiter w = {.seq = seq, .next = r->waiters};
+		pthread_cond_init(&w.cv, NULL);
+		r->waiters = &w;
+		/* spec_wake unlinks w before it signals: off the list means decided. */
+		for (;;) {
+			pthread_cond_wait(&w.cv, &r->spec_mu);
+			int listed = 0;
+			for (struct mwaiter *x = r->waiters; x && !listed; x = x->next)
+				listed = x == &w;
+			if (!listed)
+				break;
+		}
+		pthread_cond_destroy(&w.cv);
+	}
+	int rc = r->done_seq >= seq ? 0 : -ECONNABORTED;
+	pthread_mutex_unlock(&r->spec_mu);
+	return rc;
+}
+
+int mraft_settle(struct mraft *r)
+{
+	/* Under spec_mu: a write that a reader saw is counted in spec_seq by then. */
+	pthread_mutex_lock(&r->spec_mu);
+	uint64_t seq = r->spec_seq;
+	pthread_mutex_unlock(&r->spec_mu);
+	return mraft_wait(r, seq);
+}
+
 int mraft_propose(struct mraft *r, const char *data, size_t len)
 {
-	struct mprop p = {.r = r};
-	if (len > UINT32_MAX - 16)
-		return -EFBIG;
-	size_t padded = (8 + len + 7) & ~(size_t)7;
-	uint8_t *e = raft_calloc(1, padded);
-	if (!e)
-		return -ENOMEM;
-	put32(e, (uint32_t)len);
-	put32(e + 4, 1);
-	memcpy(e + 8, data, len);
-	p.buf.base = e;
-	p.buf.len = padded;
-	p.req.data = &p;
-	pthread_mutex_lock(&r->mu);
-	if (r->stop || r->st.state != RAFT_LEADER || r->serving_term != r->st.term ||
-	    !r->serving_term) {
-		pthread_mutex_unlock(&r->mu);
-		raft_free(p.buf.base);
-		return -EREMCHG;
-	}
-	if (r->queue_tail)
-		r->queue_tail->next = &p;
-	else
-		r->queue = &p;
-	r->queue_tail = &p;
-	pthread_mutex_unlock(&r->mu);
-	uv_async_send(&r->async);
-	pthread_mutex_lock(&r->mu);
-	while (!p.done)
-		pthread_cond_wait(&r->cv, &r->mu);
-	pthread_mutex_unlock(&r->mu);
-	return p.rc;
+	uint64_t seq;
+	int rc = mraft_propose_async(r, data, len, &seq);
+	return rc ? rc : mraft_wait(r, seq);
 }
 
 int mraft_change(struct mraft *r, int add, uint64_t id, const char *addr)

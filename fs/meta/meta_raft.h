@@ -1,17 +1,24 @@
 /* mraft — kvfs-meta as a Raft-replicated state machine, on Debian's libraft (the C Raft of
  * dqlite) with its libuv I/O and TCP transport (docs/meta.md, "Replicated metadata").
  *
- * RocksDB stays the state: every mutation meta makes is one RocksDB WriteBatch; on the leader
- * mdb_write hands the batch's bytes to mraft_propose, which appends them as one Raft entry and
- * returns once the entry is committed and applied; every replica (the leader too) applies
- * committed entries with rocksdb_write, on the loop thread, in log order. A snapshot is the
- * whole key space serialised; installing one replaces the database's content.
+ * RocksDB stays the state: every mutation meta makes is one RocksDB WriteBatch, one Raft
+ * entry, applied with rocksdb_write on every replica in log order. Followers apply committed
+ * entries on the loop thread. The serving leader applies its own entries speculatively when
+ * it proposes them (mraft_propose_async, in log order under one lock, each with an undo
+ * record in the same batch), so meta need not hold its namespace mutex until commit; the
+ * loop thread skips them at commit. Whatever is not known committed when leadership is lost
+ * (or an append fails, or the process stops or crashes) is rolled back from the undo records
+ * before anything else is applied, and meta serves again only after on_lead. No reply may
+ * show a speculative write: meta calls mraft_settle before each (docs/meta.md, "Pipelined
+ * writes"). A snapshot is the whole committed key space serialised; installing one replaces
+ * the database's content.
  *
  * Threads: mraft_start starts a libuv loop thread (owns the struct raft and everything libraft
  * touches) and a watcher thread. The watcher calls on_lead(ctx) once per term in which this
  * replica leads, after a barrier proved every earlier entry applied: meta rebuilds its
  * in-memory state from RocksDB there, as at a restart, and only then serves (mraft_serving).
- * mraft_propose, mraft_serving and mraft_status may be called from any thread.
+ * mraft_propose*, mraft_wait, mraft_settle, mraft_serving and mraft_status may be called
+ * from any thread.
  */
 #ifndef KVFS_META_RAFT_H
 #define KVFS_META_RAFT_H
@@ -47,10 +54,20 @@ int mraft_start(const struct mraft_opts *o, struct mraft **out);
 /* Stops the threads and closes libraft; proposals in flight end with -ECONNABORTED. */
 void mraft_stop(struct mraft *r);
 
-/* Appends a serialised WriteBatch as one entry and waits until it is applied here. 0;
- * -EREMCHG: not the serving leader, nothing was appended (safe to send elsewhere);
- * -ECONNABORTED: leadership was lost after appending, so the entry may or may not commit
- * (the same ambiguity as a connection lost mid-request); -ENOMEM; -EIO. */
+/* Applies a serialised WriteBatch (Put, Delete, SingleDelete, DeleteRange records only) to
+ * the database now and appends it as one entry, without waiting: *seq names it for
+ * mraft_wait. 0; -EREMCHG: not the serving leader, nothing written or appended (safe to send
+ * elsewhere); -EINVAL (a record kind it cannot undo), -ENOMEM, -EIO (nothing written). */
+int mraft_propose_async(struct mraft *r, const char *data, size_t len, uint64_t *seq);
+/* Waits until entry seq is committed (0), or was rolled back (-ECONNABORTED: leadership was
+ * lost or the append failed, so it may or may not commit later: the same ambiguity as a
+ * connection lost mid-request). */
+int mraft_wait(struct mraft *r, uint64_t seq);
+/* Waits until every speculative write made so far is committed: a reply built from what the
+ * database showed before the call reveals no uncommitted state. 0 or -ECONNABORTED (some
+ * were rolled back). Returns at once when none is pending. */
+int mraft_settle(struct mraft *r);
+/* mraft_propose_async, then mraft_wait. */
 int mraft_propose(struct mraft *r, const char *data, size_t len);
 /* Changes the group's configuration on the leader: add (a voter, once it caught up) or
  * remove replica id. Waits until the change is committed. 0, -EREMCHG (not the leader),
