@@ -3,7 +3,8 @@
 # through this build's kvfs-mount and, with BASE_MOUNT=path/to/another/kvfs-mount, through a
 # second mount of the same cluster by that binary, alternated ROUNDS times (a same-run
 # baseline; docs/benchmarks.md, "Sequential reads fetching ahead"). The local directory on the
-# same disk is read in each round too. Starts a local cluster (tools/kvfs-cluster.sh, 11 nodes)
+# same disk is read in each round too. After each mount round: its FUSE reads and degraded
+# stripe reads so far (.kvfs/stats). Starts a local cluster (tools/kvfs-cluster.sh, 11 nodes)
 # and stops it at the end. Needs root (drop_caches).
 #
 #   tools/kvfs_seqread_bench.sh [BUILD]   (env: BIG=1G ROUNDS=3 BASE_MOUNT= MOUNT_ARGS=)
@@ -51,8 +52,12 @@ for r in $(seq 1 "$rounds"); do
 		sync
 		echo 3 >/proc/sys/vm/drop_caches
 		sleep 1.2
-		printf 'round %d %-6s %s\n' "$r" "$t" "$("$mb" --dir "$d" --op read --files 1 \
-			--size "$big" --threads 1 | grep -o '[0-9.]* MiB/s')"
+		rate=$("$mb" --dir "$d" --op read --files 1 --size "$big" --threads 1 |
+			grep -o '[0-9.]* MiB/s')
+		st=
+		[ $t = local ] || st=$(grep -hE '^(reads|client_degraded_reads) =' "$d/.kvfs/stats" |
+			tr '\n' ' ')
+		printf 'round %d %-6s %s  %s\n' "$r" "$t" "$rate" "$st"
 	done
 done
 echo "load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
