@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# kvfs_ls_bench.sh — cold `ls -lR` and `du -sh` over LSFILES small files: through kvfs-mount and
+# kvfs_ls_bench.sh — cold `ls -lR`, `du -sh` and `stat` of every name (xargs, no listing) over
+# LSFILES small files: through kvfs-mount and
 # in a local directory on the same disk, in one run (issue 28, item 5; docs/benchmarks.md,
 # "Cold ls -lR and du -sh"). Starts a local cluster (tools/kvfs-cluster.sh, 11 nodes) and a
 # mount with /metrics, populates both sides with kvfs-mount-bench --populate, then per round
@@ -55,7 +56,7 @@ reqs() {
 now() { date +%s.%N; }
 echo "kvfs_ls_bench: $n files of 4 KiB, $(nproc) cores, $(uname -r), load $(cut -d' ' -f1 /proc/loadavg)"
 for r in $(seq 1 "$rounds"); do
-	for cmd in "ls -lR" "du -sh"; do
+	for cmd in "ls -lR" "du -sh" stat; do
 		for t in $sides; do
 			case $t in
 			mount) d=$dir/mnt/many ;;
@@ -66,8 +67,14 @@ for r in $(seq 1 "$rounds"); do
 			echo 3 >/proc/sys/vm/drop_caches 2>/dev/null
 			sleep 1.2 # past the mount's entry timeout as well
 			[ $t = local ] || reqs $t >"$dir/r1"
-			a=$(now)
-			$cmd "$d" >/dev/null
+			if [ "$cmd" = stat ]; then # every name, no listing
+				seq -f "$d/r0-%06g.kvb" 0 $((n - 1)) >"$dir/names"
+				a=$(now)
+				xargs -a "$dir/names" stat -c %s >/dev/null
+			else
+				a=$(now)
+				$cmd "$d" >/dev/null
+			fi
 			b=$(now)
 			printf 'round %d %-7s %-6s cold %7.3f s' "$r" "$cmd" "$t" \
 				"$(awk "BEGIN { print $b - $a }")"

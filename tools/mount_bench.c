@@ -11,6 +11,14 @@
  *
  *   kvfs-mount-bench --meta ADDR --secret-file F --mnt DIR --local DIR
  *                    [--files 2000] [--size 2M] [--threads 4] [--replace false]
+ *
+ * With --dir, one phase over plain files in one directory (a mount or a local one; no cluster
+ * needed), timing each file from open to close and printing MiB/s with the per-file p50, p99
+ * and max: --op write (create, write whole, close), read (open, read whole, close; the caller
+ * drops the page cache for a cold read) or unlink. Files are read and written in 1 MiB calls
+ * whatever --size, so one large file works too. tools/kvfs-datapath-bench.sh runs it.
+ *
+ *   kvfs-mount-bench --dir DIR --op write|read|unlink [--files 2000] [--size 2M] [--threads 1]
  */
 #define KVFS_LOG_TAG "bench"
 #include "cfg.h"
@@ -30,6 +38,7 @@
 
 struct bopts {
 	char meta[CFG_STR_MAX], secret_file[CFG_STR_MAX], mnt[CFG_STR_MAX], local[CFG_STR_MAX];
+	char dir[CFG_STR_MAX], op[CFG_STR_MAX];
 	int64_t files, threads, rounds;
 	int populate, replace;
 	uint64_t size;
@@ -41,7 +50,7 @@ static const struct cfg_opt opts[] = {
     {"mnt", CFG_STR, offsetof(struct bopts, mnt), 0, 0, NULL, "a kvfs mount of that cluster"},
     {"local", CFG_STR, offsetof(struct bopts, local), 0, 0, NULL, "a local directory"},
     {"files", CFG_INT, offsetof(struct bopts, files), 1, 1e7, "2000", "files per phase"},
-    {"size", CFG_SIZE, offsetof(struct bopts, size), 1, 1 << 30, "2M", "bytes per file"},
+    {"size", CFG_SIZE, offsetof(struct bopts, size), 1, 1ll << 40, "2M", "bytes per file"},
     {"threads", CFG_INT, offsetof(struct bopts, threads), 1, 256, "4", "parallel workers"},
     {"rounds", CFG_INT, offsetof(struct bopts, rounds), 1, 100, "2",
      "rounds (the order of the three ways rotates; the best round is reported)"},
@@ -49,6 +58,10 @@ static const struct cfg_opt opts[] = {
      "only create the files (library into /many, and in --local), for ls/du timing"},
     {"replace", CFG_BOOL, offsetof(struct bopts, replace), 0, 0, "true",
      "also time writing the same names again (replacements of existing files)"},
+    {"dir", CFG_STR, offsetof(struct bopts, dir), 0, 0, NULL,
+     "plain-file mode: one phase (--op) over the files in this directory"},
+    {"op", CFG_STR, offsetof(struct bopts, op), 0, 0, "read",
+     "plain-file mode: write, read or unlink"},
     CFG_END,
 };
 
@@ -203,12 +216,115 @@ static void report(const struct bopts *o, const char *what, double s)
 	printf("%-22s %8.2f s %9.1f files/s %9.1f MiB/s\n", what, s, (double)o->files / s, mib / s);
 }
 
+/* Plain-file mode (--dir): one phase, every file timed from open to close. */
+struct pjob {
+	const struct bopts *o;
+	int op; /* 0 read, 1 write, 2 unlink */
+	int tid, errors;
+	double *lat; /* per file, seconds; shared, each thread fills its own indexes */
+};
+
+#define PLAIN_IO (1u << 20) /* bytes per read()/write() call */
+
+static int plain_file(const struct pjob *j, int64_t i, uint8_t *buf)
+{
+	char path[CFG_STR_MAX + 32];
+	snprintf(path, sizeof(path), "%s/f%06lld.kvb", j->o->dir, (long long)i);
+	if (j->op == 2)
+		return unlink(path) == 0 ? 0 : -errno;
+	int fd = j->op ? open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644) : open(path, O_RDONLY);
+	if (fd < 0)
+		return -errno;
+	uint64_t off = 0, len = j->o->size;
+	while (off < len) {
+		size_t want = len - off < PLAIN_IO ? (size_t)(len - off) : PLAIN_IO;
+		ssize_t n = j->op ? write(fd, buf, want) : read(fd, buf, want);
+		if (n <= 0) {
+			int e = n < 0 ? -errno : -EIO;
+			close(fd);
+			return e;
+		}
+		off += (uint64_t)n;
+	}
+	return close(fd) == 0 ? 0 : -errno;
+}
+
+static void *plain_worker(void *arg)
+{
+	struct pjob *j = arg;
+	uint8_t *buf;
+	if (posix_memalign((void **)&buf, 4096, PLAIN_IO)) {
+		j->errors++;
+		return NULL;
+	}
+	fill(buf, PLAIN_IO, (uint64_t)j->tid + 1);
+	for (int64_t i = j->tid; i < j->o->files; i += j->o->threads) {
+		buf[0] = (uint8_t)i; /* each file's bytes differ a little */
+		double t0 = now_s();
+		if (plain_file(j, i, buf) != 0)
+			j->errors++;
+		j->lat[i] = now_s() - t0;
+	}
+	free(buf);
+	return NULL;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+static int plain_run(const struct bopts *o)
+{
+	static const char *const ops[] = {"read", "write", "unlink"};
+	int op = -1;
+	for (int k = 0; k < 3; k++)
+		if (strcmp(o->op, ops[k]) == 0)
+			op = k;
+	if (op < 0) {
+		fprintf(stderr, "kvfs-mount-bench: --op %s: write, read or unlink\n", o->op);
+		return 2;
+	}
+	int nt = (int)o->threads;
+	double *lat = calloc((size_t)o->files, sizeof(*lat));
+	struct pjob *jobs = calloc((size_t)nt, sizeof(*jobs));
+	pthread_t *th = calloc((size_t)nt, sizeof(*th));
+	if (!lat || !jobs || !th)
+		return 1;
+	double t0 = now_s();
+	for (int t = 0; t < nt; t++) {
+		jobs[t] = (struct pjob){.o = o, .op = op, .tid = t, .lat = lat};
+		pthread_create(&th[t], NULL, plain_worker, &jobs[t]);
+	}
+	int errors = 0;
+	for (int t = 0; t < nt; t++) {
+		pthread_join(th[t], NULL);
+		errors += jobs[t].errors;
+	}
+	double dt = now_s() - t0;
+	qsort(lat, (size_t)o->files, sizeof(*lat), cmp_double);
+	size_t n = (size_t)o->files;
+	double mib = (double)o->files * (double)o->size / (1 << 20);
+	printf("%-6s %lld files x %llu B, %d threads: %.3f s %.1f MiB/s %.1f files/s "
+	       "p50 %.2f ms p99 %.2f ms max %.2f ms errors %d\n",
+	       ops[op], (long long)o->files, (unsigned long long)o->size, nt, dt,
+	       op == 2 ? 0.0 : mib / dt, (double)n / dt, lat[n / 2] * 1e3, lat[n * 99 / 100] * 1e3,
+	       lat[n - 1] * 1e3, errors);
+	free(lat);
+	free(jobs);
+	free(th);
+	return errors ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	struct bopts o;
 	int npos = 0, rc = cfg_parse(opts, &o, argc, argv, "", &npos);
 	if (rc)
 		return rc == 1 ? 0 : 2;
+	if (o.dir[0])
+		return plain_run(&o);
 	if (!o.meta[0] || !o.secret_file[0] || !o.mnt[0] || !o.local[0]) {
 		fprintf(stderr, "kvfs-mount-bench: --meta, --secret-file, --mnt, --local needed\n");
 		return 2;

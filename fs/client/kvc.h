@@ -165,6 +165,8 @@ struct kvc_stats {
 	/* chunks of committed files not stored: their node was down (meta placed none) or
 	 * failed the PUT, and the stripe still held its minimum; meta repairs them */
 	uint64_t chunks_written_around;
+	/* stripes whose GETs a sequential reader started ahead of asking for them */
+	uint64_t stripes_prefetched;
 };
 void kvc_get_stats(struct kvc *c, struct kvc_stats *out);
 

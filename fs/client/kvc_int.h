@@ -72,6 +72,7 @@ struct kvc {
 	pthread_cond_t buf_cond;
 	uint64_t buf_freed;
 	atomic_uint_fast64_t st_written, st_read, st_files, st_degraded, st_crc, st_around;
+	atomic_uint_fast64_t st_prefetched;
 
 	/* Layouts that came with a lookup, for the open that follows (kvc_lookup_layout);
 	 * protected by mu. b: the LAYOUT reply body, malloc'd; ino 0: free slot. */

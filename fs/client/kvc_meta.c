@@ -375,6 +375,7 @@ void kvc_get_stats(struct kvc *c, struct kvc_stats *out)
 	out->degraded_reads = atomic_load(&c->st_degraded);
 	out->crc_errors = atomic_load(&c->st_crc);
 	out->chunks_written_around = atomic_load(&c->st_around);
+	out->stripes_prefetched = atomic_load(&c->st_prefetched);
 }
 
 /* ---- namespace ---- */

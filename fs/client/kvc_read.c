@@ -1,7 +1,9 @@
 /* kvc: the read path. LAYOUT once per open; reads fetch the data chunks a request needs in
  * parallel, verify each against its CRC32C, and only when a chunk is missing, late or corrupt
  * fetch parity and decode. Whole stripes go straight into the caller's buffer when it covers
- * them; partial reads go through a two-stripe cache with one stripe of sequential prefetch. */
+ * them; partial reads go through a two-stripe cache. A read spanning stripes has the next
+ * stripe's GETs on the wire while it waits for the current one, and a sequential reader has
+ * the stripe after its read on its way before it asks (one stripe of prefetch). */
 #define KVFS_LOG_TAG "kvc"
 #include "kvc_int.h"
 #include "log.h"
@@ -312,8 +314,10 @@ static int fetch_stripe(struct kvc_file *f, struct sfetch *sf, uint64_t s, uint8
 	return rc < 0 ? rc : 0;
 }
 
-/* Reads stripe s into a cache entry (evicting the older one) and returns it. */
-static int cache_fill(struct kvc_file *f, uint64_t s, uint64_t avoid, uint8_t **out)
+/* Reads stripe s into a cache entry (evicting the older one) and returns it. have: GETs of s
+ * already started by the caller (may be NULL or another stripe's); else the prefetch's. */
+static int cache_fill(struct kvc_file *f, uint64_t s, uint64_t avoid, uint8_t **out,
+		      struct sfetch *have)
 {
 	int e = f->cache[0].tick <= f->cache[1].tick ? 0 : 1;
 	size_t need = (size_t)f->n * f->l.chunk_size;
@@ -322,7 +326,9 @@ static int cache_fill(struct kvc_file *f, uint64_t s, uint64_t avoid, uint8_t **
 	f->cache[e].s = -1;
 	struct sfetch local = {.s = -1};
 	struct sfetch *sf = &local;
-	if (f->pf.s == (int64_t)s)
+	if (have && have->s == (int64_t)s)
+		sf = have;
+	else if (f->pf.s == (int64_t)s)
 		sf = &f->pf;
 	else if (!avoid)
 		sf_start_data(f, sf, s);
@@ -334,6 +340,12 @@ static int cache_fill(struct kvc_file *f, uint64_t s, uint64_t avoid, uint8_t **
 	f->cache[e].tick = ++f->tick;
 	*out = b;
 	return 0;
+}
+
+/* Whether stripe s is cached, without making it the most recent. */
+static int cache_has(const struct kvc_file *f, uint64_t s)
+{
+	return f->cache[0].s == (int64_t)s || f->cache[1].s == (int64_t)s;
 }
 
 static uint8_t *cache_find(struct kvc_file *f, uint64_t s)
@@ -452,7 +464,9 @@ static ssize_t pread_once(struct kvc_file *f, void *buf, size_t len, uint64_t of
 	int seq = off == f->next_off;
 	uint8_t *out = buf;
 	size_t done = 0;
-	int rc = 0, used_cache = 0;
+	int rc = 0;
+	/* next: the GETs of the stripe after the one being read, when this read needs it too,
+	 * started before the current one is waited for (two stripes on the wire). */
 	struct sfetch next = {.s = -1};
 	while (done < len && rc == 0) {
 		uint64_t pos = off + done, s = pos / sb, soff = pos % sb;
@@ -461,40 +475,59 @@ static ssize_t pread_once(struct kvc_file *f, void *buf, size_t len, uint64_t of
 		uint8_t *cb = cache_find(f, s);
 		if (f->pf.s >= 0 && f->pf.s != (int64_t)s && !cb)
 			sf_cancel(&f->pf);
-		if (!cb && f->pf.s < 0 && soff == 0 && take == sl) {
-			/* The caller wants the whole stripe: straight into its buffer, with the
-			 * next whole stripe's GETs already on the wire. */
-			if (next.s != (int64_t)s)
-				sf_start_data(f, &next, s);
-			struct sfetch cur = next; /* its GETs move to cur */
+		struct sfetch cur = {.s = -1};
+		if (next.s == (int64_t)s) { /* its GETs move to cur */
+			cur = next;
 			next = (struct sfetch){.s = -1};
-			uint64_t nx = s + 1, nxl = size - nx * sb < sb ? size - nx * sb : sb;
-			if (nx < f->l.nstripes && done + take + nxl <= len)
+		} else if (f->pf.s == (int64_t)s) {
+			cur = f->pf;
+			f->pf = (struct sfetch){.s = -1};
+		}
+		uint64_t nx = s + 1;
+		int want_next = !cb && nx < f->l.nstripes && nx * sb < off + len && next.s < 0 &&
+				!cache_has(f, nx);
+		if (!cb && soff == 0 && take == sl) {
+			/* The caller wants the whole stripe: straight into its buffer, with the
+			 * next stripe's GETs already on the wire. */
+			if (cur.s != (int64_t)s)
+				sf_start_data(f, &cur, s);
+			if (want_next)
 				sf_start_data(f, &next, nx);
 			uint64_t failed = 0;
 			rc = fetch_stripe(f, &cur, s, out + done, NULL, 1, 0, &failed);
-			if (rc == -EAGAIN && (rc = cache_fill(f, s, failed, &cb)) == 0)
+			if (rc == -EAGAIN && (rc = cache_fill(f, s, failed, &cb, NULL)) == 0)
 				memcpy(out + done, cb, take);
-		} else if (cb || f->pf.s == (int64_t)s || seq || take * 4 >= sl) {
-			if (!cb)
-				rc = cache_fill(f, s, 0, &cb);
+		} else if (cb || cur.s == (int64_t)s || seq || take * 4 >= sl) {
+			if (!cb) {
+				if (cur.s != (int64_t)s)
+					sf_start_data(f, &cur, s);
+				if (want_next)
+					sf_start_data(f, &next, nx);
+				rc = cache_fill(f, s, 0, &cb, &cur);
+			}
 			if (rc == 0)
 				memcpy(out + done, cb + soff, take);
-			used_cache = 1;
 		} else if (range_read(f, s, soff, take, out + done)) {
-			if ((rc = cache_fill(f, s, 0, &cb)) == 0)
+			if ((rc = cache_fill(f, s, 0, &cb, NULL)) == 0)
 				memcpy(out + done, cb + soff, take);
 		}
+		if (cur.s >= 0)
+			sf_cancel(&cur); /* not consumed (an error before its wait) */
 		done += take;
 	}
 	sf_cancel(&next);
 	if (rc)
 		return rc;
 	f->next_off = off + len;
-	/* Sequential reader inside a cached stripe: have the next one on its way. */
+	/* A sequential reader: have the next stripe it has not got on its way while it uses
+	 * this one (the one holding off + len when that is cached, else the one after). */
 	uint64_t ns = (off + len) / sb;
-	if (seq && used_cache && ns < f->l.nstripes && f->pf.s < 0 && !cache_find(f, ns))
+	if (ns < f->l.nstripes && cache_has(f, ns))
+		ns++;
+	if (seq && ns < f->l.nstripes && f->pf.s < 0) {
 		sf_start_data(f, &f->pf, ns);
+		atomic_fetch_add(&f->c->st_prefetched, 1);
+	}
 	atomic_fetch_add(&f->c->st_read, len);
 	return (ssize_t)len;
 }
