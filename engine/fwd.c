@@ -70,6 +70,30 @@ static void pack_run(void *arg, int tid, int nth, int thread)
 		     (size_t)j->src->ne[0], (size_t)lo, (size_t)hi);
 }
 
+/* the model tensor of slot s of e->pk */
+static const struct kvi_tensor *pk_src(const struct kvi_model *m, size_t L, size_t s)
+{
+	if (s == L * PK_PER)
+		return &m->output;
+	const struct kvi_layer *ly = &m->layers[s / PK_PER];
+	switch (s % PK_PER) {
+	case 0:
+		return &ly->wq;
+	case 1:
+		return &ly->wk;
+	case 2:
+		return &ly->wv;
+	case 3:
+		return &ly->wo;
+	case 4:
+		return &ly->w_gate;
+	case 5:
+		return &ly->w_up;
+	default:
+		return &ly->w_down;
+	}
+}
+
 /* Repacks the F16 matmul weights when this ISA's kernels stream kvk_f16_pack's layout faster
  * (AVX-512: 32 contiguous bytes per load where the file's layout needs a 16-row gather; the
  * results are the same bits). Costs one copy of those weights in memory. */
@@ -83,11 +107,8 @@ static int pack_weights(struct kvi_engine *e)
 	if (!e->pk)
 		return -ENOMEM;
 	for (size_t s = 0; s < ns; s++) {
-		const struct kvi_layer *ly = &m->layers[s / PK_PER < L ? s / PK_PER : 0];
-		const struct kvi_tensor *src[PK_PER] = {&ly->wq,     &ly->wk,	&ly->wv,    &ly->wo,
-							&ly->w_gate, &ly->w_up, &ly->w_down};
-		const struct kvi_tensor *t = s == L * PK_PER ? &m->output : src[s % PK_PER];
-		if (t->type != KVI_F16 || t->ne[1] < 16)
+		const struct kvi_tensor *t = pk_src(m, L, s);
+		if (t->type != KVI_F16 || t->ne[1] < 16) /* under one panel: nothing to gain */
 			continue;
 		size_t nb = kvk_f16_pack_bytes((size_t)t->ne[1], (size_t)t->ne[0]);
 		void *d = aligned_alloc(64, (nb + 63) & ~(size_t)63);
