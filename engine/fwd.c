@@ -47,7 +47,89 @@ struct kvi_engine {
 	struct kvi_seq **bseq; /* (T) */
 	float **scratch;       /* per thread: matmul panel */
 	float **scores;	       /* per thread: (n_head / n_head_kv, max_ctx) */
+	/* F16 matmul weights repacked for this ISA (kvk_f16_pack), owned here: PK_PER slots per
+	 * layer then the output; .data NULL where the model's own tensor is used. NULL if none. */
+	struct kvi_tensor *pk;
 };
+
+/* slots of e->pk per layer: wq wk wv wo gate up down */
+enum { PK_PER = 7 };
+
+struct pack_job {
+	struct kvi_tensor *dst;
+	const struct kvi_tensor *src;
+};
+
+static void pack_run(void *arg, int tid, int nth, int thread)
+{
+	(void)thread;
+	struct pack_job *j = arg;
+	long lo, hi;
+	kvi_pool_split((long)j->src->ne[1], tid, nth, 16, &lo, &hi);
+	kvk_f16_pack((uint16_t *)j->dst->data, j->src->data, (size_t)j->src->ne[1],
+		     (size_t)j->src->ne[0], (size_t)lo, (size_t)hi);
+}
+
+/* the model tensor of slot s of e->pk */
+static const struct kvi_tensor *pk_src(const struct kvi_model *m, size_t L, size_t s)
+{
+	if (s == L * PK_PER)
+		return &m->output;
+	const struct kvi_layer *ly = &m->layers[s / PK_PER];
+	switch (s % PK_PER) {
+	case 0:
+		return &ly->wq;
+	case 1:
+		return &ly->wk;
+	case 2:
+		return &ly->wv;
+	case 3:
+		return &ly->wo;
+	case 4:
+		return &ly->w_gate;
+	case 5:
+		return &ly->w_up;
+	default:
+		return &ly->w_down;
+	}
+}
+
+/* Repacks the F16 matmul weights when this ISA's kernels stream kvk_f16_pack's layout faster
+ * (AVX-512: 32 contiguous bytes per load where the file's layout needs a 16-row gather; the
+ * results are the same bits). Costs one copy of those weights in memory. */
+static int pack_weights(struct kvi_engine *e)
+{
+	const struct kvi_model *m = e->m;
+	size_t L = (size_t)e->c.n_layer, ns = L * PK_PER + 1;
+	if (!kvk_f16_pack_wanted(e->isa))
+		return 0;
+	e->pk = calloc(ns, sizeof(*e->pk));
+	if (!e->pk)
+		return -ENOMEM;
+	for (size_t s = 0; s < ns; s++) {
+		const struct kvi_tensor *t = pk_src(m, L, s);
+		if (t->type != KVI_F16 || t->ne[1] < 16) /* under one panel: nothing to gain */
+			continue;
+		size_t nb = kvk_f16_pack_bytes((size_t)t->ne[1], (size_t)t->ne[0]);
+		void *d = aligned_alloc(64, (nb + 63) & ~(size_t)63);
+		if (!d)
+			return -ENOMEM;
+		e->pk[s] = *t;
+		e->pk[s].type = (enum kvi_dtype)KVK_W_F16_P16;
+		e->pk[s].data = d;
+		e->pk[s].nbytes = nb;
+		struct pack_job j = {&e->pk[s], t};
+		kvi_pool_run(e->pool, pack_run, &j);
+	}
+	return 0;
+}
+
+/* the engine's packed copy of a model tensor (slot s of e->pk), or the tensor itself */
+static const struct kvi_tensor *wsel(const struct kvi_engine *e, const struct kvi_tensor *t,
+				     size_t s)
+{
+	return e->pk && e->pk[s].data ? &e->pk[s] : t;
+}
 
 void kvi_engine_opts_default(struct kvi_engine_opts *o)
 {
@@ -255,6 +337,10 @@ int kvi_engine_create(const struct kvi_model *m, const struct kvi_engine_opts *o
 			vec_to_f32(&ly->bv, e->bv + l * KD);
 	}
 	vec_to_f32(&m->out_norm, e->norm_out);
+	rc = pack_weights(e);
+	if (rc)
+		goto fail;
+	rc = -ENOMEM;
 	for (size_t t = 0; t < T; t++)
 		e->rows[t] = (int)t;
 	for (size_t i = 0; i < R2; i++)
@@ -272,6 +358,10 @@ void kvi_engine_destroy(struct kvi_engine *e)
 		return;
 	kvi_pool_destroy(e->pool);
 	kvi_kv_destroy(e->kv);
+	if (e->pk)
+		for (size_t s = 0; s < (size_t)e->c.n_layer * PK_PER + 1; s++)
+			free((void *)e->pk[s].data);
+	free(e->pk);
 	for (int i = 0; i < e->o.threads; i++) {
 		if (e->scratch)
 			free(e->scratch[i]);
@@ -512,7 +602,9 @@ static void forward(struct kvi_engine *e, const int32_t *toks, int ntok, const i
 	for (int l = 0; l < c->n_layer; l++) {
 		const struct kvi_layer *L = &m->layers[l];
 		kvk_rmsnorm_f32(e->xn, e->x, e->norm_attn + (size_t)l * E, E, T, c->rms_eps);
-		const struct kvi_tensor *wqkv[3] = {&L->wq, &L->wk, &L->wv};
+		size_t s0 = (size_t)l * PK_PER;
+		const struct kvi_tensor *wqkv[3] = {wsel(e, &L->wq, s0), wsel(e, &L->wk, s0 + 1),
+						    wsel(e, &L->wv, s0 + 2)};
 		float *yqkv[3] = {e->q, e->k, e->v};
 		matmuls(e, e->xn, E, T, 3, wqkv, yqkv, 0, NULL);
 		for (size_t t = 0; t < T; t++) {
@@ -543,15 +635,16 @@ static void forward(struct kvi_engine *e, const int32_t *toks, int ntok, const i
 		}
 		struct attn_job aj = {e, l, ntok};
 		kvi_pool_run(e->pool, attn_run, &aj);
-		const struct kvi_tensor *wo[1] = {&L->wo};
+		const struct kvi_tensor *wo[1] = {wsel(e, &L->wo, s0 + 3)};
 		float *yo[1] = {e->xn};
 		matmuls(e, e->att, QD, T, 1, wo, yo, 0, e->x); /* x += Wo att */
 
 		kvk_rmsnorm_f32(e->xn, e->x, e->norm_ffn + (size_t)l * E, E, T, c->rms_eps);
-		const struct kvi_tensor *wgu[2] = {&L->w_gate, &L->w_up};
+		const struct kvi_tensor *wgu[2] = {wsel(e, &L->w_gate, s0 + 4),
+						   wsel(e, &L->w_up, s0 + 5)};
 		float *ygu[2] = {e->gate, e->up};
 		matmuls(e, e->xn, E, T, 2, wgu, ygu, 1, NULL); /* gate = silu(gate) * up */
-		const struct kvi_tensor *wd[1] = {&L->w_down};
+		const struct kvi_tensor *wd[1] = {wsel(e, &L->w_down, s0 + 6)};
 		float *yd[1] = {e->xn};
 		matmuls(e, e->gate, F, T, 1, wd, yd, 0, e->x); /* x += Wdown h */
 	}
@@ -560,7 +653,7 @@ static void forward(struct kvi_engine *e, const int32_t *toks, int ntok, const i
 	for (int i = 0; i < nsel; i++)
 		kvk_rmsnorm_f32(e->xn + (size_t)i * E, e->x + (size_t)sel[i] * E, e->norm_out, E, 1,
 				c->rms_eps);
-	const struct kvi_tensor *wout[1] = {&m->output};
+	const struct kvi_tensor *wout[1] = {wsel(e, &m->output, (size_t)c->n_layer * PK_PER)};
 	float *yout[1] = {out};
 	matmuls(e, e->xn, E, (size_t)nsel, 1, wout, yout, 0, NULL);
 }

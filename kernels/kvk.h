@@ -53,6 +53,9 @@ enum kvk_wtype {
 	KVK_W_Q5_K = 13,
 	KVK_W_Q6_K = 14,
 	KVK_W_BF16 = 30,
+	/* Not a file type: F16 rows repacked by kvk_f16_pack (see there) for the AVX-512 kernels.
+	 * The same results as KVK_W_F16 on AVX-512 (bit for bit); r0 must be a multiple of 16. */
+	KVK_W_F16_P16 = 1001,
 };
 
 enum kvk_isa {
@@ -91,6 +94,19 @@ size_t kvk_matmul_scratch_floats(enum kvk_wtype wt, size_t n);
  * thread. Pure; thread-safe on disjoint (rows, y) ranges. n % 32 == 0 for Q8_0. */
 void kvk_matmul(enum kvk_isa isa, enum kvk_wtype wt, float *y, size_t ldy, const void *w, size_t n,
 		size_t r0, size_t r1, const void *act, size_t ntok, float *scratch);
+
+/* F16 weights repacked for streaming: panel p (rows 16 p .. 16 p + 15) holds, for k = 0 ..
+ * n - 1, those 16 rows' halves at k (rows past `rows` are zero). The AVX-512 F16 kernels keep
+ * one accumulator lane per row and one fma chain per output over k in order; on the GGUF
+ * layout their decode gathers a column of 16 rows, on this one it reads 32 contiguous bytes.
+ * The scalar and AVX2 kernels take it too (scalar: the same fma chain, so the same bits).
+ * kvk_f16_pack_bytes: bytes for a (rows x n) matrix. kvk_f16_pack: packs rows [r0, r1) of w
+ * (row-major, rows of n halves; r0 % 16 == 0, r1 % 16 == 0 or r1 == rows) into dst, which
+ * holds the whole matrix: disjoint ranges may run on different threads. */
+size_t kvk_f16_pack_bytes(size_t rows, size_t n);
+void kvk_f16_pack(uint16_t *dst, const uint16_t *w, size_t rows, size_t n, size_t r0, size_t r1);
+/* 1 if isa's F16 kernels run faster on kvk_f16_pack's layout than on the file's (AVX-512). */
+int kvk_f16_pack_wanted(enum kvk_isa isa);
 
 /* Quantizes n floats into one row of wt (Q4_0, Q4_K, Q5_K, Q6_K; kvk_row_bytes(wt, n) bytes
  * at out) with round-to-nearest scales, no search: for synthetic files and tests, not a

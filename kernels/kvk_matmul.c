@@ -91,8 +91,56 @@ size_t kvk_row_bytes(enum kvk_wtype wt, size_t n)
 	case KVK_W_Q5_K:
 	case KVK_W_Q6_K:
 		return kvk_kq_row_bytes(wt, n);
+	case KVK_W_F16_P16: /* not row-major: kvk_f16_pack_bytes */
+		return 0;
 	}
 	return 0;
+}
+
+size_t kvk_f16_pack_bytes(size_t rows, size_t n)
+{
+	return (rows + 15) / 16 * 16 * n * 2;
+}
+
+void kvk_f16_pack(uint16_t *dst, const uint16_t *w, size_t rows, size_t n, size_t r0, size_t r1)
+{
+	if (r0 >= r1) /* an empty share (its end may be rows, past which lies only padding) */
+		return;
+	size_t end = r1 == rows ? (rows + 15) / 16 * 16 : r1;
+	for (size_t p = r0; p < end; p += 16) {
+		uint16_t *d = dst + p * n;
+		for (size_t i = 0; i < 16; i++) {
+			const uint16_t *row = w + (p + i) * n;
+			if (p + i >= rows) {
+				for (size_t k = 0; k < n; k++)
+					d[k * 16 + i] = 0;
+				continue;
+			}
+			for (size_t k = 0; k < n; k++)
+				d[k * 16 + i] = row[k];
+		}
+	}
+}
+
+int kvk_f16_pack_wanted(enum kvk_isa isa)
+{
+	return resolve(isa) == KVK_ISA_AVX512;
+}
+
+/* The packed layout on an ISA without its kernel: the AVX-512 order (one fma chain per output
+ * over k in order from 0), so the same bits; slow (fmaf), for tests and odd CPUs. */
+static void matmul_f16p_scalar(float *y, size_t ldy, const uint16_t *wp, size_t n, size_t r0,
+			       size_t r1, const float *x, size_t ntok)
+{
+	for (size_t r = r0; r < r1; r++) {
+		const uint16_t *col = wp + (r / 16) * 16 * n + r % 16;
+		for (size_t t = 0; t < ntok; t++) {
+			float acc = 0;
+			for (size_t k = 0; k < n; k++)
+				acc = fmaf(kvk_f16_to_f32(col[k * 16]), x[t * n + k], acc);
+			y[t * ldy + r] = acc;
+		}
+	}
 }
 
 float kvk_f16_to_f32(uint16_t h)
@@ -266,7 +314,8 @@ void kvk_act_prepare(enum kvk_wtype wt, void *act, size_t ntok, const float *x, 
 
 size_t kvk_matmul_scratch_floats(enum kvk_wtype wt, size_t n)
 {
-	if (wt == KVK_W_F16 || wt == KVK_W_BF16) /* AVX-512 F16 panels hold 2 * 16 rows */
+	if (wt == KVK_W_F16 || wt == KVK_W_F16_P16 ||
+	    wt == KVK_W_BF16) /* AVX-512 F16 panels hold 2 * 16 rows */
 		return 2 * KVK_PANEL_ROWS * ((n + 7) & ~(size_t)7);
 	if (wt == KVK_W_Q8_0) /* an interleaved panel: its bytes, then its f32 scales */
 		return KVK_PANEL_ROWS * (n / 4 + n / 32);
@@ -317,6 +366,16 @@ void kvk_matmul(enum kvk_isa isa, enum kvk_wtype wt, float *y, size_t ldy, const
 {
 	if (r0 >= r1 || ntok == 0)
 		return;
+	if (wt == KVK_W_F16_P16) {
+#ifdef KVK_HAVE_X86
+		if (resolve(isa) == KVK_ISA_AVX512) {
+			kvk_matmul_avx512(wt, y, ldy, w, n, r0, r1, act, ntok, scratch);
+			return;
+		}
+#endif
+		matmul_f16p_scalar(y, ldy, w, n, r0, r1, act, ntok);
+		return;
+	}
 	if (kvk_wtype_kq(wt)) {
 #ifdef KVK_HAVE_X86
 		/* any wider ISA has AVX2 too and runs these kernels (no wider variant yet) */

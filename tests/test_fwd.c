@@ -522,6 +522,71 @@ static void test_matmul_invariance(void **st)
 		}
 }
 
+/* F16 weights repacked by kvk_f16_pack (the engine's layout on AVX-512): the same bits as the
+ * file's layout on AVX-512, on every ISA the bits of the packed scalar kernel (one fma chain
+ * per output), batch- and split-invariant; packing in shares (one empty, at the end, as the
+ * pool hands out) writes nothing past the buffer. Row counts not a multiple of 16. */
+static void test_f16_pack(void **st)
+{
+	(void)st;
+	enum { T = 9 };
+	const size_t ns[2] = {99, 128}, rowss[2] = {37, 48};
+	for (int ni = 0; ni < 2; ni++)
+		for (int ri = 0; ri < 2; ri++) {
+			size_t n = ns[ni], R = rowss[ri], nb = kvk_f16_pack_bytes(R, n);
+			uint16_t *w = malloc(R * n * 2), *wp = malloc(nb + 64);
+			float *x = malloc(n * T * 4), *yf = malloc(R * T * 4);
+			float *yp = malloc(R * T * 4), *y1 = malloc(R * 4), *ys = malloc(R * T * 4);
+			float *scr = aligned_alloc(
+			    64, (kvk_matmul_scratch_floats(KVK_W_F16_P16, n) * 4 + 64) & ~63ul);
+			unsigned sd = 7;
+			for (size_t i = 0; i < R * n; i++) {
+				sd = sd * 1103515245u + 12345u;
+				w[i] =
+				    kvk_f32_to_f16((float)((int)(sd >> 16) % 2001 - 1000) / 700.0f);
+			}
+			for (size_t i = 0; i < n * T; i++) {
+				sd = sd * 1103515245u + 12345u;
+				x[i] = (float)((int)(sd >> 16) % 2001 - 1000) / 500.0f;
+			}
+			memset(wp, 0xa5, nb + 64);
+			kvk_f16_pack(wp, w, R, n, 16, R);
+			kvk_f16_pack(wp, w, R, n, R, R); /* empty share */
+			kvk_f16_pack(wp, w, R, n, 0, 16);
+			for (size_t i = 0; i < 64; i++)
+				assert_int_equal(((uint8_t *)wp)[nb + i], 0xa5);
+			for (size_t r = 0; r < (R + 15) / 16 * 16; r++) /* layout, padding zero */
+				for (size_t k = 0; k < n; k += 7)
+					assert_int_equal(wp[(r / 16) * 16 * n + k * 16 + r % 16],
+							 r < R ? w[r * n + k] : 0);
+			kvk_matmul(KVK_ISA_SCALAR, KVK_W_F16_P16, ys, R, wp, n, 0, R, x, T, scr);
+			for (int isa = KVK_ISA_SCALAR; isa <= (int)kvk_isa_best(); isa++) {
+				kvk_matmul(isa, KVK_W_F16_P16, yp, R, wp, n, 0, 16, x, T, scr);
+				kvk_matmul(isa, KVK_W_F16_P16, yp, R, wp, n, 16, R, x, T, scr);
+				assert_memory_equal(yp, ys, R * T * 4);
+				for (int t = 0; t < T; t++) {
+					kvk_matmul(isa, KVK_W_F16_P16, y1, R, wp, n, 0, R,
+						   x + t * n, 1, scr);
+					assert_memory_equal(y1, ys + t * R, R * 4);
+				}
+				kvk_matmul(isa, KVK_W_F16_P16, yp, R, wp, n, 0, R, x, T, NULL);
+				assert_memory_equal(yp, ys, R * T * 4);
+			}
+			kvk_matmul(KVK_ISA_SCALAR, KVK_W_F16, yf, R, w, n, 0, R, x, T, scr);
+			for (size_t i = 0; i < R * T; i++)
+				assert_float_equal(ys[i], yf[i], 1e-4 * (1 + fabsf(yf[i])));
+			if (kvk_isa_best() == KVK_ISA_AVX512) {
+				kvk_matmul(KVK_ISA_AVX512, KVK_W_F16, yf, R, w, n, 0, R, x, T, scr);
+				assert_memory_equal(yf, ys, R * T * 4);
+			}
+			printf("  f16 packed, %zu x %zu: the file layout's avx512 bits, every ISA, "
+			       "batch- and split-invariant\n",
+			       R, n);
+			free(w), free(wp), free(x), free(yf), free(yp), free(y1), free(ys),
+			    free(scr);
+		}
+}
+
 /* Q8_0 activations from the SIMD path are the reference's bytes: random blocks, blocks whose
  * scale makes x * id land on .5 ties (both signs, -0), an all-zero block, odd token ranges. */
 static void test_act_prepare_q8(void **st)
@@ -668,23 +733,15 @@ static void test_f16_conversion(void **st)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_f16_conversion),
-	    cmocka_unit_test(test_matmul_invariance),
-	    cmocka_unit_test(test_act_prepare_q8),
-	    cmocka_unit_test(test_attn_runs),
-	    cmocka_unit_test(test_cli_logits),
-	    cmocka_unit_test(test_ref_f32),
-	    cmocka_unit_test(test_ref_f16),
-	    cmocka_unit_test(test_ref_bf16),
-	    cmocka_unit_test(test_ref_q8_0),
-	    cmocka_unit_test(test_ref_synth_quant),
-	    cmocka_unit_test(test_chunk_invariance),
-	    cmocka_unit_test(test_decode_batch),
-	    cmocka_unit_test(test_kv_export_import),
-	    cmocka_unit_test(test_fork_cow),
-	    cmocka_unit_test(test_greedy_deterministic),
-	    cmocka_unit_test(test_errors),
-	    cmocka_unit_test(test_inject),
+	    cmocka_unit_test(test_f16_conversion),  cmocka_unit_test(test_matmul_invariance),
+	    cmocka_unit_test(test_f16_pack),	    cmocka_unit_test(test_act_prepare_q8),
+	    cmocka_unit_test(test_attn_runs),	    cmocka_unit_test(test_cli_logits),
+	    cmocka_unit_test(test_ref_f32),	    cmocka_unit_test(test_ref_f16),
+	    cmocka_unit_test(test_ref_bf16),	    cmocka_unit_test(test_ref_q8_0),
+	    cmocka_unit_test(test_ref_synth_quant), cmocka_unit_test(test_chunk_invariance),
+	    cmocka_unit_test(test_decode_batch),    cmocka_unit_test(test_kv_export_import),
+	    cmocka_unit_test(test_fork_cow),	    cmocka_unit_test(test_greedy_deterministic),
+	    cmocka_unit_test(test_errors),	    cmocka_unit_test(test_inject),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
