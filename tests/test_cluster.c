@@ -381,6 +381,7 @@ static void test_sequential_windows(void **state)
 					 down ? "node 5 down" : "healthy", kvp_strerror(rc));
 		}
 	}
+	kvc_close(c);
 	assert_int_equal(kvh_node_restart(&g_cl, 5), 0);
 	assert_int_equal(kvh_wait_nodes_up(&g_cl, NNODES, 10000), 0);
 }
