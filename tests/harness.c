@@ -3,6 +3,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -405,4 +407,83 @@ int kvh_sh(const char *fmt, ...)
 	if (st == -1 || !WIFEXITED(st))
 		return -1;
 	return WEXITSTATUS(st);
+}
+
+uint16_t kvh_free_port(void)
+{
+	for (int tries = 0; tries < 1000; tries++) {
+		uint16_t p = (uint16_t)(20000 + random() % 12000);
+		int s = socket(AF_INET, SOCK_STREAM, 0);
+		if (s < 0)
+			return 0;
+		struct sockaddr_in a = {.sin_family = AF_INET,
+					.sin_port = htons(p),
+					.sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+		int ok = bind(s, (struct sockaddr *)&a, sizeof(a)) == 0;
+		close(s);
+		if (ok)
+			return p;
+	}
+	return 0;
+}
+
+int kvh_raft_init(struct kvh_raft *g, const char *tmpl, int n)
+{
+	if (n < 1 || n > KVH_RAFT_MAX || strlen(tmpl) >= sizeof(g->dir))
+		return -EINVAL;
+	memset(g, 0, sizeof(*g));
+	g->n = n;
+	snprintf(g->dir, sizeof(g->dir), "%s", tmpl);
+	if (!mkdtemp(g->dir))
+		return -errno;
+	snprintf(g->secret, sizeof(g->secret), "%s/secret", g->dir);
+	if (kvh_sh("head -c 24 /dev/urandom | base64 > %s && chmod 600 %s", g->secret, g->secret) !=
+	    0)
+		return -EIO;
+	int rc = kvp_secret_load(g->secret, &g->sec);
+	if (rc)
+		return rc;
+	size_t pl = 0;
+	for (int i = 0; i < n; i++) {
+		uint16_t mp = kvh_free_port(), rp = kvh_free_port();
+		if (!mp || !rp)
+			return -EADDRINUSE;
+		snprintf(g->meta[i], sizeof(g->meta[i]), "127.0.0.1:%u", mp);
+		snprintf(g->raft[i], sizeof(g->raft[i]), "127.0.0.1:%u", rp);
+		pl += (size_t)snprintf(g->peers + pl, sizeof(g->peers) - pl, "%s%d=%s",
+				       i ? "," : "", i + 1, g->raft[i]);
+		if (pl >= sizeof(g->peers))
+			return -ENAMETOOLONG;
+	}
+	return 0;
+}
+
+pid_t kvh_raft_spawn(const struct kvh_raft *g, int i, const char *const *extra)
+{
+	char bin[600], db[400], rdir[400], log[400], id[16];
+	if (i < 0 || i >= g->n)
+		return -EINVAL;
+	int rc = kvh_bin("kvfs-meta", bin, sizeof(bin));
+	if (rc)
+		return rc;
+	snprintf(db, sizeof(db), "%s/meta%d", g->dir, i + 1);
+	snprintf(rdir, sizeof(rdir), "%s/raft%d", g->dir, i + 1);
+	snprintf(log, sizeof(log), "%s/meta%d.log", g->dir, i + 1);
+	snprintf(id, sizeof(id), "%d", i + 1);
+	const char *base[] = {
+	    bin,	"--db",		db,	  "--secret-file", g->secret, "--listen",
+	    g->meta[i], "--k",		"2",	  "--m",	   "1",	      "--raft-id",
+	    id,		"--raft-peers", g->peers, "--raft-dir",	   rdir};
+	enum { NBASE = sizeof(base) / sizeof(base[0]), NEXTRA = 16 };
+	char *argv[NBASE + NEXTRA + 1];
+	int n = 0;
+	for (; n < (int)NBASE; n++)
+		argv[n] = (char *)base[n];
+	for (int j = 0; extra && extra[j]; j++) {
+		if (j == NEXTRA)
+			return -E2BIG;
+		argv[n++] = (char *)extra[j];
+	}
+	argv[n] = NULL;
+	return kvh_spawn(bin, argv, log);
 }

@@ -97,4 +97,25 @@ int kvh_have_fuse(void);
 /* Runs a shell command, returns its exit status (or -1). */
 int kvh_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* A group of loopback kvfs-meta replicas (test_raft, test_raft_redirect). */
+#define KVH_RAFT_MAX 5
+struct kvh_raft {
+	char dir[256], secret[600];
+	char meta[KVH_RAFT_MAX][64], raft[KVH_RAFT_MAX][64]; /* client, Raft addresses */
+	char peers[512];				     /* the --raft-peers list */
+	struct kvp_secret sec;
+	int n;
+};
+/* A loopback port that binds now, below the ephemeral range: one from inside it could be
+ * taken by an outgoing connection (Raft's own) before a replica binds it. 0 on failure. */
+uint16_t kvh_free_port(void);
+/* Fills g for n replicas: a fresh directory from tmpl ("/tmp/NAME-XXXXXX"), a secret file in
+ * it (loaded into g->sec), two free ports per replica, the peers list. Starts nothing.
+ * 0, -EINVAL (n out of range), or a negative errno. */
+int kvh_raft_init(struct kvh_raft *g, const char *tmpl, int n);
+/* Starts replica i (0-based; Raft id i + 1; 2+1 coding; its db, Raft dir and log under
+ * g->dir) with the flags every test gives plus extra (NULL-terminated, may be NULL).
+ * Returns the pid or a negative errno. */
+pid_t kvh_raft_spawn(const struct kvh_raft *g, int i, const char *const *extra);
+
 #endif

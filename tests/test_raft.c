@@ -30,54 +30,19 @@
 #define MAX_FILES   100000
 #define FAILOVER_MS 8000 /* per kill; the bar is 5 s (printed figures) */
 
-static char g_dir[256], g_secret[600];
-static char g_meta[NREP][64], g_raft[NREP][64], g_peers[512], g_list[512];
+static struct kvh_raft G; /* the replicas' addresses, directory and secret */
+static char g_list[512];
 static pid_t g_mpid[NREP], g_npid[NNODES];
-static struct kvp_secret g_sec;
 
 /* The writer's record: file i acknowledged at ack_ms[i] (0: not acknowledged). */
 static int64_t g_ack_ms[MAX_FILES];
 static atomic_int g_nacked, g_next, g_stop, g_failures;
 
-/* A loopback port that binds now, below the ephemeral range: one from inside it could be
- * taken by an outgoing connection (Raft's own) before the replica binds it. */
-static uint16_t free_port(void)
-{
-	for (;;) {
-		uint16_t p = (uint16_t)(20000 + random() % 12000);
-		int s = socket(AF_INET, SOCK_STREAM, 0);
-		struct sockaddr_in a = {.sin_family = AF_INET,
-					.sin_port = htons(p),
-					.sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-		assert_true(s >= 0);
-		int ok = bind(s, (struct sockaddr *)&a, sizeof(a)) == 0;
-		close(s);
-		if (ok)
-			return p;
-	}
-}
-
 static void meta_start(int i)
 {
-	char bin[600], db[400], rdir[400], log[400], id[16];
-	assert_int_equal(kvh_bin("kvfs-meta", bin, sizeof(bin)), 0);
-	snprintf(db, sizeof(db), "%s/meta%d", g_dir, i + 1);
-	snprintf(rdir, sizeof(rdir), "%s/raft%d", g_dir, i + 1);
-	snprintf(log, sizeof(log), "%s/meta%d.log", g_dir, i + 1);
-	snprintf(id, sizeof(id), "%d", i + 1);
 	/* Snapshots every 1024 entries: log compaction, and restarts that restore one. */
-	char *argv[] = {bin,	   "--db",
-			db,	   "--secret-file",
-			g_secret,  "--listen",
-			g_meta[i], "--k",
-			"2",	   "--m",
-			"1",	   "--raft-id",
-			id,	   "--raft-peers",
-			g_peers,   "--raft-dir",
-			rdir,	   "--gc-interval",
-			"0.2s",	   "--raft-snapshot-every",
-			"1024",	   NULL};
-	g_mpid[i] = kvh_spawn(bin, argv, log);
+	const char *extra[] = {"--gc-interval", "0.2s", "--raft-snapshot-every", "1024", NULL};
+	g_mpid[i] = kvh_raft_spawn(&G, i, extra);
 	assert_true(g_mpid[i] > 0);
 }
 
@@ -85,9 +50,9 @@ static void node_start(int i)
 {
 	char bin[600], dir[400], log[400];
 	assert_int_equal(kvh_bin("kvfs-node", bin, sizeof(bin)), 0);
-	snprintf(dir, sizeof(dir), "%s/node%d", g_dir, i);
-	snprintf(log, sizeof(log), "%s/node%d.log", g_dir, i);
-	char *argv[] = {bin,	  "--dir", dir,		  "--secret-file", g_secret,
+	snprintf(dir, sizeof(dir), "%s/node%d", G.dir, i);
+	snprintf(log, sizeof(log), "%s/node%d.log", G.dir, i);
+	char *argv[] = {bin,	  "--dir", dir,		  "--secret-file", G.secret,
 			"--meta", g_list,  "--heartbeat", "0.2s",	   NULL};
 	g_npid[i] = kvh_spawn(bin, argv, log);
 	assert_true(g_npid[i] > 0);
@@ -97,7 +62,7 @@ static void node_start(int i)
 static int rstatus(struct kvp_pool *pool, int i, int *state, int *serving, uint64_t *applied)
 {
 	struct kvp_client *cl;
-	int rc = kvp_pool_get(pool, g_meta[i], &cl);
+	int rc = kvp_pool_get(pool, G.meta[i], &cl);
 	if (rc)
 		return rc;
 	uint8_t *rb = NULL;
@@ -202,31 +167,21 @@ static void test_failover(void **state)
 {
 	(void)state;
 	srandom((unsigned)getpid() ^ (unsigned)rt_now_ms());
-	snprintf(g_dir, sizeof(g_dir), "/tmp/kvfs-raft-XXXXXX");
-	assert_non_null(mkdtemp(g_dir));
-	snprintf(g_secret, sizeof(g_secret), "%s/secret", g_dir);
-	assert_int_equal(
-	    kvh_sh("head -c 24 /dev/urandom | base64 > %s && chmod 600 %s", g_secret, g_secret), 0);
-	assert_int_equal(kvp_secret_load(g_secret, &g_sec), 0);
-	size_t pl = 0, ll = 0;
-	for (int i = 0; i < NREP; i++) {
-		snprintf(g_meta[i], sizeof(g_meta[i]), "127.0.0.1:%u", free_port());
-		snprintf(g_raft[i], sizeof(g_raft[i]), "127.0.0.1:%u", free_port());
-		pl += (size_t)snprintf(g_peers + pl, sizeof(g_peers) - pl, "%s%d=%s", i ? "," : "",
-				       i + 1, g_raft[i]);
+	assert_int_equal(kvh_raft_init(&G, "/tmp/kvfs-raft-XXXXXX", NREP), 0);
+	size_t ll = 0;
+	for (int i = 0; i < NREP; i++)
 		ll += (size_t)snprintf(g_list + ll, sizeof(g_list) - ll, "%s%s", i ? "," : "",
-				       g_meta[i]);
-	}
+				       G.meta[i]);
 	for (int i = 0; i < NREP; i++)
 		meta_start(i);
 	for (int i = 0; i < NNODES; i++)
 		node_start(i);
 	struct kvp_pool *pool;
-	assert_int_equal(kvp_pool_create(&g_sec, 1000, &pool), 0);
+	assert_int_equal(kvp_pool_create(&G.sec, 1000, &pool), 0);
 	int lead = leader(pool);
 	assert_true(lead >= 0);
 
-	struct kvc_opts o = {.meta_addr = g_list, .secret = &g_sec, .timeout_ms = 3000};
+	struct kvc_opts o = {.meta_addr = g_list, .secret = &G.sec, .timeout_ms = 3000};
 	struct kvc *c = NULL;
 	assert_int_equal(kvc_open(&o, &c), 0);
 	/* Nodes register through whichever replica leads: wait for all three. */
@@ -329,7 +284,7 @@ static void test_failover(void **state)
 		if (g_mpid[i] > 0)
 			kvh_stop_pid(g_mpid[i], SIGTERM, 5000);
 	if (!getenv("KVFS_TEST_KEEP"))
-		kvh_sh("rm -rf %s", g_dir);
+		kvh_sh("rm -rf %s", G.dir);
 }
 
 /* The Raft transport has no TLS: peers off loopback are refused unless the operator says the
@@ -350,8 +305,8 @@ static void test_off_loopback_refused(void **state)
 	snprintf(rdir, sizeof(rdir), "%s/raft", dir);
 	snprintf(log, sizeof(log), "%s/meta.log", dir);
 	snprintf(peers, sizeof(peers), "1=127.0.0.1:%u,2=10.255.1.2:7000,3=10.255.1.3:7000",
-		 free_port());
-	snprintf(listen, sizeof(listen), "127.0.0.1:%u", free_port());
+		 kvh_free_port());
+	snprintf(listen, sizeof(listen), "127.0.0.1:%u", kvh_free_port());
 	char *argv[] = {bin,	"--db",	     db,  "--secret-file", sec,	  "--listen",
 			listen, "--raft-id", "1", "--raft-peers",  peers, "--raft-dir",
 			rdir,	NULL,	     NULL};
@@ -381,7 +336,7 @@ static void test_off_loopback_refused(void **state)
 static int mkdir_on(struct kvp_pool *pool, int i, const char *name, int timeout_ms)
 {
 	struct kvp_client *cl;
-	int rc = kvp_pool_get(pool, g_meta[i], &cl);
+	int rc = kvp_pool_get(pool, G.meta[i], &cl);
 	if (rc)
 		return rc;
 	struct kvp_wbuf w;
@@ -416,7 +371,7 @@ static int leader_but(struct kvp_pool *pool, int not )
 static char *db_dump(int i)
 {
 	char path[400], *err = NULL;
-	snprintf(path, sizeof(path), "%s/meta%d", g_dir, i + 1);
+	snprintf(path, sizeof(path), "%s/meta%d", G.dir, i + 1);
 	rocksdb_options_t *o = rocksdb_options_create();
 	rocksdb_t *db = rocksdb_open_for_read_only(o, path, 0, &err);
 	if (err)
@@ -510,23 +465,11 @@ static void test_speculative_rollback(void **state)
 {
 	(void)state;
 	srandom((unsigned)getpid() ^ (unsigned)rt_now_ms());
-	snprintf(g_dir, sizeof(g_dir), "/tmp/kvfs-raftspec-XXXXXX");
-	assert_non_null(mkdtemp(g_dir));
-	snprintf(g_secret, sizeof(g_secret), "%s/secret", g_dir);
-	assert_int_equal(
-	    kvh_sh("head -c 24 /dev/urandom | base64 > %s && chmod 600 %s", g_secret, g_secret), 0);
-	assert_int_equal(kvp_secret_load(g_secret, &g_sec), 0);
-	size_t pl = 0;
-	for (int i = 0; i < NREP; i++) {
-		snprintf(g_meta[i], sizeof(g_meta[i]), "127.0.0.1:%u", free_port());
-		snprintf(g_raft[i], sizeof(g_raft[i]), "127.0.0.1:%u", free_port());
-		pl += (size_t)snprintf(g_peers + pl, sizeof(g_peers) - pl, "%s%d=%s", i ? "," : "",
-				       i + 1, g_raft[i]);
-	}
+	assert_int_equal(kvh_raft_init(&G, "/tmp/kvfs-raftspec-XXXXXX", NREP), 0);
 	for (int i = 0; i < NREP; i++)
 		meta_start(i);
 	struct kvp_pool *pool;
-	assert_int_equal(kvp_pool_create(&g_sec, 1000, &pool), 0);
+	assert_int_equal(kvp_pool_create(&G.sec, 1000, &pool), 0);
 	int lead = leader(pool);
 	assert_true(lead >= 0);
 	assert_int_equal(mkdir_on(pool, lead, "before", 5000), 0);
@@ -566,7 +509,7 @@ static void test_speculative_rollback(void **state)
 	for (int i = 0; i < NREP; i++)
 		free(d[i]);
 	if (!getenv("KVFS_TEST_KEEP"))
-		kvh_sh("rm -rf %s", g_dir);
+		kvh_sh("rm -rf %s", G.dir);
 }
 
 int main(void)

@@ -19,54 +19,16 @@
 #define NREP   3
 #define NNODES 3
 
-static char g_dir[256], g_secret[600];
-static char g_meta[NREP][64], g_raft[NREP][64], g_peers[512];
+static struct kvh_raft G; /* the replicas' addresses, directory and secret */
 static pid_t g_mpid[NREP], g_npid[NNODES];
-static struct kvp_secret g_sec;
 static const char *g_advertise; /* --advertise for every replica, or NULL */
-
-/* A loopback port that binds now, below the ephemeral range (test_raft.c). */
-static uint16_t free_port(void)
-{
-	for (;;) {
-		uint16_t p = (uint16_t)(20000 + random() % 12000);
-		int s = socket(AF_INET, SOCK_STREAM, 0);
-		struct sockaddr_in a = {.sin_family = AF_INET,
-					.sin_port = htons(p),
-					.sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-		assert_true(s >= 0);
-		int ok = bind(s, (struct sockaddr *)&a, sizeof(a)) == 0;
-		close(s);
-		if (ok)
-			return p;
-	}
-}
 
 static void meta_start(int i)
 {
-	char bin[600], db[400], rdir[400], log[400], id[16];
-	assert_int_equal(kvh_bin("kvfs-meta", bin, sizeof(bin)), 0);
-	snprintf(db, sizeof(db), "%s/meta%d", g_dir, i + 1);
-	snprintf(rdir, sizeof(rdir), "%s/raft%d", g_dir, i + 1);
-	snprintf(log, sizeof(log), "%s/meta%d.log", g_dir, i + 1);
-	snprintf(id, sizeof(id), "%d", i + 1);
-	char *argv[] = {bin,	   "--db",
-			db,	   "--secret-file",
-			g_secret,  "--listen",
-			g_meta[i], "--k",
-			"2",	   "--m",
-			"1",	   "--raft-id",
-			id,	   "--raft-peers",
-			g_peers,   "--raft-dir",
-			rdir,	   "--gc-interval",
-			"0.2s",	   "--node-timeout",
-			"2s",	   NULL,
-			NULL,	   NULL};
-	if (g_advertise) {
-		argv[sizeof(argv) / sizeof(argv[0]) - 3] = "--advertise";
-		argv[sizeof(argv) / sizeof(argv[0]) - 2] = (char *)g_advertise;
-	}
-	g_mpid[i] = kvh_spawn(bin, argv, log);
+	const char *extra[] = {
+	    "--gc-interval", "0.2s", "--node-timeout", "2s", g_advertise ? "--advertise" : NULL,
+	    g_advertise,     NULL};
+	g_mpid[i] = kvh_raft_spawn(&G, i, extra);
 	assert_true(g_mpid[i] > 0);
 }
 
@@ -74,9 +36,9 @@ static void node_start(int i, const char *meta)
 {
 	char bin[600], dir[400], log[400];
 	assert_int_equal(kvh_bin("kvfs-node", bin, sizeof(bin)), 0);
-	snprintf(dir, sizeof(dir), "%s/node%d", g_dir, i);
-	snprintf(log, sizeof(log), "%s/node%d.log", g_dir, i);
-	char *argv[] = {bin,	  "--dir",	dir,	       "--secret-file", g_secret,
+	snprintf(dir, sizeof(dir), "%s/node%d", G.dir, i);
+	snprintf(log, sizeof(log), "%s/node%d.log", G.dir, i);
+	char *argv[] = {bin,	  "--dir",	dir,	       "--secret-file", G.secret,
 			"--meta", (char *)meta, "--heartbeat", "0.2s",		NULL};
 	g_npid[i] = kvh_spawn(bin, argv, log);
 	assert_true(g_npid[i] > 0);
@@ -86,7 +48,7 @@ static void node_start(int i, const char *meta)
 static int rstatus(struct kvp_pool *pool, int i, int *state, int *serving)
 {
 	struct kvp_client *cl;
-	int rc = kvp_pool_get(pool, g_meta[i], &cl);
+	int rc = kvp_pool_get(pool, G.meta[i], &cl);
 	if (rc)
 		return rc;
 	uint8_t *rb = NULL;
@@ -123,7 +85,7 @@ static int leader(struct kvp_pool *pool)
  * request may meet an election, so kvc_open is tried for up to 15 s. */
 static void put_and_check(const char *addr, const char *path, uint64_t seed)
 {
-	struct kvc_opts o = {.meta_addr = addr, .secret = &g_sec, .timeout_ms = 3000};
+	struct kvc_opts o = {.meta_addr = addr, .secret = &G.sec, .timeout_ms = 3000};
 	struct kvc *c = NULL;
 	int rc = -1;
 	for (int t = 0; t < 30 && rc; t++)
@@ -147,19 +109,7 @@ static void put_and_check(const char *addr, const char *path, uint64_t seed)
 static void group_start(void)
 {
 	srandom((unsigned)getpid() ^ (unsigned)rt_now_ms());
-	snprintf(g_dir, sizeof(g_dir), "/tmp/kvfs-redirect-XXXXXX");
-	assert_non_null(mkdtemp(g_dir));
-	snprintf(g_secret, sizeof(g_secret), "%s/secret", g_dir);
-	assert_int_equal(
-	    kvh_sh("head -c 24 /dev/urandom | base64 > %s && chmod 600 %s", g_secret, g_secret), 0);
-	assert_int_equal(kvp_secret_load(g_secret, &g_sec), 0);
-	size_t pl = 0;
-	for (int i = 0; i < NREP; i++) {
-		snprintf(g_meta[i], sizeof(g_meta[i]), "127.0.0.1:%u", free_port());
-		snprintf(g_raft[i], sizeof(g_raft[i]), "127.0.0.1:%u", free_port());
-		pl += (size_t)snprintf(g_peers + pl, sizeof(g_peers) - pl, "%s%d=%s", i ? "," : "",
-				       i + 1, g_raft[i]);
-	}
+	assert_int_equal(kvh_raft_init(&G, "/tmp/kvfs-redirect-XXXXXX", NREP), 0);
 	for (int i = 0; i < NREP; i++)
 		meta_start(i);
 }
@@ -171,7 +121,7 @@ static void group_stop(void)
 			kvh_stop_pid(g_mpid[i], SIGTERM, 5000);
 	memset(g_mpid, 0, sizeof(g_mpid));
 	if (!getenv("KVFS_TEST_KEEP"))
-		kvh_sh("rm -rf %s", g_dir);
+		kvh_sh("rm -rf %s", G.dir);
 }
 
 static void test_follower_redirects(void **state)
@@ -180,19 +130,19 @@ static void test_follower_redirects(void **state)
 	g_advertise = NULL;
 	group_start();
 	struct kvp_pool *pool;
-	assert_int_equal(kvp_pool_create(&g_sec, 1000, &pool), 0);
+	assert_int_equal(kvp_pool_create(&G.sec, 1000, &pool), 0);
 	int lead = leader(pool);
 	assert_true(lead >= 0);
 	int f = (lead + 1) % NREP;
 	/* Nodes know only the follower too: their heartbeats must reach the leader. */
 	for (int i = 0; i < NNODES; i++)
-		node_start(i, g_meta[f]);
+		node_start(i, G.meta[f]);
 
-	struct kvc_opts o = {.meta_addr = g_meta[f], .secret = &g_sec, .timeout_ms = 3000};
+	struct kvc_opts o = {.meta_addr = G.meta[f], .secret = &G.sec, .timeout_ms = 3000};
 	struct kvc *c = NULL;
 	int rc = kvc_open(&o, &c);
 	if (rc)
-		fail_msg("a client given only follower %s cannot open: %s", g_meta[f],
+		fail_msg("a client given only follower %s cannot open: %s", G.meta[f],
 			 kvp_strerror(rc));
 	struct kvc_statfs st = {0};
 	for (int t = 0; t < 200; t++) {
@@ -202,7 +152,7 @@ static void test_follower_redirects(void **state)
 	}
 	assert_int_equal(st.nodes_up, NNODES);
 	kvc_close(c);
-	put_and_check(g_meta[f], "/before", 11);
+	put_and_check(G.meta[f], "/before", 11);
 	printf("replica %d leads; a client and %d nodes given only follower %d's address "
 	       "work\n",
 	       lead + 1, NNODES, f + 1);
@@ -213,8 +163,8 @@ static void test_follower_redirects(void **state)
 	assert_int_equal(kvh_sh("head -c 50000 /dev/urandom > %s/in && %s --meta %s --secret-file "
 				"%s put %s/in /cli && %s --meta %s --secret-file %s get /cli "
 				"%s/out && cmp %s/in %s/out",
-				g_dir, cli, g_meta[f], g_secret, g_dir, cli, g_meta[f], g_secret,
-				g_dir, g_dir, g_dir),
+				G.dir, cli, G.meta[f], G.secret, G.dir, cli, G.meta[f], G.secret,
+				G.dir, G.dir, G.dir),
 			 0);
 
 	/* The leader killed: a client given one surviving follower's address, once a new leader
@@ -227,10 +177,10 @@ static void test_follower_redirects(void **state)
 	for (int i = 0; i < NREP; i++)
 		if (i != lead && i != lead2)
 			f2 = i;
-	put_and_check(g_meta[f2], "/after", 22);
-	put_and_check(g_meta[f], "/after2", 33);
+	put_and_check(G.meta[f2], "/after", 22);
+	put_and_check(G.meta[f], "/after2", 33);
 	/* What was written before the kill is still there, read through the follower. */
-	o.meta_addr = g_meta[f2];
+	o.meta_addr = G.meta[f2];
 	assert_int_equal(kvc_open(&o, &c), 0);
 	assert_int_equal(rt_check(c, "/before", 70001, 11), 0);
 	kvc_close(c);
@@ -254,19 +204,19 @@ static void test_unreachable_name(void **state)
 	g_advertise = "127.0.0.2";
 	group_start();
 	struct kvp_pool *pool;
-	assert_int_equal(kvp_pool_create(&g_sec, 1000, &pool), 0);
+	assert_int_equal(kvp_pool_create(&G.sec, 1000, &pool), 0);
 	int lead = leader(pool);
 	assert_true(lead >= 0);
 	int f = (lead + 1) % NREP, g = (lead + 2) % NREP;
 	/* The follower's -EREMCHG names 127.0.0.2 and the leader's port once the leader's
 	 * record is applied there. */
 	char want[64], got[KVP_ADDR_MAX] = "";
-	snprintf(want, sizeof(want), "127.0.0.2%s", strchr(g_meta[lead], ':'));
+	snprintf(want, sizeof(want), "127.0.0.2%s", strchr(G.meta[lead], ':'));
 	for (int t = 0; t < 100 && strcmp(got, want); t++) {
 		struct kvp_client *cl;
 		uint8_t *b = NULL;
 		uint32_t len = 0;
-		if (kvp_pool_get(pool, g_meta[f], &cl) == 0) {
+		if (kvp_pool_get(pool, G.meta[f], &cl) == 0) {
 			if (kvp_call_detail(cl, KVP_OP_STATFS, NULL, 0, NULL, 0, 1000, &b, &len) ==
 			    -EREMCHG)
 				kvp_redirect_parse(b, len, got);
@@ -278,8 +228,8 @@ static void test_unreachable_name(void **state)
 	}
 	assert_string_equal(got, want);
 	char list[256];
-	snprintf(list, sizeof(list), "%s,%s,%s", g_meta[f], g_meta[g], g_meta[lead]);
-	struct kvc_opts o = {.meta_addr = list, .secret = &g_sec, .timeout_ms = 3000};
+	snprintf(list, sizeof(list), "%s,%s,%s", G.meta[f], G.meta[g], G.meta[lead]);
+	struct kvc_opts o = {.meta_addr = list, .secret = &G.sec, .timeout_ms = 3000};
 	struct kvc *c = NULL;
 	int rc = kvc_open(&o, &c);
 	if (rc)
