@@ -36,9 +36,7 @@ struct kvi_dev_engine {
 	int q_dim, kv_dim, max_blocks; /* max_blocks: block-table entries for max_ctx */
 	int broken;		       /* a device error happened: refuse further work */
 	/* every device allocation, freed at destroy */
-	void **allocs;
-	int n_allocs, cap_allocs;
-	size_t dev_bytes;
+	struct kvk_dev_arena ar; /* every device buffer */
 	/* weights */
 	struct dlayer *L;
 	struct dw embd, out;
@@ -75,33 +73,12 @@ struct kvi_dev_engine {
 
 static void *dalloc(struct kvi_dev_engine *e, size_t bytes, int *rc)
 {
-	if (*rc)
-		return NULL;
-	if (e->n_allocs == e->cap_allocs) {
-		int cap = e->cap_allocs ? 2 * e->cap_allocs : 64;
-		void **a = realloc(e->allocs, (size_t)cap * sizeof(void *));
-		if (!a) {
-			*rc = -ENOMEM;
-			return NULL;
-		}
-		e->allocs = a;
-		e->cap_allocs = cap;
-	}
-	void *p = NULL;
-	*rc = e->d.op->alloc(&e->d, &p, bytes);
-	if (*rc)
-		return NULL;
-	e->allocs[e->n_allocs++] = p;
-	e->dev_bytes += bytes;
-	return p;
+	return kvk_arena_alloc(&e->ar, bytes, rc);
 }
 
 static const void *upload(struct kvi_dev_engine *e, const void *src, size_t bytes, int *rc)
 {
-	void *p = dalloc(e, bytes, rc);
-	if (p && bytes)
-		*rc = e->d.op->h2d(&e->d, p, src, bytes);
-	return *rc ? NULL : p;
+	return kvk_arena_upload(&e->ar, src, bytes, rc);
 }
 
 /* A 1-D tensor (norm, bias) as f32 on the device; NULL for an absent optional one. */
@@ -173,6 +150,7 @@ int kvi_dev_engine_create(const struct kvi_model *m, const struct kvi_engine_opt
 	e->q_dim = c->n_head * c->head_dim;
 	e->kv_dim = c->n_head_kv * c->head_dim;
 	e->max_blocks = (opt.max_ctx + opt.block_tokens - 1) / opt.block_tokens;
+	e->ar.d = &e->d;
 	if ((rc = kvk_dev_open(&e->d, (enum kvk_dev_kind)backend, device))) {
 		if (rc == -ENODEV)
 			klog_error("device engine: backend %s: no GPU%s",
@@ -258,7 +236,7 @@ int kvi_dev_engine_create(const struct kvi_model *m, const struct kvi_engine_opt
 		goto fail;
 	kvi_kv_set_host_sync(e->kv, host_sync, e);
 	klog_info("device engine on %s: %.1f MiB of device memory (%d KV blocks of %d tokens)",
-		  e->d.op->name, (double)e->dev_bytes / 1048576.0, opt.kv_blocks, opt.block_tokens);
+		  e->d.op->name, (double)e->ar.bytes / 1048576.0, opt.kv_blocks, opt.block_tokens);
 	*out = e;
 	return 0;
 fail:
@@ -272,14 +250,9 @@ void kvi_dev_engine_destroy(struct kvi_dev_engine *e)
 {
 	if (!e)
 		return;
-	if (e->d.op) {
-		e->d.op->sync(&e->d);
-		for (int i = 0; i < e->n_allocs; i++)
-			e->d.op->free(&e->d, e->allocs[i]);
-	}
+	kvk_arena_free(&e->ar);
 	kvk_dev_close(&e->d);
 	kvi_kv_destroy(e->kv);
-	free(e->allocs);
 	free(e->L);
 	free(e->kptr);
 	free(e->vptr);
@@ -312,7 +285,7 @@ const char *kvi_dev_engine_backend(const struct kvi_dev_engine *e)
 
 size_t kvi_dev_engine_device_bytes(const struct kvi_dev_engine *e)
 {
-	return e->dev_bytes;
+	return e->ar.bytes;
 }
 
 /* ---- KV coherence (fwd_dev.h) ------------------------------------------------------------ */

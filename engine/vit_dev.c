@@ -25,10 +25,8 @@ struct dblk {
 
 struct vit_dev {
 	struct kvk_dev d;
-	int broken; /* a device error happened: refuse further work */
-	void **allocs;
-	int n_allocs, cap_allocs;
-	size_t bytes;
+	int broken;		 /* a device error happened: refuse further work */
+	struct kvk_dev_arena ar; /* every device buffer */
 	/* weights */
 	struct dmat patch, mm0, mm2;
 	const float *patch_b, *cls, *pos, *pre_w, *pre_b, *post_w, *post_b, *mm0_b, *mm2_b;
@@ -47,33 +45,12 @@ struct vit_dev {
 
 static void *dalloc(struct vit_dev *D, size_t bytes, int *rc)
 {
-	if (*rc)
-		return NULL;
-	if (D->n_allocs == D->cap_allocs) {
-		int cap = D->cap_allocs ? 2 * D->cap_allocs : 64;
-		void **a = realloc(D->allocs, (size_t)cap * sizeof(void *));
-		if (!a) {
-			*rc = -ENOMEM;
-			return NULL;
-		}
-		D->allocs = a;
-		D->cap_allocs = cap;
-	}
-	void *p = NULL;
-	*rc = D->d.op->alloc(&D->d, &p, bytes ? bytes : 4);
-	if (*rc)
-		return NULL;
-	D->allocs[D->n_allocs++] = p;
-	D->bytes += bytes;
-	return p;
+	return kvk_arena_alloc(&D->ar, bytes, rc);
 }
 
 static const void *upload(struct vit_dev *D, const void *src, size_t bytes, int *rc)
 {
-	void *p = dalloc(D, bytes, rc);
-	if (p && bytes)
-		*rc = D->d.op->h2d(&D->d, p, src, bytes);
-	return *rc ? NULL : p;
+	return kvk_arena_upload(&D->ar, src, bytes, rc);
 }
 
 /* An f32 vector of the CPU tower (already converted at load); NULL stays NULL. */
@@ -99,13 +76,8 @@ void vit_dev_free(struct vit_dev *D)
 {
 	if (!D)
 		return;
-	if (D->d.op) {
-		D->d.op->sync(&D->d);
-		for (int i = 0; i < D->n_allocs; i++)
-			D->d.op->free(&D->d, D->allocs[i]);
-	}
+	kvk_arena_free(&D->ar);
 	kvk_dev_close(&D->d);
-	free(D->allocs);
 	free(D->blk);
 	free(D);
 }
@@ -129,6 +101,7 @@ int vit_dev_create(struct vit *v, int backend, int device, struct vit_dev **out)
 	struct vit_dev *D = calloc(1, sizeof(*D));
 	if (!D)
 		return -ENOMEM;
+	D->ar.d = &D->d;
 	int rc = kvk_dev_open(&D->d, (enum kvk_dev_kind)backend, device);
 	if (rc) {
 		if (rc == -ENODEV)
@@ -198,7 +171,7 @@ int vit_dev_create(struct vit *v, int backend, int device, struct vit_dev **out)
 		return rc;
 	}
 	klog_info("vision tower on %s: %.1f MiB of device memory", D->d.op->name,
-		  (double)D->bytes / 1048576.0);
+		  (double)D->ar.bytes / 1048576.0);
 	*out = D;
 	return 0;
 }

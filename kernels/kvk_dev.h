@@ -101,6 +101,23 @@ void kvk_dev_close(struct kvk_dev *d);
 /* "host" / "cuda" -> kind; -EINVAL otherwise. */
 int kvk_dev_parse(const char *name);
 
+/* Device buffers owned together and freed together (an engine's weights and scratch). */
+struct kvk_dev_arena {
+	struct kvk_dev *d; /* set before the first allocation */
+	void **p;
+	int n, cap;
+	size_t bytes; /* the sum of the sizes asked for */
+};
+/* Allocates bytes (at least 4) on a->d and keeps it in the arena; NULL with *rc set (-ENOMEM,
+ * the backend's error). Returns NULL at once when *rc is already non-zero, so a run of calls
+ * checks once at its end. */
+void *kvk_arena_alloc(struct kvk_dev_arena *a, size_t bytes, int *rc);
+/* kvk_arena_alloc, then src copied there; NULL with *rc set. */
+const void *kvk_arena_upload(struct kvk_dev_arena *a, const void *src, size_t bytes, int *rc);
+/* Waits for the device's work, frees every buffer and the list; call before kvk_dev_close.
+ * Safe on a zeroed arena. */
+void kvk_arena_free(struct kvk_dev_arena *a);
+
 /* The two tables (kvk_dev_host.c, kvk_dev_cuda.c). */
 extern const struct kvk_dev_ops kvk_dev_host_ops;
 extern const struct kvk_dev_ops kvk_dev_cuda_ops;

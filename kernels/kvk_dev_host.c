@@ -257,3 +257,47 @@ void kvk_dev_close(struct kvk_dev *d)
 		kvk_cuda_ctx_destroy(d->cu);
 	memset(d, 0, sizeof(*d));
 }
+
+void *kvk_arena_alloc(struct kvk_dev_arena *a, size_t bytes, int *rc)
+{
+	if (*rc)
+		return NULL;
+	if (a->n == a->cap) {
+		int cap = a->cap ? 2 * a->cap : 64;
+		void **np = realloc(a->p, (size_t)cap * sizeof(void *));
+		if (!np) {
+			*rc = -ENOMEM;
+			return NULL;
+		}
+		a->p = np;
+		a->cap = cap;
+	}
+	void *p = NULL;
+	*rc = a->d->op->alloc(a->d, &p, bytes ? bytes : 4);
+	if (*rc)
+		return NULL;
+	a->p[a->n++] = p;
+	a->bytes += bytes;
+	return p;
+}
+
+const void *kvk_arena_upload(struct kvk_dev_arena *a, const void *src, size_t bytes, int *rc)
+{
+	void *p = kvk_arena_alloc(a, bytes, rc);
+	if (p && bytes)
+		*rc = a->d->op->h2d(a->d, p, src, bytes);
+	return *rc ? NULL : p;
+}
+
+void kvk_arena_free(struct kvk_dev_arena *a)
+{
+	if (a->n && a->d && a->d->op) {
+		a->d->op->sync(a->d);
+		for (int i = 0; i < a->n; i++)
+			a->d->op->free(a->d, a->p[i]);
+	}
+	free(a->p);
+	a->p = NULL;
+	a->n = a->cap = 0;
+	a->bytes = 0;
+}
