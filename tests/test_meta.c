@@ -1192,6 +1192,131 @@ static void test_enomem_answered(void **state)
 #endif
 }
 
+/* BFILL (benchmarks only): refused without --bench-fill; with it, files whose records are a
+ * committed file's: found by LOOKUP, a LAYOUT of distinct nodes and chunks, counted, and
+ * unlinked like any file (their chunks queued for deletion through the R and S keys).
+ * Taken names and duplicates create nothing. */
+static int bfill(struct kvp_client *c, int n, const uint64_t *parent, const char *const *name,
+		 uint64_t *ino)
+{
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	kvp_w_u8(&w, 4);
+	kvp_w_u8(&w, 2);
+	kvp_w_u32(&w, 4096);
+	kvp_w_u64(&w, 3 * 4 * 4096 + 1); /* 4 stripes */
+	kvp_w_u32(&w, (uint32_t)n);
+	for (int i = 0; i < n; i++) {
+		kvp_w_u64(&w, parent[i]);
+		kvp_w_cstr(&w, name[i]);
+	}
+	uint8_t *b = NULL;
+	uint32_t l = 0;
+	int rc = call(c, KVP_OP_BFILL, &w, &b, &l);
+	if (!rc) {
+		assert_int_equal(l, 8 * (uint32_t)n);
+		struct kvp_rbuf r;
+		kvp_r_init(&r, b, l);
+		for (int i = 0; i < n; i++)
+			ino[i] = kvp_r_u64(&r);
+	}
+	free(b);
+	return rc;
+}
+
+static void test_bench_fill(void **state)
+{
+	(void)state;
+	uint64_t root = KVP_ROOT_INO, ino[3];
+	const char *one[] = {"refused"};
+	assert_int_equal(bfill(g_c, 1, &root, one, ino), -EPERM);
+	struct kvp_attr b;
+	assert_int_equal(lookup(g_c, KVP_ROOT_INO, "refused", &b), -ENOENT);
+
+	struct daemon d;
+	daemon_start2(&d, "db-fill", "10s", "--bench-fill");
+	struct kvp_client *c = connect_to(&d);
+	for (int i = 0; i < 8; i++) {
+		uint32_t id;
+		assert_int_equal(heartbeat(c, 900 + (uint64_t)i, g_nodes.addr, GIB, 0, &id), 0);
+	}
+	struct kvp_attr d1, d2;
+	assert_int_equal(mkdir_(c, KVP_ROOT_INO, "d1", &d1), 0);
+	assert_int_equal(mkdir_(c, KVP_ROOT_INO, "d2", &d2), 0);
+	uint64_t par[] = {d1.ino, d2.ino, d1.ino};
+	const char *names[] = {"a", "b", "c"};
+	assert_int_equal(bfill(c, 3, par, names, ino), 0);
+	struct statfs st;
+	statfs_(c, &st);
+	assert_true(st.files == 3);
+	uint64_t chunks[3 * 24];
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(lookup(c, par[i], names[i], &b), 0);
+		assert_true(b.ino == ino[i] && S_ISREG(b.mode) && b.size == 3 * 4 * 4096 + 1);
+		assert_true(b.k == 4 && b.m == 2 && b.chunk_size == 4096);
+		struct kvp_wbuf w;
+		kvp_w_init(&w);
+		kvp_w_u64(&w, ino[i]);
+		uint8_t *rb = NULL;
+		uint32_t rl = 0;
+		assert_int_equal(call(c, KVP_OP_LAYOUT, &w, &rb, &rl), 0);
+		struct kvp_rbuf r;
+		kvp_r_init(&r, rb, rl);
+		assert_true(kvp_r_u64(&r) == 3 * 4 * 4096 + 1);
+		kvp_r_u32(&r);
+		kvp_r_u8(&r);
+		kvp_r_u8(&r);
+		assert_int_equal(kvp_r_u32(&r), 4);
+		uint32_t nn = kvp_r_u32(&r);
+		for (uint32_t j = 0; j < nn; j++) {
+			char a[KVP_ADDR_MAX];
+			assert_true(kvp_r_u32(&r) != 0);
+			kvp_r_str(&r, a, sizeof(a));
+			assert_string_equal(a, g_nodes.addr);
+			kvp_r_u8(&r);
+		}
+		for (int s = 0; s < 4; s++) {
+			uint32_t node[6];
+			for (int j = 0; j < 6; j++) {
+				node[j] = kvp_r_u32(&r);
+				chunks[i * 24 + s * 6 + j] = kvp_r_u64(&r);
+				kvp_r_u32(&r);
+				for (int k = 0; k < j; k++)
+					assert_true(node[k] != node[j]); /* one chunk per node */
+			}
+		}
+		assert_int_equal(kvp_r_end(&r), 0);
+		free(rb);
+	}
+	for (int i = 0; i < 3 * 24; i++)
+		for (int j = 0; j < i; j++)
+			assert_true(chunks[i] != chunks[j]);
+
+	/* A taken name or a name twice: nothing created. */
+	uint64_t p2[] = {d2.ino, d1.ino};
+	const char *taken[] = {"new", "a"}, *twice[] = {"x", "x"}, *dot[] = {"y", ".."};
+	assert_int_equal(bfill(c, 2, p2, taken, ino), -EEXIST);
+	assert_int_equal(lookup(c, d2.ino, "new", &b), -ENOENT);
+	uint64_t p3[] = {d1.ino, d1.ino};
+	assert_int_equal(bfill(c, 2, p3, twice, ino), -EINVAL);
+	assert_int_equal(lookup(c, d1.ino, "x", &b), -ENOENT);
+	assert_int_equal(bfill(c, 2, p3, dot, ino), -EINVAL);
+	uint64_t p4[] = {d1.ino, 999999};
+	const char *two[] = {"y", "z"};
+	assert_int_equal(bfill(c, 2, p4, two, ino), -ENOENT);
+	assert_int_equal(lookup(c, d1.ino, "y", &b), -ENOENT);
+	statfs_(c, &st);
+	assert_true(st.files == 3);
+
+	/* Unlinked like a committed file: every chunk of its stripe map goes to the deletion
+	 * queue (the fake node records the DELs). */
+	assert_int_equal(name_op(c, KVP_OP_UNLINK, d1.ino, "a", 1, 0, &b), 0);
+	assert_true(all_deleted(chunks, 24));
+	assert_int_equal(lookup(c, d1.ino, "a", &b), -ENOENT);
+	kvp_client_close(c);
+	daemon_stop(&d, SIGTERM);
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);
@@ -1204,6 +1329,7 @@ int main(void)
 	    cmocka_unit_test(test_kill9),	  cmocka_unit_test(test_sync),
 	    cmocka_unit_test(test_read_path),	  cmocka_unit_test(test_write_expiry),
 	    cmocka_unit_test(test_pending_space), cmocka_unit_test(test_enomem_answered),
+	    cmocka_unit_test(test_bench_fill),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

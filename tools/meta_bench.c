@@ -13,7 +13,10 @@
  * of 4 KiB chunks on fake nodes that hold nothing) spread over --dirs directories, and at
  * 10^4, 10^5, ... and N files reports the create rate of the last stretch, LOOKUP and
  * GETATTR rates over --seconds on random existing files, kvfs-meta's RSS and the size of its
- * RocksDB directory. */
+ * RocksDB directory. --bulk creates them with BFILL (kvfs-meta --bench-fill, 512 files a
+ * batch, the records a commit writes) so 10^7 files take minutes; --replicas 3 then grows a
+ * group of 3 Raft replicas the same way (the leader's figures, plus Raft log entries/s and
+ * MB/s) and prints the replicated/single create ratio. */
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
@@ -42,6 +45,8 @@ struct bench_cfg {
 	char dir[CFG_STR_MAX];
 	int64_t grow, dirs;
 	char ab[CFG_STR_MAX];
+	int bulk;
+	int64_t replicas;
 };
 
 static const struct cfg_opt opts[] = {
@@ -59,6 +64,13 @@ static const struct cfg_opt opts[] = {
     {"ab", CFG_STR, offsetof(struct bench_cfg, ab), 0, 0, NULL,
      "with --grow: at each point, also restart meta on the same database with these flags "
      "(e.g. \"--block-cache=0 --bloom-bits=0\") and measure the reads both ways"},
+    {"bulk", CFG_BOOL, offsetof(struct bench_cfg, bulk), 0, 0, "false",
+     "with --grow: create the files with BFILL, 512 a request in one write batch (kvfs-meta "
+     "runs with --bench-fill), instead of ALLOC + COMMIT each: the same records, minutes for "
+     "10^7 files"},
+    {"replicas", CFG_INT, offsetof(struct bench_cfg, replicas), 1, 3, "1",
+     "with --grow: 3 also grows a group of 3 Raft replicas the same way after the single meta, "
+     "and reports its Raft log throughput and the replicated/single create ratio"},
     CFG_END,
 };
 
@@ -96,7 +108,7 @@ static pid_t start_meta_x(const char *bin, const char *dir, const char *name, in
 		argv[argc++] = "--sync";
 	snprintf(xb, sizeof(xb), "%s", extra ? extra : "");
 	char *save = NULL;
-	for (char *t = strtok_r(xb, " ", &save); t && argc < 21; t = strtok_r(NULL, " ", &save))
+	for (char *t = strtok_r(xb, " ", &save); t && argc < 31; t = strtok_r(NULL, " ", &save))
 		argv[argc++] = t;
 	pid_t pid = fork();
 	if (pid == 0) {
@@ -380,6 +392,7 @@ struct grow {
 	uint64_t target; /* create up to this seq */
 	uint64_t have;	 /* files 0..have-1 exist (for lookups) */
 	double seconds;
+	int bulk;
 	atomic_ullong done, errors;
 };
 
@@ -417,6 +430,62 @@ static void *grow_create_main(void *arg)
 		if (seq % GROW_SAMPLE == 0)
 			g->ino[seq / GROW_SAMPLE] = ino;
 		atomic_fetch_add(&g->done, 1);
+	}
+	kvp_client_close(c);
+	return NULL;
+}
+
+#define GROW_BULK 512 /* files per BFILL (KVP_BFILL_MAX) */
+
+/* --bulk: BFILL requests of GROW_BULK consecutive files, each in its own directory as the
+ * ALLOC + COMMIT path puts it. */
+static void *grow_bulk_main(void *arg)
+{
+	struct grow *g = arg;
+	struct kvp_client *c;
+	if (kvp_client_open(g->addr, g->secret, 5000, &c)) {
+		atomic_fetch_add(&g->errors, 1);
+		return NULL;
+	}
+	for (;;) {
+		uint64_t seq = atomic_fetch_add(&g->next, GROW_BULK);
+		if (seq >= g->target)
+			break;
+		uint32_t n = (uint32_t)(g->target - seq < GROW_BULK ? g->target - seq : GROW_BULK);
+		struct kvp_wbuf w;
+		kvp_w_init(&w);
+		kvp_w_u8(&w, 10);
+		kvp_w_u8(&w, 1);
+		kvp_w_u32(&w, 4096);
+		kvp_w_u64(&w, 40000);
+		kvp_w_u32(&w, n);
+		for (uint32_t i = 0; i < n; i++) {
+			char name[96];
+			grow_name(seq + i, name, sizeof(name));
+			kvp_w_u64(&w, g->dir_ino[(seq + i) % g->ndirs]);
+			kvp_w_cstr(&w, name);
+		}
+		uint8_t *b = NULL;
+		uint32_t l = 0;
+		int rc =
+		    w.err ? w.err : kvp_call(c, KVP_OP_BFILL, w.p, w.len, NULL, 0, 60000, &b, &l);
+		kvp_w_free(&w);
+		struct kvp_rbuf r;
+		kvp_r_init(&r, b, l);
+		for (uint32_t i = 0; !rc && i < n; i++) {
+			uint64_t ino = kvp_r_u64(&r);
+			if ((seq + i) % GROW_SAMPLE == 0)
+				g->ino[(seq + i) / GROW_SAMPLE] = ino;
+		}
+		if (!rc)
+			rc = kvp_r_end(&r);
+		free(b);
+		if (rc) {
+			fprintf(stderr, "meta-bench: BFILL: %s\n", kvp_strerror(rc));
+			atomic_fetch_add(&g->errors, 1);
+			continue;
+		}
+		atomic_fetch_add(&g->done, n);
 	}
 	kvp_client_close(c);
 	return NULL;
@@ -511,19 +580,103 @@ static int du_add(const char *p, const struct stat *st, int type, struct FTW *ft
 	return 0;
 }
 
-static int grow_run(const struct bench_cfg *c, const char *dir, const struct kvp_secret *s)
+static uint64_t du_bytes(const char *path)
 {
-	char addr[64], db[PATH_MAX];
-	pid_t pid = start_meta(c->meta_bin, dir, "db", 0, addr, sizeof(addr));
+	g_du = 0;
+	nftw(path, du_add, 16, FTW_PHYS);
+	return g_du;
+}
+
+/* The leader's last Raft log index (RSTATUS), or 0. */
+static uint64_t raft_last_index(const char *addr, const struct kvp_secret *s)
+{
+	struct kvp_client *c;
+	uint8_t *rb = NULL;
+	uint32_t rl = 0;
+	if (kvp_client_open(addr, s, 1000, &c))
+		return 0;
+	int rc = kvp_call(c, KVP_OP_RSTATUS, NULL, 0, NULL, 0, 1000, &rb, &rl);
+	kvp_client_close(c);
+	uint64_t last = 0;
+	if (!rc) {
+		struct kvp_rbuf r;
+		char a[KVP_ADDR_MAX];
+		kvp_r_init(&r, rb, rl);
+		kvp_r_u64(&r);
+		kvp_r_u8(&r);
+		kvp_r_u8(&r);
+		kvp_r_u64(&r);
+		kvp_r_u64(&r);
+		kvp_r_str(&r, a, sizeof(a));
+		last = kvp_r_u64(&r);
+		if (r.err)
+			last = 0;
+	}
+	free(rb);
+	return last;
+}
+
+#define GROW_POINTS 12
+
+/* One --grow run: a single meta (replicated 0) or a group of 3 Raft replicas, driven through
+ * its leader. create[i] gets the create rate at the i-th point (10^4, 10^5, ...). The
+ * databases are removed at the end. */
+static int grow_run(const struct bench_cfg *c, const char *dir, const struct kvp_secret *s,
+		    int replicated, double *create_at)
+{
+	char addr[64], db[PATH_MAX], rdir[PATH_MAX] = "", raddr[3][64];
+	const char *fill = c->bulk ? "--bench-fill" : "";
+	pid_t pid = -1, rp[3] = {-1, -1, -1};
+	if (!replicated) {
+		pid = start_meta_x(c->meta_bin, dir, "db", 0, fill, addr, sizeof(addr));
+		snprintf(db, sizeof(db), "%.4000s/db", dir);
+	} else {
+		srandom((unsigned)getpid());
+		char peers[256], x[3][8192];
+		snprintf(peers, sizeof(peers), "1=127.0.0.1:%u,2=127.0.0.1:%u,3=127.0.0.1:%u",
+			 raft_port(), raft_port(), raft_port());
+		for (int i = 0; i < 3; i++) {
+			char name[32];
+			snprintf(name, sizeof(name), "graft-db%d", i + 1);
+			/* A longer election timeout than the 1 s default: at full bulk load
+			 * (entries near 1 MiB back to back) on a shared 2-core machine a
+			 * follower once timed out mid-run; this measures throughput, not
+			 * failover (test_raft does that). */
+			snprintf(x[i], sizeof(x[i]),
+				 "--raft-election-timeout 5s --raft-id %d --raft-peers %s "
+				 "--raft-dir %.4000s/graft%d %s",
+				 i + 1, peers, dir, i + 1, fill);
+			rp[i] = start_meta_x(c->meta_bin, dir, name, 0, x[i], raddr[i],
+					     sizeof(raddr[i]));
+		}
+		int lead = -1;
+		for (int t = 0; t < 300 && rp[0] > 0 && rp[1] > 0 && rp[2] > 0 && lead < 0; t++) {
+			for (int i = 0; i < 3 && lead < 0; i++)
+				if (is_leader(raddr[i], s))
+					lead = i;
+			usleep(50000);
+		}
+		if (lead >= 0) {
+			pid = rp[lead];
+			snprintf(addr, sizeof(addr), "%s", raddr[lead]);
+			snprintf(db, sizeof(db), "%.4000s/graft-db%d", dir, lead + 1);
+			snprintf(rdir, sizeof(rdir), "%.4000s/graft%d", dir, lead + 1);
+		}
+	}
 	if (pid < 0 || setup_cluster(addr, s)) {
 		fprintf(stderr, "meta-bench: cannot start %s\n", c->meta_bin);
-		if (pid > 0)
+		for (int i = 0; i < 3; i++)
+			if (rp[i] > 0)
+				stop_meta(rp[i]);
+		if (!replicated && pid > 0)
 			stop_meta(pid);
 		return 1;
 	}
-	snprintf(db, sizeof(db), "%.4000s/db", dir);
-	struct grow g = {
-	    .addr = addr, .secret = s, .ndirs = (uint64_t)c->dirs, .seconds = c->seconds};
+	struct grow g = {.addr = addr,
+			 .secret = s,
+			 .ndirs = (uint64_t)c->dirs,
+			 .seconds = c->seconds,
+			 .bulk = c->bulk};
 	g.dir_ino = calloc(g.ndirs, sizeof(*g.dir_ino));
 	g.ino = calloc((size_t)c->grow / GROW_SAMPLE + 1, sizeof(*g.ino));
 	struct kvp_client *cl = NULL;
@@ -552,15 +705,23 @@ static int grow_run(const struct bench_cfg *c, const char *dir, const struct kvp
 	}
 	if (cl)
 		kvp_client_close(cl);
-	printf("kvfs-meta-bench --grow %lld: %lld dirs, %lld connections, reads %.1f s per point\n",
-	       (long long)c->grow, (long long)c->dirs, (long long)c->threads, c->seconds);
+	printf("kvfs-meta-bench --grow %lld, %s, creates by %s: %lld dirs, %lld connections, "
+	       "reads %.1f s per point\n",
+	       (long long)c->grow,
+	       replicated ? "3 Raft replicas (the leader's figures)" : "single meta",
+	       c->bulk ? "BFILL (bulk, 512 a batch)" : "ALLOC + COMMIT", (long long)c->dirs,
+	       (long long)c->threads, c->seconds);
 	printf("%12s %12s %12s %12s %10s %10s", "files", "create/s", "lookup/s", "getattr/s",
 	       "RSS MiB", "DB MiB");
+	if (replicated)
+		printf(" %12s %12s %10s", "log entry/s", "log MB/s", "log MiB");
 	if (c->ab[0])
 		printf(" %12s %12s  (B: %s)", "B lookup/s", "B getattr/s", c->ab);
 	printf("\n");
 	fflush(stdout);
-	uint64_t point = 10000;
+	uint64_t point = 10000, last_idx = replicated ? raft_last_index(addr, s) : 0;
+	uint64_t last_log = replicated ? du_bytes(rdir) : 0;
+	int npoint = 0;
 	while (!rc && g.have < (uint64_t)c->grow) {
 		g.target = point < (uint64_t)c->grow ? point : (uint64_t)c->grow;
 		atomic_store(&g.done, 0);
@@ -568,10 +729,23 @@ static int grow_run(const struct bench_cfg *c, const char *dir, const struct kvp
 		pthread_t t[64];
 		double t0 = now_s();
 		for (int i = 0; i < c->threads; i++)
-			pthread_create(&t[i], NULL, grow_create_main, &g);
+			pthread_create(&t[i], NULL, c->bulk ? grow_bulk_main : grow_create_main,
+				       &g);
 		for (int i = 0; i < c->threads; i++)
 			pthread_join(t[i], NULL);
-		double create = (double)atomic_load(&g.done) / (now_s() - t0);
+		double el = now_s() - t0;
+		double create = (double)atomic_load(&g.done) / el;
+		if (npoint < GROW_POINTS)
+			create_at[npoint++] = create;
+		double ent_s = 0, log_mb_s = 0, log_mib = 0;
+		if (replicated) {
+			uint64_t idx = raft_last_index(addr, s), lb = du_bytes(rdir);
+			ent_s = (double)(idx - last_idx) / el;
+			log_mb_s = ((double)lb - (double)last_log) / el / 1e6;
+			log_mib = (double)lb / 1048576.0;
+			last_idx = idx;
+			last_log = lb;
+		}
 		if (atomic_load(&g.errors)) {
 			fprintf(stderr, "meta-bench: %llu creates failed\n",
 				(unsigned long long)atomic_load(&g.errors));
@@ -584,12 +758,14 @@ static int grow_run(const struct bench_cfg *c, const char *dir, const struct kvp
 			/* Both read paths on the same files in the same minute, each from a fresh
 			 * start (empty caches): the other flags first, then the defaults. */
 			stop_meta(pid);
-			pid = start_meta_x(c->meta_bin, dir, "db", 0, c->ab, addr, sizeof(addr));
+			char abx[CFG_STR_MAX + 32];
+			snprintf(abx, sizeof(abx), "%s %s", c->ab, fill); /* BFILL goes on after */
+			pid = start_meta_x(c->meta_bin, dir, "db", 0, abx, addr, sizeof(addr));
 			ab_lookup = pid < 0 ? -1 : grow_read(&g, (int)c->threads, 0);
 			ab_getattr = pid < 0 ? -1 : grow_read(&g, (int)c->threads, 1);
 			if (pid > 0)
 				stop_meta(pid);
-			pid = start_meta(c->meta_bin, dir, "db", 0, addr, sizeof(addr));
+			pid = start_meta_x(c->meta_bin, dir, "db", 0, fill, addr, sizeof(addr));
 			if (pid < 0) {
 				fprintf(stderr, "meta-bench: cannot restart %s\n", c->meta_bin);
 				free(g.dir_ino);
@@ -599,11 +775,11 @@ static int grow_run(const struct bench_cfg *c, const char *dir, const struct kvp
 		}
 		double lookup = grow_read(&g, (int)c->threads, 0);
 		double getattr = grow_read(&g, (int)c->threads, 1);
-		g_du = 0;
-		nftw(db, du_add, 16, FTW_PHYS);
 		printf("%12llu %12.0f %12.0f %12.0f %10.1f %10.1f", (unsigned long long)g.have,
 		       create, lookup, getattr, (double)rss_kib(pid) / 1024.0,
-		       (double)g_du / 1048576.0);
+		       (double)du_bytes(db) / 1048576.0);
+		if (replicated)
+			printf(" %12.1f %12.1f %10.1f", ent_s, log_mb_s, log_mib);
 		if (c->ab[0])
 			printf(" %12.0f %12.0f", ab_lookup, ab_getattr);
 		printf("\n");
@@ -611,9 +787,18 @@ static int grow_run(const struct bench_cfg *c, const char *dir, const struct kvp
 		rc = lookup < 0 || getattr < 0 || ab_lookup < 0 || ab_getattr < 0;
 		point *= 10;
 	}
-	stop_meta(pid);
+	if (replicated) {
+		for (int i = 0; i < 3; i++)
+			stop_meta(rp[i]);
+	} else
+		stop_meta(pid);
 	free(g.dir_ino);
 	free(g.ino);
+	/* GBs at 10^7 files: gone before the next run needs the space */
+	char cmd[2 * PATH_MAX + 64];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%.4000s'/db '%.4000s'/graft*", dir, dir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "meta-bench: could not remove the databases in %s\n", dir);
 	return rc;
 }
 
@@ -651,8 +836,27 @@ int main(int argc, char **argv)
 		if (c.threads > 64) { /* the --grow readers' arrays */
 			fprintf(stderr, "meta-bench: --grow takes at most 64 --threads\n");
 			rc = 1;
-		} else
-			rc = grow_run(&c, dir, &s);
+		} else if (c.replicas == 3 && c.ab[0]) {
+			fprintf(stderr, "meta-bench: --ab is for a single meta\n");
+			rc = 1;
+		} else {
+			double one[GROW_POINTS] = {0}, three[GROW_POINTS] = {0};
+			rc = grow_run(&c, dir, &s, 0, one);
+			if (!rc && c.replicas == 3)
+				rc = grow_run(&c, dir, &s, 1, three);
+			if (!rc && c.replicas == 3) {
+				printf("3 replicas / single meta, create rate:");
+				uint64_t pt = 10000;
+				for (int i = 0; i < GROW_POINTS && one[i] > 0 && three[i] > 0;
+				     i++, pt *= 10)
+					printf(" %llu files %.2fx%s",
+					       (unsigned long long)(pt < (uint64_t)c.grow
+									? pt
+									: (uint64_t)c.grow),
+					       three[i] / one[i], pt < (uint64_t)c.grow ? ";" : "");
+				printf("\n");
+			}
+		}
 		snprintf(path, sizeof(path), "rm -rf '%s'", dir);
 		if (system(path) != 0)
 			fprintf(stderr, "meta-bench: could not remove %s\n", dir);

@@ -110,6 +110,9 @@ static const struct cfg_opt opts[] = {
     {"raft-snapshot-every", CFG_INT, F(o.raft_snapshot_every), 16, 100000000, "100000",
      "Raft log entries between snapshots of the database (the log before is dropped, a fifth "
      "kept for followers that lag)"},
+    {"bench-fill", CFG_BOOL, F(o.bench_fill), 0, 0, "false",
+     "BENCHMARKS ONLY: accept BFILL, which fills the namespace with files whose chunks no "
+     "node holds (kvfs-meta-bench --grow); never on a cache that serves data"},
     {"log-level", CFG_INT, F(log_level), 0, 3, "2", "0 error, 1 warn, 2 info, 3 debug"},
     CFG_END,
 };

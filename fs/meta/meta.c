@@ -239,6 +239,8 @@ static op_fn op_table(uint16_t op)
 		return mlife_status;
 	case KVP_OP_RCONF:
 		return raft_conf;
+	case KVP_OP_BFILL:
+		return mfile_bfill;
 	default:
 		return NULL;
 	}

@@ -70,6 +70,9 @@ struct meta_opts {
 	double raft_election_s;
 	int64_t raft_snapshot_every; /* entries between snapshots (log compaction) */
 	int raft_join;		     /* joins a running group (kvfs meta add): no bootstrap */
+	/* Benchmarks only: accept BFILL (kvp.h), which creates files that own chunks no node
+	 * holds. Never on a cache that serves data. */
+	int bench_fill;
 };
 
 int meta_open(const struct meta_opts *o, struct meta **out);

@@ -365,6 +365,47 @@ static int commit_shape(const struct mreq *q)
 	return 0;
 }
 
+/* The records of a new file f named q->name in q->parent with q's stripe map (q->slots, k,
+ * m, nstripes): inode, directory entry, stripe keys, chunk owners (R), degraded marks (G) and
+ * the access-time index; what COMMIT and BFILL both write. *degraded gets the stripes marked.
+ * 0 or -ENOMEM (see mdb_inode_put). */
+static int file_records(rocksdb_writebatch_t *b, const struct mino *f, const struct mreq *q,
+			uint32_t *degraded)
+{
+	uint8_t k[MK_MAX];
+	size_t w = (size_t)(q->k + q->m);
+	uint64_t ino = f->ino;
+	int rc = mdb_inode_put(b, f);
+	if (rc)
+		return rc;
+	mdir_entry_put(b, q->parent, &q->name, ino, f->mode);
+	for (uint32_t s = 0; s < q->nstripes; s++) {
+		rocksdb_writebatch_put(b, (const char *)k, mk_stripe(k, ino, s),
+				       (const char *)q->slots + (size_t)s * w * MREQ_SLOT_SIZE,
+				       w * MREQ_SLOT_SIZE);
+		int dup = 0;
+		for (size_t j = 0; j < w; j++) {
+			struct mreq_slot sl, o;
+			mreq_slot_get(q, (size_t)s * w + j, &sl);
+			if (!sl.node_id) { /* not stored: nothing owned, to rebuild */
+				dup = 1;
+				continue;
+			}
+			mdb_rev_put(b, sl.node_id, sl.chunk_id, ino, s);
+			for (size_t i = 0; i < j; i++) {
+				mreq_slot_get(q, (size_t)s * w + i, &o);
+				dup |= o.node_id == sl.node_id;
+			}
+		}
+		if (dup) { /* written degraded: the repair worker completes it first */
+			rocksdb_writebatch_put(b, (const char *)k, mk_degraded(k, ino, s), "", 0);
+			(*degraded)++;
+		}
+	}
+	rocksdb_writebatch_put(b, (const char *)k, mk_atime(k, f->access_ns, ino), "", 0);
+	return 0;
+}
+
 int mfile_commit(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 {
 	int rc = mreq_name_check(&q->name);
@@ -376,7 +417,6 @@ int mfile_commit(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 		rc = commit_shape(q);
 	if (rc)
 		return rc;
-	size_t w = (size_t)(q->k + q->m);
 	struct mpend p = {0};
 	uint8_t *seen = NULL;
 	struct mino par, old, f = {0};
@@ -442,34 +482,9 @@ int mfile_commit(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 		f.uid = old.uid;
 		f.gid = old.gid;
 	}
-	rc = mdb_inode_put(b, &f);
+	rc = file_records(b, &f, q, &degraded);
 	if (rc)
 		goto out;
-	mdir_entry_put(b, q->parent, &q->name, ino, f.mode);
-	for (uint32_t s = 0; s < q->nstripes; s++) {
-		rocksdb_writebatch_put(b, (const char *)k, mk_stripe(k, ino, s),
-				       (const char *)q->slots + (size_t)s * w * MREQ_SLOT_SIZE,
-				       w * MREQ_SLOT_SIZE);
-		int dup = 0;
-		for (size_t j = 0; j < w; j++) {
-			struct mreq_slot sl, o;
-			mreq_slot_get(q, (size_t)s * w + j, &sl);
-			if (!sl.node_id) { /* not stored: nothing owned, to rebuild */
-				dup = 1;
-				continue;
-			}
-			mdb_rev_put(b, sl.node_id, sl.chunk_id, ino, s);
-			for (size_t i = 0; i < j; i++) {
-				mreq_slot_get(q, (size_t)s * w + i, &o);
-				dup |= o.node_id == sl.node_id;
-			}
-		}
-		if (dup) { /* written degraded: the repair worker completes it first */
-			rocksdb_writebatch_put(b, (const char *)k, mk_degraded(k, ino, s), "", 0);
-			degraded++;
-		}
-	}
-	rocksdb_writebatch_put(b, (const char *)k, mk_atime(k, now, ino), "", 0);
 	if (q->write_id) {
 		/* Unused chunks, and ones written around: a PUT that timed out may yet land. */
 		for (size_t i = 0; i < mpend_slots(&p); i++)
@@ -502,6 +517,145 @@ out:
 		if (replaced || leftovers)
 			mbg_kick(m);
 	}
+	return rc;
+}
+
+struct bfent {
+	uint64_t parent;
+	struct mreq_str name;
+};
+
+static int bfent_cmp(const void *a, const void *b)
+{
+	const struct bfent *x = a, *y = b;
+	if (x->parent != y->parent)
+		return x->parent < y->parent ? -1 : 1;
+	int c = memcmp(x->name.p, y->name.p, x->name.len < y->name.len ? x->name.len : y->name.len);
+	return c ? c : (int)x->name.len - (int)y->name.len;
+}
+
+/* BFILL (kvp.h, benchmarks only): n files as ALLOC + COMMIT would leave them, in one batch
+ * through mdb_write (so replicated like any write), without the round trips, the pending
+ * record or chunk data. Placement is place()'s, the records file_records()', the parent's
+ * times and the file counter as COMMIT sets them; skipped is only what a real write also
+ * removes again (the P record) or keeps in memory (a node's pending bytes). */
+int mfile_bfill(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
+{
+	if (!m->o.bench_fill)
+		return -EPERM;
+	uint64_t stripe = (uint64_t)q->k * q->chunk_size;
+	if (q->k < 1 || q->size == 0 || q->chunk_size == 0)
+		return -EINVAL;
+	uint64_t ns = (q->size + stripe - 1) / stripe;
+	int rc =
+	    ns > KVP_MAX_STRIPES ? -EFBIG : check_geometry(q->k, q->m, q->chunk_size, (uint32_t)ns);
+	if (rc)
+		return rc;
+	struct mreq f = *q; /* per file: parent, name and slots */
+	f.nstripes = (uint32_t)ns;
+	struct bfent *e = calloc(q->n, sizeof(*e)), *sorted = calloc(q->n, sizeof(*e));
+	uint64_t *inos = calloc(q->n, sizeof(*inos));
+	struct mpend p = {
+	    .chunk_size = q->chunk_size, .nstripes = f.nstripes, .k = q->k, .m = q->m};
+	size_t slots = mpend_slots(&p), w = (size_t)(q->k + q->m);
+	p.node = malloc(slots * sizeof(uint32_t) + 1);
+	struct kvp_wbuf sl;
+	kvp_w_init(&sl);
+	struct cand *c = NULL;
+	rocksdb_writebatch_t *b = NULL;
+	rc = e && sorted && inos && p.node ? 0 : -ENOMEM;
+	size_t off = 0;
+	for (uint32_t i = 0; !rc && i < q->n; i++)
+		rc = mreq_bfill_next(q, &off, &e[i].parent, &e[i].name)
+			 ? -EINVAL
+			 : mreq_name_check(&e[i].name);
+	if (!rc) { /* distinct: a second entry of a name would orphan the first's inode */
+		memcpy(sorted, e, q->n * sizeof(*e));
+		qsort(sorted, q->n, sizeof(*e), bfent_cmp);
+		for (uint32_t i = 1; i < q->n && !rc; i++)
+			if (!bfent_cmp(&sorted[i - 1], &sorted[i]))
+				rc = -EINVAL;
+	}
+	int n = rc ? 0 : up_nodes(m, &c);
+	if (!rc && n < 0)
+		rc = n;
+	if (!rc && (size_t)n < w)
+		rc = -EHOSTDOWN;
+	if (rc)
+		goto done;
+	b = rocksdb_writebatch_create();
+	int64_t now = meta_now_ns();
+	pthread_mutex_lock(&m->mu);
+	for (uint32_t i = 0; !rc && i < q->n; i++) {
+		uint64_t oino;
+		uint32_t omode;
+		struct mino par;
+		f.parent = e[i].parent;
+		f.name = e[i].name;
+		rc = mdir_get(m, NULL, f.parent, &par);
+		if (!rc)
+			rc = mdir_entry_get(m, NULL, f.parent, &f.name, &oino, &omode);
+		if (rc != -ENOENT) {
+			rc = rc ? rc : -EEXIST;
+			break;
+		}
+		rc = place(c, (size_t)n, &p);
+		if (!rc)
+			rc = mdb_alloc_chunks(m, slots, &p.first);
+		if (!rc)
+			rc = mdb_alloc_ino(m, &inos[i]);
+		if (rc)
+			break;
+		sl.len = 0;
+		for (size_t j = 0; j < slots; j++) {
+			kvp_w_u32(&sl, p.node[j]);
+			kvp_w_u64(&sl, p.first + j);
+			kvp_w_u32(&sl, 0);
+		}
+		if (sl.err) {
+			rc = sl.err;
+			break;
+		}
+		f.slots = sl.p;
+		struct mino in = {.ino = inos[i],
+				  .mode = S_IFREG | 0644,
+				  .nlink = 1,
+				  .size = q->size,
+				  .mtime_ns = now,
+				  .atime_ns = now,
+				  .ctime_ns = now,
+				  .chunk_size = q->chunk_size,
+				  .k = q->k,
+				  .m = q->m,
+				  .nstripes = f.nstripes,
+				  .parent = f.parent,
+				  .access_ns = now,
+				  .uid = KVP_OWNER_NONE,
+				  .gid = KVP_OWNER_NONE};
+		uint32_t degraded = 0;
+		rc = file_records(b, &in, &f, &degraded);
+		/* Each parent once (sorted by parent): its times, as COMMIT sets them. */
+		if (!rc && (i == 0 || sorted[i].parent != sorted[i - 1].parent)) {
+			rc = mdir_get(m, NULL, sorted[i].parent, &par);
+			par.mtime_ns = par.ctime_ns = now;
+			if (!rc)
+				rc = mdb_inode_put(b, &par);
+		}
+	}
+	if (!rc)
+		rc = mns_write(m, b, q->n, 0);
+	pthread_mutex_unlock(&m->mu);
+	for (uint32_t i = 0; !rc && i < q->n; i++)
+		kvp_w_u64(out, inos[i]);
+done:
+	if (b)
+		rocksdb_writebatch_destroy(b);
+	kvp_w_free(&sl);
+	free(c);
+	free(p.node);
+	free(inos);
+	free(sorted);
+	free(e);
 	return rc;
 }
 

@@ -321,6 +321,8 @@ int mns_touch(struct meta *m, const struct mreq *q, struct kvp_wbuf *out);
 int mfile_alloc(struct meta *m, const struct mreq *q, struct kvp_wbuf *out);
 int mfile_commit(struct meta *m, const struct mreq *q, struct kvp_wbuf *out);
 int mfile_abort(struct meta *m, const struct mreq *q, struct kvp_wbuf *out);
+/* BFILL (kvp.h): -EPERM unless opts.bench_fill. */
+int mfile_bfill(struct meta *m, const struct mreq *q, struct kvp_wbuf *out);
 int mfile_layout(struct meta *m, const struct mreq *q, struct kvp_wbuf *out);
 /* Aborts pending writes older than the write timeout. Takes mu. */
 void mfile_expire(struct meta *m);

@@ -108,6 +108,22 @@ int mreq_parse(uint16_t op, const uint8_t *body, size_t len, struct mreq *q)
 		q->slots = rarray(&r, (uint64_t)q->nstripes * (q->k + q->m), MREQ_SLOT_SIZE);
 		rowner(&r, q);
 		break;
+	case KVP_OP_BFILL:
+		q->k = kvp_r_u8(&r);
+		q->m = kvp_r_u8(&r);
+		q->chunk_size = kvp_r_u32(&r);
+		q->size = kvp_r_u64(&r);
+		q->n = kvp_r_u32(&r);
+		if (!r.err && (q->n == 0 || q->n > KVP_BFILL_MAX))
+			r.err = -EBADMSG;
+		q->names = r.err ? NULL : body + r.off;
+		for (uint32_t i = 0; i < q->n && !r.err; i++) {
+			struct mreq_str s;
+			kvp_r_u64(&r);
+			rstr(&r, &s);
+		}
+		q->names_len = r.err ? 0 : (size_t)(body + r.off - q->names);
+		break;
 	case KVP_OP_ABORT:
 		q->write_id = kvp_r_u64(&r);
 		break;
@@ -174,6 +190,20 @@ void mreq_slot_get(const struct mreq *q, size_t i, struct mreq_slot *out)
 	out->node_id = le32(p);
 	out->chunk_id = le64(p + 4);
 	out->crc = le32(p + 12);
+}
+
+int mreq_bfill_next(const struct mreq *q, size_t *off, uint64_t *parent, struct mreq_str *name)
+{
+	if (*off >= q->names_len)
+		return -ENOENT;
+	struct kvp_rbuf r;
+	kvp_r_init(&r, q->names + *off, q->names_len - *off);
+	*parent = kvp_r_u64(&r);
+	rstr(&r, name);
+	if (r.err)
+		return -ENOENT; /* not after a parse: every name was checked there */
+	*off += r.off;
+	return 0;
 }
 
 void mreq_touch_get(const struct mreq *q, size_t i, uint64_t *ino, int64_t *atime_ns)

@@ -47,7 +47,7 @@ struct mreq {
 	uint32_t valid;		    /* SETATTR */
 	int64_t mtime_ns, atime_ns; /* SETATTR */
 	uint64_t write_id;	    /* COMMIT, ABORT */
-	uint64_t size;		    /* COMMIT */
+	uint64_t size;		    /* COMMIT, BFILL */
 	uint32_t chunk_size, nstripes; /* ALLOC, COMMIT */
 	uint8_t k, m;		       /* ALLOC, COMMIT */
 	const uint8_t *slots;	       /* COMMIT: nstripes * (k+m) * MREQ_SLOT_SIZE bytes */
@@ -55,6 +55,10 @@ struct mreq {
 	const uint8_t *touch;	       /* TOUCH: n * MREQ_TOUCH_SIZE bytes */
 	uint8_t action;		       /* MAINT: enum kvp_maint; RCONF: 1 add, 2 remove */
 	uint32_t node_id;	       /* MAINT */
+	/* BFILL: n entries (u64 parent, str name) in names_len bytes; walk with
+	 * mreq_bfill_next */
+	const uint8_t *names;
+	size_t names_len;
 	/* HEARTBEAT */
 	uint64_t uuid, capacity, used, chunks;
 	struct mreq_str addr;
@@ -71,6 +75,9 @@ int mreq_name_check(const struct mreq_str *name);
 
 /* Slot i (0 .. nstripes*(k+m)-1) of a parsed COMMIT. i must be in range. */
 void mreq_slot_get(const struct mreq *q, size_t i, struct mreq_slot *out);
+/* The next BFILL entry at *off (0 for the first) into *parent and *name, advancing *off. 0,
+ * or -ENOENT past the last; a parsed request's n entries are all there. */
+int mreq_bfill_next(const struct mreq *q, size_t *off, uint64_t *parent, struct mreq_str *name);
 /* TOUCH entry i (0 .. n-1). */
 void mreq_touch_get(const struct mreq *q, size_t i, uint64_t *ino, int64_t *atime_ns);
 

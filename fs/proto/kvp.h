@@ -112,6 +112,14 @@ enum kvp_op {
 				* committed (an added replica has caught up). Leader only;
 				* -EOPNOTSUPP without Raft, -EINVAL bad id/address, -EBUSY a
 				* change in progress */
+	/* Benchmarks only (kvfs-meta-bench --grow): -EPERM unless kvfs-meta runs with
+	 * --bench-fill. Creates n files in one write batch, each with the records an ALLOC +
+	 * COMMIT of a file of that geometry and size leaves (inode, directory entry, stripe map
+	 * on nodes meta places it on, owner and access-time index; chunks never written).
+	 * -> u8 k, u8 m, u32 chunk_size, u64 size, u32 n (1..KVP_BFILL_MAX), n x (u64 parent,
+	 *    str name) (distinct)  <- n x u64 ino; -EEXIST (nothing created) if a name is
+	 *    taken */
+	KVP_OP_BFILL = 0x43,
 };
 
 /* KVP_OP_ALLOC flags. WRITE_AROUND: the client stores a stripe without the chunks whose node
@@ -167,6 +175,7 @@ enum kvp_mstat {
 };
 
 #define KVP_MAX_IDS	65536u
+#define KVP_BFILL_MAX	512u /* files per BFILL: one batch stays under a Raft entry */
 #define KVP_MAX_STRIPES 65536u
 #define KVP_ROOT_INO	1u
 

@@ -1,6 +1,6 @@
 /* libFuzzer target for kvfs-meta request parsing: input = u16 opcode (little-endian) + body.
- * Every body that parses must be safe to walk: names checked, every slot and TOUCH entry
- * read within the body. */
+ * Every body that parses must be safe to walk: names checked, every slot, TOUCH entry and
+ * BFILL name read within the body. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -37,6 +37,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 				mreq_slot_get(&q, i, &s);
 				sink += s.chunk_id;
 			}
+		}
+		if (op == KVP_OP_BFILL) { /* every name as mfile_bfill walks them */
+			size_t off = 0;
+			struct mreq_str nm;
+			uint64_t parent;
+			uint32_t got = 0;
+			while (mreq_bfill_next(&q, &off, &parent, &nm) == 0) {
+				sink += (uint64_t)mreq_name_check(&nm);
+				for (uint16_t i = 0; i < nm.len; i++)
+					sink += (uint8_t)nm.p[i];
+				got++;
+			}
+			if (got != q.n)
+				abort(); /* the parse promised n names */
 		}
 		if (op == KVP_OP_TOUCH)
 			for (uint32_t i = 0; i < q.n; i++) {
