@@ -172,7 +172,9 @@ static inline float kvk_exp(float x)
 	union {
 		uint32_t u;
 		float f;
-	} s = {.u = (uint32_t)((int32_t)k + 127) << 23}, inf = {.u = 0x7f800000u};
+	} s, inf; /* no designated initializers: the CUDA sources (C++) include this header */
+	s.u = (uint32_t)((int32_t)k + 127) << 23;
+	inf.u = 0x7f800000u;
 	float e = p * s.f;
 	e = x < -87.3f ? 0.0f : e;
 	return x > 88.3f ? inf.f : e;
