@@ -35,7 +35,7 @@ static const struct cfg_opt bench_opts[] = {
     {"threads", CFG_INT, BOFF(threads), 0, 256, "2", "threads, 0 = all cores"},
     {"prompt", CFG_INT, BOFF(prompt), 1, 1 << 20, "512", "prompt tokens to prefill"},
     {"gen", CFG_INT, BOFF(gen), 0, 1 << 20, "64", "tokens to decode"},
-    {"batch", CFG_INT, BOFF(batch), 1, 4096, "64", "prefill chunk (tokens per pass)"},
+    {"batch", CFG_INT, BOFF(batch), 1, 4096, "256", "prefill chunk (tokens per pass)"},
     {"isa", CFG_STR, BOFF(isa), 0, 0, "auto", "matmul kernels: auto, avx512, avx2, scalar"},
     {"skip-kernels", CFG_INT, BOFF(skip_kernels), 0, 1, "0", "1 = skip the kernel microbench"},
     {"device", CFG_STR, BOFF(device), 0, 0, "cpu", KVINFER_DEVICE_HELP},

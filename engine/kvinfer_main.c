@@ -46,7 +46,7 @@ static const struct cfg_opt gen_opts[] = {
     {"top-k", CFG_INT, GOFF(top_k), 0, 1 << 30, "40", "top-k, 0 = off"},
     {"top-p", CFG_STR, GOFF(top_p), 0, 0, "0.95", "top-p, 1 = off"},
     {"seed", CFG_INT, GOFF(seed), 0, 1e18, "0", "sampling seed"},
-    {"batch", CFG_INT, GOFF(batch), 1, 4096, "64", "prefill chunk (tokens per pass)"},
+    {"batch", CFG_INT, GOFF(batch), 1, 4096, "256", "prefill chunk (tokens per pass)"},
     {"block-tokens", CFG_INT, GOFF(block_tokens), 1, 4096, "64", "KV block size B"},
     {"ctx", CFG_INT, GOFF(ctx), 0, 1 << 24, "0", "max context, 0 = prompt + n-predict"},
     {"isa", CFG_STR, GOFF(isa), 0, 0, "auto", "matmul kernels: auto, avx512, avx2, scalar"},

@@ -317,8 +317,8 @@ size_t kvk_matmul_scratch_floats(enum kvk_wtype wt, size_t n)
 	if (wt == KVK_W_F16 || wt == KVK_W_F16_P16 ||
 	    wt == KVK_W_BF16) /* AVX-512 F16 panels hold 2 * 16 rows */
 		return 2 * KVK_PANEL_ROWS * ((n + 7) & ~(size_t)7);
-	if (wt == KVK_W_Q8_0) /* an interleaved panel: its bytes, then its f32 scales */
-		return KVK_PANEL_ROWS * (n / 4 + n / 32);
+	if (wt == KVK_W_Q8_0) /* two interleaved panels: each its bytes, then its f32 scales */
+		return 2 * KVK_PANEL_ROWS * (n / 4 + n / 32);
 	return 0;
 }
 
