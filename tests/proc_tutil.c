@@ -23,6 +23,44 @@ void ptu_sleep_ms(int ms)
 	nanosleep(&ts, NULL);
 }
 
+static const char *build_dir(void)
+{
+	const char *bd = getenv("KVFS_BUILD_DIR");
+	return bd ? bd : "build";
+}
+
+int ptu_scratch(const char *name, char *dir, size_t dn, char *bin, size_t bn)
+{
+	snprintf(bin, bn, "%s/bin/kvinfer", build_dir());
+	snprintf(dir, dn, "/tmp/%s.XXXXXX", name);
+	return mkdtemp(dir) ? 0 : -1;
+}
+
+int ptu_synth(const char *dir, const char *model, const char *mmproj)
+{
+	char synth[512], log[1024];
+	snprintf(synth, sizeof(synth), "%s/tools/kvinfer-synth", build_dir());
+	snprintf(log, sizeof(log), "%s/synth.log", dir);
+	char *argv[] = {synth,	       "--preset", "small",	   "-o",
+			(char *)model, "--mmproj", (char *)mmproj, NULL};
+	if (!mmproj)
+		argv[5] = NULL;
+	pid_t p = ptu_spawn(argv, log);
+	int st = 0;
+	if (p < 0 || waitpid(p, &st, 0) != p || !WIFEXITED(st) || WEXITSTATUS(st))
+		return -1;
+	return 0;
+}
+
+int ptu_write_line(const char *path, const char *line)
+{
+	FILE *f = fopen(path, "w");
+	if (!f)
+		return -1;
+	int bad = fputs(line, f) < 0 || fputc('\n', f) == EOF;
+	return fclose(f) || bad ? -1 : 0;
+}
+
 pid_t ptu_spawn(char *const argv[], const char *log)
 {
 	pid_t p = fork();
@@ -68,6 +106,24 @@ int ptu_wait_ports(const char *dir, const char *stem, int n, uint16_t *ports)
 			return -1;
 	}
 	return 0;
+}
+
+uint16_t ptu_wait_addr(const char *path, char *addr, size_t n)
+{
+	addr[0] = 0;
+	for (int i = 0; i < 100 && !addr[0]; i++) {
+		FILE *f = fopen(path, "r");
+		if (f) {
+			if (!fgets(addr, (int)n, f))
+				addr[0] = 0;
+			fclose(f);
+		}
+		if (!addr[0])
+			ptu_sleep_ms(50);
+	}
+	addr[strcspn(addr, "\n")] = 0;
+	char *colon = strrchr(addr, ':');
+	return colon ? (uint16_t)atoi(colon + 1) : 0;
 }
 
 int ptu_finish(const char *dir, pid_t *a, int na, pid_t *b, int nb)

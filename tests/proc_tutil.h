@@ -4,10 +4,19 @@
 #ifndef KVFS_PROC_TUTIL_H
 #define KVFS_PROC_TUTIL_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
 void ptu_sleep_ms(int ms);
+/* Makes the scratch directory /tmp/<name>.XXXXXX into dir (dn bytes) and writes the path of
+ * the build's kvinfer (under $KVFS_BUILD_DIR, else ./build) into bin (bn bytes). 0 or -1. */
+int ptu_scratch(const char *name, char *dir, size_t dn, char *bin, size_t bn);
+/* Writes the synthetic small model to model, and its vision projector to mmproj unless that is
+ * NULL, with the build's kvinfer-synth (stderr to dir/synth.log). 0, or -1 when it failed. */
+int ptu_synth(const char *dir, const char *model, const char *mmproj);
+/* Writes line and a newline to path (a secret file). 0 or -1. */
+int ptu_write_line(const char *path, const char *line);
 /* Forks and execs argv[0] with stderr to log. The child's pid, or -1. */
 pid_t ptu_spawn(char *const argv[], const char *log);
 /* SIGTERM to *p and waits for it; *p becomes -1. No-op for *p <= 0. */
@@ -17,6 +26,9 @@ uint16_t ptu_wait_port(const char *path);
 /* Waits for the ports of n daemons, written to dir/stem0 .. dir/stem<n-1>, into ports[0..n).
  * 0, or -1 when one did not come. */
 int ptu_wait_ports(const char *dir, const char *stem, int n, uint16_t *ports);
+/* The address "host:port" a daemon wrote to path (--metrics-addr-file), waiting up to 5 s:
+ * into addr (n bytes, without the newline) and its port returned; 0 if none came. */
+uint16_t ptu_wait_addr(const char *path, char *addr, size_t n);
 /* A group's teardown: ptu_stop on a[0..na) then b[0..nb) (gateways before the workers they
  * call), then removes dir unless KVFS_TEST_KEEP is set (then it says where it is). 0 or -1. */
 int ptu_finish(const char *dir, pid_t *a, int na, pid_t *b, int nb);

@@ -163,29 +163,15 @@ static char *complete(int g, const char *text, int max_tokens, int stream, int *
 static int setup(void **state)
 {
 	(void)state;
-	const char *bd = getenv("KVFS_BUILD_DIR");
-	char synth[512], bin[512], model[600], kvdir[600], sec[600], pf[640], log[640];
-	snprintf(synth, sizeof(synth), "%s/tools/kvinfer-synth", bd ? bd : "build");
-	snprintf(bin, sizeof(bin), "%s/bin/kvinfer", bd ? bd : "build");
-	snprintf(tmpdir, sizeof(tmpdir), "/tmp/test_handoff.XXXXXX");
-	if (!mkdtemp(tmpdir))
+	char bin[512], model[600], kvdir[600], sec[600], pf[640], log[640];
+	if (ptu_scratch("test_handoff", tmpdir, sizeof(tmpdir), bin, sizeof(bin)))
 		return -1;
 	snprintf(model, sizeof(model), "%s/small.gguf", tmpdir);
 	snprintf(kvdir, sizeof(kvdir), "%s/kv", tmpdir);
 	snprintf(sec, sizeof(sec), "%s/secret", tmpdir);
 	mkdir(kvdir, 0755);
-	FILE *f = fopen(sec, "w");
-	if (!f)
-		return -1;
-	fputs("test-handoff-secret-0123456789abcdef\n", f);
-	fclose(f);
-	if (kvp_secret_load(sec, &secret))
-		return -1;
-	char *sargv[] = {synth, "--preset", "small", "-o", model, NULL};
-	snprintf(log, sizeof(log), "%s/synth.log", tmpdir);
-	pid_t sp = ptu_spawn(sargv, log);
-	int st = 0;
-	if (sp < 0 || waitpid(sp, &st, 0) != sp || !WIFEXITED(st) || WEXITSTATUS(st))
+	if (ptu_write_line(sec, "test-handoff-secret-0123456789abcdef") ||
+	    kvp_secret_load(sec, &secret) || ptu_synth(tmpdir, model, NULL))
 		return -1;
 	/* D's block size in bytes, for hand-made KV_PUT frames */
 	struct kvi_model *m = NULL;

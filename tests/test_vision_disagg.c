@@ -70,30 +70,17 @@ static int setup(void **state)
 	(void)state;
 	for (int i = 0; i < NP; i++)
 		pids[i] = -1;
-	const char *bd = getenv("KVFS_BUILD_DIR");
-	char synth[512], slog[600];
-	snprintf(synth, sizeof(synth), "%s/tools/kvinfer-synth", bd ? bd : "build");
-	snprintf(bin, sizeof(bin), "%s/bin/kvinfer", bd ? bd : "build");
-	snprintf(tmpdir, sizeof(tmpdir), "/tmp/test_vision_disagg.XXXXXX");
-	if (!mkdtemp(tmpdir))
+	if (ptu_scratch("test_vision_disagg", tmpdir, sizeof(tmpdir), bin, sizeof(bin)))
 		return -1;
 	snprintf(model, sizeof(model), "%s/m.gguf", tmpdir);
 	snprintf(mmproj, sizeof(mmproj), "%s/mmproj.gguf", tmpdir);
 	snprintf(kv, sizeof(kv), "%s/kv", tmpdir);
 	snprintf(kv_emb, sizeof(kv_emb), "%s/kv-embedded", tmpdir);
 	snprintf(sec, sizeof(sec), "%s/secret", tmpdir);
-	snprintf(slog, sizeof(slog), "%s/synth.log", tmpdir);
 	mkdir(kv, 0755);
 	mkdir(kv_emb, 0755);
-	FILE *f = fopen(sec, "w");
-	if (!f)
-		return -1;
-	fputs("test-vision-disagg-secret-0123456789\n", f);
-	fclose(f);
-	char *sargv[] = {synth, "--preset", "small", "-o", model, "--mmproj", mmproj, NULL};
-	pid_t s = ptu_spawn(sargv, slog);
-	int st = 0;
-	if (s < 0 || waitpid(s, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st))
+	if (ptu_write_line(sec, "test-vision-disagg-secret-0123456789") ||
+	    ptu_synth(tmpdir, model, mmproj))
 		return -1;
 	char pf[600], mf[NE][600], elist[200] = "", pl[64], dl[64];
 	uint16_t eport[NE];
@@ -127,19 +114,8 @@ static int setup(void **state)
 			 i ? "," : "", eport[i]);
 	}
 	for (int i = 0; i < NE; i++) { /* the metrics ports, from the address files */
-		char a[128] = "";
-		for (int t = 0; t < 100 && !a[0]; t++) {
-			FILE *m = fopen(mf[i], "r");
-			if (m) {
-				if (!fgets(a, sizeof(a), m))
-					a[0] = 0;
-				fclose(m);
-			}
-			if (!a[0])
-				ptu_sleep_ms(50);
-		}
-		char *colon = strrchr(a, ':');
-		if (!colon || !(enc_mport[i] = (uint16_t)atoi(colon + 1)))
+		char a[128];
+		if (!(enc_mport[i] = ptu_wait_addr(mf[i], a, sizeof(a))))
 			return -1;
 	}
 	static const char *const role[2] = {"prefill", "decode"};
