@@ -126,6 +126,56 @@ uint16_t ptu_wait_addr(const char *path, char *addr, size_t n)
 	return colon ? (uint16_t)atoi(colon + 1) : 0;
 }
 
+pid_t ptu_gateway(const char *bin, const char *dir, int i, uint16_t pport, uint16_t dport,
+		  const char *sec, const char *how, const char *const *extra)
+{
+	char pl[64], dl[64], pf[1024], log[1024];
+	snprintf(pl, sizeof(pl), "127.0.0.1:%u", pport);
+	snprintf(dl, sizeof(dl), "127.0.0.1:%u", dport);
+	snprintf(pf, sizeof(pf), "%s/gport%d", dir, i);
+	snprintf(log, sizeof(log), "%s/glog%d", dir, i);
+	const char *base[] = {bin,
+			      "gateway",
+			      "--open-gateway",
+			      "--prefill",
+			      pl,
+			      "--decode",
+			      dl,
+			      "--secret-file",
+			      sec,
+			      "--handoff",
+			      how,
+			      "--port",
+			      "0",
+			      "--port-file",
+			      pf};
+	enum { NBASE = sizeof(base) / sizeof(base[0]), NEXTRA = 8 };
+	char *argv[NBASE + NEXTRA + 1];
+	int n = 0;
+	for (; n < (int)NBASE; n++)
+		argv[n] = (char *)base[n];
+	for (int j = 0; extra && extra[j]; j++) {
+		if (j == NEXTRA)
+			return -1;
+		argv[n++] = (char *)extra[j];
+	}
+	argv[n] = NULL;
+	return ptu_spawn(argv, log);
+}
+
+void ptu_assert_healthy(const char *dir, const pid_t *w, int nw, const pid_t *g, int ng)
+{
+	for (int i = 0; i < nw + ng; i++) {
+		pid_t p = i < nw ? w[i] : g[i - nw];
+		assert_int_equal(waitpid(p, NULL, WNOHANG), 0);
+		char path[1024];
+		snprintf(path, sizeof(path), "%s/%s%d", dir, i < nw ? "wlog" : "glog",
+			 i < nw ? i : i - nw);
+		if (!ptu_log_clean(path))
+			fail_msg("%s has a sanitizer report", path);
+	}
+}
+
 int ptu_finish(const char *dir, pid_t *a, int na, pid_t *b, int nb)
 {
 	for (int i = 0; i < na; i++)

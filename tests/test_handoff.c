@@ -234,30 +234,9 @@ static int setup(void **state)
 	static const int pre[NG] = {W_P, W_P, W_P, W_P, W_PH, W_PH, W_P};
 	static const int dec[NG] = {W_D, W_D, W_DS, W_D32, W_DH, W_DH, W_DS};
 	for (int i = 0; i < NG; i++) {
-		char pl[64], dl[64];
-		snprintf(pl, sizeof(pl), "127.0.0.1:%u", wport[pre[i]]);
-		snprintf(dl, sizeof(dl), "127.0.0.1:%u", wport[dec[i]]);
-		snprintf(pf, sizeof(pf), "%s/gport%d", tmpdir, i);
-		snprintf(log, sizeof(log), "%s/glog%d", tmpdir, i);
-		char *argv[] = {bin,
-				"gateway",
-				"--open-gateway",
-				"--prefill",
-				pl,
-				"--decode",
-				dl,
-				"--secret-file",
-				sec,
-				"--handoff",
-				(char *)how[i],
-				"--local-prefill",
-				i == G_LOCAL ? "1000" : "0",
-				"--port",
-				"0",
-				"--port-file",
-				pf,
-				NULL};
-		gpid[i] = ptu_spawn(argv, log);
+		const char *local[] = {"--local-prefill", i == G_LOCAL ? "1000" : "0", NULL};
+		gpid[i] =
+		    ptu_gateway(bin, tmpdir, i, wport[pre[i]], wport[dec[i]], sec, how[i], local);
 	}
 	return ptu_wait_ports(tmpdir, "gport", NG, gport);
 }
@@ -899,15 +878,7 @@ static void test_bad_prefill_reply(void **state)
 static void test_processes_healthy(void **state)
 {
 	(void)state;
-	for (int i = 0; i < NW + NG; i++) {
-		pid_t p = i < NW ? wpid[i] : gpid[i - NW];
-		assert_int_equal(waitpid(p, NULL, WNOHANG), 0);
-		char path[320];
-		snprintf(path, sizeof(path), "%s/%s%d", tmpdir, i < NW ? "wlog" : "glog",
-			 i < NW ? i : i - NW);
-		if (!ptu_log_clean(path))
-			fail_msg("%s has a sanitizer report", path);
-	}
+	ptu_assert_healthy(tmpdir, wpid, NW, gpid, NG);
 }
 
 int main(void)

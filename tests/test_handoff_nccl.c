@@ -137,7 +137,6 @@ static pid_t start_worker(int i, const char *listen)
 static int setup(void **state)
 {
 	(void)state;
-	char pf[640], log[640];
 	if (ptu_scratch("test_handoff_nccl", tmpdir, sizeof(tmpdir), bin, sizeof(bin)))
 		return -1;
 	snprintf(model, sizeof(model), "%s/small.gguf", tmpdir);
@@ -165,30 +164,9 @@ static int setup(void **state)
 			return -1;
 	if (ptu_wait_ports(tmpdir, "wport", NW, wport))
 		return -1;
-	for (int i = 0; i < NG; i++) {
-		char pl[64], dl[64];
-		snprintf(pl, sizeof(pl), "127.0.0.1:%u", wport[W_P]);
-		snprintf(dl, sizeof(dl), "127.0.0.1:%u", wport[W_D]);
-		snprintf(pf, sizeof(pf), "%s/gport%d", tmpdir, i);
-		snprintf(log, sizeof(log), "%s/glog%d", tmpdir, i);
-		char *argv[] = {bin,
-				"gateway",
-				"--open-gateway",
-				"--prefill",
-				pl,
-				"--decode",
-				dl,
-				"--secret-file",
-				sec,
-				"--handoff",
-				i == G_FS ? "fs" : "direct",
-				"--port",
-				"0",
-				"--port-file",
-				pf,
-				NULL};
-		gpid[i] = ptu_spawn(argv, log);
-	}
+	for (int i = 0; i < NG; i++)
+		gpid[i] = ptu_gateway(bin, tmpdir, i, wport[W_P], wport[W_D], sec,
+				      i == G_FS ? "fs" : "direct", NULL);
 	return ptu_wait_ports(tmpdir, "gport", NG, gport);
 }
 
@@ -398,15 +376,7 @@ static void test_nccl_receiver_watchdog(void **state)
 static void test_processes_healthy(void **state)
 {
 	(void)state;
-	for (int i = 0; i < NW + NG; i++) {
-		pid_t p = i < NW ? wpid[i] : gpid[i - NW];
-		assert_int_equal(waitpid(p, NULL, WNOHANG), 0);
-		char path[320];
-		snprintf(path, sizeof(path), "%s/%s%d", tmpdir, i < NW ? "wlog" : "glog",
-			 i < NW ? i : i - NW);
-		if (!ptu_log_clean(path))
-			fail_msg("%s has a sanitizer report", path);
-	}
+	ptu_assert_healthy(tmpdir, wpid, NW, gpid, NG);
 	char path[320];
 	snprintf(path, sizeof(path), "%s/wlog%d.2", tmpdir, W_D); /* the restarted D */
 	if (!ptu_log_clean(path))
