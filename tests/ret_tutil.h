@@ -6,11 +6,16 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <cmocka.h>
 
 #include "harness.h"
 #include "kvc.h"
@@ -21,6 +26,18 @@ static inline int rt_have_bins(void)
 	char bin[600];
 	return kvh_bin("kvfs-meta", bin, sizeof(bin)) == 0 &&
 	       kvh_bin("kvfs-node", bin, sizeof(bin)) == 0;
+}
+
+/* A cluster test's start: skips the running test without the kvfs binaries; else sets *up (the
+ * teardown's rt_stop then stops even a half-started cluster) and starts cl as
+ * kvh_cluster_start_flags does, failing the test unless it started. */
+static inline void rt_start(struct kvh_cluster *cl, int *up, int nnodes, const char *meta_args,
+			    const char *node_args, unsigned flags)
+{
+	if (!rt_have_bins())
+		skip();
+	*up = 1;
+	assert_int_equal(kvh_cluster_start_flags(cl, nnodes, meta_args, node_args, flags), 0);
 }
 
 /* A test's teardown: closes *c, stops *cl if *up (even half-started), and clears both. */
