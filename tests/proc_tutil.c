@@ -126,41 +126,34 @@ uint16_t ptu_wait_addr(const char *path, char *addr, size_t n)
 	return colon ? (uint16_t)atoi(colon + 1) : 0;
 }
 
-pid_t ptu_gateway(const char *bin, const char *dir, int i, uint16_t pport, uint16_t dport,
-		  const char *sec, const char *how, const char *const *extra)
+pid_t ptu_gateway_at(const char *bin, const char *pf, const char *log, uint16_t pport,
+		     uint16_t dport, const char *sec, const char *const *extra)
 {
-	char pl[64], dl[64], pf[1024], log[1024];
+	enum { NFIXED = 13, NEXTRA = 16 };
+	char pl[64], dl[64];
 	snprintf(pl, sizeof(pl), "127.0.0.1:%u", pport);
 	snprintf(dl, sizeof(dl), "127.0.0.1:%u", dport);
-	snprintf(pf, sizeof(pf), "%s/gport%d", dir, i);
-	snprintf(log, sizeof(log), "%s/glog%d", dir, i);
-	const char *base[] = {bin,
-			      "gateway",
-			      "--open-gateway",
-			      "--prefill",
-			      pl,
-			      "--decode",
-			      dl,
-			      "--secret-file",
-			      sec,
-			      "--handoff",
-			      how,
-			      "--port",
-			      "0",
-			      "--port-file",
-			      pf};
-	enum { NBASE = sizeof(base) / sizeof(base[0]), NEXTRA = 8 };
-	char *argv[NBASE + NEXTRA + 1];
-	int n = 0;
-	for (; n < (int)NBASE; n++)
-		argv[n] = (char *)base[n];
-	for (int j = 0; extra && extra[j]; j++) {
-		if (j == NEXTRA)
+	char *argv[NFIXED + NEXTRA + 1] = {
+	    (char *)bin, "gateway",	  "--open-gateway", "--prefill", pl,  "--decode",
+	    dl,		 "--secret-file", (char *)sec,	    "--port",	 "0", "--port-file",
+	    (char *)pf};
+	int n = NFIXED;
+	for (int j = 0; extra && extra[j]; j++)
+		if (n < NFIXED + NEXTRA)
+			argv[n++] = (char *)extra[j];
+		else
 			return -1;
-		argv[n++] = (char *)extra[j];
-	}
 	argv[n] = NULL;
 	return ptu_spawn(argv, log);
+}
+
+pid_t ptu_gateway(const char *bin, const char *dir, int i, uint16_t pport, uint16_t dport,
+		  const char *sec, const char *const *extra)
+{
+	char pf[1024], log[1024];
+	snprintf(pf, sizeof(pf), "%s/gport%d", dir, i);
+	snprintf(log, sizeof(log), "%s/glog%d", dir, i);
+	return ptu_gateway_at(bin, pf, log, pport, dport, sec, extra);
 }
 
 void ptu_assert_healthy(const char *dir, const pid_t *w, int nw, const pid_t *g, int ng)

@@ -29,12 +29,16 @@ int ptu_wait_ports(const char *dir, const char *stem, int n, uint16_t *ports);
 /* The address "host:port" a daemon wrote to path (--metrics-addr-file), waiting up to 5 s:
  * into addr (n bytes, without the newline) and its port returned; 0 if none came. */
 uint16_t ptu_wait_addr(const char *path, char *addr, size_t n);
-/* Starts `kvinfer gateway` number i (bin: the kvinfer binary) in front of the prefill worker
- * at 127.0.0.1:pport and the decode worker at 127.0.0.1:dport: --open-gateway, --secret-file
- * sec, --handoff how, any port, written to dir/gport<i>, stderr to dir/glog<i>, then extra
- * (NULL-terminated, may be NULL; 8 at most). The pid, or -1. */
+/* Starts `kvinfer gateway` (bin: the kvinfer binary) in front of the prefill worker at
+ * 127.0.0.1:pport and the decode worker at 127.0.0.1:dport: --open-gateway, --secret-file
+ * sec, any port, written to pf, stderr to log, then extra (NULL-terminated, may be NULL; 16 at
+ * most). The pid, or -1. */
+pid_t ptu_gateway_at(const char *bin, const char *pf, const char *log, uint16_t pport,
+		     uint16_t dport, const char *sec, const char *const *extra);
+/* ptu_gateway_at for gateway number i of a group: its port in dir/gport<i>, its stderr in
+ * dir/glog<i> (ptu_wait_ports, ptu_assert_healthy). */
 pid_t ptu_gateway(const char *bin, const char *dir, int i, uint16_t pport, uint16_t dport,
-		  const char *sec, const char *how, const char *const *extra);
+		  const char *sec, const char *const *extra);
 /* cmocka assertions: workers w[0..nw) and gateways g[0..ng) still run, and none of their logs
  * (dir/wlog<i>, dir/glog<i>) has a sanitizer report. */
 void ptu_assert_healthy(const char *dir, const pid_t *w, int nw, const pid_t *g, int ng);

@@ -234,9 +234,9 @@ static int setup(void **state)
 	static const int pre[NG] = {W_P, W_P, W_P, W_P, W_PH, W_PH, W_P};
 	static const int dec[NG] = {W_D, W_D, W_DS, W_D32, W_DH, W_DH, W_DS};
 	for (int i = 0; i < NG; i++) {
-		const char *local[] = {"--local-prefill", i == G_LOCAL ? "1000" : "0", NULL};
-		gpid[i] =
-		    ptu_gateway(bin, tmpdir, i, wport[pre[i]], wport[dec[i]], sec, how[i], local);
+		const char *ex[] = {"--handoff", how[i], "--local-prefill",
+				    i == G_LOCAL ? "1000" : "0", NULL};
+		gpid[i] = ptu_gateway(bin, tmpdir, i, wport[pre[i]], wport[dec[i]], sec, ex);
 	}
 	return ptu_wait_ports(tmpdir, "gport", NG, gport);
 }
@@ -822,28 +822,12 @@ static void test_bad_prefill_reply(void **state)
 	struct kvp_server *srv = NULL;
 	assert_int_equal(kvp_server_start(&so, &srv), 0);
 	const char *bd = getenv("KVFS_BUILD_DIR");
-	char bin[512], sec[300], pf[300], log[300], pl[64], dl[64];
+	char bin[512], sec[300], pf[300], log[300];
 	snprintf(bin, sizeof(bin), "%s/bin/kvinfer", bd ? bd : "build");
 	snprintf(sec, sizeof(sec), "%s/secret", tmpdir);
 	snprintf(pf, sizeof(pf), "%s/gport-bad", tmpdir);
 	snprintf(log, sizeof(log), "%s/glog-bad", tmpdir);
-	snprintf(pl, sizeof(pl), "127.0.0.1:%u", kvp_server_port(srv));
-	snprintf(dl, sizeof(dl), "127.0.0.1:%u", wport[W_D]);
-	char *argv[] = {bin,
-			"gateway",
-			"--open-gateway",
-			"--prefill",
-			pl,
-			"--decode",
-			dl,
-			"--secret-file",
-			sec,
-			"--port",
-			"0",
-			"--port-file",
-			pf,
-			NULL};
-	pid_t g = ptu_spawn(argv, log);
+	pid_t g = ptu_gateway_at(bin, pf, log, kvp_server_port(srv), wport[W_D], sec, NULL);
 	uint16_t port = ptu_wait_port(pf);
 	assert_true(port != 0);
 	int errors = 0;

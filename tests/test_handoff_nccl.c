@@ -164,9 +164,10 @@ static int setup(void **state)
 			return -1;
 	if (ptu_wait_ports(tmpdir, "wport", NW, wport))
 		return -1;
-	for (int i = 0; i < NG; i++)
-		gpid[i] = ptu_gateway(bin, tmpdir, i, wport[W_P], wport[W_D], sec,
-				      i == G_FS ? "fs" : "direct", NULL);
+	for (int i = 0; i < NG; i++) {
+		const char *ex[] = {"--handoff", i == G_FS ? "fs" : "direct", NULL};
+		gpid[i] = ptu_gateway(bin, tmpdir, i, wport[W_P], wport[W_D], sec, ex);
+	}
 	return ptu_wait_ports(tmpdir, "gport", NG, gport);
 }
 

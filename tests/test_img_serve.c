@@ -68,25 +68,8 @@ static int setup(void **state)
 	for (int i = 0; i < 3; i++)
 		if (!(wp[i] = ptu_wait_port(pf[i])))
 			return -1;
-	char pl[64], dl[64];
-	snprintf(pl, sizeof(pl), "127.0.0.1:%u", wp[1]);
-	snprintf(dl, sizeof(dl), "127.0.0.1:%u", wp[2]);
-	char *gw[] = {bin,
-		      "gateway",
-		      "--open-gateway",
-		      "--prefill",
-		      pl,
-		      "--decode",
-		      dl,
-		      "--secret-file",
-		      secret,
-		      "--port",
-		      "0",
-		      "--port-file",
-		      pf[3],
-		      IMGOPT,
-		      NULL};
-	gpids[1] = ptu_spawn(gw, log[3]);
+	const char *gw[] = {IMGOPT, NULL};
+	gpids[1] = ptu_gateway_at(bin, pf[3], log[3], wp[1], wp[2], secret, gw);
 	ports[EMB] = wp[0];
 	ports[DIS] = ptu_wait_port(pf[3]);
 	return ports[DIS] ? 0 : -1;

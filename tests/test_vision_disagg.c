@@ -65,6 +65,17 @@ static uint16_t launch(int i, char **argv, const char *name)
 	return ptu_wait_port(pf);
 }
 
+/* Starts proc i, a gateway in front of the prefill and decode workers at wport[0], wport[1]
+ * with extra flags (ptu_gateway_at); its port from its port file. */
+static uint16_t launch_gw(int i, const char *name, const uint16_t *wport, const char *const *extra)
+{
+	char log[600], pf[600];
+	snprintf(log, sizeof(log), "%s/%s.log", tmpdir, name);
+	snprintf(pf, sizeof(pf), "%s/%s.port", tmpdir, name);
+	pids[i] = ptu_gateway_at(bin, pf, log, wport[0], wport[1], sec, extra);
+	return ptu_wait_port(pf);
+}
+
 static int setup(void **state)
 {
 	(void)state;
@@ -82,7 +93,7 @@ static int setup(void **state)
 	if (ptu_write_line(sec, "test-vision-disagg-secret-0123456789") ||
 	    ptu_synth(tmpdir, model, mmproj))
 		return -1;
-	char pf[600], mf[NE][600], elist[200] = "", pl[64], dl[64];
+	char pf[600], mf[NE][600], elist[200] = "";
 	uint16_t eport[NE];
 	for (int i = 0; i < NE; i++) {
 		char name[16];
@@ -144,48 +155,12 @@ static int setup(void **state)
 		if (!(wport[i] = launch(P_PF + i, dev_args(argv), role[i])))
 			return -1;
 	}
-	snprintf(pl, sizeof(pl), "127.0.0.1:%u", wport[0]);
-	snprintf(dl, sizeof(dl), "127.0.0.1:%u", wport[1]);
-	snprintf(pf, sizeof(pf), "%s/gateway.port", tmpdir);
-	char *gargv[] = {bin,
-			 "gateway",
-			 "--open-gateway",
-			 "--prefill",
-			 pl,
-			 "--decode",
-			 dl,
-			 "--encode",
-			 elist,
-			 "--secret-file",
-			 sec,
-			 "--port",
-			 "0",
-			 "--port-file",
-			 pf,
-			 NULL};
-	if (!(gw_port = launch(P_GW, gargv, "gateway")))
+	const char *gex[] = {"--encode", elist, NULL};
+	if (!(gw_port = launch_gw(P_GW, "gateway", wport, gex)))
 		return -1;
 	/* the same workers behind a gateway handing the KV over directly */
-	snprintf(pf, sizeof(pf), "%s/gateway2.port", tmpdir);
-	char *g2argv[] = {bin,
-			  "gateway",
-			  "--open-gateway",
-			  "--prefill",
-			  pl,
-			  "--decode",
-			  dl,
-			  "--encode",
-			  elist,
-			  "--secret-file",
-			  sec,
-			  "--handoff",
-			  "direct",
-			  "--port",
-			  "0",
-			  "--port-file",
-			  pf,
-			  NULL};
-	if (!(gw2_port = launch(P_GW2, g2argv, "gateway2")))
+	const char *g2ex[] = {"--encode", elist, "--handoff", "direct", NULL};
+	if (!(gw2_port = launch_gw(P_GW2, "gateway2", wport, g2ex)))
 		return -1;
 	snprintf(pf, sizeof(pf), "%s/serve.port", tmpdir);
 	char *vargv[] = {bin,
