@@ -126,25 +126,54 @@ uint16_t ptu_wait_addr(const char *path, char *addr, size_t n)
 	return colon ? (uint16_t)atoi(colon + 1) : 0;
 }
 
-pid_t ptu_gateway_at(const char *bin, const char *pf, const char *log, uint16_t pport,
-		     uint16_t dport, const char *sec, const char *const *extra)
+/* Appends extra (NULL-terminated, may be NULL) to argv[0..n) (room for cap entries and the
+ * NULL) and spawns it with stderr to log. The pid, or -1 (extra too long). */
+static pid_t spawn_plus(char **argv, int n, int cap, const char *const *extra, const char *log)
 {
-	enum { NFIXED = 13, NEXTRA = 16 };
-	char pl[64], dl[64];
-	snprintf(pl, sizeof(pl), "127.0.0.1:%u", pport);
-	snprintf(dl, sizeof(dl), "127.0.0.1:%u", dport);
-	char *argv[NFIXED + NEXTRA + 1] = {
-	    (char *)bin, "gateway",	  "--open-gateway", "--prefill", pl,  "--decode",
-	    dl,		 "--secret-file", (char *)sec,	    "--port",	 "0", "--port-file",
-	    (char *)pf};
-	int n = NFIXED;
 	for (int j = 0; extra && extra[j]; j++)
-		if (n < NFIXED + NEXTRA)
+		if (n < cap)
 			argv[n++] = (char *)extra[j];
 		else
 			return -1;
 	argv[n] = NULL;
 	return ptu_spawn(argv, log);
+}
+
+pid_t ptu_gateway_at(const char *bin, const char *pf, const char *log, uint16_t pport,
+		     uint16_t dport, const char *sec, const char *const *extra)
+{
+	enum { NFIXED = 13, NALL = NFIXED + 16 };
+	char pl[64], dl[64];
+	snprintf(pl, sizeof(pl), "127.0.0.1:%u", pport);
+	snprintf(dl, sizeof(dl), "127.0.0.1:%u", dport);
+	char *argv[NALL + 1] = {
+	    (char *)bin, "gateway",	  "--open-gateway", "--prefill", pl,  "--decode",
+	    dl,		 "--secret-file", (char *)sec,	    "--port",	 "0", "--port-file",
+	    (char *)pf};
+	return spawn_plus(argv, NFIXED, NALL, extra, log);
+}
+
+pid_t ptu_encoder(const char *bin, const char *mmproj, const char *kv, const char *sec,
+		  const char *pf, const char *mf, const char *log, const char *const *extra)
+{
+	enum { NFIXED = 16, NALL = NFIXED + 16 };
+	char *argv[NALL + 1] = {(char *)bin,
+				"encode",
+				"--mmproj",
+				(char *)mmproj,
+				"--kv-dir",
+				(char *)kv,
+				"--secret-file",
+				(char *)sec,
+				"-t",
+				"1",
+				"--port-file",
+				(char *)pf,
+				"--metrics-listen",
+				"127.0.0.1:0",
+				"--metrics-addr-file",
+				(char *)mf};
+	return spawn_plus(argv, NFIXED, NALL, extra, log);
 }
 
 pid_t ptu_gateway(const char *bin, const char *dir, int i, uint16_t pport, uint16_t dport,

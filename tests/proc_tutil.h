@@ -35,6 +35,12 @@ uint16_t ptu_wait_addr(const char *path, char *addr, size_t n);
  * most). The pid, or -1. */
 pid_t ptu_gateway_at(const char *bin, const char *pf, const char *log, uint16_t pport,
 		     uint16_t dport, const char *sec, const char *const *extra);
+/* Starts `kvinfer encode` (bin) with the tower mmproj, kv dir kv and secret sec on one
+ * thread: any kvw port, written to pf; /metrics on any loopback port, its address written to
+ * mf (ptu_wait_addr); stderr to log; then extra (NULL-terminated, may be NULL; 16 at most).
+ * The pid, or -1. */
+pid_t ptu_encoder(const char *bin, const char *mmproj, const char *kv, const char *sec,
+		  const char *pf, const char *mf, const char *log, const char *const *extra);
 /* ptu_gateway_at for gateway number i of a group: its port in dir/gport<i>, its stderr in
  * dir/glog<i> (ptu_wait_ports, ptu_assert_healthy). */
 pid_t ptu_gateway(const char *bin, const char *dir, int i, uint16_t pport, uint16_t dport,

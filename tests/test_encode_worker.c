@@ -45,24 +45,7 @@ static int setup(void **state)
 	snprintf(pf, sizeof(pf), "%s/port", tmpdir);
 	snprintf(mf, sizeof(mf), "%s/maddr", tmpdir);
 	snprintf(log, sizeof(log), "%s/encode.log", tmpdir);
-	char *argv[] = {bin,
-			"encode",
-			"--mmproj",
-			mmproj,
-			"--kv-dir",
-			kv,
-			"--secret-file",
-			sec,
-			"-t",
-			"1",
-			"--port-file",
-			pf,
-			"--metrics-listen",
-			"127.0.0.1:0",
-			"--metrics-addr-file",
-			mf,
-			NULL};
-	pid = ptu_spawn(argv, log);
+	pid = ptu_encoder(bin, mmproj, kv, sec, pf, mf, log, NULL);
 	port = ptu_wait_port(pf);
 	if (!port)
 		return -1;

@@ -100,26 +100,12 @@ static int setup(void **state)
 		snprintf(name, sizeof(name), "enc%d", i);
 		snprintf(pf, sizeof(pf), "%s/%s.port", tmpdir, name);
 		snprintf(mf[i], sizeof(mf[i]), "%s/%s.maddr", tmpdir, name);
-		char *argv[] = {bin,
-				"encode",
-				"--mmproj",
-				mmproj,
-				"--kv-dir",
-				kv,
-				"--secret-file",
-				sec,
-				"-t",
-				"1",
-				"--port-file",
-				pf,
-				"--metrics-listen",
-				"127.0.0.1:0",
-				"--metrics-addr-file",
-				mf[i],
-				NULL,
-				NULL,
-				NULL};
-		if (!(eport[i] = launch(P_E0 + i, dev_args(argv), name)))
+		char log[600];
+		snprintf(log, sizeof(log), "%s/%s.log", tmpdir, name);
+		const char *cuda[] = {"--device", "cuda", NULL};
+		pids[P_E0 + i] =
+		    ptu_encoder(bin, mmproj, kv, sec, pf, mf[i], log, on_cuda ? cuda : NULL);
+		if (!(eport[i] = ptu_wait_port(pf)))
 			return -1;
 		snprintf(elist + strlen(elist), sizeof(elist) - strlen(elist), "%s127.0.0.1:%u",
 			 i ? "," : "", eport[i]);
