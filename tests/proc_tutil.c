@@ -176,6 +176,18 @@ pid_t ptu_encoder(const char *bin, const char *mmproj, const char *kv, const cha
 	return spawn_plus(argv, NFIXED, NALL, extra, log);
 }
 
+pid_t ptu_serve_vision(const char *bin, const char *model, const char *mmproj, const char *kv,
+		       const char *pf, const char *log, const char *const *extra)
+{
+	enum { NFIXED = 19, NALL = NFIXED + 16 };
+	char *argv[NALL + 1] = {
+	    (char *)bin,     "serve",	 "-m",	   (char *)model, "--mmproj",	    (char *)mmproj,
+	    "--kv-dir",	     (char *)kv, "-t",	   "1",		  "--block-tokens", "16",
+	    "--ctx",	     "512",	 "--port", "0",		  "--port-file",    (char *)pf,
+	    "--open-gateway"};
+	return spawn_plus(argv, NFIXED, NALL, extra, log);
+}
+
 pid_t ptu_gateway(const char *bin, const char *dir, int i, uint16_t pport, uint16_t dport,
 		  const char *sec, const char *const *extra)
 {

@@ -41,6 +41,11 @@ pid_t ptu_gateway_at(const char *bin, const char *pf, const char *log, uint16_t 
  * The pid, or -1. */
 pid_t ptu_encoder(const char *bin, const char *mmproj, const char *kv, const char *sec,
 		  const char *pf, const char *mf, const char *log, const char *const *extra);
+/* Starts `kvinfer serve` (bin) of model with the vision tower mmproj and kv dir kv, as the
+ * vision tests run it: one thread, B = 16, a 512-token context, any port (written to pf), no
+ * API keys (--open-gateway); stderr to log; then extra (as ptu_encoder's). The pid, or -1. */
+pid_t ptu_serve_vision(const char *bin, const char *model, const char *mmproj, const char *kv,
+		       const char *pf, const char *log, const char *const *extra);
 /* ptu_gateway_at for gateway number i of a group: its port in dir/gport<i>, its stderr in
  * dir/glog<i> (ptu_wait_ports, ptu_assert_healthy). */
 pid_t ptu_gateway(const char *bin, const char *dir, int i, uint16_t pport, uint16_t dport,

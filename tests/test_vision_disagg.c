@@ -149,29 +149,12 @@ static int setup(void **state)
 	if (!(gw2_port = launch_gw(P_GW2, "gateway2", wport, g2ex)))
 		return -1;
 	snprintf(pf, sizeof(pf), "%s/serve.port", tmpdir);
-	char *vargv[] = {bin,
-			 "serve",
-			 "-m",
-			 model,
-			 "--mmproj",
-			 mmproj,
-			 "--kv-dir",
-			 kv_emb,
-			 "-t",
-			 "1",
-			 "--block-tokens",
-			 "16",
-			 "--ctx",
-			 "512",
-			 "--port",
-			 "0",
-			 "--port-file",
-			 pf,
-			 "--open-gateway",
-			 NULL,
-			 NULL,
-			 NULL};
-	if (!(serve_port = launch(P_SERVE, dev_args(vargv), "serve")))
+	char log[600];
+	snprintf(log, sizeof(log), "%s/serve.log", tmpdir);
+	const char *cuda[] = {"--device", "cuda", NULL};
+	pids[P_SERVE] =
+	    ptu_serve_vision(bin, model, mmproj, kv_emb, pf, log, on_cuda ? cuda : NULL);
+	if (!(serve_port = ptu_wait_port(pf)))
 		return -1;
 	/* the gateway's first health round */
 	ptu_sleep_ms(300);

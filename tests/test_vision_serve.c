@@ -34,27 +34,7 @@ static int start(void)
 	char pf[600], log[600];
 	snprintf(pf, sizeof(pf), "%s/port%d", tmpdir, restarts);
 	snprintf(log, sizeof(log), "%s/serve%d.log", tmpdir, restarts++);
-	char *argv[] = {bin,
-			"serve",
-			"-m",
-			model,
-			"--mmproj",
-			mmproj,
-			"--kv-dir",
-			kv,
-			"-t",
-			"1",
-			"--block-tokens",
-			"16",
-			"--ctx",
-			"512",
-			"--port",
-			"0",
-			"--port-file",
-			pf,
-			"--open-gateway",
-			NULL};
-	pid = ptu_spawn(argv, log);
+	pid = ptu_serve_vision(bin, model, mmproj, kv, pf, log, NULL);
 	port = ptu_wait_port(pf);
 	return port ? 0 : -1;
 }
