@@ -1,5 +1,7 @@
 /* Shared helpers of the kvinfer subcommands (kvinfer_cli.h). */
 #include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -64,4 +66,26 @@ int kvinfer_parse_isa(const char *s)
 	if (!strcmp(s, "avx512"))
 		return KVK_ISA_AVX512;
 	return -EINVAL;
+}
+
+void kvinfer_block_signals(sigset_t *sigs, int hup)
+{
+	sigemptyset(sigs);
+	sigaddset(sigs, SIGINT);
+	sigaddset(sigs, SIGTERM);
+	if (hup)
+		sigaddset(sigs, SIGHUP);
+	pthread_sigmask(SIG_BLOCK, sigs, NULL);
+	signal(SIGPIPE, SIG_IGN);
+}
+
+void kvinfer_port_file(const char *path, unsigned port)
+{
+	if (!path[0])
+		return;
+	FILE *f = fopen(path, "w");
+	if (f) {
+		fprintf(f, "%u\n", port);
+		fclose(f);
+	}
 }

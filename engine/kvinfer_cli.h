@@ -3,6 +3,7 @@
 #ifndef KVFS_KVINFER_CLI_H
 #define KVFS_KVINFER_CLI_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -18,6 +19,36 @@ char *kvinfer_take_flag(int *argc, char **argv, const char *name);
 int kvinfer_parse_float(const char *s, float *out);
 /* enum kvk_isa for "auto", "avx512", "avx2", "scalar"; -EINVAL otherwise. */
 int kvinfer_parse_isa(const char *s);
+/* cfg_opt entries (cfg.h) of a kvw worker's server (wk.c, wk_enc.c): its listen address,
+ * port file and secret; and of its /metrics. OFF(field): the offset of a field of the
+ * command's config struct, whose fields listen, port_file, secret_file, metrics_listen and
+ * metrics_addr_file are char[CFG_STR_MAX]. */
+#define KVINFER_OPTS_KVW(OFF)                                                                      \
+	{"listen", CFG_STR, OFF(listen), 0, 0, "127.0.0.1:0", "host:port to serve kvw on"},        \
+	    {"port-file", CFG_STR, OFF(port_file), 0, 0, NULL, "write the bound port here"},       \
+	{                                                                                          \
+		"secret-file", CFG_STR, OFF(secret_file), 0, 0, NULL,                              \
+		    "shared secret (16..64 bytes)"                                                 \
+	}
+#define KVINFER_OPTS_METRICS(OFF)                                                                  \
+	{"metrics-listen",                                                                         \
+	 CFG_STR,                                                                                  \
+	 OFF(metrics_listen),                                                                      \
+	 0,                                                                                        \
+	 0,                                                                                        \
+	 NULL,                                                                                     \
+	 "host:port to serve GET /metrics on (Prometheus); empty = off"},                          \
+	{                                                                                          \
+		"metrics-addr-file", CFG_STR, OFF(metrics_addr_file), 0, 0, NULL,                  \
+		    "write the metrics HOST:PORT here"                                             \
+	}
+
+/* A daemon's signals, before it starts any thread: blocks SIGINT and SIGTERM, and SIGHUP too
+ * when hup (the API keys' reload), into *sigs for its sigwait; ignores SIGPIPE. */
+void kvinfer_block_signals(sigset_t *sigs, int hup);
+/* --port-file: writes port and a newline to path, unless path is empty. A file that cannot be
+ * written is passed over (whoever waits for it times out). */
+void kvinfer_port_file(const char *path, unsigned port);
 
 int kvinfer_cmd_bench(int argc, char **argv);
 

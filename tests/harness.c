@@ -458,6 +458,65 @@ int kvh_raft_init(struct kvh_raft *g, const char *tmpl, int n)
 	return 0;
 }
 
+pid_t kvh_raft_node_spawn(const struct kvh_raft *g, int i, const char *meta)
+{
+	char bin[600], dir[400], log[400];
+	int rc = kvh_bin("kvfs-node", bin, sizeof(bin));
+	if (rc)
+		return rc;
+	snprintf(dir, sizeof(dir), "%s/node%d", g->dir, i);
+	snprintf(log, sizeof(log), "%s/node%d.log", g->dir, i);
+	char *argv[] = {bin,	  "--dir",	dir,	       "--secret-file", (char *)g->secret,
+			"--meta", (char *)meta, "--heartbeat", "0.2s",		NULL};
+	return kvh_spawn(bin, argv, log);
+}
+
+int kvh_raft_status(struct kvp_pool *pool, const struct kvh_raft *g, int i, int *state,
+		    int *serving, uint64_t *applied)
+{
+	struct kvp_client *cl;
+	int rc = kvp_pool_get(pool, g->meta[i], &cl);
+	if (rc)
+		return rc;
+	uint8_t *rb = NULL;
+	uint32_t rl = 0;
+	rc = kvp_call(cl, KVP_OP_RSTATUS, NULL, 0, NULL, 0, 1000, &rb, &rl);
+	kvp_pool_put(pool, cl);
+	if (rc)
+		return rc;
+	struct kvp_rbuf r;
+	kvp_r_init(&r, rb, rl);
+	kvp_r_u64(&r);
+	*state = kvp_r_u8(&r);
+	*serving = kvp_r_u8(&r);
+	if (applied) {
+		kvp_r_u64(&r); /* term */
+		kvp_r_u64(&r); /* leader id */
+		char laddr[64];
+		kvp_r_str(&r, laddr, sizeof(laddr));
+		kvp_r_u64(&r); /* last index */
+		*applied = kvp_r_u64(&r);
+	}
+	rc = r.err;
+	free(rb);
+	return rc;
+}
+
+int kvh_raft_leader(struct kvp_pool *pool, const struct kvh_raft *g, const pid_t *pids, int skip,
+		    int timeout_ms)
+{
+	for (int t = 0; t < timeout_ms / 50; t++) {
+		for (int i = 0; i < g->n; i++) {
+			int st, sv;
+			if (i != skip && (!pids || pids[i] > 0) &&
+			    kvh_raft_status(pool, g, i, &st, &sv, NULL) == 0 && st == 3 && sv)
+				return i;
+		}
+		usleep(50000);
+	}
+	return -1;
+}
+
 pid_t kvh_raft_spawn(const struct kvh_raft *g, int i, const char *const *extra)
 {
 	char bin[600], db[400], rdir[400], log[400], id[16];

@@ -117,5 +117,18 @@ int kvh_raft_init(struct kvh_raft *g, const char *tmpl, int n);
  * g->dir) with the flags every test gives plus extra (NULL-terminated, may be NULL).
  * Returns the pid or a negative errno. */
 pid_t kvh_raft_spawn(const struct kvh_raft *g, int i, const char *const *extra);
+/* Starts kvfs-node i (its dir and log under g->dir: node<i>, node<i>.log; g's secret, 0.2 s
+ * heartbeats) reporting to meta (one replica's client address, or a comma list). Returns the
+ * pid or a negative errno. */
+pid_t kvh_raft_node_spawn(const struct kvh_raft *g, int i, const char *meta);
+/* Replica i's RSTATUS through pool (1 s): 0 with its state (3 leader), whether it serves and,
+ * unless applied is NULL, its applied index; or a negative errno. */
+int kvh_raft_status(struct kvp_pool *pool, const struct kvh_raft *g, int i, int *state,
+		    int *serving, uint64_t *applied);
+/* The first replica of g that answers as a serving leader, polling every 50 ms for up to
+ * timeout_ms: only replicas with pids[i] > 0 (pids may be NULL: all) other than skip (-1:
+ * none). Its index, or -1 if none did. */
+int kvh_raft_leader(struct kvp_pool *pool, const struct kvh_raft *g, const pid_t *pids, int skip,
+		    int timeout_ms);
 
 #endif

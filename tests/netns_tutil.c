@@ -13,6 +13,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "harness.h"
+
 /* The network the atexit hook removes; one per process is all the tests need. */
 static struct kvn_net *g_live;
 
@@ -228,4 +230,29 @@ int kvn_net_create(struct kvn_net *net, int nhosts, double delay_ms, const char 
 fail:
 	kvn_net_destroy(net);
 	return rc;
+}
+
+int kvn_test_start(struct kvn_net *net, int nhosts, double delay_ms, const char *rate, int client)
+{
+	char why[160], bin[600];
+	if (kvh_bin("kvfs-meta", bin, sizeof(bin)) || kvh_bin("kvfs-node", bin, sizeof(bin))) {
+		printf("skipped: kvfs-meta / kvfs-node not built\n");
+		return 77;
+	}
+	if (kvn_probe(why, sizeof(why))) {
+		printf("skipped: %s\n", why);
+		return 77;
+	}
+	int rc = kvn_net_create(net, nhosts, delay_ms, rate);
+	if (rc) {
+		printf("skipped: cannot build the test network: %s\n", strerror(-rc));
+		return 77;
+	}
+	/* The test itself is the client host: its sockets (and its threads') live there. */
+	if ((rc = kvn_enter(net, client))) {
+		kvn_net_destroy(net);
+		printf("skipped: cannot enter the client namespace: %s\n", strerror(-rc));
+		return 77;
+	}
+	return 0;
 }

@@ -52,4 +52,10 @@ int kvn_cut(struct kvn_net *net, int i, int j, int cut);
  * Call before starting any other thread whose sockets should be there. */
 int kvn_enter(struct kvn_net *net, int i);
 
+/* A cross-host test's start, in main before its cmocka group: 0 with net built (nhosts,
+ * delay_ms, rate: as kvn_net_create) and the calling thread in host client's namespace; or 77
+ * having printed "skipped: <why>" (no kvfs-meta / kvfs-node binary, no namespaces here, the
+ * network could not be made or entered), with nothing left to destroy. */
+int kvn_test_start(struct kvn_net *net, int nhosts, double delay_ms, const char *rate, int client);
+
 #endif

@@ -27,6 +27,7 @@
 #include "kvc.h"
 #include "kvc_int.h" /* kvc__node_mark_bad: a node a timeout put on the bad list */
 #include "kvp.h"
+#include "ret_tutil.h"
 #include "sock_tutil.h"
 
 #define NNODES 11
@@ -38,20 +39,6 @@ static struct kvh_cluster g_small; /* test_enospc's own cluster */
 static int g_small_started;
 static struct kvc *g_c;
 
-static void fill(uint8_t *p, size_t n, uint64_t seed)
-{
-	uint64_t x = seed * 0x9E3779B97F4A7C15ull + 0x1234567;
-	size_t i = 0;
-	for (; i + 8 <= n; i += 8) {
-		x ^= x << 13;
-		x ^= x >> 7;
-		x ^= x << 17;
-		memcpy(p + i, &x, 8);
-	}
-	for (; i < n; i++)
-		p[i] = (uint8_t)(x >> (8 * (i & 7)));
-}
-
 static uint64_t rng_next(uint64_t *s)
 {
 	uint64_t x = *s;
@@ -61,42 +48,21 @@ static uint64_t rng_next(uint64_t *s)
 	return *s = x;
 }
 
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static int open_client(struct kvh_cluster *cl, struct kvc **out)
 {
 	struct kvc_opts o = {.meta_addr = cl->meta_addr, .secret = &cl->secret};
 	return kvc_open(&o, out);
 }
 
-/* Reads path and compares it with fill(size, seed). */
+/* Reads path and compares it with rt_fill8(size, seed). */
 static int check_file(struct kvc *c, const char *path, size_t size, uint64_t seed)
 {
-	void *got = NULL;
-	size_t len = 0;
-	int rc = kvc_get(c, path, &got, &len);
-	if (rc)
-		return rc;
-	uint8_t *want = malloc(size ? size : 1);
-	fill(want, size, seed);
-	int ok = len == size && memcmp(got, want, size) == 0;
-	free(want);
-	free(got);
-	return ok ? 0 : -EILSEQ;
+	return rt_check_as(c, path, size, seed, rt_fill8);
 }
 
 static int put_seeded(struct kvc *c, const char *path, size_t size, uint64_t seed, int replace)
 {
-	uint8_t *b = malloc(size ? size : 1);
-	fill(b, size, seed);
-	int rc = kvc_put(c, path, b, size, replace);
-	free(b);
-	return rc;
+	return rt_put_as(c, path, size, seed, replace, rt_fill8);
 }
 
 static int setup(void **state)
@@ -123,12 +89,12 @@ static int teardown(void **state)
 {
 	(void)state;
 	kvc_close(g_c);
-	int64_t t0 = now_ms();
+	int64_t t0 = rt_now_ms();
 	if (g_small_started) /* a failed test_enospc leaves it behind */
 		kvh_cluster_stop(&g_small);
 	if (g_started)
 		kvh_cluster_stop(&g_cl);
-	fprintf(stderr, "  cluster stop %.1f s\n", (double)(now_ms() - t0) / 1000);
+	fprintf(stderr, "  cluster stop %.1f s\n", (double)(rt_now_ms() - t0) / 1000);
 	return 0;
 }
 
@@ -195,7 +161,7 @@ static void test_namespace(void **state)
 	assert_int_equal(check_file(c, "/ns/big", big, 9), 0);
 	assert_int_equal(kvc_resolve(c, "/ns/big", &a), 0);
 	uint8_t *want = malloc(big), *got = malloc(big);
-	fill(want, big, 9);
+	rt_fill8(want, big, 9);
 	assert_int_equal(kvc_file_open(c, a.ino, &f), 0);
 	struct kvc_layout_info li;
 	uint32_t *slots;
@@ -308,7 +274,7 @@ static void fileset_run(struct fileset *fs, int write)
 /* ---- sequential reads in windows that do not match the stripes ---- */
 
 /* Reads path from start to end in preads of win bytes through one open file and compares
- * every byte with fill(seed); 0 or -EILSEQ / the read's error. */
+ * every byte with rt_fill8(seed); 0 or -EILSEQ / the read's error. */
 static int read_windows(struct kvc *c, const char *path, size_t size, uint64_t seed, size_t win)
 {
 	struct kvp_attr a;
@@ -317,7 +283,7 @@ static int read_windows(struct kvc *c, const char *path, size_t size, uint64_t s
 	if (rc || (rc = kvc_file_open(c, a.ino, &f)))
 		return rc;
 	uint8_t *want = malloc(size), *got = malloc(win);
-	fill(want, size, seed);
+	rt_fill8(want, size, seed);
 	for (size_t off = 0; off < size && !rc; off += win) {
 		size_t n = size - off < win ? size - off : win;
 		ssize_t r = kvc_pread(f, got, win, off);
@@ -457,7 +423,7 @@ static void *mk_writer(void *arg)
 		snprintf(path, sizeof(path), "/mk/f%04d", i);
 		m->size[i] = rng_next(&rs) % (300 * 1024);
 		m->rc[i] = put_seeded(m->c, path, m->size[i], 5000 + i, 0);
-		m->done_ms[i] = now_ms();
+		m->done_ms[i] = rt_now_ms();
 		atomic_store(&m->n, i + 1);
 	}
 	return NULL;
@@ -479,10 +445,10 @@ static void test_meta_kill_during_writes(void **state)
 	assert_int_equal(kvh_meta_kill(&g_cl, SIGKILL), 0);
 	usleep(300000);
 	assert_int_equal(kvh_meta_restart(&g_cl), 0);
-	int64_t restarted = now_ms();
+	int64_t restarted = rt_now_ms();
 	assert_int_equal(kvh_wait_nodes_up(&g_cl, NNODES, 10000), 0);
 	/* Let a few writes complete on the restarted meta (at most 20 s on a loaded machine). */
-	for (int64_t end = now_ms() + 20000; now_ms() < end;) {
+	for (int64_t end = rt_now_ms() + 20000; rt_now_ms() < end;) {
 		int done_after = 0, n = atomic_load(&m.n);
 		for (int i = 0; i < n; i++)
 			done_after += m.done_ms[i] > restarted;
@@ -620,7 +586,7 @@ static void test_buffer_wait(void **state)
 	struct kvc *c;
 	assert_int_equal(kvc_open(&o, &c), 0);
 	static uint8_t buf[200 << 10];
-	fill(buf, sizeof(buf), 77);
+	rt_fill8(buf, sizeof(buf), 77);
 	struct kvc_writer *a, *b;
 	assert_int_equal(kvc_create(c, KVP_ROOT_INO, "bw-a", 0644, 0, &a), 0);
 	assert_int_equal(kvc_create(c, KVP_ROOT_INO, "bw-b", 0644, 0, &b), 0);
@@ -714,16 +680,16 @@ static void test_enospc(void **state)
 	(void)state;
 	NEED_CLUSTER();
 	struct kvh_cluster *cl = &g_small;
-	int64_t ts0 = now_ms();
+	int64_t ts0 = rt_now_ms();
 	int rc = kvh_cluster_start(cl, NNODES, ENOSPC_META_ARGS, "--capacity 8M");
 	g_small_started = 1;
 	assert_int_equal(rc, 0);
-	fprintf(stderr, "  enospc: start %.1f s\n", (double)(now_ms() - ts0) / 1000);
+	fprintf(stderr, "  enospc: start %.1f s\n", (double)(rt_now_ms() - ts0) / 1000);
 	struct kvc *c;
 	assert_int_equal(open_client(cl, &c), 0);
 	const size_t sz = 1u << 20;
 	int n = 0;
-	int64_t t0 = now_ms();
+	int64_t t0 = rt_now_ms();
 	for (; n < 200; n++) {
 		char path[64];
 		snprintf(path, sizeof(path), "/f%03d", n);
@@ -732,7 +698,7 @@ static void test_enospc(void **state)
 			break;
 	}
 	fprintf(stderr, "  enospc: %d files of 1 MiB stored, then %s\n", n, kvp_strerror(rc));
-	fprintf(stderr, "  enospc: filled in %.1f s\n", (double)(now_ms() - t0) / 1000);
+	fprintf(stderr, "  enospc: filled in %.1f s\n", (double)(rt_now_ms() - t0) / 1000);
 	assert_int_equal(rc, -ENOSPC);
 	assert_true(n >= 40); /* 11 x 8 MiB raw holds ~72 such files; most space is usable */
 
@@ -753,21 +719,21 @@ static void test_enospc(void **state)
 		snprintf(name, sizeof(name), "f%03d", i);
 		assert_int_equal(kvc_unlink(c, KVP_ROOT_INO, name), 0);
 	}
-	int64_t end = now_ms() + 15000;
+	int64_t end = rt_now_ms() + 15000;
 	do {
 		rc = put_seeded(c, "/again", sz, 1, 0);
 		if (rc)
 			usleep(200000);
-	} while (rc == -ENOSPC && now_ms() < end);
+	} while (rc == -ENOSPC && rt_now_ms() < end);
 	fprintf(stderr, "  enospc: space back %.1f s after the unlinks\n",
-		(double)(now_ms() - (end - 15000)) / 1000);
+		(double)(rt_now_ms() - (end - 15000)) / 1000);
 	assert_int_equal(rc, 0);
 	assert_int_equal(check_file(c, "/again", sz, 1), 0);
 	kvc_close(c);
-	int64_t ts = now_ms();
+	int64_t ts = rt_now_ms();
 	kvh_cluster_stop(cl);
 	g_small_started = 0;
-	fprintf(stderr, "  enospc: stop %.1f s\n", (double)(now_ms() - ts) / 1000);
+	fprintf(stderr, "  enospc: stop %.1f s\n", (double)(rt_now_ms() - ts) / 1000);
 }
 
 /* ---- a node with rotten chunks, then a stopped node ---- */
@@ -818,7 +784,7 @@ static void test_corrupt_and_stopped_node(void **state)
 	}
 	pid_t pid = g_cl.nodes[8].pid;
 	assert_int_equal(kill(pid, SIGSTOP), 0);
-	int64_t t0 = now_ms();
+	int64_t t0 = rt_now_ms();
 	for (int i = 0; i < nf; i++) {
 		char path[64];
 		snprintf(path, sizeof(path), "/rot/g%02d", i);
@@ -828,7 +794,7 @@ static void test_corrupt_and_stopped_node(void **state)
 			fail_msg("read with node 8 stopped: %s", kvp_strerror(rc));
 		}
 	}
-	int64_t took = now_ms() - t0;
+	int64_t took = rt_now_ms() - t0;
 	kill(pid, SIGCONT);
 	fprintf(stderr, "  rot: %llu crc errors; %d files with a node stopped in %lld ms\n",
 		(unsigned long long)(s1.crc_errors - s0.crc_errors), nf, (long long)took);
@@ -887,7 +853,7 @@ static void still_serves(struct kvh_cluster *cl, const char *node)
 static void attack(const char *addr, const struct kvp_secret *good, uint16_t op)
 {
 	uint8_t h[KVP_HDR_SIZE], junk[300];
-	fill(junk, sizeof(junk), 3);
+	rt_fill8(junk, sizeof(junk), 3);
 	int fd;
 	/* 1. garbage instead of a handshake */
 	fd = raw_connect(addr);

@@ -31,68 +31,25 @@ static struct kvp_secret secret;
 static int setup(void **state)
 {
 	(void)state;
-	const char *bd = getenv("KVFS_BUILD_DIR");
-	char synth[512], slog[600], model[600], pf[600], mf[600], log[600];
-	snprintf(synth, sizeof(synth), "%s/tools/kvinfer-synth", bd ? bd : "build");
-	snprintf(bin, sizeof(bin), "%s/bin/kvinfer", bd ? bd : "build");
-	snprintf(tmpdir, sizeof(tmpdir), "/tmp/test_encode_worker.XXXXXX");
-	if (!mkdtemp(tmpdir))
+	char model[600], pf[600], mf[600], log[600];
+	if (ptu_scratch("test_encode_worker", tmpdir, sizeof(tmpdir), bin, sizeof(bin)))
 		return -1;
 	snprintf(model, sizeof(model), "%s/m.gguf", tmpdir);
 	snprintf(mmproj, sizeof(mmproj), "%s/mmproj.gguf", tmpdir);
 	snprintf(kv, sizeof(kv), "%s/kv", tmpdir);
 	snprintf(sec, sizeof(sec), "%s/secret", tmpdir);
-	snprintf(slog, sizeof(slog), "%s/synth.log", tmpdir);
 	mkdir(kv, 0755);
-	FILE *f = fopen(sec, "w");
-	if (!f)
-		return -1;
-	fputs("test-encode-secret-0123456789abcdef\n", f);
-	fclose(f);
-	if (kvp_secret_load(sec, &secret))
-		return -1;
-	char *sargv[] = {synth, "--preset", "small", "-o", model, "--mmproj", mmproj, NULL};
-	pid_t s = ptu_spawn(sargv, slog);
-	int st = 0;
-	if (s < 0 || waitpid(s, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st))
+	if (ptu_write_line(sec, "test-encode-secret-0123456789abcdef") ||
+	    kvp_secret_load(sec, &secret) || ptu_synth(tmpdir, model, mmproj))
 		return -1;
 	snprintf(pf, sizeof(pf), "%s/port", tmpdir);
 	snprintf(mf, sizeof(mf), "%s/maddr", tmpdir);
 	snprintf(log, sizeof(log), "%s/encode.log", tmpdir);
-	char *argv[] = {bin,
-			"encode",
-			"--mmproj",
-			mmproj,
-			"--kv-dir",
-			kv,
-			"--secret-file",
-			sec,
-			"-t",
-			"1",
-			"--port-file",
-			pf,
-			"--metrics-listen",
-			"127.0.0.1:0",
-			"--metrics-addr-file",
-			mf,
-			NULL};
-	pid = ptu_spawn(argv, log);
+	pid = ptu_encoder(bin, mmproj, kv, sec, pf, mf, log, NULL);
 	port = ptu_wait_port(pf);
 	if (!port)
 		return -1;
-	for (int i = 0; i < 100 && !maddr[0]; i++) {
-		FILE *m = fopen(mf, "r");
-		if (m) {
-			if (!fgets(maddr, sizeof(maddr), m))
-				maddr[0] = 0;
-			fclose(m);
-		}
-		if (!maddr[0])
-			ptu_sleep_ms(50);
-	}
-	maddr[strcspn(maddr, "\n")] = 0;
-	char *colon = strrchr(maddr, ':');
-	mport = colon ? (uint16_t)atoi(colon + 1) : 0;
+	mport = ptu_wait_addr(mf, maddr, sizeof(maddr));
 	return mport ? 0 : -1;
 }
 

@@ -163,29 +163,15 @@ static char *complete(int g, const char *text, int max_tokens, int stream, int *
 static int setup(void **state)
 {
 	(void)state;
-	const char *bd = getenv("KVFS_BUILD_DIR");
-	char synth[512], bin[512], model[600], kvdir[600], sec[600], pf[640], log[640];
-	snprintf(synth, sizeof(synth), "%s/tools/kvinfer-synth", bd ? bd : "build");
-	snprintf(bin, sizeof(bin), "%s/bin/kvinfer", bd ? bd : "build");
-	snprintf(tmpdir, sizeof(tmpdir), "/tmp/test_handoff.XXXXXX");
-	if (!mkdtemp(tmpdir))
+	char bin[512], model[600], kvdir[600], sec[600], pf[640], log[640];
+	if (ptu_scratch("test_handoff", tmpdir, sizeof(tmpdir), bin, sizeof(bin)))
 		return -1;
 	snprintf(model, sizeof(model), "%s/small.gguf", tmpdir);
 	snprintf(kvdir, sizeof(kvdir), "%s/kv", tmpdir);
 	snprintf(sec, sizeof(sec), "%s/secret", tmpdir);
 	mkdir(kvdir, 0755);
-	FILE *f = fopen(sec, "w");
-	if (!f)
-		return -1;
-	fputs("test-handoff-secret-0123456789abcdef\n", f);
-	fclose(f);
-	if (kvp_secret_load(sec, &secret))
-		return -1;
-	char *sargv[] = {synth, "--preset", "small", "-o", model, NULL};
-	snprintf(log, sizeof(log), "%s/synth.log", tmpdir);
-	pid_t sp = ptu_spawn(sargv, log);
-	int st = 0;
-	if (sp < 0 || waitpid(sp, &st, 0) != sp || !WIFEXITED(st) || WEXITSTATUS(st))
+	if (ptu_write_line(sec, "test-handoff-secret-0123456789abcdef") ||
+	    kvp_secret_load(sec, &secret) || ptu_synth(tmpdir, model, NULL))
 		return -1;
 	/* D's block size in bytes, for hand-made KV_PUT frames */
 	struct kvi_model *m = NULL;
@@ -248,30 +234,9 @@ static int setup(void **state)
 	static const int pre[NG] = {W_P, W_P, W_P, W_P, W_PH, W_PH, W_P};
 	static const int dec[NG] = {W_D, W_D, W_DS, W_D32, W_DH, W_DH, W_DS};
 	for (int i = 0; i < NG; i++) {
-		char pl[64], dl[64];
-		snprintf(pl, sizeof(pl), "127.0.0.1:%u", wport[pre[i]]);
-		snprintf(dl, sizeof(dl), "127.0.0.1:%u", wport[dec[i]]);
-		snprintf(pf, sizeof(pf), "%s/gport%d", tmpdir, i);
-		snprintf(log, sizeof(log), "%s/glog%d", tmpdir, i);
-		char *argv[] = {bin,
-				"gateway",
-				"--open-gateway",
-				"--prefill",
-				pl,
-				"--decode",
-				dl,
-				"--secret-file",
-				sec,
-				"--handoff",
-				(char *)how[i],
-				"--local-prefill",
-				i == G_LOCAL ? "1000" : "0",
-				"--port",
-				"0",
-				"--port-file",
-				pf,
-				NULL};
-		gpid[i] = ptu_spawn(argv, log);
+		const char *ex[] = {"--handoff", how[i], "--local-prefill",
+				    i == G_LOCAL ? "1000" : "0", NULL};
+		gpid[i] = ptu_gateway(bin, tmpdir, i, wport[pre[i]], wport[dec[i]], sec, ex);
 	}
 	return ptu_wait_ports(tmpdir, "gport", NG, gport);
 }
@@ -857,28 +822,12 @@ static void test_bad_prefill_reply(void **state)
 	struct kvp_server *srv = NULL;
 	assert_int_equal(kvp_server_start(&so, &srv), 0);
 	const char *bd = getenv("KVFS_BUILD_DIR");
-	char bin[512], sec[300], pf[300], log[300], pl[64], dl[64];
+	char bin[512], sec[300], pf[300], log[300];
 	snprintf(bin, sizeof(bin), "%s/bin/kvinfer", bd ? bd : "build");
 	snprintf(sec, sizeof(sec), "%s/secret", tmpdir);
 	snprintf(pf, sizeof(pf), "%s/gport-bad", tmpdir);
 	snprintf(log, sizeof(log), "%s/glog-bad", tmpdir);
-	snprintf(pl, sizeof(pl), "127.0.0.1:%u", kvp_server_port(srv));
-	snprintf(dl, sizeof(dl), "127.0.0.1:%u", wport[W_D]);
-	char *argv[] = {bin,
-			"gateway",
-			"--open-gateway",
-			"--prefill",
-			pl,
-			"--decode",
-			dl,
-			"--secret-file",
-			sec,
-			"--port",
-			"0",
-			"--port-file",
-			pf,
-			NULL};
-	pid_t g = ptu_spawn(argv, log);
+	pid_t g = ptu_gateway_at(bin, pf, log, kvp_server_port(srv), wport[W_D], sec, NULL);
 	uint16_t port = ptu_wait_port(pf);
 	assert_true(port != 0);
 	int errors = 0;
@@ -913,15 +862,7 @@ static void test_bad_prefill_reply(void **state)
 static void test_processes_healthy(void **state)
 {
 	(void)state;
-	for (int i = 0; i < NW + NG; i++) {
-		pid_t p = i < NW ? wpid[i] : gpid[i - NW];
-		assert_int_equal(waitpid(p, NULL, WNOHANG), 0);
-		char path[320];
-		snprintf(path, sizeof(path), "%s/%s%d", tmpdir, i < NW ? "wlog" : "glog",
-			 i < NW ? i : i - NW);
-		if (!ptu_log_clean(path))
-			fail_msg("%s has a sanitizer report", path);
-	}
+	ptu_assert_healthy(tmpdir, wpid, NW, gpid, NG);
 }
 
 int main(void)

@@ -137,29 +137,14 @@ static pid_t start_worker(int i, const char *listen)
 static int setup(void **state)
 {
 	(void)state;
-	const char *bd = getenv("KVFS_BUILD_DIR");
-	char synth[512], pf[640], log[640];
-	snprintf(synth, sizeof(synth), "%s/tools/kvinfer-synth", bd ? bd : "build");
-	snprintf(bin, sizeof(bin), "%s/bin/kvinfer", bd ? bd : "build");
-	snprintf(tmpdir, sizeof(tmpdir), "/tmp/test_handoff_nccl.XXXXXX");
-	if (!mkdtemp(tmpdir))
+	if (ptu_scratch("test_handoff_nccl", tmpdir, sizeof(tmpdir), bin, sizeof(bin)))
 		return -1;
 	snprintf(model, sizeof(model), "%s/small.gguf", tmpdir);
 	snprintf(kvdir, sizeof(kvdir), "%s/kv", tmpdir);
 	snprintf(sec, sizeof(sec), "%s/secret", tmpdir);
 	mkdir(kvdir, 0755);
-	FILE *f = fopen(sec, "w");
-	if (!f)
-		return -1;
-	fputs("test-handoff-nccl-secret-0123456789\n", f);
-	fclose(f);
-	if (kvp_secret_load(sec, &secret))
-		return -1;
-	char *sargv[] = {synth, "--preset", "small", "-o", model, NULL};
-	snprintf(log, sizeof(log), "%s/synth.log", tmpdir);
-	pid_t sp = ptu_spawn(sargv, log);
-	int st = 0;
-	if (sp < 0 || waitpid(sp, &st, 0) != sp || !WIFEXITED(st) || WEXITSTATUS(st))
+	if (ptu_write_line(sec, "test-handoff-nccl-secret-0123456789") ||
+	    kvp_secret_load(sec, &secret) || ptu_synth(tmpdir, model, NULL))
 		return -1;
 	struct kvi_model *m = NULL;
 	char err[256];
@@ -180,28 +165,8 @@ static int setup(void **state)
 	if (ptu_wait_ports(tmpdir, "wport", NW, wport))
 		return -1;
 	for (int i = 0; i < NG; i++) {
-		char pl[64], dl[64];
-		snprintf(pl, sizeof(pl), "127.0.0.1:%u", wport[W_P]);
-		snprintf(dl, sizeof(dl), "127.0.0.1:%u", wport[W_D]);
-		snprintf(pf, sizeof(pf), "%s/gport%d", tmpdir, i);
-		snprintf(log, sizeof(log), "%s/glog%d", tmpdir, i);
-		char *argv[] = {bin,
-				"gateway",
-				"--open-gateway",
-				"--prefill",
-				pl,
-				"--decode",
-				dl,
-				"--secret-file",
-				sec,
-				"--handoff",
-				i == G_FS ? "fs" : "direct",
-				"--port",
-				"0",
-				"--port-file",
-				pf,
-				NULL};
-		gpid[i] = ptu_spawn(argv, log);
+		const char *ex[] = {"--handoff", i == G_FS ? "fs" : "direct", NULL};
+		gpid[i] = ptu_gateway(bin, tmpdir, i, wport[W_P], wport[W_D], sec, ex);
 	}
 	return ptu_wait_ports(tmpdir, "gport", NG, gport);
 }
@@ -412,15 +377,7 @@ static void test_nccl_receiver_watchdog(void **state)
 static void test_processes_healthy(void **state)
 {
 	(void)state;
-	for (int i = 0; i < NW + NG; i++) {
-		pid_t p = i < NW ? wpid[i] : gpid[i - NW];
-		assert_int_equal(waitpid(p, NULL, WNOHANG), 0);
-		char path[320];
-		snprintf(path, sizeof(path), "%s/%s%d", tmpdir, i < NW ? "wlog" : "glog",
-			 i < NW ? i : i - NW);
-		if (!ptu_log_clean(path))
-			fail_msg("%s has a sanitizer report", path);
-	}
+	ptu_assert_healthy(tmpdir, wpid, NW, gpid, NG);
 	char path[320];
 	snprintf(path, sizeof(path), "%s/wlog%d.2", tmpdir, W_D); /* the restarted D */
 	if (!ptu_log_clean(path))

@@ -29,6 +29,7 @@
 #include "kvc.h"
 #include "kvp.h"
 #include "netns_tutil.h"
+#include "ret_tutil.h"
 
 #define NZONES	      11
 #define NNODES	      14 /* zones 0-2 hold two nodes each */
@@ -44,51 +45,15 @@ static struct kvn_net g_net;
 static struct kvh_cluster g_cl;
 static struct kvc *g_c;
 
-static void fill(uint8_t *p, size_t n, uint64_t seed)
-{
-	uint64_t x = seed * 0x9E3779B97F4A7C15ull + 0x1234567;
-	for (size_t i = 0; i < n; i++) {
-		if ((i & 7) == 0) {
-			x ^= x << 13;
-			x ^= x >> 7;
-			x ^= x << 17;
-		}
-		p[i] = (uint8_t)(x >> (8 * (i & 7)));
-	}
-}
-
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static int put_seeded(struct kvc *c, const char *path, size_t size, uint64_t seed)
 {
-	uint8_t *b = malloc(size ? size : 1);
-	if (!b)
-		return -ENOMEM;
-	fill(b, size, seed);
-	int rc = kvc_put(c, path, b, size, 0);
-	free(b);
-	return rc;
+	return rt_put_as(c, path, size, seed, 0, rt_fill8);
 }
 
-/* 0 when path holds exactly fill(size, seed); -EILSEQ when it holds anything else. */
+/* 0 when path holds exactly rt_fill8(size, seed); -EILSEQ when it holds anything else. */
 static int check_seeded(struct kvc *c, const char *path, size_t size, uint64_t seed)
 {
-	void *got = NULL;
-	size_t len = 0;
-	int rc = kvc_get(c, path, &got, &len);
-	if (rc)
-		return rc;
-	uint8_t *want = malloc(size ? size : 1);
-	fill(want, size, seed);
-	int ok = len == size && memcmp(got, want, size) == 0;
-	free(want);
-	free(got);
-	return ok ? 0 : -EILSEQ;
+	return rt_check_as(c, path, size, seed, rt_fill8);
 }
 
 static int host_of_node(int i)
@@ -141,7 +106,7 @@ static void test_zone_lost(void **state)
 		assert_int_equal(put_seeded(g_c, path, file_size(i), 100 + (uint64_t)i), 0);
 	}
 	zone_link(0, 0);
-	int64_t t0 = now_ms();
+	int64_t t0 = rt_now_ms();
 	for (int i = 0; i < nf; i++) {
 		snprintf(path, sizeof(path), "/zone/f%d", i);
 		int rc = check_seeded(g_c, path, file_size(i), 100 + (uint64_t)i);
@@ -150,7 +115,7 @@ static void test_zone_lost(void **state)
 		assert_int_equal(rc, 0);
 	}
 	fprintf(stderr, "zone 0 down: %d files read exact in %lld ms\n", nf,
-		(long long)(now_ms() - t0));
+		(long long)(rt_now_ms() - t0));
 	/* Meta sees both nodes of the zone go; writes go on over the 10 zones left. */
 	assert_int_equal(kvh_wait_nodes_up(&g_cl, NNODES - 2, 20000), 0);
 	for (int i = 0; i < 10; i++) {
@@ -170,24 +135,24 @@ static void test_zone_lost(void **state)
  * time of all of them in *total. */
 static int64_t write_read(const char *dir, int n, size_t size, uint64_t seed, int64_t *total)
 {
-	int64_t t0 = now_ms();
+	int64_t t0 = rt_now_ms();
 	char path[64];
 	int64_t worst = 0;
 	assert_int_equal(kvc_mkdir_p(g_c, dir, 0755), 0);
 	for (int pass = 0; pass < 2; pass++)
 		for (int i = 0; i < n; i++) {
 			snprintf(path, sizeof(path), "%s/f%d", dir, i);
-			int64_t t = now_ms();
+			int64_t t = rt_now_ms();
 			if (pass == 0)
 				assert_int_equal(put_seeded(g_c, path, size, seed + (uint64_t)i),
 						 0);
 			else
 				assert_int_equal(check_seeded(g_c, path, size, seed + (uint64_t)i),
 						 0);
-			t = now_ms() - t;
+			t = rt_now_ms() - t;
 			worst = t > worst ? t : worst;
 		}
-	*total = now_ms() - t0;
+	*total = rt_now_ms() - t0;
 	return worst;
 }
 
@@ -264,13 +229,13 @@ static void test_node_killed_mid_write(void **state)
 	w.cl = &g_cl;
 	pthread_t t;
 	assert_int_equal(pthread_create(&t, NULL, writer_main, &w), 0);
-	int64_t end = now_ms() + 30000;
-	while (atomic_load(&w.acked) < 10 && now_ms() < end)
+	int64_t end = rt_now_ms() + 30000;
+	while (atomic_load(&w.acked) < 10 && rt_now_ms() < end)
 		usleep(10000);
 	int victim = 7;
 	assert_int_equal(kvh_node_kill(&g_cl, victim, SIGKILL), 0);
 	int at_kill = atomic_load(&w.acked);
-	while (atomic_load(&w.acked) < at_kill + 25 && now_ms() < end)
+	while (atomic_load(&w.acked) < at_kill + 25 && rt_now_ms() < end)
 		usleep(10000);
 	atomic_store(&w.stop, 1);
 	pthread_join(t, NULL);
@@ -328,30 +293,13 @@ static int teardown(void **state)
 
 int main(void)
 {
-	char why[160], bin[600];
-	if (kvh_bin("kvfs-meta", bin, sizeof(bin)) || kvh_bin("kvfs-node", bin, sizeof(bin))) {
-		printf("skipped: kvfs-meta / kvfs-node not built\n");
-		return 77;
-	}
-	if (kvn_probe(why, sizeof(why))) {
-		printf("skipped: %s\n", why);
-		return 77;
-	}
 	signal(SIGPIPE, SIG_IGN);
-	int rc = kvn_net_create(&g_net, NHOSTS, BASE_DELAY_MS, BASE_RATE);
-	if (rc) {
-		printf("skipped: cannot build the test network: %s\n", strerror(-rc));
-		return 77;
-	}
+	int rc = kvn_test_start(&g_net, NHOSTS, BASE_DELAY_MS, BASE_RATE, HOST_CLIENT);
+	if (rc)
+		return rc;
 	fprintf(
 	    stderr, "%d hosts in namespaces %s-*, links %s%s\n", NHOSTS, g_net.prefix, BASE_RATE,
 	    g_net.have_netem ? " + 0.2 ms each way (netem)" : " (tbf; no netem here: no delay)");
-	/* The test itself is the client host: its sockets (and its threads') live there. */
-	if ((rc = kvn_enter(&g_net, HOST_CLIENT))) {
-		kvn_net_destroy(&g_net);
-		printf("skipped: cannot enter the client namespace: %s\n", strerror(-rc));
-		return 77;
-	}
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_status_zones),
 	    cmocka_unit_test(test_zone_lost),

@@ -730,28 +730,11 @@ static int teardown(void **state)
 
 int main(void)
 {
-	char why[160];
-	if (!rt_have_bins()) {
-		printf("skipped: kvfs-meta / kvfs-node not built\n");
-		return 77;
-	}
-	if (kvn_probe(why, sizeof(why))) {
-		printf("skipped: %s\n", why);
-		return 77;
-	}
 	signal(SIGPIPE, SIG_IGN);
 	setvbuf(stdout, NULL, _IOLBF, 0);
-	int rc = kvn_net_create(&g_net, NHOSTS, 0, BASE_RATE);
-	if (rc) {
-		printf("skipped: cannot build the test network: %s\n", strerror(-rc));
-		return 77;
-	}
-	/* The test itself is the client host: its sockets (and its threads') live there. */
-	if ((rc = kvn_enter(&g_net, H_CLIENT))) {
-		kvn_net_destroy(&g_net);
-		printf("skipped: cannot enter the client namespace: %s\n", strerror(-rc));
-		return 77;
-	}
+	int rc = kvn_test_start(&g_net, NHOSTS, 0, BASE_RATE, H_CLIENT);
+	if (rc)
+		return rc;
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_follower_killed), cmocka_unit_test(test_leader_killed),
 	    cmocka_unit_test(test_partition),	    cmocka_unit_test(test_partition_asymmetric),

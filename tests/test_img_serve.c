@@ -35,12 +35,8 @@ static uint16_t ports[NFORM];
 static int setup(void **state)
 {
 	(void)state;
-	const char *bd = getenv("KVFS_BUILD_DIR");
-	char synth[512], bin[512], model[512], kv[2][512], secret[512], pf[4][600], log[4][600];
-	snprintf(synth, sizeof(synth), "%s/tools/kvinfer-synth", bd ? bd : "build");
-	snprintf(bin, sizeof(bin), "%s/bin/kvinfer", bd ? bd : "build");
-	snprintf(tmpdir, sizeof(tmpdir), "/tmp/test_img_serve.XXXXXX");
-	if (!mkdtemp(tmpdir))
+	char bin[512], model[512], kv[2][512], secret[512], pf[4][600], log[4][600];
+	if (ptu_scratch("test_img_serve", tmpdir, sizeof(tmpdir), bin, sizeof(bin)))
 		return -1;
 	snprintf(model, sizeof(model), "%s/m.gguf", tmpdir);
 	snprintf(secret, sizeof(secret), "%s/secret", tmpdir);
@@ -52,17 +48,8 @@ static int setup(void **state)
 		snprintf(pf[i], sizeof(pf[i]), "%s/port%d", tmpdir, i);
 		snprintf(log[i], sizeof(log[i]), "%s/log%d", tmpdir, i);
 	}
-	FILE *f = fopen(secret, "w");
-	if (!f)
-		return -1;
-	fputs("test-img-serve-secret-0123456789abcdef\n", f);
-	fclose(f);
-	char slog[600];
-	snprintf(slog, sizeof(slog), "%s/synth.log", tmpdir);
-	char *sargv[] = {synth, "--preset", "small", "-o", model, NULL};
-	pid_t s = ptu_spawn(sargv, slog);
-	int st = 0;
-	if (s < 0 || waitpid(s, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st))
+	if (ptu_write_line(secret, "test-img-serve-secret-0123456789abcdef") ||
+	    ptu_synth(tmpdir, model, NULL))
 		return -1;
 		/* a small side limit, so one test image is over it: the option reaches the parser
 		 */
@@ -81,25 +68,8 @@ static int setup(void **state)
 	for (int i = 0; i < 3; i++)
 		if (!(wp[i] = ptu_wait_port(pf[i])))
 			return -1;
-	char pl[64], dl[64];
-	snprintf(pl, sizeof(pl), "127.0.0.1:%u", wp[1]);
-	snprintf(dl, sizeof(dl), "127.0.0.1:%u", wp[2]);
-	char *gw[] = {bin,
-		      "gateway",
-		      "--open-gateway",
-		      "--prefill",
-		      pl,
-		      "--decode",
-		      dl,
-		      "--secret-file",
-		      secret,
-		      "--port",
-		      "0",
-		      "--port-file",
-		      pf[3],
-		      IMGOPT,
-		      NULL};
-	gpids[1] = ptu_spawn(gw, log[3]);
+	const char *gw[] = {IMGOPT, NULL};
+	gpids[1] = ptu_gateway_at(bin, pf[3], log[3], wp[1], wp[2], secret, gw);
 	ports[EMB] = wp[0];
 	ports[DIS] = ptu_wait_port(pf[3]);
 	return ports[DIS] ? 0 : -1;

@@ -569,6 +569,9 @@ static void test_rename_unlink(void **state)
 	assert_int_equal(rename_(g_c, r.ino, "x", sub.ino, "xx", 0), 0);
 	assert_int_equal(lookup(g_c, sub.ino, "xx", &b), 0);
 
+	/* RMDIR of a file: not a directory (the file stays for UNLINK below). */
+	assert_int_equal(name_op(g_c, KVP_OP_RMDIR, y.ino, "f2", 2, 0, &b), -ENOTDIR);
+
 	/* UNLINK: metadata gone at once, chunks deleted in the background. */
 	assert_int_equal(name_op(g_c, KVP_OP_UNLINK, y.ino, "f2", 2, 0, &b), 0);
 	assert_int_equal(lookup(g_c, y.ino, "f2", &b), -ENOENT);

@@ -48,58 +48,20 @@ static void meta_start(int i)
 
 static void node_start(int i)
 {
-	char bin[600], dir[400], log[400];
-	assert_int_equal(kvh_bin("kvfs-node", bin, sizeof(bin)), 0);
-	snprintf(dir, sizeof(dir), "%s/node%d", G.dir, i);
-	snprintf(log, sizeof(log), "%s/node%d.log", G.dir, i);
-	char *argv[] = {bin,	  "--dir", dir,		  "--secret-file", G.secret,
-			"--meta", g_list,  "--heartbeat", "0.2s",	   NULL};
-	g_npid[i] = kvh_spawn(bin, argv, log);
+	g_npid[i] = kvh_raft_node_spawn(&G, i, g_list);
 	assert_true(g_npid[i] > 0);
 }
 
 /* Replica i's RSTATUS: 0 and its state (3 leader) and applied index, or an error. */
 static int rstatus(struct kvp_pool *pool, int i, int *state, int *serving, uint64_t *applied)
 {
-	struct kvp_client *cl;
-	int rc = kvp_pool_get(pool, G.meta[i], &cl);
-	if (rc)
-		return rc;
-	uint8_t *rb = NULL;
-	uint32_t rl = 0;
-	rc = kvp_call(cl, KVP_OP_RSTATUS, NULL, 0, NULL, 0, 1000, &rb, &rl);
-	kvp_pool_put(pool, cl);
-	if (rc)
-		return rc;
-	struct kvp_rbuf r;
-	kvp_r_init(&r, rb, rl);
-	kvp_r_u64(&r);
-	*state = kvp_r_u8(&r);
-	*serving = kvp_r_u8(&r);
-	kvp_r_u64(&r); /* term */
-	kvp_r_u64(&r); /* leader id */
-	char laddr[64];
-	kvp_r_str(&r, laddr, sizeof(laddr));
-	kvp_r_u64(&r); /* last index */
-	*applied = kvp_r_u64(&r);
-	rc = r.err;
-	free(rb);
-	return rc;
+	return kvh_raft_status(pool, &G, i, state, serving, applied);
 }
 
 /* The replica that serves as leader, waiting up to 15 s; -1 if none. */
 static int leader(struct kvp_pool *pool)
 {
-	for (int t = 0; t < 300; t++) {
-		for (int i = 0; i < NREP; i++) {
-			int st, sv;
-			uint64_t ap;
-			if (g_mpid[i] > 0 && rstatus(pool, i, &st, &sv, &ap) == 0 && st == 3 && sv)
-				return i;
-		}
-		rt_sleep_ms(50);
-	}
-	return -1;
+	return kvh_raft_leader(pool, &G, g_mpid, -1, 15000);
 }
 
 /* Waits up to 30 s until replica i has applied at least what the leader has; 0 or
@@ -353,16 +315,7 @@ static int mkdir_on(struct kvp_pool *pool, int i, const char *name, int timeout_
 /* A serving leader other than replica `not`, waiting up to 20 s; -1 if none. */
 static int leader_but(struct kvp_pool *pool, int not )
 {
-	for (int t = 0; t < 400; t++) {
-		for (int i = 0; i < NREP; i++) {
-			int st, sv;
-			uint64_t ap;
-			if (i != not &&rstatus(pool, i, &st, &sv, &ap) == 0 && st == 3 && sv)
-				return i;
-		}
-		rt_sleep_ms(50);
-	}
-	return -1;
+	return kvh_raft_leader(pool, &G, NULL, not, 20000);
 }
 
 /* Replica i's whole database (stopped), as "key=value" lines in key order, into a malloc'd

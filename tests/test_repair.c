@@ -73,8 +73,7 @@ static uint32_t node_id(struct kvc *c, struct kvh_cluster *cl, int i)
 static struct kvc *start_with_files_flags(int nnodes, const char *meta_args, const char *node_args,
 					  unsigned flags)
 {
-	g_up = 1; /* even a half-started cluster is stopped by teardown */
-	assert_int_equal(kvh_cluster_start_flags(&g_cl, nnodes, meta_args, node_args, flags), 0);
+	rt_start(&g_cl, &g_up, nnodes, meta_args, node_args, flags);
 	struct kvc *c = g_c = client(&g_cl);
 	for (int i = 0; i < 3; i++) {
 		char p[16];
@@ -117,8 +116,6 @@ static double nodes_metric(struct kvh_cluster *cl, const char *name, const char 
 static void test_repair(void **state)
 {
 	(void)state;
-	if (!rt_have_bins())
-		skip();
 	struct kvh_cluster *const clp = &g_cl;
 	/* 5 nodes, stripes of 2+1: after one loss 4 remain, so repair has room for distinct
 	 * nodes, and after a second loss reads need every stripe whole again. */
@@ -191,8 +188,6 @@ static uint64_t alloc_on(struct kvc *c, uint32_t on)
 static void test_drain(void **state)
 {
 	(void)state;
-	if (!rt_have_bins())
-		skip();
 	struct kvh_cluster *const clp = &g_cl;
 	struct kvc *c = start_with_files(4,
 					 "--k 2 --m 1 --node-timeout 2s --gc-interval 0.1s "
@@ -267,8 +262,6 @@ static int rot_node(struct kvh_cluster *cl, int i, int max)
 static void test_scrub(void **state)
 {
 	(void)state;
-	if (!rt_have_bins())
-		skip();
 	struct kvh_cluster *const clp = &g_cl;
 	struct kvc *c = start_with_files_flags(4,
 					       "--k 2 --m 1 --node-timeout 2s --gc-interval 0.1s "
@@ -354,16 +347,12 @@ static void check_small(struct kvc *c, const size_t *sz, size_t n)
 static void test_small_files(void **state)
 {
 	(void)state;
-	if (!rt_have_bins())
-		skip();
 	struct kvh_cluster *const clp = &g_cl;
-	g_up = 1;
 	/* 4+2 on 7 nodes: a drained node's chunks have a node outside their stripe to go to. */
-	assert_int_equal(kvh_cluster_start(clp, 7,
-					   "--k 4 --m 2 --chunk-size 4096 --node-timeout 2s "
-					   "--gc-interval 0.1s --repair-delay 0 --scrub-interval 0",
-					   NULL),
-			 0);
+	rt_start(clp, &g_up, 7,
+		 "--k 4 --m 2 --chunk-size 4096 --node-timeout 2s "
+		 "--gc-interval 0.1s --repair-delay 0 --scrub-interval 0",
+		 NULL, 0);
 	struct kvc *c = g_c = client(clp);
 	assert_int_equal(kvc_mkdir_p(c, "/s", 0755), 0);
 	size_t sz[64];
@@ -454,8 +443,6 @@ static void test_small_files(void **state)
 static void test_repair_impossible(void **state)
 {
 	(void)state;
-	if (!rt_have_bins())
-		skip();
 	struct kvh_cluster *const clp = &g_cl;
 	struct kvc *c = start_with_files_flags(3,
 					       "--k 2 --m 1 --node-timeout 1s --gc-interval 0.1s "
@@ -486,8 +473,6 @@ static void test_repair_impossible(void **state)
 static void test_auto_repair(void **state)
 {
 	(void)state;
-	if (!rt_have_bins())
-		skip();
 	struct kvh_cluster *const clp = &g_cl;
 	struct kvc *c = start_with_files(4,
 					 "--k 2 --m 1 --node-timeout 1s --gc-interval 0.1s "
@@ -595,15 +580,11 @@ static double meta_metric(struct kvh_cluster *cl, const char *name)
 static void test_degraded_writes(void **state)
 {
 	(void)state;
-	if (!rt_have_bins())
-		skip();
 	struct kvh_cluster *const clp = &g_cl;
-	g_up = 1;
-	assert_int_equal(kvh_cluster_start_flags(clp, 5,
-						 "--k 4 --m 1 --chunk-size 16K --node-timeout 12s "
-						 "--gc-interval 0.1s --repair-delay 0",
-						 NULL, KVH_METRICS),
-			 0);
+	rt_start(clp, &g_up, 5,
+		 "--k 4 --m 1 --chunk-size 16K --node-timeout 12s "
+		 "--gc-interval 0.1s --repair-delay 0",
+		 NULL, KVH_METRICS);
 	struct kvc *c = g_c = client(clp);
 	assert_int_equal(kvc_mkdir_p(c, "/g", 0755), 0);
 	dg_write(c, "a", 500);
@@ -690,15 +671,11 @@ static void test_degraded_writes(void **state)
 static void test_write_redundancy(void **state)
 {
 	(void)state;
-	if (!rt_have_bins())
-		skip();
 	struct kvh_cluster *const clp = &g_cl;
-	g_up = 1;
-	assert_int_equal(kvh_cluster_start(clp, 3,
-					   "--k 2 --m 1 --node-timeout 8s --gc-interval 0.1s "
-					   "--repair-delay 0 --write-redundancy 1",
-					   NULL),
-			 0);
+	rt_start(clp, &g_up, 3,
+		 "--k 2 --m 1 --node-timeout 8s --gc-interval 0.1s "
+		 "--repair-delay 0 --write-redundancy 1",
+		 NULL, 0);
 	struct kvc *c = g_c = client(clp);
 	assert_int_equal(kvc_mkdir_p(c, "/r", 0755), 0);
 	assert_int_equal(rt_put(c, "/r/ok", 50000, 1), 0);

@@ -56,16 +56,12 @@ static struct kvc *client(struct kvh_cluster *cl)
 static void test_ttl(void **state)
 {
 	(void)state;
-	if (!rt_have_bins())
-		skip();
 	struct kvh_cluster *const clp = &g_cl;
-	g_up = 1; /* even a half-started cluster is stopped by teardown */
-	assert_int_equal(kvh_cluster_start(clp, 3,
-					   "--k 2 --m 1 --ttl 3s --ttl-rules /keep=0 "
-					   "--retention-interval 0.2s --atime-granularity 0 "
-					   "--gc-interval 0.1s --node-timeout 3s",
-					   NULL),
-			 0);
+	rt_start(clp, &g_up, 3,
+		 "--k 2 --m 1 --ttl 3s --ttl-rules /keep=0 "
+		 "--retention-interval 0.2s --atime-granularity 0 "
+		 "--gc-interval 0.1s --node-timeout 3s",
+		 NULL, 0);
 	struct kvc *c = g_c = client(clp);
 	assert_int_equal(kvc_mkdir_p(c, "/hot", 0755), 0);
 	assert_int_equal(kvc_mkdir_p(c, "/cold/deep", 0755), 0);
@@ -141,16 +137,12 @@ static void a_key(uint8_t k[17], int64_t ns, uint64_t ino)
 static void test_old_db_upgrade(void **state)
 {
 	(void)state;
-	if (!rt_have_bins())
-		skip();
 	struct kvh_cluster *const clp = &g_cl;
-	g_up = 1;
-	assert_int_equal(kvh_cluster_start(clp, 3,
-					   "--k 2 --m 1 --ttl 3s --ttl-rules /keep=0,/mid=1h "
-					   "--retention-interval 0.2s --atime-granularity 0 "
-					   "--gc-interval 0.1s --node-timeout 1s",
-					   NULL),
-			 0);
+	rt_start(clp, &g_up, 3,
+		 "--k 2 --m 1 --ttl 3s --ttl-rules /keep=0,/mid=1h "
+		 "--retention-interval 0.2s --atime-granularity 0 "
+		 "--gc-interval 0.1s --node-timeout 1s",
+		 NULL, 0);
 	struct kvc *c = g_c = client(clp);
 	assert_int_equal(kvc_mkdir_p(c, "/keep", 0755), 0);
 	assert_int_equal(kvc_mkdir_p(c, "/cold", 0755), 0);
@@ -297,16 +289,11 @@ static void mount_stop(void)
 static void test_set_atime(void **state)
 {
 	(void)state;
-	if (!rt_have_bins())
-		skip();
 	struct kvh_cluster *const clp = &g_cl;
-	g_up = 1;
-	assert_int_equal(
-	    kvh_cluster_start(clp, 3,
-			      "--k 2 --m 1 --ttl 4s --retention-interval 0.2s "
-			      "--atime-granularity 0 --gc-interval 0.1s --node-timeout 3s",
-			      NULL),
-	    0);
+	rt_start(clp, &g_up, 3,
+		 "--k 2 --m 1 --ttl 4s --retention-interval 0.2s "
+		 "--atime-granularity 0 --gc-interval 0.1s --node-timeout 3s",
+		 NULL, 0);
 	struct kvc *c = g_c = client(clp);
 	assert_int_equal(kvc_mkdir_p(c, "/t", 0755), 0);
 	assert_int_equal(rt_put(c, "/t/old", 20000, 60), 0);
@@ -373,17 +360,12 @@ static void test_set_atime(void **state)
 static void test_evict_set_atime(void **state)
 {
 	(void)state;
-	if (!rt_have_bins())
-		skip();
 	struct kvh_cluster *const clp = &g_cl;
-	g_up = 1;
-	assert_int_equal(
-	    kvh_cluster_start(clp, 4,
-			      "--k 2 --m 1 --ttl 0 --high-watermark 60 "
-			      "--low-watermark 45 --retention-interval 0.1s "
-			      "--atime-granularity 0 --gc-interval 0.05s --node-timeout 3s",
-			      "--capacity 4M"),
-	    0);
+	rt_start(clp, &g_up, 4,
+		 "--k 2 --m 1 --ttl 0 --high-watermark 60 "
+		 "--low-watermark 45 --retention-interval 0.1s "
+		 "--atime-granularity 0 --gc-interval 0.05s --node-timeout 3s",
+		 "--capacity 4M", 0);
 	struct kvc *c = g_c = client(clp);
 	assert_int_equal(kvc_mkdir_p(c, "/e", 0755), 0);
 	char p[64];
@@ -465,16 +447,12 @@ static void usage(struct kvc *c, uint64_t *used, uint64_t *cap)
 static void test_evict(void **state)
 {
 	(void)state;
-	if (!rt_have_bins())
-		skip();
 	struct kvh_cluster *const clp = &g_cl;
-	assert_int_equal(
-	    kvh_cluster_start(clp, 4,
-			      "--k 2 --m 1 --ttl 0 --high-watermark 60 "
-			      "--low-watermark 45 --retention-interval 0.1s "
-			      "--atime-granularity 0 --gc-interval 0.05s --node-timeout 3s",
-			      "--capacity 4M"),
-	    0);
+	rt_start(clp, &g_up, 4,
+		 "--k 2 --m 1 --ttl 0 --high-watermark 60 "
+		 "--low-watermark 45 --retention-interval 0.1s "
+		 "--atime-granularity 0 --gc-interval 0.05s --node-timeout 3s",
+		 "--capacity 4M", 0);
 	struct kvc *c = g_c = client(clp);
 	assert_int_equal(kvc_mkdir_p(c, "/w0", 0755), 0);
 	assert_int_equal(kvc_mkdir_p(c, "/w1", 0755), 0);
@@ -583,17 +561,12 @@ static int node_chunks_reported(struct kvc *c, const char *addr, uint64_t *cap, 
 static void test_disk_full(void **state)
 {
 	(void)state;
-	if (!rt_have_bins())
-		skip();
 	struct kvh_cluster *const clp = &g_cl;
-	g_up = 1;
-	assert_int_equal(
-	    kvh_cluster_start(clp, 0,
-			      "--k 2 --m 1 --ttl 0 --high-watermark 60 "
-			      "--low-watermark 45 --retention-interval 0.1s "
-			      "--atime-granularity 0 --gc-interval 0.05s --node-timeout 3s",
-			      NULL),
-	    0);
+	rt_start(clp, &g_up, 0,
+		 "--k 2 --m 1 --ttl 0 --high-watermark 60 "
+		 "--low-watermark 45 --retention-interval 0.1s "
+		 "--atime-granularity 0 --gc-interval 0.05s --node-timeout 3s",
+		 NULL, 0);
 	for (int i = 0; i < DISK_NODES; i++) {
 		char dir[600];
 		snprintf(dir, sizeof(dir), "%s/node%d", clp->dir, i);
@@ -750,15 +723,11 @@ static void child_writer(struct kvh_cluster *cl, int fd)
 static void test_gc(void **state)
 {
 	(void)state;
-	if (!rt_have_bins())
-		skip();
 	struct kvh_cluster *const clp = &g_cl;
-	assert_int_equal(
-	    kvh_cluster_start(clp, 3,
-			      "--k 2 --m 1 --write-timeout 4s --gc-grace 1s "
-			      "--orphan-interval 0.3s --gc-interval 0.1s --node-timeout 3s",
-			      NULL),
-	    0);
+	rt_start(clp, &g_up, 3,
+		 "--k 2 --m 1 --write-timeout 4s --gc-grace 1s "
+		 "--orphan-interval 0.3s --gc-interval 0.1s --node-timeout 3s",
+		 NULL, 0);
 	struct kvc *c = g_c = client(clp);
 	assert_int_equal(rt_put(c, "/kept", 50000, 1), 0);
 	int base = rt_all_chunks(clp);

@@ -65,81 +65,54 @@ static uint16_t launch(int i, char **argv, const char *name)
 	return ptu_wait_port(pf);
 }
 
+/* Starts proc i, a gateway in front of the prefill and decode workers at wport[0], wport[1]
+ * with extra flags (ptu_gateway_at); its port from its port file. */
+static uint16_t launch_gw(int i, const char *name, const uint16_t *wport, const char *const *extra)
+{
+	char log[600], pf[600];
+	snprintf(log, sizeof(log), "%s/%s.log", tmpdir, name);
+	snprintf(pf, sizeof(pf), "%s/%s.port", tmpdir, name);
+	pids[i] = ptu_gateway_at(bin, pf, log, wport[0], wport[1], sec, extra);
+	return ptu_wait_port(pf);
+}
+
 static int setup(void **state)
 {
 	(void)state;
 	for (int i = 0; i < NP; i++)
 		pids[i] = -1;
-	const char *bd = getenv("KVFS_BUILD_DIR");
-	char synth[512], slog[600];
-	snprintf(synth, sizeof(synth), "%s/tools/kvinfer-synth", bd ? bd : "build");
-	snprintf(bin, sizeof(bin), "%s/bin/kvinfer", bd ? bd : "build");
-	snprintf(tmpdir, sizeof(tmpdir), "/tmp/test_vision_disagg.XXXXXX");
-	if (!mkdtemp(tmpdir))
+	if (ptu_scratch("test_vision_disagg", tmpdir, sizeof(tmpdir), bin, sizeof(bin)))
 		return -1;
 	snprintf(model, sizeof(model), "%s/m.gguf", tmpdir);
 	snprintf(mmproj, sizeof(mmproj), "%s/mmproj.gguf", tmpdir);
 	snprintf(kv, sizeof(kv), "%s/kv", tmpdir);
 	snprintf(kv_emb, sizeof(kv_emb), "%s/kv-embedded", tmpdir);
 	snprintf(sec, sizeof(sec), "%s/secret", tmpdir);
-	snprintf(slog, sizeof(slog), "%s/synth.log", tmpdir);
 	mkdir(kv, 0755);
 	mkdir(kv_emb, 0755);
-	FILE *f = fopen(sec, "w");
-	if (!f)
+	if (ptu_write_line(sec, "test-vision-disagg-secret-0123456789") ||
+	    ptu_synth(tmpdir, model, mmproj))
 		return -1;
-	fputs("test-vision-disagg-secret-0123456789\n", f);
-	fclose(f);
-	char *sargv[] = {synth, "--preset", "small", "-o", model, "--mmproj", mmproj, NULL};
-	pid_t s = ptu_spawn(sargv, slog);
-	int st = 0;
-	if (s < 0 || waitpid(s, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st))
-		return -1;
-	char pf[600], mf[NE][600], elist[200] = "", pl[64], dl[64];
+	char pf[600], mf[NE][600], elist[200] = "";
 	uint16_t eport[NE];
 	for (int i = 0; i < NE; i++) {
 		char name[16];
 		snprintf(name, sizeof(name), "enc%d", i);
 		snprintf(pf, sizeof(pf), "%s/%s.port", tmpdir, name);
 		snprintf(mf[i], sizeof(mf[i]), "%s/%s.maddr", tmpdir, name);
-		char *argv[] = {bin,
-				"encode",
-				"--mmproj",
-				mmproj,
-				"--kv-dir",
-				kv,
-				"--secret-file",
-				sec,
-				"-t",
-				"1",
-				"--port-file",
-				pf,
-				"--metrics-listen",
-				"127.0.0.1:0",
-				"--metrics-addr-file",
-				mf[i],
-				NULL,
-				NULL,
-				NULL};
-		if (!(eport[i] = launch(P_E0 + i, dev_args(argv), name)))
+		char log[600];
+		snprintf(log, sizeof(log), "%s/%s.log", tmpdir, name);
+		const char *cuda[] = {"--device", "cuda", NULL};
+		pids[P_E0 + i] =
+		    ptu_encoder(bin, mmproj, kv, sec, pf, mf[i], log, on_cuda ? cuda : NULL);
+		if (!(eport[i] = ptu_wait_port(pf)))
 			return -1;
 		snprintf(elist + strlen(elist), sizeof(elist) - strlen(elist), "%s127.0.0.1:%u",
 			 i ? "," : "", eport[i]);
 	}
 	for (int i = 0; i < NE; i++) { /* the metrics ports, from the address files */
-		char a[128] = "";
-		for (int t = 0; t < 100 && !a[0]; t++) {
-			FILE *m = fopen(mf[i], "r");
-			if (m) {
-				if (!fgets(a, sizeof(a), m))
-					a[0] = 0;
-				fclose(m);
-			}
-			if (!a[0])
-				ptu_sleep_ms(50);
-		}
-		char *colon = strrchr(a, ':');
-		if (!colon || !(enc_mport[i] = (uint16_t)atoi(colon + 1)))
+		char a[128];
+		if (!(enc_mport[i] = ptu_wait_addr(mf[i], a, sizeof(a))))
 			return -1;
 	}
 	static const char *const role[2] = {"prefill", "decode"};
@@ -168,73 +141,20 @@ static int setup(void **state)
 		if (!(wport[i] = launch(P_PF + i, dev_args(argv), role[i])))
 			return -1;
 	}
-	snprintf(pl, sizeof(pl), "127.0.0.1:%u", wport[0]);
-	snprintf(dl, sizeof(dl), "127.0.0.1:%u", wport[1]);
-	snprintf(pf, sizeof(pf), "%s/gateway.port", tmpdir);
-	char *gargv[] = {bin,
-			 "gateway",
-			 "--open-gateway",
-			 "--prefill",
-			 pl,
-			 "--decode",
-			 dl,
-			 "--encode",
-			 elist,
-			 "--secret-file",
-			 sec,
-			 "--port",
-			 "0",
-			 "--port-file",
-			 pf,
-			 NULL};
-	if (!(gw_port = launch(P_GW, gargv, "gateway")))
+	const char *gex[] = {"--encode", elist, NULL};
+	if (!(gw_port = launch_gw(P_GW, "gateway", wport, gex)))
 		return -1;
 	/* the same workers behind a gateway handing the KV over directly */
-	snprintf(pf, sizeof(pf), "%s/gateway2.port", tmpdir);
-	char *g2argv[] = {bin,
-			  "gateway",
-			  "--open-gateway",
-			  "--prefill",
-			  pl,
-			  "--decode",
-			  dl,
-			  "--encode",
-			  elist,
-			  "--secret-file",
-			  sec,
-			  "--handoff",
-			  "direct",
-			  "--port",
-			  "0",
-			  "--port-file",
-			  pf,
-			  NULL};
-	if (!(gw2_port = launch(P_GW2, g2argv, "gateway2")))
+	const char *g2ex[] = {"--encode", elist, "--handoff", "direct", NULL};
+	if (!(gw2_port = launch_gw(P_GW2, "gateway2", wport, g2ex)))
 		return -1;
 	snprintf(pf, sizeof(pf), "%s/serve.port", tmpdir);
-	char *vargv[] = {bin,
-			 "serve",
-			 "-m",
-			 model,
-			 "--mmproj",
-			 mmproj,
-			 "--kv-dir",
-			 kv_emb,
-			 "-t",
-			 "1",
-			 "--block-tokens",
-			 "16",
-			 "--ctx",
-			 "512",
-			 "--port",
-			 "0",
-			 "--port-file",
-			 pf,
-			 "--open-gateway",
-			 NULL,
-			 NULL,
-			 NULL};
-	if (!(serve_port = launch(P_SERVE, dev_args(vargv), "serve")))
+	char log[600];
+	snprintf(log, sizeof(log), "%s/serve.log", tmpdir);
+	const char *cuda[] = {"--device", "cuda", NULL};
+	pids[P_SERVE] =
+	    ptu_serve_vision(bin, model, mmproj, kv_emb, pf, log, on_cuda ? cuda : NULL);
+	if (!(serve_port = ptu_wait_port(pf)))
 		return -1;
 	/* the gateway's first health round */
 	ptu_sleep_ms(300);

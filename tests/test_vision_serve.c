@@ -34,27 +34,7 @@ static int start(void)
 	char pf[600], log[600];
 	snprintf(pf, sizeof(pf), "%s/port%d", tmpdir, restarts);
 	snprintf(log, sizeof(log), "%s/serve%d.log", tmpdir, restarts++);
-	char *argv[] = {bin,
-			"serve",
-			"-m",
-			model,
-			"--mmproj",
-			mmproj,
-			"--kv-dir",
-			kv,
-			"-t",
-			"1",
-			"--block-tokens",
-			"16",
-			"--ctx",
-			"512",
-			"--port",
-			"0",
-			"--port-file",
-			pf,
-			"--open-gateway",
-			NULL};
-	pid = ptu_spawn(argv, log);
+	pid = ptu_serve_vision(bin, model, mmproj, kv, pf, log, NULL);
 	port = ptu_wait_port(pf);
 	return port ? 0 : -1;
 }
@@ -62,22 +42,13 @@ static int start(void)
 static int setup(void **state)
 {
 	(void)state;
-	const char *bd = getenv("KVFS_BUILD_DIR");
-	char synth[512], slog[600];
-	snprintf(synth, sizeof(synth), "%s/tools/kvinfer-synth", bd ? bd : "build");
-	snprintf(bin, sizeof(bin), "%s/bin/kvinfer", bd ? bd : "build");
-	snprintf(tmpdir, sizeof(tmpdir), "/tmp/test_vision_serve.XXXXXX");
-	if (!mkdtemp(tmpdir))
+	if (ptu_scratch("test_vision_serve", tmpdir, sizeof(tmpdir), bin, sizeof(bin)))
 		return -1;
 	snprintf(model, sizeof(model), "%s/m.gguf", tmpdir);
 	snprintf(mmproj, sizeof(mmproj), "%s/mmproj.gguf", tmpdir);
 	snprintf(kv, sizeof(kv), "%s/kv", tmpdir);
-	snprintf(slog, sizeof(slog), "%s/synth.log", tmpdir);
 	mkdir(kv, 0755);
-	char *sargv[] = {synth, "--preset", "small", "-o", model, "--mmproj", mmproj, NULL};
-	pid_t s = ptu_spawn(sargv, slog);
-	int st = 0;
-	if (s < 0 || waitpid(s, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st))
+	if (ptu_synth(tmpdir, model, mmproj))
 		return -1;
 	return start();
 }

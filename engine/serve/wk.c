@@ -49,9 +49,7 @@ static const struct cfg_opt wk_opts[] = {
     {"model", CFG_STR, WOFF(model), 0, 0, NULL, "GGUF model file (-m)"},
     {"kv-dir", CFG_STR, WOFF(kv_dir), 0, 0, NULL,
      "shared prefix-cache directory (a kvfs mount); prefill and decode must share it"},
-    {"listen", CFG_STR, WOFF(listen), 0, 0, "127.0.0.1:0", "host:port to serve kvw on"},
-    {"port-file", CFG_STR, WOFF(port_file), 0, 0, NULL, "write the bound port here"},
-    {"secret-file", CFG_STR, WOFF(secret_file), 0, 0, NULL, "shared secret (16..64 bytes)"},
+    KVINFER_OPTS_KVW(WOFF),
     {"threads", CFG_INT, WOFF(threads), 0, 256, "0", "engine threads, 0 = all cores (-t)"},
     {"max-seqs", CFG_INT, WOFF(max_seqs), 1, 1024, "16", "running sequences at most"},
     {"ctx", CFG_INT, WOFF(ctx), 0, 1 << 20, "0", "per-sequence context, 0 = min(train, 2048)"},
@@ -64,10 +62,7 @@ static const struct cfg_opt wk_opts[] = {
      "tests: submit each further choice (n > 1) this much later"},
     {"nccl", CFG_BOOL, WOFF(nccl), 0, 0, "false",
      "prefill, --device cuda: direct hand-overs to decode workers on other GPUs with NCCL"},
-    {"metrics-listen", CFG_STR, WOFF(metrics_listen), 0, 0, NULL,
-     "host:port to serve GET /metrics on (Prometheus); empty = off"},
-    {"metrics-addr-file", CFG_STR, WOFF(metrics_addr_file), 0, 0, NULL,
-     "write the metrics HOST:PORT here"},
+    KVINFER_OPTS_METRICS(WOFF),
     CFG_END,
 };
 
@@ -456,11 +451,7 @@ static int run_worker(int argc, char **argv, enum sch_mode mode, const char *nam
 		return 2;
 	}
 	sigset_t sigs;
-	sigemptyset(&sigs);
-	sigaddset(&sigs, SIGINT);
-	sigaddset(&sigs, SIGTERM);
-	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
-	signal(SIGPIPE, SIG_IGN);
+	kvinfer_block_signals(&sigs, 0);
 	struct sch_opts so;
 	sch_opts_default(&so);
 	so.model = c.model;
@@ -520,13 +511,7 @@ static int run_worker(int argc, char **argv, enum sch_mode mode, const char *nam
 	}
 	klog_info("%s worker on %s:%u, model %s, kv dir %s", name, host, kvp_server_port(srv),
 		  c.model, c.kv_dir[0] ? c.kv_dir : "(none)");
-	if (c.port_file[0]) {
-		FILE *f = fopen(c.port_file, "w");
-		if (f) {
-			fprintf(f, "%u\n", kvp_server_port(srv));
-			fclose(f);
-		}
-	}
+	kvinfer_port_file(c.port_file, kvp_server_port(srv));
 	int sig = 0;
 	sigwait(&sigs, &sig);
 	sch_stop(k.s); /* replies go out while the connections still exist */

@@ -49,17 +49,12 @@ static const struct cfg_opt enc_opts[] = {
     {"mmproj", CFG_STR, EOFF(mmproj), 0, 0, NULL, "vision tower: llama.cpp mmproj GGUF file"},
     {"kv-dir", CFG_STR, EOFF(kv_dir), 0, 0, NULL,
      "shared cache directory (a kvfs mount): embeddings are saved here for prefill workers"},
-    {"listen", CFG_STR, EOFF(listen), 0, 0, "127.0.0.1:0", "host:port to serve kvw on"},
-    {"port-file", CFG_STR, EOFF(port_file), 0, 0, NULL, "write the bound port here"},
-    {"secret-file", CFG_STR, EOFF(secret_file), 0, 0, NULL, "shared secret (16..64 bytes)"},
+    KVINFER_OPTS_KVW(EOFF),
     {"threads", CFG_INT, EOFF(threads), 0, 256, "0", "tower threads, 0 = all cores (-t)"},
     {"device", CFG_STR, EOFF(device), 0, 0, "cpu",
      "where the tower runs: cpu (default), cuda or cuda:N (GPU N), host (the device path on "
      "the CPU references: slow, for checks)"},
-    {"metrics-listen", CFG_STR, EOFF(metrics_listen), 0, 0, NULL,
-     "host:port to serve GET /metrics on (Prometheus); empty = off"},
-    {"metrics-addr-file", CFG_STR, EOFF(metrics_addr_file), 0, 0, NULL,
-     "write the metrics HOST:PORT here"},
+    KVINFER_OPTS_METRICS(EOFF),
     CFG_END,
 };
 
@@ -276,11 +271,7 @@ int kvinfer_cmd_encode(int argc, char **argv)
 	if (kvinfer_eng_check(c.device, "kvinfer encode"))
 		return 1;
 	sigset_t sigs;
-	sigemptyset(&sigs);
-	sigaddset(&sigs, SIGINT);
-	sigaddset(&sigs, SIGTERM);
-	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
-	signal(SIGPIPE, SIG_IGN);
+	kvinfer_block_signals(&sigs, 0);
 	static struct enc e; /* outlives the server's threads */
 	pthread_mutex_init(&e.mu, NULL);
 	char err[256] = "";
@@ -327,13 +318,7 @@ int kvinfer_cmd_encode(int argc, char **argv)
 	klog_info("encode worker on %s:%u, tower %s (%d tokens x %d per image) on %s, kv dir %s",
 		  host, kvp_server_port(srv), c.mmproj, vit_n_tokens(e.v), vit_n_embd_out(e.v),
 		  vit_backend(e.v), c.kv_dir);
-	if (c.port_file[0]) {
-		FILE *f = fopen(c.port_file, "w");
-		if (f) {
-			fprintf(f, "%u\n", kvp_server_port(srv));
-			fclose(f);
-		}
-	}
+	kvinfer_port_file(c.port_file, kvp_server_port(srv));
 	int sig = 0;
 	sigwait(&sigs, &sig);
 	kvp_server_stop(srv);

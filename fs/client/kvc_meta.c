@@ -730,19 +730,34 @@ static int next_comp(const char **p, char *name)
 	return 1;
 }
 
-int kvc_resolve(struct kvc *c, const char *path, struct kvp_attr *out)
+/* Walks the absolute path from the root: 0 with its last component's attributes in *a. With
+ * make, a component that does not exist is made a directory (mode) on the way, as mkdir -p;
+ * one made by someone else meanwhile is taken as found. */
+static int walk(struct kvc *c, const char *path, int make, uint32_t mode, struct kvp_attr *a)
 {
 	if (!path || path[0] != '/')
 		return -EINVAL;
-	struct kvp_attr a;
-	int rc = kvc_getattr(c, KVP_ROOT_INO, &a);
+	int rc = kvc_getattr(c, KVP_ROOT_INO, a);
 	char name[KVP_NAME_MAX + 1];
 	const char *p = path;
 	while (rc == 0 && (rc = next_comp(&p, name)) == 1) {
-		if (!S_ISDIR(a.mode))
+		if (!S_ISDIR(a->mode))
 			return -ENOTDIR;
-		rc = kvc_lookup(c, a.ino, name, &a);
+		uint64_t parent = a->ino;
+		rc = kvc_lookup(c, parent, name, a);
+		if (make && rc == -ENOENT) {
+			rc = kvc_mkdir(c, parent, name, mode, a);
+			if (rc == -EEXIST)
+				rc = kvc_lookup(c, parent, name, a);
+		}
 	}
+	return rc;
+}
+
+int kvc_resolve(struct kvc *c, const char *path, struct kvp_attr *out)
+{
+	struct kvp_attr a;
+	int rc = walk(c, path, 0, 0, &a);
 	if (rc == 0 && out)
 		*out = a;
 	return rc;
@@ -777,23 +792,8 @@ int kvc_resolve_parent(struct kvc *c, const char *path, uint64_t *parent, const 
 
 int kvc_mkdir_p(struct kvc *c, const char *path, uint32_t mode)
 {
-	if (!path || path[0] != '/')
-		return -EINVAL;
 	struct kvp_attr a;
-	int rc = kvc_getattr(c, KVP_ROOT_INO, &a);
-	char name[KVP_NAME_MAX + 1];
-	const char *p = path;
-	while (rc == 0 && (rc = next_comp(&p, name)) == 1) {
-		if (!S_ISDIR(a.mode))
-			return -ENOTDIR;
-		uint64_t parent = a.ino;
-		rc = kvc_lookup(c, parent, name, &a);
-		if (rc == -ENOENT) {
-			rc = kvc_mkdir(c, parent, name, mode, &a);
-			if (rc == -EEXIST) /* made by someone else meanwhile */
-				rc = kvc_lookup(c, parent, name, &a);
-		}
-	}
+	int rc = walk(c, path, 1, mode, &a);
 	if (rc == 0 && !S_ISDIR(a.mode))
 		rc = -ENOTDIR;
 	return rc;

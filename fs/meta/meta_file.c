@@ -365,6 +365,27 @@ static int commit_shape(const struct mreq *q)
 	return 0;
 }
 
+/* The inode of a new regular file ino as COMMIT q describes it (q->mode's permission bits,
+ * q->uid/gid, size, geometry and parent), every time set to now. */
+static struct mino file_inode(const struct mreq *q, uint64_t ino, int64_t now)
+{
+	return (struct mino){.ino = ino,
+			     .mode = S_IFREG | (q->mode & 07777),
+			     .nlink = 1,
+			     .size = q->size,
+			     .mtime_ns = now,
+			     .atime_ns = now,
+			     .ctime_ns = now,
+			     .chunk_size = q->chunk_size,
+			     .k = q->k,
+			     .m = q->m,
+			     .nstripes = q->nstripes,
+			     .parent = q->parent,
+			     .access_ns = now,
+			     .uid = q->uid,
+			     .gid = q->gid};
+}
+
 /* The records of a new file f named q->name in q->parent with q's stripe map (q->slots, k,
  * m, nstripes): inode, directory entry, stripe keys, chunk owners (R), degraded marks (G) and
  * the access-time index; what COMMIT and BFILL both write. *degraded gets the stripes marked.
@@ -461,21 +482,7 @@ int mfile_commit(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 	rc = mdb_alloc_ino(m, &ino);
 	if (rc)
 		goto out;
-	f = (struct mino){.ino = ino,
-			  .mode = S_IFREG | (q->mode & 07777),
-			  .nlink = 1,
-			  .size = q->size,
-			  .mtime_ns = now,
-			  .atime_ns = now,
-			  .ctime_ns = now,
-			  .chunk_size = q->chunk_size,
-			  .k = q->k,
-			  .m = q->m,
-			  .nstripes = q->nstripes,
-			  .parent = q->parent,
-			  .access_ns = now,
-			  .uid = q->uid,
-			  .gid = q->gid};
+	f = file_inode(q, ino, now);
 	/* A file written over keeps its owner (as open(O_TRUNC) would): the writer was allowed
 	 * to write it, not to take it. */
 	if (replaced && old.uid != KVP_OWNER_NONE) {
@@ -553,6 +560,8 @@ int mfile_bfill(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 		return rc;
 	struct mreq f = *q; /* per file: parent, name and slots */
 	f.nstripes = (uint32_t)ns;
+	f.mode = 0644; /* BFILL sends neither mode nor owner */
+	f.uid = f.gid = KVP_OWNER_NONE;
 	struct bfent *e = calloc(q->n, sizeof(*e)), *sorted = calloc(q->n, sizeof(*e));
 	uint64_t *inos = calloc(q->n, sizeof(*inos));
 	struct mpend p = {
@@ -617,21 +626,7 @@ int mfile_bfill(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 			break;
 		}
 		f.slots = sl.p;
-		struct mino in = {.ino = inos[i],
-				  .mode = S_IFREG | 0644,
-				  .nlink = 1,
-				  .size = q->size,
-				  .mtime_ns = now,
-				  .atime_ns = now,
-				  .ctime_ns = now,
-				  .chunk_size = q->chunk_size,
-				  .k = q->k,
-				  .m = q->m,
-				  .nstripes = f.nstripes,
-				  .parent = f.parent,
-				  .access_ns = now,
-				  .uid = KVP_OWNER_NONE,
-				  .gid = KVP_OWNER_NONE};
+		struct mino in = file_inode(&f, inos[i], now);
 		uint32_t degraded = 0;
 		rc = file_records(b, &in, &f, &degraded);
 		/* Each parent once (sorted by parent): its times, as COMMIT sets them. */

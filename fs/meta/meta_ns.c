@@ -270,6 +270,34 @@ out:
 	return rc;
 }
 
+/* RMDIR's and UNLINK's lookup: q's parent directory into *p and its entry q->name's inode
+ * number into *ino; the entry must be a directory when dir, else must not be one (-ENOTDIR,
+ * -EISDIR). Caller holds mu. */
+static int entry_get(struct meta *m, const struct mreq *q, int dir, struct mino *p, uint64_t *ino)
+{
+	uint32_t mode;
+	int rc = mdir_get(m, NULL, q->parent, p);
+	if (!rc)
+		rc = mdir_entry_get(m, NULL, q->parent, &q->name, ino, &mode);
+	if (!rc && !S_ISDIR(mode) != !dir)
+		rc = dir ? -ENOTDIR : -EISDIR;
+	return rc;
+}
+
+/* RMDIR's and UNLINK's end: q->name's entry out of its parent p (p's times set now, its nlink
+ * as the caller left it) and b written, the counters moved by dfiles and ddirs (mns_write).
+ * Caller holds mu. */
+static int entry_drop(struct meta *m, rocksdb_writebatch_t *b, const struct mreq *q, struct mino *p,
+		      int64_t dfiles, int64_t ddirs)
+{
+	p->mtime_ns = p->ctime_ns = meta_now_ns();
+	int rc = mdb_inode_put(b, p);
+	if (rc)
+		return rc;
+	dirent_del(b, q->parent, &q->name);
+	return mns_write(m, b, dfiles, ddirs);
+}
+
 int mns_rmdir(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 {
 	(void)out;
@@ -280,12 +308,7 @@ int mns_rmdir(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 	pthread_mutex_lock(&m->mu);
 	struct mino p;
 	uint64_t ino;
-	uint32_t mode;
-	rc = mdir_get(m, NULL, q->parent, &p);
-	if (!rc)
-		rc = mdir_entry_get(m, NULL, q->parent, &q->name, &ino, &mode);
-	if (!rc && !S_ISDIR(mode))
-		rc = -ENOTDIR;
+	rc = entry_get(m, q, 1, &p, &ino);
 	if (!rc) {
 		rc = dir_empty(m, ino);
 		rc = rc < 0 ? rc : rc ? 0 : -ENOTEMPTY;
@@ -293,14 +316,9 @@ int mns_rmdir(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 	if (rc)
 		goto out;
 	uint8_t k[MK_MAX];
-	p.nlink--;
-	p.mtime_ns = p.ctime_ns = meta_now_ns();
-	rc = mdb_inode_put(b, &p);
-	if (rc)
-		goto out;
-	dirent_del(b, q->parent, &q->name);
 	rocksdb_writebatch_delete(b, (const char *)k, mk_inode(k, ino));
-	rc = mns_write(m, b, 0, -1);
+	p.nlink--;
+	rc = entry_drop(m, b, q, &p, 0, -1);
 out:
 	pthread_mutex_unlock(&m->mu);
 	rocksdb_writebatch_destroy(b);
@@ -317,25 +335,13 @@ int mns_unlink(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 	pthread_mutex_lock(&m->mu);
 	struct mino p, f;
 	uint64_t ino;
-	uint32_t mode;
-	rc = mdir_get(m, NULL, q->parent, &p);
-	if (!rc)
-		rc = mdir_entry_get(m, NULL, q->parent, &q->name, &ino, &mode);
-	if (!rc && S_ISDIR(mode))
-		rc = -EISDIR;
+	rc = entry_get(m, q, 0, &p, &ino);
 	if (!rc)
 		rc = mdb_inode_get(m, NULL, ino, &f);
 	if (!rc)
 		rc = mdb_file_drop(m, b, &f);
-	if (rc)
-		goto out;
-	p.mtime_ns = p.ctime_ns = meta_now_ns();
-	rc = mdb_inode_put(b, &p);
-	if (rc)
-		goto out;
-	dirent_del(b, q->parent, &q->name);
-	rc = mns_write(m, b, -1, 0);
-out:
+	if (!rc)
+		rc = entry_drop(m, b, q, &p, -1, 0);
 	pthread_mutex_unlock(&m->mu);
 	rocksdb_writebatch_destroy(b);
 	if (!rc)
