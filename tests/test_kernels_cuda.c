@@ -509,7 +509,7 @@ static void test_attn_prefill_mma(void **state)
 		/* Q rounded to f16 (2^-11 relative), P rounded to f16, f32 sums: outputs are
 		 * weighted means of values in [-1, 1]; the worst seen on the emulation is 8.4e-5
 		 * (printed below), the bound 5e-4. A causal mask one key too long is off by 0.4,
-		 * and a wrong GQA head or tile edge by as much. */
+		 * a row given the next head of its GQA group by 0.1. */
 		char lbl[128];
 		snprintf(lbl, sizeof(lbl),
 			 "attn_prefill_mma H %d NKV %d HD %d B %d NQ %d Q0 %d pad %d", H, NKV, HD,
