@@ -835,7 +835,7 @@ static void test_kq_gemm(void **state)
 {
 	struct kvk_cuda_ctx *c = *state;
 	static const int shapes[][3] = {
-	    {70, 256, 20}, {130, 512, 67}, {64, 1024, 16}, {1, 256, 65}};
+	    {70, 256, 20}, {1, 256, 65}, {130, 256, 67}, {64, 1024, 16}};
 	uint64_t s = 23;
 	double worst = 0;
 	for (int k = 0; k < 6; k++)
@@ -859,7 +859,7 @@ static void test_kq_gemm(void **state)
 			assert_int_equal(rc, 0);
 			down(c, got, dy, ny * 4);
 			/* weights (|w| <= 0.07) and activations (|x| <= 1) rounded to f16, 2^-11
-			 * relative each, f32 sums: the worst seen on the emulation is 3.1e-5 *
+			 * relative each, f32 sums: the worst seen on the emulation is 2.9e-5 *
 			 * sqrt(n) (printed below), the bound 1.2e-4 * sqrt(n). A warp reading the
 			 * wrong 16 weight rows is off by 1.9 at n 256. */
 			char lbl[96];

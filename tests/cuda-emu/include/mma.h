@@ -5,14 +5,16 @@
 // not compile (docs/cuda-emu.md, "Tensor cores").
 //
 // How a fragment is held: on a GPU each lane holds an unspecified part of the 16 x 16 tile and
-// mma_sync exchanges them inside the tensor core. Here every lane holds the whole tile (as f32:
-// f16 and bf16 values are exact in it), so the lanes compute the same product independently.
+// mma_sync exchanges them inside the tensor core. Here an a / b fragment holds the whole tile in
+// every lane (as f32: f16 and bf16 values are exact in it), and an accumulator is right only in
+// the lane's own elements (element e = row * 16 + col belongs to lane e % 32): load and fill set
+// the whole tile, mma_sync computes the lane's 8 elements, store writes them.
 // What stays as on the hardware:
 //   - load, store and mma are warp operations: all 32 lanes must reach the same one (a lane
 //     elsewhere is the emulator's "different warp operations" fault), and they order no memory:
 //     a lane's store is not visible to another lane's load without __syncwarp() (TSan names it);
-//   - a store writes the tile's elements by lane (element e = row * 16 + col by lane e % 32), so
-//     two lanes never write the same address and a missing barrier is a race, not a quiet copy;
+//   - a store writes the tile's elements by lane (its own, above), so two lanes never write the
+//     same address and a missing barrier is a race, not a quiet copy;
 //   - the pointer must be 256-bit (32-byte) aligned and ldm a multiple of 16 bytes (8 halves or
 //     4 floats); anything else is a kernel fault, as it is undefined behaviour on a GPU;
 //   - the product: each a*b exact (f16 x f16 and bf16 x bf16 fit f32), the 16 products of an
@@ -72,6 +74,12 @@ static inline float kvk_emu_wmma_f(float v)
 	return v;
 }
 
+// The calling thread's lane in its warp (threads numbered x fastest, as CUDA does).
+static inline int kvk_emu_wmma_lane(void)
+{
+	return (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32;
+}
+
 static inline void kvk_emu_wmma_check(const char *what, const void *p, unsigned ldm, size_t el)
 {
 	if ((uintptr_t)p % 32)
@@ -128,7 +136,7 @@ static inline void store_matrix_sync(float *p, const fragment<accumulator, 16, 1
 				     unsigned ldm, layout_t layout)
 {
 	kvk_emu_wmma_check("wmma::store_matrix_sync", p, ldm, sizeof(float));
-	int lane = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32;
+	int lane = kvk_emu_wmma_lane();
 	kvk_emu_warp(KVK_EMU_WMMA_STORE, 0xffffffffu, 0, 0, 32);
 	for (int e = lane; e < 256; e += 32) {
 		int r = e / 16, c = e % 16;
@@ -149,16 +157,17 @@ static inline void mma_sync(fragment<accumulator, 16, 16, 16, float> &d,
 			    const fragment<matrix_b, 16, 16, 16, T, LB> &b,
 			    const fragment<accumulator, 16, 16, 16, float> &c)
 {
+	int lane = kvk_emu_wmma_lane();
 	kvk_emu_warp(KVK_EMU_WMMA_MMA, 0xffffffffu, 0, 0, 32);
-	float out[256];
-	for (int i = 0; i < 16; i++)
-		for (int j = 0; j < 16; j++) {
-			float s = 0.f;
-			for (int k = 0; k < 16; k++)
-				s += a.t[i * 16 + k] * b.t[k * 16 + j]; // exact product, f32 sum
-			out[i * 16 + j] = c.t[i * 16 + j] + s;
-		}
-	memcpy(d.t, out, sizeof(out));
+	// Only the lane's own elements of d (those its store writes): the others are never read
+	// from this lane, as on the hardware, and the warp does the product once, not 32 times.
+	for (int e = lane; e < 256; e += 32) {
+		int i = e / 16, j = e % 16;
+		float s = 0.f;
+		for (int k = 0; k < 16; k++)
+			s += a.t[i * 16 + k] * b.t[k * 16 + j]; // exact product, f32 sum
+		d.t[e] = c.t[e] + s;
+	}
 }
 
 } // namespace wmma
