@@ -72,6 +72,18 @@ int kvk_cu_swiglu(struct kvk_cuda_ctx *ctx, float *out, const float *gate, const
 int kvk_cu_attn_prefill(struct kvk_cuda_ctx *ctx, float *out, const float *q,
 			const struct kvk_kv_pages *kv, const int32_t *table, int n_q, int q_start,
 			int n_heads, float scale);
+/* The two kernels kvk_cu_attn_prefill chooses from, for tests and benchmarks: on tensor cores
+ * (flash-style, nvcuda::wmma: Q rounded to f16 once, P as f16, f32 accumulate and softmax; 64
+ * rows per block) and on FP32 CUDA cores (the kernel above). kvk_cu_attn_prefill takes the
+ * first where it runs: compute capability >= 8.0 (the emulation reports 9.0) and head_dim a
+ * multiple of 16; _mma returns -ENOTSUP elsewhere. Within 5e-4 of the f32 reference for
+ * values of magnitude <= 1 (tests/test_kernels_cuda.c, test_attn_prefill_mma). */
+int kvk_cu_attn_prefill_mma(struct kvk_cuda_ctx *ctx, float *out, const float *q,
+			    const struct kvk_kv_pages *kv, const int32_t *table, int n_q,
+			    int q_start, int n_heads, float scale);
+int kvk_cu_attn_prefill_fp32(struct kvk_cuda_ctx *ctx, float *out, const float *q,
+			     const struct kvk_kv_pages *kv, const int32_t *table, int n_q,
+			     int q_start, int n_heads, float scale);
 /* All sequences in one launch: one thread block per (sequence, kv head) covers the heads of
  * that GQA group. */
 int kvk_cu_attn_decode(struct kvk_cuda_ctx *ctx, float *out, const float *q,
@@ -87,10 +99,22 @@ int kvk_cu_gemm(struct kvk_cuda_ctx *ctx, float *c, const void *a, const void *b
  * aligned; memory from kvk_cuda_malloc (256-byte aligned) qualifies. */
 int kvk_cu_q8_0_gemv(struct kvk_cuda_ctx *ctx, float *y, const void *w, const float *x, int rows,
 		     int n, int n_tok);
-/* Q4_0 / Q4_K / Q5_K / Q6_K weights (dt) dequantized on the fly (kvk_kq.cu), the same launch
- * shape and alignment rules as kvk_cu_q8_0_gemv; reference kvk_ref_kq_gemv. */
+/* Q4_0 / Q4_K / Q5_K / Q6_K weights (dt) dequantized on the fly (kvk_kq.cu), the same
+ * alignment rules as kvk_cu_q8_0_gemv; reference kvk_ref_kq_gemv. Products of f16 inputs
+ * (weights and activations each rounded to f16) summed in f32, in every path, so the result
+ * does not depend on the path taken (the device engine's batch invariance). From 16 tokens on,
+ * where tensor cores run (compute capability >= 8.0), it is kvk_cu_kq_gemm; else the GEMV
+ * (kvk_cu_kq_gemv_fp32: one warp per row, weights streamed once per 8 tokens). */
 int kvk_cu_kq_gemv(struct kvk_cuda_ctx *ctx, float *y, const void *w, enum kvk_dtype dt,
 		   const float *x, int rows, int n, int n_tok);
+/* Dequant-GEMM on tensor cores: 64 tokens x 64 rows per block, weights dequantized to f16 in
+ * shared memory once per 64 tokens, activations rounded to f16, f32 accumulate; -ENOTSUP
+ * below compute capability 8.0. Within 2e-3 * sqrt(n) * max|w| * max|x| of the reference
+ * (test_kq_gemm). */
+int kvk_cu_kq_gemm(struct kvk_cuda_ctx *ctx, float *y, const void *w, enum kvk_dtype dt,
+		   const float *x, int rows, int n, int n_tok);
+int kvk_cu_kq_gemv_fp32(struct kvk_cuda_ctx *ctx, float *y, const void *w, enum kvk_dtype dt,
+			const float *x, int rows, int n, int n_tok);
 /* f32 -> f16 / bf16 (activations into GEMM inputs), n elements. */
 int kvk_cu_convert(struct kvk_cuda_ctx *ctx, void *dst, enum kvk_dtype dt, const float *src,
 		   size_t n);

@@ -265,3 +265,29 @@ int kvk_cu_kv_store(struct kvk_cuda_ctx *ctx, const struct kvk_kv_layers *kv, in
 	(void)ctx, (void)kv, (void)layer, (void)k, (void)v, (void)slots, (void)n_tok;
 	return -ENODEV;
 }
+
+int kvk_cu_attn_prefill_mma(struct kvk_cuda_ctx *ctx, float *out, const float *q,
+			    const struct kvk_kv_pages *kv, const int32_t *table, int n_q,
+			    int q_start, int n_heads, float scale)
+{
+	return kvk_cu_attn_prefill(ctx, out, q, kv, table, n_q, q_start, n_heads, scale);
+}
+
+int kvk_cu_attn_prefill_fp32(struct kvk_cuda_ctx *ctx, float *out, const float *q,
+			     const struct kvk_kv_pages *kv, const int32_t *table, int n_q,
+			     int q_start, int n_heads, float scale)
+{
+	return kvk_cu_attn_prefill(ctx, out, q, kv, table, n_q, q_start, n_heads, scale);
+}
+
+int kvk_cu_kq_gemm(struct kvk_cuda_ctx *ctx, float *y, const void *w, enum kvk_dtype dt,
+		   const float *x, int rows, int n, int n_tok)
+{
+	return kvk_cu_kq_gemv(ctx, y, w, dt, x, rows, n, n_tok);
+}
+
+int kvk_cu_kq_gemv_fp32(struct kvk_cuda_ctx *ctx, float *y, const void *w, enum kvk_dtype dt,
+			const float *x, int rows, int n, int n_tok)
+{
+	return kvk_cu_kq_gemv(ctx, y, w, dt, x, rows, n, n_tok);
+}

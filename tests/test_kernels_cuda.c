@@ -438,7 +438,8 @@ static void test_attn_prefill(void **state)
 		assert_int_equal(kvk_ref_attn_prefill(ref, q, &p.host, table, NQ, Q0, H, scale), 0);
 		float *dq = up(c, q, n * 4), *dout = up(c, NULL, n * 4);
 		int32_t *dt = up(c, table, (size_t)nbt * 4);
-		assert_int_equal(kvk_cu_attn_prefill(c, dout, dq, &p.dev, dt, NQ, Q0, H, scale), 0);
+		assert_int_equal(
+		    kvk_cu_attn_prefill_fp32(c, dout, dq, &p.dev, dt, NQ, Q0, H, scale), 0);
 		down(c, got, dout, n * 4);
 		/* Online vs two-pass softmax in f32, outputs are means of values in [-1, 1]:
 		 * absolute 1e-4. */
@@ -450,6 +451,85 @@ static void test_attn_prefill(void **state)
 		free(q), free(ref), free(got), free(table);
 		dpool_free(c, &p);
 	}
+}
+
+/* The tensor-core prefill (kvk_cu_attn_prefill_mma) and what kvk_cu_attn_prefill picks. Shapes
+ * (n_heads, n_kv_heads, head_dim, block_tokens, n_q, q_start, pad): GQA groups of 2, 4 and 6
+ * and MHA; rows (n_q x group) and keys that are not multiples of the 64-row block or the
+ * 32-key tile; a prefix already cached (q_start > 0); head_dim 16 to 256. The emulation runs
+ * each lane's wmma on the whole tile, so the shapes stay small. */
+static const int mma_shapes[][7] = {
+    {2, 1, 16, 5, 37, 0, 2},	{4, 4, 64, 16, 20, 45, 0}, {8, 2, 128, 7, 33, 5, 4},
+    {4, 2, 256, 16, 17, 10, 0}, {6, 1, 32, 3, 70, 100, 0},
+};
+
+static double max_abs_err(const float *got, const float *ref, size_t n)
+{
+	double w = 0;
+	for (size_t i = 0; i < n; i++) {
+		double e = fabs((double)got[i] - ref[i]);
+		if (!(e <= w)) /* NaN counts as the worst */
+			w = isnan(e) ? INFINITY : e;
+	}
+	return w;
+}
+
+static void test_attn_prefill_mma(void **state)
+{
+	struct kvk_cuda_ctx *c = *state;
+	uint64_t s = 15;
+	double worst = 0;
+	for (size_t i = 0; i < ncases(sizeof(mma_shapes) / sizeof(mma_shapes[0])); i++) {
+		const int *sh = mma_shapes[i];
+		int H = sh[0], NKV = sh[1], HD = sh[2], B = sh[3], NQ = sh[4], Q0 = sh[5];
+		int nkeys = Q0 + NQ, nbt = (nkeys + B - 1) / B, nb = nbt + 3;
+		struct dpool p;
+		dpool_make(c, &p, nb, B, NKV, HD, (size_t)sh[6], &s);
+		int32_t *table = xmalloc((size_t)nbt * 4);
+		for (int b = 0; b < nbt; b++)
+			table[b] = (int32_t)(rng(&s) % (uint32_t)nb);
+		size_t n = (size_t)NQ * H * HD;
+		float *q = xmalloc(n * 4), *ref = xmalloc(n * 4), *got = xmalloc(n * 4);
+		float *got2 = xmalloc(n * 4);
+		for (size_t j = 0; j < n; j++)
+			q[j] = frand(&s) * 3;
+		float scale = 1.0f / sqrtf((float)HD);
+		assert_int_equal(kvk_ref_attn_prefill(ref, q, &p.host, table, NQ, Q0, H, scale), 0);
+		float *dq = up(c, q, n * 4), *dout = up(c, NULL, n * 4);
+		int32_t *dt = up(c, table, (size_t)nbt * 4);
+		int rc = kvk_cu_attn_prefill_mma(c, dout, dq, &p.dev, dt, NQ, Q0, H, scale);
+		if (rc == -ENOTSUP) { /* a GPU below sm_80: the FP32 kernel is tested above */
+			kvk_cuda_free(c, dq), kvk_cuda_free(c, dout), kvk_cuda_free(c, dt);
+			free(q), free(ref), free(got), free(got2), free(table);
+			dpool_free(c, &p);
+			skip();
+		}
+		assert_int_equal(rc, 0);
+		down(c, got, dout, n * 4);
+		/* Q rounded to f16 (2^-11 relative), P rounded to f16, f32 sums: outputs are
+		 * weighted means of values in [-1, 1]; the worst seen on the emulation is 8.4e-5
+		 * (printed below), the bound 5e-4. A causal mask one key too long is off by 0.4,
+		 * a row given the next head of its GQA group by 0.1. */
+		char lbl[128];
+		snprintf(lbl, sizeof(lbl),
+			 "attn_prefill_mma H %d NKV %d HD %d B %d NQ %d Q0 %d pad %d", H, NKV, HD,
+			 B, NQ, Q0, sh[6]);
+		close_enough(lbl, got, ref, n, 5e-4, 0);
+		double e = max_abs_err(got, ref, n);
+		worst = e > worst ? e : worst;
+		/* the engine's entry point takes the same kernel here */
+		assert_int_equal(kvk_cu_attn_prefill(c, dout, dq, &p.dev, dt, NQ, Q0, H, scale), 0);
+		down(c, got2, dout, n * 4);
+		same_bytes(lbl, got2, got, n * 4);
+		kvk_cuda_free(c, dq), kvk_cuda_free(c, dout), kvk_cuda_free(c, dt);
+		free(q), free(ref), free(got), free(got2), free(table);
+		dpool_free(c, &p);
+	}
+	print_message("attn_prefill_mma: worst |err| %.3g\n", worst);
+	/* head_dim not a multiple of 16: not the tensor-core kernel's; the dispatcher falls back */
+	struct kvk_kv_pages pg = {(void *)16, (void *)16, 8, 1, 1, 1, 8};
+	assert_int_equal(kvk_cu_attn_prefill_mma(c, NULL, NULL, &pg, NULL, 0, 0, 1, 1.f), -ENOTSUP);
+	assert_int_equal(kvk_cu_attn_prefill(c, NULL, NULL, &pg, NULL, 0, 0, 1, 1.f), 0);
 }
 
 /* (n_seqs, n_heads, n_kv_heads, head_dim, block_tokens, max_len) */
@@ -733,17 +813,77 @@ static void test_kq_gemv(void **state)
 			      *dy = up(c, NULL, (size_t)T * R * 4);
 			assert_int_equal(kvk_cu_kq_gemv(c, dy, dw, KQ_DTS[k], dx, R, N, T), 0);
 			down(c, got, dy, (size_t)T * R * 4);
-			/* f32 sums in another block order; |w| <= 0.07, |x| <= 1 */
+			/* weights and activations rounded to f16 (the tensor-core GEMM's inputs,
+			 * kvk_kq.cu), f32 sums in another block order; |w| <= 0.07, |x| <= 1: the
+			 * bound of test_kq_gemm */
 			char lbl[96];
 			snprintf(lbl, sizeof(lbl), "kq_gemv type %d rows %d n %d tokens %d",
 				 (int)KQ_DTS[k], R, N, T);
-			close_enough(lbl, got, ref, (size_t)T * R, 1e-6 * N, 0);
+			close_enough(lbl, got, ref, (size_t)T * R, 1.2e-4 * sqrt((double)N), 0);
 			kvk_cuda_free(c, dw), kvk_cuda_free(c, dx), kvk_cuda_free(c, dy);
 			free(w), free(x), free(ref), free(got);
 		}
 	/* rows that are not whole blocks, a type it does not take */
 	assert_int_equal(kvk_cu_kq_gemv(c, NULL, NULL, KVK_DT_Q4_K, NULL, 1, 96, 1), -EINVAL);
 	assert_int_equal(kvk_cu_kq_gemv(c, NULL, NULL, KVK_DT_Q8_0, NULL, 1, 256, 1), -EINVAL);
+}
+
+/* The K-quant dequant-GEMM on tensor cores (kvk_cu_kq_gemm) against kvk_ref_kq_gemv, every
+ * type, token counts around its 64-token tile and rows around its 64-row tile; and
+ * kvk_cu_kq_gemv, which the engine calls, takes it from 16 tokens on. */
+static void test_kq_gemm(void **state)
+{
+	struct kvk_cuda_ctx *c = *state;
+	static const int shapes[][3] = {
+	    {70, 256, 20}, {1, 256, 65}, {130, 256, 67}, {64, 1024, 16}};
+	uint64_t s = 23;
+	double worst = 0;
+	for (int k = 0; k < 6; k++)
+		for (size_t i = 0; i < ncases(4); i++) {
+			int R = shapes[i][0], N = shapes[i][1], T = shapes[i][2];
+			size_t wb, ny = (size_t)T * R;
+			uint8_t *w = kq_rows(KQ_DTS[k], R, N, &s, &wb);
+			float *x = xmalloc((size_t)T * N * 4), *ref = xmalloc(ny * 4);
+			float *got = xmalloc(ny * 4), *got2 = xmalloc(ny * 4);
+			for (size_t j = 0; j < (size_t)T * N; j++)
+				x[j] = frand(&s);
+			assert_int_equal(kvk_ref_kq_gemv(ref, w, KQ_DTS[k], x, R, N, T), 0);
+			void *dw = up(c, w, wb);
+			float *dx = up(c, x, (size_t)T * N * 4), *dy = up(c, NULL, ny * 4);
+			int rc = kvk_cu_kq_gemm(c, dy, dw, KQ_DTS[k], dx, R, N, T);
+			if (rc == -ENOTSUP) { /* below sm_80: the GEMV is tested above */
+				kvk_cuda_free(c, dw), kvk_cuda_free(c, dx), kvk_cuda_free(c, dy);
+				free(w), free(x), free(ref), free(got), free(got2);
+				skip();
+			}
+			assert_int_equal(rc, 0);
+			down(c, got, dy, ny * 4);
+			/* weights (|w| <= 0.07) and activations (|x| <= 1) rounded to f16, 2^-11
+			 * relative each, f32 sums: the worst seen on the emulation is 2.9e-5 *
+			 * sqrt(n) (printed below), the bound 1.2e-4 * sqrt(n). A warp reading the
+			 * wrong 16 weight rows is off by 1.9 at n 256. */
+			char lbl[96];
+			snprintf(lbl, sizeof(lbl), "kq_gemm type %d rows %d n %d tokens %d",
+				 (int)KQ_DTS[k], R, N, T);
+			close_enough(lbl, got, ref, ny, 1.2e-4 * sqrt((double)N), 0);
+			double e = max_abs_err(got, ref, ny) / sqrt((double)N);
+			worst = e > worst ? e : worst;
+			assert_int_equal(kvk_cu_kq_gemv(c, dy, dw, KQ_DTS[k], dx, R, N, T), 0);
+			down(c, got2, dy, ny * 4);
+			same_bytes(lbl, got2, got, ny * 4);
+			/* The GEMV (decode, chunks under 16 tokens) takes the same f16 inputs: only
+			 * the order of f32 sums differs, so the engine's logits do not depend on
+			 * the chunk size. */
+			assert_int_equal(kvk_cu_kq_gemv_fp32(c, dy, dw, KQ_DTS[k], dx, R, N, T), 0);
+			down(c, got2, dy, ny * 4);
+			snprintf(lbl, sizeof(lbl), "kq_gemm vs gemv type %d rows %d n %d tokens %d",
+				 (int)KQ_DTS[k], R, N, T);
+			close_enough(lbl, got2, got, ny, 1e-6 * N, 0);
+			kvk_cuda_free(c, dw), kvk_cuda_free(c, dx), kvk_cuda_free(c, dy);
+			free(w), free(x), free(ref), free(got), free(got2);
+		}
+	print_message("kq_gemm: worst |err| / sqrt(n) %.3g\n", worst);
+	assert_int_equal(kvk_cu_kq_gemm(c, NULL, NULL, KVK_DT_Q4_K, NULL, 1, 96, 16), -EINVAL);
 }
 
 /* ---- sampling ------------------------------------------------------------------------------ */
@@ -1123,14 +1263,15 @@ int main(int argc, char **argv)
 		return 77;
 	}
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_memory),	   cmocka_unit_test(test_embed),
-	    cmocka_unit_test(test_rmsnorm),	   cmocka_unit_test(test_rope),
-	    cmocka_unit_test(test_swiglu_convert), cmocka_unit_test(test_attn_prefill),
-	    cmocka_unit_test(test_attn_decode),	   cmocka_unit_test(test_gemm),
-	    cmocka_unit_test(test_q8_0_gemv),	   cmocka_unit_test(test_kq_gemv),
-	    cmocka_unit_test(test_kq_embed),	   cmocka_unit_test(test_gemm_f32),
-	    cmocka_unit_test(test_fwd_glue),	   cmocka_unit_test(test_sampling),
-	    cmocka_unit_test(test_pack_unpack),	   cmocka_unit_test(test_vit_ops),
+	    cmocka_unit_test(test_memory),	     cmocka_unit_test(test_embed),
+	    cmocka_unit_test(test_rmsnorm),	     cmocka_unit_test(test_rope),
+	    cmocka_unit_test(test_swiglu_convert),   cmocka_unit_test(test_attn_prefill),
+	    cmocka_unit_test(test_attn_decode),	     cmocka_unit_test(test_gemm),
+	    cmocka_unit_test(test_q8_0_gemv),	     cmocka_unit_test(test_kq_gemv),
+	    cmocka_unit_test(test_attn_prefill_mma), cmocka_unit_test(test_kq_gemm),
+	    cmocka_unit_test(test_kq_embed),	     cmocka_unit_test(test_gemm_f32),
+	    cmocka_unit_test(test_fwd_glue),	     cmocka_unit_test(test_sampling),
+	    cmocka_unit_test(test_pack_unpack),	     cmocka_unit_test(test_vit_ops),
 	};
 	return cmocka_run_group_tests_name("kernels_cuda", tests, setup, teardown);
 }

@@ -4,6 +4,7 @@
 // some kernels here call host functions (usleep), which no GPU allows.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 #include <nccl.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -250,6 +251,27 @@ static __global__ void mixed_ops_kernel(int *out)
 	out[threadIdx.x] = v;
 }
 
+// nvcuda::wmma misuse: a misaligned pointer, an ldm that is not 16 bytes, lanes at different
+// wmma operations.
+static __global__ void wmma_fault_kernel(int *out, int which)
+{
+	using namespace nvcuda;
+	wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+	wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb;
+	wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
+	wmma::fill_fragment(fa, __float2half_rn(1.f));
+	wmma::fill_fragment(fb, __float2half_rn(1.f));
+	wmma::fill_fragment(fc, 0.f);
+	if (which == EMU_FAULT_WMMA_ALIGN)
+		wmma::load_matrix_sync(fa, (const __half *)out + 8, 16);
+	else if (which == EMU_FAULT_WMMA_LDM)
+		wmma::load_matrix_sync(fa, (const __half *)out, 12);
+	else if (threadIdx.x < 16)
+		wmma::mma_sync(fc, fa, fb, fc);
+	else
+		__syncwarp();
+}
+
 // Launches the fault kernel `which` on the current device; returns what the next
 // synchronization reports (cudaErrorLaunchFailure expected) and, in *after, what a later
 // unrelated call on the device reports (the fault is sticky).
@@ -277,6 +299,11 @@ extern "C" int emu_fault_kernel(int which, int *after)
 		break;
 	case EMU_FAULT_SMEM_TOTAL: // 32 KiB static + 20 KiB dynamic, no attribute: over 48 KiB
 		smem_total_kernel<<<1, 32, 20 << 10>>>((float *)d);
+		break;
+	case EMU_FAULT_WMMA_ALIGN:
+	case EMU_FAULT_WMMA_LDM:
+	case EMU_FAULT_WMMA_DIVERGENT:
+		wmma_fault_kernel<<<1, 32>>>(d, which);
 		break;
 	}
 	int launch = cudaGetLastError();
@@ -453,6 +480,70 @@ extern "C" int emu_gemm(float *c_out)
 // kind 0: lda below the rows of A (status INVALID_VALUE); 1: B smaller than m, n, k and ldb
 // say (status SUCCESS, then the device faults). Returns the status; *sync: the next
 // synchronization's error.
+// ---- tensor cores (mma.h) ----------------------------------------------------------------------
+static __global__ void wmma_f16_kernel(float *d, const __half *a, const __half *b, const float *c)
+{
+	using namespace nvcuda;
+	wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+	wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb;
+	wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
+	wmma::load_matrix_sync(fa, a, 24);
+	wmma::load_matrix_sync(fb, b, 16);
+	wmma::load_matrix_sync(fc, c, 16, wmma::mem_col_major);
+	wmma::mma_sync(fc, fa, fb, fc);
+	wmma::store_matrix_sync(d, fc, 20, wmma::mem_row_major);
+}
+
+static __global__ void wmma_bf16_kernel(float *d, const __nv_bfloat16 *a, const __nv_bfloat16 *b)
+{
+	using namespace nvcuda;
+	wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+	wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb;
+	wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
+	wmma::fill_fragment(fc, 0.f);
+	wmma::load_matrix_sync(fa, a, 16);
+	wmma::load_matrix_sync(fb, b, 16);
+	wmma::mma_sync(fc, fa, fb, fc);
+	wmma::store_matrix_sync(d, fc, 16, wmma::mem_col_major);
+}
+
+extern "C" int emu_wmma(int bf16, const float *a, const float *b, const float *c, float *d)
+{
+	unsigned short ha[16 * 24] = {}, hb[256];
+	float hc[256];
+	for (int r = 0; r < 16; r++)
+		for (int k = 0; k < 16; k++) {
+			float av = a[r * 16 + k], bv = b[r * 16 + k]; // b[k = r][n = k]
+			if (bf16) {
+				ha[r * 16 + k] = __float2bfloat16(av).x;
+				hb[r * 16 + k] = __float2bfloat16(bv).x;
+			} else {
+				ha[r * 24 + k] = __float2half_rn(av).x;
+				hb[k * 16 + r] =
+				    __float2half_rn(bv).x; // col_major: b[k][n] at n*16+k
+				hc[k * 16 + r] = c[r * 16 + k];
+			}
+		}
+	void *da, *db, *dc;
+	float *dd;
+	if (cudaMalloc(&da, sizeof(ha)) || cudaMalloc(&db, sizeof(hb)) ||
+	    cudaMalloc(&dc, sizeof(hc)) || cudaMalloc((void **)&dd, 16 * 20 * sizeof(float)))
+		return -1;
+	cudaMemcpy(da, ha, sizeof(ha), cudaMemcpyHostToDevice);
+	cudaMemcpy(db, hb, sizeof(hb), cudaMemcpyHostToDevice);
+	cudaMemcpy(dc, hc, sizeof(hc), cudaMemcpyHostToDevice);
+	if (bf16)
+		wmma_bf16_kernel<<<1, 32>>>(dd, (const __nv_bfloat16 *)da,
+					    (const __nv_bfloat16 *)db);
+	else
+		wmma_f16_kernel<<<1, 32>>>(dd, (const __half *)da, (const __half *)db,
+					   (const float *)dc);
+	// d's padding (never stored) reads as the emulator's 0xff fill
+	int rc = cudaMemcpy(d, dd, 16 * 20 * sizeof(float), cudaMemcpyDeviceToHost);
+	cudaFree(da), cudaFree(db), cudaFree(dc), cudaFree(dd);
+	return rc;
+}
+
 extern "C" int emu_bad_gemm(int kind, int *sync)
 {
 	float *a, *b, *c;

@@ -13,6 +13,9 @@ enum {
 	EMU_FAULT_MIXED_OPS,
 	EMU_FAULT_STATIC_SMEM,
 	EMU_FAULT_SMEM_TOTAL,
+	EMU_FAULT_WMMA_ALIGN,	  /* load_matrix_sync from a pointer not 32-byte aligned */
+	EMU_FAULT_WMMA_LDM,	  /* ldm of 12 halves (24 bytes) */
+	EMU_FAULT_WMMA_DIVERGENT, /* half the warp at mma_sync, half at __syncwarp */
 };
 
 int emu_shuffles(int *out /* 64 * 8 */);
@@ -32,6 +35,12 @@ int emu_bad_copy(int kind, int *after);
 int emu_pageable_d2h(void);
 int emu_event_order(void);
 int emu_gemm(float *c /* 2 x 3 column-major */);
+/* One m16n16k16 wmma product d = a b + c on a warp. bf16 0: f16 a (row_major, ldm 24) and b
+ * (col_major, ldm 16: b[k][n] at b[n * 16 + k]), c loaded col_major (c[m][n] at c[n * 16 + m]),
+ * d stored row_major with ldm 20 (d[m][n] at d[m * 20 + n]); bf16 1: bf16 a and b both
+ * row_major (ldm 16), c = 0 by fill_fragment, d stored col_major (ldm 16). a, b, c: f32
+ * values given row-major 16 x 16, rounded to the input type; d: 16 * 20 floats. */
+int emu_wmma(int bf16, const float *a, const float *b, const float *c, float *d);
 int emu_bad_gemm(int kind, int *sync);
 /* race_kernel with jitter seed (0: off), nt threads, nb blocks; out: (nt + 1) * nb ints. */
 int emu_jitter_race(unsigned long long seed, int nt, int nb, int *out);

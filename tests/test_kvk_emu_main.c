@@ -214,11 +214,12 @@ static void test_launch_limits(void **state)
 static void test_kernel_faults(void **state)
 {
 	(void)state;
-	static const int kinds[] = {EMU_FAULT_DIVERGENT_BARRIER, EMU_FAULT_PARTIAL_WARP,
-				    EMU_FAULT_EXITED_LANE,	 EMU_FAULT_MIXED_OPS,
-				    EMU_FAULT_STATIC_SMEM,	 EMU_FAULT_SMEM_TOTAL};
-	static const int devs[] = {2, 3, 4, 5, 10, 11};
-	for (int i = 0; i < 6; i++) {
+	static const int kinds[] = {
+	    EMU_FAULT_DIVERGENT_BARRIER, EMU_FAULT_PARTIAL_WARP, EMU_FAULT_EXITED_LANE,
+	    EMU_FAULT_MIXED_OPS,	 EMU_FAULT_STATIC_SMEM,	 EMU_FAULT_SMEM_TOTAL,
+	    EMU_FAULT_WMMA_ALIGN,	 EMU_FAULT_WMMA_LDM,	 EMU_FAULT_WMMA_DIVERGENT};
+	static const int devs[] = {2, 3, 4, 5, 10, 11, 12, 13, 14};
+	for (int i = 0; i < 9; i++) {
 		use(devs[i]);
 		int after = 0;
 		assert_int_equal(emu_fault_kernel(kinds[i], &after), ERR_LAUNCH_FAILURE);
@@ -265,6 +266,39 @@ static void test_gemm(void **state)
 	use(7);
 	assert_int_equal(emu_bad_gemm(1, &sync), 0);
 	assert_int_equal(sync, ERR_ILLEGAL_ADDRESS);
+}
+
+/* nvcuda::wmma (mma.h): both layouts of each operand, an accumulator loaded column-major and
+ * stored either way, padded ldm. Values are multiples of 1/4 (exact in f16, bf16 and every f32
+ * sum), except a[0][0] = 1 + 2^-10: exact in f16, 1.0 once rounded to bf16, so the inputs are
+ * seen to go through their type. A layout read the wrong way round changes most elements. */
+static void test_wmma(void **state)
+{
+	(void)state;
+	use(0);
+	float a[256], b[256], c[256], d[16 * 20];
+	for (int i = 0; i < 16; i++)
+		for (int j = 0; j < 16; j++) {
+			a[i * 16 + j] = (float)((i * 7 + j * 3) % 9 - 4) / 4;
+			b[i * 16 + j] = (float)((i * 5 + j * 11) % 7 - 3) / 4;
+			c[i * 16 + j] = (float)(i - 2 * j) / 4;
+		}
+	a[0] = 1.0f + 1.0f / 1024;
+	for (int bf = 0; bf < 2; bf++) {
+		assert_int_equal(emu_wmma(bf, a, b, c, d), 0);
+		for (int m = 0; m < 16; m++)
+			for (int n = 0; n < 16; n++) {
+				double want = bf ? 0 : c[m * 16 + n];
+				for (int k = 0; k < 16; k++) {
+					double av = bf && m == 0 && k == 0 ? 1.0 : a[m * 16 + k];
+					want += av * b[k * 16 + n];
+				}
+				float got = bf ? d[n * 16 + m] : d[m * 20 + n];
+				if (got != (float)want)
+					fail_msg("%s d[%d][%d] = %.9g, want %.9g",
+						 bf ? "bf16" : "f16", m, n, got, want);
+			}
+	}
 }
 
 /* Without jitter a missing barrier goes unseen: threads run in order until they wait, so
@@ -361,15 +395,16 @@ int main(int argc, char **argv)
 	if (n <= 0)
 		return 1;
 	self[n] = 0;
-	setenv("KVK_EMU_DEVICES", "12", 1);
+	setenv("KVK_EMU_DEVICES", "15", 1);
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_shuffles),	  cmocka_unit_test(test_barriers_shared),
-	    cmocka_unit_test(test_dyn_smem),	  cmocka_unit_test(test_static_smem),
-	    cmocka_unit_test(test_smem_overflow), cmocka_unit_test(test_racecheck),
-	    cmocka_unit_test(test_launch_limits), cmocka_unit_test(test_kernel_faults),
-	    cmocka_unit_test(test_copies),	  cmocka_unit_test(test_events),
-	    cmocka_unit_test(test_gemm),	  cmocka_unit_test(test_jitter),
-	    cmocka_unit_test(test_nccl),	  cmocka_unit_test(test_nccl_processes),
+	    cmocka_unit_test(test_shuffles),	   cmocka_unit_test(test_barriers_shared),
+	    cmocka_unit_test(test_dyn_smem),	   cmocka_unit_test(test_static_smem),
+	    cmocka_unit_test(test_smem_overflow),  cmocka_unit_test(test_racecheck),
+	    cmocka_unit_test(test_launch_limits),  cmocka_unit_test(test_kernel_faults),
+	    cmocka_unit_test(test_copies),	   cmocka_unit_test(test_events),
+	    cmocka_unit_test(test_gemm),	   cmocka_unit_test(test_wmma),
+	    cmocka_unit_test(test_jitter),	   cmocka_unit_test(test_nccl),
+	    cmocka_unit_test(test_nccl_processes),
 	};
 	return cmocka_run_group_tests_name("kvk_emu", tests, NULL, NULL);
 }

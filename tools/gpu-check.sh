@@ -443,6 +443,19 @@ elif [ "$(left)" -lt 40 ]; then
 else
 	quick=()
 	[ "$(left)" -lt 180 ] && quick=(--quick) && say "(quick mode: little time left)"
+	# The limits each figure is a fraction of: vendor figures (dense FP16 tensor TFLOP/s, HBM
+	# GB/s) by GPU name; the H200's where the name is not known.
+	gname=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+	case $gname in
+	*H200*) lim=(--peak 989 --hbm 4800) ;;
+	*H100*PCIe*) lim=(--peak 756 --hbm 2000) ;;
+	*H100*NVL*) lim=(--peak 835 --hbm 3900) ;;
+	*H100*) lim=(--peak 989 --hbm 3350) ;;
+	*A100*) lim=(--peak 312 --hbm 2039) ;;
+	*) lim=(--peak 989 --hbm 4800) ;;
+	esac
+	say "limits (${gname:-unknown GPU}): dense FP16 tensor ${lim[1]} TFLOP/s, HBM ${lim[3]} GB/s"
+	quick+=("${lim[@]}")
 	printf '$ %s %s\n' "$BENCH" "${quick[*]}" >>"$LOG"
 	# leave about 80 s for the engine benchmark that follows
 	tb=$(($(left) - 80))
@@ -476,6 +489,19 @@ else
 	bar "pack >= 0.7 x D2H copy" kv_pack_GBps "ratio_to_d2h:" 0.7
 	bar "unpack >= 0.7 x H2D copy" kv_unpack_GBps "ratio_to_h2d:" 0.7
 	bar "F16 GEMM >= 0.6 x dense peak" 'gemm_f16_[0-9]+_TFLOPs' "ratio_to_peak:" 0.6 # 4096 if quick
+	bar "decode GEMV (Q8_0) >= 0.5 x HBM" q8_0_gemv_GBps "ratio_to_hbm:" 0.5
+	# the value itself, not a ratio: the field after the key
+	bar "prefill attention >= 100 TFLOP/s" attn_prefill_TFLOPs "attn_prefill_TFLOPs:" 100
+	# Each figure as a fraction of its limit, in one place.
+	say "fractions of the limits:"
+	for kf in 'gemm_f16_[0-9]+_TFLOPs ratio_to_peak:' 'attn_prefill_TFLOPs ratio_to_peak:' \
+		'q4_k_gemm_TFLOPs ratio_to_peak:' 'q8_0_gemv_GBps ratio_to_hbm:' \
+		'q4_k_gemv_GBps ratio_to_hbm:'; do
+		read -r k f <<<"$kf"
+		v=$(awk -v k="^$k:\$" -v f="$f" '$1 ~ k { for (i = 1; i < NF; i++) if ($i == f) print $(i + 1) }' \
+			"$BUILD/bench.txt" | head -n 1)
+		say "  ${k%%_\[*}: ${v:-no figure} ($f)"
+	done
 fi
 
 # ---- engine benchmark: kvinfer bench on the 1B shape, GPU vs CPU in the same run ------------
@@ -557,7 +583,7 @@ fi
 section "sanitizer"
 SAN=$(command -v compute-sanitizer || echo "$CUDA_HOME/bin/compute-sanitizer")
 # The __global__ functions of kernels/cuda/*.cu (attn_kernel, move_kernel<...>, ...).
-OUR_KERNELS='(attn|embed|rope|swiglu|convert|add|add_bias|kv_store|q8_0_gemv|move|argmax|topk|rmsnorm)_kernel|rmsnorm_rows'
+OUR_KERNELS='(attn|attn_dense|fa|embed|rope|swiglu|convert|add|add_bias|kv_store|q8_0_gemv|kq_gemv|kq_gemm|move|argmax|topk|rmsnorm)_kernel|rmsnorm_rows'
 
 if [ ! -x "$SAN" ]; then
 	say "sanitizer: not available (compute-sanitizer missing)"

@@ -5,11 +5,16 @@
  *   - KV pack / unpack of a 1B-shape sequence (GB/s and the ratio to that bandwidth),
  *   - F16 / BF16 GEMM through cuBLAS at 8192^3 (TFLOP/s and the ratio to the dense peak given
  *     with --peak, default H200 989 TFLOP/s),
- *   - paged attention: prefill TFLOP/s, decode GB/s of KV read (ratio to a device-to-device
- *     copy of the same bytes), Q8_0 GEMV GB/s of weights.
+ *   - paged attention: prefill TFLOP/s on tensor cores (ratio to --peak, and to the FP32
+ *     kernel in the same run), decode GB/s of KV read;
+ *   - decode GEMV (1 token) of Q8_0 and Q4_K weights: GB/s of weights and the ratio to the
+ *     HBM bandwidth given with --hbm (default H200 4800 GB/s);
+ *   - K-quant prefill (Q4_K, 512 tokens): the dequant-GEMM on tensor cores in TFLOP/s, its
+ *     ratio to --peak and to the GEMV path in the same run.
+ * Each limit is a vendor figure, not measured here (gpu-check.sh picks them by GPU name).
  * Output: "key: value" lines on stdout. Exit 0, 77 without a GPU, 1 on an error.
  *
- *   kvk-gpu-bench [--peak TFLOPS] [--quick]
+ *   kvk-gpu-bench [--peak TFLOPS] [--hbm GBPS] [--quick]
  */
 #include <errno.h>
 #include <math.h>
@@ -159,7 +164,8 @@ static void bench_gemm(struct kvk_cuda_ctx *c, int n, double peak, int reps)
 	kvk_cuda_free(c, a), kvk_cuda_free(c, b), kvk_cuda_free(c, d);
 }
 
-static void bench_attention(struct kvk_cuda_ctx *c, int n_q, int n_seqs, int ctx_len, int reps)
+static void bench_attention(struct kvk_cuda_ctx *c, int n_q, int n_seqs, int ctx_len, int reps,
+			    double peak)
 {
 	/* Pool big enough for the prefill sequence and every decode sequence. */
 	int per_seq = (ctx_len + BLOCK_TOK - 1) / BLOCK_TOK,
@@ -185,29 +191,49 @@ static void bench_attention(struct kvk_cuda_ctx *c, int n_q, int n_seqs, int ctx
 	float *q = dalloc(c, qn * 4), *o = dalloc(c, qn * 4);
 	float scale = 0.125f;
 
-	/* Prefill: causal, so query i does 4 * hd * (i + 1) FLOP per head. */
-	TRY(kvk_cu_attn_prefill(c, o, q, &kv, dtab, n_q, 0, L1B_HEADS, scale));
-	TRY(kvk_cuda_sync(c));
-	double t = now();
-	for (int i = 0; i < reps; i++)
-		TRY(kvk_cu_attn_prefill(c, o, q, &kv, dtab, n_q, 0, L1B_HEADS, scale));
-	TRY(kvk_cuda_sync(c));
-	double dt = (now() - t) / reps;
-	double flop = 4.0 * L1B_HD * L1B_HEADS * ((double)n_q * (n_q + 1) / 2);
-	printf("attn_prefill_TFLOPs: %.2f  (1B heads %d/%d x %d, %d tokens causal, %.2f ms; "
-	       "fp32 CUDA cores, no tensor cores)\n",
-	       flop / dt / 1e12, L1B_HEADS, L1B_KV, L1B_HD, n_q, dt * 1e3);
+	/* Prefill: causal, so query i does 4 * hd * (i + 1) FLOP per head. The tensor-core
+	 * kernel (what the engine runs on sm_80+) and the FP32 one, same inputs, same run. */
+	double flop = 4.0 * L1B_HD * L1B_HEADS * ((double)n_q * (n_q + 1) / 2), tf[2] = {0, 0};
+	for (int which = 0; which < 2; which++) {
+		int (*fn)(struct kvk_cuda_ctx *, float *, const float *,
+			  const struct kvk_kv_pages *, const int32_t *, int, int, int, float) =
+		    which ? kvk_cu_attn_prefill_fp32 : kvk_cu_attn_prefill_mma;
+		int rc = fn(c, o, q, &kv, dtab, n_q, 0, L1B_HEADS, scale);
+		if (rc == -ENOTSUP) {
+			printf("attn_prefill_TFLOPs: n/a  (no tensor-core kernel below sm_80)\n");
+			continue;
+		}
+		TRY(rc);
+		TRY(kvk_cuda_sync(c));
+		double t = now();
+		for (int i = 0; i < reps; i++)
+			TRY(fn(c, o, q, &kv, dtab, n_q, 0, L1B_HEADS, scale));
+		TRY(kvk_cuda_sync(c));
+		double dt = (now() - t) / reps;
+		tf[which] = flop / dt / 1e12;
+		if (which)
+			printf("attn_prefill_fp32_TFLOPs: %.2f  (the FP32 CUDA-core kernel, %.2f "
+			       "ms)\n",
+			       tf[1], dt * 1e3);
+		else
+			printf("attn_prefill_TFLOPs: %.2f  ratio_to_peak: %.3f  (tensor cores; 1B "
+			       "heads "
+			       "%d/%d x %d, %d tokens causal, %.2f ms; bar >= 100 TFLOP/s)\n",
+			       tf[0], tf[0] / peak, L1B_HEADS, L1B_KV, L1B_HD, n_q, dt * 1e3);
+	}
+	if (tf[0] > 0 && tf[1] > 0)
+		printf("attn_prefill_mma_vs_fp32: %.2f\n", tf[0] / tf[1]);
 
 	/* Decode: memory bound; compare the KV bytes read with a device copy of the same size. */
 	int32_t *dtab2 = dtab + pre_blocks;
 	TRY(kvk_cu_attn_decode(c, o, q, &kv, dtab2, per_seq, dlens, n_seqs, L1B_HEADS, scale));
 	TRY(kvk_cuda_sync(c));
-	t = now();
+	double t = now();
 	for (int i = 0; i < reps; i++)
 		TRY(kvk_cu_attn_decode(c, o, q, &kv, dtab2, per_seq, dlens, n_seqs, L1B_HEADS,
 				       scale));
 	TRY(kvk_cuda_sync(c));
-	dt = (now() - t) / reps;
+	double dt = (now() - t) / reps;
 	double kvbytes = (double)n_seqs * ctx_len * L1B_KV * L1B_HD * 2 * 2;
 	printf("attn_decode_GBps: %.1f  (%d seqs x %d ctx, KV read %.0f MiB, %.3f ms/step)\n",
 	       kvbytes / dt / 1e9, n_seqs, ctx_len, kvbytes / 1048576, dt * 1e3);
@@ -216,20 +242,76 @@ static void bench_attention(struct kvk_cuda_ctx *c, int n_q, int n_seqs, int ctx
 	free(tab), free(lens);
 }
 
-static void bench_q8(struct kvk_cuda_ctx *c, int rows, int n, int reps)
+/* Copies of a weight matrix to rotate through so that a repeated GEMV reads HBM, not the L2
+ * cache (50 MiB on an H100 / H200 holds one 8192 x 2048 matrix): 256 MiB in all. */
+#define L2_COPIES(wb) ((int)(((size_t)256 << 20) / (wb) + 1))
+
+static void bench_q8(struct kvk_cuda_ctx *c, int rows, int n, int reps, double hbm)
 {
 	size_t wb = (size_t)rows * (n / KVK_Q8_0_BLOCK) * KVK_Q8_0_BYTES;
-	void *w = dalloc(c, wb);
+	int nc = L2_COPIES(wb);
+	uint8_t *w = dalloc(c, wb * nc);
 	float *x = dalloc(c, (size_t)n * 4), *y = dalloc(c, (size_t)rows * 4);
 	TRY(kvk_cu_q8_0_gemv(c, y, w, x, rows, n, 1));
 	TRY(kvk_cuda_sync(c));
 	double t = now();
 	for (int i = 0; i < reps; i++)
-		TRY(kvk_cu_q8_0_gemv(c, y, w, x, rows, n, 1));
+		TRY(kvk_cu_q8_0_gemv(c, y, w + wb * (i % nc), x, rows, n, 1));
 	TRY(kvk_cuda_sync(c));
 	double dt = (now() - t) / reps;
-	printf("q8_0_gemv_GBps: %.1f  (%d x %d weights, 1 token, %.1f us)\n", wb / dt / 1e9, rows,
-	       n, dt * 1e6);
+	printf("q8_0_gemv_GBps: %.1f  ratio_to_hbm: %.3f  (%d x %d weights, 1 token, %.1f us; HBM "
+	       "%.0f GB/s, bar >= 0.5)\n",
+	       wb / dt / 1e9, wb / dt / 1e9 / hbm, rows, n, dt * 1e6, hbm);
+	kvk_cuda_free(c, w), kvk_cuda_free(c, x), kvk_cuda_free(c, y);
+}
+
+/* Q4_K weights (144 bytes per 256 values; zeros are valid blocks: d = dmin = 0): the decode
+ * GEMV (1 token) against HBM bandwidth, then prefill of ntok tokens, dequant-GEMM on tensor
+ * cores against the GEMV path (weights streamed once per 8 tokens) in the same run. */
+static void bench_kq(struct kvk_cuda_ctx *c, int rows, int n, int ntok, int reps, double peak,
+		     double hbm)
+{
+	size_t wb = (size_t)rows * (n / 256) * 144;
+	int nc = L2_COPIES(wb);
+	uint8_t *w = dalloc(c, wb * nc);
+	float *x = dalloc(c, (size_t)ntok * n * 4), *y = dalloc(c, (size_t)ntok * rows * 4);
+	TRY(kvk_cu_kq_gemv_fp32(c, y, w, KVK_DT_Q4_K, x, rows, n, 1));
+	TRY(kvk_cuda_sync(c));
+	double t = now();
+	for (int i = 0; i < 10 * reps; i++)
+		TRY(kvk_cu_kq_gemv_fp32(c, y, w + wb * (i % nc), KVK_DT_Q4_K, x, rows, n, 1));
+	TRY(kvk_cuda_sync(c));
+	double dt = (now() - t) / (10 * reps);
+	printf("q4_k_gemv_GBps: %.1f  ratio_to_hbm: %.3f  (%d x %d weights, 1 token, %.1f us)\n",
+	       wb / dt / 1e9, wb / dt / 1e9 / hbm, rows, n, dt * 1e6);
+	double flop = 2.0 * rows * n * ntok, tf[2] = {0, 0};
+	for (int which = 0; which < 2; which++) {
+		int (*fn)(struct kvk_cuda_ctx *, float *, const void *, enum kvk_dtype,
+			  const float *, int, int, int) =
+		    which ? kvk_cu_kq_gemv_fp32 : kvk_cu_kq_gemm;
+		int rc = fn(c, y, w, KVK_DT_Q4_K, x, rows, n, ntok);
+		if (rc == -ENOTSUP) {
+			printf("q4_k_gemm_TFLOPs: n/a  (no tensor-core kernel below sm_80)\n");
+			continue;
+		}
+		TRY(rc);
+		TRY(kvk_cuda_sync(c));
+		t = now();
+		for (int i = 0; i < reps; i++)
+			TRY(fn(c, y, w, KVK_DT_Q4_K, x, rows, n, ntok));
+		TRY(kvk_cuda_sync(c));
+		dt = (now() - t) / reps;
+		tf[which] = flop / dt / 1e12;
+		if (which)
+			printf("q4_k_prefill_gemv_TFLOPs: %.2f  (the GEMV path, %.2f ms)\n", tf[1],
+			       dt * 1e3);
+		else
+			printf("q4_k_gemm_TFLOPs: %.2f  ratio_to_peak: %.3f  (%d x %d weights, %d "
+			       "tokens, %.2f ms)\n",
+			       tf[0], tf[0] / peak, rows, n, ntok, dt * 1e3);
+	}
+	if (tf[0] > 0 && tf[1] > 0)
+		printf("q4_k_gemm_vs_gemv: %.2f\n", tf[0] / tf[1]);
 	kvk_cuda_free(c, w), kvk_cuda_free(c, x), kvk_cuda_free(c, y);
 }
 
@@ -260,6 +342,7 @@ static void bench_d2d(struct kvk_cuda_ctx *c, size_t bytes, int reps)
 int main(int argc, char **argv)
 {
 	double peak = 989.0; /* H200 SXM dense FP16/BF16 tensor TFLOP/s */
+	double hbm = 4800.0; /* H200 HBM3e GB/s */
 	int quick = 0;
 	/* gpu-check.sh sends stdout to a file: each figure must be there even if a timeout kills
 	 * the program later. */
@@ -267,10 +350,13 @@ int main(int argc, char **argv)
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--peak") && i + 1 < argc)
 			peak = atof(argv[++i]);
+		else if (!strcmp(argv[i], "--hbm") && i + 1 < argc)
+			hbm = atof(argv[++i]);
 		else if (!strcmp(argv[i], "--quick"))
 			quick = 1;
 		else {
-			fprintf(stderr, "usage: kvk-gpu-bench [--peak TFLOPS] [--quick]\n");
+			fprintf(stderr,
+				"usage: kvk-gpu-bench [--peak TFLOPS] [--hbm GBPS] [--quick]\n");
 			return 2;
 		}
 	}
@@ -288,8 +374,10 @@ int main(int argc, char **argv)
 	/* cuBLAS first, the pack pipeline (512 MiB pinned, the newest code) last: an error ends
 	 * the program, and the figures printed before it still reach the report. */
 	bench_gemm(c, quick ? 4096 : 8192, peak, quick ? 3 : 20);
-	bench_attention(c, quick ? 1024 : 4096, 64, quick ? 1024 : 4096, quick ? 2 : 5);
-	bench_q8(c, 8192, 2048, quick ? 10 : 100);
+	bench_attention(c, quick ? 1024 : 4096, 64, quick ? 1024 : 4096, quick ? 2 : 5, peak);
+	/* 1B decode's FFN matrix, 8192 x 2048 */
+	bench_q8(c, 8192, 2048, quick ? 10 : 100, hbm);
+	bench_kq(c, 8192, 2048, 512, quick ? 3 : 20, peak, hbm);
 	bench_d2d(c, (size_t)512 << 20, quick ? 2 : 10);
 	bench_pack(c, &bw, quick ? 64 : 256, quick ? 2 : 4);
 	printf("engine on GPU: see kvinfer bench --device cuda (tools/gpu-check.sh runs it)\n");

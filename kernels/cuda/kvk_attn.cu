@@ -167,6 +167,157 @@ static __global__ void __launch_bounds__(WARPS * 32) attn_kernel(struct attn_arg
 	}
 }
 
+// Prefill on tensor cores (sm_80+, KVK_MMA_DEVICE): the same rows and causal limits as
+// attn_kernel, 64 rows per block (16 per warp), keys in tiles of FA_BN through shared memory as
+// f16. Per tile each warp computes its 16 x FA_BN scores S = Q K^T with wmma (Q pre-scaled and
+// rounded to f16 once, f32 accumulate) into shared memory; two lanes per row run the online
+// softmax over S (row max and sum through one shuffle), write P as f16 and rescale the row of
+// the f32 output O (kept in shared memory, since a fragment's lane layout is unspecified and a
+// row cannot be rescaled in registers); then O += P V with wmma. The row sum l adds the f16
+// values of P that the product used, so the weights stay normalised. Needs head_dim % 16 == 0.
+#define FA_WARPS 4
+#define FA_BM	 (16 * FA_WARPS) // rows per block
+#define FA_BN	 32		 // keys per tile
+#define FA_SS	 (FA_BN + 4)	 // row stride of S (floats; a multiple of 4 for wmma)
+#define FA_PS	 (FA_BN + 8)	 // row stride of P (halves; a multiple of 8)
+
+// Dynamic shared memory of fa_kernel at head_dim hd; every part starts 32-byte aligned.
+static size_t fa_smem(int hd)
+{
+	size_t qk = (size_t)hd + 8; // row stride of Q, K and V in halves
+	return (FA_BM + 2 * FA_BN) * qk * 2 + FA_BM * FA_SS * 4 + FA_BM * FA_PS * 2 +
+	       FA_BM * ((size_t)hd + 4) * 4;
+}
+
+static __global__ void __launch_bounds__(FA_WARPS * 32) fa_kernel(struct attn_args a)
+{
+#if KVK_MMA_DEVICE
+	using namespace nvcuda;
+	extern __shared__ float smem[];
+	const int hd = a.hd, hp = hd / 2, QS = hd + 8, OS = hd + 4;
+	__half *qs = (__half *)smem;  // [FA_BM][QS], pre-scaled
+	__half *ks = qs + FA_BM * QS; // [FA_BN][QS]
+	__half *vs = ks + FA_BN * QS;
+	float *ss = (float *)(vs + FA_BN * QS);	     // [FA_BM][FA_SS]
+	__half *ps = (__half *)(ss + FA_BM * FA_SS); // [FA_BM][FA_PS]
+	float *os = (float *)(ps + FA_BM * FA_PS);   // [FA_BM][OS]
+	const int kvh = blockIdx.y, row0 = blockIdx.x * FA_BM;
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	const int total_rows = a.n_q * a.group, pos0 = a.q_start;
+	const int32_t *table = a.tables;
+	int block_keys = pos0 + (min(row0 + FA_BM, total_rows) - 1) / a.group + 1;
+
+	for (int e = threadIdx.x; e < FA_BM * hd; e += blockDim.x) {
+		int i = e / hd, d = e % hd, r = row0 + i;
+		float v = 0.f;
+		if (r < total_rows) {
+			int qi = r / a.group, h = kvh * a.group + r % a.group;
+			v = a.q[((size_t)qi * a.n_heads + h) * hd + d] * a.scale;
+		}
+		qs[i * QS + d] = __float2half_rn(v);
+		os[i * OS + d] = 0.f;
+	}
+
+	// This lane's row (two lanes per row, each half of the tile's keys and of the head dims).
+	const int wr = warp * 16 + (lane >> 1), hf = lane & 1, r = row0 + wr;
+	const int row_keys = r < total_rows ? pos0 + r / a.group + 1 : 0;
+	const int wlast = min(row0 + warp * 16 + 15, total_rows - 1);
+	const int warp_keys = wlast >= row0 + warp * 16 ? pos0 + wlast / a.group + 1 : 0;
+	float m = -INFINITY, l = 0.f;
+
+	for (int kt = 0; kt < block_keys; kt += FA_BN) {
+		__syncthreads(); // the previous tile (or the q load) is done
+		for (int e = threadIdx.x; e < FA_BN * hp; e += blockDim.x) {
+			int j = e / hp, p = e % hp, key = kt + j;
+			uint32_t kw = 0, vw = 0; // keys past the block's last are zeros
+			if (key < block_keys) {
+				int32_t b = table[key / a.B];
+				if (b >= 0 && b < a.num_blocks) {
+					size_t off = (size_t)b * a.block_stride +
+						     ((size_t)(key % a.B) * a.nkv + kvh) * hd +
+						     2 * p;
+					kw = *(const uint32_t *)(a.k + off);
+					vw = *(const uint32_t *)(a.v + off);
+				}
+			}
+			((uint32_t *)ks)[j * (QS / 2) + p] = kw;
+			((uint32_t *)vs)[j * (QS / 2) + p] = vw;
+		}
+		__syncthreads();
+		if (kt >= warp_keys)
+			continue; // warp-uniform: every row of this warp is past its last key
+
+		wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+		wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fk;
+		wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fv;
+		wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
+#pragma unroll
+		for (int n0 = 0; n0 < FA_BN; n0 += 16) {
+			wmma::fill_fragment(fc, 0.f);
+			for (int k0 = 0; k0 < hd; k0 += 16) {
+				wmma::load_matrix_sync(fa, qs + warp * 16 * QS + k0, QS);
+				wmma::load_matrix_sync(fk, ks + n0 * QS + k0, QS); // K^T
+				wmma::mma_sync(fc, fa, fk, fc);
+			}
+			wmma::store_matrix_sync(ss + warp * 16 * FA_SS + n0, fc, FA_SS,
+						wmma::mem_row_major);
+		}
+		__syncwarp();
+
+		const float *sr = ss + wr * FA_SS + hf * (FA_BN / 2);
+		__half *pr = ps + wr * FA_PS + hf * (FA_BN / 2);
+		const int key0 = kt + hf * (FA_BN / 2);
+		float mx = -INFINITY;
+#pragma unroll
+		for (int c = 0; c < FA_BN / 2; c++)
+			if (key0 + c < row_keys)
+				mx = fmaxf(mx, sr[c]);
+		mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+		float m_new = fmaxf(m, mx);
+		// a row with no visible key yet (or no row) keeps m = -inf: nothing to rescale
+		float corr = m_new == -INFINITY ? 1.f : expf(m - m_new), sum = 0.f;
+#pragma unroll
+		for (int c = 0; c < FA_BN / 2; c++) {
+			__half p = __float2half_rn(key0 + c < row_keys ? expf(sr[c] - m_new) : 0.f);
+			pr[c] = p;
+			sum += __half2float(p);
+		}
+		sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+		l = l * corr + sum;
+		m = m_new;
+		float *orow = os + wr * OS + hf * hp;
+		for (int d = 0; d < hp; d++)
+			orow[d] *= corr;
+		__syncwarp();
+
+		for (int n0 = 0; n0 < hd; n0 += 16) {
+			wmma::load_matrix_sync(fc, os + warp * 16 * OS + n0, OS,
+					       wmma::mem_row_major);
+#pragma unroll
+			for (int k0 = 0; k0 < FA_BN; k0 += 16) {
+				wmma::load_matrix_sync(fa, ps + warp * 16 * FA_PS + k0, FA_PS);
+				wmma::load_matrix_sync(fv, vs + k0 * QS + n0, QS);
+				wmma::mma_sync(fc, fa, fv, fc);
+			}
+			__syncwarp(); // every lane's load of this tile of O is done before it is
+				      // rewritten
+			wmma::store_matrix_sync(os + warp * 16 * OS + n0, fc, OS,
+						wmma::mem_row_major);
+		}
+	}
+	__syncwarp(); // the last stores of O are read by the row's lanes
+
+	if (r < total_rows) {
+		int qi = r / a.group, h = kvh * a.group + r % a.group;
+		float *o = a.out + ((size_t)qi * a.n_heads + h) * hd + hf * hp;
+		const float *orow = os + wr * OS + hf * hp;
+		float inv = l > 0.f ? 1.f / l : 0.f;
+		for (int d = 0; d < hp; d++)
+			o[d] = orow[d] * inv;
+	}
+#endif
+}
+
 static int pages_ok(const struct kvk_kv_pages *kv, int n_heads)
 {
 	return kv && kv->k && kv->v && kv->num_blocks >= 1 && kv->block_tokens >= 1 &&
@@ -207,14 +358,19 @@ static void fill(struct attn_args *a, float *out, const float *q, const struct k
 	a->scale = scale;
 }
 
-extern "C" int kvk_cu_attn_prefill(struct kvk_cuda_ctx *ctx, float *out, const float *q,
-				   const struct kvk_kv_pages *kv, const int32_t *table, int n_q,
-				   int q_start, int n_heads, float scale)
+// which: 0 picks the tensor-core kernel where it runs, 1 forces it (-ENOTSUP where it does
+// not), 2 forces the FP32 kernel.
+static int prefill(struct kvk_cuda_ctx *ctx, float *out, const float *q,
+		   const struct kvk_kv_pages *kv, const int32_t *table, int n_q, int q_start,
+		   int n_heads, float scale, int which)
 {
 	if (!pages_ok(kv, n_heads) || n_q < 0 || q_start < 0 || q_start > INT32_MAX - n_q ||
 	    (size_t)n_q * n_heads > INT32_MAX)
 		return -EINVAL;
 	KVK_ENTER(ctx);
+	int mma = ctx->mma && kv->head_dim % 16 == 0;
+	if (which == 1 && !mma)
+		return -ENOTSUP;
 	if (!n_q)
 		return 0;
 	struct attn_args a = {};
@@ -224,7 +380,37 @@ extern "C" int kvk_cu_attn_prefill(struct kvk_cuda_ctx *ctx, float *out, const f
 	a.max_blocks = 0; // one table: row stride unused
 	a.n_q = n_q;
 	a.q_start = q_start;
-	return launch(ctx, &a, 1);
+	if (which == 2 || !mma)
+		return launch(ctx, &a, 1);
+	size_t smem = fa_smem(a.hd);
+	if (smem > 48 * 1024)
+		KVK_CK(cudaFuncSetAttribute(fa_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+					    (int)smem));
+	dim3 grid(kvk_blocks((size_t)n_q * a.group, FA_BM), (unsigned)a.nkv, 1);
+	fa_kernel<<<grid, FA_WARPS * 32, smem, ctx->s_comp>>>(a);
+	KVK_LAUNCHED();
+	return 0;
+}
+
+extern "C" int kvk_cu_attn_prefill(struct kvk_cuda_ctx *ctx, float *out, const float *q,
+				   const struct kvk_kv_pages *kv, const int32_t *table, int n_q,
+				   int q_start, int n_heads, float scale)
+{
+	return prefill(ctx, out, q, kv, table, n_q, q_start, n_heads, scale, 0);
+}
+
+extern "C" int kvk_cu_attn_prefill_mma(struct kvk_cuda_ctx *ctx, float *out, const float *q,
+				       const struct kvk_kv_pages *kv, const int32_t *table, int n_q,
+				       int q_start, int n_heads, float scale)
+{
+	return prefill(ctx, out, q, kv, table, n_q, q_start, n_heads, scale, 1);
+}
+
+extern "C" int kvk_cu_attn_prefill_fp32(struct kvk_cuda_ctx *ctx, float *out, const float *q,
+					const struct kvk_kv_pages *kv, const int32_t *table,
+					int n_q, int q_start, int n_heads, float scale)
+{
+	return prefill(ctx, out, q, kv, table, n_q, q_start, n_heads, scale, 2);
 }
 
 extern "C" int kvk_cu_attn_decode(struct kvk_cuda_ctx *ctx, float *out, const float *q,

@@ -41,6 +41,11 @@ extern "C" int kvk_cuda_ctx_create(int device, struct kvk_cuda_ctx **out)
 			    cudaEventCreateWithFlags(&c->ev_free[i], cudaEventDisableTiming),
 			    "event");
 	}
+	if (!rc) {
+		cudaDeviceProp p;
+		rc = kvk_cuda_err(cudaGetDeviceProperties(&p, device), "cudaGetDeviceProperties");
+		c->mma = !rc && p.major >= 8;
+	}
 	if (!rc)
 		rc = kvk_cuda_err(cudaMalloc(&c->blas_ws, BLAS_WS_BYTES), "cudaMalloc(workspace)");
 	if (!rc) {

@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <errno.h>
+#include <mma.h>
 
 extern "C" {
 #include "kvk_cuda.h"
@@ -28,7 +29,17 @@ struct kvk_cuda_ctx {
 	cudaEvent_t ev_free[2];	 // staging buffer i consumed (download done / scatter done)
 	uint16_t **d_layers;	 // device copy of the pack/unpack layer table: [2 * l + kv]
 	int d_layers_cap;	 // entries
+	int mma;		 // compute capability >= 8.0: the tensor-core kernels run
 };
+
+// Tensor-core code (nvcuda::wmma: f16/bf16 inputs, f32 accumulate) is compiled for sm_80 and up
+// and on the emulation (docs/cuda-emu.md, "Tensor cores"); for older targets the bodies of its
+// kernels are empty and the host never launches them (ctx->mma is 0 there).
+#if defined(KVFS_KVK_EMU_H) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800)
+#define KVK_MMA_DEVICE 1
+#else
+#define KVK_MMA_DEVICE 0
+#endif
 
 // Converts a CUDA error once, at the boundary: logged with the call, returned as -errno.
 static inline int kvk_cuda_err(cudaError_t e, const char *what)

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <new>
 #include <vector>
 
 #include "kvk_emu_int.h"
@@ -76,6 +77,32 @@ struct static_var {
 	size_t off;
 };
 
+// Dynamic shared memory starts 128-byte aligned, as a block's shared window does on a GPU when
+// the kernel has no static shared memory (wmma::load_matrix_sync needs 32-byte pointers).
+template <typename T> struct smem_alloc {
+	using value_type = T;
+	smem_alloc() = default;
+	template <typename U> smem_alloc(const smem_alloc<U> &)
+	{
+	}
+	T *allocate(size_t n)
+	{
+		return (T *)::operator new(n * sizeof(T), std::align_val_t(128));
+	}
+	void deallocate(T *p, size_t)
+	{
+		::operator delete(p, std::align_val_t(128));
+	}
+	bool operator==(const smem_alloc &) const
+	{
+		return true;
+	}
+	bool operator!=(const smem_alloc &) const
+	{
+		return false;
+	}
+};
+
 struct sm {
 	std::vector<fiber> fibers;
 	std::vector<warp> warps;
@@ -87,7 +114,7 @@ struct sm {
 	void *sched_fake = nullptr;
 	fiber *cur = nullptr;
 	kvk_emu_block blk = {};
-	std::vector<unsigned char> smem;
+	std::vector<unsigned char, smem_alloc<unsigned char>> smem;
 	// This block's static shared variables, in the order they were reached.
 	std::vector<static_var> svars;
 	unsigned char *sarena = nullptr; // SMEM_ARENA bytes
@@ -369,6 +396,12 @@ static const char *op_name(int op)
 		return "__syncwarp";
 	case KVK_EMU_BALLOT:
 		return "__ballot_sync";
+	case KVK_EMU_WMMA_LOAD:
+		return "wmma::load_matrix_sync";
+	case KVK_EMU_WMMA_STORE:
+		return "wmma::store_matrix_sync";
+	case KVK_EMU_WMMA_MMA:
+		return "wmma::mma_sync";
 	}
 	return "?";
 }
@@ -413,6 +446,17 @@ static fiber *current(const char *what)
 		abort();
 	}
 	return s->cur;
+}
+
+void kvk_emu_kernel_fault(const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	fiber_fault(t_sm, current("a device function"), "%s", msg);
+	abort(); // not reached: fiber_fault does not return
 }
 
 void kvk_emu_syncthreads(void)
@@ -574,6 +618,10 @@ uint64_t kvk_emu_warp(enum kvk_emu_warp_op op, unsigned mask, uint64_t v, int ar
 		break;
 	case KVK_EMU_SYNCWARP:
 		tsan_acquire(&w.sync[g & 1]);
+		return 0;
+	case KVK_EMU_WMMA_LOAD: // lanes meet; no value, no memory order (mma.h)
+	case KVK_EMU_WMMA_STORE:
+	case KVK_EMU_WMMA_MMA:
 		return 0;
 	case KVK_EMU_BALLOT: {
 		uint64_t r = 0;

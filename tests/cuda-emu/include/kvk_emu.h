@@ -117,6 +117,9 @@ static const int warpSize = 32;
 #define gridDim	  (kvk_emu_cur->blk->grid)
 
 void kvk_emu_syncthreads(void);
+// A kernel fault in the running CUDA thread (mma.h's checks): reported with the kernel, block
+// and thread, the block abandoned, the device's error sticky. Does not return.
+[[noreturn]] void kvk_emu_kernel_fault(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void *kvk_emu_dyn_smem(void);
 
 // Static shared memory: `__shared__ T name[dims];` becomes KVK_EMU_SHARED(T, name, [dims]), a
@@ -143,6 +146,9 @@ enum kvk_emu_warp_op {
 	KVK_EMU_SHFL_UP,
 	KVK_EMU_SYNCWARP,
 	KVK_EMU_BALLOT,
+	KVK_EMU_WMMA_LOAD, // nvcuda::wmma (mma.h): warp-synchronous, no memory ordering
+	KVK_EMU_WMMA_STORE,
+	KVK_EMU_WMMA_MMA,
 };
 uint64_t kvk_emu_warp(enum kvk_emu_warp_op op, unsigned mask, uint64_t v, int arg, int width);
 
