@@ -210,6 +210,10 @@ int mleader_announce(struct meta *m);
  * leader this replica follows, when that leader has recorded it in the current term; nothing
  * when none is known (then the reply has an empty body). */
 void mleader_redirect(struct meta *m, struct kvp_wbuf *out);
+/* The serving leader's client address into addr (cap bytes), as followers redirect to it
+ * (self: also when this replica is that leader). 0, or -ENOENT (none known: an election, or
+ * no record of this term yet; addr is ""). */
+int mleader_addr(struct meta *m, int self, char *addr, size_t cap);
 /* 1 while this replica leads but does not serve yet (its announcement is near). */
 int mleader_pending(struct meta *m);
 

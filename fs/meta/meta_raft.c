@@ -78,6 +78,11 @@ struct mraft {
 	struct raft_barrier barrier;
 	unsigned in_flight; /* loop thread: entries appended, apply_cb not yet called */
 	rocksdb_writeoptions_t *wo;
+	/* Loop thread: the snapshot trigger by bytes (snap_account). */
+	unsigned every;		       /* the entry-count threshold */
+	uint64_t since_bytes, since_n; /* applied since the last snapshot */
+	uint64_t nsnap;		       /* snapshots taken */
+	int by_bytes;		       /* the threshold is lowered until the next snapshot */
 	pthread_t loop_thr, watch_thr;
 	int loop_started, watch_started;
 
@@ -338,12 +343,46 @@ static void apply_joined(struct mraft *r, const uint8_t *d, size_t len, uint32_t
 	}
 }
 
+/* Snapshots by bytes (docs/meta.md, "Log compaction"): libraft takes one when last_applied
+ * minus the last snapshot's index reaches its threshold, checked after each round of
+ * applies, and offers no other trigger; so once the entries applied since the last snapshot
+ * hold snapshot_bytes, the threshold drops to 1 and the next check takes one. fsm_snapshot
+ * puts it back. */
+static void snap_account(struct mraft *r, size_t len)
+{
+	r->since_bytes += len;
+	r->since_n++;
+	if (r->o.snapshot_bytes && !r->by_bytes && r->since_bytes >= r->o.snapshot_bytes) {
+		r->by_bytes = 1;
+		raft_set_snapshot_threshold(&r->raft, 1);
+	}
+}
+
+/* A snapshot is being taken at the last applied entry: the count starts again, and the
+ * entries kept behind it (for followers a little behind) are a fifth of those since the last
+ * one, or fewer, so that they hold about a fifth of snapshot_bytes. */
+static void snap_taken(struct mraft *r)
+{
+	unsigned trail = r->every / 5 ? r->every / 5 : 1;
+	if (r->o.snapshot_bytes && r->since_bytes) {
+		double t =
+		    (double)r->since_n * ((double)r->o.snapshot_bytes / 5) / (double)r->since_bytes;
+		if (t < trail)
+			trail = t < 1 ? 1 : (unsigned)t;
+	}
+	raft_set_snapshot_trailing(&r->raft, trail);
+	raft_set_snapshot_threshold(&r->raft, r->every);
+	r->by_bytes = 0;
+	r->since_bytes = r->since_n = 0;
+}
+
 static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void **result)
 {
 	struct mraft *r = fsm->data;
 	const uint8_t *d = buf->base, *end = d + buf->len;
 	uint32_t fmt = buf->len >= 8 ? get32(d + 4) : 0;
 	*result = NULL;
+	snap_account(r, buf->len);
 	if (fmt == 1 && get32(d) <= buf->len - 8) {
 		pthread_mutex_lock(&r->spec_mu);
 		apply_batch(r, 0, 0, (const char *)d + 8, get32(d), NULL);
@@ -473,7 +512,11 @@ static int fsm_snapshot(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsign
 	(*bufs)[0].base = p;
 	(*bufs)[0].len = len;
 	*n_bufs = 1;
-	klog_info("snapshot: %zu bytes", len);
+	klog_info("snapshot: %zu bytes, after %llu entries of %llu bytes%s", len,
+		  (unsigned long long)r->since_n, (unsigned long long)r->since_bytes,
+		  r->by_bytes ? " (by bytes)" : "");
+	snap_taken(r);
+	r->nsnap++;
 	return 0;
 }
 
@@ -522,6 +565,10 @@ static int fsm_restore(struct raft_fsm *fsm, struct raft_buffer *buf)
 	}
 	klog_info("restored a snapshot: %zu keys", nkeys);
 	raft_free(buf->base);
+	/* libraft drops the log up to the snapshot: the byte count starts again. */
+	r->by_bytes = 0;
+	r->since_bytes = r->since_n = 0;
+	raft_set_snapshot_threshold(&r->raft, r->every);
 	return 0;
 }
 
@@ -584,6 +631,12 @@ static void tick(uv_timer_t *t)
 	s->last_index = raft_last_index(rf);
 	s->applied = raft_last_applied(rf);
 	s->commit = rf->commit_index;
+	s->snap_index = rf->log.snapshot.last_index;
+	s->snapshots = r->nsnap;
+	s->log_bytes = r->since_bytes;
+	/* libraft's in-memory log is a ring of entries [front, back). */
+	const struct raft_log *lg = &rf->log;
+	s->log_mem = lg->back >= lg->front ? lg->back - lg->front : lg->size - lg->front + lg->back;
 	s->npeers = 0;
 	for (unsigned i = 0; i < rf->configuration.n && i < MRAFT_MAX_PEERS; i++) {
 		struct mraft_peer *pe = &s->peers[s->npeers++];
@@ -898,9 +951,9 @@ int mraft_start(const struct mraft_opts *o, struct mraft **out)
 	raft_set_pre_vote(&r->raft, true);
 	/* A snapshot is the whole database: taken rarely, with a long tail of log kept so a
 	 * follower that fell a little behind catches up from the log. */
-	unsigned every = o->snapshot_every ? o->snapshot_every : 100000;
-	raft_set_snapshot_threshold(&r->raft, every);
-	raft_set_snapshot_trailing(&r->raft, every / 5 ? every / 5 : 1);
+	r->every = o->snapshot_every ? o->snapshot_every : 100000;
+	raft_set_snapshot_threshold(&r->raft, r->every);
+	raft_set_snapshot_trailing(&r->raft, r->every / 5 ? r->every / 5 : 1);
 	/* libraft resends a snapshot only after this long without an answer (30 s by default):
 	 * one sent to a replica that was just restarting is lost, and the replica would wait. */
 	raft_set_install_snapshot_timeout(&r->raft, 5000);

@@ -105,7 +105,10 @@ enum kvp_op {
 				* follower, 2 candidate, 3 leader), u8 serving, u64 term, u64
 				* leader id (0 none known), str leader Raft address, u64 last log
 				* index, u64 applied, u64 commit, u32 n, n x (u64 id, str Raft
-				* address, u64 match index: the leader's view, else 0). Answered
+				* address, u64 match index: the leader's view, else 0), u64 last
+				* snapshot's index, u64 snapshots taken, u64 bytes of entries
+				* applied since it, u64 entries in memory, str leader's client
+				* address ("" unknown; an older meta ends before these). Answered
 				* by every replica; -EOPNOTSUPP from a meta without Raft */
 	KVP_OP_RCONF = 0x42,   /* -> u8 action (1 add a voter, 2 remove), u64 replica id, str Raft
 				* address (add; "" for remove)  <- (empty), once the change is
