@@ -154,6 +154,10 @@ enum kvp_maint {
 	KVP_MAINT_GC = 4,	 /* one orphan-chunk pass (nodes' LIST against metadata) now */
 	KVP_MAINT_RETENTION = 5, /* one TTL expiry + watermark eviction pass now */
 	KVP_MAINT_NODE_REMOVE = 6, /* forget a node that holds nothing (down or drained) */
+	/* Compact the whole RocksDB of the meta that answers (a replica's own, not replicated)
+	 * in the background; returns at once, -EBUSY while one runs. Progress: MSTATUS
+	 * (KVP_MST_DB_*). After a bulk load, so reads stop paying for its level-0 files. */
+	KVP_MAINT_COMPACT = 7,
 };
 
 /* KVP_OP_MSTATUS counters, in this order. */
@@ -174,6 +178,10 @@ enum kvp_mstat {
 	KVP_MST_DEGR_WRITES,	/* stripes committed without some of their chunks */
 	KVP_MST_DEGR_STRIPES,	/* gauge: stripes written degraded, not yet repaired */
 	KVP_MST_DEGR_FILES,	/* gauge: files with such stripes */
+	KVP_MST_DB_L0_FILES,	/* gauge: RocksDB table files in level 0 (a read checks each) */
+	KVP_MST_DB_PENDING,	/* gauge: bytes RocksDB estimates compaction still has to rewrite */
+	KVP_MST_DB_COMPACTING,	/* gauge: compactions running now (RocksDB's and MAINT COMPACT) */
+	KVP_MST_DB_COMPACTS,	/* MAINT COMPACT runs finished */
 	KVP_MST_COUNT
 };
 
