@@ -1,4 +1,4 @@
-/* Raft log compaction by bytes against real daemons on loopback (docs/meta.md, "Log
+/* Raft log compaction by bytes against real daemons on loopback (docs/meta.md, "Snapshots and log
  * compaction"): three kvfs-meta replicas with --raft-snapshot-bytes 256K and the entry trigger
  * far away (--raft-snapshot-every 100000) take BFILL batches of ~100-200 KB each. Every
  * replica must have taken snapshots by bytes (RSTATUS: snapshots taken, last snapshot's

@@ -353,11 +353,11 @@ static void apply_joined(struct mraft *r, const uint8_t *d, size_t len, uint32_t
 	}
 }
 
-/* Snapshots by bytes (docs/meta.md, "Log compaction"): libraft takes one when last_applied
- * minus the last snapshot's index reaches its threshold, checked after each round of
- * applies, and offers no other trigger; so once the entries applied since the last snapshot
- * hold snapshot_bytes, the threshold drops to 1 and the next check takes one. fsm_snapshot
- * puts it back. */
+/* Snapshots by bytes (docs/meta.md, "Snapshots and log compaction"): libraft takes one when
+ * last_applied minus the last snapshot's index reaches its threshold, checked after each
+ * round of applies, and offers no other trigger; so once the entries applied since the last
+ * snapshot hold snapshot_bytes, the threshold drops to 1 and the next check takes one.
+ * snap_taken puts it back. */
 static void snap_account(struct mraft *r, size_t len)
 {
 	r->since_bytes += len;

@@ -43,7 +43,7 @@ struct mraft_opts {
 	/* ... or once the entries applied since the last snapshot hold this many bytes, with
 	 * about a fifth of these bytes kept behind it: libraft holds every entry since the last
 	 * snapshot in memory, and the entry count alone does not bound that when entries are
-	 * large (docs/meta.md, "Log compaction"). 0 = by entry count only. */
+	 * large (docs/meta.md, "Snapshots and log compaction"). 0 = by entry count only. */
 	uint64_t snapshot_bytes;
 	int join; /* a new replica of a running group: no bootstrap, it waits to be added */
 	/* Called on the watcher thread when this replica becomes leader and has applied every
