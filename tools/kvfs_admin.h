@@ -13,6 +13,7 @@
 	"  gc                     delete chunks no metadata references (older than --gc-grace)\n"  \
 	"  expire                 run the TTL expiry and watermark eviction pass now\n"            \
 	"  jobs                   the repair worker's last job and the retention counters\n"       \
+	"  compact                compact meta's database (after a bulk load) and wait for it\n"   \
 	"  node remove NODE       forget a node that holds nothing (down, or drained)\n"           \
 	"  node add               how to add a node (it joins by heartbeat)"
 

@@ -47,6 +47,7 @@ struct bench_cfg {
 	char ab[CFG_STR_MAX];
 	int bulk;
 	int64_t replicas;
+	int compact;
 };
 
 static const struct cfg_opt opts[] = {
@@ -71,6 +72,9 @@ static const struct cfg_opt opts[] = {
     {"replicas", CFG_INT, offsetof(struct bench_cfg, replicas), 1, 3, "1",
      "with --grow: 3 also grows a group of 3 Raft replicas the same way after the single meta, "
      "and reports its Raft log throughput and the replicated/single create ratio"},
+    {"compact", CFG_BOOL, offsetof(struct bench_cfg, compact), 0, 0, "false",
+     "with --grow: at each point, after the reads, compact meta's database (kvfs compact, "
+     "MAINT COMPACT), wait for it, and measure the reads again"},
     CFG_END,
 };
 
@@ -557,14 +561,16 @@ static double grow_read(struct grow *g, int threads, int getattr)
 	return errors ? -1 : (double)done / (now_s() - t0);
 }
 
-static long rss_kib(pid_t pid)
+/* VmRSS (what = "VmRSS") or its peak so far ("VmHWM") of pid, KiB; -1 if unknown. */
+static long vm_kib(pid_t pid, const char *what)
 {
-	char path[64], line[256];
+	char path[64], line[256], fmt[32];
 	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	snprintf(fmt, sizeof(fmt), "%s: %%ld kB", what);
 	FILE *f = fopen(path, "r");
 	long kib = -1;
 	while (f && fgets(line, sizeof(line), f))
-		if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+		if (sscanf(line, fmt, &kib) == 1)
 			break;
 	if (f)
 		fclose(f);
@@ -614,6 +620,58 @@ static uint64_t raft_last_index(const char *addr, const struct kvp_secret *s)
 	}
 	free(rb);
 	return last;
+}
+
+/* From meta's MSTATUS: level-0 files, pending compaction bytes, full compactions done. 0 or
+ * an error. */
+static int db_state(const char *addr, const struct kvp_secret *s, uint64_t *l0, uint64_t *pending,
+		    uint64_t *compacts)
+{
+	struct kvp_client *c;
+	uint8_t *rb = NULL;
+	uint32_t rl = 0;
+	int rc = kvp_client_open(addr, s, 5000, &c);
+	if (rc)
+		return rc;
+	rc = kvp_call(c, KVP_OP_MSTATUS, NULL, 0, NULL, 0, 5000, &rb, &rl);
+	kvp_client_close(c);
+	if (rc)
+		return rc;
+	struct kvp_rbuf r;
+	kvp_r_init(&r, rb, rl);
+	kvp_r_bytes(&r, 1 + 1 + 4 + 8 * 5);
+	uint32_t n = kvp_r_u32(&r);
+	uint64_t v[KVP_MST_COUNT] = {0};
+	for (uint32_t i = 0; i < n && !r.err; i++) {
+		uint64_t x = kvp_r_u64(&r);
+		if (i < KVP_MST_COUNT)
+			v[i] = x;
+	}
+	rc = r.err ? r.err : n < KVP_MST_COUNT ? -EPROTO : 0;
+	free(rb);
+	*l0 = v[KVP_MST_DB_L0_FILES];
+	*pending = v[KVP_MST_DB_PENDING];
+	*compacts = v[KVP_MST_DB_COMPACTS];
+	return rc;
+}
+
+/* MAINT COMPACT, then waits until meta counts it finished. Seconds it took, or -1. */
+static double compact_db(const char *addr, const struct kvp_secret *s)
+{
+	uint64_t l0, pend, before, after;
+	if (db_state(addr, s, &l0, &pend, &before))
+		return -1;
+	struct kvp_client *c;
+	double t0 = now_s();
+	uint8_t b[5] = {KVP_MAINT_COMPACT, 0, 0, 0, 0};
+	int rc = kvp_client_open(addr, s, 5000, &c);
+	if (!rc) {
+		rc = kvp_call(c, KVP_OP_MAINT, b, sizeof(b), NULL, 0, 5000, NULL, NULL);
+		kvp_client_close(c);
+	}
+	while (!rc && !(rc = db_state(addr, s, &l0, &pend, &after)) && after == before)
+		usleep(200000);
+	return rc ? -1 : now_s() - t0;
 }
 
 #define GROW_POINTS 12
@@ -714,9 +772,12 @@ static int grow_run(const struct bench_cfg *c, const char *dir, const struct kvp
 	printf("%12s %12s %12s %12s %10s %10s", "files", "create/s", "lookup/s", "getattr/s",
 	       "RSS MiB", "DB MiB");
 	if (replicated)
-		printf(" %12s %12s %10s", "log entry/s", "log MB/s", "log MiB");
+		printf(" %12s %12s %10s %10s", "log entry/s", "log MB/s", "log MiB", "peak MiB");
 	if (c->ab[0])
 		printf(" %12s %12s  (B: %s)", "B lookup/s", "B getattr/s", c->ab);
+	printf(" %6s %11s", "L0", "pending MiB");
+	if (c->compact)
+		printf(" %10s %12s %12s %6s", "compact s", "C lookup/s", "C getattr/s", "C L0");
 	printf("\n");
 	fflush(stdout);
 	uint64_t point = 10000, last_idx = replicated ? raft_last_index(addr, s) : 0;
@@ -773,18 +834,37 @@ static int grow_run(const struct bench_cfg *c, const char *dir, const struct kvp
 				return 1;
 			}
 		}
+		/* RocksDB's state as the reads begin: level-0 files each read checks, and the
+		 * compaction still owed. */
+		uint64_t l0 = 0, pend = 0, nc = 0;
+		db_state(addr, s, &l0, &pend, &nc);
 		double lookup = grow_read(&g, (int)c->threads, 0);
 		double getattr = grow_read(&g, (int)c->threads, 1);
 		printf("%12llu %12.0f %12.0f %12.0f %10.1f %10.1f", (unsigned long long)g.have,
-		       create, lookup, getattr, (double)rss_kib(pid) / 1024.0,
+		       create, lookup, getattr, (double)vm_kib(pid, "VmRSS") / 1024.0,
 		       (double)du_bytes(db) / 1048576.0);
 		if (replicated)
-			printf(" %12.1f %12.1f %10.1f", ent_s, log_mb_s, log_mib);
+			printf(" %12.1f %12.1f %10.1f %10.1f", ent_s, log_mb_s, log_mib,
+			       (double)vm_kib(pid, "VmHWM") / 1024.0);
 		if (c->ab[0])
 			printf(" %12.0f %12.0f", ab_lookup, ab_getattr);
+		printf(" %6llu %11.1f", (unsigned long long)l0, (double)pend / 1048576.0);
+		double c_s = 0, c_lookup = 0, c_getattr = 0;
+		if (c->compact) {
+			/* The same files after a full compaction (kvfs compact), the way an
+			 * operator settles a bulk load. */
+			fflush(stdout);
+			c_s = compact_db(addr, s);
+			db_state(addr, s, &l0, &pend, &nc);
+			c_lookup = c_s < 0 ? -1 : grow_read(&g, (int)c->threads, 0);
+			c_getattr = c_s < 0 ? -1 : grow_read(&g, (int)c->threads, 1);
+			printf(" %10.1f %12.0f %12.0f %6llu", c_s, c_lookup, c_getattr,
+			       (unsigned long long)l0);
+		}
 		printf("\n");
 		fflush(stdout);
-		rc = lookup < 0 || getattr < 0 || ab_lookup < 0 || ab_getattr < 0;
+		rc = lookup < 0 || getattr < 0 || ab_lookup < 0 || ab_getattr < 0 || c_lookup < 0 ||
+		     c_getattr < 0;
 		point *= 10;
 	}
 	if (replicated) {

@@ -110,6 +110,9 @@ static const struct cfg_opt opts[] = {
     {"raft-snapshot-every", CFG_INT, F(o.raft_snapshot_every), 16, 100000000, "100000",
      "Raft log entries between snapshots of the database (the log before is dropped, a fifth "
      "kept for followers that lag)"},
+    {"raft-snapshot-bytes", CFG_SIZE, F(o.raft_snapshot_bytes), 0, 1e12, "64M",
+     "... or once the Raft entries since the last snapshot hold this many bytes (libraft "
+     "keeps them all in memory until then; 0: by --raft-snapshot-every only)"},
     {"bench-fill", CFG_BOOL, F(o.bench_fill), 0, 0, "false",
      "BENCHMARKS ONLY: accept BFILL, which fills the namespace with files whose chunks no "
      "node holds (kvfs-meta-bench --grow); never on a cache that serves data"},

@@ -117,6 +117,7 @@ static int meta_raft_start(struct meta *m)
 				.db = m->db,
 				.election_ms = (unsigned)(m->o.raft_election_s * 1000),
 				.snapshot_every = (unsigned)m->o.raft_snapshot_every,
+				.snapshot_bytes = m->o.raft_snapshot_bytes,
 				.join = m->o.raft_join,
 				.on_lead = meta_lead,
 				.ctx = m};
@@ -301,6 +302,13 @@ static int raft_status(struct meta *m, struct kvp_wbuf *out)
 		kvp_w_cstr(out, s.peers[i].addr);
 		kvp_w_u64(out, s.peers[i].match);
 	}
+	kvp_w_u64(out, s.snap_index);
+	kvp_w_u64(out, s.snapshots);
+	kvp_w_u64(out, s.log_bytes);
+	kvp_w_u64(out, s.log_mem);
+	char laddr[KVP_ADDR_MAX];
+	mleader_addr(m, 1, laddr, sizeof(laddr));
+	kvp_w_cstr(out, laddr);
 	return 0;
 }
 

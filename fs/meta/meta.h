@@ -68,8 +68,9 @@ struct meta_opts {
 	int64_t raft_id;
 	const char *raft_peers, *raft_dir;
 	double raft_election_s;
-	int64_t raft_snapshot_every; /* entries between snapshots (log compaction) */
-	int raft_join;		     /* joins a running group (kvfs meta add): no bootstrap */
+	int64_t raft_snapshot_every;  /* entries between snapshots (log compaction) */
+	uint64_t raft_snapshot_bytes; /* ... or bytes of entries between them; 0 = by count only */
+	int raft_join;		      /* joins a running group (kvfs meta add): no bootstrap */
 	/* Benchmarks only: accept BFILL (kvp.h), which creates files that own chunks no node
 	 * holds. Never on a cache that serves data. */
 	int bench_fill;

@@ -737,8 +737,66 @@ int mdb_load_counters(struct meta *m)
 	return 0;
 }
 
+/* A bulk load leaves RocksDB behind: level-0 files pile up faster than its one compaction
+ * thread merges them, and a point read checks every level-0 file (hash-ordered directory
+ * entries overlap them all) and every level. A full compaction merges every level into the
+ * bottommost one (RocksDB's default leaves that level's own files as they are, no compaction
+ * filter here), so a read then checks one file per level. Not exclusive: RocksDB's own
+ * compactions and every write go on meanwhile. */
+static void *compact_main(void *arg)
+{
+	struct meta *m = arg;
+	int64_t t0 = meta_mono_ns();
+	rocksdb_compactoptions_t *co = rocksdb_compactoptions_create();
+	rocksdb_compactoptions_set_exclusive_manual_compaction(co, 0);
+	rocksdb_compact_range_opt(m->db, co, NULL, 0, NULL, 0);
+	rocksdb_compactoptions_destroy(co);
+	atomic_fetch_add(&m->st[KVP_MST_DB_COMPACTS], 1);
+	atomic_store(&m->compacting, 0);
+	klog_info("database compacted in %.1f s", (double)(meta_mono_ns() - t0) / 1e9);
+	return NULL;
+}
+
+int mdb_compact_start(struct meta *m)
+{
+	int idle = 0;
+	if (!atomic_compare_exchange_strong(&m->compacting, &idle, 1))
+		return -EBUSY;
+	if (m->compact_started)
+		pthread_join(m->compact_thr, NULL); /* the last one, finished */
+	m->compact_started = 0;
+	int rc = pthread_create(&m->compact_thr, NULL, compact_main, m);
+	if (rc) {
+		atomic_store(&m->compacting, 0);
+		return -rc;
+	}
+	m->compact_started = 1;
+	klog_info("full database compaction started");
+	return 0;
+}
+
+void mdb_compact_state(struct meta *m, uint64_t *l0, uint64_t *pending, uint64_t *running)
+{
+	*l0 = *pending = *running = 0;
+	char *v = rocksdb_property_value(m->db, "rocksdb.num-files-at-level0"); /* a string one */
+	if (v)
+		*l0 = strtoull(v, NULL, 10);
+	rocksdb_free(v);
+	rocksdb_property_int(m->db, "rocksdb.estimate-pending-compaction-bytes", pending);
+	rocksdb_property_int(m->db, "rocksdb.num-running-compactions", running);
+	if (atomic_load(&m->compacting) && !*running)
+		*running = 1;
+}
+
 void mdb_close(struct meta *m)
 {
+	if (m->compact_started) {
+		/* A full compaction of GBs would hold the stop for minutes: cut it short. */
+		if (atomic_load(&m->compacting))
+			rocksdb_disable_manual_compaction(m->db);
+		pthread_join(m->compact_thr, NULL);
+		m->compact_started = 0;
+	}
 	if (m->db)
 		rocksdb_close(m->db);
 	if (m->ro)

@@ -168,6 +168,11 @@ struct meta {
 	/* Counters since start (enum kvp_mstat), plain atomics so a metrics endpoint can read
 	 * them without locks. */
 	atomic_uint_fast64_t st[KVP_MST_COUNT];
+	/* MAINT COMPACT (mdb_compact_start): its thread, joined by the next start or at close;
+	 * compacting is 1 from the start until the compaction returns. */
+	pthread_t compact_thr;
+	int compact_started;
+	atomic_int compacting;
 	int64_t last_orphan_mono, last_retention_mono; /* background thread only */
 	/* One evictor at a time: several deciding from the same usage would each evict it. */
 	pthread_mutex_t evict_mu;
@@ -210,10 +215,20 @@ int mleader_announce(struct meta *m);
  * leader this replica follows, when that leader has recorded it in the current term; nothing
  * when none is known (then the reply has an empty body). */
 void mleader_redirect(struct meta *m, struct kvp_wbuf *out);
+/* The serving leader's client address into addr (cap bytes), as followers redirect to it
+ * (self: also when this replica is that leader). 0, or -ENOENT (none known: an election, or
+ * no record of this term yet; addr is ""). */
+int mleader_addr(struct meta *m, int self, char *addr, size_t cap);
 /* 1 while this replica leads but does not serve yet (its announcement is near). */
 int mleader_pending(struct meta *m);
 
 /* ---- meta_db.c ---- */
+/* MAINT COMPACT: starts a full compaction of the database on its own thread. 0, -EBUSY (one
+ * runs), or -errno from pthread_create. */
+int mdb_compact_start(struct meta *m);
+/* RocksDB's state now, for MSTATUS: level-0 files, estimated bytes compaction still has to
+ * rewrite, compactions running (a MAINT COMPACT counts as one). */
+void mdb_compact_state(struct meta *m, uint64_t *l0, uint64_t *pending, uint64_t *running);
 int mdb_open(struct meta *m);
 /* Reads the counters into memory (next ids start at the reservations). Caller holds mu or
  * is alone. 0 or -EIO. */

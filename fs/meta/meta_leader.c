@@ -69,27 +69,40 @@ int mleader_announce(struct meta *m)
 	return rc;
 }
 
-void mleader_redirect(struct meta *m, struct kvp_wbuf *out)
+int mleader_addr(struct meta *m, int self, char *addr, size_t cap)
 {
+	addr[0] = 0;
 	if (!m->raft)
-		return;
+		return -ENOENT;
 	struct mraft_status s;
 	mraft_status(m->raft, &s);
-	if (!s.leader_id || s.leader_id == s.id)
-		return; /* an election, or this replica leads and does not serve yet */
+	if (!s.leader_id || (s.leader_id == s.id && !self))
+		return -ENOENT; /* an election, or this replica leads and does not serve yet */
 	uint8_t k = MK_LEADER;
 	char *v = NULL;
 	size_t vl = 0;
 	if (mdb_get(m, NULL, &k, 1, &v, &vl))
-		return;
+		return -ENOENT;
 	struct kvp_rbuf r;
 	kvp_r_init(&r, v, vl);
 	uint64_t id = kvp_r_u64(&r), term = kvp_r_u64(&r);
-	char addr[KVP_ADDR_MAX];
-	kvp_r_str(&r, addr, sizeof(addr));
-	if (kvp_r_end(&r) == 0 && id == s.leader_id && term == s.term && addr[0])
-		kvp_w_cstr(out, addr);
+	char a[KVP_ADDR_MAX];
+	kvp_r_str(&r, a, sizeof(a));
+	int rc =
+	    kvp_r_end(&r) == 0 && id == s.leader_id && term == s.term && a[0] && strlen(a) < cap
+		? 0
+		: -ENOENT;
+	if (!rc)
+		memcpy(addr, a, strlen(a) + 1);
 	free(v);
+	return rc;
+}
+
+void mleader_redirect(struct meta *m, struct kvp_wbuf *out)
+{
+	char addr[KVP_ADDR_MAX];
+	if (mleader_addr(m, 0, addr, sizeof(addr)) == 0)
+		kvp_w_cstr(out, addr);
 }
 
 int mleader_pending(struct meta *m)

@@ -580,6 +580,8 @@ int mlife_maint(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 		return rc < 0 ? rc : 0;
 	case KVP_MAINT_NODE_REMOVE:
 		return mnodes_remove(m, q->node_id);
+	case KVP_MAINT_COMPACT:
+		return mdb_compact_start(m);
 	default:
 		return -EINVAL;
 	}
@@ -605,6 +607,8 @@ int mlife_status(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 		v[i] = atomic_load_explicit(&m->st[i], memory_order_relaxed);
 	/* Gauges, counted now: the G keys are the record of what is degraded. */
 	mrep_degraded_count(m, &v[KVP_MST_DEGR_STRIPES], &v[KVP_MST_DEGR_FILES]);
+	mdb_compact_state(m, &v[KVP_MST_DB_L0_FILES], &v[KVP_MST_DB_PENDING],
+			  &v[KVP_MST_DB_COMPACTING]);
 	kvp_w_u32(out, KVP_MST_COUNT);
 	for (int i = 0; i < KVP_MST_COUNT; i++)
 		kvp_w_u64(out, v[i]);

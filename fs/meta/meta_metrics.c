@@ -56,6 +56,14 @@ static const char *const mstat_names[][2] = {
     [KVP_MST_DEGR_STRIPES] = {"kvfs_meta_degraded_stripes",
 			      "Stripes short of chunks (written degraded), not yet repaired"},
     [KVP_MST_DEGR_FILES] = {"kvfs_meta_degraded_files", "Files with degraded stripes"},
+    [KVP_MST_DB_L0_FILES] = {"kvfs_meta_db_l0_files",
+			     "RocksDB table files in level 0 (a point read checks each one)"},
+    [KVP_MST_DB_PENDING] = {"kvfs_meta_db_pending_compaction_bytes",
+			    "Bytes RocksDB estimates compaction still has to rewrite"},
+    [KVP_MST_DB_COMPACTING] = {"kvfs_meta_db_compactions_running",
+			       "Compactions running now (RocksDB's own and kvfs compact)"},
+    [KVP_MST_DB_COMPACTS] = {"kvfs_meta_db_full_compactions_total",
+			     "Full compactions (kvfs compact) finished"},
 };
 #define NMSTAT ((int)(sizeof(mstat_names) / sizeof(mstat_names[0])))
 
@@ -240,7 +248,9 @@ static int collect_mstatus(struct meta_metrics *mm, struct met_out *o)
 	if (rc)
 		return rc;
 	for (int i = 0; i < NMSTAT && i < (int)n; i++) {
-		int gauge = i == KVP_MST_DEGR_STRIPES || i == KVP_MST_DEGR_FILES;
+		int gauge = i == KVP_MST_DEGR_STRIPES || i == KVP_MST_DEGR_FILES ||
+			    i == KVP_MST_DB_L0_FILES || i == KVP_MST_DB_PENDING ||
+			    i == KVP_MST_DB_COMPACTING;
 		met_out_family(o, mstat_names[i][0], gauge ? "gauge" : "counter",
 			       mstat_names[i][1]);
 		met_out_sample(o, mstat_names[i][0], NULL, (double)v[i]);

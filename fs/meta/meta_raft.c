@@ -78,6 +78,11 @@ struct mraft {
 	struct raft_barrier barrier;
 	unsigned in_flight; /* loop thread: entries appended, apply_cb not yet called */
 	rocksdb_writeoptions_t *wo;
+	/* Loop thread: the snapshot trigger by bytes (snap_account). */
+	unsigned every;		       /* the entry-count threshold */
+	uint64_t since_bytes, since_n; /* applied since the last snapshot */
+	uint64_t nsnap;		       /* snapshots taken */
+	int by_bytes;		       /* the threshold is lowered until the next snapshot */
 	pthread_t loop_thr, watch_thr;
 	int loop_started, watch_started;
 
@@ -94,6 +99,11 @@ struct mraft {
 	uint64_t rolled_upto; /* entries after done_seq up to it were rolled back */
 	struct mspec *pend, *pend_tail;
 	const rocksdb_snapshot_t *view; /* the committed state while entries are pending */
+	/* The state the snapshot being taken serialises off the loop thread (fsm_snap_async):
+	 * its own (snap_own), or the view at the time, which stays alive until
+	 * fsm_snap_finalize even if the view moves on (view_set). */
+	const rocksdb_snapshot_t *snap_read;
+	int snap_own;
 	rocksdb_readoptions_t *ro;
 
 	/* mu protects everything below; cv wakes change waiters and the watcher (stop). */
@@ -182,6 +192,15 @@ static void spec_wake(struct mraft *r)
 	}
 }
 
+/* Replaces the view (caller holds spec_mu); the old one is released unless a snapshot in
+ * progress reads it (fsm_snap_finalize releases it then). */
+static void view_set(struct mraft *r, const rocksdb_snapshot_t *v)
+{
+	if (r->view && r->view != r->snap_read)
+		rocksdb_release_snapshot(r->o.db, r->view);
+	r->view = v;
+}
+
 static void spec_release(struct mraft *r)
 {
 	while (r->pend) {
@@ -191,9 +210,7 @@ static void spec_release(struct mraft *r)
 		free(e);
 	}
 	r->pend_tail = NULL;
-	if (r->view)
-		rocksdb_release_snapshot(r->o.db, r->view);
-	r->view = NULL;
+	view_set(r, NULL);
 }
 
 /* The replica stops speculating and serving: its database goes back to the committed state
@@ -257,9 +274,7 @@ static void apply_batch(struct mraft *r, int ours, uint64_t seq, const char *dat
 		while (r->pend && r->pend->seq <= seq) {
 			struct mspec *e = r->pend;
 			r->pend = e->next;
-			if (r->view)
-				rocksdb_release_snapshot(r->o.db, r->view);
-			r->view = e->snap;
+			view_set(r, e->snap);
 			free(e);
 		}
 		if (!r->pend)
@@ -338,12 +353,46 @@ static void apply_joined(struct mraft *r, const uint8_t *d, size_t len, uint32_t
 	}
 }
 
+/* Snapshots by bytes (docs/meta.md, "Snapshots and log compaction"): libraft takes one when
+ * last_applied minus the last snapshot's index reaches its threshold, checked after each
+ * round of applies, and offers no other trigger; so once the entries applied since the last
+ * snapshot hold snapshot_bytes, the threshold drops to 1 and the next check takes one.
+ * snap_taken puts it back. */
+static void snap_account(struct mraft *r, size_t len)
+{
+	r->since_bytes += len;
+	r->since_n++;
+	if (r->o.snapshot_bytes && !r->by_bytes && r->since_bytes >= r->o.snapshot_bytes) {
+		r->by_bytes = 1;
+		raft_set_snapshot_threshold(&r->raft, 1);
+	}
+}
+
+/* A snapshot is being taken at the last applied entry: the count starts again, and the
+ * entries kept behind it (for followers a little behind) are a fifth of those since the last
+ * one, or fewer, so that they hold about a fifth of snapshot_bytes. */
+static void snap_taken(struct mraft *r)
+{
+	unsigned trail = r->every / 5 ? r->every / 5 : 1;
+	if (r->o.snapshot_bytes && r->since_bytes) {
+		double t =
+		    (double)r->since_n * ((double)r->o.snapshot_bytes / 5) / (double)r->since_bytes;
+		if (t < trail)
+			trail = t < 1 ? 1 : (unsigned)t;
+	}
+	raft_set_snapshot_trailing(&r->raft, trail);
+	raft_set_snapshot_threshold(&r->raft, r->every);
+	r->by_bytes = 0;
+	r->since_bytes = r->since_n = 0;
+}
+
 static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void **result)
 {
 	struct mraft *r = fsm->data;
 	const uint8_t *d = buf->base, *end = d + buf->len;
 	uint32_t fmt = buf->len >= 8 ? get32(d + 4) : 0;
 	*result = NULL;
+	snap_account(r, buf->len);
 	if (fmt == 1 && get32(d) <= buf->len - 8) {
 		pthread_mutex_lock(&r->spec_mu);
 		apply_batch(r, 0, 0, (const char *)d + 8, get32(d), NULL);
@@ -405,13 +454,11 @@ static uint32_t get32(const uint8_t *p)
 	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-/* The whole key space: magic, then (u32 klen, u32 vlen, key, value) in key order. It runs on
- * the loop thread, which alone applies entries; on a leader with speculative writes pending
- * it reads the RocksDB snapshot of the last committed one (view), else a snapshot taken now
- * under spec_mu, so no uncommitted write is ever in a Raft snapshot. */
-static int fsm_snapshot(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsigned *n_bufs)
+/* The whole key space as of snap: magic, then (u32 klen, u32 vlen, key, value) in key order,
+ * into one raft_malloc'd buffer. Reads only the database: any thread. */
+static int serialise(struct mraft *r, const rocksdb_snapshot_t *snap, struct raft_buffer *bufs[],
+		     unsigned *n_bufs)
 {
-	struct mraft *r = fsm->data;
 	size_t cap = 1 << 20, len = 8;
 	uint8_t *p = raft_malloc(cap);
 	if (!p)
@@ -419,13 +466,9 @@ static int fsm_snapshot(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsign
 	memcpy(p, SNAP_MAGIC, 8);
 	rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
 	rocksdb_readoptions_set_iterate_upper_bound(ro, "\xff", 1);
-	const rocksdb_snapshot_t *own = NULL;
-	pthread_mutex_lock(&r->spec_mu);
-	if (r->pend)
-		rocksdb_readoptions_set_snapshot(ro, r->view); /* released on this thread only */
-	else
-		rocksdb_readoptions_set_snapshot(ro, own = rocksdb_create_snapshot(r->o.db));
-	pthread_mutex_unlock(&r->spec_mu);
+	rocksdb_readoptions_set_snapshot(ro, snap);
+	/* One pass over the whole database: keep it out of the block cache the reads use. */
+	rocksdb_readoptions_set_fill_cache(ro, 0);
 	rocksdb_iterator_t *it = rocksdb_create_iterator(r->o.db, ro);
 	int rc = 0;
 	for (rocksdb_iter_seek_to_first(it); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
@@ -457,8 +500,6 @@ static int fsm_snapshot(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsign
 	rocksdb_iter_get_error(it, &err);
 	rocksdb_iter_destroy(it);
 	rocksdb_readoptions_destroy(ro);
-	if (own)
-		rocksdb_release_snapshot(r->o.db, own);
 	if (err) {
 		klog_error("snapshot: %s", err);
 		rocksdb_free(err);
@@ -474,6 +515,75 @@ static int fsm_snapshot(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsign
 	(*bufs)[0].len = len;
 	*n_bufs = 1;
 	klog_info("snapshot: %zu bytes", len);
+	return 0;
+}
+
+/* The state a snapshot at the last applied entry must show, taken on the loop thread (which
+ * alone applies entries): on a leader with speculative writes pending the RocksDB snapshot of
+ * the last committed one (view), else one taken now under spec_mu, so no uncommitted write
+ * is ever in a Raft snapshot. Sets snap_read and snap_own; counts the snapshot. */
+static void snap_pick(struct mraft *r)
+{
+	pthread_mutex_lock(&r->spec_mu);
+	r->snap_own = !r->pend;
+	r->snap_read = r->pend ? r->view : rocksdb_create_snapshot(r->o.db);
+	pthread_mutex_unlock(&r->spec_mu);
+	klog_info("snapshot at entry %llu, after %llu entries of %llu bytes%s",
+		  (unsigned long long)raft_last_applied(&r->raft), (unsigned long long)r->since_n,
+		  (unsigned long long)r->since_bytes, r->by_bytes ? " (by bytes)" : "");
+	snap_taken(r);
+	r->nsnap++;
+}
+
+static void snap_unpick(struct mraft *r)
+{
+	pthread_mutex_lock(&r->spec_mu);
+	if (r->snap_read && (r->snap_own || r->snap_read != r->view))
+		rocksdb_release_snapshot(r->o.db, r->snap_read);
+	r->snap_read = NULL;
+	pthread_mutex_unlock(&r->spec_mu);
+}
+
+/* libraft without async work (fsm version 1): the whole serialisation on the loop thread. */
+static int fsm_snapshot(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsigned *n_bufs)
+{
+	struct mraft *r = fsm->data;
+	snap_pick(r);
+	int rc = serialise(r, r->snap_read, bufs, n_bufs);
+	snap_unpick(r);
+	return rc;
+}
+
+/* Fsm version 3: libraft calls fsm_snap_begin on the loop thread, fsm_snap_async on a worker
+ * thread (io->async_work), then fsm_snap_finalize on the loop thread, whatever happened. A
+ * snapshot is the whole database (hundreds of MB at 10^6 files): serialised on the loop
+ * thread it stopped heartbeats for seconds, and followers elected another leader. */
+static int fsm_snap_begin(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsigned *n_bufs)
+{
+	struct mraft *r = fsm->data;
+	snap_pick(r);
+	*bufs = NULL;
+	*n_bufs = 0;
+	return 0;
+}
+
+static int fsm_snap_async(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsigned *n_bufs)
+{
+	struct mraft *r = fsm->data;
+	return serialise(r, r->snap_read, bufs, n_bufs);
+}
+
+static int fsm_snap_finalize(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsigned *n_bufs)
+{
+	struct mraft *r = fsm->data;
+	if (*bufs) {
+		for (unsigned i = 0; i < *n_bufs; i++)
+			raft_free((*bufs)[i].base);
+		raft_free(*bufs);
+	}
+	*bufs = NULL;
+	*n_bufs = 0;
+	snap_unpick(r);
 	return 0;
 }
 
@@ -522,6 +632,10 @@ static int fsm_restore(struct raft_fsm *fsm, struct raft_buffer *buf)
 	}
 	klog_info("restored a snapshot: %zu keys", nkeys);
 	raft_free(buf->base);
+	/* libraft drops the log up to the snapshot: the byte count starts again. */
+	r->by_bytes = 0;
+	r->since_bytes = r->since_n = 0;
+	raft_set_snapshot_threshold(&r->raft, r->every);
 	return 0;
 }
 
@@ -584,6 +698,12 @@ static void tick(uv_timer_t *t)
 	s->last_index = raft_last_index(rf);
 	s->applied = raft_last_applied(rf);
 	s->commit = rf->commit_index;
+	s->snap_index = rf->log.snapshot.last_index;
+	s->snapshots = r->nsnap;
+	s->log_bytes = r->since_bytes;
+	/* libraft's in-memory log is a ring of entries [front, back). */
+	const struct raft_log *lg = &rf->log;
+	s->log_mem = lg->back >= lg->front ? lg->back - lg->front : lg->size - lg->front + lg->back;
 	s->npeers = 0;
 	for (unsigned i = 0; i < rf->configuration.n && i < MRAFT_MAX_PEERS; i++) {
 		struct mraft_peer *pe = &s->peers[s->npeers++];
@@ -822,6 +942,8 @@ static int parse_peers(struct mraft *r, const char *text)
 static void free_unstarted(struct mraft *r)
 {
 	spec_release(r);
+	if (r->snap_read) /* a snapshot libraft never finalised */
+		rocksdb_release_snapshot(r->o.db, r->snap_read);
 	if (r->ro)
 		rocksdb_readoptions_destroy(r->ro);
 	pthread_mutex_destroy(&r->spec_mu);
@@ -884,6 +1006,18 @@ int mraft_start(const struct mraft_opts *o, struct mraft **out)
 	rc = raft_uv_tcp_init(&r->tr, &r->loop);
 	if (!rc && (step = "log", 1))
 		rc = raft_uv_init(&r->io, &r->loop, o->dir, &r->tr);
+	/* Snapshots serialised off the loop thread where libraft's I/O can run work
+	 * (async_work, an io version 2 field), else on it. libraft 0.15's raft_uv_init sets
+	 * async_work but says version 1, and raft_init refuses an async fsm on version 1: the
+	 * field is there, so the version is raised to what it provides. */
+	if (!rc && r->io.version == 1 && r->io.async_work)
+		r->io.version = 2;
+	if (!rc && r->io.version >= 2 && r->io.async_work) {
+		r->fsm.version = 3;
+		r->fsm.snapshot = fsm_snap_begin;
+		r->fsm.snapshot_async = fsm_snap_async;
+		r->fsm.snapshot_finalize = fsm_snap_finalize;
+	}
 	if (!rc && (step = "init", 1))
 		rc = raft_init(&r->raft, &r->io, &r->fsm, o->id, r->self);
 	if (rc) {
@@ -898,9 +1032,9 @@ int mraft_start(const struct mraft_opts *o, struct mraft **out)
 	raft_set_pre_vote(&r->raft, true);
 	/* A snapshot is the whole database: taken rarely, with a long tail of log kept so a
 	 * follower that fell a little behind catches up from the log. */
-	unsigned every = o->snapshot_every ? o->snapshot_every : 100000;
-	raft_set_snapshot_threshold(&r->raft, every);
-	raft_set_snapshot_trailing(&r->raft, every / 5 ? every / 5 : 1);
+	r->every = o->snapshot_every ? o->snapshot_every : 100000;
+	raft_set_snapshot_threshold(&r->raft, r->every);
+	raft_set_snapshot_trailing(&r->raft, r->every / 5 ? r->every / 5 : 1);
 	/* libraft resends a snapshot only after this long without an answer (30 s by default):
 	 * one sent to a replica that was just restarting is lost, and the replica would wait. */
 	raft_set_install_snapshot_timeout(&r->raft, 5000);
@@ -937,8 +1071,9 @@ int mraft_start(const struct mraft_opts *o, struct mraft **out)
 		mraft_stop(r);
 		return -rc;
 	}
-	klog_info("replica %llu of %u, Raft on %s, log in %s", (unsigned long long)o->id, r->n,
-		  r->self, o->dir);
+	klog_info("replica %llu of %u, Raft on %s, log in %s, snapshots serialised %s",
+		  (unsigned long long)o->id, r->n, r->self, o->dir,
+		  r->fsm.version == 3 ? "off the loop thread" : "on the loop thread");
 	*out = r;
 	return 0;
 }
@@ -1104,11 +1239,8 @@ int mraft_propose_async(struct mraft *r, const char *data, size_t len, uint64_t 
 		undo_key(k, s);
 		rocksdb_writebatch_put(b, (const char *)k, sizeof(k), ud, ul);
 		put64(e, s);
-		if (!r->pend) { /* the committed state, for a Raft snapshot meanwhile */
-			if (r->view)
-				rocksdb_release_snapshot(r->o.db, r->view);
-			r->view = rocksdb_create_snapshot(r->o.db);
-		}
+		if (!r->pend) /* the committed state, for a Raft snapshot meanwhile */
+			view_set(r, rocksdb_create_snapshot(r->o.db));
 		char *err = NULL;
 		rocksdb_write(r->o.db, r->wo, b, &err);
 		if (err) {

@@ -40,6 +40,11 @@ struct mraft_opts {
 	unsigned election_ms; /* election timeout (heartbeats every tenth of it) */
 	/* a snapshot every this many entries, a fifth of them kept behind it; 0 = 100000 */
 	unsigned snapshot_every;
+	/* ... or once the entries applied since the last snapshot hold this many bytes, with
+	 * about a fifth of these bytes kept behind it: libraft holds every entry since the last
+	 * snapshot in memory, and the entry count alone does not bound that when entries are
+	 * large (docs/meta.md, "Snapshots and log compaction"). 0 = by entry count only. */
+	uint64_t snapshot_bytes;
 	int join; /* a new replica of a running group: no bootstrap, it waits to be added */
 	/* Called on the watcher thread when this replica becomes leader and has applied every
 	 * earlier entry; 0, or a negative errno: not serving, tried again after a while. */
@@ -88,6 +93,10 @@ struct mraft_status {
 		char addr[MRAFT_ADDR_MAX];
 		uint64_t match; /* leader only: highest entry known replicated on it */
 	} peers[MRAFT_MAX_PEERS];
+	uint64_t snap_index; /* the last snapshot's last entry (0 none) */
+	uint64_t snapshots;  /* snapshots this process took (not installed ones) */
+	uint64_t log_bytes;  /* bytes of the entries applied since the last snapshot */
+	uint64_t log_mem;    /* entries libraft holds in memory (trailing ones included) */
 };
 /* A copy of the state as of at most 20 ms ago. */
 void mraft_status(struct mraft *r, struct mraft_status *s);

@@ -105,7 +105,10 @@ enum kvp_op {
 				* follower, 2 candidate, 3 leader), u8 serving, u64 term, u64
 				* leader id (0 none known), str leader Raft address, u64 last log
 				* index, u64 applied, u64 commit, u32 n, n x (u64 id, str Raft
-				* address, u64 match index: the leader's view, else 0). Answered
+				* address, u64 match index: the leader's view, else 0), u64 last
+				* snapshot's index, u64 snapshots taken, u64 bytes of entries
+				* applied since it, u64 entries in memory, str leader's client
+				* address ("" unknown; an older meta ends before these). Answered
 				* by every replica; -EOPNOTSUPP from a meta without Raft */
 	KVP_OP_RCONF = 0x42,   /* -> u8 action (1 add a voter, 2 remove), u64 replica id, str Raft
 				* address (add; "" for remove)  <- (empty), once the change is
@@ -151,6 +154,10 @@ enum kvp_maint {
 	KVP_MAINT_GC = 4,	 /* one orphan-chunk pass (nodes' LIST against metadata) now */
 	KVP_MAINT_RETENTION = 5, /* one TTL expiry + watermark eviction pass now */
 	KVP_MAINT_NODE_REMOVE = 6, /* forget a node that holds nothing (down or drained) */
+	/* Compact the whole RocksDB of the meta that answers (a replica's own, not replicated)
+	 * in the background; returns at once, -EBUSY while one runs. Progress: MSTATUS
+	 * (KVP_MST_DB_*). After a bulk load, so reads stop paying for its level-0 files. */
+	KVP_MAINT_COMPACT = 7,
 };
 
 /* KVP_OP_MSTATUS counters, in this order. */
@@ -171,6 +178,10 @@ enum kvp_mstat {
 	KVP_MST_DEGR_WRITES,	/* stripes committed without some of their chunks */
 	KVP_MST_DEGR_STRIPES,	/* gauge: stripes written degraded, not yet repaired */
 	KVP_MST_DEGR_FILES,	/* gauge: files with such stripes */
+	KVP_MST_DB_L0_FILES,	/* gauge: RocksDB table files in level 0 (a read checks each) */
+	KVP_MST_DB_PENDING,	/* gauge: bytes RocksDB estimates compaction still has to rewrite */
+	KVP_MST_DB_COMPACTING,	/* gauge: compactions running now (RocksDB's and MAINT COMPACT) */
+	KVP_MST_DB_COMPACTS,	/* MAINT COMPACT runs finished */
 	KVP_MST_COUNT
 };
 
