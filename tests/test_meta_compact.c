@@ -41,7 +41,7 @@ static struct kvc *open_client(struct kvh_cluster *cl)
 /* Waits up to 60 s until meta counts `want` finished compactions; returns MSTATUS then. */
 static struct rt_status wait_compacts(struct kvc *c, uint64_t want)
 {
-	struct rt_status s;
+	struct rt_status s = {0};
 	for (int t = 0; t < 600; t++) {
 		assert_int_equal(rt_mstatus(c, &s), 0);
 		if (s.st[KVP_MST_DB_COMPACTS] >= want)
@@ -70,7 +70,7 @@ static void test_compact(void **state)
 		assert_int_equal(kvh_meta_restart(&cl), 0);
 	}
 	c = open_client(&cl);
-	struct rt_status s;
+	struct rt_status s = {0};
 	assert_int_equal(rt_mstatus(c, &s), 0);
 	printf("before: %llu level-0 files, %d table files, %llu compactions\n",
 	       (unsigned long long)s.st[KVP_MST_DB_L0_FILES], sst_files(&cl),

@@ -26,7 +26,7 @@ static pid_t g_mpid[NREP];
 
 struct rst {
 	int state, serving;
-	uint64_t last, applied, snap_index, snapshots, log_bytes, log_mem;
+	uint64_t last, applied, snap_index, snapshots, log_bytes, log_mem, snap_size;
 	int more; /* the snapshot fields came */
 };
 
@@ -67,6 +67,7 @@ static int rstatus(struct kvp_pool *pool, int i, struct rst *s)
 		s->log_bytes = kvp_r_u64(&r);
 		s->log_mem = kvp_r_u64(&r);
 		kvp_r_str(&r, a, sizeof(a)); /* the leader's client address */
+		s->snap_size = kvp_r_u64(&r);
 		s->more = kvp_r_end(&r) == 0;
 	}
 	rc = r.err;
@@ -161,11 +162,12 @@ static void test_snapshot_by_bytes(void **state)
 		assert_true(s[i].applied >= ls.last);
 	}
 	for (int i = 0; i < NREP; i++) {
-		printf("replica %d: last %llu, snapshots %llu (last at %llu), %llu bytes since, "
-		       "%llu entries in memory\n",
-		       i + 1, (unsigned long long)s[i].last, (unsigned long long)s[i].snapshots,
-		       (unsigned long long)s[i].snap_index, (unsigned long long)s[i].log_bytes,
-		       (unsigned long long)s[i].log_mem);
+		printf(
+		    "replica %d: last %llu, snapshots %llu (last at %llu, %llu bytes), %llu bytes "
+		    "since, %llu entries in memory\n",
+		    i + 1, (unsigned long long)s[i].last, (unsigned long long)s[i].snapshots,
+		    (unsigned long long)s[i].snap_index, (unsigned long long)s[i].snap_size,
+		    (unsigned long long)s[i].log_bytes, (unsigned long long)s[i].log_mem);
 		if (!s[i].more)
 			fail_msg("replica %d: RSTATUS carries no snapshot fields", i + 1);
 		/* The entry trigger could not have fired. */
@@ -173,8 +175,20 @@ static void test_snapshot_by_bytes(void **state)
 		if (s[i].snapshots < 2 || s[i].snap_index == 0)
 			fail_msg("replica %d took %llu snapshots after ~%d KiB of entries", i + 1,
 				 (unsigned long long)s[i].snapshots, BATCHES * 100);
-		/* At most the threshold plus the entry that crossed it (a batch, < 1 MiB). */
-		assert_true(s[i].log_bytes < SNAP_MAX + (1u << 20));
+		/* Each snapshot waits for as many log bytes as the last one held (the database
+		 * grows by about what is logged), so from 256 KiB to ~2.4 MiB they are at least
+		 * doubling apart: about log2(10) + 2. A fixed 256 KiB threshold takes 7-8. */
+		if (s[i].snapshots > 5)
+			fail_msg("replica %d took %llu snapshots: not spaced by their size", i + 1,
+				 (unsigned long long)s[i].snapshots);
+		/* At most the threshold (the last snapshot's size where that is larger) plus the
+		 * entry that crossed it (a batch, < 1 MiB). */
+		uint64_t lim = s[i].snap_size > SNAP_MAX ? s[i].snap_size : SNAP_MAX;
+		if (s[i].log_bytes >= lim + (1u << 20))
+			fail_msg("replica %d: %llu bytes since its last snapshot of %llu", i + 1,
+				 (unsigned long long)s[i].log_bytes,
+				 (unsigned long long)s[i].snap_size);
+		assert_true(s[i].snap_size > 0);
 		/* Entries before the snapshot's trailing ones are gone from memory. */
 		if (s[i].log_mem >= s[i].last)
 			fail_msg("replica %d holds %llu entries of %llu in memory", i + 1,

@@ -309,6 +309,7 @@ static int raft_status(struct meta *m, struct kvp_wbuf *out)
 	char laddr[KVP_ADDR_MAX];
 	mleader_addr(m, 1, laddr, sizeof(laddr));
 	kvp_w_cstr(out, laddr);
+	kvp_w_u64(out, s.snap_size);
 	return 0;
 }
 

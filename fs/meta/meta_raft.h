@@ -97,6 +97,7 @@ struct mraft_status {
 	uint64_t snapshots;  /* snapshots this process took (not installed ones) */
 	uint64_t log_bytes;  /* bytes of the entries applied since the last snapshot */
 	uint64_t log_mem;    /* entries libraft holds in memory (trailing ones included) */
+	uint64_t snap_size;  /* bytes of the last snapshot taken or installed (0 none) */
 };
 /* A copy of the state as of at most 20 ms ago. */
 void mraft_status(struct mraft *r, struct mraft_status *s);
