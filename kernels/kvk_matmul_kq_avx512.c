@@ -7,7 +7,8 @@
  * 32 (four groups of 16). Each zmm of weights is unpacked once and used against up to KQ5_TB
  * tokens: vpdpbusd (unsigned weights 0..63 against the signed activation bytes, on a zero
  * accumulator) gives exact int32 sums of 4 products per lane; Q6_K subtracts 32 * the same
- * lanes' activation sums (vpdpbusd of 32s: exact). Each lane is then converted to float and
+ * lanes' activation sums (vpdpbusd of 32s: exact; the start of
+ * each row's vpdpbusd). Each lane is then converted to float and
  * FMA'd into the (row, token) accumulator with its own scale: (d * sc) * dx of the lane's
  * sub-block (Q4_K) or group (Q6_K); the K-quant mins go into an 8-lane accumulator, one FMA per
  * 256 values, as in the AVX2 kernels.
@@ -240,14 +241,15 @@ static K5 AI void tile_q6_k(int RB, int TB, float *y, size_t ldy, const uint8_t 
 				for (int j = 0; j < TB; j++) {
 					__m512i xv = _mm512_loadu_si512(x->q + j * x->n +
 									KVK_QK * sb + 64 * zk);
-					__m512i z = _mm512_setzero_si512();
-					/* 32 * each lane's activation sum, for q - 32 (exact) */
-					__m512i xs = _mm512_dpbusd_epi32(z, c32, xv);
+					/* -32 * each lane's activation sum, the start of every row's
+					 * dot: sum((q - 32) x), exact */
+					__m512i xs = _mm512_sub_epi32(
+					    _mm512_setzero_si512(),
+					    _mm512_dpbusd_epi32(_mm512_setzero_si512(), c32, xv));
 					__m512 dx = _mm512_permutexvar_ps(idx, dxs[j]);
 #pragma GCC unroll 8
 					for (int i = 0; i < RB; i++) {
-						__m512i dot = _mm512_sub_epi32(
-						    _mm512_dpbusd_epi32(z, q[i][k], xv), xs);
+						__m512i dot = _mm512_dpbusd_epi32(xs, q[i][k], xv);
 						acc[i][j] = _mm512_fmadd_ps(
 						    _mm512_cvtepi32_ps(dot),
 						    _mm512_mul_ps(scl[i][zk], dx), acc[i][j]);
