@@ -2,21 +2,19 @@
  * activation format in kvk_quant_impl.h), called only after cpuid (and the OS's saved state)
  * says the CPU has them (kvk_matmul.c); the other block types stay on the AVX2 kernels.
  *
- * One row at a time, 64 weights per zmm: a Q4_K zmm holds sub-blocks 2c (low 8 lanes, the low
- * nibbles of 32 bytes) and 2c + 1 (high 8 lanes, the high nibbles), a Q6_K zmm two blocks of
- * 32 (four groups of 16). Each zmm of weights is unpacked once and used against up to KQ5_TB
- * tokens: vpdpbusd (unsigned weights 0..63 against the signed activation bytes, on a zero
- * accumulator) gives exact int32 sums of 4 products per lane; Q6_K subtracts 32 * the same
- * lanes' activation sums (vpdpbusd of 32s: exact; the start of
- * each row's vpdpbusd). Each lane is then converted to float and
- * FMA'd into the (row, token) accumulator with its own scale: (d * sc) * dx of the lane's
- * sub-block (Q4_K) or group (Q6_K); the K-quant mins go into an 8-lane accumulator, one FMA per
- * 256 values, as in the AVX2 kernels.
+ * The Q8_0 treatment (kvk_matmul_x86.inc, tile_q8p): 16 rows per zmm, one row per 32-bit lane.
+ * For each 16-row panel and super-block of 256 values, the rows' bytes are transposed in
+ * registers (4 x 4 dword transposes, no gathers) and their nibbles / 6-bit values unpacked once;
+ * then every token of the pass runs vpdpbusd of 4 broadcast activation bytes against them, 8
+ * per sub-block (Q4_K) or 4 per group of 16 (Q6_K), into the 16 rows' int32 dots (exact).
+ * Scales, mins and d are unpacked 16 rows at a time the same way, as per-lane floats.
  *
- * Batch invariance: each (row, token) owns one 16-lane accumulator fed the same instruction
- * sequence (zmm 0, 1, ... of its row in order) whatever the tile width, ntok or row range, and
- * ends in one fixed reduction, so a token's result is bit-identical alone or in any batch.
- * Against the scalar reference and the AVX2 kernels only the f32 summation order differs. */
+ * Batch invariance: each output (row, token) is one f32 lane of one chain per pass: acc =
+ * fma(int dot, (d * sc) * dx, acc) over its sub-blocks / groups in order (Q4_K: plus a mins
+ * chain, subtracted at the end). Which lane a row lands in, the panel split, the token tile
+ * (8, or 1 for the tail) and ntok change speed, never bits: decode and prefill give the same
+ * result for a token. Against the scalar reference and the AVX2 kernels only the f32
+ * summation order differs. */
 #include "kvk_quant_impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -28,13 +26,6 @@
 #define K5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define AI __attribute__((always_inline)) inline
 
-/* Register tiles: KQ5_TB_RB rows x KQ5_TB tokens for batches, KQ5_RB rows x 1 token for the
- * rest (decode: independent accumulator chains, one activation load for KQ5_RB rows). */
-#define KQ5_TB	  4
-#define KQ5_TB_RB 2
-#define KQ5_RB	  4
-#define KQ5_PANEL 16 /* rows per panel: a panel stays in L1/L2 while every token tile passes */
-
 static K5 AI float f16at(const uint8_t *p)
 {
 	uint16_t h;
@@ -42,280 +33,330 @@ static K5 AI float f16at(const uint8_t *p)
 	return _cvtsh_ss(h);
 }
 
-/* A fixed reduction order (not _mm512_reduce_add_ps, whose tree is the compiler's). */
-static K5 AI float hsum16(__m512 v)
+/* ---- Q4_K on 16-row panels: one row per 32-bit lane ----
+ *
+ * Per 16-row panel and super-block, the rows' bytes are transposed in registers so that zmm
+ * W[s][g] holds, in lane r, values 4g .. 4g + 3 of sub-block s of row r (unsigned 0..15); a
+ * token's 4 activation bytes are broadcast and vpdpbusd adds the 4 products into each row's
+ * lane: the sub-block's int32 dot for 16 rows after 8 of them (exact). Then, per lane,
+ * acc = fma(dot, (d * sc) * dx, acc) in sub-block order, and the mins into a second chain
+ * macc = fma(dmin * m, dx * sum(q), macc); y = acc - macc. Each output is those two f32
+ * chains over the sub-blocks in order, whatever the panel, the lane, the token tile or ntok:
+ * batch-invariant. The transposes cost about as much as 3 tokens' dots, so decode pays them
+ * per token and prefill once per KP_TG tokens. */
+
+#define KP_TG 64 /* tokens whose accumulators are kept (on the stack) per pass over a panel */
+#define KP_TB 8	 /* tokens per register tile */
+
+/* Dwords off/4 .. off/4 + 3 of 16 rows (row r at rp[r]): out[m] lane r = dword m of row r.
+ * Rows 4L + q go to 128-bit lane L of z[q], then a 4 x 4 dword transpose per 128-bit lane. */
+static K5 AI void tr16x4(const uint8_t *const *rp, size_t off, __m512i out[4])
 {
-	__m256 h = _mm256_add_ps(_mm512_castps512_ps256(v),
-				 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-	__m128 lo = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-	lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-	lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-	return _mm_cvtss_f32(lo);
+	__m512i z[4];
+#pragma GCC unroll 4
+	for (int q = 0; q < 4; q++) {
+		__m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(rp[q] + off)));
+		v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(rp[4 + q] + off)), 1);
+		v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(rp[8 + q] + off)), 2);
+		z[q] =
+		    _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(rp[12 + q] + off)), 3);
+	}
+	__m512i t0 = _mm512_unpacklo_epi32(z[0], z[1]), t1 = _mm512_unpackhi_epi32(z[0], z[1]);
+	__m512i t2 = _mm512_unpacklo_epi32(z[2], z[3]), t3 = _mm512_unpackhi_epi32(z[2], z[3]);
+	out[0] = _mm512_unpacklo_epi64(t0, t2);
+	out[1] = _mm512_unpackhi_epi64(t0, t2);
+	out[2] = _mm512_unpacklo_epi64(t1, t3);
+	out[3] = _mm512_unpackhi_epi64(t1, t3);
 }
 
-static K5 AI float hsum8(__m256 v)
+/* Byte k of every dword as a float. */
+static K5 AI __m512 byte_ps(__m512i v, int k)
 {
-	__m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-	lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-	lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-	return _mm_cvtss_f32(lo);
+	return _mm512_cvtepi32_ps(
+	    _mm512_and_si512(_mm512_srli_epi32(v, 8 * k), _mm512_set1_epi32(255)));
 }
 
-struct kq_tok {
-	const int8_t *q;
-	const float *d, *s;
-	size_t n, nb;
+/* One super-block of a 16-row panel: W (see above), per sub-block d * sc and dmin * m. */
+struct kp_q4k {
+	__m512i w[8][8];
+	__m512 dsc[8], mn[8];
 };
 
-/* Index vectors that spread 8 per-block floats over 16 lanes: lanes 0-7 take element 2c,
- * lanes 8-15 element 2c + 1. */
-static K5 AI __m512i spread_idx(int c)
+static K5 AI void kp_q4k_unpack(const uint8_t *const *rp, struct kp_q4k *p)
 {
-	__m256i lo = _mm256_set1_epi32(2 * c), hi = _mm256_set1_epi32(2 * c + 1);
-	return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-}
-
-/* Lanes 0-7 take element a, lanes 8-15 element b. */
-static K5 AI __m512i spread_idx2(int a, int b)
-{
-	return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(a)),
-				  _mm256_set1_epi32(b), 1);
-}
-
-/* The 8 scales and 8 mins of a Q4_K block as floats (the word-wise unpacking of the AVX2
- * kernel, kvk_matmul_kq_avx2.c scales_k45). */
-static K5 AI void scales_k4(const uint8_t *k, __m256 *sc, __m256 *mn)
-{
-	uint32_t u[3];
-	memcpy(u, k, 12);
-	uint32_t s_lo = u[0] & 0x3f3f3f3fu, m_lo = u[1] & 0x3f3f3f3fu;
-	uint32_t s_hi = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u);
-	uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u);
-	__m128i sv = _mm_cvtsi64_si128((long long)((uint64_t)s_hi << 32 | s_lo));
-	__m128i mv = _mm_cvtsi64_si128((long long)((uint64_t)m_hi << 32 | m_lo));
-	*sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sv));
-	*mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mv));
-}
-
-/* RB rows (row i at row + i * rb) x TB tokens. */
-static K5 AI void tile_q4_k(int RB, int TB, float *y, size_t ldy, const uint8_t *row, size_t rb,
-			    const struct kq_tok *x)
-{
-	__m512 acc[KQ5_RB][KQ5_TB];
-	__m256 macc[KQ5_RB][KQ5_TB];
-#pragma GCC unroll 8
-	for (int i = 0; i < RB; i++)
-#pragma GCC unroll 8
-		for (int j = 0; j < TB; j++) {
-			acc[i][j] = _mm512_setzero_ps();
-			macc[i][j] = _mm256_setzero_ps();
-		}
+	__m512i h[4];
+	tr16x4(rp, 0, h);
+	__m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h[0]));
+	__m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h[0], 16)));
+	/* the word-wise 6-bit unpacking of scales_k4, 16 rows at once */
+	const __m512i m3f = _mm512_set1_epi32(0x3f3f3f3f), m0f = _mm512_set1_epi32(0x0f0f0f0f);
+	const __m512i m30 = _mm512_set1_epi32(0x30303030);
+	__m512i s_lo = _mm512_and_si512(h[1], m3f), m_lo = _mm512_and_si512(h[2], m3f);
+	__m512i s_hi = _mm512_or_si512(_mm512_and_si512(h[3], m0f),
+				       _mm512_and_si512(_mm512_srli_epi32(h[1], 2), m30));
+	__m512i m_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(h[3], 4), m0f),
+				       _mm512_and_si512(_mm512_srli_epi32(h[2], 2), m30));
+#pragma GCC unroll 4
+	for (int k = 0; k < 4; k++) {
+		p->dsc[k] = _mm512_mul_ps(d, byte_ps(s_lo, k));
+		p->dsc[4 + k] = _mm512_mul_ps(d, byte_ps(s_hi, k));
+		p->mn[k] = _mm512_mul_ps(dmin, byte_ps(m_lo, k));
+		p->mn[4 + k] = _mm512_mul_ps(dmin, byte_ps(m_hi, k));
+	}
 	const __m512i lo4 = _mm512_set1_epi8(15);
-	size_t nsb = x->n / KVK_QK;
-	for (size_t sb = 0; sb < nsb; sb++) {
-		__m512 ds[KQ5_RB][KQ5_TB]; /* d * sc_s * dx_s per sub-block s, lanes 0-7 */
 #pragma GCC unroll 8
-		for (int i = 0; i < RB; i++) {
-			const uint8_t *p = row + i * rb + sb * KVK_Q4_K_BYTES;
-			__m256 scf, mf;
-			scales_k4(p + 4, &scf, &mf);
-			__m256 mv = _mm256_mul_ps(mf, _mm256_set1_ps(f16at(p + 2)));
-			__m256 dsc = _mm256_mul_ps(_mm256_set1_ps(f16at(p)), scf);
-#pragma GCC unroll 8
-			for (int j = 0; j < TB; j++) {
-				size_t o = j * x->nb + 8 * sb;
-				macc[i][j] =
-				    _mm256_fmadd_ps(mv, _mm256_loadu_ps(x->s + o), macc[i][j]);
-				ds[i][j] = _mm512_castps256_ps512(
-				    _mm256_mul_ps(dsc, _mm256_loadu_ps(x->d + o)));
-			}
-		}
-		/* 64 bytes of qs at a time: the low nibbles are sub-blocks 4cc and 4cc + 2, the
-		 * high nibbles 4cc + 1 and 4cc + 3; each token's activations are gathered to
-		 * match by two 32-byte loads (shared by the RB rows) */
-#pragma GCC unroll 8
-		for (int cc = 0; cc < 2; cc++) {
-			__m512i wl[KQ5_RB], wh[KQ5_RB];
-#pragma GCC unroll 8
-			for (int i = 0; i < RB; i++) {
-				const uint8_t *p = row + i * rb + sb * KVK_Q4_K_BYTES;
-				__m512i q = _mm512_loadu_si512(p + 16 + 64 * cc);
-				wl[i] = _mm512_and_si512(q, lo4);
-				wh[i] = _mm512_and_si512(_mm512_srli_epi16(q, 4), lo4);
-			}
-			__m512i il = spread_idx2(4 * cc, 4 * cc + 2);
-			__m512i ih = spread_idx2(4 * cc + 1, 4 * cc + 3);
-#pragma GCC unroll 8
-			for (int j = 0; j < TB; j++) {
-				const int8_t *xq = x->q + j * x->n + KVK_QK * sb + 128 * cc;
-				__m512i xl = _mm512_inserti64x4(
-				    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)xq)),
-				    _mm256_loadu_si256((const __m256i *)(xq + 64)), 1);
-				__m512i xh = _mm512_inserti64x4(
-				    _mm512_castsi256_si512(
-					_mm256_loadu_si256((const __m256i *)(xq + 32))),
-				    _mm256_loadu_si256((const __m256i *)(xq + 96)), 1);
-#pragma GCC unroll 8
-				for (int i = 0; i < RB; i++) {
-					__m512i z = _mm512_setzero_si512();
-					acc[i][j] = _mm512_fmadd_ps(
-					    _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(z, wl[i], xl)),
-					    _mm512_permutexvar_ps(il, ds[i][j]), acc[i][j]);
-					acc[i][j] = _mm512_fmadd_ps(
-					    _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(z, wh[i], xh)),
-					    _mm512_permutexvar_ps(ih, ds[i][j]), acc[i][j]);
-				}
-			}
+	for (int k = 0; k < 8; k++) {
+		__m512i o[4];
+		tr16x4(rp, 16 + 16 * (size_t)k, o);
+#pragma GCC unroll 4
+		for (int m = 0; m < 4; m++) {
+			int dw = 4 * k + m, c = dw / 8, g = dw % 8;
+			p->w[2 * c][g] = _mm512_and_si512(o[m], lo4);
+			p->w[2 * c + 1][g] = _mm512_and_si512(_mm512_srli_epi16(o[m], 4), lo4);
 		}
 	}
-#pragma GCC unroll 8
-	for (int i = 0; i < RB; i++)
-#pragma GCC unroll 8
-		for (int j = 0; j < TB; j++)
-			y[j * ldy + i] = hsum16(acc[i][j]) - hsum8(macc[i][j]);
 }
 
-static K5 AI void tile_q6_k(int RB, int TB, float *y, size_t ldy, const uint8_t *row, size_t rb,
-			    const struct kq_tok *x)
+static K5 AI int32_t ld4(const int8_t *p)
 {
-	__m512 acc[KQ5_RB][KQ5_TB];
+	int32_t v;
+	memcpy(&v, p, 4);
+	return v;
+}
+
+/* TB tokens (token j's quants at xq + j * n, its block scales / sums at d / s + j * nb, the
+ * super-block's first) against one unpacked super-block; acc / macc: the tokens' chains. */
+static K5 AI void kp_q4k_tile(int TB, const struct kp_q4k *p, const int8_t *xq, const float *d,
+			      const float *s, size_t n, size_t nb, __m512 *acc, __m512 *macc)
+{
+	__m512 fa[KP_TB];
 #pragma GCC unroll 8
-	for (int i = 0; i < RB; i++)
-#pragma GCC unroll 8
-		for (int j = 0; j < TB; j++)
-			acc[i][j] = _mm512_setzero_ps();
-	const __m512i lo4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
-	const __m512i c32 = _mm512_set1_epi8(32);
-	size_t nsb = x->n / KVK_QK;
-	for (size_t sb = 0; sb < nsb; sb++) {
-		/* the 16 group scales times d, each over its 4 lanes: zmm k holds groups
-		 * 4k .. 4k + 3 */
-		__m512 scl[KQ5_RB][4];
-#pragma GCC unroll 8
-		for (int i = 0; i < RB; i++) {
-			const uint8_t *p = row + i * rb + sb * KVK_Q6_K_BYTES;
-			__m512 dv = _mm512_set1_ps(f16at(p + 208));
-			__m512i sc =
-			    _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 192)));
-#pragma GCC unroll 8
-			for (int k = 0; k < 4; k++) {
-				__m512i gi = _mm512_srli_epi32(
-				    _mm512_add_epi32(_mm512_set1_epi32(16 * k),
-						     _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9,
-								       10, 11, 12, 13, 14, 15)),
-				    2);
-				scl[i][k] = _mm512_mul_ps(
-				    dv, _mm512_cvtepi32_ps(_mm512_permutexvar_epi32(gi, sc)));
-			}
-		}
-		__m512 dxs[KQ5_TB]; /* dx_b for the 8 blocks of 32, lanes 0-7 */
+	for (int j = 0; j < TB; j++)
+		fa[j] = acc[j];
+#pragma GCC unroll 1
+	for (int sb = 0; sb < 8; sb++) {
+		__m512i a[KP_TB];
 #pragma GCC unroll 8
 		for (int j = 0; j < TB; j++)
-			dxs[j] = _mm512_castps256_ps512(_mm256_loadu_ps(x->d + j * x->nb + 8 * sb));
+			a[j] = _mm512_setzero_si512();
 #pragma GCC unroll 8
-		for (int h = 0; h < 2; h++) {
-			__m512i q[KQ5_RB][2];
+		for (int g = 0; g < 8; g++)
 #pragma GCC unroll 8
-			for (int i = 0; i < RB; i++) {
-				const uint8_t *p = row + i * rb + sb * KVK_Q6_K_BYTES;
-				__m512i ql = _mm512_loadu_si512(p + 64 * h);
-				__m256i qh =
-				    _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
-				__m512i qhz = _mm512_inserti64x4(_mm512_castsi256_si512(qh),
-								 _mm256_srli_epi16(qh, 2), 1);
-				/* blocks 4h, 4h + 1: low nibbles with qh bits 0-1 / 2-3; blocks
-				 * 4h + 2, 4h + 3: high nibbles with bits 4-5 / 6-7 (bits shifted
-				 * across a byte boundary fall outside 0x30) */
-				q[i][0] = _mm512_or_si512(
-				    _mm512_and_si512(ql, lo4),
-				    _mm512_and_si512(_mm512_slli_epi16(qhz, 4), m30));
-				q[i][1] =
-				    _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), lo4),
-						    _mm512_and_si512(qhz, m30));
-			}
+			for (int j = 0; j < TB; j++)
+				a[j] = _mm512_dpbusd_epi32(
+				    a[j], p->w[sb][g],
+				    _mm512_set1_epi32(ld4(xq + j * n + 32 * sb + 4 * g)));
 #pragma GCC unroll 8
-			for (int k = 0; k < 2; k++) {
-				int zk = 2 * h + k; /* blocks 2zk, 2zk + 1; groups 4zk .. 4zk + 3 */
-				__m512i idx = spread_idx(zk);
-#pragma GCC unroll 8
-				for (int j = 0; j < TB; j++) {
-					__m512i xv = _mm512_loadu_si512(x->q + j * x->n +
-									KVK_QK * sb + 64 * zk);
-					/* -32 * each lane's activation sum, the start of every row's
-					 * dot: sum((q - 32) x), exact */
-					__m512i xs = _mm512_sub_epi32(
-					    _mm512_setzero_si512(),
-					    _mm512_dpbusd_epi32(_mm512_setzero_si512(), c32, xv));
-					__m512 dx = _mm512_permutexvar_ps(idx, dxs[j]);
-#pragma GCC unroll 8
-					for (int i = 0; i < RB; i++) {
-						__m512i dot = _mm512_dpbusd_epi32(xs, q[i][k], xv);
-						acc[i][j] = _mm512_fmadd_ps(
-						    _mm512_cvtepi32_ps(dot),
-						    _mm512_mul_ps(scl[i][zk], dx), acc[i][j]);
-					}
-				}
-			}
-		}
+		for (int j = 0; j < TB; j++)
+			fa[j] = _mm512_fmadd_ps(
+			    _mm512_cvtepi32_ps(a[j]),
+			    _mm512_mul_ps(p->dsc[sb], _mm512_set1_ps(d[j * nb + sb])), fa[j]);
 	}
 #pragma GCC unroll 8
-	for (int i = 0; i < RB; i++)
+	for (int j = 0; j < TB; j++) {
+		acc[j] = fa[j];
+		__m512 ma = macc[j];
 #pragma GCC unroll 8
-		for (int j = 0; j < TB; j++)
-			y[j * ldy + i] = hsum16(acc[i][j]);
+		for (int sb = 0; sb < 8; sb++)
+			ma = _mm512_fmadd_ps(p->mn[sb], _mm512_set1_ps(s[j * nb + sb]), ma);
+		macc[j] = ma;
+	}
 }
 
-static K5 AI void tile(enum kvk_wtype wt, int RB, int TB, float *y, size_t ldy, const uint8_t *row,
-		       size_t rb, const struct kq_tok *x)
+static K5 void rows_q4_k_panel(float *y, size_t ldy, const uint8_t *w, size_t n, size_t r0,
+			       size_t r1, const void *act, size_t ntok)
 {
-	if (wt == KVK_W_Q4_K)
-		tile_q4_k(RB, TB, y, ldy, row, rb, x);
-	else
-		tile_q6_k(RB, TB, y, ldy, row, rb, x);
-}
-
-/* The rows p0 .. p1 of a panel against one token tile: RB rows at a time, then singles. */
-static K5 AI void panel(enum kvk_wtype wt, int RB, int TB, float *y, size_t ldy, const uint8_t *w,
-			size_t rb, size_t p0, size_t p1, const struct kq_tok *x)
-{
-	size_t r = p0;
-	for (; r + (size_t)RB <= p1; r += (size_t)RB)
-		tile(wt, RB, TB, y + r, ldy, w + r * rb, rb, x);
-	for (; r < p1; r++)
-		tile(wt, 1, TB, y + r, ldy, w + r * rb, rb, x);
-}
-
-static K5 AI void rows(enum kvk_wtype wt, float *y, size_t ldy, const uint8_t *w, size_t n,
-		       size_t r0, size_t r1, const void *act, size_t ntok)
-{
-	size_t rb = kvk_kq_row_bytes(wt, n), nb = n / 32;
+	size_t rb = kvk_kq_row_bytes(KVK_W_Q4_K, n), nb = n / 32, nsb = n / KVK_QK;
 	const int8_t *q = act;
 	const float *d = (const float *)((const uint8_t *)act + kvk_kqact_qbytes(n, ntok));
 	const float *s = d + ntok * nb;
-	for (size_t p0 = r0; p0 < r1; p0 += KQ5_PANEL) {
-		size_t p1 = p0 + KQ5_PANEL < r1 ? p0 + KQ5_PANEL : r1;
-		size_t t = 0;
-		for (; t + KQ5_TB <= ntok; t += KQ5_TB) {
-			struct kq_tok x = {q + t * n, d + t * nb, s + t * nb, n, nb};
-			panel(wt, KQ5_TB_RB, KQ5_TB, y + t * ldy, ldy, w, rb, p0, p1, &x);
-		}
-		for (; t < ntok; t++) {
-			struct kq_tok x = {q + t * n, d + t * nb, s + t * nb, n, nb};
-			panel(wt, KQ5_RB, 1, y + t * ldy, ldy, w, rb, p0, p1, &x);
+	__m512 acc[KP_TG], macc[KP_TG];
+	struct kp_q4k pk;
+	for (size_t p0 = r0; p0 < r1; p0 += 16) {
+		size_t nr = r1 - p0 < 16 ? r1 - p0 : 16;
+		for (size_t t0 = 0; t0 < ntok; t0 += KP_TG) {
+			size_t tg = ntok - t0 < KP_TG ? ntok - t0 : KP_TG;
+			for (size_t j = 0; j < tg; j++)
+				acc[j] = macc[j] = _mm512_setzero_ps();
+			for (size_t sb = 0; sb < nsb; sb++) {
+				const uint8_t *rp[16];
+				for (size_t r = 0; r < 16; r++) /* short panels repeat a row */
+					rp[r] =
+					    w + (p0 + (r < nr ? r : 0)) * rb + sb * KVK_Q4_K_BYTES;
+				kp_q4k_unpack(rp, &pk);
+				size_t t = 0;
+				for (; t + KP_TB <= tg; t += KP_TB) {
+					size_t tt = t0 + t;
+					kp_q4k_tile(KP_TB, &pk, q + tt * n + sb * KVK_QK,
+						    d + tt * nb + 8 * sb, s + tt * nb + 8 * sb, n,
+						    nb, acc + t, macc + t);
+				}
+				for (; t < tg; t++) {
+					size_t tt = t0 + t;
+					kp_q4k_tile(1, &pk, q + tt * n + sb * KVK_QK,
+						    d + tt * nb + 8 * sb, s + tt * nb + 8 * sb, n,
+						    nb, acc + t, macc + t);
+				}
+			}
+			__mmask16 mk = (__mmask16)((1u << nr) - 1);
+			for (size_t j = 0; j < tg; j++)
+				_mm512_mask_storeu_ps(y + (t0 + j) * ldy + p0, mk,
+						      _mm512_sub_ps(acc[j], macc[j]));
 		}
 	}
 }
 
-static K5 void rows_q4_k(float *y, size_t ldy, const uint8_t *w, size_t n, size_t r0, size_t r1,
-			 const void *act, size_t ntok)
+/* ---- Q6_K on 16-row panels (as Q4_K above) ----
+ *
+ * W[b][g] lane r: values 4g .. 4g + 3 of block b (of 32) of row r, unsigned 0..63 (q, not
+ * q - 32). The offset goes into the start of each group's int32 dot: -32 * the sum of the
+ * token's 16 activation bytes of the group, the same for every row (formed per token and
+ * super-block). Per lane: acc = fma(dot_g, (d * sc_g) * dx_b, acc) over the 16 groups of 16 in
+ * order: one f32 chain per output, batch-invariant. */
+
+struct kp_q6k {
+	__m512i w[8][8];
+	__m512 scl[16];
+};
+
+static K5 AI void kp_q6k_unpack(const uint8_t *const *rp, __m512i vidx, struct kp_q6k *p)
 {
-	rows(KVK_W_Q4_K, y, ldy, w, n, r0, r1, act, ntok);
+	/* d (bytes 208-209) by a gather of bytes 206..209: a 16-byte load there would pass
+	 * the end of the block */
+	__m512i dg = _mm512_i32gather_epi32(vidx, rp[0] + 206, 1);
+	__m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dg, 16)));
+	__m512i sc[4];
+	tr16x4(rp, 192, sc);
+#pragma GCC unroll 16
+	for (int gi = 0; gi < 16; gi++) {
+		__m512i v = _mm512_srai_epi32(_mm512_slli_epi32(sc[gi / 4], 24 - 8 * (gi % 4)), 24);
+		p->scl[gi] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(v));
+	}
+	const __m512i lo4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
+#pragma GCC unroll 2
+	for (int h = 0; h < 2; h++) {
+		__m512i l0[4], l1[4], l2[4], l3[4], qh0[4], qh1[4];
+		tr16x4(rp, 64 * (size_t)h, l0);	     /* ql dwords 16h + 0..3 */
+		tr16x4(rp, 64 * (size_t)h + 16, l1); /* 16h + 4..7 */
+		tr16x4(rp, 64 * (size_t)h + 32, l2); /* 16h + 8..11 */
+		tr16x4(rp, 64 * (size_t)h + 48, l3); /* 16h + 12..15 */
+		tr16x4(rp, 128 + 32 * (size_t)h, qh0);
+		tr16x4(rp, 128 + 32 * (size_t)h + 16, qh1);
+#pragma GCC unroll 8
+		for (int g = 0; g < 8; g++) {
+			__m512i a = g < 4 ? l0[g] : l1[g - 4];	 /* k = 0 (low), 2 (high) */
+			__m512i b = g < 4 ? l2[g] : l3[g - 4];	 /* k = 1, 3 */
+			__m512i e = g < 4 ? qh0[g] : qh1[g - 4]; /* qh bits 2k, 2k + 1 */
+			p->w[4 * h][g] =
+			    _mm512_or_si512(_mm512_and_si512(a, lo4),
+					    _mm512_and_si512(_mm512_slli_epi16(e, 4), m30));
+			p->w[4 * h + 1][g] =
+			    _mm512_or_si512(_mm512_and_si512(b, lo4),
+					    _mm512_and_si512(_mm512_slli_epi16(e, 2), m30));
+			p->w[4 * h + 2][g] =
+			    _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), lo4),
+					    _mm512_and_si512(e, m30));
+			p->w[4 * h + 3][g] =
+			    _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(b, 4), lo4),
+					    _mm512_and_si512(_mm512_srli_epi16(e, 2), m30));
+		}
+	}
 }
 
-static K5 void rows_q6_k(float *y, size_t ldy, const uint8_t *w, size_t n, size_t r0, size_t r1,
-			 const void *act, size_t ntok)
+/* -32 * the sum of each group of 16 of a token's 256 activation bytes: out[4 * (gi % 4) +
+ * gi / 4] for group gi (the order the in-lane reduction leaves them in). Exact. */
+static K5 AI void kp_q6k_corr(const int8_t *xq, int32_t *out)
 {
-	rows(KVK_W_Q6_K, y, ldy, w, n, r0, r1, act, ntok);
+	const __m512i c32 = _mm512_set1_epi8(32);
+	__m512i p[4];
+#pragma GCC unroll 4
+	for (int i = 0; i < 4; i++) /* 128-bit lane L of p[i]: group 4i + L */
+		p[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c32,
+					   _mm512_loadu_si512(xq + 64 * i));
+	__m512i t0 =
+	    _mm512_add_epi32(_mm512_unpacklo_epi32(p[0], p[1]), _mm512_unpackhi_epi32(p[0], p[1]));
+	__m512i t1 =
+	    _mm512_add_epi32(_mm512_unpacklo_epi32(p[2], p[3]), _mm512_unpackhi_epi32(p[2], p[3]));
+	__m512i u = _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
+	_mm512_storeu_si512(out, _mm512_sub_epi32(_mm512_setzero_si512(), u));
+}
+
+static K5 AI void kp_q6k_tile(int TB, const struct kp_q6k *p, const int8_t *xq, const float *d,
+			      size_t n, size_t nb, __m512 *acc)
+{
+	int32_t corr[KP_TB][16];
+	__m512 fa[KP_TB];
+#pragma GCC unroll 8
+	for (int j = 0; j < TB; j++) {
+		kp_q6k_corr(xq + j * n, corr[j]);
+		fa[j] = acc[j];
+	}
+#pragma GCC unroll 1
+	for (int gi = 0; gi < 16; gi++) {
+		int b = gi / 2, g0 = 4 * (gi % 2);
+		__m512i a[KP_TB];
+#pragma GCC unroll 8
+		for (int j = 0; j < TB; j++)
+			a[j] = _mm512_set1_epi32(corr[j][4 * (gi % 4) + gi / 4]);
+#pragma GCC unroll 4
+		for (int g = g0; g < g0 + 4; g++)
+#pragma GCC unroll 8
+			for (int j = 0; j < TB; j++)
+				a[j] = _mm512_dpbusd_epi32(
+				    a[j], p->w[b][g],
+				    _mm512_set1_epi32(ld4(xq + j * n + 32 * b + 4 * g)));
+#pragma GCC unroll 8
+		for (int j = 0; j < TB; j++)
+			fa[j] = _mm512_fmadd_ps(
+			    _mm512_cvtepi32_ps(a[j]),
+			    _mm512_mul_ps(p->scl[gi], _mm512_set1_ps(d[j * nb + b])), fa[j]);
+	}
+#pragma GCC unroll 8
+	for (int j = 0; j < TB; j++)
+		acc[j] = fa[j];
+}
+
+static K5 void rows_q6_k_panel(float *y, size_t ldy, const uint8_t *w, size_t n, size_t r0,
+			       size_t r1, const void *act, size_t ntok)
+{
+	size_t rb = kvk_kq_row_bytes(KVK_W_Q6_K, n), nb = n / 32, nsb = n / KVK_QK;
+	const int8_t *q = act;
+	const float *d = (const float *)((const uint8_t *)act + kvk_kqact_qbytes(n, ntok));
+	__m512 acc[KP_TG];
+	struct kp_q6k pk;
+	for (size_t p0 = r0; p0 < r1; p0 += 16) {
+		size_t nr = r1 - p0 < 16 ? r1 - p0 : 16;
+		int32_t vi[16];
+		for (size_t r = 0; r < 16; r++)
+			vi[r] = (int32_t)((r < nr ? r : 0) * rb);
+		__m512i vidx = _mm512_loadu_si512(vi);
+		for (size_t t0 = 0; t0 < ntok; t0 += KP_TG) {
+			size_t tg = ntok - t0 < KP_TG ? ntok - t0 : KP_TG;
+			for (size_t j = 0; j < tg; j++)
+				acc[j] = _mm512_setzero_ps();
+			for (size_t sb = 0; sb < nsb; sb++) {
+				const uint8_t *rp[16];
+				for (size_t r = 0; r < 16; r++) /* short panels repeat a row */
+					rp[r] =
+					    w + (p0 + (r < nr ? r : 0)) * rb + sb * KVK_Q6_K_BYTES;
+				kp_q6k_unpack(rp, vidx, &pk);
+				size_t t = 0;
+				for (; t + KP_TB <= tg; t += KP_TB) {
+					size_t tt = t0 + t;
+					kp_q6k_tile(KP_TB, &pk, q + tt * n + sb * KVK_QK,
+						    d + tt * nb + 8 * sb, n, nb, acc + t);
+				}
+				for (; t < tg; t++) {
+					size_t tt = t0 + t;
+					kp_q6k_tile(1, &pk, q + tt * n + sb * KVK_QK,
+						    d + tt * nb + 8 * sb, n, nb, acc + t);
+				}
+			}
+			__mmask16 mk = (__mmask16)((1u << nr) - 1);
+			for (size_t j = 0; j < tg; j++)
+				_mm512_mask_storeu_ps(y + (t0 + j) * ldy + p0, mk, acc[j]);
+		}
+	}
 }
 
 int kvk_kq_matmul_avx512(enum kvk_wtype wt, float *y, size_t ldy, const void *w, size_t n,
@@ -323,10 +364,10 @@ int kvk_kq_matmul_avx512(enum kvk_wtype wt, float *y, size_t ldy, const void *w,
 {
 	switch (wt) {
 	case KVK_W_Q4_K:
-		rows_q4_k(y, ldy, w, n, r0, r1, act, ntok);
+		rows_q4_k_panel(y, ldy, w, n, r0, r1, act, ntok);
 		return 0;
 	case KVK_W_Q6_K:
-		rows_q6_k(y, ldy, w, n, r0, r1, act, ntok);
+		rows_q6_k_panel(y, ldy, w, n, r0, r1, act, ntok);
 		return 0;
 	default:
 		return -ENOTSUP;
