@@ -359,6 +359,170 @@ static K5 void rows_q6_k_panel(float *y, size_t ldy, const uint8_t *w, size_t n,
 	}
 }
 
+/* ---- Q4_0 / Q5_0 on 16-row panels (as Q6_K above, blocks of 32) ----
+ *
+ * Chunks of up to 8 blocks (256 values; the last may be shorter: these rows need only be a
+ * multiple of 32). W[k][g] lane r: values 4g .. 4g + 3 of block k of row r, unsigned (q, 0..15
+ * or 0..31); the offset (8 or 16) goes into the start of the block's int32 dot as -off * the
+ * token's sum over the block, the same for every row. d and Q5_0's 32 fifth bits come by
+ * gathers (2-byte and 4-byte fields at odd offsets), the quants by one 4 x 4 transpose per
+ * block; a group's 4 fifth bits become 4 bytes of 16 by one vpermd from a 16-entry table. Per
+ * lane acc = fma(dot_b, d * dx_b, acc) over the blocks in order: batch-invariant. */
+
+struct kp_q0 {
+	__m512i w[8][8];
+	__m512 d[8];
+};
+
+static K5 AI void kp_q0_unpack(int five, int kb, const uint8_t *base, __m512i vidx, struct kp_q0 *p)
+{
+	size_t bb = five ? KVK_Q5_0_BYTES : KVK_Q4_0_BYTES;
+	const __m512i lo4 = _mm512_set1_epi8(15);
+	/* entry i: bit j of i as 16 in byte j */
+	const __m512i spread = _mm512_setr_epi32(0x00000000, 0x00000010, 0x00001000, 0x00001010,
+						 0x00100000, 0x00100010, 0x00101000, 0x00101010,
+						 0x10000000, 0x10000010, 0x10001000, 0x10001010,
+						 0x10100000, 0x10100010, 0x10101000, 0x10101010);
+	for (int k = 0; k < kb; k++) {
+		const uint8_t *b = base + (size_t)k * bb;
+		__m512i h0 = _mm512_i32gather_epi32(vidx, b, 1);
+		p->d[k] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h0));
+		const uint8_t *rp[16];
+		int32_t vi[16];
+		_mm512_storeu_si512(vi, vidx);
+		for (int r = 0; r < 16; r++)
+			rp[r] = b + vi[r];
+		__m512i o[4];
+		tr16x4(rp, five ? 6 : 2, o);
+		__m512i qh = five ? _mm512_i32gather_epi32(vidx, b + 2, 1) : _mm512_setzero_si512();
+#pragma GCC unroll 4
+		for (int g = 0; g < 4; g++) {
+			p->w[k][g] = _mm512_and_si512(o[g], lo4);
+			p->w[k][4 + g] = _mm512_and_si512(_mm512_srli_epi16(o[g], 4), lo4);
+		}
+		if (five)
+#pragma GCC unroll 8
+			for (int g = 0; g < 8; g++) /* vpermd reads the low 4 bits of each index */
+				p->w[k][g] = _mm512_or_si512(
+				    p->w[k][g],
+				    _mm512_permutexvar_epi32(_mm512_srli_epi32(qh, 4 * g), spread));
+	}
+}
+
+/* -off * the sum of each block of 32 of a token's kb * 32 activation bytes (kb <= 8). */
+static K5 AI void kp_q0_corr(int off, int kb, const int8_t *xq, int32_t *out)
+{
+	const __m512i c = _mm512_set1_epi8((char)off);
+	__m512i p[4];
+#pragma GCC unroll 4
+	for (int i = 0; i < 4; i++) { /* 128-bit lane L of p[i]: group of 16 4i + L */
+		int nbytes = 32 * kb - 64 * i;
+		__mmask64 m = nbytes >= 64  ? ~(__mmask64)0
+			      : nbytes <= 0 ? 0
+					    : (((__mmask64)1 << nbytes) - 1);
+		p[i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c,
+					   _mm512_maskz_loadu_epi8(m, xq + 64 * i));
+	}
+	__m512i t0 =
+	    _mm512_add_epi32(_mm512_unpacklo_epi32(p[0], p[1]), _mm512_unpackhi_epi32(p[0], p[1]));
+	__m512i t1 =
+	    _mm512_add_epi32(_mm512_unpacklo_epi32(p[2], p[3]), _mm512_unpackhi_epi32(p[2], p[3]));
+	__m512i u = _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
+	int32_t g[16];
+	_mm512_storeu_si512(g, u); /* group gi at 4 * (gi % 4) + gi / 4 */
+	for (int k = 0; k < kb; k++) {
+		int a = 2 * k, b = 2 * k + 1;
+		out[k] = -(g[4 * (a % 4) + a / 4] + g[4 * (b % 4) + b / 4]);
+	}
+}
+
+static K5 AI void kp_q0_tile(int five, int TB, int kb, const struct kp_q0 *p, const int8_t *xq,
+			     const float *d, size_t n, size_t nb, __m512 *acc)
+{
+	int32_t corr[KP_TB][8];
+	__m512 fa[KP_TB];
+#pragma GCC unroll 8
+	for (int j = 0; j < TB; j++) {
+		kp_q0_corr(five ? 16 : 8, kb, xq + j * n, corr[j]);
+		fa[j] = acc[j];
+	}
+#pragma GCC unroll 1
+	for (int k = 0; k < kb; k++) {
+		__m512i a[KP_TB];
+#pragma GCC unroll 8
+		for (int j = 0; j < TB; j++)
+			a[j] = _mm512_set1_epi32(corr[j][k]);
+#pragma GCC unroll 8
+		for (int g = 0; g < 8; g++)
+#pragma GCC unroll 8
+			for (int j = 0; j < TB; j++)
+				a[j] = _mm512_dpbusd_epi32(
+				    a[j], p->w[k][g],
+				    _mm512_set1_epi32(ld4(xq + j * n + 32 * k + 4 * g)));
+#pragma GCC unroll 8
+		for (int j = 0; j < TB; j++)
+			fa[j] = _mm512_fmadd_ps(
+			    _mm512_cvtepi32_ps(a[j]),
+			    _mm512_mul_ps(p->d[k], _mm512_set1_ps(d[j * nb + k])), fa[j]);
+	}
+#pragma GCC unroll 8
+	for (int j = 0; j < TB; j++)
+		acc[j] = fa[j];
+}
+
+static K5 AI void rows_q0_panel(int five, float *y, size_t ldy, const uint8_t *w, size_t n,
+				size_t r0, size_t r1, const void *act, size_t ntok)
+{
+	size_t bb = five ? KVK_Q5_0_BYTES : KVK_Q4_0_BYTES;
+	size_t rb = kvk_kq_row_bytes(five ? KVK_W_Q5_0 : KVK_W_Q4_0, n), nb = n / 32;
+	const int8_t *q = act;
+	const float *d = (const float *)((const uint8_t *)act + kvk_kqact_qbytes(n, ntok));
+	__m512 acc[KP_TG];
+	struct kp_q0 pk;
+	for (size_t p0 = r0; p0 < r1; p0 += 16) {
+		size_t nr = r1 - p0 < 16 ? r1 - p0 : 16;
+		int32_t vi[16];
+		for (size_t r = 0; r < 16; r++) /* short panels repeat a row */
+			vi[r] = (int32_t)((r < nr ? r : 0) * rb);
+		__m512i vidx = _mm512_loadu_si512(vi);
+		for (size_t t0 = 0; t0 < ntok; t0 += KP_TG) {
+			size_t tg = ntok - t0 < KP_TG ? ntok - t0 : KP_TG;
+			for (size_t j = 0; j < tg; j++)
+				acc[j] = _mm512_setzero_ps();
+			for (size_t b0 = 0; b0 < nb; b0 += 8) {
+				int kb = nb - b0 < 8 ? (int)(nb - b0) : 8;
+				kp_q0_unpack(five, kb, w + p0 * rb + b0 * bb, vidx, &pk);
+				size_t t = 0;
+				for (; t + KP_TB <= tg; t += KP_TB) {
+					size_t tt = t0 + t;
+					kp_q0_tile(five, KP_TB, kb, &pk, q + tt * n + 32 * b0,
+						   d + tt * nb + b0, n, nb, acc + t);
+				}
+				for (; t < tg; t++) {
+					size_t tt = t0 + t;
+					kp_q0_tile(five, 1, kb, &pk, q + tt * n + 32 * b0,
+						   d + tt * nb + b0, n, nb, acc + t);
+				}
+			}
+			__mmask16 mk = (__mmask16)((1u << nr) - 1);
+			for (size_t j = 0; j < tg; j++)
+				_mm512_mask_storeu_ps(y + (t0 + j) * ldy + p0, mk, acc[j]);
+		}
+	}
+}
+
+static K5 void rows_q4_0_panel(float *y, size_t ldy, const uint8_t *w, size_t n, size_t r0,
+			       size_t r1, const void *act, size_t ntok)
+{
+	rows_q0_panel(0, y, ldy, w, n, r0, r1, act, ntok);
+}
+
+static K5 void rows_q5_0_panel(float *y, size_t ldy, const uint8_t *w, size_t n, size_t r0,
+			       size_t r1, const void *act, size_t ntok)
+{
+	rows_q0_panel(1, y, ldy, w, n, r0, r1, act, ntok);
+}
+
 int kvk_kq_matmul_avx512(enum kvk_wtype wt, float *y, size_t ldy, const void *w, size_t n,
 			 size_t r0, size_t r1, const void *act, size_t ntok)
 {
@@ -368,6 +532,12 @@ int kvk_kq_matmul_avx512(enum kvk_wtype wt, float *y, size_t ldy, const void *w,
 		return 0;
 	case KVK_W_Q6_K:
 		rows_q6_k_panel(y, ldy, w, n, r0, r1, act, ntok);
+		return 0;
+	case KVK_W_Q4_0:
+		rows_q4_0_panel(y, ldy, w, n, r0, r1, act, ntok);
+		return 0;
+	case KVK_W_Q5_0:
+		rows_q5_0_panel(y, ldy, w, n, r0, r1, act, ntok);
 		return 0;
 	default:
 		return -ENOTSUP;

@@ -282,13 +282,16 @@ static void isa_vs_scalar(enum kvk_isa best)
 {
 	/* T = 70: AVX-512 passes of 64 tokens, tiles of 8 and single tokens */
 	enum { R = 37, T = 70 };
-	const size_t ns[2] = {256, 1280};
+	/* 864: 27 blocks of 32, a short last chunk of 8 blocks (not for the 256 types) */
+	const size_t ns[3] = {256, 1280, 864};
 	for (int ti = 0; ti < NTYPES; ti++)
-		for (int ni = 0; ni < 2; ni++) {
+		for (int ni = 0; ni < 3; ni++) {
 			enum kvk_wtype wt = TYPES[ti];
 			size_t n = ns[ni];
+			if (n % 256 && (wt == KVK_W_Q4_K || wt == KVK_W_Q5_K || wt == KVK_W_Q6_K))
+				continue;
 			struct mm m;
-			mm_init(&m, wt, n, R, T, 7 + ti * 2 + ni);
+			mm_init(&m, wt, n, R, T, 7 + ti * 3 + ni);
 			float *yb = malloc(R * T * 4), *ys = malloc(R * T * 4), *y1 = malloc(R * 4);
 			float *wr = malloc(n * 4);
 			void *act1 = malloc(kvk_act_bytes(wt, n, 1));
