@@ -82,7 +82,9 @@ struct kp_q4k {
 	__m512 dsc[8], mn[8];
 };
 
-static K5 AI void kp_q4k_unpack(const uint8_t *const *rp, struct kp_q4k *p)
+/* five = 1: Q5_K, whose fifth bits (qh, bytes 16..47: bit s of byte i for value i of
+ * sub-block s) go into bit 4 of each value byte; its quants start at byte 48. */
+static K5 AI void kp_q4k_unpack(int five, const uint8_t *const *rp, struct kp_q4k *p)
 {
 	__m512i h[4];
 	tr16x4(rp, 0, h);
@@ -104,10 +106,11 @@ static K5 AI void kp_q4k_unpack(const uint8_t *const *rp, struct kp_q4k *p)
 		p->mn[4 + k] = _mm512_mul_ps(dmin, byte_ps(m_hi, k));
 	}
 	const __m512i lo4 = _mm512_set1_epi8(15);
+	size_t qs = five ? 48 : 16;
 #pragma GCC unroll 8
 	for (int k = 0; k < 8; k++) {
 		__m512i o[4];
-		tr16x4(rp, 16 + 16 * (size_t)k, o);
+		tr16x4(rp, qs + 16 * (size_t)k, o);
 #pragma GCC unroll 4
 		for (int m = 0; m < 4; m++) {
 			int dw = 4 * k + m, c = dw / 8, g = dw % 8;
@@ -115,6 +118,23 @@ static K5 AI void kp_q4k_unpack(const uint8_t *const *rp, struct kp_q4k *p)
 			p->w[2 * c + 1][g] = _mm512_and_si512(_mm512_srli_epi16(o[m], 4), lo4);
 		}
 	}
+	if (!five)
+		return;
+	__m512i qh[8]; /* lane r: qh bytes 4g .. 4g + 3 of row r */
+	tr16x4(rp, 16, qh);
+	tr16x4(rp, 32, qh + 4);
+	const __m512i b4 = _mm512_set1_epi8(16);
+#pragma GCC unroll 8
+	for (int sb = 0; sb < 8; sb++)
+#pragma GCC unroll 8
+		for (int g = 0; g < 8; g++) {
+			/* bit sb of each byte to bit 4 (bits moved across bytes are masked) */
+			__m512i h = sb < 4   ? _mm512_slli_epi32(qh[g], 4 - sb)
+				    : sb > 4 ? _mm512_srli_epi32(qh[g], sb - 4)
+					     : qh[g];
+			p->w[sb][g] =
+			    _mm512_ternarylogic_epi32(p->w[sb][g], h, b4, 0xF8); /* a|(b&c) */
+		}
 }
 
 static K5 AI int32_t ld4(const int8_t *p)
@@ -163,10 +183,12 @@ static K5 AI void kp_q4k_tile(int TB, const struct kp_q4k *p, const int8_t *xq, 
 	}
 }
 
-static K5 void rows_q4_k_panel(float *y, size_t ldy, const uint8_t *w, size_t n, size_t r0,
-			       size_t r1, const void *act, size_t ntok)
+static K5 AI void rows_k45_panel(int five, float *y, size_t ldy, const uint8_t *w, size_t n,
+				 size_t r0, size_t r1, const void *act, size_t ntok)
 {
-	size_t rb = kvk_kq_row_bytes(KVK_W_Q4_K, n), nb = n / 32, nsb = n / KVK_QK;
+	size_t bb = five ? KVK_Q5_K_BYTES : KVK_Q4_K_BYTES;
+	size_t rb = kvk_kq_row_bytes(five ? KVK_W_Q5_K : KVK_W_Q4_K, n), nb = n / 32,
+	       nsb = n / KVK_QK;
 	const int8_t *q = act;
 	const float *d = (const float *)((const uint8_t *)act + kvk_kqact_qbytes(n, ntok));
 	const float *s = d + ntok * nb;
@@ -181,9 +203,8 @@ static K5 void rows_q4_k_panel(float *y, size_t ldy, const uint8_t *w, size_t n,
 			for (size_t sb = 0; sb < nsb; sb++) {
 				const uint8_t *rp[16];
 				for (size_t r = 0; r < 16; r++) /* short panels repeat a row */
-					rp[r] =
-					    w + (p0 + (r < nr ? r : 0)) * rb + sb * KVK_Q4_K_BYTES;
-				kp_q4k_unpack(rp, &pk);
+					rp[r] = w + (p0 + (r < nr ? r : 0)) * rb + sb * bb;
+				kp_q4k_unpack(five, rp, &pk);
 				size_t t = 0;
 				for (; t + KP_TB <= tg; t += KP_TB) {
 					size_t tt = t0 + t;
@@ -204,6 +225,18 @@ static K5 void rows_q4_k_panel(float *y, size_t ldy, const uint8_t *w, size_t n,
 						      _mm512_sub_ps(acc[j], macc[j]));
 		}
 	}
+}
+
+static K5 void rows_q4_k_panel(float *y, size_t ldy, const uint8_t *w, size_t n, size_t r0,
+			       size_t r1, const void *act, size_t ntok)
+{
+	rows_k45_panel(0, y, ldy, w, n, r0, r1, act, ntok);
+}
+
+static K5 void rows_q5_k_panel(float *y, size_t ldy, const uint8_t *w, size_t n, size_t r0,
+			       size_t r1, const void *act, size_t ntok)
+{
+	rows_k45_panel(1, y, ldy, w, n, r0, r1, act, ntok);
 }
 
 /* ---- Q6_K on 16-row panels (as Q4_K above) ----
@@ -532,6 +565,9 @@ int kvk_kq_matmul_avx512(enum kvk_wtype wt, float *y, size_t ldy, const void *w,
 		return 0;
 	case KVK_W_Q6_K:
 		rows_q6_k_panel(y, ldy, w, n, r0, r1, act, ntok);
+		return 0;
+	case KVK_W_Q5_K:
+		rows_q5_k_panel(y, ldy, w, n, r0, r1, act, ntok);
 		return 0;
 	case KVK_W_Q4_0:
 		rows_q4_0_panel(y, ldy, w, n, r0, r1, act, ntok);
