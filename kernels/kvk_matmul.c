@@ -378,7 +378,7 @@ void kvk_matmul(enum kvk_isa isa, enum kvk_wtype wt, float *y, size_t ldy, const
 	}
 	if (kvk_wtype_kq(wt)) {
 #ifdef KVK_HAVE_X86
-		/* AVX-512 kernels for Q4_K / Q6_K; any wider ISA has AVX2 too for the rest */
+		/* AVX-512 + VNNI kernels first; any wider ISA has AVX2 too */
 		enum kvk_isa ri = resolve(isa);
 		if (ri == KVK_ISA_AVX512 &&
 		    kvk_kq_matmul_avx512(wt, y, ldy, w, n, r0, r1, act, ntok) == 0)

@@ -1,19 +1,20 @@
-/* AVX-512 (F, BW, VL) + AVX512-VNNI kernels for Q4_K and Q6_K weights (layouts and the
- * activation format in kvk_quant_impl.h), called only after cpuid (and the OS's saved state)
- * says the CPU has them (kvk_matmul.c); the other block types stay on the AVX2 kernels.
+/* AVX-512 (F, BW, VL) + AVX512-VNNI kernels for the Q4_0 / Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K
+ * weights (layouts and the activation format in kvk_quant_impl.h), called only after cpuid (and
+ * the OS's saved state) says the CPU has them (kvk_matmul.c).
  *
  * The Q8_0 treatment (kvk_matmul_x86.inc, tile_q8p): 16 rows per zmm, one row per 32-bit lane.
  * For each 16-row panel and super-block of 256 values, the rows' bytes are transposed in
  * registers (4 x 4 dword transposes, no gathers) and their nibbles / 6-bit values unpacked once;
  * then every token of the pass runs vpdpbusd of 4 broadcast activation bytes against them, 8
- * per sub-block (Q4_K) or 4 per group of 16 (Q6_K), into the 16 rows' int32 dots (exact).
+ * per sub-block (Q4_K, Q5_K), 4 per group of 16 (Q6_K) or 8 per block of 32 (Q4_0, Q5_0,
+ * Q5_1), into the 16 rows' int32 dots (exact).
  * Scales, mins and d are unpacked 16 rows at a time the same way, as per-lane floats.
  *
  * Batch invariance: each output (row, token) is one f32 lane of one chain per pass: acc =
- * fma(int dot, (d * sc) * dx, acc) over its sub-blocks / groups in order (Q4_K: plus a mins
- * chain, subtracted at the end). Which lane a row lands in, the panel split, the token tile
- * (8, or 1 for the tail) and ntok change speed, never bits: decode and prefill give the same
- * result for a token. Against the scalar reference and the AVX2 kernels only the f32
+ * fma(int dot, (d * sc) * dx, acc) over its sub-blocks / groups / blocks in order (Q4_K,
+ * Q5_K, Q5_1: plus a mins chain, combined at the end). Which lane a row lands in, the panel split,
+ * the token tile (8, or 1 for the tail) and ntok change speed, never bits: decode and prefill give
+ * the same result for a token. Against the scalar reference and the AVX2 kernels only the f32
  * summation order differs. */
 #include "kvk_quant_impl.h"
 
@@ -404,12 +405,15 @@ static K5 void rows_q6_k_panel(float *y, size_t ldy, const uint8_t *w, size_t n,
 
 struct kp_q0 {
 	__m512i w[8][8];
-	__m512 d[8];
+	__m512 d[8], m[8]; /* m: Q5_1's per-block min */
 };
 
-static K5 AI void kp_q0_unpack(int five, int kb, const uint8_t *base, __m512i vidx, struct kp_q0 *p)
+/* kind: 0 Q4_0, 1 Q5_0, 2 Q5_1 (f16 d, f16 m, qh[4], qs[16]: v = d q + m). */
+static K5 AI void kp_q0_unpack(int kind, int kb, const uint8_t *base, __m512i vidx, struct kp_q0 *p)
 {
-	size_t bb = five ? KVK_Q5_0_BYTES : KVK_Q4_0_BYTES;
+	int five = kind > 0;
+	size_t bb = kind == 2 ? KVK_Q5_1_BYTES : five ? KVK_Q5_0_BYTES : KVK_Q4_0_BYTES;
+	size_t oqh = kind == 2 ? 4 : 2, oqs = kind == 2 ? 8 : five ? 6 : 2;
 	const __m512i lo4 = _mm512_set1_epi8(15);
 	/* entry i: bit j of i as 16 in byte j */
 	const __m512i spread = _mm512_setr_epi32(0x00000000, 0x00000010, 0x00001000, 0x00001010,
@@ -420,14 +424,17 @@ static K5 AI void kp_q0_unpack(int five, int kb, const uint8_t *base, __m512i vi
 		const uint8_t *b = base + (size_t)k * bb;
 		__m512i h0 = _mm512_i32gather_epi32(vidx, b, 1);
 		p->d[k] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h0));
+		if (kind == 2)
+			p->m[k] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h0, 16)));
 		const uint8_t *rp[16];
 		int32_t vi[16];
 		_mm512_storeu_si512(vi, vidx);
 		for (int r = 0; r < 16; r++)
 			rp[r] = b + vi[r];
 		__m512i o[4];
-		tr16x4(rp, five ? 6 : 2, o);
-		__m512i qh = five ? _mm512_i32gather_epi32(vidx, b + 2, 1) : _mm512_setzero_si512();
+		tr16x4(rp, oqs, o);
+		__m512i qh =
+		    five ? _mm512_i32gather_epi32(vidx, b + oqh, 1) : _mm512_setzero_si512();
 #pragma GCC unroll 4
 		for (int g = 0; g < 4; g++) {
 			p->w[k][g] = _mm512_and_si512(o[g], lo4);
@@ -469,14 +476,20 @@ static K5 AI void kp_q0_corr(int off, int kb, const int8_t *xq, int32_t *out)
 	}
 }
 
-static K5 AI void kp_q0_tile(int five, int TB, int kb, const struct kp_q0 *p, const int8_t *xq,
-			     const float *d, size_t n, size_t nb, __m512 *acc)
+/* macc: Q5_1's min chain, fma(m, dx * sum(q), macc) per block (unused otherwise). */
+static K5 AI void kp_q0_tile(int kind, int TB, int kb, const struct kp_q0 *p, const int8_t *xq,
+			     const float *d, const float *s, size_t n, size_t nb, __m512 *acc,
+			     __m512 *macc)
 {
 	int32_t corr[KP_TB][8];
 	__m512 fa[KP_TB];
 #pragma GCC unroll 8
 	for (int j = 0; j < TB; j++) {
-		kp_q0_corr(five ? 16 : 8, kb, xq + j * n, corr[j]);
+		if (kind == 2) /* unsigned: no offset */
+			for (int k = 0; k < kb; k++)
+				corr[j][k] = 0;
+		else
+			kp_q0_corr(kind ? 16 : 8, kb, xq + j * n, corr[j]);
 		fa[j] = acc[j];
 	}
 #pragma GCC unroll 1
@@ -499,18 +512,27 @@ static K5 AI void kp_q0_tile(int five, int TB, int kb, const struct kp_q0 *p, co
 			    _mm512_mul_ps(p->d[k], _mm512_set1_ps(d[j * nb + k])), fa[j]);
 	}
 #pragma GCC unroll 8
-	for (int j = 0; j < TB; j++)
+	for (int j = 0; j < TB; j++) {
 		acc[j] = fa[j];
+		if (kind == 2) {
+			__m512 ma = macc[j];
+			for (int k = 0; k < kb; k++)
+				ma = _mm512_fmadd_ps(p->m[k], _mm512_set1_ps(s[j * nb + k]), ma);
+			macc[j] = ma;
+		}
+	}
 }
 
-static K5 AI void rows_q0_panel(int five, float *y, size_t ldy, const uint8_t *w, size_t n,
+static K5 AI void rows_q0_panel(int kind, float *y, size_t ldy, const uint8_t *w, size_t n,
 				size_t r0, size_t r1, const void *act, size_t ntok)
 {
-	size_t bb = five ? KVK_Q5_0_BYTES : KVK_Q4_0_BYTES;
-	size_t rb = kvk_kq_row_bytes(five ? KVK_W_Q5_0 : KVK_W_Q4_0, n), nb = n / 32;
+	enum kvk_wtype wt = kind == 2 ? KVK_W_Q5_1 : kind ? KVK_W_Q5_0 : KVK_W_Q4_0;
+	size_t bb = kind == 2 ? KVK_Q5_1_BYTES : kind ? KVK_Q5_0_BYTES : KVK_Q4_0_BYTES;
+	size_t rb = kvk_kq_row_bytes(wt, n), nb = n / 32;
 	const int8_t *q = act;
 	const float *d = (const float *)((const uint8_t *)act + kvk_kqact_qbytes(n, ntok));
-	__m512 acc[KP_TG];
+	const float *s = d + ntok * nb;
+	__m512 acc[KP_TG], macc[KP_TG];
 	struct kp_q0 pk;
 	for (size_t p0 = r0; p0 < r1; p0 += 16) {
 		size_t nr = r1 - p0 < 16 ? r1 - p0 : 16;
@@ -521,25 +543,29 @@ static K5 AI void rows_q0_panel(int five, float *y, size_t ldy, const uint8_t *w
 		for (size_t t0 = 0; t0 < ntok; t0 += KP_TG) {
 			size_t tg = ntok - t0 < KP_TG ? ntok - t0 : KP_TG;
 			for (size_t j = 0; j < tg; j++)
-				acc[j] = _mm512_setzero_ps();
+				acc[j] = macc[j] = _mm512_setzero_ps();
 			for (size_t b0 = 0; b0 < nb; b0 += 8) {
 				int kb = nb - b0 < 8 ? (int)(nb - b0) : 8;
-				kp_q0_unpack(five, kb, w + p0 * rb + b0 * bb, vidx, &pk);
+				kp_q0_unpack(kind, kb, w + p0 * rb + b0 * bb, vidx, &pk);
 				size_t t = 0;
 				for (; t + KP_TB <= tg; t += KP_TB) {
 					size_t tt = t0 + t;
-					kp_q0_tile(five, KP_TB, kb, &pk, q + tt * n + 32 * b0,
-						   d + tt * nb + b0, n, nb, acc + t);
+					kp_q0_tile(kind, KP_TB, kb, &pk, q + tt * n + 32 * b0,
+						   d + tt * nb + b0, s + tt * nb + b0, n, nb,
+						   acc + t, macc + t);
 				}
 				for (; t < tg; t++) {
 					size_t tt = t0 + t;
-					kp_q0_tile(five, 1, kb, &pk, q + tt * n + 32 * b0,
-						   d + tt * nb + b0, n, nb, acc + t);
+					kp_q0_tile(kind, 1, kb, &pk, q + tt * n + 32 * b0,
+						   d + tt * nb + b0, s + tt * nb + b0, n, nb,
+						   acc + t, macc + t);
 				}
 			}
 			__mmask16 mk = (__mmask16)((1u << nr) - 1);
 			for (size_t j = 0; j < tg; j++)
-				_mm512_mask_storeu_ps(y + (t0 + j) * ldy + p0, mk, acc[j]);
+				_mm512_mask_storeu_ps(y + (t0 + j) * ldy + p0, mk,
+						      kind == 2 ? _mm512_add_ps(acc[j], macc[j])
+								: acc[j]);
 		}
 	}
 }
@@ -554,6 +580,12 @@ static K5 void rows_q5_0_panel(float *y, size_t ldy, const uint8_t *w, size_t n,
 			       size_t r1, const void *act, size_t ntok)
 {
 	rows_q0_panel(1, y, ldy, w, n, r0, r1, act, ntok);
+}
+
+static K5 void rows_q5_1_panel(float *y, size_t ldy, const uint8_t *w, size_t n, size_t r0,
+			       size_t r1, const void *act, size_t ntok)
+{
+	rows_q0_panel(2, y, ldy, w, n, r0, r1, act, ntok);
 }
 
 int kvk_kq_matmul_avx512(enum kvk_wtype wt, float *y, size_t ldy, const void *w, size_t n,
@@ -574,6 +606,9 @@ int kvk_kq_matmul_avx512(enum kvk_wtype wt, float *y, size_t ldy, const void *w,
 		return 0;
 	case KVK_W_Q5_0:
 		rows_q5_0_panel(y, ldy, w, n, r0, r1, act, ntok);
+		return 0;
+	case KVK_W_Q5_1:
+		rows_q5_1_panel(y, ldy, w, n, r0, r1, act, ntok);
 		return 0;
 	default:
 		return -ENOTSUP;

@@ -50,9 +50,9 @@ int main(int argc, char **argv)
 	size_t n = argc > 2 ? strtoull(argv[2], NULL, 10) : 2048;
 	size_t ntok = argc > 3 ? strtoull(argv[3], NULL, 10) : 1;
 	int passes = argc > 4 ? atoi(argv[4]) : 7;
-	static const enum kvk_wtype types[] = {KVK_W_Q8_0, KVK_W_Q4_K, KVK_W_Q5_K,
-					       KVK_W_Q6_K, KVK_W_Q4_0, KVK_W_Q5_0};
-	static const char *names[] = {"Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q5_0"};
+	static const enum kvk_wtype types[] = {KVK_W_Q8_0, KVK_W_Q4_K, KVK_W_Q5_K, KVK_W_Q6_K,
+					       KVK_W_Q4_0, KVK_W_Q5_0, KVK_W_Q5_1};
+	static const char *names[] = {"Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q5_0", "Q5_1"};
 	enum kvk_isa best = kvk_isa_best();
 	printf("kvk-kq-bench: %zu x %zu, %zu tokens, best of %d, 1 thread, G weights/s\n", rows, n,
 	       ntok, passes);
