@@ -266,7 +266,8 @@ static K5 AI void kp_q6k_unpack(const uint8_t *const *rp, __m512i vidx, struct k
 		__m512i v = _mm512_srai_epi32(_mm512_slli_epi32(sc[gi / 4], 24 - 8 * (gi % 4)), 24);
 		p->scl[gi] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(v));
 	}
-	const __m512i lo4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
+	const __m512i lo4 = _mm512_set1_epi8(15), m33 = _mm512_set1_epi8(0x33);
+	const __m512i mcc = _mm512_set1_epi8((char)0xcc);
 #pragma GCC unroll 2
 	for (int h = 0; h < 2; h++) {
 		__m512i l0[4], l1[4], l2[4], l3[4], qh0[4], qh1[4];
@@ -281,18 +282,18 @@ static K5 AI void kp_q6k_unpack(const uint8_t *const *rp, __m512i vidx, struct k
 			__m512i a = g < 4 ? l0[g] : l1[g - 4];	 /* k = 0 (low), 2 (high) */
 			__m512i b = g < 4 ? l2[g] : l3[g - 4];	 /* k = 1, 3 */
 			__m512i e = g < 4 ? qh0[g] : qh1[g - 4]; /* qh bits 2k, 2k + 1 */
+			/* low nibble from x, bits 4-5 from y: vpternlogd (x & 15) | (y & ~15) per
+			 * byte, y's bits 6-7 zero by pre-masking e (shifts that cross a byte
+			 * land in the next byte's low nibble, which x supplies) */
+			__m512i e03 = _mm512_and_si512(e, m33), e47 = _mm512_and_si512(e, mcc);
 			p->w[4 * h][g] =
-			    _mm512_or_si512(_mm512_and_si512(a, lo4),
-					    _mm512_and_si512(_mm512_slli_epi16(e, 4), m30));
+			    _mm512_ternarylogic_epi32(a, _mm512_slli_epi16(e03, 4), lo4, 0xE4);
 			p->w[4 * h + 1][g] =
-			    _mm512_or_si512(_mm512_and_si512(b, lo4),
-					    _mm512_and_si512(_mm512_slli_epi16(e, 2), m30));
+			    _mm512_ternarylogic_epi32(b, _mm512_slli_epi16(e47, 2), lo4, 0xE4);
 			p->w[4 * h + 2][g] =
-			    _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), lo4),
-					    _mm512_and_si512(e, m30));
-			p->w[4 * h + 3][g] =
-			    _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(b, 4), lo4),
-					    _mm512_and_si512(_mm512_srli_epi16(e, 2), m30));
+			    _mm512_ternarylogic_epi32(_mm512_srli_epi16(a, 4), e03, lo4, 0xE4);
+			p->w[4 * h + 3][g] = _mm512_ternarylogic_epi32(
+			    _mm512_srli_epi16(b, 4), _mm512_srli_epi16(e47, 2), lo4, 0xE4);
 		}
 	}
 }
