@@ -27,13 +27,6 @@
 #define K5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define AI __attribute__((always_inline)) inline
 
-static K5 AI float f16at(const uint8_t *p)
-{
-	uint16_t h;
-	memcpy(&h, p, 2);
-	return _cvtsh_ss(h);
-}
-
 /* ---- Q4_K on 16-row panels: one row per 32-bit lane ----
  *
  * Per 16-row panel and super-block, the rows' bytes are transposed in registers so that zmm
