@@ -4,7 +4,7 @@
  *
  * The Q8_0 treatment (kvk_matmul_x86.inc, tile_q8p): 16 rows per zmm, one row per 32-bit lane.
  * For each 16-row panel and super-block of 256 values, the rows' bytes are transposed in
- * registers (dword transposes: tr16x8 / tr16x4, no gathers) and their nibbles / 6-bit values
+ * registers (tr16x8 / tr16x4, no gathers) and their nibbles / 6-bit values unpacked once;
  * unpacked once; then every token of the pass runs vpdpbusd of 4 broadcast activation bytes against
  * them, 8 per sub-block (Q4_K, Q5_K), 4 per group of 16 (Q6_K) or 8 per block of 32 (Q4_0, Q5_0,
  * Q5_1), into the 16 rows' int32 dots (exact).
