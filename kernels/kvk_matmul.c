@@ -378,8 +378,12 @@ void kvk_matmul(enum kvk_isa isa, enum kvk_wtype wt, float *y, size_t ldy, const
 	}
 	if (kvk_wtype_kq(wt)) {
 #ifdef KVK_HAVE_X86
-		/* any wider ISA has AVX2 too and runs these kernels (no wider variant yet) */
-		if (resolve(isa) >= KVK_ISA_AVX2) {
+		/* AVX-512 + VNNI kernels first; any wider ISA has AVX2 too */
+		enum kvk_isa ri = resolve(isa);
+		if (ri == KVK_ISA_AVX512 &&
+		    kvk_kq_matmul_avx512(wt, y, ldy, w, n, r0, r1, act, ntok) == 0)
+			return;
+		if (ri >= KVK_ISA_AVX2) {
 			kvk_kq_matmul_avx2(wt, y, ldy, w, n, r0, r1, act, ntok);
 			return;
 		}

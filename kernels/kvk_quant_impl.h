@@ -1,5 +1,6 @@
 /* Private interface of the quantized weight types Q4_0, Q4_K, Q5_K, Q6_K (kvk_quant.c, the
- * scalar reference and block formats; kvk_matmul_kq_avx2.c, the AVX2 kernels). kernels/ only.
+ * scalar reference and block formats; kvk_matmul_kq_avx2.c, the AVX2 kernels;
+ * kvk_matmul_kq_avx512.c, AVX-512 + VNNI). kernels/ only.
  *
  * Block layouts are GGML's, byte for byte (docs/gguf.md), so a llama.cpp file loads:
  *   Q4_0 (32 values, 18 B): f16 d; u8 qs[16]. v[i] = d * ((qs[i] & 15) - 8),
@@ -70,6 +71,10 @@ void kvk_kq_matmul_scalar(enum kvk_wtype wt, float *y, size_t ldy, const void *w
 #if defined(__x86_64__) || defined(__i386__)
 void kvk_kq_matmul_avx2(enum kvk_wtype wt, float *y, size_t ldy, const void *w, size_t n, size_t r0,
 			size_t r1, const void *act, size_t ntok);
+/* AVX-512 + VNNI (kvk_matmul_kq_avx512.c): every type above; -ENOTSUP (nothing written) for
+ * any other, which the caller then runs on the AVX2 kernels. */
+int kvk_kq_matmul_avx512(enum kvk_wtype wt, float *y, size_t ldy, const void *w, size_t n,
+			 size_t r0, size_t r1, const void *act, size_t ntok);
 #endif
 
 #endif

@@ -275,6 +275,56 @@ static void test_chunk_invariance(void **st)
 		}
 }
 
+/* A Q4_K_M file (Q4_K and Q6_K matmuls: the AVX-512 panel kernels where the CPU has them)
+ * gives the same logits whatever the prefill chunk and thread count, and through decode. */
+static void test_chunk_invariance_q4km(void **st)
+{
+	(void)st;
+	const char *bd = getenv("KVFS_BUILD_DIR");
+	if (!bd) {
+		print_message("KVFS_BUILD_DIR not set (run through ctest): skipped\n");
+		skip();
+	}
+	enum { N = 80 };
+	char path[64] = "/tmp/test_fwd_q4km_XXXXXX", cmd[512], err[256];
+	int fd = mkstemp(path);
+	assert_true(fd >= 0);
+	close(fd);
+	snprintf(cmd, sizeof(cmd),
+		 "%s/tools/kvinfer-synth --preset small --type q4_k_m --seed 5 -o %s >/dev/null",
+		 bd, path);
+	assert_int_equal(system(cmd), 0);
+	struct kvi_model *m = NULL;
+	int rc = kvi_model_load(path, &m, err, sizeof(err));
+	unlink(path);
+	if (rc)
+		fail_msg("q4_k_m: %s", err);
+	int V = m->cfg.n_vocab;
+	int32_t tok[N];
+	ref_tokens(tok, N, V, 11);
+	size_t bb = (size_t)m->cfg.n_layer * 2 * 16 * m->cfg.n_head_kv * m->cfg.head_dim * 2;
+	float *l0 = malloc(V * 4), *l1 = malloc(V * 4);
+	uint8_t *k0 = malloc(bb * (N / 16)), *k1 = malloc(bb * (N / 16));
+	run_prefill(m, tok, N, 64, 1, l0, k0);
+	const int chunks[] = {1, 9, 80};
+	const int threads[] = {2, 2, 1};
+	for (int i = 0; i < 3; i++) {
+		run_prefill(m, tok, N, chunks[i], threads[i], l1, k1);
+		assert_memory_equal(l0, l1, (size_t)V * 4);
+		assert_memory_equal(k0, k1, bb * (N / 16));
+	}
+	struct kvi_engine *e = engine(m, 2, 64, 16, 0);
+	struct kvi_seq *s;
+	assert_int_equal(kvi_seq_create(kvi_engine_kv(e), &s), 0);
+	assert_int_equal(kvi_engine_prefill(e, s, tok, N - 1, NULL), 0);
+	assert_int_equal(kvi_engine_decode(e, &s, &tok[N - 1], 1, l1), 0);
+	assert_memory_equal(l0, l1, (size_t)V * 4);
+	kvi_seq_destroy(s);
+	kvi_engine_destroy(e);
+	free(l0), free(l1), free(k0), free(k1);
+	kvi_model_free(m);
+}
+
 /* Three sequences decoded in one batch give the logits each gets alone. */
 static void test_decode_batch(void **st)
 {
@@ -733,15 +783,25 @@ static void test_f16_conversion(void **st)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_f16_conversion),  cmocka_unit_test(test_matmul_invariance),
-	    cmocka_unit_test(test_f16_pack),	    cmocka_unit_test(test_act_prepare_q8),
-	    cmocka_unit_test(test_attn_runs),	    cmocka_unit_test(test_cli_logits),
-	    cmocka_unit_test(test_ref_f32),	    cmocka_unit_test(test_ref_f16),
-	    cmocka_unit_test(test_ref_bf16),	    cmocka_unit_test(test_ref_q8_0),
-	    cmocka_unit_test(test_ref_synth_quant), cmocka_unit_test(test_chunk_invariance),
-	    cmocka_unit_test(test_decode_batch),    cmocka_unit_test(test_kv_export_import),
-	    cmocka_unit_test(test_fork_cow),	    cmocka_unit_test(test_greedy_deterministic),
-	    cmocka_unit_test(test_errors),	    cmocka_unit_test(test_inject),
+	    cmocka_unit_test(test_f16_conversion),
+	    cmocka_unit_test(test_matmul_invariance),
+	    cmocka_unit_test(test_f16_pack),
+	    cmocka_unit_test(test_act_prepare_q8),
+	    cmocka_unit_test(test_attn_runs),
+	    cmocka_unit_test(test_cli_logits),
+	    cmocka_unit_test(test_ref_f32),
+	    cmocka_unit_test(test_ref_f16),
+	    cmocka_unit_test(test_ref_bf16),
+	    cmocka_unit_test(test_ref_q8_0),
+	    cmocka_unit_test(test_ref_synth_quant),
+	    cmocka_unit_test(test_chunk_invariance),
+	    cmocka_unit_test(test_chunk_invariance_q4km),
+	    cmocka_unit_test(test_decode_batch),
+	    cmocka_unit_test(test_kv_export_import),
+	    cmocka_unit_test(test_fork_cow),
+	    cmocka_unit_test(test_greedy_deterministic),
+	    cmocka_unit_test(test_errors),
+	    cmocka_unit_test(test_inject),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
