@@ -233,6 +233,7 @@ void *hb_main(void *arg)
 			c = NULL;
 		if (c) {
 			heartbeat_all(c);
+			atomic_fetch_add(&g_nodes.rounds, 1);
 			if (!kvp_client_alive(c)) {
 				kvp_client_close(c);
 				c = NULL;
@@ -242,6 +243,15 @@ void *hb_main(void *arg)
 	}
 	kvp_client_close(c);
 	return NULL;
+}
+
+void hb_wait_round(void)
+{
+	/* The round in progress may have read g_nodes before the change: wait for two ends. */
+	unsigned r0 = atomic_load(&g_nodes.rounds);
+	for (int i = 0; i < 2000 && atomic_load(&g_nodes.rounds) < r0 + 2; i++)
+		sleep_ms(10);
+	assert_true(atomic_load(&g_nodes.rounds) >= r0 + 2);
 }
 
 /* ---- client-side wrappers for the ops ---- */

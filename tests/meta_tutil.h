@@ -59,10 +59,14 @@ struct nodes_state {
 	uint32_t id[NNODES];
 	char addr[64];
 	atomic_int stop;
+	atomic_uint rounds; /* hb_main's finished heartbeat rounds */
 	struct daemon *d;
 };
 extern struct nodes_state g_nodes;
 void *hb_main(void *arg);
+/* Waits (up to 20 s) until a heartbeat round that started after the call has finished, so
+ * what was set in g_nodes before it has reached meta; a fixed sleep did not, under load. */
+void hb_wait_round(void);
 int heartbeat(struct kvp_client *c, uint64_t uuid, const char *addr, uint64_t cap, uint64_t used,
 	      uint32_t *id);
 /* As heartbeat, with zone label zone (NULL or "": none sent). */

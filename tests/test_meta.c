@@ -258,7 +258,7 @@ static void test_alloc_placement(void **state)
 	for (int i = 0; i < NNODES; i++)
 		g_nodes.used[i] = i < 6 ? 99 * GIB : (i < 8 ? 100 * GIB : 0);
 	pthread_mutex_unlock(&g_nodes.mu);
-	sleep_ms(400); /* a heartbeat round */
+	hb_wait_round();
 	assert_int_equal(alloc_(g_c, 3, 1, 1u << 20, 200, &a), 0);
 	memset(count, 0, sizeof(count));
 	for (size_t i = 0; i < (size_t)200 * a.width; i++)
@@ -284,17 +284,17 @@ static void test_alloc_placement(void **state)
 	for (int i = 0; i < NNODES; i++)
 		g_nodes.used[i] = 0;
 	pthread_mutex_unlock(&g_nodes.mu);
-	sleep_ms(400);
+	hb_wait_round();
 }
 
-/* Sets the fake nodes' zone labels (NULL entries: none) and waits for a heartbeat round. */
+/* Sets the fake nodes' zone labels (NULL entries: none) and waits until meta has them. */
 static void set_zones(const char *const *zones)
 {
 	pthread_mutex_lock(&g_nodes.mu);
 	for (int i = 0; i < NNODES; i++)
 		snprintf(g_nodes.zone[i], sizeof(g_nodes.zone[i]), "%s", zones ? zones[i] : "");
 	pthread_mutex_unlock(&g_nodes.mu);
-	sleep_ms(400);
+	hb_wait_round();
 }
 
 /* Largest number of one stripe's chunks in one zone, over every stripe of a; zone_of maps a
