@@ -567,6 +567,7 @@ int kvinfer_cmd_bench(int argc, char **argv)
 	}
 	double td = 0, cd = proc_cpu(), sr0 = 0, sw0 = 0;
 	int have_sched = !sched_times(&sr0, &sw0);
+	double tall = kvinfer_now(); /* the schedstat window: decode steps and the argmaxes */
 	struct kvi_pool_stats ps0 = {0}, ps1 = {0};
 	if (e.cpu)
 		kvi_engine_pool_stats(e.cpu, &ps0);
@@ -586,6 +587,7 @@ int kvinfer_cmd_bench(int argc, char **argv)
 	cd = (proc_cpu() - cd) / threads; /* includes the argmax between steps */
 	double sr1 = 0, sw1 = 0;
 	have_sched = have_sched && !sched_times(&sr1, &sw1);
+	tall = kvinfer_now() - tall;
 	if (e.cpu)
 		kvi_engine_pool_stats(e.cpu, &ps1);
 	size_t wbytes = weight_bytes(m);
@@ -612,14 +614,17 @@ int kvinfer_cmd_bench(int argc, char **argv)
 		    (long long)bc.gen, td, bc.gen / td, bc.gen / cd, roof, rd, read2,
 		    100 * (bc.gen / td) / roof);
 		/* where the threads' wall time went: why the wall rate falls short of the CPU-time
-		 * rate (the argmax between steps is inside the schedstat window, not in td) */
-		double tw = td * threads, rn = sr1 - sr0, wt = sw1 - sw0;
+		 * rate. Over the schedstat window (decode steps and the argmax between them); the
+		 * rate without the run queue takes the window's mean wait off td */
+		double tw = tall * threads, rn = sr1 - sr0, wt = sw1 - sw0;
 		if (have_sched && tw > 0)
 			printf("  decode thread time: %.0f%% on a CPU, %.0f%% waiting for a CPU "
 			       "(run queue), %.0f%% asleep; wall rate with no run-queue wait %.2f "
 			       "tok/s\n",
 			       100 * rn / tw, 100 * wt / tw, 100 * (tw - rn - wt) / tw,
-			       bc.gen / (td - wt / threads > 0 ? td - wt / threads : td));
+			       bc.gen / (td - td / tall * wt / threads > 0
+					     ? td - td / tall * wt / threads
+					     : td));
 		if (e.cpu && threads > 1)
 			printf("  decode thread pool: %.1f jobs per token, the caller waiting for "
 			       "workers after its own shares %.0f%% of the wall time\n",
