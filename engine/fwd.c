@@ -399,6 +399,11 @@ const char *kvi_engine_isa(const struct kvi_engine *e)
 	return kvk_isa_name(e->isa);
 }
 
+void kvi_engine_pool_stats(const struct kvi_engine *e, struct kvi_pool_stats *st)
+{
+	kvi_pool_stats(e->pool, st);
+}
+
 /* ---- parallel jobs --------------------------------------------------------------------- */
 
 /* Up to three matrices sharing one input (Q/K/V, gate/up). Each thread takes its share of

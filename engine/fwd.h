@@ -60,6 +60,9 @@ const struct kvi_config *kvi_engine_config(const struct kvi_engine *e);
 const struct kvi_engine_opts *kvi_engine_opts(const struct kvi_engine *e);
 /* Name of the matmul ISA in use ("avx512", "avx2", "scalar"). */
 const char *kvi_engine_isa(const struct kvi_engine *e);
+/* The engine's thread pool's counters (pool.h), for benchmarks. */
+struct kvi_pool_stats;
+void kvi_engine_pool_stats(const struct kvi_engine *e, struct kvi_pool_stats *st);
 
 /* Appends n tokens to seq (positions len .. len+n-1), in passes of up to max_batch_tokens.
  * If logits_last != NULL it receives the n_vocab logits after the last token. n >= 1.

@@ -7,6 +7,7 @@
  * The model comes from a GGUF file (-m) or is built in memory with random weights at a named
  * shape (--shape qwen2-0.5b|llama-1b --type f16|q8_0|bf16|f32), which needs no file. */
 #define KVFS_LOG_TAG "bench"
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -302,6 +303,37 @@ static double proc_cpu(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* Sums /proc/self/task/<tid>/schedstat over this process's threads: *run = seconds on a CPU,
+ * *wait = seconds runnable but waiting for one (others' work, or our own threads outnumbering
+ * the cores). Wall time x threads minus both is time asleep (the pool's workers idle between
+ * jobs, the caller yielding). Returns 0, or -1 where the kernel has no schedstat. */
+static int sched_times(double *run, double *wait)
+{
+	*run = *wait = 0;
+	DIR *d = opendir("/proc/self/task");
+	if (!d)
+		return -1;
+	struct dirent *de;
+	int n = 0;
+	while ((de = readdir(d))) {
+		if (de->d_name[0] == '.')
+			continue;
+		char path[64];
+		snprintf(path, sizeof(path), "/proc/self/task/%.20s/schedstat", de->d_name);
+		FILE *f = fopen(path, "r");
+		unsigned long long r = 0, w = 0;
+		if (f && fscanf(f, "%llu %llu", &r, &w) == 2) {
+			*run += (double)r * 1e-9;
+			*wait += (double)w * 1e-9;
+			n++;
+		}
+		if (f)
+			fclose(f);
+	}
+	closedir(d);
+	return n ? 0 : -1;
+}
+
 static double loadavg(void)
 {
 	double l = -1;
@@ -533,7 +565,12 @@ int kvinfer_cmd_bench(int argc, char **argv)
 		fprintf(stderr, "kvinfer bench: prefill: %s\n", strerror(-rc));
 		goto out;
 	}
-	double td = 0, cd = proc_cpu();
+	double td = 0, cd = proc_cpu(), sr0 = 0, sw0 = 0;
+	int have_sched = !sched_times(&sr0, &sw0);
+	double tall = kvinfer_now(); /* the schedstat window: decode steps and the argmaxes */
+	struct kvi_pool_stats ps0 = {0}, ps1 = {0};
+	if (e.cpu)
+		kvi_engine_pool_stats(e.cpu, &ps0);
 	for (int64_t i = 0; i < bc.gen; i++) {
 		int32_t t = 0;
 		for (int v = 1; v < c->n_vocab; v++)
@@ -548,6 +585,11 @@ int kvinfer_cmd_bench(int argc, char **argv)
 		}
 	}
 	cd = (proc_cpu() - cd) / threads; /* includes the argmax between steps */
+	double sr1 = 0, sw1 = 0;
+	have_sched = have_sched && !sched_times(&sr1, &sw1);
+	tall = kvinfer_now() - tall;
+	if (e.cpu)
+		kvi_engine_pool_stats(e.cpu, &ps1);
 	size_t wbytes = weight_bytes(m);
 	printf("model: %s (%s), %d layers, embd %d, ff %d, vocab %d, %.2f GB of matmul weights; "
 	       "engine %s\n",
@@ -571,6 +613,23 @@ int kvinfer_cmd_bench(int argc, char **argv)
 		    "after %.2f, / weight bytes): %.0f%% of it\n",
 		    (long long)bc.gen, td, bc.gen / td, bc.gen / cd, roof, rd, read2,
 		    100 * (bc.gen / td) / roof);
+		/* where the threads' wall time went: why the wall rate falls short of the CPU-time
+		 * rate. Over the schedstat window (decode steps and the argmax between them); the
+		 * rate without the run queue takes the window's mean wait off td */
+		double tw = tall * threads, rn = sr1 - sr0, wt = sw1 - sw0;
+		if (have_sched && tw > 0)
+			printf("  decode thread time: %.0f%% on a CPU, %.0f%% waiting for a CPU "
+			       "(run queue), %.0f%% asleep; wall rate with no run-queue wait %.2f "
+			       "tok/s\n",
+			       100 * rn / tw, 100 * wt / tw, 100 * (tw - rn - wt) / tw,
+			       bc.gen / (td - td / tall * wt / threads > 0
+					     ? td - td / tall * wt / threads
+					     : td));
+		if (e.cpu && threads > 1)
+			printf("  decode thread pool: %.1f jobs per token, the caller waiting for "
+			       "workers after its own shares %.0f%% of the wall time\n",
+			       (double)(ps1.jobs - ps0.jobs) / (double)bc.gen,
+			       100 * (ps1.wait_s - ps0.wait_s) / td);
 	}
 	printf("load average at the end: %.1f (others' work on the machine lowers wall-clock "
 	       "figures)\n",

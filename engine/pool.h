@@ -28,6 +28,17 @@ void kvi_pool_destroy(struct kvi_pool *p);
 int kvi_pool_size(const struct kvi_pool *p); /* threads */
 void kvi_pool_run(struct kvi_pool *p, kvi_pool_fn fn, void *arg);
 
+/* What the pool has done since it was created, for benchmarks: jobs = kvi_pool_run calls,
+ * shares = fn calls (jobs x nshares when every job ran whole), wait_s = seconds the caller spent
+ * after running the shares it could take, waiting for workers to finish theirs (a worker still
+ * waking, descheduled, or given the larger share). Counted only with workers (nthreads > 1).
+ * Read by the pool's single caller between runs. */
+struct kvi_pool_stats {
+	unsigned long long jobs, shares;
+	double wait_s;
+};
+void kvi_pool_stats(const struct kvi_pool *p, struct kvi_pool_stats *st);
+
 /* [*lo, *hi) = part tid of n items split into nthreads contiguous parts whose boundaries are
  * multiples of align (except the end). */
 void kvi_pool_split(long n, int tid, int nthreads, long align, long *lo, long *hi);
