@@ -1127,49 +1127,28 @@ void mraft_stop(struct mraft *r)
 
 /* ---- building the undo of a batch: the before-image of every key it touches ---- */
 
-/* The point keys of a batch are read in groups of UNDO_GET with one rocksdb_multi_get (one
- * read view and version reference per group, not per key: a COMMIT touches ~15 keys, a BFILL
- * ~7,700). */
-#define UNDO_GET 256
-
 struct undo_ctx {
 	struct mraft *r;
 	rocksdb_writebatch_t *undo;
 	int rc;
-	size_t nk;
-	const char *k[UNDO_GET];
-	size_t kl[UNDO_GET];
 };
-
-/* Reads the before-images of the keys collected so far into the undo batch. */
-static void undo_flush(struct undo_ctx *u)
-{
-	char *v[UNDO_GET], *err[UNDO_GET];
-	size_t vl[UNDO_GET];
-	if (!u->nk)
-		return;
-	rocksdb_multi_get(u->r->o.db, u->r->ro, u->nk, u->k, u->kl, v, vl, err);
-	for (size_t i = 0; i < u->nk; i++) {
-		if (err[i]) {
-			if (!u->rc)
-				klog_error("rocksdb get (undo): %s", err[i]);
-			rocksdb_free(err[i]);
-			u->rc = -EIO;
-		} else if (v[i])
-			rocksdb_writebatch_put(u->undo, u->k[i], u->kl[i], v[i], vl[i]);
-		else
-			rocksdb_writebatch_delete(u->undo, u->k[i], u->kl[i]);
-		rocksdb_free(v[i]);
-	}
-	u->nk = 0;
-}
 
 static void undo_key_of(struct undo_ctx *u, const char *k, size_t kl)
 {
-	u->k[u->nk] = k;
-	u->kl[u->nk++] = kl;
-	if (u->nk == UNDO_GET)
-		undo_flush(u);
+	char *err = NULL;
+	size_t vl;
+	char *v = rocksdb_get(u->r->o.db, u->r->ro, k, kl, &vl, &err);
+	if (err) {
+		klog_error("rocksdb get (undo): %s", err);
+		rocksdb_free(err);
+		u->rc = -EIO;
+		return;
+	}
+	if (v)
+		rocksdb_writebatch_put(u->undo, k, kl, v, vl);
+	else
+		rocksdb_writebatch_delete(u->undo, k, kl);
+	rocksdb_free(v);
 }
 
 static int varint(const uint8_t **p, const uint8_t *end, uint64_t *v)
@@ -1218,7 +1197,6 @@ static int undo_build(struct undo_ctx *u, const char *data, size_t len)
 		} else if (t == 0xF) { /* DeleteRange: every key now in [k, e) */
 			if (slice(&p, end, &k, &kl) || slice(&p, end, &e, &el))
 				return -EINVAL;
-			undo_flush(u);
 			rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
 			rocksdb_readoptions_set_iterate_upper_bound(ro, e, el);
 			rocksdb_iterator_t *it = rocksdb_create_iterator(u->r->o.db, ro);
@@ -1243,7 +1221,6 @@ static int undo_build(struct undo_ctx *u, const char *data, size_t len)
 			return -EINVAL;
 		}
 	}
-	undo_flush(u);
 	return u->rc;
 }
 
