@@ -5,7 +5,10 @@
  * index) and hold fewer entries in memory than its log has, with at most the byte threshold
  * plus one entry applied since its last snapshot. libraft triggers snapshots by entry count
  * only, so without the byte trigger no replica snapshots here and each holds its whole log.
- * Then `kvfs meta status` given one follower's address alone shows all three replicas. */
+ * Then `kvfs meta status` given one follower's address alone shows all three replicas, and the
+ * replica started with --raft-snapshot-compress=false stored its snapshots as they are while
+ * the others stored LZ4 frames (libraft's default). */
+#include <dirent.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -130,14 +133,49 @@ static void bfill(struct kvp_client *c, int batch)
 		fail_msg("BFILL batch %d: %s", batch, kvp_strerror(rc));
 }
 
+/* How many of replica i's snapshot data files (libraft's snapshot-TERM-INDEX-TIME, beside
+ * its .meta) begin with the 4 or 8 bytes magic: KVMSNAP1 stored as it is, or an LZ4 frame. */
+static int snap_files(int i, const char *magic)
+{
+	char d[600];
+	snprintf(d, sizeof(d), "%s/raft%d", G.dir, i + 1);
+	DIR *dir = opendir(d);
+	if (!dir)
+		return -1;
+	size_t ml = strlen(magic);
+	int n = 0;
+	struct dirent *de;
+	while ((de = readdir(dir))) {
+		size_t l = strlen(de->d_name);
+		if (strncmp(de->d_name, "snapshot-", 9) ||
+		    (l > 5 && !strcmp(de->d_name + l - 5, ".meta")))
+			continue;
+		char f[900], head[8];
+		snprintf(f, sizeof(f), "%s/%s", d, de->d_name);
+		FILE *fp = fopen(f, "rb");
+		if (fp && fread(head, 1, ml, fp) == ml && !memcmp(head, magic, ml))
+			n++;
+		if (fp)
+			fclose(fp);
+	}
+	closedir(dir);
+	return n;
+}
+
 static void test_snapshot_by_bytes(void **state)
 {
 	(void)state;
 	assert_int_equal(kvh_raft_init(&G, "/tmp/kvfs-raftsnap-XXXXXX", NREP), 0);
-	const char *extra[] = {"--bench-fill", "--raft-snapshot-bytes",
-			       "256K",	       "--raft-snapshot-every",
-			       "100000",       NULL};
+	/* The last replica stores its snapshots as they are, the others LZ4-compressed. */
+	const char *extra[] = {"--bench-fill",
+			       "--raft-snapshot-bytes",
+			       "256K",
+			       "--raft-snapshot-every",
+			       "100000",
+			       NULL,
+			       NULL};
 	for (int i = 0; i < NREP; i++) {
+		extra[5] = i == NREP - 1 ? "--raft-snapshot-compress=false" : NULL;
 		g_mpid[i] = kvh_raft_spawn(&G, i, extra);
 		assert_true(g_mpid[i] > 0);
 	}
@@ -227,6 +265,14 @@ static void test_snapshot_by_bytes(void **state)
 	kvp_pool_destroy(pool);
 	for (int i = 0; i < NREP; i++)
 		kvh_stop_pid(g_mpid[i], SIGTERM, 5000);
+	for (int i = 0; i < NREP; i++) {
+		int raw = snap_files(i, "KVMSNAP1"), lz4 = snap_files(i, "\x04\x22\x4d\x18");
+		printf("replica %d: %d snapshot files as they are, %d LZ4 frames\n", i + 1, raw,
+		       lz4);
+		if (i == NREP - 1 ? raw < 1 || lz4 : lz4 < 1 || raw)
+			fail_msg("replica %d: %d snapshots stored as they are, %d compressed",
+				 i + 1, raw, lz4);
+	}
 	if (!getenv("KVFS_TEST_KEEP"))
 		kvh_sh("rm -rf %s", G.dir);
 }

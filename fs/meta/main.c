@@ -113,6 +113,8 @@ static const struct cfg_opt opts[] = {
     {"raft-snapshot-bytes", CFG_SIZE, F(o.raft_snapshot_bytes), 0, 1e12, "64M",
      "... or once the Raft entries since the last snapshot hold this many bytes (libraft "
      "keeps them all in memory until then; 0: by --raft-snapshot-every only)"},
+    {"raft-snapshot-compress", CFG_BOOL, F(o.raft_snapshot_compress), 0, 0, "true",
+     "libraft stores snapshots LZ4-compressed (its default); false: as they are"},
     {"bench-fill", CFG_BOOL, F(o.bench_fill), 0, 0, "false",
      "BENCHMARKS ONLY: accept BFILL, which fills the namespace with files whose chunks no "
      "node holds (kvfs-meta-bench --grow); never on a cache that serves data"},

@@ -119,6 +119,7 @@ static int meta_raft_start(struct meta *m)
 				.snapshot_every = (unsigned)m->o.raft_snapshot_every,
 				.snapshot_bytes = m->o.raft_snapshot_bytes,
 				.join = m->o.raft_join,
+				.no_compress = !m->o.raft_snapshot_compress,
 				.on_lead = meta_lead,
 				.ctx = m};
 	return mraft_start(&ro, &m->raft);

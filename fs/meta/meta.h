@@ -71,6 +71,7 @@ struct meta_opts {
 	int64_t raft_snapshot_every;  /* entries between snapshots (log compaction) */
 	uint64_t raft_snapshot_bytes; /* ... or bytes of entries between them; 0 = by count only */
 	int raft_join;		      /* joins a running group (kvfs meta add): no bootstrap */
+	int raft_snapshot_compress;   /* libraft stores snapshots LZ4-compressed */
 	/* Benchmarks only: accept BFILL (kvp.h), which creates files that own chunks no node
 	 * holds. Never on a cache that serves data. */
 	int bench_fill;

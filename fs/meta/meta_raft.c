@@ -1026,6 +1026,8 @@ int mraft_start(const struct mraft_opts *o, struct mraft **out)
 	rc = raft_uv_tcp_init(&r->tr, &r->loop);
 	if (!rc && (step = "log", 1))
 		rc = raft_uv_init(&r->io, &r->loop, o->dir, &r->tr);
+	if (!rc && o->no_compress && (step = "snapshot compression", 1))
+		rc = raft_uv_set_snapshot_compression(&r->io, false);
 	/* Snapshots serialised off the loop thread where libraft's I/O can run work
 	 * (async_work, an io version 2 field), else on it. libraft 0.15's raft_uv_init sets
 	 * async_work but says version 1, and raft_init refuses an async fsm on version 1: the

@@ -46,6 +46,9 @@ struct mraft_opts {
 	 * large (docs/meta.md, "Snapshots and log compaction"). 0 = by entry count only. */
 	uint64_t snapshot_bytes;
 	int join; /* a new replica of a running group: no bootstrap, it waits to be added */
+	/* libraft stores snapshots uncompressed (its default is LZ4, a second copy of the
+	 * database in memory while it compresses; docs/meta.md) */
+	int no_compress;
 	/* Called on the watcher thread when this replica becomes leader and has applied every
 	 * earlier entry; 0, or a negative errno: not serving, tried again after a while. */
 	int (*on_lead)(void *ctx);
