@@ -113,22 +113,37 @@ static int grow(struct kvc_writer *w, uint64_t need)
 	return 0;
 }
 
-ssize_t kvc_write(struct kvc_writer *w, const void *buf, size_t len, uint64_t off)
+ssize_t kvc_write_fill(struct kvc_writer *w, uint64_t off, size_t len, kvc_fill_fn fill, void *arg)
 {
 	if (len == 0)
 		return 0;
 	if (off > UINT64_MAX - len)
 		return -EFBIG;
-	uint64_t end = off + len;
-	int rc = grow(w, end);
+	int rc = grow(w, off + len);
 	if (rc)
 		return rc;
 	if (off > w->size)
 		memset(w->buf + w->size, 0, off - w->size);
-	memcpy(w->buf + off, buf, len);
-	if (end > w->size)
-		w->size = end;
+	ssize_t n = fill(arg, w->buf + off, len);
+	if (n < 0)
+		return n;
+	if ((size_t)n > len)
+		return -EIO;
+	/* A hole before a short or failed fill stays a hole: the size grows only past data. */
+	if (n > 0 && off + (uint64_t)n > w->size)
+		w->size = off + (uint64_t)n;
+	return n;
+}
+
+static ssize_t fill_copy(void *arg, void *dst, size_t len)
+{
+	memcpy(dst, arg, len);
 	return (ssize_t)len;
+}
+
+ssize_t kvc_write(struct kvc_writer *w, const void *buf, size_t len, uint64_t off)
+{
+	return kvc_write_fill(w, off, len, fill_copy, (void *)buf);
 }
 
 int kvc_writer_truncate(struct kvc_writer *w, uint64_t size)
