@@ -98,11 +98,19 @@ static int grow(struct kvc_writer *w, uint64_t need)
 	uint64_t ncap = w->cap * 2 > need ? w->cap * 2 : need;
 	if (ncap < 65536)
 		ncap = 65536;
+	/* Whole MiB past 512 KiB: a 2 MiB file in 1020 KiB FUSE writes (a spliced mount's
+	 * max_write) takes 1, then 2 MiB; doubling took 4 MiB for its last 8 KiB. */
+	if (ncap > (512u << 10))
+		ncap = (ncap + (1u << 20) - 1) & ~(uint64_t)((1u << 20) - 1);
 	if (ncap > c->max_file)
 		ncap = c->max_file;
+	/* Where the generous size passes the budget, the exact one may still fit. */
+	if (budget_take(c, ncap - w->cap)) {
+		if (ncap == need || budget_take(c, need - w->cap))
+			return -ENOMEM;
+		ncap = need;
+	}
 	uint64_t add = ncap - w->cap;
-	if (budget_take(c, add))
-		return -ENOMEM;
 	uint8_t *nb = realloc(w->buf, ncap);
 	if (!nb) {
 		budget_release(c, add, 0);
