@@ -239,9 +239,9 @@ void mnt_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fus
  * until another file's commit or abort gives buffer memory back (kvc_buffer_wait: a condition,
  * no polling), up to MNT_BUFFER_WAIT_MS in all, then answers ENOSPC. */
 #define MNT_BUFFER_WAIT_MS 10000
-/* FUSE's write_buf: the data may still be in a pipe (libfuse spliced the request out of
- * /dev/fuse, FUSE_CAP_SPLICE_READ) and is read from it straight into the file's buffer: one
- * copy of the bytes in this process, not two (docs/mount.md, "Writes"). */
+/* FUSE's write_buf: the data is in libfuse's buffer, or with --splice-write still in a pipe
+ * (libfuse spliced the request out of /dev/fuse, FUSE_CAP_SPLICE_READ), and is copied once,
+ * straight into the file's buffer (kvc_write_fill). */
 void mnt_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv, off_t off,
 		   struct fuse_file_info *fi);
 void mnt_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
