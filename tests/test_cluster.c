@@ -607,6 +607,27 @@ static void test_buffer_wait(void **state)
 	kvc_close(c);
 }
 
+/* A writer's buffer grows in whole MiB past 512 KiB, but never fails for it: a 600 KiB file
+ * under a 700 KiB budget gets exactly what it needs. */
+static void test_buffer_exact_fit(void **state)
+{
+	(void)state;
+	NEED_CLUSTER();
+	struct kvc_opts o = {
+	    .meta_addr = g_cl.meta_addr, .secret = &g_cl.secret, .max_buffered = 700 << 10};
+	struct kvc *c;
+	assert_int_equal(kvc_open(&o, &c), 0);
+	static uint8_t buf[600 << 10];
+	rt_fill8(buf, sizeof(buf), 78);
+	struct kvc_writer *w;
+	assert_int_equal(kvc_create(c, KVP_ROOT_INO, "bw-exact", 0644, 0, &w), 0);
+	assert_int_equal(kvc_write(w, buf, 300 << 10, 0), 300 << 10);
+	assert_int_equal(kvc_write(w, buf + (300 << 10), 300 << 10, 300 << 10), 300 << 10);
+	assert_int_equal(kvc_commit(w, NULL), 0);
+	assert_int_equal(check_file(c, "/bw-exact", sizeof(buf), 78), 0);
+	kvc_close(c);
+}
+
 static void test_degraded_edges(void **state)
 {
 	(void)state;
@@ -930,6 +951,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_namespace),
 	    cmocka_unit_test(test_buffer_wait),
+	    cmocka_unit_test(test_buffer_exact_fit),
 	    cmocka_unit_test(test_sequential_windows),
 	    cmocka_unit_test(test_many_files_and_degraded),
 	    cmocka_unit_test(test_meta_kill_during_writes),

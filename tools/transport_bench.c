@@ -2,9 +2,11 @@
  * and one kvp_client on loopback, N calls each sending 1 MiB and answered with 1 MiB, with the
  * default TLS transport and with the insecure plaintext one, ROUNDS rounds alternating.
  * Prints the process's CPU time (user + system, both ends) and wall time per mode; the CPU
- * figure holds even on a loaded machine, the wall one does not.
+ * figure holds even on a loaded machine, the wall one does not. SIZE: bytes each way instead of
+ * 1 MiB; "put": the answer is empty, as a chunk PUT's (208 KiB up: a 2 MiB file's chunk);
+ * "get": the request is 16 bytes, as a chunk GET's.
  *
- *   build/tools/kvfs-transport-bench [CALLS=1000] [ROUNDS=3] */
+ *   build/tools/kvfs-transport-bench [CALLS=1000] [ROUNDS=3] [SIZE=1M bytes] [put|get] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,9 +16,11 @@
 
 #define MIB (1u << 20)
 
+static uint32_t g_size = MIB, g_up = MIB, g_down = MIB; /* bytes up and down per call */
+
 static int echo(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, uint8_t *body)
 {
-	kvp_reply(c, h, 0, NULL, 0, ctx, MIB);
+	kvp_reply(c, h, 0, NULL, 0, ctx, g_down);
 	free(body);
 	return 0;
 }
@@ -52,8 +56,8 @@ static int run(int plain, int calls, uint8_t *blob, double *cpu, double *wall)
 	for (int i = 0; i < calls && !rc; i++) {
 		uint8_t *b = NULL;
 		uint32_t len = 0;
-		rc = kvp_call(c, 0x10, NULL, 0, blob, MIB, 10000, &b, &len);
-		if (!rc && len != MIB)
+		rc = kvp_call(c, 0x10, NULL, 0, blob, g_up, 10000, &b, &len);
+		if (!rc && len != g_down)
 			rc = -1;
 		free(b);
 	}
@@ -67,14 +71,19 @@ static int run(int plain, int calls, uint8_t *blob, double *cpu, double *wall)
 int main(int argc, char **argv)
 {
 	int calls = argc > 1 ? atoi(argv[1]) : 1000, rounds = argc > 2 ? atoi(argv[2]) : 3;
-	if (calls < 1 || rounds < 1) {
-		fprintf(stderr, "usage: kvfs-transport-bench [CALLS] [ROUNDS]\n");
+	long size = argc > 3 ? atol(argv[3]) : MIB;
+	if (calls < 1 || rounds < 1 || size < 1 || size > 8 * MIB) {
+		fprintf(stderr, "usage: kvfs-transport-bench [CALLS] [ROUNDS] [SIZE] [put|get]\n");
 		return 2;
 	}
-	uint8_t *blob = malloc(MIB);
+	g_size = (uint32_t)size;
+	const char *shape = argc > 4 ? argv[4] : "";
+	g_down = !strcmp(shape, "put") ? 0 : g_size;
+	g_up = !strcmp(shape, "get") ? 16 : g_size;
+	uint8_t *blob = malloc(g_size);
 	if (!blob)
 		return 1;
-	for (unsigned i = 0; i < MIB; i++)
+	for (unsigned i = 0; i < g_size; i++)
 		blob[i] = (uint8_t)(i * 131);
 	double best_cpu[2] = {1e9, 1e9}, best_wall[2] = {1e9, 1e9};
 	for (int r = 0; r < rounds; r++) {
@@ -95,8 +104,9 @@ int main(int argc, char **argv)
 				best_wall[plain] = wall;
 		}
 	}
-	double bytes = 2.0 * calls * MIB;
-	printf("%d calls x (1 MiB up + 1 MiB down), best of %d rounds:\n", calls, rounds);
+	double bytes = (double)calls * (g_up + g_down);
+	printf("%d calls x (%u B up + %u B down), best of %d rounds:\n", calls, g_up, g_down,
+	       rounds);
 	for (int plain = 0; plain < 2; plain++)
 		printf("%-9s cpu %.2f s (%.2f ns/byte both ends)  wall %.2f s (%.0f MiB/s)\n",
 		       plain ? "plaintext" : "TLS", best_cpu[plain], best_cpu[plain] / bytes * 1e9,

@@ -121,6 +121,14 @@ int kvc_create(struct kvc *c, uint64_t parent, const char *name, uint32_t mode, 
 /* Copies len bytes at offset off (holes read as zeros). -EFBIG past max_file, -ENOMEM when the
  * process-wide buffer budget is exhausted. */
 ssize_t kvc_write(struct kvc_writer *w, const void *buf, size_t len, uint64_t off);
+/* As kvc_write, but the bytes are produced straight into the writer's buffer, so a caller whose
+ * data is not in memory yet (kvfs-mount: a FUSE write spliced into a pipe) copies it once, not
+ * into a buffer of its own first. fill(arg, dst, len) writes up to len bytes at dst and
+ * returns how many, or a negative errno; it is called only once room for all len is taken
+ * (after -EFBIG or -ENOMEM nothing was consumed: the caller may retry with the same source).
+ * Returns what fill returned; a short fill extends the file only by the bytes filled. */
+typedef ssize_t (*kvc_fill_fn)(void *arg, void *dst, size_t len);
+ssize_t kvc_write_fill(struct kvc_writer *w, uint64_t off, size_t len, kvc_fill_fn fill, void *arg);
 /* Waiting for the buffer budget instead of polling kvc_write: read the epoch before a
  * kvc_write; after its -ENOMEM, kvc_buffer_wait blocks the calling thread until budget was
  * given back since that epoch (kvc_commit or kvc_abort freed a writer: 0) or timeout_ms

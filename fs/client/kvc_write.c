@@ -98,11 +98,19 @@ static int grow(struct kvc_writer *w, uint64_t need)
 	uint64_t ncap = w->cap * 2 > need ? w->cap * 2 : need;
 	if (ncap < 65536)
 		ncap = 65536;
+	/* Whole MiB past 512 KiB: a 2 MiB file in 1020 KiB FUSE writes (a spliced mount's
+	 * max_write) takes 1, then 2 MiB; doubling took 4 MiB for its last 8 KiB. */
+	if (ncap > (512u << 10))
+		ncap = (ncap + (1u << 20) - 1) & ~(uint64_t)((1u << 20) - 1);
 	if (ncap > c->max_file)
 		ncap = c->max_file;
+	/* Where the generous size passes the budget, the exact one may still fit. */
+	if (budget_take(c, ncap - w->cap)) {
+		if (ncap == need || budget_take(c, need - w->cap))
+			return -ENOMEM;
+		ncap = need;
+	}
 	uint64_t add = ncap - w->cap;
-	if (budget_take(c, add))
-		return -ENOMEM;
 	uint8_t *nb = realloc(w->buf, ncap);
 	if (!nb) {
 		budget_release(c, add, 0);
@@ -113,22 +121,37 @@ static int grow(struct kvc_writer *w, uint64_t need)
 	return 0;
 }
 
-ssize_t kvc_write(struct kvc_writer *w, const void *buf, size_t len, uint64_t off)
+ssize_t kvc_write_fill(struct kvc_writer *w, uint64_t off, size_t len, kvc_fill_fn fill, void *arg)
 {
 	if (len == 0)
 		return 0;
 	if (off > UINT64_MAX - len)
 		return -EFBIG;
-	uint64_t end = off + len;
-	int rc = grow(w, end);
+	int rc = grow(w, off + len);
 	if (rc)
 		return rc;
 	if (off > w->size)
 		memset(w->buf + w->size, 0, off - w->size);
-	memcpy(w->buf + off, buf, len);
-	if (end > w->size)
-		w->size = end;
+	ssize_t n = fill(arg, w->buf + off, len);
+	if (n < 0)
+		return n;
+	if ((size_t)n > len)
+		return -EIO;
+	/* A hole before a short or failed fill stays a hole: the size grows only past data. */
+	if (n > 0 && off + (uint64_t)n > w->size)
+		w->size = off + (uint64_t)n;
+	return n;
+}
+
+static ssize_t fill_copy(void *arg, void *dst, size_t len)
+{
+	memcpy(dst, arg, len);
 	return (ssize_t)len;
+}
+
+ssize_t kvc_write(struct kvc_writer *w, const void *buf, size_t len, uint64_t off)
+{
+	return kvc_write_fill(w, off, len, fill_copy, (void *)buf);
 }
 
 int kvc_writer_truncate(struct kvc_writer *w, uint64_t size)

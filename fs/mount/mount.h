@@ -66,6 +66,7 @@ struct mnt_cfg {
 	int64_t threads;		    /* FUSE worker threads (at most) */
 	int64_t log_level;
 	int foreground, debug, allow_other, readdirplus, keep_cache, xattr, lookup_layout;
+	int splice_write;
 };
 
 struct mnt_itab;
@@ -238,8 +239,11 @@ void mnt_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fus
  * until another file's commit or abort gives buffer memory back (kvc_buffer_wait: a condition,
  * no polling), up to MNT_BUFFER_WAIT_MS in all, then answers ENOSPC. */
 #define MNT_BUFFER_WAIT_MS 10000
-void mnt_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
-	       struct fuse_file_info *fi);
+/* FUSE's write_buf: the data is in libfuse's buffer, or with --splice-write still in a pipe
+ * (libfuse spliced the request out of /dev/fuse, FUSE_CAP_SPLICE_READ), and is copied once,
+ * straight into the file's buffer (kvc_write_fill). */
+void mnt_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv, off_t off,
+		   struct fuse_file_info *fi);
 void mnt_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
 void mnt_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
 void mnt_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi);

@@ -45,5 +45,8 @@ const struct cfg_opt mnt_cfg_opts[] = {
       "keep the page cache of (immutable) files across opens"),
     O("lookup-layout", CFG_BOOL, lookup_layout, 0, 0, "true",
       "a lookup brings the file's layout: its open needs no metadata round trip of its own"),
+    O("splice-write", CFG_BOOL, splice_write, 0, 0, "false",
+      "writes spliced out of /dev/fuse: one copy of the data in the mount, not two (measured "
+      "no cheaper here: docs/benchmarks.md)"),
     CFG_END,
 };

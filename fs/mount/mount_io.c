@@ -755,9 +755,18 @@ static void wait_old_readers(struct mnt *m, struct mnt_wfile *wf)
 	pthread_mutex_unlock(&wf->lock);
 }
 
-void mnt_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
-	       struct fuse_file_info *fi)
+/* kvc_fill_fn over a FUSE bufvec (memory or a pipe): fuse_buf_copy reads it into dst. */
+static ssize_t fill_bufvec(void *arg, void *dst, size_t len)
 {
+	struct fuse_bufvec d = FUSE_BUFVEC_INIT(len);
+	d.buf[0].mem = dst;
+	return fuse_buf_copy(&d, arg, 0);
+}
+
+void mnt_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv, off_t off,
+		   struct fuse_file_info *fi)
+{
+	size_t size = fuse_buf_size(bufv);
 	struct mnt *m = mnt_of(req);
 	struct fh *h = fh_of(fi);
 	if (h->kind == FH_CAND) {
@@ -791,7 +800,7 @@ void mnt_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off
 	int append = (fi->flags & O_APPEND) != 0;
 	uint64_t at = append ? kvc_writer_size(wf->w) : (uint64_t)off;
 	uint64_t epoch = kvc_buffer_epoch(m->c);
-	ssize_t n = kvc_write(wf->w, buf, size, at);
+	ssize_t n = kvc_write_fill(wf->w, at, size, fill_bufvec, bufv);
 	/* The process-wide buffer budget is shared: wait for other files' commits to give some
 	 * back (libkvfs signals each freed writer) before failing, up to MNT_BUFFER_WAIT_MS. */
 	struct timespec until;
@@ -811,7 +820,7 @@ void mnt_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off
 		if (wf->w && append)
 			at = kvc_writer_size(wf->w);
 		epoch = kvc_buffer_epoch(m->c);
-		n = wf->w ? kvc_write(wf->w, buf, size, at) : -EROFS;
+		n = wf->w ? kvc_write_fill(wf->w, at, size, fill_bufvec, bufv) : -EROFS;
 	}
 	if (n > 0)
 		wf->dirty = 1;

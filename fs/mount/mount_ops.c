@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/statvfs.h>
@@ -56,6 +57,35 @@ static void fill_entry(struct mnt *m, struct fuse_entry_param *e, const struct k
 	e->attr_timeout = m->cfg.attr_timeout;
 }
 
+/* The largest max_write (<= want) whose whole request, with libfuse's 4 KiB header page, fits
+ * a pipe this process may size: want where F_SETPIPE_SZ can reach it (CAP_SYS_RESOURCE, or
+ * pipe-max-size large enough), else pipe-max-size less the header. 0: no useful splice. */
+static unsigned splice_max_write(unsigned want)
+{
+	enum { HDR = 4096 };
+	int p[2];
+	if (pipe2(p, O_CLOEXEC))
+		return 0;
+	long got = fcntl(p[0], F_SETPIPE_SZ, (int)(want + HDR));
+	if (got < 0) {
+		FILE *f = fopen("/proc/sys/fs/pipe-max-size", "r");
+		unsigned long max = 0;
+		if (f && fscanf(f, "%lu", &max) != 1)
+			max = 0;
+		if (f)
+			fclose(f);
+		got = max >= 2 * HDR
+			  ? fcntl(p[0], F_SETPIPE_SZ, (int)(max < want + HDR ? max : want + HDR))
+			  : -1;
+	}
+	close(p[0]);
+	close(p[1]);
+	if (got < 2 * HDR)
+		return 0;
+	unsigned w = (unsigned)got - HDR;
+	return w < want ? w : want;
+}
+
 static void mnt_init(void *ud, struct fuse_conn_info *conn)
 {
 	struct mnt *m = ud;
@@ -68,6 +98,18 @@ static void mnt_init(void *ud, struct fuse_conn_info *conn)
 	conn->congestion_threshold = 48;
 	conn->time_gran = 1;
 	unsigned want = FUSE_CAP_ASYNC_READ | FUSE_CAP_PARALLEL_DIROPS | FUSE_CAP_ASYNC_DIO;
+	/* SPLICE_READ: a write's data is spliced out of /dev/fuse into a pipe (page references,
+	 * no copy) and read from there straight into the file's buffer (mnt_write_buf); else the
+	 * kernel copies it into libfuse's buffer (pinning that buffer's pages first) and we copy
+	 * it again. The pipe must hold a whole request, max_write + 4 KiB: where it cannot grow
+	 * that far, max_write shrinks to fit rather than lose the splice. */
+	unsigned splice_max = m->cfg.splice_write ? splice_max_write(conn->max_write) : 0;
+	if (splice_max && (conn->capable & FUSE_CAP_SPLICE_READ)) {
+		want |= FUSE_CAP_SPLICE_READ;
+		conn->max_write = splice_max;
+	} else {
+		conn->want &= ~(unsigned)FUSE_CAP_SPLICE_READ;
+	}
 	if (m->cfg.readdirplus)
 		want |= FUSE_CAP_READDIRPLUS;
 	conn->want |= want & conn->capable;
@@ -78,9 +120,11 @@ static void mnt_init(void *ud, struct fuse_conn_info *conn)
 	 * answered with the old file's attributes, so readers keep seeing it whole. */
 	conn->want &= ~(unsigned)(FUSE_CAP_AUTO_INVAL_DATA | FUSE_CAP_WRITEBACK_CACHE |
 				  FUSE_CAP_READDIRPLUS_AUTO | FUSE_CAP_ATOMIC_O_TRUNC);
-	klog_info("FUSE protocol %u.%u, max_write %u, max_readahead %u, readdirplus %s",
+	klog_info("FUSE protocol %u.%u, max_write %u, max_readahead %u, readdirplus %s, "
+		  "splice %s",
 		  conn->proto_major, conn->proto_minor, conn->max_write, conn->max_readahead,
-		  (conn->want & FUSE_CAP_READDIRPLUS) ? "on" : "off");
+		  (conn->want & FUSE_CAP_READDIRPLUS) ? "on" : "off",
+		  (conn->want & FUSE_CAP_SPLICE_READ) ? "on" : "off");
 }
 
 static void mnt_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
@@ -663,7 +707,7 @@ const struct fuse_lowlevel_ops mnt_ops = {
     .link = mnt_link,
     .open = mnt_open,
     .read = mnt_read,
-    .write = mnt_write,
+    .write_buf = mnt_write_buf,
     .flush = mnt_flush,
     .release = mnt_release,
     .fsync = mnt_fsync,
