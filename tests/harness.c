@@ -484,22 +484,16 @@ int kvh_raft_status(struct kvp_pool *pool, const struct kvh_raft *g, int i, int 
 	kvp_pool_put(pool, cl);
 	if (rc)
 		return rc;
-	struct kvp_rbuf r;
-	kvp_r_init(&r, rb, rl);
-	kvp_r_u64(&r);
-	*state = kvp_r_u8(&r);
-	*serving = kvp_r_u8(&r);
-	if (applied) {
-		kvp_r_u64(&r); /* term */
-		kvp_r_u64(&r); /* leader id */
-		char laddr[64];
-		kvp_r_str(&r, laddr, sizeof(laddr));
-		kvp_r_u64(&r); /* last index */
-		*applied = kvp_r_u64(&r);
-	}
-	rc = r.err;
+	struct kvp_rstatus s;
+	rc = kvp_rstatus_parse(rb, rl, &s);
 	free(rb);
-	return rc;
+	if (rc)
+		return rc;
+	*state = s.state;
+	*serving = s.serving;
+	if (applied)
+		*applied = s.applied;
+	return 0;
 }
 
 int kvh_raft_leader(struct kvp_pool *pool, const struct kvh_raft *g, const pid_t *pids, int skip,

@@ -27,13 +27,7 @@
 static struct kvh_raft G;
 static pid_t g_mpid[NREP];
 
-struct rst {
-	int state, serving;
-	uint64_t last, applied, snap_index, snapshots, log_bytes, log_mem, snap_size;
-	int more; /* the snapshot fields came */
-};
-
-static int rstatus(struct kvp_pool *pool, int i, struct rst *s)
+static int rstatus(struct kvp_pool *pool, int i, struct kvp_rstatus *s)
 {
 	memset(s, 0, sizeof(*s));
 	struct kvp_client *cl;
@@ -46,34 +40,7 @@ static int rstatus(struct kvp_pool *pool, int i, struct rst *s)
 	kvp_pool_put(pool, cl);
 	if (rc)
 		return rc;
-	struct kvp_rbuf r;
-	kvp_r_init(&r, rb, rl);
-	char a[64];
-	kvp_r_u64(&r); /* id */
-	s->state = kvp_r_u8(&r);
-	s->serving = kvp_r_u8(&r);
-	kvp_r_u64(&r); /* term */
-	kvp_r_u64(&r); /* leader id */
-	kvp_r_str(&r, a, sizeof(a));
-	s->last = kvp_r_u64(&r);
-	s->applied = kvp_r_u64(&r);
-	kvp_r_u64(&r); /* commit */
-	uint32_t n = kvp_r_u32(&r);
-	for (uint32_t j = 0; j < n && !r.err; j++) {
-		kvp_r_u64(&r);
-		kvp_r_str(&r, a, sizeof(a));
-		kvp_r_u64(&r);
-	}
-	if (!r.err && r.off < r.len) {
-		s->snap_index = kvp_r_u64(&r);
-		s->snapshots = kvp_r_u64(&r);
-		s->log_bytes = kvp_r_u64(&r);
-		s->log_mem = kvp_r_u64(&r);
-		kvp_r_str(&r, a, sizeof(a)); /* the leader's client address */
-		s->snap_size = kvp_r_u64(&r);
-		s->more = kvp_r_end(&r) == 0;
-	}
-	rc = r.err;
+	rc = kvp_rstatus_parse(rb, rl, s);
 	free(rb);
 	return rc;
 }
@@ -82,7 +49,7 @@ static int leader(struct kvp_pool *pool)
 {
 	for (int t = 0; t < 300; t++) {
 		for (int i = 0; i < NREP; i++) {
-			struct rst s;
+			struct kvp_rstatus s;
 			if (rstatus(pool, i, &s) == 0 && s.state == 3 && s.serving)
 				return i;
 		}
@@ -191,7 +158,7 @@ static void test_snapshot_by_bytes(void **state)
 	kvp_client_close(c);
 
 	/* Every replica applies what the leader has, then reports. */
-	struct rst ls, s[NREP];
+	struct kvp_rstatus ls, s[NREP];
 	assert_int_equal(rstatus(pool, lead, &ls), 0);
 	for (int i = 0; i < NREP; i++) {
 		int t = 0;
@@ -206,7 +173,7 @@ static void test_snapshot_by_bytes(void **state)
 		    i + 1, (unsigned long long)s[i].last, (unsigned long long)s[i].snapshots,
 		    (unsigned long long)s[i].snap_index, (unsigned long long)s[i].snap_size,
 		    (unsigned long long)s[i].log_bytes, (unsigned long long)s[i].log_mem);
-		if (!s[i].more)
+		if (!s[i].has_snap_size)
 			fail_msg("replica %d: RSTATUS carries no snapshot fields", i + 1);
 		/* The entry trigger could not have fired. */
 		assert_true(s[i].last < 100000);
