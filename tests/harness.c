@@ -471,9 +471,9 @@ pid_t kvh_raft_node_spawn(const struct kvh_raft *g, int i, const char *meta)
 	return kvh_spawn(bin, argv, log);
 }
 
-int kvh_raft_status(struct kvp_pool *pool, const struct kvh_raft *g, int i, int *state,
-		    int *serving, uint64_t *applied)
+int kvh_raft_rstatus(struct kvp_pool *pool, const struct kvh_raft *g, int i, struct kvp_rstatus *s)
 {
+	memset(s, 0, sizeof(*s));
 	struct kvp_client *cl;
 	int rc = kvp_pool_get(pool, g->meta[i], &cl);
 	if (rc)
@@ -484,9 +484,16 @@ int kvh_raft_status(struct kvp_pool *pool, const struct kvh_raft *g, int i, int 
 	kvp_pool_put(pool, cl);
 	if (rc)
 		return rc;
-	struct kvp_rstatus s;
-	rc = kvp_rstatus_parse(rb, rl, &s);
+	rc = kvp_rstatus_parse(rb, rl, s);
 	free(rb);
+	return rc;
+}
+
+int kvh_raft_status(struct kvp_pool *pool, const struct kvh_raft *g, int i, int *state,
+		    int *serving, uint64_t *applied)
+{
+	struct kvp_rstatus s;
+	int rc = kvh_raft_rstatus(pool, g, i, &s);
 	if (rc)
 		return rc;
 	*state = s.state;

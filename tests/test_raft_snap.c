@@ -27,37 +27,6 @@
 static struct kvh_raft G;
 static pid_t g_mpid[NREP];
 
-static int rstatus(struct kvp_pool *pool, int i, struct kvp_rstatus *s)
-{
-	memset(s, 0, sizeof(*s));
-	struct kvp_client *cl;
-	int rc = kvp_pool_get(pool, G.meta[i], &cl);
-	if (rc)
-		return rc;
-	uint8_t *rb = NULL;
-	uint32_t rl = 0;
-	rc = kvp_call(cl, KVP_OP_RSTATUS, NULL, 0, NULL, 0, 1000, &rb, &rl);
-	kvp_pool_put(pool, cl);
-	if (rc)
-		return rc;
-	rc = kvp_rstatus_parse(rb, rl, s);
-	free(rb);
-	return rc;
-}
-
-static int leader(struct kvp_pool *pool)
-{
-	for (int t = 0; t < 300; t++) {
-		for (int i = 0; i < NREP; i++) {
-			struct kvp_rstatus s;
-			if (rstatus(pool, i, &s) == 0 && s.state == 3 && s.serving)
-				return i;
-		}
-		rt_sleep_ms(50);
-	}
-	return -1;
-}
-
 static void heartbeat_fake_nodes(struct kvp_client *c)
 {
 	for (int i = 0; i < 3; i++) {
@@ -148,7 +117,7 @@ static void test_snapshot_by_bytes(void **state)
 	}
 	struct kvp_pool *pool;
 	assert_int_equal(kvp_pool_create(&G.sec, 1000, &pool), 0);
-	int lead = leader(pool);
+	int lead = kvh_raft_leader(pool, &G, NULL, -1, 15000);
 	assert_true(lead >= 0);
 	struct kvp_client *c;
 	assert_int_equal(kvp_client_open(G.meta[lead], &G.sec, 5000, &c), 0);
@@ -159,10 +128,11 @@ static void test_snapshot_by_bytes(void **state)
 
 	/* Every replica applies what the leader has, then reports. */
 	struct kvp_rstatus ls, s[NREP];
-	assert_int_equal(rstatus(pool, lead, &ls), 0);
+	assert_int_equal(kvh_raft_rstatus(pool, &G, lead, &ls), 0);
 	for (int i = 0; i < NREP; i++) {
 		int t = 0;
-		while (t++ < 600 && (rstatus(pool, i, &s[i]) || s[i].applied < ls.last))
+		while (t++ < 600 &&
+		       (kvh_raft_rstatus(pool, &G, i, &s[i]) || s[i].applied < ls.last))
 			rt_sleep_ms(50);
 		assert_true(s[i].applied >= ls.last);
 	}
