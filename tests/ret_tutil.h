@@ -17,6 +17,7 @@
 
 #include <cmocka.h>
 
+#include "build_tutil.h"
 #include "harness.h"
 #include "kvc.h"
 
@@ -28,14 +29,21 @@ static inline int rt_have_bins(void)
 	       kvh_bin("kvfs-node", bin, sizeof(bin)) == 0;
 }
 
-/* A cluster test's start: skips the running test without the kvfs binaries; else sets *up (the
- * teardown's rt_stop then stops even a half-started cluster) and starts cl as
+/* Ends the running test (a failure; a skip under KVFS_TEST_ALLOW_SKIP=1, build_tutil.h) unless
+ * the kvfs-meta and kvfs-node binaries are there. */
+static inline void rt_need_bins(void)
+{
+	if (!rt_have_bins())
+		tu_no_build("kvfs-meta / kvfs-node (under $KVFS_BUILD_DIR/bin, else ./bin)");
+}
+
+/* A cluster test's start: ends the running test without the kvfs binaries (rt_need_bins); else sets
+ * *up (the teardown's rt_stop then stops even a half-started cluster) and starts cl as
  * kvh_cluster_start_flags does, failing the test unless it started. */
 static inline void rt_start(struct kvh_cluster *cl, int *up, int nnodes, const char *meta_args,
 			    const char *node_args, unsigned flags)
 {
-	if (!rt_have_bins())
-		skip();
+	rt_need_bins();
 	*up = 1;
 	assert_int_equal(kvh_cluster_start_flags(cl, nnodes, meta_args, node_args, flags), 0);
 }

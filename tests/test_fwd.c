@@ -18,6 +18,7 @@
 
 #include <cmocka.h>
 
+#include "build_tutil.h"
 #include "fwd.h"
 #include "fwd_checks.h"
 #include "kvk.h"
@@ -287,11 +288,7 @@ static void test_chunk_invariance(void **st)
 static void test_chunk_invariance_q4km(void **st)
 {
 	(void)st;
-	const char *bd = getenv("KVFS_BUILD_DIR");
-	if (!bd) {
-		print_message("KVFS_BUILD_DIR not set (run through ctest): skipped\n");
-		skip();
-	}
+	const char *bd = tu_need_build_dir();
 	char path[64] = "/tmp/test_fwd_q4km_XXXXXX", cmd[512], err[256];
 	int fd = mkstemp(path);
 	assert_true(fd >= 0);
