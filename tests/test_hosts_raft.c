@@ -716,8 +716,7 @@ static int teardown(void **state)
 		kvh_stop_pid(g_npid[i], SIGTERM, 5000);
 	for (int i = 0; i < NREP; i++)
 		kvh_stop_pid(g_mpid[i], SIGTERM, 5000);
-	if (!getenv("KVFS_TEST_KEEP"))
-		kvh_sh("rm -rf %s", g_dir);
+	rt_rm_dir(g_dir);
 	return 0;
 }
 

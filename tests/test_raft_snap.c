@@ -210,16 +210,14 @@ static void test_snapshot_by_bytes(void **state)
 			fail_msg("replica %d: %d snapshots stored as they are, %d compressed",
 				 i + 1, raw, lz4);
 	}
-	if (!getenv("KVFS_TEST_KEEP"))
-		kvh_sh("rm -rf %s", G.dir);
+	rt_rm_dir(G.dir);
 }
 
 int main(void)
 {
-	if (!rt_have_bins()) {
-		printf("skipped: kvfs-meta / kvfs-node not built\n");
-		return 77;
-	}
+	int rc = rt_main_bins();
+	if (rc)
+		return rc;
 	const struct CMUnitTest tests[] = {cmocka_unit_test(test_snapshot_by_bytes)};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
