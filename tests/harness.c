@@ -471,9 +471,9 @@ pid_t kvh_raft_node_spawn(const struct kvh_raft *g, int i, const char *meta)
 	return kvh_spawn(bin, argv, log);
 }
 
-int kvh_raft_status(struct kvp_pool *pool, const struct kvh_raft *g, int i, int *state,
-		    int *serving, uint64_t *applied)
+int kvh_raft_rstatus(struct kvp_pool *pool, const struct kvh_raft *g, int i, struct kvp_rstatus *s)
 {
+	memset(s, 0, sizeof(*s));
 	struct kvp_client *cl;
 	int rc = kvp_pool_get(pool, g->meta[i], &cl);
 	if (rc)
@@ -484,22 +484,23 @@ int kvh_raft_status(struct kvp_pool *pool, const struct kvh_raft *g, int i, int 
 	kvp_pool_put(pool, cl);
 	if (rc)
 		return rc;
-	struct kvp_rbuf r;
-	kvp_r_init(&r, rb, rl);
-	kvp_r_u64(&r);
-	*state = kvp_r_u8(&r);
-	*serving = kvp_r_u8(&r);
-	if (applied) {
-		kvp_r_u64(&r); /* term */
-		kvp_r_u64(&r); /* leader id */
-		char laddr[64];
-		kvp_r_str(&r, laddr, sizeof(laddr));
-		kvp_r_u64(&r); /* last index */
-		*applied = kvp_r_u64(&r);
-	}
-	rc = r.err;
+	rc = kvp_rstatus_parse(rb, rl, s);
 	free(rb);
 	return rc;
+}
+
+int kvh_raft_status(struct kvp_pool *pool, const struct kvh_raft *g, int i, int *state,
+		    int *serving, uint64_t *applied)
+{
+	struct kvp_rstatus s;
+	int rc = kvh_raft_rstatus(pool, g, i, &s);
+	if (rc)
+		return rc;
+	*state = s.state;
+	*serving = s.serving;
+	if (applied)
+		*applied = s.applied;
+	return 0;
 }
 
 int kvh_raft_leader(struct kvp_pool *pool, const struct kvh_raft *g, const pid_t *pids, int skip,

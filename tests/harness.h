@@ -121,6 +121,8 @@ pid_t kvh_raft_spawn(const struct kvh_raft *g, int i, const char *const *extra);
  * heartbeats) reporting to meta (one replica's client address, or a comma list). Returns the
  * pid or a negative errno. */
 pid_t kvh_raft_node_spawn(const struct kvh_raft *g, int i, const char *meta);
+/* Replica i's RSTATUS through pool (1 s), parsed into s: 0 or a negative errno. */
+int kvh_raft_rstatus(struct kvp_pool *pool, const struct kvh_raft *g, int i, struct kvp_rstatus *s);
 /* Replica i's RSTATUS through pool (1 s): 0 with its state (3 leader), whether it serves and,
  * unless applied is NULL, its applied index; or a negative errno. */
 int kvh_raft_status(struct kvp_pool *pool, const struct kvh_raft *g, int i, int *state,

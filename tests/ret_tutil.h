@@ -17,6 +17,7 @@
 
 #include <cmocka.h>
 
+#include "build_tutil.h"
 #include "harness.h"
 #include "kvc.h"
 
@@ -28,14 +29,44 @@ static inline int rt_have_bins(void)
 	       kvh_bin("kvfs-node", bin, sizeof(bin)) == 0;
 }
 
-/* A cluster test's start: skips the running test without the kvfs binaries; else sets *up (the
- * teardown's rt_stop then stops even a half-started cluster) and starts cl as
+/* Ends the running test (a failure; a skip under KVFS_TEST_ALLOW_SKIP=1, build_tutil.h) unless
+ * the kvfs-meta and kvfs-node binaries are there. */
+static inline void rt_need_bins(void)
+{
+	if (!rt_have_bins())
+		tu_no_build("kvfs-meta / kvfs-node (under $KVFS_BUILD_DIR/bin, else ./bin)");
+}
+
+/* main()'s check of a test that starts kvfs-meta / kvfs-node itself: 0 when both are there;
+ * else it says why and returns 77 (CTest's "skipped") under KVFS_TEST_ALLOW_SKIP=1, or 1. */
+static inline int rt_main_bins(void)
+{
+	if (rt_have_bins())
+		return 0;
+	if (tu_skip_allowed()) {
+		printf("skipped: kvfs-meta / kvfs-node not built\n");
+		return 77;
+	}
+	printf("kvfs-meta / kvfs-node not found (KVFS_BUILD_DIR %s): set KVFS_BUILD_DIR to the "
+	       "build directory (ctest does), or KVFS_TEST_ALLOW_SKIP=1 to skip\n",
+	       getenv("KVFS_BUILD_DIR") ? getenv("KVFS_BUILD_DIR") : "unset");
+	return 1;
+}
+
+/* A test's scratch directory removed, unless KVFS_TEST_KEEP is set (to look at its logs). */
+static inline void rt_rm_dir(const char *dir)
+{
+	if (!getenv("KVFS_TEST_KEEP"))
+		kvh_sh("rm -rf %s", dir);
+}
+
+/* A cluster test's start: ends the running test without the kvfs binaries (rt_need_bins); else sets
+ * *up (the teardown's rt_stop then stops even a half-started cluster) and starts cl as
  * kvh_cluster_start_flags does, failing the test unless it started. */
 static inline void rt_start(struct kvh_cluster *cl, int *up, int nnodes, const char *meta_args,
 			    const char *node_args, unsigned flags)
 {
-	if (!rt_have_bins())
-		skip();
+	rt_need_bins();
 	*up = 1;
 	assert_int_equal(kvh_cluster_start_flags(cl, nnodes, meta_args, node_args, flags), 0);
 }

@@ -18,6 +18,7 @@
 
 #include <cmocka.h>
 
+#include "build_tutil.h"
 #include "fwd.h"
 #include "fwd_checks.h"
 #include "kvk.h"
@@ -236,41 +237,48 @@ static void test_inject(void **st)
 	ref_model_free(m);
 }
 
+/* Prefilling n tokens of m (seeded by seed) gives the last logits and KV block bytes it gives
+ * with chunk 64 on one thread with every (chunks[i], threads[i]) of nrun, and the same logits
+ * when the last token goes through decode after a prefill of the others. */
+static void check_chunk_invariance(const struct kvi_model *m, int n, unsigned seed,
+				   const int *chunks, const int *threads, int nrun)
+{
+	int V = m->cfg.n_vocab;
+	int32_t *tok = malloc((size_t)n * sizeof(*tok));
+	assert_non_null(tok);
+	ref_tokens(tok, n, V, seed);
+	size_t bb = (size_t)m->cfg.n_layer * 2 * 16 * m->cfg.n_head_kv * m->cfg.head_dim * 2;
+	float *l0 = malloc(V * 4), *l1 = malloc(V * 4);
+	uint8_t *k0 = malloc(bb * (n / 16)), *k1 = malloc(bb * (n / 16));
+	run_prefill(m, tok, n, 64, 1, l0, k0);
+	for (int i = 0; i < nrun; i++) {
+		run_prefill(m, tok, n, chunks[i], threads[i], l1, k1);
+		assert_memory_equal(l0, l1, (size_t)V * 4);
+		assert_memory_equal(k0, k1, bb * (n / 16));
+	}
+	struct kvi_engine *e = engine(m, 2, 64, 16, 0);
+	struct kvi_seq *s;
+	assert_int_equal(kvi_seq_create(kvi_engine_kv(e), &s), 0);
+	assert_int_equal(kvi_engine_prefill(e, s, tok, n - 1, NULL), 0);
+	assert_int_equal(kvi_engine_decode(e, &s, &tok[n - 1], 1, l1), 0);
+	assert_memory_equal(l0, l1, (size_t)V * 4);
+	kvi_seq_destroy(s);
+	kvi_engine_destroy(e);
+	free(l0), free(l1), free(k0), free(k1), free(tok);
+}
+
 static void test_chunk_invariance(void **st)
 {
 	(void)st;
-	enum { N = 100 };
 	struct kvi_config cfgs[3] = {ref_cfg_tiny_llama(203), ref_cfg_tiny_qwen(), ref_cfg_odd()};
+	const int chunks[] = {1, 7, 64, 5};
+	const int threads[] = {1, 2, 2, 2};
 	for (int ci = 0; ci < 3; ci++)
 		for (size_t di = 0; di < 4; di++) {
 			if (ci == 2 && dtypes[di] == KVI_Q8_0)
 				continue;
 			struct kvi_model *m = ref_model_random(&cfgs[ci], dtypes[di], 3 + di);
-			int V = cfgs[ci].n_vocab;
-			int32_t tok[N];
-			ref_tokens(tok, N, V, 9);
-			size_t bb = (size_t)cfgs[ci].n_layer * 2 * 16 * cfgs[ci].n_head_kv *
-				    cfgs[ci].head_dim * 2;
-			float *l0 = malloc(V * 4), *l1 = malloc(V * 4);
-			uint8_t *k0 = malloc(bb * (N / 16)), *k1 = malloc(bb * (N / 16));
-			run_prefill(m, tok, N, 64, 1, l0, k0);
-			const int chunks[] = {1, 7, 64, 5};
-			const int threads[] = {1, 2, 2, 2};
-			for (int i = 0; i < 4; i++) {
-				run_prefill(m, tok, N, chunks[i], threads[i], l1, k1);
-				assert_memory_equal(l0, l1, (size_t)V * 4);
-				assert_memory_equal(k0, k1, bb * (N / 16));
-			}
-			/* prefill N-1, then the last token through decode */
-			struct kvi_engine *e = engine(m, 2, 64, 16, 0);
-			struct kvi_seq *s;
-			assert_int_equal(kvi_seq_create(kvi_engine_kv(e), &s), 0);
-			assert_int_equal(kvi_engine_prefill(e, s, tok, N - 1, NULL), 0);
-			assert_int_equal(kvi_engine_decode(e, &s, &tok[N - 1], 1, l1), 0);
-			assert_memory_equal(l0, l1, (size_t)V * 4);
-			kvi_seq_destroy(s);
-			kvi_engine_destroy(e);
-			free(l0), free(l1), free(k0), free(k1);
+			check_chunk_invariance(m, 100, 9, chunks, threads, 4);
 			ref_model_free(m);
 		}
 }
@@ -280,12 +288,7 @@ static void test_chunk_invariance(void **st)
 static void test_chunk_invariance_q4km(void **st)
 {
 	(void)st;
-	const char *bd = getenv("KVFS_BUILD_DIR");
-	if (!bd) {
-		print_message("KVFS_BUILD_DIR not set (run through ctest): skipped\n");
-		skip();
-	}
-	enum { N = 80 };
+	const char *bd = tu_need_build_dir();
 	char path[64] = "/tmp/test_fwd_q4km_XXXXXX", cmd[512], err[256];
 	int fd = mkstemp(path);
 	assert_true(fd >= 0);
@@ -299,29 +302,9 @@ static void test_chunk_invariance_q4km(void **st)
 	unlink(path);
 	if (rc)
 		fail_msg("q4_k_m: %s", err);
-	int V = m->cfg.n_vocab;
-	int32_t tok[N];
-	ref_tokens(tok, N, V, 11);
-	size_t bb = (size_t)m->cfg.n_layer * 2 * 16 * m->cfg.n_head_kv * m->cfg.head_dim * 2;
-	float *l0 = malloc(V * 4), *l1 = malloc(V * 4);
-	uint8_t *k0 = malloc(bb * (N / 16)), *k1 = malloc(bb * (N / 16));
-	run_prefill(m, tok, N, 64, 1, l0, k0);
 	const int chunks[] = {1, 9, 80};
 	const int threads[] = {2, 2, 1};
-	for (int i = 0; i < 3; i++) {
-		run_prefill(m, tok, N, chunks[i], threads[i], l1, k1);
-		assert_memory_equal(l0, l1, (size_t)V * 4);
-		assert_memory_equal(k0, k1, bb * (N / 16));
-	}
-	struct kvi_engine *e = engine(m, 2, 64, 16, 0);
-	struct kvi_seq *s;
-	assert_int_equal(kvi_seq_create(kvi_engine_kv(e), &s), 0);
-	assert_int_equal(kvi_engine_prefill(e, s, tok, N - 1, NULL), 0);
-	assert_int_equal(kvi_engine_decode(e, &s, &tok[N - 1], 1, l1), 0);
-	assert_memory_equal(l0, l1, (size_t)V * 4);
-	kvi_seq_destroy(s);
-	kvi_engine_destroy(e);
-	free(l0), free(l1), free(k0), free(k1);
+	check_chunk_invariance(m, 80, 11, chunks, threads, 3);
 	kvi_model_free(m);
 }
 

@@ -156,30 +156,23 @@ static int rstatus(int i, int timeout_ms, struct rst *s)
 	kvp_client_close(cl);
 	if (rc)
 		return rc;
-	struct kvp_rbuf r;
-	char laddr[64];
-	kvp_r_init(&r, rb, rl);
-	s->id = kvp_r_u64(&r);
-	s->state = kvp_r_u8(&r);
-	s->serving = kvp_r_u8(&r);
-	s->term = kvp_r_u64(&r);
-	s->leader = kvp_r_u64(&r);
-	kvp_r_str(&r, laddr, sizeof(laddr));
-	s->last = kvp_r_u64(&r);
-	s->applied = kvp_r_u64(&r);
-	kvp_r_u64(&r); /* commit */
-	memset(s->match, 0, sizeof(s->match));
-	uint32_t n = kvp_r_u32(&r);
-	for (uint32_t j = 0; j < n && !r.err; j++) {
-		uint64_t id = kvp_r_u64(&r), match;
-		kvp_r_str(&r, laddr, sizeof(laddr));
-		match = kvp_r_u64(&r);
-		if (id >= 1 && id <= NREP)
-			s->match[id - 1] = match;
-	}
-	rc = r.err;
+	struct kvp_rstatus st;
+	rc = kvp_rstatus_parse(rb, rl, &st);
 	free(rb);
-	return rc;
+	if (rc)
+		return rc;
+	s->id = st.id;
+	s->state = st.state;
+	s->serving = st.serving;
+	s->term = st.term;
+	s->leader = st.leader_id;
+	s->last = st.last;
+	s->applied = st.applied;
+	memset(s->match, 0, sizeof(s->match));
+	for (uint32_t j = 0; j < st.npeers; j++)
+		if (st.peers[j].id >= 1 && st.peers[j].id <= NREP)
+			s->match[st.peers[j].id - 1] = st.peers[j].match;
+	return 0;
 }
 
 static int serves(const struct rst *s)
@@ -723,8 +716,7 @@ static int teardown(void **state)
 		kvh_stop_pid(g_npid[i], SIGTERM, 5000);
 	for (int i = 0; i < NREP; i++)
 		kvh_stop_pid(g_mpid[i], SIGTERM, 5000);
-	if (!getenv("KVFS_TEST_KEEP"))
-		kvh_sh("rm -rf %s", g_dir);
+	rt_rm_dir(g_dir);
 	return 0;
 }
 

@@ -417,39 +417,65 @@ static const int prefill_shapes[][7] = {
     {4, 4, 8, 4, 9, 0, 0},	{10, 2, 80, 7, 33, 5, 4},    {64, 4, 128, 32, 17, 1000, 0},
 };
 
+/* One prefill case of a shape (n_heads, n_kv_heads, head_dim, block_tokens, n_q, q_start, pad):
+ * a pool of the blocks the keys need plus spare, a random block table (repeats are fine),
+ * queries, the reference output, their device copies, a device output and a host one (got). */
+struct pcase {
+	int H, NQ, Q0;
+	size_t n; /* floats of q and of the output */
+	float scale;
+	struct dpool p;
+	int32_t *table, *dt;
+	float *q, *ref, *got, *dq, *dout;
+	char lbl[128];
+};
+
+static void pcase_make(struct kvk_cuda_ctx *c, struct pcase *k, const char *name, const int *sh,
+		       int spare, uint64_t *s)
+{
+	int NKV = sh[1], HD = sh[2], B = sh[3];
+	k->H = sh[0], k->NQ = sh[4], k->Q0 = sh[5];
+	int nbt = (k->Q0 + k->NQ + B - 1) / B, nb = nbt + spare;
+	dpool_make(c, &k->p, nb, B, NKV, HD, (size_t)sh[6], s);
+	k->table = xmalloc((size_t)nbt * 4);
+	for (int b = 0; b < nbt; b++)
+		k->table[b] = (int32_t)(rng(s) % (uint32_t)nb);
+	k->n = (size_t)k->NQ * k->H * HD;
+	k->q = xmalloc(k->n * 4), k->ref = xmalloc(k->n * 4), k->got = xmalloc(k->n * 4);
+	for (size_t j = 0; j < k->n; j++)
+		k->q[j] = frand(s) * 3;
+	k->scale = 1.0f / sqrtf((float)HD);
+	assert_int_equal(
+	    kvk_ref_attn_prefill(k->ref, k->q, &k->p.host, k->table, k->NQ, k->Q0, k->H, k->scale),
+	    0);
+	k->dq = up(c, k->q, k->n * 4), k->dout = up(c, NULL, k->n * 4);
+	k->dt = up(c, k->table, (size_t)nbt * 4);
+	snprintf(k->lbl, sizeof(k->lbl), "%s H %d NKV %d HD %d B %d NQ %d Q0 %d pad %d", name, k->H,
+		 NKV, HD, B, k->NQ, k->Q0, sh[6]);
+}
+
+static void pcase_free(struct kvk_cuda_ctx *c, struct pcase *k)
+{
+	kvk_cuda_free(c, k->dq), kvk_cuda_free(c, k->dout), kvk_cuda_free(c, k->dt);
+	free(k->q), free(k->ref), free(k->got), free(k->table);
+	dpool_free(c, &k->p);
+}
+
 static void test_attn_prefill(void **state)
 {
 	struct kvk_cuda_ctx *c = *state;
 	uint64_t s = 5;
 	for (size_t i = 0; i < ncases(sizeof(prefill_shapes) / sizeof(prefill_shapes[0])); i++) {
-		const int *sh = prefill_shapes[i];
-		int H = sh[0], NKV = sh[1], HD = sh[2], B = sh[3], NQ = sh[4], Q0 = sh[5];
-		int nkeys = Q0 + NQ, nbt = (nkeys + B - 1) / B, nb = nbt + 5;
-		struct dpool p;
-		dpool_make(c, &p, nb, B, NKV, HD, (size_t)sh[6], &s);
-		int32_t *table = xmalloc((size_t)nbt * 4);
-		for (int b = 0; b < nbt; b++)
-			table[b] = (int32_t)(rng(&s) % (uint32_t)nb); /* repeats are fine */
-		size_t n = (size_t)NQ * H * HD;
-		float *q = xmalloc(n * 4), *ref = xmalloc(n * 4), *got = xmalloc(n * 4);
-		for (size_t j = 0; j < n; j++)
-			q[j] = frand(&s) * 3;
-		float scale = 1.0f / sqrtf((float)HD);
-		assert_int_equal(kvk_ref_attn_prefill(ref, q, &p.host, table, NQ, Q0, H, scale), 0);
-		float *dq = up(c, q, n * 4), *dout = up(c, NULL, n * 4);
-		int32_t *dt = up(c, table, (size_t)nbt * 4);
-		assert_int_equal(
-		    kvk_cu_attn_prefill_fp32(c, dout, dq, &p.dev, dt, NQ, Q0, H, scale), 0);
-		down(c, got, dout, n * 4);
+		struct pcase k;
+		pcase_make(c, &k, "attn_prefill", prefill_shapes[i], 5, &s);
+		assert_int_equal(kvk_cu_attn_prefill_fp32(c, k.dout, k.dq, &k.p.dev, k.dt, k.NQ,
+							  k.Q0, k.H, k.scale),
+				 0);
+		down(c, k.got, k.dout, k.n * 4);
 		/* Online vs two-pass softmax in f32, outputs are means of values in [-1, 1]:
 		 * absolute 1e-4. */
-		char lbl[128];
-		snprintf(lbl, sizeof(lbl), "attn_prefill H %d NKV %d HD %d B %d NQ %d Q0 %d pad %d",
-			 H, NKV, HD, B, NQ, Q0, sh[6]);
-		close_enough(lbl, got, ref, n, 1e-4, 1e-4);
-		kvk_cuda_free(c, dq), kvk_cuda_free(c, dout), kvk_cuda_free(c, dt);
-		free(q), free(ref), free(got), free(table);
-		dpool_free(c, &p);
+		close_enough(k.lbl, k.got, k.ref, k.n, 1e-4, 1e-4);
+		pcase_free(c, &k);
 	}
 }
 
@@ -480,50 +506,33 @@ static void test_attn_prefill_mma(void **state)
 	uint64_t s = 15;
 	double worst = 0;
 	for (size_t i = 0; i < ncases(sizeof(mma_shapes) / sizeof(mma_shapes[0])); i++) {
-		const int *sh = mma_shapes[i];
-		int H = sh[0], NKV = sh[1], HD = sh[2], B = sh[3], NQ = sh[4], Q0 = sh[5];
-		int nkeys = Q0 + NQ, nbt = (nkeys + B - 1) / B, nb = nbt + 3;
-		struct dpool p;
-		dpool_make(c, &p, nb, B, NKV, HD, (size_t)sh[6], &s);
-		int32_t *table = xmalloc((size_t)nbt * 4);
-		for (int b = 0; b < nbt; b++)
-			table[b] = (int32_t)(rng(&s) % (uint32_t)nb);
-		size_t n = (size_t)NQ * H * HD;
-		float *q = xmalloc(n * 4), *ref = xmalloc(n * 4), *got = xmalloc(n * 4);
-		float *got2 = xmalloc(n * 4);
-		for (size_t j = 0; j < n; j++)
-			q[j] = frand(&s) * 3;
-		float scale = 1.0f / sqrtf((float)HD);
-		assert_int_equal(kvk_ref_attn_prefill(ref, q, &p.host, table, NQ, Q0, H, scale), 0);
-		float *dq = up(c, q, n * 4), *dout = up(c, NULL, n * 4);
-		int32_t *dt = up(c, table, (size_t)nbt * 4);
-		int rc = kvk_cu_attn_prefill_mma(c, dout, dq, &p.dev, dt, NQ, Q0, H, scale);
+		struct pcase k;
+		pcase_make(c, &k, "attn_prefill_mma", mma_shapes[i], 3, &s);
+		int rc = kvk_cu_attn_prefill_mma(c, k.dout, k.dq, &k.p.dev, k.dt, k.NQ, k.Q0, k.H,
+						 k.scale);
 		if (rc == -ENOTSUP) { /* a GPU below sm_80: the FP32 kernel is tested above */
-			kvk_cuda_free(c, dq), kvk_cuda_free(c, dout), kvk_cuda_free(c, dt);
-			free(q), free(ref), free(got), free(got2), free(table);
-			dpool_free(c, &p);
+			pcase_free(c, &k);
 			skip();
 		}
 		assert_int_equal(rc, 0);
-		down(c, got, dout, n * 4);
+		size_t n = k.n;
+		float *got = k.got, *ref = k.ref, *got2 = xmalloc(n * 4);
+		down(c, got, k.dout, n * 4);
 		/* Q rounded to f16 (2^-11 relative), P rounded to f16, f32 sums: outputs are
 		 * weighted means of values in [-1, 1]; the worst seen on the emulation is 8.4e-5
 		 * (printed below), the bound 5e-4. A causal mask one key too long is off by 0.4,
 		 * a row given the next head of its GQA group by 0.1. */
-		char lbl[128];
-		snprintf(lbl, sizeof(lbl),
-			 "attn_prefill_mma H %d NKV %d HD %d B %d NQ %d Q0 %d pad %d", H, NKV, HD,
-			 B, NQ, Q0, sh[6]);
-		close_enough(lbl, got, ref, n, 5e-4, 0);
+		close_enough(k.lbl, got, ref, n, 5e-4, 0);
 		double e = max_abs_err(got, ref, n);
 		worst = e > worst ? e : worst;
 		/* the engine's entry point takes the same kernel here */
-		assert_int_equal(kvk_cu_attn_prefill(c, dout, dq, &p.dev, dt, NQ, Q0, H, scale), 0);
-		down(c, got2, dout, n * 4);
-		same_bytes(lbl, got2, got, n * 4);
-		kvk_cuda_free(c, dq), kvk_cuda_free(c, dout), kvk_cuda_free(c, dt);
-		free(q), free(ref), free(got), free(got2), free(table);
-		dpool_free(c, &p);
+		assert_int_equal(
+		    kvk_cu_attn_prefill(c, k.dout, k.dq, &k.p.dev, k.dt, k.NQ, k.Q0, k.H, k.scale),
+		    0);
+		down(c, got2, k.dout, n * 4);
+		same_bytes(k.lbl, got2, got, n * 4);
+		free(got2);
+		pcase_free(c, &k);
 	}
 	print_message("attn_prefill_mma: worst |err| %.3g\n", worst);
 	/* head_dim not a multiple of 16: not the tensor-core kernel's; the dispatcher falls back */

@@ -25,6 +25,7 @@
 
 #include <cmocka.h>
 
+#include "build_tutil.h"
 #include "fwd.h"
 #include "kvb.h"
 #include "kvx.h"
@@ -590,14 +591,12 @@ static int run_cmd(const char *cmd, char *out, size_t cap)
 static void test_cli(void **st)
 {
 	(void)st;
-	const char *b = getenv("KVFS_BUILD_DIR");
+	const char *b = tu_need_build_dir();
 	char kvinfer[600], synth[600], dir[600], model[700], cmd[4096];
-	snprintf(kvinfer, sizeof(kvinfer), "%s/bin/kvinfer", b ? b : ".");
-	snprintf(synth, sizeof(synth), "%s/tools/kvinfer-synth", b ? b : ".");
-	if (access(kvinfer, X_OK) || access(synth, X_OK)) {
-		fprintf(stderr, "kvinfer / kvinfer-synth not built: CLI test skipped\n");
-		skip();
-	}
+	snprintf(kvinfer, sizeof(kvinfer), "%s/bin/kvinfer", b);
+	snprintf(synth, sizeof(synth), "%s/tools/kvinfer-synth", b);
+	if (access(kvinfer, X_OK) || access(synth, X_OK))
+		tu_no_build("kvinfer / kvinfer-synth");
 	new_dir(dir, sizeof(dir));
 	snprintf(model, sizeof(model), "%s/tiny.gguf", dir);
 	snprintf(cmd, sizeof(cmd), "'%s' --preset tiny --type f16 -o '%s' >/dev/null 2>&1", synth,

@@ -106,10 +106,9 @@ static void test_compact(void **state)
 
 int main(void)
 {
-	if (!rt_have_bins()) {
-		printf("skipped: kvfs-meta / kvfs-node not built\n");
-		return 77;
-	}
+	int rc = rt_main_bins();
+	if (rc)
+		return rc;
 	const struct CMUnitTest tests[] = {cmocka_unit_test(test_compact)};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -16,6 +16,7 @@
 
 #include <cmocka.h>
 
+#include "build_tutil.h"
 #include "gguf.h"
 #include "gguf_write.h"
 #include "model.h"
@@ -488,7 +489,7 @@ static float absmax(const struct kvi_tensor *t)
 
 static int run_synth(const char *preset, const char *type, int seed, char *path)
 {
-	const char *bd = getenv("KVFS_BUILD_DIR");
+	const char *bd = tu_need_build_dir();
 	char cmd[1024];
 	strcpy(path, "/tmp/test_gguf_synth_XXXXXX");
 	int fd = mkstemp(path);
@@ -503,10 +504,7 @@ static int run_synth(const char *preset, const char *type, int seed, char *path)
 static void test_synth_presets(void **state)
 {
 	(void)state;
-	if (!getenv("KVFS_BUILD_DIR")) {
-		print_message("KVFS_BUILD_DIR not set (run through ctest): skipped\n");
-		skip();
-	}
+	tu_need_build_dir();
 	static const char *types[] = {"f32", "f16", "bf16", "q8_0"};
 	static const enum kvi_dtype dt[] = {KVI_F32, KVI_F16, KVI_BF16, KVI_Q8_0};
 	char path[64], err[256];

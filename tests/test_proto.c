@@ -474,6 +474,120 @@ static void test_error_body(void **state)
 	kvp_w_free(&w);
 }
 
+/* An RSTATUS body as meta writes it (fs/meta/meta.c), with npeers peers; *base and *snap get
+ * the lengths where an older meta's body ends (before the snapshot fields, before snap_size). */
+static void rstatus_body(struct kvp_wbuf *w, uint32_t npeers, uint8_t state, const char *laddr,
+			 size_t *base, size_t *snap)
+{
+	kvp_w_init(w);
+	kvp_w_u64(w, 2);
+	kvp_w_u8(w, state);
+	kvp_w_u8(w, 1);
+	kvp_w_u64(w, 7);
+	kvp_w_u64(w, 3);
+	kvp_w_cstr(w, laddr);
+	kvp_w_u64(w, 1000);
+	kvp_w_u64(w, 990);
+	kvp_w_u64(w, 995);
+	kvp_w_u32(w, npeers);
+	for (uint32_t i = 0; i < npeers; i++) {
+		char a[32];
+		snprintf(a, sizeof(a), "127.0.0.1:%u", 9000 + i);
+		kvp_w_u64(w, i + 1);
+		kvp_w_cstr(w, a);
+		kvp_w_u64(w, 900 + i);
+	}
+	*base = w->len;
+	kvp_w_u64(w, 512);
+	kvp_w_u64(w, 4);
+	kvp_w_u64(w, 65536);
+	kvp_w_u64(w, 488);
+	kvp_w_cstr(w, "127.0.0.1:7000");
+	*snap = w->len;
+	kvp_w_u64(w, 123456);
+}
+
+/* kvp_rstatus_parse: every field of a whole body; an older meta's shorter bodies; every other
+ * cut refused (an optional group comes whole); what comes after the known fields ignored;
+ * peers past KVP_RSTATUS_PEERS dropped; bad state, serving flag, over-long string refused. */
+static void test_rstatus_parse(void **state)
+{
+	(void)state;
+	struct kvp_wbuf w;
+	size_t base, snap;
+	rstatus_body(&w, 3, 3, "127.0.0.1:8003", &base, &snap);
+	struct kvp_rstatus s;
+	assert_int_equal(kvp_rstatus_parse(w.p, w.len, &s), 0);
+	assert_int_equal(s.id, 2);
+	assert_int_equal(s.state, 3);
+	assert_int_equal(s.serving, 1);
+	assert_int_equal(s.term, 7);
+	assert_int_equal(s.leader_id, 3);
+	assert_string_equal(s.leader_raft, "127.0.0.1:8003");
+	assert_int_equal(s.last, 1000);
+	assert_int_equal(s.applied, 990);
+	assert_int_equal(s.commit, 995);
+	assert_int_equal(s.npeers, 3);
+	assert_int_equal(s.peers[2].id, 3);
+	assert_string_equal(s.peers[2].raft, "127.0.0.1:9002");
+	assert_int_equal(s.peers[2].match, 902);
+	assert_true(s.has_snap && s.has_snap_size);
+	assert_int_equal(s.snap_index, 512);
+	assert_int_equal(s.snapshots, 4);
+	assert_int_equal(s.log_bytes, 65536);
+	assert_int_equal(s.log_mem, 488);
+	assert_string_equal(s.leader_client, "127.0.0.1:7000");
+	assert_int_equal(s.snap_size, 123456);
+
+	/* Cut at every byte: only an older meta's two lengths parse. */
+	for (size_t l = 0; l < w.len; l++) {
+		int rc = kvp_rstatus_parse(w.p, l, &s);
+		int want = l == base || l == snap ? 0 : -EBADMSG;
+		if (rc != want)
+			fail_msg("a body cut to %zu of %zu bytes: %d, want %d", l, w.len, rc, want);
+		if (rc == 0 && (s.has_snap != (l == snap) || s.has_snap_size || s.applied != 990))
+			fail_msg("a body cut to %zu bytes: fields taken that did not come", l);
+		if (rc && (s.id || s.npeers))
+			fail_msg("a body cut to %zu bytes: refused but not zeroed", l);
+	}
+	assert_int_equal(kvp_rstatus_parse(w.p, base, &s), 0);
+	assert_int_equal(s.npeers, 3);
+	assert_string_equal(s.leader_client, "");
+	/* A newer meta's appended field. */
+	kvp_w_u32(&w, 99);
+	assert_int_equal(kvp_rstatus_parse(w.p, w.len, &s), 0);
+	assert_int_equal(s.snap_size, 123456);
+	kvp_w_free(&w);
+
+	/* More peers than kept: the rest is still read past. */
+	rstatus_body(&w, KVP_RSTATUS_PEERS + 3, 1, "", &base, &snap);
+	assert_int_equal(kvp_rstatus_parse(w.p, w.len, &s), 0);
+	assert_int_equal(s.npeers, KVP_RSTATUS_PEERS);
+	assert_int_equal(s.peers[KVP_RSTATUS_PEERS - 1].id, KVP_RSTATUS_PEERS);
+	assert_int_equal(s.snap_size, 123456);
+	kvp_w_free(&w);
+
+	/* A peer count the body cannot hold. */
+	rstatus_body(&w, 0, 1, "", &base, &snap);
+	w.p[base - 4] = 0xff;
+	assert_int_equal(kvp_rstatus_parse(w.p, w.len, &s), -EBADMSG);
+	kvp_w_free(&w);
+
+	rstatus_body(&w, 1, 4, "", &base, &snap);
+	assert_int_equal(kvp_rstatus_parse(w.p, w.len, &s), -EBADMSG);
+	kvp_w_free(&w);
+	rstatus_body(&w, 1, 1, "", &base, &snap);
+	w.p[9] = 2; /* serving */
+	assert_int_equal(kvp_rstatus_parse(w.p, w.len, &s), -EBADMSG);
+	kvp_w_free(&w);
+	char longaddr[KVP_ADDR_MAX + 1];
+	memset(longaddr, 'a', KVP_ADDR_MAX);
+	longaddr[KVP_ADDR_MAX] = 0;
+	rstatus_body(&w, 1, 1, longaddr, &base, &snap);
+	assert_int_equal(kvp_rstatus_parse(w.p, w.len, &s), -EBADMSG);
+	kvp_w_free(&w);
+}
+
 /* Both transports, and ends that disagree: a TLS client against a plaintext server fails at
  * once with -EPROTO (and a log line naming the cause); a plaintext client against a TLS server
  * gets no HELLO and times out. */
@@ -706,8 +820,9 @@ int main(void)
 	    cmocka_unit_test(test_codec_roundtrip), cmocka_unit_test(test_header_checks),
 	    cmocka_unit_test(test_addr_parse),	    cmocka_unit_test(test_strerror_generic),
 	    cmocka_unit_test(test_auth_and_calls),  cmocka_unit_test(test_call_into),
-	    cmocka_unit_test(test_error_body),	    cmocka_unit_test(test_transport_modes),
-	    cmocka_unit_test(test_tls_concurrent),  cmocka_unit_test(test_big_frames),
+	    cmocka_unit_test(test_error_body),	    cmocka_unit_test(test_rstatus_parse),
+	    cmocka_unit_test(test_transport_modes), cmocka_unit_test(test_tls_concurrent),
+	    cmocka_unit_test(test_big_frames),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

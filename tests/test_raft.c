@@ -245,8 +245,7 @@ static void test_failover(void **state)
 	for (int i = 0; i < NREP; i++)
 		if (g_mpid[i] > 0)
 			kvh_stop_pid(g_mpid[i], SIGTERM, 5000);
-	if (!getenv("KVFS_TEST_KEEP"))
-		kvh_sh("rm -rf %s", G.dir);
+	rt_rm_dir(G.dir);
 }
 
 /* The Raft transport has no TLS: peers off loopback are refused unless the operator says the
@@ -461,16 +460,14 @@ static void test_speculative_rollback(void **state)
 			fail_msg("replica %d's database differs from replica 1's", i + 1);
 	for (int i = 0; i < NREP; i++)
 		free(d[i]);
-	if (!getenv("KVFS_TEST_KEEP"))
-		kvh_sh("rm -rf %s", G.dir);
+	rt_rm_dir(G.dir);
 }
 
 int main(void)
 {
-	if (!rt_have_bins()) {
-		printf("skipped: kvfs-meta / kvfs-node not built\n");
-		return 77;
-	}
+	int rc = rt_main_bins();
+	if (rc)
+		return rc;
 	const struct CMUnitTest tests[] = {cmocka_unit_test(test_failover),
 					   cmocka_unit_test(test_speculative_rollback),
 					   cmocka_unit_test(test_off_loopback_refused)};

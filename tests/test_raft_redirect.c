@@ -83,8 +83,7 @@ static void group_stop(void)
 		if (g_mpid[i] > 0)
 			kvh_stop_pid(g_mpid[i], SIGTERM, 5000);
 	memset(g_mpid, 0, sizeof(g_mpid));
-	if (!getenv("KVFS_TEST_KEEP"))
-		kvh_sh("rm -rf %s", G.dir);
+	rt_rm_dir(G.dir);
 }
 
 static void test_follower_redirects(void **state)
@@ -207,10 +206,9 @@ static void test_unreachable_name(void **state)
 
 int main(void)
 {
-	if (!rt_have_bins()) {
-		printf("skipped: kvfs-meta / kvfs-node not built\n");
-		return 77;
-	}
+	int rc = rt_main_bins();
+	if (rc)
+		return rc;
 	const struct CMUnitTest tests[] = {cmocka_unit_test(test_follower_redirects),
 					   cmocka_unit_test(test_unreachable_name)};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -27,70 +27,6 @@
 static struct kvh_raft G;
 static pid_t g_mpid[NREP];
 
-struct rst {
-	int state, serving;
-	uint64_t last, applied, snap_index, snapshots, log_bytes, log_mem, snap_size;
-	int more; /* the snapshot fields came */
-};
-
-static int rstatus(struct kvp_pool *pool, int i, struct rst *s)
-{
-	memset(s, 0, sizeof(*s));
-	struct kvp_client *cl;
-	int rc = kvp_pool_get(pool, G.meta[i], &cl);
-	if (rc)
-		return rc;
-	uint8_t *rb = NULL;
-	uint32_t rl = 0;
-	rc = kvp_call(cl, KVP_OP_RSTATUS, NULL, 0, NULL, 0, 1000, &rb, &rl);
-	kvp_pool_put(pool, cl);
-	if (rc)
-		return rc;
-	struct kvp_rbuf r;
-	kvp_r_init(&r, rb, rl);
-	char a[64];
-	kvp_r_u64(&r); /* id */
-	s->state = kvp_r_u8(&r);
-	s->serving = kvp_r_u8(&r);
-	kvp_r_u64(&r); /* term */
-	kvp_r_u64(&r); /* leader id */
-	kvp_r_str(&r, a, sizeof(a));
-	s->last = kvp_r_u64(&r);
-	s->applied = kvp_r_u64(&r);
-	kvp_r_u64(&r); /* commit */
-	uint32_t n = kvp_r_u32(&r);
-	for (uint32_t j = 0; j < n && !r.err; j++) {
-		kvp_r_u64(&r);
-		kvp_r_str(&r, a, sizeof(a));
-		kvp_r_u64(&r);
-	}
-	if (!r.err && r.off < r.len) {
-		s->snap_index = kvp_r_u64(&r);
-		s->snapshots = kvp_r_u64(&r);
-		s->log_bytes = kvp_r_u64(&r);
-		s->log_mem = kvp_r_u64(&r);
-		kvp_r_str(&r, a, sizeof(a)); /* the leader's client address */
-		s->snap_size = kvp_r_u64(&r);
-		s->more = kvp_r_end(&r) == 0;
-	}
-	rc = r.err;
-	free(rb);
-	return rc;
-}
-
-static int leader(struct kvp_pool *pool)
-{
-	for (int t = 0; t < 300; t++) {
-		for (int i = 0; i < NREP; i++) {
-			struct rst s;
-			if (rstatus(pool, i, &s) == 0 && s.state == 3 && s.serving)
-				return i;
-		}
-		rt_sleep_ms(50);
-	}
-	return -1;
-}
-
 static void heartbeat_fake_nodes(struct kvp_client *c)
 {
 	for (int i = 0; i < 3; i++) {
@@ -181,7 +117,7 @@ static void test_snapshot_by_bytes(void **state)
 	}
 	struct kvp_pool *pool;
 	assert_int_equal(kvp_pool_create(&G.sec, 1000, &pool), 0);
-	int lead = leader(pool);
+	int lead = kvh_raft_leader(pool, &G, NULL, -1, 15000);
 	assert_true(lead >= 0);
 	struct kvp_client *c;
 	assert_int_equal(kvp_client_open(G.meta[lead], &G.sec, 5000, &c), 0);
@@ -191,11 +127,12 @@ static void test_snapshot_by_bytes(void **state)
 	kvp_client_close(c);
 
 	/* Every replica applies what the leader has, then reports. */
-	struct rst ls, s[NREP];
-	assert_int_equal(rstatus(pool, lead, &ls), 0);
+	struct kvp_rstatus ls, s[NREP];
+	assert_int_equal(kvh_raft_rstatus(pool, &G, lead, &ls), 0);
 	for (int i = 0; i < NREP; i++) {
 		int t = 0;
-		while (t++ < 600 && (rstatus(pool, i, &s[i]) || s[i].applied < ls.last))
+		while (t++ < 600 &&
+		       (kvh_raft_rstatus(pool, &G, i, &s[i]) || s[i].applied < ls.last))
 			rt_sleep_ms(50);
 		assert_true(s[i].applied >= ls.last);
 	}
@@ -206,7 +143,7 @@ static void test_snapshot_by_bytes(void **state)
 		    i + 1, (unsigned long long)s[i].last, (unsigned long long)s[i].snapshots,
 		    (unsigned long long)s[i].snap_index, (unsigned long long)s[i].snap_size,
 		    (unsigned long long)s[i].log_bytes, (unsigned long long)s[i].log_mem);
-		if (!s[i].more)
+		if (!s[i].has_snap_size)
 			fail_msg("replica %d: RSTATUS carries no snapshot fields", i + 1);
 		/* The entry trigger could not have fired. */
 		assert_true(s[i].last < 100000);
@@ -273,16 +210,14 @@ static void test_snapshot_by_bytes(void **state)
 			fail_msg("replica %d: %d snapshots stored as they are, %d compressed",
 				 i + 1, raw, lz4);
 	}
-	if (!getenv("KVFS_TEST_KEEP"))
-		kvh_sh("rm -rf %s", G.dir);
+	rt_rm_dir(G.dir);
 }
 
 int main(void)
 {
-	if (!rt_have_bins()) {
-		printf("skipped: kvfs-meta / kvfs-node not built\n");
-		return 77;
-	}
+	int rc = rt_main_bins();
+	if (rc)
+		return rc;
 	const struct CMUnitTest tests[] = {cmocka_unit_test(test_snapshot_by_bytes)};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

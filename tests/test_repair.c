@@ -730,8 +730,7 @@ static void check_zones(struct kvc *c, const char *path, const struct kvc_node *
 static void test_repair_zones(void **state)
 {
 	(void)state;
-	if (!rt_have_bins())
-		skip();
+	rt_need_bins();
 	struct kvh_cluster *const clp = &g_cl;
 	struct kvh_hosts h = {.node_args = {"--zone a", "--zone a", "--zone b", "--zone c",
 					    "--zone d --capacity 64M"}};

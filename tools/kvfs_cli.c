@@ -393,19 +393,12 @@ static int read_line(const char *path, char *out, size_t cap)
 }
 
 /* One replica's RSTATUS (kvp.h), or, for a replica seen only in the leader's configuration,
- * what the leader knows of it (asked = 0: id, Raft address, match index). */
+ * what the leader knows of it (asked = 0: st.id, st.applied = its match index, addr = its Raft
+ * address). */
 struct mstat {
 	int rc, asked;
 	char addr[KVP_ADDR_MAX + 8];
-	uint64_t id, term, leader, last, applied, commit;
-	uint64_t snap, log_bytes, log_mem;
-	uint8_t state, serving, more; /* more: the fields after the peer list came */
-	char laddr[64], lclient[KVP_ADDR_MAX];
-	uint32_t npeers;
-	struct {
-		uint64_t id, match;
-		char raft[64];
-	} peers[KVC_MAX_METAS];
+	struct kvp_rstatus st;
 };
 
 static int mstat_get(struct kvp_pool *pool, const char *addr, int timeout_ms, struct mstat *s)
@@ -421,42 +414,8 @@ static int mstat_get(struct kvp_pool *pool, const char *addr, int timeout_ms, st
 		rc = kvp_call(cl, KVP_OP_RSTATUS, NULL, 0, NULL, 0, timeout_ms, &rb, &rl);
 		kvp_pool_put(pool, cl);
 	}
-	if (!rc) {
-		struct kvp_rbuf r;
-		kvp_r_init(&r, rb, rl);
-		s->id = kvp_r_u64(&r);
-		s->state = kvp_r_u8(&r);
-		s->serving = kvp_r_u8(&r);
-		s->term = kvp_r_u64(&r);
-		s->leader = kvp_r_u64(&r);
-		kvp_r_str(&r, s->laddr, sizeof(s->laddr));
-		s->last = kvp_r_u64(&r);
-		s->applied = kvp_r_u64(&r);
-		s->commit = kvp_r_u64(&r);
-		uint32_t n = kvp_r_u32(&r);
-		for (uint32_t i = 0; i < n && !r.err; i++) {
-			uint64_t id = kvp_r_u64(&r);
-			char raft[64];
-			kvp_r_str(&r, raft, sizeof(raft));
-			uint64_t match = kvp_r_u64(&r);
-			if (s->npeers < KVC_MAX_METAS) {
-				s->peers[s->npeers].id = id;
-				s->peers[s->npeers].match = match;
-				memcpy(s->peers[s->npeers].raft, raft, sizeof(raft));
-				s->npeers++;
-			}
-		}
-		/* An older meta ends here. */
-		if (!r.err && r.off < r.len) {
-			s->snap = kvp_r_u64(&r);
-			kvp_r_u64(&r); /* snapshots taken */
-			s->log_bytes = kvp_r_u64(&r);
-			s->log_mem = kvp_r_u64(&r);
-			kvp_r_str(&r, s->lclient, sizeof(s->lclient));
-			s->more = !r.err;
-		}
-		rc = r.err;
-	}
+	if (!rc)
+		rc = kvp_rstatus_parse(rb, rl, &s->st);
 	free(rb);
 	s->rc = rc;
 	return rc;
@@ -489,19 +448,19 @@ static int cmd_meta_status(const char *list, const struct kvp_secret *sec, int t
 		rc = mstat_get(pool, addrs[i], timeout_ms, &s[rows]);
 		ok += rc == 0;
 		single |= rc == -EOPNOTSUPP;
-		if (!rc && s[rows].state == 3 && lead < 0)
+		if (!rc && s[rows].st.state == 3 && lead < 0)
 			lead = rows;
 		rows++;
 	}
 	/* The leader, when none of the list is it: any replica that follows it names it. */
 	for (int i = 0; i < rows && lead < 0; i++) {
-		if (s[i].rc || !s[i].lclient[0])
+		if (s[i].rc || !s[i].st.leader_client[0])
 			continue;
 		int known = 0;
 		for (int j = 0; j < rows; j++)
-			known |= !strcmp(s[j].addr, s[i].lclient);
-		if (!known && mstat_get(pool, s[i].lclient, timeout_ms, &s[rows]) == 0 &&
-		    s[rows].state == 3) {
+			known |= !strcmp(s[j].addr, s[i].st.leader_client);
+		if (!known && mstat_get(pool, s[i].st.leader_client, timeout_ms, &s[rows]) == 0 &&
+		    s[rows].st.state == 3) {
 			lead = rows++;
 			ok++;
 		}
@@ -512,20 +471,20 @@ static int cmd_meta_status(const char *list, const struct kvp_secret *sec, int t
 	for (int i = 0; i < rows && from < 0; i++)
 		if (!s[i].rc)
 			from = i;
-	for (uint32_t p = 0; from >= 0 && p < s[from].npeers && rows < MAXROWS; p++) {
+	for (uint32_t p = 0; from >= 0 && p < s[from].st.npeers && rows < MAXROWS; p++) {
 		int known = 0;
 		for (int j = 0; j < rows; j++)
-			known |= !s[j].rc && s[j].asked && s[j].id == s[from].peers[p].id;
+			known |= !s[j].rc && s[j].asked && s[j].st.id == s[from].st.peers[p].id;
 		if (known)
 			continue;
 		struct mstat *t = &s[rows++];
 		memset(t, 0, sizeof(*t));
-		t->id = s[from].peers[p].id;
-		t->applied = s[from].peers[p].match;
-		snprintf(t->addr, sizeof(t->addr), "raft=%s", s[from].peers[p].raft);
+		t->st.id = s[from].st.peers[p].id;
+		t->st.applied = s[from].st.peers[p].match;
+		snprintf(t->addr, sizeof(t->addr), "raft=%s", s[from].st.peers[p].raft);
 	}
 	kvp_pool_destroy(pool);
-	uint64_t lead_last = lead >= 0 ? s[lead].last : 0;
+	uint64_t lead_last = lead >= 0 ? s[lead].st.last : 0;
 	static const char *states[] = {"unavailable", "follower", "candidate", "leader"};
 	/* lag last, applied before it: scripts read them as $NF and $(NF - 1). */
 	printf("%-22s %4s %-11s %-7s %6s %8s %10s %8s %8s %10s %10s %10s %6s\n", "meta", "id",
@@ -542,33 +501,35 @@ static int cmd_meta_status(const char *list, const struct kvp_secret *sec, int t
 		}
 		char lag[24] = "-";
 		if (lead_last && (s[i].asked || lead >= 0))
-			snprintf(
-			    lag, sizeof(lag), "%lld",
-			    (long long)(lead_last > s[i].applied ? lead_last - s[i].applied : 0));
+			snprintf(lag, sizeof(lag), "%lld",
+				 (long long)(lead_last > s[i].st.applied
+						 ? lead_last - s[i].st.applied
+						 : 0));
 		if (!s[i].asked) {
 			/* Seen in the configuration only: not asked, so no state of its own. */
 			char match[24] = "-";
 			if (lead >= 0)
 				snprintf(match, sizeof(match), "%llu",
-					 (unsigned long long)s[i].applied);
+					 (unsigned long long)s[i].st.applied);
 			printf("%-22s %4llu %-11s %-7s %6s %8s %10s %8s %8s %10s %10s %10s %6s\n",
-			       s[i].addr, (unsigned long long)s[i].id,
+			       s[i].addr, (unsigned long long)s[i].st.id,
 			       lead >= 0 ? "(leader's)" : "(config)", "-", "-", "-", "-", "-", "-",
 			       "-", "-", match, lag);
 			continue;
 		}
 		char snap[24] = "-", mib[24] = "-", mem[24] = "-";
-		if (s[i].more) {
-			snprintf(snap, sizeof(snap), "%llu", (unsigned long long)s[i].snap);
-			snprintf(mib, sizeof(mib), "%.1f", (double)s[i].log_bytes / 1048576.0);
-			snprintf(mem, sizeof(mem), "%llu", (unsigned long long)s[i].log_mem);
+		if (s[i].st.has_snap) {
+			snprintf(snap, sizeof(snap), "%llu",
+				 (unsigned long long)s[i].st.snap_index);
+			snprintf(mib, sizeof(mib), "%.1f", (double)s[i].st.log_bytes / 1048576.0);
+			snprintf(mem, sizeof(mem), "%llu", (unsigned long long)s[i].st.log_mem);
 		}
 		printf("%-22s %4llu %-11s %-7s %6llu %8llu %10s %8s %8s %10llu %10llu %10llu %6s\n",
-		       s[i].addr, (unsigned long long)s[i].id, states[s[i].state & 3],
-		       s[i].serving ? "yes" : "no", (unsigned long long)s[i].term,
-		       (unsigned long long)s[i].leader, snap, mib, mem,
-		       (unsigned long long)s[i].last, (unsigned long long)s[i].commit,
-		       (unsigned long long)s[i].applied, lag);
+		       s[i].addr, (unsigned long long)s[i].st.id, states[s[i].st.state & 3],
+		       s[i].st.serving ? "yes" : "no", (unsigned long long)s[i].st.term,
+		       (unsigned long long)s[i].st.leader_id, snap, mib, mem,
+		       (unsigned long long)s[i].st.last, (unsigned long long)s[i].st.commit,
+		       (unsigned long long)s[i].st.applied, lag);
 	}
 	if (!lead_last && ok && !single)
 		printf("no leader: an election is on, or too few replicas are up\n");

@@ -186,7 +186,8 @@ static int is_leader(const char *addr, const struct kvp_secret *s)
 		return 0;
 	int rc = kvp_call(c, KVP_OP_RSTATUS, NULL, 0, NULL, 0, 1000, &rb, &rl);
 	kvp_client_close(c);
-	int lead = !rc && rl >= 10 && rb[8] == 3 && rb[9];
+	struct kvp_rstatus st;
+	int lead = !rc && kvp_rstatus_parse(rb, rl, &st) == 0 && st.state == 3 && st.serving;
 	free(rb);
 	return lead;
 }
@@ -603,21 +604,8 @@ static uint64_t raft_last_index(const char *addr, const struct kvp_secret *s)
 		return 0;
 	int rc = kvp_call(c, KVP_OP_RSTATUS, NULL, 0, NULL, 0, 1000, &rb, &rl);
 	kvp_client_close(c);
-	uint64_t last = 0;
-	if (!rc) {
-		struct kvp_rbuf r;
-		char a[KVP_ADDR_MAX];
-		kvp_r_init(&r, rb, rl);
-		kvp_r_u64(&r);
-		kvp_r_u8(&r);
-		kvp_r_u8(&r);
-		kvp_r_u64(&r);
-		kvp_r_u64(&r);
-		kvp_r_str(&r, a, sizeof(a));
-		last = kvp_r_u64(&r);
-		if (r.err)
-			last = 0;
-	}
+	struct kvp_rstatus st;
+	uint64_t last = !rc && kvp_rstatus_parse(rb, rl, &st) == 0 ? st.last : 0;
 	free(rb);
 	return last;
 }

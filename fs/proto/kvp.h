@@ -108,8 +108,10 @@ enum kvp_op {
 				* address, u64 match index: the leader's view, else 0), u64 last
 				* snapshot's index, u64 snapshots taken, u64 bytes of entries
 				* applied since it, u64 entries in memory, str leader's client
-				* address ("" unknown; an older meta ends before these). Answered
-				* by every replica; -EOPNOTSUPP from a meta without Raft */
+				* address ("" unknown; an older meta ends before these), u64 last
+				* snapshot's size in bytes (0 none; an older meta ends before
+				* it). Answered by every replica; -EOPNOTSUPP from a meta without
+				* Raft. Parsed by kvp_rstatus_parse */
 	KVP_OP_RCONF = 0x42,   /* -> u8 action (1 add a voter, 2 remove), u64 replica id, str Raft
 				* address (add; "" for remove)  <- (empty), once the change is
 				* committed (an added replica has caught up). Leader only;
@@ -222,6 +224,34 @@ struct kvp_attr {
  * addr: 0, -ENOENT (empty body) or -EBADMSG (anything but one str holding a usable IPv4
  * HOST:PORT, port not 0); addr is "" unless 0. */
 int kvp_redirect_parse(const uint8_t *b, size_t len, char addr[KVP_ADDR_MAX]);
+
+/* KVP_OP_RSTATUS's reply, parsed. Peers past KVP_RSTATUS_PEERS (a Raft group's most) are read
+ * and dropped. */
+#define KVP_RSTATUS_PEERS 9
+struct kvp_rstatus {
+	uint64_t id, term, leader_id; /* leader_id 0: none known */
+	uint8_t state;		      /* 0 unavailable, 1 follower, 2 candidate, 3 leader */
+	uint8_t serving;
+	char leader_raft[KVP_ADDR_MAX]; /* the leader's Raft address */
+	uint64_t last, applied, commit;
+	uint32_t npeers; /* entries of peers[] filled */
+	struct kvp_rstatus_peer {
+		uint64_t id;
+		char raft[KVP_ADDR_MAX];
+		uint64_t match; /* the leader's view, else 0 */
+	} peers[KVP_RSTATUS_PEERS];
+	/* has_snap: the snapshot fields and leader_client came; has_snap_size: snap_size came
+	 * (an older meta ends before each; fields that did not come are 0 / ""). */
+	uint8_t has_snap, has_snap_size;
+	uint64_t snap_index, snapshots, log_bytes, log_mem;
+	char leader_client[KVP_ADDR_MAX]; /* "" unknown */
+	uint64_t snap_size;
+};
+/* Parses an RSTATUS reply body (untrusted, len bytes) into s. 0, or -EBADMSG: a field cut
+ * short (an optional group must come whole), a string of KVP_ADDR_MAX bytes or more, a state
+ * over 3 or a serving flag over 1; s is zeroed then. Bytes after snap_size are ignored: a
+ * newer meta may append fields. */
+int kvp_rstatus_parse(const uint8_t *b, size_t len, struct kvp_rstatus *s);
 
 /* ---- struct kvp_attr in bodies (80 bytes, docs/protocol.md) ---- */
 void kvp_w_attr(struct kvp_wbuf *w, const struct kvp_attr *a);

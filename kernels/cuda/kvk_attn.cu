@@ -43,6 +43,35 @@ static __device__ float warp_sum(float v)
 	return v;
 }
 
+// Both kernels' mapping of a block's rows and keys (file comment): row r of kv head kvh is query
+// r / group and head kvh * group + r % group; its query and output row start at this offset in
+// q and out (s: the sequence, 0 in prefill).
+static __device__ __forceinline__ size_t row_off(const struct attn_args &a, int s, int kvh, int r)
+{
+	int qi = r / a.group, h = kvh * a.group + r % a.group;
+	return (((size_t)s * a.n_q + qi) * a.n_heads + h) * a.hd;
+}
+
+// Causal: the keys row r sees, from the first query's position pos0.
+static __device__ __forceinline__ int row_nkeys(const struct attn_args &a, int pos0, int r)
+{
+	return pos0 + r / a.group + 1;
+}
+
+// Word p (a half pair) of key `key`'s K and V for kv head kvh through the block table; zeros
+// for a table entry that names no block.
+static __device__ __forceinline__ void kv_words(const struct attn_args &a, const int32_t *table,
+						int key, int kvh, int p, uint32_t *kw, uint32_t *vw)
+{
+	int32_t b = table[key / a.B];
+	if (b >= 0 && b < a.num_blocks) {
+		size_t off =
+		    (size_t)b * a.block_stride + ((size_t)(key % a.B) * a.nkv + kvh) * a.hd + 2 * p;
+		*kw = *(const uint32_t *)(a.k + off);
+		*vw = *(const uint32_t *)(a.v + off);
+	}
+}
+
 static __global__ void __launch_bounds__(WARPS * 32) attn_kernel(struct attn_args a)
 {
 	extern __shared__ float smem[];
@@ -59,15 +88,13 @@ static __global__ void __launch_bounds__(WARPS * 32) attn_kernel(struct attn_arg
 	int len = a.seq_lens ? a.seq_lens[s] : a.q_start + a.n_q;
 	int pos0 = a.seq_lens ? len - 1 : a.q_start;
 	int last_row = min(row0 + ROWS, total_rows) - 1;
-	int block_keys = pos0 + last_row / a.group + 1; // keys of the block's last query
+	int block_keys = row_nkeys(a, pos0, last_row); // keys of the block's last query
 
 	for (int e = threadIdx.x; e < ROWS * hd; e += blockDim.x) {
 		int r = row0 + e / hd, d = e % hd;
 		float v = 0.f;
-		if (r < total_rows && len > 0) {
-			int qi = r / a.group, h = kvh * a.group + r % a.group;
-			v = a.q[(((size_t)s * a.n_q + qi) * a.n_heads + h) * hd + d] * a.scale;
-		}
+		if (r < total_rows && len > 0)
+			v = a.q[row_off(a, s, kvh, r) + d] * a.scale;
 		qs[e] = v;
 	}
 
@@ -88,16 +115,8 @@ static __global__ void __launch_bounds__(WARPS * 32) attn_kernel(struct attn_arg
 			int j = e / hp, p = e % hp, key = kt + j;
 			uint32_t kw = 0, vw = 0;
 			// A decode length past its table row reads zeros, never another row.
-			if (key < block_keys && (!a.seq_lens || key / a.B < a.max_blocks)) {
-				int32_t b = table[key / a.B];
-				if (b >= 0 && b < a.num_blocks) {
-					size_t off = (size_t)b * a.block_stride +
-						     ((size_t)(key % a.B) * a.nkv + kvh) * hd +
-						     2 * p;
-					kw = *(const uint32_t *)(a.k + off);
-					vw = *(const uint32_t *)(a.v + off);
-				}
-			}
+			if (key < block_keys && (!a.seq_lens || key / a.B < a.max_blocks))
+				kv_words(a, table, key, kvh, p, &kw, &vw);
 			ks[j * kstride + p] = kw;
 			vs[j * kstride + p] = vw;
 		}
@@ -107,7 +126,7 @@ static __global__ void __launch_bounds__(WARPS * 32) attn_kernel(struct attn_arg
 			int r = row0 + warp + WARPS * j;
 			if (r >= total_rows)
 				continue;
-			int row_keys = pos0 + r / a.group + 1;
+			int row_keys = row_nkeys(a, pos0, r);
 			if (kt >= row_keys)
 				continue; // warp-uniform
 			const float2 *q2 = (const float2 *)(qs + (r - row0) * hd);
@@ -154,8 +173,7 @@ static __global__ void __launch_bounds__(WARPS * 32) attn_kernel(struct attn_arg
 		int r = row0 + warp + WARPS * j;
 		if (r >= total_rows)
 			continue;
-		int qi = r / a.group, h = kvh * a.group + r % a.group;
-		float *o = a.out + (((size_t)s * a.n_q + qi) * a.n_heads + h) * hd;
+		float *o = a.out + row_off(a, s, kvh, r);
 		float inv = len > 0 && l[j] > 0.f ? 1.f / l[j] : 0.f;
 #pragma unroll
 		for (int i = 0; i < MAX_PAIR; i++) {
@@ -205,24 +223,22 @@ static __global__ void __launch_bounds__(FA_WARPS * 32) fa_kernel(struct attn_ar
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	const int total_rows = a.n_q * a.group, pos0 = a.q_start;
 	const int32_t *table = a.tables;
-	int block_keys = pos0 + (min(row0 + FA_BM, total_rows) - 1) / a.group + 1;
+	int block_keys = row_nkeys(a, pos0, min(row0 + FA_BM, total_rows) - 1);
 
 	for (int e = threadIdx.x; e < FA_BM * hd; e += blockDim.x) {
 		int i = e / hd, d = e % hd, r = row0 + i;
 		float v = 0.f;
-		if (r < total_rows) {
-			int qi = r / a.group, h = kvh * a.group + r % a.group;
-			v = a.q[((size_t)qi * a.n_heads + h) * hd + d] * a.scale;
-		}
+		if (r < total_rows)
+			v = a.q[row_off(a, 0, kvh, r) + d] * a.scale;
 		qs[i * QS + d] = __float2half_rn(v);
 		os[i * OS + d] = 0.f;
 	}
 
 	// This lane's row (two lanes per row, each half of the tile's keys and of the head dims).
 	const int wr = warp * 16 + (lane >> 1), hf = lane & 1, r = row0 + wr;
-	const int row_keys = r < total_rows ? pos0 + r / a.group + 1 : 0;
+	const int row_keys = r < total_rows ? row_nkeys(a, pos0, r) : 0;
 	const int wlast = min(row0 + warp * 16 + 15, total_rows - 1);
-	const int warp_keys = wlast >= row0 + warp * 16 ? pos0 + wlast / a.group + 1 : 0;
+	const int warp_keys = wlast >= row0 + warp * 16 ? row_nkeys(a, pos0, wlast) : 0;
 	float m = -INFINITY, l = 0.f;
 
 	for (int kt = 0; kt < block_keys; kt += FA_BN) {
@@ -230,16 +246,8 @@ static __global__ void __launch_bounds__(FA_WARPS * 32) fa_kernel(struct attn_ar
 		for (int e = threadIdx.x; e < FA_BN * hp; e += blockDim.x) {
 			int j = e / hp, p = e % hp, key = kt + j;
 			uint32_t kw = 0, vw = 0; // keys past the block's last are zeros
-			if (key < block_keys) {
-				int32_t b = table[key / a.B];
-				if (b >= 0 && b < a.num_blocks) {
-					size_t off = (size_t)b * a.block_stride +
-						     ((size_t)(key % a.B) * a.nkv + kvh) * hd +
-						     2 * p;
-					kw = *(const uint32_t *)(a.k + off);
-					vw = *(const uint32_t *)(a.v + off);
-				}
-			}
+			if (key < block_keys)
+				kv_words(a, table, key, kvh, p, &kw, &vw);
 			((uint32_t *)ks)[j * (QS / 2) + p] = kw;
 			((uint32_t *)vs)[j * (QS / 2) + p] = vw;
 		}
@@ -308,8 +316,7 @@ static __global__ void __launch_bounds__(FA_WARPS * 32) fa_kernel(struct attn_ar
 	__syncwarp(); // the last stores of O are read by the row's lanes
 
 	if (r < total_rows) {
-		int qi = r / a.group, h = kvh * a.group + r % a.group;
-		float *o = a.out + ((size_t)qi * a.n_heads + h) * hd + hf * hp;
+		float *o = a.out + row_off(a, 0, kvh, r) + hf * hp;
 		const float *orow = os + wr * OS + hf * hp;
 		float inv = l > 0.f ? 1.f / l : 0.f;
 		for (int d = 0; d < hp; d++)

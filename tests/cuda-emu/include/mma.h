@@ -102,29 +102,14 @@ static inline void kvk_emu_wmma_load(float *t, const T *p, unsigned ldm, bool co
 			    kvk_emu_wmma_f(col ? p[(size_t)c * ldm + r] : p[(size_t)r * ldm + c]);
 }
 
-template <typename T>
-static inline void load_matrix_sync(fragment<matrix_a, 16, 16, 16, T, row_major> &f, const T *p,
-				    unsigned ldm)
+// matrix_a or matrix_b in either layout (the fragment's checks above): a col_major tile is read
+// transposed. An accumulator's load takes the memory layout (below), as on a GPU.
+template <typename Use, typename T, typename L>
+static inline void load_matrix_sync(fragment<Use, 16, 16, 16, T, L> &f, const T *p, unsigned ldm)
 {
-	kvk_emu_wmma_load(f.t, p, ldm, false);
-}
-template <typename T>
-static inline void load_matrix_sync(fragment<matrix_a, 16, 16, 16, T, col_major> &f, const T *p,
-				    unsigned ldm)
-{
-	kvk_emu_wmma_load(f.t, p, ldm, true);
-}
-template <typename T>
-static inline void load_matrix_sync(fragment<matrix_b, 16, 16, 16, T, row_major> &f, const T *p,
-				    unsigned ldm)
-{
-	kvk_emu_wmma_load(f.t, p, ldm, false);
-}
-template <typename T>
-static inline void load_matrix_sync(fragment<matrix_b, 16, 16, 16, T, col_major> &f, const T *p,
-				    unsigned ldm)
-{
-	kvk_emu_wmma_load(f.t, p, ldm, true);
+	static_assert(!std::is_same<Use, accumulator>::value,
+		      "kvk_emu: an accumulator's load_matrix_sync takes a layout_t");
+	kvk_emu_wmma_load(f.t, p, ldm, std::is_same<L, col_major>::value);
 }
 static inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float> &f, const float *p,
 				    unsigned ldm, layout_t layout)
