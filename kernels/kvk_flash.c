@@ -121,8 +121,8 @@ int kvk_flash_attn_f16(enum kvk_isa isa, float *o, size_t ldo, const float *q, s
 			p0 = pe;
 		}
 		for (int r = 0; r < n * G; r++) {
-			float inv = 1.0f / a.l[r], *orow = a.o + (size_t)(r / G) * ldo +
-							   (size_t)(r % G) * hd;
+			float inv = 1.0f / a.l[r];
+			float *orow = a.o + (size_t)(r / G) * ldo + (size_t)(r % G) * hd;
 			for (int d = 0; d < hd; d++)
 				orow[d] *= inv;
 		}
