@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kvk.h"
 #include "kvk_ops.h"
@@ -44,6 +45,7 @@ struct kvi_engine {
 	struct kvi_seq **bseq; /* (T) */
 	float **scratch;       /* per thread: matmul panel */
 	float **scores;	       /* per thread: kvk_flash_scratch_floats(head_dim, group) */
+	double *attn_cpu;      /* per thread: CPU seconds in attn_run (kvi_engine_attn_cpu_s) */
 	int *qtile;	       /* (T + 1) first row of each attention query tile, then T */
 	int nqtile;
 	/* F16 matmul weights repacked for this ISA (kvk_f16_pack), owned here: PK_PER slots per
@@ -295,12 +297,13 @@ int kvi_engine_create(const struct kvi_model *m, const struct kvi_engine_opts *o
 	e->rows = zalloc(T * sizeof(int));
 	e->bseq = zalloc(T * sizeof(*e->bseq));
 	e->qtile = zalloc((T + 1) * sizeof(int));
+	e->attn_cpu = zalloc((size_t)opt.threads * sizeof(double));
 	e->scratch = calloc((size_t)opt.threads, sizeof(float *));
 	e->scores = calloc((size_t)opt.threads, sizeof(float *));
 	if (!e->inv_freq || !e->norm_attn || !e->norm_ffn || !e->norm_out || !e->x || !e->xn ||
 	    !e->q || !e->k || !e->v || !e->att || !e->gate || !e->up || !e->actq || !e->actk ||
-	    !e->rope_cs || !e->pos || !e->rows || !e->bseq || !e->qtile || !e->scratch ||
-	    !e->scores)
+	    !e->rope_cs || !e->pos || !e->rows || !e->bseq || !e->qtile || !e->attn_cpu ||
+	    !e->scratch || !e->scores)
 		goto fail;
 	size_t sc =
 	    max3(kvk_matmul_scratch_floats(KVK_W_F16, E), kvk_matmul_scratch_floats(KVK_W_F16, QD),
@@ -399,6 +402,21 @@ const char *kvi_engine_isa(const struct kvi_engine *e)
 void kvi_engine_pool_stats(const struct kvi_engine *e, struct kvi_pool_stats *st)
 {
 	kvi_pool_stats(e->pool, st);
+}
+
+static double thread_cpu_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+double kvi_engine_attn_cpu_s(const struct kvi_engine *e)
+{
+	double s = 0;
+	for (int i = 0; i < e->o.threads; i++)
+		s += e->attn_cpu[i];
+	return s;
 }
 
 /* ---- parallel jobs --------------------------------------------------------------------- */
@@ -502,18 +520,24 @@ struct attn_job {
  * each key tile read once per query tile (kvk.h). A row's arithmetic depends only on its
  * position, so how the batch was cut into tiles and tasks changes speed, never bits. Tasks go
  * KV head first, so a long prefill's two threads take different heads of the same tiles
- * (equal work) rather than early and late tiles. A job with few (tile, KV head) pairs (decode)
- * splits each group into single heads so every thread has work. */
+ * (equal work) rather than early and late tiles. A job with fewer (tile, KV head) pairs than
+ * the pool has shares (decode) splits each group into parts so every thread has work. */
 static void attn_run(void *arg, int tid, int nth, int thread)
 {
 	struct attn_job *j = arg;
 	struct kvi_engine *e = j->e;
 	const struct kvi_config *c = &e->c;
 	int hd = c->head_dim, grp = c->n_head / c->n_head_kv, nq = e->nqtile;
-	int whole = (long)nq * c->n_head_kv >= 2L * nth;
-	int parts = whole ? 1 : grp, per = grp / parts;
+	/* the fewest parts (a divisor of the group) that give every share a task: whole groups
+	 * share each converted K/V tile among the most rows */
+	int parts = 1;
+	while ((long)nq * c->n_head_kv * parts < nth && parts < grp)
+		for (parts++; grp % parts; parts++)
+			;
+	int per = grp / parts;
 	float scale = 1.0f / sqrtf((float)hd);
 	long lo, hi;
+	double c0 = thread_cpu_s(); /* two clock reads per thread and layer: ~1 us */
 	kvi_pool_split((long)nq * c->n_head_kv * parts, tid, nth, 1, &lo, &hi);
 	for (long task = lo; task < hi; task++) {
 		int kvh = (int)(task / ((long)nq * parts));
@@ -525,6 +549,7 @@ static void attn_run(void *arg, int tid, int nth, int thread)
 				   (size_t)e->q_dim, nt, e->pos[t0], per, kvh, &j->pg,
 				   kvi_seq_blocks(e->bseq[t0]), scale, e->scores[thread]);
 	}
+	e->attn_cpu[thread] += thread_cpu_s() - c0;
 }
 
 /* Cuts batch rows into query tiles for attn_run: runs of up to KVK_FLASH_QT rows of one
