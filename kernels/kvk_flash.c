@@ -12,10 +12,10 @@
 #include "kvk_matmul_impl.h"
 #include "kvk_ops.h"
 
-/* floats of kf / vf: KT keys rounded up to the QK register tile (4 keys), 16-float aligned */
+/* floats of kf / vf: KT keys rounded up to the QK register tile (8 keys), 16-float aligned */
 static size_t kvbuf_floats(int hd)
 {
-	return ((size_t)(KVK_FLASH_KT + 3) * (size_t)hd + 15) & ~(size_t)15;
+	return ((size_t)(KVK_FLASH_KT + 7) * (size_t)hd + 15) & ~(size_t)15;
 }
 
 size_t kvk_flash_scratch_floats(int hd, int G)

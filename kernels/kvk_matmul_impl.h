@@ -29,7 +29,7 @@ void kvk_act_prepare_q8_ref(void *act, size_t ntok, const float *x, size_t ldx, 
  * r = i * G + g: query at q + i * ldq + g * hd, accumulator at o + i * ldo + g * hd, running
  * max m[r] and sum l[r]) against np <= KVK_FLASH_KT keys (key p at k + p * ks, value at
  * v + p * ks halves); token i sees keys p < lim[i] (0: the row is left as it is). kf, vf:
- * (KVK_FLASH_KT + 3) * hd floats each; sc: 4 * KVK_FLASH_KT floats; all 64-byte aligned. */
+ * (KVK_FLASH_KT + 7) * hd floats each; sc: 4 * KVK_FLASH_KT floats; all 64-byte aligned. */
 struct kvk_flash_args {
 	const float *q;
 	size_t ldq;
