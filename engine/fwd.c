@@ -9,8 +9,10 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kvk.h"
+#include "kvk_ops.h"
 #include "log.h"
 #include "pool.h"
 
@@ -19,11 +21,7 @@ struct kvi_engine {
 	struct kvi_config c;
 	struct kvi_engine_opts o;
 	enum kvk_isa isa;
-	kvk_dot_f16_fn dot;
-	kvk_axpy_f16_fn axpy;
-	kvk_qk_f16_fn qk;
-	kvk_av_f16_fn av;
-	size_t kv_stride; /* halves between a KV block's consecutive positions */
+	size_t kv_block_stride; /* halves from a KV block to the next (same layer, K or V) */
 	struct kvi_pool *pool;
 	struct kvi_kv *kv;
 	int q_dim, kv_dim;
@@ -46,7 +44,10 @@ struct kvi_engine {
 	int *rows;	       /* (T) 0, 1, 2, ...: "every batch row" for logits */
 	struct kvi_seq **bseq; /* (T) */
 	float **scratch;       /* per thread: matmul panel */
-	float **scores;	       /* per thread: (n_head / n_head_kv, max_ctx) */
+	float **scores;	       /* per thread: kvk_flash_scratch_floats(head_dim, group) */
+	double *attn_cpu;      /* per thread: CPU seconds in attn_run (kvi_engine_attn_cpu_s) */
+	int *qtile;	       /* (T + 1) first row of each attention query tile, then T */
+	int nqtile;
 	/* F16 matmul weights repacked for this ISA (kvk_f16_pack), owned here: PK_PER slots per
 	 * layer then the output; .data NULL where the model's own tensor is used. NULL if none. */
 	struct kvi_tensor *pk;
@@ -260,10 +261,6 @@ int kvi_engine_create(const struct kvi_model *m, const struct kvi_engine_opts *o
 	if (e->isa != KVK_ISA_SCALAR && e->isa > kvk_isa_best())
 		e->isa = kvk_isa_best(); /* one this CPU lacks: the best it has */
 	e->o.isa = e->isa;
-	e->dot = kvk_dot_f16_get(e->isa);
-	e->axpy = kvk_axpy_f16_get(e->isa);
-	e->qk = kvk_qk_f16_get(e->isa);
-	e->av = kvk_av_f16_get(e->isa);
 	e->q_dim = c->n_head * c->head_dim;
 	e->kv_dim = c->n_head_kv * c->head_dim;
 
@@ -271,9 +268,8 @@ int kvi_engine_create(const struct kvi_model *m, const struct kvi_engine_opts *o
 	rc = kvi_kv_create(&g, opt.kv_blocks, &e->kv);
 	if (rc)
 		goto fail;
-	if (opt.block_tokens > 1)
-		e->kv_stride =
-		    (size_t)(kvi_kv_row(e->kv, 0, 0, 0, 1) - kvi_kv_row(e->kv, 0, 0, 0, 0));
+	e->kv_block_stride =
+	    (size_t)(kvi_kv_row(e->kv, 1, 0, 0, 0) - kvi_kv_row(e->kv, 0, 0, 0, 0));
 	rc = kvi_pool_create(opt.threads, &e->pool);
 	if (rc)
 		goto fail;
@@ -300,18 +296,22 @@ int kvi_engine_create(const struct kvi_model *m, const struct kvi_engine_opts *o
 	e->pos = zalloc(T * sizeof(int32_t));
 	e->rows = zalloc(T * sizeof(int));
 	e->bseq = zalloc(T * sizeof(*e->bseq));
+	e->qtile = zalloc((T + 1) * sizeof(int));
+	e->attn_cpu = zalloc((size_t)opt.threads * sizeof(double));
 	e->scratch = calloc((size_t)opt.threads, sizeof(float *));
 	e->scores = calloc((size_t)opt.threads, sizeof(float *));
 	if (!e->inv_freq || !e->norm_attn || !e->norm_ffn || !e->norm_out || !e->x || !e->xn ||
 	    !e->q || !e->k || !e->v || !e->att || !e->gate || !e->up || !e->actq || !e->actk ||
-	    !e->rope_cs || !e->pos || !e->rows || !e->bseq || !e->scratch || !e->scores)
+	    !e->rope_cs || !e->pos || !e->rows || !e->bseq || !e->qtile || !e->attn_cpu ||
+	    !e->scratch || !e->scores)
 		goto fail;
 	size_t sc =
 	    max3(kvk_matmul_scratch_floats(KVK_W_F16, E), kvk_matmul_scratch_floats(KVK_W_F16, QD),
 		 kvk_matmul_scratch_floats(KVK_W_F16, F));
 	for (int i = 0; i < opt.threads; i++) {
 		e->scratch[i] = zalloc(sc * 4);
-		e->scores[i] = zalloc((size_t)(c->n_head / c->n_head_kv) * (size_t)opt.max_ctx * 4);
+		e->scores[i] =
+		    zalloc(kvk_flash_scratch_floats(c->head_dim, c->n_head / c->n_head_kv) * 4);
 		if (!e->scratch[i] || !e->scores[i])
 			goto fail;
 	}
@@ -373,7 +373,7 @@ void kvi_engine_destroy(struct kvi_engine *e)
 	void *bufs[] = {e->inv_freq, e->norm_attn, e->norm_ffn, e->norm_out, e->bq,   e->bk,
 			e->bv,	     e->x,	   e->xn,	e->q,	     e->k,    e->v,
 			e->att,	     e->gate,	   e->up,	e->actq,     e->actk, e->rope_cs,
-			e->pos,	     e->rows,	   e->bseq};
+			e->pos,	     e->rows,	   e->bseq,	e->qtile};
 	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
 		free(bufs[i]);
 	free(e);
@@ -402,6 +402,21 @@ const char *kvi_engine_isa(const struct kvi_engine *e)
 void kvi_engine_pool_stats(const struct kvi_engine *e, struct kvi_pool_stats *st)
 {
 	kvi_pool_stats(e->pool, st);
+}
+
+static double thread_cpu_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+double kvi_engine_attn_cpu_s(const struct kvi_engine *e)
+{
+	double s = 0;
+	for (int i = 0; i < e->o.threads; i++)
+		s += e->attn_cpu[i];
+	return s;
 }
 
 /* ---- parallel jobs --------------------------------------------------------------------- */
@@ -496,73 +511,58 @@ static void matmuls(struct kvi_engine *e, const float *x, size_t n, size_t ntok,
 
 struct attn_job {
 	struct kvi_engine *e;
-	int layer, ntok;
+	int layer;
+	struct kvk_kv_pages pg; /* this layer's K/V pools as kvk_flash_attn_f16 reads them */
 };
 
-/* One (token, KV head, part of its query-head group) per task. Each query head h computes
- * softmax(q_h . k_j / sqrt(d)) over j = 0..pos in order, then the weighted sum of v_j in the
- * same order: exactly the sequence it would run alone. The heads of a group share each K/V
- * row they read (one lookup, one trip to memory for up to n_head / n_head_kv heads). A job
- * with few (token, KV head) pairs (decode) splits each group into single heads so every
- * thread has work; the split changes who computes a head, never how. */
+/* One (query tile, KV head, part of its query-head group) per task: kvk_flash_attn_f16 runs
+ * the tile's tokens x heads against key tiles at absolute positions with an online softmax,
+ * each key tile read once per query tile (kvk.h). A row's arithmetic depends only on its
+ * position, so how the batch was cut into tiles and tasks changes speed, never bits. Tasks go
+ * KV head first, so a long prefill's two threads take different heads of the same tiles
+ * (equal work) rather than early and late tiles. A job with fewer (tile, KV head) pairs than
+ * the pool has shares (decode) splits each group into parts so every thread has work. */
 static void attn_run(void *arg, int tid, int nth, int thread)
 {
 	struct attn_job *j = arg;
 	struct kvi_engine *e = j->e;
 	const struct kvi_config *c = &e->c;
-	int hd = c->head_dim, B = e->o.block_tokens, grp = c->n_head / c->n_head_kv;
-	/* mx/sum below hold a whole group up to 64 heads; larger groups go head by head */
-	int whole = (long)j->ntok * c->n_head_kv >= 2L * nth && grp <= 64;
-	int parts = whole ? 1 : grp, per = grp / parts;
+	int hd = c->head_dim, grp = c->n_head / c->n_head_kv, nq = e->nqtile;
+	/* the fewest parts (a divisor of the group) that give every share a task: whole groups
+	 * share each converted K/V tile among the most rows */
+	int parts = 1;
+	while ((long)nq * c->n_head_kv * parts < nth && parts < grp)
+		for (parts++; grp % parts; parts++)
+			;
+	int per = grp / parts;
 	float scale = 1.0f / sqrtf((float)hd);
 	long lo, hi;
-	kvi_pool_split((long)j->ntok * c->n_head_kv * parts, tid, nth, 1, &lo, &hi);
+	double c0 = thread_cpu_s(); /* two clock reads per thread and layer: ~1 us */
+	kvi_pool_split((long)nq * c->n_head_kv * parts, tid, nth, 1, &lo, &hi);
 	for (long task = lo; task < hi; task++) {
-		int t = (int)(task / (c->n_head_kv * parts));
-		int rem = (int)(task % (c->n_head_kv * parts)), kvh = rem / parts;
-		int h0 = kvh * grp + (rem % parts) * per, G = per, pos = e->pos[t];
-		int ms = e->o.max_ctx;
-		const int32_t *bt = kvi_seq_blocks(e->bseq[t]);
-		const float *q = e->q + (size_t)t * e->q_dim + (size_t)h0 * hd;
-		float *sc = e->scores[thread], mx[64], sum[64];
-		/* runs of consecutive positions in one KV block: rows ks halves apart */
-		for (int p0 = 0; p0 <= pos; p0 += B - p0 % B) {
-			int np = pos + 1 - p0 < B - p0 % B ? pos + 1 - p0 : B - p0 % B;
-			const uint16_t *kr =
-			    kvi_kv_row(e->kv, bt[p0 / B], j->layer, 0, p0 % B) + kvh * hd;
-			e->qk(sc + p0, (size_t)ms, q, (size_t)G, (size_t)hd, kr, e->kv_stride,
-			      (size_t)np, scale);
-		}
-		for (int g = 0; g < G; g++) {
-			mx[g] = -INFINITY;
-			for (int p = 0; p <= pos; p++) {
-				float v = sc[(size_t)g * ms + p];
-				mx[g] = v > mx[g] ? v : mx[g];
-			}
-		}
-		for (int g = 0; g < G; g++) {
-			float *s = sc + (size_t)g * ms;
-			sum[g] = 0;
-			for (int p = 0; p <= pos; p++) /* vectorized: no call per element */
-				s[p] = kvk_exp(s[p] - mx[g]);
-			for (int p = 0; p <= pos; p++)
-				sum[g] += s[p];
-		}
-		float *o = e->att + (size_t)t * e->q_dim + (size_t)h0 * hd;
-		memset(o, 0, (size_t)G * hd * 4);
-		for (int p0 = 0; p0 <= pos; p0 += B - p0 % B) {
-			int np = pos + 1 - p0 < B - p0 % B ? pos + 1 - p0 : B - p0 % B;
-			const uint16_t *vr =
-			    kvi_kv_row(e->kv, bt[p0 / B], j->layer, 1, p0 % B) + kvh * hd;
-			e->av(o, sc + p0, (size_t)ms, (size_t)G, (size_t)hd, vr, e->kv_stride,
-			      (size_t)np);
-		}
-		for (int g = 0; g < G; g++) {
-			float inv = 1.0f / sum[g];
-			for (int i = 0; i < hd; i++)
-				o[(size_t)g * hd + i] *= inv;
-		}
+		int kvh = (int)(task / ((long)nq * parts));
+		int rem = (int)(task % ((long)nq * parts)), qt = rem / parts;
+		int h0 = kvh * grp + (rem % parts) * per, t0 = e->qtile[qt];
+		int nt = e->qtile[qt + 1] - t0;
+		size_t off = (size_t)t0 * e->q_dim + (size_t)h0 * hd;
+		kvk_flash_attn_f16(e->isa, e->att + off, (size_t)e->q_dim, e->q + off,
+				   (size_t)e->q_dim, nt, e->pos[t0], per, kvh, &j->pg,
+				   kvi_seq_blocks(e->bseq[t0]), scale, e->scores[thread]);
 	}
+	e->attn_cpu[thread] += thread_cpu_s() - c0;
+}
+
+/* Cuts batch rows into query tiles for attn_run: runs of up to KVK_FLASH_QT rows of one
+ * sequence at consecutive positions (a prefill chunk; each decode row alone). */
+static void qtiles_make(struct kvi_engine *e, int ntok)
+{
+	int n = 0;
+	for (int t = 0; t < ntok; t++)
+		if (t == 0 || e->bseq[t] != e->bseq[t - 1] || e->pos[t] != e->pos[t - 1] + 1 ||
+		    t - e->qtile[n - 1] == KVK_FLASH_QT)
+			e->qtile[n++] = t;
+	e->qtile[n] = ntok;
+	e->nqtile = n;
 }
 
 /* ---- one forward pass ------------------------------------------------------------------ */
@@ -606,6 +606,7 @@ static void forward(struct kvi_engine *e, const int32_t *toks, int ntok, const i
 			cs[2 * i + 1] = (float)sin(a);
 		}
 	}
+	qtiles_make(e, ntok);
 	for (int l = 0; l < c->n_layer; l++) {
 		const struct kvi_layer *L = &m->layers[l];
 		kvk_rmsnorm_f32(e->xn, e->x, e->norm_attn + (size_t)l * E, E, T, c->rms_eps);
@@ -640,7 +641,14 @@ static void forward(struct kvi_engine *e, const int32_t *toks, int ntok, const i
 				vr[i] = kvk_f32_to_f16(v[i]);
 			}
 		}
-		struct attn_job aj = {e, l, ntok};
+		struct attn_job aj = {e, l, {0}};
+		aj.pg.k = kvi_kv_row(e->kv, 0, l, 0, 0);
+		aj.pg.v = kvi_kv_row(e->kv, 0, l, 1, 0);
+		aj.pg.block_stride = e->kv_block_stride;
+		aj.pg.num_blocks = e->o.kv_blocks;
+		aj.pg.block_tokens = B;
+		aj.pg.n_kv_heads = c->n_head_kv;
+		aj.pg.head_dim = hd;
 		kvi_pool_run(e->pool, attn_run, &aj);
 		const struct kvi_tensor *wo[1] = {wsel(e, &L->wo, s0 + 3)};
 		float *yo[1] = {e->xn};

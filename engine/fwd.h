@@ -63,6 +63,10 @@ const char *kvi_engine_isa(const struct kvi_engine *e);
 /* The engine's thread pool's counters (pool.h), for benchmarks. */
 struct kvi_pool_stats;
 void kvi_engine_pool_stats(const struct kvi_engine *e, struct kvi_pool_stats *st);
+/* CPU seconds all threads spent in attention (scores, softmax, weighted sum) since create, by
+ * each thread's CPU clock: the attention share of a prefill for benchmarks. Read between
+ * calls. */
+double kvi_engine_attn_cpu_s(const struct kvi_engine *e);
 
 /* Appends n tokens to seq (positions len .. len+n-1), in passes of up to max_batch_tokens.
  * If logits_last != NULL it receives the n_vocab logits after the last token. n >= 1.

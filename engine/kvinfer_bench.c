@@ -558,9 +558,11 @@ int kvinfer_cmd_bench(int argc, char **argv)
 		fprintf(stderr, "kvinfer bench: out of memory\n");
 		goto out;
 	}
+	double a0 = e.cpu ? kvi_engine_attn_cpu_s(e.cpu) : 0;
 	double t0 = kvinfer_now(), c0 = proc_cpu();
 	rc = kvinfer_eng_prefill(&e, seq, toks, (int)bc.prompt, logits);
 	double tp = kvinfer_now() - t0, cp = (proc_cpu() - c0) / threads;
+	double ap = e.cpu ? kvi_engine_attn_cpu_s(e.cpu) - a0 : 0;
 	if (rc) {
 		fprintf(stderr, "kvinfer bench: prefill: %s\n", strerror(-rc));
 		goto out;
@@ -598,6 +600,9 @@ int kvinfer_cmd_bench(int argc, char **argv)
 	printf("  prefill: %lld tokens (chunk %lld) in %.2f s = %.2f tok/s; by CPU time / threads "
 	       "%.2f tok/s\n",
 	       (long long)bc.prompt, (long long)bc.batch, tp, bc.prompt / tp, bc.prompt / cp);
+	if (e.cpu)
+		printf("  prefill attention: %.2f CPU s of %.2f = %.0f%% (threads' CPU clocks)\n",
+		       ap, cp * threads, 100 * ap / (cp * threads));
 	if (bc.gen > 0 && e.dev) {
 		printf(
 		    "  decode:  %lld tokens in %.2f s = %.2f tok/s; weights streamed at %.1f GB/s "

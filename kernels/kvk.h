@@ -144,6 +144,29 @@ typedef void (*kvk_av_f16_fn)(float *o, const float *sc, size_t ldsc, size_t G, 
 kvk_qk_f16_fn kvk_qk_f16_get(enum kvk_isa isa);
 kvk_av_f16_fn kvk_av_f16_get(enum kvk_isa isa);
 
+/* Flash-style causal attention over a paged f16 KV cache (struct kvk_kv_pages, kvk_ops.h) for
+ * nt consecutive query tokens of one sequence at positions pos0 .. pos0 + nt - 1 and G query
+ * heads that all read KV head kvh: the query of (token i, head g) at q + i * ldq + g * hd, its
+ * output at o + i * ldo + g * hd (hd = kv->head_dim). Tokens go in tiles of KVK_FLASH_QT; keys
+ * in tiles cut at absolute positions (multiples of KVK_FLASH_KT and block ends), each tile's K
+ * and V converted to f32 once and used by every row of the query tile while it sits in L1;
+ * an online softmax (running max, rescaled sum and output) needs no per-context buffer.
+ * Batch invariance: a row's arithmetic depends only on its position, never on nt, pos0 or
+ * which rows share its tile (decode, nt = 1, gives the bits of the same row in any prefill
+ * chunk). Per (row, key): dot as 8 lane partial fma chains over d then a fixed tree, times
+ * scale; per tile: the max over the visible keys, alpha = e^(m_old - m_new), p = e^(s - m_new),
+ * l = l alpha + sum p (8 lanes, then hsum), o = o alpha, then o += p v as one fma chain per
+ * element in key order; finally o / l. AVX2 and AVX-512 give the same bits; scalar differs by
+ * rounding (sequential dot and sum). scratch: kvk_flash_scratch_floats(hd, G) floats, 64-byte
+ * aligned, private to the calling thread. 0, or -EINVAL (hd outside 1..256, G < 1, nt < 0). */
+#define KVK_FLASH_KT 64
+#define KVK_FLASH_QT 16
+struct kvk_kv_pages;
+size_t kvk_flash_scratch_floats(int hd, int G);
+int kvk_flash_attn_f16(enum kvk_isa isa, float *o, size_t ldo, const float *q, size_t ldq, int nt,
+		       int pos0, int G, int kvh, const struct kvk_kv_pages *kv,
+		       const int32_t *table, float scale, float *scratch);
+
 /* e^x in f32 for the engine's softmax and SiLU, inline so the compiler vectorizes the loops
  * around it (libm's expf is a call per element: at a 512-token prefill of qwen2-0.5b about
  * 100 M calls, a sixth of the time). Cephes' method: x = k ln2 + r with k = round(x log2 e)

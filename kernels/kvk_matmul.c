@@ -486,6 +486,18 @@ kvk_av_f16_fn kvk_av_f16_get(enum kvk_isa isa)
 	return av_f16_scalar;
 }
 
+kvk_flash_tile_fn kvk_flash_tile_get(enum kvk_isa isa)
+{
+#ifdef KVK_HAVE_X86
+	if (resolve(isa) == KVK_ISA_AVX512)
+		return kvk_flash_tile_avx512;
+	if (resolve(isa) == KVK_ISA_AVX2)
+		return kvk_flash_tile_avx2;
+#endif
+	(void)isa;
+	return kvk_flash_tile_scalar;
+}
+
 float kvk_dot_f16(enum kvk_isa isa, const float *a, const uint16_t *b, size_t n)
 {
 	return kvk_dot_f16_get(isa)(a, b, n);

@@ -25,8 +25,32 @@ static inline size_t kvk_q8act_corr_off(size_t n, size_t ntok)
 void kvk_act_prepare_q8_ref(void *act, size_t ntok, const float *x, size_t ldx, size_t n, size_t t0,
 			    size_t t1);
 
+/* One key tile of flash attention (kvk_flash_attn_f16): nt query tokens x G heads (row
+ * r = i * G + g: query at q + i * ldq + g * hd, accumulator at o + i * ldo + g * hd, running
+ * max m[r] and sum l[r]) against np <= KVK_FLASH_KT keys (key p at k + p * ks, value at
+ * v + p * ks halves); token i sees keys p < lim[i] (0: the row is left as it is). kf, vf:
+ * (KVK_FLASH_KT + 7) * hd floats each; sc: 4 * KVK_FLASH_KT floats; all 64-byte aligned. */
+struct kvk_flash_args {
+	const float *q;
+	size_t ldq;
+	float *o;
+	size_t ldo;
+	int nt, G, hd, np;
+	const int *lim;
+	float *m, *l;
+	const uint16_t *k, *v;
+	size_t ks;
+	float scale;
+	float *kf, *vf, *sc;
+};
+typedef void (*kvk_flash_tile_fn)(const struct kvk_flash_args *a);
+kvk_flash_tile_fn kvk_flash_tile_get(enum kvk_isa isa);
+void kvk_flash_tile_scalar(const struct kvk_flash_args *a);
+
 #if defined(__x86_64__) || defined(__i386__)
 #define KVK_HAVE_X86 1
+void kvk_flash_tile_avx2(const struct kvk_flash_args *a);
+void kvk_flash_tile_avx512(const struct kvk_flash_args *a);
 void kvk_matmul_avx2(enum kvk_wtype wt, float *y, size_t ldy, const void *w, size_t n, size_t r0,
 		     size_t r1, const void *act, size_t ntok, float *scratch);
 float kvk_dot_f16_avx2(const float *a, const uint16_t *b, size_t n);

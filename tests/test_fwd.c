@@ -283,6 +283,44 @@ static void test_chunk_invariance(void **st)
 		}
 }
 
+/* Long prefix, 64-wide heads, blocks of 128: the attention's 64-key tiles end inside blocks
+ * and its 16-token query tiles start at every offset; logits equal for chunks 1, 9, 64, 80 on
+ * 1 or 2 threads and through decode (kvk_flash_attn_f16's batch invariance in the engine). */
+static void test_chunk_invariance_long(void **st)
+{
+	(void)st;
+	enum { N = 200, B = 128 };
+	struct kvi_config c = ref_cfg_tiny_llama(203);
+	c.head_dim = 64;
+	c.rope_dim = 64;
+	struct kvi_model *m = ref_model_random(&c, KVI_F16, 7);
+	int V = c.n_vocab;
+	int32_t tok[N];
+	ref_tokens(tok, N, V, 13);
+	float *l0 = malloc(V * 4), *l1 = malloc(V * 4);
+	const int chunks[] = {64, 1, 9, 80}, threads[] = {1, 2, 1, 2};
+	for (int i = 0; i < 4; i++) {
+		struct kvi_engine *e = engine(m, threads[i], chunks[i], B, 0);
+		struct kvi_seq *s;
+		assert_int_equal(kvi_seq_create(kvi_engine_kv(e), &s), 0);
+		assert_int_equal(kvi_engine_prefill(e, s, tok, N, i ? l1 : l0), 0);
+		if (i)
+			assert_memory_equal(l0, l1, (size_t)V * 4);
+		kvi_seq_destroy(s);
+		kvi_engine_destroy(e);
+	}
+	struct kvi_engine *e = engine(m, 2, 64, B, 0);
+	struct kvi_seq *s;
+	assert_int_equal(kvi_seq_create(kvi_engine_kv(e), &s), 0);
+	assert_int_equal(kvi_engine_prefill(e, s, tok, N - 1, NULL), 0);
+	assert_int_equal(kvi_engine_decode(e, &s, &tok[N - 1], 1, l1), 0);
+	assert_memory_equal(l0, l1, (size_t)V * 4);
+	kvi_seq_destroy(s);
+	kvi_engine_destroy(e);
+	free(l0), free(l1);
+	ref_model_free(m);
+}
+
 /* A Q4_K_M file (Q4_K and Q6_K matmuls: the AVX-512 panel kernels where the CPU has them)
  * gives the same logits whatever the prefill chunk and thread count, and through decode. */
 static void test_chunk_invariance_q4km(void **st)
@@ -779,6 +817,7 @@ int main(void)
 	    cmocka_unit_test(test_ref_synth_quant),
 	    cmocka_unit_test(test_chunk_invariance),
 	    cmocka_unit_test(test_chunk_invariance_q4km),
+	    cmocka_unit_test(test_chunk_invariance_long),
 	    cmocka_unit_test(test_decode_batch),
 	    cmocka_unit_test(test_kv_export_import),
 	    cmocka_unit_test(test_fork_cow),

@@ -13,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "kvk.h"
 #include "kvk_ops.h"
 
 static uint32_t rng(uint64_t *s)
@@ -539,6 +540,105 @@ static void test_attn_engine_layout(void **state)
 	free(mem), free(kd), free(vd);
 }
 
+/* ---- flash attention (kvk_flash_attn_f16, the engine's CPU attention) ------------------- */
+
+/* All heads of n_q queries at q_start by kvk_flash_attn_f16: per KV head, the group's heads
+ * in parts of G (the engine's decode split), the tokens in calls of `call` (a prefill chunk;
+ * 1 = decode). out and q (n_q, H, HD) as kvk_ref_attn_prefill's. */
+static void flash_all(enum kvk_isa isa, float *out, const float *q, const struct kvk_kv_pages *kv,
+		      const int32_t *table, int n_q, int q_start, int H, int G, int call,
+		      float scale)
+{
+	int hd = kv->head_dim, grp = H / kv->n_kv_heads;
+	float *scr = aligned_alloc(64, (kvk_flash_scratch_floats(hd, G) * 4 + 63) & ~(size_t)63);
+	assert_non_null(scr);
+	size_t ld = (size_t)H * hd;
+	for (int h0 = 0; h0 < H; h0 += G)
+		for (int t0 = 0; t0 < n_q; t0 += call) {
+			int nt = n_q - t0 < call ? n_q - t0 : call;
+			size_t off = (size_t)t0 * ld + (size_t)h0 * hd;
+			assert_int_equal(kvk_flash_attn_f16(isa, out + off, ld, q + off, ld, nt,
+							    q_start + t0, G, h0 / grp, kv, table,
+							    scale, scr),
+					 0);
+		}
+	free(scr);
+}
+
+/* Shapes: (n_heads, n_kv_heads, head_dim, block_tokens, n_q, q_start). Prompt lengths on and
+ * off the 64-key and 16-query tiles, blocks smaller and larger than a key tile, GQA groups of
+ * 1..7, head sizes on the x86 path (multiples of 8) and off it (14: the portable loop). */
+static const int flash_shapes[][6] = {
+    {14, 2, 64, 16, 1, 0},   {14, 2, 64, 256, 63, 0}, {8, 2, 64, 256, 65, 0},
+    {4, 2, 64, 128, 700, 0}, {4, 1, 64, 16, 37, 300}, {8, 4, 128, 64, 65, 130},
+    {6, 3, 16, 7, 63, 5},    {2, 1, 14, 5, 9, 3},     {4, 4, 8, 4, 17, 0},
+};
+
+/* The tiled attention against kvk_ref_attn_prefill on every ISA this CPU has, and batch
+ * invariance: each row's bits are the same whether it ran in a tile of 16 tokens x the whole
+ * group, alone (decode), in calls of 9 tokens or head by head; AVX2 and AVX-512 agree bit for
+ * bit (kvk.h). Tolerance: both compute in f32 from the same f16 K/V; a score differs by at
+ * most gamma_hd * scale * sum|q_i k_i| <= 64 * 2^-24 * 2 * 64 / 8 ~ 6e-5 (|q| < 2, |k| < 1:
+ * hd = 128 gives the same bound, its scale being smaller), which moves each softmax weight by
+ * that relative amount; the exp (1 ulp each) and the sums of up to 1000 terms (gamma_1000 ~
+ * 6e-5 worst case, in either order) add as much again, so with |v| < 1 the outputs stay within
+ * ~2e-4 of each other; 2e-4 would pass a slightly wrong rescale only if it changed nothing,
+ * and a row seeing one key too many or too few is off by ~1e-2 (tested: see the report). */
+static void test_flash_attn(void **state)
+{
+	(void)state;
+	uint64_t s = 41;
+	enum kvk_isa isas[3] = {KVK_ISA_SCALAR, KVK_ISA_AVX2, KVK_ISA_AVX512};
+	for (size_t c = 0; c < sizeof(flash_shapes) / sizeof(flash_shapes[0]); c++) {
+		int H = flash_shapes[c][0], NKV = flash_shapes[c][1], HD = flash_shapes[c][2];
+		int B = flash_shapes[c][3], NQ = flash_shapes[c][4], Q0 = flash_shapes[c][5];
+		int len = Q0 + NQ, nb = (len + B - 1) / B + 2, grp = H / NKV;
+		struct pool p;
+		pool_init(&p, nb, B, NKV, HD, 5);
+		int32_t *perm = perm_make(nb, &s);
+		int next = 0;
+		struct seqkv sq;
+		seq_make(&sq, &p, len, perm, &next, &s);
+		size_t n = (size_t)NQ * H * HD;
+		float *q = xmalloc(n * 4), *ref = xmalloc(n * 4), *o = xmalloc(n * 4);
+		float *o2 = xmalloc(n * 4), *x86 = xmalloc(n * 4);
+		for (size_t i = 0; i < n; i++)
+			q[i] = frand(&s) * 2;
+		float scale = 1.0f / sqrtf((float)HD);
+		assert_int_equal(kvk_ref_attn_prefill(ref, q, &p.pages, sq.table, NQ, Q0, H, scale),
+				 0);
+		int have_x86 = 0;
+		for (int ii = 0; ii < 3; ii++) {
+			if (isas[ii] != KVK_ISA_SCALAR && isas[ii] > kvk_isa_best())
+				continue;
+			flash_all(isas[ii], o, q, &p.pages, sq.table, NQ, Q0, H, grp, KVK_FLASH_QT,
+				  scale);
+			double worst = 0;
+			for (size_t i = 0; i < n; i++)
+				worst = fmax(worst, fabs((double)o[i] - ref[i]));
+			printf("  flash %-6s H %2d/%d hd %3d B %3d n_q %3d q_start %3d: max err "
+			       "%.1e\n",
+			       kvk_isa_name(isas[ii]), H, NKV, HD, B, NQ, Q0, worst);
+			assert_true(worst <= 2e-4);
+			/* decode: one token per call, one head per call */
+			flash_all(isas[ii], o2, q, &p.pages, sq.table, NQ, Q0, H, 1, 1, scale);
+			assert_memory_equal(o, o2, n * 4);
+			/* prefill chunks of 9 tokens, the whole group */
+			flash_all(isas[ii], o2, q, &p.pages, sq.table, NQ, Q0, H, grp, 9, scale);
+			assert_memory_equal(o, o2, n * 4);
+			if (isas[ii] == KVK_ISA_SCALAR)
+				continue;
+			if (have_x86)
+				assert_memory_equal(o, x86, n * 4);
+			memcpy(x86, o, n * 4);
+			have_x86 = 1;
+		}
+		free(q), free(ref), free(o), free(o2), free(x86), free(perm);
+		seq_free(&sq);
+		pool_free(&p);
+	}
+}
+
 /* ---- GEMM, Q8_0 GEMV --------------------------------------------------------------------- */
 
 static void test_gemm(void **state)
@@ -834,6 +934,7 @@ int main(void)
 	    cmocka_unit_test(test_attn_prefill),
 	    cmocka_unit_test(test_attn_chunked_and_decode),
 	    cmocka_unit_test(test_attn_engine_layout),
+	    cmocka_unit_test(test_flash_attn),
 	    cmocka_unit_test(test_gemm),
 	    cmocka_unit_test(test_add_bias),
 	    cmocka_unit_test(test_kv_store),
