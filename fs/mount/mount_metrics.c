@@ -95,6 +95,8 @@ WRAP(link, OP_LINK, (R req, I i, I np, const char *nn), (req, i, np, nn))
 WRAP(open, OP_OPEN, (R req, I i, FI *fi), (req, i, fi))
 WRAP(read, OP_READ, (R req, I i, size_t s, off_t o, FI *fi), (req, i, s, o, fi))
 WRAP(write, OP_WRITE, (R req, I i, const char *b, size_t s, off_t o, FI *fi), (req, i, b, s, o, fi))
+/* why: the mount writes through write_buf; an operator still reads it as op="write" */
+WRAP(write_buf, OP_WRITE, (R req, I i, struct fuse_bufvec *b, off_t o, FI *fi), (req, i, b, o, fi))
 WRAP(flush, OP_FLUSH, (R req, I i, FI *fi), (req, i, fi))
 WRAP(release, OP_RELEASE, (R req, I i, FI *fi), (req, i, fi))
 WRAP(fsync, OP_FSYNC, (R req, I i, int d, FI *fi), (req, i, d, fi))
@@ -180,6 +182,7 @@ int mnt_metrics_start(struct mnt *m, const struct fuse_lowlevel_ops **ops)
 	SET(open);
 	SET(read);
 	SET(write);
+	SET(write_buf);
 	SET(flush);
 	SET(release);
 	SET(fsync);
