@@ -171,11 +171,12 @@ struct kvc_stats {
 void kvc_get_stats(struct kvc *c, struct kvc_stats *out);
 
 /* Directory leases (docs/meta.md, "Directory leases"): after `after` lookups in one directory
- * within a second found no lease, the next takes a lease on it from meta (at most ms, at most
- * KVP_LEASE_MAX_MS) and reads its listing with attributes; until meta revokes it (a change
- * there by anyone, acknowledged on a watch connection of the lease's own) or it runs out,
- * kvc_lease_lookup answers from the listing. kvc_lease_open starts the watch thread; the
- * object is freed by kvc_lease_close (before kvc_close). Thread-safe. */
+ * within a second were answered "found" by meta (kvc_lease_note), a lease on it is taken from
+ * meta (at most ms, at most KVP_LEASE_MAX_MS) and its listing read with attributes; until meta
+ * revokes it (a change there by anyone, acknowledged on a watch connection of the lease's
+ * own) or it runs out, kvc_lease_lookup answers from the listing. After a revocation the
+ * directory gets no new lease for a while (doubling from 250 ms to 8 s). kvc_lease_open starts
+ * the watch thread; the object is freed by kvc_lease_close (before kvc_close). Thread-safe. */
 struct kvc_lease;
 struct kvc_lease_opts {
 	int after; /* 0: never take a lease */
@@ -187,6 +188,9 @@ void kvc_lease_close(struct kvc_lease *l);
  * -ENOENT (no such name), or -EAGAIN: no lease, ask meta (l NULL: always). */
 int kvc_lease_lookup(struct kvc_lease *l, uint64_t dir, const char *name, struct kvp_attr *out,
 		     int64_t *left_ns);
+/* Meta answered a lookup in dir with an entry: counts toward a burst, and at the burst's end
+ * takes the lease and reads the listing here (a few round trips: call it after replying). */
+void kvc_lease_note(struct kvc_lease *l, uint64_t dir);
 struct kvc_lease_stats {
 	uint64_t granted;   /* leases taken (listing read) */
 	uint64_t hits;	    /* lookups answered from a lease: found */

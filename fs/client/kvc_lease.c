@@ -13,11 +13,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#define KL_SLOTS    64
-#define KL_PAGE	    4096u
-#define KL_BURST_NS 1000000000
-#define KL_WATCH_MS (24 * 3600 * 1000)
-#define KL_RETRY_NS 200000000
+#define KL_SLOTS	  64
+#define KL_PAGE		  4096u
+#define KL_BURST_NS	  1000000000
+#define KL_WATCH_MS	  (24 * 3600 * 1000)
+#define KL_RETRY_NS	  200000000
+#define KL_BACKOFF_NS	  250000000
+#define KL_BACKOFF_MAX_NS 8000000000
 
 struct kl_ent {
 	uint32_t off; /* name in names */
@@ -34,8 +36,12 @@ struct kl_dir {
 	struct kl_ent *e;    /* held: the listing, in meta's (byte) order */
 	size_t n;
 	char *names;
-	uint32_t burst; /* lookups that found no lease since burst_t0 */
+	uint32_t burst; /* lookups meta answered "found" since burst_t0 */
 	int64_t burst_t0;
+	/* After a revocation no new lease until quiet_until: a directory that keeps changing
+	 * would otherwise be listed again and again (backoff doubles, up to KL_BACKOFF_MAX_NS,
+	 * and starts over once a lease ends unrevoked). */
+	int64_t backoff, quiet_until;
 };
 
 struct kvc_lease {
@@ -146,6 +152,10 @@ static void *watch_main(void *arg)
 					continue;
 				if (d->state == 2 && d->id <= id) {
 					dir_free(d);
+					d->backoff = d->backoff ? d->backoff * 2 : KL_BACKOFF_NS;
+					if (d->backoff > KL_BACKOFF_MAX_NS)
+						d->backoff = KL_BACKOFF_MAX_NS;
+					d->quiet_until = mono_ns() + d->backoff;
 					atomic_fetch_add_explicit(&l->revoked, 1,
 								  memory_order_relaxed);
 				} else if (d->state == 1 && id > d->revoked_id)
@@ -344,30 +354,42 @@ static int fetch(struct kvc_lease *l, const char *addr, uint64_t dir, struct kl_
 int kvc_lease_lookup(struct kvc_lease *l, uint64_t dir, const char *name, struct kvp_attr *out,
 		     int64_t *left_ns)
 {
-	if (!l || l->o.after <= 0)
+	if (!l)
 		return -EAGAIN;
 	int64_t now = mono_ns();
+	int rc = -EAGAIN;
 	pthread_mutex_lock(&l->mu);
 	struct kl_dir *d = slot(l, dir);
 	if (d->dir == dir && d->state == 2) {
-		if (now < d->end) {
-			int rc = answer(l, d, name, out, now, left_ns);
-			pthread_mutex_unlock(&l->mu);
-			return rc;
+		if (now < d->end)
+			rc = answer(l, d, name, out, now, left_ns);
+		else {
+			dir_free(d); /* ran out unrevoked: a burst that goes on takes a new one */
+			d->backoff = 0;
 		}
-		dir_free(d); /* ran out: a burst that goes on takes a new one */
 	}
+	pthread_mutex_unlock(&l->mu);
+	return rc;
+}
+
+void kvc_lease_note(struct kvc_lease *l, uint64_t dir)
+{
+	if (!l || l->o.after <= 0)
+		return;
+	int64_t now = mono_ns();
+	pthread_mutex_lock(&l->mu);
+	struct kl_dir *d = slot(l, dir);
 	if (d->dir != dir) {
 		if (d->state == 1) { /* another directory's lease on its way */
 			pthread_mutex_unlock(&l->mu);
-			return -EAGAIN;
+			return;
 		}
 		dir_free(d);
 		*d = (struct kl_dir){.dir = dir};
 	}
-	if (d->state == 1 || !l->watching) {
+	if (d->state != 0 || !l->watching || now < d->quiet_until) {
 		pthread_mutex_unlock(&l->mu);
-		return -EAGAIN;
+		return;
 	}
 	if (now - d->burst_t0 > KL_BURST_NS) {
 		d->burst_t0 = now;
@@ -375,7 +397,7 @@ int kvc_lease_lookup(struct kvc_lease *l, uint64_t dir, const char *name, struct
 	}
 	if (++d->burst < (uint32_t)l->o.after) {
 		pthread_mutex_unlock(&l->mu);
-		return -EAGAIN;
+		return;
 	}
 	d->state = 1;
 	d->burst = 0;
@@ -402,10 +424,9 @@ int kvc_lease_lookup(struct kvc_lease *l, uint64_t dir, const char *name, struct
 		d->id = f.id;
 		d->end = end;
 		d->state = 2;
-		atomic_fetch_add_explicit(&l->granted, 1, memory_order_relaxed);
-		rc = answer(l, d, name, out, now, left_ns);
 		pthread_mutex_unlock(&l->mu);
-		return rc;
+		atomic_fetch_add_explicit(&l->granted, 1, memory_order_relaxed);
+		return;
 	}
 	if (d->dir == dir && d->state == 1)
 		d->state = 0;
@@ -424,7 +445,6 @@ int kvc_lease_lookup(struct kvc_lease *l, uint64_t dir, const char *name, struct
 		pthread_mutex_unlock(&l->mu);
 	}
 	atomic_fetch_add_explicit(&l->refused, 1, memory_order_relaxed);
-	return -EAGAIN;
 }
 
 void kvc_lease_get_stats(struct kvc_lease *l, struct kvc_lease_stats *o)

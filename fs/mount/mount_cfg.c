@@ -46,7 +46,8 @@ const struct cfg_opt mnt_cfg_opts[] = {
     O("lookup-layout", CFG_BOOL, lookup_layout, 0, 0, "true",
       "a lookup brings the file's layout: its open needs no metadata round trip of its own"),
     O("lease-after", CFG_INT, lease_after, 0, 1000000, "32",
-      "after this many lookups in one directory within a second reach meta, take a lease on "
+      "after meta found this many names looked up in one directory within a second, take a lease "
+      "on "
       "the directory and answer its lookups from its listing until meta revokes it (0: never)"),
     O("lease", CFG_SECS, lease, 0.01, 1, "1s",
       "length of a directory lease asked for (meta grants at most 1 s)"),
