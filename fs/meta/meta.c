@@ -147,11 +147,10 @@ int meta_open(const struct meta_opts *o, struct meta **out)
 	kvfs_cond_init_mono(&m->freed_cv);
 	srandom((unsigned)meta_now_ns());
 
+	/* No hold at start (unlike a new Raft leader, mlease_lead): a previous run of this meta
+	 * ended with its process, whose connections the kernel closed, and a holder drops every
+	 * lease as soon as its watch connection ends (docs/meta.md, "Directory leases"). */
 	int rc = mlease_create(&m->lease);
-	/* A mount may still hold a lease a previous run of this meta granted, until it notices
-	 * the connection is gone or the lease ends: the first namespace changes wait that out. */
-	if (!rc)
-		mlease_lead(m->lease, (int64_t)KVP_LEASE_MAX_MS * 1000000 + 100000000);
 	if (!rc)
 		rc = mdb_open(m);
 	if (!rc)
