@@ -994,6 +994,7 @@ int main(int argc, char **argv)
 	    cmocka_unit_test(test_replace_killed),
 	    cmocka_unit_test(test_lease_other_mount),
 	    cmocka_unit_test(test_lease_stopped_holder),
+	    cmocka_unit_test(test_lease_renewed),
 	    cmocka_unit_test(test_tree),
 	    cmocka_unit_test(test_concurrent),
 	    cmocka_unit_test(test_io_uring),

@@ -114,3 +114,34 @@ void test_lease_stopped_holder(void **state)
 	mtu_stop_mount2();
 	rmdir(m2);
 }
+
+/* A lease in use is renewed (the listing kept) rather than left to run out, and a renewed
+ * lease is revoked like any other: A looks up a name every 100 ms until its lease was
+ * renewed, then B removes a name A has not looked up, and A's lookup of it must fail. */
+void test_lease_renewed(void **state)
+{
+	(void)state;
+	char *m2 = g_mnt2, log2[800], p[900];
+	assert_int_equal(mtu_start_mount2("lren", "max_file=16M", log2, sizeof(log2)), 0);
+	make_dir(m2, "lren");
+	long long n0 = mtu_stat_counter(g_mnt, "lease_renewed");
+	struct stat st;
+	int i = 0;
+	for (; i < 30 && mtu_stat_counter(g_mnt, "lease_renewed") == n0; i++) {
+		snprintf(p, sizeof(p), "%s/lren/f%02d", g_mnt, i);
+		assert_int_equal(stat(p, &st), 0);
+		usleep(100000);
+	}
+	assert_true(mtu_stat_counter(g_mnt, "lease_renewed") > n0);
+	long long r0 = mtu_stat_counter(g_mnt, "lease_revoked");
+	snprintf(p, sizeof(p), "%s/lren/f39", m2);
+	assert_int_equal(unlink(p), 0);
+	snprintf(p, sizeof(p), "%s/lren/f39", g_mnt);
+	assert_int_equal(stat(p, &st), -1);
+	assert_int_equal(errno, ENOENT);
+	fprintf(stderr, "renewed after %d lookups; revoked: %lld\n", i,
+		mtu_stat_counter(g_mnt, "lease_revoked") - r0);
+	assert_int_equal(kvh_sh("rm -r '%s/lren'", m2), 0);
+	mtu_stop_mount2();
+	rmdir(m2);
+}

@@ -175,7 +175,8 @@ void kvc_get_stats(struct kvc *c, struct kvc_stats *out);
  * meta (at most ms, at most KVP_LEASE_MAX_MS) and its listing read with attributes; until meta
  * revokes it (a change there by anyone, acknowledged on a watch connection of the lease's
  * own) or it runs out, kvc_lease_lookup answers from the listing. After a revocation the
- * directory gets no new lease for a while (doubling from 250 ms to 8 s). kvc_lease_open starts
+ * directory gets no new lease for a while (doubling from 250 ms to 8 s); once a directory is
+ * known to hold n entries, a burst must reach n / 16 lookups too. kvc_lease_open starts
  * the watch thread; the object is freed by kvc_lease_close (before kvc_close). Thread-safe. */
 struct kvc_lease;
 struct kvc_lease_opts {
@@ -188,11 +189,14 @@ void kvc_lease_close(struct kvc_lease *l);
  * -ENOENT (no such name), or -EAGAIN: no lease, ask meta (l NULL: always). */
 int kvc_lease_lookup(struct kvc_lease *l, uint64_t dir, const char *name, struct kvp_attr *out,
 		     int64_t *left_ns);
-/* Meta answered a lookup in dir with an entry: counts toward a burst, and at the burst's end
- * takes the lease and reads the listing here (a few round trips: call it after replying). */
+/* A lookup in dir found its name (answered by meta or by a lease): counts toward a burst, and
+ * at the burst's end takes the lease and reads the listing here; a lease in use with less than
+ * half of it left is renewed here (one round trip, the listing kept). Network round trips:
+ * call it after replying. */
 void kvc_lease_note(struct kvc_lease *l, uint64_t dir);
 struct kvc_lease_stats {
 	uint64_t granted;   /* leases taken (listing read) */
+	uint64_t renewed;   /* leases extended by use (no new listing) */
 	uint64_t hits;	    /* lookups answered from a lease: found */
 	uint64_t negatives; /* ... and absent */
 	uint64_t revoked;   /* leases meta revoked while held */

@@ -42,6 +42,8 @@ struct kl_dir {
 	 * would otherwise be listed again and again (backoff doubles, up to KL_BACKOFF_MAX_NS,
 	 * and starts over once a lease ends unrevoked). */
 	int64_t backoff, quiet_until;
+	int renewing;  /* held: a renewal is on its way */
+	size_t last_n; /* entries of the last listing read: a big directory needs a bigger burst */
 };
 
 struct kvc_lease {
@@ -56,7 +58,7 @@ struct kvc_lease {
 	struct kvp_client *wcl; /* the watch connection (the watch thread opens and closes it) */
 	pthread_t thr;
 	atomic_int stop;
-	atomic_ullong granted, hits, negatives, revoked, dropped, refused;
+	atomic_ullong granted, renewed, hits, negatives, revoked, dropped, refused;
 };
 
 static int64_t mono_ns(void)
@@ -351,6 +353,64 @@ static int fetch(struct kvc_lease *l, const char *addr, uint64_t dir, struct kl_
 	return rc;
 }
 
+/* Asks the meta at addr to extend lease id on dir: 0 (*ms granted from *sent_ns), or -ESTALE
+ * (revoked meanwhile) or another error. */
+static int renew(struct kvc_lease *l, const char *addr, uint64_t dir, uint64_t id, int64_t *sent_ns,
+		 uint32_t *ms)
+{
+	struct kvp_client *cl;
+	int rc = kvp_pool_get(l->c->pool, addr, &cl);
+	if (rc)
+		return rc;
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	kvp_w_u64(&w, l->holder);
+	kvp_w_u64(&w, dir);
+	kvp_w_u32(&w, l->o.ms);
+	kvp_w_u64(&w, id);
+	uint8_t *b = NULL;
+	uint32_t bl = 0;
+	*sent_ns = mono_ns();
+	rc = w.err ? w.err
+		   : kvp_call(cl, KVP_OP_LEASE, w.p, w.len, NULL, 0, l->c->timeout_ms, &b, &bl);
+	kvp_w_free(&w);
+	kvp_pool_put(l->c->pool, cl);
+	if (rc == 0) {
+		struct kvp_rbuf r;
+		kvp_r_init(&r, b, bl);
+		uint64_t got = kvp_r_u64(&r);
+		*ms = kvp_r_u32(&r);
+		rc = kvp_r_end(&r) || got != id || *ms == 0 ? -EBADMSG : 0;
+	}
+	free(b);
+	return rc;
+}
+
+/* A lookup answered "found" from held lease d, with less than half of it left: extends it
+ * (the listing stays). l->mu held on entry and on return (released meanwhile). */
+static void renew_held(struct kvc_lease *l, struct kl_dir *d, uint64_t dir)
+{
+	d->renewing = 1;
+	uint64_t id = d->id, epoch = l->epoch;
+	char addr[KVP_ADDR_MAX];
+	memcpy(addr, l->addr, sizeof(addr));
+	pthread_mutex_unlock(&l->mu);
+	int64_t sent;
+	uint32_t ms = 0;
+	int rc = renew(l, addr, dir, id, &sent, &ms);
+	pthread_mutex_lock(&l->mu);
+	/* Still the same lease, never revoked (a revocation would have freed it): the listing
+	 * is exact, and meta extended the lease from a moment after sent. */
+	if (d->dir == dir && d->state == 2 && d->id == id && l->epoch == epoch) {
+		d->renewing = 0;
+		int64_t end = sent + (int64_t)ms * 990000;
+		if (rc == 0 && end > d->end) {
+			d->end = end;
+			atomic_fetch_add_explicit(&l->renewed, 1, memory_order_relaxed);
+		}
+	}
+}
+
 int kvc_lease_lookup(struct kvc_lease *l, uint64_t dir, const char *name, struct kvp_attr *out,
 		     int64_t *left_ns)
 {
@@ -379,6 +439,13 @@ void kvc_lease_note(struct kvc_lease *l, uint64_t dir)
 	int64_t now = mono_ns();
 	pthread_mutex_lock(&l->mu);
 	struct kl_dir *d = slot(l, dir);
+	if (d->dir == dir && d->state == 2) {
+		/* renewed by use: a lease still in use when half of it is gone */
+		if (!d->renewing && now < d->end && d->end - now < (int64_t)l->o.ms * 500000)
+			renew_held(l, d, dir);
+		pthread_mutex_unlock(&l->mu);
+		return;
+	}
 	if (d->dir != dir) {
 		if (d->state == 1) { /* another directory's lease on its way */
 			pthread_mutex_unlock(&l->mu);
@@ -395,7 +462,10 @@ void kvc_lease_note(struct kvc_lease *l, uint64_t dir)
 		d->burst_t0 = now;
 		d->burst = 0;
 	}
-	if (++d->burst < (uint32_t)l->o.after) {
+	/* The listing costs meta and the wire O(entries): once a directory is known to be big,
+	 * a burst must be as big as 1/16 of it to pay for the next one. */
+	size_t need = (size_t)l->o.after > d->last_n / 16 ? (size_t)l->o.after : d->last_n / 16;
+	if (++d->burst < need) {
 		pthread_mutex_unlock(&l->mu);
 		return;
 	}
@@ -424,6 +494,8 @@ void kvc_lease_note(struct kvc_lease *l, uint64_t dir)
 		d->id = f.id;
 		d->end = end;
 		d->state = 2;
+		d->renewing = 0;
+		d->last_n = f.n;
 		pthread_mutex_unlock(&l->mu);
 		atomic_fetch_add_explicit(&l->granted, 1, memory_order_relaxed);
 		return;
@@ -453,6 +525,7 @@ void kvc_lease_get_stats(struct kvc_lease *l, struct kvc_lease_stats *o)
 	if (!l)
 		return;
 	o->granted = atomic_load(&l->granted);
+	o->renewed = atomic_load(&l->renewed);
 	o->hits = atomic_load(&l->hits);
 	o->negatives = atomic_load(&l->negatives);
 	o->revoked = atomic_load(&l->revoked);

@@ -43,7 +43,7 @@ struct mlease {
 	atomic_ullong live;	    /* leases in the table: 0 lets a change skip everything */
 	_Atomic int64_t hold_until; /* monotonic ns: namespace changes wait until then (Raft) */
 	int64_t pruned;		    /* mu; monotonic ns of the last sweep of ended leases */
-	atomic_ullong granted, revoked, acked, expired_waits;
+	atomic_ullong granted, renewed, revoked, acked, expired_waits;
 };
 
 /* A WATCH reply to send once mu is released. */
@@ -117,6 +117,21 @@ int mlease_grant(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 	struct ml_lease **pp = &l->b[bucket(q->ino)], *e = *pp;
 	while (e && !(e->dir == q->ino && e->holder == q->uuid))
 		e = e->next;
+	int64_t now = meta_mono_ns();
+	if (q->acked) {
+		/* A renewal: only of the lease still in the table (never revoked, so the
+		 * holder's listing is exact), and not of one already over. */
+		if (!e || e->id != q->acked || e->end <= now) {
+			pthread_mutex_unlock(&l->mu);
+			return -ESTALE;
+		}
+		e->end = now + (int64_t)ms * 1000000;
+		pthread_mutex_unlock(&l->mu);
+		atomic_fetch_add_explicit(&l->renewed, 1, memory_order_relaxed);
+		kvp_w_u64(out, q->acked);
+		kvp_w_u32(out, ms);
+		return 0;
+	}
 	if (!e) {
 		e = calloc(1, sizeof(*e));
 		if (!e) {
@@ -132,7 +147,7 @@ int mlease_grant(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 	/* Registered before the holder can read the listing: a change applied after this is
 	 * revoked, one applied before it is in the listing. */
 	e->id = ++l->next_id;
-	e->end = meta_mono_ns() + (int64_t)ms * 1000000;
+	e->end = now + (int64_t)ms * 1000000;
 	uint64_t id = e->id;
 	pthread_mutex_unlock(&l->mu);
 	atomic_fetch_add_explicit(&l->granted, 1, memory_order_relaxed);
@@ -433,6 +448,7 @@ void mlease_after(struct meta *m, uint16_t op, const struct mreq *q)
 void mlease_get_stats(struct mlease *l, struct mlease_stats *o)
 {
 	o->granted = atomic_load(&l->granted);
+	o->renewed = atomic_load(&l->renewed);
 	o->revoked = atomic_load(&l->revoked);
 	o->acked = atomic_load(&l->acked);
 	o->expired_waits = atomic_load(&l->expired_waits);

@@ -155,6 +155,8 @@ int mreq_parse(uint16_t op, const uint8_t *body, size_t len, struct mreq *q)
 		q->uuid = kvp_r_u64(&r);
 		q->ino = kvp_r_u64(&r);
 		q->max = kvp_r_u32(&r);
+		if (!r.err && r.off < r.len) /* optional: a renewal */
+			q->acked = kvp_r_u64(&r);
 		break;
 	case KVP_OP_WATCH:
 		q->uuid = kvp_r_u64(&r);

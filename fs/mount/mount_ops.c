@@ -149,8 +149,8 @@ static void mnt_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 		e.entry_timeout = 0; /* why: cand_convert in mount_io.c */
 	if (fuse_reply_entry(req, &e) != 0)
 		mnt_itab_forget(m->itab, a.ino, 1);
-	else if (left_ns < 0)
-		kvc_lease_note(m->lease, pino); /* may take a lease: after the reply */
+	else
+		kvc_lease_note(m->lease, pino); /* may take or renew a lease: after the reply */
 }
 
 static void mnt_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)

@@ -117,6 +117,7 @@ static int gen_stats(struct mnt *m, FILE *f)
 #undef C
 	struct kvc_lease_stats ls;
 	kvc_lease_get_stats(m->lease, &ls);
+	fprintf(f, "lease_renewed = %" PRIu64 "\n", ls.renewed);
 	fprintf(f,
 		"lease_granted = %" PRIu64 "\nlease_hits = %" PRIu64 "\nlease_negatives = %" PRIu64
 		"\nlease_revoked = %" PRIu64 "\nlease_dropped = %" PRIu64

@@ -124,14 +124,16 @@ enum kvp_op {
 	 *    taken */
 	KVP_OP_BFILL = 0x43,
 	/* Directory leases (docs/meta.md, "Directory leases"). LEASE: -> u64 holder, u64 dir
-	 * ino, u32 ms (asked; meta grants at most KVP_LEASE_MAX_MS)  <- u64 lease_id, u32
-	 * granted_ms. From then until the lease is revoked or granted_ms have passed (measured
-	 * by the holder from when it SENT the request), a change to dir's entries or its
-	 * entries' attributes by anyone is answered only after the holder acknowledged its
-	 * revocation (WATCH) or the lease ran out. -ENOTCONN: no WATCH of this holder on this
-	 * replica. The holder reads the listing (READDIR) after the grant.
-	 * WATCH: -> u64 holder, u64 acked (the seq of the last revocation reply handled), u8
-	 * fresh (1: a new connection; every lease of the holder is forgotten)
+	 * ino, u32 ms (asked; meta grants at most KVP_LEASE_MAX_MS) [, u64 renew: a lease id
+	 * the holder holds on dir]  <- u64 lease_id, u32 granted_ms. A renewal extends that
+	 * lease (same id) only while meta has not revoked it, else -ESTALE: the holder's
+	 * listing is still exact when it is extended. From then until the lease is revoked or
+	 * granted_ms have passed (measured by the holder from when it SENT the request), a change
+	 * to dir's entries or its entries' attributes by anyone is answered only after the holder
+	 * acknowledged its revocation (WATCH) or the lease ran out. -ENOTCONN: no WATCH of this
+	 * holder on this replica. The holder reads the listing (READDIR) after the grant. WATCH: ->
+	 * u64 holder, u64 acked (the seq of the last revocation reply handled), u8 fresh (1: a new
+	 * connection; every lease of the holder is forgotten)
 	 * <- u64 seq, u32 n, n x (u64 dir, u64 lease_id): revoked leases; meta answers only
 	 * when it has a revocation to send (a parked request), and the next WATCH acknowledges
 	 * it. One WATCH at a time per holder, on a connection of its own. */
