@@ -52,7 +52,9 @@ struct kvc_lease {
 	uint64_t holder;
 	pthread_mutex_t mu; /* protects d, epoch, addr, watching, wcl */
 	struct kl_dir d[KL_SLOTS];
-	uint64_t epoch; /* moves when the watch connection ends: every lease is dropped */
+	/* The session: moves when the watch connection ends (every lease is dropped); a WATCH
+	 * announces it to meta, which then refuses LEASEs of older ones (kvp.h). */
+	uint64_t epoch;
 	char addr[KVP_ADDR_MAX];
 	int watching;		/* a WATCH was sent on the connection to addr */
 	struct kvp_client *wcl; /* the watch connection (the watch thread opens and closes it) */
@@ -96,8 +98,7 @@ static void drop_all(struct kvc_lease *l)
 static void *watch_main(void *arg)
 {
 	struct kvc_lease *l = arg;
-	uint64_t acked = 0;
-	int fresh = 1;
+	uint64_t acked = 0, session = 0;
 	while (!atomic_load(&l->stop)) {
 		pthread_mutex_lock(&l->mu);
 		struct kvp_client *cl = l->wcl;
@@ -115,17 +116,18 @@ static void *watch_main(void *arg)
 			pthread_mutex_lock(&l->mu);
 			l->wcl = cl;
 			snprintf(l->addr, sizeof(l->addr), "%s", addr);
+			session = l->epoch; /* every lease of earlier sessions is dropped */
 			pthread_mutex_unlock(&l->mu);
 			if (atomic_load(&l->stop)) /* kvc_lease_close may have missed it */
 				kvp_client_shutdown(cl);
-			fresh = 1;
+			acked = 0;
 		}
-		uint8_t req[17];
+		uint8_t req[24];
 		struct kvp_wbuf w;
 		kvp_w_init(&w);
 		kvp_w_u64(&w, l->holder);
+		kvp_w_u64(&w, session);
 		kvp_w_u64(&w, acked);
-		kvp_w_u8(&w, (uint8_t)fresh);
 		memcpy(req, w.p, sizeof(req));
 		kvp_w_free(&w);
 		struct kvp_call *call;
@@ -171,7 +173,6 @@ static void *watch_main(void *arg)
 				rc = -EBADMSG;
 			} else {
 				acked = seq;
-				fresh = 0;
 				continue;
 			}
 		}
@@ -210,6 +211,7 @@ int kvc_lease_open(struct kvc *c, const struct kvc_lease_opts *o, struct kvc_lea
 		     (uint64_t)(uintptr_t)l) *
 			0x9E3779B97F4A7C15ull |
 		    1;
+	l->epoch = 1;
 	pthread_mutex_init(&l->mu, NULL);
 	int rc = pthread_create(&l->thr, NULL, watch_main, l);
 	if (rc) {
@@ -268,8 +270,8 @@ static int answer(struct kvc_lease *l, struct kl_dir *d, const char *name, struc
 }
 
 /* LEASE then the whole listing, on the meta at addr; fills d's listing fields. 0 or -errno. */
-static int fetch(struct kvc_lease *l, const char *addr, uint64_t dir, struct kl_dir *d,
-		 int64_t *sent_ns, uint32_t *ms)
+static int fetch(struct kvc_lease *l, const char *addr, uint64_t session, uint64_t dir,
+		 struct kl_dir *d, int64_t *sent_ns, uint32_t *ms)
 {
 	struct kvp_client *cl;
 	int rc = kvp_pool_get(l->c->pool, addr, &cl);
@@ -278,8 +280,10 @@ static int fetch(struct kvc_lease *l, const char *addr, uint64_t dir, struct kl_
 	struct kvp_wbuf w;
 	kvp_w_init(&w);
 	kvp_w_u64(&w, l->holder);
+	kvp_w_u64(&w, session);
 	kvp_w_u64(&w, dir);
 	kvp_w_u32(&w, l->o.ms);
+	kvp_w_u64(&w, 0);
 	uint8_t *b = NULL;
 	uint32_t bl = 0;
 	*sent_ns = mono_ns(); /* the lease is counted from here, before meta granted it */
@@ -355,8 +359,8 @@ static int fetch(struct kvc_lease *l, const char *addr, uint64_t dir, struct kl_
 
 /* Asks the meta at addr to extend lease id on dir: 0 (*ms granted from *sent_ns), or -ESTALE
  * (revoked meanwhile) or another error. */
-static int renew(struct kvc_lease *l, const char *addr, uint64_t dir, uint64_t id, int64_t *sent_ns,
-		 uint32_t *ms)
+static int renew(struct kvc_lease *l, const char *addr, uint64_t session, uint64_t dir, uint64_t id,
+		 int64_t *sent_ns, uint32_t *ms)
 {
 	struct kvp_client *cl;
 	int rc = kvp_pool_get(l->c->pool, addr, &cl);
@@ -365,6 +369,7 @@ static int renew(struct kvc_lease *l, const char *addr, uint64_t dir, uint64_t i
 	struct kvp_wbuf w;
 	kvp_w_init(&w);
 	kvp_w_u64(&w, l->holder);
+	kvp_w_u64(&w, session);
 	kvp_w_u64(&w, dir);
 	kvp_w_u32(&w, l->o.ms);
 	kvp_w_u64(&w, id);
@@ -397,7 +402,7 @@ static void renew_held(struct kvc_lease *l, struct kl_dir *d, uint64_t dir)
 	pthread_mutex_unlock(&l->mu);
 	int64_t sent;
 	uint32_t ms = 0;
-	int rc = renew(l, addr, dir, id, &sent, &ms);
+	int rc = renew(l, addr, epoch, dir, id, &sent, &ms);
 	pthread_mutex_lock(&l->mu);
 	/* Still the same lease, never revoked (a revocation would have freed it): the listing
 	 * is exact, and meta extended the lease from a moment after sent. */
@@ -480,7 +485,7 @@ void kvc_lease_note(struct kvc_lease *l, uint64_t dir)
 	struct kl_dir f = {.dir = dir};
 	int64_t sent;
 	uint32_t ms = 0;
-	int rc = fetch(l, addr, dir, &f, &sent, &ms);
+	int rc = fetch(l, addr, epoch, dir, &f, &sent, &ms);
 
 	pthread_mutex_lock(&l->mu);
 	now = mono_ns();

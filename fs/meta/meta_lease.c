@@ -24,6 +24,7 @@ struct ml_rev {
 
 struct ml_holder {
 	uint64_t id;
+	uint64_t session;      /* of its last WATCH: a LEASE of another session is refused */
 	struct kvp_conn *conn; /* the parked WATCH's connection (referenced), or NULL */
 	struct kvp_hdr hdr;    /* the parked WATCH */
 	/* Revocations are numbered per holder: sent is the last one queued, delivered the last
@@ -110,25 +111,28 @@ int mlease_grant(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 	if (ms == 0)
 		return -EINVAL;
 	pthread_mutex_lock(&l->mu);
-	if (!holder_find(l, q->uuid)) {
+	struct ml_holder *h = holder_find(l, q->uuid);
+	if (!h || h->session != q->session) {
+		/* No WATCH of this session yet: a grant now could be forgotten by that WATCH
+		 * when it comes (a new session drops the holder's leases), unrevoked. */
 		pthread_mutex_unlock(&l->mu);
-		return -ENOTCONN;
+		return -ESRCH;
 	}
 	struct ml_lease **pp = &l->b[bucket(q->ino)], *e = *pp;
 	while (e && !(e->dir == q->ino && e->holder == q->uuid))
 		e = e->next;
 	int64_t now = meta_mono_ns();
-	if (q->acked) {
+	if (q->renew) {
 		/* A renewal: only of the lease still in the table (never revoked, so the
 		 * holder's listing is exact), and not of one already over. */
-		if (!e || e->id != q->acked || e->end <= now) {
+		if (!e || e->id != q->renew || e->end <= now) {
 			pthread_mutex_unlock(&l->mu);
 			return -ESTALE;
 		}
 		e->end = now + (int64_t)ms * 1000000;
 		pthread_mutex_unlock(&l->mu);
 		atomic_fetch_add_explicit(&l->renewed, 1, memory_order_relaxed);
-		kvp_w_u64(out, q->acked);
+		kvp_w_u64(out, q->renew);
 		kvp_w_u32(out, ms);
 		return 0;
 	}
@@ -209,6 +213,11 @@ int mlease_watch(struct meta *m, struct kvp_conn *c, const struct kvp_hdr *hdr,
 		h->id = q->uuid;
 		h->next = l->holders;
 		l->holders = h;
+	} else if (q->session < h->session) {
+		/* a WATCH from a connection the holder has given up, overtaken by a newer one */
+		pthread_mutex_unlock(&l->mu);
+		kvp_reply(c, hdr, -ECANCELED, NULL, 0, NULL, 0);
+		return 0;
 	}
 	if (h->conn) { /* an earlier WATCH, from a connection the holder has given up */
 		s[ns].conn = h->conn;
@@ -217,8 +226,9 @@ int mlease_watch(struct meta *m, struct kvp_conn *c, const struct kvp_hdr *hdr,
 		kvp_w_init(&s[ns++].body);
 		h->conn = NULL;
 	}
-	if (q->flags & 1) {
-		/* A new connection: the holder dropped every lease before it reconnected. */
+	if (q->session != h->session) {
+		/* A new session: the holder dropped every lease before it began it. */
+		h->session = q->session;
 		for (int i = 0; i < NBUCKET; i++)
 			for (struct ml_lease **pp = &l->b[i]; *pp;) {
 				struct ml_lease *e = *pp;

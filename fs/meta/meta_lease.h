@@ -28,9 +28,9 @@ int mlease_create(struct mlease **out);
 /* Answers every parked WATCH (-ECANCELED) and frees. NULL is a no-op. */
 void mlease_destroy(struct mlease *l);
 
-/* LEASE (kvp.h): registers the lease before the reply, or renews one. 0, -ENOTCONN (no
- * WATCH from this holder on this replica yet), -ESTALE (the lease renewed was revoked or is
- * over), -ENOMEM. */
+/* LEASE (kvp.h): registers the lease before the reply, or renews one. 0, -ESRCH (no WATCH
+ * of this holder's session on this replica yet), -ESTALE (the lease renewed was revoked or
+ * is over), -ENOMEM. */
 int mlease_grant(struct meta *m, const struct mreq *q, struct kvp_wbuf *out);
 /* WATCH (kvp.h): takes the acknowledgement, then answers at once (revocations pending) or
  * keeps the request to answer later from a revoking thread. Owns nothing of q's body after it

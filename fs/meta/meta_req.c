@@ -153,15 +153,15 @@ int mreq_parse(uint16_t op, const uint8_t *body, size_t len, struct mreq *q)
 		break;
 	case KVP_OP_LEASE:
 		q->uuid = kvp_r_u64(&r);
+		q->session = kvp_r_u64(&r);
 		q->ino = kvp_r_u64(&r);
 		q->max = kvp_r_u32(&r);
-		if (!r.err && r.off < r.len) /* optional: a renewal */
-			q->acked = kvp_r_u64(&r);
+		q->renew = kvp_r_u64(&r);
 		break;
 	case KVP_OP_WATCH:
 		q->uuid = kvp_r_u64(&r);
+		q->session = kvp_r_u64(&r);
 		q->acked = kvp_r_u64(&r);
-		q->flags = kvp_r_u8(&r);
 		break;
 	case KVP_OP_TOUCH:
 		q->n = kvp_r_u32(&r);

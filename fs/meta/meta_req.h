@@ -61,7 +61,8 @@ struct mreq {
 	size_t names_len;
 	/* HEARTBEAT */
 	uint64_t uuid, capacity, used, chunks; /* LEASE, WATCH: uuid = holder */
-	uint64_t acked;			       /* WATCH; its fresh flag is flags */
+	uint64_t session, renew;	       /* LEASE (renew), WATCH */
+	uint64_t acked;			       /* WATCH */
 	struct mreq_str addr;
 	struct mreq_str zone; /* len 0: none */
 };
