@@ -197,6 +197,12 @@ int mtu_teardown(void **state)
 {
 	(void)state;
 	mtu_stop_mount2();
+	/* The tests ran with lookups answered from directory leases (lease_after=2): how many */
+	if (g_mount_pid > 0 && mtu_is_fuse(g_mnt))
+		fprintf(stderr, "mount: %lld directory leases, %lld lookups answered from them\n",
+			mtu_stat_counter(g_mnt, "lease_granted"),
+			mtu_stat_counter(g_mnt, "lease_hits") +
+			    mtu_stat_counter(g_mnt, "lease_negatives"));
 	mtu_stop_mount();
 	if (getenv("KVFS_TEST_VERBOSE")) /* also the second mounts' logs */
 		kvh_sh("cat '%s' '%s'/mount-*.log >&2 2>/dev/null", g_log, g_cl.dir);
