@@ -87,17 +87,11 @@ ssize_t mtu_read_file(const char *path, void *buf, size_t cap)
 
 int mtu_start_mount(void)
 {
-	char *argv[] = {"kvfs-mount",
-			"-f",
-			"--secret-file",
-			g_cl.secret_file,
-			"-o",
-			"max_file=16M,entry_timeout=0.5,attr_timeout=1",
-			"--meta-retry",
-			"30s",
-			g_cl.meta_addr,
-			g_mnt,
-			NULL};
+	char *argv[] = {"kvfs-mount", "-f", "--secret-file", g_cl.secret_file, "-o",
+			/* lease_after=2: directory leases taken at the second lookup in a
+			 * directory, so every test runs with lookups answered from them */
+			"max_file=16M,entry_timeout=0.5,attr_timeout=1,lease_after=2",
+			"--meta-retry", "30s", g_cl.meta_addr, g_mnt, NULL};
 	g_mount_pid = kvh_spawn(g_bin, argv, g_log);
 	if (g_mount_pid <= 0)
 		return -1;
@@ -112,8 +106,10 @@ int mtu_start_mount2(const char *tag, const char *opts, char *log2, size_t cap)
 	snprintf(log2, cap, "%s/mount-%s.log", g_cl.dir, tag);
 	if (mkdir(g_mnt2, 0755) != 0)
 		return -1;
+	char o[512];
+	snprintf(o, sizeof(o), "%s,lease_after=2", opts ? opts : "rw");
 	char *argv[] = {"kvfs-mount",	  "-f",	  "--secret-file",
-			g_cl.secret_file, "-o",	  (char *)(opts ? opts : "rw"),
+			g_cl.secret_file, "-o",	  o,
 			g_cl.meta_addr,	  g_mnt2, NULL};
 	g_mount2_pid = kvh_spawn(g_bin, argv, log2);
 	if (g_mount2_pid <= 0)
@@ -121,6 +117,22 @@ int mtu_start_mount2(const char *tag, const char *opts, char *log2, size_t cap)
 	for (int i = 0; i < 200 && !mtu_is_fuse(g_mnt2); i++)
 		usleep(50000);
 	return mtu_is_fuse(g_mnt2) ? 0 : -1;
+}
+
+long long mtu_stat_counter(const char *mnt, const char *name)
+{
+	char p[800], line[256];
+	snprintf(p, sizeof(p), "%s/.kvfs/stats", mnt);
+	FILE *f = fopen(p, "r");
+	if (!f)
+		return -1;
+	long long v = -1;
+	size_t nl = strlen(name);
+	while (fgets(line, sizeof(line), f))
+		if (!strncmp(line, name, nl) && !strncmp(line + nl, " = ", 3))
+			v = atoll(line + nl + 3);
+	fclose(f);
+	return v;
 }
 
 /* Also from teardown, so a failed test does not leave it mounted. */
@@ -185,6 +197,12 @@ int mtu_teardown(void **state)
 {
 	(void)state;
 	mtu_stop_mount2();
+	/* The tests ran with lookups answered from directory leases (lease_after=2): how many */
+	if (g_mount_pid > 0 && mtu_is_fuse(g_mnt))
+		fprintf(stderr, "mount: %lld directory leases, %lld lookups answered from them\n",
+			mtu_stat_counter(g_mnt, "lease_granted"),
+			mtu_stat_counter(g_mnt, "lease_hits") +
+			    mtu_stat_counter(g_mnt, "lease_negatives"));
 	mtu_stop_mount();
 	if (getenv("KVFS_TEST_VERBOSE")) /* also the second mounts' logs */
 		kvh_sh("cat '%s' '%s'/mount-*.log >&2 2>/dev/null", g_log, g_cl.dir);

@@ -37,6 +37,8 @@ int mtu_start_mount(void);
 int mtu_start_mount2(const char *tag, const char *opts, char *log2, size_t cap);
 /* Unmounts and stops the mount on g_mnt / g_mnt2, if running. */
 void mtu_stop_mount(void);
+/* A counter of mnt's .kvfs/stats (e.g. "lease_granted"), or -1. */
+long long mtu_stat_counter(const char *mnt, const char *name);
 void mtu_stop_mount2(void);
 /* 1 (after saying why) when these tests cannot run here: no /dev/fuse, or kvfs-mount not
  * built; main then exits 77 (skipped). */
@@ -56,6 +58,10 @@ void test_replace_two_writers(void **state);
 void test_replace_other_mount(void **state);
 void test_replace_append(void **state);
 void test_replace_killed(void **state);
+/* test_mount_lease.c */
+void test_lease_other_mount(void **state);
+void test_lease_stopped_holder(void **state);
+void test_lease_renewed(void **state);
 
 /* test_mount_perm.c: allow-other with two unprivileged users (owners and modes enforced). */
 void test_allow_other_perms(void **state);

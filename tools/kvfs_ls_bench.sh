@@ -9,7 +9,8 @@
 # kvfs-mount, a second mount of the same cluster by that binary is timed too (a same-run
 # baseline). Stops everything at the end.
 #
-#   tools/kvfs_ls_bench.sh [BUILD]    (env: LSFILES=10000 ROUNDS=2 MOUNT_ARGS= BASE_MOUNT=)
+#   tools/kvfs_ls_bench.sh [BUILD]    (env: LSFILES=10000 ROUNDS=2 MOUNT_ARGS= BASE_MOUNT=
+#                                      CMDS=stat: only that command)
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=$(cd "${1:-$here/../build}" && pwd)
@@ -51,13 +52,19 @@ mkdir "$dir/mnt/bench"
 # reqs TAG: "op count" of every FUSE request the mount TAG answered so far
 reqs() {
 	curl -s "http://$(cat "$dir/$1.metrics")/metrics" |
-		awk '/^kvfs_mount_requests_total/ { print $1, $2 }' | sort
+		awk '/^kvfs_mount_requests_total|^kvfs_mount_request_duration_seconds_(sum|count)/ {
+			print $1, $2 }' | sort
 }
 now() { date +%s.%N; }
 echo "kvfs_ls_bench: $n files of 4 KiB, $(nproc) cores, $(uname -r), load $(cut -d' ' -f1 /proc/loadavg)"
+cmds=("ls -lR" "du -sh" stat)
+[ -n "${CMDS:-}" ] && cmds=("$CMDS")
 for r in $(seq 1 "$rounds"); do
-	for cmd in "ls -lR" "du -sh" stat; do
-		for t in $sides; do
+	# the sides in turn, reversed every other round (a same-run A/B, load drifting)
+	order=$sides
+	[ $((r % 2)) = 0 ] && order=$(echo $sides | tr ' ' '\n' | tac | tr '\n' ' ')
+	for cmd in "${cmds[@]}"; do
+		for t in $order; do
 			case $t in
 			mount) d=$dir/mnt/many ;;
 			base) d=$dir/mnt0/many ;;
@@ -76,12 +83,22 @@ for r in $(seq 1 "$rounds"); do
 				$cmd "$d" >/dev/null
 			fi
 			b=$(now)
-			printf 'round %d %-7s %-6s cold %7.3f s' "$r" "$cmd" "$t" \
-				"$(awk "BEGIN { print $b - $a }")"
+			printf 'round %d %-7s %-6s cold %7.3f s  load %s' "$r" "$cmd" "$t" \
+				"$(awk "BEGIN { print $b - $a }")" "$(cut -d' ' -f1 /proc/loadavg)"
 			if [ $t != local ]; then
 				reqs $t >"$dir/r2"
-				join "$dir/r1" "$dir/r2" | awk '$3 > $2 { o = $1; sub(/.*op="/, "", o);
+				join "$dir/r1" "$dir/r2" | awk '/_total/ && $3 > $2 { o = $1; sub(/.*op="/, "", o);
 					sub(/".*/, "", o); printf "  %s %d", o, $3 - $2 }'
+				# mean time the mount spent in one LOOKUP (its handler: the meta round
+				# trip, or the answer from a lease), from its request-duration histogram
+				join "$dir/r1" "$dir/r2" | awk '
+					/_duration_seconds_sum.*op="lookup"/ { s = $3 - $2 }
+					/_duration_seconds_count.*op="lookup"/ { c = $3 - $2 }
+					END { if (c > 0) printf "  lookup_us %.1f", s / c * 1e6 }'
+				# directory leases so far (docs/meta.md; a mount without them has none)
+				m=$dir/mnt; [ $t = base ] && m=$dir/mnt0
+				awk '/^lease_(granted|hits|refused|revoked) / { printf "  %s %s", $1, $3 }' \
+					"$m/.kvfs/stats" 2>/dev/null
 			fi
 			echo
 		done

@@ -209,6 +209,12 @@ void kvp_client_close(struct kvp_client *c)
 	free(c);
 }
 
+void kvp_client_shutdown(struct kvp_client *c)
+{
+	atomic_store(&c->alive, 0);
+	kvp_sock_shutdown(c->sk);
+}
+
 int kvp_client_alive(const struct kvp_client *c)
 {
 	return atomic_load(&((struct kvp_client *)c)->alive);

@@ -207,6 +207,9 @@ void kvp_client_close(struct kvp_client *c);
 void kvp_client_set_send_timeout(struct kvp_client *c, int ms);
 /* 1 while the connection works; 0 once it has failed (open a new one). */
 int kvp_client_alive(const struct kvp_client *c);
+/* Breaks the connection (shutdown(2)): every call in flight, and every later one, fails with
+ * -ECONNRESET; close it as usual. Thread-safe: for a thread parked in kvp_call_wait. */
+void kvp_client_shutdown(struct kvp_client *c);
 const char *kvp_client_addr(const struct kvp_client *c);
 
 /* Sends a request (body then bulk, no copy: both may be freed when this returns) and returns a

@@ -178,6 +178,41 @@ struct kvc_stats {
 };
 void kvc_get_stats(struct kvc *c, struct kvc_stats *out);
 
+/* Directory leases (docs/meta.md, "Directory leases"): after `after` lookups in one directory
+ * within a second were answered "found" by meta (kvc_lease_note), a lease on it is taken from
+ * meta (at most ms, at most KVP_LEASE_MAX_MS) and its listing read with attributes; until meta
+ * revokes it (a change there by anyone, acknowledged on a watch connection of the lease's
+ * own) or it runs out, kvc_lease_lookup answers from the listing. After a revocation the
+ * directory gets no new lease for a while (doubling from 250 ms to 8 s); once a directory is
+ * known to hold n entries, a burst must reach n / 16 lookups too. kvc_lease_open starts
+ * the watch thread; the object is freed by kvc_lease_close (before kvc_close). Thread-safe. */
+struct kvc_lease;
+struct kvc_lease_opts {
+	int after; /* 0: never take a lease */
+	uint32_t ms;
+};
+int kvc_lease_open(struct kvc *c, const struct kvc_lease_opts *o, struct kvc_lease **out);
+void kvc_lease_close(struct kvc_lease *l);
+/* name in dir from a held lease: 0 (*out; *left_ns: how long the answer may be kept),
+ * -ENOENT (no such name), or -EAGAIN: no lease, ask meta (l NULL: always). */
+int kvc_lease_lookup(struct kvc_lease *l, uint64_t dir, const char *name, struct kvp_attr *out,
+		     int64_t *left_ns);
+/* A lookup in dir found its name (answered by meta or by a lease): counts toward a burst, and
+ * at the burst's end takes the lease and reads the listing here; a lease in use with less than
+ * half of it left is renewed here (one round trip, the listing kept). Network round trips:
+ * call it after replying. */
+void kvc_lease_note(struct kvc_lease *l, uint64_t dir);
+struct kvc_lease_stats {
+	uint64_t granted;   /* leases taken (listing read) */
+	uint64_t renewed;   /* leases extended by use (no new listing) */
+	uint64_t hits;	    /* lookups answered from a lease: found */
+	uint64_t negatives; /* ... and absent */
+	uint64_t revoked;   /* leases meta revoked while held */
+	uint64_t dropped;   /* leases dropped because the watch connection ended */
+	uint64_t refused;   /* lease attempts that failed or were revoked before use */
+};
+void kvc_lease_get_stats(struct kvc_lease *l, struct kvc_lease_stats *out);
+
 /* Where the time of a read or a write goes, as histograms in r (docs/operations.md, "Metrics"):
  * kvfs_client_meta_requests_total / _request_errors_total / _request_duration_seconds {op} for
  * every metadata round trip (retries included), and kvfs_client_stage_duration_seconds{stage}:

@@ -3,6 +3,7 @@
 #include "ktime.h"
 #include "log.h"
 #include "meta_int.h"
+#include "meta_lease.h"
 #include "meta_raft.h"
 
 #include <errno.h>
@@ -96,6 +97,11 @@ static int meta_lead(void *ctx)
 		rc = mnodes_load(m);
 	pthread_mutex_unlock(&m->nodes_mu);
 	pthread_mutex_unlock(&m->mu);
+	/* A lease the previous leader granted ends at most its length after that leader stopped
+	 * serving, which is at most an election timeout (+ libraft's 20 ms sampling) after this
+	 * one was elected: namespace changes wait that long (docs/meta.md, "Directory leases"). */
+	mlease_lead(m->lease, (int64_t)(m->o.raft_election_s * 1e9) +
+				  (int64_t)KVP_LEASE_MAX_MS * 1000000 + 100000000);
 	if (!rc)
 		klog_info("leading: %llu files, %llu dirs, %zu nodes", (unsigned long long)m->files,
 			  (unsigned long long)m->dirs, m->nnodes);
@@ -141,7 +147,12 @@ int meta_open(const struct meta_opts *o, struct meta **out)
 	kvfs_cond_init_mono(&m->freed_cv);
 	srandom((unsigned)meta_now_ns());
 
-	int rc = mdb_open(m);
+	/* No hold at start (unlike a new Raft leader, mlease_lead): a previous run of this meta
+	 * ended with its process, whose connections the kernel closed, and a holder drops every
+	 * lease as soon as its watch connection ends (docs/meta.md, "Directory leases"). */
+	int rc = mlease_create(&m->lease);
+	if (!rc)
+		rc = mdb_open(m);
 	if (!rc)
 		rc = mnodes_load(m);
 	if (!rc)
@@ -185,6 +196,7 @@ void meta_close(struct meta *m)
 	if (m->pool)
 		kvp_pool_destroy(m->pool);
 	mdb_close(m);
+	mlease_destroy(m->lease);
 	free(m->nodes);
 	pthread_cond_destroy(&m->bg_cv);
 	pthread_cond_destroy(&m->job_cv);
@@ -243,6 +255,8 @@ static op_fn op_table(uint16_t op)
 		return raft_conf;
 	case KVP_OP_BFILL:
 		return mfile_bfill;
+	case KVP_OP_LEASE:
+		return mlease_grant;
 	default:
 		return NULL;
 	}
@@ -258,6 +272,7 @@ static int mutates(uint16_t op)
 	case KVP_OP_STATFS:
 	case KVP_OP_NODES:
 	case KVP_OP_MSTATUS:
+	case KVP_OP_LEASE:
 		return 0;
 	default:
 		return 1;
@@ -333,7 +348,12 @@ int meta_handle(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, uint8_t 
 	}
 	if (rc == 0 && m->raft && !mraft_serving(m->raft))
 		rc = -EREMCHG;
-	else if (rc == 0) {
+	else if (rc == 0 && h->op == KVP_OP_WATCH) {
+		mlease_watch(m, c, h, &q); /* answers now or later */
+		kvp_w_free(&out);
+		free(body);
+		return 0;
+	} else if (rc == 0) {
 		/* Pipelined writes: the op's writes are applied here at once and replicated
 		 * while later requests run; before this reply shows anything (its own writes,
 		 * or others' it read), everything applied so far must be committed. */
@@ -342,6 +362,9 @@ int meta_handle(void *ctx, struct kvp_conn *c, const struct kvp_hdr *h, uint8_t 
 		mdb_defer = 0;
 		if (m->raft && mdb_settle(m))
 			rc = mutates(h->op) ? -ECONNABORTED : -EREMCHG;
+		/* Leases on what it changed are revoked before anyone is told of the change. */
+		if (rc == 0 || rc == -ECONNABORTED)
+			mlease_after(m, h->op, &q);
 	}
 	/* --sync: the change is made durable before it is acknowledged (reads need nothing). */
 	if (rc == 0 && m->o.sync && mutates(h->op))

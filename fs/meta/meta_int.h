@@ -132,7 +132,8 @@ struct mraft;
 
 struct meta {
 	struct meta_opts o;
-	struct mraft *raft; /* NULL: a single meta; else every mdb_write goes through Raft */
+	struct mraft *raft;   /* NULL: a single meta; else every mdb_write goes through Raft */
+	struct mlease *lease; /* directory leases (meta_lease.h) */
 	rocksdb_t *db;
 	rocksdb_options_t *dbo;
 	rocksdb_writeoptions_t *wo;

@@ -9,6 +9,7 @@
 #include "kvch.h"
 #include "log.h"
 #include "meta_int.h"
+#include "meta_lease.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -124,6 +125,13 @@ static int victims_remove(struct meta *m, struct victim *v, size_t n, uint64_t *
 	if (!rc && removed) {
 		mnodes_freeing_add(m, bytes, nb);
 		mbg_kick(m);
+		for (size_t i = 0; i < n; i++) /* names gone, and the directories' times moved */
+			if (i == 0 || v[i].parent != v[i - 1].parent) {
+				struct mino par;
+				mlease_revoke_nowait(m, v[i].parent);
+				if (mdb_inode_get(m, NULL, v[i].parent, &par) == 0 && par.parent)
+					mlease_revoke_nowait(m, par.parent);
+			}
 	}
 	free(bytes);
 	return rc ? rc : removed;

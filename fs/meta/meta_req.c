@@ -151,6 +151,18 @@ int mreq_parse(uint16_t op, const uint8_t *body, size_t len, struct mreq *q)
 		q->mtime_ns = kvp_r_i64(&r);
 		q->atime_ns = kvp_r_i64(&r);
 		break;
+	case KVP_OP_LEASE:
+		q->uuid = kvp_r_u64(&r);
+		q->session = kvp_r_u64(&r);
+		q->ino = kvp_r_u64(&r);
+		q->max = kvp_r_u32(&r);
+		q->renew = kvp_r_u64(&r);
+		break;
+	case KVP_OP_WATCH:
+		q->uuid = kvp_r_u64(&r);
+		q->session = kvp_r_u64(&r);
+		q->acked = kvp_r_u64(&r);
+		break;
 	case KVP_OP_TOUCH:
 		q->n = kvp_r_u32(&r);
 		q->touch = rarray(&r, q->n, MREQ_TOUCH_SIZE);

@@ -34,7 +34,7 @@ struct mreq_slot {
 
 struct mreq {
 	uint16_t op;
-	uint64_t ino;	 /* GETATTR, READDIR, LAYOUT, SETATTR */
+	uint64_t ino;	 /* GETATTR, READDIR, LAYOUT, SETATTR, LEASE */
 	uint64_t parent; /* LOOKUP, MKDIR, RMDIR, UNLINK, RENAME, COMMIT */
 	struct mreq_str
 	    name;	    /* LOOKUP, MKDIR, RMDIR, UNLINK, RENAME, COMMIT; READDIR start_after */
@@ -43,7 +43,7 @@ struct mreq {
 	uint32_t flags;		    /* RENAME flags, COMMIT, ALLOC, NODES and LOOKUP flags (u8) */
 	uint32_t mode;		    /* MKDIR, COMMIT, SETATTR */
 	uint32_t uid, gid;	    /* MKDIR, COMMIT: KVP_OWNER_NONE when not sent */
-	uint32_t max;		    /* READDIR */
+	uint32_t max;		    /* READDIR; LEASE: ms */
 	uint32_t valid;		    /* SETATTR */
 	int64_t mtime_ns, atime_ns; /* SETATTR */
 	uint64_t write_id;	    /* COMMIT, ABORT */
@@ -60,7 +60,9 @@ struct mreq {
 	const uint8_t *names;
 	size_t names_len;
 	/* HEARTBEAT */
-	uint64_t uuid, capacity, used, chunks;
+	uint64_t uuid, capacity, used, chunks; /* LEASE, WATCH: uuid = holder */
+	uint64_t session, renew;	       /* LEASE (renew), WATCH */
+	uint64_t acked;			       /* WATCH */
 	struct mreq_str addr;
 	struct mreq_str zone; /* len 0: none */
 };

@@ -65,6 +65,8 @@ struct mnt_cfg {
 	uint64_t chunk;			    /* 0 = the cluster's chunk size */
 	int64_t threads;		    /* FUSE worker threads (at most) */
 	int64_t log_level;
+	int64_t lease_after; /* lookups in a directory within 1 s before a lease (0: never) */
+	double lease;	     /* lease length asked for */
 	int foreground, debug, allow_other, readdirplus, keep_cache, xattr, lookup_layout;
 	int splice_write;
 };
@@ -85,6 +87,7 @@ struct mnt_counters {
 
 struct mnt {
 	struct kvc *c;		     /* thread-safe */
+	struct kvc_lease *lease;     /* thread-safe; NULL: no directory leases */
 	struct fuse_session *se;     /* set once before the loop starts */
 	struct mnt_cfg cfg;	     /* read-only after start */
 	struct mnt_itab *itab;	     /* its own lock */

@@ -291,6 +291,13 @@ static int serve(struct mnt *m, const struct kvp_secret *secret, int wfd)
 			 rc == -EACCES ? " (wrong cluster secret?)" : "");
 		goto fail;
 	}
+	if (m->cfg.lease_after > 0) {
+		struct kvc_lease_opts lo = {.after = (int)m->cfg.lease_after,
+					    .ms = (uint32_t)(m->cfg.lease * 1000)};
+		if ((rc = kvc_lease_open(m->c, &lo, &m->lease)))
+			klog_warn("no directory leases (%s): every lookup asks meta",
+				  kvp_strerror(rc));
+	}
 	m->uid = getuid();
 	m->gid = getgid();
 	m->start_ns = mnt_now_ns();
@@ -378,6 +385,7 @@ fail_itab:
 	pthread_mutex_destroy(&m->dt_lock);
 	pthread_mutex_destroy(&m->fh_lock);
 fail_kvc:
+	kvc_lease_close(m->lease);
 	kvc_close(m->c);
 fail:
 	pthread_sigmask(SIG_SETMASK, &oldmask, NULL);

@@ -153,6 +153,16 @@ static void collect(void *ctx, struct met_out *o)
 	counter(o, "kvfs_mount_foreign_closes_total",
 		"Closes of a file being written by a process other than its opener (no commit)",
 		n->foreign_flushes);
+	struct kvc_lease_stats ls;
+	kvc_lease_get_stats(m->lease, &ls);
+	counter(o, "kvfs_mount_lease_granted_total", "Directory leases taken (listing read)",
+		ls.granted);
+	counter(o, "kvfs_mount_lease_lookups_total",
+		"Lookups answered from a directory lease, without meta (found or absent)",
+		ls.hits + ls.negatives);
+	counter(o, "kvfs_mount_lease_revoked_total",
+		"Directory leases meta revoked (a change in the directory by any client)",
+		ls.revoked);
 	met_out_family(o, "kvfs_mount_uptime_seconds", "gauge", "Seconds since the mount started");
 	met_out_sample(o, "kvfs_mount_uptime_seconds", NULL,
 		       (double)(mnt_now_ns() - m->start_ns) / 1e9);

@@ -115,6 +115,14 @@ static int gen_stats(struct mnt *m, FILE *f)
 	C(inval_waits);
 	C(inval_wait_us);
 #undef C
+	struct kvc_lease_stats ls;
+	kvc_lease_get_stats(m->lease, &ls);
+	fprintf(f, "lease_renewed = %" PRIu64 "\n", ls.renewed);
+	fprintf(f,
+		"lease_granted = %" PRIu64 "\nlease_hits = %" PRIu64 "\nlease_negatives = %" PRIu64
+		"\nlease_revoked = %" PRIu64 "\nlease_dropped = %" PRIu64
+		"\nlease_refused = %" PRIu64 "\n",
+		ls.granted, ls.hits, ls.negatives, ls.revoked, ls.dropped, ls.refused);
 	fprintf(f, "client_bytes_written = %" PRIu64 "\nclient_bytes_read = %" PRIu64 "\n",
 		s.bytes_written, s.bytes_read);
 	fprintf(f, "client_files_committed = %" PRIu64 "\n", s.files_committed);

@@ -125,7 +125,28 @@ enum kvp_op {
 	 *    str name) (distinct)  <- n x u64 ino; -EEXIST (nothing created) if a name is
 	 *    taken */
 	KVP_OP_BFILL = 0x43,
+	/* Directory leases (docs/meta.md, "Directory leases"). The holder (a random id per mount
+	 * process) numbers its sessions: a new one each time it drops every lease (its watch
+	 * connection ended), announced by its next WATCH.
+	 * LEASE: -> u64 holder, u64 session, u64 dir ino, u32 ms (asked; meta grants at most
+	 * KVP_LEASE_MAX_MS), u64 renew (0: a new lease; else the id of the lease on dir the
+	 * holder holds, to extend)  <- u64 lease_id, u32 granted_ms. From then until the lease
+	 * is revoked or granted_ms have passed (measured by the holder from when it SENT the
+	 * request), a change to dir's entries or its entries' attributes by anyone is answered
+	 * only after the holder acknowledged its revocation (WATCH) or the lease ran out. The
+	 * holder reads the listing (READDIR) after the grant. A renewal extends the lease (same
+	 * id) only while meta has not revoked it. Errors: -ESRCH (no WATCH of this holder in this
+	 * session on this replica yet), -ESTALE (the lease to renew was revoked or is over).
+	 * WATCH: -> u64 holder, u64 session, u64 acked (the seq of the last revocation reply
+	 * handled)  <- u64 seq, u32 n, n x (u64 dir, u64 lease_id): revoked leases; meta answers
+	 * only when it has a revocation to send (a parked request), and the next WATCH
+	 * acknowledges it. A session above the holder's last one makes meta forget every lease
+	 * of the holder (it dropped them); one below is answered -ECANCELED. One WATCH at a time
+	 * per holder, on a connection of its own. */
+	KVP_OP_LEASE = 0x44,
+	KVP_OP_WATCH = 0x45,
 };
+#define KVP_LEASE_MAX_MS 1000u
 
 /* KVP_OP_ALLOC flags. WRITE_AROUND: the client stores a stripe without the chunks whose node
  * is absent or fails (COMMIT slots with node_id 0), so meta may place fewer than k+m nodes

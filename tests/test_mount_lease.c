@@ -1,0 +1,147 @@
+/* Directory leases through two real mounts (docs/meta.md, "Directory leases"): a lookup that
+ * mount A answers from its lease must never show what mount B changed before A's lookup, and a
+ * holder that stopped answering delays B's change by at most the lease's length. */
+#include "mount_tutil.h"
+
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#define LFILES 40
+
+/* dir (made through B, so A has cached none of its names) with LFILES files f00.. of 100 + i
+ * bytes. */
+static void make_dir(const char *m2, const char *dir)
+{
+	char p[900];
+	snprintf(p, sizeof(p), "%s/%s", m2, dir);
+	assert_int_equal(mkdir(p, 0755), 0);
+	char buf[200];
+	memset(buf, 'x', sizeof(buf));
+	for (int i = 0; i < LFILES; i++) {
+		snprintf(p, sizeof(p), "%s/%s/f%02d", m2, dir, i);
+		assert_int_equal(mtu_write_file(p, buf, 100 + (size_t)i), 0);
+	}
+}
+
+/* A looks up f00..f19 one by one (a burst: a lease on dir), B then replaces f25 (7 bytes),
+ * removes f26 and creates "new"; A's first lookups of those names must see all three. Tries
+ * a fresh directory until A's lease was revoked by B's changes (a loaded machine may let it
+ * run out first), so the path without meta is known to have been taken. */
+void test_lease_other_mount(void **state)
+{
+	(void)state;
+	char *m2 = g_mnt2, log2[800], p[900], dir[64];
+	assert_int_equal(mtu_start_mount2("lease", "max_file=16M", log2, sizeof(log2)), 0);
+	int seen = 0;
+	for (int round = 0; round < 5 && !seen; round++) {
+		snprintf(dir, sizeof(dir), "lease%d", round);
+		make_dir(m2, dir);
+		long long g0 = mtu_stat_counter(g_mnt, "lease_granted");
+		long long h0 = mtu_stat_counter(g_mnt, "lease_hits");
+		struct stat st;
+		for (int i = 0; i < 20; i++) {
+			snprintf(p, sizeof(p), "%s/%s/f%02d", g_mnt, dir, i);
+			assert_int_equal(stat(p, &st), 0);
+			assert_int_equal(st.st_size, 100 + i);
+		}
+		long long r0 = mtu_stat_counter(g_mnt, "lease_revoked");
+		assert_true(mtu_stat_counter(g_mnt, "lease_granted") > g0);
+		assert_true(mtu_stat_counter(g_mnt, "lease_hits") > h0);
+		snprintf(p, sizeof(p), "%s/%s/f25", m2, dir);
+		assert_int_equal(mtu_write_file(p, "changed", 7), 0);
+		snprintf(p, sizeof(p), "%s/%s/f26", m2, dir);
+		assert_int_equal(unlink(p), 0);
+		snprintf(p, sizeof(p), "%s/%s/new", m2, dir);
+		assert_int_equal(mtu_write_file(p, "n", 1), 0);
+		/* A's very next lookups */
+		snprintf(p, sizeof(p), "%s/%s/f25", g_mnt, dir);
+		assert_int_equal(stat(p, &st), 0);
+		assert_int_equal(st.st_size, 7);
+		snprintf(p, sizeof(p), "%s/%s/f26", g_mnt, dir);
+		assert_int_equal(stat(p, &st), -1);
+		assert_int_equal(errno, ENOENT);
+		snprintf(p, sizeof(p), "%s/%s/new", g_mnt, dir);
+		assert_int_equal(stat(p, &st), 0);
+		assert_int_equal(st.st_size, 1);
+		seen = mtu_stat_counter(g_mnt, "lease_revoked") > r0;
+		assert_int_equal(kvh_sh("rm -r '%s/%s'", m2, dir), 0);
+		if (!seen)
+			fprintf(stderr, "round %d: the lease ran out before B's change\n", round);
+	}
+	assert_true(seen);
+	mtu_stop_mount2();
+	rmdir(m2);
+}
+
+/* A holds a lease and is stopped (SIGSTOP: it cannot acknowledge the revocation); B's unlink
+ * there still succeeds, once the lease has run out (at most 1 s), and B sees the name gone. */
+void test_lease_stopped_holder(void **state)
+{
+	(void)state;
+	char *m2 = g_mnt2, log2[800], p[900];
+	assert_int_equal(mtu_start_mount2("lstop", "max_file=16M", log2, sizeof(log2)), 0);
+	make_dir(m2, "lstop");
+	long long g0 = mtu_stat_counter(g_mnt, "lease_granted");
+	struct stat st;
+	for (int i = 0; i < 20; i++) {
+		snprintf(p, sizeof(p), "%s/lstop/f%02d", g_mnt, i);
+		assert_int_equal(stat(p, &st), 0);
+	}
+	assert_true(mtu_stat_counter(g_mnt, "lease_granted") > g0);
+	assert_int_equal(kill(g_mount_pid, SIGSTOP), 0);
+	int64_t t0 = mtu_now_ms();
+	snprintf(p, sizeof(p), "%s/lstop/f30", m2);
+	int rc = unlink(p);
+	int64_t took = mtu_now_ms() - t0;
+	assert_int_equal(kill(g_mount_pid, SIGCONT), 0);
+	fprintf(stderr, "unlink beside a stopped holder: %lld ms\n", (long long)took);
+	assert_int_equal(rc, 0);
+	assert_int_equal(stat(p, &st), -1);
+	snprintf(p, sizeof(p), "%s/lstop/f30", g_mnt);
+	assert_int_equal(stat(p, &st), -1);
+	assert_int_equal(errno, ENOENT);
+	assert_int_equal(kvh_sh("rm -r '%s/lstop'", m2), 0);
+	mtu_stop_mount2();
+	rmdir(m2);
+}
+
+/* A lease in use is renewed (the listing kept) rather than left to run out, and a renewed
+ * lease is revoked like any other: A looks up a name every 100 ms until its lease was
+ * renewed, then B removes a name A has not looked up, and A's lookup of it must fail. */
+void test_lease_renewed(void **state)
+{
+	(void)state;
+	char *m2 = g_mnt2, log2[800], p[900];
+	assert_int_equal(mtu_start_mount2("lren", "max_file=16M", log2, sizeof(log2)), 0);
+	make_dir(m2, "lren");
+	long long n0 = mtu_stat_counter(g_mnt, "lease_renewed");
+	struct stat st;
+	int i = 0;
+	for (; i < 30 && mtu_stat_counter(g_mnt, "lease_renewed") == n0; i++) {
+		snprintf(p, sizeof(p), "%s/lren/f%02d", g_mnt, i);
+		assert_int_equal(stat(p, &st), 0);
+		usleep(100000);
+	}
+	assert_true(mtu_stat_counter(g_mnt, "lease_renewed") > n0);
+	long long r0 = mtu_stat_counter(g_mnt, "lease_revoked");
+	snprintf(p, sizeof(p), "%s/lren/f39", m2);
+	assert_int_equal(unlink(p), 0);
+	snprintf(p, sizeof(p), "%s/lren/f39", g_mnt);
+	assert_int_equal(stat(p, &st), -1);
+	assert_int_equal(errno, ENOENT);
+	fprintf(stderr, "renewed after %d lookups; revoked: %lld\n", i,
+		mtu_stat_counter(g_mnt, "lease_revoked") - r0);
+	assert_int_equal(kvh_sh("rm -r '%s/lren'", m2), 0);
+	mtu_stop_mount2();
+	rmdir(m2);
+}
