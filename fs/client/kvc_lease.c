@@ -400,7 +400,7 @@ static void renew_held(struct kvc_lease *l, struct kl_dir *d, uint64_t dir)
 	char addr[KVP_ADDR_MAX];
 	memcpy(addr, l->addr, sizeof(addr));
 	pthread_mutex_unlock(&l->mu);
-	int64_t sent;
+	int64_t sent = 0;
 	uint32_t ms = 0;
 	int rc = renew(l, addr, epoch, dir, id, &sent, &ms);
 	pthread_mutex_lock(&l->mu);
@@ -483,7 +483,7 @@ void kvc_lease_note(struct kvc_lease *l, uint64_t dir)
 	pthread_mutex_unlock(&l->mu);
 
 	struct kl_dir f = {.dir = dir};
-	int64_t sent;
+	int64_t sent = 0;
 	uint32_t ms = 0;
 	int rc = fetch(l, addr, epoch, dir, &f, &sent, &ms);
 

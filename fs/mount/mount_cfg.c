@@ -50,8 +50,7 @@ const struct cfg_opt mnt_cfg_opts[] = {
       "no cheaper here: docs/benchmarks.md)"),
     O("lease-after", CFG_INT, lease_after, 0, 1000000, "32",
       "after meta found this many names looked up in one directory within a second, take a lease "
-      "on "
-      "the directory and answer its lookups from its listing until meta revokes it (0: never)"),
+      "on the directory and answer its lookups from its listing until meta revokes it (0: never)"),
     O("lease", CFG_SECS, lease, 0.01, 1, "1s",
       "length of a directory lease asked for (meta grants at most 1 s)"),
     CFG_END,
