@@ -6,13 +6,16 @@
 #include "log.h"
 
 #include <errno.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <raft.h>
 #include <raft/uv.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 #include <uv.h>
@@ -34,10 +37,13 @@ struct mentry {
 	struct mraft *r;
 };
 
-/* A thread in mraft_wait, on its stack. */
+/* A thread in mraft_wait, on its stack. state: 0 while undecided, then 1 (committed) or 2
+ * (rolled back), stored by spec_wake after it unlinked the waiter; the waiter sleeps on it as
+ * a futex word, so a woken thread does not take spec_mu again (with a condition variable, a
+ * waiter woken by fsm_apply queued on spec_mu behind the loop thread that woke it). */
 struct mwaiter {
 	uint64_t seq;
-	pthread_cond_t cv;
+	_Atomic uint32_t state;
 	struct mwaiter *next;
 };
 
@@ -183,15 +189,21 @@ static size_t undo_all(rocksdb_t *db, rocksdb_writeoptions_t *wo)
 	return n;
 }
 
-/* Wakes the waiters whose seq is committed or rolled back. Caller holds spec_mu. */
+/* Wakes the waiters whose seq is committed or rolled back. Caller holds spec_mu. A waiter
+ * may return (and its stack be reused) as soon as its state is stored, so it is unlinked
+ * first; a futex wake on a reused word is at worst a spurious wake-up, which every futex
+ * user tolerates. */
 static void spec_wake(struct mraft *r)
 {
 	for (struct mwaiter **w = &r->waiters; *w;) {
-		if (r->done_seq >= (*w)->seq || r->rolled_upto >= (*w)->seq) {
-			pthread_cond_signal(&(*w)->cv);
-			*w = (*w)->next;
+		struct mwaiter *x = *w;
+		if (r->done_seq >= x->seq || r->rolled_upto >= x->seq) {
+			*w = x->next;
+			atomic_store_explicit(&x->state, r->done_seq >= x->seq ? 1 : 2,
+					      memory_order_release);
+			syscall(SYS_futex, &x->state, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 		} else
-			w = &(*w)->next;
+			w = &x->next;
 	}
 }
 
@@ -1332,24 +1344,19 @@ int mraft_propose_async(struct mraft *r, const char *data, size_t len, uint64_t 
 int mraft_wait(struct mraft *r, uint64_t seq)
 {
 	pthread_mutex_lock(&r->spec_mu);
-	if (r->done_seq < seq && r->rolled_upto < seq) {
-		struct mwaiter w = {.seq = seq, .next = r->waiters};
-		pthread_cond_init(&w.cv, NULL);
-		r->waiters = &w;
-		/* spec_wake unlinks w before it signals: off the list means decided. */
-		for (;;) {
-			pthread_cond_wait(&w.cv, &r->spec_mu);
-			int listed = 0;
-			for (struct mwaiter *x = r->waiters; x && !listed; x = x->next)
-				listed = x == &w;
-			if (!listed)
-				break;
-		}
-		pthread_cond_destroy(&w.cv);
+	if (r->done_seq >= seq || r->rolled_upto >= seq) {
+		int rc = r->done_seq >= seq ? 0 : -ECONNABORTED;
+		pthread_mutex_unlock(&r->spec_mu);
+		return rc;
 	}
-	int rc = r->done_seq >= seq ? 0 : -ECONNABORTED;
+	struct mwaiter w = {.seq = seq, .next = r->waiters};
+	atomic_init(&w.state, 0);
+	r->waiters = &w;
 	pthread_mutex_unlock(&r->spec_mu);
-	return rc;
+	uint32_t st;
+	while ((st = atomic_load_explicit(&w.state, memory_order_acquire)) == 0)
+		syscall(SYS_futex, &w.state, FUTEX_WAIT_PRIVATE, 0, NULL, NULL, 0);
+	return st == 1 ? 0 : -ECONNABORTED;
 }
 
 int mraft_settle(struct mraft *r)
