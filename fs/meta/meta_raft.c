@@ -44,6 +44,7 @@ struct mentry {
 struct mwaiter {
 	uint64_t seq;
 	_Atomic uint32_t state;
+	uint32_t res; /* the state to store, once decided (spec_decided) */
 	struct mwaiter *next;
 };
 
@@ -189,22 +190,42 @@ static size_t undo_all(rocksdb_t *db, rocksdb_writeoptions_t *wo)
 	return n;
 }
 
-/* Wakes the waiters whose seq is committed or rolled back. Caller holds spec_mu. A waiter
- * may return (and its stack be reused) as soon as its state is stored, so it is unlinked
- * first; a futex wake on a reused word is at worst a spurious wake-up, which every futex
- * user tolerates. */
-static void spec_wake(struct mraft *r)
+/* Unlinks the waiters whose seq is committed or rolled back and returns them as a list, each
+ * with its outcome in res; caller holds spec_mu. They stay asleep until waiters_wake, which
+ * may run after spec_mu is released. */
+static struct mwaiter *spec_decided(struct mraft *r)
 {
+	struct mwaiter *out = NULL;
 	for (struct mwaiter **w = &r->waiters; *w;) {
 		struct mwaiter *x = *w;
 		if (r->done_seq >= x->seq || r->rolled_upto >= x->seq) {
 			*w = x->next;
-			atomic_store_explicit(&x->state, r->done_seq >= x->seq ? 1 : 2,
-					      memory_order_release);
-			syscall(SYS_futex, &x->state, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+			x->res = r->done_seq >= x->seq ? 1 : 2;
+			x->next = out;
+			out = x;
 		} else
 			w = &x->next;
 	}
+	return out;
+}
+
+/* Wakes a list from spec_decided. A waiter may return (and its stack be reused) as soon as
+ * its state is stored, so its next is read first; a futex wake on a reused word is at worst
+ * a spurious wake-up, which every futex user tolerates. */
+static void waiters_wake(struct mwaiter *l)
+{
+	while (l) {
+		struct mwaiter *x = l;
+		l = x->next;
+		atomic_store_explicit(&x->state, x->res, memory_order_release);
+		syscall(SYS_futex, &x->state, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+	}
+}
+
+/* Wakes the waiters whose seq is committed or rolled back. Caller holds spec_mu. */
+static void spec_wake(struct mraft *r)
+{
+	waiters_wake(spec_decided(r));
 }
 
 /* Replaces the view (caller holds spec_mu); the old one is released unless a snapshot in
@@ -451,12 +472,17 @@ static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void *
 		if (p > end)
 			p = end;
 	}
+	/* The wake-ups (a futex syscall per waiter, dozens per entry) and the drop of the undo
+	 * records happen after spec_mu is released: proposers queue on it meanwhile. The drop
+	 * needs no order against their writes (other keys), and every rollback, which must
+	 * not see a committed batch's undo record, runs on this thread. */
+	struct mwaiter *wl = spec_decided(r);
+	pthread_mutex_unlock(&r->spec_mu);
+	waiters_wake(wl);
 	char *err = NULL;
 	if (rocksdb_writebatch_count(drops))
 		rocksdb_write(r->o.db, r->wo, drops, &err);
 	rocksdb_writebatch_destroy(drops);
-	spec_wake(r);
-	pthread_mutex_unlock(&r->spec_mu);
 	if (err) {
 		klog_error("cannot drop undo records: %s", err);
 		abort();
