@@ -269,6 +269,35 @@ static int answer(struct kvc_lease *l, struct kl_dir *d, const char *name, struc
 	return -ENOENT;
 }
 
+/* One LEASE call on cl: a new lease (id 0) or the extension of lease id; *got: the lease's id,
+ * *ms granted from *sent_ns. 0 or -errno (-ESTALE: id was revoked meanwhile). */
+static int lease_call(struct kvc_lease *l, struct kvp_client *cl, uint64_t session, uint64_t dir,
+		      uint64_t id, int64_t *sent_ns, uint32_t *ms, uint64_t *got)
+{
+	struct kvp_wbuf w;
+	kvp_w_init(&w);
+	kvp_w_u64(&w, l->holder);
+	kvp_w_u64(&w, session);
+	kvp_w_u64(&w, dir);
+	kvp_w_u32(&w, l->o.ms);
+	kvp_w_u64(&w, id);
+	uint8_t *b = NULL;
+	uint32_t bl = 0;
+	*sent_ns = mono_ns(); /* the lease is counted from here, before meta granted it */
+	int rc = w.err ? w.err
+		       : kvp_call(cl, KVP_OP_LEASE, w.p, w.len, NULL, 0, l->c->timeout_ms, &b, &bl);
+	kvp_w_free(&w);
+	if (rc == 0) {
+		struct kvp_rbuf r;
+		kvp_r_init(&r, b, bl);
+		*got = kvp_r_u64(&r);
+		*ms = kvp_r_u32(&r);
+		rc = kvp_r_end(&r) || *ms == 0 ? -EBADMSG : 0;
+	}
+	free(b);
+	return rc;
+}
+
 /* LEASE then the whole listing, on the meta at addr; fills d's listing fields. 0 or -errno. */
 static int fetch(struct kvc_lease *l, const char *addr, uint64_t session, uint64_t dir,
 		 struct kl_dir *d, int64_t *sent_ns, uint32_t *ms)
@@ -277,27 +306,10 @@ static int fetch(struct kvc_lease *l, const char *addr, uint64_t session, uint64
 	int rc = kvp_pool_get(l->c->pool, addr, &cl);
 	if (rc)
 		return rc;
+	rc = lease_call(l, cl, session, dir, 0, sent_ns, ms, &d->id);
 	struct kvp_wbuf w;
-	kvp_w_init(&w);
-	kvp_w_u64(&w, l->holder);
-	kvp_w_u64(&w, session);
-	kvp_w_u64(&w, dir);
-	kvp_w_u32(&w, l->o.ms);
-	kvp_w_u64(&w, 0);
-	uint8_t *b = NULL;
+	uint8_t *b;
 	uint32_t bl = 0;
-	*sent_ns = mono_ns(); /* the lease is counted from here, before meta granted it */
-	rc = w.err ? w.err
-		   : kvp_call(cl, KVP_OP_LEASE, w.p, w.len, NULL, 0, l->c->timeout_ms, &b, &bl);
-	kvp_w_free(&w);
-	if (rc == 0) {
-		struct kvp_rbuf r;
-		kvp_r_init(&r, b, bl);
-		d->id = kvp_r_u64(&r);
-		*ms = kvp_r_u32(&r);
-		rc = kvp_r_end(&r) || *ms == 0 ? -EBADMSG : 0;
-	}
-	free(b);
 	size_t cap = 0, ncap = 0, nlen = 0;
 	char last[KVP_NAME_MAX];
 	uint16_t lastlen = 0;
@@ -366,29 +378,10 @@ static int renew(struct kvc_lease *l, const char *addr, uint64_t session, uint64
 	int rc = kvp_pool_get(l->c->pool, addr, &cl);
 	if (rc)
 		return rc;
-	struct kvp_wbuf w;
-	kvp_w_init(&w);
-	kvp_w_u64(&w, l->holder);
-	kvp_w_u64(&w, session);
-	kvp_w_u64(&w, dir);
-	kvp_w_u32(&w, l->o.ms);
-	kvp_w_u64(&w, id);
-	uint8_t *b = NULL;
-	uint32_t bl = 0;
-	*sent_ns = mono_ns();
-	rc = w.err ? w.err
-		   : kvp_call(cl, KVP_OP_LEASE, w.p, w.len, NULL, 0, l->c->timeout_ms, &b, &bl);
-	kvp_w_free(&w);
+	uint64_t got = 0;
+	rc = lease_call(l, cl, session, dir, id, sent_ns, ms, &got);
 	kvp_pool_put(l->c->pool, cl);
-	if (rc == 0) {
-		struct kvp_rbuf r;
-		kvp_r_init(&r, b, bl);
-		uint64_t got = kvp_r_u64(&r);
-		*ms = kvp_r_u32(&r);
-		rc = kvp_r_end(&r) || got != id || *ms == 0 ? -EBADMSG : 0;
-	}
-	free(b);
-	return rc;
+	return rc == 0 && got != id ? -EBADMSG : rc;
 }
 
 /* A lookup answered "found" from held lease d, with less than half of it left: extends it
