@@ -370,10 +370,10 @@ void kvi_engine_destroy(struct kvi_engine *e)
 	}
 	free(e->scratch);
 	free(e->scores);
-	void *bufs[] = {e->inv_freq, e->norm_attn, e->norm_ffn, e->norm_out, e->bq,   e->bk,
-			e->bv,	     e->x,	   e->xn,	e->q,	     e->k,    e->v,
-			e->att,	     e->gate,	   e->up,	e->actq,     e->actk, e->rope_cs,
-			e->pos,	     e->rows,	   e->bseq,	e->qtile};
+	void *bufs[] = {e->inv_freq, e->norm_attn, e->norm_ffn, e->norm_out, e->bq,	 e->bk,
+			e->bv,	     e->x,	   e->xn,	e->q,	     e->k,	 e->v,
+			e->att,	     e->gate,	   e->up,	e->actq,     e->actk,	 e->rope_cs,
+			e->pos,	     e->rows,	   e->bseq,	e->qtile,    e->attn_cpu};
 	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
 		free(bufs[i]);
 	free(e);
