@@ -130,11 +130,7 @@ static void test_ref_q8_0(void **st)
 static void test_ref_synth_quant(void **st)
 {
 	(void)st;
-	const char *bd = getenv("KVFS_BUILD_DIR");
-	if (!bd) {
-		print_message("KVFS_BUILD_DIR not set (run through ctest): skipped\n");
-		skip();
-	}
+	const char *bd = tu_need_build_dir();
 	static const struct {
 		const char *type;
 		enum kvi_dtype base, more; /* attn_v / ffn_down in layers 2 and 3 of 4 */
@@ -731,15 +727,12 @@ static void test_attn_runs(void **st)
 
 /* `kvinfer generate --logits FILE`: one row per prompt token and per decoded token, and the
  * rows are the engine's own logits (prefill of the whole prompt gives the last prompt row's
- * bits, prefill of the first token alone row 0's). Skipped without the built tools. */
+ * bits, prefill of the first token alone row 0's). Fails without the built tools
+ * (tests/build_tutil.h). */
 static void test_cli_logits(void **st)
 {
 	(void)st;
-	const char *b = getenv("KVFS_BUILD_DIR");
-	if (!b) {
-		print_message("KVFS_BUILD_DIR not set (run through ctest): skipped\n");
-		skip();
-	}
+	const char *b = tu_need_build_dir();
 	char dir[] = "/tmp/test_fwd_cli_XXXXXX", cmd[2048], model[128], lf[128];
 	assert_non_null(mkdtemp(dir));
 	snprintf(model, sizeof(model), "%s/tiny.gguf", dir);

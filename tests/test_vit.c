@@ -20,6 +20,7 @@
 #include <cmocka.h>
 #include <openssl/evp.h>
 
+#include "build_tutil.h"
 #include "gguf.h"
 #include "gguf_write.h"
 #include "kvk.h"
@@ -499,9 +500,7 @@ static void test_device(void **state)
 static void test_kvinfer_synth_file(void **state)
 {
 	(void)state;
-	const char *bd = getenv("KVFS_BUILD_DIR");
-	if (!bd)
-		skip();
+	const char *bd = tu_need_build_dir();
 	char path[512], cmd[1200];
 	snprintf(path, sizeof(path), "/tmp/test_vit_%d.gguf", (int)getpid());
 	snprintf(cmd, sizeof(cmd), "%s/tools/kvinfer-synth --preset small --mmproj %s >/dev/null",
