@@ -503,6 +503,43 @@ static void test_mount(void **st)
 	assert_true(mount_value("kvfs_client_meta_requests_total", "op=\"layout\"") == layouts0);
 	assert_true(meta_value("kvfs_meta_files", "") == 2 * NFILES);
 
+	/* A stat storm in one directory takes a lease (the mount's default: 32 found lookups in a
+	 * second), and another client's unlink there revokes it, the holder acknowledging: both
+	 * sides count it. A lease lasts 1 s: a round whose unlink came after it ran out (a loaded
+	 * machine) is tried again in a fresh directory. */
+	int revoked = 0;
+	for (int round = 0; round < 5 && !revoked; round++) {
+		struct kvp_attr da;
+		char dn[16];
+		snprintf(dn, sizeof(dn), "lz%d", round);
+		assert_int_equal(kvc_mkdir(g_kvc, KVP_ROOT_INO, dn, 0755, &da), 0);
+		for (int i = 0; i < 48; i++) {
+			snprintf(path, sizeof(path), "/%s/f%02d", dn, i);
+			assert_int_equal(kvc_put(g_kvc, path, "x", 1, 0), 0);
+		}
+		double mg0 = mount_value("kvfs_mount_lease_granted_total", "");
+		double lg0 = meta_value("kvfs_meta_lease_granted_total", "");
+		double lr0 = meta_value("kvfs_meta_lease_revoked_total", "");
+		double la0 = meta_value("kvfs_meta_lease_acked_total", "");
+		for (int i = 0; i < 48; i++) {
+			struct stat sb;
+			snprintf(path, sizeof(path), "%s/%s/f%02d", g_mnt, dn, i);
+			assert_int_equal(stat(path, &sb), 0);
+		}
+		/* the mount takes the lease after answering the lookup that ended the burst */
+		for (int w = 0; w < 100 && mount_value("kvfs_mount_lease_granted_total", "") == mg0;
+		     w++)
+			usleep(20000);
+		assert_true(mount_value("kvfs_mount_lease_granted_total", "") > mg0);
+		assert_int_equal(kvc_unlink(g_kvc, da.ino, "f00"), 0);
+		assert_true(meta_value("kvfs_meta_lease_granted_total", "") - lg0 >= 1);
+		revoked = meta_value("kvfs_meta_lease_revoked_total", "") > lr0;
+		if (revoked)
+			assert_true(meta_value("kvfs_meta_lease_acked_total", "") > la0);
+	}
+	assert_true(revoked);
+	assert_true(mount_value("kvfs_mount_lease_revoked_total", "") >= 1);
+
 	/* files the mount has never read (so nothing is in its page cache), then a node down */
 	for (int i = 0; i < NFILES; i++) {
 		snprintf(path, sizeof(path), "/d%d.kvb", i);

@@ -617,6 +617,16 @@ int mlife_status(struct meta *m, const struct mreq *q, struct kvp_wbuf *out)
 	mrep_degraded_count(m, &v[KVP_MST_DEGR_STRIPES], &v[KVP_MST_DEGR_FILES]);
 	mdb_compact_state(m, &v[KVP_MST_DB_L0_FILES], &v[KVP_MST_DB_PENDING],
 			  &v[KVP_MST_DB_COMPACTING]);
+	if (m->lease) {
+		struct mlease_stats ls;
+		mlease_get_stats(m->lease, &ls);
+		v[KVP_MST_LEASE_GRANTED] = ls.granted;
+		v[KVP_MST_LEASE_RENEWED] = ls.renewed;
+		v[KVP_MST_LEASE_REVOKED] = ls.revoked;
+		v[KVP_MST_LEASE_ACKED] = ls.acked;
+		v[KVP_MST_LEASE_EXPIRED] = ls.expired_waits;
+		v[KVP_MST_LEASE_LIVE] = ls.live;
+	}
 	kvp_w_u32(out, KVP_MST_COUNT);
 	for (int i = 0; i < KVP_MST_COUNT; i++)
 		kvp_w_u64(out, v[i]);

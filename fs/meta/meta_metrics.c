@@ -64,6 +64,18 @@ static const char *const mstat_names[][2] = {
 			       "Compactions running now (RocksDB's own and kvfs compact)"},
     [KVP_MST_DB_COMPACTS] = {"kvfs_meta_db_full_compactions_total",
 			     "Full compactions (kvfs compact) finished"},
+    [KVP_MST_LEASE_GRANTED] = {"kvfs_meta_lease_granted_total",
+			       "Directory leases granted to mounts (docs/meta.md)"},
+    [KVP_MST_LEASE_RENEWED] = {"kvfs_meta_lease_renewed_total",
+			       "Directory leases extended by their holders"},
+    [KVP_MST_LEASE_REVOKED] = {"kvfs_meta_lease_revoked_total",
+			       "Directory leases revoked by a change in their directory"},
+    [KVP_MST_LEASE_ACKED] = {"kvfs_meta_lease_acked_total",
+			     "Lease revocations the holder acknowledged"},
+    [KVP_MST_LEASE_EXPIRED] =
+	{"kvfs_meta_lease_expired_waits_total",
+	 "Lease revocations that waited for the lease to run out (holder silent)"},
+    [KVP_MST_LEASE_LIVE] = {"kvfs_meta_leases", "Directory leases held now"},
 };
 #define NMSTAT ((int)(sizeof(mstat_names) / sizeof(mstat_names[0])))
 
@@ -250,7 +262,7 @@ static int collect_mstatus(struct meta_metrics *mm, struct met_out *o)
 	for (int i = 0; i < NMSTAT && i < (int)n; i++) {
 		int gauge = i == KVP_MST_DEGR_STRIPES || i == KVP_MST_DEGR_FILES ||
 			    i == KVP_MST_DB_L0_FILES || i == KVP_MST_DB_PENDING ||
-			    i == KVP_MST_DB_COMPACTING;
+			    i == KVP_MST_DB_COMPACTING || i == KVP_MST_LEASE_LIVE;
 		met_out_family(o, mstat_names[i][0], gauge ? "gauge" : "counter",
 			       mstat_names[i][1]);
 		met_out_sample(o, mstat_names[i][0], NULL, (double)v[i]);

@@ -205,6 +205,12 @@ enum kvp_mstat {
 	KVP_MST_DB_PENDING,	/* gauge: bytes RocksDB estimates compaction still has to rewrite */
 	KVP_MST_DB_COMPACTING,	/* gauge: compactions running now (RocksDB's and MAINT COMPACT) */
 	KVP_MST_DB_COMPACTS,	/* MAINT COMPACT runs finished */
+	KVP_MST_LEASE_GRANTED,	/* directory leases granted (LEASE, new) */
+	KVP_MST_LEASE_RENEWED,	/* leases extended by their holders */
+	KVP_MST_LEASE_REVOKED,	/* leases revoked by a change in their directory */
+	KVP_MST_LEASE_ACKED,	/* revocations the holder acknowledged */
+	KVP_MST_LEASE_EXPIRED,	/* revocations that waited for the lease's end instead */
+	KVP_MST_LEASE_LIVE,	/* gauge: leases held now */
 	KVP_MST_COUNT
 };
 
