@@ -354,23 +354,6 @@ void test_replace_shell(void **state)
 	unlink(big);
 }
 
-/* A counter from <mnt>/.kvfs/stats, or -1. */
-static long long mount_stat(const char *mnt, const char *name)
-{
-	char p[800], line[256];
-	snprintf(p, sizeof(p), "%s/.kvfs/stats", mnt);
-	FILE *f = fopen(p, "r");
-	if (!f)
-		return -1;
-	long long v = -1;
-	size_t n = strlen(name);
-	while (fgets(line, sizeof(line), f))
-		if (strncmp(line, name, n) == 0 && strncmp(line + n, " = ", 3) == 0)
-			v = atoll(line + n + 3);
-	fclose(f);
-	return v;
-}
-
 /* A replacement's commit does not wait for the kernel to drop the name when the drop sent at
  * the replacement's start has landed (docs/mount.md), and the writer's stat after close()
  * still shows the new file: also when the name was cached just before the replacement and
@@ -382,7 +365,7 @@ void test_replace_nowait(void **state)
 	char p[800];
 	snprintf(p, sizeof(p), "%s/nowait.kvb", g_mnt);
 	assert_int_equal(write_seed(p, 5000, 600), 0);
-	long long w0 = mount_stat(g_mnt, "inval_waits");
+	long long w0 = mtu_stat_counter(g_mnt, "inval_waits");
 	assert_true(w0 >= 0);
 	for (int v = 1; v <= 3; v++) {
 		size_t len = 5000 + (size_t)v * 1111;
@@ -404,7 +387,7 @@ void test_replace_nowait(void **state)
 		assert_int_equal((size_t)st.st_size, len);
 		assert_int_equal(check_file(p, len, 600 + (uint64_t)v), 0);
 	}
-	long long w1 = mount_stat(g_mnt, "inval_waits");
+	long long w1 = mtu_stat_counter(g_mnt, "inval_waits");
 	printf("replace nowait: %lld of 3 commits waited for the name drop\n", w1 - w0);
 	assert_int_equal(w1, w0);
 	assert_int_equal(unlink(p), 0);
