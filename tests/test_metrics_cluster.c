@@ -389,6 +389,21 @@ static double mount_value(const char *name, const char *labels)
 	return v;
 }
 
+/* The mount counts a request after its handler has replied, so the last request's count can
+ * trail the syscall that returned by as long as the mount's thread is off a core (ASan, a
+ * loaded machine): wait for it, bounded — a request that never reached the mount still fails. */
+static void wait_mount_at_least(const char *name, const char *labels, double want)
+{
+	double v = 0;
+	for (int i = 0; i < 500; i++) {
+		v = mount_value(name, labels);
+		if (v >= want)
+			return;
+		usleep(20000);
+	}
+	fail_msg("%s{%s} = %.0f after 10 s, want >= %.0f", name, labels, v, want);
+}
+
 static void write_file(const char *path, const uint8_t *b, size_t n)
 {
 	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0644);
@@ -447,6 +462,7 @@ static void test_mount(void **st)
 		fill(buf, FSIZE, 100u + (unsigned)i);
 		read_file(path, buf, FSIZE);
 	}
+	wait_mount_at_least("kvfs_mount_requests_total", "op=\"read\"", reads0 + NFILES);
 	struct prom_doc d1;
 	scrape(g_maddr, &d1);
 	assert_true(get(&d1, "kvfs_mount_requests_total", "op=\"create\"") - creates0 == NFILES);
