@@ -1,7 +1,7 @@
 /* Replicated meta across hosts: three kvfs-meta replicas (Raft), three kvfs-node and the client,
  * each on a host of its own (a network namespace, tests/netns_tutil.h), joined by veth pairs
- * and a bridge, links at 10 Gbit/s (tbf; delay only where the kernel has netem). The client and
- * the nodes know the list of the three meta addresses.
+ * and a bridge, links at 10 Gbit/s (tbf; a base delay only where the kernel has netem). The client
+ * and the nodes know the list of the three meta addresses.
  *
  * Tests, each with a writer looping over seeded files through libkvfs and every acknowledged
  * file read back and compared at the end (none lost, none visible partial):
@@ -14,7 +14,9 @@
  *   (on its host, then on a host of its own), gets no write acknowledged (and none of its
  *   writes is there after the heal); no two replicas serve as leader in one term (every
  *   replica's RSTATUS sampled every 20 ms from its own host); after the heal it catches up;
- * - a slow follower (its link shaped to 32 kbit/s): writes go on; the rates are printed.
+ * - a slow follower: its link at 50 ms each way (netem, else the TAP delayer of
+ *   tests/link_delay.h; the added round trip measured and asserted), then at 32 kbit/s (tbf):
+ *   writes go on, it catches up once restored; the rates are printed.
  * Where namespaces cannot be made it prints "skipped: <reason>" and exits 77.
  * docs/meta.md, "Replicated metadata"; docs/operations.md. */
 #include <errno.h>
@@ -612,7 +614,7 @@ static void test_partition_asymmetric(void **state)
 }
 
 /* Files acknowledged per second over ms. */
-static double rate(struct writer *w, int ms)
+static double rate_of(struct writer *w, int ms)
 {
 	int n0 = atomic_load(&w->next);
 	int64_t t0 = rt_now_ms();
@@ -620,20 +622,25 @@ static double rate(struct writer *w, int ms)
 	return (atomic_load(&w->next) - n0) * 1000.0 / (double)(rt_now_ms() - t0);
 }
 
-/* One follower's link slowed to SLOW_RATE: the leader and the other follower make the
- * majority, so writes go on. Progress is asserted; the rates are printed, not asserted. */
-static void test_slow_follower(void **state)
+/* One follower's link made slow by how (delay_ms each way, rate): the leader and the other
+ * follower make the majority, so writes go on. Progress is asserted and the follower must
+ * catch up once its link is restored; the rates are printed, not asserted. With a delay, the
+ * round trip from the client host to the follower's is measured and must have grown by the
+ * delay both ways (the test fails when the delay is not applied). */
+static void slow_follower_run(const char *how, const char *dir, uint64_t seed, double delay_ms,
+			      const char *rate)
 {
-	(void)state;
 	int lead = find_leader(-1, 15000);
 	assert_true(lead >= 0);
 	int f = (lead + 1) % NREP;
-	struct writer *w = writer_start("/slow", 4000);
+	struct writer *w = writer_start(dir, seed);
 	assert_int_equal(wait_acks(w, 10, 60000), 0);
-	double before = rate(w, 3000);
-	assert_int_equal(kvn_shape(&g_net, H_META(f), 0, SLOW_RATE), 0);
+	double before = rate_of(w, 3000), rtt0 = 0, rtt = 0;
+	assert_int_equal(kvn_rtt_ms(&g_net, H_META(f), &rtt0), 0);
+	assert_int_equal(kvn_shape(&g_net, H_META(f), delay_ms, rate), 0);
+	assert_int_equal(kvn_rtt_ms(&g_net, H_META(f), &rtt), 0);
 	int n0 = atomic_load(&w->next), fails0 = atomic_load(&w->failures);
-	double slow = rate(w, 4000);
+	double slow = rate_of(w, 4000);
 	/* Progress, not a rate: at least 10 files while it is slow (a loaded machine may need
 	 * longer than the measured window). */
 	int progress = atomic_load(&w->next) - n0 >= 10 || wait_acks(w, 10, 60000) == 0;
@@ -644,16 +651,37 @@ static void test_slow_follower(void **state)
 	if (rstatus(lead, 1000, &a) == 0)
 		lag = (long long)a.last - (long long)a.match[f];
 	assert_int_equal(kvn_shape(&g_net, H_META(f), 0, BASE_RATE), 0);
+	int64_t healed = rt_now_ms();
 	assert_int_equal(caught_up(f, lead, 30000), 0);
-	double after = rate(w, 3000);
-	printf("slow follower (replica %d at %s): %.1f files/s before, %.1f while slow, %.1f "
-	       "after (slow / mean of before and after: %.2fx), %d failed writes; its lag then "
-	       "%lld entries\n",
-	       f + 1, SLOW_RATE, before, slow, after,
-	       before + after > 0 ? 2 * slow / (before + after) : 0.0, fails, lag);
-	assert_true(progress); /* writes went on */
+	long long catchup = (long long)(rt_now_ms() - healed);
+	double after = rate_of(w, 3000);
+	printf("slow follower (replica %d, %s): RTT client -> it %.2f ms (%.3f ms before); "
+	       "%.1f files/s before, %.1f while slow (%.2fx), %.1f after (slow / mean of before "
+	       "and after: %.2fx), %d failed writes; its lag then %lld entries, caught up %lld ms "
+	       "after the link was restored\n",
+	       f + 1, how, rtt, rtt0, before, slow, before > 0 ? slow / before : 0.0, after,
+	       before + after > 0 ? 2 * slow / (before + after) : 0.0, fails, lag, catchup);
+	assert_true(rtt >= 2 * delay_ms); /* each way waits delay_ms at least */
+	assert_true(progress);		  /* writes went on */
 	int n = writer_check(w);
 	printf("slow follower: %d acknowledged files exact\n", n);
+}
+
+/* 50 ms each way (netem, else the TAP delayer of tests/link_delay.h), 10 Gbit/s. */
+static void test_slow_follower(void **state)
+{
+	(void)state;
+	if (!g_net.have_delay)
+		skip(); /* no netem and no /dev/net/tun: test_slow_follower_rate still runs */
+	slow_follower_run(g_net.have_netem ? "netem 50 ms each way" : "TAP delayer 50 ms each way",
+			  "/slow", 4000, 50, BASE_RATE);
+}
+
+/* A congested link rather than a far one: SLOW_RATE (tbf), no delay. */
+static void test_slow_follower_rate(void **state)
+{
+	(void)state;
+	slow_follower_run("tbf " SLOW_RATE, "/slowrate", 6000, 0, SLOW_RATE);
 }
 
 static int setup(void **state)
@@ -730,7 +758,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_follower_killed), cmocka_unit_test(test_leader_killed),
 	    cmocka_unit_test(test_partition),	    cmocka_unit_test(test_partition_asymmetric),
-	    cmocka_unit_test(test_slow_follower),
+	    cmocka_unit_test(test_slow_follower),   cmocka_unit_test(test_slow_follower_rate),
 	};
 	const char *flt = getenv("KVFS_TEST_FILTER");
 	if (flt)
