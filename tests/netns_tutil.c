@@ -1,19 +1,25 @@
 /* netns_tutil — namespaces, veth pairs, a bridge and tc shaping for cross-host tests. */
 #include "netns_tutil.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
+#include "link_delay.h"
 
 /* The network the atexit hook removes; one per process is all the tests need. */
 static struct kvn_net *g_live;
@@ -84,6 +90,19 @@ int kvn_probe(char *why, size_t cap)
 	return rc;
 }
 
+/* A tc rate ("10gbit", "5mbit", ...) in bits per second; NULL: 0 (unlimited). */
+static double rate_bps(const char *rate)
+{
+	if (!rate)
+		return 0;
+	char *end;
+	double bps = strtod(rate, &end);
+	return bps * (strncmp(end, "gbit", 4) == 0   ? 1e9
+		      : strncmp(end, "mbit", 4) == 0 ? 1e6
+		      : strncmp(end, "kbit", 4) == 0 ? 1e3
+						     : 1);
+}
+
 /* One direction of a link: netem (delay, optional rate) or tbf (rate); none removes it. */
 static int shape_dev(const struct kvn_net *net, const char *ns, const char *dev, double delay_ms,
 		     const char *rate)
@@ -105,12 +124,7 @@ static int shape_dev(const struct kvn_net *net, const char *ns, const char *dev,
 		return 0;
 	/* burst: 10 ms at the rate (at least rate / HZ, or tbf cannot reach it; no more, or a
 	 * slow link would pass whole chunks at full speed), 16 KiB at least. */
-	char *end;
-	double bps = strtod(rate, &end);
-	bps *= strncmp(end, "gbit", 4) == 0   ? 1e9
-	       : strncmp(end, "mbit", 4) == 0 ? 1e6
-	       : strncmp(end, "kbit", 4) == 0 ? 1e3
-					      : 1;
+	double bps = rate_bps(rate);
 	long burst = (long)(bps / 8 / 100);
 	burst = burst < 16384 ? 16384 : burst;
 	return run("ip netns exec %s tc qdisc add dev %s root tbf rate %s burst %ld latency 2s", ns,
@@ -119,18 +133,132 @@ static int shape_dev(const struct kvn_net *net, const char *ns, const char *dev,
 		   : 0;
 }
 
+/* Takes host i's TAP delayer off its path: its port back on the switch, the thread stopped
+ * (the TAP devices go with their fds), its bridge deleted. */
+static void delay_off(struct kvn_net *net, int i)
+{
+	if (!net->delay[i])
+		return;
+	run("ip -n %s link set p%d master br0", net->sw, i);
+	lkd_stop(net->delay[i]);
+	net->delay[i] = NULL;
+	run("ip -n %s link del dl%d", net->sw, i);
+}
+
+/* Opens TAP devices a and b in namespace ns (the calling thread returns to its own). */
+static int taps_open(const char *ns, const char *a, const char *b, int *fa, int *fb)
+{
+	char path[64];
+	snprintf(path, sizeof(path), "/run/netns/%s", ns);
+	int self = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+	int there = open(path, O_RDONLY | O_CLOEXEC);
+	int rc = self < 0 || there < 0 ? -errno : 0;
+	if (!rc && setns(there, CLONE_NEWNET))
+		rc = -errno;
+	else if (!rc) {
+		*fa = *fb = -1;
+		rc = lkd_tap_open(a, fa);
+		if (!rc)
+			rc = lkd_tap_open(b, fb);
+		if (setns(self, CLONE_NEWNET)) /* cannot happen: our own namespace */
+			abort();
+		if (rc && *fa >= 0)
+			close(*fa);
+	}
+	if (self >= 0)
+		close(self);
+	if (there >= 0)
+		close(there);
+	return rc;
+}
+
+/* Puts a TAP delayer on host i's path: p<i> leaves the switch for a bridge dl<i> of its own
+ * with TAP da<i>; TAP db<i> joins the switch; the thread carries frames da<i> <-> db<i>. */
+static int delay_on(struct kvn_net *net, int i, double delay_ms, const char *rate)
+{
+	char a[16], b[16];
+	int fa, fb;
+	snprintf(a, sizeof(a), "da%d", i);
+	snprintf(b, sizeof(b), "db%d", i);
+	int rc = taps_open(net->sw, a, b, &fa, &fb);
+	if (rc)
+		return rc;
+	if ((rc = lkd_start(fa, fb, delay_ms, rate_bps(rate), &net->delay[i])))
+		return rc;
+	const char *s = net->sw;
+	if (run("ip -n %s link add dl%d type bridge && ip -n %s link set dl%d up && "
+		"ip -n %s link set %s master dl%d && ip -n %s link set %s up && "
+		"ip -n %s link set %s master br0 && ip -n %s link set %s up && "
+		"ip -n %s link set p%d master dl%d",
+		s, i, s, i, s, a, i, s, a, s, b, s, b, s, i, i)) {
+		delay_off(net, i);
+		return -EIO;
+	}
+	return 0;
+}
+
 int kvn_shape(struct kvn_net *net, int i, double delay_ms, const char *rate)
 {
 	if (i < 0 || i >= net->nhosts)
 		return -EINVAL;
-	if (delay_ms > 0 && !net->have_netem)
+	if (delay_ms > 0 && !net->have_delay)
 		return -EOPNOTSUPP;
 	char port[16];
 	snprintf(port, sizeof(port), "p%d", i);
-	int rc = shape_dev(net, net->ns[i], "eth0", delay_ms, rate); /* host -> switch */
+	int tap = delay_ms > 0 && !net->have_netem;
+	delay_off(net, i);
+	/* The TAP delayer does the rate itself: no qdisc then. */
+	int rc = shape_dev(net, net->ns[i], "eth0", tap ? 0 : delay_ms,
+			   tap ? NULL : rate); /* host -> switch */
 	if (!rc)
-		rc = shape_dev(net, net->sw, port, delay_ms, rate); /* switch -> host */
+		rc = shape_dev(net, net->sw, port, tap ? 0 : delay_ms,
+			       tap ? NULL : rate); /* switch -> host */
+	if (!rc && tap)
+		rc = delay_on(net, i, delay_ms, rate);
 	return rc;
+}
+
+static int64_t mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+int kvn_rtt_ms(struct kvn_net *net, int i, double *ms)
+{
+	if (i < 0 || i >= net->nhosts)
+		return -EINVAL;
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(1)};
+	if (inet_pton(AF_INET, net->ip[i], &sa.sin_addr) != 1)
+		return -EINVAL;
+	double best = -1;
+	for (int t = 0; t < 3; t++) {
+		int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+		if (fd < 0)
+			return -errno;
+		int64_t t0 = mono_ns();
+		int rc = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) ? -errno : 0;
+		if (rc == -EINPROGRESS) {
+			struct pollfd p = {.fd = fd, .events = POLLOUT};
+			int e = 0;
+			socklen_t el = sizeof(e);
+			rc = poll(&p, 1, 5000);
+			if (rc == 0)
+				rc = -ETIMEDOUT;
+			else if (rc > 0)
+				rc = getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) ? -errno : -e;
+			else
+				rc = -errno;
+		}
+		double took = (double)(mono_ns() - t0) / 1e6;
+		close(fd);
+		if (rc != -ECONNREFUSED) /* a listener on port 1 (0), or no answer */
+			return rc ? rc : -EADDRINUSE;
+		best = best < 0 || took < best ? took : best;
+	}
+	*ms = best;
+	return 0;
 }
 
 int kvn_link(struct kvn_net *net, int i, int up)
@@ -170,6 +298,10 @@ void kvn_net_destroy(struct kvn_net *net)
 {
 	if (!net || !net->prefix[0])
 		return;
+	for (int i = 0; i < net->nhosts; i++) { /* threads first; the devices go with the ns */
+		lkd_stop(net->delay[i]);
+		net->delay[i] = NULL;
+	}
 	for (int i = 0; i < net->nhosts; i++)
 		if (net->ns[i][0])
 			run("ip netns del %s", net->ns[i]);
@@ -207,6 +339,7 @@ int kvn_net_create(struct kvn_net *net, int nhosts, double delay_ms, const char 
 	net->have_netem = run("ip netns exec %s tc qdisc add dev lo root netem delay 1ms && "
 			      "ip netns exec %s tc qdisc del dev lo root",
 			      net->sw, net->sw) == 0;
+	net->have_delay = net->have_netem || access("/dev/net/tun", R_OK | W_OK) == 0;
 	for (int i = 0; i < nhosts; i++) {
 		snprintf(net->ns[i], sizeof(net->ns[i]), "%s-h%d", net->prefix, i);
 		snprintf(net->ip[i], sizeof(net->ip[i]), "10.77.0.%d", i + 2);

@@ -1,7 +1,11 @@
 /* netns_tutil — a small network of "hosts" for cross-host tests: one network namespace per
  * host, each with one interface (eth0, 10.77.0.<i+2>/24) on a veth pair whose other end is a
  * port of a Linux bridge in a namespace of its own (the "switch"). Links are shaped with
- * `tc`: netem (delay + rate) where the kernel has it, else tbf (rate only).
+ * `tc`: netem (delay + rate) where the kernel has it; else tbf for a rate alone, and for a
+ * delay a userspace delayer (tests/link_delay.h) put into the host's path: its switch port
+ * moves to a bridge of its own ("dl<i>") whose other port is a TAP device, and a thread
+ * passes every frame between that TAP and a second one on the switch ("db<i>"), delay_ms
+ * (and the rate) later, both ways. Real packets of the unmodified daemons are delayed.
  *
  * Nothing of the machine's own network is touched: the bridge and every interface live in
  * namespaces this module creates, named "<prefix>-sw" and "<prefix>-h<i>" with a prefix unique
@@ -17,30 +21,41 @@
 
 #include <stddef.h>
 
+struct lkd;
+
 #define KVN_MAX_HOSTS 32
 
 struct kvn_net {
 	char prefix[16];
 	char sw[32]; /* the switch namespace */
 	int nhosts;
-	char ns[KVN_MAX_HOSTS][32]; /* host i's namespace */
-	char ip[KVN_MAX_HOSTS][16]; /* host i's address */
-	int have_netem;		    /* 1: kvn_shape can delay; 0: rate only (tbf) */
+	char ns[KVN_MAX_HOSTS][32];	  /* host i's namespace */
+	char ip[KVN_MAX_HOSTS][16];	  /* host i's address */
+	int have_netem;			  /* 1: kvn_shape delays with netem */
+	int have_delay;			  /* 1: kvn_shape can delay (netem, or the TAP delayer) */
+	struct lkd *delay[KVN_MAX_HOSTS]; /* host i's TAP delayer, if one is on its path */
 };
 
 /* 0 when namespaces, veth pairs and a bridge can be made here, else -errno with the reason
  * in why (for "skipped: <why>"). Creates and deletes one probe namespace. */
 int kvn_probe(char *why, size_t cap);
 
-/* Creates nhosts hosts on one switch, all links shaped to delay_ms each way and rate (a tc
- * rate such as "10gbit"; NULL: unlimited). Returns 0 or -errno (everything created so far is
+/* Creates nhosts hosts on one switch, all links shaped to delay_ms each way (with netem only:
+ * a delayer thread per host would carry all traffic through userspace) and rate (a tc rate
+ * such as "10gbit"; NULL: unlimited). Returns 0 or -errno (everything created so far is
  * deleted again). */
 int kvn_net_create(struct kvn_net *net, int nhosts, double delay_ms, const char *rate);
 void kvn_net_destroy(struct kvn_net *net);
 
-/* Shapes host i's link, both directions: delay_ms each way (needs netem: -EOPNOTSUPP
- * without, unless delay_ms is 0) and rate (NULL: unlimited). */
+/* Shapes host i's link, both directions: delay_ms each way and rate (NULL: unlimited). With
+ * netem, a netem qdisc; without, delay_ms > 0 puts the TAP delayer (doing the rate too) on
+ * the path, delay_ms 0 takes it off again and shapes with tbf. -EOPNOTSUPP when delay_ms > 0
+ * and !have_delay. Connections across the link survive a reshape (a few ms without it). */
 int kvn_shape(struct kvn_net *net, int i, double delay_ms, const char *rate);
+/* Round-trip time from the calling thread's namespace to host i in *ms: the best of three
+ * TCP connects to a closed port (SYN out, RST back: one round trip through both directions
+ * of every shaped link on the way). 0 or -errno (-ETIMEDOUT after 5 s). */
+int kvn_rtt_ms(struct kvn_net *net, int i, double *ms);
 /* Takes host i's switch port down (0: the host is cut off, as a pulled cable) or up (1). */
 int kvn_link(struct kvn_net *net, int i, int up);
 /* Cuts (cut = 1) or restores (0) traffic between hosts i and j only, both ways: a blackhole

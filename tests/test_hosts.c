@@ -6,9 +6,11 @@
  * zone into most stripes, and losing that zone loses two chunks of them.
  *
  * Tests: `kvfs status` lists the zones; a whole zone cut off (its host's link down) — every file
- * reads back exact and new writes work; a slow host — writes and reads finish within a documented
- * bound; a node killed mid-write — no acknowledged file lost, no partial file visible. Where
- * namespaces cannot be made it prints "skipped: <reason>" and exits 77. */
+ * reads back exact and new writes work; a slow host (50 ms each way, by netem or else the TAP
+ * delayer of tests/link_delay.h, the added round trip measured and asserted; and 5 Mbit/s by
+ * tbf) — writes and reads exact, each within a documented bound; a node killed mid-write — no
+ * acknowledged file lost, no partial file visible. Where namespaces cannot be made it prints
+ * "skipped: <reason>" and exits 77. */
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -156,30 +158,55 @@ static int64_t write_read(const char *dir, int n, size_t size, uint64_t seed, in
 	return worst;
 }
 
-/* One slow host (zone 5, node 5): 50 ms each way with netem, else 5 Mbit/s (tbf: a 1 MiB
- * file's ~100 KiB chunk then takes ~170 ms to cross its link). Every
- * stripe has a chunk there (11 zones, k+m = 11), so each write and read waits for it, but
- * no op takes longer than SLOW_BOUND_MS and every byte is exact. */
+/* Host 6 (zone 5, node 5) made slow by how (delay_ms each way, rate), 12 x 1 MiB written and
+ * read through it. Every stripe has a chunk there (11 zones, k+m = 11), so each write and
+ * read waits for it, but no op takes longer than SLOW_BOUND_MS and every byte is exact. With
+ * a delay, the round trip from the client to that host is measured before and after (a TCP
+ * connect to a closed port) and must have grown by the delay, both ways: the test fails
+ * when the delay is not applied. */
+static void slow_run(const char *how, const char *dir, uint64_t seed, double delay_ms,
+		     const char *rate)
+{
+	const int n = 12;
+	const size_t size = 1u << 20;
+	const int slow_host = 1 + 5;
+	int64_t base_all, slow_all;
+	double rtt0 = 0, rtt = 0;
+	char fast[32];
+	snprintf(fast, sizeof(fast), "%s-fast", dir);
+	int64_t base = write_read(fast, n, size, seed, &base_all);
+	assert_int_equal(kvn_rtt_ms(&g_net, slow_host, &rtt0), 0);
+	assert_int_equal(kvn_shape(&g_net, slow_host, delay_ms, rate), 0);
+	assert_int_equal(kvn_rtt_ms(&g_net, slow_host, &rtt), 0);
+	int64_t slow = write_read(dir, n, size, seed + 100, &slow_all);
+	fprintf(stderr,
+		"slow host (%s): RTT client -> it %.2f ms (%.3f ms before); %d x 1 MiB written "
+		"and read in %lld ms (%lld ms before), slowest op %lld ms (%lld ms before)\n",
+		how, rtt, rtt0, n, (long long)slow_all, (long long)base_all, (long long)slow,
+		(long long)base);
+	assert_int_equal(
+	    kvn_shape(&g_net, slow_host, g_net.have_netem ? BASE_DELAY_MS : 0, BASE_RATE), 0);
+	/* Each way waits delay_ms at least; the tbf variant adds no delay to a lone SYN. */
+	assert_true(rtt >= 2 * delay_ms);
+	assert_true(slow < SLOW_BOUND_MS);
+}
+
+/* 50 ms each way (netem, else the TAP delayer of tests/link_delay.h), 10 Gbit/s. */
 static void test_slow_host(void **state)
 {
 	(void)state;
-	const int n = 12;
-	const size_t size = 1u << 20;
-	int64_t base_all, slow_all;
-	int64_t base = write_read("/fast", n, size, 300, &base_all);
-	int slow_host = 1 + 5;
-	const char *how = g_net.have_netem ? "netem 50 ms" : "tbf 5 Mbit/s";
-	assert_int_equal(g_net.have_netem ? kvn_shape(&g_net, slow_host, 50, BASE_RATE)
-					  : kvn_shape(&g_net, slow_host, 0, "5mbit"),
-			 0);
-	int64_t slow = write_read("/slow", n, size, 400, &slow_all);
-	fprintf(stderr,
-		"slow host (%s): %d x 1 MiB written and read in %lld ms (%lld ms before), "
-		"slowest op %lld ms (%lld ms before)\n",
-		how, n, (long long)slow_all, (long long)base_all, (long long)slow, (long long)base);
-	assert_int_equal(
-	    kvn_shape(&g_net, slow_host, g_net.have_netem ? BASE_DELAY_MS : 0, BASE_RATE), 0);
-	assert_true(slow < SLOW_BOUND_MS);
+	if (!g_net.have_delay)
+		skip(); /* no netem and no /dev/net/tun: test_slow_host_rate still runs */
+	slow_run(g_net.have_netem ? "netem 50 ms each way" : "TAP delayer 50 ms each way", "/slow",
+		 300, 50, BASE_RATE);
+}
+
+/* A congested link rather than a far one: 5 Mbit/s (tbf; a 1 MiB file's ~100 KiB chunk
+ * then takes ~170 ms to cross it), no delay. */
+static void test_slow_host_rate(void **state)
+{
+	(void)state;
+	slow_run("tbf 5 Mbit/s", "/slowrate", 700, 0, "5mbit");
 }
 
 struct writer {
@@ -299,11 +326,14 @@ int main(void)
 		return rc;
 	fprintf(
 	    stderr, "%d hosts in namespaces %s-*, links %s%s\n", NHOSTS, g_net.prefix, BASE_RATE,
-	    g_net.have_netem ? " + 0.2 ms each way (netem)" : " (tbf; no netem here: no delay)");
+	    g_net.have_netem ? " + 0.2 ms each way (netem)"
+			     : " (tbf; no netem here: no base delay, the slow host's 50 ms by the "
+			       "TAP delayer)");
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_status_zones),
 	    cmocka_unit_test(test_zone_lost),
 	    cmocka_unit_test(test_slow_host),
+	    cmocka_unit_test(test_slow_host_rate),
 	    cmocka_unit_test(test_node_killed_mid_write),
 	};
 	const char *flt = getenv("KVFS_TEST_FILTER");

@@ -1,7 +1,7 @@
 /* Replicated meta across hosts: three kvfs-meta replicas (Raft), three kvfs-node and the client,
  * each on a host of its own (a network namespace, tests/netns_tutil.h), joined by veth pairs
- * and a bridge, links at 10 Gbit/s (tbf; delay only where the kernel has netem). The client and
- * the nodes know the list of the three meta addresses.
+ * and a bridge, links at 10 Gbit/s (tbf; a base delay only where the kernel has netem). The client
+ * and the nodes know the list of the three meta addresses.
  *
  * Tests, each with a writer looping over seeded files through libkvfs and every acknowledged
  * file read back and compared at the end (none lost, none visible partial):
@@ -14,7 +14,9 @@
  *   (on its host, then on a host of its own), gets no write acknowledged (and none of its
  *   writes is there after the heal); no two replicas serve as leader in one term (every
  *   replica's RSTATUS sampled every 20 ms from its own host); after the heal it catches up;
- * - a slow follower (its link shaped to 32 kbit/s): writes go on; the rates are printed.
+ * - a slow follower: its link at 50 ms each way (netem, else the TAP delayer of
+ *   tests/link_delay.h; the added round trip measured and asserted), then at 32 kbit/s (tbf):
+ *   writes go on, it catches up once restored; the rates are printed.
  * Where namespaces cannot be made it prints "skipped: <reason>" and exits 77.
  * docs/meta.md, "Replicated metadata"; docs/operations.md. */
 #include <errno.h>
@@ -611,49 +613,95 @@ static void test_partition_asymmetric(void **state)
 	partition_run(1);
 }
 
-/* Files acknowledged per second over ms. */
-static double rate(struct writer *w, int ms)
+/* Counts the files acknowledged over ms into *files, the time taken into *took_ms. */
+static void window(struct writer *w, int ms, int *files, int64_t *took_ms)
 {
 	int n0 = atomic_load(&w->next);
 	int64_t t0 = rt_now_ms();
 	rt_sleep_ms(ms);
-	return (atomic_load(&w->next) - n0) * 1000.0 / (double)(rt_now_ms() - t0);
+	*files += atomic_load(&w->next) - n0;
+	*took_ms += rt_now_ms() - t0;
 }
 
-/* One follower's link slowed to SLOW_RATE: the leader and the other follower make the
- * majority, so writes go on. Progress is asserted; the rates are printed, not asserted. */
-static void test_slow_follower(void **state)
+#define SLOW_CYCLES 3
+#define SLOW_WIN_MS 2000
+
+/* One follower's link made slow by how (delay_ms each way, rate): the leader and the other
+ * follower make the majority, so writes go on. The rate is measured in SLOW_CYCLES
+ * alternations of a normal and a slow window (the machine's load drifts: alternating keeps
+ * it out of the ratio); after each slow window the link is restored and the follower must
+ * catch up. Progress is asserted; the rates are printed, not asserted. With a delay, the
+ * round trip from the client host to the follower's is measured and must have grown by the
+ * delay both ways (the test fails when the delay is not applied). */
+static void slow_follower_run(const char *how, const char *dir, uint64_t seed, double delay_ms,
+			      const char *rate)
 {
-	(void)state;
 	int lead = find_leader(-1, 15000);
 	assert_true(lead >= 0);
 	int f = (lead + 1) % NREP;
-	struct writer *w = writer_start("/slow", 4000);
+	struct writer *w = writer_start(dir, seed);
 	assert_int_equal(wait_acks(w, 10, 60000), 0);
-	double before = rate(w, 3000);
-	assert_int_equal(kvn_shape(&g_net, H_META(f), 0, SLOW_RATE), 0);
-	int n0 = atomic_load(&w->next), fails0 = atomic_load(&w->failures);
-	double slow = rate(w, 4000);
-	/* Progress, not a rate: at least 10 files while it is slow (a loaded machine may need
-	 * longer than the measured window). */
-	int progress = atomic_load(&w->next) - n0 >= 10 || wait_acks(w, 10, 60000) == 0;
+	int nfast = 0, nslow = 0, fails0 = atomic_load(&w->failures);
+	int64_t tfast = 0, tslow = 0, catchup = 0;
+	long long lag = 0;
+	double rtt0 = 0, rtt = 1e9;
+	for (int c = 0; c < SLOW_CYCLES; c++) {
+		window(w, SLOW_WIN_MS, &nfast, &tfast);
+		double r0, r;
+		assert_int_equal(kvn_rtt_ms(&g_net, H_META(f), &r0), 0);
+		assert_int_equal(kvn_shape(&g_net, H_META(f), delay_ms, rate), 0);
+		assert_int_equal(kvn_rtt_ms(&g_net, H_META(f), &r), 0);
+		rtt0 = r0 > rtt0 ? r0 : rtt0;
+		rtt = r < rtt ? r : rtt; /* the smallest: it must still show the delay */
+		int n0 = nslow;
+		window(w, SLOW_WIN_MS, &nslow, &tslow);
+		/* Progress, not a rate: at least 10 files while it is slow (a loaded machine
+		 * may need longer than the window). */
+		if (nslow - n0 < 10) {
+			int64_t t0 = rt_now_ms();
+			int m0 = atomic_load(&w->next);
+			assert_int_equal(wait_acks(w, 10 - (nslow - n0), 60000), 0);
+			nslow += atomic_load(&w->next) - m0;
+			tslow += rt_now_ms() - t0;
+		}
+		/* The follower's lag, as the leader sees it (its last index - its match). */
+		struct rst a;
+		if (rstatus(lead, 1000, &a) == 0 && (long long)a.last - (long long)a.match[f] > lag)
+			lag = (long long)a.last - (long long)a.match[f];
+		assert_int_equal(kvn_shape(&g_net, H_META(f), 0, BASE_RATE), 0);
+		int64_t healed = rt_now_ms();
+		assert_int_equal(caught_up(f, lead, 30000), 0);
+		catchup = rt_now_ms() - healed > catchup ? rt_now_ms() - healed : catchup;
+	}
 	int fails = atomic_load(&w->failures) - fails0;
-	/* The follower's lag, as the leader sees it (its last index - the follower's match). */
-	struct rst a;
-	long long lag = -1;
-	if (rstatus(lead, 1000, &a) == 0)
-		lag = (long long)a.last - (long long)a.match[f];
-	assert_int_equal(kvn_shape(&g_net, H_META(f), 0, BASE_RATE), 0);
-	assert_int_equal(caught_up(f, lead, 30000), 0);
-	double after = rate(w, 3000);
-	printf("slow follower (replica %d at %s): %.1f files/s before, %.1f while slow, %.1f "
-	       "after (slow / mean of before and after: %.2fx), %d failed writes; its lag then "
-	       "%lld entries\n",
-	       f + 1, SLOW_RATE, before, slow, after,
-	       before + after > 0 ? 2 * slow / (before + after) : 0.0, fails, lag);
-	assert_true(progress); /* writes went on */
+	double fast = tfast ? nfast * 1000.0 / (double)tfast : 0;
+	double slow = tslow ? nslow * 1000.0 / (double)tslow : 0;
+	printf("slow follower (replica %d, %s): RTT client -> it %.2f ms (%.3f ms before); "
+	       "%d x %d ms alternating: %.1f files/s normal, %.1f while slow (%.2fx), %d failed "
+	       "writes; its lag up to %lld entries, caught up at most %lld ms after the link "
+	       "was restored\n",
+	       f + 1, how, rtt, rtt0, SLOW_CYCLES, SLOW_WIN_MS, fast, slow,
+	       fast > 0 ? slow / fast : 0.0, fails, lag, (long long)catchup);
+	assert_true(rtt >= 2 * delay_ms); /* each way waits delay_ms at least */
 	int n = writer_check(w);
 	printf("slow follower: %d acknowledged files exact\n", n);
+}
+
+/* 50 ms each way (netem, else the TAP delayer of tests/link_delay.h), 10 Gbit/s. */
+static void test_slow_follower(void **state)
+{
+	(void)state;
+	if (!g_net.have_delay)
+		skip(); /* no netem and no /dev/net/tun: test_slow_follower_rate still runs */
+	slow_follower_run(g_net.have_netem ? "netem 50 ms each way" : "TAP delayer 50 ms each way",
+			  "/slow", 4000, 50, BASE_RATE);
+}
+
+/* A congested link rather than a far one: SLOW_RATE (tbf), no delay. */
+static void test_slow_follower_rate(void **state)
+{
+	(void)state;
+	slow_follower_run("tbf " SLOW_RATE, "/slowrate", 6000, 0, SLOW_RATE);
 }
 
 static int setup(void **state)
@@ -730,7 +778,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_follower_killed), cmocka_unit_test(test_leader_killed),
 	    cmocka_unit_test(test_partition),	    cmocka_unit_test(test_partition_asymmetric),
-	    cmocka_unit_test(test_slow_follower),
+	    cmocka_unit_test(test_slow_follower),   cmocka_unit_test(test_slow_follower_rate),
 	};
 	const char *flt = getenv("KVFS_TEST_FILTER");
 	if (flt)
