@@ -532,6 +532,18 @@ static ssize_t pread_once(struct kvc_file *f, void *buf, size_t len, uint64_t of
 	return (ssize_t)len;
 }
 
+int kvc_file_prefetch(struct kvc_file *f, uint64_t off)
+{
+	if (off >= f->l.length)
+		return -EINVAL;
+	uint64_t s = off / kvec_layout_stripe_bytes(&f->l);
+	if (f->pf.s == (int64_t)s || cache_has(f, s))
+		return 0;
+	sf_start_data(f, &f->pf, s);
+	atomic_fetch_add(&f->c->st_prefetched, 1);
+	return 0;
+}
+
 int kvc_get(struct kvc *c, const char *path, void **buf, size_t *len)
 {
 	struct kvp_attr a;
