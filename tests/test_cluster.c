@@ -361,6 +361,88 @@ static void test_sequential_windows(void **state)
 	assert_int_equal(kvh_wait_nodes_up(&g_cl, NNODES, 10000), 0);
 }
 
+/* kvc_file_prefetch: the stripe's GETs leave at once and the read that follows takes their
+ * answers instead of asking again. Checked by stopping every node between the two: the read
+ * can then only succeed from the chunks already received. */
+static void test_prefetch(void **state)
+{
+	(void)state;
+	NEED_CLUSTER();
+	/* Short timeouts: a read that asked the stopped nodes again would fail in ~1 s. */
+	struct kvc_opts o = {.meta_addr = g_cl.meta_addr,
+			     .secret = &g_cl.secret,
+			     .timeout_ms = 500,
+			     .max_chunk = 64u << 10}; /* stripes of 640 KiB */
+	struct kvc *c;
+	assert_int_equal(kvc_open(&o, &c), 0);
+	kvc_set_read_timeout(c, 300);
+	const size_t size = (3u << 20) + 777; /* ~5 stripes */
+	assert_int_equal(put_seeded(c, "/pf", size, 55, 0), 0);
+	struct kvp_attr a;
+	struct kvc_file *f;
+	assert_int_equal(kvc_resolve(c, "/pf", &a), 0);
+	assert_int_equal(kvc_file_open(c, a.ino, &f), 0);
+	struct kvc_layout_info li;
+	uint32_t *slots = NULL;
+	assert_int_equal(kvc_file_layout(f, &li, &slots), 0);
+	free(slots);
+	const size_t sb = (size_t)li.k * li.chunk_size;
+	assert_true(sb < size);
+	assert_int_equal(kvc_file_prefetch(f, size), -EINVAL);
+	struct kvc_stats st0, st1;
+	kvc_get_stats(c, &st0);
+	assert_int_equal(kvc_file_prefetch(f, 0), 0);
+	assert_int_equal(kvc_file_prefetch(f, 1), 0); /* already on its way: not again */
+	kvc_get_stats(c, &st1);
+	assert_int_equal(st1.stripes_prefetched - st0.stripes_prefetched, 1);
+	usleep(500 * 1000); /* the answers arrive (into buffers of their own: no read yet) */
+	for (int i = 0; i < NNODES; i++)
+		assert_int_equal(kill(g_cl.nodes[i].pid, SIGSTOP), 0);
+	uint8_t *want = malloc(size), *got = malloc(size);
+	rt_fill8(want, size, 55);
+	ssize_t n = kvc_pread(f, got, sb, 0);
+	for (int i = 0; i < NNODES; i++)
+		assert_int_equal(kill(g_cl.nodes[i].pid, SIGCONT), 0);
+	assert_int_equal(n, (ssize_t)sb);
+	assert_memory_equal(got, want, sb);
+	/* The rest (the second stripe, not prefetched before the stop) reads as usual. */
+	assert_int_equal(kvc_pread(f, got, size - sb, sb), (ssize_t)(size - sb));
+	assert_memory_equal(got, want + sb, size - sb);
+	/* A cached stripe (a read of part of it fills the cache) is not fetched again. */
+	assert_int_equal(kvc_pread(f, got, sb / 2, sb + 5), (ssize_t)(sb / 2));
+	assert_memory_equal(got, want + sb + 5, sb / 2);
+	kvc_get_stats(c, &st0);
+	assert_int_equal(kvc_file_prefetch(f, sb), 0);
+	kvc_get_stats(c, &st1);
+	assert_int_equal(st1.stripes_prefetched, st0.stripes_prefetched);
+	kvc_file_close(f);
+	/* A whole-file read that ends inside its last stripe prefetches nothing: before, the
+	 * stripe holding the end (the one just read) was fetched again and thrown away. */
+	assert_int_equal(kvc_file_open(c, a.ino, &f), 0);
+	kvc_get_stats(c, &st0);
+	assert_int_equal(kvc_pread(f, got, size, 0), (ssize_t)size);
+	assert_memory_equal(got, want, size);
+	kvc_get_stats(c, &st1);
+	assert_int_equal(st1.stripes_prefetched, st0.stripes_prefetched);
+	kvc_file_close(f);
+	/* A prefetch never read is cancelled by the close; one with a node down still reads
+	 * every byte (the missing chunk decoded from parity). */
+	assert_int_equal(kvc_file_open(c, a.ino, &f), 0);
+	assert_int_equal(kvc_file_prefetch(f, 0), 0);
+	kvc_file_close(f);
+	assert_int_equal(kvh_node_kill(&g_cl, 2, SIGKILL), 0);
+	assert_int_equal(kvc_file_open(c, a.ino, &f), 0);
+	assert_int_equal(kvc_file_prefetch(f, 0), 0);
+	assert_int_equal(kvc_pread(f, got, sb, 0), (ssize_t)sb);
+	assert_memory_equal(got, want, sb);
+	kvc_file_close(f);
+	free(want);
+	free(got);
+	kvc_close(c);
+	assert_int_equal(kvh_node_restart(&g_cl, 2), 0);
+	assert_int_equal(kvh_wait_nodes_up(&g_cl, NNODES, 10000), 0);
+}
+
 static void test_many_files_and_degraded(void **state)
 {
 	(void)state;
@@ -967,6 +1049,7 @@ int main(void)
 	    cmocka_unit_test(test_buffer_wait),
 	    cmocka_unit_test(test_buffer_exact_fit),
 	    cmocka_unit_test(test_sequential_windows),
+	    cmocka_unit_test(test_prefetch),
 	    cmocka_unit_test(test_many_files_and_degraded),
 	    cmocka_unit_test(test_meta_kill_during_writes),
 	    cmocka_unit_test(test_corrupt_and_stopped_node),

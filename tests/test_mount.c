@@ -918,6 +918,45 @@ static void test_status(void **state)
 			 0);
 }
 
+/* --open-prefetch: the first read open of a file starts its first stripe's GETs (the kernel
+ * holds no page of it yet); an open the page cache serves starts none. Every byte checked. */
+static void test_open_prefetch(void **state)
+{
+	(void)state;
+	char p[800], q[800];
+	snprintf(p, sizeof(p), "%s/pf.kvb", g_mnt);
+	snprintf(q, sizeof(q), "%s/pf2.kvb", g_mnt);
+	const size_t len = (3u << 20) + 4097; /* more than one stripe */
+	uint8_t *want = malloc(len), *got = malloc(len);
+	mtu_fill(want, len, 61);
+	assert_int_equal(mtu_write_file(p, want, len), 0);
+	assert_int_equal(mtu_write_file(q, want, len), 0);
+	/* Past the entry timeout (0.5 s): the names are looked up again and now stand for node
+	 * ids of the committed files (kept in the page cache), not the writers' temporary ones. */
+	usleep(700 * 1000);
+	long long c0 = mtu_stat_counter(g_mnt, "open_prefetches");
+	assert_true(c0 >= 0);
+	assert_int_equal(mtu_read_file(p, got, len), (ssize_t)len);
+	assert_memory_equal(got, want, len);
+	assert_int_equal(mtu_stat_counter(g_mnt, "open_prefetches"), c0 + 1);
+	/* Read again: the kernel's pages answer (keep_cache), nothing is fetched at open. */
+	assert_int_equal(mtu_read_file(p, got, len), (ssize_t)len);
+	assert_memory_equal(got, want, len);
+	assert_int_equal(mtu_stat_counter(g_mnt, "open_prefetches"), c0 + 1);
+	/* An open that reads nothing: its prefetch is dropped at close, the next open's read is
+	 * whole and right. */
+	int fd = open(q, O_RDONLY);
+	assert_true(fd >= 0);
+	close(fd);
+	assert_int_equal(mtu_stat_counter(g_mnt, "open_prefetches"), c0 + 2);
+	memset(got, 0, len);
+	assert_int_equal(mtu_read_file(q, got, len), (ssize_t)len);
+	assert_memory_equal(got, want, len);
+	assert_int_equal(kvh_sh("rm '%s' '%s'", p, q), 0);
+	free(want);
+	free(got);
+}
+
 /* ---- paths of a file being written ---- */
 
 static int stat_wait(const char *p, struct stat *st)
@@ -1037,6 +1076,7 @@ int main(int argc, char **argv)
 	    cmocka_unit_test(test_allow_other_perms),
 	    cmocka_unit_test(test_refused),
 	    cmocka_unit_test(test_status),
+	    cmocka_unit_test(test_open_prefetch),
 	    cmocka_unit_test(test_killed_writer),
 	    cmocka_unit_test(test_writer_paths),
 	    cmocka_unit_test(test_no_partial),

@@ -154,6 +154,13 @@ uint64_t kvc_file_size(const struct kvc_file *f);
 /* Reads up to len bytes at off; returns the count (short only at end of file). Keeps the last
  * stripes in a small cache and prefetches the next stripe on sequential access. */
 ssize_t kvc_pread(struct kvc_file *f, void *buf, size_t len, uint64_t off);
+/* Starts the data GETs of the stripe holding off, unless it is cached or already on its way,
+ * so that a read expected soon (the mount's first READ after an OPEN) finds its chunks in
+ * flight: a kvc_pread of that stripe then waits on these GETs instead of sending its own
+ * (received straight into its buffer when they have not arrived yet). Counted in
+ * stripes_prefetched. Nothing to free; a stripe never read is cancelled by the next read of
+ * another stripe or by kvc_file_close. 0, or -EINVAL (off past the end). */
+int kvc_file_prefetch(struct kvc_file *f, uint64_t off);
 void kvc_file_close(struct kvc_file *f);
 
 /* Layout of an open file, for xattrs and tools: k, m, chunk size, and the node id of every
@@ -173,7 +180,8 @@ struct kvc_stats {
 	/* chunks of committed files not stored: their node was down (meta placed none) or
 	 * failed the PUT, and the stripe still held its minimum; meta repairs them */
 	uint64_t chunks_written_around;
-	/* stripes whose GETs a sequential reader started ahead of asking for them */
+	/* stripes whose GETs were started ahead of a read: by a sequential reader, or by
+	 * kvc_file_prefetch */
 	uint64_t stripes_prefetched;
 };
 void kvc_get_stats(struct kvc *c, struct kvc_stats *out);

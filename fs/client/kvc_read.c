@@ -520,16 +520,31 @@ static ssize_t pread_once(struct kvc_file *f, void *buf, size_t len, uint64_t of
 		return rc;
 	f->next_off = off + len;
 	/* A sequential reader: have the next stripe it has not got on its way while it uses
-	 * this one (the one holding off + len when that is cached, else the one after). */
+	 * this one (the one holding off + len, or the one after when that is cached). Not at
+	 * the end of the file: the stripe holding the end is the one just read (a 2 MiB block
+	 * ends inside its 2080 KiB stripe), and fetching it again doubled every whole-file
+	 * read's GETs, answers thrown away at close. */
 	uint64_t ns = (off + len) / sb;
 	if (ns < f->l.nstripes && cache_has(f, ns))
 		ns++;
-	if (seq && ns < f->l.nstripes && f->pf.s < 0) {
+	if (seq && off + len < size && ns < f->l.nstripes && f->pf.s < 0) {
 		sf_start_data(f, &f->pf, ns);
 		atomic_fetch_add(&f->c->st_prefetched, 1);
 	}
 	atomic_fetch_add(&f->c->st_read, len);
 	return (ssize_t)len;
+}
+
+int kvc_file_prefetch(struct kvc_file *f, uint64_t off)
+{
+	if (off >= f->l.length)
+		return -EINVAL;
+	uint64_t s = off / kvec_layout_stripe_bytes(&f->l);
+	if (f->pf.s == (int64_t)s || cache_has(f, s))
+		return 0;
+	sf_start_data(f, &f->pf, s);
+	atomic_fetch_add(&f->c->st_prefetched, 1);
+	return 0;
 }
 
 int kvc_get(struct kvc *c, const char *path, void **buf, size_t *len)

@@ -69,6 +69,7 @@ struct mnt_cfg {
 	double lease;	     /* lease length asked for */
 	int foreground, debug, allow_other, readdirplus, keep_cache, xattr, lookup_layout;
 	int splice_write;
+	int open_prefetch; /* a read open of an inode with no pages yet starts its GETs */
 };
 
 struct mnt_itab;
@@ -79,6 +80,7 @@ struct mnt_inval;
 /* Counters (relaxed atomics) shown in .kvfs/stats. */
 struct mnt_counters {
 	atomic_ullong lookups, opens, reads, read_bytes, writes, write_bytes;
+	atomic_ullong open_prefetches; /* read opens that started the first stripe's GETs */
 	atomic_ullong commits, commit_errors, aborted, erofs, retries;
 	atomic_ullong foreign_flushes; /* closes of a write handle's copy in another process */
 	atomic_ullong inval_waits; /* replacement commits that waited for the kernel's name drop */
@@ -198,6 +200,12 @@ int mnt_itab_wait_readers(struct mnt_itab *t, uint64_t nodeid, int timeout_ms);
  * with mnt_itab_readers(-1)). One step under the table's lock, so a replacement that starts
  * meanwhile either sees this reader or is seen by it. */
 int mnt_itab_reader_open(struct mnt_itab *t, uint64_t nodeid);
+/* The first page-cache read open of nodeid since the kernel looked it up afresh: 1 once (the
+ * kernel's inode is new, so it holds no pages of the file and its READs will come here), then
+ * 0 until the kernel forgets the node id (an evicted inode takes its pages with it). 1 too
+ * without an entry (nothing known). Inodes whose pages were reclaimed while the kernel kept
+ * them answer 0: a lost prefetch, not a wrong one. */
+int mnt_itab_first_read(struct mnt_itab *t, uint64_t nodeid);
 /* A replacement of nodeid's file committed as ino; old = the replaced file's attributes. */
 void mnt_itab_set_replaced(struct mnt_itab *t, uint64_t nodeid, uint64_t ino,
 			   const struct kvp_attr *old);

@@ -45,6 +45,9 @@ const struct cfg_opt mnt_cfg_opts[] = {
       "keep the page cache of (immutable) files across opens"),
     O("lookup-layout", CFG_BOOL, lookup_layout, 0, 0, "true",
       "a lookup brings the file's layout: its open needs no metadata round trip of its own"),
+    O("open-prefetch", CFG_BOOL, open_prefetch, 0, 0, "true",
+      "a read open of a file the kernel holds no pages of starts the GETs of its first stripe, "
+      "so they overlap the kernel's first READ round trip"),
     O("splice-write", CFG_BOOL, splice_write, 0, 0, "false",
       "writes spliced out of /dev/fuse: one copy of the data in the mount, not two (measured "
       "no cheaper here: docs/benchmarks.md)"),

@@ -17,6 +17,7 @@ struct ient {
 	uint64_t nodeid, ino, nlookup, parent;
 	uint32_t mode;
 	int replacing, replaced, readers, known;
+	int paged;	      /* a page-cache read open happened since the kernel's first lookup */
 	struct kvp_attr old;  /* replaced: the file this node id was */
 	struct kvp_attr last; /* known: the attributes last answered for it */
 	struct mnt_wfile *wf; /* a new file's writer (referenced), or NULL */
@@ -254,6 +255,17 @@ int mnt_itab_reader_open(struct mnt_itab *t, uint64_t nodeid)
 		e->readers++;
 	pthread_mutex_unlock(&t->lock);
 	return cached;
+}
+
+int mnt_itab_first_read(struct mnt_itab *t, uint64_t nodeid)
+{
+	pthread_mutex_lock(&t->lock);
+	struct ient *e = find(t, nodeid);
+	int first = !e || !e->paged;
+	if (e)
+		e->paged = 1;
+	pthread_mutex_unlock(&t->lock);
+	return first;
 }
 
 void mnt_itab_set_replaced(struct mnt_itab *t, uint64_t nodeid, uint64_t ino,

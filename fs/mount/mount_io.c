@@ -607,6 +607,15 @@ static int open_read(struct mnt *m, fuse_ino_t ino, const struct mnt_inode_info 
 	fi->noflush = 1; /* nothing to do at close(): spare the round trip */
 	if (cached)
 		h->cached_node = ino;
+	/* The kernel's first READ comes only after this reply reaches the caller and its read()
+	 * misses the page cache: one FUSE round trip (two thread wake-ups, more under load) in
+	 * which the chunks can already be on their way. Only when the kernel cannot answer from
+	 * its pages: an open that drops them (no keep_cache), or the first of a kernel inode that
+	 * has none yet; a warm open is served from the page cache and would waste the GETs. */
+	if (m->cfg.open_prefetch && cached && kvc_file_size(h->rf) > 0 &&
+	    (!fi->keep_cache || mnt_itab_first_read(m->itab, ino)) &&
+	    kvc_file_prefetch(h->rf, 0) == 0)
+		atomic_fetch_add_explicit(&m->n.open_prefetches, 1, memory_order_relaxed);
 	*out = h;
 	return 0;
 }

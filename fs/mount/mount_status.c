@@ -103,6 +103,7 @@ static int gen_stats(struct mnt *m, FILE *f)
 	C(lookups);
 	C(opens);
 	C(reads);
+	C(open_prefetches);
 	C(read_bytes);
 	C(writes);
 	C(write_bytes);
