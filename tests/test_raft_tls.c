@@ -5,10 +5,13 @@
  * replica jump to that term and depose its leader), tries a TLS handshake with a wrong secret,
  * and sends junk: every replica stays in its term, the leader keeps serving writes, and each
  * replica logs the refusals. The Raft port answers a TLS handshake made with the right
- * secret. A flood of silent connections (more than the handshakes the transport runs at
- * once) does not stop writes. Then the leader is killed: a new one is elected over TLS, writes
- * go on, and the old leader, restarted, catches up. Every replica then stops on SIGTERM within
- * 10 s (closing the transport waits for its threads). */
+ * secret. A flood of silent connections from one address (more than the handshakes the
+ * transport runs at once) neither stops writes nor keeps another address from connecting. Then the
+ * leader is killed: a new one is elected over TLS, writes go on, and the old leader, restarted,
+ * catches up. Every replica then stops on SIGTERM within 10 s (closing the transport waits for its
+ * threads). */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -98,6 +101,28 @@ static int mkdir_any(struct kvp_pool *pool, const char *name)
 	return rc;
 }
 
+/* A TCP connection to addr from the local address src (a loopback address other than
+ * 127.0.0.1 stands for another host). The fd, or -1. */
+static int connect_from(const char *src, const char *addr)
+{
+	char host[64];
+	uint16_t port;
+	if (kvp_addr_parse(addr, host, sizeof(host), &port))
+		return -1;
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_in me = {.sin_family = AF_INET}, to = {.sin_family = AF_INET};
+	inet_pton(AF_INET, src, &me.sin_addr);
+	inet_pton(AF_INET, host, &to.sin_addr);
+	to.sin_port = htons(port);
+	if (fd < 0 || bind(fd, (struct sockaddr *)&me, sizeof(me)) ||
+	    connect(fd, (struct sockaddr *)&to, sizeof(to))) {
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	return fd;
+}
+
 static int log_has(int i, const char *what)
 {
 	return kvh_sh("grep -q '%s' %s/meta%d.log", what, G.dir, i + 1) == 0;
@@ -162,17 +187,24 @@ static void test_raft_tls(void **state)
 	assert_int_equal(kvp_sock_tls(k), 1);
 	kvp_sock_close(k);
 
-	/* Silent connections hold handshake slots until their deadline; writes go on. */
+	/* Silent connections from one host (127.0.0.2) hold handshake slots until their
+	 * deadline: more than the transport runs at once. Another host (127.0.0.1) still gets
+	 * its handshake through (the per-address cap), and writes go on. */
 	lead = kvh_raft_leader(pool, &G, g_pid, -1, 15000);
 	assert_true(lead >= 0);
 	int flood[NFLOOD];
 	for (int j = 0; j < NFLOOD; j++) {
-		flood[j] = kvp_connect(G.raft[lead], 2000);
+		flood[j] = connect_from("127.0.0.2", G.raft[lead]);
 		assert_true(flood[j] >= 0);
 	}
+	rt_sleep_ms(300); /* every one accepted: the slots are taken */
+	k = NULL;
+	assert_int_equal(kvp_sock_open(G.raft[lead], &G.sec, 2000, &k), 0);
+	kvp_sock_close(k);
 	assert_int_equal(mkdir_any(pool, "during-flood"), 0);
 	for (int j = 0; j < NFLOOD; j++)
 		close(flood[j]);
+	assert_true(log_has(lead, "too many handshakes from this address"));
 
 	/* The leader killed: a new one over TLS, writes go on, the old one catches up. */
 	lead = kvh_raft_leader(pool, &G, g_pid, -1, 15000);

@@ -34,7 +34,10 @@
 /* Unauthenticated connections in their handshake at once; more are closed at once, so a
  * flood of half-open connections costs a bounded number of threads. */
 #define MAX_HANDSHAKES 64
-#define RELAY_BUF      (64 * 1024)
+/* ... and at most this many from one IPv4 address, so one host cannot take every slot and
+ * keep replicas on other hosts from reconnecting. */
+#define MAX_HANDSHAKES_PER_IP 8
+#define RELAY_BUF	      (64 * 1024)
 
 struct rtls;
 
@@ -53,6 +56,8 @@ struct rconn {
 	struct raft_uv_connect *req;
 	raft_uv_connect_cb cb;
 	int refs;
+	uint32_t ip;	     /* accepted: the peer's IPv4 address (network order) */
+	int handshaking;     /* accepted, handshake not over (x->mu) */
 	struct rconn *next;  /* x->conns */
 	struct rconn *dnext; /* x->done */
 };
@@ -298,6 +303,7 @@ static void *answer_main(void *arg)
 	int rc = kvp_sock_accept(c->rawfd, &x->sec, ANSWER_MS, &k);
 	pthread_mutex_lock(&x->mu);
 	x->handshakes--;
+	c->handshaking = 0;
 	pthread_mutex_unlock(&x->mu);
 	if (rc == 0)
 		set_sock(c, k);
@@ -392,14 +398,21 @@ static void *listen_main(void *arg)
 		int one = 1;
 		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 		pthread_mutex_lock(&x->mu);
-		int busy = x->handshakes >= MAX_HANDSHAKES;
+		unsigned same = 0;
+		for (struct rconn *o = x->conns; o; o = o->next)
+			same += o->handshaking && o->ip == sa.sin_addr.s_addr;
+		int busy = x->handshakes >= MAX_HANDSHAKES || same >= MAX_HANDSHAKES_PER_IP;
 		if (!busy)
 			x->handshakes++;
 		pthread_mutex_unlock(&x->mu);
 		struct rconn *c = busy ? NULL : conn_new(x, 1);
 		if (!c) {
 			close(fd);
-			refused(x, peer, busy ? "too many handshakes at once" : "out of memory");
+			refused(x, peer,
+				!busy ? "out of memory"
+				: same >= MAX_HANDSHAKES_PER_IP
+				    ? "too many handshakes from this address at once"
+				    : "too many handshakes at once");
 			if (!busy) {
 				pthread_mutex_lock(&x->mu);
 				x->handshakes--;
@@ -408,6 +421,8 @@ static void *listen_main(void *arg)
 			continue;
 		}
 		c->rawfd = fd;
+		c->ip = sa.sin_addr.s_addr;
+		c->handshaking = 1;
 		snprintf(c->peer, sizeof(c->peer), "%s", peer);
 		if (conn_start(x, c, answer_main)) {
 			pthread_mutex_lock(&x->mu);
