@@ -258,6 +258,7 @@ static void test_off_loopback_refused(void **state)
 	char bin[600], dir[300], db[400], rdir[400], log[400], sec[400], peers[128], listen[64],
 	    buf[4096];
 	assert_int_equal(kvh_bin("kvfs-meta", bin, sizeof(bin)), 0);
+	unsetenv("KVFS_INSECURE_PLAINTEXT"); /* the default first, whatever this run was given */
 	snprintf(dir, sizeof(dir), "/tmp/test_raft_offlo.%d", (int)getpid());
 	snprintf(sec, sizeof(sec), "%s/secret", dir);
 	assert_int_equal(
