@@ -100,7 +100,7 @@ static void refused(struct rtls *x, const char *peer, const char *why)
 }
 
 /* Drops one reference (mu held): the last frees c. The loop is woken while mu is still held,
- * so a closing transport cannot free x between the wake and the unlock (mrtls_close_cb). */
+ * so a closing transport cannot free x between the wake and the unlock (on_async). */
 static void unref_locked(struct rconn *c)
 {
 	struct rtls *x = c->x;
