@@ -248,14 +248,17 @@ static void test_failover(void **state)
 	rt_rm_dir(G.dir);
 }
 
-/* The Raft transport has no TLS: peers off loopback are refused unless the operator says the
- * network is private (--raft-insecure-network); with it the replica starts. */
+/* Raft runs over TLS by default, so peers off loopback start as they are. With
+ * KVFS_INSECURE_PLAINTEXT=1 the Raft transport is libraft's plaintext TCP: peers off loopback
+ * are refused unless the operator says the network is private (--raft-insecure-network); with
+ * it the replica starts. */
 static void test_off_loopback_refused(void **state)
 {
 	(void)state;
 	char bin[600], dir[300], db[400], rdir[400], log[400], sec[400], peers[128], listen[64],
 	    buf[4096];
 	assert_int_equal(kvh_bin("kvfs-meta", bin, sizeof(bin)), 0);
+	unsetenv("KVFS_INSECURE_PLAINTEXT"); /* the default first, whatever this run was given */
 	snprintf(dir, sizeof(dir), "/tmp/test_raft_offlo.%d", (int)getpid());
 	snprintf(sec, sizeof(sec), "%s/secret", dir);
 	assert_int_equal(
@@ -274,6 +277,13 @@ static void test_off_loopback_refused(void **state)
 	pid_t p = kvh_spawn(bin, argv, log);
 	assert_true(p > 0);
 	int st = 0;
+	usleep(500000);
+	assert_int_equal(waitpid(p, &st, WNOHANG), 0); /* TLS: running, waiting for peers */
+	kvh_stop_pid(p, SIGTERM, 5000);
+	kvh_sh("rm -rf %s %s", db, rdir);
+	setenv("KVFS_INSECURE_PLAINTEXT", "1", 1);
+	p = kvh_spawn(bin, argv, log);
+	assert_true(p > 0);
 	assert_int_equal(waitpid(p, &st, 0), p);
 	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 2);
 	FILE *f = fopen(log, "r");
@@ -288,6 +298,7 @@ static void test_off_loopback_refused(void **state)
 	usleep(500000);
 	assert_int_equal(waitpid(p, &st, WNOHANG), 0); /* running: it waits for an election */
 	kvh_stop_pid(p, SIGTERM, 5000);
+	unsetenv("KVFS_INSECURE_PLAINTEXT");
 	kvh_sh("rm -rf %s", dir);
 }
 

@@ -100,8 +100,8 @@ static const struct cfg_opt opts[] = {
     {"raft-dir", CFG_STR, F(raft_dir), 0, 0, NULL,
      "directory of this replica's Raft log and snapshots (required with --raft-id)"},
     {"raft-insecure-network", CFG_BOOL, F(raft_insecure_network), 0, 0, "false",
-     "allow --raft-peers off loopback: the Raft transport (libraft's TCP) has no encryption "
-     "or authentication, so only on a private network no one else can reach"},
+     "with KVFS_INSECURE_PLAINTEXT=1 only (Raft is TLS otherwise): allow --raft-peers off "
+     "loopback over plaintext, unauthenticated Raft, on a private network no one else reaches"},
     {"raft-election-timeout", CFG_SECS, F(o.raft_election_s), 0.05, 60, "1s",
      "a follower that hears no leader this long starts an election"},
     {"raft-join", CFG_BOOL, F(o.raft_join), 0, 0, "false",
@@ -215,15 +215,6 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kvfs-meta: --raft-peers and --raft-dir need --raft-id\n");
 		return 2;
 	}
-	if (c.o.raft_id && !c.raft_insecure_network && !raft_peers_loopback(c.raft_peers)) {
-		fprintf(stderr,
-			"kvfs-meta: --raft-peers %s: a Raft address off loopback (127.0.0.0/8), "
-			"and the Raft transport has no encryption or authentication (anyone who "
-			"reaches it could write entries): give --raft-insecure-network once these "
-			"ports are on a private network only\n",
-			c.raft_peers);
-		return 2;
-	}
 	kvfs_log_set_level((int)c.log_level);
 	if (c.allow_degraded)
 		klog_warn("--allow-degraded is ignored: writes go on with nodes down by default "
@@ -237,6 +228,19 @@ int main(int argc, char **argv)
 	struct kvp_secret secret;
 	if (kvp_secret_load(c.secret_file, &secret))
 		return 2;
+	/* Raft runs over TLS with the cluster secret (meta_rtls.h) unless the whole cluster was
+	 * made plaintext: then libraft's TCP transport, with no encryption or authentication,
+	 * and a Raft address off loopback needs the operator's word that the network is private. */
+	if (c.o.raft_id && secret.insecure_plaintext && !c.raft_insecure_network &&
+	    !raft_peers_loopback(c.raft_peers)) {
+		fprintf(stderr,
+			"kvfs-meta: --raft-peers %s: a Raft address off loopback (127.0.0.0/8), "
+			"and with KVFS_INSECURE_PLAINTEXT=1 the Raft transport has no encryption "
+			"or authentication (anyone who reaches it could write entries): give "
+			"--raft-insecure-network once these ports are on a private network only\n",
+			c.raft_peers);
+		return 2;
+	}
 
 	/* Signals are taken synchronously by main (sigwait); every thread inherits the mask. */
 	sigset_t set;

@@ -125,6 +125,7 @@ static int meta_raft_start(struct meta *m)
 				.snapshot_every = (unsigned)m->o.raft_snapshot_every,
 				.snapshot_bytes = m->o.raft_snapshot_bytes,
 				.join = m->o.raft_join,
+				.secret = m->o.secret,
 				.no_compress = !m->o.raft_snapshot_compress,
 				.on_lead = meta_lead,
 				.ctx = m};

@@ -1,6 +1,7 @@
 /* mraft: meta's Raft replication on libraft + libuv (meta_raft.h). */
 #define KVFS_LOG_TAG "meta-raft"
 #include "meta_raft.h"
+#include "meta_rtls.h"
 
 #include "ktime.h"
 #include "log.h"
@@ -81,6 +82,7 @@ struct mraft {
 	struct raft raft;
 	struct raft_io io;
 	struct raft_uv_transport tr;
+	int tls; /* tr is mrtls (else libraft's plaintext TCP) */
 	struct raft_fsm fsm;
 	struct raft_barrier barrier;
 	rocksdb_writeoptions_t *wo;
@@ -1088,7 +1090,11 @@ int mraft_start(const struct mraft_opts *o, struct mraft **out)
 		return -EIO;
 	}
 	const char *step = "transport";
-	rc = raft_uv_tcp_init(&r->tr, &r->loop);
+	r->tls = o->secret && !o->secret->insecure_plaintext;
+	if (r->tls)
+		rc = mrtls_init(&r->tr, &r->loop, o->secret);
+	else
+		rc = raft_uv_tcp_init(&r->tr, &r->loop);
 	if (!rc && (step = "log", 1))
 		rc = raft_uv_init(&r->io, &r->loop, o->dir, &r->tr);
 	if (!rc && o->no_compress && (step = "snapshot compression", 1))
@@ -1158,8 +1164,9 @@ int mraft_start(const struct mraft_opts *o, struct mraft **out)
 		mraft_stop(r);
 		return -rc;
 	}
-	klog_info("replica %llu of %u, Raft on %s, log in %s, snapshots serialised %s",
-		  (unsigned long long)o->id, r->n, r->self, o->dir,
+	klog_info("replica %llu of %u, Raft on %s (%s), log in %s, snapshots serialised %s",
+		  (unsigned long long)o->id, r->n, r->self,
+		  r->tls ? "TLS" : "PLAINTEXT, unauthenticated", o->dir,
 		  r->fsm.version == 3 ? "off the loop thread" : "on the loop thread");
 	*out = r;
 	return 0;
@@ -1180,7 +1187,10 @@ void mraft_stop(struct mraft *r)
 		pthread_join(r->loop_thr, NULL);
 		/* raft_close closed the log and the transport; this frees their memory. */
 		raft_uv_close(&r->io);
-		raft_uv_tcp_close(&r->tr);
+		if (r->tls)
+			mrtls_free(&r->tr);
+		else
+			raft_uv_tcp_close(&r->tr);
 	}
 	/* Proposals libraft never answered: undone like a lost leadership. */
 	pthread_mutex_lock(&r->spec_mu);

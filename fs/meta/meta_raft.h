@@ -1,5 +1,5 @@
 /* mraft — kvfs-meta as a Raft-replicated state machine, on Debian's libraft (the C Raft of
- * dqlite) with its libuv I/O and TCP transport (docs/meta.md, "Replicated metadata").
+ * dqlite) with its libuv I/O, over kvfs's TLS (meta_rtls.h; docs/meta.md, "Replicated metadata").
  *
  * RocksDB stays the state: every mutation meta makes is one RocksDB WriteBatch, one Raft
  * entry, applied with rocksdb_write on every replica in log order. Followers apply committed
@@ -22,6 +22,8 @@
  */
 #ifndef KVFS_META_RAFT_H
 #define KVFS_META_RAFT_H
+
+#include "kvp_frame.h"
 
 #include <rocksdb/c.h>
 #include <stddef.h>
@@ -46,6 +48,10 @@ struct mraft_opts {
 	 * large (docs/meta.md, "Snapshots and log compaction"). 0 = by entry count only. */
 	uint64_t snapshot_bytes;
 	int join; /* a new replica of a running group: no bootstrap, it waits to be added */
+	/* The cluster secret: Raft runs over TLS with it (meta_rtls.h). NULL, or one in
+	 * insecure_plaintext mode (KVFS_INSECURE_PLAINTEXT=1): libraft's plaintext TCP
+	 * transport, which anyone reaching the port can write entries through. */
+	const struct kvp_secret *secret;
 	/* libraft stores snapshots uncompressed (its default is LZ4, a second copy of the
 	 * database in memory while it compresses; docs/meta.md) */
 	int no_compress;
