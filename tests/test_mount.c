@@ -1053,6 +1053,7 @@ int main(int argc, char **argv)
 	    cmocka_unit_test(test_lease_renewed),
 	    cmocka_unit_test(test_lease_pin_cached),
 	    cmocka_unit_test(test_lease_pin_inval),
+	    cmocka_unit_test(test_lease_pin_meta_restart),
 	    cmocka_unit_test(test_tree),
 	    cmocka_unit_test(test_concurrent),
 	    cmocka_unit_test(test_io_uring),

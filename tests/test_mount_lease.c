@@ -229,3 +229,38 @@ void test_lease_pin_inval(void **state)
 	mtu_stop_mount2();
 	rmdir(m2);
 }
+
+/* A lease lost with the watch connection (meta killed and restarted) drops the pinned names
+ * from the kernel too: nothing would revoke them later, as the new meta process knows no
+ * lease of A's. A stats every file (pinned), meta is killed and restarted, B removes f26;
+ * A's next stat must fail. Fails with the invalidation on connection loss dropped (f26 stays
+ * in A's kernel for --lease-pin). */
+void test_lease_pin_meta_restart(void **state)
+{
+	(void)state;
+	char *m2 = g_mnt2, log2[800], p[900];
+	assert_int_equal(mtu_start_mount2("lpinr", "max_file=16M", log2, sizeof(log2)), 0);
+	make_dir(m2, "lpinr");
+	long long p0 = mtu_stat_counter(g_mnt, "lease_pinned");
+	long long i0 = mtu_stat_counter(g_mnt, "lease_invals");
+	struct stat st;
+	for (int i = 0; i < LFILES; i++) {
+		snprintf(p, sizeof(p), "%s/lpinr/f%02d", g_mnt, i);
+		assert_int_equal(stat(p, &st), 0);
+	}
+	assert_true(mtu_stat_counter(g_mnt, "lease_pinned") - p0 >= LFILES / 2);
+	assert_int_equal(kvh_meta_kill(&g_cl, SIGKILL), 0);
+	usleep(300000);
+	assert_int_equal(kvh_meta_restart(&g_cl), 0);
+	assert_int_equal(kvh_wait_nodes_up(&g_cl, NNODES, 15000), 0);
+	snprintf(p, sizeof(p), "%s/lpinr/f26", m2);
+	assert_int_equal(unlink(p), 0);
+	snprintf(p, sizeof(p), "%s/lpinr/f26", g_mnt);
+	assert_int_equal(stat(p, &st), -1);
+	assert_int_equal(errno, ENOENT);
+	fprintf(stderr, "names dropped from the kernel with the lease: %lld\n",
+		mtu_stat_counter(g_mnt, "lease_invals") - i0);
+	assert_int_equal(kvh_sh("rm -r '%s/lpinr'", m2), 0);
+	mtu_stop_mount2();
+	rmdir(m2);
+}
