@@ -150,34 +150,49 @@ void test_lease_renewed(void **state)
  * lease's rest (< 1 s): A stats every file of a leased directory, waits past every other
  * timeout (entry 0.5 s, attributes 1 s, the lease 1 s), and stats them all again; the second
  * pass must not reach the mount for the pinned names. Fails with the timeouts of the lease's
- * rest: then all 40 names are looked up again. */
+ * rest: then all 40 names are looked up again. A round whose lease was not renewed in time
+ * (a loaded machine: the pins are then dropped, as they must be) is run again. */
 void test_lease_pin_cached(void **state)
 {
 	(void)state;
-	char *m2 = g_mnt2, log2[800], p[900];
+	char *m2 = g_mnt2, log2[800], p[900], dir[64];
 	assert_int_equal(mtu_start_mount2("lpin", "max_file=16M", log2, sizeof(log2)), 0);
-	make_dir(m2, "lpin");
-	long long p0 = mtu_stat_counter(g_mnt, "lease_pinned");
-	struct stat st;
-	for (int i = 0; i < LFILES; i++) {
-		snprintf(p, sizeof(p), "%s/lpin/f%02d", g_mnt, i);
-		assert_int_equal(stat(p, &st), 0);
+	/* A round where a renewal came too late (lease_expired rose: a loaded machine) proves
+	 * nothing, as the pins were dropped as they must be: up to 4 rounds until one has none. */
+	int told = 0;
+	for (int round = 0; round < 4 && !told; round++) {
+		snprintf(dir, sizeof(dir), "lpin%d", round);
+		make_dir(m2, dir);
+		long long p0 = mtu_stat_counter(g_mnt, "lease_pinned");
+		long long x0 = mtu_stat_counter(g_mnt, "lease_expired");
+		struct stat st;
+		for (int i = 0; i < LFILES; i++) {
+			snprintf(p, sizeof(p), "%s/%s/f%02d", g_mnt, dir, i);
+			assert_int_equal(stat(p, &st), 0);
+		}
+		long long pinned = mtu_stat_counter(g_mnt, "lease_pinned") - p0;
+		usleep(1500000);
+		long long l0 = mtu_stat_counter(g_mnt, "lookups");
+		for (int i = 0; i < LFILES; i++) {
+			snprintf(p, sizeof(p), "%s/%s/f%02d", g_mnt, dir, i);
+			assert_int_equal(stat(p, &st), 0);
+			assert_int_equal(st.st_size, 100 + i);
+		}
+		long long again = mtu_stat_counter(g_mnt, "lookups") - l0;
+		long long expired = mtu_stat_counter(g_mnt, "lease_expired") - x0;
+		fprintf(stderr,
+			"round %d: %lld of %d names pinned; %lld lookups on the second pass; "
+			"%lld leases not renewed in time\n",
+			round, pinned, LFILES, again, expired);
+		assert_int_equal(kvh_sh("rm -r '%s/%s'", m2, dir), 0);
+		if (expired)
+			continue;
+		told = 1;
+		assert_true(pinned >= LFILES / 2);
+		/* the unpinned ones (answered by meta before the lease came) and the directory */
+		assert_true(again <= LFILES - pinned + 1);
 	}
-	long long pinned = mtu_stat_counter(g_mnt, "lease_pinned") - p0;
-	usleep(1500000);
-	long long l0 = mtu_stat_counter(g_mnt, "lookups");
-	for (int i = 0; i < LFILES; i++) {
-		snprintf(p, sizeof(p), "%s/lpin/f%02d", g_mnt, i);
-		assert_int_equal(stat(p, &st), 0);
-		assert_int_equal(st.st_size, 100 + i);
-	}
-	long long again = mtu_stat_counter(g_mnt, "lookups") - l0;
-	fprintf(stderr, "%lld of %d names pinned; %lld lookups on the second pass\n", pinned,
-		LFILES, again);
-	assert_true(pinned >= LFILES / 2);
-	/* the unpinned ones (answered by meta before the lease came) and the directory */
-	assert_true(again <= LFILES - pinned + 1);
-	assert_int_equal(kvh_sh("rm -r '%s/lpin'", m2), 0);
+	assert_true(told);
 	mtu_stop_mount2();
 	rmdir(m2);
 }

@@ -194,7 +194,7 @@ struct kvc_lease_opts {
 	 * caller may keep the answer pin_ms (a kernel's dentry), and a keeper thread renews the
 	 * lease while any pin is younger than that. When a lease with pins ends otherwise than by
 	 * its pins running out (revoked, dropped with the watch connection, or not renewed by the
-	 * time a quarter of it is left), lost(arg, dir, names, n) is called with the pinned names
+	 * time a tenth of it is left), lost(arg, dir, names, n) is called with the pinned names
 	 * (n NUL-terminated strings back to back), from a kvc_lease thread, no lock held; a
 	 * revocation is acknowledged to meta (which holds the change until then, or until the
 	 * lease's end) only once lost returns. */

@@ -523,8 +523,9 @@ static void renew_held(struct kvc_lease *l, struct kl_dir *d, uint64_t dir)
 	}
 }
 
-/* The keeper (pin_ms > 0): every 50 ms, a held lease with live pins and less than half of it
- * left is renewed (one at a time, as renew_held); one with less than a quarter left (renewals
+/* The keeper (pin_ms > 0): every 50 ms, a held lease with live pins and less than 70 % of it
+ * left is renewed (one at a time, as renew_held; early, so that a loaded machine's slow
+ * renewal or late tick does not lose the pins); one with less than 10 % left (renewals
  * failing: meta away or slow) is dropped and its pins named to lost(), ahead of its end, so
  * the kernel drops them before meta lets a change through on the lease's expiry. Pins that
  * ran out (the kernel dropped them) are forgotten and the lease left to run out, or to be
@@ -548,13 +549,13 @@ static void *keep_main(void *arg)
 				d->npinned = 0;
 				continue;
 			}
-			if (left < (int64_t)l->o.ms * 250000) {
+			if (left < (int64_t)l->o.ms * 100000) {
 				add_lost(d, &lv, &ln, &lcap);
 				dir_free(d);
 				atomic_fetch_add_explicit(&l->expired, 1, memory_order_relaxed);
 				continue;
 			}
-			if (left < (int64_t)l->o.ms * 500000 && !d->renewing)
+			if (left < (int64_t)l->o.ms * 700000 && !d->renewing)
 				renew_held(l, d, d->dir); /* releases l->mu meanwhile */
 		}
 		pthread_mutex_unlock(&l->mu);

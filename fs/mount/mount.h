@@ -112,9 +112,9 @@ struct mnt {
 	pthread_mutex_t cand_lock;
 	struct fh *cands;	 /* cand_lock */
 	struct mnt_inval *inval; /* set before the session loop starts; may be NULL */
-	/* Requests of ours that change a directory at meta while the kernel holds its lock
-	 * (mkdir, rmdir, unlink, rename): a revocation they cause must not wait for an
-	 * invalidation of that directory (mnt_lease_lost). */
+	/* Our own changes at meta in flight: mkdir, rmdir, unlink, rename (the kernel holds the
+	 * directory's lock meanwhile) and commits (a writer's close waiting): a revocation they
+	 * cause must not wait for an invalidation of that directory (mnt_lease_lost). */
 	atomic_int ns_busy;
 	pthread_mutex_t fh_lock;
 	struct fh *fh_live; /* fh_lock; every handle not yet released (mount_io.c) */
@@ -277,8 +277,9 @@ int mnt_inval_entry(struct mnt *m, uint64_t parent, const char *name, int wait_m
 /* kvc_lease_opts.lost for the mount (arg: the mnt): queues the invalidation of each name the
  * kernel was told to keep (--lease-pin) in directory dir, and waits (up to 500 ms) for them
  * to reach the kernel before returning, unless one of our own directory changes is in flight
- * (ns_busy: the kernel may hold the directory's lock for it, waiting on this revocation), or a
- * commit from a release (a negative lookup waits for those holding the lock shared). */
+ * (ns_busy: the kernel may hold the directory's lock for it, waiting on this revocation; a
+ * commit: its writer's close would wait for names it did not touch), or a commit from a
+ * release (a negative lookup waits for those holding the lock shared). */
 void mnt_lease_lost(void *arg, uint64_t dir, const char *names, size_t n);
 /* The same in two steps. mnt_inval_queue: never blocks; 0 and *ticket, -ENOSPC or -ENOENT.
  * mnt_inval_wait: 0 once the kernel has applied notification `ticket` (the name is no longer

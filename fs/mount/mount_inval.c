@@ -218,7 +218,9 @@ void mnt_lease_lost(void *arg, uint64_t dir, const char *names, size_t n)
 			  (unsigned long long)dir, n - queued, n);
 	/* Our own change in flight may be what holds the directory's lock in the kernel, waiting
 	 * for meta, which waits for this revocation: do not wait for the notification then (the
-	 * kernel updates its own names for that change; the others follow a moment later).
+	 * kernel updates its own names for that change; the others follow a moment later). Nor
+	 * for a commit of ours: a writer's close would pay for invalidating every pinned name of
+	 * its directory, which its own file does not need (its name is dropped by the commit).
 	 * The same for a commit from a release: a negative lookup waits for those
 	 * (mnt_wait_release_commits) with the directory's lock held shared. */
 	pthread_mutex_lock(&m->rel_lock);
