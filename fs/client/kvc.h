@@ -204,6 +204,9 @@ struct kvc_lease_opts {
 };
 int kvc_lease_open(struct kvc *c, const struct kvc_lease_opts *o, struct kvc_lease **out);
 void kvc_lease_close(struct kvc_lease *l);
+/* No lost() call starts after this returns, and none is in progress (it waits for one): for a
+ * caller about to free what lost() uses, while lookups still run. NULL-safe. */
+void kvc_lease_mute(struct kvc_lease *l);
 /* name in dir from a held lease: 0 (*out; *left_ns: how long the answer may be kept: what the
  * lease has left, or pin_ms when pinning), -ENOENT (no such name), or -EAGAIN: no lease, ask
  * meta (l NULL: always). */

@@ -72,6 +72,8 @@ struct kvc_lease {
 	struct kvp_client *wcl; /* the watch connection (the watch thread opens and closes it) */
 	pthread_t thr, keeper;
 	int keeper_started;
+	pthread_mutex_t cb_mu; /* held around each lost() call; protects muted */
+	int muted;	       /* kvc_lease_mute: no more lost() calls */
 	atomic_int stop;
 	atomic_ullong granted, renewed, hits, negatives, revoked, dropped, refused;
 	atomic_ullong pinned, lost, expired;
@@ -145,8 +147,10 @@ static void add_lost(struct kl_dir *d, struct kl_lost **v, size_t *n, size_t *ca
 static void call_lost(struct kvc_lease *l, struct kl_lost *v, size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
-		if (v[i].names && l->o.lost)
+		pthread_mutex_lock(&l->cb_mu);
+		if (v[i].names && l->o.lost && !l->muted)
 			l->o.lost(l->o.arg, v[i].dir, v[i].names, v[i].n);
+		pthread_mutex_unlock(&l->cb_mu);
 		free(v[i].names);
 		atomic_fetch_add_explicit(&l->lost, 1, memory_order_relaxed);
 	}
@@ -301,10 +305,12 @@ int kvc_lease_open(struct kvc *c, const struct kvc_lease_opts *o, struct kvc_lea
 		    1;
 	l->epoch = 1;
 	pthread_mutex_init(&l->mu, NULL);
+	pthread_mutex_init(&l->cb_mu, NULL);
 	if (!l->o.lost)
 		l->o.pin_ms = 0;
 	int rc = pthread_create(&l->thr, NULL, watch_main, l);
 	if (rc) {
+		pthread_mutex_destroy(&l->cb_mu);
 		pthread_mutex_destroy(&l->mu);
 		free(l);
 		return -rc;
@@ -335,8 +341,18 @@ void kvc_lease_close(struct kvc_lease *l)
 		pthread_join(l->keeper, NULL);
 	for (int i = 0; i < KL_SLOTS; i++)
 		dir_free(&l->d[i]);
+	pthread_mutex_destroy(&l->cb_mu);
 	pthread_mutex_destroy(&l->mu);
 	free(l);
+}
+
+void kvc_lease_mute(struct kvc_lease *l)
+{
+	if (!l)
+		return;
+	pthread_mutex_lock(&l->cb_mu); /* waits for a lost() call in progress */
+	l->muted = 1;
+	pthread_mutex_unlock(&l->cb_mu);
 }
 
 static int ent_cmp(const char *names, const struct kl_ent *e, const char *name, size_t len)

@@ -149,7 +149,9 @@ int mnt_inval_queue(struct mnt *m, uint64_t parent, const char *name, uint64_t *
 		return -ENOENT;
 	int rc = 0;
 	pthread_mutex_lock(&v->lock);
-	if (v->stop || v->n == INVAL_SLOTS) {
+	if (v->stop) {
+		rc = -ENOENT; /* as mount.h says: stopping */
+	} else if (v->n == INVAL_SLOTS) {
 		v->dropped++;
 		rc = -ENOSPC;
 	} else {

@@ -256,6 +256,7 @@ static void finish_inval(struct mnt *m)
 	free(fb.mem);
 	if (served)
 		klog_info("answered %lu requests while a dentry notification finished", served);
+	kvc_lease_mute(m->lease); /* its lost() queues notifications: none from here on */
 	mnt_inval_stop(m);
 }
 
