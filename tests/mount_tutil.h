@@ -62,6 +62,9 @@ void test_replace_killed(void **state);
 void test_lease_other_mount(void **state);
 void test_lease_stopped_holder(void **state);
 void test_lease_renewed(void **state);
+void test_lease_pin_cached(void **state);
+void test_lease_pin_inval(void **state);
+void test_lease_pin_meta_restart(void **state);
 
 /* test_mount_perm.c: allow-other with two unprivileged users (owners and modes enforced). */
 void test_allow_other_perms(void **state);

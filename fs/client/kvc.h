@@ -198,11 +198,26 @@ struct kvc_lease;
 struct kvc_lease_opts {
 	int after; /* 0: never take a lease */
 	uint32_t ms;
+	/* Pinning (pin_ms > 0 and lost set): a name kvc_lease_lookup finds is "pinned" — the
+	 * caller may keep the answer pin_ms (a kernel's dentry), and a keeper thread renews the
+	 * lease while any pin is younger than that. When a lease with pins ends otherwise than by
+	 * its pins running out (revoked, dropped with the watch connection, or not renewed by the
+	 * time a tenth of it is left), lost(arg, dir, names, n) is called with the pinned names
+	 * (n NUL-terminated strings back to back), from a kvc_lease thread, no lock held; a
+	 * revocation is acknowledged to meta (which holds the change until then, or until the
+	 * lease's end) only once lost returns. */
+	uint32_t pin_ms;
+	void (*lost)(void *arg, uint64_t dir, const char *names, size_t n);
+	void *arg;
 };
 int kvc_lease_open(struct kvc *c, const struct kvc_lease_opts *o, struct kvc_lease **out);
 void kvc_lease_close(struct kvc_lease *l);
-/* name in dir from a held lease: 0 (*out; *left_ns: how long the answer may be kept),
- * -ENOENT (no such name), or -EAGAIN: no lease, ask meta (l NULL: always). */
+/* No lost() call starts after this returns, and none is in progress (it waits for one): for a
+ * caller about to free what lost() uses, while lookups still run. NULL-safe. */
+void kvc_lease_mute(struct kvc_lease *l);
+/* name in dir from a held lease: 0 (*out; *left_ns: how long the answer may be kept: what the
+ * lease has left, or pin_ms when pinning), -ENOENT (no such name), or -EAGAIN: no lease, ask
+ * meta (l NULL: always). */
 int kvc_lease_lookup(struct kvc_lease *l, uint64_t dir, const char *name, struct kvp_attr *out,
 		     int64_t *left_ns);
 /* A lookup in dir found its name (answered by meta or by a lease): counts toward a burst, and
@@ -218,6 +233,9 @@ struct kvc_lease_stats {
 	uint64_t revoked;   /* leases meta revoked while held */
 	uint64_t dropped;   /* leases dropped because the watch connection ended */
 	uint64_t refused;   /* lease attempts that failed or were revoked before use */
+	uint64_t pinned;    /* names pinned (answered for pin_ms) */
+	uint64_t lost;	    /* leases with pins that ended: lost() called */
+	uint64_t expired;   /* ... of them because no renewal came in time */
 };
 void kvc_lease_get_stats(struct kvc_lease *l, struct kvc_lease_stats *out);
 

@@ -24,6 +24,7 @@
 struct kl_ent {
 	uint32_t off; /* name in names */
 	uint16_t len;
+	uint8_t pinned; /* answered with pin_ms: lost() names it */
 	struct kvp_attr a;
 };
 
@@ -44,6 +45,17 @@ struct kl_dir {
 	int64_t backoff, quiet_until;
 	int renewing;  /* held: a renewal is on its way */
 	size_t last_n; /* entries of the last listing read: a big directory needs a bigger burst */
+	/* held: names pinned (kl_ent.pinned), and when the last pin given runs out (monotonic ns,
+	 * with a margin for the reply's way to the kernel); the keeper renews until then. */
+	size_t npinned;
+	int64_t pin_until;
+};
+
+/* A lease with pins that ended: the names to hand to lost(). */
+struct kl_lost {
+	uint64_t dir;
+	char *names; /* n NUL-terminated names back to back */
+	size_t n;
 };
 
 struct kvc_lease {
@@ -58,9 +70,13 @@ struct kvc_lease {
 	char addr[KVP_ADDR_MAX];
 	int watching;		/* a WATCH was sent on the connection to addr */
 	struct kvp_client *wcl; /* the watch connection (the watch thread opens and closes it) */
-	pthread_t thr;
+	pthread_t thr, keeper;
+	int keeper_started;
+	pthread_mutex_t cb_mu; /* held around each lost() call; protects muted */
+	int muted;	       /* kvc_lease_mute: no more lost() calls */
 	atomic_int stop;
 	atomic_ullong granted, renewed, hits, negatives, revoked, dropped, refused;
+	atomic_ullong pinned, lost, expired;
 };
 
 static int64_t mono_ns(void)
@@ -76,6 +92,69 @@ static void dir_free(struct kl_dir *d)
 	d->names = NULL;
 	d->n = 0;
 	d->state = 0;
+	d->npinned = 0;
+	d->pin_until = 0;
+}
+
+/* Copies d's pinned names into *o (d still held); l->mu held. A copy that fails leaves
+ * o->names NULL: the caller then names nothing, and the kernel keeps its entries until they
+ * run out (logged). */
+static void take_pins(struct kl_dir *d, struct kl_lost *o)
+{
+	size_t len = 0;
+	*o = (struct kl_lost){.dir = d->dir};
+	if (!d->npinned)
+		return;
+	for (size_t i = 0; i < d->n; i++)
+		if (d->e[i].pinned)
+			len += d->e[i].len + 1u;
+	char *p = malloc(len ? len : 1);
+	if (!p) {
+		klog_warn("directory %llu: %zu pinned names not invalidated (no memory)",
+			  (unsigned long long)d->dir, d->npinned);
+		return;
+	}
+	o->names = p;
+	for (size_t i = 0; i < d->n; i++)
+		if (d->e[i].pinned) {
+			memcpy(p, d->names + d->e[i].off, d->e[i].len);
+			p += d->e[i].len;
+			*p++ = 0;
+			o->n++;
+		}
+}
+
+/* Appends d's pins to *v (grown as needed); l->mu held. */
+static void add_lost(struct kl_dir *d, struct kl_lost **v, size_t *n, size_t *cap)
+{
+	if (!d->npinned)
+		return;
+	if (*n == *cap) {
+		size_t nc = *cap ? *cap * 2 : 4;
+		struct kl_lost *nv = realloc(*v, nc * sizeof(*nv));
+		if (!nv) {
+			klog_warn("directory %llu: pinned names not invalidated (no memory)",
+				  (unsigned long long)d->dir);
+			return;
+		}
+		*v = nv;
+		*cap = nc;
+	}
+	take_pins(d, &(*v)[(*n)++]);
+}
+
+/* Hands each lost lease's names to lost() and frees v; no lock held. */
+static void call_lost(struct kvc_lease *l, struct kl_lost *v, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		pthread_mutex_lock(&l->cb_mu);
+		if (v[i].names && l->o.lost && !l->muted)
+			l->o.lost(l->o.arg, v[i].dir, v[i].names, v[i].n);
+		pthread_mutex_unlock(&l->cb_mu);
+		free(v[i].names);
+		atomic_fetch_add_explicit(&l->lost, 1, memory_order_relaxed);
+	}
+	free(v);
 }
 
 static struct kl_dir *slot(struct kvc_lease *l, uint64_t dir)
@@ -83,11 +162,13 @@ static struct kl_dir *slot(struct kvc_lease *l, uint64_t dir)
 	return &l->d[(dir * 0x9E3779B97F4A7C15ull >> 40) % KL_SLOTS];
 }
 
-/* Every lease dropped (the watch connection ended: revocations may be lost); l->mu held. */
-static void drop_all(struct kvc_lease *l)
+/* Every lease dropped (the watch connection ended: revocations may be lost); l->mu held. Pins
+ * are appended to *v (call_lost once l->mu is released). */
+static void drop_all(struct kvc_lease *l, struct kl_lost **v, size_t *n, size_t *cap)
 {
 	for (int i = 0; i < KL_SLOTS; i++)
 		if (l->d[i].state == 2) {
+			add_lost(&l->d[i], v, n, cap);
 			dir_free(&l->d[i]);
 			atomic_fetch_add_explicit(&l->dropped, 1, memory_order_relaxed);
 		}
@@ -148,6 +229,8 @@ static void *watch_main(void *arg)
 			kvp_r_init(&r, b, bl);
 			uint64_t seq = kvp_r_u64(&r);
 			uint32_t n = kvp_r_u32(&r);
+			struct kl_lost *lv = NULL;
+			size_t ln = 0, lcap = 0;
 			pthread_mutex_lock(&l->mu);
 			for (uint32_t i = 0; i < n && !r.err; i++) {
 				uint64_t dir = kvp_r_u64(&r), id = kvp_r_u64(&r);
@@ -155,6 +238,7 @@ static void *watch_main(void *arg)
 				if (r.err || d->dir != dir)
 					continue;
 				if (d->state == 2 && d->id <= id) {
+					add_lost(d, &lv, &ln, &lcap);
 					dir_free(d);
 					d->backoff = d->backoff ? d->backoff * 2 : KL_BACKOFF_NS;
 					if (d->backoff > KL_BACKOFF_MAX_NS)
@@ -166,8 +250,11 @@ static void *watch_main(void *arg)
 					d->revoked_id = id;
 			}
 			if (r.err) /* cannot tell what was revoked: nothing is trusted */
-				drop_all(l);
+				drop_all(l, &lv, &ln, &lcap);
 			pthread_mutex_unlock(&l->mu);
+			/* Before the acknowledgement (the next WATCH): the change waits for the
+			 * holder's cached names to be dropped. */
+			call_lost(l, lv, ln);
 			free(b);
 			if (r.err) {
 				rc = -EBADMSG;
@@ -181,11 +268,14 @@ static void *watch_main(void *arg)
 			atomic_store(&l->stop, 1);
 		}
 		/* The connection (or the meta behind it) is gone: so is every lease taken on it. */
+		struct kl_lost *lv = NULL;
+		size_t ln = 0, lcap = 0;
 		pthread_mutex_lock(&l->mu);
-		drop_all(l);
+		drop_all(l, &lv, &ln, &lcap);
 		cl = l->wcl;
 		l->wcl = NULL;
 		pthread_mutex_unlock(&l->mu);
+		call_lost(l, lv, ln);
 		kvp_client_close(cl);
 		if (!atomic_load(&l->stop)) {
 			klog_debug("lease watch on %s: %s", l->addr, kvp_strerror(rc));
@@ -194,6 +284,8 @@ static void *watch_main(void *arg)
 	}
 	return NULL;
 }
+
+static void *keep_main(void *arg);
 
 int kvc_lease_open(struct kvc *c, const struct kvc_lease_opts *o, struct kvc_lease **out)
 {
@@ -213,11 +305,23 @@ int kvc_lease_open(struct kvc *c, const struct kvc_lease_opts *o, struct kvc_lea
 		    1;
 	l->epoch = 1;
 	pthread_mutex_init(&l->mu, NULL);
+	pthread_mutex_init(&l->cb_mu, NULL);
+	if (!l->o.lost)
+		l->o.pin_ms = 0;
 	int rc = pthread_create(&l->thr, NULL, watch_main, l);
 	if (rc) {
+		pthread_mutex_destroy(&l->cb_mu);
 		pthread_mutex_destroy(&l->mu);
 		free(l);
 		return -rc;
+	}
+	if (l->o.pin_ms) {
+		if ((rc = pthread_create(&l->keeper, NULL, keep_main, l))) {
+			klog_warn("no lease keeper thread (%s): no names pinned", strerror(rc));
+			l->o.pin_ms = 0;
+		} else {
+			l->keeper_started = 1;
+		}
 	}
 	*out = l;
 	return 0;
@@ -233,10 +337,22 @@ void kvc_lease_close(struct kvc_lease *l)
 		kvp_client_shutdown(l->wcl);
 	pthread_mutex_unlock(&l->mu);
 	pthread_join(l->thr, NULL);
+	if (l->keeper_started)
+		pthread_join(l->keeper, NULL);
 	for (int i = 0; i < KL_SLOTS; i++)
 		dir_free(&l->d[i]);
+	pthread_mutex_destroy(&l->cb_mu);
 	pthread_mutex_destroy(&l->mu);
 	free(l);
+}
+
+void kvc_lease_mute(struct kvc_lease *l)
+{
+	if (!l)
+		return;
+	pthread_mutex_lock(&l->cb_mu); /* waits for a lost() call in progress */
+	l->muted = 1;
+	pthread_mutex_unlock(&l->cb_mu);
 }
 
 static int ent_cmp(const char *names, const struct kl_ent *e, const char *name, size_t len)
@@ -258,6 +374,20 @@ static int answer(struct kvc_lease *l, struct kl_dir *d, const char *name, struc
 		if (c == 0) {
 			*out = d->e[mid].a;
 			atomic_fetch_add_explicit(&l->hits, 1, memory_order_relaxed);
+			if (l->o.pin_ms) {
+				/* The caller keeps the answer pin_ms: the keeper keeps the lease
+				 * that long (plus 1 s for the reply to reach the kernel). */
+				int64_t pin = (int64_t)l->o.pin_ms * 1000000;
+				if (!d->e[mid].pinned) {
+					d->e[mid].pinned = 1;
+					d->npinned++;
+					atomic_fetch_add_explicit(&l->pinned, 1,
+								  memory_order_relaxed);
+				}
+				if (now + pin + 1000000000 > d->pin_until)
+					d->pin_until = now + pin + 1000000000;
+				*left_ns = pin;
+			}
 			return 0;
 		}
 		if (c < 0)
@@ -409,6 +539,47 @@ static void renew_held(struct kvc_lease *l, struct kl_dir *d, uint64_t dir)
 	}
 }
 
+/* The keeper (pin_ms > 0): every 50 ms, a held lease with live pins and less than 70 % of it
+ * left is renewed (one at a time, as renew_held; early, so that a loaded machine's slow
+ * renewal or late tick does not lose the pins); one with less than 10 % left (renewals
+ * failing: meta away or slow) is dropped and its pins named to lost(), ahead of its end, so
+ * the kernel drops them before meta lets a change through on the lease's expiry. Pins that
+ * ran out (the kernel dropped them) are forgotten and the lease left to run out, or to be
+ * renewed by use as any other. */
+static void *keep_main(void *arg)
+{
+	struct kvc_lease *l = arg;
+	while (!atomic_load(&l->stop)) {
+		nanosleep(&(struct timespec){0, 50000000}, NULL);
+		struct kl_lost *lv = NULL;
+		size_t ln = 0, lcap = 0;
+		pthread_mutex_lock(&l->mu);
+		for (int i = 0; i < KL_SLOTS && !atomic_load(&l->stop); i++) {
+			struct kl_dir *d = &l->d[i];
+			if (d->state != 2 || !d->npinned)
+				continue;
+			int64_t now = mono_ns(), left = d->end - now;
+			if (now >= d->pin_until) {
+				for (size_t j = 0; j < d->n; j++)
+					d->e[j].pinned = 0;
+				d->npinned = 0;
+				continue;
+			}
+			if (left < (int64_t)l->o.ms * 100000) {
+				add_lost(d, &lv, &ln, &lcap);
+				dir_free(d);
+				atomic_fetch_add_explicit(&l->expired, 1, memory_order_relaxed);
+				continue;
+			}
+			if (left < (int64_t)l->o.ms * 700000 && !d->renewing)
+				renew_held(l, d, d->dir); /* releases l->mu meanwhile */
+		}
+		pthread_mutex_unlock(&l->mu);
+		call_lost(l, lv, ln);
+	}
+	return NULL;
+}
+
 int kvc_lease_lookup(struct kvc_lease *l, uint64_t dir, const char *name, struct kvp_attr *out,
 		     int64_t *left_ns)
 {
@@ -421,7 +592,10 @@ int kvc_lease_lookup(struct kvc_lease *l, uint64_t dir, const char *name, struct
 	if (d->dir == dir && d->state == 2) {
 		if (now < d->end)
 			rc = answer(l, d, name, out, now, left_ns);
-		else {
+		else if (d->npinned && now < d->pin_until) {
+			/* ran out with pins: the keeper names them to lost() (not from here,
+			 * a request's thread) */
+		} else {
 			dir_free(d); /* ran out unrevoked: a burst that goes on takes a new one */
 			d->backoff = 0;
 		}
@@ -445,7 +619,8 @@ void kvc_lease_note(struct kvc_lease *l, uint64_t dir)
 		return;
 	}
 	if (d->dir != dir) {
-		if (d->state == 1) { /* another directory's lease on its way */
+		/* another directory's lease on its way, or held with pins the kernel may keep */
+		if (d->state == 1 || (d->state == 2 && d->npinned && now < d->pin_until)) {
 			pthread_mutex_unlock(&l->mu);
 			return;
 		}
@@ -529,4 +704,7 @@ void kvc_lease_get_stats(struct kvc_lease *l, struct kvc_lease_stats *o)
 	o->revoked = atomic_load(&l->revoked);
 	o->dropped = atomic_load(&l->dropped);
 	o->refused = atomic_load(&l->refused);
+	o->pinned = atomic_load(&l->pinned);
+	o->lost = atomic_load(&l->lost);
+	o->expired = atomic_load(&l->expired);
 }

@@ -67,6 +67,7 @@ struct mnt_cfg {
 	int64_t log_level;
 	int64_t lease_after; /* lookups in a directory within 1 s before a lease (0: never) */
 	double lease;	     /* lease length asked for */
+	double lease_pin;    /* kernel keeps names answered from a lease (0: the lease's rest) */
 	int foreground, debug, allow_other, readdirplus, keep_cache, xattr, lookup_layout;
 	int splice_write;
 	int open_prefetch; /* a read open of an inode with no pages yet starts its GETs */
@@ -85,6 +86,7 @@ struct mnt_counters {
 	atomic_ullong foreign_flushes; /* closes of a write handle's copy in another process */
 	atomic_ullong inval_waits; /* replacement commits that waited for the kernel's name drop */
 	atomic_ullong inval_wait_us; /* and how long, in total */
+	atomic_ullong lease_invals;  /* names dropped from the kernel: their lease ended */
 };
 
 struct mnt {
@@ -112,6 +114,10 @@ struct mnt {
 	pthread_mutex_t cand_lock;
 	struct fh *cands;	 /* cand_lock */
 	struct mnt_inval *inval; /* set before the session loop starts; may be NULL */
+	/* Our own changes at meta in flight: mkdir, rmdir, unlink, rename (the kernel holds the
+	 * directory's lock meanwhile) and commits (a writer's close waiting): a revocation they
+	 * cause must not wait for an invalidation of that directory (mnt_lease_lost). */
+	atomic_int ns_busy;
 	pthread_mutex_t fh_lock;
 	struct fh *fh_live; /* fh_lock; every handle not yet released (mount_io.c) */
 	/* Times recently set on inodes by setattr (mnt_dirtimes_*), a ring. */
@@ -276,6 +282,13 @@ void mnt_inval_stop(struct mnt *m);
  * have taken it (never forever: the thread may be waiting on a directory lock). Returns 0,
  * -ETIMEDOUT (queued, not yet sent), -ENOSPC (dropped) or -ENOENT (no thread, or stopping). */
 int mnt_inval_entry(struct mnt *m, uint64_t parent, const char *name, int wait_ms);
+/* kvc_lease_opts.lost for the mount (arg: the mnt): queues the invalidation of each name the
+ * kernel was told to keep (--lease-pin) in directory dir, and waits (up to 500 ms) for them
+ * to reach the kernel before returning, unless one of our own directory changes is in flight
+ * (ns_busy: the kernel may hold the directory's lock for it, waiting on this revocation; a
+ * commit: its writer's close would wait for names it did not touch), or a commit from a
+ * release (a negative lookup waits for those holding the lock shared). */
+void mnt_lease_lost(void *arg, uint64_t dir, const char *names, size_t n);
 /* The same in two steps. mnt_inval_queue: never blocks; 0 and *ticket, -ENOSPC or -ENOENT.
  * mnt_inval_wait: 0 once the kernel has applied notification `ticket` (the name is no longer
  * cached, or was not: -ENOENT from the kernel counts as done), waiting up to wait_ms (0: just

@@ -149,7 +149,9 @@ int mnt_inval_queue(struct mnt *m, uint64_t parent, const char *name, uint64_t *
 		return -ENOENT;
 	int rc = 0;
 	pthread_mutex_lock(&v->lock);
-	if (v->stop || v->n == INVAL_SLOTS) {
+	if (v->stop) {
+		rc = -ENOENT; /* as mount.h says: stopping */
+	} else if (v->n == INVAL_SLOTS) {
 		v->dropped++;
 		rc = -ENOSPC;
 	} else {
@@ -193,4 +195,40 @@ int mnt_inval_entry(struct mnt *m, uint64_t parent, const char *name, int wait_m
 	if (rc == 0 && wait_ms > 0)
 		rc = mnt_inval_wait(m, t, wait_ms);
 	return rc == -EIO ? 0 : rc; /* sent (the kernel's answer is only logged) */
+}
+
+void mnt_lease_lost(void *arg, uint64_t dir, const char *names, size_t n)
+{
+	struct mnt *m = arg;
+	int64_t deadline = mnt_now_ns() + 500 * 1000000ll;
+	uint64_t t = 0;
+	size_t queued = 0;
+	for (size_t i = 0; i < n; i++, names += strlen(names) + 1) {
+		int rc;
+		/* A full queue (a big directory) drains at the kernel's pace: wait for room rather
+		 * than leave a name the kernel would keep for --lease-pin. */
+		while ((rc = mnt_inval_queue(m, dir, names, &t)) == -ENOSPC &&
+		       mnt_now_ns() < deadline)
+			usleep(1000);
+		if (rc == 0)
+			queued++;
+	}
+	atomic_fetch_add_explicit(&m->n.lease_invals, queued, memory_order_relaxed);
+	if (queued < n)
+		klog_warn("directory %llu: %zu of %zu names left in the kernel's cache after its "
+			  "lease ended (they run out after --lease-pin)",
+			  (unsigned long long)dir, n - queued, n);
+	/* Our own change in flight may be what holds the directory's lock in the kernel, waiting
+	 * for meta, which waits for this revocation: do not wait for the notification then (the
+	 * kernel updates its own names for that change; the others follow a moment later). Nor
+	 * for a commit of ours: a writer's close would pay for invalidating every pinned name of
+	 * its directory, which its own file does not need (its name is dropped by the commit).
+	 * The same for a commit from a release: a negative lookup waits for those
+	 * (mnt_wait_release_commits) with the directory's lock held shared. */
+	pthread_mutex_lock(&m->rel_lock);
+	int busy = atomic_load(&m->ns_busy) > 0 || m->rel_commits > 0;
+	pthread_mutex_unlock(&m->rel_lock);
+	int64_t left_ms = (deadline - mnt_now_ns()) / 1000000;
+	if (t && left_ms > 0 && !busy)
+		mnt_inval_wait(m, t, (int)left_ms);
 }

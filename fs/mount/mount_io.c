@@ -234,7 +234,9 @@ static int wfile_finish(struct mnt *m, struct mnt_wfile *wf)
 	}
 	uint64_t size = kvc_writer_size(w);
 	struct kvp_attr a;
+	atomic_fetch_add(&m->ns_busy, 1); /* see mnt_lease_lost */
 	int rc = kvc_commit(w, &a);
+	atomic_fetch_sub(&m->ns_busy, 1);
 	if (rc) {
 		atomic_fetch_add_explicit(&m->n.commit_errors, 1, memory_order_relaxed);
 		klog_error("commit of %s (%llu bytes, dir inode %llu) failed: %s", wf->name,

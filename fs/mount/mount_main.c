@@ -256,6 +256,7 @@ static void finish_inval(struct mnt *m)
 	free(fb.mem);
 	if (served)
 		klog_info("answered %lu requests while a dentry notification finished", served);
+	kvc_lease_mute(m->lease); /* its lost() queues notifications: none from here on */
 	mnt_inval_stop(m);
 }
 
@@ -293,7 +294,10 @@ static int serve(struct mnt *m, const struct kvp_secret *secret, int wfd)
 	}
 	if (m->cfg.lease_after > 0) {
 		struct kvc_lease_opts lo = {.after = (int)m->cfg.lease_after,
-					    .ms = (uint32_t)(m->cfg.lease * 1000)};
+					    .ms = (uint32_t)(m->cfg.lease * 1000),
+					    .pin_ms = (uint32_t)(m->cfg.lease_pin * 1000),
+					    .lost = mnt_lease_lost,
+					    .arg = m};
 		if ((rc = kvc_lease_open(m->c, &lo, &m->lease)))
 			klog_warn("no directory leases (%s): every lookup asks meta",
 				  kvp_strerror(rc));

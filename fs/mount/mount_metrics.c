@@ -163,6 +163,11 @@ static void collect(void *ctx, struct met_out *o)
 	counter(o, "kvfs_mount_lease_revoked_total",
 		"Directory leases meta revoked (a change in the directory by any client)",
 		ls.revoked);
+	counter(o, "kvfs_mount_lease_pinned_total",
+		"Names given to the kernel for --lease-pin (their lease kept renewed)", ls.pinned);
+	counter(o, "kvfs_mount_lease_invals_total",
+		"Pinned names invalidated in the kernel because their lease ended",
+		n->lease_invals);
 	met_out_family(o, "kvfs_mount_uptime_seconds", "gauge", "Seconds since the mount started");
 	met_out_sample(o, "kvfs_mount_uptime_seconds", NULL,
 		       (double)(mnt_now_ns() - m->start_ns) / 1e9);

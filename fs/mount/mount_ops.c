@@ -151,7 +151,9 @@ static void mnt_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 	struct kvp_attr a;
 	/* A held lease answers without meta (revoked by meta before any change there is
 	 * acknowledged: docs/meta.md, "Directory leases"); the kernel keeps the answer no longer
-	 * than the lease has left. */
+	 * than the lease has left, or with --lease-pin that long: the lease is then kept renewed
+	 * and the name dropped from the kernel before a revocation is acknowledged
+	 * (mnt_lease_lost). */
 	int64_t left_ns = -1;
 	int rc = kvc_lease_lookup(m->lease, pino, name, &a, &left_ns);
 	if (rc == -EAGAIN) {
@@ -182,7 +184,9 @@ static void mnt_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 	}
 	mnt_itab_set_attr(m->itab, a.ino, &a);
 	fill_entry(m, &e, &a);
-	if (left_ns >= 0) {
+	if (left_ns >= 0 && m->cfg.lease_pin > 0) {
+		e.entry_timeout = e.attr_timeout = (double)left_ns / 1e9;
+	} else if (left_ns >= 0) {
 		double left = (double)left_ns / 1e9;
 		if (e.entry_timeout > left)
 			e.entry_timeout = left;
@@ -536,8 +540,10 @@ static void mnt_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 	}
 	struct kvp_attr a;
 	const struct fuse_ctx *cx = fuse_req_ctx(req);
-	if ((rc = kvc_mkdir_owned(m->c, parent, name, S_IFDIR | (mode & 07777), cx->uid, cx->gid,
-				  &a))) {
+	atomic_fetch_add(&m->ns_busy, 1);
+	rc = kvc_mkdir_owned(m->c, parent, name, S_IFDIR | (mode & 07777), cx->uid, cx->gid, &a);
+	atomic_fetch_sub(&m->ns_busy, 1);
+	if (rc) {
 		fuse_reply_err(req, -rc);
 		return;
 	}
@@ -555,8 +561,10 @@ static void mnt_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	struct mnt *m = mnt_of(req);
 	int rc = protected_name(parent, name);
+	atomic_fetch_add(&m->ns_busy, 1);
 	if (!rc)
 		rc = kvc_rmdir(m->c, parent, name);
+	atomic_fetch_sub(&m->ns_busy, 1);
 	fuse_reply_err(req, -rc);
 }
 
@@ -564,8 +572,10 @@ static void mnt_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	struct mnt *m = mnt_of(req);
 	int rc = protected_name(parent, name);
+	atomic_fetch_add(&m->ns_busy, 1);
 	if (!rc)
 		rc = kvc_unlink(m->c, parent, name);
+	atomic_fetch_sub(&m->ns_busy, 1);
 	fuse_reply_err(req, -rc);
 }
 
@@ -578,9 +588,11 @@ static void mnt_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse
 		rc = protected_name(newparent, newname);
 	if (!rc && (flags & ~(unsigned)RENAME_NOREPLACE))
 		rc = -EINVAL; /* RENAME_EXCHANGE, RENAME_WHITEOUT */
+	atomic_fetch_add(&m->ns_busy, 1);
 	if (!rc)
 		rc = kvc_rename(m->c, parent, name, newparent, newname,
 				(flags & RENAME_NOREPLACE) ? 1 : 0);
+	atomic_fetch_sub(&m->ns_busy, 1);
 	if (!rc) {
 		/* Keep the moved file's name current for a later open(O_TRUNC) through it. */
 		struct kvp_attr a;

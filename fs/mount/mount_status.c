@@ -115,10 +115,15 @@ static int gen_stats(struct mnt *m, FILE *f)
 	C(retries);
 	C(inval_waits);
 	C(inval_wait_us);
+	C(lease_invals);
 #undef C
 	struct kvc_lease_stats ls;
 	kvc_lease_get_stats(m->lease, &ls);
 	fprintf(f, "lease_renewed = %" PRIu64 "\n", ls.renewed);
+	fprintf(f,
+		"lease_pinned = %" PRIu64 "\nlease_lost = %" PRIu64 "\nlease_expired = %" PRIu64
+		"\n",
+		ls.pinned, ls.lost, ls.expired);
 	fprintf(f,
 		"lease_granted = %" PRIu64 "\nlease_hits = %" PRIu64 "\nlease_negatives = %" PRIu64
 		"\nlease_revoked = %" PRIu64 "\nlease_dropped = %" PRIu64
