@@ -156,35 +156,36 @@ void test_lease_pin_cached(void **state)
 {
 	(void)state;
 	char *m2 = g_mnt2, log2[800], p[900], dir[64];
-	assert_int_equal(mtu_start_mount2("lpin", "max_file=16M", log2, sizeof(log2)), 0);
+	assert_int_equal(mtu_start_mount2("lpin", "max_file=16M,lease_pin=30", log2, sizeof(log2)),
+			 0);
 	/* A round where a renewal came too late (lease_expired rose: a loaded machine) proves
 	 * nothing, as the pins were dropped as they must be: up to 4 rounds until one has none. */
 	int told = 0;
 	for (int round = 0; round < 4 && !told; round++) {
 		snprintf(dir, sizeof(dir), "lpin%d", round);
-		make_dir(m2, dir);
-		long long p0 = mtu_stat_counter(g_mnt, "lease_pinned");
-		long long x0 = mtu_stat_counter(g_mnt, "lease_expired");
+		make_dir(g_mnt, dir);
+		long long p0 = mtu_stat_counter(m2, "lease_pinned");
+		long long x0 = mtu_stat_counter(m2, "lease_expired");
 		struct stat st;
 		for (int i = 0; i < LFILES; i++) {
-			snprintf(p, sizeof(p), "%s/%s/f%02d", g_mnt, dir, i);
+			snprintf(p, sizeof(p), "%s/%s/f%02d", m2, dir, i);
 			assert_int_equal(stat(p, &st), 0);
 		}
-		long long pinned = mtu_stat_counter(g_mnt, "lease_pinned") - p0;
+		long long pinned = mtu_stat_counter(m2, "lease_pinned") - p0;
 		usleep(1500000);
-		long long l0 = mtu_stat_counter(g_mnt, "lookups");
+		long long l0 = mtu_stat_counter(m2, "lookups");
 		for (int i = 0; i < LFILES; i++) {
-			snprintf(p, sizeof(p), "%s/%s/f%02d", g_mnt, dir, i);
+			snprintf(p, sizeof(p), "%s/%s/f%02d", m2, dir, i);
 			assert_int_equal(stat(p, &st), 0);
 			assert_int_equal(st.st_size, 100 + i);
 		}
-		long long again = mtu_stat_counter(g_mnt, "lookups") - l0;
-		long long expired = mtu_stat_counter(g_mnt, "lease_expired") - x0;
+		long long again = mtu_stat_counter(m2, "lookups") - l0;
+		long long expired = mtu_stat_counter(m2, "lease_expired") - x0;
 		fprintf(stderr,
 			"round %d: %lld of %d names pinned; %lld lookups on the second pass; "
 			"%lld leases not renewed in time\n",
 			round, pinned, LFILES, again, expired);
-		assert_int_equal(kvh_sh("rm -r '%s/%s'", m2, dir), 0);
+		assert_int_equal(kvh_sh("rm -r '%s/%s'", g_mnt, dir), 0);
 		if (expired)
 			continue;
 		told = 1;
@@ -204,43 +205,44 @@ void test_lease_pin_inval(void **state)
 {
 	(void)state;
 	char *m2 = g_mnt2, log2[800], p[900], q[900];
-	assert_int_equal(mtu_start_mount2("lpinv", "max_file=16M", log2, sizeof(log2)), 0);
-	make_dir(m2, "lpinv");
-	long long p0 = mtu_stat_counter(g_mnt, "lease_pinned");
-	long long i0 = mtu_stat_counter(g_mnt, "lease_invals");
+	assert_int_equal(mtu_start_mount2("lpinv", "max_file=16M,lease_pin=30", log2, sizeof(log2)),
+			 0);
+	make_dir(g_mnt, "lpinv");
+	long long p0 = mtu_stat_counter(m2, "lease_pinned");
+	long long i0 = mtu_stat_counter(m2, "lease_invals");
 	struct stat st, st27;
 	for (int i = 0; i < LFILES; i++) {
-		snprintf(p, sizeof(p), "%s/lpinv/f%02d", g_mnt, i);
+		snprintf(p, sizeof(p), "%s/lpinv/f%02d", m2, i);
 		assert_int_equal(stat(p, &st), 0);
 	}
-	snprintf(p, sizeof(p), "%s/lpinv/f27", g_mnt);
-	assert_int_equal(stat(p, &st27), 0);
-	assert_true(mtu_stat_counter(g_mnt, "lease_pinned") - p0 >= LFILES / 2);
-	snprintf(p, sizeof(p), "%s/lpinv/f25", m2);
-	assert_int_equal(mtu_write_file(p, "changed", 7), 0);
-	snprintf(p, sizeof(p), "%s/lpinv/f26", m2);
-	assert_int_equal(unlink(p), 0);
 	snprintf(p, sizeof(p), "%s/lpinv/f27", m2);
-	snprintf(q, sizeof(q), "%s/lpinv/f28", m2);
+	assert_int_equal(stat(p, &st27), 0);
+	assert_true(mtu_stat_counter(m2, "lease_pinned") - p0 >= LFILES / 2);
+	snprintf(p, sizeof(p), "%s/lpinv/f25", g_mnt);
+	assert_int_equal(mtu_write_file(p, "changed", 7), 0);
+	snprintf(p, sizeof(p), "%s/lpinv/f26", g_mnt);
+	assert_int_equal(unlink(p), 0);
+	snprintf(p, sizeof(p), "%s/lpinv/f27", g_mnt);
+	snprintf(q, sizeof(q), "%s/lpinv/f28", g_mnt);
 	assert_int_equal(rename(p, q), 0);
 	/* A's very next lookups */
-	snprintf(p, sizeof(p), "%s/lpinv/f25", g_mnt);
+	snprintf(p, sizeof(p), "%s/lpinv/f25", m2);
 	assert_int_equal(stat(p, &st), 0);
 	assert_int_equal(st.st_size, 7);
-	snprintf(p, sizeof(p), "%s/lpinv/f26", g_mnt);
+	snprintf(p, sizeof(p), "%s/lpinv/f26", m2);
 	assert_int_equal(stat(p, &st), -1);
 	assert_int_equal(errno, ENOENT);
-	snprintf(p, sizeof(p), "%s/lpinv/f27", g_mnt);
+	snprintf(p, sizeof(p), "%s/lpinv/f27", m2);
 	assert_int_equal(stat(p, &st), -1);
 	assert_int_equal(errno, ENOENT);
-	snprintf(p, sizeof(p), "%s/lpinv/f28", g_mnt);
+	snprintf(p, sizeof(p), "%s/lpinv/f28", m2);
 	assert_int_equal(stat(p, &st), 0);
 	assert_int_equal(st.st_size, 127);
 	assert_true(st.st_ino == st27.st_ino);
 	fprintf(stderr, "names dropped from the kernel: %lld\n",
-		mtu_stat_counter(g_mnt, "lease_invals") - i0);
-	assert_true(mtu_stat_counter(g_mnt, "lease_invals") > i0);
-	assert_int_equal(kvh_sh("rm -r '%s/lpinv'", m2), 0);
+		mtu_stat_counter(m2, "lease_invals") - i0);
+	assert_true(mtu_stat_counter(m2, "lease_invals") > i0);
+	assert_int_equal(kvh_sh("rm -r '%s/lpinv'", g_mnt), 0);
 	mtu_stop_mount2();
 	rmdir(m2);
 }
@@ -254,28 +256,29 @@ void test_lease_pin_meta_restart(void **state)
 {
 	(void)state;
 	char *m2 = g_mnt2, log2[800], p[900];
-	assert_int_equal(mtu_start_mount2("lpinr", "max_file=16M", log2, sizeof(log2)), 0);
-	make_dir(m2, "lpinr");
-	long long p0 = mtu_stat_counter(g_mnt, "lease_pinned");
-	long long i0 = mtu_stat_counter(g_mnt, "lease_invals");
+	assert_int_equal(mtu_start_mount2("lpinr", "max_file=16M,lease_pin=30", log2, sizeof(log2)),
+			 0);
+	make_dir(g_mnt, "lpinr");
+	long long p0 = mtu_stat_counter(m2, "lease_pinned");
+	long long i0 = mtu_stat_counter(m2, "lease_invals");
 	struct stat st;
 	for (int i = 0; i < LFILES; i++) {
-		snprintf(p, sizeof(p), "%s/lpinr/f%02d", g_mnt, i);
+		snprintf(p, sizeof(p), "%s/lpinr/f%02d", m2, i);
 		assert_int_equal(stat(p, &st), 0);
 	}
-	assert_true(mtu_stat_counter(g_mnt, "lease_pinned") - p0 >= LFILES / 2);
+	assert_true(mtu_stat_counter(m2, "lease_pinned") - p0 >= LFILES / 2);
 	assert_int_equal(kvh_meta_kill(&g_cl, SIGKILL), 0);
 	usleep(300000);
 	assert_int_equal(kvh_meta_restart(&g_cl), 0);
 	assert_int_equal(kvh_wait_nodes_up(&g_cl, NNODES, 15000), 0);
-	snprintf(p, sizeof(p), "%s/lpinr/f26", m2);
-	assert_int_equal(unlink(p), 0);
 	snprintf(p, sizeof(p), "%s/lpinr/f26", g_mnt);
+	assert_int_equal(unlink(p), 0);
+	snprintf(p, sizeof(p), "%s/lpinr/f26", m2);
 	assert_int_equal(stat(p, &st), -1);
 	assert_int_equal(errno, ENOENT);
 	fprintf(stderr, "names dropped from the kernel with the lease: %lld\n",
-		mtu_stat_counter(g_mnt, "lease_invals") - i0);
-	assert_int_equal(kvh_sh("rm -r '%s/lpinr'", m2), 0);
+		mtu_stat_counter(m2, "lease_invals") - i0);
+	assert_int_equal(kvh_sh("rm -r '%s/lpinr'", g_mnt), 0);
 	mtu_stop_mount2();
 	rmdir(m2);
 }

@@ -56,9 +56,9 @@ const struct cfg_opt mnt_cfg_opts[] = {
       "on the directory and answer its lookups from its listing until meta revokes it (0: never)"),
     O("lease", CFG_SECS, lease, 0.01, 1, "1s",
       "length of a directory lease asked for (meta grants at most 1 s)"),
-    O("lease-pin", CFG_SECS, lease_pin, 0, 3600, "30s",
+    O("lease-pin", CFG_SECS, lease_pin, 0, 3600, "0",
       "how long the kernel may keep a name answered from a directory lease: the lease is kept "
       "renewed meanwhile, and the kernel's names dropped when it is revoked or lost (0: no "
-      "longer than the lease has left)"),
+      "longer than the lease has left, the default: docs/mount.md says why)"),
     CFG_END,
 };
