@@ -647,12 +647,19 @@ static void slow_follower_run(const char *how, const char *dir, uint64_t seed, d
 	double rtt0 = 0, rtt = 1e9;
 	for (int c = 0; c < SLOW_CYCLES; c++) {
 		window(w, SLOW_WIN_MS, &nfast, &tfast);
-		double r0, r;
-		assert_int_equal(kvn_rtt_ms(&g_net, H_META(f), &r0), 0);
-		assert_int_equal(kvn_shape(&g_net, H_META(f), delay_ms, rate), 0);
-		assert_int_equal(kvn_rtt_ms(&g_net, H_META(f), &r), 0);
-		rtt0 = r0 > rtt0 ? r0 : rtt0;
-		rtt = r < rtt ? r : rtt; /* the smallest: it must still show the delay */
+		/* Only a delay is checked by its round trip: behind a 32 kbit/s link full of
+		 * Raft traffic a SYN can wait past the probe's 5 s (ETIMEDOUT), which says nothing
+		 * the rate variant asserts. */
+		if (delay_ms > 0) {
+			double r0, r;
+			assert_int_equal(kvn_rtt_ms(&g_net, H_META(f), &r0), 0);
+			assert_int_equal(kvn_shape(&g_net, H_META(f), delay_ms, rate), 0);
+			assert_int_equal(kvn_rtt_ms(&g_net, H_META(f), &r), 0);
+			rtt0 = r0 > rtt0 ? r0 : rtt0;
+			rtt = r < rtt ? r : rtt; /* the smallest: it must still show the delay */
+		} else {
+			assert_int_equal(kvn_shape(&g_net, H_META(f), delay_ms, rate), 0);
+		}
 		int n0 = nslow;
 		window(w, SLOW_WIN_MS, &nslow, &tslow);
 		/* Progress, not a rate: at least 10 files while it is slow (a loaded machine
@@ -674,6 +681,8 @@ static void slow_follower_run(const char *how, const char *dir, uint64_t seed, d
 		catchup = rt_now_ms() - healed > catchup ? rt_now_ms() - healed : catchup;
 	}
 	int fails = atomic_load(&w->failures) - fails0;
+	if (delay_ms <= 0)
+		rtt = 0; /* not measured */
 	double fast = tfast ? nfast * 1000.0 / (double)tfast : 0;
 	double slow = tslow ? nslow * 1000.0 / (double)tslow : 0;
 	printf("slow follower (replica %d, %s): RTT client -> it %.2f ms (%.3f ms before); "
@@ -682,7 +691,8 @@ static void slow_follower_run(const char *how, const char *dir, uint64_t seed, d
 	       "was restored\n",
 	       f + 1, how, rtt, rtt0, SLOW_CYCLES, SLOW_WIN_MS, fast, slow,
 	       fast > 0 ? slow / fast : 0.0, fails, lag, (long long)catchup);
-	assert_true(rtt >= 2 * delay_ms); /* each way waits delay_ms at least */
+	if (delay_ms > 0)
+		assert_true(rtt >= 2 * delay_ms); /* each way waits delay_ms at least */
 	int n = writer_check(w);
 	printf("slow follower: %d acknowledged files exact\n", n);
 }
