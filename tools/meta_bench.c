@@ -121,7 +121,9 @@ static pid_t start_meta_x(const char *bin, const char *dir, const char *name, in
 		perror(bin);
 		_exit(127);
 	}
-	for (int i = 0; i < 1000 && pid > 0; i++) {
+	/* Up to 60 s: a restart on a grown database replays its WAL (tens of MiB), which took
+	 * over 10 s at load average 50 and failed --ab's B side. */
+	for (int i = 0; i < 6000 && pid > 0; i++) {
 		FILE *f = fopen(af, "r");
 		if (f) {
 			int ok = fgets(addr, (int)cap, f) != NULL;
