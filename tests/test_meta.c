@@ -573,6 +573,16 @@ static void test_rename_unlink(void **state)
 
 	/* RMDIR of a file: not a directory (the file stays for UNLINK below). */
 	assert_int_equal(name_op(g_c, KVP_OP_RMDIR, y.ino, "f2", 2, 0, &b), -ENOTDIR);
+	/* LOOKUP reads the entry before its parent: a name under a file is still -ENOTDIR,
+	 * under a removed directory -ENOENT, and one just created in a new directory found. */
+	assert_int_equal(lookup(g_c, y.ino, "f2", &b), 0);
+	uint64_t f2 = b.ino;
+	assert_int_equal(lookup(g_c, f2, "anything", &b), -ENOTDIR);
+	assert_int_equal(mkdir_(g_c, y.ino, "gone", &b), 0);
+	uint64_t gone = b.ino;
+	assert_int_equal(lookup(g_c, gone, "x", &b), -ENOENT);
+	assert_int_equal(name_op(g_c, KVP_OP_RMDIR, y.ino, "gone", 4, 0, &b), 0);
+	assert_int_equal(lookup(g_c, gone, "x", &b), -ENOENT);
 
 	/* UNLINK: metadata gone at once, chunks deleted in the background. */
 	assert_int_equal(name_op(g_c, KVP_OP_UNLINK, y.ino, "f2", 2, 0, &b), 0);

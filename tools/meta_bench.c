@@ -20,6 +20,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <dirent.h>
 #include <ftw.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -120,7 +121,9 @@ static pid_t start_meta_x(const char *bin, const char *dir, const char *name, in
 		perror(bin);
 		_exit(127);
 	}
-	for (int i = 0; i < 1000 && pid > 0; i++) {
+	/* Up to 60 s: a restart on a grown database replays its WAL (tens of MiB), which took
+	 * over 10 s at load average 50 and failed --ab's B side. */
+	for (int i = 0; i < 6000 && pid > 0; i++) {
 		FILE *f = fopen(af, "r");
 		if (f) {
 			int ok = fgets(addr, (int)cap, f) != NULL;
@@ -399,6 +402,8 @@ struct grow {
 	double seconds;
 	int bulk;
 	atomic_ullong done, errors;
+	pid_t meta_pid; /* for grow_read's CPU per request; 0: not measured */
+	double cpu_us;	/* grow_read's result: meta request-thread CPU µs per op, -1 unknown */
 };
 
 static void grow_name(uint64_t seq, char *name, size_t cap)
@@ -542,9 +547,61 @@ static void *grow_read_main(void *arg)
 	return NULL;
 }
 
-/* ops/s of LOOKUP (getattr 0) or GETATTR over random existing files; -1 on any error. */
+/* utime + stime ticks in a /proc stat file; *rocks: its thread is one of RocksDB's own
+ * (flush, compaction: named "rocksdb:..."). -1 if unreadable. */
+static long long stat_ticks(const char *path, int *rocks)
+{
+	char line[1024];
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -1;
+	size_t n = fread(line, 1, sizeof(line) - 1, f);
+	fclose(f);
+	line[n] = 0;
+	/* pid (comm) state ...: comm may hold spaces, so parse after the last ')' */
+	char *open = strchr(line, '('), *close = strrchr(line, ')');
+	unsigned long long ut = 0, st = 0;
+	if (!open || !close ||
+	    sscanf(close + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) !=
+		2)
+		return -1;
+	*rocks = strncmp(open + 1, "rocksdb", 7) == 0;
+	return (long long)(ut + st);
+}
+
+/* CPU seconds (user + system) meta has used so far outside RocksDB's own threads: the request
+ * threads, whose time stays in the process's total after their connection closes. Wall rates
+ * on a shared machine swing with its load; CPU per request much less. -1 if unknown. */
+static double meta_req_cpu_s(pid_t pid)
+{
+	char path[64];
+	int rocks;
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	long long ticks = stat_ticks(path, &rocks);
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	DIR *d = opendir(path);
+	if (ticks < 0 || !d) {
+		if (d)
+			closedir(d);
+		return -1;
+	}
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		char sp[128];
+		snprintf(sp, sizeof(sp), "%s/%.32s/stat", path, e->d_name);
+		long long t = e->d_name[0] == '.' ? -1 : stat_ticks(sp, &rocks);
+		if (t > 0 && rocks)
+			ticks -= t;
+	}
+	closedir(d);
+	return (double)ticks / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* ops/s of LOOKUP (getattr 0) or GETATTR over random existing files; -1 on any error. With
+ * g->meta_pid set, g->cpu_us becomes meta's request-thread CPU per operation (µs). */
 static double grow_read(struct grow *g, int threads, int getattr)
 {
+	double cpu0 = g->meta_pid > 0 ? meta_req_cpu_s(g->meta_pid) : -1;
 	struct grow_reader rd[64];
 	pthread_t t[64];
 	double t0 = now_s();
@@ -559,6 +616,8 @@ static double grow_read(struct grow *g, int threads, int getattr)
 		done += rd[i].done;
 		errors += rd[i].errors;
 	}
+	double cpu1 = g->meta_pid > 0 ? meta_req_cpu_s(g->meta_pid) : -1;
+	g->cpu_us = cpu0 >= 0 && cpu1 >= 0 && done ? (cpu1 - cpu0) * 1e6 / (double)done : -1;
 	return errors ? -1 : (double)done / (now_s() - t0);
 }
 
@@ -764,6 +823,10 @@ static int grow_run(const struct bench_cfg *c, const char *dir, const struct kvp
 	if (c->ab[0])
 		printf(" %12s %12s  (B: %s)", "B lookup/s", "B getattr/s", c->ab);
 	printf(" %6s %11s", "L0", "pending MiB");
+	if (!replicated)
+		printf(" %9s", "lk CPU us");
+	if (c->ab[0])
+		printf(" %9s", "B lk us");
 	if (c->compact)
 		printf(" %10s %12s %12s %6s", "compact s", "C lookup/s", "C getattr/s", "C L0");
 	printf("\n");
@@ -802,7 +865,7 @@ static int grow_run(const struct bench_cfg *c, const char *dir, const struct kvp
 			break;
 		}
 		g.have = g.target;
-		double ab_lookup = 0, ab_getattr = 0;
+		double ab_lookup = 0, ab_getattr = 0, ab_cpu = -1;
 		if (c->ab[0]) {
 			/* Both read paths on the same files in the same minute, each from a fresh
 			 * start (empty caches): the other flags first, then the defaults. */
@@ -810,7 +873,10 @@ static int grow_run(const struct bench_cfg *c, const char *dir, const struct kvp
 			char abx[CFG_STR_MAX + 32];
 			snprintf(abx, sizeof(abx), "%s %s", c->ab, fill); /* BFILL goes on after */
 			pid = start_meta_x(c->meta_bin, dir, "db", 0, abx, addr, sizeof(addr));
+			g.meta_pid = pid;
 			ab_lookup = pid < 0 ? -1 : grow_read(&g, (int)c->threads, 0);
+			ab_cpu = g.cpu_us;
+			g.meta_pid = 0;
 			ab_getattr = pid < 0 ? -1 : grow_read(&g, (int)c->threads, 1);
 			if (pid > 0)
 				stop_meta(pid);
@@ -826,7 +892,10 @@ static int grow_run(const struct bench_cfg *c, const char *dir, const struct kvp
 		 * compaction still owed. */
 		uint64_t l0 = 0, pend = 0, nc = 0;
 		db_state(addr, s, &l0, &pend, &nc);
+		g.meta_pid = replicated ? 0 : pid;
 		double lookup = grow_read(&g, (int)c->threads, 0);
+		double lookup_cpu = g.cpu_us;
+		g.meta_pid = 0;
 		double getattr = grow_read(&g, (int)c->threads, 1);
 		printf("%12llu %12.0f %12.0f %12.0f %10.1f %10.1f", (unsigned long long)g.have,
 		       create, lookup, getattr, (double)vm_kib(pid, "VmRSS") / 1024.0,
@@ -837,6 +906,10 @@ static int grow_run(const struct bench_cfg *c, const char *dir, const struct kvp
 		if (c->ab[0])
 			printf(" %12.0f %12.0f", ab_lookup, ab_getattr);
 		printf(" %6llu %11.1f", (unsigned long long)l0, (double)pend / 1048576.0);
+		if (!replicated)
+			printf(" %9.1f", lookup_cpu);
+		if (c->ab[0])
+			printf(" %9.1f", ab_cpu);
 		double c_s = 0, c_lookup = 0, c_getattr = 0;
 		if (c->compact) {
 			/* The same files after a full compaction (kvfs compact), the way an

@@ -89,6 +89,10 @@ static const struct cfg_opt opts[] = {
     {"bloom-bits", CFG_INT, F(o.bloom_bits), 0, 64, "10",
      "bloom filter bits per key in new table files, ~1 % false positives at 10 (0: none, "
      "and existing filters unused)"},
+    {"mmap-reads", CFG_BOOL, F(o.mmap_reads), 0, 0, "false",
+     "read table files through mmap instead of pread"},
+    {"verify-reads", CFG_BOOL, F(o.verify_reads), 0, 0, "true",
+     "check block checksums on LOOKUP/GETATTR point reads (compaction always checks)"},
     {"metrics-listen", CFG_STR, F(metrics_listen), 0, 0, NULL,
      "HOST:PORT to serve Prometheus /metrics on (port 0: any; empty: off)"},
     {"metrics-addr-file", CFG_STR, F(metrics_addr_file), 0, 0, NULL,

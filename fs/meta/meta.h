@@ -30,7 +30,9 @@ struct meta_opts {
 	int sync;			 /* fsync the WAL on every commit */
 	uint64_t block_cache;		 /* bytes of RocksDB block cache; 0 = none */
 	int64_t bloom_bits;		 /* bloom filter bits per key; 0 = no filter */
-	int64_t k, m;			 /* cluster defaults, reported by STATFS */
+	int mmap_reads;			 /* read table files through mmap, not pread */
+	int verify_reads; /* LOOKUP/GETATTR check block checksums (compaction always) */
+	int64_t k, m;	  /* cluster defaults, reported by STATFS */
 	uint64_t chunk_size;
 	double node_timeout_s;	/* no heartbeat for this long: node down */
 	double write_timeout_s; /* an ALLOC not committed for this long is aborted */

@@ -646,9 +646,12 @@ static int db_init(struct meta *m)
  * decompressed. The hash index inside data blocks turns the in-block binary search into one
  * probe. Iterators (readdir, scans) ignore whole-key filters, so they are unaffected. The
  * table factory copies the options and shares the cache and filter, so the wrappers go. */
-static void set_read_path(rocksdb_options_t *o, uint64_t cache_bytes, int64_t bloom_bits)
+static void set_read_path(rocksdb_options_t *o, const struct meta_opts *mo)
 {
+	uint64_t cache_bytes = mo->block_cache;
+	int64_t bloom_bits = mo->bloom_bits;
 	rocksdb_block_based_table_options_t *t = rocksdb_block_based_options_create();
+	rocksdb_options_set_allow_mmap_reads(o, mo->mmap_reads ? 1 : 0);
 	if (bloom_bits > 0)
 		rocksdb_block_based_options_set_filter_policy(
 		    t, rocksdb_filterpolicy_create_bloom_full((double)bloom_bits));
@@ -677,7 +680,7 @@ int mdb_open(struct meta *m)
 	m->dbo = rocksdb_options_create();
 	rocksdb_options_set_create_if_missing(m->dbo, 1);
 	rocksdb_options_set_max_open_files(m->dbo, 256);
-	set_read_path(m->dbo, m->o.block_cache, m->o.bloom_bits);
+	set_read_path(m->dbo, &m->o);
 	m->db = rocksdb_open(m->dbo, m->o.db_path, &err);
 	if (err) {
 		klog_error("cannot open database %s: %s", m->o.db_path, err);
@@ -690,6 +693,7 @@ int mdb_open(struct meta *m)
 	 * the mutex is released, so concurrent commits share one fsync (mdb_sync). */
 	m->wo = rocksdb_writeoptions_create();
 	m->ro = rocksdb_readoptions_create();
+	rocksdb_readoptions_set_verify_checksums(m->ro, m->o.verify_reads ? 1 : 0);
 
 	uint8_t k = MK_VERSION;
 	char *v;
