@@ -19,25 +19,16 @@ export KVFS_BIN=$build/bin
 mb=$build/tools/kvfs-mount-bench
 [ -x "$mb" ] || { echo "kvfs_coldread_ab: $mb not built" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || { echo "kvfs_coldread_ab: needs root (drop_caches)" >&2; exit 1; }
-dir=$(mktemp -d "${WORK:-/var/tmp}/kvfs-cold-XXXXXX")
-cleanup() {
-	fusermount3 -u "$dir/mnt" 2>/dev/null
-	fusermount3 -u "$dir/mnt0" 2>/dev/null
-	bash "$here/kvfs-cluster.sh" stop "$dir/cluster" >/dev/null 2>&1
-	rm -rf "$dir"
-}
-trap cleanup EXIT
-bash "$here/kvfs-cluster.sh" start "$dir/cluster" 11 >/dev/null || exit 1
-meta=$(head -1 "$dir/cluster/meta.addr")
-mkdir -p "$dir/mnt" "$dir/mnt0" "$dir/local/kv"
-mount_one() { # BIN MNT TAG ARGS
-	# shellcheck disable=SC2086
-	"$1" --secret-file "$dir/cluster/secret" --log-file "$dir/$3.log" $4 "$meta" "$2"
-}
-mount_one "$build/bin/kvfs-mount" "$dir/mnt" mount "${MOUNT_ARGS:-}" || exit 1
+# shellcheck source=tools/bench_cluster.sh
+. "$here/bench_cluster.sh"
+bc_start cold 11 || exit 1
+mkdir -p "$dir/local/kv"
+# shellcheck disable=SC2086
+bc_mount "$build/bin/kvfs-mount" "$dir/mnt" mount ${MOUNT_ARGS:-} || exit 1
 sides="mount local"
 if [ -n "${BASE_MOUNT:-}" ]; then
-	mount_one "$BASE_MOUNT" "$dir/mnt0" base "${BASE_ARGS:-}" || exit 1
+	# shellcheck disable=SC2086
+	bc_mount "$BASE_MOUNT" "$dir/mnt0" base ${BASE_ARGS:-} || exit 1
 	sides="mount base local"
 fi
 # The files once, through this build's mount (both mounts see the same cluster files).

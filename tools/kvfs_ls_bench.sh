@@ -23,21 +23,14 @@ for b in "$build/bin/kvfs-mount" "$build/tools/kvfs-mount-bench"; do
 	[ -x "$b" ] || { echo "kvfs_ls_bench: $b not built" >&2; exit 1; }
 done
 [ "$(id -u)" = 0 ] || echo "kvfs_ls_bench: not root: the page cache is not dropped (warm runs)"
-dir=$(mktemp -d /var/tmp/kvfs-ls-bench-XXXXXX)
-cleanup() {
-	fusermount3 -u "$dir/mnt" 2>/dev/null
-	fusermount3 -u "$dir/mnt0" 2>/dev/null
-	bash "$here/kvfs-cluster.sh" stop "$dir/cluster" >/dev/null 2>&1
-	rm -rf "$dir"
-}
-trap cleanup EXIT
-bash "$here/kvfs-cluster.sh" start "$dir/cluster" 11 >/dev/null || exit 1
-meta=$(paste -sd, "$dir/cluster/meta.addr")
-mkdir -p "$dir/mnt" "$dir/mnt0" "$dir/local/many"
-mount_one() { # BIN MNT TAG
-	"$1" --secret-file "$dir/cluster/secret" --log-file "$dir/$3.log" \
-		--metrics-listen 127.0.0.1:0 --metrics-addr-file "$dir/$3.metrics" \
-		${MOUNT_ARGS:-} "$meta" "$2"
+# shellcheck source=tools/bench_cluster.sh
+. "$here/bench_cluster.sh"
+bc_start ls-bench 11 || exit 1
+mkdir -p "$dir/local/many"
+mount_one() { # BIN MNT TAG: with its /metrics (the FUSE request counts)
+	# shellcheck disable=SC2086
+	bc_mount "$1" "$2" "$3" --metrics-listen 127.0.0.1:0 \
+		--metrics-addr-file "$dir/$3.metrics" ${MOUNT_ARGS:-}
 }
 mount_one "$build/bin/kvfs-mount" "$dir/mnt" mount || exit 1
 sides="mount local"
